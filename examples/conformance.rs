@@ -1,0 +1,80 @@
+//! Runs every conformance vector in a directory on the oracle and the GPU.
+//!
+//! ```text
+//! cargo run --release --example conformance -- tests/vectors
+//! ```
+//! Prints one line per case and backend, then `N passed, M failed, K skipped`; exits
+//! non-zero when anything failed.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use wgpu_optim::conformance::{run_case, Backend, Case, Outcome};
+use wgpu_optim::GpuContext;
+
+fn main() -> ExitCode {
+    env_logger::init();
+    let Some(dir) = std::env::args_os().nth(1).map(PathBuf::from) else {
+        eprintln!("usage: conformance DIR   (a directory of *.safetensors vector files)");
+        return ExitCode::from(2);
+    };
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect(),
+        Err(e) => {
+            eprintln!("cannot read {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
+    };
+    files.sort();
+    let ctx = match GpuContext::headless_blocking() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("adapter: {}", ctx.report());
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for file in &files {
+        let case = match Case::load(file) {
+            Ok(case) => case,
+            Err(e) => {
+                println!("{:<52} {:<17} FAIL  {e}", file.display(), "-");
+                failed += 1;
+                continue;
+            }
+        };
+        for backend in [Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace] {
+            let name = format!("{} ({})", case.name, case.op);
+            match run_case(&case, backend, Some(&ctx)) {
+                Ok(report) => match report.outcome {
+                    Outcome::Pass => {
+                        passed += 1;
+                        println!("{name:<52} {:<17} pass  worst {:.3} of tolerance", backend.name(), report.worst);
+                    }
+                    Outcome::Fail(detail) => {
+                        failed += 1;
+                        println!("{name:<52} {:<17} FAIL  worst {:.3e} of tolerance: {detail}", backend.name(), report.worst);
+                    }
+                    Outcome::Skipped(reason) => {
+                        skipped += 1;
+                        println!("{name:<52} {:<17} skip  {reason}", backend.name());
+                    }
+                },
+                Err(e) => {
+                    failed += 1;
+                    println!("{name:<52} {:<17} FAIL  {e}", backend.name());
+                }
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

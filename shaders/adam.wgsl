@@ -1,0 +1,74 @@
+// Adam, AdamW and AMSGrad, one element at a time, every element read once and written once.
+//
+// One formula covers the three conventions the crate reproduces; the host fills `hp`:
+//   PyTorch Adam/AdamW, DirectML: denom = sqrt(v) / sqrt(1 - beta2^t) + eps,
+//                                 step_size = lr / (1 - beta1^t)
+//   ONNX:                          denom = sqrt(v) + eps,
+//                                 step_size = R * sqrt(1 - beta^T) / (1 - alpha^T) (R when T = 0)
+// The prelude supplies R, WG, seg and the load_/store_ functions.
+
+// Negate the gradient (PyTorch `maximize`).
+override MAXIMIZE: bool = false;
+// 0: no weight decay. 1: L2, `g += weight_decay * p` (Adam, ONNX norm_coefficient).
+// 2: decoupled, `p *= decay` before the update (AdamW).
+override WEIGHT_DECAY: u32 = 0u;
+// true: eps is added after dividing sqrt(v) by sqrt(1 - beta2^t) (PyTorch, DirectML).
+// false: eps is added to sqrt(v) itself and the bias correction is in step_size (ONNX).
+override EPS_AFTER_CORRECTION: bool = true;
+// Keep the running maximum of the second moment and divide by it (Reddi et al. 2018).
+override AMSGRAD: bool = false;
+
+struct AdamHyper {
+    beta1: R,
+    one_minus_beta1: R,
+    beta2: R,
+    one_minus_beta2: R,
+    weight_decay: R,
+    decay: R,
+    step_size: R,
+    inv_sqrt_bias_correction2: R,
+    eps: R,
+    // ONNX norm_coefficient_post: the parameter is scaled by this after the update.
+    post_scale: R,
+}
+
+@group(0) @binding(0) var<uniform> hp: AdamHyper;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let stride = groups.x * WG;
+    for (var i = gid.x; i < seg.n; i += stride) {
+        // Every input is loaded before any output is stored: an output may alias any input.
+        var p = load_param(i);
+        var g = load_grad(i);
+        let m_prev = load_exp_avg(i);
+        let v_prev = load_exp_avg_sq(i);
+        let v_max_prev = load_max_exp_avg_sq(i);
+
+        if MAXIMIZE {
+            g = -g;
+        }
+        if WEIGHT_DECAY == 1u {
+            g = g + hp.weight_decay * p;
+        } else if WEIGHT_DECAY == 2u {
+            p = p * hp.decay;
+        }
+        let m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
+        let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
+        var v_hat = v;
+        if AMSGRAD {
+            v_hat = max(v_max_prev, v);
+        }
+        var denom: R;
+        if EPS_AFTER_CORRECTION {
+            denom = sqrt(v_hat) * hp.inv_sqrt_bias_correction2 + hp.eps;
+        } else {
+            denom = sqrt(v_hat) + hp.eps;
+        }
+
+        store_param(i, (p - hp.step_size * m / denom) * hp.post_scale);
+        store_exp_avg(i, m);
+        store_exp_avg_sq(i, v);
+        store_max_exp_avg_sq(i, v_hat);
+    }
+}

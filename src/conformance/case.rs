@@ -1,0 +1,203 @@
+//! Reading one conformance case from a safetensors file, defensively: every malformed
+//! field is an [`Error::BadFile`] naming the file and the field.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::{DType, Error, Result};
+
+/// Whether a case is one operator call or a multi-step optimizer run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One stateless operator call.
+    Op,
+    /// A stateful optimizer run for `steps` steps from zero state.
+    Trajectory,
+}
+
+/// The element type of a tensor in a vector file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueType {
+    /// A float type the crate can store on the GPU.
+    Float(DType),
+    /// IEEE binary16 (storage arrives with half-precision support).
+    F16,
+    /// bfloat16 (storage arrives with half-precision support).
+    BF16,
+    /// Any integer type (step counts).
+    Integer,
+}
+
+/// A tensor read from a vector file, widened to f64 (exactly, for every stored type).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    /// The stored type.
+    pub dtype: ValueType,
+    /// The shape (`[]` for a scalar).
+    pub shape: Vec<usize>,
+    /// The values in row-major order.
+    pub values: Vec<f64>,
+}
+
+/// One conformance case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The file stem, e.g. `onnx_adam_t1_n1000`.
+    pub name: String,
+    /// Op or trajectory.
+    pub kind: Kind,
+    /// Which semantics, e.g. `onnx.Adam`, `dml.Adam`, `torch.AdamW`.
+    pub op: String,
+    /// The source's attributes or hyperparameters, under the source's own names.
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+    /// How many tensors are optimized together.
+    pub count: usize,
+    /// Trajectory steps (0 for an op).
+    pub steps: usize,
+    /// Relative tolerance.
+    pub rtol: f64,
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// The producing implementation.
+    pub source: String,
+    /// Every tensor by name.
+    pub tensors: BTreeMap<String, HostTensor>,
+}
+
+impl Case {
+    /// Reads and checks a case file.
+    pub fn load(path: &Path) -> Result<Case> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::BadFile { path: path.display().to_string(), problem: e.to_string() })?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Case::parse(&name, &bytes).map_err(|problem| Error::BadFile { path: path.display().to_string(), problem })
+    }
+
+    /// Parses a case from the bytes of a safetensors file.
+    pub fn parse(name: &str, bytes: &[u8]) -> std::result::Result<Case, String> {
+        let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+        let meta = metadata.metadata().clone().unwrap_or_default();
+        let field = |key: &str| meta.get(key).cloned().ok_or_else(|| format!("metadata has no `{key}`"));
+        let number = |key: &str| -> std::result::Result<f64, String> {
+            field(key)?.trim().parse::<f64>().map_err(|e| format!("metadata `{key}` is not a number: {e}"))
+        };
+        let format = field("format")?;
+        if format != "optim-vectors/1" {
+            return Err(format!("format is `{format}`, expected `optim-vectors/1`"));
+        }
+        let kind = match field("kind")?.as_str() {
+            "op" => Kind::Op,
+            "trajectory" => Kind::Trajectory,
+            other => return Err(format!("kind is `{other}`, expected `op` or `trajectory`")),
+        };
+        let attributes = match serde_json::from_str(&field("attributes")?) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => return Err("`attributes` is not a JSON object".into()),
+            Err(e) => return Err(format!("`attributes` is not JSON: {e}")),
+        };
+        let count = number("count")?;
+        let steps = if kind == Kind::Trajectory { number("steps")? } else { 0.0 };
+        let whole = |v: f64, key: &str| {
+            if v.fract() == 0.0 && (0.0..=1e6).contains(&v) {
+                Ok(v as usize)
+            } else {
+                Err(format!("metadata `{key}` = {v} is not a whole number in 0..=1e6"))
+            }
+        };
+        let tensors_file = SafeTensors::deserialize(bytes).map_err(|e| format!("bad tensor table: {e}"))?;
+        let mut tensors = BTreeMap::new();
+        for (tensor_name, view) in tensors_file.iter() {
+            tensors.insert(tensor_name.to_string(), widen(tensor_name, view.dtype(), view.shape(), view.data())?);
+        }
+        Ok(Case {
+            name: name.to_string(),
+            kind,
+            op: field("op")?,
+            attributes,
+            count: whole(count, "count")?,
+            steps: whole(steps, "steps")?,
+            rtol: number("rtol")?,
+            atol: number("atol")?,
+            source: meta.get("source").cloned().unwrap_or_default(),
+            tensors,
+        })
+    }
+
+    /// The tensor `name`, or an error naming the case.
+    pub fn tensor(&self, name: &str) -> Result<&HostTensor> {
+        self.tensors.get(name).ok_or_else(|| self.bad(format!("has no tensor `{name}`")))
+    }
+
+    /// A scalar tensor's value.
+    pub fn scalar(&self, name: &str) -> Result<f64> {
+        match self.tensor(name)?.values.as_slice() {
+            [v] => Ok(*v),
+            other => Err(self.bad(format!("tensor `{name}` has {} values, expected one", other.len()))),
+        }
+    }
+
+    /// A numeric attribute, or `default` when absent.
+    pub fn attr_f64(&self, name: &str, default: f64) -> Result<f64> {
+        match self.attributes.get(name) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a number"))),
+        }
+    }
+
+    /// A boolean attribute, or `default` when absent.
+    pub fn attr_bool(&self, name: &str, default: bool) -> Result<bool> {
+        match self.attributes.get(name) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a boolean"))),
+        }
+    }
+
+    /// A pair attribute such as PyTorch's `betas`, or `default` when absent.
+    pub fn attr_pair(&self, name: &str, default: (f64, f64)) -> Result<(f64, f64)> {
+        match self.attributes.get(name) {
+            None => Ok(default),
+            Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Vec<_>>()) {
+                Some(pair) if pair.len() == 2 && pair.iter().all(Option::is_some) => {
+                    Ok((pair[0].unwrap_or_default(), pair[1].unwrap_or_default()))
+                }
+                _ => Err(self.bad(format!("attribute `{name}` = {v} is not a pair of numbers"))),
+            },
+        }
+    }
+
+    /// A string attribute, or `default` when absent.
+    pub fn attr_str<'a>(&'a self, name: &str, default: &'a str) -> Result<&'a str> {
+        match self.attributes.get(name) {
+            None => Ok(default),
+            Some(v) => v.as_str().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a string"))),
+        }
+    }
+
+    pub(crate) fn bad(&self, problem: String) -> Error {
+        Error::BadFile { path: self.name.clone(), problem }
+    }
+}
+
+fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result::Result<HostTensor, String> {
+    fn read<const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
+        data.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
+    }
+    let (value_type, values) = match dtype {
+        Dtype::F64 => (ValueType::Float(DType::F64), read(data, f64::from_le_bytes)),
+        Dtype::F32 => (ValueType::Float(DType::F32), read(data, |b| f64::from(f32::from_le_bytes(b)))),
+        Dtype::F16 => (ValueType::F16, read(data, |b| half::f16::from_le_bytes(b).to_f64())),
+        Dtype::BF16 => (ValueType::BF16, read(data, |b| half::bf16::from_le_bytes(b).to_f64())),
+        Dtype::I64 => (ValueType::Integer, read(data, |b| i64::from_le_bytes(b) as f64)),
+        Dtype::I32 => (ValueType::Integer, read(data, |b| f64::from(i32::from_le_bytes(b)))),
+        Dtype::U32 => (ValueType::Integer, read(data, |b| f64::from(u32::from_le_bytes(b)))),
+        Dtype::U64 => (ValueType::Integer, read(data, |b| u64::from_le_bytes(b) as f64)),
+        other => return Err(format!("tensor `{name}` has unsupported dtype {other:?}")),
+    };
+    let elements: usize = shape.iter().product();
+    if values.len() != elements {
+        return Err(format!("tensor `{name}` has {} values for shape {shape:?}", values.len()));
+    }
+    Ok(HostTensor { dtype: value_type, shape: shape.to_vec(), values })
+}

@@ -1,0 +1,9 @@
+//! Conformance vectors (`optim-vectors/1`, see `tests/vectors/FORMAT.md`): reading a case,
+//! running it on the GPU or the oracle, and comparing with the expected values that an
+//! independent implementation produced.
+
+mod case;
+mod run;
+
+pub use case::{Case, HostTensor, Kind, ValueType};
+pub use run::{run_case, Backend, CaseReport, Outcome};

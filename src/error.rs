@@ -1,0 +1,148 @@
+//! The crate's one error type.
+//!
+//! Every refusal names the argument, what it was and what was expected, so a trainer's log
+//! says what to fix without a debugger.
+
+use crate::DType;
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No adapter could be found; the message says how to get one.
+    #[error(
+        "no GPU adapter found ({reason}). On a headless Linux machine install the Vulkan software \
+         driver: `apt-get install -y mesa-vulkan-drivers libvulkan1`; or select an adapter with \
+         WGPU_BACKEND / WGPU_ADAPTER_NAME"
+    )]
+    NoAdapter {
+        /// wgpu's own explanation.
+        reason: String,
+    },
+    /// The adapter refused to open a device.
+    #[error("the adapter refused to open a device: {0}")]
+    RequestDevice(String),
+    /// A call needs an adapter feature the device was not created with.
+    #[error("{what} needs the adapter feature {feature}, which this device does not have")]
+    MissingFeature {
+        /// What asked for it.
+        what: String,
+        /// The `wgpu::Features` name.
+        feature: &'static str,
+    },
+    /// Two tensors that must have the same number of elements do not.
+    #[error("`{argument}` has {got} elements, expected {expected} (the length of `{reference}`)")]
+    LengthMismatch {
+        /// The offending argument.
+        argument: String,
+        /// Its element count.
+        got: u64,
+        /// The element count it must have.
+        expected: u64,
+        /// The argument the length was taken from.
+        reference: String,
+    },
+    /// A list of tensors has the wrong number of entries.
+    #[error("`{argument}` has {got} entries, expected {expected}")]
+    CountMismatch {
+        /// The offending argument.
+        argument: String,
+        /// How many were given.
+        got: usize,
+        /// How many were expected.
+        expected: usize,
+    },
+    /// A tensor's storage type is not what the call expects.
+    #[error("`{argument}` is {got:?}, expected {expected}")]
+    DTypeMismatch {
+        /// The offending argument.
+        argument: String,
+        /// Its dtype.
+        got: DType,
+        /// What the call accepts.
+        expected: String,
+    },
+    /// A tensor's range does not fit its buffer, or its offset is misaligned.
+    #[error("`{argument}`: {problem}")]
+    BadRange {
+        /// The offending argument.
+        argument: String,
+        /// What is wrong with the range.
+        problem: String,
+    },
+    /// A buffer lacks a usage flag that binding it requires.
+    #[error("`{argument}`'s buffer lacks the usage {needed} (it has {has})")]
+    MissingUsage {
+        /// The offending argument.
+        argument: String,
+        /// The usage it needs.
+        needed: &'static str,
+        /// The usages it has, as wgpu prints them.
+        has: String,
+    },
+    /// An output overlaps another tensor in a way that DirectML's aliasing rule forbids.
+    #[error(
+        "`{output}` overlaps `{other}` without being the same range: an output may only \
+         alias an input exactly (same buffer, offset, length and dtype) or not touch it at all"
+    )]
+    PartialOverlap {
+        /// The output.
+        output: String,
+        /// The tensor it overlaps.
+        other: String,
+    },
+    /// Two outputs were given the same memory.
+    #[error("outputs `{first}` and `{second}` are the same range: every output needs its own memory")]
+    OutputsAlias {
+        /// One output.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// A hyperparameter is outside the range its convention allows.
+    #[error("hyperparameter `{name}` = {value} is invalid: expected {expected}")]
+    BadHyperparameter {
+        /// Its name, as the convention spells it.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// The accepted range.
+        expected: &'static str,
+    },
+    /// A training step the convention cannot evaluate.
+    #[error("{0}")]
+    BadStep(String),
+    /// A kernel would need more storage bindings than the device allows.
+    #[error(
+        "this call needs {needed} storage buffer bindings but the device allows {limit} per \
+         shader stage (max_storage_buffers_per_shader_stage); alias outputs onto inputs or \
+         create the device with the adapter's limits"
+    )]
+    TooManyBindings {
+        /// Bindings the plan needs.
+        needed: u32,
+        /// The device limit.
+        limit: u32,
+    },
+    /// wgpu reported an error while creating or running GPU work. The message is wgpu's own.
+    #[error("wgpu error while {context}:\n{message}")]
+    Gpu {
+        /// What the crate was doing.
+        context: String,
+        /// wgpu's full message, verbatim.
+        message: String,
+    },
+    /// Reading a buffer back to the host failed.
+    #[error("reading a buffer back failed: {0}")]
+    Readback(String),
+    /// A conformance-vector or checkpoint file is malformed.
+    #[error("{path}: {problem}")]
+    BadFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// Shorthand for `Result<T, wgpu_optim::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

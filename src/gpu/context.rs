@@ -1,0 +1,175 @@
+//! The device and queue the crate records on, what the adapter offered, and the
+//! pipeline cache shared by every optimizer and operator built on the context.
+
+use std::sync::Arc;
+
+use crate::gpu::pipeline::{hyper_layout, PipelineCache};
+use crate::{Error, Result};
+
+/// Optional features the crate uses when the adapter has them.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SHADER_F64)
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+
+/// What the context runs on, for logs and benchmark headers.
+#[derive(Clone, Debug)]
+pub struct ContextReport {
+    /// The adapter's name, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub adapter_name: String,
+    /// The backend wgpu chose.
+    pub backend: wgpu::Backend,
+    /// Discrete, integrated, CPU, ...
+    pub device_type: wgpu::DeviceType,
+    /// Driver name and version.
+    pub driver: String,
+    /// The features the device was created with.
+    pub features: wgpu::Features,
+    /// The largest storage binding, in bytes; bigger tensors are split into chunks.
+    pub max_storage_buffer_binding_size: u64,
+    /// The largest buffer the device can create, in bytes.
+    pub max_buffer_size: u64,
+}
+
+impl std::fmt::Display for ContextReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names = Vec::new();
+        for (flag, name) in [
+            (wgpu::Features::SHADER_F16, "SHADER_F16"),
+            (wgpu::Features::SHADER_F64, "SHADER_F64"),
+            (wgpu::Features::TIMESTAMP_QUERY, "TIMESTAMP_QUERY"),
+        ] {
+            if self.features.contains(flag) {
+                names.push(name);
+            }
+        }
+        write!(
+            f,
+            "{} ({:?}, {:?}, driver {}); features [{}]; max_storage_buffer_binding_size {} MiB",
+            self.adapter_name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            names.join(", "),
+            self.max_storage_buffer_binding_size >> 20
+        )
+    }
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) report: ContextReport,
+    pub(crate) pipelines: PipelineCache,
+    /// Group 0 of every pipeline: the hyperparameter uniform at a dynamic offset.
+    pub(crate) hyper_layout: wgpu::BindGroupLayout,
+}
+
+/// A device and queue plus the crate's compiled-pipeline cache. Cheap to clone (an `Arc`).
+#[derive(Clone)]
+pub struct GpuContext {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext").field("report", &self.inner.report).finish()
+    }
+}
+
+impl GpuContext {
+    /// Opens a device without a window, choosing the adapter the way wgpu applications do:
+    /// `WGPU_BACKEND` restricts the backends, `WGPU_ADAPTER_NAME` picks an adapter by name
+    /// substring, `WGPU_POWER_PREF` sets the preference; otherwise wgpu's default adapter.
+    ///
+    /// The device gets the adapter's own limits and whichever of `SHADER_F16`,
+    /// `SHADER_F64` and `TIMESTAMP_QUERY` the adapter has.
+    pub async fn headless() -> Result<Self> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = wgpu::util::initialize_adapter_from_env_or_default(&instance, None)
+            .await
+            .map_err(|e| Error::NoAdapter { reason: e.to_string() })?;
+        let features = adapter.features() & WANTED_FEATURES;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgpu-optim"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        Ok(Self::from_device(device, queue, &adapter.get_info()))
+    }
+
+    /// Blocking form of [`GpuContext::headless`], for tests, examples and benchmarks.
+    pub fn headless_blocking() -> Result<Self> {
+        pollster::block_on(Self::headless())
+    }
+
+    /// Wraps a trainer's existing device and queue. The crate uses whatever features and
+    /// limits the device was created with and never changes its error handler.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo) -> Self {
+        let limits = device.limits();
+        let report = ContextReport {
+            adapter_name: adapter.name.clone(),
+            backend: adapter.backend,
+            device_type: adapter.device_type,
+            driver: format!("{} {}", adapter.driver, adapter.driver_info).trim().to_string(),
+            features: device.features(),
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+        };
+        log::info!("wgpu-optim on {report}");
+        GpuContext {
+            inner: Arc::new(ContextInner {
+                hyper_layout: hyper_layout(&device),
+                device,
+                queue,
+                report,
+                pipelines: PipelineCache::default(),
+            }),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// What the context runs on.
+    pub fn report(&self) -> &ContextReport {
+        &self.inner.report
+    }
+
+    /// Whether the device was created with `feature`.
+    pub fn has_feature(&self, feature: wgpu::Features) -> bool {
+        self.inner.report.features.contains(feature)
+    }
+
+    /// How many distinct pipelines have been compiled so far (each variant once).
+    pub fn compiled_pipelines(&self) -> usize {
+        self.inner.pipelines.len()
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
+    /// reports into [`Error::Gpu`] with wgpu's message verbatim.
+    pub(crate) fn catch<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let device = &self.inner.device;
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        match validation.or(oom) {
+            Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
+            None => Ok(value),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Recording: bind groups built once per plan, a ring of hyperparameter slots, and one
+//! compute pass that dispatches every segment of every tensor.
+
+use std::sync::Arc;
+
+use wgpu::util::DeviceExt;
+
+use crate::gpu::kernel::{VariantKey, WORKGROUP_SIZE};
+use crate::gpu::pipeline::CachedPipeline;
+use crate::gpu::plan::TensorPlan;
+use crate::gpu::step::{KernelStep, HYPER_SLOT_BYTES};
+use crate::gpu::GpuContext;
+use crate::{DType, Result};
+
+/// Bytes per segment uniform slot (`n` and one base per binding, padded to the alignment).
+const SEGMENT_SLOT_BYTES: u64 = 256;
+
+/// One tensor's update, ready to record: its pipeline and a bind group per segment.
+#[derive(Debug)]
+pub(crate) struct PreparedTensor {
+    pipeline: Arc<CachedPipeline>,
+    segments: Vec<(wgpu::BindGroup, u32)>,
+}
+
+/// Prepared updates of several tensors with one shared segment-uniform buffer.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    tensors: Vec<PreparedTensor>,
+}
+
+impl Batch {
+    /// Compiles (or finds) each variant and builds every bind group. This is the only place
+    /// a step's GPU objects are created; recording a prepared batch creates none.
+    pub(crate) fn build(ctx: &GpuContext, items: &[(VariantKey, TensorPlan)], label: &str) -> Result<Batch> {
+        let segment_count: usize = items.iter().map(|(_, p)| p.segments.len()).sum();
+        if segment_count == 0 {
+            return Ok(Batch::default());
+        }
+        let mut contents = vec![0u8; segment_count * SEGMENT_SLOT_BYTES as usize];
+        let mut slot = 0;
+        for (_, plan) in items {
+            for segment in &plan.segments {
+                let words: Vec<u32> =
+                    std::iter::once(segment.len).chain(segment.ranges.iter().map(|r| r.base)).collect();
+                let at = slot * SEGMENT_SLOT_BYTES as usize;
+                contents[at..at + 4 * words.len()].copy_from_slice(bytemuck::cast_slice(&words));
+                slot += 1;
+            }
+        }
+        let pipelines =
+            items.iter().map(|(key, _)| ctx.inner.pipelines.get(ctx, key)).collect::<Result<Vec<_>>>()?;
+        let device = ctx.device();
+        let max_groups = device.limits().max_compute_workgroups_per_dimension;
+        ctx.catch(&format!("creating the bind groups of {label}"), || {
+            let segment_uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &contents,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            let mut slot = 0u64;
+            let tensors = items
+                .iter()
+                .zip(pipelines)
+                .map(|((_, plan), pipeline)| {
+                    let segments = plan
+                        .segments
+                        .iter()
+                        .map(|segment| {
+                            let mut entries = vec![wgpu::BindGroupEntry {
+                                binding: 0,
+                                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                    buffer: &segment_uniform,
+                                    offset: slot * SEGMENT_SLOT_BYTES,
+                                    size: wgpu::BufferSize::new(SEGMENT_SLOT_BYTES),
+                                }),
+                            }];
+                            slot += 1;
+                            for (b, range) in segment.ranges.iter().enumerate() {
+                                entries.push(wgpu::BindGroupEntry {
+                                    binding: b as u32 + 1,
+                                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                        buffer: &range.buffer,
+                                        offset: range.offset,
+                                        size: wgpu::BufferSize::new(range.size),
+                                    }),
+                                });
+                            }
+                            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                                label: Some(label),
+                                layout: &pipeline.segment_layout,
+                                entries: &entries,
+                            });
+                            let groups = segment.len.div_ceil(WORKGROUP_SIZE).min(max_groups);
+                            (bind_group, groups)
+                        })
+                        .collect();
+                    PreparedTensor { pipeline, segments }
+                })
+                .collect();
+            Batch { tensors }
+        })
+    }
+
+    /// Records every dispatch of the batch into `pass`, reading hyperparameters from the
+    /// ring slot at `hyper_offset`.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, ring: &HyperRing, hyper_offset: u32) {
+        pass.set_bind_group(0, &ring.bind_group, &[hyper_offset]);
+        let mut current: Option<&Arc<CachedPipeline>> = None;
+        for tensor in &self.tensors {
+            if current.is_none_or(|c| !Arc::ptr_eq(c, &tensor.pipeline)) {
+                pass.set_pipeline(&tensor.pipeline.pipeline);
+                current = Some(&tensor.pipeline);
+            }
+            for (bind_group, groups) in &tensor.segments {
+                pass.set_bind_group(1, bind_group, &[]);
+                pass.dispatch_workgroups(*groups, 1, 1);
+            }
+        }
+    }
+}
+
+/// Uniform slots for hyperparameters, used round-robin. `queue.write_buffer` lands at the
+/// next submit, so each step recorded before a submit needs a slot of its own: up to
+/// `slots` steps may be recorded between two submits.
+#[derive(Debug)]
+pub(crate) struct HyperRing {
+    buffer: wgpu::Buffer,
+    bind_group: wgpu::BindGroup,
+    slots: u32,
+    next: u32,
+}
+
+impl HyperRing {
+    pub(crate) fn new(ctx: &GpuContext, slots: u32, label: &str) -> Result<Self> {
+        let device = ctx.device();
+        ctx.catch(&format!("creating the hyperparameter ring of {label}"), || {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: HYPER_SLOT_BYTES * u64::from(slots),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &ctx.inner.hyper_layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &buffer,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(HYPER_SLOT_BYTES),
+                    }),
+                }],
+            });
+            HyperRing { buffer, bind_group, slots, next: 0 }
+        })
+    }
+
+    /// Stages `step`'s hyperparameters in the next slot and returns its dynamic offset.
+    pub(crate) fn push(&mut self, queue: &wgpu::Queue, step: &KernelStep, math: DType) -> u32 {
+        let offset = self.next * HYPER_SLOT_BYTES as u32;
+        queue.write_buffer(&self.buffer, u64::from(offset), &step.hyper_bytes(math));
+        self.next = (self.next + 1) % self.slots;
+        offset
+    }
+}

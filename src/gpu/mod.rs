@@ -1,0 +1,12 @@
+//! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
+
+mod context;
+pub(crate) mod dispatch;
+pub(crate) mod kernel;
+pub(crate) mod pipeline;
+pub(crate) mod plan;
+pub(crate) mod step;
+mod transfer;
+
+pub use context::{ContextReport, GpuContext};
+pub use transfer::TENSOR_USAGES;

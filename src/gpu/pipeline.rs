@@ -1,0 +1,130 @@
+//! Compiled pipelines, one per variant, created once and shared by every caller of a context.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::kernel::{compose, VariantKey};
+use crate::gpu::step::KernelStep;
+use crate::gpu::GpuContext;
+use crate::{DType, Error, Result};
+
+/// A compiled variant and the layout its per-segment bind groups must follow.
+#[derive(Debug)]
+pub(crate) struct CachedPipeline {
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) segment_layout: wgpu::BindGroupLayout,
+}
+
+/// Pipelines by variant. Insertion is double-checked so two threads asking for the same
+/// variant at once compile it at most twice and share one result.
+#[derive(Default)]
+pub(crate) struct PipelineCache {
+    map: Mutex<HashMap<VariantKey, Arc<CachedPipeline>>>,
+}
+
+impl PipelineCache {
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub(crate) fn get(&self, ctx: &GpuContext, key: &VariantKey) -> Result<Arc<CachedPipeline>> {
+        if let Some(hit) = self.lock().get(key) {
+            return Ok(hit.clone());
+        }
+        let compiled = Arc::new(compile(ctx, key)?);
+        Ok(self.lock().entry(key.clone()).or_insert(compiled).clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<VariantKey, Arc<CachedPipeline>>> {
+        // A panic while holding the lock cannot leave the map inconsistent (inserts are
+        // single calls), so a poisoned lock is still usable.
+        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The layout of group 0: the step's hyperparameters, at a dynamic offset into a ring of
+/// slots so that several steps recorded before one submit each keep their own values.
+pub(crate) fn hyper_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("wgpu-optim hyperparameters"),
+        entries: &[wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: None,
+            },
+            count: None,
+        }],
+    })
+}
+
+fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
+    let uses_f64 = key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.dtype == DType::F64);
+    if uses_f64 && !ctx.has_feature(wgpu::Features::SHADER_F64) {
+        return Err(Error::MissingFeature {
+            what: format!("the {} kernel in f64", key.family.name()),
+            feature: "SHADER_F64",
+        });
+    }
+    let device = ctx.device();
+    let label = format!("wgpu-optim {} {:?} {:?}", key.family.name(), key.math, key.overrides);
+    let source = compose(key);
+    let mut entries = vec![wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }];
+    for (b, desc) in key.layout.bindings.iter().enumerate() {
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding: b as u32 + 1,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: !desc.read_write },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    let result = ctx.catch(&format!("compiling {label}"), || {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+        });
+        let segment_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &entries,
+        });
+        let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(&label),
+            bind_group_layouts: &[Some(&ctx.inner.hyper_layout), Some(&segment_layout)],
+            immediate_size: 0,
+        });
+        let constants = KernelStep::constants(key.family, &key.overrides);
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        CachedPipeline { pipeline, segment_layout }
+    });
+    if result.is_err() {
+        log::error!("generated WGSL of {label}:\n{source}");
+    } else {
+        log::debug!("compiled {label}");
+    }
+    result
+}

@@ -1,0 +1,148 @@
+//! Moving tensors between host and device: for tests, examples, checkpoints and trainers
+//! that fill buffers from the host.
+
+use wgpu::util::DeviceExt;
+
+use crate::gpu::GpuContext;
+use crate::{DType, Error, Result, Tensor};
+
+/// The usages of buffers the crate creates: bindable, and copyable both ways.
+pub const TENSOR_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+impl GpuContext {
+    /// A new buffer holding `bytes` with [`TENSOR_USAGES`], as one tensor of `dtype`.
+    pub fn upload_bytes(&self, label: &str, bytes: &[u8], dtype: DType) -> Tensor {
+        let buffer = self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: TENSOR_USAGES,
+        });
+        Tensor::new(&buffer, 0, bytes.len() as u64 / dtype.size(), dtype)
+    }
+
+    /// A new f32 tensor holding `values`.
+    pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
+        self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
+    }
+
+    /// A new f64 tensor holding `values`.
+    pub fn upload_f64(&self, label: &str, values: &[f64]) -> Tensor {
+        self.upload_bytes(label, bytemuck::cast_slice(values), DType::F64)
+    }
+
+    /// A new zero-filled tensor of `len` elements (wgpu zero-initializes new buffers).
+    pub fn zeros(&self, label: &str, len: u64, dtype: DType) -> Tensor {
+        let buffer = self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (len * dtype.size()).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT),
+            usage: TENSOR_USAGES,
+            mapped_at_creation: false,
+        });
+        Tensor::new(&buffer, 0, len, dtype)
+    }
+
+    /// Overwrites a tensor's elements from the host at the next submit (`queue.write_buffer`).
+    /// The byte offset and length must be multiples of 4.
+    pub fn write_bytes(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() as u64 != tensor.byte_len() {
+            return Err(Error::BadRange {
+                argument: "bytes".into(),
+                problem: format!("{} bytes given for a tensor of {} bytes", bytes.len(), tensor.byte_len()),
+            });
+        }
+        if tensor.offset % 4 != 0 || bytes.len() % 4 != 0 {
+            return Err(Error::BadRange {
+                argument: "tensor".into(),
+                problem: format!(
+                    "host writes need a byte offset and length that are multiples of 4, got offset {} length {}",
+                    tensor.offset,
+                    bytes.len()
+                ),
+            });
+        }
+        if !tensor.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+            return Err(Error::MissingUsage {
+                argument: "tensor".into(),
+                needed: "COPY_DST",
+                has: format!("{:?}", tensor.buffer.usage()),
+            });
+        }
+        self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
+        Ok(())
+    }
+
+    /// Copies a tensor's bytes back to the host, waiting for all submitted work first.
+    pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
+        if tensor.len == 0 {
+            return Ok(Vec::new());
+        }
+        if !tensor.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::MissingUsage {
+                argument: "tensor".into(),
+                needed: "COPY_SRC",
+                has: format!("{:?}", tensor.buffer.usage()),
+            });
+        }
+        let range = tensor.byte_range();
+        let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
+        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).min(tensor.buffer.size());
+        let device = self.device();
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-optim readback"),
+            size: end - start,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let submission = self.catch("copying a tensor for readback", || {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(&tensor.buffer, start, &staging, 0, end - start);
+            self.queue().submit([encoder.finish()])
+        })?;
+        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
+            // The receiver lives until the poll below returns, so the send cannot be lost.
+            let _ = sender.send(result);
+        });
+        device
+            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        match pollster::block_on(receiver.receive()) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
+            None => return Err(Error::Readback("the map callback never ran".into())),
+        }
+        let skip = (range.start - start) as usize;
+        let bytes = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Readback(e.to_string()))?[skip..skip + tensor.byte_len() as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+
+    /// Reads an f32 tensor back to the host.
+    pub fn read_f32(&self, tensor: &Tensor) -> Result<Vec<f32>> {
+        self.expect_dtype(tensor, DType::F32)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
+    }
+
+    /// Reads an f64 tensor back to the host.
+    pub fn read_f64(&self, tensor: &Tensor) -> Result<Vec<f64>> {
+        self.expect_dtype(tensor, DType::F64)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
+    }
+
+    fn expect_dtype(&self, tensor: &Tensor, dtype: DType) -> Result<()> {
+        if tensor.dtype == dtype {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch {
+                argument: "tensor".into(),
+                got: tensor.dtype,
+                expected: format!("{dtype:?}"),
+            })
+        }
+    }
+}

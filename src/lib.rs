@@ -1,0 +1,29 @@
+//! Fused optimizer updates as WGSL compute shaders on wgpu.
+//!
+//! One dispatch reads each parameter, gradient and state element once and writes the
+//! parameter and state once. Three conventions are reproduced exactly: PyTorch's
+//! `torch.optim` ([`Adam`], AdamW, AMSGrad), ONNX's `ai.onnx.preview.training` operators
+//! ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam operator ([`ops::directml`]), with a
+//! CPU [`oracle`] in f64 that every GPU result is tested against.
+//!
+//! - [`GpuContext`] opens a headless device or wraps a trainer's own.
+//! - [`Tensor`] is a range of a buffer the caller owns.
+//! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
+//! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
+
+mod algo;
+pub mod conformance;
+mod dtype;
+mod error;
+mod gpu;
+pub mod ops;
+mod optimizer;
+pub mod oracle;
+mod tensor;
+
+pub use algo::{bias_correction, Adam, DmlAdam, OnnxAdam};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
+pub use optimizer::{Algorithm, Optimizer, StateKind, STEPS_PER_SUBMIT};
+pub use tensor::Tensor;
