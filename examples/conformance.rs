@@ -53,11 +53,19 @@ fn main() -> ExitCode {
                 Ok(report) => match report.outcome {
                     Outcome::Pass => {
                         passed += 1;
-                        println!("{name:<52} {:<17} pass  worst {:.3} of tolerance", backend.name(), report.worst);
+                        println!(
+                            "{name:<52} {:<17} pass  worst {:.3} of tolerance",
+                            backend.name(),
+                            report.worst
+                        );
                     }
                     Outcome::Fail(detail) => {
                         failed += 1;
-                        println!("{name:<52} {:<17} FAIL  worst {:.3e} of tolerance: {detail}", backend.name(), report.worst);
+                        println!(
+                            "{name:<52} {:<17} FAIL  worst {:.3e} of tolerance: {detail}",
+                            backend.name(),
+                            report.worst
+                        );
                     }
                     Outcome::Skipped(reason) => {
                         skipped += 1;

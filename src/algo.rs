@@ -23,12 +23,21 @@ fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Re
     if ok {
         Ok(())
     } else {
-        Err(Error::BadHyperparameter { name, value, expected })
+        Err(Error::BadHyperparameter {
+            name,
+            value,
+            expected,
+        })
     }
 }
 
 fn check_rate(name: &'static str, value: f64) -> Result<()> {
-    check(name, value, value.is_finite() && value >= 0.0, "a finite number >= 0")
+    check(
+        name,
+        value,
+        value.is_finite() && value >= 0.0,
+        "a finite number >= 0",
+    )
 }
 
 fn check_beta(name: &'static str, value: f64) -> Result<()> {
@@ -77,7 +86,11 @@ impl Default for Adam {
 impl Adam {
     /// `torch.optim.AdamW()`'s defaults: as Adam with decoupled weight decay 0.01.
     pub fn adamw() -> Self {
-        Adam { weight_decay: 0.01, decoupled_weight_decay: true, ..Adam::default() }
+        Adam {
+            weight_decay: 0.01,
+            decoupled_weight_decay: true,
+            ..Adam::default()
+        }
     }
 
     /// Checks every hyperparameter against PyTorch's own constructor checks.
@@ -130,7 +143,13 @@ pub struct OnnxAdam {
 
 impl Default for OnnxAdam {
     fn default() -> Self {
-        OnnxAdam { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 }
+        OnnxAdam {
+            alpha: 0.9,
+            beta: 0.999,
+            epsilon: 1e-6,
+            norm_coefficient: 0.0,
+            norm_coefficient_post: 0.0,
+        }
     }
 }
 
@@ -138,13 +157,33 @@ impl OnnxAdam {
     /// Checks the attributes and the inputs `R` and `T`.
     pub fn validate(&self, r: f64, t: u64) -> Result<()> {
         check("R", r, r.is_finite(), "a finite learning rate")?;
-        check("alpha", self.alpha, (0.0..=1.0).contains(&self.alpha), "0 <= alpha <= 1")?;
+        check(
+            "alpha",
+            self.alpha,
+            (0.0..=1.0).contains(&self.alpha),
+            "0 <= alpha <= 1",
+        )?;
         if t > 0 {
-            check("alpha", self.alpha, self.alpha < 1.0, "alpha < 1 when T > 0 (1 - alpha^T divides)")?;
+            check(
+                "alpha",
+                self.alpha,
+                self.alpha < 1.0,
+                "alpha < 1 when T > 0 (1 - alpha^T divides)",
+            )?;
         }
-        check("beta", self.beta, (0.0..=1.0).contains(&self.beta), "0 <= beta <= 1")?;
+        check(
+            "beta",
+            self.beta,
+            (0.0..=1.0).contains(&self.beta),
+            "0 <= beta <= 1",
+        )?;
         check_rate("epsilon", self.epsilon)?;
-        check("norm_coefficient", self.norm_coefficient, self.norm_coefficient.is_finite(), "a finite number")?;
+        check(
+            "norm_coefficient",
+            self.norm_coefficient,
+            self.norm_coefficient.is_finite(),
+            "a finite number",
+        )?;
         check(
             "norm_coefficient_post",
             self.norm_coefficient_post,
@@ -282,5 +321,23 @@ impl AdamKernel {
             ],
             hyper,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bias_correction;
+
+    #[test]
+    fn bias_correction_is_exact_at_small_steps_and_saturates() {
+        assert_eq!(bias_correction(0.9, 0), 0.0);
+        assert!((bias_correction(0.9, 1) - 0.1).abs() < 1e-16);
+        assert!((bias_correction(0.999, 2) - (1.0 - 0.999f64 * 0.999)).abs() < 1e-16);
+        // Near beta = 1 the naive 1 - beta^t loses digits; expm1 keeps them.
+        let beta: f64 = 1.0 - 1e-12;
+        let exact = 1e-12 * (1.0 - 0.5e-12); // 1 - (1 - e)^1 ~ e, second term from the series
+        assert!((bias_correction(beta, 1) - exact).abs() / exact < 1e-3);
+        assert_eq!(bias_correction(0.9, 1_000_000), 1.0);
+        assert_eq!(bias_correction(0.0, 3), 1.0);
     }
 }

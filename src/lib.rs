@@ -27,3 +27,8 @@ pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub use optimizer::{Algorithm, Optimizer, StateKind, STEPS_PER_SUBMIT};
 pub use tensor::Tensor;
+
+/// README's examples, compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -5,7 +5,7 @@ use crate::gpu::dispatch::{Batch, HyperRing};
 use crate::gpu::kernel::VariantKey;
 use crate::gpu::plan::plan;
 use crate::gpu::step::KernelStep;
-use crate::ops::{submit_with, AdamTensors};
+use crate::ops::AdamTensors;
 use crate::{Adam, DType, Error, GpuContext, Result, Tensor};
 
 /// Steps that may be recorded between two submits (each needs its own uniform slot).
@@ -40,7 +40,11 @@ impl Algorithm {
     /// The state tensors this algorithm keeps per parameter.
     fn state_kinds(&self) -> &'static [StateKind] {
         match self {
-            Algorithm::Adam(c) if c.amsgrad => &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq],
+            Algorithm::Adam(c) if c.amsgrad => &[
+                StateKind::ExpAvg,
+                StateKind::ExpAvgSq,
+                StateKind::MaxExpAvgSq,
+            ],
             Algorithm::Adam(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
         }
     }
@@ -111,7 +115,11 @@ impl Optimizer {
     /// An optimizer over `params` with zeroed state, at step 0.
     ///
     /// All parameters must share one dtype; their buffers need `STORAGE` usage.
-    pub fn new(ctx: &GpuContext, algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        params: &[Tensor],
+    ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         for (i, p) in params.iter().enumerate() {
@@ -174,7 +182,11 @@ impl Optimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if the algorithm keeps one.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        let k = self
+            .algorithm
+            .state_kinds()
+            .iter()
+            .position(|s| *s == kind)?;
         self.state.get(index).map(|s| &s[k])
     }
 
@@ -184,7 +196,11 @@ impl Optimizer {
     /// Bind groups are built on the first step and whenever `grads` are different tensors
     /// from the previous step's; with the same gradient tensors a step creates no GPU objects.
     /// On error nothing is recorded and the step count is unchanged.
-    pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+    pub fn record_step(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        grads: &[Tensor],
+    ) -> Result<()> {
         self.bind(grads)?;
         let t = self.step + 1;
         let step = self.algorithm.kernel_step(t);
@@ -204,7 +220,10 @@ impl Optimizer {
     /// Records one step and submits it.
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         let ctx = self.ctx.clone();
-        submit_with(&ctx, "wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
+        ctx.submit("wgpu-optim step", |encoder| {
+            self.record_step(encoder, grads)
+        })
+        .map(|_| ())
     }
 
     /// Builds the bind groups for `grads` unless they are the ones already bound.
@@ -237,11 +256,19 @@ impl Optimizer {
                 }
             };
             let tensor_plan = plan(&self.ctx, step.family, &args)?;
-            let key = VariantKey { family: step.family, math, layout: tensor_plan.layout.clone(), overrides: step.overrides };
+            let key = VariantKey {
+                family: step.family,
+                math,
+                layout: tensor_plan.layout.clone(),
+                overrides: step.overrides,
+            };
             items.push((key, tensor_plan));
         }
         let batch = Batch::build(&self.ctx, &items, "optimizer")?;
-        self.bound = Some(Bound { grads: grads.to_vec(), batch });
+        self.bound = Some(Bound {
+            grads: grads.to_vec(),
+            batch,
+        });
         Ok(())
     }
 }

@@ -33,8 +33,13 @@ impl TorchAdamState {
 pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &mut TorchAdamState) {
     state.step += 1;
     let step = state.step;
-    let (lr, beta1, beta2, eps, weight_decay) =
-        (config.lr, config.beta1, config.beta2, config.eps, config.weight_decay);
+    let (lr, beta1, beta2, eps, weight_decay) = (
+        config.lr,
+        config.beta1,
+        config.beta2,
+        config.eps,
+        config.weight_decay,
+    );
     for i in 0..param.len() {
         let mut grad = if config.maximize { -grad[i] } else { grad[i] };
         if weight_decay != 0.0 {
@@ -66,8 +71,20 @@ pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &m
 pub type OnnxAdamOutputs = (Vec<f64>, Vec<f64>, Vec<f64>);
 
 /// `apply_adam` of the ONNX operator documentation, for one of the n tensors.
-pub fn onnx_adam(a: &OnnxAdam, r: f64, t: u64, x: &[f64], g: &[f64], v: &[f64], h: &[f64]) -> OnnxAdamOutputs {
-    let mut out = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+pub fn onnx_adam(
+    a: &OnnxAdam,
+    r: f64,
+    t: u64,
+    x: &[f64],
+    g: &[f64],
+    v: &[f64],
+    h: &[f64],
+) -> OnnxAdamOutputs {
+    let mut out = (
+        Vec::with_capacity(x.len()),
+        Vec::with_capacity(x.len()),
+        Vec::with_capacity(x.len()),
+    );
     for i in 0..x.len() {
         // Add gradient of regularization term.
         let g_regularized = a.norm_coefficient * x[i] + g[i];
@@ -112,7 +129,11 @@ pub fn dml_adam(
         let second = d.beta2 * second_moment[i] + (1.0 - d.beta2) * gradient[i] * gradient[i];
         let bias_corrected_first = first / bias_correction(d.beta1, t);
         let bias_corrected_second = second / bias_correction(d.beta2, t);
-        out.0.push(parameters[i] - d.learning_rate * bias_corrected_first / (bias_corrected_second.sqrt() + d.epsilon));
+        out.0.push(
+            parameters[i]
+                - d.learning_rate * bias_corrected_first
+                    / (bias_corrected_second.sqrt() + d.epsilon),
+        );
         out.1.push(first);
         out.2.push(second);
     }

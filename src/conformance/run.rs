@@ -4,7 +4,9 @@ use crate::conformance::case::{Case, HostTensor, Kind, ValueType};
 use crate::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use crate::ops::{self, onnx, AdamTensors};
 use crate::oracle::{self, TorchAdamState};
-use crate::{Adam, DType, DmlAdam, Error, GpuContext, OnnxAdam, Optimizer, Result, StateKind, Tensor};
+use crate::{
+    Adam, DType, DmlAdam, Error, GpuContext, OnnxAdam, Optimizer, Result, StateKind, Tensor,
+};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,20 +59,34 @@ type Outputs = Vec<(String, Vec<f64>)>;
 
 /// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares.
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
-    let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
+    let report = |outcome, worst| CaseReport {
+        case: case.name.clone(),
+        backend,
+        outcome,
+        worst,
+    };
     if let Some(reason) = unsupported(case) {
         return Ok(report(Outcome::Skipped(reason), 0.0));
     }
     let ctx = match (backend, ctx) {
         (Backend::Oracle, _) => None,
         (_, Some(ctx)) => Some(ctx),
-        (_, None) => return Err(Error::NoAdapter { reason: "the GPU backends need a GpuContext".into() }),
+        (_, None) => {
+            return Err(Error::NoAdapter {
+                reason: "the GPU backends need a GpuContext".into(),
+            })
+        }
     };
     let outputs = match (case.op.as_str(), case.kind) {
         ("onnx.Adam", Kind::Op) => onnx_adam(case, backend, ctx)?,
         ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx)?,
         ("torch.Adam" | "torch.AdamW", Kind::Trajectory) => torch_adam(case, backend, ctx)?,
-        (op, _) => return Ok(report(Outcome::Skipped(format!("op {op} is not implemented yet")), 0.0)),
+        (op, _) => {
+            return Ok(report(
+                Outcome::Skipped(format!("op {op} is not implemented yet")),
+                0.0,
+            ))
+        }
     };
     let mut worst: f64 = 0.0;
     let mut failures = Vec::new();
@@ -80,21 +96,41 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
         worst = worst.max(w);
         failures.extend(bad);
     }
-    let outcome = if failures.is_empty() { Outcome::Pass } else { Outcome::Fail(failures.join("; ")) };
+    let outcome = if failures.is_empty() {
+        Outcome::Pass
+    } else {
+        Outcome::Fail(failures.join("; "))
+    };
     Ok(report(outcome, worst))
 }
 
 /// Why a case cannot run yet, if it cannot.
 fn unsupported(case: &Case) -> Option<String> {
-    let low_precision = case.tensors.iter().find(|(_, t)| matches!(t.dtype, ValueType::F16 | ValueType::BF16));
+    let low_precision = case
+        .tensors
+        .iter()
+        .find(|(_, t)| matches!(t.dtype, ValueType::F16 | ValueType::BF16));
     low_precision.map(|(name, t)| format!("{:?} tensors ({name}) are not supported yet", t.dtype))
 }
 
 /// Compares element by element; returns the worst ratio and descriptions of the first
 /// few mismatches (never the whole array).
-fn compare(name: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64) -> (f64, Option<String>) {
+fn compare(
+    name: &str,
+    got: &[f64],
+    want: &HostTensor,
+    rtol: f64,
+    atol: f64,
+) -> (f64, Option<String>) {
     if got.len() != want.values.len() {
-        return (f64::INFINITY, Some(format!("{name}: {} values, expected {}", got.len(), want.values.len())));
+        return (
+            f64::INFINITY,
+            Some(format!(
+                "{name}: {} values, expected {}",
+                got.len(),
+                want.values.len()
+            )),
+        );
     }
     let mut worst: f64 = 0.0;
     let mut bad = Vec::new();
@@ -119,14 +155,22 @@ fn compare(name: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64) -> 
             }
         }
     }
-    let detail = (bad_count > 0).then(|| format!("{name}: {bad_count} of {} outside tolerance: {}", got.len(), bad.join(", ")));
+    let detail = (bad_count > 0).then(|| {
+        format!(
+            "{name}: {bad_count} of {} outside tolerance: {}",
+            got.len(),
+            bad.join(", ")
+        )
+    });
     (worst, detail)
 }
 
 fn storage_dtype(case: &Case, name: &str) -> Result<DType> {
     match case.tensor(name)?.dtype {
         ValueType::Float(d) => Ok(d),
-        other => Err(case.bad(format!("tensor `{name}` is {other:?}, expected a float tensor"))),
+        other => Err(case.bad(format!(
+            "tensor `{name}` is {other:?}, expected a float tensor"
+        ))),
     }
 }
 
@@ -183,7 +227,10 @@ fn onnx_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<
     let t = whole_step(case, "T")?;
     let n = case.count;
     let names = |prefixes: &[&str]| -> Vec<String> {
-        prefixes.iter().flat_map(|p| (0..n).map(move |i| format!("{p}.{i}"))).collect()
+        prefixes
+            .iter()
+            .flat_map(|p| (0..n).map(move |i| format!("{p}.{i}")))
+            .collect()
     };
     let input_names = names(&["X", "G", "V", "H"]);
     let output_names = names(&["X_new", "V_new", "H_new"]);
@@ -193,7 +240,15 @@ fn onnx_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<
         let mut per_tensor = Vec::new();
         for i in 0..n {
             let get = |p: &str| case.tensor(&format!("{p}.{i}")).map(|t| t.values.clone());
-            per_tensor.push(oracle::onnx_adam(&attributes, r, t, &get("X")?, &get("G")?, &get("V")?, &get("H")?));
+            per_tensor.push(oracle::onnx_adam(
+                &attributes,
+                r,
+                t,
+                &get("X")?,
+                &get("G")?,
+                &get("V")?,
+                &get("H")?,
+            ));
         }
         for (k, prefix) in ["X_new", "V_new", "H_new"].iter().enumerate() {
             for (i, out) in per_tensor.iter().enumerate() {
@@ -205,17 +260,34 @@ fn onnx_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<
     };
     let inputs = input_names
         .iter()
-        .map(|name| Ok(upload(ctx, name, &case.tensor(name)?.values, storage_dtype(case, name)?)))
+        .map(|name| {
+            Ok(upload(
+                ctx,
+                name,
+                &case.tensor(name)?.values,
+                storage_dtype(case, name)?,
+            ))
+        })
         .collect::<Result<Vec<_>>>()?;
     // X, V and H (not G) are the updated inputs: entries 0..n, 2n..3n, 3n..4n.
-    let updated: Vec<Tensor> = inputs[..n].iter().chain(&inputs[2 * n..]).cloned().collect();
+    let updated: Vec<Tensor> = inputs[..n]
+        .iter()
+        .chain(&inputs[2 * n..])
+        .cloned()
+        .collect();
     let written = destinations(ctx, backend, &updated);
     let outputs: Vec<Option<Tensor>> = written
         .iter()
         .map(|t| (backend == Backend::GpuOutOfPlace).then(|| t.clone()))
         .collect();
-    ops::submit_with(ctx, "onnx.Adam", |encoder| onnx::adam(ctx, encoder, &attributes, r, t, &inputs, &outputs))?;
-    output_names.into_iter().zip(&written).map(|(name, t)| Ok((name, download(ctx, t)?))).collect()
+    ctx.submit("onnx.Adam", |encoder| {
+        onnx::adam(ctx, encoder, &attributes, r, t, &inputs, &outputs)
+    })?;
+    output_names
+        .into_iter()
+        .zip(&written)
+        .map(|(name, t)| Ok((name, download(ctx, t)?)))
+        .collect()
 }
 
 fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
@@ -226,15 +298,35 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         epsilon: case.attr_f64("Epsilon", 0.0)?,
     };
     let step = case.scalar("TrainingStepTensor")?;
-    let input_names = ["InputParametersTensor", "InputFirstMomentTensor", "InputSecondMomentTensor", "GradientTensor"];
-    let output_names = ["OutputParametersTensor", "OutputFirstMomentTensor", "OutputSecondMomentTensor"];
+    let input_names = [
+        "InputParametersTensor",
+        "InputFirstMomentTensor",
+        "InputSecondMomentTensor",
+        "GradientTensor",
+    ];
+    let output_names = [
+        "OutputParametersTensor",
+        "OutputFirstMomentTensor",
+        "OutputSecondMomentTensor",
+    ];
     let dtype = storage_dtype(case, input_names[0])?;
     let Some(ctx) = ctx else {
         let t = TrainingStep::Float(step).value()?;
         scalars.validate(t)?;
         let get = |name: &str| case.tensor(name).map(|t| t.values.clone());
-        let out = oracle::dml_adam(&scalars, t, &get(input_names[0])?, &get(input_names[1])?, &get(input_names[2])?, &get(input_names[3])?);
-        return Ok(output_names.iter().map(|n| n.to_string()).zip([out.0, out.1, out.2].map(|v| round_to(v, dtype))).collect());
+        let out = oracle::dml_adam(
+            &scalars,
+            t,
+            &get(input_names[0])?,
+            &get(input_names[1])?,
+            &get(input_names[2])?,
+            &get(input_names[3])?,
+        );
+        return Ok(output_names
+            .iter()
+            .map(|n| n.to_string())
+            .zip([out.0, out.1, out.2].map(|v| round_to(v, dtype)))
+            .collect());
     };
     let inputs = input_names
         .iter()
@@ -252,8 +344,12 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         output_second_moment_tensor: written[2].clone(),
         scalars,
     };
-    ops::submit_with(ctx, "dml.Adam", |encoder| directml::adam(ctx, encoder, &desc))?;
-    output_names.iter().zip(&written).map(|(name, t)| Ok((name.to_string(), download(ctx, t)?))).collect()
+    ctx.submit("dml.Adam", |encoder| directml::adam(ctx, encoder, &desc))?;
+    output_names
+        .iter()
+        .zip(&written)
+        .map(|(name, t)| Ok((name.to_string(), download(ctx, t)?)))
+        .collect()
 }
 
 fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
@@ -270,11 +366,19 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
     };
     let (n, steps) = (case.count, case.steps);
     let dtype = storage_dtype(case, "param.0")?;
-    let params: Vec<&HostTensor> = (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&HostTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
+    let params: Vec<&HostTensor> = (0..n)
+        .map(|i| case.tensor(&format!("param.{i}")))
+        .collect::<Result<_>>()?;
+    let grads: Vec<&HostTensor> = (0..n)
+        .map(|i| case.tensor(&format!("grad.{i}")))
+        .collect::<Result<_>>()?;
     for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
         if g.values.len() != steps * p.values.len() {
-            return Err(case.bad(format!("grad.{i} has {} values, expected steps x param.{i} = {}", g.values.len(), steps * p.values.len())));
+            return Err(case.bad(format!(
+                "grad.{i} has {} values, expected steps x param.{i} = {}",
+                g.values.len(),
+                steps * p.values.len()
+            )));
         }
     }
     let grad_at = |i: usize, k: usize| {
@@ -301,9 +405,15 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
             }
         }
         (Backend::GpuInPlace, Some(ctx)) => {
-            let param_tensors: Vec<Tensor> =
-                params.iter().enumerate().map(|(i, p)| upload(ctx, &format!("param.{i}"), &p.values, dtype)).collect();
-            let grad_tensors: Vec<Tensor> = param_tensors.iter().map(|p| ctx.zeros("grad", p.len, dtype)).collect();
+            let param_tensors: Vec<Tensor> = params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| upload(ctx, &format!("param.{i}"), &p.values, dtype))
+                .collect();
+            let grad_tensors: Vec<Tensor> = param_tensors
+                .iter()
+                .map(|p| ctx.zeros("grad", p.len, dtype))
+                .collect();
             let mut optimizer = Optimizer::new(ctx, config, &param_tensors)?;
             for k in 0..steps {
                 for (i, g) in grad_tensors.iter().enumerate() {
@@ -311,11 +421,17 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
                 }
                 optimizer.step(&grad_tensors)?;
             }
-            let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq];
-            for i in 0..n {
-                outputs.push((format!("param_out.{i}"), download(ctx, &param_tensors[i])?));
+            let kinds = [
+                StateKind::ExpAvg,
+                StateKind::ExpAvgSq,
+                StateKind::MaxExpAvgSq,
+            ];
+            for (i, param) in param_tensors.iter().enumerate() {
+                outputs.push((format!("param_out.{i}"), download(ctx, param)?));
                 for (name, kind) in names[1..].iter().zip(kinds) {
-                    let state = optimizer.state(i, kind).ok_or_else(|| case.bad(format!("no {name} state")))?;
+                    let state = optimizer
+                        .state(i, kind)
+                        .ok_or_else(|| case.bad(format!("no {name} state")))?;
                     outputs.push((format!("{name}.{i}"), download(ctx, state)?));
                 }
             }
@@ -328,13 +444,20 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
                 .enumerate()
                 .map(|(i, p)| {
                     let mut set = vec![upload(ctx, &format!("param.{i}"), &p.values, dtype)];
-                    set.extend((1..tensors_per).map(|_| ctx.zeros("state", p.values.len() as u64, dtype)));
+                    set.extend(
+                        (1..tensors_per).map(|_| ctx.zeros("state", p.values.len() as u64, dtype)),
+                    );
                     set
                 })
                 .collect();
-            let mut other: Vec<Vec<Tensor>> =
-                current.iter().map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect()).collect();
-            let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
+            let mut other: Vec<Vec<Tensor>> = current
+                .iter()
+                .map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect())
+                .collect();
+            let grad_tensors: Vec<Tensor> = current
+                .iter()
+                .map(|s| ctx.zeros("grad", s[0].len, dtype))
+                .collect();
             for k in 0..steps {
                 for (i, g) in grad_tensors.iter().enumerate() {
                     write(ctx, g, grad_at(i, k))?;
@@ -355,7 +478,9 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
                         max_exp_avg_sq_out: dst.get(3).cloned(),
                     })
                     .collect();
-                ops::submit_with(ctx, "adam", |encoder| ops::adam(ctx, encoder, &config, k as u64 + 1, &io))?;
+                ctx.submit("adam", |encoder| {
+                    ops::adam(ctx, encoder, &config, k as u64 + 1, &io)
+                })?;
                 std::mem::swap(&mut current, &mut other);
             }
             for (i, set) in current.iter().enumerate() {

@@ -54,7 +54,12 @@ impl Family {
     /// The `override` constants the body declares, in the order `KernelStep` stores them.
     pub(crate) fn override_names(self) -> &'static [&'static str] {
         match self {
-            Family::Adam => &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY"],
+            Family::Adam => &[
+                "AMSGRAD",
+                "EPS_AFTER_CORRECTION",
+                "MAXIMIZE",
+                "WEIGHT_DECAY",
+            ],
         }
     }
 }
@@ -97,7 +102,11 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_storage();
     let mut s = String::new();
     // `write!` into a String cannot fail.
-    let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.family.name());
+    let _ = writeln!(
+        s,
+        "// wgpu-optim {} kernel, math in {math}",
+        key.family.name()
+    );
     let _ = writeln!(s, "alias R = {math};");
     let _ = writeln!(s, "override WG: u32 = {WORKGROUP_SIZE}u;");
     let _ = writeln!(s, "struct Segment {{\n    n: u32,");
@@ -106,7 +115,11 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     }
     let _ = writeln!(s, "}}\n@group(1) @binding(0) var<uniform> seg: Segment;");
     for (b, desc) in key.layout.bindings.iter().enumerate() {
-        let access = if desc.read_write { "read_write" } else { "read" };
+        let access = if desc.read_write {
+            "read_write"
+        } else {
+            "read"
+        };
         let _ = writeln!(
             s,
             "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{}>;",
@@ -117,7 +130,10 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     for (slot, binding) in key.family.inputs().iter().zip(&key.layout.inputs) {
         match binding {
             Some(b) => {
-                let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(buf{b}[seg.base{b} + i]); }}");
+                let _ = writeln!(
+                    s,
+                    "fn load_{slot}(i: u32) -> R {{ return R(buf{b}[seg.base{b} + i]); }}"
+                );
             }
             None => {
                 let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(0); }}");

@@ -43,7 +43,15 @@ impl KernelStep {
     }
 
     /// The override constants as wgpu takes them.
-    pub(crate) fn constants(family: Family, overrides: &[u32; MAX_OVERRIDES]) -> Vec<(&'static str, f64)> {
-        family.override_names().iter().zip(overrides).map(|(name, v)| (*name, f64::from(*v))).collect()
+    pub(crate) fn constants(
+        family: Family,
+        overrides: &[u32; MAX_OVERRIDES],
+    ) -> Vec<(&'static str, f64)> {
+        family
+            .override_names()
+            .iter()
+            .zip(overrides)
+            .map(|(name, v)| (*name, f64::from(*v)))
+            .collect()
     }
 }

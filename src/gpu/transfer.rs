@@ -12,13 +12,32 @@ pub const TENSOR_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST);
 
 impl GpuContext {
+    /// Records with `record` into a fresh command encoder and submits it; wgpu validation
+    /// and out-of-memory errors come back as [`Error::Gpu`]. Nothing is submitted if
+    /// `record` fails.
+    pub fn submit(
+        &self,
+        label: &str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<wgpu::SubmissionIndex> {
+        let mut encoder = self
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        record(&mut encoder)?;
+        self.catch(&format!("submitting {label}"), || {
+            self.queue().submit([encoder.finish()])
+        })
+    }
+
     /// A new buffer holding `bytes` with [`TENSOR_USAGES`], as one tensor of `dtype`.
     pub fn upload_bytes(&self, label: &str, bytes: &[u8], dtype: DType) -> Tensor {
-        let buffer = self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: TENSOR_USAGES,
-        });
+        let buffer = self
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytes,
+                usage: TENSOR_USAGES,
+            });
         Tensor::new(&buffer, 0, bytes.len() as u64 / dtype.size(), dtype)
     }
 
@@ -49,10 +68,14 @@ impl GpuContext {
         if bytes.len() as u64 != tensor.byte_len() {
             return Err(Error::BadRange {
                 argument: "bytes".into(),
-                problem: format!("{} bytes given for a tensor of {} bytes", bytes.len(), tensor.byte_len()),
+                problem: format!(
+                    "{} bytes given for a tensor of {} bytes",
+                    bytes.len(),
+                    tensor.byte_len()
+                ),
             });
         }
-        if tensor.offset % 4 != 0 || bytes.len() % 4 != 0 {
+        if !tensor.offset.is_multiple_of(4) || !bytes.len().is_multiple_of(4) {
             return Err(Error::BadRange {
                 argument: "tensor".into(),
                 problem: format!(
@@ -69,7 +92,8 @@ impl GpuContext {
                 has: format!("{:?}", tensor.buffer.usage()),
             });
         }
-        self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
+        self.queue()
+            .write_buffer(&tensor.buffer, tensor.offset, bytes);
         Ok(())
     }
 
@@ -87,7 +111,10 @@ impl GpuContext {
         }
         let range = tensor.byte_range();
         let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
-        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).min(tensor.buffer.size());
+        let end = range
+            .end
+            .next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
+            .min(tensor.buffer.size());
         let device = self.device();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-optim readback"),
@@ -101,12 +128,17 @@ impl GpuContext {
             self.queue().submit([encoder.finish()])
         })?;
         let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
-            // The receiver lives until the poll below returns, so the send cannot be lost.
-            let _ = sender.send(result);
-        });
+        staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |result| {
+                // The receiver lives until the poll below returns, so the send cannot be lost.
+                let _ = sender.send(result);
+            });
         device
-            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
             .map_err(|e| Error::Readback(e.to_string()))?;
         match pollster::block_on(receiver.receive()) {
             Some(Ok(())) => {}

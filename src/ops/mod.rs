@@ -56,7 +56,11 @@ impl AdamTensors {
 
     /// Kernel arguments in the Adam family's slot order; `name` turns a field name into
     /// the name errors use.
-    pub(crate) fn kernel_args(&self, amsgrad: bool, name: impl Fn(&str) -> String) -> Result<KernelArgs> {
+    pub(crate) fn kernel_args(
+        &self,
+        amsgrad: bool,
+        name: impl Fn(&str) -> String,
+    ) -> Result<KernelArgs> {
         let out = |slot: &str, output: &Option<Tensor>, input: &Tensor| {
             Some(Arg::new(name(slot), output.as_ref().unwrap_or(input)))
         };
@@ -140,25 +144,22 @@ pub(crate) fn record_stateless(
             }
             Some(_) => {}
         }
-        let key = VariantKey { family: step.family, math: dtype, layout: tensor_plan.layout.clone(), overrides: step.overrides };
+        let key = VariantKey {
+            family: step.family,
+            math: dtype,
+            layout: tensor_plan.layout.clone(),
+            overrides: step.overrides,
+        };
         items.push((key, tensor_plan));
     }
     let math = math.unwrap_or(DType::F32);
     let batch = Batch::build(ctx, &items, label)?;
     let mut ring = HyperRing::new(ctx, 1, label)?;
     let offset = ring.push(ctx.queue(), step, math);
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(label),
+        timestamp_writes: None,
+    });
     batch.record(&mut pass, &ring, offset);
     Ok(())
-}
-
-/// Records with `record` into a fresh encoder and submits it, reporting wgpu errors.
-pub(crate) fn submit_with(
-    ctx: &GpuContext,
-    label: &str,
-    record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
-) -> Result<wgpu::SubmissionIndex> {
-    let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
-    record(&mut encoder)?;
-    ctx.catch(&format!("submitting {label}"), || ctx.queue().submit([encoder.finish()]))
 }

@@ -14,7 +14,11 @@ fn check_count(argument: &str, got: usize, expected: usize) -> Result<()> {
     if got == expected {
         Ok(())
     } else {
-        Err(Error::CountMismatch { argument: argument.into(), got, expected })
+        Err(Error::CountMismatch {
+            argument: argument.into(),
+            got,
+            expected,
+        })
     }
 }
 
@@ -33,7 +37,7 @@ pub fn adam(
     outputs: &[Option<Tensor>],
 ) -> Result<()> {
     attributes.validate(r, t)?;
-    if inputs.len() % 4 != 0 {
+    if !inputs.len().is_multiple_of(4) {
         return Err(Error::CountMismatch {
             argument: "inputs (X, G, V, H for each of n tensors)".into(),
             got: inputs.len(),
@@ -41,10 +45,15 @@ pub fn adam(
         });
     }
     let n = inputs.len() / 4;
-    check_count("outputs (X_new, V_new, H_new for each of n tensors)", outputs.len(), 3 * n)?;
+    check_count(
+        "outputs (X_new, V_new, H_new for each of n tensors)",
+        outputs.len(),
+        3 * n,
+    )?;
     let calls: Vec<KernelArgs> = (0..n)
         .map(|i| {
-            let input = |k: usize, name: &str| Arg::new(format!("{name}_{}", i + 1), &inputs[k * n + i]);
+            let input =
+                |k: usize, name: &str| Arg::new(format!("{name}_{}", i + 1), &inputs[k * n + i]);
             let output = |k: usize, name: &str, input: &Arg| {
                 Some(match &outputs[k * n + i] {
                     Some(t) => Arg::new(format!("{name}_{}", i + 1), t),
@@ -53,10 +62,21 @@ pub fn adam(
             };
             let (x, g, v, h) = (input(0, "X"), input(1, "G"), input(2, "V"), input(3, "H"));
             KernelArgs {
-                outputs: vec![output(0, "X_new", &x), output(1, "V_new", &v), output(2, "H_new", &h), None],
+                outputs: vec![
+                    output(0, "X_new", &x),
+                    output(1, "V_new", &v),
+                    output(2, "H_new", &h),
+                    None,
+                ],
                 inputs: vec![Some(x), Some(g), Some(v), Some(h), None],
             }
         })
         .collect();
-    record_stateless(ctx, encoder, &attributes.kernel_step(r, t), &calls, "onnx.Adam")
+    record_stateless(
+        ctx,
+        encoder,
+        &attributes.kernel_step(r, t),
+        &calls,
+        "onnx.Adam",
+    )
 }
