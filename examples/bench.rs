@@ -50,10 +50,7 @@ fn config(name: &str) -> std::result::Result<Adam, String> {
     match name {
         "adam" => Ok(Adam::default()),
         "adamw" => Ok(Adam::adamw()),
-        "amsgrad" => Ok(Adam {
-            amsgrad: true,
-            ..Adam::default()
-        }),
+        "amsgrad" => Ok(Adam { amsgrad: true, ..Adam::default() }),
         other => Err(format!("unknown algorithm {other} (adam, adamw, amsgrad)")),
     }
 }

@@ -91,9 +91,7 @@ pub enum Error {
         other: String,
     },
     /// Two outputs were given the same memory.
-    #[error(
-        "outputs `{first}` and `{second}` are the same range: every output needs its own memory"
-    )]
+    #[error("outputs `{first}` and `{second}` are the same range: every output needs its own memory")]
     OutputsAlias {
         /// One output.
         first: String,

@@ -21,7 +21,9 @@ mod optimizer;
 pub mod oracle;
 mod tensor;
 
-pub use algo::{bias_correction, Adam, DmlAdam, OnnxAdam};
+pub use algo::{
+    bias_correction, Adagrad, Adam, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};

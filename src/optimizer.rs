@@ -2,20 +2,24 @@
 //! count, and everything a step records, built once.
 
 use crate::gpu::dispatch::{Batch, HyperRing};
-use crate::gpu::kernel::VariantKey;
-use crate::gpu::plan::plan;
+use crate::gpu::kernel::{Family, VariantKey};
+use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::step::KernelStep;
-use crate::ops::AdamTensors;
-use crate::{Adam, DType, Error, GpuContext, Result, Tensor};
+use crate::ops::slot_args;
+use crate::{Adagrad, Adam, DType, Error, GpuContext, Result, Sgd, Tensor};
 
 /// Steps that may be recorded between two submits (each needs its own uniform slot).
 pub const STEPS_PER_SUBMIT: u32 = 64;
 
-/// The algorithms the stateful optimizer runs.
+/// The algorithms the stateful optimizer runs, in PyTorch's conventions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Algorithm {
-    /// PyTorch's Adam, AdamW or AMSGrad.
+    /// Adam, AdamW or AMSGrad.
     Adam(Adam),
+    /// SGD, with standard or Nesterov momentum or none.
+    Sgd(Sgd),
+    /// Adagrad.
+    Adagrad(Adagrad),
 }
 
 impl From<Adam> for Algorithm {
@@ -24,28 +28,72 @@ impl From<Adam> for Algorithm {
     }
 }
 
+impl From<Sgd> for Algorithm {
+    fn from(config: Sgd) -> Self {
+        Algorithm::Sgd(config)
+    }
+}
+
+impl From<Adagrad> for Algorithm {
+    fn from(config: Adagrad) -> Self {
+        Algorithm::Adagrad(config)
+    }
+}
+
 impl Algorithm {
-    fn validate(&self) -> Result<()> {
+    /// Checks the hyperparameters.
+    pub fn validate(&self) -> Result<()> {
         match self {
             Algorithm::Adam(c) => c.validate(),
+            Algorithm::Sgd(c) => c.validate(),
+            Algorithm::Adagrad(c) => c.validate(),
         }
     }
 
-    fn kernel_step(&self, t: u64) -> KernelStep {
+    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
         match self {
             Algorithm::Adam(c) => c.kernel_step(t),
+            Algorithm::Sgd(c) => c.kernel_step(t),
+            Algorithm::Adagrad(c) => c.kernel_step(t),
         }
     }
 
-    /// The state tensors this algorithm keeps per parameter.
-    fn state_kinds(&self) -> &'static [StateKind] {
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
         match self {
-            Algorithm::Adam(c) if c.amsgrad => &[
-                StateKind::ExpAvg,
-                StateKind::ExpAvgSq,
-                StateKind::MaxExpAvgSq,
-            ],
+            Algorithm::Adam(c) => c.lr,
+            Algorithm::Sgd(c) => c.lr,
+            Algorithm::Adagrad(c) => c.lr,
+        }
+    }
+
+    fn with_lr(mut self, lr: f64) -> Self {
+        match &mut self {
+            Algorithm::Adam(c) => c.lr = lr,
+            Algorithm::Sgd(c) => c.lr = lr,
+            Algorithm::Adagrad(c) => c.lr = lr,
+        }
+        self
+    }
+
+    /// The state tensors this algorithm keeps per parameter, in PyTorch's order.
+    pub fn state_kinds(&self) -> &'static [StateKind] {
+        match self {
+            Algorithm::Adam(c) if c.amsgrad => {
+                &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq]
+            }
             Algorithm::Adam(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
+            Algorithm::Sgd(c) if c.keeps_buffer() => &[StateKind::MomentumBuffer],
+            Algorithm::Sgd(_) => &[],
+            Algorithm::Adagrad(_) => &[StateKind::Sum],
+        }
+    }
+
+    /// The value a state tensor starts from.
+    fn initial_state(&self) -> f64 {
+        match self {
+            Algorithm::Adagrad(c) => c.initial_accumulator_value,
+            _ => 0.0,
         }
     }
 }
@@ -53,21 +101,27 @@ impl Algorithm {
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StateKind {
-    /// First moment.
+    /// Adam's first moment.
     ExpAvg,
-    /// Second moment.
+    /// Adam's second moment.
     ExpAvgSq,
     /// AMSGrad's running maximum of the second moment.
     MaxExpAvgSq,
+    /// SGD's momentum buffer.
+    MomentumBuffer,
+    /// Adagrad's sum of squared gradients.
+    Sum,
 }
 
 impl StateKind {
-    /// PyTorch's name for it.
+    /// PyTorch's name for it, which is also the kernel's slot name.
     pub fn torch_name(self) -> &'static str {
         match self {
             StateKind::ExpAvg => "exp_avg",
             StateKind::ExpAvgSq => "exp_avg_sq",
             StateKind::MaxExpAvgSq => "max_exp_avg_sq",
+            StateKind::MomentumBuffer => "momentum_buffer",
+            StateKind::Sum => "sum",
         }
     }
 }
@@ -115,15 +169,11 @@ impl Optimizer {
     /// An optimizer over `params` with zeroed state, at step 0.
     ///
     /// All parameters must share one dtype; their buffers need `STORAGE` usage.
-    pub fn new(
-        ctx: &GpuContext,
-        algorithm: impl Into<Algorithm>,
-        params: &[Tensor],
-    ) -> Result<Self> {
+    pub fn new(ctx: &GpuContext, algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         for (i, p) in params.iter().enumerate() {
-            crate::gpu::plan::check_range(&crate::gpu::plan::Arg::new(format!("params[{i}]"), p))?;
+            crate::gpu::plan::check_range(&Arg::new(format!("params[{i}]"), p))?;
             if p.dtype != params[0].dtype {
                 return Err(Error::DTypeMismatch {
                     argument: format!("params[{i}]"),
@@ -132,17 +182,19 @@ impl Optimizer {
                 });
             }
         }
-        let state = params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                algorithm
-                    .state_kinds()
-                    .iter()
-                    .map(|kind| ctx.zeros(&format!("{}[{i}]", kind.torch_name()), p.len, p.dtype))
-                    .collect()
-            })
-            .collect();
+        let initial = algorithm.initial_state();
+        let mut state = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            let mut tensors = Vec::new();
+            for kind in algorithm.state_kinds() {
+                let tensor = ctx.zeros(&format!("{}[{i}]", kind.torch_name()), p.len, p.dtype);
+                if initial != 0.0 {
+                    ctx.write_bytes(&tensor, &crate::gpu::fill_bytes(initial, p.len, p.dtype))?;
+                }
+                tensors.push(tensor);
+            }
+            state.push(tensors);
+        }
         Ok(Optimizer {
             ring: HyperRing::new(ctx, STEPS_PER_SUBMIT, "optimizer")?,
             ctx: ctx.clone(),
@@ -161,10 +213,7 @@ impl Optimizer {
 
     /// Changes the learning rate from the next step on (a schedule); no pipeline is rebuilt.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        let mut next = self.algorithm;
-        match &mut next {
-            Algorithm::Adam(c) => c.lr = lr,
-        }
+        let next = self.algorithm.with_lr(lr);
         next.validate()?;
         self.algorithm = next;
         Ok(())
@@ -182,11 +231,7 @@ impl Optimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if the algorithm keeps one.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
-        let k = self
-            .algorithm
-            .state_kinds()
-            .iter()
-            .position(|s| *s == kind)?;
+        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         self.state.get(index).map(|s| &s[k])
     }
 
@@ -196,11 +241,7 @@ impl Optimizer {
     /// Bind groups are built on the first step and whenever `grads` are different tensors
     /// from the previous step's; with the same gradient tensors a step creates no GPU objects.
     /// On error nothing is recorded and the step count is unchanged.
-    pub fn record_step(
-        &mut self,
-        encoder: &mut wgpu::CommandEncoder,
-        grads: &[Tensor],
-    ) -> Result<()> {
+    pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.bind(grads)?;
         let t = self.step + 1;
         let step = self.algorithm.kernel_step(t);
@@ -220,10 +261,19 @@ impl Optimizer {
     /// Records one step and submits it.
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         let ctx = self.ctx.clone();
-        ctx.submit("wgpu-optim step", |encoder| {
-            self.record_step(encoder, grads)
-        })
-        .map(|_| ())
+        ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
+    }
+
+    /// Parameter `i`'s tensors in its family's slot order, all updated in place.
+    fn kernel_args(&self, family: Family, i: usize, grad: &Tensor) -> KernelArgs {
+        let param = Arg::new(format!("params[{i}]"), &self.params[i]);
+        let kinds = self.algorithm.state_kinds();
+        let state: Vec<Arg> = kinds
+            .iter()
+            .zip(&self.state[i])
+            .map(|(kind, t)| Arg::new(format!("{}[{i}]", kind.torch_name()), t))
+            .collect();
+        slot_args(family, kinds, param.clone(), Arg::new(format!("grads[{i}]"), grad), &state, param, &state)
     }
 
     /// Builds the bind groups for `grads` unless they are the ones already bound.
@@ -241,20 +291,8 @@ impl Optimizer {
         let step = self.algorithm.kernel_step(1);
         let math = self.params.first().map_or(DType::F32, |p| p.dtype);
         let mut items = Vec::with_capacity(self.params.len());
-        for (i, (param, grad)) in self.params.iter().zip(grads).enumerate() {
-            let name = |field: &str| match field {
-                "grad" => format!("grads[{i}]"),
-                "param" | "param_out" => format!("params[{i}]"),
-                state => format!("{}[{i}]", state.trim_end_matches("_out")),
-            };
-            let args = match self.algorithm {
-                Algorithm::Adam(c) => {
-                    let s = &self.state[i];
-                    let mut io = AdamTensors::in_place(param, grad, &s[0], &s[1]);
-                    io.max_exp_avg_sq = s.get(2).cloned();
-                    io.kernel_args(c.amsgrad, name)?
-                }
-            };
+        for (i, grad) in grads.iter().enumerate() {
+            let args = self.kernel_args(step.family, i, grad);
             let tensor_plan = plan(&self.ctx, step.family, &args)?;
             let key = VariantKey {
                 family: step.family,
@@ -265,10 +303,7 @@ impl Optimizer {
             items.push((key, tensor_plan));
         }
         let batch = Batch::build(&self.ctx, &items, "optimizer")?;
-        self.bound = Some(Bound {
-            grads: grads.to_vec(),
-            batch,
-        });
+        self.bound = Some(Bound { grads: grads.to_vec(), batch });
         Ok(())
     }
 }

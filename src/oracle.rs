@@ -2,7 +2,7 @@
 //! Slow and obviously correct; every GPU result in the tests is checked against it.
 
 use crate::algo::bias_correction;
-use crate::{Adam, DmlAdam, OnnxAdam};
+use crate::{Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd};
 
 /// PyTorch's Adam state for one parameter.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,13 +33,8 @@ impl TorchAdamState {
 pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &mut TorchAdamState) {
     state.step += 1;
     let step = state.step;
-    let (lr, beta1, beta2, eps, weight_decay) = (
-        config.lr,
-        config.beta1,
-        config.beta2,
-        config.eps,
-        config.weight_decay,
-    );
+    let (lr, beta1, beta2, eps, weight_decay) =
+        (config.lr, config.beta1, config.beta2, config.eps, config.weight_decay);
     for i in 0..param.len() {
         let mut grad = if config.maximize { -grad[i] } else { grad[i] };
         if weight_decay != 0.0 {
@@ -80,11 +75,7 @@ pub fn onnx_adam(
     v: &[f64],
     h: &[f64],
 ) -> OnnxAdamOutputs {
-    let mut out = (
-        Vec::with_capacity(x.len()),
-        Vec::with_capacity(x.len()),
-        Vec::with_capacity(x.len()),
-    );
+    let mut out = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
     for i in 0..x.len() {
         // Add gradient of regularization term.
         let g_regularized = a.norm_coefficient * x[i] + g[i];
@@ -131,11 +122,173 @@ pub fn dml_adam(
         let bias_corrected_second = second / bias_correction(d.beta2, t);
         out.0.push(
             parameters[i]
-                - d.learning_rate * bias_corrected_first
-                    / (bias_corrected_second.sqrt() + d.epsilon),
+                - d.learning_rate * bias_corrected_first / (bias_corrected_second.sqrt() + d.epsilon),
         );
         out.1.push(first);
         out.2.push(second);
     }
     out
+}
+
+/// One step of `torch.optim.SGD`'s single-tensor path (`_single_tensor_sgd`).
+/// `momentum_buffer` is `None` until the first step with momentum creates it.
+pub fn torch_sgd_step(config: &Sgd, param: &mut [f64], grad: &[f64], momentum_buffer: &mut Option<Vec<f64>>) {
+    let mut grad: Vec<f64> = if config.maximize { grad.iter().map(|g| -g).collect() } else { grad.to_vec() };
+    if config.weight_decay != 0.0 {
+        // grad = grad.add(param, alpha=weight_decay)
+        for (g, p) in grad.iter_mut().zip(param.iter()) {
+            *g += config.weight_decay * p;
+        }
+    }
+    if config.momentum != 0.0 {
+        match momentum_buffer {
+            // buf = torch.clone(grad).detach()
+            None => *momentum_buffer = Some(grad.clone()),
+            // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+            Some(buf) => {
+                for (b, g) in buf.iter_mut().zip(&grad) {
+                    *b = *b * config.momentum + (1.0 - config.dampening) * g;
+                }
+            }
+        }
+        let buf = momentum_buffer.as_ref().map(Vec::as_slice).unwrap_or_default();
+        if config.nesterov {
+            // grad = grad.add(buf, alpha=momentum)
+            for (g, b) in grad.iter_mut().zip(buf) {
+                *g += config.momentum * b;
+            }
+        } else {
+            grad.copy_from_slice(buf);
+        }
+    }
+    // param.add_(grad, alpha=-lr)
+    for (p, g) in param.iter_mut().zip(&grad) {
+        *p += -config.lr * g;
+    }
+}
+
+/// The outputs of one ONNX Momentum or Adagrad call for one tensor: `(X_new, state_new)`.
+pub type OnnxOutputs2 = (Vec<f64>, Vec<f64>);
+
+/// `_apply_momentum` / `_apply_nesterov` of ONNX's reference implementation, for one of
+/// the n tensors.
+pub fn onnx_momentum(a: &OnnxMomentum, r: f64, t: u64, x: &[f64], g: &[f64], v: &[f64]) -> OnnxOutputs2 {
+    let mut out = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+    for i in 0..x.len() {
+        // Add gradient of regularization term.
+        let g_regularized = a.norm_coefficient * x[i] + g[i];
+        // Coefficient of gradient should be 1 at the first iteration.
+        let beta_adjusted = if t > 0 { a.beta } else { 1.0 };
+        // Update momentum.
+        let v_new = a.alpha * v[i] + beta_adjusted * g_regularized;
+        // Apply SG with momentum update rule.
+        let x_new = match a.mode {
+            MomentumMode::Standard => x[i] - r * v_new,
+            MomentumMode::Nesterov => x[i] - r * (g_regularized + a.alpha * v_new),
+        };
+        out.0.push(x_new);
+        out.1.push(v_new);
+    }
+    out
+}
+
+/// `apply_adagrad` of the ONNX operator documentation, for one of the n tensors.
+pub fn onnx_adagrad(a: &OnnxAdagrad, r: f64, t: u64, x: &[f64], g: &[f64], h: &[f64]) -> OnnxOutputs2 {
+    let mut out = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+    for i in 0..x.len() {
+        // Compute adjusted learning-rate.
+        let r_ = r / (1.0 + t as f64 * a.decay_factor);
+        // Add gradient of regularization term.
+        let g_regularized = a.norm_coefficient * x[i] + g[i];
+        // Update squared accumulated gradient.
+        let h_new = h[i] + g_regularized * g_regularized;
+        // Compute ADAGRAD's gradient scaling factors
+        let h_sqrt = h_new.sqrt() + a.epsilon;
+        // Apply ADAGRAD update rule.
+        let x_new = x[i] - r_ * g_regularized / h_sqrt;
+        out.0.push(x_new);
+        out.1.push(h_new);
+    }
+    out
+}
+
+/// One step of `torch.optim.Adagrad`'s single-tensor path; `step` counts from 1.
+pub fn torch_adagrad_step(
+    config: &Adagrad,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    state_sum: &mut [f64],
+) {
+    for i in 0..param.len() {
+        let mut grad = if config.maximize { -grad[i] } else { grad[i] };
+        if config.weight_decay != 0.0 {
+            grad += config.weight_decay * param[i];
+        }
+        let clr = config.lr / (1.0 + (step as f64 - 1.0) * config.lr_decay);
+        state_sum[i] += grad * grad;
+        let std = state_sum[i].sqrt() + config.eps;
+        param[i] += -clr * grad / std;
+    }
+}
+
+/// The oracle's state for one parameter under any [`Algorithm`], stepped as PyTorch does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchState {
+    algorithm: Algorithm,
+    adam: TorchAdamState,
+    momentum_buffer: Option<Vec<f64>>,
+    sum: Vec<f64>,
+    step: u64,
+}
+
+impl TorchState {
+    /// Fresh state for a parameter of `len` elements.
+    pub fn new(algorithm: Algorithm, len: usize) -> Self {
+        let (amsgrad, initial_sum) = match algorithm {
+            Algorithm::Adam(c) => (c.amsgrad, 0.0),
+            Algorithm::Adagrad(c) => (false, c.initial_accumulator_value),
+            Algorithm::Sgd(_) => (false, 0.0),
+        };
+        TorchState {
+            algorithm,
+            adam: TorchAdamState::zeros(len, amsgrad),
+            momentum_buffer: None,
+            sum: vec![initial_sum; len],
+            step: 0,
+        }
+    }
+
+    /// Changes the hyperparameters for the following steps (a schedule).
+    pub fn set_algorithm(&mut self, algorithm: Algorithm) {
+        self.algorithm = algorithm;
+    }
+
+    /// One step.
+    pub fn step(&mut self, param: &mut [f64], grad: &[f64]) {
+        self.step += 1;
+        match &self.algorithm {
+            Algorithm::Adam(c) => torch_adam_step(c, param, grad, &mut self.adam),
+            Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
+            Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
+        }
+    }
+
+    /// The state tensors in the order of [`Algorithm::state_kinds`].
+    pub fn tensors(&self) -> Vec<Vec<f64>> {
+        match &self.algorithm {
+            Algorithm::Adam(c) => {
+                let mut t = vec![self.adam.exp_avg.clone(), self.adam.exp_avg_sq.clone()];
+                if c.amsgrad {
+                    t.push(self.adam.max_exp_avg_sq.clone());
+                }
+                t
+            }
+            Algorithm::Sgd(c) if c.keeps_buffer() => {
+                vec![self.momentum_buffer.clone().unwrap_or_else(|| vec![0.0; self.sum.len()])]
+            }
+            Algorithm::Sgd(_) => vec![],
+            Algorithm::Adagrad(_) => vec![self.sum.clone()],
+        }
+    }
 }

@@ -23,12 +23,7 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor of `len` elements starting `offset` bytes into `buffer`.
     pub fn new(buffer: &wgpu::Buffer, offset: u64, len: u64, dtype: DType) -> Self {
-        Tensor {
-            buffer: buffer.clone(),
-            offset,
-            len,
-            dtype,
-        }
+        Tensor { buffer: buffer.clone(), offset, len, dtype }
     }
 
     /// The whole buffer as one tensor (its size divided by the element size).
@@ -59,11 +54,7 @@ impl Tensor {
     /// Whether two tensors share at least one byte.
     pub fn overlaps(&self, other: &Tensor) -> bool {
         let (a, b) = (self.byte_range(), other.byte_range());
-        self.buffer == other.buffer
-            && !a.is_empty()
-            && !b.is_empty()
-            && a.start < b.end
-            && b.start < a.end
+        self.buffer == other.buffer && !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
     }
 
     /// Whether two tensors are exactly the same memory with the same element type.

@@ -17,9 +17,7 @@ fn every_switch_combination() -> Vec<Adam> {
     let mut configs = Vec::new();
     for amsgrad in [false, true] {
         for maximize in [false, true] {
-            for (weight_decay, decoupled_weight_decay) in
-                [(0.0, false), (0.05, false), (0.05, true)]
-            {
+            for (weight_decay, decoupled_weight_decay) in [(0.0, false), (0.05, false), (0.05, true)] {
                 configs.push(Adam {
                     lr: 1e-2,
                     amsgrad,
@@ -43,10 +41,7 @@ impl Reference {
     fn new(params: &[Vec<f64>], amsgrad: bool) -> Self {
         Reference {
             params: params.to_vec(),
-            states: params
-                .iter()
-                .map(|p| TorchAdamState::zeros(p.len(), amsgrad))
-                .collect(),
+            states: params.iter().map(|p| TorchAdamState::zeros(p.len(), amsgrad)).collect(),
         }
     }
 
@@ -62,22 +57,15 @@ fn random_params(rng: &mut Rng) -> Vec<Vec<f64>> {
 }
 
 fn write(ctx: &GpuContext, tensor: &Tensor, values: &[f64]) {
-    ctx.write_bytes(tensor, bytemuck::cast_slice(&to_f32(values)))
-        .expect("write");
+    ctx.write_bytes(tensor, bytemuck::cast_slice(&to_f32(values))).expect("write");
 }
 
 fn check_in_place(config: Adam, seed: u64) {
     let ctx = ctx();
     let mut rng = Rng::new(seed);
     let initial = random_params(&mut rng);
-    let params: Vec<Tensor> = initial
-        .iter()
-        .map(|p| ctx.upload_f32("param", &to_f32(p)))
-        .collect();
-    let grads: Vec<Tensor> = SIZES
-        .iter()
-        .map(|&n| ctx.zeros("grad", n as u64, DType::F32))
-        .collect();
+    let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload_f32("param", &to_f32(p))).collect();
+    let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
     let mut optimizer = Optimizer::new(&ctx, config, &params).expect("optimizer");
     let mut reference = Reference::new(&initial, config.amsgrad);
     for _ in 0..STEPS {
@@ -92,12 +80,7 @@ fn check_in_place(config: Adam, seed: u64) {
     for (i, (p, s)) in reference.params.iter().zip(&reference.states).enumerate() {
         let what = |name: &str| format!("{config:?} {name}[{i}] (n = {})", SIZES[i]);
         assert_tensor(&ctx, &what("param"), &params[i], p);
-        assert_tensor(
-            &ctx,
-            &what("exp_avg"),
-            optimizer.state(i, StateKind::ExpAvg).unwrap(),
-            &s.exp_avg,
-        );
+        assert_tensor(&ctx, &what("exp_avg"), optimizer.state(i, StateKind::ExpAvg).unwrap(), &s.exp_avg);
         assert_tensor(
             &ctx,
             &what("exp_avg_sq"),
@@ -126,10 +109,7 @@ fn check_out_of_place(config: Adam, seed: u64) {
     };
     let mut current: Vec<Vec<Tensor>> = initial.iter().map(|p| make_set(p, true)).collect();
     let mut next: Vec<Vec<Tensor>> = initial.iter().map(|p| make_set(p, false)).collect();
-    let grads: Vec<Tensor> = SIZES
-        .iter()
-        .map(|&n| ctx.zeros("grad", n as u64, DType::F32))
-        .collect();
+    let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
     let mut reference = Reference::new(&initial, config.amsgrad);
     for t in 1..=STEPS as u64 {
         let g: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -164,12 +144,7 @@ fn check_out_of_place(config: Adam, seed: u64) {
         assert_tensor(&ctx, &what("exp_avg"), &current[i][1], &s.exp_avg);
         assert_tensor(&ctx, &what("exp_avg_sq"), &current[i][2], &s.exp_avg_sq);
         if config.amsgrad {
-            assert_tensor(
-                &ctx,
-                &what("max_exp_avg_sq"),
-                &current[i][3],
-                &s.max_exp_avg_sq,
-            );
+            assert_tensor(&ctx, &what("max_exp_avg_sq"), &current[i][3], &s.max_exp_avg_sq);
         }
     }
 }
@@ -191,10 +166,7 @@ fn every_switch_combination_matches_the_oracle_out_of_place() {
 #[test]
 fn adamw_defaults_are_pytorchs() {
     let c = Adam::adamw();
-    assert_eq!(
-        (c.lr, c.beta1, c.beta2, c.eps, c.weight_decay),
-        (1e-3, 0.9, 0.999, 1e-8, 0.01)
-    );
+    assert_eq!((c.lr, c.beta1, c.beta2, c.eps, c.weight_decay), (1e-3, 0.9, 0.999, 1e-8, 0.01));
     assert!(c.decoupled_weight_decay && !c.amsgrad && !c.maximize);
     check_in_place(c, 7);
 }
@@ -209,11 +181,7 @@ fn several_steps_recorded_before_one_submit_each_keep_their_step() {
     let g = vec![rng.vec(1000, 1.0)];
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
     let grads = vec![ctx.upload_f32("grad", &to_f32(&g[0]))];
-    let config = Adam {
-        lr: 0.05,
-        amsgrad: true,
-        ..Adam::default()
-    };
+    let config = Adam { lr: 0.05, amsgrad: true, ..Adam::default() };
     let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
     let mut reference = Reference::new(&initial, true);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
@@ -222,12 +190,7 @@ fn several_steps_recorded_before_one_submit_each_keep_their_step() {
         reference.step(&config, &g);
     }
     ctx.queue().submit([encoder.finish()]);
-    assert_tensor(
-        &ctx,
-        "param after 5 steps in one submit",
-        &params[0],
-        &reference.params[0],
-    );
+    assert_tensor(&ctx, "param after 5 steps in one submit", &params[0], &reference.params[0]);
 }
 
 #[test]
@@ -251,15 +214,6 @@ fn a_learning_rate_schedule_changes_no_pipeline() {
         optimizer.step(&grads).unwrap();
         reference.step(&config, &g);
     }
-    assert_eq!(
-        ctx.compiled_pipelines(),
-        compiled,
-        "a new learning rate must not compile a pipeline"
-    );
-    assert_tensor(
-        &ctx,
-        "param under a schedule",
-        &params[0],
-        &reference.params[0],
-    );
+    assert_eq!(ctx.compiled_pipelines(), compiled, "a new learning rate must not compile a pipeline");
+    assert_tensor(&ctx, "param under a schedule", &params[0], &reference.params[0]);
 }

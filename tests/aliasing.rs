@@ -10,12 +10,7 @@ use wgpu_optim::ops::{self, AdamTensors};
 use wgpu_optim::oracle::{self, torch_adam_step, TorchAdamState};
 use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
 
-const DML: DmlAdam = DmlAdam {
-    learning_rate: 0.01,
-    beta1: 0.9,
-    beta2: 0.999,
-    epsilon: 1e-8,
-};
+const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
 
 struct DmlCase {
     p: Vec<f64>,
@@ -68,27 +63,11 @@ fn directml_every_output_in_place_or_not_in_every_combination() {
             }
         });
         let desc = case.desc(&inputs, outputs.clone(), 3);
-        ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc))
-            .unwrap();
+        ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc)).unwrap();
         let want = oracle::dml_adam(&DML, 3, &case.p, &case.m, &case.v, &case.g);
-        assert_tensor(
-            &ctx,
-            &format!("OutputParametersTensor (mask {mask:03b})"),
-            &outputs[0],
-            &want.0,
-        );
-        assert_tensor(
-            &ctx,
-            &format!("OutputFirstMomentTensor (mask {mask:03b})"),
-            &outputs[1],
-            &want.1,
-        );
-        assert_tensor(
-            &ctx,
-            &format!("OutputSecondMomentTensor (mask {mask:03b})"),
-            &outputs[2],
-            &want.2,
-        );
+        assert_tensor(&ctx, &format!("OutputParametersTensor (mask {mask:03b})"), &outputs[0], &want.0);
+        assert_tensor(&ctx, &format!("OutputFirstMomentTensor (mask {mask:03b})"), &outputs[1], &want.1);
+        assert_tensor(&ctx, &format!("OutputSecondMomentTensor (mask {mask:03b})"), &outputs[2], &want.2);
     }
 }
 
@@ -101,15 +80,9 @@ fn directml_an_output_may_alias_a_different_input_of_the_same_size() {
     let inputs = case.inputs(&ctx);
     let outputs = [inputs[3].clone(), inputs[1].clone(), inputs[2].clone()];
     let desc = case.desc(&inputs, outputs, 2);
-    ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc))
-        .unwrap();
+    ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc)).unwrap();
     let want = oracle::dml_adam(&DML, 2, &case.p, &case.m, &case.v, &case.g);
-    assert_tensor(
-        &ctx,
-        "parameters written over the gradient",
-        &inputs[3],
-        &want.0,
-    );
+    assert_tensor(&ctx, "parameters written over the gradient", &inputs[3], &want.0);
     assert_tensor(&ctx, "parameters input left alone", &inputs[0], &case.p);
 }
 
@@ -118,18 +91,11 @@ fn directml_training_step_zero_is_refused_with_the_reason() {
     let ctx = ctx();
     let case = DmlCase::new(16, 1);
     let inputs = case.inputs(&ctx);
-    let mut desc = case.desc(
-        &inputs,
-        [inputs[0].clone(), inputs[1].clone(), inputs[2].clone()],
-        0,
-    );
+    let mut desc = case.desc(&inputs, [inputs[0].clone(), inputs[1].clone(), inputs[2].clone()], 0);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = directml::adam(&ctx, &mut encoder, &desc).unwrap_err();
     assert!(matches!(err, Error::BadStep(_)), "{err}");
-    assert!(
-        err.to_string().contains("0/0"),
-        "the message explains the 0/0: {err}"
-    );
+    assert!(err.to_string().contains("0/0"), "the message explains the 0/0: {err}");
     desc.training_step_tensor = TrainingStep::Float(2.5);
     let err = directml::adam(&ctx, &mut encoder, &desc).unwrap_err();
     assert!(err.to_string().contains("whole number"), "{err}");
@@ -143,22 +109,13 @@ fn adam_io(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor) -> AdamTensors
 
 /// Asserts the call is refused, and that the buffer is untouched after submitting the
 /// encoder the refused call was given.
-fn assert_refused(
-    ctx: &GpuContext,
-    io: AdamTensors,
-    check: impl Fn(&Error) -> bool,
-    watched: &Tensor,
-) {
+fn assert_refused(ctx: &GpuContext, io: AdamTensors, check: impl Fn(&Error) -> bool, watched: &Tensor) {
     let before = ctx.read_bytes(watched).unwrap();
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = ops::adam(ctx, &mut encoder, &Adam::default(), 1, &[io]).unwrap_err();
     assert!(check(&err), "unexpected error: {err}");
     ctx.queue().submit([encoder.finish()]);
-    assert_eq!(
-        ctx.read_bytes(watched).unwrap(),
-        before,
-        "a refused call changed memory ({err})"
-    );
+    assert_eq!(ctx.read_bytes(watched).unwrap(), before, "a refused call changed memory ({err})");
 }
 
 #[test]
@@ -174,18 +131,13 @@ fn a_partial_overlap_is_a_typed_error_and_records_nothing() {
     assert_refused(
         &ctx,
         io,
-        |e| matches!(e, Error::PartialOverlap { output, other } if output == "tensors[0].param_out" && other == "tensors[0].grad"),
+        |e| matches!(e, Error::PartialOverlap { output, other } if output == "updates[0].param_out" && other == "updates[0].grad"),
         &buffer,
     );
     // Two outputs whose ranges overlap partially.
     let mut io = adam_io(&param, &grad, &m, &v);
     io.exp_avg_out = Some(Tensor::new(&buffer.buffer, 32, 16, DType::F32));
-    assert_refused(
-        &ctx,
-        io,
-        |e| matches!(e, Error::PartialOverlap { .. }),
-        &buffer,
-    );
+    assert_refused(&ctx, io, |e| matches!(e, Error::PartialOverlap { .. }), &buffer);
 }
 
 #[test]
@@ -195,12 +147,7 @@ fn two_outputs_on_one_range_is_a_typed_error() {
     let t = |k: u64| Tensor::new(&buffer.buffer, 64 * k, 16, DType::F32);
     let mut io = adam_io(&t(0), &t(1), &t(2), &t(3));
     io.exp_avg_out = Some(t(3)); // the new first moment onto the second moment's range
-    assert_refused(
-        &ctx,
-        io,
-        |e| matches!(e, Error::OutputsAlias { .. }),
-        &buffer,
-    );
+    assert_refused(&ctx, io, |e| matches!(e, Error::OutputsAlias { .. }), &buffer);
 }
 
 #[test]
@@ -213,16 +160,7 @@ fn a_length_mismatch_is_a_typed_error() {
     assert_refused(
         &ctx,
         adam_io(&p, &g, &m, &v),
-        |e| {
-            matches!(
-                e,
-                Error::LengthMismatch {
-                    got: 15,
-                    expected: 16,
-                    ..
-                }
-            )
-        },
+        |e| matches!(e, Error::LengthMismatch { got: 15, expected: 16, .. }),
         &p,
     );
 }
@@ -241,61 +179,30 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
     let buffer = ctx.upload_f32("params+grads", &packed);
     let param = Tensor::new(&buffer.buffer, 7 * 4, n as u64, DType::F32);
     let grad = Tensor::new(&buffer.buffer, 1013 * 4, n as u64, DType::F32);
-    let config = Adam {
-        lr: 0.01,
-        amsgrad: true,
-        ..Adam::default()
-    };
+    let config = Adam { lr: 0.01, amsgrad: true, ..Adam::default() };
     let mut optimizer = Optimizer::new(&ctx, config, std::slice::from_ref(&param)).unwrap();
     let mut p = p0.clone();
     let mut state = TorchAdamState::zeros(n, true);
     for _ in 0..30 {
         let g = rng.vec(n, 1.0);
-        ctx.write_bytes(&grad, bytemuck::cast_slice(&to_f32(&g)))
-            .unwrap();
+        ctx.write_bytes(&grad, bytemuck::cast_slice(&to_f32(&g))).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
         torch_adam_step(&config, &mut p, &g, &mut state);
     }
     assert_tensor(&ctx, "packed param", &param, &p);
-    assert_tensor(
-        &ctx,
-        "exp_avg",
-        optimizer.state(0, StateKind::ExpAvg).unwrap(),
-        &state.exp_avg,
-    );
+    assert_tensor(&ctx, "exp_avg", optimizer.state(0, StateKind::ExpAvg).unwrap(), &state.exp_avg);
     let untouched = Tensor::new(&buffer.buffer, 0, 7, DType::F32);
-    assert_tensor(
-        &ctx,
-        "elements before the parameters",
-        &untouched,
-        &[0.0; 7],
-    );
+    assert_tensor(&ctx, "elements before the parameters", &untouched, &[0.0; 7]);
 }
 
 #[test]
 fn the_optimizer_refuses_grads_that_do_not_match() {
     let ctx = ctx();
-    let params = vec![
-        ctx.upload_f32("p", &[0.5; 16]),
-        ctx.upload_f32("q", &[0.5; 8]),
-    ];
+    let params = vec![ctx.upload_f32("p", &[0.5; 16]), ctx.upload_f32("q", &[0.5; 8])];
     let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
     let err = optimizer.step(&params[..1]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::CountMismatch {
-                got: 1,
-                expected: 2,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let grads = vec![
-        ctx.zeros("g", 16, DType::F32),
-        ctx.zeros("h", 9, DType::F32),
-    ];
+    assert!(matches!(err, Error::CountMismatch { got: 1, expected: 2, .. }), "{err}");
+    let grads = vec![ctx.zeros("g", 16, DType::F32), ctx.zeros("h", 9, DType::F32)];
     let err = optimizer.step(&grads).unwrap_err();
     assert!(
         matches!(&err, Error::LengthMismatch { argument, got: 9, expected: 8, .. } if argument == "grads[1]"),

@@ -69,35 +69,21 @@ pub struct Case {
 impl Case {
     /// Reads and checks a case file.
     pub fn load(path: &Path) -> Result<Case> {
-        let bytes = std::fs::read(path).map_err(|e| Error::BadFile {
-            path: path.display().to_string(),
-            problem: e.to_string(),
-        })?;
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        Case::parse(&name, &bytes).map_err(|problem| Error::BadFile {
-            path: path.display().to_string(),
-            problem,
-        })
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::BadFile { path: path.display().to_string(), problem: e.to_string() })?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Case::parse(&name, &bytes)
+            .map_err(|problem| Error::BadFile { path: path.display().to_string(), problem })
     }
 
     /// Parses a case from the bytes of a safetensors file.
     pub fn parse(name: &str, bytes: &[u8]) -> std::result::Result<Case, String> {
-        let (_, metadata) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| format!("not a safetensors file: {e}"))?;
+        let (_, metadata) =
+            SafeTensors::read_metadata(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
         let meta = metadata.metadata().clone().unwrap_or_default();
-        let field = |key: &str| {
-            meta.get(key)
-                .cloned()
-                .ok_or_else(|| format!("metadata has no `{key}`"))
-        };
+        let field = |key: &str| meta.get(key).cloned().ok_or_else(|| format!("metadata has no `{key}`"));
         let number = |key: &str| -> std::result::Result<f64, String> {
-            field(key)?
-                .trim()
-                .parse::<f64>()
-                .map_err(|e| format!("metadata `{key}` is not a number: {e}"))
+            field(key)?.trim().parse::<f64>().map_err(|e| format!("metadata `{key}` is not a number: {e}"))
         };
         let format = field("format")?;
         if format != "optim-vectors/1" {
@@ -114,22 +100,15 @@ impl Case {
             Err(e) => return Err(format!("`attributes` is not JSON: {e}")),
         };
         let count = number("count")?;
-        let steps = if kind == Kind::Trajectory {
-            number("steps")?
-        } else {
-            0.0
-        };
+        let steps = if kind == Kind::Trajectory { number("steps")? } else { 0.0 };
         let whole = |v: f64, key: &str| {
             if v.fract() == 0.0 && (0.0..=1e6).contains(&v) {
                 Ok(v as usize)
             } else {
-                Err(format!(
-                    "metadata `{key}` = {v} is not a whole number in 0..=1e6"
-                ))
+                Err(format!("metadata `{key}` = {v} is not a whole number in 0..=1e6"))
             }
         };
-        let tensors_file =
-            SafeTensors::deserialize(bytes).map_err(|e| format!("bad tensor table: {e}"))?;
+        let tensors_file = SafeTensors::deserialize(bytes).map_err(|e| format!("bad tensor table: {e}"))?;
         let mut tensors = BTreeMap::new();
         for (tensor_name, view) in tensors_file.iter() {
             tensors.insert(
@@ -153,19 +132,14 @@ impl Case {
 
     /// The tensor `name`, or an error naming the case.
     pub fn tensor(&self, name: &str) -> Result<&HostTensor> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| self.bad(format!("has no tensor `{name}`")))
+        self.tensors.get(name).ok_or_else(|| self.bad(format!("has no tensor `{name}`")))
     }
 
     /// A scalar tensor's value.
     pub fn scalar(&self, name: &str) -> Result<f64> {
         match self.tensor(name)?.values.as_slice() {
             [v] => Ok(*v),
-            other => Err(self.bad(format!(
-                "tensor `{name}` has {} values, expected one",
-                other.len()
-            ))),
+            other => Err(self.bad(format!("tensor `{name}` has {} values, expected one", other.len()))),
         }
     }
 
@@ -173,9 +147,9 @@ impl Case {
     pub fn attr_f64(&self, name: &str, default: f64) -> Result<f64> {
         match self.attributes.get(name) {
             None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a number"))),
+            Some(v) => {
+                v.as_f64().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a number")))
+            }
         }
     }
 
@@ -183,9 +157,9 @@ impl Case {
     pub fn attr_bool(&self, name: &str, default: bool) -> Result<bool> {
         match self.attributes.get(name) {
             None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a boolean"))),
+            Some(v) => {
+                v.as_bool().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a boolean")))
+            }
         }
     }
 
@@ -193,10 +167,7 @@ impl Case {
     pub fn attr_pair(&self, name: &str, default: (f64, f64)) -> Result<(f64, f64)> {
         match self.attributes.get(name) {
             None => Ok(default),
-            Some(v) => match v
-                .as_array()
-                .map(|a| a.iter().map(|x| x.as_f64()).collect::<Vec<_>>())
-            {
+            Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Vec<_>>()) {
                 Some(pair) if pair.len() == 2 && pair.iter().all(Option::is_some) => {
                     Ok((pair[0].unwrap_or_default(), pair[1].unwrap_or_default()))
                 }
@@ -209,73 +180,35 @@ impl Case {
     pub fn attr_str<'a>(&'a self, name: &str, default: &'a str) -> Result<&'a str> {
         match self.attributes.get(name) {
             None => Ok(default),
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a string"))),
+            Some(v) => {
+                v.as_str().ok_or_else(|| self.bad(format!("attribute `{name}` = {v} is not a string")))
+            }
         }
     }
 
     pub(crate) fn bad(&self, problem: String) -> Error {
-        Error::BadFile {
-            path: self.name.clone(),
-            problem,
-        }
+        Error::BadFile { path: self.name.clone(), problem }
     }
 }
 
-fn widen(
-    name: &str,
-    dtype: Dtype,
-    shape: &[usize],
-    data: &[u8],
-) -> std::result::Result<HostTensor, String> {
+fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result::Result<HostTensor, String> {
     fn read<const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
-        data.chunks_exact(N)
-            .map(|c| f(c.try_into().unwrap_or([0; N])))
-            .collect()
+        data.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
     }
     let (value_type, values) = match dtype {
         Dtype::F64 => (ValueType::Float(DType::F64), read(data, f64::from_le_bytes)),
-        Dtype::F32 => (
-            ValueType::Float(DType::F32),
-            read(data, |b| f64::from(f32::from_le_bytes(b))),
-        ),
-        Dtype::F16 => (
-            ValueType::F16,
-            read(data, |b| half::f16::from_le_bytes(b).to_f64()),
-        ),
-        Dtype::BF16 => (
-            ValueType::BF16,
-            read(data, |b| half::bf16::from_le_bytes(b).to_f64()),
-        ),
-        Dtype::I64 => (
-            ValueType::Integer,
-            read(data, |b| i64::from_le_bytes(b) as f64),
-        ),
-        Dtype::I32 => (
-            ValueType::Integer,
-            read(data, |b| f64::from(i32::from_le_bytes(b))),
-        ),
-        Dtype::U32 => (
-            ValueType::Integer,
-            read(data, |b| f64::from(u32::from_le_bytes(b))),
-        ),
-        Dtype::U64 => (
-            ValueType::Integer,
-            read(data, |b| u64::from_le_bytes(b) as f64),
-        ),
+        Dtype::F32 => (ValueType::Float(DType::F32), read(data, |b| f64::from(f32::from_le_bytes(b)))),
+        Dtype::F16 => (ValueType::F16, read(data, |b| half::f16::from_le_bytes(b).to_f64())),
+        Dtype::BF16 => (ValueType::BF16, read(data, |b| half::bf16::from_le_bytes(b).to_f64())),
+        Dtype::I64 => (ValueType::Integer, read(data, |b| i64::from_le_bytes(b) as f64)),
+        Dtype::I32 => (ValueType::Integer, read(data, |b| f64::from(i32::from_le_bytes(b)))),
+        Dtype::U32 => (ValueType::Integer, read(data, |b| f64::from(u32::from_le_bytes(b)))),
+        Dtype::U64 => (ValueType::Integer, read(data, |b| u64::from_le_bytes(b) as f64)),
         other => return Err(format!("tensor `{name}` has unsupported dtype {other:?}")),
     };
     let elements: usize = shape.iter().product();
     if values.len() != elements {
-        return Err(format!(
-            "tensor `{name}` has {} values for shape {shape:?}",
-            values.len()
-        ));
+        return Err(format!("tensor `{name}` has {} values for shape {shape:?}", values.len()));
     }
-    Ok(HostTensor {
-        dtype: value_type,
-        shape: shape.to_vec(),
-        values,
-    })
+    Ok(HostTensor { dtype: value_type, shape: shape.to_vec(), values })
 }

@@ -2,10 +2,11 @@
 
 use crate::conformance::case::{Case, HostTensor, Kind, ValueType};
 use crate::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
-use crate::ops::{self, onnx, AdamTensors};
-use crate::oracle::{self, TorchAdamState};
+use crate::ops::{self, onnx, Update};
+use crate::oracle::{self, TorchState};
 use crate::{
-    Adam, DType, DmlAdam, Error, GpuContext, OnnxAdam, Optimizer, Result, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdagrad, OnnxAdam,
+    OnnxMomentum, Optimizer, Result, Sgd, Tensor,
 };
 
 /// Where a case runs.
@@ -59,34 +60,22 @@ type Outputs = Vec<(String, Vec<f64>)>;
 
 /// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares.
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
-    let report = |outcome, worst| CaseReport {
-        case: case.name.clone(),
-        backend,
-        outcome,
-        worst,
-    };
+    let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
     if let Some(reason) = unsupported(case) {
         return Ok(report(Outcome::Skipped(reason), 0.0));
     }
     let ctx = match (backend, ctx) {
         (Backend::Oracle, _) => None,
         (_, Some(ctx)) => Some(ctx),
-        (_, None) => {
-            return Err(Error::NoAdapter {
-                reason: "the GPU backends need a GpuContext".into(),
-            })
-        }
+        (_, None) => return Err(Error::NoAdapter { reason: "the GPU backends need a GpuContext".into() }),
     };
     let outputs = match (case.op.as_str(), case.kind) {
-        ("onnx.Adam", Kind::Op) => onnx_adam(case, backend, ctx)?,
+        ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx)?,
         ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx)?,
-        ("torch.Adam" | "torch.AdamW", Kind::Trajectory) => torch_adam(case, backend, ctx)?,
-        (op, _) => {
-            return Ok(report(
-                Outcome::Skipped(format!("op {op} is not implemented yet")),
-                0.0,
-            ))
+        ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
+            torch_trajectory(case, backend, ctx)?
         }
+        (op, _) => return Ok(report(Outcome::Skipped(format!("op {op} is not implemented yet")), 0.0)),
     };
     let mut worst: f64 = 0.0;
     let mut failures = Vec::new();
@@ -96,40 +85,24 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
         worst = worst.max(w);
         failures.extend(bad);
     }
-    let outcome = if failures.is_empty() {
-        Outcome::Pass
-    } else {
-        Outcome::Fail(failures.join("; "))
-    };
+    let outcome = if failures.is_empty() { Outcome::Pass } else { Outcome::Fail(failures.join("; ")) };
     Ok(report(outcome, worst))
 }
 
 /// Why a case cannot run yet, if it cannot.
 fn unsupported(case: &Case) -> Option<String> {
-    let low_precision = case
-        .tensors
-        .iter()
-        .find(|(_, t)| matches!(t.dtype, ValueType::F16 | ValueType::BF16));
+    let low_precision =
+        case.tensors.iter().find(|(_, t)| matches!(t.dtype, ValueType::F16 | ValueType::BF16));
     low_precision.map(|(name, t)| format!("{:?} tensors ({name}) are not supported yet", t.dtype))
 }
 
 /// Compares element by element; returns the worst ratio and descriptions of the first
 /// few mismatches (never the whole array).
-fn compare(
-    name: &str,
-    got: &[f64],
-    want: &HostTensor,
-    rtol: f64,
-    atol: f64,
-) -> (f64, Option<String>) {
+fn compare(name: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64) -> (f64, Option<String>) {
     if got.len() != want.values.len() {
         return (
             f64::INFINITY,
-            Some(format!(
-                "{name}: {} values, expected {}",
-                got.len(),
-                want.values.len()
-            )),
+            Some(format!("{name}: {} values, expected {}", got.len(), want.values.len())),
         );
     }
     let mut worst: f64 = 0.0;
@@ -155,22 +128,15 @@ fn compare(
             }
         }
     }
-    let detail = (bad_count > 0).then(|| {
-        format!(
-            "{name}: {bad_count} of {} outside tolerance: {}",
-            got.len(),
-            bad.join(", ")
-        )
-    });
+    let detail = (bad_count > 0)
+        .then(|| format!("{name}: {bad_count} of {} outside tolerance: {}", got.len(), bad.join(", ")));
     (worst, detail)
 }
 
 fn storage_dtype(case: &Case, name: &str) -> Result<DType> {
     match case.tensor(name)?.dtype {
         ValueType::Float(d) => Ok(d),
-        other => Err(case.bad(format!(
-            "tensor `{name}` is {other:?}, expected a float tensor"
-        ))),
+        other => Err(case.bad(format!("tensor `{name}` is {other:?}, expected a float tensor"))),
     }
 }
 
@@ -215,79 +181,128 @@ fn destinations(ctx: &GpuContext, backend: Backend, inputs: &[Tensor]) -> Vec<Te
         .collect()
 }
 
-fn onnx_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
-    let attributes = OnnxAdam {
-        alpha: case.attr_f64("alpha", 0.9)?,
-        beta: case.attr_f64("beta", 0.999)?,
-        epsilon: case.attr_f64("epsilon", 1e-6)?,
-        norm_coefficient: case.attr_f64("norm_coefficient", 0.0)?,
-        norm_coefficient_post: case.attr_f64("norm_coefficient_post", 0.0)?,
-    };
+/// An ONNX training operator with its attributes read from the case.
+enum OnnxOp {
+    Adam(OnnxAdam),
+    Momentum(OnnxMomentum),
+    Adagrad(OnnxAdagrad),
+}
+
+impl OnnxOp {
+    fn from_case(case: &Case) -> Result<Self> {
+        Ok(match case.op.as_str() {
+            "onnx.Adam" => OnnxOp::Adam(OnnxAdam {
+                alpha: case.attr_f64("alpha", 0.9)?,
+                beta: case.attr_f64("beta", 0.999)?,
+                epsilon: case.attr_f64("epsilon", 1e-6)?,
+                norm_coefficient: case.attr_f64("norm_coefficient", 0.0)?,
+                norm_coefficient_post: case.attr_f64("norm_coefficient_post", 0.0)?,
+            }),
+            "onnx.Momentum" => OnnxOp::Momentum(OnnxMomentum {
+                alpha: case.attr_f64("alpha", 0.9)?,
+                beta: case.attr_f64("beta", 1.0)?,
+                mode: match case.attr_str("mode", "standard")? {
+                    "standard" => MomentumMode::Standard,
+                    "nesterov" => MomentumMode::Nesterov,
+                    other => return Err(case.bad(format!("mode `{other}` is neither standard nor nesterov"))),
+                },
+                norm_coefficient: case.attr_f64("norm_coefficient", 0.0)?,
+            }),
+            _ => OnnxOp::Adagrad(OnnxAdagrad {
+                decay_factor: case.attr_f64("decay_factor", 0.0)?,
+                epsilon: case.attr_f64("epsilon", 1e-6)?,
+                norm_coefficient: case.attr_f64("norm_coefficient", 0.0)?,
+            }),
+        })
+    }
+
+    /// The variadic input groups after R and T, in the operator's order.
+    fn groups(&self) -> &'static [&'static str] {
+        match self {
+            OnnxOp::Adam(_) => &["X", "G", "V", "H"],
+            OnnxOp::Momentum(_) => &["X", "G", "V"],
+            OnnxOp::Adagrad(_) => &["X", "G", "H"],
+        }
+    }
+
+    /// The oracle's outputs for one tensor, in the operator's output order.
+    fn oracle(&self, r: f64, t: u64, inputs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let i = inputs;
+        match self {
+            OnnxOp::Adam(a) => {
+                let (x, v, h) = oracle::onnx_adam(a, r, t, &i[0], &i[1], &i[2], &i[3]);
+                vec![x, v, h]
+            }
+            OnnxOp::Momentum(a) => {
+                let (x, v) = oracle::onnx_momentum(a, r, t, &i[0], &i[1], &i[2]);
+                vec![x, v]
+            }
+            OnnxOp::Adagrad(a) => {
+                let (x, h) = oracle::onnx_adagrad(a, r, t, &i[0], &i[1], &i[2]);
+                vec![x, h]
+            }
+        }
+    }
+
+    fn record(
+        &self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        r: f64,
+        t: u64,
+        inputs: &[Tensor],
+        outputs: &[Option<Tensor>],
+    ) -> Result<()> {
+        match self {
+            OnnxOp::Adam(a) => onnx::adam(ctx, encoder, a, r, t, inputs, outputs),
+            OnnxOp::Momentum(a) => onnx::momentum(ctx, encoder, a, r, t, inputs, outputs),
+            OnnxOp::Adagrad(a) => onnx::adagrad(ctx, encoder, a, r, t, inputs, outputs),
+        }
+    }
+}
+
+fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+    let op = OnnxOp::from_case(case)?;
     let r = case.scalar("R")?;
     let t = whole_step(case, "T")?;
     let n = case.count;
-    let names = |prefixes: &[&str]| -> Vec<String> {
-        prefixes
-            .iter()
-            .flat_map(|p| (0..n).map(move |i| format!("{p}.{i}")))
-            .collect()
-    };
-    let input_names = names(&["X", "G", "V", "H"]);
-    let output_names = names(&["X_new", "V_new", "H_new"]);
+    let groups = op.groups();
+    // Every group but the gradient has an output `<group>_new`.
+    let updated: Vec<&str> = groups.iter().copied().filter(|g| *g != "G").collect();
+    let output_names: Vec<String> =
+        updated.iter().flat_map(|g| (0..n).map(move |i| format!("{g}_new.{i}"))).collect();
     let dtype = storage_dtype(case, "X.0")?;
     let Some(ctx) = ctx else {
-        let mut outputs: Outputs = Vec::new();
         let mut per_tensor = Vec::new();
         for i in 0..n {
-            let get = |p: &str| case.tensor(&format!("{p}.{i}")).map(|t| t.values.clone());
-            per_tensor.push(oracle::onnx_adam(
-                &attributes,
-                r,
-                t,
-                &get("X")?,
-                &get("G")?,
-                &get("V")?,
-                &get("H")?,
-            ));
+            let inputs = groups
+                .iter()
+                .map(|g| case.tensor(&format!("{g}.{i}")).map(|t| t.values.clone()))
+                .collect::<Result<Vec<_>>>()?;
+            per_tensor.push(op.oracle(r, t, &inputs));
         }
-        for (k, prefix) in ["X_new", "V_new", "H_new"].iter().enumerate() {
-            for (i, out) in per_tensor.iter().enumerate() {
-                let values = [&out.0, &out.1, &out.2][k].clone();
-                outputs.push((format!("{prefix}.{i}"), round_to(values, dtype)));
-            }
-        }
-        return Ok(outputs);
+        // Operator order: every tensor's first output, then every tensor's second, ...
+        let values = (0..updated.len()).flat_map(|k| per_tensor.iter().map(move |out| out[k].clone()));
+        return Ok(output_names.into_iter().zip(values.map(|v| round_to(v, dtype))).collect());
     };
-    let inputs = input_names
+    let mut inputs = Vec::with_capacity(groups.len() * n);
+    for g in groups {
+        for i in 0..n {
+            let name = format!("{g}.{i}");
+            inputs.push(upload(ctx, &name, &case.tensor(&name)?.values, storage_dtype(case, &name)?));
+        }
+    }
+    let updated_inputs: Vec<Tensor> = groups
         .iter()
-        .map(|name| {
-            Ok(upload(
-                ctx,
-                name,
-                &case.tensor(name)?.values,
-                storage_dtype(case, name)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // X, V and H (not G) are the updated inputs: entries 0..n, 2n..3n, 3n..4n.
-    let updated: Vec<Tensor> = inputs[..n]
-        .iter()
-        .chain(&inputs[2 * n..])
-        .cloned()
+        .enumerate()
+        .filter(|(_, g)| **g != "G")
+        .flat_map(|(k, _)| inputs[k * n..(k + 1) * n].iter().cloned())
         .collect();
-    let written = destinations(ctx, backend, &updated);
-    let outputs: Vec<Option<Tensor>> = written
-        .iter()
-        .map(|t| (backend == Backend::GpuOutOfPlace).then(|| t.clone()))
-        .collect();
-    ctx.submit("onnx.Adam", |encoder| {
-        onnx::adam(ctx, encoder, &attributes, r, t, &inputs, &outputs)
-    })?;
-    output_names
-        .into_iter()
-        .zip(&written)
-        .map(|(name, t)| Ok((name, download(ctx, t)?)))
-        .collect()
+    let written = destinations(ctx, backend, &updated_inputs);
+    let outputs: Vec<Option<Tensor>> =
+        written.iter().map(|t| (backend == Backend::GpuOutOfPlace).then(|| t.clone())).collect();
+    ctx.submit(&case.op, |encoder| op.record(ctx, encoder, r, t, &inputs, &outputs))?;
+    output_names.into_iter().zip(&written).map(|(name, t)| Ok((name, download(ctx, t)?))).collect()
 }
 
 fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
@@ -298,17 +313,9 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         epsilon: case.attr_f64("Epsilon", 0.0)?,
     };
     let step = case.scalar("TrainingStepTensor")?;
-    let input_names = [
-        "InputParametersTensor",
-        "InputFirstMomentTensor",
-        "InputSecondMomentTensor",
-        "GradientTensor",
-    ];
-    let output_names = [
-        "OutputParametersTensor",
-        "OutputFirstMomentTensor",
-        "OutputSecondMomentTensor",
-    ];
+    let input_names =
+        ["InputParametersTensor", "InputFirstMomentTensor", "InputSecondMomentTensor", "GradientTensor"];
+    let output_names = ["OutputParametersTensor", "OutputFirstMomentTensor", "OutputSecondMomentTensor"];
     let dtype = storage_dtype(case, input_names[0])?;
     let Some(ctx) = ctx else {
         let t = TrainingStep::Float(step).value()?;
@@ -345,33 +352,57 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         scalars,
     };
     ctx.submit("dml.Adam", |encoder| directml::adam(ctx, encoder, &desc))?;
-    output_names
-        .iter()
-        .zip(&written)
-        .map(|(name, t)| Ok((name.to_string(), download(ctx, t)?)))
-        .collect()
+    output_names.iter().zip(&written).map(|(name, t)| Ok((name.to_string(), download(ctx, t)?))).collect()
 }
 
-fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
-    let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
-    let config = Adam {
-        lr: case.attr_f64("lr", 1e-3)?,
-        beta1,
-        beta2,
-        eps: case.attr_f64("eps", 1e-8)?,
-        weight_decay: case.attr_f64("weight_decay", 0.0)?,
-        decoupled_weight_decay: case.op == "torch.AdamW",
-        amsgrad: case.attr_bool("amsgrad", false)?,
-        maximize: case.attr_bool("maximize", false)?,
-    };
+/// The PyTorch optimizer a trajectory case describes.
+fn torch_algorithm(case: &Case) -> Result<Algorithm> {
+    let maximize = case.attr_bool("maximize", false)?;
+    let weight_decay = case.attr_f64("weight_decay", 0.0)?;
+    Ok(match case.op.as_str() {
+        "torch.SGD" => Algorithm::Sgd(Sgd {
+            lr: case.attr_f64("lr", 1e-3)?,
+            momentum: case.attr_f64("momentum", 0.0)?,
+            dampening: case.attr_f64("dampening", 0.0)?,
+            weight_decay,
+            nesterov: case.attr_bool("nesterov", false)?,
+            maximize,
+        }),
+        "torch.Adagrad" => Algorithm::Adagrad(Adagrad {
+            lr: case.attr_f64("lr", 1e-2)?,
+            lr_decay: case.attr_f64("lr_decay", 0.0)?,
+            weight_decay,
+            initial_accumulator_value: case.attr_f64("initial_accumulator_value", 0.0)?,
+            eps: case.attr_f64("eps", 1e-10)?,
+            maximize,
+        }),
+        op => {
+            let adamw = op == "torch.AdamW";
+            let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
+            Algorithm::Adam(Adam {
+                lr: case.attr_f64("lr", 1e-3)?,
+                beta1,
+                beta2,
+                eps: case.attr_f64("eps", 1e-8)?,
+                weight_decay: case.attr_f64("weight_decay", if adamw { 0.01 } else { 0.0 })?,
+                decoupled_weight_decay: adamw,
+                amsgrad: case.attr_bool("amsgrad", false)?,
+                maximize,
+            })
+        }
+    })
+}
+
+/// A PyTorch optimizer run for `steps` steps from zero state: on the oracle, through the
+/// stateful optimizer (in place), or through the stateless `ops::update` with every output
+/// ping-ponging between two sets of tensors (out of place).
+fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+    let algorithm = torch_algorithm(case)?;
     let (n, steps) = (case.count, case.steps);
     let dtype = storage_dtype(case, "param.0")?;
-    let params: Vec<&HostTensor> = (0..n)
-        .map(|i| case.tensor(&format!("param.{i}")))
-        .collect::<Result<_>>()?;
-    let grads: Vec<&HostTensor> = (0..n)
-        .map(|i| case.tensor(&format!("grad.{i}")))
-        .collect::<Result<_>>()?;
+    let params: Vec<&HostTensor> =
+        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
+    let grads: Vec<&HostTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
     for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
         if g.values.len() != steps * p.values.len() {
             return Err(case.bad(format!(
@@ -385,109 +416,85 @@ fn torch_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result
         let len = params[i].values.len();
         &grads[i].values[k * len..(k + 1) * len]
     };
-    let mut names = vec!["param_out", "exp_avg", "exp_avg_sq"];
-    if config.amsgrad {
-        names.push("max_exp_avg_sq");
-    }
+    let kinds = algorithm.state_kinds();
+    let name_of = |k: usize, i: usize| match k {
+        0 => format!("param_out.{i}"),
+        k => format!("{}.{i}", kinds[k - 1].torch_name()),
+    };
     let mut outputs: Outputs = Vec::new();
-    match (backend, ctx) {
-        (Backend::Oracle, _) | (_, None) => {
-            for (i, p) in params.iter().enumerate() {
-                let mut param = p.values.clone();
-                let mut state = TorchAdamState::zeros(param.len(), config.amsgrad);
-                for k in 0..steps {
-                    oracle::torch_adam_step(&config, &mut param, grad_at(i, k), &mut state);
-                }
-                let values = [param, state.exp_avg, state.exp_avg_sq, state.max_exp_avg_sq];
-                for (name, v) in names.iter().zip(values) {
-                    outputs.push((format!("{name}.{i}"), round_to(v, dtype)));
-                }
-            }
-        }
-        (Backend::GpuInPlace, Some(ctx)) => {
-            let param_tensors: Vec<Tensor> = params
-                .iter()
-                .enumerate()
-                .map(|(i, p)| upload(ctx, &format!("param.{i}"), &p.values, dtype))
-                .collect();
-            let grad_tensors: Vec<Tensor> = param_tensors
-                .iter()
-                .map(|p| ctx.zeros("grad", p.len, dtype))
-                .collect();
-            let mut optimizer = Optimizer::new(ctx, config, &param_tensors)?;
+    let Some(ctx) = ctx.filter(|_| backend != Backend::Oracle) else {
+        for (i, p) in params.iter().enumerate() {
+            let mut param = p.values.clone();
+            let mut state = TorchState::new(algorithm, param.len());
             for k in 0..steps {
-                for (i, g) in grad_tensors.iter().enumerate() {
-                    write(ctx, g, grad_at(i, k))?;
-                }
-                optimizer.step(&grad_tensors)?;
+                state.step(&mut param, grad_at(i, k));
             }
-            let kinds = [
-                StateKind::ExpAvg,
-                StateKind::ExpAvgSq,
-                StateKind::MaxExpAvgSq,
-            ];
-            for (i, param) in param_tensors.iter().enumerate() {
-                outputs.push((format!("param_out.{i}"), download(ctx, param)?));
-                for (name, kind) in names[1..].iter().zip(kinds) {
-                    let state = optimizer
-                        .state(i, kind)
-                        .ok_or_else(|| case.bad(format!("no {name} state")))?;
-                    outputs.push((format!("{name}.{i}"), download(ctx, state)?));
+            for (k, values) in std::iter::once(param).chain(state.tensors()).enumerate() {
+                outputs.push((name_of(k, i), round_to(values, dtype)));
+            }
+        }
+        return Ok(outputs);
+    };
+    // Per parameter: the parameter followed by its state tensors.
+    let mut current: Vec<Vec<Tensor>> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let len = p.values.len() as u64;
+            let mut set = vec![upload(ctx, &format!("param.{i}"), &p.values, dtype)];
+            set.extend(kinds.iter().map(|_| ctx.zeros("state", len, dtype)));
+            set
+        })
+        .collect();
+    let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
+    if backend == Backend::GpuInPlace {
+        let param_tensors: Vec<Tensor> = current.iter().map(|s| s[0].clone()).collect();
+        let mut optimizer = Optimizer::new(ctx, algorithm, &param_tensors)?;
+        for k in 0..steps {
+            for (i, g) in grad_tensors.iter().enumerate() {
+                write(ctx, g, grad_at(i, k))?;
+            }
+            optimizer.step(&grad_tensors)?;
+        }
+        for (i, set) in current.iter_mut().enumerate() {
+            for (k, kind) in kinds.iter().enumerate() {
+                set[k + 1] =
+                    optimizer.state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))?;
+            }
+        }
+    } else {
+        let mut other: Vec<Vec<Tensor>> =
+            current.iter().map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect()).collect();
+        if let Algorithm::Adagrad(c) = algorithm {
+            for set in &current {
+                for t in &set[1..] {
+                    write(ctx, t, &vec![c.initial_accumulator_value; t.len as usize])?;
                 }
             }
         }
-        (Backend::GpuOutOfPlace, Some(ctx)) => {
-            // The stateless operator, ping-ponging every output between two tensor sets.
-            let tensors_per = names.len();
-            let mut current: Vec<Vec<Tensor>> = params
+        for k in 0..steps {
+            for (i, g) in grad_tensors.iter().enumerate() {
+                write(ctx, g, grad_at(i, k))?;
+            }
+            let updates: Vec<Update> = current
                 .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let mut set = vec![upload(ctx, &format!("param.{i}"), &p.values, dtype)];
-                    set.extend(
-                        (1..tensors_per).map(|_| ctx.zeros("state", p.values.len() as u64, dtype)),
-                    );
-                    set
+                .zip(&other)
+                .zip(&grad_tensors)
+                .map(|((src, dst), g)| Update {
+                    param: src[0].clone(),
+                    grad: g.clone(),
+                    state: src[1..].to_vec(),
+                    param_out: Some(dst[0].clone()),
+                    state_out: dst[1..].iter().cloned().map(Some).collect(),
                 })
                 .collect();
-            let mut other: Vec<Vec<Tensor>> = current
-                .iter()
-                .map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect())
-                .collect();
-            let grad_tensors: Vec<Tensor> = current
-                .iter()
-                .map(|s| ctx.zeros("grad", s[0].len, dtype))
-                .collect();
-            for k in 0..steps {
-                for (i, g) in grad_tensors.iter().enumerate() {
-                    write(ctx, g, grad_at(i, k))?;
-                }
-                let io: Vec<AdamTensors> = current
-                    .iter()
-                    .zip(&other)
-                    .zip(&grad_tensors)
-                    .map(|((src, dst), g)| AdamTensors {
-                        param: src[0].clone(),
-                        grad: g.clone(),
-                        exp_avg: src[1].clone(),
-                        exp_avg_sq: src[2].clone(),
-                        max_exp_avg_sq: src.get(3).cloned(),
-                        param_out: Some(dst[0].clone()),
-                        exp_avg_out: Some(dst[1].clone()),
-                        exp_avg_sq_out: Some(dst[2].clone()),
-                        max_exp_avg_sq_out: dst.get(3).cloned(),
-                    })
-                    .collect();
-                ctx.submit("adam", |encoder| {
-                    ops::adam(ctx, encoder, &config, k as u64 + 1, &io)
-                })?;
-                std::mem::swap(&mut current, &mut other);
-            }
-            for (i, set) in current.iter().enumerate() {
-                for (name, t) in names.iter().zip(set) {
-                    outputs.push((format!("{name}.{i}"), download(ctx, t)?));
-                }
-            }
+            ctx.submit(&case.op, |encoder| ops::update(ctx, encoder, &algorithm, k as u64 + 1, &updates))?;
+            std::mem::swap(&mut current, &mut other);
+        }
+    }
+    for (i, set) in current.iter().enumerate() {
+        for (k, t) in set.iter().enumerate() {
+            outputs.push((name_of(k, i), download(ctx, t)?));
         }
     }
     Ok(outputs)

@@ -73,9 +73,7 @@ pub struct GpuContext {
 
 impl std::fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuContext")
-            .field("report", &self.inner.report)
-            .finish()
+        f.debug_struct("GpuContext").field("report", &self.inner.report).finish()
     }
 }
 
@@ -87,13 +85,10 @@ impl GpuContext {
     /// The device gets the adapter's own limits and whichever of `SHADER_F16`,
     /// `SHADER_F64` and `TIMESTAMP_QUERY` the adapter has.
     pub async fn headless() -> Result<Self> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = wgpu::util::initialize_adapter_from_env_or_default(&instance, None)
             .await
-            .map_err(|e| Error::NoAdapter {
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| Error::NoAdapter { reason: e.to_string() })?;
         let features = adapter.features() & WANTED_FEATURES;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -114,19 +109,13 @@ impl GpuContext {
 
     /// Wraps a trainer's existing device and queue. The crate uses whatever features and
     /// limits the device was created with and never changes its error handler.
-    pub fn from_device(
-        device: wgpu::Device,
-        queue: wgpu::Queue,
-        adapter: &wgpu::AdapterInfo,
-    ) -> Self {
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo) -> Self {
         let limits = device.limits();
         let report = ContextReport {
             adapter_name: adapter.name.clone(),
             backend: adapter.backend,
             device_type: adapter.device_type,
-            driver: format!("{} {}", adapter.driver, adapter.driver_info)
-                .trim()
-                .to_string(),
+            driver: format!("{} {}", adapter.driver, adapter.driver_info).trim().to_string(),
             features: device.features(),
             max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
             max_buffer_size: limits.max_buffer_size,
@@ -178,10 +167,7 @@ impl GpuContext {
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
         match validation.or(oom) {
-            Some(e) => Err(Error::Gpu {
-                context: context.to_string(),
-                message: e.to_string(),
-            }),
+            Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
             None => Ok(value),
         }
     }

@@ -31,11 +31,7 @@ pub(crate) struct Batch {
 impl Batch {
     /// Compiles (or finds) each variant and builds every bind group. This is the only place
     /// a step's GPU objects are created; recording a prepared batch creates none.
-    pub(crate) fn build(
-        ctx: &GpuContext,
-        items: &[(VariantKey, TensorPlan)],
-        label: &str,
-    ) -> Result<Batch> {
+    pub(crate) fn build(ctx: &GpuContext, items: &[(VariantKey, TensorPlan)], label: &str) -> Result<Batch> {
         let segment_count: usize = items.iter().map(|(_, p)| p.segments.len()).sum();
         if segment_count == 0 {
             return Ok(Batch::default());
@@ -44,18 +40,15 @@ impl Batch {
         let mut slot = 0;
         for (_, plan) in items {
             for segment in &plan.segments {
-                let words: Vec<u32> = std::iter::once(segment.len)
-                    .chain(segment.ranges.iter().map(|r| r.base))
-                    .collect();
+                let words: Vec<u32> =
+                    std::iter::once(segment.len).chain(segment.ranges.iter().map(|r| r.base)).collect();
                 let at = slot * SEGMENT_SLOT_BYTES as usize;
                 contents[at..at + 4 * words.len()].copy_from_slice(bytemuck::cast_slice(&words));
                 slot += 1;
             }
         }
-        let pipelines = items
-            .iter()
-            .map(|(key, _)| ctx.inner.pipelines.get(ctx, key))
-            .collect::<Result<Vec<_>>>()?;
+        let pipelines =
+            items.iter().map(|(key, _)| ctx.inner.pipelines.get(ctx, key)).collect::<Result<Vec<_>>>()?;
         let device = ctx.device();
         let max_groups = device.limits().max_compute_workgroups_per_dimension;
         ctx.catch(&format!("creating the bind groups of {label}"), || {
@@ -110,12 +103,7 @@ impl Batch {
 
     /// Records every dispatch of the batch into `pass`, reading hyperparameters from the
     /// ring slot at `hyper_offset`.
-    pub(crate) fn record(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        ring: &HyperRing,
-        hyper_offset: u32,
-    ) {
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, ring: &HyperRing, hyper_offset: u32) {
         pass.set_bind_group(0, &ring.bind_group, &[hyper_offset]);
         let mut current: Option<&Arc<CachedPipeline>> = None;
         for tensor in &self.tensors {
@@ -145,35 +133,27 @@ pub(crate) struct HyperRing {
 impl HyperRing {
     pub(crate) fn new(ctx: &GpuContext, slots: u32, label: &str) -> Result<Self> {
         let device = ctx.device();
-        ctx.catch(
-            &format!("creating the hyperparameter ring of {label}"),
-            || {
-                let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some(label),
-                    size: HYPER_SLOT_BYTES * u64::from(slots),
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(label),
-                    layout: &ctx.inner.hyper_layout,
-                    entries: &[wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &buffer,
-                            offset: 0,
-                            size: wgpu::BufferSize::new(HYPER_SLOT_BYTES),
-                        }),
-                    }],
-                });
-                HyperRing {
-                    buffer,
-                    bind_group,
-                    slots,
-                    next: 0,
-                }
-            },
-        )
+        ctx.catch(&format!("creating the hyperparameter ring of {label}"), || {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: HYPER_SLOT_BYTES * u64::from(slots),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &ctx.inner.hyper_layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &buffer,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(HYPER_SLOT_BYTES),
+                    }),
+                }],
+            });
+            HyperRing { buffer, bind_group, slots, next: 0 }
+        })
     }
 
     /// Stages `step`'s hyperparameters in the next slot and returns its dynamic offset.

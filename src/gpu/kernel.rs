@@ -14,12 +14,18 @@ use crate::DType;
 pub(crate) enum Family {
     /// Adam, AdamW and AMSGrad in the PyTorch, ONNX and DirectML conventions.
     Adam,
+    /// SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum).
+    Momentum,
+    /// Adagrad (ONNX and PyTorch).
+    Adagrad,
 }
 
 impl Family {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Family::Adam => "adam",
+            Family::Momentum => "momentum",
+            Family::Adagrad => "adagrad",
         }
     }
 
@@ -27,13 +33,18 @@ impl Family {
     pub(crate) fn source(self) -> &'static str {
         match self {
             Family::Adam => include_str!("../../shaders/adam.wgsl"),
+            Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
+            Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
         }
     }
 
-    /// Slots the kernel reads, in the order the engine receives them.
+    /// Slots the kernel reads, in the order the engine receives them. State slots carry
+    /// PyTorch's `state_dict` names.
     pub(crate) fn inputs(self) -> &'static [&'static str] {
         match self {
             Family::Adam => &["param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+            Family::Momentum => &["param", "grad", "momentum_buffer"],
+            Family::Adagrad => &["param", "grad", "sum"],
         }
     }
 
@@ -41,6 +52,8 @@ impl Family {
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
             Family::Adam => &["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+            Family::Momentum => &["param", "momentum_buffer"],
+            Family::Adagrad => &["param", "sum"],
         }
     }
 
@@ -48,18 +61,17 @@ impl Family {
     pub(crate) fn hyper_len(self) -> usize {
         match self {
             Family::Adam => 10,
+            Family::Momentum => 6,
+            Family::Adagrad => 3,
         }
     }
 
     /// The `override` constants the body declares, in the order `KernelStep` stores them.
     pub(crate) fn override_names(self) -> &'static [&'static str] {
         match self {
-            Family::Adam => &[
-                "AMSGRAD",
-                "EPS_AFTER_CORRECTION",
-                "MAXIMIZE",
-                "WEIGHT_DECAY",
-            ],
+            Family::Adam => &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY"],
+            Family::Momentum => &["MAXIMIZE", "NESTEROV", "VELOCITY", "WEIGHT_DECAY"],
+            Family::Adagrad => &["MAXIMIZE", "WEIGHT_DECAY"],
         }
     }
 }
@@ -102,11 +114,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_storage();
     let mut s = String::new();
     // `write!` into a String cannot fail.
-    let _ = writeln!(
-        s,
-        "// wgpu-optim {} kernel, math in {math}",
-        key.family.name()
-    );
+    let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.family.name());
     let _ = writeln!(s, "alias R = {math};");
     let _ = writeln!(s, "override WG: u32 = {WORKGROUP_SIZE}u;");
     let _ = writeln!(s, "struct Segment {{\n    n: u32,");
@@ -115,11 +123,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     }
     let _ = writeln!(s, "}}\n@group(1) @binding(0) var<uniform> seg: Segment;");
     for (b, desc) in key.layout.bindings.iter().enumerate() {
-        let access = if desc.read_write {
-            "read_write"
-        } else {
-            "read"
-        };
+        let access = if desc.read_write { "read_write" } else { "read" };
         let _ = writeln!(
             s,
             "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{}>;",
@@ -130,10 +134,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     for (slot, binding) in key.family.inputs().iter().zip(&key.layout.inputs) {
         match binding {
             Some(b) => {
-                let _ = writeln!(
-                    s,
-                    "fn load_{slot}(i: u32) -> R {{ return R(buf{b}[seg.base{b} + i]); }}"
-                );
+                let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(buf{b}[seg.base{b} + i]); }}");
             }
             None => {
                 let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(0); }}");

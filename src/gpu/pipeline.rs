@@ -38,9 +38,7 @@ impl PipelineCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<VariantKey, Arc<CachedPipeline>>> {
         // A panic while holding the lock cannot leave the map inconsistent (inserts are
         // single calls), so a poisoned lock is still usable.
-        self.map
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -63,8 +61,7 @@ pub(crate) fn hyper_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
 }
 
 fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
-    let uses_f64 =
-        key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.dtype == DType::F64);
+    let uses_f64 = key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.dtype == DType::F64);
     if uses_f64 && !ctx.has_feature(wgpu::Features::SHADER_F64) {
         return Err(Error::MissingFeature {
             what: format!("the {} kernel in f64", key.family.name()),
@@ -72,12 +69,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         });
     }
     let device = ctx.device();
-    let label = format!(
-        "wgpu-optim {} {:?} {:?}",
-        key.family.name(),
-        key.math,
-        key.overrides
-    );
+    let label = format!("wgpu-optim {} {:?} {:?}", key.family.name(), key.math, key.overrides);
     let source = compose(key);
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
@@ -94,9 +86,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
             binding: b as u32 + 1,
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage {
-                    read_only: !desc.read_write,
-                },
+                ty: wgpu::BufferBindingType::Storage { read_only: !desc.read_write },
                 has_dynamic_offset: false,
                 min_binding_size: None,
             },
@@ -129,10 +119,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
             },
             cache: None,
         });
-        CachedPipeline {
-            pipeline,
-            segment_layout,
-        }
+        CachedPipeline { pipeline, segment_layout }
     });
     if result.is_err() {
         log::error!("generated WGSL of {label}:\n{source}");

@@ -19,10 +19,7 @@ pub(crate) struct Arg {
 
 impl Arg {
     pub(crate) fn new(name: impl Into<String>, tensor: &Tensor) -> Self {
-        Arg {
-            name: name.into(),
-            tensor: tensor.clone(),
-        }
+        Arg { name: name.into(), tensor: tensor.clone() }
     }
 }
 
@@ -61,12 +58,7 @@ pub(crate) struct TensorPlan {
 /// Checks that `arg` is a usable storage range of its buffer.
 pub(crate) fn check_range(arg: &Arg) -> Result<()> {
     let t = &arg.tensor;
-    let bad = |problem: String| {
-        Err(Error::BadRange {
-            argument: arg.name.clone(),
-            problem,
-        })
-    };
+    let bad = |problem: String| Err(Error::BadRange { argument: arg.name.clone(), problem });
     if !t.offset.is_multiple_of(t.dtype.size()) {
         return bad(format!(
             "byte offset {} is not a multiple of the {:?} element size {}",
@@ -75,10 +67,7 @@ pub(crate) fn check_range(arg: &Arg) -> Result<()> {
             t.dtype.size()
         ));
     }
-    let end = t
-        .len
-        .checked_mul(t.dtype.size())
-        .and_then(|bytes| bytes.checked_add(t.offset));
+    let end = t.len.checked_mul(t.dtype.size()).and_then(|bytes| bytes.checked_add(t.offset));
     match end {
         Some(end) if end <= t.buffer.size() => {}
         _ => {
@@ -102,21 +91,13 @@ pub(crate) fn check_range(arg: &Arg) -> Result<()> {
 }
 
 /// Validates `args` and maps them onto bindings and segments.
-pub(crate) fn plan<'a>(
-    ctx: &GpuContext,
-    family: Family,
-    args: &'a KernelArgs,
-) -> Result<TensorPlan> {
+pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -> Result<TensorPlan> {
     debug_assert_eq!(args.inputs.len(), family.inputs().len());
     debug_assert_eq!(args.outputs.len(), family.outputs().len());
     let present: Vec<&Arg> = args.inputs.iter().chain(&args.outputs).flatten().collect();
     let Some(reference) = present.first().copied() else {
         return Ok(TensorPlan {
-            layout: BindingLayout {
-                inputs: vec![],
-                outputs: vec![],
-                bindings: vec![],
-            },
+            layout: BindingLayout { inputs: vec![], outputs: vec![], bindings: vec![] },
             segments: vec![],
         });
     };
@@ -149,48 +130,24 @@ pub(crate) fn plan<'a>(
             distinct.len() - 1
         }
     };
-    let inputs: Vec<Option<usize>> = args
-        .inputs
-        .iter()
-        .map(|a| a.as_ref().map(|a| index_of(&a.tensor)))
-        .collect();
-    let outputs: Vec<Option<usize>> = args
-        .outputs
-        .iter()
-        .map(|a| a.as_ref().map(|a| index_of(&a.tensor)))
-        .collect();
-    let written: Vec<&wgpu::Buffer> = args
-        .outputs
-        .iter()
-        .flatten()
-        .map(|a| &a.tensor.buffer)
-        .collect();
+    let inputs: Vec<Option<usize>> =
+        args.inputs.iter().map(|a| a.as_ref().map(|a| index_of(&a.tensor))).collect();
+    let outputs: Vec<Option<usize>> =
+        args.outputs.iter().map(|a| a.as_ref().map(|a| index_of(&a.tensor))).collect();
+    let written: Vec<&wgpu::Buffer> = args.outputs.iter().flatten().map(|a| &a.tensor.buffer).collect();
     let bindings: Vec<BindingDesc> = distinct
         .iter()
-        .map(|t| BindingDesc {
-            dtype: t.dtype,
-            read_write: written.contains(&&t.buffer),
-        })
+        .map(|t| BindingDesc { dtype: t.dtype, read_write: written.contains(&&t.buffer) })
         .collect();
 
     let limits = ctx.device().limits();
     let needed = bindings.len() as u32;
     if needed > limits.max_storage_buffers_per_shader_stage {
-        return Err(Error::TooManyBindings {
-            needed,
-            limit: limits.max_storage_buffers_per_shader_stage,
-        });
+        return Err(Error::TooManyBindings { needed, limit: limits.max_storage_buffers_per_shader_stage });
     }
 
     let segments = split_segments(&distinct, &limits);
-    Ok(TensorPlan {
-        layout: BindingLayout {
-            inputs,
-            outputs,
-            bindings,
-        },
-        segments,
-    })
+    Ok(TensorPlan { layout: BindingLayout { inputs, outputs, bindings }, segments })
 }
 
 /// DirectML's rule: an output may be exactly an input (same buffer, offset, length and
@@ -201,24 +158,15 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
         for other in &outputs[k + 1..] {
             if out.tensor.overlaps(&other.tensor) {
                 return Err(if out.tensor.same_range(&other.tensor) {
-                    Error::OutputsAlias {
-                        first: out.name.clone(),
-                        second: other.name.clone(),
-                    }
+                    Error::OutputsAlias { first: out.name.clone(), second: other.name.clone() }
                 } else {
-                    Error::PartialOverlap {
-                        output: out.name.clone(),
-                        other: other.name.clone(),
-                    }
+                    Error::PartialOverlap { output: out.name.clone(), other: other.name.clone() }
                 });
             }
         }
         for input in args.inputs.iter().flatten() {
             if out.tensor.overlaps(&input.tensor) && !out.tensor.same_range(&input.tensor) {
-                return Err(Error::PartialOverlap {
-                    output: out.name.clone(),
-                    other: input.name.clone(),
-                });
+                return Err(Error::PartialOverlap { output: out.name.clone(), other: input.name.clone() });
             }
         }
     }
@@ -233,12 +181,8 @@ fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits) -> Vec<SegmentPla
     let widest = distinct.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
     // Room for the worst-case shift below the first element; a segment's element count
     // must also fit the u32 index of the shader.
-    let max_binding = limits
-        .max_storage_buffer_binding_size
-        .min(u64::from(u32::MAX));
-    let per_segment = ((max_binding - align) / widest)
-        .min(u64::from(u32::MAX >> 1))
-        .max(1);
+    let max_binding = limits.max_storage_buffer_binding_size.min(u64::from(u32::MAX));
+    let per_segment = ((max_binding - align) / widest).min(u64::from(u32::MAX >> 1)).max(1);
     let mut segments = Vec::new();
     let mut start = 0;
     while start < len {
@@ -250,21 +194,11 @@ fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits) -> Vec<SegmentPla
                 let first = t.offset + start * es;
                 let offset = first - first % align;
                 let end = first + count * es;
-                let size = (end - offset)
-                    .next_multiple_of(4)
-                    .min(t.buffer.size() - offset);
-                BoundRange {
-                    buffer: t.buffer.clone(),
-                    offset,
-                    size,
-                    base: ((first - offset) / es) as u32,
-                }
+                let size = (end - offset).next_multiple_of(4).min(t.buffer.size() - offset);
+                BoundRange { buffer: t.buffer.clone(), offset, size, base: ((first - offset) / es) as u32 }
             })
             .collect();
-        segments.push(SegmentPlan {
-            len: count as u32,
-            ranges,
-        });
+        segments.push(SegmentPlan { len: count as u32, ranges });
         start += count;
     }
     segments
@@ -272,10 +206,5 @@ fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits) -> Vec<SegmentPla
 
 /// The storage dtype every tensor of a plan shares (for the variant key).
 pub(crate) fn plan_dtype(args: &KernelArgs) -> Option<DType> {
-    args.inputs
-        .iter()
-        .chain(&args.outputs)
-        .flatten()
-        .map(|a| a.tensor.dtype)
-        .next()
+    args.inputs.iter().chain(&args.outputs).flatten().map(|a| a.tensor.dtype).next()
 }

@@ -23,6 +23,16 @@ pub(crate) struct KernelStep {
 }
 
 impl KernelStep {
+    /// A step of `family` with its override values and uniform fields, in declaration order.
+    pub(crate) fn new(family: Family, overrides: &[u32], hyper: &[f64]) -> Self {
+        debug_assert_eq!(overrides.len(), family.override_names().len());
+        debug_assert_eq!(hyper.len(), family.hyper_len());
+        let mut step = KernelStep { family, overrides: [0; MAX_OVERRIDES], hyper: [0.0; MAX_HYPER] };
+        step.overrides[..overrides.len()].copy_from_slice(overrides);
+        step.hyper[..hyper.len()].copy_from_slice(hyper);
+        step
+    }
+
     /// The uniform's bytes in the math type, zero-padded to a whole slot.
     pub(crate) fn hyper_bytes(&self, math: DType) -> [u8; HYPER_SLOT_BYTES as usize] {
         let mut out = [0u8; HYPER_SLOT_BYTES as usize];
@@ -43,15 +53,7 @@ impl KernelStep {
     }
 
     /// The override constants as wgpu takes them.
-    pub(crate) fn constants(
-        family: Family,
-        overrides: &[u32; MAX_OVERRIDES],
-    ) -> Vec<(&'static str, f64)> {
-        family
-            .override_names()
-            .iter()
-            .zip(overrides)
-            .map(|(name, v)| (*name, f64::from(*v)))
-            .collect()
+    pub(crate) fn constants(family: Family, overrides: &[u32; MAX_OVERRIDES]) -> Vec<(&'static str, f64)> {
+        family.override_names().iter().zip(overrides).map(|(name, v)| (*name, f64::from(*v))).collect()
     }
 }

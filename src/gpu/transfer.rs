@@ -7,9 +7,8 @@ use crate::gpu::GpuContext;
 use crate::{DType, Error, Result, Tensor};
 
 /// The usages of buffers the crate creates: bindable, and copyable both ways.
-pub const TENSOR_USAGES: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
+pub const TENSOR_USAGES: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
 impl GpuContext {
     /// Records with `record` into a fresh command encoder and submits it; wgpu validation
@@ -20,24 +19,19 @@ impl GpuContext {
         label: &str,
         record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
     ) -> Result<wgpu::SubmissionIndex> {
-        let mut encoder = self
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        let mut encoder =
+            self.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         record(&mut encoder)?;
-        self.catch(&format!("submitting {label}"), || {
-            self.queue().submit([encoder.finish()])
-        })
+        self.catch(&format!("submitting {label}"), || self.queue().submit([encoder.finish()]))
     }
 
     /// A new buffer holding `bytes` with [`TENSOR_USAGES`], as one tensor of `dtype`.
     pub fn upload_bytes(&self, label: &str, bytes: &[u8], dtype: DType) -> Tensor {
-        let buffer = self
-            .device()
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytes,
-                usage: TENSOR_USAGES,
-            });
+        let buffer = self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: TENSOR_USAGES,
+        });
         Tensor::new(&buffer, 0, bytes.len() as u64 / dtype.size(), dtype)
     }
 
@@ -68,11 +62,7 @@ impl GpuContext {
         if bytes.len() as u64 != tensor.byte_len() {
             return Err(Error::BadRange {
                 argument: "bytes".into(),
-                problem: format!(
-                    "{} bytes given for a tensor of {} bytes",
-                    bytes.len(),
-                    tensor.byte_len()
-                ),
+                problem: format!("{} bytes given for a tensor of {} bytes", bytes.len(), tensor.byte_len()),
             });
         }
         if !tensor.offset.is_multiple_of(4) || !bytes.len().is_multiple_of(4) {
@@ -92,8 +82,7 @@ impl GpuContext {
                 has: format!("{:?}", tensor.buffer.usage()),
             });
         }
-        self.queue()
-            .write_buffer(&tensor.buffer, tensor.offset, bytes);
+        self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
         Ok(())
     }
 
@@ -111,10 +100,7 @@ impl GpuContext {
         }
         let range = tensor.byte_range();
         let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
-        let end = range
-            .end
-            .next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT)
-            .min(tensor.buffer.size());
+        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).min(tensor.buffer.size());
         let device = self.device();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-optim readback"),
@@ -128,17 +114,12 @@ impl GpuContext {
             self.queue().submit([encoder.finish()])
         })?;
         let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
-        staging
-            .slice(..)
-            .map_async(wgpu::MapMode::Read, move |result| {
-                // The receiver lives until the poll below returns, so the send cannot be lost.
-                let _ = sender.send(result);
-            });
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
+            // The receiver lives until the poll below returns, so the send cannot be lost.
+            let _ = sender.send(result);
+        });
         device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
+            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
             .map_err(|e| Error::Readback(e.to_string()))?;
         match pollster::block_on(receiver.receive()) {
             Some(Ok(())) => {}
@@ -146,9 +127,8 @@ impl GpuContext {
             None => return Err(Error::Readback("the map callback never ran".into())),
         }
         let skip = (range.start - start) as usize;
-        let bytes = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Readback(e.to_string()))?[skip..skip + tensor.byte_len() as usize]
+        let bytes = staging.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?
+            [skip..skip + tensor.byte_len() as usize]
             .to_vec();
         staging.unmap();
         Ok(bytes)

@@ -21,14 +21,12 @@ impl TrainingStep {
     pub fn value(self) -> Result<u64> {
         match self {
             TrainingStep::Integer(t) => Ok(t),
-            TrainingStep::Float(t)
-                if t.is_finite() && t >= 0.0 && t.fract() == 0.0 && t < 2f64.powi(53) =>
-            {
+            TrainingStep::Float(t) if t.is_finite() && t >= 0.0 && t.fract() == 0.0 && t < 2f64.powi(53) => {
                 Ok(t as u64)
             }
-            TrainingStep::Float(t) => Err(Error::BadStep(format!(
-                "TrainingStepTensor holds {t}, expected a whole number >= 1"
-            ))),
+            TrainingStep::Float(t) => {
+                Err(Error::BadStep(format!("TrainingStepTensor holds {t}, expected a whole number >= 1")))
+            }
         }
     }
 }
@@ -59,51 +57,23 @@ pub struct AdamOptimizerDesc {
 }
 
 /// Records the operator into `encoder`. Nothing is recorded if any check fails.
-pub fn adam(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    desc: &AdamOptimizerDesc,
-) -> Result<()> {
+pub fn adam(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, desc: &AdamOptimizerDesc) -> Result<()> {
     let t = desc.training_step_tensor.value()?;
     desc.scalars.validate(t)?;
     let args = KernelArgs {
         inputs: vec![
-            Some(Arg::new(
-                "InputParametersTensor",
-                &desc.input_parameters_tensor,
-            )),
+            Some(Arg::new("InputParametersTensor", &desc.input_parameters_tensor)),
             Some(Arg::new("GradientTensor", &desc.gradient_tensor)),
-            Some(Arg::new(
-                "InputFirstMomentTensor",
-                &desc.input_first_moment_tensor,
-            )),
-            Some(Arg::new(
-                "InputSecondMomentTensor",
-                &desc.input_second_moment_tensor,
-            )),
+            Some(Arg::new("InputFirstMomentTensor", &desc.input_first_moment_tensor)),
+            Some(Arg::new("InputSecondMomentTensor", &desc.input_second_moment_tensor)),
             None,
         ],
         outputs: vec![
-            Some(Arg::new(
-                "OutputParametersTensor",
-                &desc.output_parameters_tensor,
-            )),
-            Some(Arg::new(
-                "OutputFirstMomentTensor",
-                &desc.output_first_moment_tensor,
-            )),
-            Some(Arg::new(
-                "OutputSecondMomentTensor",
-                &desc.output_second_moment_tensor,
-            )),
+            Some(Arg::new("OutputParametersTensor", &desc.output_parameters_tensor)),
+            Some(Arg::new("OutputFirstMomentTensor", &desc.output_first_moment_tensor)),
+            Some(Arg::new("OutputSecondMomentTensor", &desc.output_second_moment_tensor)),
             None,
         ],
     };
-    record_stateless(
-        ctx,
-        encoder,
-        &desc.scalars.kernel_step(t),
-        &[args],
-        "dml.Adam",
-    )
+    record_stateless(ctx, encoder, &desc.scalars.kernel_step(t), &[args], "dml.Adam")
 }

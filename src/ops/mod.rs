@@ -8,10 +8,10 @@ pub mod directml;
 pub mod onnx;
 
 use crate::gpu::dispatch::{Batch, HyperRing};
-use crate::gpu::kernel::VariantKey;
+use crate::gpu::kernel::{Family, VariantKey};
 use crate::gpu::plan::{plan, plan_dtype, Arg, KernelArgs};
 use crate::gpu::step::KernelStep;
-use crate::{Adam, DType, Error, GpuContext, Result, Tensor};
+use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
 
 /// The tensors of one stateless Adam update. An output left `None` is written in place
 /// over its input; an output given as a tensor is written there (it may also be exactly
@@ -39,7 +39,7 @@ pub struct AdamTensors {
 }
 
 impl AdamTensors {
-    /// All four (three without AMSGrad) tensors updated in place.
+    /// All tensors updated in place (no AMSGrad maximum; set `max_exp_avg_sq` for AMSGrad).
     pub fn in_place(param: &Tensor, grad: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor) -> Self {
         AdamTensors {
             param: param.clone(),
@@ -54,45 +54,49 @@ impl AdamTensors {
         }
     }
 
-    /// Kernel arguments in the Adam family's slot order; `name` turns a field name into
-    /// the name errors use.
-    pub(crate) fn kernel_args(
-        &self,
-        amsgrad: bool,
-        name: impl Fn(&str) -> String,
-    ) -> Result<KernelArgs> {
-        let out = |slot: &str, output: &Option<Tensor>, input: &Tensor| {
-            Some(Arg::new(name(slot), output.as_ref().unwrap_or(input)))
+    fn to_update(&self, amsgrad: bool) -> Update {
+        let mut update = Update {
+            param: self.param.clone(),
+            grad: self.grad.clone(),
+            state: vec![self.exp_avg.clone(), self.exp_avg_sq.clone()],
+            param_out: self.param_out.clone(),
+            state_out: vec![self.exp_avg_out.clone(), self.exp_avg_sq_out.clone()],
         };
-        let (vmax_in, vmax_out) = match (amsgrad, &self.max_exp_avg_sq) {
-            (false, _) => (None, None),
-            (true, Some(vmax)) => (
-                Some(Arg::new(name("max_exp_avg_sq"), vmax)),
-                out("max_exp_avg_sq_out", &self.max_exp_avg_sq_out, vmax),
-            ),
-            (true, None) => {
-                return Err(Error::CountMismatch {
-                    argument: name("max_exp_avg_sq"),
-                    got: 0,
-                    expected: 1,
-                })
-            }
-        };
-        Ok(KernelArgs {
-            inputs: vec![
-                Some(Arg::new(name("param"), &self.param)),
-                Some(Arg::new(name("grad"), &self.grad)),
-                Some(Arg::new(name("exp_avg"), &self.exp_avg)),
-                Some(Arg::new(name("exp_avg_sq"), &self.exp_avg_sq)),
-                vmax_in,
-            ],
-            outputs: vec![
-                out("param_out", &self.param_out, &self.param),
-                out("exp_avg_out", &self.exp_avg_out, &self.exp_avg),
-                out("exp_avg_sq_out", &self.exp_avg_sq_out, &self.exp_avg_sq),
-                vmax_out,
-            ],
-        })
+        if amsgrad {
+            update.state.extend(self.max_exp_avg_sq.clone());
+            update.state_out.push(self.max_exp_avg_sq_out.clone());
+        }
+        update
+    }
+}
+
+/// The tensors of one stateless update of any algorithm: `state` holds the algorithm's
+/// [`state_kinds`](Algorithm::state_kinds) in order. An output left `None` is written in
+/// place over its input.
+#[derive(Clone, Debug)]
+pub struct Update {
+    /// Parameters.
+    pub param: Tensor,
+    /// Gradients.
+    pub grad: Tensor,
+    /// State tensors, one per state kind of the algorithm.
+    pub state: Vec<Tensor>,
+    /// Where the new parameters go (`None`: in place).
+    pub param_out: Option<Tensor>,
+    /// Where each new state tensor goes (`None`, or a missing entry: in place).
+    pub state_out: Vec<Option<Tensor>>,
+}
+
+impl Update {
+    /// Everything updated in place.
+    pub fn in_place(param: &Tensor, grad: &Tensor, state: &[Tensor]) -> Self {
+        Update {
+            param: param.clone(),
+            grad: grad.clone(),
+            state: state.to_vec(),
+            param_out: None,
+            state_out: vec![],
+        }
     }
 }
 
@@ -105,18 +109,111 @@ pub fn adam(
     t: u64,
     tensors: &[AdamTensors],
 ) -> Result<()> {
-    config.validate()?;
+    for (i, io) in tensors.iter().enumerate() {
+        if config.amsgrad && io.max_exp_avg_sq.is_none() {
+            return Err(Error::CountMismatch {
+                argument: format!("tensors[{i}].max_exp_avg_sq (AMSGrad keeps the running maximum)"),
+                got: 0,
+                expected: 1,
+            });
+        }
+    }
+    let updates: Vec<Update> = tensors.iter().map(|io| io.to_update(config.amsgrad)).collect();
+    update(ctx, encoder, &Algorithm::Adam(*config), t, &updates)
+}
+
+/// One PyTorch-convention update of any algorithm at step `t` (counted from 1; SGD's
+/// first step sets the momentum buffer to the gradient), recorded as one compute pass.
+pub fn update(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    algorithm: &Algorithm,
+    t: u64,
+    updates: &[Update],
+) -> Result<()> {
+    algorithm.validate()?;
     if t == 0 {
-        return Err(Error::BadStep(
-            "PyTorch's Adam counts steps from 1; step 0 would divide by 1 - beta^0 = 0".into(),
+        return Err(Error::BadStep("PyTorch's optimizers count steps from 1; got step 0".into()));
+    }
+    let step = algorithm.kernel_step(t);
+    let kinds = algorithm.state_kinds();
+    let mut calls = Vec::with_capacity(updates.len());
+    for (i, u) in updates.iter().enumerate() {
+        if u.state.len() != kinds.len() {
+            return Err(Error::CountMismatch {
+                argument: format!("updates[{i}].state ({:?})", kinds),
+                got: u.state.len(),
+                expected: kinds.len(),
+            });
+        }
+        if u.state_out.len() > kinds.len() {
+            return Err(Error::CountMismatch {
+                argument: format!("updates[{i}].state_out"),
+                got: u.state_out.len(),
+                expected: kinds.len(),
+            });
+        }
+        let name = |field: &str| format!("updates[{i}].{field}");
+        let param = Arg::new(name("param"), &u.param);
+        let param_out =
+            u.param_out.as_ref().map_or_else(|| param.clone(), |t| Arg::new(name("param_out"), t));
+        let state: Vec<Arg> =
+            kinds.iter().zip(&u.state).map(|(kind, t)| Arg::new(name(kind.torch_name()), t)).collect();
+        let state_out: Vec<Arg> = state
+            .iter()
+            .zip(kinds)
+            .enumerate()
+            .map(|(k, (input, kind))| match u.state_out.get(k) {
+                Some(Some(t)) => Arg::new(name(&format!("{}_out", kind.torch_name())), t),
+                _ => input.clone(),
+            })
+            .collect();
+        calls.push(slot_args(
+            step.family,
+            kinds,
+            param,
+            Arg::new(name("grad"), &u.grad),
+            &state,
+            param_out,
+            &state_out,
         ));
     }
-    let args = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, io)| io.kernel_args(config.amsgrad, |field| format!("tensors[{i}].{field}")))
-        .collect::<Result<Vec<_>>>()?;
-    record_stateless(ctx, encoder, &config.kernel_step(t), &args, "adam")
+    record_stateless(ctx, encoder, &step, &calls, step.family.name())
+}
+
+/// Places a PyTorch-convention update's tensors into `family`'s slots: kernel slots carry
+/// PyTorch's state names, so state `k` (of kind `kinds[k]`) goes to the slot of that name.
+pub(crate) fn slot_args(
+    family: Family,
+    kinds: &[StateKind],
+    param: Arg,
+    grad: Arg,
+    state: &[Arg],
+    param_out: Arg,
+    state_out: &[Arg],
+) -> KernelArgs {
+    let find = |slot: &str, state: &[Arg]| {
+        kinds.iter().position(|kind| kind.torch_name() == slot).map(|k| state[k].clone())
+    };
+    KernelArgs {
+        inputs: family
+            .inputs()
+            .iter()
+            .map(|slot| match *slot {
+                "param" => Some(param.clone()),
+                "grad" => Some(grad.clone()),
+                other => find(other, state),
+            })
+            .collect(),
+        outputs: family
+            .outputs()
+            .iter()
+            .map(|slot| match *slot {
+                "param" => Some(param_out.clone()),
+                other => find(other, state_out),
+            })
+            .collect(),
+    }
 }
 
 /// Plans every call, then records them as one compute pass with a one-slot uniform.
@@ -156,10 +253,8 @@ pub(crate) fn record_stateless(
     let batch = Batch::build(ctx, &items, label)?;
     let mut ring = HyperRing::new(ctx, 1, label)?;
     let offset = ring.push(ctx.queue(), step, math);
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(label),
-        timestamp_writes: None,
-    });
+    let mut pass = encoder
+        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
     batch.record(&mut pass, &ring, offset);
     Ok(())
 }

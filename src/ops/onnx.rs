@@ -1,5 +1,6 @@
 //! ONNX `ai.onnx.preview.training` operators (opset 1), taking exactly the operator's
-//! inputs: the attributes, `R`, `T`, then the variadic tensors in the operator's order.
+//! inputs: the attributes, `R`, `T`, then the variadic tensors in the operator's order
+//! (all X, then all G, then each state), and producing its outputs in its order.
 //!
 //! Each output may be `None` (written in place over its input) or a tensor of its own.
 //! All n tensors of one call are updated in one compute pass, whatever their lengths.
@@ -7,26 +8,27 @@
 //! adapter feature `SHADER_F64`); the math runs in the tensors' type.
 
 use crate::gpu::plan::{Arg, KernelArgs};
+use crate::gpu::step::KernelStep;
 use crate::ops::record_stateless;
-use crate::{Error, GpuContext, OnnxAdam, Result, Tensor};
+use crate::{Error, GpuContext, OnnxAdagrad, OnnxAdam, OnnxMomentum, Result, Tensor};
 
-fn check_count(argument: &str, got: usize, expected: usize) -> Result<()> {
-    if got == expected {
-        Ok(())
-    } else {
-        Err(Error::CountMismatch {
-            argument: argument.into(),
-            got,
-            expected,
-        })
-    }
+/// An operator's variadic inputs after `R` and `T`: each group's ONNX name and the kernel
+/// slot it feeds. Every group but `G` has an output, named `<group>_new`.
+struct Signature {
+    op: &'static str,
+    groups: &'static [(&'static str, &'static str)],
 }
+
+const ADAM: Signature =
+    Signature { op: "Adam", groups: &[("X", "param"), ("G", "grad"), ("V", "exp_avg"), ("H", "exp_avg_sq")] };
+const MOMENTUM: Signature =
+    Signature { op: "Momentum", groups: &[("X", "param"), ("G", "grad"), ("V", "momentum_buffer")] };
+const ADAGRAD: Signature =
+    Signature { op: "Adagrad", groups: &[("X", "param"), ("G", "grad"), ("H", "sum")] };
 
 /// `Adam(R, T, X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n) -> (X_new_1..n, V_new_1..n, H_new_1..n)`.
 ///
-/// `inputs` holds the 4n tensors after `R` and `T`, in the operator's order; `outputs` the
-/// 3n outputs in the operator's order, `None` for in place. `V` is the first moment and
-/// `H` the second. `T = 0` applies no bias correction, as the operator specifies.
+/// `V` is the first moment and `H` the second. `T = 0` applies no bias correction.
 pub fn adam(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
@@ -37,46 +39,91 @@ pub fn adam(
     outputs: &[Option<Tensor>],
 ) -> Result<()> {
     attributes.validate(r, t)?;
-    if !inputs.len().is_multiple_of(4) {
+    variadic(ctx, encoder, &ADAM, &attributes.kernel_step(r, t), inputs, outputs)
+}
+
+/// `Momentum(R, T, X_1..X_n, G_1..G_n, V_1..V_n) -> (X_new_1..n, V_new_1..n)`, standard or
+/// Nesterov by `attributes.mode`. At `T = 0` the gradient's coefficient `beta` is 1.
+pub fn momentum(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    attributes: &OnnxMomentum,
+    r: f64,
+    t: u64,
+    inputs: &[Tensor],
+    outputs: &[Option<Tensor>],
+) -> Result<()> {
+    attributes.validate(r)?;
+    variadic(ctx, encoder, &MOMENTUM, &attributes.kernel_step(r, t), inputs, outputs)
+}
+
+/// `Adagrad(R, T, X_1..X_n, G_1..G_n, H_1..H_n) -> (X_new_1..n, H_new_1..n)`, with the
+/// learning rate `R / (1 + T * decay_factor)`.
+pub fn adagrad(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    attributes: &OnnxAdagrad,
+    r: f64,
+    t: u64,
+    inputs: &[Tensor],
+    outputs: &[Option<Tensor>],
+) -> Result<()> {
+    attributes.validate(r, t)?;
+    variadic(ctx, encoder, &ADAGRAD, &attributes.kernel_step(r, t), inputs, outputs)
+}
+
+/// Maps the flat ONNX lists onto one kernel call per tensor and records them in one pass.
+fn variadic(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    signature: &Signature,
+    step: &KernelStep,
+    inputs: &[Tensor],
+    outputs: &[Option<Tensor>],
+) -> Result<()> {
+    let groups = signature.groups.len();
+    let names: Vec<&str> = signature.groups.iter().map(|(name, _)| *name).collect();
+    if !inputs.len().is_multiple_of(groups) {
         return Err(Error::CountMismatch {
-            argument: "inputs (X, G, V, H for each of n tensors)".into(),
+            argument: format!("inputs of {} ({} for each of n tensors)", signature.op, names.join(", ")),
             got: inputs.len(),
-            expected: inputs.len().next_multiple_of(4),
+            expected: inputs.len().next_multiple_of(groups),
         });
     }
-    let n = inputs.len() / 4;
-    check_count(
-        "outputs (X_new, V_new, H_new for each of n tensors)",
-        outputs.len(),
-        3 * n,
-    )?;
+    let n = inputs.len() / groups;
+    if outputs.len() != (groups - 1) * n {
+        return Err(Error::CountMismatch {
+            argument: format!("outputs of {} (one per non-gradient input)", signature.op),
+            got: outputs.len(),
+            expected: (groups - 1) * n,
+        });
+    }
+    let family = step.family;
     let calls: Vec<KernelArgs> = (0..n)
         .map(|i| {
-            let input =
-                |k: usize, name: &str| Arg::new(format!("{name}_{}", i + 1), &inputs[k * n + i]);
-            let output = |k: usize, name: &str, input: &Arg| {
-                Some(match &outputs[k * n + i] {
-                    Some(t) => Arg::new(format!("{name}_{}", i + 1), t),
-                    None => input.clone(),
-                })
+            let mut input_args = Vec::new();
+            let mut output_args = Vec::new();
+            let mut output_group = 0;
+            for (g, (name, slot)) in signature.groups.iter().enumerate() {
+                let input = Arg::new(format!("{name}_{}", i + 1), &inputs[g * n + i]);
+                if *slot != "grad" {
+                    let output = match &outputs[output_group * n + i] {
+                        Some(t) => Arg::new(format!("{name}_new_{}", i + 1), t),
+                        None => input.clone(),
+                    };
+                    output_args.push((*slot, output));
+                    output_group += 1;
+                }
+                input_args.push((*slot, input));
+            }
+            let pick = |list: &[(&str, Arg)], slot: &str| {
+                list.iter().find(|(s, _)| *s == slot).map(|(_, a)| a.clone())
             };
-            let (x, g, v, h) = (input(0, "X"), input(1, "G"), input(2, "V"), input(3, "H"));
             KernelArgs {
-                outputs: vec![
-                    output(0, "X_new", &x),
-                    output(1, "V_new", &v),
-                    output(2, "H_new", &h),
-                    None,
-                ],
-                inputs: vec![Some(x), Some(g), Some(v), Some(h), None],
+                inputs: family.inputs().iter().map(|slot| pick(&input_args, slot)).collect(),
+                outputs: family.outputs().iter().map(|slot| pick(&output_args, slot)).collect(),
             }
         })
         .collect();
-    record_stateless(
-        ctx,
-        encoder,
-        &attributes.kernel_step(r, t),
-        &calls,
-        "onnx.Adam",
-    )
+    record_stateless(ctx, encoder, step, &calls, signature.op)
 }

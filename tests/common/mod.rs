@@ -39,16 +39,12 @@ impl Rng {
 
     /// `len` values in [-scale, scale), exactly representable in f32.
     pub fn vec(&mut self, len: usize, scale: f64) -> Vec<f64> {
-        (0..len)
-            .map(|_| f64::from((self.uniform() * scale) as f32))
-            .collect()
+        (0..len).map(|_| f64::from((self.uniform() * scale) as f32)).collect()
     }
 
     /// `len` values in [0, scale), exactly representable in f32 (second moments).
     pub fn positive(&mut self, len: usize, scale: f64) -> Vec<f64> {
-        (0..len)
-            .map(|_| f64::from((self.uniform().abs() * scale) as f32))
-            .collect()
+        (0..len).map(|_| f64::from((self.uniform().abs() * scale) as f32)).collect()
     }
 }
 
@@ -82,18 +78,11 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
             }
         }
     }
-    assert!(
-        count == 0,
-        "{what}: {count} of {} values outside tolerance: {}",
-        got.len(),
-        bad.join(", ")
-    );
+    assert!(count == 0, "{what}: {count} of {} values outside tolerance: {}", got.len(), bad.join(", "));
 }
 
 /// Reads an f32 tensor and compares it with the oracle.
 pub fn assert_tensor(ctx: &GpuContext, what: &str, tensor: &wgpu_optim::Tensor, want: &[f64]) {
-    let got = ctx
-        .read_f32(tensor)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = ctx.read_f32(tensor).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_close(what, &got, want, RTOL, ATOL);
 }

@@ -1,48 +1,9 @@
-//! Algorithm configurations: plain data with each convention's documented defaults, their
-//! validation, and their translation into one step of a fused kernel.
-//!
-//! | convention | eps default | where eps goes | step counting |
-//! |---|---|---|---|
-//! | PyTorch `Adam`/`AdamW` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^t)` | from 1, kept by the optimizer |
-//! | ONNX `Adam` | 1e-6 | added to `sqrt(H)`, the rate is corrected instead | input `T`; `T = 0`: no correction |
-//! | DirectML Adam | none | as PyTorch | input tensor; `T = 0` is refused |
+//! The Adam family: PyTorch's Adam/AdamW/AMSGrad, ONNX Adam and DirectML Adam.
 
+use super::{bias_correction, check, check_beta, check_finite, check_rate};
 use crate::gpu::kernel::Family;
-use crate::gpu::step::{KernelStep, MAX_HYPER};
+use crate::gpu::step::KernelStep;
 use crate::{Error, Result};
-
-/// `1 - beta^t`, accurate for small `t` and for `beta` close to 1 (no cancellation).
-pub fn bias_correction(beta: f64, t: u64) -> f64 {
-    if beta == 0.0 || t == 0 {
-        return if t == 0 { 0.0 } else { 1.0 };
-    }
-    -f64::exp_m1(t as f64 * beta.ln())
-}
-
-fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::BadHyperparameter {
-            name,
-            value,
-            expected,
-        })
-    }
-}
-
-fn check_rate(name: &'static str, value: f64) -> Result<()> {
-    check(
-        name,
-        value,
-        value.is_finite() && value >= 0.0,
-        "a finite number >= 0",
-    )
-}
-
-fn check_beta(name: &'static str, value: f64) -> Result<()> {
-    check(name, value, (0.0..1.0).contains(&value), "0 <= beta < 1")
-}
 
 /// PyTorch's `torch.optim.Adam` and `torch.optim.AdamW` (and AMSGrad through `amsgrad`).
 ///
@@ -86,11 +47,7 @@ impl Default for Adam {
 impl Adam {
     /// `torch.optim.AdamW()`'s defaults: as Adam with decoupled weight decay 0.01.
     pub fn adamw() -> Self {
-        Adam {
-            weight_decay: 0.01,
-            decoupled_weight_decay: true,
-            ..Adam::default()
-        }
+        Adam { weight_decay: 0.01, decoupled_weight_decay: true, ..Adam::default() }
     }
 
     /// Checks every hyperparameter against PyTorch's own constructor checks.
@@ -143,13 +100,7 @@ pub struct OnnxAdam {
 
 impl Default for OnnxAdam {
     fn default() -> Self {
-        OnnxAdam {
-            alpha: 0.9,
-            beta: 0.999,
-            epsilon: 1e-6,
-            norm_coefficient: 0.0,
-            norm_coefficient_post: 0.0,
-        }
+        OnnxAdam { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 }
     }
 }
 
@@ -157,48 +108,20 @@ impl OnnxAdam {
     /// Checks the attributes and the inputs `R` and `T`.
     pub fn validate(&self, r: f64, t: u64) -> Result<()> {
         check("R", r, r.is_finite(), "a finite learning rate")?;
-        check(
-            "alpha",
-            self.alpha,
-            (0.0..=1.0).contains(&self.alpha),
-            "0 <= alpha <= 1",
-        )?;
+        check("alpha", self.alpha, (0.0..=1.0).contains(&self.alpha), "0 <= alpha <= 1")?;
         if t > 0 {
-            check(
-                "alpha",
-                self.alpha,
-                self.alpha < 1.0,
-                "alpha < 1 when T > 0 (1 - alpha^T divides)",
-            )?;
+            check("alpha", self.alpha, self.alpha < 1.0, "alpha < 1 when T > 0 (1 - alpha^T divides)")?;
         }
-        check(
-            "beta",
-            self.beta,
-            (0.0..=1.0).contains(&self.beta),
-            "0 <= beta <= 1",
-        )?;
+        check("beta", self.beta, (0.0..=1.0).contains(&self.beta), "0 <= beta <= 1")?;
         check_rate("epsilon", self.epsilon)?;
-        check(
-            "norm_coefficient",
-            self.norm_coefficient,
-            self.norm_coefficient.is_finite(),
-            "a finite number",
-        )?;
-        check(
-            "norm_coefficient_post",
-            self.norm_coefficient_post,
-            self.norm_coefficient_post.is_finite(),
-            "a finite number",
-        )
+        check_finite("norm_coefficient", self.norm_coefficient)?;
+        check_finite("norm_coefficient_post", self.norm_coefficient_post)
     }
 
     /// The kernel step for the inputs `R` (learning rate) and `T` (training step).
     pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
-        let step_size = if t > 0 {
-            r * bias_correction(self.beta, t).sqrt() / bias_correction(self.alpha, t)
-        } else {
-            r
-        };
+        let step_size =
+            if t > 0 { r * bias_correction(self.beta, t).sqrt() / bias_correction(self.alpha, t) } else { r };
         AdamKernel {
             amsgrad: false,
             eps_after_correction: false,
@@ -297,47 +220,23 @@ impl AdamKernel {
             WeightDecay::L2(c) => (1, c),
             WeightDecay::Decoupled => (2, 0.0),
         };
-        let mut hyper = [0.0; MAX_HYPER];
-        hyper[..10].copy_from_slice(&[
-            self.beta1,
-            1.0 - self.beta1,
-            self.beta2,
-            1.0 - self.beta2,
-            l2,
-            self.decay,
-            self.step_size,
-            self.inv_sqrt_bias_correction2,
-            self.eps,
-            self.post_scale,
-        ]);
-        KernelStep {
-            family: Family::Adam,
+        KernelStep::new(
+            Family::Adam,
             // The order of Family::Adam.override_names().
-            overrides: [
-                u32::from(self.amsgrad),
-                u32::from(self.eps_after_correction),
-                u32::from(self.maximize),
-                mode,
+            &[u32::from(self.amsgrad), u32::from(self.eps_after_correction), u32::from(self.maximize), mode],
+            // The fields of AdamHyper in shaders/adam.wgsl.
+            &[
+                self.beta1,
+                1.0 - self.beta1,
+                self.beta2,
+                1.0 - self.beta2,
+                l2,
+                self.decay,
+                self.step_size,
+                self.inv_sqrt_bias_correction2,
+                self.eps,
+                self.post_scale,
             ],
-            hyper,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bias_correction;
-
-    #[test]
-    fn bias_correction_is_exact_at_small_steps_and_saturates() {
-        assert_eq!(bias_correction(0.9, 0), 0.0);
-        assert!((bias_correction(0.9, 1) - 0.1).abs() < 1e-16);
-        assert!((bias_correction(0.999, 2) - (1.0 - 0.999f64 * 0.999)).abs() < 1e-16);
-        // Near beta = 1 the naive 1 - beta^t loses digits; expm1 keeps them.
-        let beta: f64 = 1.0 - 1e-12;
-        let exact = 1e-12 * (1.0 - 0.5e-12); // 1 - (1 - e)^1 ~ e, second term from the series
-        assert!((bias_correction(beta, 1) - exact).abs() / exact < 1e-3);
-        assert_eq!(bias_correction(0.9, 1_000_000), 1.0);
-        assert_eq!(bias_correction(0.0, 3), 1.0);
+        )
     }
 }

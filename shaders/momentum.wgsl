@@ -1,0 +1,60 @@
+// SGD with momentum (standard or Nesterov), and plain SGD, one element at a time.
+//
+// One formula covers ONNX Momentum and PyTorch SGD; the host fills `hp`:
+//   g'  = (MAXIMIZE ? -g : g) + weight_decay * p            (ONNX norm_coefficient, torch L2)
+//   v'  = restart ? g' : velocity_decay * v + grad_scale * g'
+//         ONNX: velocity_decay = alpha, grad_scale = beta (1 when T = 0), restart = 0
+//         torch: velocity_decay = momentum, grad_scale = 1 - dampening; restart on step 1,
+//                where PyTorch sets the buffer to the gradient itself
+//   p'  = p - lr * (NESTEROV ? g' + nesterov_scale * v' : v')
+// Without VELOCITY (PyTorch momentum = 0) there is no buffer at all: p' = p - lr * g'.
+
+override MAXIMIZE: bool = false;
+// 0: no weight decay. 1: L2, `g += weight_decay * p`.
+override WEIGHT_DECAY: u32 = 0u;
+override NESTEROV: bool = false;
+override VELOCITY: bool = true;
+
+struct MomentumHyper {
+    velocity_decay: R,
+    grad_scale: R,
+    weight_decay: R,
+    lr: R,
+    // 1 on the step where PyTorch creates the buffer as a copy of the gradient.
+    restart: R,
+    nesterov_scale: R,
+}
+
+@group(0) @binding(0) var<uniform> hp: MomentumHyper;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let stride = groups.x * WG;
+    for (var i = gid.x; i < seg.n; i += stride) {
+        // Every input is loaded before any output is stored: an output may alias any input.
+        let p = load_param(i);
+        var g = load_grad(i);
+        let v_prev = load_momentum_buffer(i);
+
+        if MAXIMIZE {
+            g = -g;
+        }
+        if WEIGHT_DECAY == 1u {
+            g = g + hp.weight_decay * p;
+        }
+        var direction = g;
+        if VELOCITY {
+            var v = hp.velocity_decay * v_prev + hp.grad_scale * g;
+            if hp.restart != R(0) {
+                v = g;
+            }
+            store_momentum_buffer(i, v);
+            if NESTEROV {
+                direction = g + hp.nesterov_scale * v;
+            } else {
+                direction = v;
+            }
+        }
+        store_param(i, p - hp.lr * direction);
+    }
+}

@@ -1,0 +1,68 @@
+//! Algorithm configurations: plain data with each convention's documented defaults, their
+//! validation, and their translation into one step of a fused kernel.
+//!
+//! | convention | eps default | where eps goes | step counting |
+//! |---|---|---|---|
+//! | PyTorch `Adam`/`AdamW` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^t)` | from 1, kept by the optimizer |
+//! | ONNX `Adam` | 1e-6 | added to `sqrt(H)`, the rate is corrected instead | input `T`; `T = 0`: no correction |
+//! | DirectML Adam | none | as PyTorch | input tensor; `T = 0` is refused |
+//! | PyTorch `SGD` | | | the first step sets the buffer to the gradient |
+//! | ONNX `Momentum` | | | `T = 0`: the gradient's coefficient `beta` is replaced by 1 |
+//! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
+//! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
+
+mod adagrad;
+mod adam;
+mod momentum;
+
+pub use adagrad::{Adagrad, OnnxAdagrad};
+pub use adam::{Adam, DmlAdam, OnnxAdam};
+pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+
+use crate::{Error, Result};
+
+/// `1 - beta^t`, accurate for small `t` and for `beta` close to 1 (no cancellation).
+pub fn bias_correction(beta: f64, t: u64) -> f64 {
+    if beta == 0.0 || t == 0 {
+        return if t == 0 { 0.0 } else { 1.0 };
+    }
+    -f64::exp_m1(t as f64 * beta.ln())
+}
+
+fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadHyperparameter { name, value, expected })
+    }
+}
+
+fn check_rate(name: &'static str, value: f64) -> Result<()> {
+    check(name, value, value.is_finite() && value >= 0.0, "a finite number >= 0")
+}
+
+fn check_finite(name: &'static str, value: f64) -> Result<()> {
+    check(name, value, value.is_finite(), "a finite number")
+}
+
+fn check_beta(name: &'static str, value: f64) -> Result<()> {
+    check(name, value, (0.0..1.0).contains(&value), "0 <= beta < 1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bias_correction;
+
+    #[test]
+    fn bias_correction_is_exact_at_small_steps_and_saturates() {
+        assert_eq!(bias_correction(0.9, 0), 0.0);
+        assert!((bias_correction(0.9, 1) - 0.1).abs() < 1e-16);
+        assert!((bias_correction(0.999, 2) - (1.0 - 0.999f64 * 0.999)).abs() < 1e-16);
+        // Near beta = 1 the naive 1 - beta^t loses digits; expm1 keeps them.
+        let beta: f64 = 1.0 - 1e-12;
+        let exact = 1e-12 * (1.0 - 0.5e-12); // 1 - (1 - e)^1 ~ e, second term from the series
+        assert!((bias_correction(beta, 1) - exact).abs() / exact < 1e-3);
+        assert_eq!(bias_correction(0.9, 1_000_000), 1.0);
+        assert_eq!(bias_correction(0.0, 3), 1.0);
+    }
+}
