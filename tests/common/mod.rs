@@ -59,30 +59,130 @@ pub const ATOL: f64 = 1e-6;
 /// Asserts `got` matches `want` within the tolerance, NaN-aware, naming the first three
 /// mismatches instead of printing the arrays.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let mut bad = Vec::new();
-    let mut count = 0;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let g = f64::from(g);
-        let ok = if w.is_nan() {
-            g.is_nan()
-        } else if w.is_infinite() {
-            g == w
-        } else {
-            (g - w).abs() <= atol + rtol * w.abs()
-        };
-        if !ok {
-            count += 1;
-            if bad.len() < 3 {
-                bad.push(format!("[{i}] got {g:e} want {w:e}"));
-            }
-        }
-    }
-    assert!(count == 0, "{what}: {count} of {} values outside tolerance: {}", got.len(), bad.join(", "));
+    let got: Vec<f64> = got.iter().map(|g| f64::from(*g)).collect();
+    assert_close_f64(what, &got, want, rtol, atol);
 }
 
 /// Reads an f32 tensor and compares it with the oracle.
 pub fn assert_tensor(ctx: &GpuContext, what: &str, tensor: &wgpu_optim::Tensor, want: &[f64]) {
     let got = ctx.read_f32(tensor).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_close(what, &got, want, RTOL, ATOL);
+}
+
+/// Uploads `values` as a tensor of `dtype`.
+pub fn upload(ctx: &GpuContext, values: &[f64], dtype: wgpu_optim::DType) -> wgpu_optim::Tensor {
+    match dtype {
+        wgpu_optim::DType::F32 => ctx.upload_f32("input", &to_f32(values)),
+        wgpu_optim::DType::F64 => ctx.upload_f64("input", values),
+    }
+}
+
+/// Reads a tensor of either float dtype as f64.
+pub fn download(ctx: &GpuContext, tensor: &wgpu_optim::Tensor) -> Vec<f64> {
+    match tensor.dtype {
+        wgpu_optim::DType::F32 => ctx.read_f32(tensor).unwrap().into_iter().map(f64::from).collect(),
+        wgpu_optim::DType::F64 => ctx.read_f64(tensor).unwrap(),
+    }
+}
+
+/// One variadic ONNX training-operator call, checked against the oracle.
+pub struct OnnxCall<'a> {
+    /// The input groups after R and T, e.g. `["X", "G", "V", "H"]`; every group but `G`
+    /// has an output.
+    pub groups: &'a [&'a str],
+    /// The lengths of the n tensors.
+    pub lengths: &'a [usize],
+    pub dtype: wgpu_optim::DType,
+    /// Whether output k (in operator order) is written in place.
+    pub in_place: &'a dyn Fn(usize) -> bool,
+    pub seed: u64,
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+impl OnnxCall<'_> {
+    /// Generates inputs (the `H` group non-negative), records the call with `record`, and
+    /// compares every output with `oracle(inputs of tensor i)`, which returns the outputs of
+    /// tensor i in operator order.
+    pub fn check(
+        &self,
+        record: impl FnOnce(
+            &GpuContext,
+            &mut wgpu::CommandEncoder,
+            &[wgpu_optim::Tensor],
+            &[Option<wgpu_optim::Tensor>],
+        ) -> wgpu_optim::Result<()>,
+        oracle: impl Fn(&[Vec<f64>]) -> Vec<Vec<f64>>,
+    ) {
+        let ctx = ctx();
+        let mut rng = Rng::new(self.seed);
+        let n = self.lengths.len();
+        let values: Vec<Vec<Vec<f64>>> = self
+            .groups
+            .iter()
+            .map(|g| {
+                self.lengths
+                    .iter()
+                    .map(|&l| match *g {
+                        "H" => rng.positive(l, 0.01),
+                        "V" => rng.vec(l, 0.1),
+                        _ => rng.vec(l, 1.0),
+                    })
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<wgpu_optim::Tensor> =
+            values.iter().flat_map(|group| group.iter().map(|v| upload(&ctx, v, self.dtype))).collect();
+        let updated: Vec<usize> = (0..self.groups.len()).filter(|&k| self.groups[k] != "G").collect();
+        let outputs: Vec<Option<wgpu_optim::Tensor>> = (0..updated.len() * n)
+            .map(|k| {
+                (!(self.in_place)(k)).then(|| ctx.zeros("output", self.lengths[k % n] as u64, self.dtype))
+            })
+            .collect();
+        ctx.submit("onnx", |encoder| record(&ctx, encoder, &inputs, &outputs)).unwrap();
+        for i in 0..n {
+            let tensor_inputs: Vec<Vec<f64>> = values.iter().map(|group| group[i].clone()).collect();
+            let want = oracle(&tensor_inputs);
+            for (k, group) in updated.iter().enumerate() {
+                let slot = k * n + i;
+                let written = outputs[slot].as_ref().unwrap_or(&inputs[group * n + i]);
+                let got = download(&ctx, written);
+                let what = format!(
+                    "{}_new_{} (n = {}, {:?})",
+                    self.groups[*group],
+                    i + 1,
+                    self.lengths[i],
+                    self.dtype
+                );
+                assert_close_f64(&what, &got, &want[k], self.rtol, self.atol);
+            }
+        }
+    }
+}
+
+/// As [`assert_close`], for values already widened to f64.
+pub fn assert_close_f64(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let bad: Vec<String> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (g, w))| {
+            let ok = if w.is_nan() {
+                g.is_nan()
+            } else if w.is_infinite() {
+                g == w
+            } else {
+                (*g - *w).abs() <= atol + rtol * w.abs()
+            };
+            !ok
+        })
+        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} values outside tolerance: {}",
+        bad.len(),
+        bad[..bad.len().min(3)].join(", ")
+    );
 }
