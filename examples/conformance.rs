@@ -42,19 +42,19 @@ fn main() -> ExitCode {
         let case = match Case::load(file) {
             Ok(case) => case,
             Err(e) => {
-                println!("{:<52} {:<17} FAIL  {e}", file.display(), "-");
+                println!("{:<52} {:<18} FAIL  {e}", file.display(), "-");
                 failed += 1;
                 continue;
             }
         };
-        for backend in [Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace] {
+        for backend in Backend::all_for(&case) {
             let name = format!("{} ({})", case.name, case.op);
             match run_case(&case, backend, Some(&ctx)) {
                 Ok(report) => match report.outcome {
                     Outcome::Pass => {
                         passed += 1;
                         println!(
-                            "{name:<52} {:<17} pass  worst {:.3} of tolerance",
+                            "{name:<52} {:<18} pass  worst {:.3} of tolerance",
                             backend.name(),
                             report.worst
                         );
@@ -62,19 +62,19 @@ fn main() -> ExitCode {
                     Outcome::Fail(detail) => {
                         failed += 1;
                         println!(
-                            "{name:<52} {:<17} FAIL  worst {:.3e} of tolerance: {detail}",
+                            "{name:<52} {:<18} FAIL  worst {:.3e} of tolerance: {detail}",
                             backend.name(),
                             report.worst
                         );
                     }
                     Outcome::Skipped(reason) => {
                         skipped += 1;
-                        println!("{name:<52} {:<17} skip  {reason}", backend.name());
+                        println!("{name:<52} {:<18} skip  {reason}", backend.name());
                     }
                 },
                 Err(e) => {
                     failed += 1;
-                    println!("{name:<52} {:<17} FAIL  {e}", backend.name());
+                    println!("{name:<52} {:<18} FAIL  {e}", backend.name());
                 }
             }
         }

@@ -17,22 +17,21 @@ struct AdagradHyper {
 
 @group(0) @binding(0) var<uniform> hp: AdagradHyper;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let stride = groups.x * WG;
-    for (var i = gid.x; i < seg.n; i += stride) {
-        let p = load_param(i);
-        var g = load_grad(i);
-        let h_prev = load_sum(i);
+// Updates element i. The generated entry point calls it for every element of the segment.
+fn update(i: u32) {
+    let p = load_param(i);
+    var g = load_grad(i);
+    let h_prev = load_sum(i);
 
-        if MAXIMIZE {
-            g = -g;
-        }
-        if WEIGHT_DECAY == 1u {
-            g = g + hp.weight_decay * p;
-        }
-        let h = h_prev + g * g;
-        store_sum(i, h);
-        store_param(i, p - hp.lr * g / (sqrt(h) + hp.eps));
+    if MAXIMIZE {
+        g = -g;
     }
+    if WEIGHT_DECAY == 1u {
+        g = g + hp.weight_decay * p;
+    }
+    let h = h_prev + g * g;
+    store_sum(i, h);
+    let p_new = p - hp.lr * g / (sqrt(h) + hp.eps);
+    store_param(i, p_new);
+    store_param_copy(i, p_new);
 }

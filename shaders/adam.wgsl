@@ -5,7 +5,8 @@
 //                                 step_size = lr / (1 - beta1^t)
 //   ONNX:                          denom = sqrt(v) + eps,
 //                                 step_size = R * sqrt(1 - beta^T) / (1 - alpha^T) (R when T = 0)
-// The prelude supplies R, WG, seg and the load_/store_ functions.
+// The prelude supplies R and the load_/store_ functions; store_param_copy writes the
+// model's low-precision copy in master-weight mode and is a no-op otherwise.
 
 // Negate the gradient (PyTorch `maximize`).
 override MAXIMIZE: bool = false;
@@ -34,41 +35,40 @@ struct AdamHyper {
 
 @group(0) @binding(0) var<uniform> hp: AdamHyper;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let stride = groups.x * WG;
-    for (var i = gid.x; i < seg.n; i += stride) {
-        // Every input is loaded before any output is stored: an output may alias any input.
-        var p = load_param(i);
-        var g = load_grad(i);
-        let m_prev = load_exp_avg(i);
-        let v_prev = load_exp_avg_sq(i);
-        let v_max_prev = load_max_exp_avg_sq(i);
+// Updates element i. The generated entry point calls it for every element of the segment.
+fn update(i: u32) {
+    // Every input is loaded before any output is stored: an output may alias any input.
+    var p = load_param(i);
+    var g = load_grad(i);
+    let m_prev = load_exp_avg(i);
+    let v_prev = load_exp_avg_sq(i);
+    let v_max_prev = load_max_exp_avg_sq(i);
 
-        if MAXIMIZE {
-            g = -g;
-        }
-        if WEIGHT_DECAY == 1u {
-            g = g + hp.weight_decay * p;
-        } else if WEIGHT_DECAY == 2u {
-            p = p * hp.decay;
-        }
-        let m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
-        let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
-        var v_hat = v;
-        if AMSGRAD {
-            v_hat = max(v_max_prev, v);
-        }
-        var denom: R;
-        if EPS_AFTER_CORRECTION {
-            denom = sqrt(v_hat) * hp.inv_sqrt_bias_correction2 + hp.eps;
-        } else {
-            denom = sqrt(v_hat) + hp.eps;
-        }
-
-        store_param(i, (p - hp.step_size * m / denom) * hp.post_scale);
-        store_exp_avg(i, m);
-        store_exp_avg_sq(i, v);
-        store_max_exp_avg_sq(i, v_hat);
+    if MAXIMIZE {
+        g = -g;
     }
+    if WEIGHT_DECAY == 1u {
+        g = g + hp.weight_decay * p;
+    } else if WEIGHT_DECAY == 2u {
+        p = p * hp.decay;
+    }
+    let m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
+    let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
+    var v_hat = v;
+    if AMSGRAD {
+        v_hat = max(v_max_prev, v);
+    }
+    var denom: R;
+    if EPS_AFTER_CORRECTION {
+        denom = sqrt(v_hat) * hp.inv_sqrt_bias_correction2 + hp.eps;
+    } else {
+        denom = sqrt(v_hat) + hp.eps;
+    }
+
+    let p_new = (p - hp.step_size * m / denom) * hp.post_scale;
+    store_param(i, p_new);
+    store_param_copy(i, p_new);
+    store_exp_avg(i, m);
+    store_exp_avg_sq(i, v);
+    store_max_exp_avg_sq(i, v_hat);
 }

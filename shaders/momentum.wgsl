@@ -27,34 +27,33 @@ struct MomentumHyper {
 
 @group(0) @binding(0) var<uniform> hp: MomentumHyper;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let stride = groups.x * WG;
-    for (var i = gid.x; i < seg.n; i += stride) {
-        // Every input is loaded before any output is stored: an output may alias any input.
-        let p = load_param(i);
-        var g = load_grad(i);
-        let v_prev = load_momentum_buffer(i);
+// Updates element i. The generated entry point calls it for every element of the segment.
+fn update(i: u32) {
+    // Every input is loaded before any output is stored: an output may alias any input.
+    let p = load_param(i);
+    var g = load_grad(i);
+    let v_prev = load_momentum_buffer(i);
 
-        if MAXIMIZE {
-            g = -g;
-        }
-        if WEIGHT_DECAY == 1u {
-            g = g + hp.weight_decay * p;
-        }
-        var direction = g;
-        if VELOCITY {
-            var v = hp.velocity_decay * v_prev + hp.grad_scale * g;
-            if hp.restart != R(0) {
-                v = g;
-            }
-            store_momentum_buffer(i, v);
-            if NESTEROV {
-                direction = g + hp.nesterov_scale * v;
-            } else {
-                direction = v;
-            }
-        }
-        store_param(i, p - hp.lr * direction);
+    if MAXIMIZE {
+        g = -g;
     }
+    if WEIGHT_DECAY == 1u {
+        g = g + hp.weight_decay * p;
+    }
+    var direction = g;
+    if VELOCITY {
+        var v = hp.velocity_decay * v_prev + hp.grad_scale * g;
+        if hp.restart != R(0) {
+            v = g;
+        }
+        store_momentum_buffer(i, v);
+        if NESTEROV {
+            direction = g + hp.nesterov_scale * v;
+        } else {
+            direction = v;
+        }
+    }
+    let p_new = p - hp.lr * direction;
+    store_param(i, p_new);
+    store_param_copy(i, p_new);
 }

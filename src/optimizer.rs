@@ -189,7 +189,7 @@ impl Optimizer {
             for kind in algorithm.state_kinds() {
                 let tensor = ctx.zeros(&format!("{}[{i}]", kind.torch_name()), p.len, p.dtype);
                 if initial != 0.0 {
-                    ctx.write_bytes(&tensor, &crate::gpu::fill_bytes(initial, p.len, p.dtype))?;
+                    ctx.write_bytes(&tensor, &p.dtype.encode(&vec![initial; p.len as usize]))?;
                 }
                 tensors.push(tensor);
             }
@@ -245,7 +245,7 @@ impl Optimizer {
         self.bind(grads)?;
         let t = self.step + 1;
         let step = self.algorithm.kernel_step(t);
-        let math = self.params.first().map_or(DType::F32, |p| p.dtype);
+        let math = self.math();
         let offset = self.ring.push(self.ctx.queue(), &step, math);
         if let Some(bound) = &self.bound {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -256,6 +256,14 @@ impl Optimizer {
         }
         self.step = t;
         Ok(())
+    }
+
+    /// The type the arithmetic runs in: f64 for double parameters, f32 otherwise.
+    fn math(&self) -> DType {
+        match self.params.first().map(|p| p.dtype) {
+            Some(DType::F64) => DType::F64,
+            _ => DType::F32,
+        }
     }
 
     /// Records one step and submits it.
@@ -289,7 +297,7 @@ impl Optimizer {
             });
         }
         let step = self.algorithm.kernel_step(1);
-        let math = self.params.first().map_or(DType::F32, |p| p.dtype);
+        let math = self.math();
         let mut items = Vec::with_capacity(self.params.len());
         for (i, grad) in grads.iter().enumerate() {
             let args = self.kernel_args(step.family, i, grad);

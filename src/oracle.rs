@@ -2,7 +2,9 @@
 //! Slow and obviously correct; every GPU result in the tests is checked against it.
 
 use crate::algo::bias_correction;
-use crate::{Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd};
+use crate::{
+    Adagrad, Adam, Algorithm, DType, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
+};
 
 /// PyTorch's Adam state for one parameter.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -233,6 +235,10 @@ pub fn torch_adagrad_step(
 }
 
 /// The oracle's state for one parameter under any [`Algorithm`], stepped as PyTorch does.
+///
+/// With [`TorchState::storing`], every step ends by rounding the parameter and each state
+/// tensor to its storage dtype (nearest even), as the GPU's stores do; the arithmetic
+/// stays f64.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TorchState {
     algorithm: Algorithm,
@@ -240,6 +246,8 @@ pub struct TorchState {
     momentum_buffer: Option<Vec<f64>>,
     sum: Vec<f64>,
     step: u64,
+    param_dtype: DType,
+    state_dtype: DType,
 }
 
 impl TorchState {
@@ -256,7 +264,18 @@ impl TorchState {
             momentum_buffer: None,
             sum: vec![initial_sum; len],
             step: 0,
+            param_dtype: DType::F64,
+            state_dtype: DType::F64,
         }
+    }
+
+    /// Rounds, after every step, the parameter to `param` and the state to `state`.
+    pub fn storing(mut self, param: DType, state: DType) -> Self {
+        self.param_dtype = param;
+        self.state_dtype = state;
+        let round = |v: &mut Vec<f64>| v.iter_mut().for_each(|x| *x = state.round(*x));
+        round(&mut self.sum);
+        self
     }
 
     /// Changes the hyperparameters for the following steps (a schedule).
@@ -271,6 +290,13 @@ impl TorchState {
             Algorithm::Adam(c) => torch_adam_step(c, param, grad, &mut self.adam),
             Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
+        }
+        let (p, s) = (self.param_dtype, self.state_dtype);
+        param.iter_mut().for_each(|x| *x = p.round(*x));
+        let state =
+            [&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq, &mut self.adam.max_exp_avg_sq, &mut self.sum];
+        for tensor in state.into_iter().chain(self.momentum_buffer.as_mut()) {
+            tensor.iter_mut().for_each(|x| *x = s.round(*x));
         }
     }
 

@@ -39,7 +39,7 @@ fn every_supported_public_vector_passes_on_the_oracle_and_the_gpu() {
     let mut passed = 0;
     for file in vector_files() {
         let case = Case::load(&file).unwrap();
-        for backend in [Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace] {
+        for backend in Backend::all_for(&case) {
             let report =
                 run_case(&case, backend, Some(&ctx)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             match report.outcome {

@@ -20,12 +20,8 @@ pub enum Kind {
 /// The element type of a tensor in a vector file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ValueType {
-    /// A float type the crate can store on the GPU.
+    /// A float type the crate stores on the GPU.
     Float(DType),
-    /// IEEE binary16 (storage arrives with half-precision support).
-    F16,
-    /// bfloat16 (storage arrives with half-precision support).
-    BF16,
     /// Any integer type (step counts).
     Integer,
 }
@@ -196,10 +192,10 @@ fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result:
         data.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
     }
     let (value_type, values) = match dtype {
-        Dtype::F64 => (ValueType::Float(DType::F64), read(data, f64::from_le_bytes)),
-        Dtype::F32 => (ValueType::Float(DType::F32), read(data, |b| f64::from(f32::from_le_bytes(b)))),
-        Dtype::F16 => (ValueType::F16, read(data, |b| half::f16::from_le_bytes(b).to_f64())),
-        Dtype::BF16 => (ValueType::BF16, read(data, |b| half::bf16::from_le_bytes(b).to_f64())),
+        Dtype::F64 => (ValueType::Float(DType::F64), DType::F64.decode(data)),
+        Dtype::F32 => (ValueType::Float(DType::F32), DType::F32.decode(data)),
+        Dtype::F16 => (ValueType::Float(DType::F16), DType::F16.decode(data)),
+        Dtype::BF16 => (ValueType::Float(DType::BF16), DType::BF16.decode(data)),
         Dtype::I64 => (ValueType::Integer, read(data, |b| i64::from_le_bytes(b) as f64)),
         Dtype::I32 => (ValueType::Integer, read(data, |b| f64::from(i32::from_le_bytes(b)))),
         Dtype::U32 => (ValueType::Integer, read(data, |b| f64::from(u32::from_le_bytes(b)))),

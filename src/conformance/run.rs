@@ -12,12 +12,16 @@ use crate::{
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// The f64 CPU oracle, outputs rounded once to the storage type.
+    /// The f64 CPU oracle, rounding what it stores to the storage type.
     Oracle,
     /// The GPU, every output written over its input (the stateful optimizer for trajectories).
     GpuInPlace,
     /// The GPU, every output written to a tensor of its own (the stateless operators).
     GpuOutOfPlace,
+    /// As `GpuInPlace`, with f16 stored as pairs in `u32` (the path without `SHADER_F16`).
+    GpuPackedF16InPlace,
+    /// As `GpuOutOfPlace`, with f16 stored as pairs in `u32`.
+    GpuPackedF16OutOfPlace,
 }
 
 impl Backend {
@@ -27,7 +31,23 @@ impl Backend {
             Backend::Oracle => "oracle",
             Backend::GpuInPlace => "gpu",
             Backend::GpuOutOfPlace => "gpu-out-of-place",
+            Backend::GpuPackedF16InPlace => "gpu-packed-f16",
+            Backend::GpuPackedF16OutOfPlace => "gpu-packed-f16-oop",
         }
+    }
+
+    /// The backends that tell something about `case`: the packed-f16 ones only where the
+    /// case has f16 tensors.
+    pub fn all_for(case: &Case) -> Vec<Backend> {
+        let mut backends = vec![Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace];
+        if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
+            backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
+        }
+        backends
+    }
+
+    fn in_place(self) -> bool {
+        matches!(self, Backend::GpuInPlace | Backend::GpuPackedF16InPlace)
     }
 }
 
@@ -61,11 +81,13 @@ type Outputs = Vec<(String, Vec<f64>)>;
 /// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares.
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
-    if let Some(reason) = unsupported(case) {
-        return Ok(report(Outcome::Skipped(reason), 0.0));
-    }
+    let packed;
     let ctx = match (backend, ctx) {
         (Backend::Oracle, _) => None,
+        (Backend::GpuPackedF16InPlace | Backend::GpuPackedF16OutOfPlace, Some(ctx)) => {
+            packed = ctx.with_packed_f16(true);
+            Some(&packed)
+        }
         (_, Some(ctx)) => Some(ctx),
         (_, None) => return Err(Error::NoAdapter { reason: "the GPU backends need a GpuContext".into() }),
     };
@@ -87,13 +109,6 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
     }
     let outcome = if failures.is_empty() { Outcome::Pass } else { Outcome::Fail(failures.join("; ")) };
     Ok(report(outcome, worst))
-}
-
-/// Why a case cannot run yet, if it cannot.
-fn unsupported(case: &Case) -> Option<String> {
-    let low_precision =
-        case.tensors.iter().find(|(_, t)| matches!(t.dtype, ValueType::F16 | ValueType::BF16));
-    low_precision.map(|(name, t)| format!("{:?} tensors ({name}) are not supported yet", t.dtype))
 }
 
 /// Compares element by element; returns the worst ratio and descriptions of the first
@@ -140,13 +155,6 @@ fn storage_dtype(case: &Case, name: &str) -> Result<DType> {
     }
 }
 
-fn round_to(values: Vec<f64>, dtype: DType) -> Vec<f64> {
-    match dtype {
-        DType::F32 => values.into_iter().map(|v| f64::from(v as f32)).collect(),
-        DType::F64 => values,
-    }
-}
-
 fn whole_step(case: &Case, name: &str) -> Result<u64> {
     let t = case.scalar(name)?;
     if t.fract() == 0.0 && t >= 0.0 && t < 2f64.powi(53) {
@@ -156,26 +164,12 @@ fn whole_step(case: &Case, name: &str) -> Result<u64> {
     }
 }
 
-fn upload(ctx: &GpuContext, name: &str, values: &[f64], dtype: DType) -> Tensor {
-    match dtype {
-        DType::F32 => ctx.upload_f32(name, &values.iter().map(|v| *v as f32).collect::<Vec<_>>()),
-        DType::F64 => ctx.upload_f64(name, values),
-    }
-}
-
-fn download(ctx: &GpuContext, tensor: &Tensor) -> Result<Vec<f64>> {
-    match tensor.dtype {
-        DType::F32 => Ok(ctx.read_f32(tensor)?.into_iter().map(f64::from).collect()),
-        DType::F64 => ctx.read_f64(tensor),
-    }
-}
-
 /// The tensors a GPU backend writes to: the inputs themselves, or fresh zeroed tensors.
 fn destinations(ctx: &GpuContext, backend: Backend, inputs: &[Tensor]) -> Vec<Tensor> {
     inputs
         .iter()
         .map(|t| match backend {
-            Backend::GpuOutOfPlace => ctx.zeros("output", t.len, t.dtype),
+            _ if !backend.in_place() => ctx.zeros("output", t.len, t.dtype),
             _ => t.clone(),
         })
         .collect()
@@ -283,13 +277,13 @@ fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Ou
         }
         // Operator order: every tensor's first output, then every tensor's second, ...
         let values = (0..updated.len()).flat_map(|k| per_tensor.iter().map(move |out| out[k].clone()));
-        return Ok(output_names.into_iter().zip(values.map(|v| round_to(v, dtype))).collect());
+        return Ok(output_names.into_iter().zip(values.map(|v| round_all(v, dtype))).collect());
     };
     let mut inputs = Vec::with_capacity(groups.len() * n);
     for g in groups {
         for i in 0..n {
             let name = format!("{g}.{i}");
-            inputs.push(upload(ctx, &name, &case.tensor(&name)?.values, storage_dtype(case, &name)?));
+            inputs.push(ctx.upload(&name, &case.tensor(&name)?.values, storage_dtype(case, &name)?));
         }
     }
     let updated_inputs: Vec<Tensor> = groups
@@ -300,9 +294,9 @@ fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Ou
         .collect();
     let written = destinations(ctx, backend, &updated_inputs);
     let outputs: Vec<Option<Tensor>> =
-        written.iter().map(|t| (backend == Backend::GpuOutOfPlace).then(|| t.clone())).collect();
+        written.iter().map(|t| (!backend.in_place()).then(|| t.clone())).collect();
     ctx.submit(&case.op, |encoder| op.record(ctx, encoder, r, t, &inputs, &outputs))?;
-    output_names.into_iter().zip(&written).map(|(name, t)| Ok((name, download(ctx, t)?))).collect()
+    output_names.into_iter().zip(&written).map(|(name, t)| Ok((name, ctx.read(t)?))).collect()
 }
 
 fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
@@ -332,12 +326,12 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         return Ok(output_names
             .iter()
             .map(|n| n.to_string())
-            .zip([out.0, out.1, out.2].map(|v| round_to(v, dtype)))
+            .zip([out.0, out.1, out.2].map(|v| round_all(v, dtype)))
             .collect());
     };
     let inputs = input_names
         .iter()
-        .map(|name| Ok(upload(ctx, name, &case.tensor(name)?.values, dtype)))
+        .map(|name| Ok(ctx.upload(name, &case.tensor(name)?.values, dtype)))
         .collect::<Result<Vec<_>>>()?;
     let written = destinations(ctx, backend, &inputs[..3]);
     let desc = AdamOptimizerDesc {
@@ -352,7 +346,7 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         scalars,
     };
     ctx.submit("dml.Adam", |encoder| directml::adam(ctx, encoder, &desc))?;
-    output_names.iter().zip(&written).map(|(name, t)| Ok((name.to_string(), download(ctx, t)?))).collect()
+    output_names.iter().zip(&written).map(|(name, t)| Ok((name.to_string(), ctx.read(t)?))).collect()
 }
 
 /// The PyTorch optimizer a trajectory case describes.
@@ -425,12 +419,12 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
     let Some(ctx) = ctx.filter(|_| backend != Backend::Oracle) else {
         for (i, p) in params.iter().enumerate() {
             let mut param = p.values.clone();
-            let mut state = TorchState::new(algorithm, param.len());
+            let mut state = TorchState::new(algorithm, param.len()).storing(dtype, dtype);
             for k in 0..steps {
                 state.step(&mut param, grad_at(i, k));
             }
             for (k, values) in std::iter::once(param).chain(state.tensors()).enumerate() {
-                outputs.push((name_of(k, i), round_to(values, dtype)));
+                outputs.push((name_of(k, i), round_all(values, dtype)));
             }
         }
         return Ok(outputs);
@@ -441,18 +435,18 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
         .enumerate()
         .map(|(i, p)| {
             let len = p.values.len() as u64;
-            let mut set = vec![upload(ctx, &format!("param.{i}"), &p.values, dtype)];
+            let mut set = vec![ctx.upload(&format!("param.{i}"), &p.values, dtype)];
             set.extend(kinds.iter().map(|_| ctx.zeros("state", len, dtype)));
             set
         })
         .collect();
     let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
-    if backend == Backend::GpuInPlace {
+    if backend.in_place() {
         let param_tensors: Vec<Tensor> = current.iter().map(|s| s[0].clone()).collect();
         let mut optimizer = Optimizer::new(ctx, algorithm, &param_tensors)?;
         for k in 0..steps {
             for (i, g) in grad_tensors.iter().enumerate() {
-                write(ctx, g, grad_at(i, k))?;
+                ctx.write(g, grad_at(i, k))?;
             }
             optimizer.step(&grad_tensors)?;
         }
@@ -468,13 +462,13 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
         if let Algorithm::Adagrad(c) = algorithm {
             for set in &current {
                 for t in &set[1..] {
-                    write(ctx, t, &vec![c.initial_accumulator_value; t.len as usize])?;
+                    ctx.write(t, &vec![c.initial_accumulator_value; t.len as usize])?;
                 }
             }
         }
         for k in 0..steps {
             for (i, g) in grad_tensors.iter().enumerate() {
-                write(ctx, g, grad_at(i, k))?;
+                ctx.write(g, grad_at(i, k))?;
             }
             let updates: Vec<Update> = current
                 .iter()
@@ -494,18 +488,12 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
     }
     for (i, set) in current.iter().enumerate() {
         for (k, t) in set.iter().enumerate() {
-            outputs.push((name_of(k, i), download(ctx, t)?));
+            outputs.push((name_of(k, i), ctx.read(t)?));
         }
     }
     Ok(outputs)
 }
 
-fn write(ctx: &GpuContext, tensor: &Tensor, values: &[f64]) -> Result<()> {
-    match tensor.dtype {
-        DType::F32 => {
-            let v: Vec<f32> = values.iter().map(|x| *x as f32).collect();
-            ctx.write_bytes(tensor, bytemuck::cast_slice(&v))
-        }
-        DType::F64 => ctx.write_bytes(tensor, bytemuck::cast_slice(values)),
-    }
+fn round_all(values: Vec<f64>, dtype: DType) -> Vec<f64> {
+    values.into_iter().map(|v| dtype.round(v)).collect()
 }

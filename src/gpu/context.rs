@@ -69,6 +69,8 @@ pub(crate) struct ContextInner {
 #[derive(Clone)]
 pub struct GpuContext {
     pub(crate) inner: Arc<ContextInner>,
+    /// Store f16 as pairs in `u32` even where the device has `SHADER_F16`.
+    force_packed_f16: bool,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -129,6 +131,7 @@ impl GpuContext {
                 report,
                 pipelines: PipelineCache::default(),
             }),
+            force_packed_f16: false,
         }
     }
 
@@ -150,6 +153,18 @@ impl GpuContext {
     /// Whether the device was created with `feature`.
     pub fn has_feature(&self, feature: wgpu::Features) -> bool {
         self.inner.report.features.contains(feature)
+    }
+
+    /// The same device and pipeline cache, with f16 tensors stored as pairs of halves in
+    /// `u32` (the path adapters without `SHADER_F16` take) when `packed` is true. Results
+    /// are bit-identical on both paths; this switch exists to test and compare them.
+    pub fn with_packed_f16(&self, packed: bool) -> GpuContext {
+        GpuContext { inner: self.inner.clone(), force_packed_f16: packed }
+    }
+
+    /// Whether f16 tensors use native `f16` arrays (`SHADER_F16` present and not forced off).
+    pub fn native_f16(&self) -> bool {
+        !self.force_packed_f16 && self.has_feature(wgpu::Features::SHADER_F16)
     }
 
     /// How many distinct pipelines have been compiled so far (each variant once).

@@ -32,20 +32,33 @@ impl Batch {
     /// Compiles (or finds) each variant and builds every bind group. This is the only place
     /// a step's GPU objects are created; recording a prepared batch creates none.
     pub(crate) fn build(ctx: &GpuContext, items: &[(VariantKey, TensorPlan)], label: &str) -> Result<Batch> {
-        let segment_count: usize = items.iter().map(|(_, p)| p.segments.len()).sum();
-        if segment_count == 0 {
+        // One uniform slot and bind group per segment and phase.
+        let mut metas: Vec<Vec<u32>> = Vec::new();
+        let mut dispatches: Vec<Vec<u32>> = Vec::new();
+        for (key, plan) in items {
+            let mut groups = Vec::new();
+            for segment in &plan.segments {
+                let bases = segment.ranges.iter().map(|r| r.base);
+                if key.layout.pairs() {
+                    let pairs = (segment.len + segment.pair_shift).div_ceil(2);
+                    for phase in 0..segment.phases {
+                        let header = [segment.len, segment.pair_shift, phase, segment.phases];
+                        metas.push(header.into_iter().chain(bases.clone()).collect());
+                        groups.push(pairs.div_ceil(segment.phases).div_ceil(WORKGROUP_SIZE));
+                    }
+                } else {
+                    metas.push([segment.len, 0, 0, 1].into_iter().chain(bases).collect());
+                    groups.push(segment.len.div_ceil(WORKGROUP_SIZE));
+                }
+            }
+            dispatches.push(groups);
+        }
+        if metas.is_empty() {
             return Ok(Batch::default());
         }
-        let mut contents = vec![0u8; segment_count * SEGMENT_SLOT_BYTES as usize];
-        let mut slot = 0;
-        for (_, plan) in items {
-            for segment in &plan.segments {
-                let words: Vec<u32> =
-                    std::iter::once(segment.len).chain(segment.ranges.iter().map(|r| r.base)).collect();
-                let at = slot * SEGMENT_SLOT_BYTES as usize;
-                contents[at..at + 4 * words.len()].copy_from_slice(bytemuck::cast_slice(&words));
-                slot += 1;
-            }
+        let mut contents = vec![0u8; metas.len() * SEGMENT_SLOT_BYTES as usize];
+        for (slot, words) in contents.chunks_exact_mut(SEGMENT_SLOT_BYTES as usize).zip(&metas) {
+            slot[..4 * words.len()].copy_from_slice(bytemuck::cast_slice(words));
         }
         let pipelines =
             items.iter().map(|(key, _)| ctx.inner.pipelines.get(ctx, key)).collect::<Result<Vec<_>>>()?;
@@ -58,45 +71,41 @@ impl Batch {
                 usage: wgpu::BufferUsages::UNIFORM,
             });
             let mut slot = 0u64;
-            let tensors = items
-                .iter()
-                .zip(pipelines)
-                .map(|((_, plan), pipeline)| {
-                    let segments = plan
-                        .segments
-                        .iter()
-                        .map(|segment| {
-                            let mut entries = vec![wgpu::BindGroupEntry {
-                                binding: 0,
-                                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                    buffer: &segment_uniform,
-                                    offset: slot * SEGMENT_SLOT_BYTES,
-                                    size: wgpu::BufferSize::new(SEGMENT_SLOT_BYTES),
-                                }),
-                            }];
-                            slot += 1;
-                            for (b, range) in segment.ranges.iter().enumerate() {
-                                entries.push(wgpu::BindGroupEntry {
-                                    binding: b as u32 + 1,
-                                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                        buffer: &range.buffer,
-                                        offset: range.offset,
-                                        size: wgpu::BufferSize::new(range.size),
-                                    }),
-                                });
-                            }
-                            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                                label: Some(label),
-                                layout: &pipeline.segment_layout,
-                                entries: &entries,
-                            });
-                            let groups = segment.len.div_ceil(WORKGROUP_SIZE).min(max_groups);
-                            (bind_group, groups)
-                        })
-                        .collect();
-                    PreparedTensor { pipeline, segments }
-                })
-                .collect();
+            let mut tensors = Vec::with_capacity(items.len());
+            for (((_, plan), pipeline), groups) in items.iter().zip(pipelines).zip(dispatches) {
+                // Each segment has `groups.len() / segments` phases, each its own slot.
+                let phases = groups.len() / plan.segments.len().max(1);
+                let mut segments = Vec::with_capacity(groups.len());
+                for (k, groups) in groups.into_iter().enumerate() {
+                    let segment = &plan.segments[k / phases.max(1)];
+                    let mut entries = vec![wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &segment_uniform,
+                            offset: slot * SEGMENT_SLOT_BYTES,
+                            size: wgpu::BufferSize::new(SEGMENT_SLOT_BYTES),
+                        }),
+                    }];
+                    slot += 1;
+                    for (b, range) in segment.ranges.iter().enumerate() {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: b as u32 + 1,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &range.buffer,
+                                offset: range.offset,
+                                size: wgpu::BufferSize::new(range.size),
+                            }),
+                        });
+                    }
+                    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(label),
+                        layout: &pipeline.segment_layout,
+                        entries: &entries,
+                    });
+                    segments.push((bind_group, groups.clamp(1, max_groups)));
+                }
+                tensors.push(PreparedTensor { pipeline, segments });
+            }
             Batch { tensors }
         })
     }

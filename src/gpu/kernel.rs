@@ -48,12 +48,13 @@ impl Family {
         }
     }
 
-    /// Slots the kernel writes, in the order the engine receives them.
+    /// Slots the kernel writes, in the order the engine receives them. `param_copy` is the
+    /// model's low-precision copy of the new parameters in master-weight mode.
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
-            Family::Adam => &["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-            Family::Momentum => &["param", "momentum_buffer"],
-            Family::Adagrad => &["param", "sum"],
+            Family::Adam => &["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param_copy"],
+            Family::Momentum => &["param", "momentum_buffer", "param_copy"],
+            Family::Adagrad => &["param", "sum", "param_copy"],
         }
     }
 
@@ -76,10 +77,28 @@ impl Family {
     }
 }
 
+/// How a binding's elements are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Storage {
+    /// `array<f32>`, `array<f64>` or (with `enable f16;`) `array<f16>`.
+    Native(DType),
+    /// Pairs of 16-bit values in `array<u32>`: bf16 always, f16 where the adapter lacks
+    /// `SHADER_F16` or the packed path is forced.
+    Packed(DType),
+}
+
+impl Storage {
+    pub(crate) fn dtype(self) -> DType {
+        match self {
+            Storage::Native(d) | Storage::Packed(d) => d,
+        }
+    }
+}
+
 /// One storage binding of a layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct BindingDesc {
-    pub(crate) dtype: DType,
+    pub(crate) storage: Storage,
     /// `read_write` when the buffer is written anywhere in the dispatch (wgpu tracks usage per
     /// buffer, so even a disjoint read-only binding of a written buffer is a conflict).
     pub(crate) read_write: bool,
@@ -93,6 +112,14 @@ pub(crate) struct BindingLayout {
     /// Binding index per output slot; `None` for an absent slot.
     pub(crate) outputs: Vec<Option<usize>>,
     pub(crate) bindings: Vec<BindingDesc>,
+}
+
+impl BindingLayout {
+    /// Whether any written binding packs two elements per word. Then each invocation
+    /// updates an aligned pair of elements, so that no two invocations write one word.
+    pub(crate) fn pairs(&self) -> bool {
+        self.outputs.iter().flatten().any(|&b| matches!(self.bindings[b].storage, Storage::Packed(_)))
+    }
 }
 
 /// Everything that selects one compiled pipeline.
@@ -109,52 +136,113 @@ pub(crate) struct VariantKey {
 /// Invocations per workgroup. 256 is WebGPU's default `max_compute_invocations_per_workgroup`.
 pub(crate) const WORKGROUP_SIZE: u32 = 256;
 
-/// The full WGSL of one variant: generated prelude, then the family's body.
+/// The fields of the per-segment uniform before the per-binding bases.
+pub(crate) const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
+
+/// The full WGSL of one variant: generated prelude, the family's body, the entry point.
 pub(crate) fn compose(key: &VariantKey) -> String {
-    let math = key.math.wgsl_storage();
+    let math = key.math.wgsl_math();
+    let bindings = &key.layout.bindings;
     let mut s = String::new();
-    // `write!` into a String cannot fail.
+    // `write!` into a String cannot fail, so its results are ignored.
+    if bindings.iter().any(|b| b.storage == Storage::Native(DType::F16)) {
+        s.push_str("enable f16;\n");
+    }
     let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.family.name());
     let _ = writeln!(s, "alias R = {math};");
     let _ = writeln!(s, "override WG: u32 = {WORKGROUP_SIZE}u;");
-    let _ = writeln!(s, "struct Segment {{\n    n: u32,");
-    for b in 0..key.layout.bindings.len() {
+    s.push_str("struct Segment {\n");
+    for field in SEGMENT_HEADER {
+        let _ = writeln!(s, "    {field}: u32,");
+    }
+    for b in 0..bindings.len() {
         let _ = writeln!(s, "    base{b}: u32,");
     }
-    let _ = writeln!(s, "}}\n@group(1) @binding(0) var<uniform> seg: Segment;");
-    for (b, desc) in key.layout.bindings.iter().enumerate() {
+    s.push_str("}\n@group(1) @binding(0) var<uniform> seg: Segment;\n");
+    if bindings.iter().any(|b| b.storage.dtype().size() == 2) {
+        s.push_str(include_str!("../../shaders/convert.wgsl"));
+    }
+    for (b, desc) in bindings.iter().enumerate() {
         let access = if desc.read_write { "read_write" } else { "read" };
-        let _ = writeln!(
-            s,
-            "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{}>;",
-            b + 1,
-            desc.dtype.wgsl_storage()
-        );
+        let element = match desc.storage {
+            Storage::Native(d) => d.wgsl_math(),
+            Storage::Packed(_) => "u32",
+        };
+        let _ = writeln!(s, "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{element}>;", b + 1);
     }
     for (slot, binding) in key.family.inputs().iter().zip(&key.layout.inputs) {
-        match binding {
-            Some(b) => {
-                let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(buf{b}[seg.base{b} + i]); }}");
-            }
-            None => {
-                let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ return R(0); }}");
-            }
-        }
+        let body = match binding {
+            Some(b) => load_expression(*b, bindings[*b].storage),
+            None => "return R(0);".to_string(),
+        };
+        let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
     }
     for (slot, binding) in key.family.outputs().iter().zip(&key.layout.outputs) {
-        match binding {
-            Some(b) => {
-                let storage = key.layout.bindings[*b].dtype.wgsl_storage();
-                let _ = writeln!(
-                    s,
-                    "fn store_{slot}(i: u32, v: R) {{ buf{b}[seg.base{b} + i] = {storage}(v); }}"
-                );
-            }
-            None => {
-                let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ }}");
-            }
-        }
+        let body = binding.map(|b| store_statement(b, bindings[b].storage)).unwrap_or_default();
+        let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ {body} }}");
     }
     s.push_str(key.family.source());
+    s.push_str(if key.layout.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY });
     s
 }
+
+fn load_expression(b: usize, storage: Storage) -> String {
+    let half = |decode: &str| {
+        format!(
+            "let j = seg.base{b} + i; return R({decode}((buf{b}[j >> 1u] >> ((j & 1u) * 16u)) & 0xffffu));"
+        )
+    };
+    match storage {
+        Storage::Native(_) => format!("return R(buf{b}[seg.base{b} + i]);"),
+        Storage::Packed(DType::BF16) => half("bf16_value"),
+        Storage::Packed(_) => half("f16_value"),
+    }
+}
+
+fn store_statement(b: usize, storage: Storage) -> String {
+    let half = |encode: &str| {
+        format!("let j = seg.base{b} + i; buf{b}[j >> 1u] = with_half(buf{b}[j >> 1u], j & 1u, {encode}(f32(v)));")
+    };
+    match storage {
+        Storage::Native(DType::F16) => {
+            // Rounded to nearest even in f32 first, so the f16 conversion is exact.
+            format!("buf{b}[seg.base{b} + i] = f16(f16_value(f16_bits(f32(v))));")
+        }
+        Storage::Native(d) => format!("buf{b}[seg.base{b} + i] = {}(v);", d.wgsl_math()),
+        Storage::Packed(DType::BF16) => half("bf16_bits"),
+        Storage::Packed(_) => half("f16_bits"),
+    }
+}
+
+/// One element per invocation and iteration.
+const ELEMENT_ENTRY: &str = "
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let stride = groups.x * WG;
+    for (var i = gid.x; i < seg.n; i += stride) {
+        update(i);
+    }
+}
+";
+
+/// One aligned pair of elements per invocation and iteration: pair k holds the elements
+/// 2k - pair_shift and 2k + 1 - pair_shift, which share one word of every packed output
+/// whose parity is pair_shift. Outputs of the other parity are updated in two phases
+/// (pair_step 2), even pairs then odd pairs, so no word is written by two invocations.
+const PAIR_ENTRY: &str = "
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let stride = groups.x * WG * seg.pair_step;
+    let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
+    for (var k = gid.x * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
+        let first = 2u * k;
+        if first >= seg.pair_shift {
+            update(first - seg.pair_shift);
+        }
+        let second = first + 1u - seg.pair_shift;
+        if second < seg.n {
+            update(second);
+        }
+    }
+}
+";

@@ -10,11 +10,3 @@ mod transfer;
 
 pub use context::{ContextReport, GpuContext};
 pub use transfer::TENSOR_USAGES;
-
-/// `len` copies of `value` in `dtype`'s bytes, for filling a tensor from the host.
-pub(crate) fn fill_bytes(value: f64, len: u64, dtype: crate::DType) -> Vec<u8> {
-    match dtype {
-        crate::DType::F32 => (value as f32).to_le_bytes().repeat(len as usize),
-        crate::DType::F64 => value.to_le_bytes().repeat(len as usize),
-    }
-}

@@ -61,7 +61,8 @@ pub(crate) fn hyper_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
 }
 
 fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
-    let uses_f64 = key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.dtype == DType::F64);
+    let uses_f64 =
+        key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.storage.dtype() == DType::F64);
     if uses_f64 && !ctx.has_feature(wgpu::Features::SHADER_F64) {
         return Err(Error::MissingFeature {
             what: format!("the {} kernel in f64", key.family.name()),

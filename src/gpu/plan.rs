@@ -6,7 +6,7 @@
 //! fine. So identical ranges share one binding, and every binding of a buffer that is
 //! written anywhere in the dispatch is `read_write`.
 
-use crate::gpu::kernel::{BindingDesc, BindingLayout, Family};
+use crate::gpu::kernel::{BindingDesc, BindingLayout, Family, Storage};
 use crate::gpu::GpuContext;
 use crate::{DType, Error, Result, Tensor};
 
@@ -46,6 +46,10 @@ pub(crate) struct BoundRange {
 pub(crate) struct SegmentPlan {
     pub(crate) len: u32,
     pub(crate) ranges: Vec<BoundRange>,
+    /// Pair mode: the parity of the packed outputs' first element (see `kernel::PAIR_ENTRY`).
+    pub(crate) pair_shift: u32,
+    /// Pair mode: 2 when packed outputs disagree in parity and pairs run in two phases.
+    pub(crate) phases: u32,
 }
 
 /// The validated plan for one tensor's update.
@@ -111,14 +115,20 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
                 reference: reference.name.clone(),
             });
         }
-        if arg.tensor.dtype != reference.tensor.dtype {
+        let f64_call = reference.tensor.dtype == DType::F64;
+        if (arg.tensor.dtype == DType::F64) != f64_call {
             return Err(Error::DTypeMismatch {
                 argument: arg.name.clone(),
                 got: arg.tensor.dtype,
-                expected: format!("{:?} like `{}`", reference.tensor.dtype, reference.name),
+                expected: if f64_call {
+                    format!("F64 like `{}` (double math needs double tensors)", reference.name)
+                } else {
+                    format!("F32, F16 or BF16 (`{}` is {:?})", reference.name, reference.tensor.dtype)
+                },
             });
         }
     }
+    check_output_dtypes(family, args)?;
     check_aliasing(args)?;
 
     // One binding per distinct range; read_write wherever its buffer is written.
@@ -137,7 +147,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
     let written: Vec<&wgpu::Buffer> = args.outputs.iter().flatten().map(|a| &a.tensor.buffer).collect();
     let bindings: Vec<BindingDesc> = distinct
         .iter()
-        .map(|t| BindingDesc { dtype: t.dtype, read_write: written.contains(&&t.buffer) })
+        .map(|t| BindingDesc { storage: storage(ctx, t.dtype), read_write: written.contains(&&t.buffer) })
         .collect();
 
     let limits = ctx.device().limits();
@@ -146,8 +156,69 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
         return Err(Error::TooManyBindings { needed, limit: limits.max_storage_buffers_per_shader_stage });
     }
 
-    let segments = split_segments(&distinct, &limits);
-    Ok(TensorPlan { layout: BindingLayout { inputs, outputs, bindings }, segments })
+    let layout = BindingLayout { inputs, outputs, bindings };
+    // Packed outputs are updated a word at a time; their element parities decide the pairs.
+    let parities: Vec<u64> = args
+        .outputs
+        .iter()
+        .zip(&layout.outputs)
+        .filter_map(|(arg, b)| Some((arg.as_ref()?, (*b)?)))
+        .filter(|(_, b)| matches!(layout.bindings[*b].storage, Storage::Packed(_)))
+        .map(|(arg, _)| (arg.tensor.offset / 2) % 2)
+        .collect();
+    let pair_shift = parities.first().copied().unwrap_or(0) as u32;
+    let phases = if parities.iter().all(|&p| p == u64::from(pair_shift)) { 1 } else { 2 };
+    for arg in args.inputs.iter().chain(&args.outputs).flatten() {
+        check_binding_end(arg)?;
+    }
+    let segments = split_segments(&distinct, &limits, pair_shift, phases);
+    Ok(TensorPlan { layout, segments })
+}
+
+/// How a tensor of `dtype` is bound on this context.
+pub(crate) fn storage(ctx: &GpuContext, dtype: DType) -> Storage {
+    match dtype {
+        DType::BF16 => Storage::Packed(DType::BF16),
+        DType::F16 if !ctx.native_f16() => Storage::Packed(DType::F16),
+        other => Storage::Native(other),
+    }
+}
+
+/// An output replaces its input, so it keeps the input's dtype; the model copy of
+/// master-weight mode is the one output without an input.
+fn check_output_dtypes(family: Family, args: &KernelArgs) -> Result<()> {
+    for (slot, output) in family.outputs().iter().zip(&args.outputs) {
+        let Some(output) = output else { continue };
+        let input = family.inputs().iter().position(|s| s == slot).and_then(|k| args.inputs[k].as_ref());
+        if let Some(input) = input {
+            if input.tensor.dtype != output.tensor.dtype {
+                return Err(Error::DTypeMismatch {
+                    argument: output.name.clone(),
+                    got: output.tensor.dtype,
+                    expected: format!("{:?}, the dtype of `{}` it replaces", input.tensor.dtype, input.name),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Storage bindings cover whole 4-byte words, so a 16-bit tensor that ends in the middle
+/// of a word needs that word to exist.
+fn check_binding_end(arg: &Arg) -> Result<()> {
+    let end = arg.tensor.byte_range().end;
+    if end.next_multiple_of(4) > arg.tensor.buffer.size() {
+        return Err(Error::BadRange {
+            argument: arg.name.clone(),
+            problem: format!(
+                "ends at byte {end} of a {}-byte buffer; storage bindings cover whole 4-byte words, \
+                 so the buffer must extend to byte {}",
+                arg.tensor.buffer.size(),
+                end.next_multiple_of(4)
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// DirectML's rule: an output may be exactly an input (same buffer, offset, length and
@@ -175,14 +246,20 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
 
 /// Splits the element range so that every binding of a segment fits
 /// `max_storage_buffer_binding_size`, binding each range at the offset alignment below it.
-fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits) -> Vec<SegmentPlan> {
+fn split_segments(
+    distinct: &[&Tensor],
+    limits: &wgpu::Limits,
+    pair_shift: u32,
+    phases: u32,
+) -> Vec<SegmentPlan> {
     let len = distinct.first().map_or(0, |t| t.len);
     let align = u64::from(limits.min_storage_buffer_offset_alignment);
     let widest = distinct.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
     // Room for the worst-case shift below the first element; a segment's element count
     // must also fit the u32 index of the shader.
     let max_binding = limits.max_storage_buffer_binding_size.min(u64::from(u32::MAX));
-    let per_segment = ((max_binding - align) / widest).min(u64::from(u32::MAX >> 1)).max(1);
+    // Even, so that pairs of elements never straddle two segments.
+    let per_segment = (((max_binding - align) / widest).min(u64::from(u32::MAX >> 1)) & !1).max(2);
     let mut segments = Vec::new();
     let mut start = 0;
     while start < len {
@@ -194,17 +271,20 @@ fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits) -> Vec<SegmentPla
                 let first = t.offset + start * es;
                 let offset = first - first % align;
                 let end = first + count * es;
-                let size = (end - offset).next_multiple_of(4).min(t.buffer.size() - offset);
+                let size = (end - offset).next_multiple_of(4);
                 BoundRange { buffer: t.buffer.clone(), offset, size, base: ((first - offset) / es) as u32 }
             })
             .collect();
-        segments.push(SegmentPlan { len: count as u32, ranges });
+        segments.push(SegmentPlan { len: count as u32, ranges, pair_shift, phases });
         start += count;
     }
     segments
 }
 
-/// The storage dtype every tensor of a plan shares (for the variant key).
-pub(crate) fn plan_dtype(args: &KernelArgs) -> Option<DType> {
-    args.inputs.iter().chain(&args.outputs).flatten().map(|a| a.tensor.dtype).next()
+/// The type a call's arithmetic runs in: f64 for double tensors, f32 for every other dtype.
+pub(crate) fn math_dtype(args: &KernelArgs) -> DType {
+    match args.inputs.iter().chain(&args.outputs).flatten().map(|a| a.tensor.dtype).next() {
+        Some(DType::F64) => DType::F64,
+        _ => DType::F32,
+    }
 }

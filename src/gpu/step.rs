@@ -38,7 +38,7 @@ impl KernelStep {
         let mut out = [0u8; HYPER_SLOT_BYTES as usize];
         let values = &self.hyper[..self.family.hyper_len()];
         match math {
-            DType::F32 => {
+            DType::F32 | DType::F16 | DType::BF16 => {
                 for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
                     chunk.copy_from_slice(&(*v as f32).to_le_bytes());
                 }

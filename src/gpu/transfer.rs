@@ -35,6 +35,21 @@ impl GpuContext {
         Tensor::new(&buffer, 0, bytes.len() as u64 / dtype.size(), dtype)
     }
 
+    /// A new tensor of `dtype` holding `values`, each rounded once to `dtype`.
+    pub fn upload(&self, label: &str, values: &[f64], dtype: DType) -> Tensor {
+        self.upload_bytes(label, &dtype.encode(values), dtype)
+    }
+
+    /// Overwrites a tensor with `values`, each rounded once to its dtype (see [`Self::write_bytes`]).
+    pub fn write(&self, tensor: &Tensor, values: &[f64]) -> Result<()> {
+        self.write_bytes(tensor, &tensor.dtype.encode(values))
+    }
+
+    /// Reads a tensor of any dtype back to the host, widened exactly to f64.
+    pub fn read(&self, tensor: &Tensor) -> Result<Vec<f64>> {
+        Ok(tensor.dtype.decode(&self.read_bytes(tensor)?))
+    }
+
     /// A new f32 tensor holding `values`.
     pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
         self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
@@ -56,23 +71,14 @@ impl GpuContext {
         Tensor::new(&buffer, 0, len, dtype)
     }
 
-    /// Overwrites a tensor's elements from the host at the next submit (`queue.write_buffer`).
-    /// The byte offset and length must be multiples of 4.
+    /// Overwrites a tensor's elements from the host (`queue.write_buffer`, landing at the next
+    /// submit). A 16-bit tensor that starts or ends inside a 4-byte word has that word's
+    /// other half read back first (which needs `COPY_SRC`), since queue writes are whole words.
     pub fn write_bytes(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
         if bytes.len() as u64 != tensor.byte_len() {
             return Err(Error::BadRange {
                 argument: "bytes".into(),
                 problem: format!("{} bytes given for a tensor of {} bytes", bytes.len(), tensor.byte_len()),
-            });
-        }
-        if !tensor.offset.is_multiple_of(4) || !bytes.len().is_multiple_of(4) {
-            return Err(Error::BadRange {
-                argument: "tensor".into(),
-                problem: format!(
-                    "host writes need a byte offset and length that are multiples of 4, got offset {} length {}",
-                    tensor.offset,
-                    bytes.len()
-                ),
             });
         }
         if !tensor.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
@@ -82,7 +88,24 @@ impl GpuContext {
                 has: format!("{:?}", tensor.buffer.usage()),
             });
         }
-        self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
+        let range = tensor.byte_range();
+        let start = range.start - range.start % 4;
+        let end = range.end.next_multiple_of(4);
+        if start == range.start && end == range.end {
+            self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
+            return Ok(());
+        }
+        if end > tensor.buffer.size() {
+            return Err(Error::BadRange {
+                argument: "tensor".into(),
+                problem: format!("ends inside the last word of a {}-byte buffer", tensor.buffer.size()),
+            });
+        }
+        let words = Tensor::new(&tensor.buffer, start, (end - start) / 2, crate::DType::F16);
+        let mut patched = self.read_bytes(&words)?;
+        let at = (range.start - start) as usize;
+        patched[at..at + bytes.len()].copy_from_slice(bytes);
+        self.queue().write_buffer(&tensor.buffer, start, &patched);
         Ok(())
     }
 

@@ -73,6 +73,7 @@ pub fn adam(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, desc: &AdamOpt
             Some(Arg::new("OutputFirstMomentTensor", &desc.output_first_moment_tensor)),
             Some(Arg::new("OutputSecondMomentTensor", &desc.output_second_moment_tensor)),
             None,
+            None,
         ],
     };
     record_stateless(ctx, encoder, &desc.scalars.kernel_step(t), &[args], "dml.Adam")

@@ -9,7 +9,7 @@ pub mod onnx;
 
 use crate::gpu::dispatch::{Batch, HyperRing};
 use crate::gpu::kernel::{Family, VariantKey};
-use crate::gpu::plan::{plan, plan_dtype, Arg, KernelArgs};
+use crate::gpu::plan::{math_dtype, plan, Arg, KernelArgs};
 use crate::gpu::step::KernelStep;
 use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
 
@@ -229,7 +229,7 @@ pub(crate) fn record_stateless(
     let mut math = None;
     for args in calls {
         let tensor_plan = plan(ctx, step.family, args)?;
-        let dtype = plan_dtype(args).unwrap_or(DType::F32);
+        let dtype = math_dtype(args);
         match math {
             None => math = Some(dtype),
             Some(m) if m != dtype => {
