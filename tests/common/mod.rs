@@ -69,20 +69,14 @@ pub fn assert_tensor(ctx: &GpuContext, what: &str, tensor: &wgpu_optim::Tensor, 
     assert_close(what, &got, want, RTOL, ATOL);
 }
 
-/// Uploads `values` as a tensor of `dtype`.
+/// Uploads `values` (rounded to `dtype`) as a new tensor.
 pub fn upload(ctx: &GpuContext, values: &[f64], dtype: wgpu_optim::DType) -> wgpu_optim::Tensor {
-    match dtype {
-        wgpu_optim::DType::F32 => ctx.upload_f32("input", &to_f32(values)),
-        wgpu_optim::DType::F64 => ctx.upload_f64("input", values),
-    }
+    ctx.upload("input", values, dtype)
 }
 
-/// Reads a tensor of either float dtype as f64.
+/// Reads a tensor of any dtype, widened to f64.
 pub fn download(ctx: &GpuContext, tensor: &wgpu_optim::Tensor) -> Vec<f64> {
-    match tensor.dtype {
-        wgpu_optim::DType::F32 => ctx.read_f32(tensor).unwrap().into_iter().map(f64::from).collect(),
-        wgpu_optim::DType::F64 => ctx.read_f64(tensor).unwrap(),
-    }
+    ctx.read(tensor).unwrap_or_else(|e| panic!("reading a tensor back: {e}"))
 }
 
 /// One variadic ONNX training-operator call, checked against the oracle.
