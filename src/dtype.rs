@@ -40,7 +40,7 @@ impl DType {
             DType::F64 => value,
             DType::F32 => f64::from(value as f32),
             DType::F16 => half::f16::from_f64(value).to_f64(),
-            DType::BF16 => half::bf16::from_f64(value).to_f64(),
+            DType::BF16 => bf16_from_f64(value).to_f64(),
         }
     }
 
@@ -50,7 +50,7 @@ impl DType {
             DType::F64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             DType::F32 => values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
             DType::F16 => values.iter().flat_map(|v| half::f16::from_f64(*v).to_le_bytes()).collect(),
-            DType::BF16 => values.iter().flat_map(|v| half::bf16::from_f64(*v).to_le_bytes()).collect(),
+            DType::BF16 => values.iter().flat_map(|v| bf16_from_f64(*v).to_le_bytes()).collect(),
         }
     }
 
@@ -65,5 +65,44 @@ impl DType {
             DType::F16 => each(bytes, |b| half::f16::from_le_bytes(b).to_f64()),
             DType::BF16 => each(bytes, |b| half::bf16::from_le_bytes(b).to_f64()),
         }
+    }
+}
+
+/// `value` rounded to the nearest bfloat16, ties to even.
+///
+/// `half::bf16::from_f64` (2.7) drops the low 32 bits of the f64 mantissa before rounding,
+/// so a value just above a halfway point can round down. Rounding to f32 first is exact
+/// except where it lands on a bfloat16 halfway point that `value` itself is not on; there
+/// the direction comes from `value`.
+fn bf16_from_f64(value: f64) -> half::bf16 {
+    let single = value as f32;
+    let bits = single.to_bits();
+    if !single.is_nan() && bits & 0xffff == 0x8000 && f64::from(single) != value {
+        let truncated = bits & 0xffff_0000;
+        let away_from_zero = value.abs() > f64::from(single).abs();
+        let rounded = if away_from_zero { truncated + 0x1_0000 } else { truncated };
+        return half::bf16::from_bits((rounded >> 16) as u16);
+    }
+    half::bf16::from_f32(single)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounding_uses_every_bit_of_the_f64() {
+        // Just above the halfway point between 8.0 and 8.0625: rounds up.
+        let above_tie = f64::from(f32::from_bits(0x4100_8000)) + 1e-12;
+        assert_eq!(DType::BF16.round(above_tie), 8.0625);
+        // Exactly halfway: ties to even (8.0 has an even mantissa).
+        assert_eq!(DType::BF16.round(f64::from(f32::from_bits(0x4100_8000))), 8.0);
+        // f32 rounding lands on the halfway point from below: still rounds down.
+        let below_tie = f64::from(f32::from_bits(0x4100_8000)) - 1e-12;
+        assert_eq!(DType::BF16.round(below_tie), 8.0);
+        assert!(DType::BF16.round(f64::NAN).is_nan());
+        assert_eq!(DType::BF16.round(1e39), f64::INFINITY);
+        assert_eq!(DType::F16.round(65520.0), f64::INFINITY);
+        assert_eq!(DType::F16.round(65519.0), 65504.0);
     }
 }

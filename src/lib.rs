@@ -27,7 +27,7 @@ pub use algo::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Algorithm, Optimizer, StateKind, STEPS_PER_SUBMIT};
+pub use optimizer::{Algorithm, Optimizer, OptimizerOptions, StateKind, STEPS_PER_SUBMIT};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

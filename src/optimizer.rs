@@ -5,7 +5,7 @@ use crate::gpu::dispatch::{Batch, HyperRing};
 use crate::gpu::kernel::{Family, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::step::KernelStep;
-use crate::ops::slot_args;
+use crate::ops::{slot_args, SlotArgs};
 use crate::{Adagrad, Adam, DType, Error, GpuContext, Result, Sgd, Tensor};
 
 /// Steps that may be recorded between two submits (each needs its own uniform slot).
@@ -148,6 +148,7 @@ pub struct Optimizer {
     ctx: GpuContext,
     algorithm: Algorithm,
     params: Vec<Tensor>,
+    model_copies: Vec<Tensor>,
     /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.
     state: Vec<Vec<Tensor>>,
     step: u64,
@@ -165,31 +166,105 @@ impl std::fmt::Debug for Optimizer {
     }
 }
 
+/// Choices made once, when an optimizer is built.
+#[derive(Clone, Debug, Default)]
+pub struct OptimizerOptions {
+    /// The storage dtype of every state tensor; `None` keeps each parameter's dtype, as
+    /// PyTorch does. f32 state for f16 or bf16 parameters is the common mix; all math is
+    /// f32 either way and each store rounds once to nearest even.
+    pub state_dtype: Option<DType>,
+    /// Master-weight mode: one low-precision copy per parameter (same length, usually f16
+    /// or bf16), which every step writes with the new parameter values in the same dispatch,
+    /// so the model reads its copy with no separate cast pass.
+    pub model_copies: Vec<Tensor>,
+}
+
 impl Optimizer {
-    /// An optimizer over `params` with zeroed state, at step 0.
+    /// An optimizer over `params` with zeroed state (Adagrad: its initial accumulator
+    /// value), at step 0, keeping state in each parameter's dtype.
     ///
-    /// All parameters must share one dtype; their buffers need `STORAGE` usage.
+    /// The parameter buffers need `STORAGE` usage.
     pub fn new(ctx: &GpuContext, algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Result<Self> {
+        Self::with_options(ctx, algorithm, params, OptimizerOptions::default())
+    }
+
+    /// Master-weight mode over a model's low-precision parameters: the optimizer keeps f32
+    /// master copies (initialized from `model_params`, which therefore need `COPY_SRC`) and
+    /// f32 state, and each step writes the rounded new values back into `model_params`.
+    pub fn master_weights(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        model_params: &[Tensor],
+    ) -> Result<Self> {
+        let masters = model_params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Ok(ctx.upload(&format!("master[{i}]"), &ctx.read(p)?, DType::F32)))
+            .collect::<Result<Vec<_>>>()?;
+        let options = OptimizerOptions { state_dtype: Some(DType::F32), model_copies: model_params.to_vec() };
+        Self::with_options(ctx, algorithm, &masters, options)
+    }
+
+    /// An optimizer over `params` with the given [`OptimizerOptions`].
+    pub fn with_options(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        params: &[Tensor],
+        options: OptimizerOptions,
+    ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        let double = params.first().is_some_and(|p| p.dtype == DType::F64);
         for (i, p) in params.iter().enumerate() {
             crate::gpu::plan::check_range(&Arg::new(format!("params[{i}]"), p))?;
-            if p.dtype != params[0].dtype {
+            if (p.dtype == DType::F64) != double {
                 return Err(Error::DTypeMismatch {
                     argument: format!("params[{i}]"),
                     got: p.dtype,
-                    expected: format!("{:?} like params[0]", params[0].dtype),
+                    expected: "F64 for every parameter or for none (the math runs in one type)".into(),
+                });
+            }
+        }
+        if let Some(dtype) = options.state_dtype {
+            if (dtype == DType::F64) != double {
+                return Err(Error::DTypeMismatch {
+                    argument: "options.state_dtype".into(),
+                    got: dtype,
+                    expected: if double {
+                        "F64 for F64 parameters".into()
+                    } else {
+                        "F32, F16 or BF16".into()
+                    },
+                });
+            }
+        }
+        if !options.model_copies.is_empty() && options.model_copies.len() != params.len() {
+            return Err(Error::CountMismatch {
+                argument: "options.model_copies".into(),
+                got: options.model_copies.len(),
+                expected: params.len(),
+            });
+        }
+        for (i, (copy, p)) in options.model_copies.iter().zip(params).enumerate() {
+            crate::gpu::plan::check_range(&Arg::new(format!("model_copies[{i}]"), copy))?;
+            if copy.len != p.len {
+                return Err(Error::LengthMismatch {
+                    argument: format!("model_copies[{i}]"),
+                    got: copy.len,
+                    expected: p.len,
+                    reference: format!("params[{i}]"),
                 });
             }
         }
         let initial = algorithm.initial_state();
         let mut state = Vec::with_capacity(params.len());
         for (i, p) in params.iter().enumerate() {
+            let dtype = options.state_dtype.unwrap_or(p.dtype);
             let mut tensors = Vec::new();
             for kind in algorithm.state_kinds() {
-                let tensor = ctx.zeros(&format!("{}[{i}]", kind.torch_name()), p.len, p.dtype);
+                let tensor = state_tensor(ctx, &format!("{}[{i}]", kind.torch_name()), p, dtype);
                 if initial != 0.0 {
-                    ctx.write_bytes(&tensor, &p.dtype.encode(&vec![initial; p.len as usize]))?;
+                    ctx.write(&tensor, &vec![initial; p.len as usize])?;
                 }
                 tensors.push(tensor);
             }
@@ -200,10 +275,16 @@ impl Optimizer {
             ctx: ctx.clone(),
             algorithm,
             params: params.to_vec(),
+            model_copies: options.model_copies,
             state,
             step: 0,
             bound: None,
         })
+    }
+
+    /// The model's copies in master-weight mode (empty otherwise).
+    pub fn model_copies(&self) -> &[Tensor] {
+        &self.model_copies
     }
 
     /// The algorithm and its hyperparameters.
@@ -281,7 +362,20 @@ impl Optimizer {
             .zip(&self.state[i])
             .map(|(kind, t)| Arg::new(format!("{}[{i}]", kind.torch_name()), t))
             .collect();
-        slot_args(family, kinds, param.clone(), Arg::new(format!("grads[{i}]"), grad), &state, param, &state)
+        let copy = self.model_copies.get(i).map(|c| Arg::new(format!("model_copies[{i}]"), c));
+        let grad = Arg::new(format!("grads[{i}]"), grad);
+        slot_args(
+            family,
+            kinds,
+            SlotArgs {
+                param: param.clone(),
+                grad,
+                state: &state,
+                param_out: param,
+                state_out: &state,
+                param_copy: copy,
+            },
+        )
     }
 
     /// Builds the bind groups for `grads` unless they are the ones already bound.
@@ -314,4 +408,12 @@ impl Optimizer {
         self.bound = Some(Bound { grads: grads.to_vec(), batch });
         Ok(())
     }
+}
+
+/// A zeroed state tensor for `param`. A 16-bit state starts at the parameter's element
+/// parity, so that packed stores of both pair up on the same words (one phase, not two).
+fn state_tensor(ctx: &GpuContext, label: &str, param: &Tensor, dtype: DType) -> Tensor {
+    let parity = if dtype.size() == 2 && param.dtype.size() == 2 { (param.offset / 2) % 2 } else { 0 };
+    let padded = ctx.zeros(label, param.len + parity, dtype);
+    Tensor::new(&padded.buffer, parity * 2, param.len, dtype)
 }

@@ -269,6 +269,30 @@ impl TorchState {
         }
     }
 
+    /// State that has taken `step` steps and holds `tensors` (in the order of
+    /// [`Algorithm::state_kinds`]), e.g. values read back from the GPU or a checkpoint.
+    pub fn resume(algorithm: Algorithm, step: u64, tensors: &[Vec<f64>]) -> Self {
+        let len = tensors.first().map_or(0, Vec::len);
+        let mut state = TorchState::new(algorithm, len);
+        state.step = step;
+        state.adam.step = step;
+        let mut values = tensors.iter().cloned();
+        match algorithm {
+            Algorithm::Adam(c) => {
+                state.adam.exp_avg = values.next().unwrap_or_default();
+                state.adam.exp_avg_sq = values.next().unwrap_or_default();
+                if c.amsgrad {
+                    state.adam.max_exp_avg_sq = values.next().unwrap_or_default();
+                }
+            }
+            // PyTorch creates the buffer on the first step; before it there is none.
+            Algorithm::Sgd(c) if c.keeps_buffer() && step > 0 => state.momentum_buffer = values.next(),
+            Algorithm::Sgd(_) => {}
+            Algorithm::Adagrad(_) => state.sum = values.next().unwrap_or_default(),
+        }
+        state
+    }
+
     /// Rounds, after every step, the parameter to `param` and the state to `state`.
     pub fn storing(mut self, param: DType, state: DType) -> Self {
         self.param_dtype = param;

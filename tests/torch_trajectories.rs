@@ -154,6 +154,7 @@ fn check_out_of_place(algorithm: Algorithm, seed: u64) {
                 state: src[1..].to_vec(),
                 param_out: Some(dst[0].clone()),
                 state_out: dst[1..].iter().cloned().map(Some).collect(),
+                param_copy: None,
             })
             .collect();
         ctx.submit("update", |encoder| ops::update(&ctx, encoder, &algorithm, t, &updates)).expect("update");

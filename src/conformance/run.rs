@@ -480,6 +480,7 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
                     state: src[1..].to_vec(),
                     param_out: Some(dst[0].clone()),
                     state_out: dst[1..].iter().cloned().map(Some).collect(),
+                    param_copy: None,
                 })
                 .collect();
             ctx.submit(&case.op, |encoder| ops::update(ctx, encoder, &algorithm, k as u64 + 1, &updates))?;

@@ -288,3 +288,40 @@ pub(crate) fn math_dtype(args: &KernelArgs) -> DType {
         _ => DType::F32,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(tensors: [&Tensor; 4]) -> KernelArgs {
+        let [param, grad, buf, param_out] = tensors;
+        KernelArgs {
+            inputs: vec![
+                Some(Arg::new("param", param)),
+                Some(Arg::new("grad", grad)),
+                Some(Arg::new("buf", buf)),
+            ],
+            outputs: vec![Some(Arg::new("param_out", param_out)), Some(Arg::new("buf", buf)), None],
+        }
+    }
+
+    #[test]
+    fn packed_outputs_of_different_parity_need_two_phases() {
+        // lavapipe runs the lanes of a workgroup one after another, so a lost update from two
+        // invocations writing one word cannot be observed there: check the plan instead.
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}")).with_packed_f16(true);
+        let buffer = ctx.zeros("b", 64, DType::F16);
+        let at = |element: u64| Tensor::new(&buffer.buffer, 2 * element, 8, DType::F16);
+        let same = plan(&ctx, Family::Momentum, &args([&at(0), &at(10), &at(20), &at(30)])).unwrap();
+        assert!(same.layout.pairs());
+        assert_eq!((same.segments[0].pair_shift, same.segments[0].phases), (0, 1));
+        let odd = plan(&ctx, Family::Momentum, &args([&at(1), &at(11), &at(21), &at(31)])).unwrap();
+        assert_eq!((odd.segments[0].pair_shift, odd.segments[0].phases), (1, 1));
+        let mixed = plan(&ctx, Family::Momentum, &args([&at(0), &at(10), &at(20), &at(31)])).unwrap();
+        assert_eq!(mixed.segments[0].phases, 2);
+        // Native f16 stores single elements; no pairing is needed.
+        let native =
+            plan(&ctx.with_packed_f16(false), Family::Momentum, &args([&at(0), &at(10), &at(20), &at(31)]));
+        assert!(!native.unwrap().layout.pairs());
+    }
+}

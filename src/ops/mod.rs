@@ -61,6 +61,7 @@ impl AdamTensors {
             state: vec![self.exp_avg.clone(), self.exp_avg_sq.clone()],
             param_out: self.param_out.clone(),
             state_out: vec![self.exp_avg_out.clone(), self.exp_avg_sq_out.clone()],
+            param_copy: None,
         };
         if amsgrad {
             update.state.extend(self.max_exp_avg_sq.clone());
@@ -85,6 +86,9 @@ pub struct Update {
     pub param_out: Option<Tensor>,
     /// Where each new state tensor goes (`None`, or a missing entry: in place).
     pub state_out: Vec<Option<Tensor>>,
+    /// Master-weight mode: a (usually lower-precision) copy that also receives the new
+    /// parameters, in the same dispatch.
+    pub param_copy: Option<Tensor>,
 }
 
 impl Update {
@@ -96,6 +100,7 @@ impl Update {
             state: state.to_vec(),
             param_out: None,
             state_out: vec![],
+            param_copy: None,
         }
     }
 }
@@ -168,30 +173,27 @@ pub fn update(
                 _ => input.clone(),
             })
             .collect();
-        calls.push(slot_args(
-            step.family,
-            kinds,
-            param,
-            Arg::new(name("grad"), &u.grad),
-            &state,
-            param_out,
-            &state_out,
-        ));
+        let param_copy = u.param_copy.as_ref().map(|t| Arg::new(name("param_copy"), t));
+        let grad = Arg::new(name("grad"), &u.grad);
+        let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
+        calls.push(slot_args(step.family, kinds, args));
     }
     record_stateless(ctx, encoder, &step, &calls, step.family.name())
 }
 
+/// The named tensors of one PyTorch-convention update, before they are put into slots.
+pub(crate) struct SlotArgs<'a> {
+    pub(crate) param: Arg,
+    pub(crate) grad: Arg,
+    pub(crate) state: &'a [Arg],
+    pub(crate) param_out: Arg,
+    pub(crate) state_out: &'a [Arg],
+    pub(crate) param_copy: Option<Arg>,
+}
+
 /// Places a PyTorch-convention update's tensors into `family`'s slots: kernel slots carry
 /// PyTorch's state names, so state `k` (of kind `kinds[k]`) goes to the slot of that name.
-pub(crate) fn slot_args(
-    family: Family,
-    kinds: &[StateKind],
-    param: Arg,
-    grad: Arg,
-    state: &[Arg],
-    param_out: Arg,
-    state_out: &[Arg],
-) -> KernelArgs {
+pub(crate) fn slot_args(family: Family, kinds: &[StateKind], args: SlotArgs<'_>) -> KernelArgs {
     let find = |slot: &str, state: &[Arg]| {
         kinds.iter().position(|kind| kind.torch_name() == slot).map(|k| state[k].clone())
     };
@@ -200,17 +202,18 @@ pub(crate) fn slot_args(
             .inputs()
             .iter()
             .map(|slot| match *slot {
-                "param" => Some(param.clone()),
-                "grad" => Some(grad.clone()),
-                other => find(other, state),
+                "param" => Some(args.param.clone()),
+                "grad" => Some(args.grad.clone()),
+                other => find(other, args.state),
             })
             .collect(),
         outputs: family
             .outputs()
             .iter()
             .map(|slot| match *slot {
-                "param" => Some(param_out.clone()),
-                other => find(other, state_out),
+                "param" => Some(args.param_out.clone()),
+                "param_copy" => args.param_copy.clone(),
+                other => find(other, args.state_out),
             })
             .collect(),
     }
