@@ -52,7 +52,10 @@ fn assert_ulps_or_abs(what: &str, got: &[f64], want: &[f64], dtype: DType, max_u
         .iter()
         .zip(want)
         .enumerate()
-        .filter(|(_, (g, w))| ulps(**g, **w, dtype) > max_ulps && !((*g - *w).abs() <= abs))
+        .filter(|(_, (g, w))| {
+            let close_enough = (*g - *w).abs() <= abs;
+            ulps(**g, **w, dtype) > max_ulps && !close_enough
+        })
         .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e} ({} ulps)", ulps(*g, *w, dtype)))
         .collect();
     assert!(
@@ -134,7 +137,9 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
         for (i, g) in grads.iter().enumerate() {
             ctx.write(g, &rng.vec(LENGTHS[i], 1.0)).unwrap();
         }
-        let before: Vec<(Vec<f64>, Vec<Vec<f64>>, Vec<f64>)> = (0..LENGTHS.len())
+        // Per parameter: its values, its state tensors and its gradient, before the step.
+        type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
+        let before: Vec<Before> = (0..LENGTHS.len())
             .map(|i| {
                 let state = kinds.iter().map(|k| download(ctx, optimizer.state(i, *k).unwrap())).collect();
                 (download(ctx, &params[i]), state, download(ctx, &grads[i]))
