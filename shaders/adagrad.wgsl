@@ -6,7 +6,8 @@
 //   ONNX:  R / (1 + T * decay_factor)        torch: lr / (1 + (step - 1) * lr_decay)
 
 override MAXIMIZE: bool = false;
-// 0: no weight decay. 1: L2, `g += weight_decay * p`.
+// 0: no weight decay. 1: L2, `g += weight_decay * p`, skipped at run time when the
+// coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing).
 override WEIGHT_DECAY: u32 = 0u;
 
 struct AdagradHyper {
@@ -26,7 +27,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
         g = g + hp.weight_decay * p;
     }
     let h = h_prev + g * g;

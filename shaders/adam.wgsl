@@ -10,7 +10,8 @@
 
 // Negate the gradient (PyTorch `maximize`).
 override MAXIMIZE: bool = false;
-// 0: no weight decay. 1: L2, `g += weight_decay * p` (Adam, ONNX norm_coefficient).
+// 0: no weight decay. 1: L2, `g += weight_decay * p`, skipped at run time when the
+// coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing) (Adam, ONNX norm_coefficient).
 // 2: decoupled, `p *= decay` before the update (AdamW).
 override WEIGHT_DECAY: u32 = 0u;
 // true: eps is added after dividing sqrt(v) by sqrt(1 - beta2^t) (PyTorch, DirectML).
@@ -47,7 +48,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
         g = g + hp.weight_decay * p;
     } else if WEIGHT_DECAY == 2u {
         p = p * hp.decay;

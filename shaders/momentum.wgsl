@@ -10,7 +10,8 @@
 // Without VELOCITY (PyTorch momentum = 0) there is no buffer at all: p' = p - lr * g'.
 
 override MAXIMIZE: bool = false;
-// 0: no weight decay. 1: L2, `g += weight_decay * p`.
+// 0: no weight decay. 1: L2, `g += weight_decay * p`, skipped at run time when the
+// coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing).
 override WEIGHT_DECAY: u32 = 0u;
 override NESTEROV: bool = false;
 override VELOCITY: bool = true;
@@ -37,7 +38,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
         g = g + hp.weight_decay * p;
     }
     var direction = g;

@@ -91,7 +91,8 @@ fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64) -> KernelS
     KernelStep::new(
         Family::Adagrad,
         // The order of Family::Adagrad.override_names().
-        &[u32::from(maximize), u32::from(weight_decay != 0.0)],
+        // L2 always; the kernel skips it when the coefficient is 0.
+        &[u32::from(maximize), 1],
         // The fields of AdagradHyper in shaders/adagrad.wgsl.
         &[lr, weight_decay, eps],
     )

@@ -61,10 +61,12 @@ impl Adam {
 
     /// The kernel step for PyTorch's step number `t` (counted from 1).
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
-        let (l2, decay) = match (self.weight_decay != 0.0, self.decoupled_weight_decay) {
-            (false, _) => (WeightDecay::None, 1.0),
-            (true, false) => (WeightDecay::L2(self.weight_decay), 1.0),
-            (true, true) => (WeightDecay::Decoupled, 1.0 - self.lr * self.weight_decay),
+        // The mode follows the algorithm, not the value, so a weight-decay schedule that
+        // reaches 0 keeps the same pipeline.
+        let (l2, decay) = if self.decoupled_weight_decay {
+            (WeightDecay::Decoupled(self.weight_decay), 1.0 - self.lr * self.weight_decay)
+        } else {
+            (WeightDecay::L2(self.weight_decay), 1.0)
         };
         AdamKernel {
             amsgrad: self.amsgrad,
@@ -126,11 +128,7 @@ impl OnnxAdam {
             amsgrad: false,
             eps_after_correction: false,
             maximize: false,
-            weight_decay: if self.norm_coefficient != 0.0 {
-                WeightDecay::L2(self.norm_coefficient)
-            } else {
-                WeightDecay::None
-            },
+            weight_decay: WeightDecay::L2(self.norm_coefficient),
             beta1: self.alpha,
             beta2: self.beta,
             decay: 1.0,
@@ -195,7 +193,7 @@ impl DmlAdam {
 enum WeightDecay {
     None,
     L2(f64),
-    Decoupled,
+    Decoupled(f64),
 }
 
 /// The Adam kernel's switches and uniform, field for field as `shaders/adam.wgsl` reads them.
@@ -218,7 +216,7 @@ impl AdamKernel {
         let (mode, l2) = match self.weight_decay {
             WeightDecay::None => (0, 0.0),
             WeightDecay::L2(c) => (1, c),
-            WeightDecay::Decoupled => (2, 0.0),
+            WeightDecay::Decoupled(c) => (2, c),
         };
         KernelStep::new(
             Family::Adam,

@@ -134,7 +134,8 @@ impl MomentumKernel {
                 u32::from(self.maximize),
                 u32::from(self.nesterov),
                 u32::from(self.velocity),
-                u32::from(self.weight_decay != 0.0),
+                // L2 always; the kernel skips it when the coefficient is 0.
+                1,
             ],
             // The fields of MomentumHyper in shaders/momentum.wgsl.
             &[
