@@ -10,13 +10,13 @@ override MAXIMIZE: bool = false;
 // coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing).
 override WEIGHT_DECAY: u32 = 0u;
 
-struct AdagradHyper {
+struct Hyper {
     lr: R,
     weight_decay: R,
     eps: R,
+    // PyTorch's lr_decay, for the rate computed on the device (capturable mode).
+    lr_decay: R,
 }
-
-@group(0) @binding(0) var<uniform> hp: AdagradHyper;
 
 // Updates element i. The generated entry point calls it for every element of the segment.
 fn update(i: u32) {

@@ -20,7 +20,7 @@ override EPS_AFTER_CORRECTION: bool = true;
 // Keep the running maximum of the second moment and divide by it (Reddi et al. 2018).
 override AMSGRAD: bool = false;
 
-struct AdamHyper {
+struct Hyper {
     beta1: R,
     one_minus_beta1: R,
     beta2: R,
@@ -32,9 +32,10 @@ struct AdamHyper {
     eps: R,
     // ONNX norm_coefficient_post: the parameter is scaled by this after the update.
     post_scale: R,
+    // ln(beta1), ln(beta2), for bias corrections computed on the device (capturable mode).
+    ln_beta1: R,
+    ln_beta2: R,
 }
-
-@group(0) @binding(0) var<uniform> hp: AdamHyper;
 
 // Updates element i. The generated entry point calls it for every element of the segment.
 fn update(i: u32) {

@@ -16,7 +16,7 @@ override WEIGHT_DECAY: u32 = 0u;
 override NESTEROV: bool = false;
 override VELOCITY: bool = true;
 
-struct MomentumHyper {
+struct Hyper {
     velocity_decay: R,
     grad_scale: R,
     weight_decay: R,
@@ -25,8 +25,6 @@ struct MomentumHyper {
     restart: R,
     nesterov_scale: R,
 }
-
-@group(0) @binding(0) var<uniform> hp: MomentumHyper;
 
 // Updates element i. The generated entry point calls it for every element of the segment.
 fn update(i: u32) {

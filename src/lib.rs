@@ -22,12 +22,13 @@ pub mod oracle;
 mod tensor;
 
 pub use algo::{
-    bias_correction, Adagrad, Adam, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
+    bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
+    StateKind,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Algorithm, Optimizer, OptimizerOptions, StateKind, STEPS_PER_SUBMIT};
+pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup, STEPS_PER_SUBMIT};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

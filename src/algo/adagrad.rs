@@ -48,7 +48,7 @@ impl Adagrad {
     /// The kernel step for step `t` (from 1).
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
         let lr = self.lr / (1.0 + t.saturating_sub(1) as f64 * self.lr_decay);
-        adagrad_step(self.maximize, self.weight_decay, lr, self.eps)
+        adagrad_step(self.maximize, self.weight_decay, lr, self.eps, self.lr_decay)
     }
 }
 
@@ -83,17 +83,17 @@ impl OnnxAdagrad {
     /// The kernel step for the inputs `R` and `T`.
     pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
         let lr = r / (1.0 + t as f64 * self.decay_factor);
-        adagrad_step(false, self.norm_coefficient, lr, self.epsilon)
+        adagrad_step(false, self.norm_coefficient, lr, self.epsilon, 0.0)
     }
 }
 
-fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64) -> KernelStep {
+fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64, lr_decay: f64) -> KernelStep {
     KernelStep::new(
         Family::Adagrad,
         // The order of Family::Adagrad.override_names().
         // L2 always; the kernel skips it when the coefficient is 0.
         &[u32::from(maximize), 1],
-        // The fields of AdagradHyper in shaders/adagrad.wgsl.
-        &[lr, weight_decay, eps],
+        // The fields of Hyper in shaders/adagrad.wgsl.
+        &[lr, weight_decay, eps, lr_decay],
     )
 }

@@ -222,7 +222,7 @@ impl AdamKernel {
             Family::Adam,
             // The order of Family::Adam.override_names().
             &[u32::from(self.amsgrad), u32::from(self.eps_after_correction), u32::from(self.maximize), mode],
-            // The fields of AdamHyper in shaders/adam.wgsl.
+            // The fields of Hyper in shaders/adam.wgsl.
             &[
                 self.beta1,
                 1.0 - self.beta1,
@@ -234,6 +234,8 @@ impl AdamKernel {
                 self.inv_sqrt_bias_correction2,
                 self.eps,
                 self.post_scale,
+                self.beta1.ln(),
+                self.beta2.ln(),
             ],
         )
     }

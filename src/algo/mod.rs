@@ -13,9 +13,11 @@
 
 mod adagrad;
 mod adam;
+mod algorithm;
 mod momentum;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
+pub use algorithm::{Algorithm, StateKind};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 

@@ -137,7 +137,7 @@ impl MomentumKernel {
                 // L2 always; the kernel skips it when the coefficient is 0.
                 1,
             ],
-            // The fields of MomentumHyper in shaders/momentum.wgsl.
+            // The fields of Hyper in shaders/momentum.wgsl.
             &[
                 self.velocity_decay,
                 self.grad_scale,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::gpu::pipeline::{hyper_layout, PipelineCache};
+use crate::gpu::pipeline::{PipelineCache, ScalarLayouts};
 use crate::{Error, Result};
 
 /// Optional features the crate uses when the adapter has them.
@@ -61,8 +61,8 @@ pub(crate) struct ContextInner {
     pub(crate) queue: wgpu::Queue,
     pub(crate) report: ContextReport,
     pub(crate) pipelines: PipelineCache,
-    /// Group 0 of every pipeline: the hyperparameter uniform at a dynamic offset.
-    pub(crate) hyper_layout: wgpu::BindGroupLayout,
+    /// Group 0 of every pipeline, by where its scalars come from.
+    pub(crate) scalar_layouts: ScalarLayouts,
 }
 
 /// A device and queue plus the crate's compiled-pipeline cache. Cheap to clone (an `Arc`).
@@ -125,7 +125,7 @@ impl GpuContext {
         log::info!("wgpu-optim on {report}");
         GpuContext {
             inner: Arc::new(ContextInner {
-                hyper_layout: hyper_layout(&device),
+                scalar_layouts: ScalarLayouts::new(&device),
                 device,
                 queue,
                 report,

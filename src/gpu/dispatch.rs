@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{VariantKey, WORKGROUP_SIZE};
+use crate::gpu::kernel::{Scalars, VariantKey, WORKGROUP_SIZE};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::TensorPlan;
 use crate::gpu::step::{KernelStep, HYPER_SLOT_BYTES};
@@ -110,10 +110,10 @@ impl Batch {
         })
     }
 
-    /// Records every dispatch of the batch into `pass`, reading hyperparameters from the
-    /// ring slot at `hyper_offset`.
-    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, ring: &HyperRing, hyper_offset: u32) {
-        pass.set_bind_group(0, &ring.bind_group, &[hyper_offset]);
+    /// Records every dispatch of the batch into `pass` with `scalars` (and its dynamic
+    /// offsets) as group 0.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &wgpu::BindGroup, offsets: &[u32]) {
+        pass.set_bind_group(0, scalars, offsets);
         let mut current: Option<&Arc<CachedPipeline>> = None;
         for tensor in &self.tensors {
             if current.is_none_or(|c| !Arc::ptr_eq(c, &tensor.pipeline)) {
@@ -134,34 +134,62 @@ impl Batch {
 #[derive(Debug)]
 pub(crate) struct HyperRing {
     buffer: wgpu::Buffer,
-    bind_group: wgpu::BindGroup,
+    /// Group 0 for the ring's kernels.
+    pub(crate) bind_group: wgpu::BindGroup,
     slots: u32,
     next: u32,
+    /// The dynamic offset of the slot written last.
+    current: u32,
 }
 
+/// Where capturable kernels find the device's scalars.
+pub(crate) struct DeviceScalars<'a> {
+    /// The device state (`step`, `found_inf`, `inv_scale`) at offset 0.
+    pub(crate) state: &'a wgpu::Buffer,
+    /// The byte offset of this group's learning rate in `state`.
+    pub(crate) lr_offset: u64,
+}
+
+/// Bytes of the device state's header (`step`, `found_inf`, `inv_scale`, padding).
+pub(crate) const DEVICE_STATE_BYTES: u64 = 16;
+
 impl HyperRing {
-    pub(crate) fn new(ctx: &GpuContext, slots: u32, label: &str) -> Result<Self> {
-        let device = ctx.device();
+    /// A ring of `slots` slots; with `device`, its bind group also holds the device's step
+    /// counter and learning rate (capturable mode).
+    pub(crate) fn new(ctx: &GpuContext, slots: u32, label: &str, device: Option<DeviceScalars<'_>>) -> Result<Self> {
+        let wgpu_device = ctx.device();
         ctx.catch(&format!("creating the hyperparameter ring of {label}"), || {
-            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            let buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size: HYPER_SLOT_BYTES * u64::from(slots),
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(label),
-                layout: &ctx.inner.hyper_layout,
-                entries: &[wgpu::BindGroupEntry {
-                    binding: 0,
+            fn range(binding: u32, buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
+                wgpu::BindGroupEntry {
+                    binding,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &buffer,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(HYPER_SLOT_BYTES),
+                        buffer,
+                        offset,
+                        size: wgpu::BufferSize::new(size),
                     }),
-                }],
+                }
+            }
+            let mut entries = vec![range(0, &buffer, 0, HYPER_SLOT_BYTES)];
+            let scalars = match &device {
+                None => Scalars::Host,
+                Some(d) => {
+                    entries.push(range(1, d.state, 0, DEVICE_STATE_BYTES));
+                    entries.push(range(2, d.state, d.lr_offset, 4));
+                    Scalars::Device
+                }
+            };
+            let bind_group = wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: ctx.inner.scalar_layouts.get(scalars),
+                entries: &entries,
             });
-            HyperRing { buffer, bind_group, slots, next: 0 }
+            HyperRing { buffer, bind_group, slots, next: 0, current: 0 }
         })
     }
 
@@ -170,6 +198,12 @@ impl HyperRing {
         let offset = self.next * HYPER_SLOT_BYTES as u32;
         queue.write_buffer(&self.buffer, u64::from(offset), &step.hyper_bytes(math));
         self.next = (self.next + 1) % self.slots;
+        self.current = offset;
         offset
+    }
+
+    /// The dynamic offset of the slot written last.
+    pub(crate) fn current(&self) -> u32 {
+        self.current
     }
 }

@@ -18,6 +18,8 @@ pub(crate) enum Family {
     Momentum,
     /// Adagrad (ONNX and PyTorch).
     Adagrad,
+    /// AMP: gradients multiplied by the device's `inv_scale`, non-finite ones flagged.
+    Unscale,
 }
 
 impl Family {
@@ -26,6 +28,7 @@ impl Family {
             Family::Adam => "adam",
             Family::Momentum => "momentum",
             Family::Adagrad => "adagrad",
+            Family::Unscale => "unscale",
         }
     }
 
@@ -35,6 +38,18 @@ impl Family {
             Family::Adam => include_str!("../../shaders/adam.wgsl"),
             Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
             Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
+            Family::Unscale => include_str!("../../shaders/unscale.wgsl"),
+        }
+    }
+
+    /// The body's `at_step`, which derives the step-dependent uniform fields from the
+    /// device's step counter and learning rate (capturable mode).
+    pub(crate) fn capturable_source(self) -> &'static str {
+        match self {
+            Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
+            Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
+            Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
+            Family::Unscale => "",
         }
     }
 
@@ -45,6 +60,7 @@ impl Family {
             Family::Adam => &["param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
             Family::Momentum => &["param", "grad", "momentum_buffer"],
             Family::Adagrad => &["param", "grad", "sum"],
+            Family::Unscale => &["grad"],
         }
     }
 
@@ -55,15 +71,17 @@ impl Family {
             Family::Adam => &["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param_copy"],
             Family::Momentum => &["param", "momentum_buffer", "param_copy"],
             Family::Adagrad => &["param", "sum", "param_copy"],
+            Family::Unscale => &["grad"],
         }
     }
 
     /// Number of `R` scalars in the family's hyperparameter uniform.
     pub(crate) fn hyper_len(self) -> usize {
         match self {
-            Family::Adam => 10,
+            Family::Adam => 12,
             Family::Momentum => 6,
-            Family::Adagrad => 3,
+            Family::Adagrad => 4,
+            Family::Unscale => 0,
         }
     }
 
@@ -73,6 +91,7 @@ impl Family {
             Family::Adam => &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY"],
             Family::Momentum => &["MAXIMIZE", "NESTEROV", "VELOCITY", "WEIGHT_DECAY"],
             Family::Adagrad => &["MAXIMIZE", "WEIGHT_DECAY"],
+            Family::Unscale => &[],
         }
     }
 }
@@ -122,9 +141,22 @@ impl BindingLayout {
     }
 }
 
+/// What bind group 0 holds, which is where the step's scalars come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Scalars {
+    /// The hyperparameter uniform, computed on the host each step.
+    Host,
+    /// Capturable mode: the uniform's constants, the device's step counter and AMP flag,
+    /// and the group's learning rate on the device.
+    Device,
+    /// The AMP unscale pass: the device state, read-write.
+    Unscale,
+}
+
 /// Everything that selects one compiled pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct VariantKey {
+    pub(crate) scalars: Scalars,
     pub(crate) family: Family,
     /// The type the arithmetic runs in (and the hyperparameter uniform holds).
     pub(crate) math: DType,
@@ -182,7 +214,34 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ {body} }}");
     }
     s.push_str(key.family.source());
-    s.push_str(if key.layout.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY });
+    let prologue = match key.scalars {
+        Scalars::Host => {
+            s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
+            ""
+        }
+        Scalars::Device => {
+            s.push_str(include_str!("../../shaders/device.wgsl"));
+            s.push_str(key.family.capturable_source());
+            s.push_str(
+                "\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\n\
+                 @group(0) @binding(1) var<storage, read> device_state: DeviceState;\n\
+                 @group(0) @binding(2) var<storage, read> device_lr: f32;\n\
+                 var<private> hp: Hyper;\n",
+            );
+            // A step skipped by AMP changes nothing.
+            "if device_state.found_inf != 0u {\n        return;\n    }\n    \
+             hp = at_step(hp_base, f32(device_state.step), device_lr);\n    "
+        }
+        Scalars::Unscale => {
+            s.push_str(
+                "\nstruct AmpState {\n    step: u32,\n    found_inf: atomic<u32>,\n    inv_scale: f32,\n}\n\
+                 @group(0) @binding(0) var<storage, read_write> amp: AmpState;\n",
+            );
+            ""
+        }
+    };
+    let entry = if key.layout.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY };
+    s.push_str(&entry.replace("{prologue}", prologue));
     s
 }
 
@@ -218,7 +277,7 @@ fn store_statement(b: usize, storage: Storage) -> String {
 const ELEMENT_ENTRY: &str = "
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let stride = groups.x * WG;
+    {prologue}let stride = groups.x * WG;
     for (var i = gid.x; i < seg.n; i += stride) {
         update(i);
     }
@@ -232,7 +291,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 const PAIR_ENTRY: &str = "
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let stride = groups.x * WG * seg.pair_step;
+    {prologue}let stride = groups.x * WG * seg.pair_step;
     let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
     for (var k = gid.x * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
         let first = 2u * k;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{compose, VariantKey};
+use crate::gpu::kernel::{compose, Scalars, VariantKey};
 use crate::gpu::step::KernelStep;
 use crate::gpu::GpuContext;
 use crate::{DType, Error, Result};
@@ -42,22 +42,54 @@ impl PipelineCache {
     }
 }
 
-/// The layout of group 0: the step's hyperparameters, at a dynamic offset into a ring of
-/// slots so that several steps recorded before one submit each keep their own values.
-pub(crate) fn hyper_layout(device: &wgpu::Device) -> wgpu::BindGroupLayout {
-    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("wgpu-optim hyperparameters"),
-        entries: &[wgpu::BindGroupLayoutEntry {
-            binding: 0,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: true,
-                min_binding_size: None,
-            },
-            count: None,
-        }],
-    })
+/// The layouts of group 0, one per [`Scalars`] kind.
+#[derive(Debug)]
+pub(crate) struct ScalarLayouts {
+    host: wgpu::BindGroupLayout,
+    device: wgpu::BindGroupLayout,
+    state: wgpu::BindGroupLayout,
+}
+
+fn buffer_entry(binding: u32, ty: wgpu::BufferBindingType, has_dynamic_offset: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset, min_binding_size: None },
+        count: None,
+    }
+}
+
+impl ScalarLayouts {
+    pub(crate) fn new(device: &wgpu::Device) -> Self {
+        use wgpu::BufferBindingType::{Storage, Uniform};
+        let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries })
+        };
+        // The hyperparameters sit at a dynamic offset into a ring of slots, so that several
+        // steps recorded before one submit each keep their own values.
+        let hyper = buffer_entry(0, Uniform, true);
+        ScalarLayouts {
+            host: layout("wgpu-optim hyperparameters", &[hyper]),
+            device: layout(
+                "wgpu-optim capturable scalars",
+                &[hyper, buffer_entry(1, Storage { read_only: true }, false), buffer_entry(2, Storage { read_only: true }, false)],
+            ),
+            state: layout("wgpu-optim device state", &[buffer_entry(0, Storage { read_only: false }, false)]),
+        }
+    }
+
+    pub(crate) fn get(&self, scalars: Scalars) -> &wgpu::BindGroupLayout {
+        match scalars {
+            Scalars::Host => &self.host,
+            Scalars::Device => &self.device,
+            Scalars::Unscale => &self.state,
+        }
+    }
+
+    /// The layout of the step-advancing kernel: the device state, read-write.
+    pub(crate) fn state(&self) -> &wgpu::BindGroupLayout {
+        &self.state
+    }
 }
 
 fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
@@ -105,7 +137,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
-            bind_group_layouts: &[Some(&ctx.inner.hyper_layout), Some(&segment_layout)],
+            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(key.scalars)), Some(&segment_layout)],
             immediate_size: 0,
         });
         let constants = KernelStep::constants(key.family, &key.overrides);

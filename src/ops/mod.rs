@@ -8,7 +8,7 @@ pub mod directml;
 pub mod onnx;
 
 use crate::gpu::dispatch::{Batch, HyperRing};
-use crate::gpu::kernel::{Family, VariantKey};
+use crate::gpu::kernel::{Family, Scalars, VariantKey};
 use crate::gpu::plan::{math_dtype, plan, Arg, KernelArgs};
 use crate::gpu::step::KernelStep;
 use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
@@ -245,6 +245,7 @@ pub(crate) fn record_stateless(
             Some(_) => {}
         }
         let key = VariantKey {
+            scalars: Scalars::Host,
             family: step.family,
             math: dtype,
             layout: tensor_plan.layout.clone(),
@@ -254,10 +255,10 @@ pub(crate) fn record_stateless(
     }
     let math = math.unwrap_or(DType::F32);
     let batch = Batch::build(ctx, &items, label)?;
-    let mut ring = HyperRing::new(ctx, 1, label)?;
+    let mut ring = HyperRing::new(ctx, 1, label, None)?;
     let offset = ring.push(ctx.queue(), step, math);
     let mut pass = encoder
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
-    batch.record(&mut pass, &ring, offset);
+    batch.record(&mut pass, &ring.bind_group, &[offset]);
     Ok(())
 }

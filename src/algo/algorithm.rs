@@ -1,0 +1,120 @@
+//! The algorithms the stateful optimizer runs, and the state tensors each keeps.
+
+use crate::gpu::step::KernelStep;
+use crate::{Adagrad, Adam, Result, Sgd};
+
+/// The algorithms the stateful optimizer runs, in PyTorch's conventions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Algorithm {
+    /// Adam, AdamW or AMSGrad.
+    Adam(Adam),
+    /// SGD, with standard or Nesterov momentum or none.
+    Sgd(Sgd),
+    /// Adagrad.
+    Adagrad(Adagrad),
+}
+
+impl From<Adam> for Algorithm {
+    fn from(config: Adam) -> Self {
+        Algorithm::Adam(config)
+    }
+}
+
+impl From<Sgd> for Algorithm {
+    fn from(config: Sgd) -> Self {
+        Algorithm::Sgd(config)
+    }
+}
+
+impl From<Adagrad> for Algorithm {
+    fn from(config: Adagrad) -> Self {
+        Algorithm::Adagrad(config)
+    }
+}
+
+impl Algorithm {
+    /// Checks the hyperparameters.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Algorithm::Adam(c) => c.validate(),
+            Algorithm::Sgd(c) => c.validate(),
+            Algorithm::Adagrad(c) => c.validate(),
+        }
+    }
+
+    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+        match self {
+            Algorithm::Adam(c) => c.kernel_step(t),
+            Algorithm::Sgd(c) => c.kernel_step(t),
+            Algorithm::Adagrad(c) => c.kernel_step(t),
+        }
+    }
+
+    /// The learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Algorithm::Adam(c) => c.lr,
+            Algorithm::Sgd(c) => c.lr,
+            Algorithm::Adagrad(c) => c.lr,
+        }
+    }
+
+    /// The same algorithm with learning rate `lr`.
+    pub fn with_lr(mut self, lr: f64) -> Self {
+        match &mut self {
+            Algorithm::Adam(c) => c.lr = lr,
+            Algorithm::Sgd(c) => c.lr = lr,
+            Algorithm::Adagrad(c) => c.lr = lr,
+        }
+        self
+    }
+
+    /// The state tensors this algorithm keeps per parameter, in PyTorch's order.
+    pub fn state_kinds(&self) -> &'static [StateKind] {
+        match self {
+            Algorithm::Adam(c) if c.amsgrad => {
+                &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq]
+            }
+            Algorithm::Adam(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
+            Algorithm::Sgd(c) if c.keeps_buffer() => &[StateKind::MomentumBuffer],
+            Algorithm::Sgd(_) => &[],
+            Algorithm::Adagrad(_) => &[StateKind::Sum],
+        }
+    }
+
+    /// The value a state tensor starts from.
+    pub(crate) fn initial_state(&self) -> f64 {
+        match self {
+            Algorithm::Adagrad(c) => c.initial_accumulator_value,
+            _ => 0.0,
+        }
+    }
+}
+
+/// A per-parameter state tensor, named as in PyTorch's `state_dict`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// Adam's first moment.
+    ExpAvg,
+    /// Adam's second moment.
+    ExpAvgSq,
+    /// AMSGrad's running maximum of the second moment.
+    MaxExpAvgSq,
+    /// SGD's momentum buffer.
+    MomentumBuffer,
+    /// Adagrad's sum of squared gradients.
+    Sum,
+}
+
+impl StateKind {
+    /// PyTorch's name for it, which is also the kernel's slot name.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            StateKind::ExpAvg => "exp_avg",
+            StateKind::ExpAvgSq => "exp_avg_sq",
+            StateKind::MaxExpAvgSq => "max_exp_avg_sq",
+            StateKind::MomentumBuffer => "momentum_buffer",
+            StateKind::Sum => "sum",
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! The stateful optimizer a trainer holds: parameter groups, state buffers, the step count,
+//! and everything a step records, built once.
+
+mod device;
+
+use crate::gpu::dispatch::{Batch, HyperRing, DeviceScalars};
+use crate::gpu::kernel::{Family, Scalars, VariantKey};
+use crate::gpu::plan::{check_range, plan, Arg, KernelArgs};
+use crate::ops::{slot_args, SlotArgs};
+use crate::{Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
+use device::DeviceState;
+
+/// Steps that may be recorded between two submits (each needs its own uniform slot).
+pub const STEPS_PER_SUBMIT: u32 = 64;
+
+/// Parameters that share hyperparameters, as in PyTorch's `param_groups` (e.g. no weight
+/// decay on biases and norms).
+#[derive(Clone, Debug)]
+pub struct ParamGroup {
+    /// The group's algorithm and hyperparameters.
+    pub algorithm: Algorithm,
+    /// The group's parameters.
+    pub params: Vec<Tensor>,
+}
+
+impl ParamGroup {
+    /// A group of `params` updated by `algorithm`.
+    pub fn new(algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Self {
+        ParamGroup { algorithm: algorithm.into(), params: params.to_vec() }
+    }
+}
+
+/// Choices made once, when an optimizer is built.
+#[derive(Clone, Debug, Default)]
+pub struct OptimizerOptions {
+    /// The storage dtype of every state tensor; `None` keeps each parameter's dtype, as
+    /// PyTorch does. f32 state for f16 or bf16 parameters is the common mix; all math is
+    /// f32 either way and each store rounds once to nearest even.
+    pub state_dtype: Option<DType>,
+    /// Master-weight mode: one low-precision copy per parameter (same length, usually f16
+    /// or bf16), which every step writes with the new parameter values in the same dispatch,
+    /// so the model reads its copy with no separate cast pass.
+    pub model_copies: Vec<Tensor>,
+    /// Capturable mode: the step counter and each group's learning rate live in a device
+    /// buffer; the step is counted on the device and bias corrections are computed there,
+    /// so nothing is read back or written from the host per step. Needed for AMP skipping
+    /// ([`Optimizer::record_unscale`]).
+    pub capturable: bool,
+}
+
+/// One parameter group as the optimizer keeps it.
+struct Group {
+    algorithm: Algorithm,
+    /// The group's parameters are `params[first..first + len]`.
+    first: usize,
+    len: usize,
+    ring: HyperRing,
+    /// Capturable mode: the uniform must be rewritten before the next step.
+    dirty: bool,
+}
+
+/// Bind groups for one set of gradient tensors, a batch per parameter group.
+struct Bound {
+    grads: Vec<Tensor>,
+    batches: Vec<Batch>,
+}
+
+/// A stateful optimizer over parameter groups.
+///
+/// ```no_run
+/// # fn main() -> wgpu_optim::Result<()> {
+/// use wgpu_optim::{Adam, GpuContext, Optimizer};
+/// let ctx = GpuContext::headless_blocking()?;
+/// let params = vec![ctx.upload_f32("w", &[0.5; 1024])];
+/// let grads = vec![ctx.upload_f32("dw", &[0.1; 1024])];
+/// let mut opt = Optimizer::new(&ctx, Adam::default(), &params)?;
+/// opt.step(&grads)?; // or opt.record_step(&mut encoder, &grads) inside a trainer's encoder
+/// # Ok(()) }
+/// ```
+pub struct Optimizer {
+    ctx: GpuContext,
+    groups: Vec<Group>,
+    params: Vec<Tensor>,
+    model_copies: Vec<Tensor>,
+    /// `state[i][k]` is parameter i's `state_kinds()[k]` of its group's algorithm.
+    state: Vec<Vec<Tensor>>,
+    /// Steps recorded (in capturable mode the device's count may be lower: AMP skips).
+    step: u64,
+    math: DType,
+    bound: Option<Bound>,
+    device: Option<DeviceState>,
+}
+
+impl std::fmt::Debug for Optimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Optimizer")
+            .field("groups", &self.groups.iter().map(|g| (g.algorithm, g.len)).collect::<Vec<_>>())
+            .field("step", &self.step)
+            .field("capturable", &self.device.is_some())
+            .finish()
+    }
+}
+
+impl Optimizer {
+    /// An optimizer over `params` with zeroed state (Adagrad: its initial accumulator
+    /// value), at step 0, keeping state in each parameter's dtype.
+    ///
+    /// The parameter buffers need `STORAGE` usage.
+    pub fn new(ctx: &GpuContext, algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Result<Self> {
+        Self::with_options(ctx, algorithm, params, OptimizerOptions::default())
+    }
+
+    /// An optimizer over one group of `params` with the given [`OptimizerOptions`].
+    pub fn with_options(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        params: &[Tensor],
+        options: OptimizerOptions,
+    ) -> Result<Self> {
+        Self::with_groups(ctx, vec![ParamGroup::new(algorithm, params)], options)
+    }
+
+    /// Master-weight mode over a model's low-precision parameters: the optimizer keeps f32
+    /// master copies (initialized from `model_params`, which therefore need `COPY_SRC`) and
+    /// f32 state, and each step writes the rounded new values back into `model_params`.
+    pub fn master_weights(ctx: &GpuContext, algorithm: impl Into<Algorithm>, model_params: &[Tensor]) -> Result<Self> {
+        let masters = model_params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Ok(ctx.upload(&format!("master[{i}]"), &ctx.read(p)?, DType::F32)))
+            .collect::<Result<Vec<_>>>()?;
+        let options = OptimizerOptions {
+            state_dtype: Some(DType::F32),
+            model_copies: model_params.to_vec(),
+            ..Default::default()
+        };
+        Self::with_options(ctx, algorithm, &masters, options)
+    }
+
+    /// An optimizer over parameter groups, each with its own algorithm and hyperparameters.
+    /// Parameters are numbered across groups in order (for [`Self::state`] and the
+    /// gradients of [`Self::record_step`]).
+    pub fn with_groups(ctx: &GpuContext, groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Self> {
+        let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
+        for group in &groups {
+            group.algorithm.validate()?;
+        }
+        let math = check_params(&params, &options)?;
+        if options.capturable && math == DType::F64 {
+            return Err(Error::DTypeMismatch {
+                argument: "params".into(),
+                got: DType::F64,
+                expected: "F32, F16 or BF16 in capturable mode (the device computes the step's scalars in f32)".into(),
+            });
+        }
+        let device = if options.capturable {
+            Some(DeviceState::new(ctx, &groups.iter().map(|g| g.algorithm.lr()).collect::<Vec<_>>())?)
+        } else {
+            None
+        };
+        let mut state = Vec::with_capacity(params.len());
+        let mut kept = Vec::with_capacity(groups.len());
+        let mut first = 0;
+        for (g, group) in groups.into_iter().enumerate() {
+            let initial = group.algorithm.initial_state();
+            for (k, p) in group.params.iter().enumerate() {
+                let dtype = options.state_dtype.unwrap_or(p.dtype);
+                let mut tensors = Vec::new();
+                for kind in group.algorithm.state_kinds() {
+                    let tensor = state_tensor(ctx, &format!("{}[{}]", kind.torch_name(), first + k), p, dtype);
+                    if initial != 0.0 {
+                        ctx.write(&tensor, &vec![initial; p.len as usize])?;
+                    }
+                    tensors.push(tensor);
+                }
+                state.push(tensors);
+            }
+            let scalars = device.as_ref().map(|d| DeviceScalars { state: d.buffer(), lr_offset: d.lr_offset(g) });
+            let ring = HyperRing::new(ctx, STEPS_PER_SUBMIT, &format!("optimizer group {g}"), scalars)?;
+            kept.push(Group { algorithm: group.algorithm, first, len: group.params.len(), ring, dirty: true });
+            first += group.params.len();
+        }
+        Ok(Optimizer {
+            ctx: ctx.clone(),
+            groups: kept,
+            params,
+            model_copies: options.model_copies,
+            state,
+            step: 0,
+            math,
+            bound: None,
+            device,
+        })
+    }
+
+    /// The first group's algorithm and hyperparameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.groups[0].algorithm
+    }
+
+    /// How many parameter groups there are.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Group `g`'s algorithm and hyperparameters.
+    pub fn group_algorithm(&self, g: usize) -> Option<&Algorithm> {
+        self.groups.get(g).map(|group| &group.algorithm)
+    }
+
+    /// Group `g`'s parameters.
+    pub fn group_params(&self, g: usize) -> Option<&[Tensor]> {
+        self.groups.get(g).map(|group| &self.params[group.first..group.first + group.len])
+    }
+
+    /// Changes every group's learning rate from the next step on; no pipeline is rebuilt.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        for g in 0..self.groups.len() {
+            let next = self.groups[g].algorithm.with_lr(lr);
+            self.set_group_algorithm(g, next)?;
+        }
+        Ok(())
+    }
+
+    /// Changes group `g`'s hyperparameters from the next step on (a schedule). Learning
+    /// rate, betas, eps, momentum, dampening and weight decay are uniforms and change no
+    /// pipeline. The new algorithm must keep the same state tensors (no switching AMSGrad
+    /// or momentum on or off). In capturable mode the new learning rate is written to the
+    /// device (at the next submit).
+    pub fn set_group_algorithm(&mut self, g: usize, algorithm: impl Into<Algorithm>) -> Result<()> {
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        let count = self.groups.len();
+        let group = self.groups.get_mut(g).ok_or(Error::CountMismatch {
+            argument: format!("group index {g}"),
+            got: g + 1,
+            expected: count,
+        })?;
+        if algorithm.state_kinds() != group.algorithm.state_kinds() {
+            return Err(Error::BadHyperparameter {
+                name: "algorithm",
+                value: g as f64,
+                expected: "an algorithm with the same state tensors as the group's (build a new optimizer to change them)",
+            });
+        }
+        let variant_changed = algorithm.kernel_step(1).overrides != group.algorithm.kernel_step(1).overrides;
+        if let Some(device) = &self.device {
+            if algorithm.lr() != group.algorithm.lr() {
+                device.write_lr(&self.ctx, g, algorithm.lr());
+            }
+        }
+        group.algorithm = algorithm;
+        group.dirty = true;
+        if variant_changed {
+            self.bound = None;
+        }
+        Ok(())
+    }
+
+    /// The parameters, numbered across groups.
+    pub fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    /// The model's copies in master-weight mode (empty otherwise).
+    pub fn model_copies(&self) -> &[Tensor] {
+        &self.model_copies
+    }
+
+    /// Steps recorded so far. In capturable mode, steps that AMP skipped are counted here
+    /// but not by the device ([`Self::read_device_step`]).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+        let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
+        let k = group.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        self.state.get(index).map(|s| &s[k])
+    }
+
+    /// Records one step into the caller's encoder; nothing is submitted. Up to
+    /// [`STEPS_PER_SUBMIT`] steps may be recorded before the encoders are submitted.
+    ///
+    /// Every group's update goes into one compute pass. Bind groups are built on the first
+    /// step and whenever `grads` are different tensors from the previous step's; with the
+    /// same gradient tensors a step creates no GPU objects. On error nothing is recorded
+    /// and the step count is unchanged.
+    pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        self.bind(grads)?;
+        let t = self.step + 1;
+        let queue = self.ctx.queue();
+        let mut offsets = Vec::with_capacity(self.groups.len());
+        for group in &mut self.groups {
+            // Capturable kernels derive the step's scalars on the device, so the uniform only
+            // changes with the hyperparameters.
+            if self.device.is_none() {
+                group.ring.push(queue, &group.algorithm.kernel_step(t), self.math);
+            } else if group.dirty {
+                group.ring.push(queue, &group.algorithm.kernel_step(1), self.math);
+                group.dirty = false;
+            }
+            offsets.push(group.ring.current());
+        }
+        if let Some(device) = &mut self.device {
+            device.prepare_step(encoder);
+        }
+        let Some(bound) = &self.bound else { return Ok(()) };
+        let mut pass = encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("wgpu-optim step"), timestamp_writes: None });
+        if let Some(device) = &self.device {
+            device.record_advance(&mut pass);
+        }
+        for ((group, batch), offset) in self.groups.iter().zip(&bound.batches).zip(offsets) {
+            batch.record(&mut pass, &group.ring.bind_group, &[offset]);
+        }
+        drop(pass);
+        self.step = t;
+        Ok(())
+    }
+
+    /// Records one step and submits it.
+    pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
+    }
+
+    /// Builds the bind groups for `grads` unless they are the ones already bound.
+    fn bind(&mut self, grads: &[Tensor]) -> Result<()> {
+        if self.bound.as_ref().is_some_and(|b| b.grads == grads) {
+            return Ok(());
+        }
+        if grads.len() != self.params.len() {
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: self.params.len(),
+            });
+        }
+        let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
+        let mut batches = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let step = group.algorithm.kernel_step(1);
+            let mut items = Vec::with_capacity(group.len);
+            for i in group.first..group.first + group.len {
+                let args = self.kernel_args(&group.algorithm, step.family, i, &grads[i]);
+                let tensor_plan = plan(&self.ctx, step.family, &args)?;
+                let layout = tensor_plan.layout.clone();
+                let key = VariantKey { scalars, family: step.family, math: self.math, layout, overrides: step.overrides };
+                items.push((key, tensor_plan));
+            }
+            batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
+        }
+        self.bound = Some(Bound { grads: grads.to_vec(), batches });
+        Ok(())
+    }
+
+    /// Capturable mode: group `g`'s learning rate on the device, an f32 tensor of one
+    /// element that a trainer's scheduler may write from its own shaders or the queue.
+    pub fn lr_tensor(&self, g: usize) -> Option<Tensor> {
+        let device = self.device.as_ref()?;
+        (g < self.groups.len()).then(|| device.lr_tensor(g))
+    }
+
+    /// Capturable mode: reads the device's step counter (steps taken, AMP skips excluded).
+    pub fn read_device_step(&self) -> Result<u64> {
+        let device = self.device.as_ref().ok_or_else(not_capturable)?;
+        let bytes = self.ctx.read_bytes(&device.step_bytes())?;
+        Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
+    }
+
+    /// Capturable mode: reads the AMP flag of the last unscale (true: that step was skipped).
+    pub fn read_found_inf(&self) -> Result<bool> {
+        let device = self.device.as_ref().ok_or_else(not_capturable)?;
+        let bytes = self.ctx.read_bytes(&Tensor::new(device.buffer(), 4, 1, DType::F32))?;
+        Ok(bytes != [0, 0, 0, 0])
+    }
+
+    /// Sets the step count (on the host, and on the device in capturable mode, landing at
+    /// the next submit), e.g. to resume a schedule.
+    pub fn set_step_count(&mut self, step: u64) -> Result<()> {
+        if let Some(device) = &self.device {
+            let device_step = u32::try_from(step).map_err(|_| {
+                Error::BadStep(format!("step {step} does not fit the device's u32 step counter"))
+            })?;
+            device.write_step(&self.ctx, device_step);
+        }
+        self.step = step;
+        Ok(())
+    }
+
+    /// AMP (capturable mode): records PyTorch's unscale of `grads` by the device scalar
+    /// `inv_scale` (an f32 tensor of one element with `COPY_SRC`), setting the device's
+    /// `found_inf` flag when any gradient is NaN or infinite. The next [`Self::record_step`]
+    /// then leaves parameters, state and the device step counter untouched if the flag is
+    /// set, with no host round trip. Call it once per step, before the step.
+    pub fn record_unscale(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor], inv_scale: &Tensor) -> Result<()> {
+        if grads.len() != self.params.len() {
+            return Err(Error::CountMismatch { argument: "grads".into(), got: grads.len(), expected: self.params.len() });
+        }
+        let ctx = self.ctx.clone();
+        let device = self.device.as_mut().ok_or_else(not_capturable)?;
+        device.record_unscale(&ctx, encoder, grads, inv_scale)
+    }
+
+    /// Parameter `i`'s tensors in its family's slot order, all updated in place.
+    fn kernel_args(&self, algorithm: &Algorithm, family: Family, i: usize, grad: &Tensor) -> KernelArgs {
+        let param = Arg::new(format!("params[{i}]"), &self.params[i]);
+        let kinds = algorithm.state_kinds();
+        let state: Vec<Arg> = kinds
+            .iter()
+            .zip(&self.state[i])
+            .map(|(kind, t)| Arg::new(format!("{}[{i}]", kind.torch_name()), t))
+            .collect();
+        let copy = self.model_copies.get(i).map(|c| Arg::new(format!("model_copies[{i}]"), c));
+        let grad = Arg::new(format!("grads[{i}]"), grad);
+        let args = SlotArgs { param: param.clone(), grad, state: &state, param_out: param, state_out: &state, param_copy: copy };
+        slot_args(family, kinds, args)
+    }
+}
+
+fn not_capturable() -> Error {
+    Error::MissingFeature {
+        what: "device step counters, device learning rates and AMP skipping".into(),
+        feature: "OptimizerOptions::capturable",
+    }
+}
+
+/// Checks the parameters and options; returns the math type (f64 only for f64 parameters).
+fn check_params(params: &[Tensor], options: &OptimizerOptions) -> Result<DType> {
+    let double = params.first().is_some_and(|p| p.dtype == DType::F64);
+    for (i, p) in params.iter().enumerate() {
+        check_range(&Arg::new(format!("params[{i}]"), p))?;
+        if (p.dtype == DType::F64) != double {
+            return Err(Error::DTypeMismatch {
+                argument: format!("params[{i}]"),
+                got: p.dtype,
+                expected: "F64 for every parameter or for none (the math runs in one type)".into(),
+            });
+        }
+    }
+    if let Some(dtype) = options.state_dtype {
+        if (dtype == DType::F64) != double {
+            return Err(Error::DTypeMismatch {
+                argument: "options.state_dtype".into(),
+                got: dtype,
+                expected: if double { "F64 for F64 parameters".into() } else { "F32, F16 or BF16".into() },
+            });
+        }
+    }
+    if !options.model_copies.is_empty() && options.model_copies.len() != params.len() {
+        return Err(Error::CountMismatch {
+            argument: "options.model_copies".into(),
+            got: options.model_copies.len(),
+            expected: params.len(),
+        });
+    }
+    for (i, (copy, p)) in options.model_copies.iter().zip(params).enumerate() {
+        check_range(&Arg::new(format!("model_copies[{i}]"), copy))?;
+        if copy.len != p.len {
+            return Err(Error::LengthMismatch {
+                argument: format!("model_copies[{i}]"),
+                got: copy.len,
+                expected: p.len,
+                reference: format!("params[{i}]"),
+            });
+        }
+    }
+    Ok(if double { DType::F64 } else { DType::F32 })
+}
+
+/// A zeroed state tensor for `param`. A 16-bit state starts at the parameter's element
+/// parity, so that packed stores of both pair up on the same words (one phase, not two).
+fn state_tensor(ctx: &GpuContext, label: &str, param: &Tensor, dtype: DType) -> Tensor {
+    let parity = if dtype.size() == 2 && param.dtype.size() == 2 { (param.offset / 2) % 2 } else { 0 };
+    let padded = ctx.zeros(label, param.len + parity, dtype);
+    Tensor::new(&padded.buffer, parity * 2, param.len, dtype)
+}
