@@ -22,8 +22,8 @@ pub mod oracle;
 mod tensor;
 
 pub use algo::{
-    bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
-    StateKind,
+    bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
+    Sgd, StateKind,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -252,6 +252,31 @@ fn several_steps_recorded_before_one_submit_each_keep_their_step() {
 }
 
 #[test]
+fn up_to_32_steps_per_submit_across_the_uniform_ring() {
+    // 100 steps in submits of 32, 5, 32, 31: recorded steps straddle the ring's halves,
+    // whose uniforms are uploaded together.
+    let ctx = ctx();
+    let mut rng = Rng::new(13);
+    let initial = vec![rng.vec(300, 1.0)];
+    let g = vec![rng.vec(300, 1.0)];
+    let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
+    let grads = vec![ctx.upload_f32("grad", &to_f32(&g[0]))];
+    let algorithm: Algorithm = Adam { lr: 0.01, ..Adam::default() }.into();
+    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut reference = Reference::new(algorithm, &initial);
+    for chunk in [32, 5, 32, 31] {
+        assert!(chunk <= wgpu_optim::STEPS_PER_SUBMIT);
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        for _ in 0..chunk {
+            optimizer.record_step(&mut encoder, &grads).unwrap();
+            reference.step(&g);
+        }
+        ctx.queue().submit([encoder.finish()]);
+    }
+    assert_tensor(&ctx, "param after 100 steps", &params[0], &reference.params[0]);
+}
+
+#[test]
 fn a_learning_rate_schedule_changes_no_pipeline() {
     let ctx = ctx();
     let mut rng = Rng::new(4);

@@ -17,8 +17,8 @@ mod algorithm;
 mod momentum;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
-pub use algorithm::{Algorithm, StateKind};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
+pub use algorithm::{Algorithm, StateKind};
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 
 use crate::{Error, Result};

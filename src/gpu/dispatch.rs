@@ -112,7 +112,12 @@ impl Batch {
 
     /// Records every dispatch of the batch into `pass` with `scalars` (and its dynamic
     /// offsets) as group 0.
-    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &wgpu::BindGroup, offsets: &[u32]) {
+    pub(crate) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        scalars: &wgpu::BindGroup,
+        offsets: &[u32],
+    ) {
         pass.set_bind_group(0, scalars, offsets);
         let mut current: Option<&Arc<CachedPipeline>> = None;
         for tensor in &self.tensors {
@@ -156,7 +161,12 @@ pub(crate) const DEVICE_STATE_BYTES: u64 = 16;
 impl HyperRing {
     /// A ring of `slots` slots; with `device`, its bind group also holds the device's step
     /// counter and learning rate (capturable mode).
-    pub(crate) fn new(ctx: &GpuContext, slots: u32, label: &str, device: Option<DeviceScalars<'_>>) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &GpuContext,
+        slots: u32,
+        label: &str,
+        device: Option<DeviceScalars<'_>>,
+    ) -> Result<Self> {
         let wgpu_device = ctx.device();
         ctx.catch(&format!("creating the hyperparameter ring of {label}"), || {
             let buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
@@ -165,7 +175,12 @@ impl HyperRing {
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            fn range(binding: u32, buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
+            fn range(
+                binding: u32,
+                buffer: &wgpu::Buffer,
+                offset: u64,
+                size: u64,
+            ) -> wgpu::BindGroupEntry<'_> {
                 wgpu::BindGroupEntry {
                     binding,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -205,5 +220,20 @@ impl HyperRing {
     /// The dynamic offset of the slot written last.
     pub(crate) fn current(&self) -> u32 {
         self.current
+    }
+
+    /// Stages the uniforms of consecutive slots from `first` in one upload (`bytes` is a
+    /// whole number of slots), and returns the dynamic offset of `first`.
+    pub(crate) fn write_slots(&mut self, queue: &wgpu::Queue, first: u32, bytes: &[u8]) -> u32 {
+        debug_assert!(u64::from(first) * HYPER_SLOT_BYTES + bytes.len() as u64 <= self.buffer.size());
+        let offset = first * HYPER_SLOT_BYTES as u32;
+        queue.write_buffer(&self.buffer, u64::from(offset), bytes);
+        self.current = offset;
+        offset
+    }
+
+    /// The dynamic offset of slot `slot`.
+    pub(crate) fn offset_of(slot: u32) -> u32 {
+        slot * HYPER_SLOT_BYTES as u32
     }
 }

@@ -50,7 +50,11 @@ pub(crate) struct ScalarLayouts {
     state: wgpu::BindGroupLayout,
 }
 
-fn buffer_entry(binding: u32, ty: wgpu::BufferBindingType, has_dynamic_offset: bool) -> wgpu::BindGroupLayoutEntry {
+fn buffer_entry(
+    binding: u32,
+    ty: wgpu::BufferBindingType,
+    has_dynamic_offset: bool,
+) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -72,7 +76,11 @@ impl ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout(
                 "wgpu-optim capturable scalars",
-                &[hyper, buffer_entry(1, Storage { read_only: true }, false), buffer_entry(2, Storage { read_only: true }, false)],
+                &[
+                    hyper,
+                    buffer_entry(1, Storage { read_only: true }, false),
+                    buffer_entry(2, Storage { read_only: true }, false),
+                ],
             ),
             state: layout("wgpu-optim device state", &[buffer_entry(0, Storage { read_only: false }, false)]),
         }

@@ -169,8 +169,10 @@ impl DeviceState {
         encoder.copy_buffer_to_buffer(&inv_scale.buffer, inv_scale.offset, &self.buffer, 8, 4);
         encoder.clear_buffer(&self.buffer, 4, Some(4));
         if let Some((_, batch)) = &self.unscale {
-            let mut pass = encoder
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("wgpu-optim unscale"), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgpu-optim unscale"),
+                timestamp_writes: None,
+            });
             batch.record(&mut pass, &self.state_group, &[]);
         }
         self.unscaled = true;

@@ -3,15 +3,21 @@
 
 mod device;
 
-use crate::gpu::dispatch::{Batch, HyperRing, DeviceScalars};
+use crate::gpu::dispatch::{Batch, DeviceScalars, HyperRing};
 use crate::gpu::kernel::{Family, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, Arg, KernelArgs};
+use crate::gpu::step::HYPER_SLOT_BYTES;
 use crate::ops::{slot_args, SlotArgs};
 use crate::{Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
 use device::DeviceState;
 
 /// Steps that may be recorded between two submits (each needs its own uniform slot).
-pub const STEPS_PER_SUBMIT: u32 = 64;
+pub const STEPS_PER_SUBMIT: u32 = 32;
+
+/// Uniform slots per group. Step t uses slot `(t - 1) % RING_SLOTS`; the uniforms of a
+/// half ring (up to [`STEPS_PER_SUBMIT`] steps) are uploaded together, so only one step in
+/// 32 stages an upload, and never over a slot that a step still waiting for its submit uses.
+const RING_SLOTS: u32 = 2 * STEPS_PER_SUBMIT;
 
 /// Parameters that share hyperparameters, as in PyTorch's `param_groups` (e.g. no weight
 /// decay on biases and norms).
@@ -55,8 +61,12 @@ struct Group {
     first: usize,
     len: usize,
     ring: HyperRing,
-    /// Capturable mode: the uniform must be rewritten before the next step.
+    /// The hyperparameters changed: the uniform must be rewritten before the next step.
     dirty: bool,
+    /// Host mode: the last step whose uniform is already in the ring.
+    filled_through: u64,
+    /// Host mode: reused staging for a half ring of uniforms (no allocation per step).
+    scratch: Vec<u8>,
 }
 
 /// Bind groups for one set of gradient tensors, a batch per parameter group.
@@ -123,7 +133,11 @@ impl Optimizer {
     /// Master-weight mode over a model's low-precision parameters: the optimizer keeps f32
     /// master copies (initialized from `model_params`, which therefore need `COPY_SRC`) and
     /// f32 state, and each step writes the rounded new values back into `model_params`.
-    pub fn master_weights(ctx: &GpuContext, algorithm: impl Into<Algorithm>, model_params: &[Tensor]) -> Result<Self> {
+    pub fn master_weights(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        model_params: &[Tensor],
+    ) -> Result<Self> {
         let masters = model_params
             .iter()
             .enumerate()
@@ -150,7 +164,9 @@ impl Optimizer {
             return Err(Error::DTypeMismatch {
                 argument: "params".into(),
                 got: DType::F64,
-                expected: "F32, F16 or BF16 in capturable mode (the device computes the step's scalars in f32)".into(),
+                expected:
+                    "F32, F16 or BF16 in capturable mode (the device computes the step's scalars in f32)"
+                        .into(),
             });
         }
         let device = if options.capturable {
@@ -167,7 +183,8 @@ impl Optimizer {
                 let dtype = options.state_dtype.unwrap_or(p.dtype);
                 let mut tensors = Vec::new();
                 for kind in group.algorithm.state_kinds() {
-                    let tensor = state_tensor(ctx, &format!("{}[{}]", kind.torch_name(), first + k), p, dtype);
+                    let tensor =
+                        state_tensor(ctx, &format!("{}[{}]", kind.torch_name(), first + k), p, dtype);
                     if initial != 0.0 {
                         ctx.write(&tensor, &vec![initial; p.len as usize])?;
                     }
@@ -175,9 +192,18 @@ impl Optimizer {
                 }
                 state.push(tensors);
             }
-            let scalars = device.as_ref().map(|d| DeviceScalars { state: d.buffer(), lr_offset: d.lr_offset(g) });
-            let ring = HyperRing::new(ctx, STEPS_PER_SUBMIT, &format!("optimizer group {g}"), scalars)?;
-            kept.push(Group { algorithm: group.algorithm, first, len: group.params.len(), ring, dirty: true });
+            let scalars =
+                device.as_ref().map(|d| DeviceScalars { state: d.buffer(), lr_offset: d.lr_offset(g) });
+            let ring = HyperRing::new(ctx, RING_SLOTS, &format!("optimizer group {g}"), scalars)?;
+            kept.push(Group {
+                algorithm: group.algorithm,
+                first,
+                len: group.params.len(),
+                ring,
+                dirty: true,
+                filled_through: 0,
+                scratch: Vec::with_capacity((STEPS_PER_SUBMIT as u64 * HYPER_SLOT_BYTES) as usize),
+            });
             first += group.params.len();
         }
         Ok(Optimizer {
@@ -291,28 +317,43 @@ impl Optimizer {
         self.bind(grads)?;
         let t = self.step + 1;
         let queue = self.ctx.queue();
-        let mut offsets = Vec::with_capacity(self.groups.len());
         for group in &mut self.groups {
-            // Capturable kernels derive the step's scalars on the device, so the uniform only
-            // changes with the hyperparameters.
-            if self.device.is_none() {
-                group.ring.push(queue, &group.algorithm.kernel_step(t), self.math);
-            } else if group.dirty {
-                group.ring.push(queue, &group.algorithm.kernel_step(1), self.math);
-                group.dirty = false;
+            if self.device.is_some() {
+                // Capturable kernels derive the step's scalars on the device, so the uniform
+                // only changes with the hyperparameters.
+                if group.dirty {
+                    group.ring.push(queue, &group.algorithm.kernel_step(1), self.math);
+                }
+            } else if group.dirty || t > group.filled_through {
+                // Upload this step's uniform and those of the rest of its half ring at once.
+                let slot = ((t - 1) % u64::from(RING_SLOTS)) as u32;
+                let half_end = (slot / STEPS_PER_SUBMIT + 1) * STEPS_PER_SUBMIT;
+                let steps = u64::from(half_end - slot);
+                group.scratch.clear();
+                for s in t..t + steps {
+                    group.scratch.extend_from_slice(&group.algorithm.kernel_step(s).hyper_bytes(self.math));
+                }
+                group.ring.write_slots(queue, slot, &group.scratch);
+                group.filled_through = t + steps - 1;
             }
-            offsets.push(group.ring.current());
+            group.dirty = false;
         }
         if let Some(device) = &mut self.device {
             device.prepare_step(encoder);
         }
         let Some(bound) = &self.bound else { return Ok(()) };
-        let mut pass = encoder
-            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("wgpu-optim step"), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("wgpu-optim step"),
+            timestamp_writes: None,
+        });
         if let Some(device) = &self.device {
             device.record_advance(&mut pass);
         }
-        for ((group, batch), offset) in self.groups.iter().zip(&bound.batches).zip(offsets) {
+        for (group, batch) in self.groups.iter().zip(&bound.batches) {
+            let offset = match self.device {
+                Some(_) => group.ring.current(),
+                None => HyperRing::offset_of(((t - 1) % u64::from(RING_SLOTS)) as u32),
+            };
             batch.record(&mut pass, &group.ring.bind_group, &[offset]);
         }
         drop(pass);
@@ -347,7 +388,13 @@ impl Optimizer {
                 let args = self.kernel_args(&group.algorithm, step.family, i, &grads[i]);
                 let tensor_plan = plan(&self.ctx, step.family, &args)?;
                 let layout = tensor_plan.layout.clone();
-                let key = VariantKey { scalars, family: step.family, math: self.math, layout, overrides: step.overrides };
+                let key = VariantKey {
+                    scalars,
+                    family: step.family,
+                    math: self.math,
+                    layout,
+                    overrides: step.overrides,
+                };
                 items.push((key, tensor_plan));
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
@@ -387,6 +434,9 @@ impl Optimizer {
             device.write_step(&self.ctx, device_step);
         }
         self.step = step;
+        for group in &mut self.groups {
+            group.dirty = true;
+        }
         Ok(())
     }
 
@@ -395,9 +445,18 @@ impl Optimizer {
     /// `found_inf` flag when any gradient is NaN or infinite. The next [`Self::record_step`]
     /// then leaves parameters, state and the device step counter untouched if the flag is
     /// set, with no host round trip. Call it once per step, before the step.
-    pub fn record_unscale(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor], inv_scale: &Tensor) -> Result<()> {
+    pub fn record_unscale(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        grads: &[Tensor],
+        inv_scale: &Tensor,
+    ) -> Result<()> {
         if grads.len() != self.params.len() {
-            return Err(Error::CountMismatch { argument: "grads".into(), got: grads.len(), expected: self.params.len() });
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: self.params.len(),
+            });
         }
         let ctx = self.ctx.clone();
         let device = self.device.as_mut().ok_or_else(not_capturable)?;
@@ -415,7 +474,14 @@ impl Optimizer {
             .collect();
         let copy = self.model_copies.get(i).map(|c| Arg::new(format!("model_copies[{i}]"), c));
         let grad = Arg::new(format!("grads[{i}]"), grad);
-        let args = SlotArgs { param: param.clone(), grad, state: &state, param_out: param, state_out: &state, param_copy: copy };
+        let args = SlotArgs {
+            param: param.clone(),
+            grad,
+            state: &state,
+            param_out: param,
+            state_out: &state,
+            param_copy: copy,
+        };
         slot_args(family, kinds, args)
     }
 }
