@@ -28,7 +28,7 @@ pub use algo::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup, STEPS_PER_SUBMIT};
+pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT, STEPS_PER_SUBMIT};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

@@ -1,7 +1,10 @@
 //! The stateful optimizer a trainer holds: parameter groups, state buffers, the step count,
 //! and everything a step records, built once.
 
+mod checkpoint;
 mod device;
+
+pub use checkpoint::CHECKPOINT_FORMAT;
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, HyperRing};
 use crate::gpu::kernel::{Family, Scalars, VariantKey};
@@ -384,8 +387,8 @@ impl Optimizer {
         for group in &self.groups {
             let step = group.algorithm.kernel_step(1);
             let mut items = Vec::with_capacity(group.len);
-            for i in group.first..group.first + group.len {
-                let args = self.kernel_args(&group.algorithm, step.family, i, &grads[i]);
+            for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
+                let args = self.kernel_args(&group.algorithm, step.family, i, grad);
                 let tensor_plan = plan(&self.ctx, step.family, &args)?;
                 let layout = tensor_plan.layout.clone();
                 let key = VariantKey {

@@ -1,0 +1,237 @@
+//! Saving and loading an optimizer's state as safetensors, under PyTorch's `state_dict`
+//! names: `state.{i}.exp_avg`, `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq`,
+//! `state.{i}.momentum_buffer`, `state.{i}.sum` in their storage dtypes, and
+//! `state.{i}.step` (f32, as PyTorch keeps it); `param_groups` (hyperparameters and
+//! parameter indices) in the metadata; in master-weight mode also `master.{i}`.
+//!
+//! Writing goes to a temporary file that is renamed over the target, so a crash never
+//! leaves a half-written checkpoint in its place. Loading checks the whole file against
+//! the optimizer before changing anything.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::Optimizer;
+use crate::{Algorithm, DType, Error, Result, Tensor};
+
+/// The `format` metadata value of checkpoints this crate writes.
+pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/1";
+
+fn safetensors_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+    }
+}
+
+impl Optimizer {
+    /// The checkpoint as safetensors bytes (see the module documentation for its layout).
+    /// Waits for submitted work, then reads every state tensor back.
+    pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
+        let step = match &self.device {
+            Some(_) => self.read_device_step()?,
+            None => self.step,
+        };
+        let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        for group in &self.groups {
+            for i in group.first..group.first + group.len {
+                for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
+                    let bytes = self.ctx.read_bytes(tensor)?;
+                    owned.push((
+                        format!("state.{i}.{}", kind.torch_name()),
+                        safetensors_dtype(tensor.dtype),
+                        vec![tensor.len as usize],
+                        bytes,
+                    ));
+                }
+                owned.push((
+                    format!("state.{i}.step"),
+                    Dtype::F32,
+                    vec![],
+                    (step as f32).to_le_bytes().to_vec(),
+                ));
+                if !self.model_copies.is_empty() {
+                    let master = &self.params[i];
+                    let bytes = self.ctx.read_bytes(master)?;
+                    owned.push((
+                        format!("master.{i}"),
+                        safetensors_dtype(master.dtype),
+                        vec![master.len as usize],
+                        bytes,
+                    ));
+                }
+            }
+        }
+        let groups: Vec<serde_json::Value> = self
+            .groups
+            .iter()
+            .map(|group| {
+                let mut map = group.algorithm.to_json();
+                map.insert(
+                    "params".into(),
+                    (group.first..group.first + group.len).collect::<Vec<_>>().into(),
+                );
+                serde_json::Value::Object(map)
+            })
+            .collect();
+        let metadata = HashMap::from([
+            ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
+            ("param_groups".to_string(), serde_json::Value::Array(groups).to_string()),
+            ("step".to_string(), step.to_string()),
+        ]);
+        let views = owned
+            .iter()
+            .map(|(name, dtype, shape, bytes)| {
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                    .map(|view| (name.clone(), view))
+                    .map_err(|e| Error::BadFile { path: name.clone(), problem: e.to_string() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::serialize(views, Some(metadata))
+            .map_err(|e| Error::BadFile { path: "checkpoint".into(), problem: e.to_string() })
+    }
+
+    /// Saves the checkpoint to `path` atomically: a temporary file beside it is written,
+    /// flushed to disk and renamed over `path`.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = self.save_to_bytes()?;
+        let io =
+            |e: std::io::Error| Error::BadFile { path: path.display().to_string(), problem: e.to_string() };
+        let file_name =
+            path.file_name().ok_or_else(|| io(std::io::Error::other("the path names no file")))?;
+        let mut temporary_name = file_name.to_os_string();
+        temporary_name.push(format!(".tmp-{}", std::process::id()));
+        let temporary = path.with_file_name(temporary_name);
+        let written = (|| {
+            let mut file = std::fs::File::create(&temporary)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        written.map_err(io)
+    }
+
+    /// Loads a checkpoint file written by [`Optimizer::save`].
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::BadFile { path: path.display().to_string(), problem: e.to_string() })?;
+        self.load_from_bytes(&bytes).map_err(|e| match e {
+            Error::BadFile { problem, .. } => Error::BadFile { path: path.display().to_string(), problem },
+            other => other,
+        })
+    }
+
+    /// Loads checkpoint bytes. The whole file is checked first (format, algorithm and state
+    /// tensors of every group, every tensor's dtype and length); on any mismatch, or a
+    /// truncated or corrupt file, the optimizer is left as it was.
+    pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
+        let (_, metadata) =
+            SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let file = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("corrupt tensor table: {e}")))?;
+        let meta = metadata.metadata().clone().unwrap_or_default();
+        let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("metadata has no `{key}`")));
+        if field("format")? != CHECKPOINT_FORMAT {
+            return Err(bad(format!("format is `{}`, expected `{CHECKPOINT_FORMAT}`", field("format")?)));
+        }
+        let step: u64 =
+            field("step")?.parse().map_err(|e| bad(format!("`step` is not a whole number: {e}")))?;
+        let groups: Vec<serde_json::Value> = serde_json::from_str(field("param_groups")?)
+            .map_err(|e| bad(format!("`param_groups` is not JSON: {e}")))?;
+        if groups.len() != self.groups.len() {
+            return Err(bad(format!(
+                "{} parameter groups, the optimizer has {}",
+                groups.len(),
+                self.groups.len()
+            )));
+        }
+        let mut algorithms = Vec::with_capacity(groups.len());
+        for (g, (saved, ours)) in groups.iter().zip(&self.groups).enumerate() {
+            let map = saved.as_object().ok_or_else(|| bad(format!("param_groups[{g}] is not an object")))?;
+            let algorithm = Algorithm::from_json(map).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+            algorithm.validate().map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+            if algorithm.name() != ours.algorithm.name()
+                || algorithm.state_kinds() != ours.algorithm.state_kinds()
+            {
+                return Err(bad(format!(
+                    "param_groups[{g}] is {} with state {:?}; the optimizer's group is {} with state {:?}",
+                    algorithm.name(),
+                    algorithm.state_kinds(),
+                    ours.algorithm.name(),
+                    ours.algorithm.state_kinds()
+                )));
+            }
+            let expected: Vec<serde_json::Value> =
+                (ours.first..ours.first + ours.len).map(Into::into).collect();
+            if map.get("params").and_then(|p| p.as_array()) != Some(&expected) {
+                return Err(bad(format!(
+                    "param_groups[{g}] holds other parameters than the optimizer's group"
+                )));
+            }
+            algorithms.push(algorithm);
+        }
+        // Every tensor the optimizer needs, checked before anything is written.
+        let mut writes: Vec<(Tensor, &[u8])> = Vec::new();
+        let mut expected_names = 0;
+        let mut take = |name: String, target: &Tensor| -> Result<()> {
+            let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
+            if view.dtype() != safetensors_dtype(target.dtype) || view.shape() != [target.len as usize] {
+                return Err(bad(format!(
+                    "`{name}` is {:?} {:?}, the optimizer's is {:?} [{}]",
+                    view.dtype(),
+                    view.shape(),
+                    target.dtype,
+                    target.len
+                )));
+            }
+            writes.push((target.clone(), view.data()));
+            expected_names += 1;
+            Ok(())
+        };
+        for group in &self.groups {
+            for i in group.first..group.first + group.len {
+                for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
+                    take(format!("state.{i}.{}", kind.torch_name()), tensor)?;
+                }
+                if !self.model_copies.is_empty() {
+                    take(format!("master.{i}"), &self.params[i])?;
+                }
+            }
+        }
+        for i in 0..self.params.len() {
+            let name = format!("state.{i}.step");
+            let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
+            if view.dtype() != Dtype::F32
+                || !view.shape().is_empty()
+                || view.data() != (step as f32).to_le_bytes()
+            {
+                return Err(bad(format!("`{name}` is not the f32 scalar {step}")));
+            }
+            expected_names += 1;
+        }
+        if file.len() != expected_names {
+            return Err(bad(format!("holds {} tensors, the optimizer has {expected_names}", file.len())));
+        }
+        if self.device.is_some() && u32::try_from(step).is_err() {
+            return Err(bad(format!("step {step} does not fit the device's u32 step counter")));
+        }
+        // Everything matches: write.
+        for (tensor, data) in writes {
+            self.ctx.write_bytes(&tensor, data)?;
+        }
+        for (g, algorithm) in algorithms.into_iter().enumerate() {
+            self.set_group_algorithm(g, algorithm)?;
+        }
+        self.set_step_count(step)
+    }
+}

@@ -1,0 +1,261 @@
+//! Checkpoints: PyTorch's state names and dtypes kept, a save-load-continue run identical
+//! bit for bit to an uninterrupted one, atomic writes, and every mismatched, truncated or
+//! corrupt file refused with a typed error that leaves the optimizer as it was.
+
+mod common;
+
+use common::{ctx, Rng};
+use wgpu_optim::{
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
+};
+
+const SIZES: [usize; 3] = [33, 1, 258];
+
+/// One way to build an optimizer, so a run can be rebuilt from scratch and resumed.
+#[derive(Clone)]
+struct Setup {
+    groups: Vec<(Algorithm, std::ops::Range<usize>)>,
+    param_dtype: DType,
+    state_dtype: Option<DType>,
+    capturable: bool,
+    master_weights: bool,
+}
+
+impl Setup {
+    fn single(algorithm: impl Into<Algorithm>) -> Self {
+        Setup {
+            groups: vec![(algorithm.into(), 0..SIZES.len())],
+            param_dtype: DType::F32,
+            state_dtype: None,
+            capturable: false,
+            master_weights: false,
+        }
+    }
+
+    /// The parameters (the model's, in master-weight mode) and the optimizer over them.
+    fn build(&self, ctx: &GpuContext, initial: &[Vec<f64>]) -> (Vec<Tensor>, Optimizer) {
+        let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, self.param_dtype)).collect();
+        if self.master_weights {
+            let optimizer = Optimizer::master_weights(ctx, self.groups[0].0, &params).unwrap();
+            return (params, optimizer);
+        }
+        let groups =
+            self.groups.iter().map(|(a, range)| ParamGroup::new(*a, &params[range.clone()])).collect();
+        let options = OptimizerOptions {
+            state_dtype: self.state_dtype,
+            capturable: self.capturable,
+            ..Default::default()
+        };
+        (params.clone(), Optimizer::with_groups(ctx, groups, options).unwrap())
+    }
+}
+
+/// A checkpoint's content in a canonical order (the metadata map has none).
+fn canonical(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+    let mut entries: Vec<(String, Vec<u8>)> = metadata
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (format!("metadata {k}"), v.into_bytes()))
+        .collect();
+    for (name, view) in file.tensors() {
+        entries.push((format!("{name} {:?} {:?}", view.dtype(), view.shape()), view.data().to_vec()));
+    }
+    entries.sort();
+    entries
+}
+
+/// Every byte of the parameters and the optimizer's state.
+fn snapshot(ctx: &GpuContext, params: &[Tensor], optimizer: &Optimizer) -> Vec<(String, Vec<u8>)> {
+    let mut entries = canonical(&optimizer.save_to_bytes().unwrap());
+    for (i, p) in params.iter().enumerate() {
+        entries.push((format!("model {i}"), ctx.read_bytes(p).unwrap()));
+    }
+    entries
+}
+
+fn run(ctx: &GpuContext, optimizer: &mut Optimizer, grads: &[Tensor], seed: u64, steps: usize) {
+    let mut rng = Rng::new(seed);
+    for _ in 0..steps {
+        for g in grads {
+            ctx.write(g, &rng.vec(g.len as usize, 1.0)).unwrap();
+        }
+        optimizer.step(grads).unwrap();
+    }
+}
+
+fn check_resume_is_bit_identical(setup: Setup, name: &str) {
+    let ctx = ctx();
+    let mut rng = Rng::new(1);
+    let initial: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grad_dtype = if setup.master_weights { DType::F32 } else { setup.param_dtype };
+    let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, grad_dtype)).collect();
+    let dir = std::env::temp_dir().join(format!("wgpu-optim-checkpoint-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("optimizer.safetensors");
+
+    // Uninterrupted: 10 steps, the checkpoint taken after 5 along with the model.
+    let (params, mut optimizer) = setup.build(&ctx, &initial);
+    run(&ctx, &mut optimizer, &grads, 10, 5);
+    optimizer.save(&path).unwrap();
+    let model: Vec<Vec<u8>> = params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect();
+    run(&ctx, &mut optimizer, &grads, 20, 5);
+    let uninterrupted = snapshot(&ctx, &params, &optimizer);
+
+    // Interrupted: a fresh optimizer, the model and the checkpoint loaded, 5 more steps.
+    let (params, mut resumed) = setup.build(&ctx, &initial);
+    for (p, bytes) in params.iter().zip(&model) {
+        ctx.write_bytes(p, bytes).unwrap();
+    }
+    resumed.load(&path).unwrap();
+    assert_eq!(resumed.step_count(), 5);
+    run(&ctx, &mut resumed, &grads, 20, 5);
+    assert!(
+        snapshot(&ctx, &params, &resumed) == uninterrupted,
+        "{name}: resumed run differs from the uninterrupted one"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn save_load_continue_is_bit_identical_to_an_uninterrupted_run() {
+    check_resume_is_bit_identical(Setup::single(Adam { amsgrad: true, ..Adam::adamw() }), "amsgrad");
+    check_resume_is_bit_identical(
+        Setup::single(Sgd { lr: 0.01, momentum: 0.9, nesterov: true, ..Sgd::default() }),
+        "nesterov",
+    );
+    check_resume_is_bit_identical(Setup::single(Adagrad { lr_decay: 0.01, ..Adagrad::default() }), "adagrad");
+    let groups = Setup {
+        groups: vec![
+            (Adam::adamw().into(), 0..1),
+            (Adam { weight_decay: 0.0, ..Adam::adamw() }.into(), 1..3),
+        ],
+        ..Setup::single(Adam::default())
+    };
+    check_resume_is_bit_identical(groups, "groups");
+    let half =
+        Setup { param_dtype: DType::F16, state_dtype: Some(DType::BF16), ..Setup::single(Adam::default()) };
+    check_resume_is_bit_identical(half, "f16-bf16");
+    let capturable = Setup { capturable: true, ..Setup::single(Adam::default()) };
+    check_resume_is_bit_identical(capturable, "capturable");
+    let master = Setup { param_dtype: DType::BF16, master_weights: true, ..Setup::single(Adam::adamw()) };
+    check_resume_is_bit_identical(master, "master");
+}
+
+#[test]
+fn tensor_names_and_dtypes_follow_pytorchs_state_dict() {
+    let ctx = ctx();
+    let params = vec![ctx.upload("p", &[0.5; 10], DType::F16)];
+    let options = OptimizerOptions { state_dtype: Some(DType::F32), ..Default::default() };
+    let mut optimizer =
+        Optimizer::with_options(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params, options).unwrap();
+    optimizer.step(&[ctx.upload("g", &[0.1; 10], DType::F16)]).unwrap();
+    let bytes = optimizer.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = file.names();
+    names.sort();
+    assert_eq!(names, ["state.0.exp_avg", "state.0.exp_avg_sq", "state.0.max_exp_avg_sq", "state.0.step"]);
+    assert_eq!(file.tensor("state.0.exp_avg").unwrap().dtype(), safetensors::Dtype::F32);
+    assert_eq!(file.tensor("state.0.step").unwrap().data(), 1.0f32.to_le_bytes());
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let groups = &metadata.metadata().as_ref().unwrap()["param_groups"];
+    let groups: serde_json::Value = serde_json::from_str(groups).unwrap();
+    assert_eq!(groups[0]["optimizer"], "Adam");
+    assert_eq!(groups[0]["betas"], serde_json::json!([0.9, 0.999]));
+    assert_eq!(groups[0]["params"], serde_json::json!([0]));
+    assert_eq!(groups[0]["amsgrad"], true);
+}
+
+/// Asserts that loading `bytes` fails with a typed error and changes nothing.
+fn assert_refused(ctx: &GpuContext, optimizer: &mut Optimizer, bytes: &[u8], what: &str) -> Error {
+    let before = canonical(&optimizer.save_to_bytes().unwrap());
+    let step = optimizer.step_count();
+    let err = optimizer.load_from_bytes(bytes).expect_err(what);
+    ctx.queue().submit([]);
+    assert!(
+        canonical(&optimizer.save_to_bytes().unwrap()) == before,
+        "{what}: a refused load changed the optimizer"
+    );
+    assert_eq!(optimizer.step_count(), step, "{what}");
+    err
+}
+
+#[test]
+fn mismatched_files_are_refused_and_change_nothing() {
+    let ctx = ctx();
+    let make = |algorithm: Algorithm, len: usize, dtype: DType| {
+        let params = vec![ctx.upload("p", &vec![0.5; len], dtype)];
+        let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+        optimizer.step(&[ctx.upload("g", &vec![0.1; len], dtype)]).unwrap();
+        optimizer
+    };
+    let adam: Algorithm = Adam::default().into();
+    let mut target = make(adam, 16, DType::F32);
+    let cases = [
+        ("another algorithm", make(Sgd { momentum: 0.9, ..Sgd::default() }.into(), 16, DType::F32)),
+        ("AMSGrad state", make(Adam { amsgrad: true, ..Adam::default() }.into(), 16, DType::F32)),
+        ("another length", make(adam, 17, DType::F32)),
+        ("another dtype", make(adam, 16, DType::F16)),
+    ];
+    for (what, other) in cases {
+        let err = assert_refused(&ctx, &mut target, &other.save_to_bytes().unwrap(), what);
+        assert!(matches!(err, Error::BadFile { .. }), "{what}: {err}");
+    }
+}
+
+#[test]
+fn truncated_and_corrupt_files_are_refused_and_change_nothing() {
+    let ctx = ctx();
+    let params = vec![ctx.upload("p", &[0.5; 40], DType::F32)];
+    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    optimizer.step(&[ctx.upload("g", &[0.1; 40], DType::F32)]).unwrap();
+    let good = optimizer.save_to_bytes().unwrap();
+    let mut refused = 0;
+    for cut in (0..good.len()).step_by(7).chain([good.len() - 1]) {
+        assert_refused(&ctx, &mut optimizer, &good[..cut], &format!("cut at {cut}"));
+        refused += 1;
+    }
+    let mut rng = Rng::new(3);
+    for k in 0..200 {
+        let mut bad = good.clone();
+        let at = (rng.next_u64() % good.len() as u64) as usize;
+        bad[at] ^= 1 << (k % 8);
+        // A flipped bit in the tensor data is still a valid file; everything else must fail
+        // or load exactly what it says.
+        match optimizer.load_from_bytes(&bad) {
+            Err(err) => assert!(matches!(err, Error::BadFile { .. }), "{err}"),
+            Ok(()) => {
+                optimizer.load_from_bytes(&good).unwrap();
+            }
+        }
+        refused += 1;
+    }
+    assert!(refused > 200);
+}
+
+#[test]
+fn saving_is_atomic() {
+    let ctx = ctx();
+    let params = vec![ctx.upload("p", &[0.5; 8], DType::F32)];
+    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    let dir = std::env::temp_dir().join(format!("wgpu-optim-atomic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("opt.safetensors");
+    optimizer.save(&path).unwrap();
+    let first = std::fs::read(&path).unwrap();
+    optimizer.step(&[ctx.upload("g", &[0.1; 8], DType::F32)]).unwrap();
+    // Make the temporary file impossible to create: the save fails, the old file survives.
+    let blocker = dir.join(format!("opt.safetensors.tmp-{}", std::process::id()));
+    std::fs::create_dir(&blocker).unwrap();
+    let err = optimizer.save(&path).unwrap_err();
+    assert!(matches!(err, Error::BadFile { .. }), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), first, "a failed save touched the previous checkpoint");
+    std::fs::remove_dir(&blocker).unwrap();
+    optimizer.save(&path).unwrap();
+    assert_ne!(std::fs::read(&path).unwrap(), first);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
