@@ -3,7 +3,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wgpu_optim::oracle::{torch_adam_step, TorchAdamState};
-use wgpu_optim::{Adam, GpuContext, Optimizer};
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, Tensor};
 
 fn gpu_adam(c: &mut Criterion) {
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
@@ -40,5 +40,47 @@ fn oracle_adam(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_adam, oracle_adam);
+/// GPT-2 small's 148 parameter tensors (124.4 M parameters), as PyTorch lists them.
+fn gpt2_small_sizes() -> Vec<u64> {
+    let (d, vocab, ctx_len) = (768u64, 50257u64, 1024u64);
+    let mut sizes = vec![vocab * d, ctx_len * d];
+    for _ in 0..12 {
+        sizes.extend([d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]);
+    }
+    sizes.extend([d, d]);
+    sizes
+}
+
+/// Host time to record one step (one compute pass, no submit) for many tensors: what a
+/// trainer pays on the CPU per step, whatever the GPU does.
+fn record_step(c: &mut Criterion) {
+    let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+    let mut group = c.benchmark_group("record_step");
+    let models = [("gpt2_small_148_tensors", gpt2_small_sizes()), ("200x4096", vec![4096; 200])];
+    for (name, sizes) in models {
+        let params: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("param", n, DType::F32)).collect();
+        let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n, DType::F32)).collect();
+        let mut optimizer = Optimizer::new(&ctx, Adam::adamw(), &params).unwrap_or_else(|e| panic!("{e}"));
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        optimizer.record_step(&mut encoder, &grads).unwrap_or_else(|e| panic!("{e}")); // builds the bind groups
+        group.bench_function(name, |b| {
+            b.iter_with_large_drop(|| {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                optimizer.record_step(&mut encoder, &grads).unwrap_or_else(|e| panic!("{e}"));
+                encoder
+            })
+        });
+        // wgpu validates and encodes a pass when the encoder is finished; a trainer pays that too.
+        group.bench_function(format!("{name}_and_finish"), |b| {
+            b.iter_with_large_drop(|| {
+                let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                optimizer.record_step(&mut encoder, &grads).unwrap_or_else(|e| panic!("{e}"));
+                encoder.finish()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gpu_adam, oracle_adam, record_step);
 criterion_main!(benches);
