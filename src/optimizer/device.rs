@@ -142,7 +142,9 @@ impl DeviceState {
             });
         }
         crate::gpu::plan::check_range(&Arg::new("inv_scale", inv_scale))?;
-        if !inv_scale.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) || !inv_scale.offset.is_multiple_of(4) {
+        if !inv_scale.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
+            || !inv_scale.offset.is_multiple_of(4)
+        {
             return Err(Error::MissingUsage {
                 argument: "inv_scale".into(),
                 needed: "COPY_SRC, at a 4-byte-aligned offset",
