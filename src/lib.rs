@@ -13,6 +13,7 @@
 
 mod algo;
 pub mod conformance;
+pub mod cpu;
 mod dtype;
 mod error;
 mod gpu;
