@@ -11,11 +11,11 @@ override MAXIMIZE: bool = false;
 override WEIGHT_DECAY: u32 = 0u;
 
 struct Hyper {
-    lr: R,
-    weight_decay: R,
-    eps: R,
+    lr: S,
+    weight_decay: S,
+    eps: S,
     // PyTorch's lr_decay, for the rate computed on the device (capturable mode).
-    lr_decay: R,
+    lr_decay: S,
 }
 
 // Updates element i. The generated entry point calls it for every element of the segment.
@@ -27,7 +27,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
     let h = h_prev + g * g;

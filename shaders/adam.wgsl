@@ -5,8 +5,10 @@
 //                                 step_size = lr / (1 - beta1^t)
 //   ONNX:                          denom = sqrt(v) + eps,
 //                                 step_size = R * sqrt(1 - beta^T) / (1 - alpha^T) (R when T = 0)
-// The prelude supplies R and the load_/store_ functions; store_param_copy writes the
-// model's low-precision copy in master-weight mode and is a no-op otherwise.
+// The prelude supplies R (the value type: a scalar, or vec4 when an invocation updates four
+// elements at once), S (the uniform's scalar type) and the load_/store_ functions;
+// store_param_copy writes the model's low-precision copy in master-weight mode and is a
+// no-op otherwise. Every operation is componentwise, so one body serves both widths.
 
 // Negate the gradient (PyTorch `maximize`).
 override MAXIMIZE: bool = false;
@@ -21,20 +23,20 @@ override EPS_AFTER_CORRECTION: bool = true;
 override AMSGRAD: bool = false;
 
 struct Hyper {
-    beta1: R,
-    one_minus_beta1: R,
-    beta2: R,
-    one_minus_beta2: R,
-    weight_decay: R,
-    decay: R,
-    step_size: R,
-    inv_sqrt_bias_correction2: R,
-    eps: R,
+    beta1: S,
+    one_minus_beta1: S,
+    beta2: S,
+    one_minus_beta2: S,
+    weight_decay: S,
+    decay: S,
+    step_size: S,
+    inv_sqrt_bias_correction2: S,
+    eps: S,
     // ONNX norm_coefficient_post: the parameter is scaled by this after the update.
-    post_scale: R,
+    post_scale: S,
     // ln(beta1), ln(beta2), for bias corrections computed on the device (capturable mode).
-    ln_beta1: R,
-    ln_beta2: R,
+    ln_beta1: S,
+    ln_beta2: S,
 }
 
 // Updates element i. The generated entry point calls it for every element of the segment.
@@ -49,7 +51,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     } else if WEIGHT_DECAY == 2u {
         p = p * hp.decay;

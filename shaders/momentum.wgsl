@@ -17,13 +17,13 @@ override NESTEROV: bool = false;
 override VELOCITY: bool = true;
 
 struct Hyper {
-    velocity_decay: R,
-    grad_scale: R,
-    weight_decay: R,
-    lr: R,
+    velocity_decay: S,
+    grad_scale: S,
+    weight_decay: S,
+    lr: S,
     // 1 on the step where PyTorch creates the buffer as a copy of the gradient.
-    restart: R,
-    nesterov_scale: R,
+    restart: S,
+    nesterov_scale: S,
 }
 
 // Updates element i. The generated entry point calls it for every element of the segment.
@@ -36,13 +36,13 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u && hp.weight_decay != R(0) {
+    if WEIGHT_DECAY == 1u && hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
     var direction = g;
     if VELOCITY {
         var v = hp.velocity_decay * v_prev + hp.grad_scale * g;
-        if hp.restart != R(0) {
+        if hp.restart != S(0) {
             v = g;
         }
         store_momentum_buffer(i, v);

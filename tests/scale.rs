@@ -110,7 +110,7 @@ fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
 fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
     // Weights with decay, biases and norms without, each group's learning rate, betas and
     // weight decay changed every step (the decay even reaching 0).
-    let ctx = ctx();
+    let ctx = common::fresh_ctx();
     let mut rng = Rng::new(2);
     let sizes = [300usize, 17, 64];
     let initial: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();

@@ -278,7 +278,7 @@ fn up_to_32_steps_per_submit_across_the_uniform_ring() {
 
 #[test]
 fn a_learning_rate_schedule_changes_no_pipeline() {
-    let ctx = ctx();
+    let ctx = common::fresh_ctx();
     let mut rng = Rng::new(4);
     let initial = vec![rng.vec(513, 1.0)];
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];

@@ -7,7 +7,7 @@ use wgpu::util::DeviceExt;
 
 use crate::gpu::kernel::{Scalars, VariantKey, WORKGROUP_SIZE};
 use crate::gpu::pipeline::CachedPipeline;
-use crate::gpu::plan::TensorPlan;
+use crate::gpu::plan::{SegmentPlan, TensorPlan};
 use crate::gpu::step::{KernelStep, HYPER_SLOT_BYTES};
 use crate::gpu::GpuContext;
 use crate::{DType, Result};
@@ -15,53 +15,73 @@ use crate::{DType, Result};
 /// Bytes per segment uniform slot (`n` and one base per binding, padded to the alignment).
 const SEGMENT_SLOT_BYTES: u64 = 256;
 
-/// One tensor's update, ready to record: its pipeline and a bind group per segment.
+/// One dispatch: its pipeline, its bind group and its workgroup count.
 #[derive(Debug)]
-pub(crate) struct PreparedTensor {
+struct Dispatch {
     pipeline: Arc<CachedPipeline>,
-    segments: Vec<(wgpu::BindGroup, u32)>,
+    bind_group: wgpu::BindGroup,
+    workgroups: u32,
 }
 
 /// Prepared updates of several tensors with one shared segment-uniform buffer.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
-    tensors: Vec<PreparedTensor>,
+    dispatches: Vec<Dispatch>,
+}
+
+/// A dispatch before its GPU objects exist.
+struct Planned<'a> {
+    key: VariantKey,
+    segment: &'a SegmentPlan,
+    /// The segment uniform: `n`, the pair fields, then each binding's base.
+    meta: Vec<u32>,
+    workgroups: u32,
+}
+
+/// The dispatches of one segment: one, or one per phase in pair mode.
+fn plan_dispatches<'a>(key: &VariantKey, segment: &'a SegmentPlan, out: &mut Vec<Planned<'a>>) {
+    let bases = segment.ranges.iter().map(|r| r.base);
+    let key = key.with_width(segment.width);
+    if key.layout.pairs() {
+        let pairs = (segment.len + segment.pair_shift).div_ceil(2);
+        for phase in 0..segment.phases {
+            let header = [segment.len, segment.pair_shift, phase, segment.phases];
+            out.push(Planned {
+                key: key.clone(),
+                segment,
+                meta: header.into_iter().chain(bases.clone()).collect(),
+                workgroups: pairs.div_ceil(segment.phases).div_ceil(WORKGROUP_SIZE),
+            });
+        }
+    } else {
+        out.push(Planned {
+            key,
+            segment,
+            meta: [segment.len, 0, 0, 1].into_iter().chain(bases).collect(),
+            workgroups: segment.len.div_ceil(WORKGROUP_SIZE),
+        });
+    }
 }
 
 impl Batch {
     /// Compiles (or finds) each variant and builds every bind group. This is the only place
     /// a step's GPU objects are created; recording a prepared batch creates none.
     pub(crate) fn build(ctx: &GpuContext, items: &[(VariantKey, TensorPlan)], label: &str) -> Result<Batch> {
-        // One uniform slot and bind group per segment and phase.
-        let mut metas: Vec<Vec<u32>> = Vec::new();
-        let mut dispatches: Vec<Vec<u32>> = Vec::new();
+        let mut planned = Vec::new();
         for (key, plan) in items {
-            let mut groups = Vec::new();
             for segment in &plan.segments {
-                let bases = segment.ranges.iter().map(|r| r.base);
-                if key.layout.pairs() {
-                    let pairs = (segment.len + segment.pair_shift).div_ceil(2);
-                    for phase in 0..segment.phases {
-                        let header = [segment.len, segment.pair_shift, phase, segment.phases];
-                        metas.push(header.into_iter().chain(bases.clone()).collect());
-                        groups.push(pairs.div_ceil(segment.phases).div_ceil(WORKGROUP_SIZE));
-                    }
-                } else {
-                    metas.push([segment.len, 0, 0, 1].into_iter().chain(bases).collect());
-                    groups.push(segment.len.div_ceil(WORKGROUP_SIZE));
-                }
+                plan_dispatches(key, segment, &mut planned);
             }
-            dispatches.push(groups);
         }
-        if metas.is_empty() {
+        if planned.is_empty() {
             return Ok(Batch::default());
         }
-        let mut contents = vec![0u8; metas.len() * SEGMENT_SLOT_BYTES as usize];
-        for (slot, words) in contents.chunks_exact_mut(SEGMENT_SLOT_BYTES as usize).zip(&metas) {
-            slot[..4 * words.len()].copy_from_slice(bytemuck::cast_slice(words));
+        let mut contents = vec![0u8; planned.len() * SEGMENT_SLOT_BYTES as usize];
+        for (slot, p) in contents.chunks_exact_mut(SEGMENT_SLOT_BYTES as usize).zip(&planned) {
+            slot[..4 * p.meta.len()].copy_from_slice(bytemuck::cast_slice(&p.meta));
         }
         let pipelines =
-            items.iter().map(|(key, _)| ctx.inner.pipelines.get(ctx, key)).collect::<Result<Vec<_>>>()?;
+            planned.iter().map(|p| ctx.inner.pipelines.get(ctx, &p.key)).collect::<Result<Vec<_>>>()?;
         let device = ctx.device();
         let max_groups = device.limits().max_compute_workgroups_per_dimension;
         ctx.catch(&format!("creating the bind groups of {label}"), || {
@@ -70,24 +90,20 @@ impl Batch {
                 contents: &contents,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-            let mut slot = 0u64;
-            let mut tensors = Vec::with_capacity(items.len());
-            for (((_, plan), pipeline), groups) in items.iter().zip(pipelines).zip(dispatches) {
-                // Each segment has `groups.len() / segments` phases, each its own slot.
-                let phases = groups.len() / plan.segments.len().max(1);
-                let mut segments = Vec::with_capacity(groups.len());
-                for (k, groups) in groups.into_iter().enumerate() {
-                    let segment = &plan.segments[k / phases.max(1)];
+            let dispatches = planned
+                .iter()
+                .zip(pipelines)
+                .enumerate()
+                .map(|(slot, (p, pipeline))| {
                     let mut entries = vec![wgpu::BindGroupEntry {
                         binding: 0,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &segment_uniform,
-                            offset: slot * SEGMENT_SLOT_BYTES,
+                            offset: slot as u64 * SEGMENT_SLOT_BYTES,
                             size: wgpu::BufferSize::new(SEGMENT_SLOT_BYTES),
                         }),
                     }];
-                    slot += 1;
-                    for (b, range) in segment.ranges.iter().enumerate() {
+                    for (b, range) in p.segment.ranges.iter().enumerate() {
                         entries.push(wgpu::BindGroupEntry {
                             binding: b as u32 + 1,
                             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -102,11 +118,10 @@ impl Batch {
                         layout: &pipeline.segment_layout,
                         entries: &entries,
                     });
-                    segments.push((bind_group, groups.clamp(1, max_groups)));
-                }
-                tensors.push(PreparedTensor { pipeline, segments });
-            }
-            Batch { tensors }
+                    Dispatch { pipeline, bind_group, workgroups: p.workgroups.clamp(1, max_groups) }
+                })
+                .collect();
+            Batch { dispatches }
         })
     }
 
@@ -120,15 +135,13 @@ impl Batch {
     ) {
         pass.set_bind_group(0, scalars, offsets);
         let mut current: Option<&Arc<CachedPipeline>> = None;
-        for tensor in &self.tensors {
-            if current.is_none_or(|c| !Arc::ptr_eq(c, &tensor.pipeline)) {
-                pass.set_pipeline(&tensor.pipeline.pipeline);
-                current = Some(&tensor.pipeline);
+        for dispatch in &self.dispatches {
+            if current.is_none_or(|c| !Arc::ptr_eq(c, &dispatch.pipeline)) {
+                pass.set_pipeline(&dispatch.pipeline.pipeline);
+                current = Some(&dispatch.pipeline);
             }
-            for (bind_group, groups) in &tensor.segments {
-                pass.set_bind_group(1, bind_group, &[]);
-                pass.dispatch_workgroups(*groups, 1, 1);
-            }
+            pass.set_bind_group(1, &dispatch.bind_group, &[]);
+            pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
         }
     }
 }

@@ -163,6 +163,26 @@ pub(crate) struct VariantKey {
     pub(crate) layout: BindingLayout,
     /// Values of the family's pipeline-overridable constants.
     pub(crate) overrides: [u32; crate::gpu::step::MAX_OVERRIDES],
+    /// Elements per load and store: 1, or 4 (`vec4`) where every binding is native f32 or
+    /// f16 and the elements line up on 4-element boundaries in every buffer.
+    pub(crate) width: u32,
+}
+
+impl VariantKey {
+    /// The scalar (one element per access) variant; segments choose their width.
+    pub(crate) fn new(
+        scalars: Scalars,
+        step: &crate::gpu::step::KernelStep,
+        math: DType,
+        layout: BindingLayout,
+    ) -> Self {
+        VariantKey { scalars, family: step.family, math, layout, overrides: step.overrides, width: 1 }
+    }
+
+    /// This variant with `width` elements per access.
+    pub(crate) fn with_width(&self, width: u32) -> VariantKey {
+        VariantKey { width, ..self.clone() }
+    }
 }
 
 /// Invocations per workgroup. 256 is WebGPU's default `max_compute_invocations_per_workgroup`.
@@ -174,6 +194,7 @@ pub(crate) const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "
 /// The full WGSL of one variant: generated prelude, the family's body, the entry point.
 pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_math();
+    let vector = key.width == 4;
     let bindings = &key.layout.bindings;
     let mut s = String::new();
     // `write!` into a String cannot fail, so its results are ignored.
@@ -181,7 +202,12 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         s.push_str("enable f16;\n");
     }
     let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.family.name());
-    let _ = writeln!(s, "alias R = {math};");
+    if vector {
+        let _ = writeln!(s, "alias R = vec4<{math}>;");
+    } else {
+        let _ = writeln!(s, "alias R = {math};");
+    }
+    let _ = writeln!(s, "alias S = {math};");
     let _ = writeln!(s, "override WG: u32 = {WORKGROUP_SIZE}u;");
     s.push_str("struct Segment {\n");
     for field in SEGMENT_HEADER {
@@ -196,21 +222,22 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     }
     for (b, desc) in bindings.iter().enumerate() {
         let access = if desc.read_write { "read_write" } else { "read" };
-        let element = match desc.storage {
-            Storage::Native(d) => d.wgsl_math(),
-            Storage::Packed(_) => "u32",
+        let element = match (desc.storage, vector) {
+            (Storage::Native(d), false) => d.wgsl_math().to_string(),
+            (Storage::Native(d), true) => format!("vec4<{}>", d.wgsl_math()),
+            (Storage::Packed(_), _) => "u32".to_string(),
         };
         let _ = writeln!(s, "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{element}>;", b + 1);
     }
     for (slot, binding) in key.family.inputs().iter().zip(&key.layout.inputs) {
         let body = match binding {
             Some(b) => load_expression(*b, bindings[*b].storage),
-            None => "return R(0);".to_string(),
+            None => "return R(S(0));".to_string(),
         };
         let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
     }
     for (slot, binding) in key.family.outputs().iter().zip(&key.layout.outputs) {
-        let body = binding.map(|b| store_statement(b, bindings[b].storage)).unwrap_or_default();
+        let body = binding.map(|b| store_statement(b, bindings[b].storage, vector)).unwrap_or_default();
         let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ {body} }}");
     }
     s.push_str(key.family.source());
@@ -258,15 +285,20 @@ fn load_expression(b: usize, storage: Storage) -> String {
     }
 }
 
-fn store_statement(b: usize, storage: Storage) -> String {
+fn store_statement(b: usize, storage: Storage, vector: bool) -> String {
     let half = |encode: &str| {
         format!("let j = seg.base{b} + i; buf{b}[j >> 1u] = with_half(buf{b}[j >> 1u], j & 1u, {encode}(f32(v)));")
     };
     match storage {
+        // Rounded to nearest even in f32 first, so the f16 conversion is exact.
+        Storage::Native(DType::F16) if vector => format!(
+            "buf{b}[seg.base{b} + i] = vec4<f16>(f16(f16_value(f16_bits(v.x))), f16(f16_value(f16_bits(v.y))), \
+             f16(f16_value(f16_bits(v.z))), f16(f16_value(f16_bits(v.w))));"
+        ),
         Storage::Native(DType::F16) => {
-            // Rounded to nearest even in f32 first, so the f16 conversion is exact.
             format!("buf{b}[seg.base{b} + i] = f16(f16_value(f16_bits(f32(v))));")
         }
+        Storage::Native(d) if vector => format!("buf{b}[seg.base{b} + i] = vec4<{}>(v);", d.wgsl_math()),
         Storage::Native(d) => format!("buf{b}[seg.base{b} + i] = {}(v);", d.wgsl_math()),
         Storage::Packed(DType::BF16) => half("bf16_bits"),
         Storage::Packed(_) => half("f16_bits"),

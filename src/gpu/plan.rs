@@ -44,7 +44,10 @@ pub(crate) struct BoundRange {
 /// A run of elements small enough for every binding to fit the device's limits.
 #[derive(Clone, Debug)]
 pub(crate) struct SegmentPlan {
+    /// Accesses in the segment: elements, or vec4s when `width` is 4.
     pub(crate) len: u32,
+    /// Elements per access.
+    pub(crate) width: u32,
     pub(crate) ranges: Vec<BoundRange>,
     /// Pair mode: the parity of the packed outputs' first element (see `kernel::PAIR_ENTRY`).
     pub(crate) pair_shift: u32,
@@ -171,7 +174,11 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
     for arg in args.inputs.iter().chain(&args.outputs).flatten() {
         check_binding_end(arg)?;
     }
-    let segments = split_segments(&distinct, &limits, pair_shift, phases);
+    let vectorizable = family != Family::Unscale
+        && math_dtype(args) == DType::F32
+        && !layout.pairs()
+        && layout.bindings.iter().all(|b| matches!(b.storage, Storage::Native(DType::F32 | DType::F16)));
+    let segments = split_segments(&distinct, &limits, &Split { pair_shift, phases, vectorizable });
     Ok(TensorPlan { layout, segments })
 }
 
@@ -244,41 +251,81 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
     Ok(())
 }
 
-/// Splits the element range so that every binding of a segment fits
-/// `max_storage_buffer_binding_size`, binding each range at the offset alignment below it.
-fn split_segments(
-    distinct: &[&Tensor],
-    limits: &wgpu::Limits,
+/// How a tensor's elements are cut into segments.
+struct Split {
     pair_shift: u32,
     phases: u32,
-) -> Vec<SegmentPlan> {
+    /// Whether the layout allows four elements per access (see `VariantKey::can_vectorize`).
+    vectorizable: bool,
+}
+
+/// Splits the element range into segments whose bindings fit
+/// `max_storage_buffer_binding_size`, each bound at the offset alignment below it. Where
+/// every tensor's elements sit at the same position modulo 4 in their buffers, the middle
+/// runs four elements per access (`vec4`), with a scalar head and tail of at most three.
+fn split_segments(distinct: &[&Tensor], limits: &wgpu::Limits, split: &Split) -> Vec<SegmentPlan> {
     let len = distinct.first().map_or(0, |t| t.len);
-    let align = u64::from(limits.min_storage_buffer_offset_alignment);
+    let phase = |t: &Tensor| (t.offset / t.dtype.size()) % 4;
+    let congruent = distinct.iter().all(|t| phase(t) == phase(distinct[0]));
+    let mut segments = Vec::new();
+    if split.vectorizable && congruent && len >= 4 {
+        let head = ((4 - phase(distinct[0])) % 4).min(len);
+        let main = (len - head) / 4 * 4;
+        push_segments(&mut segments, distinct, limits, split, 0, head, 1);
+        push_segments(&mut segments, distinct, limits, split, head, main, 4);
+        push_segments(&mut segments, distinct, limits, split, head + main, len - head - main, 1);
+    } else {
+        push_segments(&mut segments, distinct, limits, split, 0, len, 1);
+    }
+    segments
+}
+
+/// Appends segments covering elements `[start, start + count)`, `width` elements per access.
+fn push_segments(
+    segments: &mut Vec<SegmentPlan>,
+    distinct: &[&Tensor],
+    limits: &wgpu::Limits,
+    split: &Split,
+    start: u64,
+    count: u64,
+    width: u64,
+) {
+    // vec4 arrays need their binding to start on a 16-byte boundary as well.
+    let align = u64::from(limits.min_storage_buffer_offset_alignment).max(if width == 4 { 16 } else { 4 });
     let widest = distinct.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
     // Room for the worst-case shift below the first element; a segment's element count
-    // must also fit the u32 index of the shader.
+    // must also fit the u32 index of the shader. A multiple of 4, so that pairs never
+    // straddle two segments and vec4 segments hold whole vectors.
     let max_binding = limits.max_storage_buffer_binding_size.min(u64::from(u32::MAX));
-    // Even, so that pairs of elements never straddle two segments.
-    let per_segment = (((max_binding - align) / widest).min(u64::from(u32::MAX >> 1)) & !1).max(2);
-    let mut segments = Vec::new();
-    let mut start = 0;
-    while start < len {
-        let count = per_segment.min(len - start);
+    let per_segment = (((max_binding - align) / widest).min(u64::from(u32::MAX >> 1)) & !3).max(4);
+    let end = start + count;
+    let mut first_element = start;
+    while first_element < end {
+        let n = per_segment.min(end - first_element);
         let ranges = distinct
             .iter()
             .map(|t| {
                 let es = t.dtype.size();
-                let first = t.offset + start * es;
+                let first = t.offset + first_element * es;
                 let offset = first - first % align;
-                let end = first + count * es;
-                let size = (end - offset).next_multiple_of(4);
-                BoundRange { buffer: t.buffer.clone(), offset, size, base: ((first - offset) / es) as u32 }
+                let size = (first + n * es - offset).next_multiple_of(4);
+                BoundRange {
+                    buffer: t.buffer.clone(),
+                    offset,
+                    size,
+                    base: ((first - offset) / (es * width)) as u32,
+                }
             })
             .collect();
-        segments.push(SegmentPlan { len: count as u32, ranges, pair_shift, phases });
-        start += count;
+        segments.push(SegmentPlan {
+            len: (n / width) as u32,
+            width: width as u32,
+            ranges,
+            pair_shift: split.pair_shift,
+            phases: split.phases,
+        });
+        first_element += n;
     }
-    segments
 }
 
 /// The type a call's arithmetic runs in: f64 for double tensors, f32 for every other dtype.

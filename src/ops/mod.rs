@@ -244,13 +244,7 @@ pub(crate) fn record_stateless(
             }
             Some(_) => {}
         }
-        let key = VariantKey {
-            scalars: Scalars::Host,
-            family: step.family,
-            math: dtype,
-            layout: tensor_plan.layout.clone(),
-            overrides: step.overrides,
-        };
+        let key = VariantKey::new(Scalars::Host, step, dtype, tensor_plan.layout.clone());
         items.push((key, tensor_plan));
     }
     let math = math.unwrap_or(DType::F32);

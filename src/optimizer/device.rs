@@ -8,7 +8,7 @@
 use crate::gpu::dispatch::{Batch, DEVICE_STATE_BYTES};
 use crate::gpu::kernel::{Family, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
-use crate::gpu::step::MAX_OVERRIDES;
+use crate::gpu::step::KernelStep;
 use crate::gpu::{GpuContext, TENSOR_USAGES};
 use crate::{DType, Error, Result, Tensor};
 
@@ -157,13 +157,8 @@ impl DeviceState {
                 let arg = Arg::new(format!("grads[{i}]"), grad);
                 let args = KernelArgs { inputs: vec![Some(arg.clone())], outputs: vec![Some(arg)] };
                 let tensor_plan = plan(ctx, Family::Unscale, &args)?;
-                let key = VariantKey {
-                    scalars: Scalars::Unscale,
-                    family: Family::Unscale,
-                    math: DType::F32,
-                    layout: tensor_plan.layout.clone(),
-                    overrides: [0; MAX_OVERRIDES],
-                };
+                let unscale = KernelStep::new(Family::Unscale, &[], &[]);
+                let key = VariantKey::new(Scalars::Unscale, &unscale, DType::F32, tensor_plan.layout.clone());
                 items.push((key, tensor_plan));
             }
             self.unscale = Some((grads.to_vec(), Batch::build(ctx, &items, "unscale")?));

@@ -391,13 +391,7 @@ impl Optimizer {
                 let args = self.kernel_args(&group.algorithm, step.family, i, grad);
                 let tensor_plan = plan(&self.ctx, step.family, &args)?;
                 let layout = tensor_plan.layout.clone();
-                let key = VariantKey {
-                    scalars,
-                    family: step.family,
-                    math: self.math,
-                    layout,
-                    overrides: step.overrides,
-                };
+                let key = VariantKey::new(scalars, &step, self.math, layout);
                 items.push((key, tensor_plan));
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);

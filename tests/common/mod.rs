@@ -16,6 +16,12 @@ pub fn ctx() -> GpuContext {
     .clone()
 }
 
+/// A context of its own (its own pipeline cache), for tests that count compiled pipelines
+/// while other tests compile theirs on the shared one.
+pub fn fresh_ctx() -> GpuContext {
+    GpuContext::headless_blocking().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+}
+
 /// SplitMix64: deterministic, dependency-free test data.
 pub struct Rng(u64);
 
