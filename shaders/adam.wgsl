@@ -60,7 +60,8 @@ fn update(i: u32) {
     let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
     var v_hat = v;
     if AMSGRAD {
-        v_hat = max(v_max_prev, v);
+        // torch.maximum propagates NaN; WGSL's max may return either operand.
+        v_hat = max_propagating_nan(v_max_prev, v);
     }
     var denom: R;
     if EPS_AFTER_CORRECTION {

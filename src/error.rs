@@ -131,6 +131,10 @@ pub enum Error {
         /// wgpu's full message, verbatim.
         message: String,
     },
+    /// The device was lost (destroyed, reset or removed); nothing more can run on it.
+    /// Create a new context (and re-upload the state, e.g. from a checkpoint).
+    #[error("the GPU device was lost ({0}); create a new context and restore the state from a checkpoint")]
+    DeviceLost(String),
     /// Reading a buffer back to the host failed.
     #[error("reading a buffer back failed: {0}")]
     Readback(String),

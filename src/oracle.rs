@@ -55,7 +55,9 @@ pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &m
         let step_size = lr / bias_correction1;
         let bias_correction2_sqrt = bias_correction2.sqrt();
         let denom = if config.amsgrad {
-            state.max_exp_avg_sq[i] = state.max_exp_avg_sq[i].max(state.exp_avg_sq[i]);
+            // torch.maximum propagates NaN (f64::max would drop it).
+            let (a, b) = (state.max_exp_avg_sq[i], state.exp_avg_sq[i]);
+            state.max_exp_avg_sq[i] = if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) };
             state.max_exp_avg_sq[i].sqrt() / bias_correction2_sqrt + eps
         } else {
             state.exp_avg_sq[i].sqrt() / bias_correction2_sqrt + eps

@@ -63,6 +63,8 @@ pub(crate) struct ContextInner {
     pub(crate) pipelines: PipelineCache,
     /// Group 0 of every pipeline, by where its scalars come from.
     pub(crate) scalar_layouts: ScalarLayouts,
+    /// Why the device was lost, once it is (headless contexts watch for it).
+    pub(crate) lost: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// A device and queue plus the crate's compiled-pipeline cache. Cheap to clone (an `Arc`).
@@ -101,7 +103,20 @@ impl GpuContext {
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
-        Ok(Self::from_device(device, queue, &adapter.get_info()))
+        let ctx = Self::from_device(device, queue, &adapter.get_info());
+        // The device is ours: watch for its loss, and log (rather than panic on) any error
+        // that escapes the crate's error scopes.
+        let lost = ctx.inner.lost.clone();
+        ctx.inner.device.set_device_lost_callback(move |reason, message| {
+            log::error!("wgpu-optim: device lost ({reason:?}): {message}");
+            if let Ok(mut slot) = lost.lock() {
+                *slot = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        ctx.inner
+            .device
+            .on_uncaptured_error(Arc::new(|error| log::error!("wgpu-optim: uncaptured wgpu error: {error}")));
+        Ok(ctx)
     }
 
     /// Blocking form of [`GpuContext::headless`], for tests, examples and benchmarks.
@@ -110,7 +125,9 @@ impl GpuContext {
     }
 
     /// Wraps a trainer's existing device and queue. The crate uses whatever features and
-    /// limits the device was created with and never changes its error handler.
+    /// limits the device was created with and never changes its error handler or its
+    /// device-lost callback (the trainer keeps both; call [`Self::mark_lost`] from the
+    /// callback to make the crate's calls return [`Error::DeviceLost`]).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo) -> Self {
         let limits = device.limits();
         let report = ContextReport {
@@ -126,6 +143,7 @@ impl GpuContext {
         GpuContext {
             inner: Arc::new(ContextInner {
                 scalar_layouts: ScalarLayouts::new(&device),
+                lost: Arc::default(),
                 device,
                 queue,
                 report,
@@ -172,9 +190,26 @@ impl GpuContext {
         self.inner.pipelines.len()
     }
 
+    /// Records that the device was lost; every later call of the crate on this context
+    /// returns [`Error::DeviceLost`] with `reason`.
+    pub fn mark_lost(&self, reason: impl Into<String>) {
+        if let Ok(mut slot) = self.inner.lost.lock() {
+            *slot = Some(reason.into());
+        }
+    }
+
+    /// `Err(DeviceLost)` once the device is lost.
+    pub fn check_alive(&self) -> Result<()> {
+        match self.inner.lost.lock().ok().and_then(|slot| slot.clone()) {
+            Some(reason) => Err(Error::DeviceLost(reason)),
+            None => Ok(()),
+        }
+    }
+
     /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
     /// reports into [`Error::Gpu`] with wgpu's message verbatim.
     pub(crate) fn catch<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_alive()?;
         let device = &self.inner.device;
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -183,7 +218,8 @@ impl GpuContext {
         let oom = pollster::block_on(oom.pop());
         match validation.or(oom) {
             Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
-            None => Ok(value),
+            // A loss during `f` makes its objects invalid without necessarily an error.
+            None => self.check_alive().map(|()| value),
         }
     }
 }

@@ -217,6 +217,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let _ = writeln!(s, "    base{b}: u32,");
     }
     s.push_str("}\n@group(1) @binding(0) var<uniform> seg: Segment;\n");
+    s.push_str(&nan_helpers(key.math, vector));
     if bindings.iter().any(|b| b.storage.dtype().size() == 2) {
         s.push_str(include_str!("../../shaders/convert.wgsl"));
     }
@@ -270,6 +271,22 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     let entry = if key.layout.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY };
     s.push_str(&entry.replace("{prologue}", prologue));
     s
+}
+
+/// `max_propagating_nan(a, b)`: NaN if either is NaN (as `torch.maximum`), else `max(a, b)`.
+/// NaN is found from the bits, which no compiler may assume away.
+fn nan_helpers(math: DType, vector: bool) -> String {
+    let is_nan = if math == DType::F64 {
+        // No 64-bit integers without extensions: the high word decides unless it is exactly
+        // the infinity pattern, where a non-zero low word makes a NaN.
+        "fn is_nan(x: R) -> bool {\n    let w = bitcast<vec2<u32>>(x);\n    let high = w.y & 0x7fffffffu;\n    \
+         return high > 0x7ff00000u || (high == 0x7ff00000u && w.x != 0u);\n}\n"
+            .to_string()
+    } else {
+        let (u, b) = if vector { ("vec4<u32>", "vec4<bool>") } else { ("u32", "bool") };
+        format!("fn is_nan(x: R) -> {b} {{\n    return (bitcast<{u}>(x) & {u}(0x7fffffffu)) > {u}(0x7f800000u);\n}}\n")
+    };
+    is_nan + "fn max_propagating_nan(a: R, b: R) -> R {\n    return select(max(a, b), a + b, is_nan(a) | is_nan(b));\n}\n"
 }
 
 fn load_expression(b: usize, storage: Storage) -> String {

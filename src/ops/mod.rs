@@ -228,6 +228,7 @@ pub(crate) fn record_stateless(
     calls: &[KernelArgs],
     label: &str,
 ) -> Result<()> {
+    ctx.check_alive()?;
     let mut items = Vec::with_capacity(calls.len());
     let mut math = None;
     for args in calls {

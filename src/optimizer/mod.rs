@@ -317,6 +317,7 @@ impl Optimizer {
     /// same gradient tensors a step creates no GPU objects. On error nothing is recorded
     /// and the step count is unchanged.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        self.ctx.check_alive()?;
         self.bind(grads)?;
         let t = self.step + 1;
         let queue = self.ctx.queue();

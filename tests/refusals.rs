@@ -1,0 +1,321 @@
+//! Every public entry refuses bad input with a typed error that names the argument, and a
+//! refused call changes nothing: every buffer involved and the optimizer's state (its
+//! checkpoint bytes and step count) are compared before and after.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{ctx, fresh_ctx};
+use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
+use wgpu_optim::ops::{self, onnx, AdamTensors, Update};
+use wgpu_optim::{
+    Adagrad, Adam, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdam, OnnxMomentum, Optimizer,
+    OptimizerOptions, Sgd, Tensor,
+};
+
+/// The name of an error's variant, for the tally.
+fn kind(error: &Error) -> &'static str {
+    match error {
+        Error::LengthMismatch { .. } => "LengthMismatch",
+        Error::CountMismatch { .. } => "CountMismatch",
+        Error::DTypeMismatch { .. } => "DTypeMismatch",
+        Error::BadRange { .. } => "BadRange",
+        Error::MissingUsage { .. } => "MissingUsage",
+        Error::PartialOverlap { .. } => "PartialOverlap",
+        Error::OutputsAlias { .. } => "OutputsAlias",
+        Error::BadHyperparameter { .. } => "BadHyperparameter",
+        Error::BadStep(_) => "BadStep",
+        Error::MissingFeature { .. } => "MissingFeature",
+        Error::BadFile { .. } => "BadFile",
+        Error::DeviceLost(_) => "DeviceLost",
+        _ => "other",
+    }
+}
+
+/// Fixtures shared by the cases: an optimizer and the tensors of stateless calls.
+struct World {
+    ctx: GpuContext,
+    optimizer: Optimizer,
+    params: Vec<Tensor>,
+    grads: Vec<Tensor>,
+    /// Tensors of a stateless Adam call: p, g, m, v, and spare outputs.
+    t: Vec<Tensor>,
+    tally: BTreeMap<&'static str, usize>,
+}
+
+impl World {
+    fn new() -> Self {
+        let ctx = ctx();
+        let params = vec![ctx.upload("p", &[0.5; 16], DType::F32), ctx.upload("q", &[0.25; 7], DType::F32)];
+        let grads = vec![ctx.upload("g", &[0.1; 16], DType::F32), ctx.upload("h", &[0.2; 7], DType::F32)];
+        let mut optimizer = Optimizer::new(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params).unwrap();
+        optimizer.step(&grads).unwrap();
+        let t = (0..6).map(|k| ctx.upload("t", &[0.1 * k as f64; 16], DType::F32)).collect();
+        World { ctx, optimizer, params, grads, t, tally: BTreeMap::new() }
+    }
+
+    /// Everything a refused call could have changed.
+    fn snapshot(&self) -> (Vec<Vec<u8>>, Vec<u8>, u64) {
+        let buffers =
+            self.params.iter().chain(&self.grads).chain(&self.t).map(|t| self.ctx.read_bytes(t).unwrap());
+        let mut checkpoint = self.optimizer.save_to_bytes().unwrap();
+        // The metadata map has no fixed order; the tensor data after the header does.
+        let header = u64::from_le_bytes(checkpoint[..8].try_into().unwrap()) as usize;
+        checkpoint.drain(..8 + header);
+        (buffers.collect(), checkpoint, self.optimizer.step_count())
+    }
+
+    /// Runs a call that must be refused with `expected`, naming `argument` in its message,
+    /// and checks that nothing changed.
+    fn refuse(
+        &mut self,
+        expected: &'static str,
+        argument: &str,
+        call: impl FnOnce(&mut World) -> wgpu_optim::Result<()>,
+    ) {
+        let before = self.snapshot();
+        let err = call(self).expect_err(&format!("a {expected} call naming `{argument}` was accepted"));
+        self.ctx.queue().submit([]);
+        assert_eq!(kind(&err), expected, "{err}");
+        assert!(err.to_string().contains(argument), "the message should name `{argument}`: {err}");
+        assert!(self.snapshot() == before, "a refused call ({err}) changed a buffer or the optimizer");
+        *self.tally.entry(expected).or_default() += 1;
+    }
+
+    fn adam_io(&self) -> AdamTensors {
+        AdamTensors::in_place(&self.t[0], &self.t[1], &self.t[2], &self.t[3])
+    }
+
+    /// Records into a throwaway encoder that is submitted, so that anything recorded before
+    /// a refusal would show.
+    fn record(
+        &self,
+        f: impl FnOnce(&mut wgpu::CommandEncoder) -> wgpu_optim::Result<()>,
+    ) -> wgpu_optim::Result<()> {
+        let mut encoder = self.ctx.device().create_command_encoder(&Default::default());
+        let result = f(&mut encoder);
+        self.ctx.queue().submit([encoder.finish()]);
+        result
+    }
+}
+
+#[test]
+fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
+    let mut w = World::new();
+    let f16 = w.ctx.upload("f16", &[0.5; 16], DType::F16);
+    let short = w.ctx.upload("short", &[0.5; 15], DType::F32);
+    let f64_tensor = w.ctx.upload("f64", &[0.5; 16], DType::F64);
+
+    // Lengths and counts.
+    w.refuse("LengthMismatch", "grads[1]", |w| {
+        let grads = [w.grads[0].clone(), w.grads[0].slice(0, 8)];
+        w.optimizer.step(&grads)
+    });
+    w.refuse("LengthMismatch", "grad", |w| {
+        let mut io = w.adam_io();
+        io.grad = short.clone();
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+    w.refuse("LengthMismatch", "V_1", |w| {
+        let inputs = [w.t[0].clone(), w.t[1].clone(), short.clone(), w.t[3].clone()];
+        w.record(|e| onnx::adam(&w.ctx, e, &OnnxAdam::default(), 0.1, 1, &inputs, &[None, None, None]))
+    });
+    w.refuse("CountMismatch", "grads", |w| {
+        let grads = w.grads[..1].to_vec();
+        w.optimizer.step(&grads)
+    });
+    w.refuse("CountMismatch", "inputs", |w| {
+        let inputs = w.t[..3].to_vec();
+        w.record(|e| onnx::adam(&w.ctx, e, &OnnxAdam::default(), 0.1, 1, &inputs, &[None, None, None]))
+    });
+    w.refuse("CountMismatch", "outputs", |w| {
+        let inputs = w.t[..4].to_vec();
+        w.record(|e| onnx::adam(&w.ctx, e, &OnnxAdam::default(), 0.1, 1, &inputs, &[None]))
+    });
+    w.refuse("CountMismatch", "max_exp_avg_sq", |w| {
+        let io = w.adam_io();
+        w.record(|e| ops::adam(&w.ctx, e, &Adam { amsgrad: true, ..Adam::default() }, 1, &[io]))
+    });
+    w.refuse("CountMismatch", "state", |w| {
+        let update = Update::in_place(&w.t[0], &w.t[1], &w.t[2..3]);
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[update]))
+    });
+
+    // Dtypes.
+    w.refuse("DTypeMismatch", "param_out", |w| {
+        let mut io = w.adam_io();
+        io.param_out = Some(f16.clone());
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+    w.refuse("DTypeMismatch", "G_1", |w| {
+        let inputs = [f64_tensor.clone(), w.t[1].clone(), f64_tensor.clone()];
+        let momentum =
+            OnnxMomentum { alpha: 0.9, beta: 1.0, mode: MomentumMode::Standard, norm_coefficient: 0.0 };
+        w.record(|e| {
+            onnx::momentum(
+                &w.ctx,
+                e,
+                &momentum,
+                0.1,
+                1,
+                &inputs,
+                &[Some(w.t[4].clone()), Some(w.t[5].clone())],
+            )
+        })
+    });
+    w.refuse("DTypeMismatch", "state_dtype", |w| {
+        let options = OptimizerOptions { state_dtype: Some(DType::F64), ..Default::default() };
+        Optimizer::with_options(&w.ctx, Adam::default(), &w.params, options).map(drop)
+    });
+
+    // Ranges and usages.
+    w.refuse("BadRange", "grad", |w| {
+        let mut io = w.adam_io();
+        io.grad = Tensor::new(&w.t[1].buffer, 2, 15, DType::F32);
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+    w.refuse("BadRange", "exp_avg", |w| {
+        let mut io = w.adam_io();
+        io.exp_avg = Tensor::new(&w.t[2].buffer, 8, 16, DType::F32);
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+    let unbindable = w.ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("copy only"),
+        size: 64,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    w.refuse("MissingUsage", "params[0]", |w| {
+        Optimizer::new(&w.ctx, Adam::default(), &[Tensor::whole(&unbindable, DType::F32)]).map(drop)
+    });
+
+    // Aliasing.
+    w.refuse("PartialOverlap", "param_out", |w| {
+        let mut io = w.adam_io();
+        io.param_out = Some(Tensor::new(&w.t[1].buffer, 4, 15, DType::F32).slice(0, 16).slice(0, 15));
+        io.grad = w.t[1].slice(0, 15);
+        io.param = w.t[0].slice(0, 15);
+        io.exp_avg = w.t[2].slice(0, 15);
+        io.exp_avg_sq = w.t[3].slice(0, 15);
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+    w.refuse("OutputsAlias", "exp_avg_out", |w| {
+        let mut io = w.adam_io();
+        io.exp_avg_out = Some(w.t[3].clone());
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+    });
+
+    // Hyperparameters.
+    let bad_adams = [
+        ("lr", Adam { lr: f64::NAN, ..Adam::default() }),
+        ("lr", Adam { lr: -1.0, ..Adam::default() }),
+        ("beta1", Adam { beta1: 1.0, ..Adam::default() }),
+        ("beta2", Adam { beta2: -0.1, ..Adam::default() }),
+        ("eps", Adam { eps: -1e-8, ..Adam::default() }),
+        ("eps", Adam { eps: f64::INFINITY, ..Adam::default() }),
+        ("weight_decay", Adam { weight_decay: f64::NAN, ..Adam::default() }),
+    ];
+    for (name, adam) in bad_adams {
+        w.refuse("BadHyperparameter", name, |w| Optimizer::new(&w.ctx, adam, &w.params).map(drop));
+        w.refuse("BadHyperparameter", name, |w| {
+            let io = w.adam_io();
+            w.record(|e| ops::adam(&w.ctx, e, &adam, 1, &[io]))
+        });
+    }
+    w.refuse("BadHyperparameter", "lr", |w| w.optimizer.set_lr(f64::NAN));
+    w.refuse("BadHyperparameter", "momentum", |w| {
+        Optimizer::new(&w.ctx, Sgd { nesterov: true, ..Sgd::default() }, &w.params).map(drop)
+    });
+    w.refuse("BadHyperparameter", "lr_decay", |w| {
+        Optimizer::new(&w.ctx, Adagrad { lr_decay: -1.0, ..Adagrad::default() }, &w.params).map(drop)
+    });
+    w.refuse("BadHyperparameter", "alpha", |w| {
+        let inputs = w.t[..4].to_vec();
+        w.record(|e| {
+            onnx::adam(
+                &w.ctx,
+                e,
+                &OnnxAdam { alpha: 1.0, ..OnnxAdam::default() },
+                0.1,
+                3,
+                &inputs,
+                &[None, None, None],
+            )
+        })
+    });
+    w.refuse("BadHyperparameter", "R", |w| {
+        let inputs = w.t[..4].to_vec();
+        w.record(|e| onnx::adam(&w.ctx, e, &OnnxAdam::default(), f64::NAN, 3, &inputs, &[None, None, None]))
+    });
+
+    // Steps.
+    let dml = |w: &World, step: TrainingStep| AdamOptimizerDesc {
+        input_parameters_tensor: w.t[0].clone(),
+        input_first_moment_tensor: w.t[2].clone(),
+        input_second_moment_tensor: w.t[3].clone(),
+        gradient_tensor: w.t[1].clone(),
+        training_step_tensor: step,
+        output_parameters_tensor: w.t[0].clone(),
+        output_first_moment_tensor: w.t[2].clone(),
+        output_second_moment_tensor: w.t[3].clone(),
+        scalars: DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 },
+    };
+    for step in [
+        TrainingStep::Integer(0),
+        TrainingStep::Float(0.0),
+        TrainingStep::Float(2.5),
+        TrainingStep::Float(f64::NAN),
+    ] {
+        w.refuse("BadStep", "TrainingStepTensor", |w| {
+            let desc = dml(w, step);
+            w.record(|e| directml::adam(&w.ctx, e, &desc))
+        });
+    }
+    w.refuse("BadHyperparameter", "Beta1", |w| {
+        let mut desc = dml(w, TrainingStep::Integer(1));
+        desc.scalars.beta1 = 1.0;
+        w.record(|e| directml::adam(&w.ctx, e, &desc))
+    });
+    w.refuse("BadStep", "step 0", |w| {
+        let io = w.adam_io();
+        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 0, &[io]))
+    });
+
+    // Features and modes.
+    w.refuse("MissingFeature", "capturable", |w| {
+        let grads = w.grads.clone();
+        let inv_scale = w.ctx.upload("inv_scale", &[1.0], DType::F32);
+        let mut encoder = w.ctx.device().create_command_encoder(&Default::default());
+        let result = w.optimizer.record_unscale(&mut encoder, &grads, &inv_scale);
+        w.ctx.queue().submit([encoder.finish()]);
+        result
+    });
+
+    // Files.
+    for bytes in [&b""[..], b"not a checkpoint", &[0xff; 64]] {
+        w.refuse("BadFile", "checkpoint", |w| w.optimizer.load_from_bytes(bytes));
+    }
+
+    let total: usize = w.tally.values().sum();
+    eprintln!("bad inputs refused, by kind ({total} in all):");
+    for (kind, count) in &w.tally {
+        eprintln!("  {kind:<18} {count}");
+    }
+    assert!(total >= 40, "only {total} bad inputs were tried");
+}
+
+#[test]
+fn a_lost_device_is_an_error_not_a_panic() {
+    let ctx = fresh_ctx();
+    let params = vec![ctx.upload("p", &[0.5; 8], DType::F32)];
+    let grads = vec![ctx.upload("g", &[0.1; 8], DType::F32)];
+    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    optimizer.step(&grads).unwrap();
+    ctx.device().destroy();
+    // wgpu reports the loss once the queue is idle.
+    let _ = ctx.device().poll(wgpu::PollType::wait_indefinitely());
+    let err = optimizer.step(&grads).unwrap_err();
+    assert!(matches!(err, Error::DeviceLost(_)), "{err}");
+    assert!(err.to_string().contains("checkpoint"), "the message says how to recover: {err}");
+}
