@@ -31,7 +31,9 @@ pub use error::{Error, Result};
 pub use gpu::roofline::CopyRoofline;
 pub use gpu::timer::{GpuTimer, Timing};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT, STEPS_PER_SUBMIT};
+pub use optimizer::{
+    Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT, STEPS_PER_SUBMIT,
+};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

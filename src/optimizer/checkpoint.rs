@@ -135,31 +135,18 @@ impl Optimizer {
     /// tensors of every group, every tensor's dtype and length); on any mismatch, or a
     /// truncated or corrupt file, the optimizer is left as it was.
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let checkpoint = Checkpoint::parse(bytes)?;
         let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
-        let (_, metadata) =
-            SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let file = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("corrupt tensor table: {e}")))?;
-        let meta = metadata.metadata().clone().unwrap_or_default();
-        let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("metadata has no `{key}`")));
-        if field("format")? != CHECKPOINT_FORMAT {
-            return Err(bad(format!("format is `{}`, expected `{CHECKPOINT_FORMAT}`", field("format")?)));
-        }
-        let step: u64 =
-            field("step")?.parse().map_err(|e| bad(format!("`step` is not a whole number: {e}")))?;
-        let groups: Vec<serde_json::Value> = serde_json::from_str(field("param_groups")?)
-            .map_err(|e| bad(format!("`param_groups` is not JSON: {e}")))?;
-        if groups.len() != self.groups.len() {
+        let (step, file) = (checkpoint.step, &checkpoint.file);
+        if checkpoint.groups.len() != self.groups.len() {
             return Err(bad(format!(
                 "{} parameter groups, the optimizer has {}",
-                groups.len(),
+                checkpoint.groups.len(),
                 self.groups.len()
             )));
         }
-        let mut algorithms = Vec::with_capacity(groups.len());
-        for (g, (saved, ours)) in groups.iter().zip(&self.groups).enumerate() {
-            let map = saved.as_object().ok_or_else(|| bad(format!("param_groups[{g}] is not an object")))?;
-            let algorithm = Algorithm::from_json(map).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
-            algorithm.validate().map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+        let mut algorithms = Vec::with_capacity(self.groups.len());
+        for (g, ((algorithm, params), ours)) in checkpoint.groups.iter().zip(&self.groups).enumerate() {
             if algorithm.name() != ours.algorithm.name()
                 || algorithm.state_kinds() != ours.algorithm.state_kinds()
             {
@@ -171,14 +158,12 @@ impl Optimizer {
                     ours.algorithm.state_kinds()
                 )));
             }
-            let expected: Vec<serde_json::Value> =
-                (ours.first..ours.first + ours.len).map(Into::into).collect();
-            if map.get("params").and_then(|p| p.as_array()) != Some(&expected) {
+            if *params != (ours.first..ours.first + ours.len).collect::<Vec<_>>() {
                 return Err(bad(format!(
                     "param_groups[{g}] holds other parameters than the optimizer's group"
                 )));
             }
-            algorithms.push(algorithm);
+            algorithms.push(*algorithm);
         }
         // Every tensor the optimizer needs, checked before anything is written.
         let mut writes: Vec<(Tensor, &[u8])> = Vec::new();
@@ -233,5 +218,52 @@ impl Optimizer {
             self.set_group_algorithm(g, algorithm)?;
         }
         self.set_step_count(step)
+    }
+}
+
+/// A parsed checkpoint file, checked for internal consistency but not yet against an
+/// optimizer. Parsing reads the header and tensor table defensively and copies no tensor
+/// data, so arbitrary bytes cost at most the file's size.
+pub struct Checkpoint<'a> {
+    /// Steps taken when it was saved.
+    pub step: u64,
+    /// Each parameter group's algorithm and parameter indices.
+    pub groups: Vec<(Algorithm, Vec<usize>)>,
+    file: SafeTensors<'a>,
+}
+
+impl<'a> Checkpoint<'a> {
+    /// Parses checkpoint bytes; every malformed field is an [`Error::BadFile`] naming it.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self> {
+        let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
+        let (_, metadata) =
+            SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let file = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("corrupt tensor table: {e}")))?;
+        let meta = metadata.metadata().clone().unwrap_or_default();
+        let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("metadata has no `{key}`")));
+        if field("format")? != CHECKPOINT_FORMAT {
+            return Err(bad(format!("format is `{}`, expected `{CHECKPOINT_FORMAT}`", field("format")?)));
+        }
+        let step: u64 =
+            field("step")?.parse().map_err(|e| bad(format!("`step` is not a whole number: {e}")))?;
+        let saved: Vec<serde_json::Value> = serde_json::from_str(field("param_groups")?)
+            .map_err(|e| bad(format!("`param_groups` is not JSON: {e}")))?;
+        let mut groups = Vec::with_capacity(saved.len().min(1024));
+        for (g, saved) in saved.iter().enumerate() {
+            let map = saved.as_object().ok_or_else(|| bad(format!("param_groups[{g}] is not an object")))?;
+            let algorithm = Algorithm::from_json(map).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+            algorithm.validate().map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+            let params = map
+                .get("params")
+                .and_then(|p| p.as_array())
+                .and_then(|p| {
+                    p.iter()
+                        .map(|i| i.as_u64().and_then(|i| usize::try_from(i).ok()))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| bad(format!("param_groups[{g}].params is not a list of indices")))?;
+            groups.push((algorithm, params));
+        }
+        Ok(Checkpoint { step, groups, file })
     }
 }

@@ -4,7 +4,7 @@
 mod checkpoint;
 mod device;
 
-pub use checkpoint::CHECKPOINT_FORMAT;
+pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, HyperRing};
 use crate::gpu::kernel::{Family, Scalars, VariantKey};
