@@ -1,7 +1,7 @@
 // Adagrad, one element at a time (ONNX Adagrad and PyTorch Adagrad).
 //   g' = (MAXIMIZE ? -g : g) + weight_decay * p
 //   h' = h + g' * g'
-//   p' = p - lr * g' / (sqrt(h') + eps)
+//   p' = p - lr * (g' / (sqrt(h') + eps))
 // The host folds the learning-rate decay into `lr`:
 //   ONNX:  R / (1 + T * decay_factor)        torch: lr / (1 + (step - 1) * lr_decay)
 
@@ -32,7 +32,8 @@ fn update(i: u32) {
     }
     let h = h_prev + g * g;
     store_sum(i, h);
-    let p_new = p - hp.lr * g / (sqrt(h) + hp.eps);
+    // PyTorch's addcdiv divides first.
+    let p_new = p - hp.lr * (g / (sqrt(h) + hp.eps));
     store_param(i, p_new);
     store_param_copy(i, p_new);
 }

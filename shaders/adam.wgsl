@@ -21,6 +21,10 @@ override WEIGHT_DECAY: u32 = 0u;
 override EPS_AFTER_CORRECTION: bool = true;
 // Keep the running maximum of the second moment and divide by it (Reddi et al. 2018).
 override AMSGRAD: bool = false;
+// true: PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`, in the two forms its lerp takes by
+// weight, which matter where the values are infinite. false: `beta1 * m + (1 - beta1) * g`
+// as ONNX and DirectML write it.
+override FIRST_MOMENT_LERP: bool = false;
 
 struct Hyper {
     beta1: S,
@@ -30,7 +34,7 @@ struct Hyper {
     weight_decay: S,
     decay: S,
     step_size: S,
-    inv_sqrt_bias_correction2: S,
+    sqrt_bias_correction2: S,
     eps: S,
     // ONNX norm_coefficient_post: the parameter is scaled by this after the update.
     post_scale: S,
@@ -56,7 +60,16 @@ fn update(i: u32) {
     } else if WEIGHT_DECAY == 2u {
         p = p * hp.decay;
     }
-    let m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
+    var m: R;
+    if FIRST_MOMENT_LERP {
+        if hp.one_minus_beta1 < S(0.5) {
+            m = m_prev + hp.one_minus_beta1 * (g - m_prev);
+        } else {
+            m = g - (g - m_prev) * (S(1) - hp.one_minus_beta1);
+        }
+    } else {
+        m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
+    }
     let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
     var v_hat = v;
     if AMSGRAD {
@@ -65,12 +78,13 @@ fn update(i: u32) {
     }
     var denom: R;
     if EPS_AFTER_CORRECTION {
-        denom = sqrt(v_hat) * hp.inv_sqrt_bias_correction2 + hp.eps;
+        denom = sqrt(v_hat) / hp.sqrt_bias_correction2 + hp.eps;
     } else {
         denom = sqrt(v_hat) + hp.eps;
     }
 
-    let p_new = (p - hp.step_size * m / denom) * hp.post_scale;
+    // PyTorch's addcdiv and ONNX both divide first: p - step_size * (m / denom).
+    let p_new = (p - hp.step_size * (m / denom)) * hp.post_scale;
     store_param(i, p_new);
     store_param_copy(i, p_new);
     store_exp_avg(i, m);

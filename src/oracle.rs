@@ -46,8 +46,10 @@ pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &m
                 grad += weight_decay * param[i];
             }
         }
-        // exp_avg.lerp_(grad, 1 - beta1)
-        state.exp_avg[i] += (1.0 - beta1) * (grad - state.exp_avg[i]);
+        // exp_avg.lerp_(grad, 1 - beta1), in the form ATen's lerp takes for the weight.
+        let (m, weight) = (state.exp_avg[i], 1.0 - beta1);
+        state.exp_avg[i] =
+            if weight.abs() < 0.5 { m + weight * (grad - m) } else { grad - (grad - m) * (1.0 - weight) };
         // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         state.exp_avg_sq[i] = state.exp_avg_sq[i] * beta2 + (1.0 - beta2) * grad * grad;
         let bias_correction1 = 1.0 - beta1.powf(step as f64);
@@ -62,7 +64,8 @@ pub fn torch_adam_step(config: &Adam, param: &mut [f64], grad: &[f64], state: &m
         } else {
             state.exp_avg_sq[i].sqrt() / bias_correction2_sqrt + eps
         };
-        param[i] += -step_size * state.exp_avg[i] / denom;
+        // param.addcdiv_(exp_avg, denom, value=-step_size)
+        param[i] += -step_size * (state.exp_avg[i] / denom);
     }
 }
 
@@ -232,7 +235,8 @@ pub fn torch_adagrad_step(
         let clr = config.lr / (1.0 + (step as f64 - 1.0) * config.lr_decay);
         state_sum[i] += grad * grad;
         let std = state_sum[i].sqrt() + config.eps;
-        param[i] += -clr * grad / std;
+        // param.addcdiv_(grad, std, value=-clr)
+        param[i] += -clr * (grad / std);
     }
 }
 

@@ -69,6 +69,7 @@ impl Adam {
             (WeightDecay::L2(self.weight_decay), 1.0)
         };
         AdamKernel {
+            first_moment_lerp: true,
             amsgrad: self.amsgrad,
             eps_after_correction: true,
             maximize: self.maximize,
@@ -77,7 +78,7 @@ impl Adam {
             beta2: self.beta2,
             decay,
             step_size: self.lr / bias_correction(self.beta1, t),
-            inv_sqrt_bias_correction2: 1.0 / bias_correction(self.beta2, t).sqrt(),
+            sqrt_bias_correction2: bias_correction(self.beta2, t).sqrt(),
             eps: self.eps,
             post_scale: 1.0,
         }
@@ -125,6 +126,7 @@ impl OnnxAdam {
         let step_size =
             if t > 0 { r * bias_correction(self.beta, t).sqrt() / bias_correction(self.alpha, t) } else { r };
         AdamKernel {
+            first_moment_lerp: false,
             amsgrad: false,
             eps_after_correction: false,
             maximize: false,
@@ -133,7 +135,7 @@ impl OnnxAdam {
             beta2: self.beta,
             decay: 1.0,
             step_size,
-            inv_sqrt_bias_correction2: 1.0,
+            sqrt_bias_correction2: 1.0,
             eps: self.epsilon,
             post_scale: 1.0 - self.norm_coefficient_post,
         }
@@ -174,6 +176,7 @@ impl DmlAdam {
     /// The kernel step for training step `t` (>= 1).
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
         AdamKernel {
+            first_moment_lerp: false,
             amsgrad: false,
             eps_after_correction: true,
             maximize: false,
@@ -182,7 +185,7 @@ impl DmlAdam {
             beta2: self.beta2,
             decay: 1.0,
             step_size: self.learning_rate / bias_correction(self.beta1, t),
-            inv_sqrt_bias_correction2: 1.0 / bias_correction(self.beta2, t).sqrt(),
+            sqrt_bias_correction2: bias_correction(self.beta2, t).sqrt(),
             eps: self.epsilon,
             post_scale: 1.0,
         }
@@ -206,7 +209,9 @@ struct AdamKernel {
     beta2: f64,
     decay: f64,
     step_size: f64,
-    inv_sqrt_bias_correction2: f64,
+    sqrt_bias_correction2: f64,
+    /// PyTorch's lerp form of the first moment (the others write it out).
+    first_moment_lerp: bool,
     eps: f64,
     post_scale: f64,
 }
@@ -221,7 +226,13 @@ impl AdamKernel {
         KernelStep::new(
             Family::Adam,
             // The order of Family::Adam.override_names().
-            &[u32::from(self.amsgrad), u32::from(self.eps_after_correction), u32::from(self.maximize), mode],
+            &[
+                u32::from(self.amsgrad),
+                u32::from(self.eps_after_correction),
+                u32::from(self.maximize),
+                mode,
+                u32::from(self.first_moment_lerp),
+            ],
             // The fields of Hyper in shaders/adam.wgsl.
             &[
                 self.beta1,
@@ -231,7 +242,7 @@ impl AdamKernel {
                 l2,
                 self.decay,
                 self.step_size,
-                self.inv_sqrt_bias_correction2,
+                self.sqrt_bias_correction2,
                 self.eps,
                 self.post_scale,
                 self.beta1.ln(),

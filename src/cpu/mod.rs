@@ -1,2 +1,208 @@
 //! The CPU backend: the same algorithms, semantics and storage types as the GPU kernels,
 //! on all cores.
+//!
+//! [`CpuOptimizer`] runs the step that [`Algorithm`] hands the GPU kernels, with the
+//! shaders' formulas transcribed in f32 operation for operation, so the CPU rounds where
+//! the shaders do (a GPU compiler may still fuse a multiply and an add) and stores 16-bit
+//! values the same way (once, to nearest even). All
+//! tensors of a step are cut into chunks that run in one parallel iteration on rayon's
+//! pool; call [`CpuOptimizer::step`] inside `ThreadPool::install` to use a pool of your own.
+//!
+//! ```
+//! # fn main() -> wgpu_optim::Result<()> {
+//! use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+//! use wgpu_optim::Adam;
+//!
+//! let mut weights = vec![0.5f32; 1000];
+//! let mut bias = vec![half::bf16::from_f32(0.1); 10];
+//! let mut opt = CpuOptimizer::new(Adam::default(), &[(&weights[..]).into(), (&bias[..]).into()])?;
+//!
+//! let (dw, db) = (vec![0.01f32; 1000], vec![half::bf16::from_f32(-0.2); 10]);
+//! let mut params = [HostSliceMut::from(&mut weights[..]), HostSliceMut::from(&mut bias[..])];
+//! opt.step(&mut params, &[HostSlice::from(&dw[..]), HostSlice::from(&db[..])])?;
+//! assert_eq!(opt.step_count(), 1);
+//! assert!(weights[0] < 0.5);
+//! # Ok(()) }
+//! ```
+
+mod host;
+mod hyper;
+mod kernels;
+mod storage;
+mod work;
+
+pub use host::{HostSlice, HostSliceMut, HostTensor};
+
+use crate::{Algorithm, DType, Error, Result, StateKind};
+use kernels::Kernel;
+
+/// Choices made once, when a [`CpuOptimizer`] is built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// The storage dtype of every state tensor; `None` keeps each parameter's dtype, as
+    /// PyTorch does (the GPU's [`OptimizerOptions::state_dtype`](crate::OptimizerOptions)).
+    /// F32, F16 or BF16; the math is f32 either way.
+    pub state_dtype: Option<DType>,
+}
+
+/// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`].
+///
+/// The optimizer owns the state; the caller owns the parameters and gradients and lends
+/// them to each [`step`](Self::step). Every parameter keeps the dtype and length it had
+/// when the optimizer was built; each step's gradients may be any of F32, F16 and BF16.
+#[derive(Clone, Debug)]
+pub struct CpuOptimizer {
+    algorithm: Algorithm,
+    /// Each parameter's dtype and length, fixed at construction.
+    params: Vec<(DType, usize)>,
+    /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.
+    state: Vec<Vec<HostTensor>>,
+    step: u64,
+}
+
+impl CpuOptimizer {
+    /// An optimizer for parameters of the dtypes and lengths of `params`, with zeroed state
+    /// (Adagrad: its initial accumulator value), at step 0, keeping state in each
+    /// parameter's dtype.
+    pub fn new(algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<Self> {
+        Self::with_options(algorithm, params, CpuOptions::default())
+    }
+
+    /// As [`Self::new`], with the given [`CpuOptions`].
+    pub fn with_options(
+        algorithm: impl Into<Algorithm>,
+        params: &[HostSlice<'_>],
+        options: CpuOptions,
+    ) -> Result<Self> {
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        if options.state_dtype == Some(DType::F64) {
+            return Err(host::not_f64("options.state_dtype"));
+        }
+        let initial = algorithm.initial_state();
+        let state = params
+            .iter()
+            .map(|p| {
+                let dtype = options.state_dtype.unwrap_or(p.dtype());
+                let kinds = algorithm.state_kinds();
+                kinds.iter().map(|_| HostTensor::filled(dtype, p.len(), initial)).collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let params = params.iter().map(|p| (p.dtype(), p.len())).collect();
+        Ok(CpuOptimizer { algorithm, params, state, step: 0 })
+    }
+
+    /// The algorithm and hyperparameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// Changes the hyperparameters from the next step on (a schedule). The new algorithm
+    /// must keep the same state tensors (no switching AMSGrad or momentum on or off); a
+    /// refused change leaves the optimizer as it was.
+    pub fn set_algorithm(&mut self, algorithm: impl Into<Algorithm>) -> Result<()> {
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        if algorithm.state_kinds() != self.algorithm.state_kinds() {
+            return Err(Error::BadHyperparameter {
+                name: "algorithm",
+                // As the GPU optimizer reports it: the index of the (only) parameter group.
+                value: 0.0,
+                expected: "an algorithm with the same state tensors as the optimizer's (build a new optimizer to change them)",
+            });
+        }
+        self.algorithm = algorithm;
+        Ok(())
+    }
+
+    /// Changes the learning rate from the next step on.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.set_algorithm(self.algorithm.with_lr(lr))
+    }
+
+    /// How many parameters there are.
+    pub fn param_count(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Steps taken so far.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Sets the step count, e.g. to resume a schedule or a checkpoint.
+    pub fn set_step_count(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
+        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        Some(self.state.get(index)?.get(k)?.as_slice())
+    }
+
+    /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
+    pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
+        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
+    }
+
+    /// One step: updates `params` in place from `grads` (one per parameter, in order) and
+    /// the optimizer's state.
+    ///
+    /// Refused with a typed error, before anything is written, when the counts differ from
+    /// the optimizer's parameter count ([`Error::CountMismatch`]), when a parameter's dtype
+    /// ([`Error::DTypeMismatch`]) or length ([`Error::LengthMismatch`]) differs from the
+    /// one it was built for, or when a gradient's length differs from its parameter's.
+    pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        self.check(params, grads)?;
+        let t = self.step + 1;
+        let step = self.algorithm.kernel_step(t);
+        let kernel = Kernel::new(&step)
+            .ok_or_else(|| Error::BadStep(format!("{:?} has no optimizer kernel on the CPU", step.family)))?;
+        work::run(&kernel, params, grads, &mut self.state);
+        self.step = t;
+        Ok(())
+    }
+
+    fn check(&self, params: &[HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        let count = |argument: &str, got: usize| {
+            if got == self.params.len() {
+                Ok(())
+            } else {
+                Err(Error::CountMismatch { argument: argument.into(), got, expected: self.params.len() })
+            }
+        };
+        count("params", params.len())?;
+        count("grads", grads.len())?;
+        for (i, ((param, grad), &(dtype, len))) in params.iter().zip(grads).zip(&self.params).enumerate() {
+            if param.dtype() != dtype {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("params[{i}]"),
+                    got: param.dtype(),
+                    expected: format!("{dtype:?} (its dtype when the optimizer was built)"),
+                });
+            }
+            if param.len() != len {
+                return Err(Error::LengthMismatch {
+                    argument: format!("params[{i}]"),
+                    got: param.len() as u64,
+                    expected: len as u64,
+                    reference: format!("params[{i}] when the optimizer was built"),
+                });
+            }
+            if grad.len() != len {
+                return Err(Error::LengthMismatch {
+                    argument: format!("grads[{i}]"),
+                    got: grad.len() as u64,
+                    expected: len as u64,
+                    reference: format!("params[{i}]"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -88,7 +88,9 @@ impl Family {
     /// The `override` constants the body declares, in the order `KernelStep` stores them.
     pub(crate) fn override_names(self) -> &'static [&'static str] {
         match self {
-            Family::Adam => &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY"],
+            Family::Adam => {
+                &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY", "FIRST_MOMENT_LERP"]
+            }
             Family::Momentum => &["MAXIMIZE", "NESTEROV", "VELOCITY", "WEIGHT_DECAY"],
             Family::Adagrad => &["MAXIMIZE", "WEIGHT_DECAY"],
             Family::Unscale => &[],

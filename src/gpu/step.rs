@@ -7,7 +7,7 @@ use crate::DType;
 /// The most scalars any family's hyperparameter uniform holds.
 pub(crate) const MAX_HYPER: usize = 12;
 /// The most override constants any family declares.
-pub(crate) const MAX_OVERRIDES: usize = 4;
+pub(crate) const MAX_OVERRIDES: usize = 5;
 /// Bytes reserved for one hyperparameter uniform (a multiple of every adapter's
 /// `min_uniform_buffer_offset_alignment`, which WebGPU caps at 256).
 pub(crate) const HYPER_SLOT_BYTES: u64 = 256;

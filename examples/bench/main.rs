@@ -1,0 +1,267 @@
+//! GPU vs CPU optimizer steps: time, bandwidth, and the fraction of each side's roofline.
+//!
+//! ```text
+//! cargo run --release --example bench [-- --algos adam --dtypes f32 --sizes 16777216 --json out.json --plot out.svg]
+//! ```
+//! For each algorithm, dtype and case (single tensors from 4 Ki to 64 Mi elements, GPT-2
+//! small's 148 tensors, 200 tensors of 4096): the GPU step (timestamps where the adapter has
+//! them, and wall time to completion), the CPU backend, and the f64 oracle for small sizes.
+//! GB/s counts the bytes each step must read and write; the rooflines are measured in the
+//! same run. Progress goes to stderr, the table to stdout.
+
+mod options;
+mod report;
+mod rooflines;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use options::Options;
+use report::Row;
+use rooflines::Rooflines;
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+use wgpu_optim::oracle::TorchState;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GpuTimer, Optimizer, Sgd, Tensor};
+
+fn algorithm(name: &str) -> Algorithm {
+    match name {
+        "adamw" => Adam::adamw().into(),
+        "amsgrad" => Adam { amsgrad: true, ..Adam::default() }.into(),
+        "sgdm" => Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() }.into(),
+        "nesterov" => Sgd { lr: 1e-2, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
+        _ => Adam::default().into(),
+    }
+}
+
+fn dtype(name: &str) -> DType {
+    match name {
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
+/// Arrays read and written per element: the parameter, the gradient and each state tensor
+/// are read; the parameter and the state are written.
+fn traffic(algorithm: &Algorithm) -> (u32, u32) {
+    let states = algorithm.state_kinds().len() as u32;
+    (2 + states, 1 + states)
+}
+
+/// GPT-2 small's 148 parameter tensors (124.4 M parameters), as PyTorch lists them.
+fn gpt2_small() -> Vec<u64> {
+    let (d, vocab, ctx_len) = (768u64, 50257u64, 1024u64);
+    let mut sizes = vec![vocab * d, ctx_len * d];
+    for _ in 0..12 {
+        sizes.extend([d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]);
+    }
+    sizes.extend([d, d]);
+    sizes
+}
+
+/// Repeats `f` at least 3 and at most `reps` times, stopping after `budget`, and returns the
+/// median of what it reports.
+fn median_of(
+    reps: usize,
+    budget: Duration,
+    mut f: impl FnMut() -> wgpu_optim::Result<Duration>,
+) -> wgpu_optim::Result<Duration> {
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < reps && (times.len() < 3 || start.elapsed() < budget) {
+        times.push(f()?);
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+struct Case {
+    sizes: Vec<u64>,
+}
+
+impl Case {
+    fn elements(&self) -> u64 {
+        self.sizes.iter().sum()
+    }
+}
+
+struct Bench {
+    options: Options,
+    ctx: Option<GpuContext>,
+    timer: Option<GpuTimer>,
+    rooflines: Rooflines,
+    rows: Vec<Row>,
+}
+
+impl Bench {
+    fn budget(&self) -> Duration {
+        Duration::from_secs_f64(self.options.budget_s)
+    }
+
+    fn push(&mut self, row: Row) {
+        println!("{}", report::line(&row));
+        self.rows.push(row);
+    }
+
+    fn run_case(&mut self, algo: &str, dtype_name: &str, case: &Case) -> wgpu_optim::Result<()> {
+        let algorithm = algorithm(algo);
+        let dtype = dtype(dtype_name);
+        let (reads, writes) = traffic(&algorithm);
+        let elements = case.elements();
+        let bytes = elements * dtype.size() * u64::from(reads + writes);
+        let row = |backend: &str, time: Duration, roofline_gbps: f64| Row {
+            algo: algo.to_string(),
+            dtype: dtype_name.to_string(),
+            elements,
+            tensors: case.sizes.len(),
+            backend: backend.to_string(),
+            ms_median: time.as_secs_f64() * 1e3,
+            gbps: bytes as f64 / time.as_secs_f64() / 1e9,
+            roofline_gbps,
+        };
+        let (reps, budget) = (self.options.reps, self.budget());
+        if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
+            let (gpu, wall) = gpu_step(&ctx, timer, algorithm, dtype, case, reps, budget)?;
+            let roofline = self.rooflines.gpu(&ctx, timer, bytes, reads, writes, 5)?;
+            if let Some(gpu) = gpu {
+                self.push(row("gpu", gpu, roofline));
+            }
+            self.push(row("gpu-wall", wall, roofline));
+        }
+        if self.options.cpu {
+            let host = self.rooflines.host(bytes, reads, writes, 5);
+            let cpu = cpu_step(algorithm, dtype, case, reps, budget)?;
+            self.push(row("cpu", cpu, host));
+            if elements <= 1 << 20 {
+                let oracle = oracle_step(algorithm, case, reps.min(5), budget);
+                self.push(row("oracle", oracle, host));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The median GPU step: timestamps (if any) and wall time to completion.
+fn gpu_step(
+    ctx: &GpuContext,
+    timer: &mut GpuTimer,
+    algorithm: Algorithm,
+    dtype: DType,
+    case: &Case,
+    reps: usize,
+    budget: Duration,
+) -> wgpu_optim::Result<(Option<Duration>, Duration)> {
+    let params: Vec<Tensor> = case.sizes.iter().map(|&n| ctx.zeros("param", n, dtype)).collect();
+    let grads: Vec<Tensor> = case.sizes.iter().map(|&n| ctx.zeros("grad", n, dtype)).collect();
+    let mut optimizer = Optimizer::new(ctx, algorithm, &params)?;
+    timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
+    let mut gpu = Vec::new();
+    let wall = median_of(reps, budget, || {
+        let t = timer.time(|encoder| optimizer.record_step(encoder, &grads))?;
+        gpu.extend(t.gpu);
+        Ok(t.wall)
+    })?;
+    gpu.sort();
+    Ok((gpu.get(gpu.len() / 2).copied(), wall))
+}
+
+fn cpu_step(
+    algorithm: Algorithm,
+    dtype: DType,
+    case: &Case,
+    reps: usize,
+    budget: Duration,
+) -> wgpu_optim::Result<Duration> {
+    let mut params: Vec<HostTensor> =
+        case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
+    let grads: Vec<HostTensor> =
+        case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
+    let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
+    let mut optimizer = CpuOptimizer::new(algorithm, &views)?;
+    let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
+    let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
+        let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
+        let start = Instant::now();
+        optimizer.step(&mut views, &grad_views)?;
+        Ok(start.elapsed())
+    };
+    step(&mut params)?; // first touch of the state
+    median_of(reps, budget, || step(&mut params))
+}
+
+fn oracle_step(algorithm: Algorithm, case: &Case, reps: usize, budget: Duration) -> Duration {
+    let mut params: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![0.5; n as usize]).collect();
+    let grads: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![1e-3; n as usize]).collect();
+    let mut states: Vec<TorchState> =
+        case.sizes.iter().map(|&n| TorchState::new(algorithm, n as usize)).collect();
+    median_of(reps, budget, || {
+        let start = Instant::now();
+        for ((p, g), s) in params.iter_mut().zip(&grads).zip(&mut states) {
+            s.step(p, g);
+        }
+        Ok(start.elapsed())
+    })
+    .unwrap_or_default()
+}
+
+fn main() -> ExitCode {
+    env_logger::init();
+    let options = match options::parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}\n{}", options::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match run(options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = if options.gpu { Some(GpuContext::headless_blocking()?) } else { None };
+    let adapter = ctx.as_ref().map_or("no GPU".to_string(), |c| c.report().adapter_name.clone());
+    match &ctx {
+        Some(c) => println!("adapter: {}", c.report()),
+        None => println!("adapter: none (--no-gpu)"),
+    }
+    println!("host: {} threads (rayon)", rayon::current_num_threads());
+    let mut cases: Vec<(String, Case)> = Vec::new();
+    for case in &options.cases {
+        match case.as_str() {
+            "single" => {
+                cases.extend(options.sizes.iter().map(|&n| (format!("{n}"), Case { sizes: vec![n] })))
+            }
+            "gpt2" => cases.push(("gpt2-small".into(), Case { sizes: gpt2_small() })),
+            _ => cases.push(("200x4096".into(), Case { sizes: vec![4096; 200] })),
+        }
+    }
+    let timer = ctx.as_ref().map(GpuTimer::new);
+    let mut bench = Bench { options, ctx, timer, rooflines: Rooflines::default(), rows: Vec::new() };
+    println!("{}", report::header());
+    let total = bench.options.algos.len() * bench.options.dtypes.len() * cases.len();
+    let mut done = 0;
+    let started = Instant::now();
+    for algo in bench.options.algos.clone() {
+        for dtype in bench.options.dtypes.clone() {
+            for (name, case) in &cases {
+                done += 1;
+                eprintln!("[{done}/{total}, {:.0} s] {algo} {dtype} {name}", started.elapsed().as_secs_f64());
+                bench.run_case(&algo, &dtype, case)?;
+            }
+        }
+    }
+    if let Some(path) = &bench.options.json {
+        report::write_json(path, &adapter, &bench.rows)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &bench.options.plot {
+        report::write_plot(path, &adapter, &bench.rows)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}

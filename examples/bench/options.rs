@@ -1,0 +1,84 @@
+//! The bench's command line.
+
+use std::path::PathBuf;
+
+/// What to measure and where to write it.
+pub struct Options {
+    pub algos: Vec<String>,
+    pub dtypes: Vec<String>,
+    pub sizes: Vec<u64>,
+    pub cases: Vec<String>,
+    pub reps: usize,
+    /// Stop repeating a measurement after this long (at least 3 repetitions).
+    pub budget_s: f64,
+    pub json: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub gpu: bool,
+    pub cpu: bool,
+}
+
+pub const USAGE: &str = "usage: bench [--algos adam,adamw,amsgrad,sgdm,nesterov] [--dtypes f32,f16,bf16]
+             [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
+             [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]";
+
+fn list(value: String) -> Vec<String> {
+    value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+}
+
+/// Parses the command line.
+pub fn parse() -> Result<Options, String> {
+    let mut options = Options {
+        algos: list("adam,adamw,amsgrad,sgdm,nesterov".into()),
+        dtypes: list("f32,f16,bf16".into()),
+        sizes: vec![4096, 65_536, 1 << 20, 16 << 20, 64 << 20],
+        cases: list("single,gpt2,small".into()),
+        reps: 10,
+        budget_s: 1.0,
+        json: None,
+        plot: None,
+        gpu: true,
+        cpu: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--algos" => options.algos = list(value()?),
+            "--dtypes" => options.dtypes = list(value()?),
+            "--cases" => options.cases = list(value()?),
+            "--sizes" => {
+                options.sizes = list(value()?)
+                    .iter()
+                    .map(|s| s.parse().map_err(|e| format!("--sizes: {s}: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--reps" => options.reps = value()?.parse().map_err(|e| format!("--reps: {e}"))?,
+            "--budget" => options.budget_s = value()?.parse().map_err(|e| format!("--budget: {e}"))?,
+            "--json" => options.json = Some(value()?.into()),
+            "--plot" => options.plot = Some(value()?.into()),
+            "--no-gpu" => options.gpu = false,
+            "--no-cpu" => options.cpu = false,
+            "--help" | "-h" => return Err(String::new()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if options.reps == 0 {
+        return Err("--reps must be at least 1".into());
+    }
+    for a in &options.algos {
+        if !["adam", "adamw", "amsgrad", "sgdm", "nesterov"].contains(&a.as_str()) {
+            return Err(format!("unknown algorithm {a}"));
+        }
+    }
+    for d in &options.dtypes {
+        if !["f32", "f16", "bf16"].contains(&d.as_str()) {
+            return Err(format!("unknown dtype {d}"));
+        }
+    }
+    for c in &options.cases {
+        if !["single", "gpt2", "small"].contains(&c.as_str()) {
+            return Err(format!("unknown case {c}"));
+        }
+    }
+    Ok(options)
+}

@@ -1,0 +1,100 @@
+//! The CPU loops under the kernel steps of the ONNX and DirectML conventions, which
+//! `CpuOptimizer` never produces but `KernelStep` carries: eps before the bias correction,
+//! no weight decay at all, a post-update scale, ONNX's momentum coefficients. (The PyTorch
+//! conventions are tested through the public API in tests/cpu.rs.)
+
+use super::host::{HostSlice, HostSliceMut, HostTensor};
+use super::hyper::{self, Decay};
+use super::kernels::Kernel;
+use super::work;
+use crate::gpu::step::KernelStep;
+use crate::{oracle, Adam, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum};
+
+const N: usize = 2500;
+
+/// Deterministic values in [-scale, scale), exactly representable in f32.
+fn values(seed: u32, scale: f64) -> Vec<f64> {
+    (0..N).map(|i| f64::from((((i as f64 + 1.0) * (f64::from(seed) + 0.61)).sin() * scale) as f32)).collect()
+}
+
+/// Runs `step` once over f32 copies of `param`, `grad` and `state`; returns the new
+/// parameter and state.
+fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let Some(kernel) = Kernel::new(step) else { panic!("{:?} has no kernel", step.family) };
+    let to_f32 = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
+    let mut p = to_f32(param);
+    let g = to_f32(grad);
+    let mut tensors = vec![state.iter().map(|s| HostTensor::F32(to_f32(s))).collect::<Vec<_>>()];
+    work::run(&kernel, &mut [HostSliceMut::F32(&mut p)], &[HostSlice::F32(&g)], &mut tensors);
+    let state = tensors[0].iter().map(HostTensor::to_f64).collect();
+    (p.iter().map(|x| f64::from(*x)).collect(), state)
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-6 + 1e-5 * w.abs(), "{what}[{i}]: got {g:e} want {w:e}");
+    }
+}
+
+#[test]
+fn onnx_adam_adds_eps_before_the_correction_and_scales_after_the_update() {
+    let a = OnnxAdam { norm_coefficient: 0.01, norm_coefficient_post: 0.02, ..OnnxAdam::default() };
+    let (x, g, v, h) = (values(1, 1.0), values(2, 1.0), values(3, 0.1), values(4, 0.01));
+    let h: Vec<f64> = h.iter().map(|x| x.abs()).collect();
+    for t in [0, 3] {
+        let (x_new, state) = run(&a.kernel_step(0.1, t), &x, &g, &[v.clone(), h.clone()]);
+        let want = oracle::onnx_adam(&a, 0.1, t, &x, &g, &v, &h);
+        assert_close(&format!("X_new at T = {t}"), &x_new, &want.0);
+        assert_close(&format!("V_new at T = {t}"), &state[0], &want.1);
+        assert_close(&format!("H_new at T = {t}"), &state[1], &want.2);
+    }
+}
+
+#[test]
+fn directml_adam_has_no_weight_decay_at_all() {
+    let d = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
+    let step = d.kernel_step(4);
+    assert_eq!(hyper::adam(&step).1.weight_decay, Decay::None);
+    let (p, g, m, v) = (values(5, 1.0), values(6, 1.0), values(7, 0.1), values(8, 0.01));
+    let v: Vec<f64> = v.iter().map(|x| x.abs()).collect();
+    let (p_new, state) = run(&step, &p, &g, &[m.clone(), v.clone()]);
+    let want = oracle::dml_adam(&d, 4, &p, &m, &v, &g);
+    assert_close("OutputParameters", &p_new, &want.0);
+    assert_close("OutputFirstMoment", &state[0], &want.1);
+    assert_close("OutputSecondMoment", &state[1], &want.2);
+}
+
+#[test]
+fn onnx_momentum_scales_the_gradient_by_beta_after_the_first_step() {
+    let (x, g, v) = (values(9, 1.0), values(10, 1.0), values(11, 0.1));
+    for mode in [MomentumMode::Standard, MomentumMode::Nesterov] {
+        let a = OnnxMomentum { alpha: 0.9, beta: 0.5, mode, norm_coefficient: 0.01 };
+        for t in [0, 5] {
+            let (x_new, state) = run(&a.kernel_step(0.1, t), &x, &g, std::slice::from_ref(&v));
+            let want = oracle::onnx_momentum(&a, 0.1, t, &x, &g, &v);
+            assert_close(&format!("{mode:?} X_new at T = {t}"), &x_new, &want.0);
+            assert_close(&format!("{mode:?} V_new at T = {t}"), &state[0], &want.1);
+        }
+    }
+}
+
+#[test]
+fn onnx_adagrad_decays_the_rate_with_t() {
+    let a = OnnxAdagrad { decay_factor: 0.1, norm_coefficient: 0.01, ..OnnxAdagrad::default() };
+    let (x, g, h) = (values(12, 1.0), values(13, 1.0), values(14, 0.1));
+    let h: Vec<f64> = h.iter().map(|x| x.abs()).collect();
+    let (x_new, state) = run(&a.kernel_step(0.1, 2), &x, &g, std::slice::from_ref(&h));
+    let want = oracle::onnx_adagrad(&a, 0.1, 2, &x, &g, &h);
+    assert_close("X_new", &x_new, &want.0);
+    assert_close("H_new", &state[0], &want.1);
+}
+
+#[test]
+fn l2_with_a_coefficient_that_is_zero_in_f32_is_skipped_as_the_shader_does() {
+    let decay = |adam: Adam| hyper::adam(&adam.kernel_step(1)).1.weight_decay;
+    assert_eq!(decay(Adam::default()), Decay::None);
+    assert_eq!(decay(Adam { weight_decay: 1e-50, ..Adam::default() }), Decay::None);
+    assert_eq!(decay(Adam { weight_decay: 1e-2, ..Adam::default() }), Decay::L2);
+    assert_eq!(decay(Adam { weight_decay: 0.0, ..Adam::adamw() }), Decay::Decoupled);
+}

@@ -1,0 +1,40 @@
+//! Scheduling one step: every tensor cut into chunks, and the chunks of all tensors in one
+//! parallel iteration, so that many small tensors cost one fork-join rather than one each.
+
+use rayon::prelude::*;
+
+use super::host::{HostSlice, HostSliceMut, HostTensor};
+use super::kernels::Kernel;
+use super::storage::{self, Job};
+
+/// Elements per work item: enough that rayon's per-item cost (well under a microsecond)
+/// vanishes next to the item's own tens of microseconds, few enough that one large tensor
+/// spreads over every core.
+const CHUNK: usize = 32 * 1024;
+
+/// Runs `kernel` over every tensor. The slices have been checked: each gradient and state
+/// tensor has its parameter's length, and `state[i]` holds tensor i's state in the kernel's
+/// slot order.
+pub(super) fn run(
+    kernel: &Kernel,
+    params: &mut [HostSliceMut<'_>],
+    grads: &[HostSlice<'_>],
+    state: &mut [Vec<HostTensor>],
+) {
+    let items: usize = params.iter().map(|p| p.len().div_ceil(CHUNK)).sum();
+    let mut jobs = Vec::with_capacity(items);
+    for ((param, grad), state) in params.iter_mut().zip(grads).zip(state) {
+        let mut slots = state.iter_mut().map(HostTensor::as_mut_slice);
+        let mut rest = Job {
+            param: param.reborrow(),
+            grad: *grad,
+            state: std::array::from_fn(|_| slots.next().unwrap_or_default()),
+        };
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(CHUNK);
+            jobs.push(chunk);
+            rest = tail;
+        }
+    }
+    jobs.into_par_iter().for_each(|job| storage::run(kernel, job));
+}
