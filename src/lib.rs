@@ -11,6 +11,9 @@
 //! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
 //! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 mod algo;
 pub mod conformance;
 pub mod cpu;
