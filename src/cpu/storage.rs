@@ -110,7 +110,7 @@ fn load<'s>(values: &'s mut HostSliceMut<'_>, scratch: &'s mut [f32; BLOCK]) -> 
             &mut scratch[..n]
         }
         HostSliceMut::BF16(v) => {
-            v[..n].convert_to_f32_slice(&mut scratch[..n]);
+            bf16_to_f32(&v[..n], &mut scratch[..n]);
             &mut scratch[..n]
         }
     }
@@ -125,7 +125,7 @@ fn load_grad<'s>(values: HostSlice<'s>, scratch: &'s mut [f32; BLOCK]) -> &'s [f
             &scratch[..n]
         }
         HostSlice::BF16(v) => {
-            v[..n].convert_to_f32_slice(&mut scratch[..n]);
+            bf16_to_f32(&v[..n], &mut scratch[..n]);
             &scratch[..n]
         }
     }
@@ -138,6 +138,24 @@ fn store(values: &mut HostSliceMut<'_>, scratch: &[f32; BLOCK]) {
     match values {
         HostSliceMut::F32(_) => {}
         HostSliceMut::F16(v) => v[..n].convert_from_f32_slice(&scratch[..n]),
-        HostSliceMut::BF16(v) => v[..n].convert_from_f32_slice(&scratch[..n]),
+        HostSliceMut::BF16(v) => f32_to_bf16(&scratch[..n], &mut v[..n]),
+    }
+}
+
+/// bf16 is the top half of an f32, so widening is a shift. half's slice conversion for bf16
+/// is a scalar loop; these are plain integer loops the compiler vectorizes.
+fn bf16_to_f32(values: &[half::bf16], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = f32::from_bits(u32::from(v.to_bits()) << 16);
+    }
+}
+
+/// Rounds to nearest even as `shaders/convert.wgsl`'s `bf16_bits` does; NaN stays a quiet NaN.
+fn f32_to_bf16(values: &[f32], out: &mut [half::bf16]) {
+    for (o, v) in out.iter_mut().zip(values) {
+        let b = v.to_bits();
+        let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+        let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+        *o = half::bf16::from_bits(if nan { ((b >> 16) | 0x40) as u16 } else { rounded as u16 });
     }
 }
