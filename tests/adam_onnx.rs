@@ -45,7 +45,7 @@ fn t_positive_corrects_the_rate_and_adds_epsilon_to_sqrt_h() {
 
 #[test]
 fn norm_coefficient_is_added_to_the_gradient() {
-    let a = OnnxAdam { norm_coefficient: 0.05, ..OnnxAdam::default() };
+    let a = OnnxAdam { norm_coefficient: 0.0625, ..OnnxAdam::default() };
     check(a, 0.01, 3, 2, &|_| false);
 }
 

@@ -77,7 +77,7 @@ fn device_bias_corrections_stay_accurate_for_beta_close_to_1() {
 fn sgd_and_adagrad_trajectories_match_the_oracle() {
     let algorithms: [Algorithm; 3] = [
         Sgd { lr: 0.05, momentum: 0.9, dampening: 0.1, ..Sgd::default() }.into(),
-        Sgd { lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.01, ..Sgd::default() }.into(),
+        Sgd { lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.015625, ..Sgd::default() }.into(),
         Adagrad { lr: 0.1, lr_decay: 0.05, initial_accumulator_value: 0.1, ..Adagrad::default() }.into(),
     ];
     for (k, algorithm) in algorithms.into_iter().enumerate() {

@@ -14,7 +14,7 @@ fn algorithms() -> Vec<Algorithm> {
         Adam { amsgrad: true, ..Adam::default() }.into(),
         Adam::adamw().into(),
         Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }.into(),
-        Sgd { lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.1, ..Sgd::default() }.into(),
+        Sgd { lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.125, ..Sgd::default() }.into(),
         Adagrad::default().into(),
     ]
 }

@@ -75,7 +75,7 @@ fn adagrad_at_t_zero_and_positive_decays_the_rate_by_t() {
 
 #[test]
 fn adagrad_norm_coefficient_and_epsilon() {
-    let a = OnnxAdagrad { decay_factor: 0.0, epsilon: 1e-3, norm_coefficient: 0.05 };
+    let a = OnnxAdagrad { decay_factor: 0.0, epsilon: 1e-3, norm_coefficient: 0.0625 };
     adagrad(a, 0.1, 4, DType::F32, &|_| false, 5);
 }
 

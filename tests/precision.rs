@@ -18,66 +18,8 @@ use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Sgd, StateKind, Tensor,
 };
 
-/// Distance in units in the last place of `dtype` between two values representable in it.
-fn ulps(a: f64, b: f64, dtype: DType) -> u64 {
-    if a.is_nan() || b.is_nan() {
-        return if a.is_nan() && b.is_nan() { 0 } else { u64::MAX };
-    }
-    let ordered = |bits: i64, sign_bit: i64| if bits & sign_bit != 0 { sign_bit - bits } else { bits };
-    let (x, y) = match dtype {
-        DType::F16 => (
-            ordered(i64::from(half::f16::from_f64(a).to_bits()), 0x8000),
-            ordered(i64::from(half::f16::from_f64(b).to_bits()), 0x8000),
-        ),
-        DType::BF16 => (
-            ordered(i64::from(half::bf16::from_f64(a).to_bits()), 0x8000),
-            ordered(i64::from(half::bf16::from_f64(b).to_bits()), 0x8000),
-        ),
-        DType::F32 => (
-            ordered(i64::from((a as f32).to_bits()), 0x8000_0000),
-            ordered(i64::from((b as f32).to_bits()), 0x8000_0000),
-        ),
-        DType::F64 => return if a == b { 0 } else { u64::MAX },
-    };
-    x.abs_diff(y)
-}
-
 fn assert_ulps(what: &str, got: &[f64], want: &[f64], dtype: DType, max_ulps: u64) {
-    assert_ulps_or_abs(what, got, want, dtype, max_ulps, 0.0);
-}
-
-fn assert_ulps_or_abs(what: &str, got: &[f64], want: &[f64], dtype: DType, max_ulps: u64, abs: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let bad: Vec<String> = got
-        .iter()
-        .zip(want)
-        .enumerate()
-        .filter(|(_, (g, w))| {
-            let close_enough = (*g - *w).abs() <= abs;
-            ulps(**g, **w, dtype) > max_ulps && !close_enough
-        })
-        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e} ({} ulps)", ulps(*g, *w, dtype)))
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "{what}: {} values beyond {max_ulps} ulp of {dtype:?}: {}",
-        bad.len(),
-        bad[..bad.len().min(3)].join(", ")
-    );
-}
-
-/// Checks one stored tensor: a 16-bit store agrees within 1 ulp (f32 vs f64 intermediates
-/// can only move a result across a 16-bit rounding boundary by one step), or within 1e-8
-/// where a result cancels to nearly zero (`0.9 * m + 0.1 * g` with m = -g / 9 is 0 in f32
-/// and 1e-17 in f64, far apart in ulps of a type that keeps f32's exponent); an f32 store
-/// carries the f32 arithmetic's own error, which cancellation (`b1 * m + (1 - b1) * g` with
-/// opposite signs) makes many f32 ulps, so it gets the crate's f32 tolerance instead.
-fn assert_stored(what: &str, got: &[f64], want: &[f64], dtype: DType) {
-    if dtype.size() == 2 {
-        assert_ulps_or_abs(what, got, want, dtype, 1, 1e-8);
-    } else {
-        common::assert_close_f64(what, got, want, common::RTOL, common::ATOL);
-    }
+    common::assert_ulps_or_abs(what, got, want, dtype, max_ulps, 0.0);
 }
 
 /// A parameter, gradient and state dtype combination.
@@ -150,10 +92,10 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
             oracle.step(&mut p, &g);
             let what = format!("{algorithm:?} {mix:?} step {t} param[{i}] (n = {})", LENGTHS[i]);
-            assert_stored(&what, &download(ctx, &params[i]), &p, mix.param);
+            common::assert_stored(&what, &download(ctx, &params[i]), &p, mix.param);
             for (k, want) in oracle.tensors().iter().enumerate() {
                 let got = download(ctx, optimizer.state(i, kinds[k]).unwrap());
-                assert_stored(&format!("{what} {:?}", kinds[k]), &got, want, mix.state);
+                common::assert_stored(&format!("{what} {:?}", kinds[k]), &got, want, mix.state);
             }
         }
     }
@@ -469,7 +411,7 @@ fn directml_adam_takes_float16_tensors() {
         for (k, w) in [want.0, want.1, want.2].iter().enumerate() {
             let rounded: Vec<f64> = w.iter().map(|x| DType::F16.round(*x)).collect();
             let what = format!("FLOAT16 output {k} (native f16: {})", ctx.native_f16());
-            assert_stored(&what, &download(&ctx, &inputs[k]), &rounded, DType::F16);
+            common::assert_stored(&what, &download(&ctx, &inputs[k]), &rounded, DType::F16);
         }
     }
 }

@@ -135,7 +135,9 @@ proptest! {
             for g in &grads {
                 ctx.write(g, &rng.vec(g.len as usize, 1.0)).unwrap();
             }
-            let before: Vec<(Vec<f64>, Vec<Vec<f64>>, Vec<f64>)> = (0..params.len())
+            // Per parameter: its values, its state tensors and its gradient, before the step.
+            type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
+            let before: Vec<Before> = (0..params.len())
                 .map(|i| {
                     let state = kinds.iter().map(|k| download(&ctx, optimizer.state(i, *k).unwrap())).collect();
                     (download(&ctx, &params[i]), state, download(&ctx, &grads[i]))

@@ -8,51 +8,10 @@ mod common;
 use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
+use wgpu_optim::{Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
 
 const SIZES: [usize; 5] = [1, 255, 256, 257, 100_003];
 const STEPS: usize = 30;
-
-/// Every combination of amsgrad, maximize and weight-decay mode (none, L2, decoupled).
-fn every_adam_switch_combination() -> Vec<Algorithm> {
-    let mut configs = Vec::new();
-    for amsgrad in [false, true] {
-        for maximize in [false, true] {
-            for (weight_decay, decoupled_weight_decay) in [(0.0, false), (0.05, false), (0.05, true)] {
-                let adam = Adam {
-                    lr: 1e-2,
-                    amsgrad,
-                    maximize,
-                    weight_decay,
-                    decoupled_weight_decay,
-                    ..Adam::default()
-                };
-                configs.push(adam.into());
-            }
-        }
-    }
-    configs
-}
-
-fn sgd_variants() -> Vec<Algorithm> {
-    let base = Sgd { lr: 0.01, ..Sgd::default() };
-    vec![
-        base.into(),
-        Sgd { momentum: 0.9, ..base }.into(),
-        Sgd { momentum: 0.9, dampening: 0.5, ..base }.into(),
-        Sgd { momentum: 0.9, nesterov: true, ..base }.into(),
-        Sgd { momentum: 0.8, nesterov: true, weight_decay: 0.01, maximize: true, ..base }.into(),
-        Sgd { weight_decay: 0.1, maximize: true, ..base }.into(),
-    ]
-}
-
-fn adagrad_variants() -> Vec<Algorithm> {
-    vec![
-        Adagrad::default().into(),
-        Adagrad { lr_decay: 0.1, weight_decay: 0.01, ..Adagrad::default() }.into(),
-        Adagrad { initial_accumulator_value: 0.1, eps: 1e-6, maximize: true, ..Adagrad::default() }.into(),
-    ]
-}
 
 fn write(ctx: &GpuContext, tensor: &Tensor, values: &[f64]) {
     ctx.write_bytes(tensor, bytemuck::cast_slice(&to_f32(values))).expect("write");
@@ -168,14 +127,14 @@ fn check_out_of_place(algorithm: Algorithm, seed: u64) {
 
 #[test]
 fn adam_every_switch_combination_matches_the_oracle_in_place() {
-    for (k, algorithm) in every_adam_switch_combination().into_iter().enumerate() {
+    for (k, algorithm) in common::adam_switch_combinations().into_iter().enumerate() {
         check_in_place(algorithm, 100 + k as u64);
     }
 }
 
 #[test]
 fn adam_every_switch_combination_matches_the_oracle_out_of_place() {
-    for (k, algorithm) in every_adam_switch_combination().into_iter().enumerate() {
+    for (k, algorithm) in common::adam_switch_combinations().into_iter().enumerate() {
         check_out_of_place(algorithm, 200 + k as u64);
     }
 }
@@ -190,7 +149,7 @@ fn adamw_defaults_are_pytorchs() {
 
 #[test]
 fn sgd_variants_match_the_oracle_in_place_and_out_of_place() {
-    for (k, algorithm) in sgd_variants().into_iter().enumerate() {
+    for (k, algorithm) in common::sgd_variants().into_iter().enumerate() {
         check_in_place(algorithm, 300 + k as u64);
         check_out_of_place(algorithm, 400 + k as u64);
     }
@@ -223,7 +182,7 @@ fn sgd_nesterov_needs_momentum_and_no_dampening() {
 
 #[test]
 fn adagrad_variants_match_the_oracle_in_place_and_out_of_place() {
-    for (k, algorithm) in adagrad_variants().into_iter().enumerate() {
+    for (k, algorithm) in common::adagrad_variants().into_iter().enumerate() {
         check_in_place(algorithm, 500 + k as u64);
         check_out_of_place(algorithm, 600 + k as u64);
     }

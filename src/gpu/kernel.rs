@@ -279,11 +279,9 @@ pub(crate) fn compose(key: &VariantKey) -> String {
 /// NaN is found from the bits, which no compiler may assume away.
 fn nan_helpers(math: DType, vector: bool) -> String {
     let is_nan = if math == DType::F64 {
-        // No 64-bit integers without extensions: the high word decides unless it is exactly
-        // the infinity pattern, where a non-zero low word makes a NaN.
-        "fn is_nan(x: R) -> bool {\n    let w = bitcast<vec2<u32>>(x);\n    let high = w.y & 0x7fffffffu;\n    \
-         return high > 0x7ff00000u || (high == 0x7ff00000u && w.x != 0u);\n}\n"
-            .to_string()
+        // No 64-bit integers (nor a size-changing bitcast) without extensions; an ordered
+        // comparison is false exactly for NaN.
+        "fn is_nan(x: R) -> bool {\n    return !(x == x);\n}\n".to_string()
     } else {
         let (u, b) = if vector { ("vec4<u32>", "vec4<bool>") } else { ("u32", "bool") };
         format!("fn is_nan(x: R) -> {b} {{\n    return (bitcast<{u}>(x) & {u}(0x7fffffffu)) > {u}(0x7f800000u);\n}}\n")

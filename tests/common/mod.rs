@@ -186,3 +186,123 @@ pub fn assert_close_f64(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: 
         bad[..bad.len().min(3)].join(", ")
     );
 }
+
+/// Distance in units in the last place of `dtype` between two values representable in it.
+pub fn ulps(a: f64, b: f64, dtype: wgpu_optim::DType) -> u64 {
+    use wgpu_optim::DType;
+    if a.is_nan() || b.is_nan() {
+        return if a.is_nan() && b.is_nan() { 0 } else { u64::MAX };
+    }
+    // Sign-magnitude bits mapped to a line on which neighbours differ by one.
+    let ordered = |bits: i64, sign_bit: i64| if bits & sign_bit != 0 { sign_bit - bits } else { bits };
+    let bits16 = |x: f64| i64::from(u16::from_le_bytes(dtype.encode(&[x])[..2].try_into().unwrap()));
+    let (x, y) = match dtype {
+        DType::F16 | DType::BF16 => (ordered(bits16(a), 0x8000), ordered(bits16(b), 0x8000)),
+        DType::F32 => (
+            ordered(i64::from((a as f32).to_bits()), 0x8000_0000),
+            ordered(i64::from((b as f32).to_bits()), 0x8000_0000),
+        ),
+        DType::F64 => return if a == b { 0 } else { u64::MAX },
+    };
+    x.abs_diff(y)
+}
+
+/// Asserts every value is within `max_ulps` of `dtype`, or within `abs` absolutely.
+pub fn assert_ulps_or_abs(
+    what: &str,
+    got: &[f64],
+    want: &[f64],
+    dtype: wgpu_optim::DType,
+    max_ulps: u64,
+    abs: f64,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let bad: Vec<String> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (g, w))| {
+            let close_enough = (*g - *w).abs() <= abs;
+            ulps(**g, **w, dtype) > max_ulps && !close_enough
+        })
+        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e} ({} ulps)", ulps(*g, *w, dtype)))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} values beyond {max_ulps} ulp of {dtype:?}: {}",
+        bad.len(),
+        bad[..bad.len().min(3)].join(", ")
+    );
+}
+
+/// Cancellation slack of a 16-bit store: where a result cancels to nearly zero it carries
+/// the f32 arithmetic's absolute error, many ulps of a type that keeps f32's exponent (SGD's
+/// `0.9 * v - g + 0.1 * p` on unit-scale bfloat16 data is exactly 0 in f64 and 2^-25 in f32).
+pub const CANCELLATION: f64 = 1e-7;
+
+/// Checks one stored tensor against the oracle resumed from the previous stored state: a
+/// 16-bit store within 1 ulp (f32 against f64 intermediates can move a result across one
+/// 16-bit rounding boundary) or [`CANCELLATION`]; an f32 store within the f32 tolerance
+/// (cancellation in `b1 * m + (1 - b1) * g` makes its error many f32 ulps).
+pub fn assert_stored(what: &str, got: &[f64], want: &[f64], dtype: wgpu_optim::DType) {
+    if dtype.size() == 2 {
+        assert_ulps_or_abs(what, got, want, dtype, 1, CANCELLATION);
+    } else {
+        assert_close_f64(what, got, want, RTOL, ATOL);
+    }
+}
+
+/// Every combination of amsgrad, maximize and weight-decay mode (none, L2, decoupled,
+/// decoupled with a zero coefficient).
+///
+/// Weight decays in these lists are powers of two: then `g + wd * p` is exact in f32 before
+/// its one rounding, so where it cancels (|g + wd p| ~ 1e-8 happens among millions of random
+/// elements) f32 and the f64 oracle still agree. With wd = 0.05 the product's own rounding
+/// would dominate such a cancelled sum and the two would differ by design, not by a bug.
+pub fn adam_switch_combinations() -> Vec<wgpu_optim::Algorithm> {
+    use wgpu_optim::Adam;
+    let mut configs = Vec::new();
+    for amsgrad in [false, true] {
+        for maximize in [false, true] {
+            for (weight_decay, decoupled_weight_decay) in
+                [(0.0, false), (0.0625, false), (0.0, true), (0.0625, true)]
+            {
+                let adam = Adam {
+                    lr: 1e-2,
+                    amsgrad,
+                    maximize,
+                    weight_decay,
+                    decoupled_weight_decay,
+                    ..Adam::default()
+                };
+                configs.push(adam.into());
+            }
+        }
+    }
+    configs
+}
+
+/// SGD: plain, momentum, dampening, Nesterov, and maximize with weight decay.
+pub fn sgd_variants() -> Vec<wgpu_optim::Algorithm> {
+    use wgpu_optim::Sgd;
+    let base = Sgd { lr: 0.01, ..Sgd::default() };
+    vec![
+        base.into(),
+        Sgd { momentum: 0.9, ..base }.into(),
+        Sgd { momentum: 0.9, dampening: 0.5, ..base }.into(),
+        Sgd { momentum: 0.9, nesterov: true, ..base }.into(),
+        Sgd { momentum: 0.8, nesterov: true, weight_decay: 0.015625, maximize: true, ..base }.into(),
+        Sgd { momentum: 0.9, weight_decay: 0.125, maximize: true, ..base }.into(),
+        Sgd { weight_decay: 0.125, maximize: true, ..base }.into(),
+    ]
+}
+
+/// Adagrad: defaults, lr_decay with weight decay, and an initial accumulator with maximize.
+pub fn adagrad_variants() -> Vec<wgpu_optim::Algorithm> {
+    use wgpu_optim::Adagrad;
+    vec![
+        Adagrad::default().into(),
+        Adagrad { lr_decay: 0.1, weight_decay: 0.015625, ..Adagrad::default() }.into(),
+        Adagrad { initial_accumulator_value: 0.1, eps: 1e-6, maximize: true, ..Adagrad::default() }.into(),
+    ]
+}

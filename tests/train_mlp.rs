@@ -1,0 +1,327 @@
+//! The `train_mlp` example's model and data, trained by the crate's optimizer inside the
+//! trainer's own command encoders: the kernels' gradients against an f64 CPU reference,
+//! the loss falling in f32 and in f16 master-weight mode, save and resume matching an
+//! uninterrupted run bit for bit, no GPU objects per step, and the split of a step's time
+//! between the model and the optimizer.
+
+#[allow(dead_code)]
+#[path = "../examples/train_mlp/checkpoint.rs"]
+mod checkpoint;
+#[allow(dead_code)]
+#[path = "../examples/train_mlp/gpu.rs"]
+mod gpu;
+#[allow(dead_code)]
+#[path = "../examples/train_mlp/model.rs"]
+mod model;
+#[allow(dead_code)]
+#[path = "../examples/train_mlp/spirals.rs"]
+mod spirals;
+
+use std::time::Duration;
+
+use gpu::{Gpu, Source, StepClock};
+use model::{Metrics, Mlp, WIDTHS};
+use spirals::Spirals;
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer};
+
+/// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it
+/// here), few enough for a debug build on lavapipe.
+const STEPS: u64 = 100;
+
+fn open() -> Gpu {
+    Gpu::open().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
+}
+
+/// The crate's context on the trainer's device, as the example wraps it.
+fn context(gpu: &Gpu) -> GpuContext {
+    GpuContext::from_device(gpu.device.clone(), gpu.queue.clone(), &gpu.info)
+}
+
+/// One training step as the example records it: one encoder, one submit.
+fn step(gpu: &Gpu, model: &Mlp, optimizer: &mut Optimizer, grads: &[wgpu_optim::Tensor], report: bool) {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    model.record_forward(&mut encoder);
+    model.record_backward(&mut encoder);
+    if report {
+        model.record_metrics_copy(&mut encoder);
+    }
+    optimizer.record_step(&mut encoder, grads).expect("record_step");
+    gpu.queue.submit([encoder.finish()]);
+}
+
+/// Trains `STEPS` steps of Adam and returns the metrics before and after.
+fn train(dtype: DType) -> (Metrics, Metrics) {
+    let gpu = open();
+    let data = Spirals::generate(0);
+    let model = Mlp::new(&gpu.device, &gpu.queue, &data, dtype, 0).expect("model");
+    let ctx = context(&gpu);
+    let params = model.param_tensors();
+    let mut optimizer = match dtype {
+        DType::F32 => Optimizer::new(&ctx, Adam::default(), &params),
+        _ => Optimizer::master_weights(&ctx, Adam::default(), &params),
+    }
+    .expect("optimizer");
+    let grads = model.grad_tensors();
+    let initial = model.evaluate().expect("initial metrics");
+    for i in 1..=STEPS {
+        let report = i.is_multiple_of(50);
+        step(&gpu, &model, &mut optimizer, &grads, report);
+        if report {
+            let metrics = model.read_metrics().expect("metrics");
+            assert!(metrics.loss.is_finite(), "{dtype:?}: loss {} at step {i}", metrics.loss);
+        }
+    }
+    assert_eq!(optimizer.step_count(), STEPS);
+    (initial, model.evaluate().expect("final metrics"))
+}
+
+fn assert_learns(dtype: DType) {
+    let (initial, last) = train(dtype);
+    println!("{dtype:?}: loss {:.4} -> {:.4}, accuracy {:.3}", initial.loss, last.loss, last.accuracy());
+    assert!(initial.loss.is_finite() && last.loss.is_finite(), "{dtype:?}: {initial:?} -> {last:?}");
+    assert!(
+        last.loss < 0.9 * initial.loss,
+        "{dtype:?}: the loss fell only from {} to {}",
+        initial.loss,
+        last.loss
+    );
+    assert!(last.accuracy() > initial.accuracy(), "{dtype:?}: {initial:?} -> {last:?}");
+}
+
+#[test]
+fn adam_f32_training_lowers_the_loss() {
+    assert_learns(DType::F32);
+}
+
+#[test]
+fn adam_f16_master_weights_lower_the_loss() {
+    if !open().has_f16() {
+        println!("skipped: the adapter has no SHADER_F16 (the example refuses --dtype f16 there)");
+        return;
+    }
+    assert_learns(DType::F16);
+}
+
+/// A model and an optimizer as the example builds them, from `dir`'s checkpoint if given.
+fn setup(gpu: &Gpu, dtype: DType, resume: Option<&std::path::Path>) -> (GpuContext, Mlp, Optimizer) {
+    let model = Mlp::new(&gpu.device, &gpu.queue, &Spirals::generate(0), dtype, 0).expect("model");
+    let file = resume.map(|dir| checkpoint::load_model(dir, model.layout()).expect("model file"));
+    if let Some(file) = &file {
+        model.write_params(&file.params).expect("write params");
+    }
+    let ctx = context(gpu);
+    let params = model.param_tensors();
+    let mut optimizer = match dtype {
+        DType::F32 => Optimizer::new(&ctx, Adam::default(), &params),
+        _ => Optimizer::master_weights(&ctx, Adam::default(), &params),
+    }
+    .expect("optimizer");
+    if let (Some(dir), Some(file)) = (resume, &file) {
+        optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE)).expect("optimizer file");
+        checkpoint::check_step(&optimizer, &file.state).expect("matching steps");
+    }
+    (ctx, model, optimizer)
+}
+
+/// The model's parameters as stored.
+fn param_bytes(ctx: &GpuContext, model: &Mlp) -> Vec<u8> {
+    model.param_tensors().iter().flat_map(|t| ctx.read_bytes(t).expect("read params")).collect()
+}
+
+#[test]
+fn save_and_resume_match_an_uninterrupted_run_bit_for_bit() {
+    let gpu = open();
+    let dtypes: &[DType] = if gpu.has_f16() { &[DType::F32, DType::F16] } else { &[DType::F32] };
+    for &dtype in dtypes {
+        let (ctx, model, mut optimizer) = setup(&gpu, dtype, None);
+        run(&gpu, &model, &mut optimizer, 20);
+        let uninterrupted = param_bytes(&ctx, &model);
+
+        let dir = std::env::temp_dir().join(format!("train_mlp_test_{}_{dtype:?}", std::process::id()));
+        let (ctx, model, mut optimizer) = setup(&gpu, dtype, None);
+        run(&gpu, &model, &mut optimizer, 10);
+        let state = checkpoint::RunState { step: 10, seed: 0, dtype, optimizer: "adam".into() };
+        checkpoint::save(&dir, &ctx, &model, &optimizer, &state).expect("save");
+        drop((ctx, model, optimizer));
+
+        let (ctx, model, mut optimizer) = setup(&gpu, dtype, Some(&dir));
+        assert_eq!(optimizer.step_count(), 10);
+        run(&gpu, &model, &mut optimizer, 10);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(param_bytes(&ctx, &model) == uninterrupted, "{dtype:?}: the resumed run differs");
+    }
+}
+
+/// `steps` training steps, without reading anything back.
+fn run(gpu: &Gpu, model: &Mlp, optimizer: &mut Optimizer, steps: u64) {
+    let grads = model.grad_tensors();
+    (0..steps).for_each(|_| step(gpu, model, optimizer, &grads, false));
+}
+
+#[test]
+fn a_training_step_creates_no_gpu_objects() {
+    let gpu = open();
+    let data = Spirals::generate(3);
+    let model = Mlp::new(&gpu.device, &gpu.queue, &data, DType::F32, 3).expect("model");
+    let ctx = context(&gpu);
+    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
+    let grads = model.grad_tensors();
+    step(&gpu, &model, &mut optimizer, &grads, true); // the optimizer binds on its first step
+    model.read_metrics().expect("metrics");
+    let live = || {
+        let c = gpu.device.get_internal_counters().hal;
+        [c.buffers.read(), c.bind_groups.read(), c.compute_pipelines.read(), c.shader_modules.read()]
+    };
+    let before = live();
+    // An encoder keeps alive whatever its passes use, so anything a step created would show.
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    for _ in 0..3 {
+        model.record_forward(&mut encoder);
+        model.record_backward(&mut encoder);
+        optimizer.record_step(&mut encoder, &grads).expect("record_step");
+    }
+    assert_eq!(live(), before, "[buffers, bind groups, pipelines, shader modules] changed");
+    gpu.queue.submit([encoder.finish()]);
+}
+
+#[test]
+fn the_step_clock_splits_model_and_optimizer_time() {
+    let gpu = open();
+    let data = Spirals::generate(5);
+    let model = Mlp::new(&gpu.device, &gpu.queue, &data, DType::F32, 5).expect("model");
+    let ctx = context(&gpu);
+    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
+    let grads = model.grad_tensors();
+    let timestamps = StepClock::new(&gpu.device, &gpu.queue);
+    let expected = if gpu
+        .device
+        .features()
+        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+    {
+        Source::GpuTimestamps
+    } else {
+        Source::HostRecording
+    };
+    assert_eq!(timestamps.source(), expected);
+    for mut clock in [timestamps, StepClock::host()] {
+        for i in 1..=3 {
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            clock.begin(&mut encoder);
+            model.record_forward(&mut encoder);
+            model.record_backward(&mut encoder);
+            clock.before_optimizer(&mut encoder);
+            optimizer.record_step(&mut encoder, &grads).expect("record_step");
+            clock.after_optimizer(&mut encoder, i == 3);
+            gpu.queue.submit([encoder.finish()]);
+            clock.collect(&gpu.device).expect("timestamps");
+        }
+        let split = clock.split();
+        assert_eq!(split.steps, 3, "{:?}", clock.source());
+        assert!(split.model > Duration::ZERO && split.optimizer > Duration::ZERO, "{split:?}");
+    }
+}
+
+#[test]
+fn gradients_match_an_f64_cpu_reference() {
+    let gpu = open();
+    let seed = 7;
+    let data = Spirals::generate(seed);
+    let model = Mlp::new(&gpu.device, &gpu.queue, &data, DType::F32, seed).expect("model");
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    model.record_forward(&mut encoder);
+    model.record_backward(&mut encoder);
+    model.record_metrics_copy(&mut encoder);
+    gpu.queue.submit([encoder.finish()]);
+    let metrics = model.read_metrics().expect("metrics");
+
+    // The parameters as the GPU holds them (f32), widened.
+    let params: Vec<f64> = model::he_init(seed).iter().map(|p| f64::from(*p as f32)).collect();
+    let (loss, correct, want) = reference(&params, &data);
+    assert!((metrics.loss - loss).abs() <= 1e-5 * loss, "loss {} against {loss}", metrics.loss);
+    assert_eq!(metrics.correct, correct);
+
+    let ctx = context(&gpu);
+    for (spec, tensor) in model.layout().iter().zip(model.grad_tensors()) {
+        let got = ctx.read_f32(&tensor).expect("read gradients");
+        let want = &want[spec.offset..spec.offset + spec.numel()];
+        let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let error = (f64::from(*g) - w).abs();
+            assert!(error <= 1e-5 * scale + 1e-4 * w.abs(), "{}[{i}]: {g} against {w}", spec.name);
+        }
+    }
+}
+
+/// Forward and backward of the MLP in f64 on the packed layout: the mean loss, the number
+/// of correct points and every parameter's gradient.
+fn reference(params: &[f64], data: &Spirals) -> (f64, usize, Vec<f64>) {
+    let layout = model::param_layout();
+    let n = data.len();
+    let weight = |layer: usize, o: usize, k: usize| params[layout[2 * layer].offset + o * WIDTHS[layer] + k];
+    let bias = |layer: usize, o: usize| params[layout[2 * layer + 1].offset + o];
+    // acts[l][s][j]: layer l's output for sample s (acts[0]: the inputs).
+    let mut acts: Vec<Vec<Vec<f64>>> =
+        vec![data.features.chunks(2).map(|x| x.iter().map(|v| f64::from(*v)).collect()).collect()];
+    for layer in 0..3 {
+        let next = acts[layer]
+            .iter()
+            .map(|x| {
+                (0..WIDTHS[layer + 1])
+                    .map(|o| {
+                        let z = bias(layer, o)
+                            + x.iter().enumerate().map(|(k, v)| weight(layer, o, k) * v).sum::<f64>();
+                        if layer < 2 {
+                            z.max(0.0)
+                        } else {
+                            z
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        acts.push(next);
+    }
+    let (mut loss, mut correct) = (0.0, 0);
+    // delta: dLoss/dz of the current layer's output, per sample.
+    let mut delta: Vec<Vec<f64>> = Vec::with_capacity(n);
+    for (logits, label) in acts[3].iter().zip(&data.labels) {
+        let top = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = logits.iter().map(|z| (z - top).exp()).sum();
+        loss += total.ln() - (logits[*label as usize] - top);
+        let best = (0..logits.len()).fold(0, |b, c| if logits[c] > logits[b] { c } else { b });
+        correct += usize::from(best == *label as usize);
+        let grad = (0..logits.len())
+            .map(|c| ((logits[c] - top).exp() / total - f64::from(u8::from(c == *label as usize))) / n as f64)
+            .collect();
+        delta.push(grad);
+    }
+    let mut grads = vec![0.0; params.len()];
+    for layer in (0..3).rev() {
+        let (w, b) = (layout[2 * layer].offset, layout[2 * layer + 1].offset);
+        for (x, d) in acts[layer].iter().zip(&delta) {
+            for (o, d) in d.iter().enumerate() {
+                grads[b + o] += d;
+                for (k, v) in x.iter().enumerate() {
+                    grads[w + o * WIDTHS[layer] + k] += d * v;
+                }
+            }
+        }
+        delta = acts[layer]
+            .iter()
+            .zip(&delta)
+            .map(|(x, d)| {
+                (0..WIDTHS[layer])
+                    .map(|k| {
+                        let back: f64 = d.iter().enumerate().map(|(o, d)| d * weight(layer, o, k)).sum();
+                        if x[k] > 0.0 {
+                            back
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+    }
+    (loss / n as f64, correct, grads)
+}
