@@ -1,0 +1,454 @@
+//! A complete trainer that embeds `wgpu-optim` the way an application would: it opens its
+//! own device, owns its model's parameter and gradient buffers, records forward and backward
+//! passes with its own kernels, and hands the crate only its encoder and buffer ranges.
+//!
+//! ```text
+//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov]
+//!     [--lr LR] [--steps N] [--dtype f32|f16] [--seed S] [--save DIR] [--resume DIR]
+//!     [--log-every N] [--quiet]
+//! ```
+//! The model is a 2 → 64 → 64 → 3 ReLU MLP on CS231n's three spirals (600 points, full
+//! batch). Each step is one command encoder (forward, backward, the optimizer's fused
+//! update) and one submit; the loss and accuracy are read back only every `--log-every`
+//! steps. `--dtype f16` keeps the model's parameters in f16 and runs the optimizer in
+//! master-weight mode (f32 master weights and state; the f16 copy written in the same
+//! dispatch).
+//!
+//! `--steps N` counts the steps of this run (default 300, enough for Adam to pass 95 %
+//! training accuracy). `--save DIR` writes `DIR/optimizer.safetensors` (the crate's
+//! `Optimizer::save`) and `DIR/model.safetensors` (the parameters under `torch.nn.Linear`'s
+//! names, with the step, seed, dtype and optimizer), each atomically. `--resume DIR` loads
+//! both and continues the step count; the result is bit-identical to an uninterrupted run.
+//! Without a terminal (CI, pipes) the progress bar becomes about ten plain lines.
+
+mod checkpoint;
+mod gpu;
+mod model;
+mod spirals;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use checkpoint::{dtype_name, RunState};
+use gpu::{Gpu, Source, StepClock};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use model::{BoxError, Metrics, Mlp};
+use spirals::Spirals;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd};
+
+/// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
+/// between steps 120 and 160 for seed 0 and ends at 99.2 % here (98.8 % to 99.2 % for seeds
+/// 1 to 4), about 10 s on lavapipe.
+const DEFAULT_STEPS: u64 = 300;
+
+const USAGE: &str = "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov] [--lr LR] [--steps N] \
+                     [--dtype f32|f16] [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--quiet]";
+
+/// The `--optimizer` choices, each with PyTorch's defaults (SGD: momentum 0.9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    Adam,
+    AdamW,
+    AmsGrad,
+    Sgd,
+    Nesterov,
+}
+
+impl Choice {
+    fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "adam" => Choice::Adam,
+            "adamw" => Choice::AdamW,
+            "amsgrad" => Choice::AmsGrad,
+            "sgd" => Choice::Sgd,
+            "nesterov" => Choice::Nesterov,
+            other => return Err(format!("--optimizer: unknown optimizer `{other}`")),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Choice::Adam => "adam",
+            Choice::AdamW => "adamw",
+            Choice::AmsGrad => "amsgrad",
+            Choice::Sgd => "sgd",
+            Choice::Nesterov => "nesterov",
+        }
+    }
+
+    fn algorithm(self) -> Algorithm {
+        let sgd = Sgd { momentum: 0.9, ..Sgd::default() };
+        match self {
+            Choice::Adam => Adam::default().into(),
+            Choice::AdamW => Adam::adamw().into(),
+            Choice::AmsGrad => Adam { amsgrad: true, ..Adam::default() }.into(),
+            Choice::Sgd => sgd.into(),
+            Choice::Nesterov => Sgd { nesterov: true, ..sgd }.into(),
+        }
+    }
+}
+
+/// The command line. `None` means "not given": a resumed run takes it from the checkpoint.
+#[derive(Debug, Default)]
+struct Options {
+    optimizer: Option<Choice>,
+    lr: Option<f64>,
+    steps: Option<u64>,
+    dtype: Option<DType>,
+    seed: Option<u64>,
+    save: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    log_every: u64,
+    quiet: bool,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options { log_every: 50, ..Options::default() };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--optimizer" => options.optimizer = Some(Choice::parse(&value()?)?),
+            "--lr" => options.lr = Some(parse(&flag, &value()?)?),
+            "--steps" => options.steps = Some(parse(&flag, &value()?)?),
+            "--dtype" => options.dtype = Some(parse_dtype(&value()?)?),
+            "--seed" => options.seed = Some(parse(&flag, &value()?)?),
+            "--save" => options.save = Some(value()?.into()),
+            "--resume" => options.resume = Some(value()?.into()),
+            "--log-every" => options.log_every = parse(&flag, &value()?)?,
+            "--quiet" | "-q" => options.quiet = true,
+            // An empty error is the request for help.
+            "--help" | "-h" => return Err(String::new()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if options.log_every == 0 {
+        return Err("--log-every must be at least 1".into());
+    }
+    if options.lr.is_some_and(|lr| !(lr.is_finite() && lr >= 0.0)) {
+        return Err("--lr must be a finite number >= 0".into());
+    }
+    Ok(options)
+}
+
+fn parse<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+}
+
+fn parse_dtype(value: &str) -> Result<DType, String> {
+    match value {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        other => Err(format!("--dtype: `{other}` is not f32 or f16")),
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::init();
+    let options = match options() {
+        Ok(o) => o,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match main_with(&options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What this run trains, after reconciling the flags with a checkpoint.
+struct Plan {
+    state: RunState,
+    choice: Choice,
+    steps: u64,
+    /// The checkpoint's packed parameters, when resuming.
+    params: Option<Vec<u8>>,
+}
+
+fn main_with(options: &Options) -> Result<(), BoxError> {
+    let gpu = Gpu::open()?;
+    say(options, &gpu.describe());
+    let plan = plan(options)?;
+    if plan.state.dtype == DType::F16 && !gpu.has_f16() {
+        return Err(format!(
+            "--dtype f16 needs the adapter feature SHADER_F16, which {} lacks; run with --dtype f32",
+            gpu.info.name
+        )
+        .into());
+    }
+    let data = Spirals::generate(plan.state.seed);
+    let model = Mlp::new(&gpu.device, &gpu.queue, &data, plan.state.dtype, plan.state.seed)?;
+    if let Some(params) = &plan.params {
+        model.write_params(params)?;
+    }
+    // The crate borrows the trainer's device; it never opens one of its own.
+    let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone(), &gpu.info);
+    let mut optimizer = build_optimizer(options, &ctx, &model, &plan)?;
+    say(options, &describe(&plan, &optimizer, &data));
+    let initial = model.evaluate()?;
+    let run = train(options, &gpu, &model, &mut optimizer, &plan, initial)?;
+    let last = model.evaluate()?;
+    // Saved before anything more is printed: a closed stdout must not cost the checkpoint.
+    let state = RunState { step: optimizer.step_count(), ..plan.state.clone() };
+    if let Some(dir) = &options.save {
+        checkpoint::save(dir, &ctx, &model, &optimizer, &state)?;
+    }
+    summarize(&plan, initial, last, &run);
+    if let Some(dir) = &options.save {
+        say(options, &format!("saved step {} to {}", state.step, dir.display()));
+    }
+    Ok(())
+}
+
+/// The run's settings: from the flags, or from the checkpoint when resuming (a flag that
+/// contradicts the checkpoint is refused rather than silently ignored).
+fn plan(options: &Options) -> Result<Plan, BoxError> {
+    let steps = options.steps.unwrap_or(DEFAULT_STEPS);
+    let Some(dir) = &options.resume else {
+        let choice = options.optimizer.unwrap_or(Choice::Adam);
+        let state = RunState {
+            step: 0,
+            seed: options.seed.unwrap_or(0),
+            dtype: options.dtype.unwrap_or(DType::F32),
+            optimizer: choice.name().into(),
+        };
+        return Ok(Plan { state, choice, steps, params: None });
+    };
+    let file = checkpoint::load_model(dir, &model::param_layout())?;
+    let state = file.state;
+    let choice = Choice::parse(&state.optimizer)?;
+    let conflicts = [
+        ("--optimizer", options.optimizer.is_some_and(|c| c != choice), state.optimizer.clone()),
+        ("--seed", options.seed.is_some_and(|s| s != state.seed), state.seed.to_string()),
+        ("--dtype", options.dtype.is_some_and(|d| d != state.dtype), dtype_name(state.dtype).into()),
+    ];
+    if let Some((flag, _, saved)) = conflicts.iter().find(|(_, differs, _)| *differs) {
+        return Err(
+            format!("{flag} differs from the checkpoint in {}, which has {saved}", dir.display()).into()
+        );
+    }
+    Ok(Plan { state, choice, steps, params: Some(file.params) })
+}
+
+/// The crate's optimizer over the model's own parameter tensors (in place for f32, master
+/// weights for f16), with the checkpoint's state when resuming and `--lr` applied last, so
+/// it overrides the checkpoint's learning rate.
+fn build_optimizer(
+    options: &Options,
+    ctx: &GpuContext,
+    model: &Mlp,
+    plan: &Plan,
+) -> Result<Optimizer, BoxError> {
+    let params = model.param_tensors();
+    let algorithm = plan.choice.algorithm();
+    let mut optimizer = match model.dtype() {
+        DType::F32 => Optimizer::new(ctx, algorithm, &params)?,
+        // Reads the model's f16 values (a checkpoint's, if written above) into f32 masters.
+        _ => Optimizer::master_weights(ctx, algorithm, &params)?,
+    };
+    if let Some(dir) = &options.resume {
+        optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;
+        checkpoint::check_step(&optimizer, &plan.state)?;
+    }
+    if let Some(lr) = options.lr {
+        optimizer.set_lr(lr)?;
+    }
+    Ok(optimizer)
+}
+
+/// The hyperparameters in PyTorch's terms.
+fn hyperparameters(algorithm: &Algorithm) -> String {
+    match algorithm {
+        Algorithm::Adam(a) => format!(
+            "lr {}, betas ({}, {}), eps {:e}, weight_decay {}{}, amsgrad {}",
+            a.lr,
+            a.beta1,
+            a.beta2,
+            a.eps,
+            a.weight_decay,
+            if a.decoupled_weight_decay { " (decoupled)" } else { "" },
+            a.amsgrad
+        ),
+        Algorithm::Sgd(s) => format!(
+            "lr {}, momentum {}, dampening {}, weight_decay {}, nesterov {}",
+            s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe(plan: &Plan, optimizer: &Optimizer, data: &Spirals) -> String {
+    let resumed = match plan.state.step {
+        0 => String::new(),
+        step => format!(", resuming at step {step}"),
+    };
+    format!(
+        "model: MLP {:?}, {} parameters ({}{}); data: {} spiral points, seed {}\n\
+         optimizer: {} ({}); {} steps{resumed}",
+        model::WIDTHS,
+        model::param_count(),
+        dtype_name(plan.state.dtype),
+        if plan.state.dtype == DType::F16 { ", f32 master weights and state" } else { "" },
+        data.len(),
+        plan.state.seed,
+        plan.choice.name(),
+        hyperparameters(optimizer.algorithm()),
+        plan.steps,
+    )
+}
+
+/// What the training loop measured.
+struct Run {
+    split: gpu::Split,
+    source: Source,
+    wall: Duration,
+}
+
+/// The training loop: per step one encoder with the forward pass, the backward pass and the
+/// optimizer's update, and one submit. Loss and accuracy are read every `log_every` steps.
+fn train(
+    options: &Options,
+    gpu: &Gpu,
+    model: &Mlp,
+    optimizer: &mut Optimizer,
+    plan: &Plan,
+    initial: Metrics,
+) -> Result<Run, BoxError> {
+    let grads = model.grad_tensors();
+    let mut clock = StepClock::new(&gpu.device, &gpu.queue);
+    let progress = Progress::new(options, plan.steps);
+    progress.show(0, plan.state.step, initial);
+    let started = Instant::now();
+    for i in 1..=plan.steps {
+        let (report, last) = (i.is_multiple_of(options.log_every) || i == plan.steps, i == plan.steps);
+        let mut encoder =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("train step") });
+        clock.begin(&mut encoder);
+        model.record_forward(&mut encoder);
+        model.record_backward(&mut encoder);
+        if report {
+            model.record_metrics_copy(&mut encoder);
+        }
+        clock.before_optimizer(&mut encoder);
+        optimizer.record_step(&mut encoder, &grads)?;
+        clock.after_optimizer(&mut encoder, last);
+        gpu.queue.submit([encoder.finish()]);
+        clock.collect(&gpu.device)?;
+        progress.advance();
+        if report {
+            progress.show(i, plan.state.step + i, model.read_metrics()?);
+        }
+    }
+    let wall = started.elapsed();
+    progress.finish();
+    Ok(Run { split: clock.split(), source: clock.source(), wall })
+}
+
+/// A progress bar on a terminal; on anything else (CI logs, pipes) about ten plain lines;
+/// nothing with `--quiet`.
+struct Progress {
+    bar: Option<ProgressBar>,
+    /// Plain mode: print a line when this run's step is a multiple of this.
+    plain_every: Option<u64>,
+    steps: u64,
+}
+
+impl Progress {
+    fn new(options: &Options, steps: u64) -> Self {
+        if options.quiet {
+            return Progress { bar: None, plain_every: None, steps };
+        }
+        let bar = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+        if bar.is_hidden() || !std::io::stderr().is_terminal() {
+            let every = steps.div_ceil(10).div_ceil(options.log_every).max(1) * options.log_every;
+            return Progress { bar: None, plain_every: Some(every), steps };
+        }
+        let style = ProgressStyle::with_template(
+            "{bar:32.cyan/blue} {pos:>5}/{len} steps  {msg}  [{elapsed} < {eta}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Progress { bar: Some(bar), plain_every: None, steps }
+    }
+
+    fn advance(&self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+
+    /// Shows the metrics of the forward pass of this run's step `i` (0: before training),
+    /// labelled with the overall step number `step`, as a PyTorch loop prints the loss of
+    /// the step it just took (computed before that step's update).
+    fn show(&self, i: u64, step: u64, metrics: Metrics) {
+        let text = format!("loss {:.4}  accuracy {:5.1} %", metrics.loss, 100.0 * metrics.accuracy());
+        if let Some(bar) = &self.bar {
+            bar.set_message(text);
+        } else if let Some(every) = self.plain_every {
+            if i == 0 || i.is_multiple_of(every) || i == self.steps {
+                println!("step {step:>6}  {text}");
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn summarize(plan: &Plan, initial: Metrics, last: Metrics, run: &Run) {
+    let steps = plan.steps.max(1) as f64;
+    println!(
+        "final: loss {:.4} (from {:.4}), training accuracy {:.2} % ({}/{}) after {} steps",
+        last.loss,
+        initial.loss,
+        100.0 * last.accuracy(),
+        last.correct,
+        last.samples,
+        plan.state.step + plan.steps,
+    );
+    let split = run.split;
+    let per_step = |d: Duration| d.as_secs_f64() * 1e6 / split.steps.max(1) as f64;
+    let share = split.optimizer.as_secs_f64() / (split.optimizer + split.model).as_secs_f64().max(1e-12);
+    let source = match run.source {
+        Source::GpuTimestamps => "GPU timestamps",
+        Source::HostRecording => "host recording time: the device has no TIMESTAMP_QUERY_INSIDE_ENCODERS",
+    };
+    println!(
+        "time ({source}): optimizer steps {:.1} ms ({:.1} µs/step, {:.1} %), forward+backward {:.1} ms ({:.1} µs/step)",
+        split.optimizer.as_secs_f64() * 1e3,
+        per_step(split.optimizer),
+        100.0 * share,
+        split.model.as_secs_f64() * 1e3,
+        per_step(split.model),
+    );
+    println!(
+        "wall: {:.2} s for {} steps ({:.0} µs/step, including submits and readbacks)",
+        run.wall.as_secs_f64(),
+        plan.steps,
+        run.wall.as_secs_f64() * 1e6 / steps
+    );
+}
+
+/// Prints a line unless `--quiet`.
+fn say(options: &Options, line: &str) {
+    if !options.quiet {
+        println!("{line}");
+    }
+}
