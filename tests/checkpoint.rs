@@ -259,3 +259,25 @@ fn saving_is_atomic() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn loading_in_master_weight_mode_restores_the_models_copies() {
+    let ctx = ctx();
+    let model = vec![ctx.upload("model", &[0.3, -0.7, 1.1, 0.01, 5.0], DType::BF16)];
+    let grads = vec![ctx.upload("g", &[0.1, -0.2, 0.3, 0.4, -0.5], DType::F32)];
+    let mut optimizer = Optimizer::master_weights(&ctx, Adam::adamw(), &model).unwrap();
+    for _ in 0..3 {
+        optimizer.step(&grads).unwrap();
+    }
+    let bytes = optimizer.save_to_bytes().unwrap();
+    let saved_model = ctx.read_bytes(&model[0]).unwrap();
+    // A fresh model (as a restarted trainer would have) and a fresh optimizer.
+    let fresh = vec![ctx.upload("model", &[0.0; 5], DType::BF16)];
+    let mut resumed = Optimizer::master_weights(&ctx, Adam::adamw(), &fresh).unwrap();
+    resumed.load_from_bytes(&bytes).unwrap();
+    assert_eq!(
+        ctx.read_bytes(&fresh[0]).unwrap(),
+        saved_model,
+        "the bf16 copy is the loaded masters rounded"
+    );
+}

@@ -90,9 +90,7 @@ impl GpuContext {
     /// `SHADER_F64` and `TIMESTAMP_QUERY` the adapter has.
     pub async fn headless() -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = wgpu::util::initialize_adapter_from_env_or_default(&instance, None)
-            .await
-            .map_err(|e| Error::NoAdapter { reason: e.to_string() })?;
+        let adapter = choose_adapter(&instance).await?;
         let features = adapter.features() & WANTED_FEATURES;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -222,4 +220,27 @@ impl GpuContext {
             None => self.check_alive().map(|()| value),
         }
     }
+}
+
+/// `WGPU_ADAPTER_NAME` (a case-insensitive substring) picks an adapter, as wgpu's
+/// `initialize_adapter_from_env` does, but a name that matches nothing is an error listing
+/// the adapters there are, not a panic; otherwise wgpu's default adapter for
+/// `WGPU_POWER_PREF`.
+async fn choose_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        let found =
+            adapters.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&wanted.to_lowercase()));
+        return found.ok_or_else(|| Error::NoAdapter {
+            reason: format!("WGPU_ADAPTER_NAME={wanted:?} matches none of the adapters {names:?}"),
+        });
+    }
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::from_env().unwrap_or_default(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::NoAdapter { reason: e.to_string() })
 }

@@ -166,7 +166,7 @@ impl Optimizer {
             algorithms.push(*algorithm);
         }
         // Every tensor the optimizer needs, checked before anything is written.
-        let mut writes: Vec<(Tensor, &[u8])> = Vec::new();
+        let mut writes: Vec<(Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut expected_names = 0;
         let mut take = |name: String, target: &Tensor| -> Result<()> {
             let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
@@ -179,7 +179,7 @@ impl Optimizer {
                     target.len
                 )));
             }
-            writes.push((target.clone(), view.data()));
+            writes.push((target.clone(), view.data().into()));
             expected_names += 1;
             Ok(())
         };
@@ -192,6 +192,13 @@ impl Optimizer {
                     take(format!("master.{i}"), &self.params[i])?;
                 }
             }
+        }
+        // In master-weight mode the model's copies are the masters rounded once, so they are
+        // restored with them and the first forward pass after loading sees the right values.
+        for (master, copy) in self.params.iter().zip(&self.model_copies) {
+            let Some(data) = writes.iter().find(|(t, _)| t == master).map(|(_, d)| d) else { continue };
+            let rounded = copy.dtype.encode(&master.dtype.decode(data));
+            writes.push((copy.clone(), rounded.into()));
         }
         for i in 0..self.params.len() {
             let name = format!("state.{i}.step");
@@ -212,7 +219,7 @@ impl Optimizer {
         }
         // Everything matches: write.
         for (tensor, data) in writes {
-            self.ctx.write_bytes(&tensor, data)?;
+            self.ctx.write_bytes(&tensor, &data)?;
         }
         for (g, algorithm) in algorithms.into_iter().enumerate() {
             self.set_group_algorithm(g, algorithm)?;
