@@ -120,58 +120,76 @@ impl Bench {
             roofline_gbps,
         };
         let (reps, budget) = (self.options.reps, self.budget());
+        let job = Job { algorithm, dtype, case, reps, budget };
         if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
-            let (gpu, wall) = gpu_step(&ctx, timer, algorithm, dtype, case, reps, budget)?;
-            let roofline = self.rooflines.gpu(&ctx, timer, bytes, reads, writes, 5)?;
-            if let Some(gpu) = gpu {
-                self.push(row("gpu", gpu, roofline));
+            let roofline = self.rooflines.gpu(&ctx, bytes, reads, writes)?;
+            let timing = gpu_step(&ctx, timer, roofline, &job)?;
+            let roofline_gbps = rooflines::gbps(roofline.bytes, timing.roofline);
+            if let Some(gpu) = timing.gpu {
+                self.push(row("gpu", gpu, roofline_gbps));
             }
-            self.push(row("gpu-wall", wall, roofline));
+            self.push(row("gpu-wall", timing.wall, roofline_gbps));
         }
         if self.options.cpu {
-            let host = self.rooflines.host(bytes, reads, writes, 5);
-            let cpu = cpu_step(algorithm, dtype, case, reps, budget)?;
-            self.push(row("cpu", cpu, host));
+            let host = self.rooflines.host(bytes, reads, writes);
+            let (cpu, roofline) = cpu_step(&job, host)?;
+            let roofline_gbps = rooflines::gbps(host.bytes, roofline);
+            self.push(row("cpu", cpu, roofline_gbps));
             if elements <= 1 << 20 {
                 let oracle = oracle_step(algorithm, case, reps.min(5), budget);
-                self.push(row("oracle", oracle, host));
+                self.push(row("oracle", oracle, roofline_gbps));
             }
         }
         Ok(())
     }
 }
 
-/// The median GPU step: timestamps (if any) and wall time to completion.
+/// One measurement: what to step and how long to keep repeating.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    algorithm: Algorithm,
+    dtype: DType,
+    case: &'a Case,
+    reps: usize,
+    budget: Duration,
+}
+
+/// The medians of one measurement: the step and the roofline timed alternately.
+struct GpuTiming {
+    gpu: Option<Duration>,
+    wall: Duration,
+    roofline: Duration,
+}
+
+/// The median GPU step (timestamps, if any, and wall time to completion), each repetition
+/// followed by a copy-roofline dispatch.
 fn gpu_step(
     ctx: &GpuContext,
     timer: &mut GpuTimer,
-    algorithm: Algorithm,
-    dtype: DType,
-    case: &Case,
-    reps: usize,
-    budget: Duration,
-) -> wgpu_optim::Result<(Option<Duration>, Duration)> {
+    roofline: &wgpu_optim::CopyRoofline,
+    job: &Job<'_>,
+) -> wgpu_optim::Result<GpuTiming> {
+    let Job { algorithm, dtype, case, reps, budget } = *job;
     let params: Vec<Tensor> = case.sizes.iter().map(|&n| ctx.zeros("param", n, dtype)).collect();
     let grads: Vec<Tensor> = case.sizes.iter().map(|&n| ctx.zeros("grad", n, dtype)).collect();
     let mut optimizer = Optimizer::new(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
-    let mut gpu = Vec::new();
+    roofline.median_time(timer, 1)?;
+    let (mut gpu, mut copies) = (Vec::new(), Vec::new());
     let wall = median_of(reps, budget, || {
         let t = timer.time(|encoder| optimizer.record_step(encoder, &grads))?;
         gpu.extend(t.gpu);
+        copies.push(roofline.median_time(timer, 1)?);
         Ok(t.wall)
     })?;
     gpu.sort();
-    Ok((gpu.get(gpu.len() / 2).copied(), wall))
+    copies.sort();
+    Ok(GpuTiming { gpu: gpu.get(gpu.len() / 2).copied(), wall, roofline: copies[copies.len() / 2] })
 }
 
-fn cpu_step(
-    algorithm: Algorithm,
-    dtype: DType,
-    case: &Case,
-    reps: usize,
-    budget: Duration,
-) -> wgpu_optim::Result<Duration> {
+/// The median CPU-backend step and the median host-roofline pass, timed alternately.
+fn cpu_step(job: &Job<'_>, host: &mut rooflines::HostLoop) -> wgpu_optim::Result<(Duration, Duration)> {
+    let Job { algorithm, dtype, case, reps, budget } = *job;
     let mut params: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
     let grads: Vec<HostTensor> =
@@ -186,7 +204,14 @@ fn cpu_step(
         Ok(start.elapsed())
     };
     step(&mut params)?; // first touch of the state
-    median_of(reps, budget, || step(&mut params))
+    let mut passes = Vec::new();
+    let cpu = median_of(reps, budget, || {
+        let t = step(&mut params)?;
+        passes.push(host.time());
+        Ok(t)
+    })?;
+    passes.sort();
+    Ok((cpu, passes[passes.len() / 2]))
 }
 
 fn oracle_step(algorithm: Algorithm, case: &Case, reps: usize, budget: Duration) -> Duration {

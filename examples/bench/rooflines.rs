@@ -6,13 +6,15 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use wgpu_optim::{CopyRoofline, GpuContext, GpuTimer, Result};
+use wgpu_optim::{CopyRoofline, GpuContext, Result};
 
-/// Rooflines by (reads, writes), measured once per run.
+/// The roofline kernels, built once per shape and timed between the repetitions of each
+/// measurement: this machine's bandwidth drifts, so a roofline timed at another moment
+/// would not be comparable.
 #[derive(Default)]
 pub struct Rooflines {
-    gpu: HashMap<(u32, u32, u64), f64>,
-    host: HashMap<(u32, u32, u64), f64>,
+    gpu: HashMap<(u32, u32, u64), CopyRoofline>,
+    host: HashMap<(u32, u32, usize), HostLoop>,
 }
 
 /// Enough f32 elements per array to move `bytes` with `reads + writes` arrays.
@@ -21,53 +23,57 @@ fn elements_for(bytes: u64, reads: u32, writes: u32) -> u64 {
 }
 
 impl Rooflines {
-    /// The adapter's copy bandwidth in GB/s for `bytes` per step. Arrays are capped at the
-    /// largest storage binding; bandwidth is a rate, so that only trims the largest sizes.
-    pub fn gpu(
-        &mut self,
-        ctx: &GpuContext,
-        timer: &mut GpuTimer,
-        bytes: u64,
-        reads: u32,
-        writes: u32,
-        reps: usize,
-    ) -> Result<f64> {
+    /// The copy shader moving `bytes` per step with the update's reads and writes. Arrays
+    /// are capped at the largest storage binding; bandwidth is a rate, so that only trims
+    /// the largest sizes.
+    pub fn gpu(&mut self, ctx: &GpuContext, bytes: u64, reads: u32, writes: u32) -> Result<&CopyRoofline> {
         let cap = ctx.report().max_storage_buffer_binding_size / 4 / 16 * 16;
         let elements = elements_for(bytes, reads, writes).min(cap);
-        if let Some(gbps) = self.gpu.get(&(reads, writes, elements)) {
-            return Ok(*gbps);
+        match self.gpu.entry((reads, writes, elements)) {
+            std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                Ok(entry.insert(CopyRoofline::new(ctx, elements, reads, writes)?))
+            }
         }
-        let copy = CopyRoofline::new(ctx, elements, reads, writes)?;
-        copy.median_time(timer, 1)?; // compile and warm
-        let time = copy.median_time(timer, reps)?;
-        let gbps = copy.bytes as f64 / time.as_secs_f64() / 1e9;
-        self.gpu.insert((reads, writes, elements), gbps);
-        Ok(gbps)
     }
 
-    /// The host's bandwidth in GB/s for an in-place loop over f32 arrays moving `bytes`:
-    /// `writes` arrays updated in place from themselves and the other `reads - writes`.
-    pub fn host(&mut self, bytes: u64, reads: u32, writes: u32, reps: usize) -> f64 {
+    /// The host's in-place loop over f32 arrays moving `bytes` per pass.
+    pub fn host(&mut self, bytes: u64, reads: u32, writes: u32) -> &mut HostLoop {
         let elements = elements_for(bytes, reads, writes) as usize;
-        if let Some(gbps) = self.host.get(&(reads, writes, elements as u64)) {
-            return *gbps;
-        }
-        let mut written: Vec<Vec<f32>> = (0..writes).map(|k| vec![0.5 + k as f32; elements]).collect();
-        let read_only: Vec<Vec<f32>> = (writes..reads).map(|k| vec![1e-3 * k as f32; elements]).collect();
-        let mut times = Vec::new();
-        for _ in 0..=reps {
-            let start = Instant::now();
-            inplace_pass(&mut written, &read_only);
-            times.push(start.elapsed());
-        }
-        times.remove(0); // first touch
-        times.sort();
-        let gbps = (4 * u64::from(reads + writes) * elements as u64) as f64
-            / times[times.len() / 2].as_secs_f64()
-            / 1e9;
-        self.host.insert((reads, writes, elements as u64), gbps);
-        gbps
+        self.host.entry((reads, writes, elements)).or_insert_with(|| HostLoop::new(elements, reads, writes))
     }
+}
+
+/// `writes` f32 arrays updated in place from themselves and the other `reads - writes`.
+pub struct HostLoop {
+    written: Vec<Vec<f32>>,
+    read_only: Vec<Vec<f32>>,
+    /// Bytes read plus written by one pass.
+    pub bytes: u64,
+}
+
+impl HostLoop {
+    fn new(elements: usize, reads: u32, writes: u32) -> Self {
+        let mut host = HostLoop {
+            written: (0..writes).map(|k| vec![0.5 + k as f32; elements]).collect(),
+            read_only: (writes..reads).map(|k| vec![1e-3 * k as f32; elements]).collect(),
+            bytes: 4 * u64::from(reads + writes) * elements as u64,
+        };
+        host.time(); // first touch
+        host
+    }
+
+    /// One pass, timed.
+    pub fn time(&mut self) -> std::time::Duration {
+        let start = Instant::now();
+        inplace_pass(&mut self.written, &self.read_only);
+        start.elapsed()
+    }
+}
+
+/// GB/s of `bytes` moved in `time`.
+pub fn gbps(bytes: u64, time: std::time::Duration) -> f64 {
+    bytes as f64 / time.as_secs_f64() / 1e9
 }
 
 /// One streaming pass on all cores in chunks the compiler vectorizes.
@@ -82,7 +88,9 @@ fn inplace_pass(written: &mut [Vec<f32>], read_only: &[Vec<f32>]) {
 }
 
 /// `W` arrays updated in place from themselves and the sum of `R` read-only arrays; the
-/// array counts are constants so the element loop unrolls and vectorizes.
+/// array counts are constants so the element loop unrolls and vectorizes, compiled for the
+/// same vector extensions as the CPU backend's loops.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn pass<const W: usize, const R: usize>(written: &mut [Vec<f32>], read_only: &[Vec<f32>]) {
     const CHUNK: usize = 1 << 15;
     let len = written[0].len();

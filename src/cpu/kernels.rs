@@ -113,6 +113,7 @@ fn adam_element<
     (p_new, m, v, v_hat)
 }
 
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn adam<
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
@@ -203,6 +204,7 @@ fn momentum_element<
     (p - hp.lr * direction, v)
 }
 
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn momentum<
     const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
@@ -287,6 +289,7 @@ fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
     (p_new, h)
 }
 
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradHyper, o: Operands<'_>) {
     let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
     let [sum, ..] = o.state;
