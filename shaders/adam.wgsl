@@ -21,10 +21,11 @@ override WEIGHT_DECAY: u32 = 0u;
 override EPS_AFTER_CORRECTION: bool = true;
 // Keep the running maximum of the second moment and divide by it (Reddi et al. 2018).
 override AMSGRAD: bool = false;
-// true: PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`, in the two forms its lerp takes by
-// weight, which matter where the values are infinite. false: `beta1 * m + (1 - beta1) * g`
-// as ONNX and DirectML write it.
-override FIRST_MOMENT_LERP: bool = false;
+// 0: `beta1 * m + (1 - beta1) * g` as ONNX and DirectML write it. 1 and 2: PyTorch's
+// `exp_avg.lerp_(grad, 1 - beta1)`, whose form depends on the weight (1: below 0.5,
+// 2: otherwise); the forms differ where values are infinite. A compile-time choice keeps
+// the per-element loop free of the test.
+override FIRST_MOMENT_LERP: u32 = 0u;
 
 struct Hyper {
     beta1: S,
@@ -61,12 +62,10 @@ fn update(i: u32) {
         p = p * hp.decay;
     }
     var m: R;
-    if FIRST_MOMENT_LERP {
-        if hp.one_minus_beta1 < S(0.5) {
-            m = m_prev + hp.one_minus_beta1 * (g - m_prev);
-        } else {
-            m = g - (g - m_prev) * (S(1) - hp.one_minus_beta1);
-        }
+    if FIRST_MOMENT_LERP == 1u {
+        m = m_prev + hp.one_minus_beta1 * (g - m_prev);
+    } else if FIRST_MOMENT_LERP == 2u {
+        m = g - (g - m_prev) * (S(1) - hp.one_minus_beta1);
     } else {
         m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
     }

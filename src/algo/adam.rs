@@ -231,7 +231,12 @@ impl AdamKernel {
                 u32::from(self.eps_after_correction),
                 u32::from(self.maximize),
                 mode,
-                u32::from(self.first_moment_lerp),
+                // ATen's lerp takes its first form for weights below 0.5.
+                match (self.first_moment_lerp, 1.0 - self.beta1 < 0.5) {
+                    (false, _) => 0,
+                    (true, true) => 1,
+                    (true, false) => 2,
+                },
             ],
             // The fields of Hyper in shaders/adam.wgsl.
             &[

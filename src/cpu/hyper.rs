@@ -118,6 +118,8 @@ pub(super) fn adam(step: &KernelStep) -> (AdamHyper, AdamSwitches) {
         maximize: maximize != 0,
         weight_decay,
         first_moment_lerp: first_moment_lerp != 0,
+        // 1 and 2 are the two forms of ATen's lerp; the CPU loop picks between them from
+        // the weight itself.
     };
     (hyper, switches)
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, VariantKey, WORKGROUP_SIZE};
+use crate::gpu::kernel::{Scalars, VariantKey, MAX_WORKGROUPS, WORKGROUP_SIZE};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
 use crate::gpu::step::{KernelStep, HYPER_SLOT_BYTES};
@@ -118,7 +118,11 @@ impl Batch {
                         layout: &pipeline.segment_layout,
                         entries: &entries,
                     });
-                    Dispatch { pipeline, bind_group, workgroups: p.workgroups.clamp(1, max_groups) }
+                    Dispatch {
+                        pipeline,
+                        bind_group,
+                        workgroups: p.workgroups.clamp(1, max_groups.min(MAX_WORKGROUPS)),
+                    }
                 })
                 .collect();
             Batch { dispatches }

@@ -108,7 +108,9 @@ impl CopyRoofline {
             CopyRoofline {
                 pipeline,
                 bind_group,
-                workgroups: (vectors.div_ceil(u64::from(WG)) as u32).clamp(1, max_groups),
+                // The optimizer kernels' dispatch policy, so the comparison is like for like.
+                workgroups: (vectors.div_ceil(u64::from(WG)) as u32)
+                    .clamp(1, max_groups.min(crate::gpu::kernel::MAX_WORKGROUPS)),
                 bytes: vectors * 16 * u64::from(reads + writes),
             }
         })
