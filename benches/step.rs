@@ -2,6 +2,9 @@
 //! on the f64 oracle, and the host time to record a step, so regressions show in
 //! criterion's usual reports.
 
+#[path = "../examples/bench/shapes.rs"]
+mod shapes;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{torch_adam_step, TorchAdamState};
@@ -70,23 +73,12 @@ fn oracle_adam(c: &mut Criterion) {
     group.finish();
 }
 
-/// GPT-2 small's 148 parameter tensors (124.4 M parameters), as PyTorch lists them.
-fn gpt2_small_sizes() -> Vec<u64> {
-    let (d, vocab, ctx_len) = (768u64, 50257u64, 1024u64);
-    let mut sizes = vec![vocab * d, ctx_len * d];
-    for _ in 0..12 {
-        sizes.extend([d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]);
-    }
-    sizes.extend([d, d]);
-    sizes
-}
-
 /// Host time to record one step (one compute pass, no submit) for many tensors: what a
 /// trainer pays on the CPU per step, whatever the GPU does.
 fn record_step(c: &mut Criterion) {
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
     let mut group = c.benchmark_group("record_step");
-    let models = [("gpt2_small_148_tensors", gpt2_small_sizes()), ("200x4096", vec![4096; 200])];
+    let models = [("gpt2_small_148_tensors", shapes::gpt2_small(1)), ("200x4096", vec![4096; 200])];
     for (name, sizes) in models {
         let params: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("param", n, DType::F32)).collect();
         let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n, DType::F32)).collect();

@@ -3,6 +3,8 @@
 //! parameter groups whose hyperparameters change every step without a new pipeline.
 
 mod common;
+#[path = "../examples/bench/shapes.rs"]
+mod shapes;
 
 use common::{assert_close_f64, ctx, download, to_f32, Rng, ATOL, RTOL};
 use wgpu_optim::oracle::TorchState;
@@ -46,21 +48,10 @@ fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
     assert_close_f64("exp_avg at the sampled indices", &got_m, &state.tensors()[0], RTOL, ATOL);
 }
 
-/// GPT-2 small's 148 parameter tensors, with every dimension divided by `scale`.
-pub fn gpt2_small_shapes(scale: usize) -> Vec<usize> {
-    let (d, vocab, ctx_len, layers) = (768 / scale, 50257 / scale, 1024 / scale, 12);
-    let mut sizes = vec![vocab * d, ctx_len * d];
-    for _ in 0..layers {
-        sizes.extend([d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]);
-    }
-    sizes.extend([d, d]);
-    sizes
-}
-
 #[test]
 fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
     let ctx = ctx();
-    let sizes = gpt2_small_shapes(8);
+    let sizes: Vec<usize> = shapes::gpt2_small(8).into_iter().map(|n| n as usize).collect();
     assert_eq!(sizes.len(), 148);
     let mut rng = Rng::new(1);
     let initial: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();

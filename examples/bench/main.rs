@@ -12,6 +12,7 @@
 mod options;
 mod report;
 mod rooflines;
+mod shapes;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -46,17 +47,6 @@ fn dtype(name: &str) -> DType {
 fn traffic(algorithm: &Algorithm) -> (u32, u32) {
     let states = algorithm.state_kinds().len() as u32;
     (2 + states, 1 + states)
-}
-
-/// GPT-2 small's 148 parameter tensors (124.4 M parameters), as PyTorch lists them.
-fn gpt2_small() -> Vec<u64> {
-    let (d, vocab, ctx_len) = (768u64, 50257u64, 1024u64);
-    let mut sizes = vec![vocab * d, ctx_len * d];
-    for _ in 0..12 {
-        sizes.extend([d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]);
-    }
-    sizes.extend([d, d]);
-    sizes
 }
 
 /// Repeats `f` at least 3 and at most `reps` times, stopping after `budget`, and returns the
@@ -261,7 +251,7 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
             "single" => {
                 cases.extend(options.sizes.iter().map(|&n| (format!("{n}"), Case { sizes: vec![n] })))
             }
-            "gpt2" => cases.push(("gpt2-small".into(), Case { sizes: gpt2_small() })),
+            "gpt2" => cases.push(("gpt2-small".into(), Case { sizes: shapes::gpt2_small(1) })),
             _ => cases.push(("200x4096".into(), Case { sizes: vec![4096; 200] })),
         }
     }
