@@ -345,6 +345,7 @@ impl Optimizer {
         if let Some(device) = &mut self.device {
             device.prepare_step(encoder);
         }
+        // `bind` has just set `bound`; the else arm is unreachable.
         let Some(bound) = &self.bound else { return Ok(()) };
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("wgpu-optim step"),
