@@ -237,8 +237,9 @@ fn amp_and_device_counters_need_capturable_mode() {
 #[test]
 fn a_capturable_step_uploads_nothing_from_the_host() {
     // No queue.write_buffer per step: its staging buffers would show in the live count
-    // while the encoder that holds the steps is alive.
-    let ctx = ctx();
+    // while the encoder that holds the steps is alive. A device of its own, so that other
+    // tests' buffers do not move the count.
+    let ctx = common::fresh_ctx();
     let param = ctx.upload("param", &[1.0; 64], DType::F32);
     let grad = ctx.upload("grad", &[0.5; 64], DType::F32);
     let algorithm: Algorithm = Adam::default().into();

@@ -50,7 +50,8 @@ fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
 
 #[test]
 fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
-    let ctx = ctx();
+    // A device of its own: the live counts are per device, and other tests run in parallel.
+    let ctx = common::fresh_ctx();
     let sizes: Vec<usize> = shapes::gpt2_small(8).into_iter().map(|n| n as usize).collect();
     assert_eq!(sizes.len(), 148);
     let mut rng = Rng::new(1);
