@@ -28,7 +28,7 @@ pub enum ValueType {
 
 /// A tensor read from a vector file, widened to f64 (exactly, for every stored type).
 #[derive(Clone, Debug, PartialEq)]
-pub struct HostTensor {
+pub struct CaseTensor {
     /// The stored type.
     pub dtype: ValueType,
     /// The shape (`[]` for a scalar).
@@ -59,7 +59,7 @@ pub struct Case {
     /// The producing implementation.
     pub source: String,
     /// Every tensor by name.
-    pub tensors: BTreeMap<String, HostTensor>,
+    pub tensors: BTreeMap<String, CaseTensor>,
 }
 
 impl Case {
@@ -127,7 +127,7 @@ impl Case {
     }
 
     /// The tensor `name`, or an error naming the case.
-    pub fn tensor(&self, name: &str) -> Result<&HostTensor> {
+    pub fn tensor(&self, name: &str) -> Result<&CaseTensor> {
         self.tensors.get(name).ok_or_else(|| self.bad(format!("has no tensor `{name}`")))
     }
 
@@ -187,7 +187,7 @@ impl Case {
     }
 }
 
-fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result::Result<HostTensor, String> {
+fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result::Result<CaseTensor, String> {
     fn read<const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
         data.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
     }
@@ -206,5 +206,5 @@ fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result:
     if values.len() != elements {
         return Err(format!("tensor `{name}` has {} values for shape {shape:?}", values.len()));
     }
-    Ok(HostTensor { dtype: value_type, shape: shape.to_vec(), values })
+    Ok(CaseTensor { dtype: value_type, shape: shape.to_vec(), values })
 }

@@ -5,5 +5,5 @@
 mod case;
 mod run;
 
-pub use case::{Case, HostTensor, Kind, ValueType};
+pub use case::{Case, CaseTensor, Kind, ValueType};
 pub use run::{run_case, Backend, CaseReport, Outcome};

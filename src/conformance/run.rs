@@ -1,6 +1,6 @@
 //! Running a case on a backend and comparing every expected output.
 
-use crate::conformance::case::{Case, HostTensor, Kind, ValueType};
+use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
 use crate::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use crate::ops::{self, onnx, Update};
 use crate::oracle::{self, TorchState};
@@ -113,7 +113,7 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
 
 /// Compares element by element; returns the worst ratio and descriptions of the first
 /// few mismatches (never the whole array).
-fn compare(name: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64) -> (f64, Option<String>) {
+fn compare(name: &str, got: &[f64], want: &CaseTensor, rtol: f64, atol: f64) -> (f64, Option<String>) {
     if got.len() != want.values.len() {
         return (
             f64::INFINITY,
@@ -394,9 +394,9 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
     let algorithm = torch_algorithm(case)?;
     let (n, steps) = (case.count, case.steps);
     let dtype = storage_dtype(case, "param.0")?;
-    let params: Vec<&HostTensor> =
+    let params: Vec<&CaseTensor> =
         (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&HostTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
+    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
     for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
         if g.values.len() != steps * p.values.len() {
             return Err(case.bad(format!(
