@@ -5,18 +5,8 @@
 // The host folds the learning-rate decay into `lr`:
 //   ONNX:  R / (1 + T * decay_factor)        torch: lr / (1 + (step - 1) * lr_decay)
 
-override MAXIMIZE: bool = false;
-// 0: no weight decay. 1: L2, `g += weight_decay * p`, skipped at run time when the
-// coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing).
-override WEIGHT_DECAY: u32 = 0u;
-
-struct Hyper {
-    lr: S,
-    weight_decay: S,
-    eps: S,
-    // PyTorch's lr_decay, for the rate computed on the device (capturable mode).
-    lr_decay: S,
-}
+// The prelude declares MAXIMIZE and `struct Hyper` from the step contract
+// (src/step/adagrad.rs). L2 weight decay is skipped at run time when its coefficient is 0.
 
 // Updates element i. The generated entry point calls it for every element of the segment.
 fn update(i: u32) {
@@ -27,7 +17,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u && hp.weight_decay != S(0) {
+    if hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
     let h = h_prev + g * g;

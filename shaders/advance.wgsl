@@ -1,11 +1,5 @@
 // Capturable mode: the first dispatch of a step counts it, unless AMP found an infinity in
 // the gradients, in which case the whole step (this count included) is skipped.
-struct DeviceState {
-    step: u32,
-    found_inf: u32,
-    inv_scale: f32,
-}
-
 @group(0) @binding(0) var<storage, read_write> state: DeviceState;
 
 @compute @workgroup_size(1)

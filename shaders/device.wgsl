@@ -1,10 +1,6 @@
 // Capturable mode: the step counter, the AMP flag and the unscale factor live in one small
-// device buffer, so a trainer never reads back or rewrites them per step.
-struct DeviceState {
-    step: u32,
-    found_inf: u32,
-    inv_scale: f32,
-}
+// device buffer (`DeviceState`, declared from src/step/device.rs), so a trainer never reads
+// back or rewrites them per step.
 
 // 1 - beta^t = -expm1(t ln beta), accurate in f32 at small t: a series where t ln beta is
 // small (1 - exp(x) would cancel), 1 - exp(x) elsewhere.

@@ -9,22 +9,9 @@
 //   p'  = p - lr * (NESTEROV ? g' + nesterov_scale * v' : v')
 // Without VELOCITY (PyTorch momentum = 0) there is no buffer at all: p' = p - lr * g'.
 
-override MAXIMIZE: bool = false;
-// 0: no weight decay. 1: L2, `g += weight_decay * p`, skipped at run time when the
-// coefficient is 0 (as PyTorch does, and so a schedule that reaches 0 compiles nothing).
-override WEIGHT_DECAY: u32 = 0u;
-override NESTEROV: bool = false;
-override VELOCITY: bool = true;
-
-struct Hyper {
-    velocity_decay: S,
-    grad_scale: S,
-    weight_decay: S,
-    lr: S,
-    // 1 on the step where PyTorch creates the buffer as a copy of the gradient.
-    restart: S,
-    nesterov_scale: S,
-}
+// The prelude declares MAXIMIZE, NESTEROV, VELOCITY and `struct Hyper` from the step
+// contract (src/step/momentum.rs). L2 weight decay is skipped at run time when its
+// coefficient is 0 (as PyTorch does, so a schedule that reaches 0 compiles nothing).
 
 // Updates element i. The generated entry point calls it for every element of the segment.
 fn update(i: u32) {
@@ -36,7 +23,7 @@ fn update(i: u32) {
     if MAXIMIZE {
         g = -g;
     }
-    if WEIGHT_DECAY == 1u && hp.weight_decay != S(0) {
+    if hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
     var direction = g;

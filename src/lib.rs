@@ -23,6 +23,7 @@ mod gpu;
 pub mod ops;
 mod optimizer;
 pub mod oracle;
+mod step;
 mod tensor;
 
 pub use algo::{
@@ -34,9 +35,7 @@ pub use error::{Error, Result};
 pub use gpu::roofline::CopyRoofline;
 pub use gpu::timer::{GpuTimer, Timing};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{
-    Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT, STEPS_PER_SUBMIT,
-};
+pub use optimizer::{Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

@@ -122,15 +122,15 @@ pub fn dml_adam(
     gradient: &[f64],
 ) -> OnnxAdamOutputs {
     let mut out = (Vec::new(), Vec::new(), Vec::new());
+    // Alpha = sqrt(1.0 - pow(Beta2, T)) / (1.0 - pow(Beta1, T))
+    let alpha = bias_correction(d.beta2, t).sqrt() / bias_correction(d.beta1, t);
     for i in 0..parameters.len() {
+        // M = Beta1 * M + (1.0 - Beta1) * G
         let first = d.beta1 * first_moment[i] + (1.0 - d.beta1) * gradient[i];
+        // V = Beta2 * V + (1.0 - Beta2) * G * G
         let second = d.beta2 * second_moment[i] + (1.0 - d.beta2) * gradient[i] * gradient[i];
-        let bias_corrected_first = first / bias_correction(d.beta1, t);
-        let bias_corrected_second = second / bias_correction(d.beta2, t);
-        out.0.push(
-            parameters[i]
-                - d.learning_rate * bias_corrected_first / (bias_corrected_second.sqrt() + d.epsilon),
-        );
+        // X -= LearningRate * Alpha * M / (sqrt(V) + Epsilon)
+        out.0.push(parameters[i] - d.learning_rate * alpha * first / (second.sqrt() + d.epsilon));
         out.1.push(first);
         out.2.push(second);
     }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_tensor, ctx, to_f32, Rng};
+use common::{assert_close, assert_tensor, ctx, to_f32, Rng, ATOL};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
@@ -211,28 +211,35 @@ fn several_steps_recorded_before_one_submit_each_keep_their_step() {
 }
 
 #[test]
-fn up_to_32_steps_per_submit_across_the_uniform_ring() {
-    // 100 steps in submits of 32, 5, 32, 31: recorded steps straddle the ring's halves,
-    // whose uniforms are uploaded together.
+fn a_thousand_steps_recorded_into_one_encoder_match_the_oracle() {
+    // Each step's uniform (its bias corrections, its learning rate) is copied into place by a
+    // command recorded with the step, so every step reads its own values whatever the count;
+    // a learning rate changed halfway through the encoder applies from that step on.
     let ctx = ctx();
     let mut rng = Rng::new(13);
     let initial = vec![rng.vec(300, 1.0)];
     let g = vec![rng.vec(300, 1.0)];
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
     let grads = vec![ctx.upload_f32("grad", &to_f32(&g[0]))];
-    let algorithm: Algorithm = Adam { lr: 0.01, ..Adam::default() }.into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
-    let mut reference = Reference::new(algorithm, &initial);
-    for chunk in [32, 5, 32, 31] {
-        assert!(chunk <= wgpu_optim::STEPS_PER_SUBMIT);
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        for _ in 0..chunk {
-            optimizer.record_step(&mut encoder, &grads).unwrap();
-            reference.step(&g);
+    let mut config = Adam { lr: 1e-3, ..Adam::default() };
+    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let mut reference = Reference::new(config.into(), &initial);
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    for step in 0..1000 {
+        if step == 500 {
+            config.lr = 2e-3;
+            optimizer.set_lr(config.lr).unwrap();
+            reference.states[0].set_algorithm(config.into());
         }
-        ctx.queue().submit([encoder.finish()]);
+        optimizer.record_step(&mut encoder, &grads).unwrap();
+        reference.step(&g);
     }
-    assert_tensor(&ctx, "param after 100 steps", &params[0], &reference.params[0]);
+    ctx.queue().submit([encoder.finish()]);
+    assert_eq!(optimizer.step_count(), 1000);
+    // f32 rounding accumulates over 1000 steps to about 1e-5 relative; steps that read
+    // another step's uniform are off by several percent.
+    let got = ctx.read_f32(&params[0]).unwrap();
+    assert_close("param after 1000 steps in one encoder", &got, &reference.params[0], 1e-4, ATOL);
 }
 
 #[test]
@@ -259,4 +266,48 @@ fn a_learning_rate_schedule_changes_no_pipeline() {
     }
     assert_eq!(ctx.compiled_pipelines(), compiled, "a new learning rate must not compile a pipeline");
     assert_tensor(&ctx, "param under a schedule", &params[0], &reference.params[0]);
+}
+
+#[test]
+fn alternating_two_gradient_sets_builds_each_set_of_bind_groups_once() {
+    // A trainer that double-buffers gradients: sets A and B alternate. Both stay bound, so
+    // after the first steps no step creates a bind group (or anything else).
+    let ctx = common::fresh_ctx();
+    let mut rng = Rng::new(21);
+    let initial: Vec<Vec<f64>> = [300, 64, 1025].iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload_f32("param", &to_f32(p))).collect();
+    let values: [Vec<Vec<f64>>; 2] =
+        std::array::from_fn(|_| initial.iter().map(|p| rng.vec(p.len(), 1.0)).collect());
+    let sets: [Vec<Tensor>; 2] =
+        std::array::from_fn(|s| values[s].iter().map(|g| ctx.upload_f32("grad", &to_f32(g))).collect());
+    let algorithm: Algorithm = Adam::adamw().into();
+    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut reference = Reference::new(algorithm, &initial);
+    let mut record = |count: usize| {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        for k in 0..count {
+            optimizer.record_step(&mut encoder, &sets[k % 2]).unwrap();
+            reference.step(&values[k % 2]);
+        }
+        encoder
+    };
+    // Binds both sets and makes the staging of four steps in flight.
+    ctx.queue().submit([record(4).finish()]);
+    ctx.device().poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let live = || {
+        let c = ctx.device().get_internal_counters().hal;
+        [c.bind_groups.read(), c.buffers.read(), c.compute_pipelines.read()]
+    };
+    let before = live();
+    // The encoder keeps whatever its steps use alive, so anything created would show.
+    let encoder = record(4);
+    assert_eq!(
+        live(),
+        before,
+        "[bind groups, buffers, pipelines] changed while alternating two gradient sets"
+    );
+    ctx.queue().submit([encoder.finish()]);
+    for (i, (param, want)) in params.iter().zip(&reference.params).enumerate() {
+        assert_tensor(&ctx, &format!("param[{i}] after 8 alternating steps"), param, want);
+    }
 }

@@ -1,8 +1,7 @@
 //! Adagrad: PyTorch's `torch.optim.Adagrad` and ONNX Adagrad.
 
 use super::{check, check_finite, check_rate};
-use crate::gpu::kernel::Family;
-use crate::gpu::step::KernelStep;
+use crate::step::{AdagradSwitches, AdagradUniform64, KernelStep};
 use crate::Result;
 
 /// PyTorch's `torch.optim.Adagrad`. `Adagrad::default()` is its defaults.
@@ -88,12 +87,5 @@ impl OnnxAdagrad {
 }
 
 fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64, lr_decay: f64) -> KernelStep {
-    KernelStep::new(
-        Family::Adagrad,
-        // The order of Family::Adagrad.override_names().
-        // L2 always; the kernel skips it when the coefficient is 0.
-        &[u32::from(maximize), 1],
-        // The fields of Hyper in shaders/adagrad.wgsl.
-        &[lr, weight_decay, eps, lr_decay],
-    )
+    KernelStep::Adagrad(AdagradSwitches { maximize }, AdagradUniform64 { lr, weight_decay, eps, lr_decay })
 }

@@ -1,8 +1,7 @@
 //! The Adam family: PyTorch's Adam/AdamW/AMSGrad, ONNX Adam and DirectML Adam.
 
 use super::{bias_correction, check, check_beta, check_finite, check_rate};
-use crate::gpu::kernel::Family;
-use crate::gpu::step::KernelStep;
+use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
 use crate::{Error, Result};
 
 /// PyTorch's `torch.optim.Adam` and `torch.optim.AdamW` (and AMSGrad through `amsgrad`).
@@ -61,28 +60,25 @@ impl Adam {
 
     /// The kernel step for PyTorch's step number `t` (counted from 1).
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
-        // The mode follows the algorithm, not the value, so a weight-decay schedule that
-        // reaches 0 keeps the same pipeline.
-        let (l2, decay) = if self.decoupled_weight_decay {
-            (WeightDecay::Decoupled(self.weight_decay), 1.0 - self.lr * self.weight_decay)
-        } else {
-            (WeightDecay::L2(self.weight_decay), 1.0)
-        };
-        AdamKernel {
-            first_moment_lerp: true,
+        let switches = AdamSwitches {
             amsgrad: self.amsgrad,
-            eps_after_correction: true,
+            eps: EpsPlacement::AfterCorrection,
             maximize: self.maximize,
-            weight_decay: l2,
-            beta1: self.beta1,
-            beta2: self.beta2,
+            // The mode follows the algorithm, not the value, so a weight-decay schedule
+            // that reaches 0 keeps the same pipeline.
+            decoupled_weight_decay: self.decoupled_weight_decay,
+            first_moment: FirstMoment::lerp(self.beta1),
+        };
+        let decay = if self.decoupled_weight_decay { 1.0 - self.lr * self.weight_decay } else { 1.0 };
+        let uniform = AdamUniform64 {
+            weight_decay: self.weight_decay,
             decay,
             step_size: self.lr / bias_correction(self.beta1, t),
             sqrt_bias_correction2: bias_correction(self.beta2, t).sqrt(),
             eps: self.eps,
-            post_scale: 1.0,
-        }
-        .step()
+            ..moments(self.beta1, self.beta2)
+        };
+        KernelStep::Adam(switches, uniform)
     }
 }
 
@@ -125,21 +121,14 @@ impl OnnxAdam {
     pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
         let step_size =
             if t > 0 { r * bias_correction(self.beta, t).sqrt() / bias_correction(self.alpha, t) } else { r };
-        AdamKernel {
-            first_moment_lerp: false,
-            amsgrad: false,
-            eps_after_correction: false,
-            maximize: false,
-            weight_decay: WeightDecay::L2(self.norm_coefficient),
-            beta1: self.alpha,
-            beta2: self.beta,
-            decay: 1.0,
+        let uniform = AdamUniform64 {
+            weight_decay: self.norm_coefficient,
             step_size,
-            sqrt_bias_correction2: 1.0,
             eps: self.epsilon,
             post_scale: 1.0 - self.norm_coefficient_post,
-        }
-        .step()
+            ..moments(self.alpha, self.beta)
+        };
+        KernelStep::Adam(ROOT_EPS_LINEAR_MOMENT, uniform)
     }
 }
 
@@ -173,86 +162,45 @@ impl DmlAdam {
         Ok(())
     }
 
-    /// The kernel step for training step `t` (>= 1).
+    /// The kernel step for training step `t` (>= 1), as the documentation writes it:
+    /// `Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)` and
+    /// `X -= LearningRate * Alpha * M / (sqrt(V) + Epsilon)`, which is ONNX's placement of
+    /// epsilon (next to `sqrt(V)`, the correction in the rate), not PyTorch's.
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
-        AdamKernel {
-            first_moment_lerp: false,
-            amsgrad: false,
-            eps_after_correction: true,
-            maximize: false,
-            weight_decay: WeightDecay::None,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            decay: 1.0,
-            step_size: self.learning_rate / bias_correction(self.beta1, t),
-            sqrt_bias_correction2: bias_correction(self.beta2, t).sqrt(),
+        let alpha = bias_correction(self.beta2, t).sqrt() / bias_correction(self.beta1, t);
+        let uniform = AdamUniform64 {
+            step_size: self.learning_rate * alpha,
             eps: self.epsilon,
-            post_scale: 1.0,
-        }
-        .step()
+            ..moments(self.beta1, self.beta2)
+        };
+        KernelStep::Adam(ROOT_EPS_LINEAR_MOMENT, uniform)
     }
 }
 
-enum WeightDecay {
-    None,
-    L2(f64),
-    Decoupled(f64),
-}
+/// ONNX's and DirectML's Adam: eps next to `sqrt(V)`, the moments as written, no AMSGrad,
+/// no maximize, L2 weight decay (a coefficient of 0 is skipped).
+const ROOT_EPS_LINEAR_MOMENT: AdamSwitches = AdamSwitches {
+    amsgrad: false,
+    eps: EpsPlacement::OnRoot,
+    maximize: false,
+    decoupled_weight_decay: false,
+    first_moment: FirstMoment::Linear,
+};
 
-/// The Adam kernel's switches and uniform, field for field as `shaders/adam.wgsl` reads them.
-struct AdamKernel {
-    amsgrad: bool,
-    eps_after_correction: bool,
-    maximize: bool,
-    weight_decay: WeightDecay,
-    beta1: f64,
-    beta2: f64,
-    decay: f64,
-    step_size: f64,
-    sqrt_bias_correction2: f64,
-    /// PyTorch's lerp form of the first moment (the others write it out).
-    first_moment_lerp: bool,
-    eps: f64,
-    post_scale: f64,
-}
-
-impl AdamKernel {
-    fn step(&self) -> KernelStep {
-        let (mode, l2) = match self.weight_decay {
-            WeightDecay::None => (0, 0.0),
-            WeightDecay::L2(c) => (1, c),
-            WeightDecay::Decoupled(c) => (2, c),
-        };
-        KernelStep::new(
-            Family::Adam,
-            // The order of Family::Adam.override_names().
-            &[
-                u32::from(self.amsgrad),
-                u32::from(self.eps_after_correction),
-                u32::from(self.maximize),
-                mode,
-                // ATen's lerp takes its first form for weights below 0.5.
-                match (self.first_moment_lerp, 1.0 - self.beta1 < 0.5) {
-                    (false, _) => 0,
-                    (true, true) => 1,
-                    (true, false) => 2,
-                },
-            ],
-            // The fields of Hyper in shaders/adam.wgsl.
-            &[
-                self.beta1,
-                1.0 - self.beta1,
-                self.beta2,
-                1.0 - self.beta2,
-                l2,
-                self.decay,
-                self.step_size,
-                self.sqrt_bias_correction2,
-                self.eps,
-                self.post_scale,
-                self.beta1.ln(),
-                self.beta2.ln(),
-            ],
-        )
+/// The uniform's moment coefficients; the rest neutral (no decay, no correction, scale 1).
+fn moments(beta1: f64, beta2: f64) -> AdamUniform64 {
+    AdamUniform64 {
+        beta1,
+        one_minus_beta1: 1.0 - beta1,
+        beta2,
+        one_minus_beta2: 1.0 - beta2,
+        weight_decay: 0.0,
+        decay: 1.0,
+        step_size: 0.0,
+        sqrt_bias_correction2: 1.0,
+        eps: 0.0,
+        post_scale: 1.0,
+        ln_beta1: beta1.ln(),
+        ln_beta2: beta2.ln(),
     }
 }

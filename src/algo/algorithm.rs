@@ -1,6 +1,6 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
-use crate::gpu::step::KernelStep;
+use crate::step::{Family, KernelStep};
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
@@ -47,6 +47,15 @@ impl Algorithm {
             Algorithm::Adam(c) => c.kernel_step(t),
             Algorithm::Sgd(c) => c.kernel_step(t),
             Algorithm::Adagrad(c) => c.kernel_step(t),
+        }
+    }
+
+    /// The family of kernels that runs it.
+    pub(crate) fn family(&self) -> Family {
+        match self {
+            Algorithm::Adam(_) => Family::Adam,
+            Algorithm::Sgd(_) => Family::Momentum,
+            Algorithm::Adagrad(_) => Family::Adagrad,
         }
     }
 

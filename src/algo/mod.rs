@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | PyTorch `Adam`/`AdamW` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^t)` | from 1, kept by the optimizer |
 //! | ONNX `Adam` | 1e-6 | added to `sqrt(H)`, the rate is corrected instead | input `T`; `T = 0`: no correction |
-//! | DirectML Adam | none | as PyTorch | input tensor; `T = 0` is refused |
+//! | DirectML Adam | none | added to `sqrt(V)`, the rate is corrected instead | input tensor; `T = 0` is refused |
 //! | PyTorch `SGD` | | | the first step sets the buffer to the gradient |
 //! | ONNX `Momentum` | | | `T = 0`: the gradient's coefficient `beta` is replaced by 1 |
 //! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |

@@ -1,8 +1,7 @@
 //! The momentum family: PyTorch's SGD (plain, momentum, Nesterov) and ONNX Momentum.
 
 use super::{check, check_finite, check_rate};
-use crate::gpu::kernel::Family;
-use crate::gpu::step::KernelStep;
+use crate::step::{KernelStep, MomentumSwitches, MomentumUniform64};
 use crate::Result;
 
 /// PyTorch's `torch.optim.SGD`. `Sgd::default()` is its defaults (lr 1e-3, no momentum).
@@ -49,18 +48,18 @@ impl Sgd {
 
     /// The kernel step for step `t` (from 1): on step 1 PyTorch sets the buffer to the gradient.
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
-        MomentumKernel {
-            maximize: self.maximize,
-            nesterov: self.nesterov,
-            velocity: self.keeps_buffer(),
-            weight_decay: self.weight_decay,
+        let velocity = self.keeps_buffer();
+        let switches =
+            MomentumSwitches { maximize: self.maximize, nesterov: velocity && self.nesterov, velocity };
+        let uniform = MomentumUniform64 {
             velocity_decay: self.momentum,
             grad_scale: 1.0 - self.dampening,
+            weight_decay: self.weight_decay,
             lr: self.lr,
-            restart: t <= 1,
+            restart: if t <= 1 { 1.0 } else { 0.0 },
             nesterov_scale: self.momentum,
-        }
-        .step()
+        };
+        KernelStep::Momentum(switches, uniform)
     }
 }
 
@@ -97,55 +96,19 @@ impl OnnxMomentum {
 
     /// The kernel step for the inputs `R` and `T` (`beta_adjusted = T > 0 ? beta : 1`).
     pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
-        MomentumKernel {
+        let switches = MomentumSwitches {
             maximize: false,
             nesterov: self.mode == MomentumMode::Nesterov,
             velocity: true,
-            weight_decay: self.norm_coefficient,
+        };
+        let uniform = MomentumUniform64 {
             velocity_decay: self.alpha,
             grad_scale: if t > 0 { self.beta } else { 1.0 },
+            weight_decay: self.norm_coefficient,
             lr: r,
-            restart: false,
+            restart: 0.0,
             nesterov_scale: self.alpha,
-        }
-        .step()
-    }
-}
-
-/// The momentum kernel's switches and uniform, as `shaders/momentum.wgsl` reads them.
-struct MomentumKernel {
-    maximize: bool,
-    nesterov: bool,
-    velocity: bool,
-    weight_decay: f64,
-    velocity_decay: f64,
-    grad_scale: f64,
-    lr: f64,
-    restart: bool,
-    nesterov_scale: f64,
-}
-
-impl MomentumKernel {
-    fn step(&self) -> KernelStep {
-        KernelStep::new(
-            Family::Momentum,
-            // The order of Family::Momentum.override_names().
-            &[
-                u32::from(self.maximize),
-                u32::from(self.nesterov),
-                u32::from(self.velocity),
-                // L2 always; the kernel skips it when the coefficient is 0.
-                1,
-            ],
-            // The fields of Hyper in shaders/momentum.wgsl.
-            &[
-                self.velocity_decay,
-                self.grad_scale,
-                self.weight_decay,
-                self.lr,
-                if self.restart { 1.0 } else { 0.0 },
-                self.nesterov_scale,
-            ],
-        )
+        };
+        KernelStep::Momentum(switches, uniform)
     }
 }

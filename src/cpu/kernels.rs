@@ -4,9 +4,10 @@
 //! Every switch is a const generic: each combination is its own loop with no branch per
 //! element, which the compiler vectorizes. [`Kernel::new`] picks the loop once per step.
 
-use super::hyper::{self, AdagradHyper, AdamHyper, Decay, MomentumHyper};
-use crate::gpu::kernel::Family;
-use crate::gpu::step::KernelStep;
+use crate::step::{
+    AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
+    MomentumSwitches, MomentumUniform,
+};
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;
@@ -20,49 +21,55 @@ pub(super) struct Operands<'a> {
     pub(super) state: [&'a mut [f32]; MAX_STATE],
 }
 
-type Loop<H> = fn(&H, Operands<'_>);
+type Loop<U> = fn(&U, Operands<'_>);
 
-/// One step of one family: its uniform and the loop compiled for its switches.
+/// One step of one family: the f32 uniform the GPU kernel would read, and the loop compiled
+/// for its switches.
 pub(super) enum Kernel {
-    Adam(AdamHyper, Loop<AdamHyper>),
-    Momentum(MomentumHyper, Loop<MomentumHyper>),
-    Adagrad(AdagradHyper, Loop<AdagradHyper>),
+    Adam(AdamUniform, Loop<AdamUniform>),
+    Momentum(MomentumUniform, Loop<MomentumUniform>),
+    Adagrad(AdagradUniform, Loop<AdagradUniform>),
 }
 
 impl Kernel {
-    /// The loop and uniform for `step`; `None` for a family with no optimizer update.
-    pub(super) fn new(step: &KernelStep) -> Option<Self> {
-        Some(match step.family {
-            Family::Adam => {
-                let (hyper, switches) = hyper::adam(step);
-                Kernel::Adam(hyper, adam_loop(switches))
+    /// The loop and uniform for `step`.
+    pub(super) fn new(step: &KernelStep) -> Self {
+        match step {
+            KernelStep::Adam(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Kernel::Adam(uniform, adam_loop(switches, &uniform))
             }
-            Family::Momentum => {
-                let (hyper, switches) = hyper::momentum(step);
-                Kernel::Momentum(hyper, momentum_loop(switches))
+            KernelStep::Momentum(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Kernel::Momentum(uniform, momentum_loop(switches, &uniform))
             }
-            Family::Adagrad => {
-                let (hyper, switches) = hyper::adagrad(step);
-                Kernel::Adagrad(hyper, adagrad_loop(switches))
+            KernelStep::Adagrad(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Kernel::Adagrad(uniform, adagrad_loop(switches, &uniform))
             }
-            Family::Unscale => return None,
-        })
+        }
     }
 
     /// Updates every element of `operands`.
     pub(super) fn run(&self, operands: Operands<'_>) {
         match self {
-            Kernel::Adam(hyper, update) => update(hyper, operands),
-            Kernel::Momentum(hyper, update) => update(hyper, operands),
-            Kernel::Adagrad(hyper, update) => update(hyper, operands),
+            Kernel::Adam(uniform, update) => update(uniform, operands),
+            Kernel::Momentum(uniform, update) => update(uniform, operands),
+            Kernel::Adagrad(uniform, update) => update(uniform, operands),
         }
     }
 }
 
-// The shaders' WEIGHT_DECAY values (a const generic cannot be an enum).
+// How weight decay enters an Adam update (a const generic cannot be an enum). The shader
+// tests the L2 coefficient against 0 at run time; here that test picks the loop.
 const NO_DECAY: u8 = 0;
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
+
+// The forms of the first moment, `FirstMoment` as a const generic.
+const LINEAR: u8 = 0;
+const LERP_FROM_MOMENT: u8 = 1;
+const LERP_FROM_GRAD: u8 = 2;
 
 /// One element of `shaders/adam.wgsl`: returns `(p_new, m, v, v_hat)`.
 #[inline(always)]
@@ -71,9 +78,9 @@ fn adam_element<
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
     const DECAY: u8,
-    const LERP: bool,
+    const MOMENT: u8,
 >(
-    hp: &AdamHyper,
+    hp: &AdamUniform,
     mut p: f32,
     mut g: f32,
     m_prev: f32,
@@ -88,12 +95,10 @@ fn adam_element<
     } else if DECAY == DECOUPLED {
         p *= hp.decay;
     }
-    let m = if !LERP {
-        hp.beta1 * m_prev + hp.one_minus_beta1 * g
-    } else if hp.one_minus_beta1 < 0.5 {
-        m_prev + hp.one_minus_beta1 * (g - m_prev)
-    } else {
-        g - (g - m_prev) * (1.0 - hp.one_minus_beta1)
+    let m = match MOMENT {
+        LERP_FROM_MOMENT => m_prev + hp.one_minus_beta1 * (g - m_prev),
+        LERP_FROM_GRAD => g - (g - m_prev) * (1.0 - hp.one_minus_beta1),
+        _ => hp.beta1 * m_prev + hp.one_minus_beta1 * g,
     };
     let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
     // torch.maximum propagates NaN; f32::max would drop it.
@@ -119,12 +124,12 @@ fn adam<
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
     const DECAY: u8,
-    const LERP: bool,
+    const MOMENT: u8,
 >(
-    hp: &AdamHyper,
+    hp: &AdamUniform,
     o: Operands<'_>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, LERP>;
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
@@ -139,39 +144,45 @@ fn adam<
     }
 }
 
-fn adam_loop(s: hyper::AdamSwitches) -> Loop<AdamHyper> {
-    fn lerp<const A: bool, const E: bool, const M: bool, const D: u8>(lerp: bool) -> Loop<AdamHyper> {
-        if lerp {
-            adam::<A, E, M, D, true>
+fn adam_loop(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
+    fn moment<const A: bool, const E: bool, const M: bool, const D: u8>(
+        s: &AdamSwitches,
+    ) -> Loop<AdamUniform> {
+        match s.first_moment {
+            FirstMoment::Linear => adam::<A, E, M, D, LINEAR>,
+            FirstMoment::LerpFromMoment => adam::<A, E, M, D, LERP_FROM_MOMENT>,
+            FirstMoment::LerpFromGrad => adam::<A, E, M, D, LERP_FROM_GRAD>,
+        }
+    }
+    fn decay<const A: bool, const E: bool, const M: bool>(
+        s: &AdamSwitches,
+        u: &AdamUniform,
+    ) -> Loop<AdamUniform> {
+        if s.decoupled_weight_decay {
+            moment::<A, E, M, DECOUPLED>(s)
+        } else if u.weight_decay != 0.0 {
+            moment::<A, E, M, L2>(s)
         } else {
-            adam::<A, E, M, D, false>
+            moment::<A, E, M, NO_DECAY>(s)
         }
     }
-    fn decay<const A: bool, const E: bool, const M: bool>(s: hyper::AdamSwitches) -> Loop<AdamHyper> {
-        match s.weight_decay {
-            Decay::None => lerp::<A, E, M, NO_DECAY>(s.first_moment_lerp),
-            Decay::L2 => lerp::<A, E, M, L2>(s.first_moment_lerp),
-            Decay::Decoupled => lerp::<A, E, M, DECOUPLED>(s.first_moment_lerp),
-        }
-    }
-    fn maximize<const A: bool, const E: bool>(s: hyper::AdamSwitches) -> Loop<AdamHyper> {
+    fn maximize<const A: bool, const E: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
         if s.maximize {
-            decay::<A, E, true>(s)
+            decay::<A, E, true>(s, u)
         } else {
-            decay::<A, E, false>(s)
+            decay::<A, E, false>(s, u)
         }
     }
-    fn eps<const A: bool>(s: hyper::AdamSwitches) -> Loop<AdamHyper> {
-        if s.eps_after_correction {
-            maximize::<A, true>(s)
-        } else {
-            maximize::<A, false>(s)
+    fn eps<const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
+        match s.eps {
+            EpsPlacement::AfterCorrection => maximize::<A, true>(s, u),
+            EpsPlacement::OnRoot => maximize::<A, false>(s, u),
         }
     }
     if s.amsgrad {
-        eps::<true>(s)
+        eps::<true>(s, u)
     } else {
-        eps::<false>(s)
+        eps::<false>(s, u)
     }
 }
 
@@ -184,7 +195,7 @@ fn momentum_element<
     const NESTEROV: bool,
     const RESTART: bool,
 >(
-    hp: &MomentumHyper,
+    hp: &MomentumUniform,
     p: f32,
     mut g: f32,
     v_prev: f32,
@@ -212,7 +223,7 @@ fn momentum<
     const NESTEROV: bool,
     const RESTART: bool,
 >(
-    hp: &MomentumHyper,
+    hp: &MomentumUniform,
     o: Operands<'_>,
 ) {
     let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
@@ -229,51 +240,45 @@ fn momentum<
     }
 }
 
-fn momentum_loop(s: hyper::MomentumSwitches) -> Loop<MomentumHyper> {
-    fn restart<const M: bool, const W: bool, const V: bool, const N: bool>(
-        restart: bool,
-    ) -> Loop<MomentumHyper> {
+fn momentum_loop(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform> {
+    // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
+    // same for every element: here they pick the loop.
+    fn restart<const M: bool, const W: bool, const N: bool>(restart: bool) -> Loop<MomentumUniform> {
         if restart {
-            momentum::<M, W, V, N, true>
+            momentum::<M, W, true, N, true>
         } else {
-            momentum::<M, W, V, N, false>
+            momentum::<M, W, true, N, false>
         }
     }
-    fn nesterov<const M: bool, const W: bool, const V: bool>(
-        s: hyper::MomentumSwitches,
-    ) -> Loop<MomentumHyper> {
-        if s.nesterov {
-            restart::<M, W, V, true>(s.restart)
-        } else {
-            restart::<M, W, V, false>(s.restart)
+    fn velocity<const M: bool, const W: bool>(
+        s: &MomentumSwitches,
+        u: &MomentumUniform,
+    ) -> Loop<MomentumUniform> {
+        match (s.velocity, s.nesterov) {
+            (true, true) => restart::<M, W, true>(u.restart != 0.0),
+            (true, false) => restart::<M, W, false>(u.restart != 0.0),
+            // Without a buffer neither Nesterov nor the restart has any effect.
+            (false, _) => momentum::<M, W, false, false, false>,
         }
     }
-    fn velocity<const M: bool, const W: bool>(s: hyper::MomentumSwitches) -> Loop<MomentumHyper> {
-        if s.velocity {
-            nesterov::<M, W, true>(s)
+    fn weight_decay<const M: bool>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform> {
+        if u.weight_decay != 0.0 {
+            velocity::<M, true>(s, u)
         } else {
-            // `hyper::momentum` clears nesterov and restart without a buffer.
-            momentum::<M, W, false, false, false>
-        }
-    }
-    fn weight_decay<const M: bool>(s: hyper::MomentumSwitches) -> Loop<MomentumHyper> {
-        if s.weight_decay {
-            velocity::<M, true>(s)
-        } else {
-            velocity::<M, false>(s)
+            velocity::<M, false>(s, u)
         }
     }
     if s.maximize {
-        weight_decay::<true>(s)
+        weight_decay::<true>(s, u)
     } else {
-        weight_decay::<false>(s)
+        weight_decay::<false>(s, u)
     }
 }
 
 /// One element of `shaders/adagrad.wgsl`: returns `(p_new, h)`.
 #[inline(always)]
 fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
-    hp: &AdagradHyper,
+    hp: &AdagradUniform,
     p: f32,
     mut g: f32,
     h_prev: f32,
@@ -290,7 +295,7 @@ fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradHyper, o: Operands<'_>) {
+fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradUniform, o: Operands<'_>) {
     let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
     let [sum, ..] = o.state;
     for ((p, g), h) in o.param.iter_mut().zip(o.grad).zip(sum.iter_mut()) {
@@ -298,8 +303,8 @@ fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradHyper, o:
     }
 }
 
-fn adagrad_loop(s: hyper::AdagradSwitches) -> Loop<AdagradHyper> {
-    match (s.maximize, s.weight_decay) {
+fn adagrad_loop(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform> {
+    match (s.maximize, u.weight_decay != 0.0) {
         (false, false) => adagrad::<false, false>,
         (false, true) => adagrad::<false, true>,
         (true, false) => adagrad::<true, false>,

@@ -26,7 +26,6 @@
 //! ```
 
 mod host;
-mod hyper;
 mod kernels;
 mod storage;
 mod work;
@@ -157,9 +156,7 @@ impl CpuOptimizer {
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
         self.check(params, grads)?;
         let t = self.step + 1;
-        let step = self.algorithm.kernel_step(t);
-        let kernel = Kernel::new(&step)
-            .ok_or_else(|| Error::BadStep(format!("{:?} has no optimizer kernel on the CPU", step.family)))?;
+        let kernel = Kernel::new(&self.algorithm.kernel_step(t));
         work::run(&kernel, params, grads, &mut self.state);
         self.step = t;
         Ok(())

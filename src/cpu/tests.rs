@@ -4,10 +4,9 @@
 //! conventions are tested through the public API in tests/cpu.rs.)
 
 use super::host::{HostSlice, HostSliceMut, HostTensor};
-use super::hyper::{self, Decay};
 use super::kernels::Kernel;
 use super::work;
-use crate::gpu::step::KernelStep;
+use crate::step::KernelStep;
 use crate::{oracle, Adam, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum};
 
 const N: usize = 2500;
@@ -20,7 +19,7 @@ fn values(seed: u32, scale: f64) -> Vec<f64> {
 /// Runs `step` once over f32 copies of `param`, `grad` and `state`; returns the new
 /// parameter and state.
 fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let Some(kernel) = Kernel::new(step) else { panic!("{:?} has no kernel", step.family) };
+    let kernel = Kernel::new(step);
     let to_f32 = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
     let mut p = to_f32(param);
     let g = to_f32(grad);
@@ -55,7 +54,8 @@ fn onnx_adam_adds_eps_before_the_correction_and_scales_after_the_update() {
 fn directml_adam_has_no_weight_decay_at_all() {
     let d = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
     let step = d.kernel_step(4);
-    assert_eq!(hyper::adam(&step).1.weight_decay, Decay::None);
+    let KernelStep::Adam(switches, uniform) = step else { panic!("{step:?} is not an Adam step") };
+    assert!(!switches.decoupled_weight_decay && uniform.weight_decay == 0.0, "{step:?}");
     let (p, g, m, v) = (values(5, 1.0), values(6, 1.0), values(7, 0.1), values(8, 0.01));
     let v: Vec<f64> = v.iter().map(|x| x.abs()).collect();
     let (p_new, state) = run(&step, &p, &g, &[m.clone(), v.clone()]);
@@ -92,9 +92,17 @@ fn onnx_adagrad_decays_the_rate_with_t() {
 
 #[test]
 fn l2_with_a_coefficient_that_is_zero_in_f32_is_skipped_as_the_shader_does() {
-    let decay = |adam: Adam| hyper::adam(&adam.kernel_step(1)).1.weight_decay;
-    assert_eq!(decay(Adam::default()), Decay::None);
-    assert_eq!(decay(Adam { weight_decay: 1e-50, ..Adam::default() }), Decay::None);
-    assert_eq!(decay(Adam { weight_decay: 1e-2, ..Adam::default() }), Decay::L2);
-    assert_eq!(decay(Adam { weight_decay: 0.0, ..Adam::adamw() }), Decay::Decoupled);
+    // The shader tests the f32 coefficient against 0 and skips `g += wd * p`; with a NaN
+    // parameter that is visible: skipped, the NaN stays in p only; applied, it reaches m.
+    let p = vec![f64::NAN; 4];
+    let g = vec![0.5; 4];
+    let zeros = vec![0.0; 4];
+    let first_moment =
+        |adam: Adam| run(&adam.kernel_step(1), &p, &g, &[zeros.clone(), zeros.clone()]).1[0][0];
+    let without = f64::from(0.1f32 * 0.5f32);
+    assert_eq!(first_moment(Adam::default()), without);
+    assert_eq!(first_moment(Adam { weight_decay: 1e-50, ..Adam::default() }), without);
+    assert!(first_moment(Adam { weight_decay: 1e-2, ..Adam::default() }).is_nan());
+    // Decoupled decay scales p and never touches the gradient.
+    assert_eq!(first_moment(Adam { weight_decay: 1e-2, ..Adam::adamw() }), without);
 }

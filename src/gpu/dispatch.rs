@@ -1,4 +1,4 @@
-//! Recording: bind groups built once per plan, a ring of hyperparameter slots, and one
+//! Recording: bind groups built once per plan, the hyperparameter uniforms, and one
 //! compute pass that dispatches every segment of every tensor.
 
 use std::sync::Arc;
@@ -8,9 +8,10 @@ use wgpu::util::DeviceExt;
 use crate::gpu::kernel::{Scalars, VariantKey, MAX_WORKGROUPS, WORKGROUP_SIZE};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
-use crate::gpu::step::{KernelStep, HYPER_SLOT_BYTES};
 use crate::gpu::GpuContext;
-use crate::{DType, Result};
+use crate::step::device::DeviceHeader;
+use crate::step::UNIFORM_SLOT_BYTES;
+use crate::Result;
 
 /// Bytes per segment uniform slot (`n` and one base per binding, padded to the alignment).
 const SEGMENT_SLOT_BYTES: u64 = 256;
@@ -129,15 +130,9 @@ impl Batch {
         })
     }
 
-    /// Records every dispatch of the batch into `pass` with `scalars` (and its dynamic
-    /// offsets) as group 0.
-    pub(crate) fn record(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        scalars: &wgpu::BindGroup,
-        offsets: &[u32],
-    ) {
-        pass.set_bind_group(0, scalars, offsets);
+    /// Records every dispatch of the batch into `pass` with `scalars` as group 0.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &wgpu::BindGroup) {
+        pass.set_bind_group(0, scalars, &[]);
         let mut current: Option<&Arc<CachedPipeline>> = None;
         for dispatch in &self.dispatches {
             if current.is_none_or(|c| !Arc::ptr_eq(c, &dispatch.pipeline)) {
@@ -150,47 +145,47 @@ impl Batch {
     }
 }
 
-/// Uniform slots for hyperparameters, used round-robin. `queue.write_buffer` lands at the
-/// next submit, so each step recorded before a submit needs a slot of its own: up to
-/// `slots` steps may be recorded between two submits.
+/// Hyperparameter uniforms, one slot of [`UNIFORM_SLOT_BYTES`] per parameter group, each
+/// with the bind group (group 0) its group's kernels use.
+///
+/// An optimizer rewrites them by recording a copy into the step's own command encoder
+/// ([`Self::record_write`]), so the values land in command order: a trainer may record any
+/// number of steps before one submit and each step reads its own values. (`queue.write_buffer`
+/// would land all writes at the next submit, before every recorded step.)
 #[derive(Debug)]
-pub(crate) struct HyperRing {
+pub(crate) struct Uniforms {
     buffer: wgpu::Buffer,
-    /// Group 0 for the ring's kernels.
-    pub(crate) bind_group: wgpu::BindGroup,
-    slots: u32,
-    next: u32,
-    /// The dynamic offset of the slot written last.
-    current: u32,
+    /// Group 0 of slot `g`'s kernels.
+    pub(crate) bind_groups: Vec<wgpu::BindGroup>,
+    /// Staging for [`Self::record_write`]: small mapped buffers, reused once a submission
+    /// that copied from them has run.
+    belt: wgpu::util::StagingBelt,
 }
 
 /// Where capturable kernels find the device's scalars.
 pub(crate) struct DeviceScalars<'a> {
-    /// The device state (`step`, `found_inf`, `inv_scale`) at offset 0.
+    /// The device state ([`DeviceHeader`]) at offset 0.
     pub(crate) state: &'a wgpu::Buffer,
-    /// The byte offset of this group's learning rate in `state`.
-    pub(crate) lr_offset: u64,
+    /// The byte offset of each slot's learning rate in `state`.
+    pub(crate) lr_offsets: Vec<u64>,
 }
 
-/// Bytes of the device state's header (`step`, `found_inf`, `inv_scale`, padding).
-pub(crate) const DEVICE_STATE_BYTES: u64 = 16;
-
-impl HyperRing {
-    /// A ring of `slots` slots; with `device`, its bind group also holds the device's step
-    /// counter and learning rate (capturable mode).
+impl Uniforms {
+    /// `slots` uniforms holding `initial` (a whole number of slots); with `device`, each bind
+    /// group also holds the device's step counter and its slot's learning rate (capturable mode).
     pub(crate) fn new(
         ctx: &GpuContext,
-        slots: u32,
+        initial: &[u8],
         label: &str,
         device: Option<DeviceScalars<'_>>,
     ) -> Result<Self> {
         let wgpu_device = ctx.device();
-        ctx.catch(&format!("creating the hyperparameter ring of {label}"), || {
-            let buffer = wgpu_device.create_buffer(&wgpu::BufferDescriptor {
+        let slots = initial.len() as u64 / UNIFORM_SLOT_BYTES;
+        ctx.catch(&format!("creating the hyperparameter uniforms of {label}"), || {
+            let buffer = wgpu_device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
-                size: HYPER_SLOT_BYTES * u64::from(slots),
+                contents: initial,
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
             });
             fn range(
                 binding: u32,
@@ -207,50 +202,36 @@ impl HyperRing {
                     }),
                 }
             }
-            let mut entries = vec![range(0, &buffer, 0, HYPER_SLOT_BYTES)];
-            let scalars = match &device {
-                None => Scalars::Host,
-                Some(d) => {
-                    entries.push(range(1, d.state, 0, DEVICE_STATE_BYTES));
-                    entries.push(range(2, d.state, d.lr_offset, 4));
-                    Scalars::Device
-                }
-            };
-            let bind_group = wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(label),
-                layout: ctx.inner.scalar_layouts.get(scalars),
-                entries: &entries,
-            });
-            HyperRing { buffer, bind_group, slots, next: 0, current: 0 }
+            let bind_groups = (0..slots)
+                .map(|slot| {
+                    let mut entries = vec![range(0, &buffer, slot * UNIFORM_SLOT_BYTES, UNIFORM_SLOT_BYTES)];
+                    let scalars = match &device {
+                        None => Scalars::Host,
+                        Some(d) => {
+                            entries.push(range(1, d.state, 0, DeviceHeader::BYTES));
+                            entries.push(range(2, d.state, d.lr_offsets[slot as usize], 4));
+                            Scalars::Device
+                        }
+                    };
+                    wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(label),
+                        layout: ctx.inner.scalar_layouts.get(scalars),
+                        entries: &entries,
+                    })
+                })
+                .collect();
+            let belt = wgpu::util::StagingBelt::new(wgpu_device.clone(), initial.len().max(4) as u64);
+            Uniforms { buffer, bind_groups, belt }
         })
     }
 
-    /// Stages `step`'s hyperparameters in the next slot and returns its dynamic offset.
-    pub(crate) fn push(&mut self, queue: &wgpu::Queue, step: &KernelStep, math: DType) -> u32 {
-        let offset = self.next * HYPER_SLOT_BYTES as u32;
-        queue.write_buffer(&self.buffer, u64::from(offset), &step.hyper_bytes(math));
-        self.next = (self.next + 1) % self.slots;
-        self.current = offset;
-        offset
-    }
-
-    /// The dynamic offset of the slot written last.
-    pub(crate) fn current(&self) -> u32 {
-        self.current
-    }
-
-    /// Stages the uniforms of consecutive slots from `first` in one upload (`bytes` is a
-    /// whole number of slots), and returns the dynamic offset of `first`.
-    pub(crate) fn write_slots(&mut self, queue: &wgpu::Queue, first: u32, bytes: &[u8]) -> u32 {
-        debug_assert!(u64::from(first) * HYPER_SLOT_BYTES + bytes.len() as u64 <= self.buffer.size());
-        let offset = first * HYPER_SLOT_BYTES as u32;
-        queue.write_buffer(&self.buffer, u64::from(offset), bytes);
-        self.current = offset;
-        offset
-    }
-
-    /// The dynamic offset of slot `slot`.
-    pub(crate) fn offset_of(slot: u32) -> u32 {
-        slot * HYPER_SLOT_BYTES as u32
+    /// Records, into `encoder`, a copy of `bytes` (a whole number of slots) over the uniforms:
+    /// dispatches recorded after it in `encoder` read the new values, those before it the old.
+    pub(crate) fn record_write(&mut self, encoder: &mut wgpu::CommandEncoder, bytes: &[u8]) {
+        let Some(size) = wgpu::BufferSize::new(bytes.len() as u64) else { return };
+        self.belt.write_buffer(encoder, &self.buffer, 0, size).copy_from_slice(bytes);
+        // Mapped staging cannot be submitted: close it now, and take it back for reuse once
+        // the caller's submission has run.
+        self.belt.finish_and_recall_on_submit(encoder);
     }
 }

@@ -1,99 +1,81 @@
-//! Kernel families: one WGSL body per algorithm family, the storage slots it reads and
-//! writes, and the prelude that binds those slots for one binding layout.
+//! Kernel programs: one WGSL body per algorithm family (plus AMP's unscale), the storage
+//! slots it reads and writes, and the prelude that binds those slots for one binding layout.
 //!
 //! The body only calls `load_<slot>(i)` and `store_<slot>(i, value)` in the math type `R`;
 //! the generated prelude maps each slot to a storage binding (shared when tensors alias)
-//! with the element shift of the current segment, or to a stub when the slot is absent.
+//! with the element shift of the current segment, or to a stub when the slot is absent. The
+//! override constants and the uniform struct are declared from the step contract
+//! ([`crate::step`]), never written by hand.
 
 use std::fmt::Write;
 
+use crate::step::device::DeviceHeader;
+use crate::step::{Family, Override, Slot, Switches};
 use crate::DType;
 
-/// The algorithm families that have a fused kernel.
+/// What a compiled kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Family {
-    /// Adam, AdamW and AMSGrad in the PyTorch, ONNX and DirectML conventions.
-    Adam,
-    /// SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum).
-    Momentum,
-    /// Adagrad (ONNX and PyTorch).
-    Adagrad,
+pub(crate) enum Program {
+    /// An optimizer family's update with its compile-time switches.
+    Update(Switches),
     /// AMP: gradients multiplied by the device's `inv_scale`, non-finite ones flagged.
     Unscale,
 }
 
-impl Family {
+impl Program {
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Family::Adam => "adam",
-            Family::Momentum => "momentum",
-            Family::Adagrad => "adagrad",
-            Family::Unscale => "unscale",
+            Program::Update(s) => s.family().name(),
+            Program::Unscale => "unscale",
         }
     }
 
     /// The WGSL body, embedded at build time.
-    pub(crate) fn source(self) -> &'static str {
+    fn source(self) -> &'static str {
         match self {
-            Family::Adam => include_str!("../../shaders/adam.wgsl"),
-            Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
-            Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
-            Family::Unscale => include_str!("../../shaders/unscale.wgsl"),
+            Program::Update(s) => match s.family() {
+                Family::Adam => include_str!("../../shaders/adam.wgsl"),
+                Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
+                Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
+            },
+            Program::Unscale => include_str!("../../shaders/unscale.wgsl"),
         }
     }
 
     /// The body's `at_step`, which derives the step-dependent uniform fields from the
     /// device's step counter and learning rate (capturable mode).
-    pub(crate) fn capturable_source(self) -> &'static str {
+    fn capturable_source(self) -> &'static str {
         match self {
-            Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
-            Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
-            Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
-            Family::Unscale => "",
+            Program::Update(s) => match s.family() {
+                Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
+                Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
+                Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
+            },
+            Program::Unscale => "",
         }
     }
 
-    /// Slots the kernel reads, in the order the engine receives them. State slots carry
-    /// PyTorch's `state_dict` names.
-    pub(crate) fn inputs(self) -> &'static [&'static str] {
+    /// Slots the kernel reads, in the order the engine receives them.
+    pub(crate) fn inputs(self) -> &'static [Slot] {
         match self {
-            Family::Adam => &["param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-            Family::Momentum => &["param", "grad", "momentum_buffer"],
-            Family::Adagrad => &["param", "grad", "sum"],
-            Family::Unscale => &["grad"],
+            Program::Update(s) => s.family().inputs(),
+            Program::Unscale => &[Slot::Grad],
         }
     }
 
-    /// Slots the kernel writes, in the order the engine receives them. `param_copy` is the
-    /// model's low-precision copy of the new parameters in master-weight mode.
-    pub(crate) fn outputs(self) -> &'static [&'static str] {
+    /// Slots the kernel writes, in the order the engine receives them.
+    pub(crate) fn outputs(self) -> &'static [Slot] {
         match self {
-            Family::Adam => &["param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param_copy"],
-            Family::Momentum => &["param", "momentum_buffer", "param_copy"],
-            Family::Adagrad => &["param", "sum", "param_copy"],
-            Family::Unscale => &["grad"],
+            Program::Update(s) => s.family().outputs(),
+            Program::Unscale => &[Slot::Grad],
         }
     }
 
-    /// Number of `R` scalars in the family's hyperparameter uniform.
-    pub(crate) fn hyper_len(self) -> usize {
+    /// The override constants, declared in the prelude and set at pipeline creation.
+    pub(crate) fn overrides(self) -> Vec<Override> {
         match self {
-            Family::Adam => 12,
-            Family::Momentum => 6,
-            Family::Adagrad => 4,
-            Family::Unscale => 0,
-        }
-    }
-
-    /// The `override` constants the body declares, in the order `KernelStep` stores them.
-    pub(crate) fn override_names(self) -> &'static [&'static str] {
-        match self {
-            Family::Adam => {
-                &["AMSGRAD", "EPS_AFTER_CORRECTION", "MAXIMIZE", "WEIGHT_DECAY", "FIRST_MOMENT_LERP"]
-            }
-            Family::Momentum => &["MAXIMIZE", "NESTEROV", "VELOCITY", "WEIGHT_DECAY"],
-            Family::Adagrad => &["MAXIMIZE", "WEIGHT_DECAY"],
-            Family::Unscale => &[],
+            Program::Update(s) => s.overrides(),
+            Program::Unscale => Vec::new(),
         }
     }
 }
@@ -159,12 +141,10 @@ pub(crate) enum Scalars {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct VariantKey {
     pub(crate) scalars: Scalars,
-    pub(crate) family: Family,
+    pub(crate) program: Program,
     /// The type the arithmetic runs in (and the hyperparameter uniform holds).
     pub(crate) math: DType,
     pub(crate) layout: BindingLayout,
-    /// Values of the family's pipeline-overridable constants.
-    pub(crate) overrides: [u32; crate::gpu::step::MAX_OVERRIDES],
     /// Elements per load and store: 1, or 4 (`vec4`) where every binding is native f32 or
     /// f16 and the elements line up on 4-element boundaries in every buffer.
     pub(crate) width: u32,
@@ -172,13 +152,8 @@ pub(crate) struct VariantKey {
 
 impl VariantKey {
     /// The scalar (one element per access) variant; segments choose their width.
-    pub(crate) fn new(
-        scalars: Scalars,
-        step: &crate::gpu::step::KernelStep,
-        math: DType,
-        layout: BindingLayout,
-    ) -> Self {
-        VariantKey { scalars, family: step.family, math, layout, overrides: step.overrides, width: 1 }
+    pub(crate) fn new(scalars: Scalars, program: Program, math: DType, layout: BindingLayout) -> Self {
+        VariantKey { scalars, program, math, layout, width: 1 }
     }
 
     /// This variant with `width` elements per access.
@@ -210,7 +185,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     if bindings.iter().any(|b| b.storage == Storage::Native(DType::F16)) {
         s.push_str("enable f16;\n");
     }
-    let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.family.name());
+    let _ = writeln!(s, "// wgpu-optim {} kernel, math in {math}", key.program.name());
     if vector {
         let _ = writeln!(s, "alias R = vec4<{math}>;");
     } else {
@@ -239,26 +214,33 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         };
         let _ = writeln!(s, "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{element}>;", b + 1);
     }
-    for (slot, binding) in key.family.inputs().iter().zip(&key.layout.inputs) {
+    for (slot, binding) in key.program.inputs().iter().map(|s| s.name()).zip(&key.layout.inputs) {
         let body = match binding {
             Some(b) => load_expression(*b, bindings[*b].storage),
             None => "return R(S(0));".to_string(),
         };
         let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
     }
-    for (slot, binding) in key.family.outputs().iter().zip(&key.layout.outputs) {
+    for (slot, binding) in key.program.outputs().iter().map(|s| s.name()).zip(&key.layout.outputs) {
         let body = binding.map(|b| store_statement(b, bindings[b].storage, vector)).unwrap_or_default();
         let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ {body} }}");
     }
-    s.push_str(key.family.source());
+    for o in key.program.overrides() {
+        s.push_str(&o.wgsl());
+    }
+    if let Program::Update(switches) = key.program {
+        s.push_str(&switches.uniform_wgsl());
+    }
+    s.push_str(key.program.source());
     let prologue = match key.scalars {
         Scalars::Host => {
             s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
             ""
         }
         Scalars::Device => {
+            s.push_str(&DeviceHeader::wgsl(false));
             s.push_str(include_str!("../../shaders/device.wgsl"));
-            s.push_str(key.family.capturable_source());
+            s.push_str(key.program.capturable_source());
             s.push_str(
                 "\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\n\
                  @group(0) @binding(1) var<storage, read> device_state: DeviceState;\n\
@@ -270,10 +252,8 @@ pub(crate) fn compose(key: &VariantKey) -> String {
              hp = at_step(hp_base, f32(device_state.step), device_lr);\n    "
         }
         Scalars::Unscale => {
-            s.push_str(
-                "\nstruct AmpState {\n    step: u32,\n    found_inf: atomic<u32>,\n    inv_scale: f32,\n}\n\
-                 @group(0) @binding(0) var<storage, read_write> amp: AmpState;\n",
-            );
+            s.push_str(&DeviceHeader::wgsl(true));
+            s.push_str("@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n");
             ""
         }
     };
@@ -361,3 +341,139 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::device::DeviceHeader;
+    use crate::step::{
+        AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
+        EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
+    };
+
+    /// Every switch combination of every family.
+    fn all_switches() -> Vec<Switches> {
+        let flags = [false, true];
+        let mut all = Vec::new();
+        for (amsgrad, maximize, decoupled_weight_decay) in
+            flags.iter().flat_map(|a| flags.iter().flat_map(move |m| flags.map(move |d| (*a, *m, d))))
+        {
+            for eps in [EpsPlacement::AfterCorrection, EpsPlacement::OnRoot] {
+                for first_moment in
+                    [FirstMoment::Linear, FirstMoment::LerpFromMoment, FirstMoment::LerpFromGrad]
+                {
+                    all.push(Switches::Adam(AdamSwitches {
+                        amsgrad,
+                        eps,
+                        maximize,
+                        decoupled_weight_decay,
+                        first_moment,
+                    }));
+                }
+            }
+            all.push(Switches::Momentum(MomentumSwitches {
+                maximize,
+                nesterov: amsgrad,
+                velocity: decoupled_weight_decay,
+            }));
+            all.push(Switches::Adagrad(AdagradSwitches { maximize }));
+        }
+        all
+    }
+
+    /// Every slot bound, in place, each state in a binding of its own, the model copy too.
+    fn layout(program: Program, storage: Storage) -> BindingLayout {
+        let inputs: Vec<Option<usize>> = (0..program.inputs().len()).map(Some).collect();
+        let outputs = program
+            .outputs()
+            .iter()
+            .map(|slot| Some(program.inputs().iter().position(|s| s == slot).unwrap_or(inputs.len())))
+            .collect();
+        let bindings = vec![BindingDesc { storage, read_write: true }; inputs.len() + 1];
+        BindingLayout { inputs, outputs, bindings }
+    }
+
+    /// `(name, offset)` of each member of the struct `name` in a parsed module.
+    fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
+        let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
+        match found.map(|(_, ty)| &ty.inner) {
+            Some(naga::TypeInner::Struct { members, .. }) => {
+                members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset)).collect()
+            }
+            other => panic!("no struct {name} in the module ({other:?})"),
+        }
+    }
+
+    fn rust_members(fields: &[&str], offsets: &[usize]) -> Vec<(String, u32)> {
+        fields.iter().zip(offsets).map(|(f, o)| (f.to_string(), *o as u32)).collect()
+    }
+
+    #[test]
+    fn every_variant_validates_and_its_structs_lay_out_as_the_rust_ones() {
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        let mut programs: Vec<Program> = all_switches().into_iter().map(Program::Update).collect();
+        programs.push(Program::Unscale);
+        let storages =
+            [Storage::Native(DType::F32), Storage::Native(DType::F16), Storage::Packed(DType::BF16)];
+        for program in programs {
+            for scalars in [Scalars::Host, Scalars::Device, Scalars::Unscale] {
+                if (program == Program::Unscale) != (scalars == Scalars::Unscale) {
+                    continue;
+                }
+                for (math, storage, width) in storages.iter().map(|s| (DType::F32, *s, 1)).chain([
+                    (DType::F32, Storage::Native(DType::F32), 4),
+                    (DType::F64, Storage::Native(DType::F64), 1),
+                ]) {
+                    // Capturable math is f32, and the unscale pass runs one element at a time.
+                    if (math == DType::F64 && scalars != Scalars::Host)
+                        || (width == 4 && program == Program::Unscale)
+                    {
+                        continue;
+                    }
+                    let key = VariantKey { scalars, program, math, layout: layout(program, storage), width };
+                    let source = compose(&key);
+                    let module = naga::front::wgsl::parse_str(&source)
+                        .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
+                    validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
+                    let wide = math == DType::F64;
+                    if let Program::Update(switches) = program {
+                        let expected = match (switches, wide) {
+                            (Switches::Adam(_), false) => {
+                                rust_members(AdamUniform::FIELDS, AdamUniform::OFFSETS)
+                            }
+                            (Switches::Adam(_), true) => {
+                                rust_members(AdamUniform::FIELDS, AdamUniform64::OFFSETS)
+                            }
+                            (Switches::Momentum(_), false) => {
+                                rust_members(MomentumUniform::FIELDS, MomentumUniform::OFFSETS)
+                            }
+                            (Switches::Momentum(_), true) => {
+                                rust_members(MomentumUniform::FIELDS, MomentumUniform64::OFFSETS)
+                            }
+                            (Switches::Adagrad(_), false) => {
+                                rust_members(AdagradUniform::FIELDS, AdagradUniform::OFFSETS)
+                            }
+                            (Switches::Adagrad(_), true) => {
+                                rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
+                            }
+                        };
+                        assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
+                    }
+                    if scalars != Scalars::Host {
+                        let header = [
+                            ("step", DeviceHeader::STEP),
+                            ("found_inf", DeviceHeader::FOUND_INF),
+                            ("inv_scale", DeviceHeader::INV_SCALE),
+                            ("reserved", DeviceHeader::BYTES - 4),
+                        ]
+                        .map(|(n, o)| (n.to_string(), o as u32));
+                        assert_eq!(members(&module, "DeviceState"), header, "{key:?}");
+                    }
+                }
+            }
+        }
+    }
+}

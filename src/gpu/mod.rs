@@ -6,7 +6,6 @@ pub(crate) mod kernel;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub mod roofline;
-pub(crate) mod step;
 pub mod timer;
 mod transfer;
 

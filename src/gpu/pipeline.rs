@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::kernel::{compose, Scalars, VariantKey};
-use crate::gpu::step::KernelStep;
 use crate::gpu::GpuContext;
 use crate::{DType, Error, Result};
 
@@ -69,9 +68,7 @@ impl ScalarLayouts {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries })
         };
-        // The hyperparameters sit at a dynamic offset into a ring of slots, so that several
-        // steps recorded before one submit each keep their own values.
-        let hyper = buffer_entry(0, Uniform, true);
+        let hyper = buffer_entry(0, Uniform, false);
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout(
@@ -105,12 +102,13 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.storage.dtype() == DType::F64);
     if uses_f64 && !ctx.has_feature(wgpu::Features::SHADER_F64) {
         return Err(Error::MissingFeature {
-            what: format!("the {} kernel in f64", key.family.name()),
+            what: format!("the {} kernel in f64", key.program.name()),
             feature: "SHADER_F64",
         });
     }
     let device = ctx.device();
-    let label = format!("wgpu-optim {} {:?} {:?}", key.family.name(), key.math, key.overrides);
+    let overrides = key.program.overrides();
+    let label = format!("wgpu-optim {} {:?} {:?}", key.program.name(), key.math, overrides);
     let source = compose(key);
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
@@ -148,7 +146,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
             bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(key.scalars)), Some(&segment_layout)],
             immediate_size: 0,
         });
-        let constants = KernelStep::constants(key.family, &key.overrides);
+        let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&layout),

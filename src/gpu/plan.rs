@@ -6,9 +6,10 @@
 //! fine. So identical ranges share one binding, and every binding of a buffer that is
 //! written anywhere in the dispatch is `read_write`.
 
-use crate::gpu::kernel::{BindingDesc, BindingLayout, Family, Storage};
+use crate::gpu::kernel::{BindingDesc, BindingLayout, Program, Storage};
 use crate::gpu::GpuContext;
-use crate::{DType, Error, Result, Tensor};
+use crate::step::{Family, Slot};
+use crate::{DType, Error, Result, StateKind, Tensor};
 
 /// A tensor with the name the caller knows it by, for error messages.
 #[derive(Clone, Debug)]
@@ -23,7 +24,7 @@ impl Arg {
     }
 }
 
-/// The tensors of one kernel call, in the family's slot order; `None` is an absent slot.
+/// The tensors of one kernel call, in the program's slot order; `None` is an absent slot.
 /// An output equal to an input is updated in place.
 #[derive(Clone, Debug)]
 pub(crate) struct KernelArgs {
@@ -98,9 +99,9 @@ pub(crate) fn check_range(arg: &Arg) -> Result<()> {
 }
 
 /// Validates `args` and maps them onto bindings and segments.
-pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -> Result<TensorPlan> {
-    debug_assert_eq!(args.inputs.len(), family.inputs().len());
-    debug_assert_eq!(args.outputs.len(), family.outputs().len());
+pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs) -> Result<TensorPlan> {
+    debug_assert_eq!(args.inputs.len(), program.inputs().len());
+    debug_assert_eq!(args.outputs.len(), program.outputs().len());
     let present: Vec<&Arg> = args.inputs.iter().chain(&args.outputs).flatten().collect();
     let Some(reference) = present.first().copied() else {
         return Ok(TensorPlan {
@@ -131,7 +132,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
             });
         }
     }
-    check_output_dtypes(family, args)?;
+    check_output_dtypes(program, args)?;
     check_aliasing(args)?;
 
     // One binding per distinct range; read_write wherever its buffer is written.
@@ -174,7 +175,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, family: Family, args: &'a KernelArgs) -
     for arg in args.inputs.iter().chain(&args.outputs).flatten() {
         check_binding_end(arg)?;
     }
-    let vectorizable = family != Family::Unscale
+    let vectorizable = program != Program::Unscale
         && math_dtype(args) == DType::F32
         && !layout.pairs()
         && layout.bindings.iter().all(|b| matches!(b.storage, Storage::Native(DType::F32 | DType::F16)));
@@ -193,10 +194,10 @@ pub(crate) fn storage(ctx: &GpuContext, dtype: DType) -> Storage {
 
 /// An output replaces its input, so it keeps the input's dtype; the model copy of
 /// master-weight mode is the one output without an input.
-fn check_output_dtypes(family: Family, args: &KernelArgs) -> Result<()> {
-    for (slot, output) in family.outputs().iter().zip(&args.outputs) {
+fn check_output_dtypes(program: Program, args: &KernelArgs) -> Result<()> {
+    for (slot, output) in program.outputs().iter().zip(&args.outputs) {
         let Some(output) = output else { continue };
-        let input = family.inputs().iter().position(|s| s == slot).and_then(|k| args.inputs[k].as_ref());
+        let input = program.inputs().iter().position(|s| s == slot).and_then(|k| args.inputs[k].as_ref());
         if let Some(input) = input {
             if input.tensor.dtype != output.tensor.dtype {
                 return Err(Error::DTypeMismatch {
@@ -255,7 +256,8 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
 struct Split {
     pair_shift: u32,
     phases: u32,
-    /// Whether the layout allows four elements per access (see `VariantKey::can_vectorize`).
+    /// Whether the layout allows four elements per access: f32 math, no packed output, and
+    /// every binding native f32 or f16.
     vectorizable: bool,
 }
 
@@ -328,6 +330,46 @@ fn push_segments(
     }
 }
 
+/// The named tensors of one PyTorch-convention update, before they are put into slots.
+pub(crate) struct SlotArgs<'a> {
+    pub(crate) param: Arg,
+    pub(crate) grad: Arg,
+    /// State tensors, one per kind of `kinds`, in that order.
+    pub(crate) state: &'a [Arg],
+    pub(crate) param_out: Arg,
+    pub(crate) state_out: &'a [Arg],
+    pub(crate) param_copy: Option<Arg>,
+}
+
+/// Places a PyTorch-convention update's tensors into `family`'s slots: state `k` (of kind
+/// `kinds[k]`) goes to the slot of that kind; a slot the algorithm keeps no state for is absent.
+pub(crate) fn slot_args(family: Family, kinds: &[StateKind], args: SlotArgs<'_>) -> KernelArgs {
+    let find =
+        |kind: StateKind, state: &[Arg]| kinds.iter().position(|k| *k == kind).map(|k| state[k].clone());
+    KernelArgs {
+        inputs: family
+            .inputs()
+            .iter()
+            .map(|slot| match *slot {
+                Slot::Param => Some(args.param.clone()),
+                Slot::Grad => Some(args.grad.clone()),
+                Slot::State(kind) => find(kind, args.state),
+                Slot::ParamCopy => None,
+            })
+            .collect(),
+        outputs: family
+            .outputs()
+            .iter()
+            .map(|slot| match *slot {
+                Slot::Param => Some(args.param_out.clone()),
+                Slot::ParamCopy => args.param_copy.clone(),
+                Slot::State(kind) => find(kind, args.state_out),
+                Slot::Grad => None,
+            })
+            .collect(),
+    }
+}
+
 /// The type a call's arithmetic runs in: f64 for double tensors, f32 for every other dtype.
 pub(crate) fn math_dtype(args: &KernelArgs) -> DType {
     match args.inputs.iter().chain(&args.outputs).flatten().map(|a| a.tensor.dtype).next() {
@@ -339,6 +381,7 @@ pub(crate) fn math_dtype(args: &KernelArgs) -> DType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Sgd;
 
     fn args(tensors: [&Tensor; 4]) -> KernelArgs {
         let [param, grad, buf, param_out] = tensors;
@@ -359,16 +402,16 @@ mod tests {
         let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}")).with_packed_f16(true);
         let buffer = ctx.zeros("b", 64, DType::F16);
         let at = |element: u64| Tensor::new(&buffer.buffer, 2 * element, 8, DType::F16);
-        let same = plan(&ctx, Family::Momentum, &args([&at(0), &at(10), &at(20), &at(30)])).unwrap();
+        let momentum = Program::Update(Sgd { momentum: 0.9, ..Sgd::default() }.kernel_step(2).switches());
+        let same = plan(&ctx, momentum, &args([&at(0), &at(10), &at(20), &at(30)])).unwrap();
         assert!(same.layout.pairs());
         assert_eq!((same.segments[0].pair_shift, same.segments[0].phases), (0, 1));
-        let odd = plan(&ctx, Family::Momentum, &args([&at(1), &at(11), &at(21), &at(31)])).unwrap();
+        let odd = plan(&ctx, momentum, &args([&at(1), &at(11), &at(21), &at(31)])).unwrap();
         assert_eq!((odd.segments[0].pair_shift, odd.segments[0].phases), (1, 1));
-        let mixed = plan(&ctx, Family::Momentum, &args([&at(0), &at(10), &at(20), &at(31)])).unwrap();
+        let mixed = plan(&ctx, momentum, &args([&at(0), &at(10), &at(20), &at(31)])).unwrap();
         assert_eq!(mixed.segments[0].phases, 2);
         // Native f16 stores single elements; no pairing is needed.
-        let native =
-            plan(&ctx.with_packed_f16(false), Family::Momentum, &args([&at(0), &at(10), &at(20), &at(31)]));
+        let native = plan(&ctx.with_packed_f16(false), momentum, &args([&at(0), &at(10), &at(20), &at(31)]));
         assert!(!native.unwrap().layout.pairs());
     }
 }

@@ -7,11 +7,11 @@
 pub mod directml;
 pub mod onnx;
 
-use crate::gpu::dispatch::{Batch, HyperRing};
-use crate::gpu::kernel::{Family, Scalars, VariantKey};
-use crate::gpu::plan::{math_dtype, plan, Arg, KernelArgs};
-use crate::gpu::step::KernelStep;
-use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
+use crate::gpu::dispatch::{Batch, Uniforms};
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::plan::{math_dtype, plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
+use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, Tensor};
 
 /// The tensors of one stateless Adam update. An output left `None` is written in place
 /// over its input; an output given as a tensor is written there (it may also be exactly
@@ -176,50 +176,12 @@ pub fn update(
         let param_copy = u.param_copy.as_ref().map(|t| Arg::new(name("param_copy"), t));
         let grad = Arg::new(name("grad"), &u.grad);
         let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
-        calls.push(slot_args(step.family, kinds, args));
+        calls.push(slot_args(step.family(), kinds, args));
     }
-    record_stateless(ctx, encoder, &step, &calls, step.family.name())
+    record_stateless(ctx, encoder, &step, &calls, step.family().name())
 }
 
-/// The named tensors of one PyTorch-convention update, before they are put into slots.
-pub(crate) struct SlotArgs<'a> {
-    pub(crate) param: Arg,
-    pub(crate) grad: Arg,
-    pub(crate) state: &'a [Arg],
-    pub(crate) param_out: Arg,
-    pub(crate) state_out: &'a [Arg],
-    pub(crate) param_copy: Option<Arg>,
-}
-
-/// Places a PyTorch-convention update's tensors into `family`'s slots: kernel slots carry
-/// PyTorch's state names, so state `k` (of kind `kinds[k]`) goes to the slot of that name.
-pub(crate) fn slot_args(family: Family, kinds: &[StateKind], args: SlotArgs<'_>) -> KernelArgs {
-    let find = |slot: &str, state: &[Arg]| {
-        kinds.iter().position(|kind| kind.torch_name() == slot).map(|k| state[k].clone())
-    };
-    KernelArgs {
-        inputs: family
-            .inputs()
-            .iter()
-            .map(|slot| match *slot {
-                "param" => Some(args.param.clone()),
-                "grad" => Some(args.grad.clone()),
-                other => find(other, args.state),
-            })
-            .collect(),
-        outputs: family
-            .outputs()
-            .iter()
-            .map(|slot| match *slot {
-                "param" => Some(args.param_out.clone()),
-                "param_copy" => args.param_copy.clone(),
-                other => find(other, args.state_out),
-            })
-            .collect(),
-    }
-}
-
-/// Plans every call, then records them as one compute pass with a one-slot uniform.
+/// Plans every call, then records them as one compute pass with a uniform of its own.
 /// Nothing is recorded unless every call is valid.
 pub(crate) fn record_stateless(
     ctx: &GpuContext,
@@ -229,10 +191,11 @@ pub(crate) fn record_stateless(
     label: &str,
 ) -> Result<()> {
     ctx.check_alive()?;
+    let program = Program::Update(step.switches());
     let mut items = Vec::with_capacity(calls.len());
     let mut math = None;
     for args in calls {
-        let tensor_plan = plan(ctx, step.family, args)?;
+        let tensor_plan = plan(ctx, program, args)?;
         let dtype = math_dtype(args);
         match math {
             None => math = Some(dtype),
@@ -245,15 +208,17 @@ pub(crate) fn record_stateless(
             }
             Some(_) => {}
         }
-        let key = VariantKey::new(Scalars::Host, step, dtype, tensor_plan.layout.clone());
+        let key = VariantKey::new(Scalars::Host, program, dtype, tensor_plan.layout.clone());
         items.push((key, tensor_plan));
     }
     let math = math.unwrap_or(DType::F32);
     let batch = Batch::build(ctx, &items, label)?;
-    let mut ring = HyperRing::new(ctx, 1, label, None)?;
-    let offset = ring.push(ctx.queue(), step, math);
+    // A buffer of its own per call, initialized at creation: no write waits for a submit.
+    let mut bytes = [0u8; UNIFORM_SLOT_BYTES as usize];
+    step.write_uniform(math, &mut bytes);
+    let uniforms = Uniforms::new(ctx, &bytes, label, None)?;
     let mut pass = encoder
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
-    batch.record(&mut pass, &ring.bind_group, &[offset]);
+    batch.record(&mut pass, &uniforms.bind_groups[0]);
     Ok(())
 }

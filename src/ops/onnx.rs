@@ -8,23 +8,34 @@
 //! adapter feature `SHADER_F64`); the math runs in the tensors' type.
 
 use crate::gpu::plan::{Arg, KernelArgs};
-use crate::gpu::step::KernelStep;
 use crate::ops::record_stateless;
-use crate::{Error, GpuContext, OnnxAdagrad, OnnxAdam, OnnxMomentum, Result, Tensor};
+use crate::step::{KernelStep, Slot};
+use crate::{Error, GpuContext, OnnxAdagrad, OnnxAdam, OnnxMomentum, Result, StateKind, Tensor};
 
 /// An operator's variadic inputs after `R` and `T`: each group's ONNX name and the kernel
 /// slot it feeds. Every group but `G` has an output, named `<group>_new`.
 struct Signature {
     op: &'static str,
-    groups: &'static [(&'static str, &'static str)],
+    groups: &'static [(&'static str, Slot)],
 }
 
-const ADAM: Signature =
-    Signature { op: "Adam", groups: &[("X", "param"), ("G", "grad"), ("V", "exp_avg"), ("H", "exp_avg_sq")] };
-const MOMENTUM: Signature =
-    Signature { op: "Momentum", groups: &[("X", "param"), ("G", "grad"), ("V", "momentum_buffer")] };
-const ADAGRAD: Signature =
-    Signature { op: "Adagrad", groups: &[("X", "param"), ("G", "grad"), ("H", "sum")] };
+const ADAM: Signature = Signature {
+    op: "Adam",
+    groups: &[
+        ("X", Slot::Param),
+        ("G", Slot::Grad),
+        ("V", Slot::State(StateKind::ExpAvg)),
+        ("H", Slot::State(StateKind::ExpAvgSq)),
+    ],
+};
+const MOMENTUM: Signature = Signature {
+    op: "Momentum",
+    groups: &[("X", Slot::Param), ("G", Slot::Grad), ("V", Slot::State(StateKind::MomentumBuffer))],
+};
+const ADAGRAD: Signature = Signature {
+    op: "Adagrad",
+    groups: &[("X", Slot::Param), ("G", Slot::Grad), ("H", Slot::State(StateKind::Sum))],
+};
 
 /// `Adam(R, T, X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n) -> (X_new_1..n, V_new_1..n, H_new_1..n)`.
 ///
@@ -98,7 +109,7 @@ fn variadic(
             expected: (groups - 1) * n,
         });
     }
-    let family = step.family;
+    let family = step.family();
     let calls: Vec<KernelArgs> = (0..n)
         .map(|i| {
             let mut input_args = Vec::new();
@@ -106,7 +117,7 @@ fn variadic(
             let mut output_group = 0;
             for (g, (name, slot)) in signature.groups.iter().enumerate() {
                 let input = Arg::new(format!("{name}_{}", i + 1), &inputs[g * n + i]);
-                if *slot != "grad" {
+                if *slot != Slot::Grad {
                     let output = match &outputs[output_group * n + i] {
                         Some(t) => Arg::new(format!("{name}_new_{}", i + 1), t),
                         None => input.clone(),
@@ -116,8 +127,8 @@ fn variadic(
                 }
                 input_args.push((*slot, input));
             }
-            let pick = |list: &[(&str, Arg)], slot: &str| {
-                list.iter().find(|(s, _)| *s == slot).map(|(_, a)| a.clone())
+            let pick = |list: &[(Slot, Arg)], slot: &Slot| {
+                list.iter().find(|(s, _)| s == slot).map(|(_, a)| a.clone())
             };
             KernelArgs {
                 inputs: family.inputs().iter().map(|slot| pick(&input_args, slot)).collect(),

@@ -1,15 +1,15 @@
 //! Capturable mode's device state: the step counter, the AMP flag, the unscale factor and
 //! each group's learning rate, in one small buffer the trainer never has to touch per step.
 //!
-//! Layout: `step: u32` at 0, `found_inf: u32` at 4, `inv_scale: f32` at 8, and group g's
-//! learning rate (f32) at `256 * (g + 1)`, so that each can be bound on its own at any
-//! adapter's storage-offset alignment.
+//! Layout: the [`DeviceHeader`] at 0, and group g's learning rate (f32) at
+//! `256 * (g + 1)`, so that each can be bound on its own at any adapter's storage-offset
+//! alignment.
 
-use crate::gpu::dispatch::{Batch, DEVICE_STATE_BYTES};
-use crate::gpu::kernel::{Family, Scalars, VariantKey};
+use crate::gpu::dispatch::Batch;
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
-use crate::gpu::step::KernelStep;
 use crate::gpu::{GpuContext, TENSOR_USAGES};
+use crate::step::device::DeviceHeader;
 use crate::{DType, Error, Result, Tensor};
 
 /// Spacing of the learning rates in the device state buffer (WebGPU's largest
@@ -33,7 +33,8 @@ impl DeviceState {
     pub(super) fn new(ctx: &GpuContext, lrs: &[f64]) -> Result<Self> {
         let device = ctx.device();
         let mut contents = vec![0u8; (LR_STRIDE * (lrs.len() as u64 + 1)) as usize];
-        contents[8..12].copy_from_slice(&1.0f32.to_le_bytes());
+        contents[..DeviceHeader::BYTES as usize]
+            .copy_from_slice(bytemuck::bytes_of(&DeviceHeader::default()));
         for (g, lr) in lrs.iter().enumerate() {
             let at = (LR_STRIDE * (g as u64 + 1)) as usize;
             contents[at..at + 4].copy_from_slice(&(*lr as f32).to_le_bytes());
@@ -54,13 +55,14 @@ impl DeviceState {
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &buffer,
                         offset: 0,
-                        size: wgpu::BufferSize::new(DEVICE_STATE_BYTES),
+                        size: wgpu::BufferSize::new(DeviceHeader::BYTES),
                     }),
                 }],
             });
+            let source = DeviceHeader::wgsl(false) + include_str!("../../shaders/advance.wgsl");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("wgpu-optim advance step"),
-                source: wgpu::ShaderSource::Wgsl(include_str!("../../shaders/advance.wgsl").into()),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
             });
             let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some("wgpu-optim advance step"),
@@ -95,7 +97,12 @@ impl DeviceState {
 
     /// The step counter as a tensor of one u32 (read it with `read_bytes`).
     pub(super) fn step_bytes(&self) -> Tensor {
-        Tensor::new(&self.buffer, 0, 1, DType::F32)
+        Tensor::new(&self.buffer, DeviceHeader::STEP, 1, DType::F32)
+    }
+
+    /// The AMP flag as a tensor of one u32 (read it with `read_bytes`).
+    pub(super) fn found_inf_bytes(&self) -> Tensor {
+        Tensor::new(&self.buffer, DeviceHeader::FOUND_INF, 1, DType::F32)
     }
 
     /// Writes group `g`'s learning rate (lands at the next submit).
@@ -105,14 +112,14 @@ impl DeviceState {
 
     /// Writes the step counter (lands at the next submit).
     pub(super) fn write_step(&self, ctx: &GpuContext, step: u32) {
-        ctx.queue().write_buffer(&self.buffer, 0, &step.to_le_bytes());
+        ctx.queue().write_buffer(&self.buffer, DeviceHeader::STEP, &step.to_le_bytes());
     }
 
     /// Before a step's pass: a step without a preceding unscale must not be skipped by a
     /// flag left from an earlier step, so the flag is cleared.
     pub(super) fn prepare_step(&mut self, encoder: &mut wgpu::CommandEncoder) {
         if !self.unscaled {
-            encoder.clear_buffer(&self.buffer, 4, Some(4));
+            encoder.clear_buffer(&self.buffer, DeviceHeader::FOUND_INF, Some(4));
         }
         self.unscaled = false;
     }
@@ -156,21 +163,31 @@ impl DeviceState {
             for (i, grad) in grads.iter().enumerate() {
                 let arg = Arg::new(format!("grads[{i}]"), grad);
                 let args = KernelArgs { inputs: vec![Some(arg.clone())], outputs: vec![Some(arg)] };
-                let tensor_plan = plan(ctx, Family::Unscale, &args)?;
-                let unscale = KernelStep::new(Family::Unscale, &[], &[]);
-                let key = VariantKey::new(Scalars::Unscale, &unscale, DType::F32, tensor_plan.layout.clone());
+                let tensor_plan = plan(ctx, Program::Unscale, &args)?;
+                let key = VariantKey::new(
+                    Scalars::Unscale,
+                    Program::Unscale,
+                    DType::F32,
+                    tensor_plan.layout.clone(),
+                );
                 items.push((key, tensor_plan));
             }
             self.unscale = Some((grads.to_vec(), Batch::build(ctx, &items, "unscale")?));
         }
-        encoder.copy_buffer_to_buffer(&inv_scale.buffer, inv_scale.offset, &self.buffer, 8, 4);
-        encoder.clear_buffer(&self.buffer, 4, Some(4));
+        encoder.copy_buffer_to_buffer(
+            &inv_scale.buffer,
+            inv_scale.offset,
+            &self.buffer,
+            DeviceHeader::INV_SCALE,
+            4,
+        );
+        encoder.clear_buffer(&self.buffer, DeviceHeader::FOUND_INF, Some(4));
         if let Some((_, batch)) = &self.unscale {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("wgpu-optim unscale"),
                 timestamp_writes: None,
             });
-            batch.record(&mut pass, &self.state_group, &[]);
+            batch.record(&mut pass, &self.state_group);
         }
         self.unscaled = true;
         Ok(())

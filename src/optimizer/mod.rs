@@ -6,21 +6,16 @@ mod device;
 
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 
-use crate::gpu::dispatch::{Batch, DeviceScalars, HyperRing};
-use crate::gpu::kernel::{Family, Scalars, VariantKey};
-use crate::gpu::plan::{check_range, plan, Arg, KernelArgs};
-use crate::gpu::step::HYPER_SLOT_BYTES;
-use crate::ops::{slot_args, SlotArgs};
+use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
 use device::DeviceState;
 
-/// Steps that may be recorded between two submits (each needs its own uniform slot).
-pub const STEPS_PER_SUBMIT: u32 = 32;
-
-/// Uniform slots per group. Step t uses slot `(t - 1) % RING_SLOTS`; the uniforms of a
-/// half ring (up to [`STEPS_PER_SUBMIT`] steps) are uploaded together, so only one step in
-/// 32 stages an upload, and never over a slot that a step still waiting for its submit uses.
-const RING_SLOTS: u32 = 2 * STEPS_PER_SUBMIT;
+/// Gradient sets whose bind groups are kept: a trainer that alternates two (or a few)
+/// gradient buffers binds each once.
+const BOUND_GRADIENT_SETS: usize = 4;
 
 /// Parameters that share hyperparameters, as in PyTorch's `param_groups` (e.g. no weight
 /// decay on biases and norms).
@@ -63,13 +58,9 @@ struct Group {
     /// The group's parameters are `params[first..first + len]`.
     first: usize,
     len: usize,
-    ring: HyperRing,
-    /// The hyperparameters changed: the uniform must be rewritten before the next step.
+    /// Capturable mode: the hyperparameters changed, so the uniform must be rewritten
+    /// before the next step (host mode rewrites it every step).
     dirty: bool,
-    /// Host mode: the last step whose uniform is already in the ring.
-    filled_through: u64,
-    /// Host mode: reused staging for a half ring of uniforms (no allocation per step).
-    scratch: Vec<u8>,
 }
 
 /// Bind groups for one set of gradient tensors, a batch per parameter group.
@@ -100,7 +91,12 @@ pub struct Optimizer {
     /// Steps recorded (in capturable mode the device's count may be lower: AMP skips).
     step: u64,
     math: DType,
-    bound: Option<Bound>,
+    /// Group g's uniform is slot g.
+    uniforms: Uniforms,
+    /// The uniforms' next contents (no allocation per step).
+    uniform_bytes: Vec<u8>,
+    /// Bind groups of the most recently used gradient sets, most recent first.
+    bound: Vec<Bound>,
     device: Option<DeviceState>,
 }
 
@@ -179,8 +175,11 @@ impl Optimizer {
         };
         let mut state = Vec::with_capacity(params.len());
         let mut kept = Vec::with_capacity(groups.len());
+        let mut uniform_bytes = vec![0u8; groups.len() * UNIFORM_SLOT_BYTES as usize];
         let mut first = 0;
-        for (g, group) in groups.into_iter().enumerate() {
+        for (group, bytes) in
+            groups.into_iter().zip(uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize))
+        {
             let initial = group.algorithm.initial_state();
             for (k, p) in group.params.iter().enumerate() {
                 let dtype = options.state_dtype.unwrap_or(p.dtype);
@@ -195,20 +194,16 @@ impl Optimizer {
                 }
                 state.push(tensors);
             }
-            let scalars =
-                device.as_ref().map(|d| DeviceScalars { state: d.buffer(), lr_offset: d.lr_offset(g) });
-            let ring = HyperRing::new(ctx, RING_SLOTS, &format!("optimizer group {g}"), scalars)?;
-            kept.push(Group {
-                algorithm: group.algorithm,
-                first,
-                len: group.params.len(),
-                ring,
-                dirty: true,
-                filled_through: 0,
-                scratch: Vec::with_capacity((STEPS_PER_SUBMIT as u64 * HYPER_SLOT_BYTES) as usize),
-            });
+            // Capturable kernels derive the step's values on the device from step 1's.
+            group.algorithm.kernel_step(1).write_uniform(math, bytes);
+            kept.push(Group { algorithm: group.algorithm, first, len: group.params.len(), dirty: false });
             first += group.params.len();
         }
+        let scalars = device.as_ref().map(|d| DeviceScalars {
+            state: d.buffer(),
+            lr_offsets: (0..kept.len()).map(|g| d.lr_offset(g)).collect(),
+        });
+        let uniforms = Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars)?;
         Ok(Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -217,7 +212,9 @@ impl Optimizer {
             state,
             step: 0,
             math,
-            bound: None,
+            uniforms,
+            uniform_bytes,
+            bound: Vec::new(),
             device,
         })
     }
@@ -272,7 +269,8 @@ impl Optimizer {
                 expected: "an algorithm with the same state tensors as the group's (build a new optimizer to change them)",
             });
         }
-        let variant_changed = algorithm.kernel_step(1).overrides != group.algorithm.kernel_step(1).overrides;
+        let variant_changed =
+            algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();
         if let Some(device) = &self.device {
             if algorithm.lr() != group.algorithm.lr() {
                 device.write_lr(&self.ctx, g, algorithm.lr());
@@ -281,7 +279,7 @@ impl Optimizer {
         group.algorithm = algorithm;
         group.dirty = true;
         if variant_changed {
-            self.bound = None;
+            self.bound.clear();
         }
         Ok(())
     }
@@ -309,44 +307,36 @@ impl Optimizer {
         self.state.get(index).map(|s| &s[k])
     }
 
-    /// Records one step into the caller's encoder; nothing is submitted. Up to
-    /// [`STEPS_PER_SUBMIT`] steps may be recorded before the encoders are submitted.
+    /// Records one step into the caller's encoder; nothing is submitted. Any number of steps
+    /// may be recorded before the encoders are submitted: each step's hyperparameters are
+    /// copied into place by a command recorded with it, so they land in recording order.
     ///
+    /// The step count advances here, when the step is recorded, not when it is submitted.
     /// Every group's update goes into one compute pass. Bind groups are built on the first
-    /// step and whenever `grads` are different tensors from the previous step's; with the
-    /// same gradient tensors a step creates no GPU objects. On error nothing is recorded
-    /// and the step count is unchanged.
+    /// step with a set of gradient tensors and kept for the last few sets (a trainer may
+    /// alternate gradient buffers); with a known set a step creates no GPU objects, beyond
+    /// 256 bytes of staging per group for each step in flight, which is reused once that
+    /// step's submission has run. On error nothing is recorded and the step count is unchanged.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
         self.bind(grads)?;
         let t = self.step + 1;
-        let queue = self.ctx.queue();
-        for group in &mut self.groups {
-            if self.device.is_some() {
-                // Capturable kernels derive the step's scalars on the device, so the uniform
-                // only changes with the hyperparameters.
-                if group.dirty {
-                    group.ring.push(queue, &group.algorithm.kernel_step(1), self.math);
-                }
-            } else if group.dirty || t > group.filled_through {
-                // Upload this step's uniform and those of the rest of its half ring at once.
-                let slot = ((t - 1) % u64::from(RING_SLOTS)) as u32;
-                let half_end = (slot / STEPS_PER_SUBMIT + 1) * STEPS_PER_SUBMIT;
-                let steps = u64::from(half_end - slot);
-                group.scratch.clear();
-                for s in t..t + steps {
-                    group.scratch.extend_from_slice(&group.algorithm.kernel_step(s).hyper_bytes(self.math));
-                }
-                group.ring.write_slots(queue, slot, &group.scratch);
-                group.filled_through = t + steps - 1;
+        // Capturable kernels derive the step's values on the device, so their uniform only
+        // changes with the hyperparameters; host-mode uniforms change every step.
+        let capturable = self.device.is_some();
+        if !capturable || self.groups.iter().any(|g| g.dirty) {
+            let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
+            for (group, bytes) in self.groups.iter_mut().zip(slots) {
+                let at = if capturable { 1 } else { t };
+                group.algorithm.kernel_step(at).write_uniform(self.math, bytes);
+                group.dirty = false;
             }
-            group.dirty = false;
+            self.uniforms.record_write(encoder, &self.uniform_bytes);
         }
         if let Some(device) = &mut self.device {
             device.prepare_step(encoder);
         }
-        // `bind` has just set `bound`; the else arm is unreachable.
-        let Some(bound) = &self.bound else { return Ok(()) };
+        let bound = &self.bound[0];
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("wgpu-optim step"),
             timestamp_writes: None,
@@ -354,12 +344,8 @@ impl Optimizer {
         if let Some(device) = &self.device {
             device.record_advance(&mut pass);
         }
-        for (group, batch) in self.groups.iter().zip(&bound.batches) {
-            let offset = match self.device {
-                Some(_) => group.ring.current(),
-                None => HyperRing::offset_of(((t - 1) % u64::from(RING_SLOTS)) as u32),
-            };
-            batch.record(&mut pass, &group.ring.bind_group, &[offset]);
+        for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
+            batch.record(&mut pass, scalars);
         }
         drop(pass);
         self.step = t;
@@ -372,9 +358,13 @@ impl Optimizer {
         ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
     }
 
-    /// Builds the bind groups for `grads` unless they are the ones already bound.
+    /// Makes the bind groups for `grads` the first of `bound`, building them unless they
+    /// are among the sets already bound.
     fn bind(&mut self, grads: &[Tensor]) -> Result<()> {
-        if self.bound.as_ref().is_some_and(|b| b.grads == grads) {
+        if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
+            // Most recent first; a set is a couple of vectors, so the move is cheap.
+            let hit = self.bound.remove(k);
+            self.bound.insert(0, hit);
             return Ok(());
         }
         if grads.len() != self.params.len() {
@@ -388,17 +378,18 @@ impl Optimizer {
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
             let step = group.algorithm.kernel_step(1);
+            let program = Program::Update(step.switches());
             let mut items = Vec::with_capacity(group.len);
             for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
-                let args = self.kernel_args(&group.algorithm, step.family, i, grad);
-                let tensor_plan = plan(&self.ctx, step.family, &args)?;
-                let layout = tensor_plan.layout.clone();
-                let key = VariantKey::new(scalars, &step, self.math, layout);
+                let args = self.kernel_args(&group.algorithm, i, grad);
+                let tensor_plan = plan(&self.ctx, program, &args)?;
+                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone());
                 items.push((key, tensor_plan));
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
-        self.bound = Some(Bound { grads: grads.to_vec(), batches });
+        self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches });
         Ok(())
     }
 
@@ -419,7 +410,7 @@ impl Optimizer {
     /// Capturable mode: reads the AMP flag of the last unscale (true: that step was skipped).
     pub fn read_found_inf(&self) -> Result<bool> {
         let device = self.device.as_ref().ok_or_else(not_capturable)?;
-        let bytes = self.ctx.read_bytes(&Tensor::new(device.buffer(), 4, 1, DType::F32))?;
+        let bytes = self.ctx.read_bytes(&device.found_inf_bytes())?;
         Ok(bytes != [0, 0, 0, 0])
     }
 
@@ -463,7 +454,7 @@ impl Optimizer {
     }
 
     /// Parameter `i`'s tensors in its family's slot order, all updated in place.
-    fn kernel_args(&self, algorithm: &Algorithm, family: Family, i: usize, grad: &Tensor) -> KernelArgs {
+    fn kernel_args(&self, algorithm: &Algorithm, i: usize, grad: &Tensor) -> KernelArgs {
         let param = Arg::new(format!("params[{i}]"), &self.params[i]);
         let kinds = algorithm.state_kinds();
         let state: Vec<Arg> = kinds
@@ -481,7 +472,7 @@ impl Optimizer {
             state_out: &state,
             param_copy: copy,
         };
-        slot_args(family, kinds, args)
+        slot_args(algorithm.family(), kinds, args)
     }
 }
 

@@ -1,0 +1,94 @@
+//! The Adam kernel's contract: `shaders/adam.wgsl` and the CPU backend's Adam loop.
+
+use super::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the Adam family (`Hyper` in `shaders/adam.wgsl`).
+    AdamUniform, AdamUniform64 {
+        beta1,
+        one_minus_beta1,
+        beta2,
+        one_minus_beta2,
+        /// The L2 coefficient (`g += weight_decay * p`, skipped when 0) or, with decoupled
+        /// weight decay, the coefficient the capturable kernel turns into `decay`.
+        weight_decay,
+        /// Decoupled weight decay: `p *= decay` before the update (`1 - lr * weight_decay`).
+        decay,
+        /// The rate the update `m / denom` is multiplied by.
+        step_size,
+        /// `sqrt(1 - beta2^t)`, which `sqrt(v)` is divided by where eps follows the correction.
+        sqrt_bias_correction2,
+        eps,
+        /// ONNX `norm_coefficient_post`: the new parameter is scaled by this.
+        post_scale,
+        /// `ln(beta1)` and `ln(beta2)`, for bias corrections computed on the device.
+        ln_beta1,
+        ln_beta2,
+    }
+}
+
+/// Where epsilon enters the denominator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum EpsPlacement {
+    /// `sqrt(v) / sqrt(1 - beta2^t) + eps` (PyTorch).
+    AfterCorrection,
+    /// `sqrt(v) + eps`, the correction carried by `step_size` (ONNX, DirectML).
+    OnRoot,
+}
+
+/// How the first moment is formed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum FirstMoment {
+    /// `beta1 * m + (1 - beta1) * g`, as ONNX and DirectML write it.
+    Linear,
+    /// ATen's `lerp(m, g, w)` for weights `w = 1 - beta1 < 0.5`: `m + w * (g - m)`.
+    LerpFromMoment,
+    /// ATen's `lerp(m, g, w)` for weights `w >= 0.5`: `g - (g - m) * (1 - w)`.
+    LerpFromGrad,
+}
+
+impl FirstMoment {
+    /// PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`, in the form ATen picks for that weight.
+    pub(crate) fn lerp(beta1: f64) -> Self {
+        if 1.0 - beta1 < 0.5 {
+            FirstMoment::LerpFromMoment
+        } else {
+            FirstMoment::LerpFromGrad
+        }
+    }
+
+    fn encoding(self) -> u32 {
+        match self {
+            FirstMoment::Linear => 0,
+            FirstMoment::LerpFromMoment => 1,
+            FirstMoment::LerpFromGrad => 2,
+        }
+    }
+}
+
+/// The Adam family's compile-time switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct AdamSwitches {
+    /// Keep the running maximum of the second moment and divide by it (AMSGrad).
+    pub(crate) amsgrad: bool,
+    pub(crate) eps: EpsPlacement,
+    /// Negate the gradient.
+    pub(crate) maximize: bool,
+    /// `p *= decay` before the update (AdamW); otherwise weight decay is L2, applied where
+    /// the coefficient is not 0.
+    pub(crate) decoupled_weight_decay: bool,
+    pub(crate) first_moment: FirstMoment,
+}
+
+impl AdamSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![
+            Override::Bool("AMSGRAD", self.amsgrad),
+            Override::Bool("EPS_AFTER_CORRECTION", self.eps == EpsPlacement::AfterCorrection),
+            Override::Bool("MAXIMIZE", self.maximize),
+            Override::Bool("DECOUPLED_WEIGHT_DECAY", self.decoupled_weight_decay),
+            Override::U32("FIRST_MOMENT", self.first_moment.encoding()),
+        ]
+    }
+}

@@ -1,0 +1,62 @@
+//! The head of capturable mode's device state buffer, which the step-advancing, unscaling
+//! and capturable update kernels all read: one Pod struct here, its WGSL generated from it.
+
+use std::mem::offset_of;
+
+use super::fields::wgsl_struct;
+
+/// The device state's first bytes. Later fields (clip coefficient, gradient norm, RNG seed)
+/// go here, and every kernel sees them through the generated declaration.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct DeviceHeader {
+    /// Steps taken on the device (AMP-skipped steps excluded).
+    pub(crate) step: u32,
+    /// Non-zero when AMP's unscale found a NaN or an infinity: the step is skipped.
+    pub(crate) found_inf: u32,
+    /// AMP's `1 / scale`, copied from the trainer's tensor by each unscale.
+    pub(crate) inv_scale: f32,
+    /// Keeps the header a whole 16 bytes.
+    pub(crate) reserved: u32,
+}
+
+impl Default for DeviceHeader {
+    fn default() -> Self {
+        DeviceHeader { step: 0, found_inf: 0, inv_scale: 1.0, reserved: 0 }
+    }
+}
+
+impl DeviceHeader {
+    /// Bytes of the header (a binding of it is exactly this long).
+    pub(crate) const BYTES: u64 = std::mem::size_of::<DeviceHeader>() as u64;
+    /// Byte offset of `step`.
+    pub(crate) const STEP: u64 = offset_of!(DeviceHeader, step) as u64;
+    /// Byte offset of `found_inf`.
+    pub(crate) const FOUND_INF: u64 = offset_of!(DeviceHeader, found_inf) as u64;
+    /// Byte offset of `inv_scale`.
+    pub(crate) const INV_SCALE: u64 = offset_of!(DeviceHeader, inv_scale) as u64;
+
+    /// `struct DeviceState { ... }` in WGSL. The unscale kernel sets `found_inf` from many
+    /// invocations, so there it is atomic; everywhere else a plain `u32`.
+    pub(crate) fn wgsl(atomic_found_inf: bool) -> String {
+        let found_inf = if atomic_found_inf { "atomic<u32>" } else { "u32" };
+        let fields = [("step", "u32"), ("found_inf", found_inf), ("inv_scale", "f32"), ("reserved", "u32")];
+        wgsl_struct("DeviceState", fields.into_iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceHeader;
+
+    #[test]
+    fn the_wgsl_declaration_lists_the_fields_in_their_rust_order() {
+        let wgsl = DeviceHeader::wgsl(false);
+        let names: Vec<&str> =
+            wgsl.lines().filter_map(|l| l.trim().split_once(':')).map(|(name, _)| name).collect();
+        assert_eq!(names, ["step", "found_inf", "inv_scale", "reserved"]);
+        // Every field is 4 bytes, so WGSL's offsets are 4 k, as repr(C)'s.
+        assert_eq!((DeviceHeader::STEP, DeviceHeader::FOUND_INF, DeviceHeader::INV_SCALE), (0, 4, 8));
+        assert_eq!(DeviceHeader::BYTES, 16);
+    }
+}

@@ -1,0 +1,185 @@
+//! The typed contract between an algorithm's configuration and the kernels that run it,
+//! shared by the GPU and the CPU backend (this module knows neither wgpu nor rayon).
+//!
+//! A step of a family is its switches (compile-time: WGSL override constants on the GPU,
+//! const generics on the CPU) and its uniform (per-step values: one `#[repr(C)]` Pod struct
+//! whose bytes the GPU uploads and whose fields the CPU loops read). The WGSL declarations
+//! of both are generated from the Rust definitions, so a field cannot move on one side only.
+//!
+//! Path of a hyperparameter: `algo::Adam::kernel_step` fills [`AdamUniform64`] in f64 →
+//! [`KernelStep::write_uniform`] (GPU) or [`AdamUniform64::to_f32`] (CPU) → `hp.<field>`
+//! in `shaders/adam.wgsl` and `cpu/kernels.rs`.
+
+mod adagrad;
+mod adam;
+pub(crate) mod device;
+pub(crate) mod fields;
+mod momentum;
+
+pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
+pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
+pub(crate) use fields::Override;
+pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+
+use crate::{DType, StateKind};
+
+/// The algorithm families that have a fused update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Family {
+    /// Adam, AdamW and AMSGrad in the PyTorch, ONNX and DirectML conventions.
+    Adam,
+    /// SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum).
+    Momentum,
+    /// Adagrad (ONNX and PyTorch).
+    Adagrad,
+}
+
+impl Family {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::Adam => "adam",
+            Family::Momentum => "momentum",
+            Family::Adagrad => "adagrad",
+        }
+    }
+
+    /// The slots the update reads, in the order its arguments are given.
+    pub(crate) fn inputs(self) -> &'static [Slot] {
+        use Slot::*;
+        match self {
+            Family::Adam => &[
+                Param,
+                Grad,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::MaxExpAvgSq),
+            ],
+            Family::Momentum => &[Param, Grad, State(StateKind::MomentumBuffer)],
+            Family::Adagrad => &[Param, Grad, State(StateKind::Sum)],
+        }
+    }
+
+    /// The slots the update writes, in the order its arguments are given.
+    pub(crate) fn outputs(self) -> &'static [Slot] {
+        use Slot::*;
+        match self {
+            Family::Adam => &[
+                Param,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::MaxExpAvgSq),
+                ParamCopy,
+            ],
+            Family::Momentum => &[Param, State(StateKind::MomentumBuffer), ParamCopy],
+            Family::Adagrad => &[Param, State(StateKind::Sum), ParamCopy],
+        }
+    }
+}
+
+/// A tensor role in a kernel: what `load_<slot>`/`store_<slot>` read and write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Slot {
+    /// The parameters (in master-weight mode, the f32 masters).
+    Param,
+    /// The gradients.
+    Grad,
+    /// A per-parameter state tensor.
+    State(StateKind),
+    /// Master-weight mode: the model's low-precision copy of the new parameters.
+    ParamCopy,
+}
+
+impl Slot {
+    /// The name in the generated WGSL (`load_exp_avg`): PyTorch's state names.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Slot::Param => "param",
+            Slot::Grad => "grad",
+            Slot::State(kind) => kind.torch_name(),
+            Slot::ParamCopy => "param_copy",
+        }
+    }
+}
+
+/// The compile-time switches of one family: what selects a compiled variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Switches {
+    Adam(AdamSwitches),
+    Momentum(MomentumSwitches),
+    Adagrad(AdagradSwitches),
+}
+
+impl Switches {
+    pub(crate) fn family(&self) -> Family {
+        match self {
+            Switches::Adam(_) => Family::Adam,
+            Switches::Momentum(_) => Family::Momentum,
+            Switches::Adagrad(_) => Family::Adagrad,
+        }
+    }
+
+    /// The shader's override constants, each declared and set from this one list.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        match self {
+            Switches::Adam(s) => s.overrides(),
+            Switches::Momentum(s) => s.overrides(),
+            Switches::Adagrad(s) => s.overrides(),
+        }
+    }
+
+    /// The WGSL declaration of the family's uniform, `struct Hyper`.
+    pub(crate) fn uniform_wgsl(&self) -> String {
+        match self {
+            Switches::Adam(_) => AdamUniform::wgsl("Hyper"),
+            Switches::Momentum(_) => MomentumUniform::wgsl("Hyper"),
+            Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
+        }
+    }
+}
+
+/// One step of one family: its switches and its uniform, computed on the host in f64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum KernelStep {
+    Adam(AdamSwitches, AdamUniform64),
+    Momentum(MomentumSwitches, MomentumUniform64),
+    Adagrad(AdagradSwitches, AdagradUniform64),
+}
+
+/// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
+/// adapter's `min_uniform_buffer_offset_alignment` (WebGPU caps it at 256).
+pub(crate) const UNIFORM_SLOT_BYTES: u64 = 256;
+
+const _: () = assert!(std::mem::size_of::<AdamUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+
+impl KernelStep {
+    pub(crate) fn family(&self) -> Family {
+        self.switches().family()
+    }
+
+    pub(crate) fn switches(&self) -> Switches {
+        match self {
+            KernelStep::Adam(s, _) => Switches::Adam(*s),
+            KernelStep::Momentum(s, _) => Switches::Momentum(*s),
+            KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
+        }
+    }
+
+    /// Writes the uniform's bytes for a kernel whose math runs in `math` (f64 for double
+    /// tensors, f32 otherwise) into `out`, zero-padding the rest of it.
+    pub(crate) fn write_uniform(&self, math: DType, out: &mut [u8]) {
+        fn copy(out: &mut [u8], bytes: &[u8]) {
+            out.fill(0);
+            out[..bytes.len()].copy_from_slice(bytes);
+        }
+        match (self, math == DType::F64) {
+            (KernelStep::Adam(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Momentum(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The momentum kernel's contract: `shaders/momentum.wgsl` and the CPU backend's SGD loop.
+
+use super::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the momentum family (`Hyper` in `shaders/momentum.wgsl`).
+    MomentumUniform, MomentumUniform64 {
+        /// The previous velocity's coefficient (ONNX `alpha`, PyTorch `momentum`).
+        velocity_decay,
+        /// The gradient's coefficient (ONNX `beta`, PyTorch `1 - dampening`).
+        grad_scale,
+        /// L2 coefficient, skipped when 0.
+        weight_decay,
+        lr,
+        /// 1 on the step where PyTorch creates the buffer as a copy of the gradient.
+        restart,
+        /// The velocity's coefficient in the Nesterov direction.
+        nesterov_scale,
+    }
+}
+
+/// The momentum family's compile-time switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MomentumSwitches {
+    /// Negate the gradient.
+    pub(crate) maximize: bool,
+    /// Step along `g + nesterov_scale * v` instead of `v`.
+    pub(crate) nesterov: bool,
+    /// Keep a velocity buffer (PyTorch keeps none at momentum 0: plain SGD).
+    pub(crate) velocity: bool,
+}
+
+impl MomentumSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![
+            Override::Bool("MAXIMIZE", self.maximize),
+            Override::Bool("NESTEROV", self.nesterov),
+            Override::Bool("VELOCITY", self.velocity),
+        ]
+    }
+}
