@@ -57,3 +57,50 @@ fn with_half(word: u32, half: u32, bits: u32) -> u32 {
     let shift = half * 16u;
     return (word & ~(0xffffu << shift)) | (bits << shift);
 }
+
+// Four lanes at once, for kernels that move four elements per access: the same rounding
+// as the scalar functions above, lane by lane, with selects instead of branches.
+fn f16_bits4(x: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(x);
+    let sign = (b >> vec4(16u)) & vec4(0x8000u);
+    let a = b & vec4(0x7fffffffu);
+    let nan = sign | vec4(0x7e00u) | ((a >> vec4(13u)) & vec4(0x3ffu));
+    let inf = sign | vec4(0x7c00u);
+    // Clamped into range first: lanes that are not subnormal must still convert cleanly.
+    let sub = sign | vec4<u32>(round(min(bitcast<vec4<f32>>(a), vec4(6.103515625e-5)) * 16777216.0));
+    let rounded = a + vec4(0xfffu) + ((a >> vec4(13u)) & vec4(1u));
+    let normal = sign | ((rounded - vec4(0x38000000u)) >> vec4(13u));
+    let finite = select(normal, sub, a < vec4(0x38800000u));
+    return select(select(finite, inf, a >= vec4(0x477ff000u)), nan, a > vec4(0x7f800000u));
+}
+
+fn f16_value4(h: vec4<u32>) -> vec4<f32> {
+    let sign = (h & vec4(0x8000u)) << vec4(16u);
+    let e = (h >> vec4(10u)) & vec4(0x1fu);
+    let m = h & vec4(0x3ffu);
+    let sub = sign | bitcast<vec4<u32>>(vec4<f32>(m) * 5.9604644775390625e-8);
+    let special = sign | vec4(0x7f800000u) | (m << vec4(13u));
+    let normal = sign | ((e + vec4(112u)) << vec4(23u)) | (m << vec4(13u));
+    return bitcast<vec4<f32>>(select(select(normal, special, e == vec4(31u)), sub, e == vec4(0u)));
+}
+
+fn bf16_bits4(x: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(x);
+    let nan = (b >> vec4(16u)) | vec4(0x40u);
+    let rounded = (b + vec4(0x7fffu) + ((b >> vec4(16u)) & vec4(1u))) >> vec4(16u);
+    return select(rounded, nan, (b & vec4(0x7fffffffu)) > vec4(0x7f800000u));
+}
+
+fn bf16_value4(h: vec4<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(h << vec4(16u));
+}
+
+// The four halves of two words, low half first.
+fn halves(w: vec2<u32>) -> vec4<u32> {
+    return vec4(w.x & 0xffffu, w.x >> 16u, w.y & 0xffffu, w.y >> 16u);
+}
+
+// Two words from four halves (each in the low 16 bits of its lane).
+fn words(h: vec4<u32>) -> vec2<u32> {
+    return vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+}

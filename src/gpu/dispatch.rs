@@ -5,16 +5,14 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, VariantKey, MAX_WORKGROUPS, WORKGROUP_SIZE};
+use crate::gpu::kernel::{Scalars, VariantKey, TABLE_BYTES};
 use crate::gpu::pipeline::CachedPipeline;
-use crate::gpu::plan::{SegmentPlan, TensorPlan};
+use crate::gpu::plan::TensorPlan;
+use crate::gpu::table;
 use crate::gpu::GpuContext;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::Result;
-
-/// Bytes per segment uniform slot (`n` and one base per binding, padded to the alignment).
-const SEGMENT_SLOT_BYTES: u64 = 256;
 
 /// One dispatch: its pipeline, its bind group and its workgroup count.
 #[derive(Debug)]
@@ -24,69 +22,41 @@ struct Dispatch {
     workgroups: u32,
 }
 
-/// Prepared updates of several tensors with one shared segment-uniform buffer.
+/// Prepared updates of several tensors: a few multi-tensor dispatches ([`table`]) whose
+/// tables share one uniform buffer.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     dispatches: Vec<Dispatch>,
-}
-
-/// A dispatch before its GPU objects exist.
-struct Planned<'a> {
-    key: VariantKey,
-    segment: &'a SegmentPlan,
-    /// The segment uniform: `n`, the pair fields, then each binding's base.
-    meta: Vec<u32>,
-    workgroups: u32,
-}
-
-/// The dispatches of one segment: one, or one per phase in pair mode.
-fn plan_dispatches<'a>(key: &VariantKey, segment: &'a SegmentPlan, out: &mut Vec<Planned<'a>>) {
-    let bases = segment.ranges.iter().map(|r| r.base);
-    let key = key.with_width(segment.width);
-    if key.layout.pairs() {
-        let pairs = (segment.len + segment.pair_shift).div_ceil(2);
-        for phase in 0..segment.phases {
-            let header = [segment.len, segment.pair_shift, phase, segment.phases];
-            out.push(Planned {
-                key: key.clone(),
-                segment,
-                meta: header.into_iter().chain(bases.clone()).collect(),
-                workgroups: pairs.div_ceil(segment.phases).div_ceil(WORKGROUP_SIZE),
-            });
-        }
-    } else {
-        out.push(Planned {
-            key,
-            segment,
-            meta: [segment.len, 0, 0, 1].into_iter().chain(bases).collect(),
-            workgroups: segment.len.div_ceil(WORKGROUP_SIZE),
-        });
-    }
 }
 
 impl Batch {
     /// Compiles (or finds) each variant and builds every bind group. This is the only place
     /// a step's GPU objects are created; recording a prepared batch creates none.
     pub(crate) fn build(ctx: &GpuContext, items: &[(VariantKey, TensorPlan)], label: &str) -> Result<Batch> {
-        let mut planned = Vec::new();
-        for (key, plan) in items {
-            for segment in &plan.segments {
-                plan_dispatches(key, segment, &mut planned);
-            }
-        }
+        let device = ctx.device();
+        let limits = device.limits();
+        let max_binding = limits.max_storage_buffer_binding_size.min(u64::from(u32::MAX));
+        let planned = table::assemble(items, max_binding);
         if planned.is_empty() {
             return Ok(Batch::default());
         }
-        let mut contents = vec![0u8; planned.len() * SEGMENT_SLOT_BYTES as usize];
-        for (slot, p) in contents.chunks_exact_mut(SEGMENT_SLOT_BYTES as usize).zip(&planned) {
-            slot[..4 * p.meta.len()].copy_from_slice(bytemuck::cast_slice(&p.meta));
+        // Each table starts at an aligned offset after the previous one; a binding covers
+        // the fixed table size, so bindings of consecutive tables overlap (read-only).
+        let align = u64::from(limits.min_uniform_buffer_offset_alignment).max(16);
+        let mut contents: Vec<u8> = Vec::new();
+        let mut offsets = Vec::with_capacity(planned.len());
+        for (dispatch, segments) in &planned {
+            let at = (contents.len() as u64).next_multiple_of(align);
+            contents.resize(at as usize, 0);
+            offsets.push(at);
+            contents.extend_from_slice(bytemuck::cast_slice(&dispatch.table(segments)));
         }
+        contents.resize((offsets[offsets.len() - 1] + TABLE_BYTES) as usize, 0);
         let pipelines =
-            planned.iter().map(|p| ctx.inner.pipelines.get(ctx, &p.key)).collect::<Result<Vec<_>>>()?;
-        let device = ctx.device();
-        let max_groups = device.limits().max_compute_workgroups_per_dimension;
+            planned.iter().map(|(d, _)| ctx.inner.pipelines.get(ctx, &d.key)).collect::<Result<Vec<_>>>()?;
+        let max_groups = limits.max_compute_workgroups_per_dimension;
         ctx.catch(&format!("creating the bind groups of {label}"), || {
-            let segment_uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            let tables = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
                 contents: &contents,
                 usage: wgpu::BufferUsages::UNIFORM,
@@ -94,23 +64,23 @@ impl Batch {
             let dispatches = planned
                 .iter()
                 .zip(pipelines)
-                .enumerate()
-                .map(|(slot, (p, pipeline))| {
+                .zip(offsets)
+                .map(|(((dispatch, _), pipeline), offset)| {
                     let mut entries = vec![wgpu::BindGroupEntry {
                         binding: 0,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &segment_uniform,
-                            offset: slot as u64 * SEGMENT_SLOT_BYTES,
-                            size: wgpu::BufferSize::new(SEGMENT_SLOT_BYTES),
+                            buffer: &tables,
+                            offset,
+                            size: wgpu::BufferSize::new(TABLE_BYTES),
                         }),
                     }];
-                    for (b, range) in p.segment.ranges.iter().enumerate() {
+                    for (b, span) in dispatch.spans.iter().enumerate() {
                         entries.push(wgpu::BindGroupEntry {
                             binding: b as u32 + 1,
                             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &range.buffer,
-                                offset: range.offset,
-                                size: wgpu::BufferSize::new(range.size),
+                                buffer: &span.buffer,
+                                offset: span.offset,
+                                size: wgpu::BufferSize::new(span.end - span.offset),
                             }),
                         });
                     }
@@ -119,11 +89,7 @@ impl Batch {
                         layout: &pipeline.segment_layout,
                         entries: &entries,
                     });
-                    Dispatch {
-                        pipeline,
-                        bind_group,
-                        workgroups: p.workgroups.clamp(1, max_groups.min(MAX_WORKGROUPS)),
-                    }
+                    Dispatch { pipeline, bind_group, workgroups: dispatch.workgroups().clamp(1, max_groups) }
                 })
                 .collect();
             Batch { dispatches }

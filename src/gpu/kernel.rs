@@ -145,8 +145,8 @@ pub(crate) struct VariantKey {
     /// The type the arithmetic runs in (and the hyperparameter uniform holds).
     pub(crate) math: DType,
     pub(crate) layout: BindingLayout,
-    /// Elements per load and store: 1, or 4 (`vec4`) where every binding is native f32 or
-    /// f16 and the elements line up on 4-element boundaries in every buffer.
+    /// Elements per load and store: 1, or 4 (`vec4`, or two words of packed halves) where the
+    /// math is f32 and the elements line up on 4-element boundaries in every buffer.
     pub(crate) width: u32,
 }
 
@@ -160,6 +160,13 @@ impl VariantKey {
     pub(crate) fn with_width(&self, width: u32) -> VariantKey {
         VariantKey { width, ..self.clone() }
     }
+
+    /// Whether each invocation updates an aligned pair of elements, so that no two
+    /// invocations write one word: one element per access with a packed output. (Four
+    /// elements per access own two whole words.)
+    pub(crate) fn pairs(&self) -> bool {
+        self.width == 1 && self.layout.pairs()
+    }
 }
 
 /// Invocations per workgroup. 256 is WebGPU's default `max_compute_invocations_per_workgroup`.
@@ -172,8 +179,25 @@ pub(crate) const WORKGROUP_SIZE: u32 = 256;
 /// with one workgroup per 256 vec4s and 94-100 % with this cap.
 pub(crate) const MAX_WORKGROUPS: u32 = 4096;
 
-/// The fields of the per-segment uniform before the per-binding bases.
-pub(crate) const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
+/// The fields of a segment before its per-binding bases.
+const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
+
+/// `vec4<u32>` rows of a dispatch's table: a header, then each entry's rows. The table is
+/// one uniform binding of 16 KiB, which every adapter allows (downlevel included).
+const TABLE_ROWS: usize = 1023;
+/// Bytes of a dispatch's table binding.
+pub(crate) const TABLE_BYTES: u64 = 16 * (1 + TABLE_ROWS as u64);
+
+/// `vec4<u32>` rows per table entry of a layout with `bindings` storage bindings:
+/// `(n, pair_shift, first_group, groups)`, then the bases, four to a row.
+pub(crate) fn rows_per_entry(bindings: usize) -> usize {
+    1 + bindings.div_ceil(4)
+}
+
+/// Entries one dispatch's table holds for a layout with `bindings` storage bindings.
+pub(crate) fn max_entries(bindings: usize) -> usize {
+    TABLE_ROWS / rows_per_entry(bindings)
+}
 
 /// The full WGSL of one variant: generated prelude, the family's body, the entry point.
 pub(crate) fn compose(key: &VariantKey) -> String {
@@ -200,7 +224,8 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     for b in 0..bindings.len() {
         let _ = writeln!(s, "    base{b}: u32,");
     }
-    s.push_str("}\n@group(1) @binding(0) var<uniform> seg: Segment;\n");
+    s.push_str("}\nvar<private> seg: Segment;\n");
+    s.push_str(&table_wgsl(bindings.len()));
     s.push_str(&nan_helpers(key.math, vector));
     if bindings.iter().any(|b| b.storage.dtype().size() == 2) {
         s.push_str(include_str!("../../shaders/convert.wgsl"));
@@ -210,13 +235,15 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let element = match (desc.storage, vector) {
             (Storage::Native(d), false) => d.wgsl_math().to_string(),
             (Storage::Native(d), true) => format!("vec4<{}>", d.wgsl_math()),
-            (Storage::Packed(_), _) => "u32".to_string(),
+            (Storage::Packed(_), false) => "u32".to_string(),
+            // Four halves per access: two words.
+            (Storage::Packed(_), true) => "vec2<u32>".to_string(),
         };
         let _ = writeln!(s, "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{element}>;", b + 1);
     }
     for (slot, binding) in key.program.inputs().iter().map(|s| s.name()).zip(&key.layout.inputs) {
         let body = match binding {
-            Some(b) => load_expression(*b, bindings[*b].storage),
+            Some(b) => load_expression(*b, bindings[*b].storage, vector),
             None => "return R(S(0));".to_string(),
         };
         let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
@@ -257,7 +284,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             ""
         }
     };
-    let entry = if key.layout.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY };
+    let entry = if key.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY };
     s.push_str(&entry.replace("{prologue}", prologue));
     s
 }
@@ -276,7 +303,7 @@ fn nan_helpers(math: DType, vector: bool) -> String {
     is_nan + "fn max_propagating_nan(a: R, b: R) -> R {\n    return select(max(a, b), a + b, is_nan(a) | is_nan(b));\n}\n"
 }
 
-fn load_expression(b: usize, storage: Storage) -> String {
+fn load_expression(b: usize, storage: Storage, vector: bool) -> String {
     let half = |decode: &str| {
         format!(
             "let j = seg.base{b} + i; return R({decode}((buf{b}[j >> 1u] >> ((j & 1u) * 16u)) & 0xffffu));"
@@ -284,6 +311,10 @@ fn load_expression(b: usize, storage: Storage) -> String {
     };
     match storage {
         Storage::Native(_) => format!("return R(buf{b}[seg.base{b} + i]);"),
+        Storage::Packed(DType::BF16) if vector => {
+            format!("return bf16_value4(halves(buf{b}[seg.base{b} + i]));")
+        }
+        Storage::Packed(_) if vector => format!("return f16_value4(halves(buf{b}[seg.base{b} + i]));"),
         Storage::Packed(DType::BF16) => half("bf16_value"),
         Storage::Packed(_) => half("f16_value"),
     }
@@ -295,10 +326,11 @@ fn store_statement(b: usize, storage: Storage, vector: bool) -> String {
     };
     match storage {
         // Rounded to nearest even in f32 first, so the f16 conversion is exact.
-        Storage::Native(DType::F16) if vector => format!(
-            "buf{b}[seg.base{b} + i] = vec4<f16>(f16(f16_value(f16_bits(v.x))), f16(f16_value(f16_bits(v.y))), \
-             f16(f16_value(f16_bits(v.z))), f16(f16_value(f16_bits(v.w))));"
-        ),
+        Storage::Native(DType::F16) if vector => {
+            format!("buf{b}[seg.base{b} + i] = vec4<f16>(f16_value4(f16_bits4(v)));")
+        }
+        Storage::Packed(DType::BF16) if vector => format!("buf{b}[seg.base{b} + i] = words(bf16_bits4(v));"),
+        Storage::Packed(_) if vector => format!("buf{b}[seg.base{b} + i] = words(f16_bits4(v));"),
         Storage::Native(DType::F16) => {
             format!("buf{b}[seg.base{b} + i] = f16(f16_value(f16_bits(f32(v))));")
         }
@@ -309,12 +341,37 @@ fn store_statement(b: usize, storage: Storage, vector: bool) -> String {
     }
 }
 
-/// One element per invocation and iteration.
+/// The dispatch's table of segments and `select_entry(w)`, which finds the entry whose
+/// workgroups include workgroup `w` (entries list their first workgroups in increasing
+/// order), loads it into `seg` and returns its first row.
+fn table_wgsl(bindings: usize) -> String {
+    let rows = TABLE_ROWS;
+    let per_entry = rows_per_entry(bindings);
+    let mut s = format!(
+        "struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {rows}>,\n}}\n\
+         @group(1) @binding(0) var<uniform> table: Table;\n\
+         fn select_entry(w: u32) -> u32 {{\n    var lo = 0u;\n    var hi = table.head.x;\n    \
+         while hi - lo > 1u {{\n        let mid = (lo + hi) / 2u;\n        \
+         if table.rows[{per_entry}u * mid].z <= w {{\n            lo = mid;\n        }} else {{\n            hi = mid;\n        }}\n    }}\n    \
+         let e = {per_entry}u * lo;\n    \
+         seg.n = table.rows[e].x;\n    seg.pair_shift = table.rows[e].y;\n    \
+         seg.pair_first = table.head.y;\n    seg.pair_step = table.head.z;\n"
+    );
+    const LANES: [&str; 4] = ["x", "y", "z", "w"];
+    for b in 0..bindings {
+        let _ = writeln!(s, "    seg.base{b} = table.rows[e + {}u].{};", 1 + b / 4, LANES[b % 4]);
+    }
+    s.push_str("    return e;\n}\n");
+    s
+}
+
+/// One element per invocation and iteration; the entry's workgroups stride over its elements.
 const ELEMENT_ENTRY: &str = "
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    {prologue}let stride = groups.x * WG;
-    for (var i = gid.x; i < seg.n; i += stride) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    {prologue}let e = select_entry(wid.x);
+    let stride = table.rows[e].w * WG;
+    for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
         update(i);
     }
 }
@@ -326,10 +383,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 /// (pair_step 2), even pairs then odd pairs, so no word is written by two invocations.
 const PAIR_ENTRY: &str = "
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    {prologue}let stride = groups.x * WG * seg.pair_step;
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    {prologue}let e = select_entry(wid.x);
+    let stride = table.rows[e].w * WG * seg.pair_step;
     let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
-    for (var k = gid.x * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
+    for (var k = ((wid.x - table.rows[e].z) * WG + lid) * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
         let first = 2u * k;
         if first >= seg.pair_shift {
             update(first - seg.pair_shift);
@@ -423,10 +481,11 @@ mod tests {
                 if (program == Program::Unscale) != (scalars == Scalars::Unscale) {
                     continue;
                 }
-                for (math, storage, width) in storages.iter().map(|s| (DType::F32, *s, 1)).chain([
-                    (DType::F32, Storage::Native(DType::F32), 4),
-                    (DType::F64, Storage::Native(DType::F64), 1),
-                ]) {
+                for (math, storage, width) in storages
+                    .iter()
+                    .flat_map(|s| [(DType::F32, *s, 1), (DType::F32, *s, 4)])
+                    .chain([(DType::F64, Storage::Native(DType::F64), 1)])
+                {
                     // Capturable math is f32, and the unscale pass runs one element at a time.
                     if (math == DType::F64 && scalars != Scalars::Host)
                         || (width == 4 && program == Program::Unscale)

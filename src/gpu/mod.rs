@@ -6,6 +6,7 @@ pub(crate) mod kernel;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub mod roofline;
+pub(crate) mod table;
 pub mod timer;
 mod transfer;
 

@@ -177,8 +177,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs)
     }
     let vectorizable = program != Program::Unscale
         && math_dtype(args) == DType::F32
-        && !layout.pairs()
-        && layout.bindings.iter().all(|b| matches!(b.storage, Storage::Native(DType::F32 | DType::F16)));
+        && layout.bindings.iter().all(|b| b.storage.dtype() != DType::F64);
     let segments = split_segments(&distinct, &limits, &Split { pair_shift, phases, vectorizable });
     Ok(TensorPlan { layout, segments })
 }
@@ -256,8 +255,7 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
 struct Split {
     pair_shift: u32,
     phases: u32,
-    /// Whether the layout allows four elements per access: f32 math, no packed output, and
-    /// every binding native f32 or f16.
+    /// Whether the layout allows four elements per access: f32 math over f32, f16 or bf16.
     vectorizable: bool,
 }
 
@@ -323,7 +321,8 @@ fn push_segments(
             len: (n / width) as u32,
             width: width as u32,
             ranges,
-            pair_shift: split.pair_shift,
+            // The parity of this segment's first element in the packed outputs.
+            pair_shift: (split.pair_shift + first_element as u32) % 2,
             phases: split.phases,
         });
         first_element += n;

@@ -1,6 +1,7 @@
 //! The stateful optimizer a trainer holds: parameter groups, state buffers, the step count,
 //! and everything a step records, built once.
 
+mod arena;
 mod checkpoint;
 mod device;
 
@@ -173,7 +174,34 @@ impl Optimizer {
         } else {
             None
         };
-        let mut state = Vec::with_capacity(params.len());
+        // Every parameter's state tensors, kind by kind, so that each kind's tensors sit
+        // together in the shared buffers.
+        let kinds = groups.iter().map(|g| g.algorithm.state_kinds().len()).max().unwrap_or(0);
+        let mut requests = Vec::new();
+        for k in 0..kinds {
+            for group in &groups {
+                let kinds = group.algorithm.state_kinds();
+                for p in group.params.iter().filter(|_| k < kinds.len()) {
+                    requests.push((p, options.state_dtype.unwrap_or(p.dtype)));
+                }
+            }
+        }
+        let mut allocated = arena::allocate(ctx, "optimizer state", &requests).into_iter();
+        let mut state: Vec<Vec<Tensor>> = groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(|_| Vec::with_capacity(g.algorithm.state_kinds().len())))
+            .collect();
+        for k in 0..kinds {
+            let mut i = 0;
+            for group in &groups {
+                for _ in &group.params {
+                    if k < group.algorithm.state_kinds().len() {
+                        state[i].extend(allocated.next());
+                    }
+                    i += 1;
+                }
+            }
+        }
         let mut kept = Vec::with_capacity(groups.len());
         let mut uniform_bytes = vec![0u8; groups.len() * UNIFORM_SLOT_BYTES as usize];
         let mut first = 0;
@@ -181,18 +209,12 @@ impl Optimizer {
             groups.into_iter().zip(uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize))
         {
             let initial = group.algorithm.initial_state();
-            for (k, p) in group.params.iter().enumerate() {
-                let dtype = options.state_dtype.unwrap_or(p.dtype);
-                let mut tensors = Vec::new();
-                for kind in group.algorithm.state_kinds() {
-                    let tensor =
-                        state_tensor(ctx, &format!("{}[{}]", kind.torch_name(), first + k), p, dtype);
-                    if initial != 0.0 {
-                        ctx.write(&tensor, &vec![initial; p.len as usize])?;
+            if initial != 0.0 {
+                for (p, tensors) in group.params.iter().zip(&state[first..]) {
+                    for tensor in tensors {
+                        ctx.write(tensor, &vec![initial; p.len as usize])?;
                     }
-                    tensors.push(tensor);
                 }
-                state.push(tensors);
             }
             // Capturable kernels derive the step's values on the device from step 1's.
             group.algorithm.kernel_step(1).write_uniform(math, bytes);
@@ -524,12 +546,4 @@ fn check_params(params: &[Tensor], options: &OptimizerOptions) -> Result<DType> 
         }
     }
     Ok(if double { DType::F64 } else { DType::F32 })
-}
-
-/// A zeroed state tensor for `param`. A 16-bit state starts at the parameter's element
-/// parity, so that packed stores of both pair up on the same words (one phase, not two).
-fn state_tensor(ctx: &GpuContext, label: &str, param: &Tensor, dtype: DType) -> Tensor {
-    let parity = if dtype.size() == 2 && param.dtype.size() == 2 { (param.offset / 2) % 2 } else { 0 };
-    let padded = ctx.zeros(label, param.len + parity, dtype);
-    Tensor::new(&padded.buffer, parity * 2, param.len, dtype)
 }

@@ -1,0 +1,196 @@
+//! Multi-tensor dispatches: segments (of any tensors) that run the same compiled variant
+//! over the same buffers are updated by one dispatch, each segment a row of the dispatch's
+//! table, the way `multi_tensor_apply` walks the chunks of many tensors in one launch.
+//!
+//! A binding of such a dispatch covers the union of its rows' ranges in that buffer, so
+//! tensors packed into a few buffers (a trainer's flat parameter and gradient buffers, the
+//! optimizer's own state arenas) cost one dispatch per variant; tensors in buffers of their
+//! own still cost one each. Each row gets workgroups in proportion to its length, and
+//! `select_entry` in the shader finds a workgroup's row by binary search.
+
+use std::collections::HashMap;
+
+use crate::gpu::kernel::{max_entries, rows_per_entry, Storage, VariantKey, MAX_WORKGROUPS, WORKGROUP_SIZE};
+use crate::gpu::plan::{SegmentPlan, TensorPlan};
+
+/// One binding of a dispatch: a byte range of a buffer.
+#[derive(Clone, Debug)]
+pub(crate) struct Span {
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) offset: u64,
+    pub(crate) end: u64,
+}
+
+/// One segment as a row of a dispatch's table.
+#[derive(Clone, Debug)]
+struct Row {
+    /// Accesses (elements, or vec4s) in the segment.
+    n: u32,
+    pair_shift: u32,
+    /// Workgroups the row would take uncapped.
+    wanted: u32,
+    /// Per binding: the byte range of the row's own elements, for the overlap check.
+    bytes: Vec<(u64, u64)>,
+}
+
+/// A dispatch's variant, bindings and rows.
+#[derive(Clone, Debug)]
+pub(crate) struct TableDispatch {
+    pub(crate) key: VariantKey,
+    /// Pair mode's `(pair_first, pair_step)`: `(0, 1)`, or one of two phases `(k, 2)`.
+    pair: (u32, u32),
+    pub(crate) spans: Vec<Span>,
+    rows: Vec<Row>,
+}
+
+impl TableDispatch {
+    fn new(key: VariantKey, pair: (u32, u32), segment: &SegmentPlan, row: Row) -> Self {
+        let spans = segment
+            .ranges
+            .iter()
+            .map(|r| Span { buffer: r.buffer.clone(), offset: r.offset, end: r.offset + r.size })
+            .collect();
+        TableDispatch { key, pair, spans, rows: vec![row] }
+    }
+
+    /// Adds `row` if every binding's union with the segment's range stays within `max_binding`
+    /// bytes, the row's elements stay addressable from the union's start, and the row shares
+    /// no byte with the rows already in (a race within one dispatch).
+    fn try_add(&mut self, segment: &SegmentPlan, row: &Row, max_binding: u64) -> bool {
+        if self.rows.len() >= max_entries(self.spans.len()) {
+            return false;
+        }
+        let mut spans = self.spans.clone();
+        for (b, (span, range)) in spans.iter_mut().zip(&segment.ranges).enumerate() {
+            let offset = span.offset.min(range.offset);
+            let end = span.end.max(range.offset + range.size);
+            let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
+            let addressable = (span.offset - offset) % unit == 0 && (range.offset - offset) % unit == 0;
+            if end - offset > max_binding || !addressable {
+                return false;
+            }
+            *span = Span { buffer: span.buffer.clone(), offset, end };
+        }
+        let overlaps = self.rows.iter().any(|other| {
+            row.bytes.iter().zip(&segment.ranges).any(|((start, end), range)| {
+                other
+                    .bytes
+                    .iter()
+                    .zip(&self.spans)
+                    .any(|((s, e), span)| span.buffer == range.buffer && *start < *e && *s < *end)
+            })
+        });
+        if overlaps {
+            return false;
+        }
+        self.spans = spans;
+        self.rows.push(row.clone());
+        true
+    }
+
+    /// Workgroups per row: what each wants, scaled down together so that the dispatch
+    /// launches about [`MAX_WORKGROUPS`] at most (every row keeps at least one).
+    fn groups(&self) -> Vec<u32> {
+        let wanted: u64 = self.rows.iter().map(|r| u64::from(r.wanted)).sum();
+        let cap = u64::from(MAX_WORKGROUPS);
+        self.rows
+            .iter()
+            .map(
+                |r| if wanted <= cap { r.wanted } else { (u64::from(r.wanted) * cap / wanted).max(1) as u32 },
+            )
+            .collect()
+    }
+
+    /// Workgroups the dispatch launches.
+    pub(crate) fn workgroups(&self) -> u32 {
+        self.groups().iter().sum()
+    }
+
+    /// The table's bytes: the header row `(rows, pair_first, pair_step, 0)`, then per row
+    /// `(n, pair_shift, first_group, groups)` and the bases of every binding, relative to
+    /// the dispatch's spans.
+    pub(crate) fn table(&self, segments: &[&SegmentPlan]) -> Vec<u32> {
+        let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, 0];
+        let mut first_group = 0;
+        for ((row, segment), groups) in self.rows.iter().zip(segments).zip(self.groups()) {
+            words.extend([row.n, row.pair_shift, first_group, groups]);
+            let mut bases = vec![0u32; 4 * (rows_per_entry(self.spans.len()) - 1)];
+            for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
+                let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
+                bases[b] = range.base + ((range.offset - span.offset) / unit) as u32;
+            }
+            words.extend(bases);
+            first_group += groups;
+        }
+        debug_assert_eq!(words.len(), 4 * (1 + rows_per_entry(self.spans.len()) * self.rows.len()));
+        words
+    }
+}
+
+/// Bytes per unit of a binding's base: one access (an element, or a vec4), or one half of
+/// a packed word.
+fn unit_bytes(storage: Storage, width: u32) -> u64 {
+    match storage {
+        Storage::Native(dtype) => dtype.size() * u64::from(width),
+        Storage::Packed(_) => 2 * u64::from(width),
+    }
+}
+
+/// Every dispatch of a batch, with the segments of each in row order.
+pub(crate) fn assemble<'a>(
+    items: &'a [(VariantKey, TensorPlan)],
+    max_binding: u64,
+) -> Vec<(TableDispatch, Vec<&'a SegmentPlan>)> {
+    let mut dispatches: Vec<(TableDispatch, Vec<&SegmentPlan>)> = Vec::new();
+    // The dispatch still open for a variant and set of buffers.
+    let mut open: HashMap<(VariantKey, Vec<wgpu::Buffer>), usize> = HashMap::new();
+    for (key, plan) in items {
+        for segment in &plan.segments {
+            let key = key.with_width(segment.width);
+            let pairs = key.pairs();
+            let row = row(&key, segment);
+            if pairs && segment.phases == 2 {
+                // Outputs of both parities: two dispatches, even pairs then odd pairs.
+                for phase in 0..2 {
+                    let half = Row { wanted: row.wanted.div_ceil(2), ..row.clone() };
+                    dispatches
+                        .push((TableDispatch::new(key.clone(), (phase, 2), segment, half), vec![segment]));
+                }
+                continue;
+            }
+            let buffers = segment.ranges.iter().map(|r| r.buffer.clone()).collect();
+            let slot = (key.clone(), buffers);
+            if let Some(&k) = open.get(&slot) {
+                if dispatches[k].0.try_add(segment, &row, max_binding) {
+                    dispatches[k].1.push(segment);
+                    continue;
+                }
+            }
+            open.insert(slot, dispatches.len());
+            dispatches.push((TableDispatch::new(key, (0, 1), segment, row), vec![segment]));
+        }
+    }
+    dispatches
+}
+
+/// A segment's row before it joins a dispatch.
+fn row(key: &VariantKey, segment: &SegmentPlan) -> Row {
+    let invocations = if key.pairs() { (segment.len + segment.pair_shift).div_ceil(2) } else { segment.len };
+    let bytes = segment
+        .ranges
+        .iter()
+        .enumerate()
+        .map(|(b, r)| {
+            let unit = unit_bytes(key.layout.bindings[b].storage, key.width);
+            let start = r.offset + u64::from(r.base) * unit;
+            // Whole words: packed halves are stored a word at a time.
+            (start & !3, (start + u64::from(segment.len) * unit).next_multiple_of(4))
+        })
+        .collect();
+    Row {
+        n: segment.len,
+        pair_shift: segment.pair_shift,
+        wanted: invocations.div_ceil(WORKGROUP_SIZE).max(1),
+        bytes,
+    }
+}
