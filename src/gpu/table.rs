@@ -137,12 +137,14 @@ fn unit_bytes(storage: Storage, width: u32) -> u64 {
 }
 
 /// Every dispatch of a batch, with the segments of each in row order.
-pub(crate) fn assemble<'a>(
-    items: &'a [(VariantKey, TensorPlan)],
+pub(crate) fn assemble(
+    items: &[(VariantKey, TensorPlan)],
     max_binding: u64,
-) -> Vec<(TableDispatch, Vec<&'a SegmentPlan>)> {
+) -> Vec<(TableDispatch, Vec<&SegmentPlan>)> {
     let mut dispatches: Vec<(TableDispatch, Vec<&SegmentPlan>)> = Vec::new();
-    // The dispatch still open for a variant and set of buffers.
+    // The dispatch still open for a variant and set of buffers. A buffer hashes and compares
+    // by identity, which its interior mutability never changes.
+    #[allow(clippy::mutable_key_type)]
     let mut open: HashMap<(VariantKey, Vec<wgpu::Buffer>), usize> = HashMap::new();
     for (key, plan) in items {
         for segment in &plan.segments {
