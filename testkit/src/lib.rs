@@ -3,7 +3,7 @@
 //!
 //! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
 //!   running them on the oracle and the GPU.
-//! - [`compare`]: the one comparator every test uses, and the tolerance of 16-bit stores.
+//! - [`compare`](mod@compare): the one comparator every test uses, and the tolerance of 16-bit stores.
 //! - [`GpuTimer`] and [`CopyRoofline`]: timing GPU work and the adapter's streaming
 //!   bandwidth, for the benchmark.
 //!
