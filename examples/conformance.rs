@@ -3,14 +3,16 @@
 //! ```text
 //! cargo run --release --example conformance -- tests/vectors
 //! ```
-//! Prints one line per case and backend, then `N passed, M failed, K skipped`; exits
-//! non-zero when anything failed.
+//! Reads the `*.safetensors` files directly in the directory (not its subdirectories).
+//! Prints one line per case and backend, or one `refused` line for a case whose op or
+//! attributes the reader does not implement, then `N passed, M failed, K refused`; exits
+//! non-zero when anything failed or was refused.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use wgpu_optim::conformance::{run_case, Backend, Case, Outcome};
 use wgpu_optim::GpuContext;
+use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
 
 fn main() -> ExitCode {
     env_logger::init();
@@ -37,9 +39,9 @@ fn main() -> ExitCode {
         }
     };
     println!("adapter: {}", ctx.report());
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let (mut passed, mut failed, mut refused) = (0, 0, 0);
     for file in &files {
-        let case = match Case::load(file) {
+        let case = match Case::read(file) {
             Ok(case) => case,
             Err(e) => {
                 println!("{:<52} {:<18} FAIL  {e}", file.display(), "-");
@@ -47,8 +49,13 @@ fn main() -> ExitCode {
                 continue;
             }
         };
+        let name = format!("{} ({})", case.name, case.op);
+        if let Err(reason) = case.check_supported() {
+            refused += 1;
+            println!("{name:<52} {:<18} refused  {reason}", "-");
+            continue;
+        }
         for backend in Backend::all_for(&case) {
-            let name = format!("{} ({})", case.name, case.op);
             match run_case(&case, backend, Some(&ctx)) {
                 Ok(report) => match report.outcome {
                     Outcome::Pass => {
@@ -67,9 +74,9 @@ fn main() -> ExitCode {
                             report.worst
                         );
                     }
-                    Outcome::Skipped(reason) => {
-                        skipped += 1;
-                        println!("{name:<52} {:<18} skip  {reason}", backend.name());
+                    Outcome::Refused(reason) => {
+                        refused += 1;
+                        println!("{name:<52} {:<18} refused  {reason}", backend.name());
                     }
                 },
                 Err(e) => {
@@ -79,8 +86,8 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("{passed} passed, {failed} failed, {skipped} skipped");
-    if failed > 0 {
+    println!("{passed} passed, {failed} failed, {refused} refused");
+    if failed > 0 || refused > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -15,7 +15,6 @@
 #![warn(missing_docs)]
 
 mod algo;
-pub mod conformance;
 pub mod cpu;
 mod dtype;
 mod error;
@@ -32,8 +31,6 @@ pub use algo::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use gpu::roofline::CopyRoofline;
-pub use gpu::timer::{GpuTimer, Timing};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub use optimizer::{Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT};
 pub use tensor::Tensor;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{ctx, OnnxCall, ATOL, RTOL};
+use common::{ctx, OnnxCall, Tolerance};
 use wgpu_optim::ops::onnx;
 use wgpu_optim::{oracle, DType, Error, OnnxAdam};
 
@@ -17,8 +17,7 @@ fn check(attributes: OnnxAdam, r: f64, t: u64, seed: u64, in_place: &dyn Fn(usiz
         dtype: DType::F32,
         in_place,
         seed,
-        rtol: RTOL,
-        atol: ATOL,
+        tolerance: Tolerance::F32,
     };
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adam(ctx, encoder, &attributes, r, t, inputs, outputs),
@@ -72,8 +71,7 @@ fn double_tensors_run_in_f64() {
         dtype: DType::F64,
         in_place: &|k| k % 2 == 0,
         seed: 9,
-        rtol: 1e-12,
-        atol: 1e-14,
+        tolerance: Tolerance::F64,
     };
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adam(ctx, encoder, &a, 0.01, 7, inputs, outputs),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_close_f64, ctx, download, Rng, ATOL, RTOL};
+use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Sgd, Tensor};
 
@@ -37,15 +37,14 @@ fn check_from_step(algorithm: Algorithm, start: u64, steps: u64, seed: u64) {
     }
     assert_eq!(optimizer.read_device_step().unwrap(), start + steps);
     let what = format!("{algorithm:?} from step {start}");
-    assert_close_f64(&what, &download(&ctx, &param), &p, RTOL, ATOL);
+    assert_close(&what, &download(&ctx, &param), &p, Tolerance::F32);
     for (k, want) in oracle.tensors().iter().enumerate() {
         let kind = algorithm.state_kinds()[k];
-        assert_close_f64(
+        assert_close(
             &format!("{what} {kind:?}"),
             &download(&ctx, optimizer.state(0, kind).unwrap()),
             want,
-            RTOL,
-            ATOL,
+            Tolerance::F32,
         );
     }
 }
@@ -107,7 +106,8 @@ fn a_schedule_writes_the_device_learning_rate() {
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
         oracle.step(&mut p, &g);
     }
-    assert_close_f64("param under a device schedule", &download(&ctx, &param), &p, RTOL, 1e-5);
+    let tolerance = Tolerance::Close { rtol: 1e-5, atol: 1e-5 };
+    assert_close("param under a device schedule", &download(&ctx, &param), &p, tolerance);
     assert_eq!(optimizer.read_device_step().unwrap(), 12);
     // set_lr reaches the device too.
     optimizer.set_lr(0.5).unwrap();
@@ -136,10 +136,10 @@ fn amp_unscales_the_gradients_on_the_device() {
         })
         .unwrap();
         assert!(!optimizer.read_found_inf().unwrap());
-        assert_close_f64("unscaled gradient", &download(&ctx, &scaled), &g, RTOL, ATOL);
+        assert_close("unscaled gradient", &download(&ctx, &scaled), &g, Tolerance::F32);
         oracle.step(&mut p, &g);
     }
-    assert_close_f64("param after AMP steps", &download(&ctx, &param), &p, RTOL, ATOL);
+    assert_close("param after AMP steps", &download(&ctx, &param), &p, Tolerance::F32);
     assert_eq!(optimizer.read_device_step().unwrap(), 3);
 }
 
@@ -196,8 +196,7 @@ fn amp_skips_a_step_with_a_non_finite_gradient_and_changes_nothing() {
         assert!(!optimizer.read_found_inf().unwrap());
         assert_eq!(optimizer.read_device_step().unwrap(), 2, "{dtype:?}");
         let got = download(&ctx, &param);
-        let tolerance = if dtype == DType::F32 { ATOL } else { 2e-3 };
-        assert_close_f64(&format!("{dtype:?} step after the skip"), &got, &p, 1e-2, tolerance);
+        assert_close(&format!("{dtype:?} step after the skip"), &got, &p, Tolerance::stored(dtype));
     }
 }
 

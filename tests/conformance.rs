@@ -1,75 +1,108 @@
 //! Every public conformance vector in `tests/vectors/` on the oracle and on the GPU (in
 //! place and out of place). Expected values come from ONNX's reference implementation,
 //! PyTorch and the DirectML formula, never from this crate.
+//!
+//! `tests/vectors/refused/` holds cases whose op or attributes the reader does not
+//! implement: the runs over `tests/vectors/` read only the files directly in it, and the
+//! tests below check that each of those cases is refused by name, never run.
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use wgpu_optim::conformance::{run_case, Backend, Case, Outcome};
+use wgpu_optim::Error;
+use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
 
-/// Ops the crate implements; a case of one of these may be skipped only for its dtype.
-const IMPLEMENTED: [&str; 8] = [
-    "onnx.Adam",
-    "onnx.Momentum",
-    "onnx.Adagrad",
-    "dml.Adam",
-    "torch.Adam",
-    "torch.AdamW",
-    "torch.SGD",
-    "torch.Adagrad",
-];
+fn vectors() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
+}
 
-fn vector_files() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// The `*.safetensors` files directly in `dir`, sorted.
+fn vector_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "safetensors"))
         .collect();
     files.sort();
-    assert!(files.len() >= 19, "expected the 19 public vectors in {}", dir.display());
     files
 }
 
+fn problem(err: &Error) -> &str {
+    match err {
+        Error::BadFile { problem, .. } => problem,
+        other => panic!("expected Error::BadFile, got {other:?}"),
+    }
+}
+
 #[test]
-fn every_supported_public_vector_passes_on_the_oracle_and_the_gpu() {
+fn every_public_vector_passes_on_the_oracle_and_the_gpu() {
+    let files = vector_files(&vectors());
+    assert!(files.len() >= 20, "expected the 20 public vectors in {}", vectors().display());
     let ctx = common::ctx();
     let mut failures = Vec::new();
-    let mut passed = 0;
-    for file in vector_files() {
-        let case = Case::load(&file).unwrap();
+    for file in &files {
+        let case = Case::load(file).unwrap_or_else(|e| panic!("{e}"));
         for backend in Backend::all_for(&case) {
             let report =
                 run_case(&case, backend, Some(&ctx)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             match report.outcome {
-                Outcome::Pass => passed += 1,
-                Outcome::Fail(detail) => {
+                Outcome::Pass => {}
+                Outcome::Fail(detail) | Outcome::Refused(detail) => {
                     failures.push(format!("{} on {}: {detail}", case.name, backend.name()))
-                }
-                Outcome::Skipped(reason) => {
-                    let low_precision = reason.contains("F16") || reason.contains("BF16");
-                    assert!(
-                        !IMPLEMENTED.contains(&case.op.as_str()) || low_precision,
-                        "{} ({}) was skipped: {reason}",
-                        case.name,
-                        case.op
-                    );
                 }
             }
         }
     }
     assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n"));
-    assert!(passed >= 51, "only {passed} case runs passed");
 }
 
 #[test]
-fn a_truncated_vector_file_is_a_typed_error() {
-    let file = &vector_files()[0];
+fn a_truncated_vector_file_is_a_bad_file_error() {
+    let file = &vector_files(&vectors())[0];
     let bytes = std::fs::read(file).unwrap();
     for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
-        let err = Case::parse("truncated", &bytes[..cut]).unwrap_err();
-        assert!(!err.is_empty(), "cut at {cut}");
+        match Case::parse("truncated", &bytes[..cut]) {
+            Err(Error::BadFile { path, .. }) => assert_eq!(path, "truncated", "cut at {cut}"),
+            other => panic!("cut at {cut}: expected Error::BadFile, got {other:?}"),
+        }
     }
     assert!(Case::parse("whole", &bytes).is_ok());
+}
+
+#[test]
+fn an_op_the_reader_does_not_implement_is_refused_by_name() {
+    let err = Case::load(&vectors().join("refused/bnb_adam8bit_n8192.safetensors")).unwrap_err();
+    assert!(problem(&err).contains("op `bnb.Adam8bit` is not implemented"), "{err}");
+}
+
+#[test]
+fn an_unknown_attribute_is_refused_by_name_even_where_it_would_change_nothing() {
+    // max_norm = 1e6 never clips this case, so running it without clipping would pass:
+    // the refusal is for not knowing the attribute, not for a result.
+    let err = Case::load(&vectors().join("refused/clip_adam_unclipped.safetensors")).unwrap_err();
+    let problem = problem(&err);
+    assert!(problem.contains("`max_norm`") && problem.contains("`torch.Adam`"), "{err}");
+}
+
+#[test]
+fn the_runner_reports_every_refused_case_as_refused_on_every_backend() {
+    let files = vector_files(&vectors().join("refused"));
+    assert_eq!(files.len(), 2, "{files:?}");
+    let ctx = common::ctx();
+    for file in &files {
+        // Well-formed: a refusal, not a malformed file.
+        let case = Case::read(file).unwrap_or_else(|e| panic!("{e}"));
+        let refusal = case.check_supported().unwrap_err().to_string();
+        for backend in Backend::all_for(&case) {
+            let report = run_case(&case, backend, Some(&ctx)).unwrap();
+            assert_eq!(
+                report.outcome,
+                Outcome::Refused(refusal.clone()),
+                "{} on {}",
+                case.name,
+                backend.name()
+            );
+        }
+    }
 }

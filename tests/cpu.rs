@@ -5,10 +5,7 @@
 
 mod common;
 
-use common::{
-    adagrad_variants, adam_switch_combinations, assert_close_f64, assert_stored, sgd_variants, Rng, ATOL,
-    RTOL,
-};
+use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptions, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind};
@@ -51,10 +48,10 @@ fn check_trajectory(algorithm: Algorithm, sizes: &[usize], seed: u64) {
     assert_eq!(optimizer.step_count(), STEPS);
     for (i, n) in sizes.iter().enumerate() {
         let what = format!("{algorithm:?} param[{i}] (n = {n})");
-        assert_close_f64(&what, &params[i].to_f64(), &want[i], RTOL, ATOL);
+        assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
         for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
             let got = optimizer.state(i, *kind).expect("state").to_f64();
-            assert_close_f64(&format!("{what} {kind:?}"), &got, &want, RTOL, ATOL);
+            assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::F32);
         }
     }
 }
@@ -125,10 +122,10 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
             let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(spec.param, stored_state);
             oracle.step(&mut p, &grads[i].to_f64());
             let what = format!("{algorithm:?} {spec:?} state {stored_state:?} step {t} param[{i}]");
-            assert_stored(&what, &params[i].to_f64(), &p, spec.param);
+            assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(spec.param));
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
                 let got = optimizer.state(i, *kind).expect("state").to_f64();
-                assert_stored(&format!("{what} {kind:?}"), &got, &want, stored_state);
+                assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::stored(stored_state));
             }
         }
     }
@@ -246,7 +243,7 @@ fn a_learning_rate_schedule_takes_effect_at_the_next_step() {
         oracle.step(&mut want, &g);
     }
     assert_eq!(optimizer.algorithm(), &Algorithm::from(config));
-    assert_close_f64("param under a schedule", &params[0].to_f64(), &want, RTOL, ATOL);
+    assert_close("param under a schedule", &params[0].to_f64(), &want, Tolerance::F32);
 }
 
 #[test]
@@ -369,7 +366,12 @@ fn mismatched_inputs_are_typed_errors_that_change_nothing() {
     optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).unwrap();
     for (i, (p, oracle)) in oracles.iter_mut().enumerate() {
         oracle.step(p, &grads[i].to_f64());
-        assert_stored(&format!("param[{i}] after the refusals"), &params[i].to_f64(), p, params[i].dtype());
+        assert_close(
+            &format!("param[{i}] after the refusals"),
+            &params[i].to_f64(),
+            p,
+            Tolerance::stored(params[i].dtype()),
+        );
     }
     assert_eq!(optimizer.step_count(), 2);
 }

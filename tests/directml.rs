@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{assert_close_f64, ctx, download};
+use common::{assert_close, ctx, download, Tolerance};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::{oracle, DType, DmlAdam, GpuContext, Tensor};
 
@@ -49,8 +49,8 @@ fn run(
 
 /// The GPU and the oracle both match `want` (f32 arithmetic: a relative 2e-6).
 fn check(what: &str, got_gpu: &[f64], got_oracle: &[f64], want: &[f64]) {
-    assert_close_f64(&format!("{what} (GPU)"), got_gpu, want, 2e-6, 0.0);
-    assert_close_f64(&format!("{what} (oracle)"), got_oracle, want, 1e-12, 0.0);
+    assert_close(&format!("{what} (GPU)"), got_gpu, want, Tolerance::Close { rtol: 2e-6, atol: 0.0 });
+    assert_close(&format!("{what} (oracle)"), got_oracle, want, Tolerance::F64);
 }
 
 /// Values exactly representable in f32.

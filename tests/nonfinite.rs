@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_close_f64, ctx, download, Rng, ATOL, RTOL};
+use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd};
 
@@ -44,15 +44,14 @@ fn non_finite_gradients_propagate_as_in_pytorch() {
             let what = format!("{algorithm:?} n = {n}");
             let got = download(&ctx, &param);
             assert!(got[3].is_nan(), "{what}: a NaN gradient makes a NaN parameter");
-            assert_close_f64(&what, &got, &p, RTOL, ATOL);
+            assert_close(&what, &got, &p, Tolerance::F32);
             for (k, want) in oracle.tensors().iter().enumerate() {
                 let kind = algorithm.state_kinds()[k];
-                assert_close_f64(
+                assert_close(
                     &format!("{what} {kind:?}"),
                     &download(&ctx, optimizer.state(0, kind).unwrap()),
                     want,
-                    RTOL,
-                    ATOL,
+                    Tolerance::F32,
                 );
             }
         }

@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::{OnnxCall, ATOL, RTOL};
+use common::{OnnxCall, Tolerance};
 use wgpu_optim::ops::onnx;
 use wgpu_optim::{oracle, DType, Error, GpuContext, MomentumMode, OnnxAdagrad, OnnxMomentum};
 
 const MIXED: [usize; 3] = [1, 257, 100_003];
 
 fn momentum(a: OnnxMomentum, r: f64, t: u64, dtype: DType, in_place: &dyn Fn(usize) -> bool, seed: u64) {
-    let (rtol, atol) = if dtype == DType::F64 { (1e-12, 1e-14) } else { (RTOL, ATOL) };
-    let call = OnnxCall { groups: &["X", "G", "V"], lengths: &MIXED, dtype, in_place, seed, rtol, atol };
+    let tolerance = Tolerance::stored(dtype);
+    let call = OnnxCall { groups: &["X", "G", "V"], lengths: &MIXED, dtype, in_place, seed, tolerance };
     call.check(
         |ctx, encoder, inputs, outputs| onnx::momentum(ctx, encoder, &a, r, t, inputs, outputs),
         |i| {
@@ -23,8 +23,8 @@ fn momentum(a: OnnxMomentum, r: f64, t: u64, dtype: DType, in_place: &dyn Fn(usi
 }
 
 fn adagrad(a: OnnxAdagrad, r: f64, t: u64, dtype: DType, in_place: &dyn Fn(usize) -> bool, seed: u64) {
-    let (rtol, atol) = if dtype == DType::F64 { (1e-12, 1e-14) } else { (RTOL, ATOL) };
-    let call = OnnxCall { groups: &["X", "G", "H"], lengths: &MIXED, dtype, in_place, seed, rtol, atol };
+    let tolerance = Tolerance::stored(dtype);
+    let call = OnnxCall { groups: &["X", "G", "H"], lengths: &MIXED, dtype, in_place, seed, tolerance };
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adagrad(ctx, encoder, &a, r, t, inputs, outputs),
         |i| {

@@ -11,15 +11,17 @@
 
 mod common;
 
-use common::{ctx, download, Rng};
+use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Sgd, StateKind, Tensor,
 };
 
-fn assert_ulps(what: &str, got: &[f64], want: &[f64], dtype: DType, max_ulps: u64) {
-    common::assert_ulps_or_abs(what, got, want, dtype, max_ulps, 0.0);
+/// One ulp of `dtype` without [`Tolerance::stored`]'s cancellation slack, for updates whose
+/// values do not cancel to nearly zero.
+fn one_ulp(dtype: DType) -> Tolerance {
+    Tolerance::Ulps { dtype, ulps: 1, abs: 0.0 }
 }
 
 /// A parameter, gradient and state dtype combination.
@@ -92,10 +94,10 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
             oracle.step(&mut p, &g);
             let what = format!("{algorithm:?} {mix:?} step {t} param[{i}] (n = {})", LENGTHS[i]);
-            common::assert_stored(&what, &download(ctx, &params[i]), &p, mix.param);
+            assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
             for (k, want) in oracle.tensors().iter().enumerate() {
                 let got = download(ctx, optimizer.state(i, kinds[k]).unwrap());
-                common::assert_stored(&format!("{what} {:?}", kinds[k]), &got, want, mix.state);
+                assert_close(&format!("{what} {:?}", kinds[k]), &got, want, Tolerance::stored(mix.state));
             }
         }
     }
@@ -191,7 +193,7 @@ fn stores_round_to_nearest_even_on_every_path() {
             let got = download(&ctx, &copy);
             let want: Vec<f64> = probes.iter().map(|p| dtype.round(*p)).collect();
             let what = format!("{dtype:?} rounding (native f16: {})", ctx.native_f16());
-            assert_ulps(&what, &got, &want, dtype, 0);
+            assert_close(&what, &got, &want, Tolerance::exact(dtype));
             assert_eq!(
                 download(&ctx, &Tensor::new(&buffer.buffer, 0, 1, dtype)),
                 vec![0.0],
@@ -235,14 +237,13 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
         optimizer.step(&grads).unwrap();
     }
     for (i, (p, _)) in oracles.iter().enumerate() {
-        assert_ulps(&format!("tensor {i}"), &download(&ctx, &params[i]), p, DType::F16, 1);
+        assert_close(&format!("tensor {i}"), &download(&ctx, &params[i]), p, one_ulp(DType::F16));
     }
-    assert_ulps(
+    assert_close(
         "the element after the last tensor",
         &download(&ctx, &Tensor::new(&buffer.buffer, 26, 1, DType::F16)),
         &stored[13..14],
-        DType::F16,
-        0,
+        Tolerance::exact(DType::F16),
     );
 }
 
@@ -272,13 +273,12 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
             let mut oracle = TorchState::new(algorithm, n).storing(DType::F16, DType::F16);
             oracle.step(&mut want, &stored_g);
             let what = format!("n = {n}, native f16: {}", ctx.native_f16());
-            assert_ulps(&what, &download(&ctx, &param_out), &want, DType::F16, 1);
-            assert_ulps(
+            assert_close(&what, &download(&ctx, &param_out), &want, one_ulp(DType::F16));
+            assert_close(
                 &format!("{what} momentum_buffer"),
                 &download(&ctx, &buf),
                 &oracle.tensors()[0],
-                DType::F16,
-                1,
+                one_ulp(DType::F16),
             );
             assert_eq!(
                 download(&ctx, &Tensor::new(&out_buffer.buffer, 0, 1, DType::F16)),
@@ -317,11 +317,16 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
                 oracle.step(&mut p, &g);
             }
             let masters = download(&ctx, &master);
-            common::assert_close_f64(&format!("{dtype:?} masters"), &masters, &p, common::RTOL, common::ATOL);
+            assert_close(&format!("{dtype:?} masters"), &masters, &p, Tolerance::F32);
             // The copy is the master rounded once, so small updates below the copy's ulp
             // still accumulate in the master.
             let rounded: Vec<f64> = masters.iter().map(|m| dtype.round(*m)).collect();
-            assert_ulps(&format!("{dtype:?} model copy"), &download(&ctx, &model), &rounded, dtype, 0);
+            assert_close(
+                &format!("{dtype:?} model copy"),
+                &download(&ctx, &model),
+                &rounded,
+                Tolerance::exact(dtype),
+            );
         }
     }
 }
@@ -351,7 +356,7 @@ fn epsilon_is_applied_in_f32_so_1e_8_survives_f16_storage() {
     );
     let got = download(&ctx, &param);
     assert!(got.iter().all(|x| x.is_finite()), "the f16 parameters stay finite: {:?}", &got[..4]);
-    assert_ulps("f16 parameters with eps = 1e-8", &got, &p, DType::F16, 1);
+    assert_close("f16 parameters with eps = 1e-8", &got, &p, one_ulp(DType::F16));
 
     // The naive f16 computation: eps rounds to 0 in f16 and the denominator is 0.
     let eps_f16 = half::f16::from_f64(1e-8);
@@ -411,7 +416,7 @@ fn directml_adam_takes_float16_tensors() {
         for (k, w) in [want.0, want.1, want.2].iter().enumerate() {
             let rounded: Vec<f64> = w.iter().map(|x| DType::F16.round(*x)).collect();
             let what = format!("FLOAT16 output {k} (native f16: {})", ctx.native_f16());
-            common::assert_stored(&what, &download(&ctx, &inputs[k]), &rounded, DType::F16);
+            assert_close(&what, &download(&ctx, &inputs[k]), &rounded, Tolerance::stored(DType::F16));
         }
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_close_f64, ctx, download, Rng, ATOL, RTOL};
+use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, OptimizerOptions, Sgd, Tensor};
@@ -105,20 +105,6 @@ fn packed(ctx: &wgpu_optim::GpuContext, specs: &[(usize, u64)], dtype: DType, rn
         .collect()
 }
 
-/// A 16-bit store within 1 ulp (or 1e-8 where the value cancels to ~0); f32 within the
-/// crate's tolerance.
-fn check(what: &str, got: &[f64], want: &[f64], dtype: DType) {
-    if dtype == DType::F32 {
-        assert_close_f64(what, got, want, RTOL, ATOL);
-        return;
-    }
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ulp = (dtype.round(w.abs() * (1.0 + 2f64.powi(-7))) - w.abs()).abs().max(6e-8);
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= ulp * 1.01 || (g - w).abs() <= 1e-8;
-        assert!(ok, "{what}[{i}]: got {g:e} want {w:e} ({dtype:?})");
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -147,10 +133,12 @@ proptest! {
             for (i, (mut p, state, g)) in before.into_iter().enumerate() {
                 let mut oracle = TorchState::resume(setup.algorithm, t - 1, &state).storing(setup.param, setup.state);
                 oracle.step(&mut p, &g);
-                check(&format!("step {t} param[{i}]"), &download(&ctx, &params[i]), &p, setup.param);
+                let got = download(&ctx, &params[i]);
+                assert_close(&format!("step {t} param[{i}]"), &got, &p, Tolerance::stored(setup.param));
                 for (k, want) in oracle.tensors().iter().enumerate() {
                     let got = download(&ctx, optimizer.state(i, kinds[k]).unwrap());
-                    check(&format!("step {t} {:?}[{i}]", kinds[k]), &got, want, setup.state);
+                    let what = format!("step {t} {:?}[{i}]", kinds[k]);
+                    assert_close(&what, &got, want, Tolerance::stored(setup.state));
                 }
             }
         }
@@ -191,10 +179,12 @@ proptest! {
         let mut want = p.clone();
         let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(dtype, dtype);
         oracle.step(&mut want, &g);
-        check("param", &download(&ctx, update.param_out.as_ref().unwrap_or(&param)), &want, dtype);
+        let got = download(&ctx, update.param_out.as_ref().unwrap_or(&param));
+        assert_close("param", &got, &want, Tolerance::stored(dtype));
         for (k, want) in oracle.tensors().iter().enumerate() {
             let written = update.state_out[k].as_ref().unwrap_or(&state_tensors[k]);
-            check(&format!("{:?}", kinds[k]), &download(&ctx, written), want, dtype);
+            let got = download(&ctx, written);
+            assert_close(&format!("{:?}", kinds[k]), &got, want, Tolerance::stored(dtype));
         }
     }
 }

@@ -6,7 +6,7 @@ mod common;
 #[path = "../examples/bench/shapes.rs"]
 mod shapes;
 
-use common::{assert_close_f64, ctx, download, to_f32, Rng, ATOL, RTOL};
+use common::{assert_close, ctx, download, to_f32, Rng, Tolerance};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adam, Algorithm, DType, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor};
 
@@ -44,8 +44,8 @@ fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
     state.step(&mut p, &g);
     let got_p: Vec<f64> = sample.iter().map(|&i| f64::from(got[i])).collect();
     let got_m: Vec<f64> = sample.iter().map(|&i| f64::from(exp_avg[i])).collect();
-    assert_close_f64(&format!("param at {} sampled indices", sample.len()), &got_p, &p, RTOL, ATOL);
-    assert_close_f64("exp_avg at the sampled indices", &got_m, &state.tensors()[0], RTOL, ATOL);
+    assert_close(&format!("param at {} sampled indices", sample.len()), &got_p, &p, Tolerance::F32);
+    assert_close("exp_avg at the sampled indices", &got_m, &state.tensors()[0], Tolerance::F32);
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
         }
     }
     for (i, (p, _)) in reference.iter().enumerate().step_by(7) {
-        assert_close_f64(&format!("param[{i}]"), &download(&ctx, &params[i]), p, RTOL, ATOL);
+        assert_close(&format!("param[{i}]"), &download(&ctx, &params[i]), p, Tolerance::F32);
     }
 }
 
@@ -148,7 +148,7 @@ fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
         assert_eq!(*compiled.get_or_insert(now), now, "step {t} compiled a pipeline");
     }
     for (i, (p, _)) in reference.iter().enumerate() {
-        assert_close_f64(&format!("param[{i}]"), &download(&ctx, &params[i]), p, RTOL, ATOL);
+        assert_close(&format!("param[{i}]"), &download(&ctx, &params[i]), p, Tolerance::F32);
     }
 }
 

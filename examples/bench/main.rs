@@ -22,7 +22,8 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GpuTimer, Optimizer, Sgd, Tensor};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd, Tensor};
+use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
     match name {
@@ -156,7 +157,7 @@ struct GpuTiming {
 fn gpu_step(
     ctx: &GpuContext,
     timer: &mut GpuTimer,
-    roofline: &wgpu_optim::CopyRoofline,
+    roofline: &CopyRoofline,
     job: &Job<'_>,
 ) -> wgpu_optim::Result<GpuTiming> {
     let Job { algorithm, dtype, case, reps, budget } = *job;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use wgpu_optim::{CopyRoofline, GpuContext, Result};
+use wgpu_optim::{GpuContext, Result};
+use wgpu_optim_testkit::CopyRoofline;
 
 /// The roofline kernels, built once per shape and timed between the repetitions of each
 /// measurement: this machine's bandwidth drifts, so a roofline timed at another moment

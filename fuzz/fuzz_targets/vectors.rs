@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(case) = wgpu_optim::conformance::Case::parse("fuzz", data) {
+    if let Ok(case) = wgpu_optim_testkit::conformance::Case::parse("fuzz", data) {
         for tensor in case.tensors.values() {
             assert_eq!(tensor.values.len(), tensor.shape.iter().product::<usize>());
         }

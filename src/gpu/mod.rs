@@ -5,9 +5,7 @@ pub(crate) mod dispatch;
 pub(crate) mod kernel;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
-pub mod roofline;
 pub(crate) mod table;
-pub mod timer;
 mod transfer;
 
 pub use context::{ContextReport, GpuContext};

@@ -1,10 +1,11 @@
 //! Shared helpers of the GPU tests: the headless context, deterministic random data, and
-//! a comparison that names the first few mismatching indices.
+//! the testkit's comparator, which names the first few mismatching indices.
 #![allow(dead_code)]
 
 use std::sync::OnceLock;
 
 use wgpu_optim::GpuContext;
+pub use wgpu_optim_testkit::compare::{assert_close, Tolerance};
 
 /// The headless context. No adapter is a test failure whose message says how to get one.
 pub fn ctx() -> GpuContext {
@@ -58,21 +59,12 @@ pub fn to_f32(values: &[f64]) -> Vec<f32> {
     values.iter().map(|v| *v as f32).collect()
 }
 
-/// The tolerance of the conformance vectors: `|got - want| <= atol + rtol * |want|`.
-pub const RTOL: f64 = 1e-5;
-pub const ATOL: f64 = 1e-6;
-
-/// Asserts `got` matches `want` within the tolerance, NaN-aware, naming the first three
-/// mismatches instead of printing the arrays.
-pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
-    let got: Vec<f64> = got.iter().map(|g| f64::from(*g)).collect();
-    assert_close_f64(what, &got, want, rtol, atol);
-}
-
-/// Reads an f32 tensor and compares it with the oracle.
+/// Reads an f32 tensor and compares it with the oracle within [`Tolerance::F32`].
+#[track_caller]
 pub fn assert_tensor(ctx: &GpuContext, what: &str, tensor: &wgpu_optim::Tensor, want: &[f64]) {
     let got = ctx.read_f32(tensor).unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert_close(what, &got, want, RTOL, ATOL);
+    let got: Vec<f64> = got.into_iter().map(f64::from).collect();
+    assert_close(what, &got, want, Tolerance::F32);
 }
 
 /// Uploads `values` (rounded to `dtype`) as a new tensor.
@@ -96,8 +88,7 @@ pub struct OnnxCall<'a> {
     /// Whether output k (in operator order) is written in place.
     pub in_place: &'a dyn Fn(usize) -> bool,
     pub seed: u64,
-    pub rtol: f64,
-    pub atol: f64,
+    pub tolerance: Tolerance,
 }
 
 impl OnnxCall<'_> {
@@ -154,101 +145,9 @@ impl OnnxCall<'_> {
                     self.lengths[i],
                     self.dtype
                 );
-                assert_close_f64(&what, &got, &want[k], self.rtol, self.atol);
+                assert_close(&what, &got, &want[k], self.tolerance);
             }
         }
-    }
-}
-
-/// As [`assert_close`], for values already widened to f64.
-pub fn assert_close_f64(what: &str, got: &[f64], want: &[f64], rtol: f64, atol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let bad: Vec<String> = got
-        .iter()
-        .zip(want)
-        .enumerate()
-        .filter(|(_, (g, w))| {
-            let ok = if w.is_nan() {
-                g.is_nan()
-            } else if w.is_infinite() {
-                g == w
-            } else {
-                (*g - *w).abs() <= atol + rtol * w.abs()
-            };
-            !ok
-        })
-        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e}"))
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "{what}: {} values outside tolerance: {}",
-        bad.len(),
-        bad[..bad.len().min(3)].join(", ")
-    );
-}
-
-/// Distance in units in the last place of `dtype` between two values representable in it.
-pub fn ulps(a: f64, b: f64, dtype: wgpu_optim::DType) -> u64 {
-    use wgpu_optim::DType;
-    if a.is_nan() || b.is_nan() {
-        return if a.is_nan() && b.is_nan() { 0 } else { u64::MAX };
-    }
-    // Sign-magnitude bits mapped to a line on which neighbours differ by one.
-    let ordered = |bits: i64, sign_bit: i64| if bits & sign_bit != 0 { sign_bit - bits } else { bits };
-    let bits16 = |x: f64| i64::from(u16::from_le_bytes(dtype.encode(&[x])[..2].try_into().unwrap()));
-    let (x, y) = match dtype {
-        DType::F16 | DType::BF16 => (ordered(bits16(a), 0x8000), ordered(bits16(b), 0x8000)),
-        DType::F32 => (
-            ordered(i64::from((a as f32).to_bits()), 0x8000_0000),
-            ordered(i64::from((b as f32).to_bits()), 0x8000_0000),
-        ),
-        DType::F64 => return if a == b { 0 } else { u64::MAX },
-    };
-    x.abs_diff(y)
-}
-
-/// Asserts every value is within `max_ulps` of `dtype`, or within `abs` absolutely.
-pub fn assert_ulps_or_abs(
-    what: &str,
-    got: &[f64],
-    want: &[f64],
-    dtype: wgpu_optim::DType,
-    max_ulps: u64,
-    abs: f64,
-) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let bad: Vec<String> = got
-        .iter()
-        .zip(want)
-        .enumerate()
-        .filter(|(_, (g, w))| {
-            let close_enough = (*g - *w).abs() <= abs;
-            ulps(**g, **w, dtype) > max_ulps && !close_enough
-        })
-        .map(|(i, (g, w))| format!("[{i}] got {g:e} want {w:e} ({} ulps)", ulps(*g, *w, dtype)))
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "{what}: {} values beyond {max_ulps} ulp of {dtype:?}: {}",
-        bad.len(),
-        bad[..bad.len().min(3)].join(", ")
-    );
-}
-
-/// Cancellation slack of a 16-bit store: where a result cancels to nearly zero it carries
-/// the f32 arithmetic's absolute error, many ulps of a type that keeps f32's exponent (SGD's
-/// `0.9 * v - g + 0.1 * p` on unit-scale bfloat16 data is exactly 0 in f64 and 2^-25 in f32).
-pub const CANCELLATION: f64 = 1e-7;
-
-/// Checks one stored tensor against the oracle resumed from the previous stored state: a
-/// 16-bit store within 1 ulp (f32 against f64 intermediates can move a result across one
-/// 16-bit rounding boundary) or [`CANCELLATION`]; an f32 store within the f32 tolerance
-/// (cancellation in `b1 * m + (1 - b1) * g` makes its error many f32 ulps).
-pub fn assert_stored(what: &str, got: &[f64], want: &[f64], dtype: wgpu_optim::DType) {
-    if dtype.size() == 2 {
-        assert_ulps_or_abs(what, got, want, dtype, 1, CANCELLATION);
-    } else {
-        assert_close_f64(what, got, want, RTOL, ATOL);
     }
 }
 

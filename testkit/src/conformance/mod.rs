@@ -1,6 +1,6 @@
 //! Conformance vectors (`optim-vectors/1`, see `tests/vectors/FORMAT.md`): reading a case,
-//! running it on the GPU or the oracle, and comparing with the expected values that an
-//! independent implementation produced.
+//! refusing what this reader does not implement, running it on the GPU or the oracle, and
+//! comparing with the expected values that an independent implementation produced.
 
 mod case;
 mod run;

@@ -3,8 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::gpu::GpuContext;
-use crate::{Error, Result};
+use wgpu_optim::{Error, GpuContext, Result};
 
 /// How long one timed submission took.
 #[derive(Clone, Copy, Debug)]
@@ -72,7 +71,7 @@ impl GpuTimer {
         }
         let start = Instant::now();
         let submission =
-            self.ctx.catch("submitting timed work", || self.ctx.queue().submit([encoder.finish()]))?;
+            catch(&self.ctx, "submitting timed work", || self.ctx.queue().submit([encoder.finish()]))?;
         device
             .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
             .map_err(|e| Error::Readback(e.to_string()))?;
@@ -103,4 +102,21 @@ fn read_timestamps(ctx: &GpuContext, readback: &wgpu::Buffer) -> Result<Duration
     readback.unmap();
     let ns = ticks[1].wrapping_sub(ticks[0]) as f64 * f64::from(ctx.queue().get_timestamp_period());
     Ok(Duration::from_nanos(ns as u64))
+}
+
+/// Runs `f` inside validation and out-of-memory error scopes, as the crate does around its
+/// own GPU work, and turns anything wgpu reports into [`Error::Gpu`] with wgpu's message.
+pub(crate) fn catch<T>(ctx: &GpuContext, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+    ctx.check_alive()?;
+    let device = ctx.device();
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let value = f();
+    let validation = pollster::block_on(validation.pop());
+    let oom = pollster::block_on(oom.pop());
+    match validation.or(oom) {
+        Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
+        // A loss during `f` makes its objects invalid without necessarily an error.
+        None => ctx.check_alive().map(|()| value),
+    }
 }

@@ -5,9 +5,9 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::gpu::timer::GpuTimer;
-use crate::gpu::GpuContext;
-use crate::{DType, Error, Result};
+use wgpu_optim::{DType, Error, GpuContext, Result};
+
+use crate::timer::{catch, GpuTimer};
 
 /// A copy kernel over `elements` f32 elements per array, ready to time.
 pub struct CopyRoofline {
@@ -19,6 +19,11 @@ pub struct CopyRoofline {
 }
 
 const WG: u32 = 256;
+
+/// The crate's cap on workgroups per dispatch (a grid-stride loop covers the rest), so the
+/// copy is launched the way the optimizer kernels are. The crate keeps its own private;
+/// this copy must follow it.
+const MAX_WORKGROUPS: u32 = 4096;
 
 impl CopyRoofline {
     /// Buffers of `elements` f32 each (rounded up to a multiple of 4): `reads` inputs and
@@ -70,7 +75,7 @@ impl CopyRoofline {
             })
             .collect();
         let max_groups = device.limits().max_compute_workgroups_per_dimension;
-        ctx.catch("building the copy roofline", || {
+        catch(ctx, "building the copy roofline", || {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("roofline copy"),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -109,8 +114,7 @@ impl CopyRoofline {
                 pipeline,
                 bind_group,
                 // The optimizer kernels' dispatch policy, so the comparison is like for like.
-                workgroups: (vectors.div_ceil(u64::from(WG)) as u32)
-                    .clamp(1, max_groups.min(crate::gpu::kernel::MAX_WORKGROUPS)),
+                workgroups: (vectors.div_ceil(u64::from(WG)) as u32).clamp(1, max_groups.min(MAX_WORKGROUPS)),
                 bytes: vectors * 16 * u64::from(reads + writes),
             }
         })

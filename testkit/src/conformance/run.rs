@@ -1,13 +1,15 @@
 //! Running a case on a backend and comparing every expected output.
 
-use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
-use crate::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
-use crate::ops::{self, onnx, Update};
-use crate::oracle::{self, TorchState};
-use crate::{
+use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
+use wgpu_optim::ops::{self, onnx, Update};
+use wgpu_optim::oracle::{self, TorchState};
+use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdagrad, OnnxAdam,
     OnnxMomentum, Optimizer, Result, Sgd, Tensor,
 };
+
+use crate::compare::{compare, Tolerance};
+use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,8 +60,9 @@ pub enum Outcome {
     Pass,
     /// At least one value outside tolerance; the first few are described.
     Fail(String),
-    /// Not run, and why.
-    Skipped(String),
+    /// Not run because the case asks for an op or attribute this reader does not
+    /// implement (the reason names it): neither a pass nor a failure of the crate.
+    Refused(String),
 }
 
 /// One line of the runner's output.
@@ -69,7 +72,7 @@ pub struct CaseReport {
     pub case: String,
     /// The backend it ran on.
     pub backend: Backend,
-    /// Pass, fail or skip.
+    /// Pass, fail or refusal.
     pub outcome: Outcome,
     /// The largest `|got - want| / (atol + rtol * |want|)` over every compared value
     /// (a pass is at most 1).
@@ -78,9 +81,13 @@ pub struct CaseReport {
 
 type Outputs = Vec<(String, Vec<f64>)>;
 
-/// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares.
+/// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares; a case
+/// that [`Case::check_supported`] refuses is not run and reported as [`Outcome::Refused`].
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
+    if let Err(refusal) = case.check_supported() {
+        return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
+    }
     let packed;
     let ctx = match (backend, ctx) {
         (Backend::Oracle, _) => None,
@@ -97,55 +104,25 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
         ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
             torch_trajectory(case, backend, ctx)?
         }
-        (op, _) => return Ok(report(Outcome::Skipped(format!("op {op} is not implemented yet")), 0.0)),
+        (op, kind) => {
+            return Err(
+                case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
+            )
+        }
     };
+    let tolerance = Tolerance::Close { rtol: case.rtol, atol: case.atol };
     let mut worst: f64 = 0.0;
     let mut failures = Vec::new();
     for (name, got) in &outputs {
         let want = case.tensor(name)?;
-        let (w, bad) = compare(name, got, want, case.rtol, case.atol);
-        worst = worst.max(w);
-        failures.extend(bad);
+        let comparison = compare(got, &want.values, tolerance);
+        worst = worst.max(comparison.worst);
+        if !comparison.passed() {
+            failures.push(format!("{name}: {comparison}"));
+        }
     }
     let outcome = if failures.is_empty() { Outcome::Pass } else { Outcome::Fail(failures.join("; ")) };
     Ok(report(outcome, worst))
-}
-
-/// Compares element by element; returns the worst ratio and descriptions of the first
-/// few mismatches (never the whole array).
-fn compare(name: &str, got: &[f64], want: &CaseTensor, rtol: f64, atol: f64) -> (f64, Option<String>) {
-    if got.len() != want.values.len() {
-        return (
-            f64::INFINITY,
-            Some(format!("{name}: {} values, expected {}", got.len(), want.values.len())),
-        );
-    }
-    let mut worst: f64 = 0.0;
-    let mut bad = Vec::new();
-    let mut bad_count = 0;
-    for (i, (&g, &w)) in got.iter().zip(&want.values).enumerate() {
-        let ratio = if w.is_nan() || w.is_infinite() {
-            if g.is_nan() == w.is_nan() && (w.is_nan() || g == w) {
-                0.0
-            } else {
-                f64::INFINITY
-            }
-        } else if g.is_nan() {
-            f64::INFINITY
-        } else {
-            (g - w).abs() / (atol + rtol * w.abs())
-        };
-        worst = worst.max(ratio);
-        if ratio > 1.0 {
-            bad_count += 1;
-            if bad.len() < 3 {
-                bad.push(format!("[{i}] got {g:e} want {w:e}"));
-            }
-        }
-    }
-    let detail = (bad_count > 0)
-        .then(|| format!("{name}: {bad_count} of {} outside tolerance: {}", got.len(), bad.join(", ")));
-    (worst, detail)
 }
 
 fn storage_dtype(case: &Case, name: &str) -> Result<DType> {

@@ -1,0 +1,22 @@
+//! The tools of wgpu-optim's tests, examples and benchmarks, kept out of the library a
+//! trainer embeds:
+//!
+//! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
+//!   running them on the oracle and the GPU.
+//! - [`compare`](mod@compare): the one comparator every test uses, and the tolerance of 16-bit stores.
+//! - [`GpuTimer`] and [`CopyRoofline`]: timing GPU work and the adapter's streaming
+//!   bandwidth, for the benchmark.
+//!
+//! Everything here goes through wgpu-optim's public API only.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod compare;
+pub mod conformance;
+mod roofline;
+mod timer;
+
+pub use compare::{assert_close, compare, Comparison, Tolerance};
+pub use roofline::CopyRoofline;
+pub use timer::{GpuTimer, Timing};
