@@ -104,11 +104,10 @@ impl CpuOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
-            return Err(Error::BadHyperparameter {
-                name: "algorithm",
-                // As the GPU optimizer reports it: the index of the (only) parameter group.
-                value: 0.0,
-                expected: "an algorithm with the same state tensors as the optimizer's (build a new optimizer to change them)",
+            return Err(Error::StateMismatch {
+                argument: "algorithm".into(),
+                got: algorithm.state_kinds().to_vec(),
+                expected: self.algorithm.state_kinds().to_vec(),
             });
         }
         self.algorithm = algorithm;

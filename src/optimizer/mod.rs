@@ -242,13 +242,25 @@ impl Optimizer {
         self.groups.get(g).map(|group| &self.params[group.first..group.first + group.len])
     }
 
-    /// Changes every group's learning rate from the next step on; no pipeline is rebuilt.
+    /// Sets every group's learning rate to `lr` from the next step on; no pipeline is
+    /// rebuilt. All groups get the same value, so ratios between groups (a head trained at
+    /// 10x the base rate) are not kept: to scale a schedule per group, call
+    /// [`Self::set_group_lr`] for each with its own rate. A refused `lr` changes no group.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
         for g in 0..self.groups.len() {
             let next = self.groups[g].algorithm.with_lr(lr);
             self.set_group_algorithm(g, next)?;
         }
         Ok(())
+    }
+
+    /// Sets group `g`'s learning rate from the next step on, leaving its other
+    /// hyperparameters and every other group as they are ([`Error::NoSuchGroup`] for a `g`
+    /// past the groups).
+    pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
+        let groups = self.groups.len();
+        let algorithm = self.group_algorithm(g).ok_or(Error::NoSuchGroup { index: g, groups })?.with_lr(lr);
+        self.set_group_algorithm(g, algorithm)
     }
 
     /// Changes group `g`'s hyperparameters from the next step on (a schedule). Learning
@@ -259,17 +271,13 @@ impl Optimizer {
     pub fn set_group_algorithm(&mut self, g: usize, algorithm: impl Into<Algorithm>) -> Result<()> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        let count = self.groups.len();
-        let group = self.groups.get_mut(g).ok_or(Error::CountMismatch {
-            argument: format!("group index {g}"),
-            got: g + 1,
-            expected: count,
-        })?;
+        let groups = self.groups.len();
+        let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
-            return Err(Error::BadHyperparameter {
-                name: "algorithm",
-                value: g as f64,
-                expected: "an algorithm with the same state tensors as the group's (build a new optimizer to change them)",
+            return Err(Error::StateMismatch {
+                argument: format!("algorithm (for group {g})"),
+                got: algorithm.state_kinds().to_vec(),
+                expected: group.algorithm.state_kinds().to_vec(),
             });
         }
         let variant_changed = algorithm.kernel_step(1).overrides != group.algorithm.kernel_step(1).overrides;
