@@ -63,7 +63,7 @@ pub struct CpuOptimizer {
 impl CpuOptimizer {
     /// An optimizer for parameters of the dtypes and lengths of `params`, with zeroed state
     /// (Adagrad: its initial accumulator value), at step 0, keeping state in each
-    /// parameter's dtype.
+    /// parameter's dtype. An empty `params` is refused ([`Error::NoParameters`]).
     pub fn new(algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<Self> {
         Self::with_options(algorithm, params, CpuOptions::default())
     }
@@ -76,6 +76,9 @@ impl CpuOptimizer {
     ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        if params.is_empty() {
+            return Err(Error::NoParameters { argument: "params".into() });
+        }
         if options.state_dtype == Some(DType::F64) {
             return Err(host::not_f64("options.state_dtype"));
         }

@@ -8,7 +8,7 @@ pub(crate) mod plan;
 pub mod roofline;
 pub(crate) mod step;
 pub mod timer;
-mod transfer;
+pub(crate) mod transfer;
 
 pub use context::{ContextReport, GpuContext};
 pub use transfer::TENSOR_USAGES;
