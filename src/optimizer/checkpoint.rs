@@ -15,6 +15,8 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 
 use super::Optimizer;
+use crate::gpu::plan::Arg;
+use crate::gpu::transfer::check_writable;
 use crate::{Algorithm, DType, Error, Result, Tensor};
 
 /// The `format` metadata value of checkpoints this crate writes.
@@ -166,9 +168,9 @@ impl Optimizer {
             algorithms.push(*algorithm);
         }
         // Every tensor the optimizer needs, checked before anything is written.
-        let mut writes: Vec<(Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
+        let mut writes: Vec<(String, Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut expected_names = 0;
-        let mut take = |name: String, target: &Tensor| -> Result<()> {
+        let mut take = |name: String, target: &Tensor, argument: String| -> Result<()> {
             let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
             if view.dtype() != safetensors_dtype(target.dtype) || view.shape() != [target.len as usize] {
                 return Err(bad(format!(
@@ -179,26 +181,27 @@ impl Optimizer {
                     target.len
                 )));
             }
-            writes.push((target.clone(), view.data().into()));
+            writes.push((argument, target.clone(), view.data().into()));
             expected_names += 1;
             Ok(())
         };
         for group in &self.groups {
             for i in group.first..group.first + group.len {
                 for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
-                    take(format!("state.{i}.{}", kind.torch_name()), tensor)?;
+                    let name = kind.torch_name();
+                    take(format!("state.{i}.{name}"), tensor, format!("{name}[{i}]"))?;
                 }
                 if !self.model_copies.is_empty() {
-                    take(format!("master.{i}"), &self.params[i])?;
+                    take(format!("master.{i}"), &self.params[i], format!("params[{i}]"))?;
                 }
             }
         }
         // In master-weight mode the model's copies are the masters rounded once, so they are
         // restored with them and the first forward pass after loading sees the right values.
-        for (master, copy) in self.params.iter().zip(&self.model_copies) {
-            let Some(data) = writes.iter().find(|(t, _)| t == master).map(|(_, d)| d) else { continue };
+        for (i, (master, copy)) in self.params.iter().zip(&self.model_copies).enumerate() {
+            let Some(data) = writes.iter().find(|(_, t, _)| t == master).map(|(_, _, d)| d) else { continue };
             let rounded = copy.dtype.encode(&master.dtype.decode(data));
-            writes.push((copy.clone(), rounded.into()));
+            writes.push((format!("model_copies[{i}]"), copy.clone(), rounded.into()));
         }
         for i in 0..self.params.len() {
             let name = format!("state.{i}.step");
@@ -217,8 +220,13 @@ impl Optimizer {
         if self.device.is_some() && u32::try_from(step).is_err() {
             return Err(bad(format!("step {step} does not fit the device's u32 step counter")));
         }
+        // Every target must take its write (the caller's buffers may lack a copy usage), or
+        // a refusal would come after some tensors were already overwritten.
+        for (argument, tensor, _) in &writes {
+            check_writable(&Arg::new(argument.clone(), tensor))?;
+        }
         // Everything matches: write.
-        for (tensor, data) in writes {
+        for (_, tensor, data) in writes {
             self.ctx.write_bytes(&tensor, &data)?;
         }
         for (g, algorithm) in algorithms.into_iter().enumerate() {
