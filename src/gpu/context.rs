@@ -101,7 +101,7 @@ impl GpuContext {
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
-        let ctx = Self::from_device(device, queue, &adapter.get_info());
+        let ctx = Self::from_device(device, queue);
         // The device is ours: watch for its loss, and log (rather than panic on) any error
         // that escapes the crate's error scopes.
         let lost = ctx.inner.lost.clone();
@@ -125,9 +125,11 @@ impl GpuContext {
     /// Wraps a trainer's existing device and queue. The crate uses whatever features and
     /// limits the device was created with and never changes its error handler or its
     /// device-lost callback (the trainer keeps both; call [`Self::mark_lost`] from the
-    /// callback to make the crate's calls return [`Error::DeviceLost`]).
-    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo) -> Self {
+    /// callback to make the crate's calls return [`Error::DeviceLost`]). The adapter's name
+    /// and driver for [`Self::report`] come from the device.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let limits = device.limits();
+        let adapter = device.adapter_info();
         let report = ContextReport {
             adapter_name: adapter.name.clone(),
             backend: adapter.backend,
