@@ -175,7 +175,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
         mapped_at_creation: false,
     });
     w.refuse("MissingUsage", "params[0]", |w| {
-        Optimizer::new(&w.ctx, Adam::default(), &[Tensor::whole(&unbindable, DType::F32)]).map(drop)
+        Optimizer::new(&w.ctx, Adam::default(), &[Tensor::whole(&unbindable, DType::F32).unwrap()]).map(drop)
     });
 
     // Aliasing.
@@ -411,6 +411,39 @@ fn parameters_that_share_memory_and_empty_parameter_lists_are_refused() {
     let after = w.ctx.read(&shared).unwrap();
     // Adam's first step moves by lr (1e-3) against the gradient; SGD's by lr * g (1e-3).
     assert!(after.iter().all(|&x| (x + 1e-3).abs() < 1e-9), "{after:?}");
+}
+
+#[test]
+fn tensors_from_slices_bindings_and_whole_buffers_count_elements_not_bytes() {
+    let ctx = ctx();
+    let buffer = |size| {
+        ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("t"),
+            size,
+            usage: TENSOR_USAGES,
+            mapped_at_creation: false,
+        })
+    };
+    let b64 = buffer(64);
+    let t = Tensor::from_slice(b64.slice(8..24), DType::F16).unwrap();
+    assert_eq!((t.offset, t.len), (8, 8));
+    let binding = wgpu::BufferBinding { buffer: &b64, offset: 16, size: None };
+    let t = Tensor::from_binding(&binding, DType::F32).unwrap();
+    assert_eq!((t.offset, t.len), (16, 12));
+    let binding = wgpu::BufferBinding { buffer: &b64, offset: 16, size: wgpu::BufferSize::new(6) };
+    let err = Tensor::from_binding(&binding, DType::F32).unwrap_err();
+    assert!(matches!(&err, Error::BadRange { argument, .. } if argument == "binding"), "{err}");
+    let binding = wgpu::BufferBinding { buffer: &b64, offset: 68, size: None };
+    assert!(matches!(Tensor::from_binding(&binding, DType::F32), Err(Error::BadRange { .. })));
+    assert_eq!(Tensor::whole(&b64, DType::BF16).unwrap().len, 32);
+    let b6 = buffer(6);
+    let err = Tensor::whole(&b6, DType::F32).unwrap_err();
+    assert!(err.to_string().contains("6 bytes are not a whole number of F32 elements"), "{err}");
+    // Three halves fill the buffer, but the last word is incomplete: refused where it is used.
+    let odd = Tensor::whole(&b6, DType::F16).unwrap();
+    assert_eq!(odd.len, 3);
+    let err = Optimizer::new(&ctx, Adam::default(), &[odd]).unwrap_err();
+    assert!(matches!(err, Error::BadRange { .. }), "{err}");
 }
 
 #[test]
