@@ -1,12 +1,6 @@
-//! Saving and loading an optimizer's state as safetensors, under PyTorch's `state_dict`
-//! names: `state.{i}.exp_avg`, `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq`,
-//! `state.{i}.momentum_buffer`, `state.{i}.sum` in their storage dtypes, and
-//! `state.{i}.step` (f32, as PyTorch keeps it); `param_groups` (hyperparameters and
-//! parameter indices) in the metadata; in master-weight mode also `master.{i}`.
-//!
-//! Writing goes to a temporary file that is renamed over the target, so a crash never
-//! leaves a half-written checkpoint in its place. Loading checks the whole file against
-//! the optimizer before changing anything.
+//! Saving and loading an optimizer's state as safetensors. What a checkpoint holds is
+//! documented on [`Optimizer::save_to_bytes`], what loading replaces on
+//! [`Optimizer::load_from_bytes`].
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -32,8 +26,27 @@ fn safetensors_dtype(dtype: DType) -> Dtype {
 }
 
 impl Optimizer {
-    /// The checkpoint as safetensors bytes (see the module documentation for its layout).
-    /// Waits for submitted work, then reads every state tensor back.
+    /// The checkpoint as safetensors bytes. Waits for submitted work, then reads every state
+    /// tensor back.
+    ///
+    /// It holds, under PyTorch's `state_dict` names (parameters numbered across groups):
+    /// - each parameter's state, in its storage dtype and shape `[len]`: `state.{i}.exp_avg`,
+    ///   `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq` (AMSGrad),
+    ///   `state.{i}.momentum_buffer` (SGD with momentum), `state.{i}.sum` (Adagrad);
+    /// - the step count: `state.{i}.step`, an f32 scalar as PyTorch keeps it, and the exact
+    ///   count in the `step` metadata (in capturable mode, the device's count: AMP skips
+    ///   excluded);
+    /// - every group's hyperparameters and parameter indices in the `param_groups` metadata
+    ///   (JSON with PyTorch's keys: `optimizer` the class, `lr`, `betas`, `eps`,
+    ///   `weight_decay`, `amsgrad`, `momentum`, ..., `params`). In capturable mode `lr` is the
+    ///   group's rate as the optimizer knows it ([`Optimizer::group_algorithm`]), not a value
+    ///   a trainer wrote into [`Optimizer::lr_tensor`] on the device;
+    /// - in master-weight mode, the f32 masters: `master.{i}`;
+    /// - `format` = [`CHECKPOINT_FORMAT`] in the metadata.
+    ///
+    /// It does not hold the model's parameters (outside master-weight mode the parameters are
+    /// the model's, which the trainer saves with its model), the model copies (rounded from
+    /// the masters on load), or the AMP flag and unscale factor.
     pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
         let step = match &self.device {
             Some(_) => self.read_device_step()?,
@@ -98,8 +111,9 @@ impl Optimizer {
             .map_err(|e| Error::BadFile { path: "checkpoint".into(), problem: e.to_string() })
     }
 
-    /// Saves the checkpoint to `path` atomically: a temporary file beside it is written,
-    /// flushed to disk and renamed over `path`.
+    /// Saves the checkpoint ([`Self::save_to_bytes`] says what it holds) to `path`
+    /// atomically: a temporary file beside it is written, flushed to disk and renamed over
+    /// `path`, so a crash never leaves a half-written checkpoint in its place.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = self.save_to_bytes()?;
@@ -122,7 +136,8 @@ impl Optimizer {
         written.map_err(io)
     }
 
-    /// Loads a checkpoint file written by [`Optimizer::save`].
+    /// Loads a checkpoint file written by [`Optimizer::save`]; see [`Self::load_from_bytes`]
+    /// for what it replaces.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = std::fs::read(path)
@@ -133,9 +148,20 @@ impl Optimizer {
         })
     }
 
-    /// Loads checkpoint bytes. The whole file is checked first (format, algorithm and state
-    /// tensors of every group, every tensor's dtype and length); on any mismatch, or a
-    /// truncated or corrupt file, the optimizer is left as it was.
+    /// Loads checkpoint bytes ([`Self::save_to_bytes`] says what they hold).
+    ///
+    /// Replaces every state tensor, the step count and **every group's hyperparameters**
+    /// (learning rate included) with the file's: a schedule that wants other values sets them
+    /// after loading. In master-weight mode it also replaces the masters and writes the model
+    /// copies (the masters rounded once), which needs `COPY_DST` on the model's buffers.
+    /// Outside master-weight mode the parameters are not touched: load the model yourself.
+    ///
+    /// The file must match the optimizer: the same number of groups, each with the same
+    /// algorithm class and state tensors and the same parameter indices, and every tensor
+    /// with the dtype and length of the optimizer's. All of it, and whether every target
+    /// buffer takes its write, is checked before anything is written; on a mismatch
+    /// ([`Error::BadFile`]), a target that cannot be written ([`Error::MissingUsage`]), or a
+    /// truncated or corrupt file, the optimizer and the model are left as they were.
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
         let checkpoint = Checkpoint::parse(bytes)?;
         let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
