@@ -10,12 +10,18 @@
 //! - [`Tensor`] is a range of a buffer the caller owns.
 //! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
 //! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
+//!
+//! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
+//! multiversion) and `checkpoint` (`Optimizer::save`/`load` and the conformance-vector
+//! reader; safetensors and serde_json). The GPU optimizer and operators need neither.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
+#[cfg(feature = "checkpoint")]
 pub mod conformance;
+#[cfg(feature = "cpu")]
 pub mod cpu;
 mod dtype;
 mod error;
@@ -34,9 +40,9 @@ pub use error::{Error, Result};
 pub use gpu::roofline::CopyRoofline;
 pub use gpu::timer::{GpuTimer, Timing};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{
-    Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT, STEPS_PER_SUBMIT,
-};
+#[cfg(feature = "checkpoint")]
+pub use optimizer::{Checkpoint, CHECKPOINT_FORMAT};
+pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup, STEPS_PER_SUBMIT};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

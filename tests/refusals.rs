@@ -317,11 +317,13 @@ fn a_tensor_that_ends_inside_its_buffers_last_word_is_refused_by_every_entry() {
         mapped_at_creation: false,
     });
     let odd = Tensor::new(&buffer, 0, 4097, DType::F16);
-    w.refuse("BadRange", "params[0]", |w| Optimizer::new(&w.ctx, Adam::default(), &[odd.clone()]).map(drop));
+    w.refuse("BadRange", "params[0]", |w| {
+        Optimizer::new(&w.ctx, Adam::default(), std::slice::from_ref(&odd)).map(drop)
+    });
     w.refuse("BadRange", "params[2]", |w| {
         let groups = vec![
             ParamGroup::new(Adam::default(), &w.params),
-            ParamGroup::new(Sgd::default(), &[odd.clone()]),
+            ParamGroup::new(Sgd::default(), std::slice::from_ref(&odd)),
         ];
         Optimizer::with_groups(&w.ctx, groups, OptimizerOptions::default()).map(drop)
     });
@@ -331,13 +333,13 @@ fn a_tensor_that_ends_inside_its_buffers_last_word_is_refused_by_every_entry() {
         Optimizer::with_options(&w.ctx, Adam::default(), &masters, options).map(drop)
     });
     w.refuse("BadRange", "model_params[0]", |w| {
-        Optimizer::master_weights(&w.ctx, Adam::default(), &[odd.clone()]).map(drop)
+        Optimizer::master_weights(&w.ctx, Adam::default(), std::slice::from_ref(&odd)).map(drop)
     });
     w.refuse("BadRange", "tensor", |w| w.ctx.read(&odd).map(drop));
     w.refuse("BadRange", "tensor", |w| w.ctx.read_bytes(&odd.slice(4095, 2)).map(drop));
     // The same tensor one element shorter ends on a word boundary and is accepted.
     let even = odd.slice(0, 4096);
-    Optimizer::master_weights(&w.ctx, Adam::default(), &[even.clone()]).unwrap();
+    Optimizer::master_weights(&w.ctx, Adam::default(), std::slice::from_ref(&even)).unwrap();
     assert_eq!(w.ctx.read(&even).unwrap().len(), 4096);
 }
 
@@ -360,7 +362,7 @@ fn parameters_that_share_memory_and_empty_parameter_lists_are_refused() {
     });
     w.refuse("OverlappingParams", "params[2]", |w| {
         let groups = vec![
-            ParamGroup::new(adam(), &[p.clone()]),
+            ParamGroup::new(adam(), std::slice::from_ref(&p)),
             ParamGroup::new(Sgd::default(), &[q.clone(), p.slice(8, 8)]),
         ];
         Optimizer::with_groups(&w.ctx, groups, OptimizerOptions::default()).map(drop)

@@ -167,8 +167,8 @@ fn a_group_keeps_its_state_tensors() {
 #[test]
 fn set_group_lr_changes_one_group_and_set_lr_sets_them_all() {
     let ctx = ctx();
-    let params = vec![ctx.upload_f32("p", &[1.0; 4]), ctx.upload_f32("q", &[1.0; 4])];
-    let grads = vec![ctx.upload_f32("g", &[1.0; 4]), ctx.upload_f32("h", &[1.0; 4])];
+    let params = [ctx.upload_f32("p", &[1.0; 4]), ctx.upload_f32("q", &[1.0; 4])];
+    let grads = [ctx.upload_f32("g", &[1.0; 4]), ctx.upload_f32("h", &[1.0; 4])];
     let groups = vec![
         ParamGroup::new(Sgd { lr: 0.125, ..Sgd::default() }, &params[..1]),
         ParamGroup::new(Sgd { lr: 0.25, ..Sgd::default() }, &params[1..]),

@@ -11,7 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 use super::Optimizer;
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
-use crate::{Algorithm, DType, Error, Result, Tensor};
+use crate::{Adagrad, Adam, Algorithm, DType, Error, Result, Sgd, Tensor};
 
 /// The `format` metadata value of checkpoints this crate writes.
 pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/1";
@@ -259,6 +259,80 @@ impl Optimizer {
             self.set_group_algorithm(g, algorithm)?;
         }
         self.set_step_count(step)
+    }
+}
+
+/// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
+/// algorithms) so that the `checkpoint` feature alone brings in serde_json.
+impl Algorithm {
+    /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
+    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`).
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        let value = match self {
+            Algorithm::Adam(c) => json!({
+                "optimizer": if c.decoupled_weight_decay { "AdamW" } else { "Adam" },
+                "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps, "weight_decay": c.weight_decay,
+                "amsgrad": c.amsgrad, "maximize": c.maximize,
+            }),
+            Algorithm::Sgd(c) => json!({
+                "optimizer": "SGD", "lr": c.lr, "momentum": c.momentum, "dampening": c.dampening,
+                "weight_decay": c.weight_decay, "nesterov": c.nesterov, "maximize": c.maximize,
+            }),
+            Algorithm::Adagrad(c) => json!({
+                "optimizer": "Adagrad", "lr": c.lr, "lr_decay": c.lr_decay, "weight_decay": c.weight_decay,
+                "initial_accumulator_value": c.initial_accumulator_value, "eps": c.eps, "maximize": c.maximize,
+            }),
+        };
+        match value {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// The inverse of [`Algorithm::to_json`]; the message says which field is missing or wrong.
+    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> std::result::Result<Self, String> {
+        let number = |key: &str| {
+            map.get(key).and_then(|v| v.as_f64()).ok_or(format!("`{key}` is missing or not a number"))
+        };
+        let flag = |key: &str| {
+            map.get(key).and_then(|v| v.as_bool()).ok_or(format!("`{key}` is missing or not a boolean"))
+        };
+        let name = map.get("optimizer").and_then(|v| v.as_str()).ok_or("`optimizer` is missing")?;
+        Ok(match name {
+            "Adam" | "AdamW" => {
+                let betas = map.get("betas").and_then(|v| v.as_array()).ok_or("`betas` is missing")?;
+                let beta =
+                    |k: usize| betas.get(k).and_then(|v| v.as_f64()).ok_or("`betas` is not two numbers");
+                Algorithm::Adam(Adam {
+                    lr: number("lr")?,
+                    beta1: beta(0)?,
+                    beta2: beta(1)?,
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                    decoupled_weight_decay: name == "AdamW",
+                    amsgrad: flag("amsgrad")?,
+                    maximize: flag("maximize")?,
+                })
+            }
+            "SGD" => Algorithm::Sgd(Sgd {
+                lr: number("lr")?,
+                momentum: number("momentum")?,
+                dampening: number("dampening")?,
+                weight_decay: number("weight_decay")?,
+                nesterov: flag("nesterov")?,
+                maximize: flag("maximize")?,
+            }),
+            "Adagrad" => Algorithm::Adagrad(Adagrad {
+                lr: number("lr")?,
+                lr_decay: number("lr_decay")?,
+                weight_decay: number("weight_decay")?,
+                initial_accumulator_value: number("initial_accumulator_value")?,
+                eps: number("eps")?,
+                maximize: flag("maximize")?,
+            }),
+            other => return Err(format!("unknown optimizer `{other}`")),
+        })
     }
 }
 

@@ -1,9 +1,11 @@
 //! The stateful optimizer a trainer holds: parameter groups, state buffers, the step count,
 //! and everything a step records, built once.
 
+#[cfg(feature = "checkpoint")]
 mod checkpoint;
 mod device;
 
+#[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, HyperRing};
