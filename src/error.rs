@@ -29,6 +29,14 @@ pub enum Error {
         /// The `wgpu::Features` name.
         feature: &'static str,
     },
+    /// A call needs an optimizer option that this optimizer was built without.
+    #[error("{what} needs the optimizer option `{option}`, which this optimizer was built without")]
+    NeedsOption {
+        /// What asked for it.
+        what: String,
+        /// The [`OptimizerOptions`](crate::OptimizerOptions) field.
+        option: &'static str,
+    },
     /// Two tensors that must have the same number of elements do not.
     #[error("`{argument}` has {got} elements, expected {expected} (the length of `{reference}`)")]
     LengthMismatch {

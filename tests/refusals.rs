@@ -271,7 +271,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     });
 
     // Features and modes.
-    w.refuse("MissingFeature", "capturable", |w| {
+    w.refuse("NeedsOption", "capturable", |w| {
         let grads = w.grads.clone();
         let inv_scale = w.ctx.upload("inv_scale", &[1.0], DType::F32);
         let mut encoder = w.ctx.device().create_command_encoder(&Default::default());

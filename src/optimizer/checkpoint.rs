@@ -104,7 +104,10 @@ impl Optimizer {
             .map(|(name, dtype, shape, bytes)| {
                 safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
                     .map(|view| (name.clone(), view))
-                    .map_err(|e| Error::BadFile { path: name.clone(), problem: e.to_string() })
+                    .map_err(|e| Error::BadFile {
+                        path: "checkpoint".into(),
+                        problem: format!("`{name}`: {e}"),
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         safetensors::serialize(views, Some(metadata))

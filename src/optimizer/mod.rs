@@ -509,9 +509,9 @@ impl Optimizer {
 }
 
 fn not_capturable() -> Error {
-    Error::MissingFeature {
+    Error::NeedsOption {
         what: "device step counters, device learning rates and AMP skipping".into(),
-        feature: "OptimizerOptions::capturable",
+        option: "capturable",
     }
 }
 
