@@ -309,12 +309,12 @@ impl Optimizer {
         Ok(())
     }
 
-    /// The parameters, numbered across groups.
+    /// The parameters, numbered across groups (in master-weight mode, the f32 masters).
     pub fn params(&self) -> &[Tensor] {
         &self.params
     }
 
-    /// The model's copies in master-weight mode (empty otherwise).
+    /// The model copies (in master-weight mode, the model's own tensors); empty otherwise.
     pub fn model_copies(&self) -> &[Tensor] {
         &self.model_copies
     }
