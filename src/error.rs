@@ -3,7 +3,7 @@
 //! Every refusal names the argument, what it was and what was expected, so a trainer's log
 //! says what to fix without a debugger.
 
-use crate::DType;
+use crate::{DType, StateKind};
 
 /// Everything that can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,14 @@ pub enum Error {
         what: String,
         /// The `wgpu::Features` name.
         feature: &'static str,
+    },
+    /// A call needs an optimizer option that this optimizer was built without.
+    #[error("{what} needs the optimizer option `{option}`, which this optimizer was built without")]
+    NeedsOption {
+        /// What asked for it.
+        what: String,
+        /// The [`OptimizerOptions`](crate::OptimizerOptions) field.
+        option: &'static str,
     },
     /// Two tensors that must have the same number of elements do not.
     #[error("`{argument}` has {got} elements, expected {expected} (the length of `{reference}`)")]
@@ -98,6 +106,59 @@ pub enum Error {
         /// The other.
         second: String,
     },
+    /// Two tensors that must each have their own memory share at least one byte: two
+    /// parameters of one optimizer (across all its groups), or a model copy and a parameter
+    /// or another copy. Each would be updated twice per step, with separate state.
+    #[error(
+        "`{first}` and `{second}` share memory: every parameter and model copy of an optimizer \
+         needs its own (a shared one would be updated twice per step, each time with its own state)"
+    )]
+    OverlappingParams {
+        /// The earlier of the two, in parameter order.
+        first: String,
+        /// The later one.
+        second: String,
+    },
+    /// An optimizer was given no parameters at all.
+    #[error("`{argument}` is empty: an optimizer needs at least one parameter")]
+    NoParameters {
+        /// The empty argument.
+        argument: String,
+    },
+    /// A parameter group index past the optimizer's groups.
+    #[error("there is no parameter group {index}: the optimizer has {groups} (indices from 0)")]
+    NoSuchGroup {
+        /// The index given.
+        index: usize,
+        /// How many groups there are.
+        groups: usize,
+    },
+    /// A new algorithm would keep other state tensors than the ones the optimizer holds
+    /// (e.g. switching AMSGrad or momentum on or off).
+    #[error(
+        "`{argument}` keeps the state [{}], expected [{}] (the state the optimizer was built \
+         with; build a new optimizer to change it)",
+        state_names(.got),
+        state_names(.expected)
+    )]
+    StateMismatch {
+        /// The offending argument.
+        argument: String,
+        /// The state tensors it keeps.
+        got: Vec<StateKind>,
+        /// The state tensors the optimizer holds.
+        expected: Vec<StateKind>,
+    },
+    /// Two options that exclude each other were both set.
+    #[error("options `{first}` and `{second}` exclude each other: {reason}")]
+    ConflictingOptions {
+        /// One option.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+        /// Why they cannot go together.
+        reason: &'static str,
+    },
     /// A hyperparameter is outside the range its convention allows.
     #[error("hyperparameter `{name}` = {value} is invalid: expected {expected}")]
     BadHyperparameter {
@@ -123,8 +184,10 @@ pub enum Error {
         /// The device limit.
         limit: u32,
     },
-    /// wgpu reported an error while creating or running GPU work. The message is wgpu's own.
-    #[error("wgpu error while {context}:\n{message}")]
+    /// wgpu reported an error while creating or running GPU work. `Display` is one line
+    /// (what the crate was doing and wgpu's summary); the alternate form (`{:#}`) adds
+    /// wgpu's full multi-line message (for a shader, with the offending WGSL).
+    #[error(fmt = gpu_display)]
     Gpu {
         /// What the crate was doing.
         context: String,
@@ -146,6 +209,38 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+}
+
+/// PyTorch's names of `kinds`, comma-separated.
+fn state_names(kinds: &[StateKind]) -> String {
+    kinds.iter().map(|k| k.torch_name()).collect::<Vec<_>>().join(", ")
+}
+
+/// `Error::Gpu` on one line, or with wgpu's whole message under `{:#}`.
+fn gpu_display(context: &str, message: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    if f.alternate() {
+        return write!(f, "wgpu error while {context}:\n{message}");
+    }
+    write!(f, "wgpu error while {context}: {}", gpu_summary(message))
+}
+
+/// wgpu's message on one line: its error chain (`Validation Error`, `Caused by:`, `In
+/// Device::create_buffer`, the cause) joined with ": ", up to the first source snippet or
+/// blank line after the cause.
+fn gpu_summary(message: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for line in message.lines().map(str::trim) {
+        if line.is_empty() || line == "Caused by:" {
+            continue;
+        }
+        // A codespan snippet of the WGSL starts here; `{:#}` shows it.
+        if line.starts_with('┌') || line.starts_with('│') || line.starts_with('=') {
+            break;
+        }
+        parts.push(line.trim_end_matches(':'));
+    }
+    parts.dedup();
+    parts.join(": ")
 }
 
 /// Shorthand for `Result<T, wgpu_optim::Error>`.

@@ -10,11 +10,16 @@
 //! - [`Tensor`] is a range of a buffer the caller owns.
 //! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
 //! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
+//!
+//! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
+//! multiversion) and `checkpoint` (`Optimizer::save`/`load`; safetensors and serde_json).
+//! The GPU optimizer and operators need neither.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
+#[cfg(feature = "cpu")]
 pub mod cpu;
 mod dtype;
 mod error;
@@ -32,7 +37,9 @@ pub use algo::{
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Checkpoint, Optimizer, OptimizerOptions, ParamGroup, CHECKPOINT_FORMAT};
+#[cfg(feature = "checkpoint")]
+pub use optimizer::{Checkpoint, CHECKPOINT_FORMAT};
+pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup};
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

@@ -1,34 +1,85 @@
 //! A tensor is a range of a buffer the caller owns: the crate never copies it.
 
-use crate::DType;
+use crate::{DType, Error, Result};
 
 /// A contiguous run of `len` elements of type `dtype`, starting `offset` bytes into `buffer`.
 ///
-/// The buffer belongs to the caller (a trainer's parameter or gradient buffer); cloning a
-/// `Tensor` clones the handle, not the memory. Any byte offset that is a multiple of the
-/// element size works: the crate binds at the adapter's alignment below it and shifts the
-/// index in the shader.
+/// Offsets are in bytes, lengths in elements. The buffer belongs to the caller (a trainer's
+/// parameter or gradient buffer); cloning a `Tensor` clones the handle, not the memory. Any
+/// byte offset that is a multiple of the element size works: the crate binds at the
+/// adapter's alignment below it and shifts the index in the shader. Bindings and copies
+/// cover whole 4-byte words, so the word holding a tensor's last byte must exist in the
+/// buffer (a 16-bit tensor of odd length needs 2 bytes of padding after it); every entry
+/// that takes a tensor checks this and the range ([`Error::BadRange`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Tensor {
     /// The buffer holding the elements. It needs `BufferUsages::STORAGE`.
     pub buffer: wgpu::Buffer,
-    /// Byte offset of the first element.
+    /// Offset of the first element, in bytes (not elements).
     pub offset: u64,
-    /// Number of elements.
+    /// Number of elements (not bytes).
     pub len: u64,
     /// Storage type of each element.
     pub dtype: DType,
 }
 
 impl Tensor {
-    /// A tensor of `len` elements starting `offset` bytes into `buffer`.
-    pub fn new(buffer: &wgpu::Buffer, offset: u64, len: u64, dtype: DType) -> Self {
-        Tensor { buffer: buffer.clone(), offset, len, dtype }
+    /// A tensor of `len` elements (a count, not bytes) starting `offset_bytes` bytes into
+    /// `buffer`. For element 5 onwards of an f16 buffer, `offset_bytes` is 10.
+    pub fn new(buffer: &wgpu::Buffer, offset_bytes: u64, len: u64, dtype: DType) -> Self {
+        Tensor { buffer: buffer.clone(), offset: offset_bytes, len, dtype }
     }
 
-    /// The whole buffer as one tensor (its size divided by the element size).
-    pub fn whole(buffer: &wgpu::Buffer, dtype: DType) -> Self {
-        Tensor::new(buffer, 0, buffer.size() / dtype.size(), dtype)
+    /// The whole buffer as one tensor of `buffer.size() / dtype.size()` elements.
+    ///
+    /// A buffer does not record how many bytes its creator meant: wgpu rounds the size of
+    /// `create_buffer_init` (and of `mapped_at_creation`) buffers up to 4 bytes, so a buffer
+    /// made from an odd number of 16-bit values holds one more, and `whole` would count that
+    /// padding as an element: give such a tensor its length with [`Tensor::new`]. Refused
+    /// ([`Error::BadRange`]) where the size is not a whole number of elements. A buffer of
+    /// exactly an odd number of 16-bit elements is refused where the tensor is used: its last
+    /// word is incomplete.
+    pub fn whole(buffer: &wgpu::Buffer, dtype: DType) -> Result<Self> {
+        Tensor::from_bytes(buffer, 0, buffer.size(), dtype, "buffer")
+    }
+
+    /// The bytes of a [`wgpu::BufferSlice`] (e.g. `buffer.slice(256..1024)`) as a tensor;
+    /// refused ([`Error::BadRange`]) where the slice is not a whole number of elements. The
+    /// range is checked against the buffer when the tensor is used.
+    pub fn from_slice(slice: wgpu::BufferSlice<'_>, dtype: DType) -> Result<Self> {
+        Tensor::from_bytes(slice.buffer(), slice.offset(), slice.size(), dtype, "slice")
+    }
+
+    /// The bytes of a [`wgpu::BufferBinding`] as a tensor (`size: None` is the rest of the
+    /// buffer); refused ([`Error::BadRange`]) where they are not a whole number of elements.
+    pub fn from_binding(binding: &wgpu::BufferBinding<'_>, dtype: DType) -> Result<Self> {
+        let rest = binding.buffer.size().checked_sub(binding.offset).ok_or_else(|| Error::BadRange {
+            argument: "binding".into(),
+            problem: format!(
+                "offset {} is past the end of a {}-byte buffer",
+                binding.offset,
+                binding.buffer.size()
+            ),
+        })?;
+        let bytes = binding.size.map_or(rest, |size| size.get());
+        Tensor::from_bytes(binding.buffer, binding.offset, bytes, dtype, "binding")
+    }
+
+    /// `bytes` bytes from `offset_bytes` as elements of `dtype`.
+    fn from_bytes(
+        buffer: &wgpu::Buffer,
+        offset_bytes: u64,
+        bytes: u64,
+        dtype: DType,
+        argument: &str,
+    ) -> Result<Self> {
+        if !bytes.is_multiple_of(dtype.size()) {
+            return Err(Error::BadRange {
+                argument: argument.into(),
+                problem: format!("{bytes} bytes are not a whole number of {dtype:?} elements"),
+            });
+        }
+        Ok(Tensor::new(buffer, offset_bytes, bytes / dtype.size(), dtype))
     }
 
     /// Size in bytes.
@@ -55,10 +106,5 @@ impl Tensor {
     pub fn overlaps(&self, other: &Tensor) -> bool {
         let (a, b) = (self.byte_range(), other.byte_range());
         self.buffer == other.buffer && !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
-    }
-
-    /// Whether two tensors are exactly the same memory with the same element type.
-    pub fn same_range(&self, other: &Tensor) -> bool {
-        self == other
     }
 }

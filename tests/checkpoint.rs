@@ -281,3 +281,101 @@ fn loading_in_master_weight_mode_restores_the_models_copies() {
         "the bf16 copy is the loaded masters rounded"
     );
 }
+
+/// A buffer with `usage` holding `values` as `dtype`.
+fn buffer_with(ctx: &GpuContext, values: &[f64], dtype: DType, usage: wgpu::BufferUsages) -> Tensor {
+    use wgpu::util::DeviceExt;
+    let buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("model"),
+        contents: &dtype.encode(values),
+        usage,
+    });
+    Tensor::new(&buffer, 0, values.len() as u64, dtype)
+}
+
+#[test]
+fn a_load_that_cannot_write_every_target_is_refused_before_the_first_write() {
+    let ctx = ctx();
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+    // Master-weight mode over a model whose buffers can be read but not written by copies:
+    // the step writes them through a storage binding, but a load could not restore them.
+    let model = [
+        buffer_with(&ctx, &[0.3, -0.7, 1.1, 0.01], DType::BF16, wgpu_optim::TENSOR_USAGES),
+        buffer_with(&ctx, &[0.5, 0.25, -2.0, 4.0], DType::BF16, usage),
+    ];
+    let grads = [ctx.upload("g", &[0.1, -0.2, 0.3, 0.4], DType::F32), ctx.upload("g", &[0.5; 4], DType::F32)];
+    let mut optimizer = Optimizer::master_weights(&ctx, Adam::adamw(), &model).unwrap();
+    optimizer.step(&grads).unwrap();
+    let bytes = optimizer.save_to_bytes().unwrap();
+    optimizer.step(&grads).unwrap();
+    let model_before: Vec<Vec<u8>> = model.iter().map(|m| ctx.read_bytes(m).unwrap()).collect();
+    let err = assert_refused(&ctx, &mut optimizer, &bytes, "a model copy without COPY_DST");
+    assert!(
+        matches!(&err, Error::MissingUsage { argument, needed: "COPY_DST", .. } if argument == "model_copies[1]"),
+        "{err}"
+    );
+    let model_after: Vec<Vec<u8>> = model.iter().map(|m| ctx.read_bytes(m).unwrap()).collect();
+    assert_eq!(model_after, model_before, "a refused load changed the model");
+
+    // Given copies whose halves share a word with a neighbour need COPY_SRC to be patched.
+    let words =
+        buffer_with(&ctx, &[0.0; 6], DType::F16, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST);
+    let masters = [ctx.upload("master", &[0.5, 1.5, -0.5], DType::F32)];
+    let options = OptimizerOptions { model_copies: vec![words.slice(1, 3)], ..Default::default() };
+    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &masters, options).unwrap();
+    optimizer.step(&[ctx.upload("g", &[0.1; 3], DType::F32)]).unwrap();
+    let bytes = optimizer.save_to_bytes().unwrap();
+    optimizer.step(&[ctx.upload("g", &[0.2; 3], DType::F32)]).unwrap();
+    let err = assert_refused(&ctx, &mut optimizer, &bytes, "a copy sharing words without COPY_SRC");
+    assert!(
+        matches!(&err, Error::MissingUsage { argument, needed: "COPY_SRC", .. } if argument == "model_copies[0]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_kind_of_mismatched_checkpoint_is_refused_and_changes_nothing() {
+    let ctx = ctx();
+    let params = |n: usize| {
+        vec![ctx.upload("p", &vec![0.5; n], DType::F32), ctx.upload("q", &vec![0.5; n], DType::F32)]
+    };
+    let grads = vec![ctx.upload("g", &[0.1; 8], DType::F32), ctx.upload("h", &[0.2; 8], DType::F32)];
+    let build = |groups: Vec<ParamGroup>, options: OptimizerOptions| {
+        let mut optimizer = Optimizer::with_groups(&ctx, groups, options).unwrap();
+        optimizer.step(&grads).unwrap();
+        optimizer
+    };
+    let one_group = |p: &[Tensor]| vec![ParamGroup::new(Adam::default(), p)];
+    let mut target = build(one_group(&params(8)), OptimizerOptions::default());
+    let p = params(8);
+    let two_groups = build(
+        vec![ParamGroup::new(Adam::default(), &p[..1]), ParamGroup::new(Adam::default(), &p[1..])],
+        OptimizerOptions::default(),
+    );
+    let masters = build(
+        one_group(&params(8)),
+        OptimizerOptions {
+            model_copies: vec![ctx.zeros("c", 8, DType::BF16), ctx.zeros("d", 8, DType::BF16)],
+            ..Default::default()
+        },
+    );
+    let cases = [
+        ("two groups into one", two_groups.save_to_bytes().unwrap()),
+        ("masters into an optimizer without", masters.save_to_bytes().unwrap()),
+    ];
+    for (what, bytes) in cases {
+        let err = assert_refused(&ctx, &mut target, &bytes, what);
+        assert!(matches!(err, Error::BadFile { .. }), "{what}: {err}");
+    }
+    // A file without masters into master-weight mode.
+    let mut with_masters = masters;
+    let err = assert_refused(&ctx, &mut with_masters, &target.save_to_bytes().unwrap(), "no masters");
+    assert!(err.to_string().contains("master.0"), "{err}");
+    // A step beyond the device's u32 counter into capturable mode.
+    let mut capturable =
+        build(one_group(&params(8)), OptimizerOptions { capturable: true, ..Default::default() });
+    let mut far = build(one_group(&params(8)), OptimizerOptions::default());
+    far.set_step_count(1 << 33).unwrap();
+    let err = assert_refused(&ctx, &mut capturable, &far.save_to_bytes().unwrap(), "a step beyond u32");
+    assert!(err.to_string().contains("u32"), "{err}");
+}

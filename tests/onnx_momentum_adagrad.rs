@@ -93,7 +93,7 @@ fn double_tensors_without_shader_f64_are_a_typed_error() {
         .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
     let (device, queue) =
         pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
-    let ctx = GpuContext::from_device(device, queue, &adapter.get_info());
+    let ctx = GpuContext::from_device(device, queue);
     assert!(!ctx.has_feature(wgpu::Features::SHADER_F64));
     let t = |v: f64| ctx.upload_f64("t", &[v; 8]);
     let inputs = [t(1.0), t(0.5), t(0.0)];

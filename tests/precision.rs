@@ -15,7 +15,8 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Sgd, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind,
+    Tensor,
 };
 
 /// One ulp of `dtype` without [`Tolerance::stored`]'s cancellation slack, for updates whose
@@ -328,6 +329,52 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
                 Tolerance::exact(dtype),
             );
         }
+    }
+}
+
+#[test]
+fn master_weights_compose_with_groups_and_capturable_mode() {
+    let ctx = ctx();
+    let mut rng = Rng::new(11);
+    let sizes = [33, 17, 8];
+    let initial: Vec<Vec<f64>> =
+        sizes.iter().map(|&n| rng.vec(n, 1.0).into_iter().map(|x| DType::BF16.round(x)).collect()).collect();
+    let algorithms: [Algorithm; 2] =
+        [Adam { lr: 1e-2, ..Adam::adamw() }.into(), Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }.into()];
+    let groups = |params: &[Tensor]| {
+        vec![ParamGroup::new(algorithms[0], &params[..2]), ParamGroup::new(algorithms[1], &params[2..])]
+    };
+    let model: Vec<Tensor> = initial.iter().map(|v| ctx.upload("model", v, DType::BF16)).collect();
+    let options = OptimizerOptions { master_weights: true, capturable: true, ..Default::default() };
+    let mut optimizer = Optimizer::with_groups(&ctx, groups(&model), options).unwrap();
+    assert_eq!(optimizer.model_copies(), &model[..]);
+    assert!(optimizer.params().iter().all(|m| m.dtype == DType::F32));
+    assert_eq!(optimizer.state(2, StateKind::MomentumBuffer).unwrap().dtype, DType::F32);
+    // The same run on f32 parameters holding the model's initial values.
+    let reference: Vec<Tensor> = initial.iter().map(|v| ctx.upload("reference", v, DType::F32)).collect();
+    let options = OptimizerOptions { capturable: true, ..Default::default() };
+    let mut plain = Optimizer::with_groups(&ctx, groups(&reference), options).unwrap();
+    let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
+    for _ in 0..5 {
+        for g in &grads {
+            ctx.write(g, &rng.vec(g.len as usize, 1.0)).unwrap();
+        }
+        optimizer.step(&grads).unwrap();
+        plain.step(&grads).unwrap();
+    }
+    assert_eq!(optimizer.read_device_step().unwrap(), 5);
+    for (i, (master, want)) in optimizer.params().iter().zip(&reference).enumerate() {
+        let masters = download(&ctx, master);
+        let tolerance = Tolerance::Close { rtol: 1e-6, atol: 1e-7 };
+        assert_close(&format!("masters[{i}]"), &masters, &download(&ctx, want), tolerance);
+        assert_ne!(masters, initial[i], "masters[{i}] did not move");
+        let rounded: Vec<f64> = masters.iter().map(|m| DType::BF16.round(*m)).collect();
+        assert_close(
+            &format!("model[{i}]"),
+            &download(&ctx, &model[i]),
+            &rounded,
+            Tolerance::exact(DType::BF16),
+        );
     }
 }
 

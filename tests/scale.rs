@@ -159,10 +159,34 @@ fn a_group_keeps_its_state_tensors() {
     let mut optimizer =
         Optimizer::new(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();
     let err = optimizer.set_group_algorithm(0, Sgd { lr: 0.1, ..Sgd::default() }).unwrap_err();
-    assert!(matches!(err, wgpu_optim::Error::BadHyperparameter { name: "algorithm", .. }), "{err}");
+    assert!(matches!(err, wgpu_optim::Error::StateMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("group 0"), "{err}");
     let err = optimizer.set_group_algorithm(3, Sgd::default()).unwrap_err();
-    assert!(matches!(err, wgpu_optim::Error::CountMismatch { .. }), "{err}");
+    assert!(matches!(err, wgpu_optim::Error::NoSuchGroup { index: 3, groups: 1 }), "{err}");
+    let err = optimizer.set_group_lr(1, 0.5).unwrap_err();
+    assert!(matches!(err, wgpu_optim::Error::NoSuchGroup { index: 1, groups: 1 }), "{err}");
     optimizer
         .set_group_algorithm(0, Sgd { lr: 0.01, momentum: 0.5, nesterov: true, ..Sgd::default() })
         .unwrap();
+}
+
+#[test]
+fn set_group_lr_changes_one_group_and_set_lr_sets_them_all() {
+    let ctx = ctx();
+    let params = [ctx.upload_f32("p", &[1.0; 4]), ctx.upload_f32("q", &[1.0; 4])];
+    let grads = [ctx.upload_f32("g", &[1.0; 4]), ctx.upload_f32("h", &[1.0; 4])];
+    let groups = vec![
+        ParamGroup::new(Sgd { lr: 0.125, ..Sgd::default() }, &params[..1]),
+        ParamGroup::new(Sgd { lr: 0.25, ..Sgd::default() }, &params[1..]),
+    ];
+    let mut optimizer = Optimizer::with_groups(&ctx, groups, OptimizerOptions::default()).unwrap();
+    optimizer.set_group_lr(1, 0.5).unwrap();
+    assert_eq!(optimizer.group_algorithm(0).unwrap().lr(), 0.125);
+    optimizer.step(&grads).unwrap();
+    assert_eq!(ctx.read_f32(&params[0]).unwrap(), [0.875; 4]);
+    assert_eq!(ctx.read_f32(&params[1]).unwrap(), [0.5; 4]);
+    optimizer.set_lr(0.0625).unwrap();
+    optimizer.step(&grads).unwrap();
+    assert_eq!(ctx.read_f32(&params[0]).unwrap(), [0.8125; 4]);
+    assert_eq!(ctx.read_f32(&params[1]).unwrap(), [0.4375; 4]);
 }

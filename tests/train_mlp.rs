@@ -35,7 +35,7 @@ fn open() -> Gpu {
 
 /// The crate's context on the trainer's device, as the example wraps it.
 fn context(gpu: &Gpu) -> GpuContext {
-    GpuContext::from_device(gpu.device.clone(), gpu.queue.clone(), &gpu.info)
+    GpuContext::from_device(gpu.device.clone(), gpu.queue.clone())
 }
 
 /// One training step as the example records it: one encoder, one submit.

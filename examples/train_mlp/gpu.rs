@@ -16,7 +16,7 @@ pub struct Gpu {
     pub device: wgpu::Device,
     /// Its queue: one submit per training step.
     pub queue: wgpu::Queue,
-    /// The adapter's name, backend and driver, for the log and `GpuContext::from_device`.
+    /// The adapter's name, backend and driver, for the log.
     pub info: wgpu::AdapterInfo,
 }
 

@@ -196,7 +196,7 @@ fn main_with(options: &Options) -> Result<(), BoxError> {
         model.write_params(params)?;
     }
     // The crate borrows the trainer's device; it never opens one of its own.
-    let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone(), &gpu.info);
+    let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
     let mut optimizer = build_optimizer(options, &ctx, &model, &plan)?;
     say(options, &describe(&plan, &optimizer, &data));
     let initial = model.evaluate()?;

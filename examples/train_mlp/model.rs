@@ -352,7 +352,9 @@ fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
         DType::F16 => "enable f16;\nalias Param = f16;\n",
         _ => "alias Param = f32;\n",
     };
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    // A driver that fails to compile a shader that validated reports an internal error.
+    let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("mlp.wgsl"),
         source: wgpu::ShaderSource::Wgsl(format!("{header}{}", include_str!("mlp.wgsl")).into()),
@@ -374,7 +376,8 @@ fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
         weight_grad: pipeline("weight_grad"),
         input_grad: pipeline("input_grad"),
     };
-    match pollster::block_on(scope.pop()) {
+    let internal = pollster::block_on(internal.pop());
+    match internal.or(pollster::block_on(validation.pop())) {
         Some(error) => Err(format!("compiling mlp.wgsl: {error}").into()),
         None => Ok(pipelines),
     }

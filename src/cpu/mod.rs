@@ -62,7 +62,7 @@ pub struct CpuOptimizer {
 impl CpuOptimizer {
     /// An optimizer for parameters of the dtypes and lengths of `params`, with zeroed state
     /// (Adagrad: its initial accumulator value), at step 0, keeping state in each
-    /// parameter's dtype.
+    /// parameter's dtype. An empty `params` is refused ([`Error::NoParameters`]).
     pub fn new(algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<Self> {
         Self::with_options(algorithm, params, CpuOptions::default())
     }
@@ -75,6 +75,9 @@ impl CpuOptimizer {
     ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        if params.is_empty() {
+            return Err(Error::NoParameters { argument: "params".into() });
+        }
         if options.state_dtype == Some(DType::F64) {
             return Err(host::not_f64("options.state_dtype"));
         }
@@ -103,11 +106,10 @@ impl CpuOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
-            return Err(Error::BadHyperparameter {
-                name: "algorithm",
-                // As the GPU optimizer reports it: the index of the (only) parameter group.
-                value: 0.0,
-                expected: "an algorithm with the same state tensors as the optimizer's (build a new optimizer to change them)",
+            return Err(Error::StateMismatch {
+                argument: "algorithm".into(),
+                got: algorithm.state_kinds().to_vec(),
+                expected: self.algorithm.state_kinds().to_vec(),
             });
         }
         self.algorithm = algorithm;

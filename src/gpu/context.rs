@@ -101,7 +101,7 @@ impl GpuContext {
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
-        let ctx = Self::from_device(device, queue, &adapter.get_info());
+        let ctx = Self::from_device(device, queue);
         // The device is ours: watch for its loss, and log (rather than panic on) any error
         // that escapes the crate's error scopes.
         let lost = ctx.inner.lost.clone();
@@ -125,9 +125,11 @@ impl GpuContext {
     /// Wraps a trainer's existing device and queue. The crate uses whatever features and
     /// limits the device was created with and never changes its error handler or its
     /// device-lost callback (the trainer keeps both; call [`Self::mark_lost`] from the
-    /// callback to make the crate's calls return [`Error::DeviceLost`]).
-    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo) -> Self {
+    /// callback to make the crate's calls return [`Error::DeviceLost`]). The adapter's name
+    /// and driver for [`Self::report`] come from the device.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let limits = device.limits();
+        let adapter = device.adapter_info();
         let report = ContextReport {
             adapter_name: adapter.name.clone(),
             backend: adapter.backend,
@@ -204,17 +206,22 @@ impl GpuContext {
         }
     }
 
-    /// Runs `f` inside validation and out-of-memory error scopes and turns anything wgpu
-    /// reports into [`Error::Gpu`] with wgpu's message verbatim.
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and turns
+    /// anything wgpu reports into [`Error::Gpu`] with wgpu's message verbatim. Internal
+    /// errors are a driver failing to compile a shader that validated; uncaught, they would
+    /// reach the trainer's uncaptured-error handler, whose default panics.
     pub(crate) fn catch<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
         self.check_alive()?;
         let device = &self.inner.device;
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         let value = f();
+        // Scopes pop in the reverse order of their pushes.
+        let internal = pollster::block_on(internal.pop());
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
-        match validation.or(oom) {
+        match validation.or(internal).or(oom) {
             Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
             // A loss during `f` makes its objects invalid without necessarily an error.
             None => self.check_alive().map(|()| value),
@@ -243,4 +250,31 @@ async fn choose_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
         })
         .await
         .map_err(|e| Error::NoAdapter { reason: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_error_displays_on_one_line_and_in_full_with_the_alternate_flag() {
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+        let source = "@compute @workgroup_size(1)\nfn main() {\n    let x: u32 = 1.5;\n}\n";
+        let err = ctx
+            .catch("compiling a bad shader", || {
+                ctx.device().create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some("bad"),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                })
+            })
+            .expect_err("a shader assigning a float to a u32 compiled");
+        let Error::Gpu { message, .. } = &err else { panic!("{err:?}") };
+        let line = err.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.starts_with("wgpu error while compiling a bad shader: Validation Error: "), "{line}");
+        assert!(line.contains("create_shader_module") && line.contains("'bad'"), "{line}");
+        // The full message, snippet of the WGSL included, under {:#}.
+        let full = format!("{err:#}");
+        assert!(full.contains(message.as_str()) && full.contains("let x: u32 = 1.5"), "{full}");
+    }
 }

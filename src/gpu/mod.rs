@@ -6,7 +6,7 @@ pub(crate) mod kernel;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod table;
-mod transfer;
+pub(crate) mod transfer;
 
 pub use context::{ContextReport, GpuContext};
 pub use transfer::TENSOR_USAGES;

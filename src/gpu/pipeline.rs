@@ -3,8 +3,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{compose, Scalars, VariantKey};
+use crate::gpu::kernel::{compose, Scalars, Storage, VariantKey, TABLE_BYTES};
 use crate::gpu::GpuContext;
+use crate::step::device::DeviceHeader;
+use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{DType, Error, Result};
 
 /// A compiled variant and the layout its per-segment bind groups must follow.
@@ -49,15 +51,22 @@ pub(crate) struct ScalarLayouts {
     state: wgpu::BindGroupLayout,
 }
 
+/// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
+/// each binding's size once, when its bind group is created, not at every dispatch.
 fn buffer_entry(
     binding: u32,
     ty: wgpu::BufferBindingType,
     has_dynamic_offset: bool,
+    min_size: u64,
 ) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset, min_binding_size: None },
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset,
+            min_binding_size: wgpu::BufferSize::new(min_size),
+        },
         count: None,
     }
 }
@@ -68,18 +77,17 @@ impl ScalarLayouts {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries })
         };
-        let hyper = buffer_entry(0, Uniform, false);
+        let hyper = buffer_entry(0, Uniform, false, UNIFORM_SLOT_BYTES);
+        let state =
+            |binding, read_only| buffer_entry(binding, Storage { read_only }, false, DeviceHeader::BYTES);
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout(
                 "wgpu-optim capturable scalars",
-                &[
-                    hyper,
-                    buffer_entry(1, Storage { read_only: true }, false),
-                    buffer_entry(2, Storage { read_only: true }, false),
-                ],
+                // The device state, and the group's learning rate (one f32).
+                &[hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)],
             ),
-            state: layout("wgpu-optim device state", &[buffer_entry(0, Storage { read_only: false }, false)]),
+            state: layout("wgpu-optim device state", &[state(0, false)]),
         }
     }
 
@@ -110,27 +118,17 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
     let overrides = key.program.overrides();
     let label = format!("wgpu-optim {} {:?} {:?}", key.program.name(), key.math, overrides);
     let source = compose(key);
-    let mut entries = vec![wgpu::BindGroupLayoutEntry {
-        binding: 0,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Uniform,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    }];
+    // The dispatch's table of segments (see `gpu::table`).
+    let mut entries = vec![buffer_entry(0, wgpu::BufferBindingType::Uniform, false, TABLE_BYTES)];
     for (b, desc) in key.layout.bindings.iter().enumerate() {
-        entries.push(wgpu::BindGroupLayoutEntry {
-            binding: b as u32 + 1,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only: !desc.read_write },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        });
+        // One element of the array (a vec4, or two words of halves, in vector variants);
+        // storage bindings are whole words.
+        let element = match desc.storage {
+            Storage::Native(dtype) => dtype.size() * u64::from(key.width),
+            Storage::Packed(_) => 2 * u64::from(key.width),
+        };
+        let ty = wgpu::BufferBindingType::Storage { read_only: !desc.read_write };
+        entries.push(buffer_entry(b as u32 + 1, ty, false, element.next_multiple_of(4)));
     }
     let result = ctx.catch(&format!("compiling {label}"), || {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {

@@ -63,8 +63,26 @@ pub(crate) struct TensorPlan {
     pub(crate) segments: Vec<SegmentPlan>,
 }
 
-/// Checks that `arg` is a usable storage range of its buffer.
+/// Checks that `arg` is a usable storage range of its buffer: [`check_extent`] and the
+/// `STORAGE` usage.
 pub(crate) fn check_range(arg: &Arg) -> Result<()> {
+    check_extent(arg)?;
+    let t = &arg.tensor;
+    if !t.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::MissingUsage {
+            argument: arg.name.clone(),
+            needed: "STORAGE",
+            has: format!("{:?}", t.buffer.usage()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `arg`'s elements lie in its buffer at an offset that is a multiple of the
+/// element size, and that the 4-byte word holding its last byte exists: storage bindings,
+/// copies and queue writes all cover whole words, so a 16-bit tensor that ends mid-word in
+/// an exactly sized buffer can be neither bound nor read back.
+pub(crate) fn check_extent(arg: &Arg) -> Result<()> {
     let t = &arg.tensor;
     let bad = |problem: String| Err(Error::BadRange { argument: arg.name.clone(), problem });
     if !t.offset.is_multiple_of(t.dtype.size()) {
@@ -77,25 +95,26 @@ pub(crate) fn check_range(arg: &Arg) -> Result<()> {
     }
     let end = t.len.checked_mul(t.dtype.size()).and_then(|bytes| bytes.checked_add(t.offset));
     match end {
-        Some(end) if end <= t.buffer.size() => {}
-        _ => {
-            return bad(format!(
-                "{} {:?} elements at byte offset {} do not fit in a buffer of {} bytes",
-                t.len,
-                t.dtype,
-                t.offset,
-                t.buffer.size()
-            ))
+        Some(end) if end <= t.buffer.size() => {
+            let word_end = end.next_multiple_of(4);
+            if word_end > t.buffer.size() {
+                return bad(format!(
+                    "ends at byte {end} of a {}-byte buffer; bindings and copies cover whole 4-byte \
+                     words, so the buffer must extend to byte {word_end} (pad it, or leave out the \
+                     last element)",
+                    t.buffer.size()
+                ));
+            }
+            Ok(())
         }
+        _ => bad(format!(
+            "{} {:?} elements at byte offset {} do not fit in a buffer of {} bytes",
+            t.len,
+            t.dtype,
+            t.offset,
+            t.buffer.size()
+        )),
     }
-    if !t.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::MissingUsage {
-            argument: arg.name.clone(),
-            needed: "STORAGE",
-            has: format!("{:?}", t.buffer.usage()),
-        });
-    }
-    Ok(())
 }
 
 /// Validates `args` and maps them onto bindings and segments.
@@ -235,7 +254,7 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
     for (k, out) in outputs.iter().enumerate() {
         for other in &outputs[k + 1..] {
             if out.tensor.overlaps(&other.tensor) {
-                return Err(if out.tensor.same_range(&other.tensor) {
+                return Err(if out.tensor == other.tensor {
                     Error::OutputsAlias { first: out.name.clone(), second: other.name.clone() }
                 } else {
                     Error::PartialOverlap { output: out.name.clone(), other: other.name.clone() }
@@ -243,7 +262,7 @@ fn check_aliasing(args: &KernelArgs) -> Result<()> {
             }
         }
         for input in args.inputs.iter().flatten() {
-            if out.tensor.overlaps(&input.tensor) && !out.tensor.same_range(&input.tensor) {
+            if out.tensor.overlaps(&input.tensor) && out.tensor != input.tensor {
                 return Err(Error::PartialOverlap { output: out.name.clone(), other: input.name.clone() });
             }
         }

@@ -3,6 +3,7 @@
 
 use wgpu::util::DeviceExt;
 
+use crate::gpu::plan::{check_extent, Arg};
 use crate::gpu::GpuContext;
 use crate::{DType, Error, Result, Tensor};
 
@@ -74,6 +75,8 @@ impl GpuContext {
     /// Overwrites a tensor's elements from the host (`queue.write_buffer`, landing at the next
     /// submit). A 16-bit tensor that starts or ends inside a 4-byte word has that word's
     /// other half read back first (which needs `COPY_SRC`), since queue writes are whole words.
+    /// Refused before anything is written if `bytes` is not the tensor's size or the tensor
+    /// cannot be written ([`Error::BadRange`], [`Error::MissingUsage`]).
     pub fn write_bytes(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
         if bytes.len() as u64 != tensor.byte_len() {
             return Err(Error::BadRange {
@@ -81,25 +84,13 @@ impl GpuContext {
                 problem: format!("{} bytes given for a tensor of {} bytes", bytes.len(), tensor.byte_len()),
             });
         }
-        if !tensor.buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
-            return Err(Error::MissingUsage {
-                argument: "tensor".into(),
-                needed: "COPY_DST",
-                has: format!("{:?}", tensor.buffer.usage()),
-            });
-        }
+        check_writable(&Arg::new("tensor", tensor))?;
         let range = tensor.byte_range();
         let start = range.start - range.start % 4;
         let end = range.end.next_multiple_of(4);
         if start == range.start && end == range.end {
             self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
             return Ok(());
-        }
-        if end > tensor.buffer.size() {
-            return Err(Error::BadRange {
-                argument: "tensor".into(),
-                problem: format!("ends inside the last word of a {}-byte buffer", tensor.buffer.size()),
-            });
         }
         let words = Tensor::new(&tensor.buffer, start, (end - start) / 2, crate::DType::F16);
         let mut patched = self.read_bytes(&words)?;
@@ -110,20 +101,17 @@ impl GpuContext {
     }
 
     /// Copies a tensor's bytes back to the host, waiting for all submitted work first.
+    /// Refused before any GPU work if the tensor cannot be read back ([`Error::BadRange`],
+    /// [`Error::MissingUsage`]): copies cover whole 4-byte words, so the word holding its last
+    /// byte must exist.
     pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
+        check_readable(&Arg::new("tensor", tensor))?;
         if tensor.len == 0 {
             return Ok(Vec::new());
         }
-        if !tensor.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
-            return Err(Error::MissingUsage {
-                argument: "tensor".into(),
-                needed: "COPY_SRC",
-                has: format!("{:?}", tensor.buffer.usage()),
-            });
-        }
         let range = tensor.byte_range();
         let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
-        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).min(tensor.buffer.size());
+        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
         let device = self.device();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-optim readback"),
@@ -180,4 +168,33 @@ impl GpuContext {
             })
         }
     }
+}
+
+/// Checks that `arg` can be copied to the host: [`check_extent`] and `COPY_SRC`.
+pub(crate) fn check_readable(arg: &Arg) -> Result<()> {
+    check_extent(arg)?;
+    require_usage(arg, wgpu::BufferUsages::COPY_SRC, "COPY_SRC")
+}
+
+/// Checks that `write_bytes` can write `arg`: [`check_extent`], `COPY_DST`, and `COPY_SRC`
+/// where it starts or ends inside a word (the word's other half is read back first).
+pub(crate) fn check_writable(arg: &Arg) -> Result<()> {
+    check_extent(arg)?;
+    require_usage(arg, wgpu::BufferUsages::COPY_DST, "COPY_DST")?;
+    let range = arg.tensor.byte_range();
+    if !range.start.is_multiple_of(4) || !range.end.is_multiple_of(4) {
+        require_usage(arg, wgpu::BufferUsages::COPY_SRC, "COPY_SRC")?;
+    }
+    Ok(())
+}
+
+fn require_usage(arg: &Arg, usage: wgpu::BufferUsages, name: &'static str) -> Result<()> {
+    if arg.tensor.buffer.usage().contains(usage) {
+        return Ok(());
+    }
+    Err(Error::MissingUsage {
+        argument: arg.name.clone(),
+        needed: name,
+        has: format!("{:?}", arg.tensor.buffer.usage()),
+    })
 }

@@ -1,12 +1,6 @@
-//! Saving and loading an optimizer's state as safetensors, under PyTorch's `state_dict`
-//! names: `state.{i}.exp_avg`, `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq`,
-//! `state.{i}.momentum_buffer`, `state.{i}.sum` in their storage dtypes, and
-//! `state.{i}.step` (f32, as PyTorch keeps it); `param_groups` (hyperparameters and
-//! parameter indices) in the metadata; in master-weight mode also `master.{i}`.
-//!
-//! Writing goes to a temporary file that is renamed over the target, so a crash never
-//! leaves a half-written checkpoint in its place. Loading checks the whole file against
-//! the optimizer before changing anything.
+//! Saving and loading an optimizer's state as safetensors. What a checkpoint holds is
+//! documented on [`Optimizer::save_to_bytes`], what loading replaces on
+//! [`Optimizer::load_from_bytes`].
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -15,7 +9,9 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 
 use super::Optimizer;
-use crate::{Algorithm, DType, Error, Result, Tensor};
+use crate::gpu::plan::Arg;
+use crate::gpu::transfer::check_writable;
+use crate::{Adagrad, Adam, Algorithm, DType, Error, Result, Sgd, Tensor};
 
 /// The `format` metadata value of checkpoints this crate writes.
 pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/1";
@@ -30,8 +26,27 @@ fn safetensors_dtype(dtype: DType) -> Dtype {
 }
 
 impl Optimizer {
-    /// The checkpoint as safetensors bytes (see the module documentation for its layout).
-    /// Waits for submitted work, then reads every state tensor back.
+    /// The checkpoint as safetensors bytes. Waits for submitted work, then reads every state
+    /// tensor back.
+    ///
+    /// It holds, under PyTorch's `state_dict` names (parameters numbered across groups):
+    /// - each parameter's state, in its storage dtype and shape `[len]`: `state.{i}.exp_avg`,
+    ///   `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq` (AMSGrad),
+    ///   `state.{i}.momentum_buffer` (SGD with momentum), `state.{i}.sum` (Adagrad);
+    /// - the step count: `state.{i}.step`, an f32 scalar as PyTorch keeps it, and the exact
+    ///   count in the `step` metadata (in capturable mode, the device's count: AMP skips
+    ///   excluded);
+    /// - every group's hyperparameters and parameter indices in the `param_groups` metadata
+    ///   (JSON with PyTorch's keys: `optimizer` the class, `lr`, `betas`, `eps`,
+    ///   `weight_decay`, `amsgrad`, `momentum`, ..., `params`). In capturable mode `lr` is the
+    ///   group's rate as the optimizer knows it ([`Optimizer::group_algorithm`]), not a value
+    ///   a trainer wrote into [`Optimizer::lr_tensor`] on the device;
+    /// - in master-weight mode, the f32 masters: `master.{i}`;
+    /// - `format` = [`CHECKPOINT_FORMAT`] in the metadata.
+    ///
+    /// It does not hold the model's parameters (outside master-weight mode the parameters are
+    /// the model's, which the trainer saves with its model), the model copies (rounded from
+    /// the masters on load), or the AMP flag and unscale factor.
     pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
         let step = match &self.device {
             Some(_) => self.read_device_step()?,
@@ -89,15 +104,19 @@ impl Optimizer {
             .map(|(name, dtype, shape, bytes)| {
                 safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
                     .map(|view| (name.clone(), view))
-                    .map_err(|e| Error::BadFile { path: name.clone(), problem: e.to_string() })
+                    .map_err(|e| Error::BadFile {
+                        path: "checkpoint".into(),
+                        problem: format!("`{name}`: {e}"),
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         safetensors::serialize(views, Some(metadata))
             .map_err(|e| Error::BadFile { path: "checkpoint".into(), problem: e.to_string() })
     }
 
-    /// Saves the checkpoint to `path` atomically: a temporary file beside it is written,
-    /// flushed to disk and renamed over `path`.
+    /// Saves the checkpoint ([`Self::save_to_bytes`] says what it holds) to `path`
+    /// atomically: a temporary file beside it is written, flushed to disk and renamed over
+    /// `path`, so a crash never leaves a half-written checkpoint in its place.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = self.save_to_bytes()?;
@@ -120,7 +139,8 @@ impl Optimizer {
         written.map_err(io)
     }
 
-    /// Loads a checkpoint file written by [`Optimizer::save`].
+    /// Loads a checkpoint file written by [`Optimizer::save`]; see [`Self::load_from_bytes`]
+    /// for what it replaces.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = std::fs::read(path)
@@ -131,9 +151,20 @@ impl Optimizer {
         })
     }
 
-    /// Loads checkpoint bytes. The whole file is checked first (format, algorithm and state
-    /// tensors of every group, every tensor's dtype and length); on any mismatch, or a
-    /// truncated or corrupt file, the optimizer is left as it was.
+    /// Loads checkpoint bytes ([`Self::save_to_bytes`] says what they hold).
+    ///
+    /// Replaces every state tensor, the step count and **every group's hyperparameters**
+    /// (learning rate included) with the file's: a schedule that wants other values sets them
+    /// after loading. In master-weight mode it also replaces the masters and writes the model
+    /// copies (the masters rounded once), which needs `COPY_DST` on the model's buffers.
+    /// Outside master-weight mode the parameters are not touched: load the model yourself.
+    ///
+    /// The file must match the optimizer: the same number of groups, each with the same
+    /// algorithm class and state tensors and the same parameter indices, and every tensor
+    /// with the dtype and length of the optimizer's. All of it, and whether every target
+    /// buffer takes its write, is checked before anything is written; on a mismatch
+    /// ([`Error::BadFile`]), a target that cannot be written ([`Error::MissingUsage`]), or a
+    /// truncated or corrupt file, the optimizer and the model are left as they were.
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
         let checkpoint = Checkpoint::parse(bytes)?;
         let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
@@ -166,9 +197,9 @@ impl Optimizer {
             algorithms.push(*algorithm);
         }
         // Every tensor the optimizer needs, checked before anything is written.
-        let mut writes: Vec<(Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
+        let mut writes: Vec<(String, Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut expected_names = 0;
-        let mut take = |name: String, target: &Tensor| -> Result<()> {
+        let mut take = |name: String, target: &Tensor, argument: String| -> Result<()> {
             let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
             if view.dtype() != safetensors_dtype(target.dtype) || view.shape() != [target.len as usize] {
                 return Err(bad(format!(
@@ -179,26 +210,27 @@ impl Optimizer {
                     target.len
                 )));
             }
-            writes.push((target.clone(), view.data().into()));
+            writes.push((argument, target.clone(), view.data().into()));
             expected_names += 1;
             Ok(())
         };
         for group in &self.groups {
             for i in group.first..group.first + group.len {
                 for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
-                    take(format!("state.{i}.{}", kind.torch_name()), tensor)?;
+                    let name = kind.torch_name();
+                    take(format!("state.{i}.{name}"), tensor, format!("{name}[{i}]"))?;
                 }
                 if !self.model_copies.is_empty() {
-                    take(format!("master.{i}"), &self.params[i])?;
+                    take(format!("master.{i}"), &self.params[i], format!("params[{i}]"))?;
                 }
             }
         }
         // In master-weight mode the model's copies are the masters rounded once, so they are
         // restored with them and the first forward pass after loading sees the right values.
-        for (master, copy) in self.params.iter().zip(&self.model_copies) {
-            let Some(data) = writes.iter().find(|(t, _)| t == master).map(|(_, d)| d) else { continue };
+        for (i, (master, copy)) in self.params.iter().zip(&self.model_copies).enumerate() {
+            let Some(data) = writes.iter().find(|(_, t, _)| t == master).map(|(_, _, d)| d) else { continue };
             let rounded = copy.dtype.encode(&master.dtype.decode(data));
-            writes.push((copy.clone(), rounded.into()));
+            writes.push((format!("model_copies[{i}]"), copy.clone(), rounded.into()));
         }
         for i in 0..self.params.len() {
             let name = format!("state.{i}.step");
@@ -217,14 +249,93 @@ impl Optimizer {
         if self.device.is_some() && u32::try_from(step).is_err() {
             return Err(bad(format!("step {step} does not fit the device's u32 step counter")));
         }
+        // Every target must take its write (the caller's buffers may lack a copy usage), or
+        // a refusal would come after some tensors were already overwritten.
+        for (argument, tensor, _) in &writes {
+            check_writable(&Arg::new(argument.clone(), tensor))?;
+        }
         // Everything matches: write.
-        for (tensor, data) in writes {
+        for (_, tensor, data) in writes {
             self.ctx.write_bytes(&tensor, &data)?;
         }
         for (g, algorithm) in algorithms.into_iter().enumerate() {
             self.set_group_algorithm(g, algorithm)?;
         }
         self.set_step_count(step)
+    }
+}
+
+/// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
+/// algorithms) so that the `checkpoint` feature alone brings in serde_json.
+impl Algorithm {
+    /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
+    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`).
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        let value = match self {
+            Algorithm::Adam(c) => json!({
+                "optimizer": if c.decoupled_weight_decay { "AdamW" } else { "Adam" },
+                "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps, "weight_decay": c.weight_decay,
+                "amsgrad": c.amsgrad, "maximize": c.maximize,
+            }),
+            Algorithm::Sgd(c) => json!({
+                "optimizer": "SGD", "lr": c.lr, "momentum": c.momentum, "dampening": c.dampening,
+                "weight_decay": c.weight_decay, "nesterov": c.nesterov, "maximize": c.maximize,
+            }),
+            Algorithm::Adagrad(c) => json!({
+                "optimizer": "Adagrad", "lr": c.lr, "lr_decay": c.lr_decay, "weight_decay": c.weight_decay,
+                "initial_accumulator_value": c.initial_accumulator_value, "eps": c.eps, "maximize": c.maximize,
+            }),
+        };
+        match value {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// The inverse of [`Algorithm::to_json`]; the message says which field is missing or wrong.
+    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> std::result::Result<Self, String> {
+        let number = |key: &str| {
+            map.get(key).and_then(|v| v.as_f64()).ok_or(format!("`{key}` is missing or not a number"))
+        };
+        let flag = |key: &str| {
+            map.get(key).and_then(|v| v.as_bool()).ok_or(format!("`{key}` is missing or not a boolean"))
+        };
+        let name = map.get("optimizer").and_then(|v| v.as_str()).ok_or("`optimizer` is missing")?;
+        Ok(match name {
+            "Adam" | "AdamW" => {
+                let betas = map.get("betas").and_then(|v| v.as_array()).ok_or("`betas` is missing")?;
+                let beta =
+                    |k: usize| betas.get(k).and_then(|v| v.as_f64()).ok_or("`betas` is not two numbers");
+                Algorithm::Adam(Adam {
+                    lr: number("lr")?,
+                    beta1: beta(0)?,
+                    beta2: beta(1)?,
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                    decoupled_weight_decay: name == "AdamW",
+                    amsgrad: flag("amsgrad")?,
+                    maximize: flag("maximize")?,
+                })
+            }
+            "SGD" => Algorithm::Sgd(Sgd {
+                lr: number("lr")?,
+                momentum: number("momentum")?,
+                dampening: number("dampening")?,
+                weight_decay: number("weight_decay")?,
+                nesterov: flag("nesterov")?,
+                maximize: flag("maximize")?,
+            }),
+            "Adagrad" => Algorithm::Adagrad(Adagrad {
+                lr: number("lr")?,
+                lr_decay: number("lr_decay")?,
+                weight_decay: number("weight_decay")?,
+                initial_accumulator_value: number("initial_accumulator_value")?,
+                eps: number("eps")?,
+                maximize: flag("maximize")?,
+            }),
+            other => return Err(format!("unknown optimizer `{other}`")),
+        })
     }
 }
 

@@ -148,16 +148,9 @@ impl DeviceState {
                 expected: format!("an F32 tensor of one element (got {} elements)", inv_scale.len),
             });
         }
+        // An f32 element's offset is a multiple of 4, which the copy below needs.
         crate::gpu::plan::check_range(&Arg::new("inv_scale", inv_scale))?;
-        if !inv_scale.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
-            || !inv_scale.offset.is_multiple_of(4)
-        {
-            return Err(Error::MissingUsage {
-                argument: "inv_scale".into(),
-                needed: "COPY_SRC, at a 4-byte-aligned offset",
-                has: format!("{:?} at offset {}", inv_scale.buffer.usage(), inv_scale.offset),
-            });
-        }
+        crate::gpu::transfer::check_readable(&Arg::new("inv_scale", inv_scale))?;
         if self.unscale.as_ref().is_none_or(|(bound, _)| bound != grads) {
             let mut items = Vec::with_capacity(grads.len());
             for (i, grad) in grads.iter().enumerate() {

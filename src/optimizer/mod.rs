@@ -2,14 +2,17 @@
 //! and everything a step records, built once.
 
 mod arena;
+#[cfg(feature = "checkpoint")]
 mod checkpoint;
 mod device;
 
+#[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
 use device::DeviceState;
@@ -42,10 +45,20 @@ pub struct OptimizerOptions {
     /// PyTorch does. f32 state for f16 or bf16 parameters is the common mix; all math is
     /// f32 either way and each store rounds once to nearest even.
     pub state_dtype: Option<DType>,
-    /// Master-weight mode: one low-precision copy per parameter (same length, usually f16
-    /// or bf16), which every step writes with the new parameter values in the same dispatch,
-    /// so the model reads its copy with no separate cast pass.
+    /// One low-precision copy per parameter (same length, usually f16 or bf16, each with its
+    /// own memory), which every step writes with the new parameter values in the same
+    /// dispatch, so the model reads its copy with no separate cast pass. The parameters are
+    /// then the f32 masters, which the caller made. [`Self::master_weights`] does this for you.
     pub model_copies: Vec<Tensor>,
+    /// Master-weight mode: the parameters given (in every group) are the model's, usually
+    /// f16 or bf16; the optimizer keeps f32 masters of them (read once, so the model's
+    /// buffers need `COPY_SRC`), f32 state unless [`Self::state_dtype`] says otherwise, and
+    /// writes the rounded new values into the model's tensors in the same dispatch as the
+    /// update. [`Optimizer::params`] are then the masters and [`Optimizer::model_copies`]
+    /// the model's tensors; construction errors name the latter `model_params[i]`.
+    /// Composes with groups and capturable mode; excludes [`Self::model_copies`].
+    /// Loading a checkpoint restores the model's tensors too, which needs `COPY_DST`.
+    pub master_weights: bool,
     /// Capturable mode: the step counter and each group's learning rate live in a device
     /// buffer; the step is counted on the device and bias corrections are computed there,
     /// so nothing is read back or written from the host per step. Needed for AMP skipping
@@ -131,34 +144,36 @@ impl Optimizer {
     }
 
     /// Master-weight mode over a model's low-precision parameters: the optimizer keeps f32
-    /// master copies (initialized from `model_params`, which therefore need `COPY_SRC`) and
-    /// f32 state, and each step writes the rounded new values back into `model_params`.
+    /// master copies (initialized from `model_params`, which therefore need `STORAGE` and
+    /// `COPY_SRC`, and `COPY_DST` to load a checkpoint) and f32 state, and each step writes
+    /// the rounded new values back into `model_params`. Errors name them `model_params[i]`.
+    ///
+    /// The same as [`Self::with_options`] with [`OptimizerOptions::master_weights`] set, which
+    /// also takes groups ([`Self::with_groups`]) and capturable mode.
     pub fn master_weights(
         ctx: &GpuContext,
         algorithm: impl Into<Algorithm>,
         model_params: &[Tensor],
     ) -> Result<Self> {
-        let masters = model_params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Ok(ctx.upload(&format!("master[{i}]"), &ctx.read(p)?, DType::F32)))
-            .collect::<Result<Vec<_>>>()?;
-        let options = OptimizerOptions {
-            state_dtype: Some(DType::F32),
-            model_copies: model_params.to_vec(),
-            ..Default::default()
-        };
-        Self::with_options(ctx, algorithm, &masters, options)
+        let options = OptimizerOptions { master_weights: true, ..Default::default() };
+        Self::with_options(ctx, algorithm, model_params, options)
     }
 
     /// An optimizer over parameter groups, each with its own algorithm and hyperparameters.
     /// Parameters are numbered across groups in order (for [`Self::state`] and the
     /// gradients of [`Self::record_step`]).
+    ///
+    /// Refused, with nothing created on the device, when there is no parameter at all
+    /// ([`Error::NoParameters`]), when two parameters (in any groups) or model copies share
+    /// a byte ([`Error::OverlappingParams`]), or when a tensor cannot be bound: range, usage
+    /// and a last element that ends inside its buffer's last 4-byte word ([`Error::BadRange`],
+    /// [`Error::MissingUsage`]). A group may be empty.
     pub fn with_groups(ctx: &GpuContext, groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Self> {
-        let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         for group in &groups {
             group.algorithm.validate()?;
         }
+        let (groups, options) = master_copies(ctx, groups, options)?;
+        let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
         if options.capturable && math == DType::F64 {
             return Err(Error::DTypeMismatch {
@@ -261,13 +276,25 @@ impl Optimizer {
         self.groups.get(g).map(|group| &self.params[group.first..group.first + group.len])
     }
 
-    /// Changes every group's learning rate from the next step on; no pipeline is rebuilt.
+    /// Sets every group's learning rate to `lr` from the next step on; no pipeline is
+    /// rebuilt. All groups get the same value, so ratios between groups (a head trained at
+    /// 10x the base rate) are not kept: to scale a schedule per group, call
+    /// [`Self::set_group_lr`] for each with its own rate. A refused `lr` changes no group.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
         for g in 0..self.groups.len() {
             let next = self.groups[g].algorithm.with_lr(lr);
             self.set_group_algorithm(g, next)?;
         }
         Ok(())
+    }
+
+    /// Sets group `g`'s learning rate from the next step on, leaving its other
+    /// hyperparameters and every other group as they are ([`Error::NoSuchGroup`] for a `g`
+    /// past the groups).
+    pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
+        let groups = self.groups.len();
+        let algorithm = self.group_algorithm(g).ok_or(Error::NoSuchGroup { index: g, groups })?.with_lr(lr);
+        self.set_group_algorithm(g, algorithm)
     }
 
     /// Changes group `g`'s hyperparameters from the next step on (a schedule). Learning
@@ -278,17 +305,13 @@ impl Optimizer {
     pub fn set_group_algorithm(&mut self, g: usize, algorithm: impl Into<Algorithm>) -> Result<()> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        let count = self.groups.len();
-        let group = self.groups.get_mut(g).ok_or(Error::CountMismatch {
-            argument: format!("group index {g}"),
-            got: g + 1,
-            expected: count,
-        })?;
+        let groups = self.groups.len();
+        let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
-            return Err(Error::BadHyperparameter {
-                name: "algorithm",
-                value: g as f64,
-                expected: "an algorithm with the same state tensors as the group's (build a new optimizer to change them)",
+            return Err(Error::StateMismatch {
+                argument: format!("algorithm (for group {g})"),
+                got: algorithm.state_kinds().to_vec(),
+                expected: group.algorithm.state_kinds().to_vec(),
             });
         }
         let variant_changed =
@@ -306,12 +329,12 @@ impl Optimizer {
         Ok(())
     }
 
-    /// The parameters, numbered across groups.
+    /// The parameters, numbered across groups (in master-weight mode, the f32 masters).
     pub fn params(&self) -> &[Tensor] {
         &self.params
     }
 
-    /// The model's copies in master-weight mode (empty otherwise).
+    /// The model copies (in master-weight mode, the model's own tensors); empty otherwise.
     pub fn model_copies(&self) -> &[Tensor] {
         &self.model_copies
     }
@@ -499,14 +522,102 @@ impl Optimizer {
 }
 
 fn not_capturable() -> Error {
-    Error::MissingFeature {
+    Error::NeedsOption {
         what: "device step counters, device learning rates and AMP skipping".into(),
-        feature: "OptimizerOptions::capturable",
+        option: "capturable",
     }
+}
+
+/// Master-weight mode ([`OptimizerOptions::master_weights`]): checks the model's tensors
+/// and replaces them in their groups by f32 masters read from them, the model's tensors
+/// becoming the model copies. Other modes pass through unchanged.
+fn master_copies(
+    ctx: &GpuContext,
+    groups: Vec<ParamGroup>,
+    mut options: OptimizerOptions,
+) -> Result<(Vec<ParamGroup>, OptimizerOptions)> {
+    if !options.master_weights {
+        return Ok((groups, options));
+    }
+    if !options.model_copies.is_empty() {
+        return Err(Error::ConflictingOptions {
+            first: "master_weights",
+            second: "model_copies",
+            reason: "master-weight mode makes the f32 masters itself and writes the parameters given \
+                     as the model copies; give one or the other",
+        });
+    }
+    let model: Vec<Arg> = groups
+        .iter()
+        .flat_map(|g| &g.params)
+        .enumerate()
+        .map(|(i, p)| Arg::new(format!("model_params[{i}]"), p))
+        .collect();
+    if model.is_empty() {
+        return Err(Error::NoParameters { argument: "model_params".into() });
+    }
+    for arg in &model {
+        check_range(arg)?;
+        check_readable(arg)?;
+        if arg.tensor.dtype == DType::F64 {
+            return Err(Error::DTypeMismatch {
+                argument: arg.name.clone(),
+                got: DType::F64,
+                expected: "F32, F16 or BF16 (the masters are f32)".into(),
+            });
+        }
+    }
+    check_disjoint(&model)?;
+    let mut next = 0;
+    let mut masters = Vec::with_capacity(groups.len());
+    for group in groups {
+        let mut params = Vec::with_capacity(group.params.len());
+        for p in &group.params {
+            params.push(ctx.upload(&format!("master[{next}]"), &ctx.read(p)?, DType::F32));
+            next += 1;
+        }
+        masters.push(ParamGroup { algorithm: group.algorithm, params });
+    }
+    options.model_copies = model.into_iter().map(|arg| arg.tensor).collect();
+    options.state_dtype.get_or_insert(DType::F32);
+    options.master_weights = false;
+    Ok((masters, options))
+}
+
+/// Refuses two tensors that share a byte; names them in the order given. Sorting by buffer
+/// and offset keeps this O(n log n) for models with thousands of tensors.
+fn check_disjoint(args: &[Arg]) -> Result<()> {
+    let mut order: Vec<usize> = (0..args.len()).filter(|&i| args[i].tensor.len > 0).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&args[a].tensor, &args[b].tensor);
+        a.buffer.cmp(&b.buffer).then(a.offset.cmp(&b.offset))
+    });
+    // The tensor reaching furthest into the current buffer so far.
+    let mut furthest: Option<usize> = None;
+    for &i in &order {
+        let t = &args[i].tensor;
+        if let Some(f) = furthest.filter(|&f| args[f].tensor.buffer == t.buffer) {
+            if t.offset < args[f].tensor.byte_range().end {
+                let (first, second) = (f.min(i), f.max(i));
+                return Err(Error::OverlappingParams {
+                    first: args[first].name.clone(),
+                    second: args[second].name.clone(),
+                });
+            }
+            if t.byte_range().end <= args[f].tensor.byte_range().end {
+                continue;
+            }
+        }
+        furthest = Some(i);
+    }
+    Ok(())
 }
 
 /// Checks the parameters and options; returns the math type (f64 only for f64 parameters).
 fn check_params(params: &[Tensor], options: &OptimizerOptions) -> Result<DType> {
+    if params.is_empty() {
+        return Err(Error::NoParameters { argument: "params".into() });
+    }
     let double = params.first().is_some_and(|p| p.dtype == DType::F64);
     for (i, p) in params.iter().enumerate() {
         check_range(&Arg::new(format!("params[{i}]"), p))?;
@@ -545,5 +656,9 @@ fn check_params(params: &[Tensor], options: &OptimizerOptions) -> Result<DType> 
             });
         }
     }
+    let named = params.iter().enumerate().map(|(i, p)| Arg::new(format!("params[{i}]"), p)).chain(
+        options.model_copies.iter().enumerate().map(|(i, c)| Arg::new(format!("model_copies[{i}]"), c)),
+    );
+    check_disjoint(&named.collect::<Vec<_>>())?;
     Ok(if double { DType::F64 } else { DType::F32 })
 }
