@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
-use wgpu_optim::ops::{self, AdamTensors};
+use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::{self, torch_adam_step, TorchAdamState};
 use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
 
@@ -103,16 +103,16 @@ fn directml_training_step_zero_is_refused_with_the_reason() {
     directml::adam(&ctx, &mut encoder, &desc).expect("a float holding a whole number is accepted");
 }
 
-fn adam_io(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor) -> AdamTensors {
-    AdamTensors::in_place(param, grad, m, v)
+fn adam_io(param: &Tensor, grad: &Tensor, m: &Tensor, v: &Tensor) -> Update {
+    Update::in_place(param, grad, &[m.clone(), v.clone()])
 }
 
 /// Asserts the call is refused, and that the buffer is untouched after submitting the
 /// encoder the refused call was given.
-fn assert_refused(ctx: &GpuContext, io: AdamTensors, check: impl Fn(&Error) -> bool, watched: &Tensor) {
+fn assert_refused(ctx: &GpuContext, io: Update, check: impl Fn(&Error) -> bool, watched: &Tensor) {
     let before = ctx.read_bytes(watched).unwrap();
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let err = ops::adam(ctx, &mut encoder, &Adam::default(), 1, &[io]).unwrap_err();
+    let err = ops::update(ctx, &mut encoder, &Adam::default().into(), 1, &[io]).unwrap_err();
     assert!(check(&err), "unexpected error: {err}");
     ctx.queue().submit([encoder.finish()]);
     assert_eq!(ctx.read_bytes(watched).unwrap(), before, "a refused call changed memory ({err})");
@@ -136,7 +136,7 @@ fn a_partial_overlap_is_a_typed_error_and_records_nothing() {
     );
     // Two outputs whose ranges overlap partially.
     let mut io = adam_io(&param, &grad, &m, &v);
-    io.exp_avg_out = Some(Tensor::new(&buffer.buffer, 32, 16, DType::F32));
+    io.state_out[0] = Some(Tensor::new(&buffer.buffer, 32, 16, DType::F32));
     assert_refused(&ctx, io, |e| matches!(e, Error::PartialOverlap { .. }), &buffer);
 }
 
@@ -146,7 +146,7 @@ fn two_outputs_on_one_range_is_a_typed_error() {
     let buffer = ctx.upload_f32("shared", &[0.5; 64]);
     let t = |k: u64| Tensor::new(&buffer.buffer, 64 * k, 16, DType::F32);
     let mut io = adam_io(&t(0), &t(1), &t(2), &t(3));
-    io.exp_avg_out = Some(t(3)); // the new first moment onto the second moment's range
+    io.state_out[0] = Some(t(3)); // the new first moment onto the second moment's range
     assert_refused(&ctx, io, |e| matches!(e, Error::OutputsAlias { .. }), &buffer);
 }
 

@@ -6,9 +6,9 @@
 mod common;
 
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
-use wgpu_optim::cpu::{CpuOptimizer, CpuOptions, HostSlice, HostSliceMut, HostTensor};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, OptimizerOptions, Sgd, StateKind};
 
 /// Around the GPU's workgroup size, with vector-loop tails.
 const SIZES: [usize; 4] = [1, 255, 256, 257];
@@ -98,7 +98,7 @@ struct Spec {
 fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>, steps: u64, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut params: Vec<HostTensor> = specs.iter().map(|s| host(&rng.vec(s.len, 1.0), s.param)).collect();
-    let options = CpuOptions { state_dtype };
+    let options = OptimizerOptions { state_dtype, ..Default::default() };
     let mut optimizer = CpuOptimizer::with_options(algorithm, &slices(&params), options).expect("optimizer");
     let kinds = algorithm.state_kinds();
     for (i, spec) in specs.iter().enumerate() {
@@ -204,9 +204,12 @@ fn adagrad_starts_from_its_initial_accumulator_rounded_to_the_state_dtype() {
     let algorithm = Adagrad { initial_accumulator_value: 0.1, ..Adagrad::default() };
     let params = [host(&[0.5; 5], DType::F32)];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let optimizer =
-            CpuOptimizer::with_options(algorithm, &slices(&params), CpuOptions { state_dtype: Some(dtype) })
-                .unwrap();
+        let optimizer = CpuOptimizer::with_options(
+            algorithm,
+            &slices(&params),
+            OptimizerOptions { state_dtype: Some(dtype), ..Default::default() },
+        )
+        .unwrap();
         let sum = optimizer.state(0, StateKind::Sum).unwrap();
         assert_eq!(sum.dtype(), dtype);
         assert_eq!(sum.to_f64(), vec![dtype.round(0.1); 5], "{dtype:?}");
@@ -242,7 +245,7 @@ fn a_learning_rate_schedule_takes_effect_at_the_next_step() {
         optimizer.step(&mut slices_mut(&mut params), &slices(&[host(&g, DType::F32)])).unwrap();
         oracle.step(&mut want, &g);
     }
-    assert_eq!(optimizer.algorithm(), &Algorithm::from(config));
+    assert_eq!(optimizer.group_algorithm(0).unwrap(), &Algorithm::from(config));
     assert_close("param under a schedule", &params[0].to_f64(), &want, Tolerance::F32);
 }
 
@@ -253,14 +256,14 @@ fn resuming_from_loaded_state_continues_the_trajectory() {
     let algorithm: Algorithm = Adam { lr: 1e-2, amsgrad: true, ..Adam::default() }.into();
     let mut rng = Rng::new(6);
     let mut params = vec![host(&rng.vec(300, 1.0), DType::BF16)];
-    let options = CpuOptions { state_dtype: Some(DType::F32) };
-    let mut first = CpuOptimizer::with_options(algorithm, &slices(&params), options).unwrap();
+    let options = OptimizerOptions { state_dtype: Some(DType::F32), ..Default::default() };
+    let mut first = CpuOptimizer::with_options(algorithm, &slices(&params), options.clone()).unwrap();
     let grads: Vec<HostTensor> = (0..6).map(|_| host(&rng.vec(300, 1.0), DType::BF16)).collect();
     for g in &grads[..3] {
         first.step(&mut slices_mut(&mut params), std::slice::from_ref(&g.as_slice())).unwrap();
     }
     let mut resumed = CpuOptimizer::with_options(algorithm, &slices(&params), options).unwrap();
-    resumed.set_step_count(first.step_count());
+    resumed.set_step_count(first.step_count()).unwrap();
     for kind in algorithm.state_kinds() {
         let saved = first.state(0, *kind).unwrap().to_f64();
         match resumed.state_mut(0, *kind).unwrap() {
@@ -295,7 +298,7 @@ fn nan_and_infinite_gradients_propagate_through_16_bit_storage() {
 
 /// Everything a refused call could have touched.
 fn snapshot(optimizer: &CpuOptimizer, params: &[HostTensor]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>, u64) {
-    let kinds = optimizer.algorithm().state_kinds();
+    let kinds = optimizer.group_algorithm(0).unwrap().state_kinds();
     let state = (0..params.len())
         .flat_map(|i| kinds.iter().map(move |k| optimizer.state(i, *k).unwrap().to_f64()))
         .collect();
@@ -377,9 +380,28 @@ fn mismatched_inputs_are_typed_errors_that_change_nothing() {
 }
 
 #[test]
+fn gpu_only_options_and_missing_groups_are_refused_with_typed_errors() {
+    let params = [host(&[0.5; 4], DType::F32)];
+    for (option, options) in [
+        ("options.capturable", OptimizerOptions { capturable: true, ..Default::default() }),
+        ("options.master_weights", OptimizerOptions { master_weights: true, ..Default::default() }),
+    ] {
+        let err = CpuOptimizer::with_options(Adam::default(), &slices(&params), options).unwrap_err();
+        assert!(matches!(&err, Error::ConflictingOptions { first, .. } if *first == option), "{err}");
+    }
+    let mut optimizer = CpuOptimizer::new(Adam::default(), &slices(&params)).unwrap();
+    assert_eq!(optimizer.group_count(), 1);
+    assert!(optimizer.group_algorithm(1).is_none());
+    let err = optimizer.set_group_lr(1, 0.1).unwrap_err();
+    assert!(matches!(err, Error::NoSuchGroup { index: 1, groups: 1 }), "{err}");
+    optimizer.set_group_lr(0, 0.1).unwrap();
+    assert_eq!(optimizer.group_algorithm(0).map(|a| a.lr()), Some(0.1));
+}
+
+#[test]
 fn f64_and_invalid_hyperparameters_are_refused_with_typed_errors() {
     let params = [host(&[0.5; 4], DType::F32)];
-    let options = CpuOptions { state_dtype: Some(DType::F64) };
+    let options = OptimizerOptions { state_dtype: Some(DType::F64), ..Default::default() };
     let err = CpuOptimizer::with_options(Adam::default(), &slices(&params), options).unwrap_err();
     assert!(
         matches!(&err, Error::DTypeMismatch { argument, got: DType::F64, .. } if argument == "options.state_dtype"),
@@ -400,7 +422,7 @@ fn f64_and_invalid_hyperparameters_are_refused_with_typed_errors() {
     let mut optimizer = CpuOptimizer::new(Adam::default(), &slices(&params)).unwrap();
     let err = optimizer.set_lr(f64::NAN).unwrap_err();
     assert!(matches!(err, Error::BadHyperparameter { name: "lr", .. }), "{err}");
-    let err = optimizer.set_algorithm(Adam { amsgrad: true, ..Adam::default() }).unwrap_err();
+    let err = optimizer.set_group_algorithm(0, Adam { amsgrad: true, ..Adam::default() }).unwrap_err();
     assert!(
         matches!(&err, Error::StateMismatch { got, expected, .. }
             if got == &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq]
@@ -411,9 +433,9 @@ fn f64_and_invalid_hyperparameters_are_refused_with_typed_errors() {
         err.to_string().contains("[exp_avg, exp_avg_sq, max_exp_avg_sq], expected [exp_avg, exp_avg_sq]"),
         "{err}"
     );
-    let err = optimizer.set_algorithm(Sgd::default()).unwrap_err();
+    let err = optimizer.set_group_algorithm(0, Sgd::default()).unwrap_err();
     assert!(matches!(err, Error::StateMismatch { .. }), "{err}");
-    assert_eq!(optimizer.algorithm(), &Algorithm::from(Adam::default()));
+    assert_eq!(optimizer.group_algorithm(0).unwrap(), &Algorithm::from(Adam::default()));
 }
 
 #[test]

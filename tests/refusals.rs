@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use common::{ctx, fresh_ctx};
 use wgpu_optim::cpu::CpuOptimizer;
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
-use wgpu_optim::ops::{self, onnx, AdamTensors, Update};
+use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
     Adagrad, Adam, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdam, OnnxMomentum, Optimizer,
     OptimizerOptions, ParamGroup, Sgd, Tensor, TENSOR_USAGES,
@@ -71,8 +71,8 @@ impl World {
         *self.tally.entry(expected.to_string()).or_default() += 1;
     }
 
-    fn adam_io(&self) -> AdamTensors {
-        AdamTensors::in_place(&self.t[0], &self.t[1], &self.t[2], &self.t[3])
+    fn adam_io(&self) -> Update {
+        Update::in_place(&self.t[0], &self.t[1], &self.t[2..4])
     }
 
     /// Records into a throwaway encoder that is submitted, so that anything recorded before
@@ -103,7 +103,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     w.refuse("LengthMismatch", "grad", |w| {
         let mut io = w.adam_io();
         io.grad = short.clone();
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     w.refuse("LengthMismatch", "V_1", |w| {
         let inputs = [w.t[0].clone(), w.t[1].clone(), short.clone(), w.t[3].clone()];
@@ -123,7 +123,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     });
     w.refuse("CountMismatch", "max_exp_avg_sq", |w| {
         let io = w.adam_io();
-        w.record(|e| ops::adam(&w.ctx, e, &Adam { amsgrad: true, ..Adam::default() }, 1, &[io]))
+        w.record(|e| ops::update(&w.ctx, e, &Adam { amsgrad: true, ..Adam::default() }.into(), 1, &[io]))
     });
     w.refuse("CountMismatch", "state", |w| {
         let update = Update::in_place(&w.t[0], &w.t[1], &w.t[2..3]);
@@ -134,7 +134,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     w.refuse("DTypeMismatch", "param_out", |w| {
         let mut io = w.adam_io();
         io.param_out = Some(f16.clone());
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     w.refuse("DTypeMismatch", "G_1", |w| {
         let inputs = [f64_tensor.clone(), w.t[1].clone(), f64_tensor.clone()];
@@ -161,12 +161,12 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     w.refuse("BadRange", "grad", |w| {
         let mut io = w.adam_io();
         io.grad = Tensor::new(&w.t[1].buffer, 2, 15, DType::F32);
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     w.refuse("BadRange", "exp_avg", |w| {
         let mut io = w.adam_io();
-        io.exp_avg = Tensor::new(&w.t[2].buffer, 8, 16, DType::F32);
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        io.state[0] = Tensor::new(&w.t[2].buffer, 8, 16, DType::F32);
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     let unbindable = w.ctx.device().create_buffer(&wgpu::BufferDescriptor {
         label: Some("copy only"),
@@ -184,14 +184,14 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
         io.param_out = Some(Tensor::new(&w.t[1].buffer, 4, 15, DType::F32).slice(0, 16).slice(0, 15));
         io.grad = w.t[1].slice(0, 15);
         io.param = w.t[0].slice(0, 15);
-        io.exp_avg = w.t[2].slice(0, 15);
-        io.exp_avg_sq = w.t[3].slice(0, 15);
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        io.state[0] = w.t[2].slice(0, 15);
+        io.state[1] = w.t[3].slice(0, 15);
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     w.refuse("OutputsAlias", "exp_avg_out", |w| {
         let mut io = w.adam_io();
-        io.exp_avg_out = Some(w.t[3].clone());
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 1, &[io]))
+        io.state_out[0] = Some(w.t[3].clone());
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
 
     // Hyperparameters.
@@ -208,7 +208,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
         w.refuse("BadHyperparameter", name, |w| Optimizer::new(&w.ctx, adam, &w.params).map(drop));
         w.refuse("BadHyperparameter", name, |w| {
             let io = w.adam_io();
-            w.record(|e| ops::adam(&w.ctx, e, &adam, 1, &[io]))
+            w.record(|e| ops::update(&w.ctx, e, &adam.into(), 1, &[io]))
         });
     }
     w.refuse("BadHyperparameter", "lr", |w| w.optimizer.set_lr(f64::NAN));
@@ -267,7 +267,7 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     });
     w.refuse("BadStep", "step 0", |w| {
         let io = w.adam_io();
-        w.record(|e| ops::adam(&w.ctx, e, &Adam::default(), 0, &[io]))
+        w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 0, &[io]))
     });
 
     // Features and modes.

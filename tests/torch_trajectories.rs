@@ -160,7 +160,7 @@ fn sgd_without_momentum_keeps_no_buffer() {
     let ctx = ctx();
     let params = vec![ctx.upload_f32("p", &[0.5; 64])];
     let optimizer = Optimizer::new(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, &params).unwrap();
-    assert!(optimizer.algorithm().state_kinds().is_empty());
+    assert!(optimizer.group_algorithm(0).unwrap().state_kinds().is_empty());
     assert!(optimizer.state(0, StateKind::MomentumBuffer).is_none());
     let with_momentum =
         Optimizer::new(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();

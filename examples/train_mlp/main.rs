@@ -306,7 +306,7 @@ fn describe(plan: &Plan, optimizer: &Optimizer, data: &Spirals) -> String {
         data.len(),
         plan.state.seed,
         plan.choice.name(),
-        hyperparameters(optimizer.algorithm()),
+        hyperparameters(optimizer.group_algorithm(0).expect("one group")),
         plan.steps,
     )
 }

@@ -32,19 +32,11 @@ mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 
-use crate::{Algorithm, DType, Error, Result, StateKind};
+use crate::{Algorithm, DType, Error, OptimizerOptions, Result, StateKind};
 use kernels::Kernel;
 
-/// Choices made once, when a [`CpuOptimizer`] is built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuOptions {
-    /// The storage dtype of every state tensor; `None` keeps each parameter's dtype, as
-    /// PyTorch does (the GPU's [`OptimizerOptions::state_dtype`](crate::OptimizerOptions)).
-    /// F32, F16 or BF16; the math is f32 either way.
-    pub state_dtype: Option<DType>,
-}
-
-/// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`].
+/// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`],
+/// with the same names for the same things. It holds one parameter group (group 0).
 ///
 /// The optimizer owns the state; the caller owns the parameters and gradients and lends
 /// them to each [`step`](Self::step). Every parameter keeps the dtype and length it had
@@ -64,14 +56,16 @@ impl CpuOptimizer {
     /// (Adagrad: its initial accumulator value), at step 0, keeping state in each
     /// parameter's dtype. An empty `params` is refused ([`Error::NoParameters`]).
     pub fn new(algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<Self> {
-        Self::with_options(algorithm, params, CpuOptions::default())
+        Self::with_options(algorithm, params, OptimizerOptions::default())
     }
 
-    /// As [`Self::new`], with the given [`CpuOptions`].
+    /// As [`Self::new`], with the given [`OptimizerOptions`]. The CPU backend takes
+    /// `state_dtype` (F32, F16 or BF16); the GPU-only options (`model_copies`,
+    /// `master_weights`, `capturable`) are refused with [`Error::ConflictingOptions`].
     pub fn with_options(
         algorithm: impl Into<Algorithm>,
         params: &[HostSlice<'_>],
-        options: CpuOptions,
+        options: OptimizerOptions,
     ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
@@ -80,6 +74,19 @@ impl CpuOptimizer {
         }
         if options.state_dtype == Some(DType::F64) {
             return Err(host::not_f64("options.state_dtype"));
+        }
+        let gpu_only = [
+            ("options.model_copies", !options.model_copies.is_empty()),
+            ("options.master_weights", options.master_weights),
+            ("options.capturable", options.capturable),
+        ];
+        if let Some((option, _)) = gpu_only.iter().find(|(_, set)| *set) {
+            return Err(Error::ConflictingOptions {
+                first: option,
+                second: "CpuOptimizer",
+                reason:
+                    "the CPU backend updates the caller's host slices directly and counts steps on the host",
+            });
         }
         let initial = algorithm.initial_state();
         let state = params
@@ -94,17 +101,25 @@ impl CpuOptimizer {
         Ok(CpuOptimizer { algorithm, params, state, step: 0 })
     }
 
-    /// The algorithm and hyperparameters.
-    pub fn algorithm(&self) -> &Algorithm {
-        &self.algorithm
+    /// How many parameter groups there are: one.
+    pub fn group_count(&self) -> usize {
+        1
     }
 
-    /// Changes the hyperparameters from the next step on (a schedule). The new algorithm
-    /// must keep the same state tensors (no switching AMSGrad or momentum on or off); a
-    /// refused change leaves the optimizer as it was.
-    pub fn set_algorithm(&mut self, algorithm: impl Into<Algorithm>) -> Result<()> {
+    /// Group `g`'s algorithm and hyperparameters (`None` past the last group).
+    pub fn group_algorithm(&self, g: usize) -> Option<&Algorithm> {
+        (g == 0).then_some(&self.algorithm)
+    }
+
+    /// Changes group `g`'s hyperparameters from the next step on (a schedule). The new
+    /// algorithm must keep the same state tensors (no switching AMSGrad or momentum on or
+    /// off); a refused change leaves the optimizer as it was.
+    pub fn set_group_algorithm(&mut self, g: usize, algorithm: impl Into<Algorithm>) -> Result<()> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        if g != 0 {
+            return Err(Error::NoSuchGroup { index: g, groups: 1 });
+        }
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: "algorithm".into(),
@@ -116,9 +131,14 @@ impl CpuOptimizer {
         Ok(())
     }
 
-    /// Changes the learning rate from the next step on.
+    /// Changes group `g`'s learning rate from the next step on.
+    pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
+        self.set_group_algorithm(g, self.algorithm.with_lr(lr))
+    }
+
+    /// Changes every group's learning rate from the next step on.
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.set_algorithm(self.algorithm.with_lr(lr))
+        self.set_group_lr(0, lr)
     }
 
     /// How many parameters there are.
@@ -132,8 +152,9 @@ impl CpuOptimizer {
     }
 
     /// Sets the step count, e.g. to resume a schedule or a checkpoint.
-    pub fn set_step_count(&mut self, step: u64) {
+    pub fn set_step_count(&mut self, step: u64) -> Result<()> {
         self.step = step;
+        Ok(())
     }
 
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.

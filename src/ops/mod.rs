@@ -11,65 +11,7 @@ use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{math_dtype, plan, slot_args, Arg, KernelArgs, SlotArgs};
 use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
-use crate::{Adam, Algorithm, DType, Error, GpuContext, Result, Tensor};
-
-/// The tensors of one stateless Adam update. An output left `None` is written in place
-/// over its input; an output given as a tensor is written there (it may also be exactly
-/// its input's range, which is the same as `None`).
-#[derive(Clone, Debug)]
-pub struct AdamTensors {
-    /// Parameters.
-    pub param: Tensor,
-    /// Gradients.
-    pub grad: Tensor,
-    /// First moment (`exp_avg`).
-    pub exp_avg: Tensor,
-    /// Second moment (`exp_avg_sq`).
-    pub exp_avg_sq: Tensor,
-    /// Running maximum of the second moment; required when `amsgrad` is set, ignored otherwise.
-    pub max_exp_avg_sq: Option<Tensor>,
-    /// Where the new parameters go (`None`: in place).
-    pub param_out: Option<Tensor>,
-    /// Where the new first moment goes (`None`: in place).
-    pub exp_avg_out: Option<Tensor>,
-    /// Where the new second moment goes (`None`: in place).
-    pub exp_avg_sq_out: Option<Tensor>,
-    /// Where the new maximum goes (`None`: in place).
-    pub max_exp_avg_sq_out: Option<Tensor>,
-}
-
-impl AdamTensors {
-    /// All tensors updated in place (no AMSGrad maximum; set `max_exp_avg_sq` for AMSGrad).
-    pub fn in_place(param: &Tensor, grad: &Tensor, exp_avg: &Tensor, exp_avg_sq: &Tensor) -> Self {
-        AdamTensors {
-            param: param.clone(),
-            grad: grad.clone(),
-            exp_avg: exp_avg.clone(),
-            exp_avg_sq: exp_avg_sq.clone(),
-            max_exp_avg_sq: None,
-            param_out: None,
-            exp_avg_out: None,
-            exp_avg_sq_out: None,
-            max_exp_avg_sq_out: None,
-        }
-    }
-
-    fn to_update(&self, amsgrad: bool) -> Update {
-        let mut update = Update {
-            param: self.param.clone(),
-            grad: self.grad.clone(),
-            state: vec![self.exp_avg.clone(), self.exp_avg_sq.clone()],
-            param_out: self.param_out.clone(),
-            state_out: vec![self.exp_avg_out.clone(), self.exp_avg_sq_out.clone()],
-            param_copy: None,
-        };
-        if amsgrad {
-            update.state.extend(self.max_exp_avg_sq.clone());
-            update.state_out.push(self.max_exp_avg_sq_out.clone());
-        }
-        update
-    }
-}
+use crate::{Algorithm, DType, Error, GpuContext, Result, Tensor};
 
 /// The tensors of one stateless update of any algorithm: `state` holds the algorithm's
 /// [`state_kinds`](Algorithm::state_kinds) in order. An output left `None` is written in
@@ -84,7 +26,8 @@ pub struct Update {
     pub state: Vec<Tensor>,
     /// Where the new parameters go (`None`: in place).
     pub param_out: Option<Tensor>,
-    /// Where each new state tensor goes (`None`, or a missing entry: in place).
+    /// Where each new state tensor goes, one entry per state tensor (`None`, or a missing
+    /// entry: in place).
     pub state_out: Vec<Option<Tensor>>,
     /// Master-weight mode: a (usually lower-precision) copy that also receives the new
     /// parameters, in the same dispatch.
@@ -99,32 +42,10 @@ impl Update {
             grad: grad.clone(),
             state: state.to_vec(),
             param_out: None,
-            state_out: vec![],
+            state_out: vec![None; state.len()],
             param_copy: None,
         }
     }
-}
-
-/// One PyTorch-convention Adam/AdamW/AMSGrad update of each entry of `tensors` at step `t`
-/// (counted from 1), recorded into `encoder` as one compute pass.
-pub fn adam(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
-    config: &Adam,
-    t: u64,
-    tensors: &[AdamTensors],
-) -> Result<()> {
-    for (i, io) in tensors.iter().enumerate() {
-        if config.amsgrad && io.max_exp_avg_sq.is_none() {
-            return Err(Error::CountMismatch {
-                argument: format!("tensors[{i}].max_exp_avg_sq (AMSGrad keeps the running maximum)"),
-                got: 0,
-                expected: 1,
-            });
-        }
-    }
-    let updates: Vec<Update> = tensors.iter().map(|io| io.to_update(config.amsgrad)).collect();
-    update(ctx, encoder, &Algorithm::Adam(*config), t, &updates)
 }
 
 /// One PyTorch-convention update of any algorithm at step `t` (counted from 1; SGD's
@@ -146,7 +67,10 @@ pub fn update(
     for (i, u) in updates.iter().enumerate() {
         if u.state.len() != kinds.len() {
             return Err(Error::CountMismatch {
-                argument: format!("updates[{i}].state ({:?})", kinds),
+                argument: format!(
+                    "updates[{i}].state ({})",
+                    kinds.iter().map(|k| k.torch_name()).collect::<Vec<_>>().join(", ")
+                ),
                 got: u.state.len(),
                 expected: kinds.len(),
             });

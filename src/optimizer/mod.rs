@@ -256,11 +256,6 @@ impl Optimizer {
         })
     }
 
-    /// The first group's algorithm and hyperparameters.
-    pub fn algorithm(&self) -> &Algorithm {
-        &self.groups[0].algorithm
-    }
-
     /// How many parameter groups there are.
     pub fn group_count(&self) -> usize {
         self.groups.len()
