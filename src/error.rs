@@ -209,6 +209,21 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A JSON description (a checkpoint's `param_groups` entry) lacks a field or has one of
+    /// the wrong type.
+    #[error("the JSON hyperparameters: {problem}")]
+    BadJson {
+        /// What is missing or wrong, naming the field.
+        problem: String,
+    },
+    /// A call needs an argument it was not given.
+    #[error("`{argument}` is needed {why}")]
+    MissingArgument {
+        /// The argument.
+        argument: &'static str,
+        /// What needs it.
+        why: &'static str,
+    },
 }
 
 /// PyTorch's names of `kinds`, comma-separated.

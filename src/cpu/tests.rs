@@ -29,11 +29,9 @@ fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (V
     (p.iter().map(|x| f64::from(*x)).collect(), state)
 }
 
+/// The f32 kernels against the f64 oracle, with the tests' one comparator.
 fn assert_close(what: &str, got: &[f64], want: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-6 + 1e-5 * w.abs(), "{what}[{i}]: got {g:e} want {w:e}");
-    }
+    wgpu_optim_testkit::compare::assert_close(what, got, want, wgpu_optim_testkit::compare::Tolerance::F32);
 }
 
 #[test]

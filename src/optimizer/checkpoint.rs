@@ -293,20 +293,36 @@ impl Algorithm {
         }
     }
 
-    /// The inverse of [`Algorithm::to_json`]; the message says which field is missing or wrong.
-    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> std::result::Result<Self, String> {
+    /// The inverse of [`Algorithm::to_json`]; [`Error::BadJson`] names the field that is
+    /// missing or wrong.
+    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
+        let bad = |problem: String| Error::BadJson { problem };
         let number = |key: &str| {
-            map.get(key).and_then(|v| v.as_f64()).ok_or(format!("`{key}` is missing or not a number"))
+            map.get(key)
+                .and_then(|v| v.as_f64())
+                .ok_or_else(|| bad(format!("`{key}` is missing or not a number")))
         };
         let flag = |key: &str| {
-            map.get(key).and_then(|v| v.as_bool()).ok_or(format!("`{key}` is missing or not a boolean"))
+            map.get(key)
+                .and_then(|v| v.as_bool())
+                .ok_or_else(|| bad(format!("`{key}` is missing or not a boolean")))
         };
-        let name = map.get("optimizer").and_then(|v| v.as_str()).ok_or("`optimizer` is missing")?;
+        let name = map
+            .get("optimizer")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| bad("`optimizer` is missing".into()))?;
         Ok(match name {
             "Adam" | "AdamW" => {
-                let betas = map.get("betas").and_then(|v| v.as_array()).ok_or("`betas` is missing")?;
-                let beta =
-                    |k: usize| betas.get(k).and_then(|v| v.as_f64()).ok_or("`betas` is not two numbers");
+                let betas = map
+                    .get("betas")
+                    .and_then(|v| v.as_array())
+                    .ok_or_else(|| bad("`betas` is missing".into()))?;
+                let beta = |k: usize| {
+                    betas
+                        .get(k)
+                        .and_then(|v| v.as_f64())
+                        .ok_or_else(|| bad("`betas` is not two numbers".into()))
+                };
                 Algorithm::Adam(Adam {
                     lr: number("lr")?,
                     beta1: beta(0)?,
@@ -334,7 +350,7 @@ impl Algorithm {
                 eps: number("eps")?,
                 maximize: flag("maximize")?,
             }),
-            other => return Err(format!("unknown optimizer `{other}`")),
+            other => return Err(bad(format!("unknown optimizer `{other}`"))),
         })
     }
 }

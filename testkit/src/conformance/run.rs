@@ -96,7 +96,7 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
             Some(&packed)
         }
         (_, Some(ctx)) => Some(ctx),
-        (_, None) => return Err(Error::NoAdapter { reason: "the GPU backends need a GpuContext".into() }),
+        (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
     };
     let outputs = match (case.op.as_str(), case.kind) {
         ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx)?,
