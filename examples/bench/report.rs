@@ -1,20 +1,29 @@
-//! The bench's output: the table, the JSON rows and the SVG plot.
+//! The bench's output: the progress lines, the summary table, the JSON rows and the plot.
 
 use std::path::Path;
 
 use plotters::prelude::*;
+
+/// Above this fraction of its roofline a row says more about the roofline's measurement
+/// than about the step, and is flagged instead of printed as a fraction.
+pub const SUSPECT_FRACTION: f64 = 1.05;
 
 /// One measurement.
 #[derive(Clone, Debug)]
 pub struct Row {
     pub algo: String,
     pub dtype: String,
+    /// The case's name: a size, `gpt2-small` or `200x4096`.
+    pub case: String,
     pub elements: u64,
     pub tensors: usize,
     pub backend: String,
     pub ms_median: f64,
     pub gbps: f64,
     pub roofline_gbps: f64,
+    /// The CPU backend's time over this row's (1 for the CPU row itself); `None` without a
+    /// CPU row to compare with.
+    pub speedup: Option<f64>,
 }
 
 impl Row {
@@ -24,33 +33,75 @@ impl Row {
 
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
-            "algo": self.algo, "dtype": self.dtype, "elements": self.elements, "tensors": self.tensors,
-            "backend": self.backend, "ms_median": self.ms_median, "gbps": self.gbps,
-            "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
+            "algo": self.algo, "dtype": self.dtype, "case": self.case, "elements": self.elements,
+            "tensors": self.tensors, "backend": self.backend, "ms_median": self.ms_median,
+            "gbps": self.gbps, "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
+            "suspect_roofline": self.fraction() > SUSPECT_FRACTION, "speedup": self.speedup,
         })
     }
 }
 
-pub fn header() -> String {
+/// `12 %`, or a flag where the fraction cannot be right.
+fn fraction_cell(row: Option<&Row>) -> String {
+    match row {
+        None => "-".into(),
+        Some(r) if r.fraction() > SUSPECT_FRACTION => format!("{:.0} % !", 100.0 * r.fraction()),
+        Some(r) => format!("{:.0} %", 100.0 * r.fraction()),
+    }
+}
+
+/// One progress line per measurement (stderr).
+pub fn progress(row: &Row) -> String {
     format!(
-        "{:<9} {:<5} {:>11} {:>7} {:<9} {:>11} {:>9} {:>9} {:>8}",
-        "algo", "dtype", "elements", "tensors", "backend", "ms median", "GB/s", "roofline", "fraction"
+        "  {:<9} {:<5} {:<10} {:<9} {:>10.3} ms {:>8.2} GB/s  roofline {:>7.2} GB/s",
+        row.algo, row.dtype, row.case, row.backend, row.ms_median, row.gbps, row.roofline_gbps
     )
 }
 
-pub fn line(row: &Row) -> String {
-    format!(
-        "{:<9} {:<5} {:>11} {:>7} {:<9} {:>11.3} {:>9.2} {:>9.2} {:>7.0}%",
-        row.algo,
-        row.dtype,
-        row.elements,
-        row.tensors,
-        row.backend,
-        row.ms_median,
-        row.gbps,
-        row.roofline_gbps,
-        100.0 * row.fraction()
-    )
+/// The summary: per algorithm, dtype and case, the GPU and CPU step, the GPU's speedup over
+/// the CPU backend, and each backend's fraction of its roofline.
+pub fn summary(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<9} {:<5} {:<10} {:>11} {:>11} {:>9} {:>9} {:>9}\n",
+        "algo", "dtype", "case", "GPU ms", "CPU ms", "GPU/CPU", "GPU roof", "CPU roof"
+    );
+    let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+    for r in rows {
+        let key = (r.algo.as_str(), r.dtype.as_str(), r.case.as_str());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    let mut suspect = false;
+    for (algo, dtype, case) in keys {
+        let find = |backend: &str| {
+            rows.iter().find(|r| r.algo == algo && r.dtype == dtype && r.case == case && r.backend == backend)
+        };
+        let gpu = find("gpu").or_else(|| find("gpu-wall"));
+        let cpu = find("cpu");
+        let ms = |r: Option<&Row>| r.map_or("-".into(), |r| format!("{:.3}", r.ms_median));
+        let speedup = gpu.and_then(|g| g.speedup).map_or("-".into(), |s| format!("{s:.2}x"));
+        suspect |= [gpu, cpu].iter().flatten().any(|r| r.fraction() > SUSPECT_FRACTION);
+        out.push_str(&format!(
+            "{algo:<9} {dtype:<5} {case:<10} {:>11} {:>11} {speedup:>9} {:>9} {:>9}\n",
+            ms(gpu),
+            ms(cpu),
+            fraction_cell(gpu),
+            fraction_cell(cpu)
+        ));
+    }
+    out.push_str(
+        "GPU/CPU: the CPU backend's time over the GPU's (above 1: the GPU is faster). roof: bandwidth as a\n\
+         fraction of a kernel with the update's reads and writes in place, timed between the repetitions.\n",
+    );
+    if suspect {
+        out.push_str(&format!(
+            "! above {:.0} %: the roofline was measured too slow for this row (noise on a shared machine);\n  \
+             rerun it alone (--algos, --dtypes, --sizes) before reading it.\n",
+            100.0 * SUSPECT_FRACTION
+        ));
+    }
+    out
 }
 
 pub fn write_json(path: &Path, adapter: &str, rows: &[Row]) -> std::io::Result<()> {
@@ -59,45 +110,79 @@ pub fn write_json(path: &Path, adapter: &str, rows: &[Row]) -> std::io::Result<(
     std::fs::write(path, serde_json::to_string_pretty(&doc)?)
 }
 
-/// Bandwidth against size, one line per backend (and algorithm/dtype), single-tensor rows.
+/// `4 Ki`, `16 Mi`: element counts as the axis shows them.
+fn size_label(log2: f64) -> String {
+    let n = log2.round() as u32;
+    match n {
+        0..=9 => format!("{}", 1u64 << n),
+        10..=19 => format!("{} Ki", 1u64 << (n - 10)),
+        _ => format!("{} Mi", 1u64 << (n - 20)),
+    }
+}
+
+/// The most series a panel draws, so that a reader can tell them apart.
+const MAX_SERIES: usize = 8;
+
+/// Fraction of roofline against tensor size, one panel per backend (single-tensor rows),
+/// each with its legend beside the plot.
 pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let singles: Vec<&Row> = rows.iter().filter(|r| r.tensors == 1).collect();
-    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for row in &singles {
-        let name = format!("{} {} {}", row.backend, row.algo, row.dtype);
-        let point = ((row.elements as f64).log2(), row.gbps);
-        match series.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, points)) => points.push(point),
-            None => series.push((name, vec![point])),
-        }
-    }
-    let max_gbps = singles.iter().map(|r| r.gbps.max(r.roofline_gbps)).fold(1.0, f64::max) * 1.1;
     let (lo, hi) = singles.iter().fold((f64::MAX, f64::MIN), |(lo, hi), r| {
         let x = (r.elements as f64).log2();
         (lo.min(x), hi.max(x))
     });
-    let root = SVGBackend::new(path, (1000, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("optimizer step bandwidth on {adapter}"), ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((lo - 0.5)..(hi + 0.5), 0f64..max_gbps)?;
-    chart
-        .configure_mesh()
-        .x_desc("elements (log2)")
-        .y_desc("GB/s (bytes read + written per step / time)")
-        .draw()?;
-    for (k, (name, points)) in series.into_iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+    if singles.is_empty() {
+        return Err("no single-tensor rows to plot".into());
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    let top = singles.iter().map(|r| r.fraction()).fold(1.1, f64::max).min(3.0) * 1.05;
+    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root =
+        root.titled(&format!("optimizer step, fraction of roofline, on {adapter}"), ("sans-serif", 20))?;
+    let panels = [("gpu", "GPU (timestamps)"), ("cpu", "CPU backend")];
+    for (area, (backend, title)) in root.split_evenly((1, 2)).iter().zip(panels) {
+        let (plot_area, legend_area) = area.split_horizontally(area.dim_in_pixel().0 as i32 - 150);
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for row in singles.iter().filter(|r| r.backend == backend) {
+            let name = format!("{} {}", row.algo, row.dtype);
+            let point = ((row.elements as f64).log2(), row.fraction());
+            match series.iter().position(|(n, _)| *n == name) {
+                Some(k) => series[k].1.push(point),
+                None if series.len() < MAX_SERIES => series.push((name, vec![point])),
+                None => {
+                    eprintln!("plot: more than {MAX_SERIES} series on the {backend} panel; {name} left out")
+                }
+            }
+        }
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(50)
+            .build_cartesian_2d((lo - 0.5)..(hi + 0.5), 0f64..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("elements per tensor")
+            .y_desc("fraction of roofline")
+            .x_labels(((hi - lo) / 2.0) as usize + 2)
+            .x_label_formatter(&|x| size_label(*x))
+            .y_label_formatter(&|y| format!("{:.0} %", 100.0 * y))
+            .draw()?;
+        chart.draw_series(DashedLineSeries::new(
+            vec![(lo - 0.5, 1.0), (hi + 0.5, 1.0)],
+            6,
+            4,
+            BLACK.mix(0.5).stroke_width(1),
+        ))?;
+        for (k, (name, points)) in series.iter().enumerate() {
+            let color = Palette99::pick(k).to_rgba();
+            chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
+            chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
+            let y = 40 + 22 * k as i32;
+            legend_area.draw(&PathElement::new(vec![(8, y), (30, y)], color.stroke_width(3)))?;
+            legend_area.draw(&Text::new(name.clone(), (36, y - 7), ("sans-serif", 14)))?;
+        }
+    }
     root.present()?;
     Ok(())
 }

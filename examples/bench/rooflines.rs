@@ -88,12 +88,11 @@ fn inplace_pass(written: &mut [Vec<f32>], read_only: &[Vec<f32>]) {
     }
 }
 
-/// `W` arrays updated in place from themselves and the sum of `R` read-only arrays; the
-/// array counts are constants so the element loop unrolls and vectorizes, compiled for the
-/// same vector extensions as the CPU backend's loops.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+/// `W` arrays updated in place from themselves and the sum of `R` read-only arrays, on all
+/// cores in chunks; the array counts are constants so the element loop unrolls.
 fn pass<const W: usize, const R: usize>(written: &mut [Vec<f32>], read_only: &[Vec<f32>]) {
-    const CHUNK: usize = 1 << 15;
+    // The CPU backend's work items (128 Ki elements), so both divide the work alike.
+    const CHUNK: usize = 1 << 17;
     let len = written[0].len();
     let mut chunks: Vec<Vec<&mut [f32]>> = (0..len.div_ceil(CHUNK)).map(|_| Vec::with_capacity(W)).collect();
     for array in written.iter_mut() {
@@ -105,14 +104,23 @@ fn pass<const W: usize, const R: usize>(written: &mut [Vec<f32>], read_only: &[V
         let start = k * CHUNK;
         let Ok(mut outs): Result<[&mut [f32]; W], _> = outs.try_into() else { return };
         let ins: [&[f32]; R] = std::array::from_fn(|r| &read_only[r][start..start + outs[0].len()]);
-        for i in 0..outs[0].len() {
-            let mut s = 0.0;
-            for input in &ins {
-                s += input[i];
-            }
-            for out in outs.iter_mut() {
-                out[i] = out[i] * 0.999 + s;
-            }
-        }
+        chunk_pass(&mut outs, &ins);
     });
+}
+
+/// One chunk, compiled for the same vector extensions as the CPU backend's loops. It must be
+/// a function of its own: the closure that rayon runs does not inherit the target features
+/// of the function it is written in, and without them this loop ran as SSE2 code, slower
+/// than the AVX-512 update it bounds (CPU fractions of 120 to 350 %).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn chunk_pass<const W: usize, const R: usize>(outs: &mut [&mut [f32]; W], ins: &[&[f32]; R]) {
+    for i in 0..outs[0].len() {
+        let mut s = 0.0;
+        for input in ins {
+            s += input[i];
+        }
+        for out in outs.iter_mut() {
+            out[i] = out[i] * 0.999 + s;
+        }
+    }
 }
