@@ -207,7 +207,9 @@ fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tenso
             groups.push(vec![(0, n)]);
             end = bytes;
         } else {
-            groups.last_mut().map(|g| g.push((at, n)));
+            if let Some(group) = groups.last_mut() {
+                group.push((at, n));
+            }
             end = at + bytes;
         }
     }
