@@ -199,18 +199,19 @@ fn gpu_step(
 fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tensor> {
     let limit = ctx.device().limits().max_storage_buffer_binding_size;
     let mut groups: Vec<Vec<(u64, u64)>> = Vec::new();
-    let mut end = u64::MAX;
+    // The end of the last buffer's tensors, once there is one.
+    let mut end: Option<u64> = None;
     for &n in sizes {
         let bytes = n * dtype.size();
-        let at = end.next_multiple_of(256);
-        if end == u64::MAX || at + bytes > limit {
-            groups.push(vec![(0, n)]);
-            end = bytes;
-        } else {
-            if let Some(group) = groups.last_mut() {
+        match (end.map(|e| e.next_multiple_of(256)), groups.last_mut()) {
+            (Some(at), Some(group)) if at + bytes <= limit => {
                 group.push((at, n));
+                end = Some(at + bytes);
             }
-            end = at + bytes;
+            _ => {
+                groups.push(vec![(0, n)]);
+                end = Some(bytes);
+            }
         }
     }
     groups
