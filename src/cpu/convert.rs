@@ -1,15 +1,15 @@
 //! Conversions between the 16-bit storage types and f32, a slice at a time (the scratch
-//! blocks of `storage`).
-//!
-//! Every result is bit for bit the one `half` gives for the same element: f16 and bf16
-//! widen exactly; f32 narrows rounding once to nearest even; a NaN keeps its sign and the
-//! leading bits of its payload and becomes quiet.
+//! blocks of `storage`). f16 and bf16 widen exactly; f32 narrows rounding once to nearest
+//! even; a NaN keeps its sign and the leading bits of its payload and becomes quiet. f16
+//! results are bit for bit `half`'s, bf16 results `shaders/convert.wgsl`'s.
 //!
 //! f16: where the CPU has x86-64-v3 (AVX2 and F16C, detected at run time) one F16C
-//! instruction converts eight elements in a loop compiled for those features. Elsewhere
+//! instruction converts eight elements, in a loop compiled for those features. Elsewhere
 //! `half`'s slice conversions, which reach F16C (or Arm's fp16 unit) too, but through a
-//! call per 8 elements that cannot be inlined: about 5x the time per element on Zen 3, as
-//! did a branch-free integer conversion the compiler vectorizes.
+//! call per 8 elements that cannot be inlined. Per element of a 1024-element slice on Zen 3
+//! (one core, in L1): widening 0.05 ns here against 0.26 ns through `half`, narrowing 0.11
+//! against 0.22-0.26 ns; a branch-free integer conversion that the compiler vectorizes
+//! took 0.23 and 0.34 ns, and was dropped.
 //!
 //! bf16: the upper half of an f32, so plain integer loops the compiler vectorizes, compiled
 //! for AVX-512, AVX2 and NEON as well and chosen at run time as the update loops are.
@@ -125,7 +125,11 @@ mod tests {
         let mut want = vec![0f32; all.len()];
         all.convert_to_f32_slice(&mut want);
         let mut got = vec![0f32; all.len()];
-        super::f16_to_f32(&all, &mut got);
+        // In two calls, so that both end in a run shorter than the 8-element loop's.
+        let (head, tail) = all.split_at(all.len() - 3);
+        let (got_head, got_tail) = got.split_at_mut(head.len());
+        super::f16_to_f32(head, got_head);
+        super::f16_to_f32(tail, got_tail);
         let bad = mismatches(&all, &got, &want, f32::to_bits);
         assert!(bad.is_empty(), "{bad:?}");
     }
@@ -169,7 +173,10 @@ mod tests {
         let mut want = vec![f16::ZERO; cases.len()];
         want.convert_from_f32_slice(&cases);
         let mut got = vec![f16::ZERO; cases.len()];
-        super::f32_to_f16(&cases, &mut got);
+        let (head, tail) = cases.split_at(cases.len() - 3);
+        let (got_head, got_tail) = got.split_at_mut(head.len());
+        super::f32_to_f16(head, got_head);
+        super::f32_to_f16(tail, got_tail);
         let bad = mismatches(&cases, &got, &want, |h| u32::from(h.to_bits()));
         assert!(bad.is_empty(), "{bad:?}");
     }
