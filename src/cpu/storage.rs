@@ -250,7 +250,7 @@ mod tests {
                 |p: &HostTensor| CpuOptimizer::new(adam, &[p.as_slice()]).unwrap_or_else(|e| panic!("{e}"));
             let (mut half, mut full) = (new(&param), new(&param32));
             for opt in [&mut half, &mut full] {
-                opt.set_step_count(4);
+                opt.set_step_count(4).unwrap_or_else(|e| panic!("{e}"));
                 for (kind, v) in &start {
                     let Some(mut slot) = opt.state_mut(0, *kind) else { panic!("no {kind:?} slot") };
                     let d = slot.dtype();
