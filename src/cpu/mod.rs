@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod convert;
 mod host;
 mod kernels;
 mod storage;
