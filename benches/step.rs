@@ -1,6 +1,7 @@
-//! `cargo bench`: one Adam step on the GPU (submit to completion), on the CPU backend and
-//! on the f64 oracle, and the host time to record a step, so regressions show in
-//! criterion's usual reports.
+//! `cargo bench`: one Adam step on the GPU (submit to completion: f32, f16 on both paths,
+//! bf16, many tensors), on the CPU backend (f32, bf16, many tensors; `cpu_half` has the
+//! f16 and bf16 details) and on the f64 oracle, and the host time to record a step, so
+//! regressions show in criterion's usual reports.
 
 #[path = "../examples/bench/shapes.rs"]
 mod shapes;
@@ -10,23 +11,53 @@ use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{torch_adam_step, TorchAdamState};
 use wgpu_optim::{Adam, DType, GpuContext, Optimizer, Tensor};
 
+/// `sizes` tensors of `dtype` with every element `value`.
+fn gpu_tensors(ctx: &GpuContext, label: &str, sizes: &[usize], dtype: DType, value: f64) -> Vec<Tensor> {
+    sizes.iter().map(|&n| ctx.upload(label, &vec![value; n], dtype)).collect()
+}
+
+/// One step submitted and waited for: single tensors of each storage path (f32, f16 native
+/// and packed, bf16), and many tensors in one step (200 x 4096, GPT-2 small at 1/4 width),
+/// which the multi-tensor dispatch updates with one dispatch per pipeline variant.
 fn gpu_adam(c: &mut Criterion) {
-    let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+    let base = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
     let mut group = c.benchmark_group("gpu_step");
-    for (name, config) in [("adam", Adam::default()), ("amsgrad", Adam { amsgrad: true, ..Adam::default() })]
-    {
-        for n in [1usize << 12, 1 << 20] {
-            let params = vec![ctx.upload_f32("param", &vec![0.5; n])];
-            let grads = vec![ctx.upload_f32("grad", &vec![0.01; n])];
-            let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap_or_else(|e| panic!("{e}"));
-            group.throughput(Throughput::Elements(n as u64));
-            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
-                b.iter(|| {
-                    optimizer.step(&grads).unwrap_or_else(|e| panic!("{e}"));
-                    ctx.device().poll(wgpu::PollType::wait_indefinitely()).unwrap_or_else(|e| panic!("{e}"));
-                })
-            });
-        }
+    let amsgrad = Adam { amsgrad: true, ..Adam::default() };
+    let quarter_gpt2: Vec<usize> = shapes::gpt2_small(4).into_iter().map(|n| n as usize).collect();
+    let cases: Vec<(String, Adam, Vec<usize>, DType, GpuContext)> = vec![
+        ("adam_f32_4Ki".into(), Adam::default(), vec![1 << 12], DType::F32, base.clone()),
+        ("adam_f32_1Mi".into(), Adam::default(), vec![1 << 20], DType::F32, base.clone()),
+        ("amsgrad_f32_1Mi".into(), amsgrad, vec![1 << 20], DType::F32, base.clone()),
+        (
+            "adam_f16_native_1Mi".into(),
+            Adam::default(),
+            vec![1 << 20],
+            DType::F16,
+            base.with_packed_f16(false),
+        ),
+        (
+            "adam_f16_packed_1Mi".into(),
+            Adam::default(),
+            vec![1 << 20],
+            DType::F16,
+            base.with_packed_f16(true),
+        ),
+        ("adam_bf16_1Mi".into(), Adam::default(), vec![1 << 20], DType::BF16, base.clone()),
+        ("adam_f32_200x4096".into(), Adam::default(), vec![4096; 200], DType::F32, base.clone()),
+        ("adam_bf16_200x4096".into(), Adam::default(), vec![4096; 200], DType::BF16, base.clone()),
+        ("adam_f32_gpt2_quarter".into(), Adam::default(), quarter_gpt2, DType::F32, base.clone()),
+    ];
+    for (name, config, sizes, dtype, ctx) in cases {
+        let params = gpu_tensors(&ctx, "param", &sizes, dtype, 0.5);
+        let grads = gpu_tensors(&ctx, "grad", &sizes, dtype, 0.01);
+        let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap_or_else(|e| panic!("{e}"));
+        group.throughput(Throughput::Elements(sizes.iter().sum::<usize>() as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                optimizer.step(&grads).unwrap_or_else(|e| panic!("{e}"));
+                ctx.device().poll(wgpu::PollType::wait_indefinitely()).unwrap_or_else(|e| panic!("{e}"));
+            })
+        });
     }
     group.finish();
 }

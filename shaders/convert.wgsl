@@ -62,26 +62,25 @@ fn with_half(word: u32, half: u32, bits: u32) -> u32 {
 // as the scalar functions above, lane by lane, with selects instead of branches.
 fn f16_bits4(x: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(x);
-    let sign = (b >> vec4(16u)) & vec4(0x8000u);
     let a = b & vec4(0x7fffffffu);
-    let nan = sign | vec4(0x7e00u) | ((a >> vec4(13u)) & vec4(0x3ffu));
-    let inf = sign | vec4(0x7c00u);
+    // Normal: drop 13 mantissa bits rounding to nearest even and rebias 127 -> 15 in one
+    // add (0xc8000000 is -(112 << 23)); a carry out of the mantissa bumps the exponent.
+    let normal = (a + vec4(0xc8000fffu) + ((a >> vec4(13u)) & vec4(1u))) >> vec4(13u);
     // Clamped into range first: lanes that are not subnormal must still convert cleanly.
-    let sub = sign | vec4<u32>(round(min(bitcast<vec4<f32>>(a), vec4(6.103515625e-5)) * 16777216.0));
-    let rounded = a + vec4(0xfffu) + ((a >> vec4(13u)) & vec4(1u));
-    let normal = sign | ((rounded - vec4(0x38000000u)) >> vec4(13u));
+    let sub = vec4<u32>(round(min(bitcast<vec4<f32>>(a), vec4(6.103515625e-5)) * 16777216.0));
     let finite = select(normal, sub, a < vec4(0x38800000u));
-    return select(select(finite, inf, a >= vec4(0x477ff000u)), nan, a > vec4(0x7f800000u));
+    let special = select(vec4(0x7c00u), vec4(0x7e00u) | ((a >> vec4(13u)) & vec4(0x3ffu)), a > vec4(0x7f800000u));
+    return ((b >> vec4(16u)) & vec4(0x8000u)) | select(finite, special, a >= vec4(0x477ff000u));
 }
 
 fn f16_value4(h: vec4<u32>) -> vec4<f32> {
     let sign = (h & vec4(0x8000u)) << vec4(16u);
-    let e = (h >> vec4(10u)) & vec4(0x1fu);
-    let m = h & vec4(0x3ffu);
-    let sub = sign | bitcast<vec4<u32>>(vec4<f32>(m) * 5.9604644775390625e-8);
-    let special = sign | vec4(0x7f800000u) | (m << vec4(13u));
-    let normal = sign | ((e + vec4(112u)) << vec4(23u)) | (m << vec4(13u));
-    return bitcast<vec4<f32>>(select(select(normal, special, e == vec4(31u)), sub, e == vec4(0u)));
+    let em = (h & vec4(0x7fffu)) << vec4(13u);
+    // Rebias the exponent 15 -> 127, or 31 -> 255 for infinity and NaN.
+    let normal = em + select(vec4(0x38000000u), vec4(0x70000000u), em >= vec4(0x0f800000u));
+    // A subnormal half m * 2^-24 is a normal f32: 2^-14 (1 + m / 1024) - 2^-14, exact.
+    let sub = bitcast<vec4<u32>>(bitcast<vec4<f32>>(em + vec4(0x38800000u)) - 6.103515625e-5);
+    return bitcast<vec4<f32>>(sign | select(normal, sub, em < vec4(0x00800000u)));
 }
 
 fn bf16_bits4(x: vec4<f32>) -> vec4<u32> {

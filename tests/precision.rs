@@ -106,7 +106,7 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
 
 #[test]
 fn every_algorithm_and_dtype_mix_matches_the_oracle_on_native_f16() {
-    let ctx = ctx();
+    let ctx = ctx().with_packed_f16(false);
     assert!(ctx.native_f16(), "lavapipe has SHADER_F16, so this runs the native path");
     for (a, algorithm) in algorithms().into_iter().enumerate() {
         for (m, mix) in MIXES.into_iter().enumerate() {
@@ -181,7 +181,7 @@ fn stores_round_to_nearest_even_on_every_path() {
     let mut rng = Rng::new(5);
     let probes = rounding_probes(&mut rng);
     let n = probes.len();
-    for ctx in [ctx(), ctx().with_packed_f16(true)] {
+    for ctx in [ctx().with_packed_f16(false), ctx().with_packed_f16(true)] {
         for dtype in [DType::F16, DType::BF16] {
             // Odd offset: the copy starts in the middle of a word.
             let buffer = ctx.zeros("copy", n as u64 + 1, dtype);
@@ -255,7 +255,7 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
     // odd pairs.
     let algorithm: Algorithm = Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }.into();
     let mut rng = Rng::new(9);
-    for ctx in [ctx().with_packed_f16(true), ctx()] {
+    for ctx in [ctx().with_packed_f16(true), ctx().with_packed_f16(false)] {
         for n in [1usize, 2, 7, 1000] {
             let p = rng.vec(n, 1.0);
             let g = rng.vec(n, 1.0);
@@ -298,7 +298,7 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
 #[test]
 fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
     let mut rng = Rng::new(10);
-    for ctx in [ctx(), ctx().with_packed_f16(true)] {
+    for ctx in [ctx().with_packed_f16(false), ctx().with_packed_f16(true)] {
         for dtype in [DType::F16, DType::BF16] {
             let n = 777;
             let model = ctx.upload("model", &rng.vec(n, 1.0), dtype);
@@ -416,7 +416,7 @@ fn epsilon_is_applied_in_f32_so_1e_8_survives_f16_storage() {
 
 #[test]
 fn nan_gradients_stay_nan_in_16_bit_storage() {
-    for ctx in [ctx(), ctx().with_packed_f16(true)] {
+    for ctx in [ctx().with_packed_f16(false), ctx().with_packed_f16(true)] {
         for dtype in [DType::F16, DType::BF16] {
             let param = ctx.upload("param", &[0.5, 0.5, 0.5], dtype);
             let grad = ctx.upload("grad", &[f64::NAN, 1.0, f64::INFINITY], dtype);
@@ -437,7 +437,7 @@ fn directml_adam_takes_float16_tensors() {
     use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
     let scalars = wgpu_optim::DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
     let mut rng = Rng::new(12);
-    for ctx in [ctx(), ctx().with_packed_f16(true)] {
+    for ctx in [ctx().with_packed_f16(false), ctx().with_packed_f16(true)] {
         let n = 999;
         let stored = |v: Vec<f64>| DType::F16.decode(&DType::F16.encode(&v));
         let (p, m, v, g) = (

@@ -314,7 +314,10 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     };
     let adapter = ctx.as_ref().map_or("no GPU".to_string(), |c| c.report().adapter_name.clone());
     match &ctx {
-        Some(c) => println!("adapter: {}", c.report()),
+        Some(c) => {
+            let f16 = if c.native_f16() { "native array<f16>" } else { "packed in u32" };
+            println!("adapter: {}; f16 storage {f16}", c.report())
+        }
         None if !options.gpu => println!("adapter: none (--no-gpu)"),
         None => {}
     }

@@ -88,14 +88,18 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
     if let Err(refusal) = case.check_supported() {
         return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
     }
-    let packed;
+    let chosen;
     let ctx = match (backend, ctx) {
         (Backend::Oracle, _) => None,
         (Backend::GpuPackedF16InPlace | Backend::GpuPackedF16OutOfPlace, Some(ctx)) => {
-            packed = ctx.with_packed_f16(true);
-            Some(&packed)
+            chosen = ctx.with_packed_f16(true);
+            Some(&chosen)
         }
-        (_, Some(ctx)) => Some(ctx),
+        // Native f16 wherever the device has it, whichever path it would choose itself.
+        (_, Some(ctx)) => {
+            chosen = ctx.with_packed_f16(false);
+            Some(&chosen)
+        }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
     };
     let outputs = match (case.op.as_str(), case.kind) {
