@@ -3,7 +3,8 @@
 
 use crate::algo::bias_correction;
 use crate::{
-    Adagrad, Adam, Algorithm, DType, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd,
+    Adagrad, Adam, Algorithm, DType, DmlAdam, GradClip, MomentumMode, NormType, OnnxAdagrad, OnnxAdam,
+    OnnxMomentum, Sgd,
 };
 
 /// PyTorch's Adam state for one parameter.
@@ -347,4 +348,22 @@ impl TorchState {
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
         }
     }
+}
+
+/// `torch.nn.utils.clip_grad_norm_(params, clip.max_norm, norm_type)` over `grads` as one
+/// vector: scales every gradient in place by `min(1, max_norm / (total_norm + 1e-6))` and
+/// returns `total_norm`. A NaN norm makes the coefficient, and so every gradient, NaN.
+pub fn clip_grad_norm(grads: &mut [Vec<f64>], clip: &GradClip) -> f64 {
+    let values = || grads.iter().flat_map(|g| g.iter());
+    let total_norm = match clip.norm_type {
+        NormType::L2 => values().map(|g| g * g).sum::<f64>().sqrt(),
+        // torch.max propagates NaN; f64::max would drop it.
+        NormType::Inf => values().fold(0.0, |m: f64, g| if g.is_nan() || m.is_nan() { f64::NAN } else { m.max(g.abs()) }),
+    };
+    let coefficient = clip.max_norm / (total_norm + 1e-6);
+    let clamped = if coefficient.is_nan() { coefficient } else { coefficient.min(1.0) };
+    for g in grads.iter_mut().flat_map(|g| g.iter_mut()) {
+        *g *= clamped;
+    }
+    total_norm
 }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, VariantKey, TABLE_BYTES};
+use crate::gpu::kernel::{Scalars, VariantKey, CLIP_BINDING, TABLE_BYTES};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::TensorPlan;
 use crate::gpu::table;
 use crate::gpu::GpuContext;
+use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::Result;
@@ -45,11 +46,13 @@ impl Batch {
         let align = u64::from(limits.min_uniform_buffer_offset_alignment).max(16);
         let mut contents: Vec<u8> = Vec::new();
         let mut offsets = Vec::with_capacity(planned.len());
+        let mut first_workgroup = 0;
         for (dispatch, segments) in &planned {
             let at = (contents.len() as u64).next_multiple_of(align);
             contents.resize(at as usize, 0);
             offsets.push(at);
-            contents.extend_from_slice(bytemuck::cast_slice(&dispatch.table(segments)));
+            contents.extend_from_slice(bytemuck::cast_slice(&dispatch.table(segments, first_workgroup)));
+            first_workgroup += dispatch.workgroups().clamp(1, limits.max_compute_workgroups_per_dimension);
         }
         contents.resize((offsets[offsets.len() - 1] + TABLE_BYTES) as usize, 0);
         let pipelines =
@@ -96,6 +99,11 @@ impl Batch {
         })
     }
 
+    /// Workgroups of all dispatches together (the gradient-norm pass writes one partial each).
+    pub(crate) fn workgroups(&self) -> u32 {
+        self.dispatches.iter().map(|d| d.workgroups).sum()
+    }
+
     /// Records every dispatch of the batch into `pass` with `scalars` as group 0.
     pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &wgpu::BindGroup) {
         pass.set_bind_group(0, scalars, &[]);
@@ -138,12 +146,14 @@ pub(crate) struct DeviceScalars<'a> {
 
 impl Uniforms {
     /// `slots` uniforms holding `initial` (a whole number of slots); with `device`, each bind
-    /// group also holds the device's step counter and its slot's learning rate (capturable mode).
+    /// group also holds the device's step counter and its slot's learning rate (capturable
+    /// mode); with `clip`, the clip buffer ([`ClipHeader`] at offset 0).
     pub(crate) fn new(
         ctx: &GpuContext,
         initial: &[u8],
         label: &str,
         device: Option<DeviceScalars<'_>>,
+        clip: Option<&wgpu::Buffer>,
     ) -> Result<Self> {
         let wgpu_device = ctx.device();
         let slots = initial.len() as u64 / UNIFORM_SLOT_BYTES;
@@ -179,9 +189,12 @@ impl Uniforms {
                             Scalars::Device
                         }
                     };
+                    if let Some(clip) = clip {
+                        entries.push(range(CLIP_BINDING, clip, 0, ClipHeader::BYTES));
+                    }
                     wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some(label),
-                        layout: ctx.inner.scalar_layouts.get(scalars),
+                        layout: ctx.inner.scalar_layouts.get(scalars, clip.is_some()),
                         entries: &entries,
                     })
                 })

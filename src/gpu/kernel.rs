@@ -9,6 +9,7 @@
 
 use std::fmt::Write;
 
+use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
 use crate::step::{Family, Override, Slot, Switches};
 use crate::DType;
@@ -20,6 +21,9 @@ pub(crate) enum Program {
     Update(Switches),
     /// AMP: gradients multiplied by the device's `inv_scale`, non-finite ones flagged.
     Unscale,
+    /// Gradient clipping's first pass: each workgroup's partial norm of the gradients it
+    /// reads, written to its own slot (`shaders/grad_norm.wgsl`).
+    GradNorm(NormType),
 }
 
 impl Program {
@@ -27,6 +31,7 @@ impl Program {
         match self {
             Program::Update(s) => s.family().name(),
             Program::Unscale => "unscale",
+            Program::GradNorm(_) => "grad norm",
         }
     }
 
@@ -39,6 +44,7 @@ impl Program {
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
             },
             Program::Unscale => include_str!("../../shaders/unscale.wgsl"),
+            Program::GradNorm(_) => include_str!("../../shaders/grad_norm.wgsl"),
         }
     }
 
@@ -51,7 +57,7 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
             },
-            Program::Unscale => "",
+            Program::Unscale | Program::GradNorm(_) => "",
         }
     }
 
@@ -59,7 +65,7 @@ impl Program {
     pub(crate) fn inputs(self) -> &'static [Slot] {
         match self {
             Program::Update(s) => s.family().inputs(),
-            Program::Unscale => &[Slot::Grad],
+            Program::Unscale | Program::GradNorm(_) => &[Slot::Grad],
         }
     }
 
@@ -68,6 +74,7 @@ impl Program {
         match self {
             Program::Update(s) => s.family().outputs(),
             Program::Unscale => &[Slot::Grad],
+            Program::GradNorm(_) => &[],
         }
     }
 
@@ -76,6 +83,7 @@ impl Program {
         match self {
             Program::Update(s) => s.overrides(),
             Program::Unscale => Vec::new(),
+            Program::GradNorm(norm) => vec![Override::Bool("NORM_INF", norm == NormType::Inf)],
         }
     }
 }
@@ -133,6 +141,8 @@ pub(crate) enum Scalars {
     /// Capturable mode: the uniform's constants, the device's step counter and AMP flag,
     /// and the group's learning rate on the device.
     Device,
+    /// Gradient clipping's partial norms: one f32 slot per workgroup, written.
+    Norm,
     /// The AMP unscale pass: the device state, read-write.
     Unscale,
 }
@@ -148,12 +158,20 @@ pub(crate) struct VariantKey {
     /// Elements per load and store: 1, or 4 (`vec4`, or two words of packed halves) where the
     /// math is f32 and the elements line up on 4-element boundaries in every buffer.
     pub(crate) width: u32,
+    /// Gradient clipping: the update multiplies each gradient by the clip buffer's
+    /// coefficient as it loads it (group 0 then binds that buffer too).
+    pub(crate) clip: bool,
 }
 
 impl VariantKey {
     /// The scalar (one element per access) variant; segments choose their width.
     pub(crate) fn new(scalars: Scalars, program: Program, math: DType, layout: BindingLayout) -> Self {
-        VariantKey { scalars, program, math, layout, width: 1 }
+        VariantKey { scalars, program, math, layout, width: 1, clip: false }
+    }
+
+    /// This variant, loading clipped gradients when `clip` is true.
+    pub(crate) fn clipped(self, clip: bool) -> VariantKey {
+        VariantKey { clip, ..self }
     }
 
     /// This variant with `width` elements per access.
@@ -246,7 +264,14 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             Some(b) => load_expression(*b, bindings[*b].storage, vector),
             None => "return R(S(0));".to_string(),
         };
-        let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
+        if key.clip && slot == "grad" {
+            // The clip coefficient applies to the gradient as loaded, as PyTorch scales the
+            // gradients in place before the step.
+            let _ = writeln!(s, "fn load_grad_stored(i: u32) -> R {{ {body} }}");
+            s.push_str("fn load_grad(i: u32) -> R { return load_grad_stored(i) * S(clip_state.coefficient); }\n");
+        } else {
+            let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
+        }
     }
     for (slot, binding) in key.program.outputs().iter().map(|s| s.name()).zip(&key.layout.outputs) {
         let body = binding.map(|b| store_statement(b, bindings[b].storage, vector)).unwrap_or_default();
@@ -257,6 +282,10 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     }
     if let Program::Update(switches) = key.program {
         s.push_str(&switches.uniform_wgsl());
+    }
+    if matches!(key.program, Program::GradNorm(_)) {
+        let lanes = if vector { "g" } else { "vec4(g, 0.0, 0.0, 0.0)" };
+        let _ = writeln!(s, "fn lanes(g: R) -> vec4<f32> {{ return {lanes}; }}");
     }
     s.push_str(key.program.source());
     let prologue = match key.scalars {
@@ -283,8 +312,22 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             s.push_str("@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n");
             ""
         }
+        Scalars::Norm => {
+            s.push_str("@group(0) @binding(0) var<storage, read_write> partials: array<f32>;\n");
+            ""
+        }
     };
-    let entry = if key.pairs() { PAIR_ENTRY } else { ELEMENT_ENTRY };
+    if key.clip {
+        s.push_str(&ClipHeader::wgsl());
+        let _ = writeln!(s, "@group(0) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;");
+    }
+    let entry = if matches!(key.program, Program::GradNorm(_)) {
+        NORM_ENTRY
+    } else if key.pairs() {
+        PAIR_ENTRY
+    } else {
+        ELEMENT_ENTRY
+    };
     s.push_str(&entry.replace("{prologue}", prologue));
     s
 }
@@ -364,6 +407,37 @@ fn table_wgsl(bindings: usize) -> String {
     s.push_str("    return e;\n}\n");
     s
 }
+
+/// Group 0's binding of the clip buffer in update kernels that clip (after the capturable
+/// scalars' 0 to 2).
+pub(crate) const CLIP_BINDING: u32 = 3;
+
+/// Gradient norms: each invocation folds the elements it strides over into one f32, the
+/// workgroup folds its invocations' values in a fixed tree, and invocation 0 writes the
+/// result to the workgroup's own slot: the dispatch's first slot (`table.head.w`) plus
+/// its workgroup index. The same inputs and dispatch give the same bits on every run.
+const NORM_ENTRY: &str = "
+var<workgroup> norm_lanes: array<f32, 256>;
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    {prologue}let e = select_entry(wid.x);
+    let stride = table.rows[e].w * WG;
+    var acc = 0.0;
+    for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
+        acc = accumulate(acc, load_grad(i));
+    }
+    norm_lanes[lid] = acc;
+    for (var half = WG / 2u; half > 0u; half = half / 2u) {
+        workgroupBarrier();
+        if lid < half {
+            norm_lanes[lid] = combine(norm_lanes[lid], norm_lanes[lid + half]);
+        }
+    }
+    if lid == 0u {
+        partials[table.head.w + wid.x] = norm_lanes[0];
+    }
+}
+";
 
 /// One element per invocation and iteration; the entry's workgroups stride over its elements.
 const ELEMENT_ENTRY: &str = "
@@ -473,14 +547,22 @@ mod tests {
             naga::valid::Capabilities::all(),
         );
         let mut programs: Vec<Program> = all_switches().into_iter().map(Program::Update).collect();
-        programs.push(Program::Unscale);
+        programs.extend([Program::Unscale, Program::GradNorm(NormType::L2), Program::GradNorm(NormType::Inf)]);
         let storages =
             [Storage::Native(DType::F32), Storage::Native(DType::F16), Storage::Packed(DType::BF16)];
         for program in programs {
-            for scalars in [Scalars::Host, Scalars::Device, Scalars::Unscale] {
-                if (program == Program::Unscale) != (scalars == Scalars::Unscale) {
-                    continue;
-                }
+            let pairings = [Scalars::Host, Scalars::Device, Scalars::Unscale, Scalars::Norm]
+                .into_iter()
+                .filter(|scalars| match program {
+                    Program::Update(_) => matches!(scalars, Scalars::Host | Scalars::Device),
+                    Program::Unscale => *scalars == Scalars::Unscale,
+                    Program::GradNorm(_) => *scalars == Scalars::Norm,
+                })
+                .flat_map(|scalars| {
+                    let clips: &[bool] = if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
+                    clips.iter().map(move |clip| (scalars, *clip))
+                });
+            for (scalars, clip) in pairings {
                 for (math, storage, width) in storages
                     .iter()
                     .flat_map(|s| [(DType::F32, *s, 1), (DType::F32, *s, 4)])
@@ -492,7 +574,7 @@ mod tests {
                     {
                         continue;
                     }
-                    let key = VariantKey { scalars, program, math, layout: layout(program, storage), width };
+                    let key = VariantKey { scalars, program, math, layout: layout(program, storage), width, clip };
                     let source = compose(&key);
                     let module = naga::front::wgsl::parse_str(&source)
                         .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
@@ -521,7 +603,12 @@ mod tests {
                         };
                         assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
                     }
-                    if scalars != Scalars::Host {
+                    if clip {
+                        let header = [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
+                            .map(|(n, o)| (n.to_string(), o));
+                        assert_eq!(members(&module, "ClipState"), header, "{key:?}");
+                    }
+                    if matches!(scalars, Scalars::Device | Scalars::Unscale) {
                         let header = [
                             ("step", DeviceHeader::STEP),
                             ("found_inf", DeviceHeader::FOUND_INF),

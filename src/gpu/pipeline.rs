@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{compose, Scalars, Storage, VariantKey, TABLE_BYTES};
+use crate::gpu::kernel::{compose, Scalars, Storage, VariantKey, CLIP_BINDING, TABLE_BYTES};
 use crate::gpu::GpuContext;
+use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{DType, Error, Result};
@@ -48,7 +49,14 @@ impl PipelineCache {
 pub(crate) struct ScalarLayouts {
     host: wgpu::BindGroupLayout,
     device: wgpu::BindGroupLayout,
+    /// `host` and `device` with the clip buffer at [`CLIP_BINDING`].
+    host_clipped: wgpu::BindGroupLayout,
+    device_clipped: wgpu::BindGroupLayout,
     state: wgpu::BindGroupLayout,
+    /// Gradient norms' partials (written), at 0.
+    norm: wgpu::BindGroupLayout,
+    /// The clip finalize pass: the partials (read) at 0, the clip buffer (written) at 1.
+    finalize: wgpu::BindGroupLayout,
 }
 
 /// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
@@ -80,23 +88,39 @@ impl ScalarLayouts {
         let hyper = buffer_entry(0, Uniform, false, UNIFORM_SLOT_BYTES);
         let state =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, DeviceHeader::BYTES);
+        // The device state, and the group's learning rate (one f32).
+        let device_entries = [hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)];
+        let clip = |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
+        let partials = |read_only| buffer_entry(0, Storage { read_only }, false, 4);
+        let mut device_clipped = device_entries.to_vec();
+        device_clipped.push(clip(CLIP_BINDING, true));
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
-            device: layout(
-                "wgpu-optim capturable scalars",
-                // The device state, and the group's learning rate (one f32).
-                &[hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)],
-            ),
+            device: layout("wgpu-optim capturable scalars", &device_entries),
+            host_clipped: layout("wgpu-optim hyperparameters, clipped", &[hyper, clip(CLIP_BINDING, true)]),
+            device_clipped: layout("wgpu-optim capturable scalars, clipped", &device_clipped),
             state: layout("wgpu-optim device state", &[state(0, false)]),
+            norm: layout("wgpu-optim gradient norm partials", &[partials(false)]),
+            finalize: layout("wgpu-optim clip finalize", &[partials(true), clip(1, false)]),
         }
     }
 
-    pub(crate) fn get(&self, scalars: Scalars) -> &wgpu::BindGroupLayout {
-        match scalars {
-            Scalars::Host => &self.host,
-            Scalars::Device => &self.device,
-            Scalars::Unscale => &self.state,
+    /// Group 0 of a kernel whose scalars come from `scalars`, with the clip buffer when
+    /// `clip` (update kernels only).
+    pub(crate) fn get(&self, scalars: Scalars, clip: bool) -> &wgpu::BindGroupLayout {
+        match (scalars, clip) {
+            (Scalars::Host, false) => &self.host,
+            (Scalars::Device, false) => &self.device,
+            (Scalars::Host, true) => &self.host_clipped,
+            (Scalars::Device, true) => &self.device_clipped,
+            (Scalars::Unscale, _) => &self.state,
+            (Scalars::Norm, _) => &self.norm,
         }
+    }
+
+    /// The layout of the clip finalize pass.
+    pub(crate) fn finalize(&self) -> &wgpu::BindGroupLayout {
+        &self.finalize
     }
 
     /// The layout of the step-advancing kernel: the device state, read-write.
@@ -141,7 +165,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
-            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(key.scalars)), Some(&segment_layout)],
+            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(key.scalars, key.clip)), Some(&segment_layout)],
             immediate_size: 0,
         });
         let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();

@@ -106,11 +106,12 @@ impl TableDispatch {
         self.groups().iter().sum()
     }
 
-    /// The table's bytes: the header row `(rows, pair_first, pair_step, 0)`, then per row
-    /// `(n, pair_shift, first_group, groups)` and the bases of every binding, relative to
-    /// the dispatch's spans.
-    pub(crate) fn table(&self, segments: &[&SegmentPlan]) -> Vec<u32> {
-        let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, 0];
+    /// The table's bytes: the header row `(rows, pair_first, pair_step, first_workgroup)`
+    /// (the last: workgroups of the batch's earlier dispatches, where the gradient-norm pass
+    /// puts this dispatch's partials), then per row `(n, pair_shift, first_group, groups)`
+    /// and the bases of every binding, relative to the dispatch's spans.
+    pub(crate) fn table(&self, segments: &[&SegmentPlan], first_workgroup: u32) -> Vec<u32> {
+        let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, first_workgroup];
         let mut first_group = 0;
         for ((row, segment), groups) in self.rows.iter().zip(segments).zip(self.groups()) {
             words.extend([row.n, row.pair_shift, first_group, groups]);

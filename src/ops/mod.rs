@@ -140,7 +140,7 @@ pub(crate) fn record_stateless(
     // A buffer of its own per call, initialized at creation: no write waits for a submit.
     let mut bytes = [0u8; UNIFORM_SLOT_BYTES as usize];
     step.write_uniform(math, &mut bytes);
-    let uniforms = Uniforms::new(ctx, &bytes, label, None)?;
+    let uniforms = Uniforms::new(ctx, &bytes, label, None, None)?;
     let mut pass = encoder
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
     batch.record(&mut pass, &uniforms.bind_groups[0]);

@@ -4,6 +4,7 @@
 mod arena;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
+mod clip;
 mod device;
 
 #[cfg(feature = "checkpoint")]
@@ -14,7 +15,8 @@ use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};
 use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
-use crate::{Algorithm, DType, Error, GpuContext, Result, StateKind, Tensor};
+use crate::{Algorithm, DType, Error, GpuContext, GradClip, Result, StateKind, Tensor};
+use clip::{BoundNorm, ClipPass};
 use device::DeviceState;
 
 /// Gradient sets whose bind groups are kept: a trainer that alternates two (or a few)
@@ -64,6 +66,14 @@ pub struct OptimizerOptions {
     /// so nothing is read back or written from the host per step. Needed for AMP skipping
     /// ([`Optimizer::record_unscale`]).
     pub capturable: bool,
+    /// Clip the global norm of all gradients (every group) before each step, as PyTorch's
+    /// `clip_grad_norm_` does: on the GPU a deterministic two-dispatch reduction whose
+    /// coefficient stays on the device and scales each gradient inside the update kernels
+    /// as it is loaded (the gradient buffers are not rewritten; a 16-bit gradient is
+    /// scaled in f32, not rounded back to its dtype first). [`Optimizer::read_grad_norm`]
+    /// reads the last norm. Composes with groups, master weights and capturable mode
+    /// (after [`Optimizer::record_unscale`] the norm is that of the unscaled gradients).
+    pub grad_clip: Option<GradClip>,
 }
 
 /// One parameter group as the optimizer keeps it.
@@ -81,6 +91,8 @@ struct Group {
 struct Bound {
     grads: Vec<Tensor>,
     batches: Vec<Batch>,
+    /// The gradient-norm pass over `grads` when clipping.
+    norm: Option<BoundNorm>,
 }
 
 /// A stateful optimizer over parameter groups.
@@ -112,6 +124,7 @@ pub struct Optimizer {
     /// Bind groups of the most recently used gradient sets, most recent first.
     bound: Vec<Bound>,
     device: Option<DeviceState>,
+    clip: Option<ClipPass>,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -171,6 +184,9 @@ impl Optimizer {
     pub fn with_groups(ctx: &GpuContext, groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Self> {
         for group in &groups {
             group.algorithm.validate()?;
+        }
+        if let Some(clip) = &options.grad_clip {
+            clip.validate()?;
         }
         let (groups, options) = master_copies(ctx, groups, options)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
@@ -240,7 +256,9 @@ impl Optimizer {
             state: d.buffer(),
             lr_offsets: (0..kept.len()).map(|g| d.lr_offset(g)).collect(),
         });
-        let uniforms = Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars)?;
+        let clip = options.grad_clip.map(|c| ClipPass::new(ctx, c)).transpose()?;
+        let uniforms =
+            Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
         Ok(Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -253,6 +271,7 @@ impl Optimizer {
             uniform_bytes,
             bound: Vec::new(),
             device,
+            clip,
         })
     }
 
@@ -384,6 +403,9 @@ impl Optimizer {
         if let Some(device) = &self.device {
             device.record_advance(&mut pass);
         }
+        if let (Some(clip), Some(norm)) = (&self.clip, &bound.norm) {
+            clip.record(&mut pass, norm);
+        }
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
@@ -423,13 +445,15 @@ impl Optimizer {
             for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
                 let args = self.kernel_args(&group.algorithm, i, grad);
                 let tensor_plan = plan(&self.ctx, program, &args)?;
-                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone());
+                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
+                    .clipped(self.clip.is_some());
                 items.push((key, tensor_plan));
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
+        let norm = self.clip.as_ref().map(|clip| clip.bind(&self.ctx, grads)).transpose()?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.bound.insert(0, Bound { grads: grads.to_vec(), batches });
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm });
         Ok(())
     }
 
@@ -445,6 +469,15 @@ impl Optimizer {
         let device = self.device.as_ref().ok_or_else(not_capturable)?;
         let bytes = self.ctx.read_bytes(&device.step_bytes())?;
         Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
+    }
+
+    /// With [`OptimizerOptions::grad_clip`]: reads the global gradient norm of the last
+    /// submitted step (PyTorch's `clip_grad_norm_` return value, before clipping). Waits for
+    /// that one value; the step path itself never reads anything back.
+    pub fn read_grad_norm(&self) -> Result<f64> {
+        let clip = self.clip.as_ref().ok_or(Error::NeedsOption { what: "a gradient norm".into(), option: "grad_clip" })?;
+        let bytes = self.ctx.read_bytes(&clip.total_norm())?;
+        Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
     /// Capturable mode: reads the AMP flag of the last unscale (true: that step was skipped).

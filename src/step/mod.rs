@@ -12,6 +12,7 @@
 
 mod adagrad;
 mod adam;
+pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
 mod momentum;

@@ -1,0 +1,44 @@
+// Gradient clipping's second pass, one workgroup: combines the partials of grad_norm.wgsl
+// in a fixed order into the global norm and writes it with PyTorch's coefficient,
+// min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
+// update kernels read it. The prelude declares `struct ClipState` and NORM_INF.
+
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> clip: ClipState;
+
+var<workgroup> lanes: array<f32, 256>;
+
+fn nan_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn combine(a: f32, b: f32) -> f32 {
+    if NORM_INF {
+        return select(max(a, b), a + b, nan_f32(a) || nan_f32(b));
+    }
+    return a + b;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    var acc = 0.0;
+    for (var k = lid; k < arrayLength(&partials); k += 256u) {
+        acc = combine(acc, partials[k]);
+    }
+    lanes[lid] = acc;
+    for (var half = 128u; half > 0u; half = half / 2u) {
+        workgroupBarrier();
+        if lid < half {
+            lanes[lid] = combine(lanes[lid], lanes[lid + half]);
+        }
+    }
+    if lid == 0u {
+        var norm = lanes[0];
+        if !NORM_INF {
+            norm = sqrt(norm);
+        }
+        clip.total_norm = norm;
+        let coefficient = clip.max_norm / (norm + 1e-6);
+        clip.coefficient = select(min(coefficient, 1.0), coefficient, nan_f32(coefficient));
+    }
+}

@@ -1,0 +1,129 @@
+//! Global gradient clipping on the device: a multi-tensor pass writes one partial norm per
+//! workgroup (`shaders/grad_norm.wgsl`), one workgroup combines them into the norm and the
+//! coefficient (`shaders/clip_finalize.wgsl`), and the update kernels multiply each gradient
+//! by that coefficient as they load it. Two dispatches per gradient dtype, whatever the
+//! number of tensors; nothing is read back, and no gradient is rewritten.
+
+use crate::gpu::dispatch::Batch;
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::plan::{plan, Arg, KernelArgs};
+use crate::gpu::{GpuContext, TENSOR_USAGES};
+use crate::step::clip::{ClipHeader, GradClip, NormType};
+use crate::{DType, Result, Tensor};
+
+/// The clip buffer and the finalize pipeline, one per optimizer.
+pub(super) struct ClipPass {
+    clip: GradClip,
+    /// [`ClipHeader`]: the last norm and coefficient, and `max_norm`.
+    buffer: wgpu::Buffer,
+    finalize: wgpu::ComputePipeline,
+}
+
+fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry { binding, resource: buffer.as_entire_binding() }
+}
+
+/// The norm pass over one set of gradient tensors.
+pub(super) struct BoundNorm {
+    batch: Batch,
+    /// One f32 per workgroup of `batch`.
+    norm_group: wgpu::BindGroup,
+    finalize_group: wgpu::BindGroup,
+}
+
+impl ClipPass {
+    pub(super) fn new(ctx: &GpuContext, clip: GradClip) -> Result<Self> {
+        clip.validate()?;
+        let device = ctx.device();
+        let header = ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
+        let layout = ctx.inner.scalar_layouts.finalize();
+        ctx.catch("creating the gradient clipping pass", || {
+            use wgpu::util::DeviceExt;
+            let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("wgpu-optim clip state"),
+                contents: bytemuck::bytes_of(&header),
+                usage: TENSOR_USAGES,
+            });
+            let source = ClipHeader::wgsl()
+                + "override NORM_INF: bool;\n"
+                + include_str!("../../shaders/clip_finalize.wgsl");
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                bind_group_layouts: &[Some(layout)],
+                immediate_size: 0,
+            });
+            let inf = f64::from(u8::from(clip.norm_type == NormType::Inf));
+            let finalize = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[("NORM_INF", inf)],
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+            ClipPass { clip, buffer, finalize }
+        })
+    }
+
+    /// The clip buffer, which the update kernels' group 0 binds.
+    pub(super) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// The last step's global norm as an f32 tensor of one element.
+    pub(super) fn total_norm(&self) -> Tensor {
+        Tensor::new(&self.buffer, ClipHeader::TOTAL_NORM, 1, DType::F32)
+    }
+
+    /// The norm pass over `grads` (already checked against the parameters).
+    pub(super) fn bind(&self, ctx: &GpuContext, grads: &[Tensor]) -> Result<BoundNorm> {
+        let program = Program::GradNorm(self.clip.norm_type);
+        let mut items = Vec::with_capacity(grads.len());
+        for (i, grad) in grads.iter().enumerate() {
+            let args = KernelArgs { inputs: vec![Some(Arg::new(format!("grads[{i}]"), grad))], outputs: vec![] };
+            let tensor_plan = plan(ctx, program, &args)?;
+            let key = VariantKey::new(Scalars::Norm, program, DType::F32, tensor_plan.layout.clone());
+            items.push((key, tensor_plan));
+        }
+        let batch = Batch::build(ctx, &items, "gradient norm")?;
+        let slots = u64::from(batch.workgroups().max(1));
+        let device = ctx.device();
+        let layouts = &ctx.inner.scalar_layouts;
+        ctx.catch("creating the gradient norm partials", || {
+            // Zeroed at creation: an empty gradient set leaves its one slot at 0.
+            let partials = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgpu-optim gradient norm partials"),
+                size: 4 * slots,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            let norm_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("wgpu-optim gradient norm"),
+                layout: layouts.get(Scalars::Norm, false),
+                entries: &[entry(0, &partials)],
+            });
+            let finalize_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                layout: layouts.finalize(),
+                entries: &[entry(0, &partials), entry(1, &self.buffer)],
+            });
+            BoundNorm { batch, norm_group, finalize_group }
+        })
+    }
+
+    /// Records the norm pass and the finalize pass; the update dispatches recorded after
+    /// them in `pass` read the new coefficient.
+    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, bound: &BoundNorm) {
+        bound.batch.record(pass, &bound.norm_group);
+        pass.set_pipeline(&self.finalize);
+        pass.set_bind_group(0, &bound.finalize_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+}

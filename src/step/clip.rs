@@ -1,0 +1,150 @@
+//! Global gradient-norm clipping, PyTorch's `clip_grad_norm_`: the norm of all of an
+//! optimizer's gradients taken as one vector, and the coefficient every gradient is
+//! multiplied by as the update loads it. The GPU keeps the norm and the coefficient in a
+//! small device buffer whose head is [`ClipHeader`]; the CPU backend computes the same
+//! coefficient with [`clip_coefficient`].
+
+use std::mem::offset_of;
+
+use super::fields::wgsl_struct;
+use crate::{Error, Result};
+
+/// Which norm of the gradients is clipped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum NormType {
+    /// The Euclidean norm, `sqrt(sum g^2)` (`norm_type=2`, PyTorch's default).
+    #[default]
+    L2,
+    /// The largest magnitude, `max |g|` (`norm_type=inf`).
+    Inf,
+}
+
+impl NormType {
+    /// PyTorch's `norm_type` for this norm: 2 or infinity.
+    pub fn torch_value(self) -> f64 {
+        match self {
+            NormType::L2 => 2.0,
+            NormType::Inf => f64::INFINITY,
+        }
+    }
+
+    /// The norm for PyTorch's `norm_type`; `None` for any p other than 2 and infinity.
+    pub fn from_torch_value(p: f64) -> Option<Self> {
+        if p == 2.0 {
+            Some(NormType::L2)
+        } else if p == f64::INFINITY {
+            Some(NormType::Inf)
+        } else {
+            None
+        }
+    }
+}
+
+/// Clip the global norm of every gradient of the optimizer (all groups) to `max_norm`
+/// before each step: `total_norm` over all gradients as one vector, each gradient
+/// multiplied by `min(1, max_norm / (total_norm + 1e-6))` in f32, as
+/// `torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)` does before `step()`.
+///
+/// A non-finite norm is not an error (PyTorch's default, `error_if_nonfinite=False`): the
+/// coefficient is NaN and the update propagates it. With AMP in capturable mode a
+/// non-finite gradient skips the step as it does without clipping.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GradClip {
+    /// The largest norm the gradients keep; positive and finite.
+    pub max_norm: f64,
+    /// The norm measured.
+    pub norm_type: NormType,
+}
+
+impl GradClip {
+    /// Clipping the L2 norm to `max_norm`.
+    pub fn l2(max_norm: f64) -> Self {
+        GradClip { max_norm, norm_type: NormType::L2 }
+    }
+
+    /// [`Error::BadHyperparameter`] unless `max_norm` is positive and finite.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.max_norm > 0.0 && self.max_norm.is_finite()) {
+            return Err(Error::BadHyperparameter {
+                name: "max_norm",
+                value: self.max_norm,
+                expected: "a positive, finite norm to clip to",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + 1e-6)` in f32, at most 1. A
+/// NaN norm gives NaN (`torch.clamp` keeps NaN).
+pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32) -> f32 {
+    let coefficient = max_norm / (total_norm + 1e-6);
+    if coefficient.is_nan() {
+        coefficient
+    } else {
+        coefficient.min(1.0)
+    }
+}
+
+/// The head of the clip buffer: what the finalize pass writes and the update kernels read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ClipHeader {
+    /// The last step's global gradient norm.
+    pub(crate) total_norm: f32,
+    /// What the last step multiplied every gradient by.
+    pub(crate) coefficient: f32,
+    /// The clip threshold, in f32 as PyTorch holds it next to an f32 norm.
+    pub(crate) max_norm: f32,
+    /// Keeps the header a whole 16 bytes.
+    pub(crate) reserved: u32,
+}
+
+impl ClipHeader {
+    /// Bytes of the header (a binding of it is exactly this long).
+    pub(crate) const BYTES: u64 = std::mem::size_of::<ClipHeader>() as u64;
+    /// Byte offset of `total_norm`.
+    pub(crate) const TOTAL_NORM: u64 = offset_of!(ClipHeader, total_norm) as u64;
+
+    /// `struct ClipState { ... }` in WGSL.
+    pub(crate) fn wgsl() -> String {
+        let fields = [("total_norm", "f32"), ("coefficient", "f32"), ("max_norm", "f32"), ("reserved", "u32")];
+        wgsl_struct("ClipState", fields.into_iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_coefficient_is_torchs_clamped_ratio() {
+        // max_norm / (norm + 1e-6) in f32, written out by hand.
+        assert_eq!(clip_coefficient(36.0, 1.0), 1.0f32 / (36.0f32 + 1e-6f32));
+        assert_eq!(clip_coefficient(0.25, 1.0), 1.0);
+        assert_eq!(clip_coefficient(0.0, 1.0), 1.0);
+        assert!(clip_coefficient(f32::NAN, 1.0).is_nan());
+        assert_eq!(clip_coefficient(f32::INFINITY, 1.0), 0.0);
+    }
+
+    #[test]
+    fn the_header_lays_out_as_its_wgsl() {
+        let names: Vec<String> = ClipHeader::wgsl()
+            .lines()
+            .filter_map(|l| l.trim().split_once(':').map(|(n, _)| n.to_string()))
+            .collect();
+        assert_eq!(names, ["total_norm", "coefficient", "max_norm", "reserved"]);
+        assert_eq!((ClipHeader::TOTAL_NORM, ClipHeader::BYTES), (0, 16));
+        assert_eq!(offset_of!(ClipHeader, coefficient), 4);
+    }
+
+    #[test]
+    fn max_norm_must_be_positive_and_finite() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(GradClip::l2(bad).validate(), Err(Error::BadHyperparameter { name: "max_norm", .. })));
+        }
+        assert!(GradClip::l2(1e-3).validate().is_ok());
+        assert_eq!(NormType::from_torch_value(f64::INFINITY), Some(NormType::Inf));
+        assert_eq!(NormType::from_torch_value(1.0), None);
+    }
+}

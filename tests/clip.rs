@@ -1,0 +1,207 @@
+//! Global gradient-norm clipping on the GPU against the oracle's `clip_grad_norm_`: the
+//! norm over every tensor of every group, the coefficient applied inside the update, the
+//! same bits on every run, NaN propagation, AMP skipping, and refusals.
+
+mod common;
+
+use common::{assert_close, ctx, download, Rng, Tolerance};
+use wgpu_optim::oracle::{clip_grad_norm, torch_adam_step, torch_sgd_step, TorchAdamState};
+use wgpu_optim::{
+    Adam, DType, Error, GradClip, NormType, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
+};
+
+fn clipped(clip: GradClip) -> OptimizerOptions {
+    OptimizerOptions { grad_clip: Some(clip), ..Default::default() }
+}
+
+/// The relative difference of an f32 norm from the f64 oracle's.
+fn relative(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn adamw_clipped_to_a_global_l2_norm_matches_the_oracle_over_tensors_and_groups() {
+    let ctx = ctx();
+    let mut rng = Rng::new(11);
+    let lengths = [1000usize, 257, 64, 3];
+    let adamw = Adam { lr: 1e-2, weight_decay: 0.01, decoupled_weight_decay: true, ..Adam::default() };
+    let mut p: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    // Two groups with different learning rates: the norm is still over all four tensors.
+    let second = Adam { lr: 3e-3, ..adamw };
+    let groups = vec![ParamGroup::new(adamw, &params[..2]), ParamGroup::new(second, &params[2..])];
+    let mut optimizer = Optimizer::with_groups(&ctx, groups, clipped(GradClip::l2(1.0))).unwrap();
+    let mut state: Vec<TorchAdamState> = lengths.iter().map(|&n| TorchAdamState::zeros(n, false)).collect();
+    for step in 0..4 {
+        let mut g: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 2.0)).collect();
+        let grads: Vec<Tensor> = g.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect();
+        optimizer.step(&grads).unwrap();
+        // The oracle sees the f32 gradients the GPU read.
+        for v in &mut g {
+            v.iter_mut().for_each(|x| *x = f64::from(*x as f32));
+        }
+        let unclipped = g[0].clone();
+        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0));
+        assert!(want_norm > 10.0, "the case clips (norm {want_norm})");
+        for (i, config) in [adamw, adamw, second, second].iter().enumerate() {
+            torch_adam_step(config, &mut p[i], &g[i], &mut state[i]);
+        }
+        let norm = optimizer.read_grad_norm().unwrap();
+        assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
+        for (i, param) in params.iter().enumerate() {
+            let what = format!("step {step}: param {i}");
+            assert_close(&what, &download(&ctx, param), &p[i], Tolerance::F32);
+        }
+        // The gradients themselves are left as they were.
+        assert_eq!(download(&ctx, &grads[0]), unclipped, "step {step}: gradient rewritten");
+    }
+}
+
+#[test]
+fn the_inf_norm_clips_nesterov_sgd_and_leaves_the_gradients_alone() {
+    let ctx = ctx();
+    let mut rng = Rng::new(12);
+    let lengths = [300usize, 41];
+    let sgd = Sgd { lr: 0.01, momentum: 0.9, nesterov: true, ..Sgd::default() };
+    let clip = GradClip { max_norm: 0.5, norm_type: NormType::Inf };
+    let mut p: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let mut optimizer = Optimizer::with_options(&ctx, sgd, &params, clipped(clip)).unwrap();
+    let mut buffers = vec![None, None];
+    for step in 0..5 {
+        let g32: Vec<Vec<f64>> =
+            lengths.iter().map(|&n| rng.vec(n, 3.0).iter().map(|x| f64::from(*x as f32)).collect()).collect();
+        let grads: Vec<Tensor> = g32.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect();
+        optimizer.step(&grads).unwrap();
+        let mut g = g32.clone();
+        let want_norm = clip_grad_norm(&mut g, &clip);
+        for i in 0..2 {
+            torch_sgd_step(&sgd, &mut p[i], &g[i], &mut buffers[i]);
+            assert_close(&format!("step {step}: param {i}"), &download(&ctx, &params[i]), &p[i], Tolerance::F32);
+            assert_eq!(download(&ctx, &grads[i]), g32[i], "step {step}: gradient {i} rewritten");
+        }
+        // The largest magnitude is one of the inputs: exact in f32.
+        assert_eq!(optimizer.read_grad_norm().unwrap(), want_norm, "step {step}");
+    }
+}
+
+/// Reads every byte the optimizer owns or updates.
+fn snapshot(ctx: &wgpu_optim::GpuContext, optimizer: &Optimizer) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (i, param) in optimizer.params().iter().enumerate() {
+        bytes.extend(ctx.read_bytes(param).unwrap());
+        for kind in [wgpu_optim::StateKind::ExpAvg, wgpu_optim::StateKind::ExpAvgSq] {
+            bytes.extend(ctx.read_bytes(optimizer.state(i, kind).unwrap()).unwrap());
+        }
+    }
+    bytes.extend(optimizer.read_grad_norm().unwrap().to_le_bytes());
+    bytes
+}
+
+#[test]
+fn the_same_gradients_give_the_same_bits_every_run() {
+    let ctx = ctx();
+    // Big enough for many workgroups per tensor, in several buffers and dtypes.
+    let lengths = [1usize << 20, 4099, 77];
+    let run = || {
+        let mut rng = Rng::new(13);
+        let params: Vec<Tensor> = lengths
+            .iter()
+            .zip([DType::F32, DType::BF16, DType::F16])
+            .map(|(&n, d)| ctx.upload("param", &rng.vec(n, 1.0), d))
+            .collect();
+        let grads: Vec<Tensor> = lengths
+            .iter()
+            .zip([DType::F32, DType::BF16, DType::F16])
+            .map(|(&n, d)| ctx.upload("grad", &rng.vec(n, 1.0), d))
+            .collect();
+        let mut optimizer =
+            Optimizer::with_options(&ctx, Adam::default(), &params, clipped(GradClip::l2(5.0))).unwrap();
+        for _ in 0..3 {
+            optimizer.step(&grads).unwrap();
+        }
+        snapshot(&ctx, &optimizer)
+    };
+    let first = run();
+    for _ in 0..2 {
+        assert!(run() == first, "a rerun changed some bits");
+    }
+}
+
+#[test]
+fn a_nan_gradient_makes_the_norm_and_every_parameter_nan_as_pytorch_does() {
+    let ctx = ctx();
+    let params = vec![ctx.upload("a", &[1.0; 16], DType::F32), ctx.upload("b", &[2.0; 5], DType::F32)];
+    let mut optimizer =
+        Optimizer::with_options(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, &params, clipped(GradClip::l2(1.0)))
+            .unwrap();
+    let mut g = vec![0.5; 16];
+    g[7] = f64::NAN;
+    let grads = vec![ctx.upload("ga", &g, DType::F32), ctx.upload("gb", &[0.5; 5], DType::F32)];
+    optimizer.step(&grads).unwrap();
+    assert!(optimizer.read_grad_norm().unwrap().is_nan());
+    // The coefficient is NaN, so even the finite gradients' parameters become NaN.
+    assert!(download(&ctx, &params[1]).iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn a_norm_below_max_norm_leaves_the_step_as_without_clipping() {
+    let ctx = ctx();
+    let mut rng = Rng::new(14);
+    let p0 = rng.vec(513, 1.0);
+    let g = rng.vec(513, 1e-3);
+    let run = |options: OptimizerOptions| {
+        let param = ctx.upload("param", &p0, DType::F32);
+        let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options).unwrap();
+        optimizer.step(&[ctx.upload("grad", &g, DType::F32)]).unwrap();
+        download(&ctx, &param)
+    };
+    // The coefficient clamps to exactly 1, and multiplying by 1 changes no bit.
+    assert_eq!(run(clipped(GradClip::l2(1e6))), run(OptimizerOptions::default()));
+}
+
+#[test]
+fn amp_skips_a_clipped_step_with_an_infinite_gradient() {
+    let ctx = ctx();
+    let param = ctx.upload("param", &[1.0; 8], DType::F32);
+    let options = OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let mut optimizer = Optimizer::with_options(&ctx, Sgd { lr: 0.5, ..Sgd::default() }, &[param.clone()], options)
+        .unwrap();
+    let inv_scale = ctx.upload("inv_scale", &[0.5], DType::F32);
+    let inf = ctx.upload("grad", &[f64::INFINITY; 8], DType::F32);
+    ctx.submit("skipped", |e| {
+        optimizer.record_unscale(e, std::slice::from_ref(&inf), &inv_scale)?;
+        optimizer.record_step(e, std::slice::from_ref(&inf))
+    })
+    .unwrap();
+    assert!(optimizer.read_found_inf().unwrap());
+    assert_eq!(download(&ctx, &param), vec![1.0; 8]);
+    // A finite step: gradients 4 * 0.5 = 2 each after unscaling, norm sqrt(8 * 4), so each
+    // clipped gradient is 2 / (sqrt(32) + 1e-6).
+    let grad = ctx.upload("grad", &[4.0; 8], DType::F32);
+    ctx.submit("step", |e| {
+        optimizer.record_unscale(e, std::slice::from_ref(&grad), &inv_scale)?;
+        optimizer.record_step(e, std::slice::from_ref(&grad))
+    })
+    .unwrap();
+    let norm = optimizer.read_grad_norm().unwrap();
+    assert!(relative(norm, 32f64.sqrt()) < 1e-6, "norm {norm}");
+    let coefficient = f64::from(1.0f32 / (32f32.sqrt() + 1e-6));
+    assert_close("param", &download(&ctx, &param), &vec![1.0 - 0.5 * 2.0 * coefficient; 8], Tolerance::F32);
+}
+
+#[test]
+fn bad_clip_settings_are_refused_before_anything_is_built() {
+    let ctx = ctx();
+    let param = ctx.upload("param", &[1.0; 4], DType::F32);
+    for max_norm in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let options = clipped(GradClip::l2(max_norm));
+        match Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options) {
+            Err(Error::BadHyperparameter { name: "max_norm", .. }) => {}
+            other => panic!("max_norm {max_norm}: {other:?}"),
+        }
+    }
+    let unclipped = Optimizer::new(&ctx, Adam::default(), &[param.clone()]).unwrap();
+    assert!(matches!(unclipped.read_grad_norm(), Err(Error::NeedsOption { option: "grad_clip", .. })));
+    assert_eq!(download(&ctx, &param), vec![1.0; 4]);
+}
