@@ -358,7 +358,9 @@ pub fn clip_grad_norm(grads: &mut [Vec<f64>], clip: &GradClip) -> f64 {
     let total_norm = match clip.norm_type {
         NormType::L2 => values().map(|g| g * g).sum::<f64>().sqrt(),
         // torch.max propagates NaN; f64::max would drop it.
-        NormType::Inf => values().fold(0.0, |m: f64, g| if g.is_nan() || m.is_nan() { f64::NAN } else { m.max(g.abs()) }),
+        NormType::Inf => {
+            values().fold(0.0, |m: f64, g| if g.is_nan() || m.is_nan() { f64::NAN } else { m.max(g.abs()) })
+        }
     };
     let coefficient = clip.max_norm / (total_norm + 1e-6);
     let clamped = if coefficient.is_nan() { coefficient } else { coefficient.min(1.0) };

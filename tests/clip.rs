@@ -77,7 +77,12 @@ fn the_inf_norm_clips_nesterov_sgd_and_leaves_the_gradients_alone() {
         let want_norm = clip_grad_norm(&mut g, &clip);
         for i in 0..2 {
             torch_sgd_step(&sgd, &mut p[i], &g[i], &mut buffers[i]);
-            assert_close(&format!("step {step}: param {i}"), &download(&ctx, &params[i]), &p[i], Tolerance::F32);
+            assert_close(
+                &format!("step {step}: param {i}"),
+                &download(&ctx, &params[i]),
+                &p[i],
+                Tolerance::F32,
+            );
             assert_eq!(download(&ctx, &grads[i]), g32[i], "step {step}: gradient {i} rewritten");
         }
         // The largest magnitude is one of the inputs: exact in f32.
@@ -152,7 +157,8 @@ fn a_norm_below_max_norm_leaves_the_step_as_without_clipping() {
     let g = rng.vec(513, 1e-3);
     let run = |options: OptimizerOptions| {
         let param = ctx.upload("param", &p0, DType::F32);
-        let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options).unwrap();
+        let mut optimizer =
+            Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options).unwrap();
         optimizer.step(&[ctx.upload("grad", &g, DType::F32)]).unwrap();
         download(&ctx, &param)
     };
@@ -164,9 +170,10 @@ fn a_norm_below_max_norm_leaves_the_step_as_without_clipping() {
 fn amp_skips_a_clipped_step_with_an_infinite_gradient() {
     let ctx = ctx();
     let param = ctx.upload("param", &[1.0; 8], DType::F32);
-    let options = OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
-    let mut optimizer = Optimizer::with_options(&ctx, Sgd { lr: 0.5, ..Sgd::default() }, &[param.clone()], options)
-        .unwrap();
+    let options =
+        OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let mut optimizer =
+        Optimizer::with_options(&ctx, Sgd { lr: 0.5, ..Sgd::default() }, &[param.clone()], options).unwrap();
     let inv_scale = ctx.upload("inv_scale", &[0.5], DType::F32);
     let inf = ctx.upload("grad", &[f64::INFINITY; 8], DType::F32);
     ctx.submit("skipped", |e| {

@@ -456,3 +456,64 @@ fn host_slices_report_their_dtype_and_length() {
     let t = HostTensor::from(vec![half::bf16::from_f32(3.0)]);
     assert_eq!((t.dtype(), t.len(), t.to_f64()), (DType::BF16, 1, vec![3.0]));
 }
+
+#[test]
+fn clipping_follows_the_oracles_clip_grad_norm_over_every_tensor() {
+    use wgpu_optim::oracle::clip_grad_norm;
+    use wgpu_optim::{GradClip, NormType};
+    let sizes = [1000usize, 257, 3, 200_000];
+    for (algorithm, clip) in [
+        (Algorithm::from(Adam { lr: 1e-2, ..Adam::default() }), GradClip::l2(1.0)),
+        (
+            Algorithm::from(Sgd { lr: 0.01, momentum: 0.9, nesterov: true, ..Sgd::default() }),
+            GradClip { max_norm: 0.5, norm_type: NormType::Inf },
+        ),
+    ] {
+        let mut rng = Rng::new(21);
+        let mut want: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
+        let mut params: Vec<HostTensor> = want.iter().map(|p| host(p, DType::F32)).collect();
+        let options = OptimizerOptions { grad_clip: Some(clip), ..Default::default() };
+        let mut optimizer =
+            CpuOptimizer::with_options(algorithm, &slices(&params), options).expect("optimizer");
+        assert_eq!(optimizer.grad_norm(), None);
+        let mut oracles: Vec<TorchState> = sizes.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        for step in 0..5 {
+            let g: Vec<Vec<f64>> = sizes
+                .iter()
+                .map(|&n| rng.vec(n, 2.0).iter().map(|x| f64::from(*x as f32)).collect())
+                .collect();
+            let grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+            optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).expect("step");
+            let mut clipped = g.clone();
+            let norm = clip_grad_norm(&mut clipped, &clip);
+            assert!(norm > 2.0 * clip.max_norm, "the case clips");
+            let got = optimizer.grad_norm().expect("a norm");
+            assert!(
+                (got - norm).abs() <= 1e-6 * norm,
+                "{algorithm:?} step {step}: norm {got}, oracle {norm}"
+            );
+            for ((p, oracle), g) in want.iter_mut().zip(&mut oracles).zip(&clipped) {
+                oracle.step(p, g);
+            }
+            // The caller's gradients are not rewritten.
+            assert_eq!(grads[0].to_f64(), g[0]);
+        }
+        for (i, n) in sizes.iter().enumerate() {
+            let what = format!("{algorithm:?} clipped param[{i}] (n = {n})");
+            assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
+        }
+    }
+}
+
+#[test]
+fn a_bad_max_norm_is_refused_by_the_cpu_backend() {
+    let params = [host(&[1.0; 4], DType::F32)];
+    for max_norm in [0.0, -2.0, f64::NAN] {
+        let options =
+            OptimizerOptions { grad_clip: Some(wgpu_optim::GradClip::l2(max_norm)), ..Default::default() };
+        assert!(matches!(
+            CpuOptimizer::with_options(Adam::default(), &slices(&params), options),
+            Err(Error::BadHyperparameter { name: "max_norm", .. })
+        ));
+    }
+}

@@ -21,41 +21,61 @@ pub(super) struct Operands<'a> {
     pub(super) state: [&'a mut [f32]; MAX_STATE],
 }
 
-type Loop<U> = fn(&U, Operands<'_>);
+/// A family's loop: the uniform, the gradient clipping coefficient, the operands.
+type Loop<U> = fn(&U, f32, Operands<'_>);
 
 /// One step of one family: the f32 uniform the GPU kernel would read, and the loop compiled
 /// for its switches.
-pub(super) enum Kernel {
+enum Update {
     Adam(AdamUniform, Loop<AdamUniform>),
     Momentum(MomentumUniform, Loop<MomentumUniform>),
     Adagrad(AdagradUniform, Loop<AdagradUniform>),
 }
 
+/// One step's update, with the coefficient every gradient is multiplied by as it is loaded
+/// (gradient clipping's; 1 otherwise, which changes no bit), as the GPU kernels load it.
+pub(super) struct Kernel {
+    update: Update,
+    grad_scale: f32,
+}
+
 impl Kernel {
-    /// The loop and uniform for `step`.
+    /// The loop and uniform for `step`, gradients unscaled.
     pub(super) fn new(step: &KernelStep) -> Self {
-        match step {
-            KernelStep::Adam(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Kernel::Adam(uniform, adam_loop(switches, &uniform))
-            }
-            KernelStep::Momentum(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Kernel::Momentum(uniform, momentum_loop(switches, &uniform))
-            }
-            KernelStep::Adagrad(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Kernel::Adagrad(uniform, adagrad_loop(switches, &uniform))
-            }
-        }
+        Kernel { update: Update::new(step), grad_scale: 1.0 }
+    }
+
+    /// This kernel with every gradient multiplied by `grad_scale`.
+    pub(super) fn with_grad_scale(self, grad_scale: f32) -> Self {
+        Kernel { grad_scale, ..self }
     }
 
     /// Updates every element of `operands`.
     pub(super) fn run(&self, operands: Operands<'_>) {
-        match self {
-            Kernel::Adam(uniform, update) => update(uniform, operands),
-            Kernel::Momentum(uniform, update) => update(uniform, operands),
-            Kernel::Adagrad(uniform, update) => update(uniform, operands),
+        let scale = self.grad_scale;
+        match &self.update {
+            Update::Adam(uniform, update) => update(uniform, scale, operands),
+            Update::Momentum(uniform, update) => update(uniform, scale, operands),
+            Update::Adagrad(uniform, update) => update(uniform, scale, operands),
+        }
+    }
+}
+
+impl Update {
+    fn new(step: &KernelStep) -> Self {
+        match step {
+            KernelStep::Adam(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Update::Adam(uniform, adam_loop(switches, &uniform))
+            }
+            KernelStep::Momentum(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Update::Momentum(uniform, momentum_loop(switches, &uniform))
+            }
+            KernelStep::Adagrad(switches, uniform) => {
+                let uniform = uniform.to_f32();
+                Update::Adagrad(uniform, adagrad_loop(switches, &uniform))
+            }
         }
     }
 }
@@ -127,6 +147,7 @@ fn adam<
     const MOMENT: u8,
 >(
     hp: &AdamUniform,
+    scale: f32,
     o: Operands<'_>,
 ) {
     let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
@@ -134,12 +155,12 @@ fn adam<
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
         for ((((p, g), m), v), v_max) in rows.zip(max_exp_avg_sq.iter_mut()) {
-            (*p, *m, *v, *v_max) = update(hp, *p, *g, *m, *v, *v_max);
+            (*p, *m, *v, *v_max) = update(hp, *p, *g * scale, *m, *v, *v_max);
         }
     } else {
         // No maximum is kept: the slot is empty and the shader's absent load reads 0.
         for (((p, g), m), v) in rows {
-            (*p, *m, *v, _) = update(hp, *p, *g, *m, *v, 0.0);
+            (*p, *m, *v, _) = update(hp, *p, *g * scale, *m, *v, 0.0);
         }
     }
 }
@@ -224,18 +245,19 @@ fn momentum<
     const RESTART: bool,
 >(
     hp: &MomentumUniform,
+    scale: f32,
     o: Operands<'_>,
 ) {
     let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         for ((p, g), v) in o.param.iter_mut().zip(o.grad).zip(buffer.iter_mut()) {
-            (*p, *v) = update(hp, *p, *g, *v);
+            (*p, *v) = update(hp, *p, *g * scale, *v);
         }
     } else {
         // Plain SGD keeps no buffer (PyTorch's momentum = 0).
         for (p, g) in o.param.iter_mut().zip(o.grad) {
-            (*p, _) = update(hp, *p, *g, 0.0);
+            (*p, _) = update(hp, *p, *g * scale, 0.0);
         }
     }
 }
@@ -295,11 +317,11 @@ fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradUniform, o: Operands<'_>) {
+fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradUniform, scale: f32, o: Operands<'_>) {
     let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
     let [sum, ..] = o.state;
     for ((p, g), h) in o.param.iter_mut().zip(o.grad).zip(sum.iter_mut()) {
-        (*p, *h) = update(hp, *p, *g, *h);
+        (*p, *h) = update(hp, *p, *g * scale, *h);
     }
 }
 

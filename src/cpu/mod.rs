@@ -28,12 +28,14 @@
 mod convert;
 mod host;
 mod kernels;
+mod norm;
 mod storage;
 mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 
-use crate::{Algorithm, DType, Error, OptimizerOptions, Result, StateKind};
+use crate::step::clip::clip_coefficient;
+use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, StateKind};
 use kernels::Kernel;
 
 /// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`],
@@ -50,6 +52,9 @@ pub struct CpuOptimizer {
     /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.
     state: Vec<Vec<HostTensor>>,
     step: u64,
+    grad_clip: Option<GradClip>,
+    /// The last step's global gradient norm, when clipping.
+    grad_norm: Option<f32>,
 }
 
 impl CpuOptimizer {
@@ -70,6 +75,9 @@ impl CpuOptimizer {
     ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        if let Some(clip) = &options.grad_clip {
+            clip.validate()?;
+        }
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
@@ -99,7 +107,7 @@ impl CpuOptimizer {
             })
             .collect::<Result<Vec<_>>>()?;
         let params = params.iter().map(|p| (p.dtype(), p.len())).collect();
-        Ok(CpuOptimizer { algorithm, params, state, step: 0 })
+        Ok(CpuOptimizer { algorithm, params, state, step: 0, grad_clip: options.grad_clip, grad_norm: None })
     }
 
     /// How many parameter groups there are: one.
@@ -152,6 +160,12 @@ impl CpuOptimizer {
         self.step
     }
 
+    /// With [`OptimizerOptions::grad_clip`]: the global gradient norm of the last step
+    /// (before clipping), `None` before the first step or without clipping.
+    pub fn grad_norm(&self) -> Option<f64> {
+        self.grad_norm.map(f64::from)
+    }
+
     /// Sets the step count, e.g. to resume a schedule or a checkpoint.
     pub fn set_step_count(&mut self, step: u64) -> Result<()> {
         self.step = step;
@@ -180,7 +194,12 @@ impl CpuOptimizer {
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
         self.check(params, grads)?;
         let t = self.step + 1;
-        let kernel = Kernel::new(&self.algorithm.kernel_step(t));
+        let mut kernel = Kernel::new(&self.algorithm.kernel_step(t));
+        if let Some(clip) = &self.grad_clip {
+            let total_norm = norm::global_norm(grads, clip.norm_type);
+            kernel = kernel.with_grad_scale(clip_coefficient(total_norm, clip.max_norm as f32));
+            self.grad_norm = Some(total_norm);
+        }
         work::run(&kernel, params, grads, &mut self.state);
         self.step = t;
         Ok(())

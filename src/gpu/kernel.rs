@@ -268,7 +268,9 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             // The clip coefficient applies to the gradient as loaded, as PyTorch scales the
             // gradients in place before the step.
             let _ = writeln!(s, "fn load_grad_stored(i: u32) -> R {{ {body} }}");
-            s.push_str("fn load_grad(i: u32) -> R { return load_grad_stored(i) * S(clip_state.coefficient); }\n");
+            s.push_str(
+                "fn load_grad(i: u32) -> R { return load_grad_stored(i) * S(clip_state.coefficient); }\n",
+            );
         } else {
             let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
         }
@@ -547,7 +549,11 @@ mod tests {
             naga::valid::Capabilities::all(),
         );
         let mut programs: Vec<Program> = all_switches().into_iter().map(Program::Update).collect();
-        programs.extend([Program::Unscale, Program::GradNorm(NormType::L2), Program::GradNorm(NormType::Inf)]);
+        programs.extend([
+            Program::Unscale,
+            Program::GradNorm(NormType::L2),
+            Program::GradNorm(NormType::Inf),
+        ]);
         let storages =
             [Storage::Native(DType::F32), Storage::Native(DType::F16), Storage::Packed(DType::BF16)];
         for program in programs {
@@ -559,7 +565,8 @@ mod tests {
                     Program::GradNorm(_) => *scalars == Scalars::Norm,
                 })
                 .flat_map(|scalars| {
-                    let clips: &[bool] = if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
+                    let clips: &[bool] =
+                        if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
                     clips.iter().map(move |clip| (scalars, *clip))
                 });
             for (scalars, clip) in pairings {
@@ -574,7 +581,8 @@ mod tests {
                     {
                         continue;
                     }
-                    let key = VariantKey { scalars, program, math, layout: layout(program, storage), width, clip };
+                    let key =
+                        VariantKey { scalars, program, math, layout: layout(program, storage), width, clip };
                     let source = compose(&key);
                     let module = naga::front::wgsl::parse_str(&source)
                         .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
@@ -604,8 +612,9 @@ mod tests {
                         assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
                     }
                     if clip {
-                        let header = [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
-                            .map(|(n, o)| (n.to_string(), o));
+                        let header =
+                            [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
+                                .map(|(n, o)| (n.to_string(), o));
                         assert_eq!(members(&module, "ClipState"), header, "{key:?}");
                     }
                     if matches!(scalars, Scalars::Device | Scalars::Unscale) {

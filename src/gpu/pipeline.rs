@@ -90,7 +90,8 @@ impl ScalarLayouts {
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, DeviceHeader::BYTES);
         // The device state, and the group's learning rate (one f32).
         let device_entries = [hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)];
-        let clip = |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
+        let clip =
+            |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
         let partials = |read_only| buffer_entry(0, Storage { read_only }, false, 4);
         let mut device_clipped = device_entries.to_vec();
         device_clipped.push(clip(CLIP_BINDING, true));
@@ -165,7 +166,10 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         });
         let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
-            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(key.scalars, key.clip)), Some(&segment_layout)],
+            bind_group_layouts: &[
+                Some(ctx.inner.scalar_layouts.get(key.scalars, key.clip)),
+                Some(&segment_layout),
+            ],
             immediate_size: 0,
         });
         let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();

@@ -35,7 +35,8 @@ impl ClipPass {
     pub(super) fn new(ctx: &GpuContext, clip: GradClip) -> Result<Self> {
         clip.validate()?;
         let device = ctx.device();
-        let header = ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
+        let header =
+            ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
         let layout = ctx.inner.scalar_layouts.finalize();
         ctx.catch("creating the gradient clipping pass", || {
             use wgpu::util::DeviceExt;
@@ -87,7 +88,8 @@ impl ClipPass {
         let program = Program::GradNorm(self.clip.norm_type);
         let mut items = Vec::with_capacity(grads.len());
         for (i, grad) in grads.iter().enumerate() {
-            let args = KernelArgs { inputs: vec![Some(Arg::new(format!("grads[{i}]"), grad))], outputs: vec![] };
+            let args =
+                KernelArgs { inputs: vec![Some(Arg::new(format!("grads[{i}]"), grad))], outputs: vec![] };
             let tensor_plan = plan(ctx, program, &args)?;
             let key = VariantKey::new(Scalars::Norm, program, DType::F32, tensor_plan.layout.clone());
             items.push((key, tensor_plan));

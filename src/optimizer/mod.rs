@@ -475,7 +475,10 @@ impl Optimizer {
     /// submitted step (PyTorch's `clip_grad_norm_` return value, before clipping). Waits for
     /// that one value; the step path itself never reads anything back.
     pub fn read_grad_norm(&self) -> Result<f64> {
-        let clip = self.clip.as_ref().ok_or(Error::NeedsOption { what: "a gradient norm".into(), option: "grad_clip" })?;
+        let clip = self
+            .clip
+            .as_ref()
+            .ok_or(Error::NeedsOption { what: "a gradient norm".into(), option: "grad_clip" })?;
         let bytes = self.ctx.read_bytes(&clip.total_norm())?;
         Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }

@@ -108,7 +108,8 @@ impl ClipHeader {
 
     /// `struct ClipState { ... }` in WGSL.
     pub(crate) fn wgsl() -> String {
-        let fields = [("total_norm", "f32"), ("coefficient", "f32"), ("max_norm", "f32"), ("reserved", "u32")];
+        let fields =
+            [("total_norm", "f32"), ("coefficient", "f32"), ("max_norm", "f32"), ("reserved", "u32")];
         wgsl_struct("ClipState", fields.into_iter())
     }
 }
@@ -141,7 +142,10 @@ mod tests {
     #[test]
     fn max_norm_must_be_positive_and_finite() {
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(matches!(GradClip::l2(bad).validate(), Err(Error::BadHyperparameter { name: "max_norm", .. })));
+            assert!(matches!(
+                GradClip::l2(bad).validate(),
+                Err(Error::BadHyperparameter { name: "max_norm", .. })
+            ));
         }
         assert!(GradClip::l2(1e-3).validate().is_ok());
         assert_eq!(NormType::from_torch_value(f64::INFINITY), Some(NormType::Inf));

@@ -79,13 +79,34 @@ const SUPPORTED: [(&str, Kind, &[&str]); 8] = [
     ("onnx.Momentum", Kind::Op, &["alpha", "beta", "mode", "norm_coefficient"]),
     ("onnx.Adagrad", Kind::Op, &["decay_factor", "epsilon", "norm_coefficient"]),
     ("dml.Adam", Kind::Op, &["LearningRate", "Beta1", "Beta2", "Epsilon"]),
-    ("torch.Adam", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"]),
-    ("torch.AdamW", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"]),
-    ("torch.SGD", Kind::Trajectory, &["lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"]),
+    (
+        "torch.Adam",
+        Kind::Trajectory,
+        &["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "max_norm", "norm_type"],
+    ),
+    (
+        "torch.AdamW",
+        Kind::Trajectory,
+        &["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "max_norm", "norm_type"],
+    ),
+    (
+        "torch.SGD",
+        Kind::Trajectory,
+        &["lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "max_norm", "norm_type"],
+    ),
     (
         "torch.Adagrad",
         Kind::Trajectory,
-        &["lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"],
+        &[
+            "lr",
+            "lr_decay",
+            "weight_decay",
+            "initial_accumulator_value",
+            "eps",
+            "maximize",
+            "max_norm",
+            "norm_type",
+        ],
     ),
 ];
 

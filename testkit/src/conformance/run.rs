@@ -1,11 +1,12 @@
 //! Running a case on a backend and comparing every expected output.
 
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
-use wgpu_optim::oracle::{self, TorchState};
+use wgpu_optim::oracle::{self, clip_grad_norm, TorchState};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdagrad, OnnxAdam,
-    OnnxMomentum, Optimizer, Result, Sgd, Tensor,
+    Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, GradClip, MomentumMode, NormType,
+    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, OptimizerOptions, Result, Sgd, Tensor,
 };
 
 use crate::compare::{compare, Tolerance};
@@ -24,6 +25,8 @@ pub enum Backend {
     GpuPackedF16InPlace,
     /// As `GpuOutOfPlace`, with f16 stored as pairs in `u32`.
     GpuPackedF16OutOfPlace,
+    /// The CPU backend ([`CpuOptimizer`]), for PyTorch trajectories.
+    Cpu,
 }
 
 impl Backend {
@@ -35,15 +38,20 @@ impl Backend {
             Backend::GpuOutOfPlace => "gpu-out-of-place",
             Backend::GpuPackedF16InPlace => "gpu-packed-f16",
             Backend::GpuPackedF16OutOfPlace => "gpu-packed-f16-oop",
+            Backend::Cpu => "cpu",
         }
     }
 
     /// The backends that tell something about `case`: the packed-f16 ones only where the
-    /// case has f16 tensors.
+    /// case has f16 tensors, the CPU backend for PyTorch trajectories (it has no stateless
+    /// operators).
     pub fn all_for(case: &Case) -> Vec<Backend> {
         let mut backends = vec![Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace];
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
+        }
+        if case.kind == Kind::Trajectory && case.op.starts_with("torch.") {
+            backends.push(Backend::Cpu);
         }
         backends
     }
@@ -90,7 +98,7 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
     }
     let chosen;
     let ctx = match (backend, ctx) {
-        (Backend::Oracle, _) => None,
+        (Backend::Oracle | Backend::Cpu, _) => None,
         (Backend::GpuPackedF16InPlace | Backend::GpuPackedF16OutOfPlace, Some(ctx)) => {
             chosen = ctx.with_packed_f16(true);
             Some(&chosen)
@@ -117,6 +125,16 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
     let tolerance = Tolerance::Close { rtol: case.rtol, atol: case.atol };
     let mut worst: f64 = 0.0;
     let mut failures = Vec::new();
+    // A trajectory's every expected tensor (all but its inputs) must be produced: a runner
+    // that forgot one (the norms of a clipped case) must not pass by omission.
+    if case.kind == Kind::Trajectory {
+        for name in case.tensors.keys() {
+            let input = name.starts_with("param.") || name.starts_with("grad.");
+            if !input && !outputs.iter().any(|(produced, _)| produced == name) {
+                failures.push(format!("{name}: expected but not produced by {}", backend.name()));
+            }
+        }
+    }
     for (name, got) in &outputs {
         let want = case.tensor(name)?;
         let comparison = compare(got, &want.values, tolerance);
@@ -371,8 +389,32 @@ fn torch_algorithm(case: &Case) -> Result<Algorithm> {
 /// A PyTorch optimizer run for `steps` steps from zero state: on the oracle, through the
 /// stateful optimizer (in place), or through the stateless `ops::update` with every output
 /// ping-ponging between two sets of tensors (out of place).
+/// The clipping a PyTorch trajectory asks for (`max_norm`, `norm_type`), if any.
+fn torch_clip(case: &Case) -> Result<Option<GradClip>> {
+    if !case.attributes.contains_key("max_norm") {
+        return Ok(None);
+    }
+    let max_norm = case.attr_f64("max_norm", 0.0)?;
+    let norm_type = match case.attributes.get("norm_type") {
+        None => NormType::L2,
+        Some(serde_json::Value::String(s)) if s == "inf" => NormType::Inf,
+        Some(v) => match v.as_f64().and_then(NormType::from_torch_value) {
+            Some(norm) => norm,
+            None => return Err(case.bad(format!("norm_type {v}: only 2 and \"inf\" are implemented"))),
+        },
+    };
+    Ok(Some(GradClip { max_norm, norm_type }))
+}
+
+/// A PyTorch trajectory: `steps` calls of `step()` (each after `clip_grad_norm_` when the
+/// case clips) from zero state. The oracle and the CPU backend run it as the source did;
+/// `GpuInPlace` runs the stateful [`Optimizer`] on a tensor per buffer; `GpuOutOfPlace` runs
+/// the stateless `ops::update`, writing each step's outputs to other tensors, or, for a
+/// clipped case (clipping belongs to the stateful optimizer), the [`Optimizer`] over
+/// parameters and gradients packed at odd offsets into one buffer each.
 fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let algorithm = torch_algorithm(case)?;
+    let clip = torch_clip(case)?;
     let (n, steps) = (case.count, case.steps);
     let dtype = storage_dtype(case, "param.0")?;
     let params: Vec<&CaseTensor> =
@@ -387,9 +429,13 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
             )));
         }
     }
-    let grad_at = |i: usize, k: usize| {
-        let len = params[i].values.len();
-        &grads[i].values[k * len..(k + 1) * len]
+    let grads_at = |k: usize| -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|i| {
+                let len = params[i].values.len();
+                grads[i].values[k * len..(k + 1) * len].to_vec()
+            })
+            .collect()
     };
     let kinds = algorithm.state_kinds();
     let name_of = |k: usize, i: usize| match k {
@@ -397,77 +443,165 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
         k => format!("{}.{i}", kinds[k - 1].torch_name()),
     };
     let mut outputs: Outputs = Vec::new();
-    let Some(ctx) = ctx.filter(|_| backend != Backend::Oracle) else {
-        for (i, p) in params.iter().enumerate() {
-            let mut param = p.values.clone();
-            let mut state = TorchState::new(algorithm, param.len()).storing(dtype, dtype);
+    let mut norms = Vec::with_capacity(steps);
+    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    match (backend, ctx) {
+        (Backend::Oracle, _) => {
+            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            let mut states: Vec<TorchState> =
+                values.iter().map(|p| TorchState::new(algorithm, p.len()).storing(dtype, dtype)).collect();
             for k in 0..steps {
-                state.step(&mut param, grad_at(i, k));
+                let mut g = grads_at(k);
+                if let Some(clip) = &clip {
+                    norms.push(clip_grad_norm(&mut g, clip));
+                }
+                for ((param, state), g) in values.iter_mut().zip(&mut states).zip(&g) {
+                    state.step(param, g);
+                }
             }
-            for (k, values) in std::iter::once(param).chain(state.tensors()).enumerate() {
-                outputs.push((name_of(k, i), round_all(values, dtype)));
-            }
-        }
-        return Ok(outputs);
-    };
-    // Per parameter: the parameter followed by its state tensors.
-    let mut current: Vec<Vec<Tensor>> = params
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let len = p.values.len() as u64;
-            let mut set = vec![ctx.upload(&format!("param.{i}"), &p.values, dtype)];
-            set.extend(kinds.iter().map(|_| ctx.zeros("state", len, dtype)));
-            set
-        })
-        .collect();
-    let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
-    if backend.in_place() {
-        let param_tensors: Vec<Tensor> = current.iter().map(|s| s[0].clone()).collect();
-        let mut optimizer = Optimizer::new(ctx, algorithm, &param_tensors)?;
-        for k in 0..steps {
-            for (i, g) in grad_tensors.iter().enumerate() {
-                ctx.write(g, grad_at(i, k))?;
-            }
-            optimizer.step(&grad_tensors)?;
-        }
-        for (i, set) in current.iter_mut().enumerate() {
-            for (k, kind) in kinds.iter().enumerate() {
-                set[k + 1] =
-                    optimizer.state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))?;
-            }
-        }
-    } else {
-        let mut other: Vec<Vec<Tensor>> =
-            current.iter().map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect()).collect();
-        if let Algorithm::Adagrad(c) = algorithm {
-            for set in &current {
-                for t in &set[1..] {
-                    ctx.write(t, &vec![c.initial_accumulator_value; t.len as usize])?;
+            for (i, (param, state)) in values.into_iter().zip(states).enumerate() {
+                for (k, values) in std::iter::once(param).chain(state.tensors()).enumerate() {
+                    outputs.push((name_of(k, i), round_all(values, dtype)));
                 }
             }
         }
-        for k in 0..steps {
-            for (i, g) in grad_tensors.iter().enumerate() {
-                ctx.write(g, grad_at(i, k))?;
+        (Backend::Cpu, _) => {
+            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
+            let mut param_tensors: Vec<HostTensor> =
+                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let views: Vec<HostSlice<'_>> = param_tensors.iter().map(HostTensor::as_slice).collect();
+            let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+            for k in 0..steps {
+                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
+                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+                let mut param_views: Vec<HostSliceMut<'_>> =
+                    param_tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
+                optimizer.step(&mut param_views, &grad_views)?;
+                norms.extend(optimizer.grad_norm());
             }
-            let updates: Vec<Update> = current
-                .iter()
-                .zip(&other)
-                .zip(&grad_tensors)
-                .map(|((src, dst), g)| Update {
-                    param: src[0].clone(),
-                    grad: g.clone(),
-                    state: src[1..].to_vec(),
-                    param_out: Some(dst[0].clone()),
-                    state_out: dst[1..].iter().cloned().map(Some).collect(),
-                    param_copy: None,
-                })
-                .collect();
-            ctx.submit(&case.op, |encoder| ops::update(ctx, encoder, &algorithm, k as u64 + 1, &updates))?;
-            std::mem::swap(&mut current, &mut other);
+            for (i, param) in param_tensors.iter().enumerate() {
+                outputs.push((name_of(0, i), param.to_f64()));
+                for (k, kind) in kinds.iter().enumerate() {
+                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    outputs.push((name_of(k + 1, i), state.to_f64()));
+                }
+            }
+        }
+        (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
+        (_, Some(ctx)) if backend.in_place() || clip.is_some() => {
+            let (param_tensors, grad_tensors) = if backend.in_place() {
+                let p: Vec<Tensor> = params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
+                    .collect();
+                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
+                (p, g)
+            } else {
+                let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
+                let p = packed(ctx, "params", &lengths, dtype);
+                for (t, values) in p.iter().zip(&params) {
+                    ctx.write(t, &values.values)?;
+                }
+                (p, packed(ctx, "grads", &lengths, dtype))
+            };
+            let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
+            for k in 0..steps {
+                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
+                    ctx.write(t, &g)?;
+                }
+                optimizer.step(&grad_tensors)?;
+                if clip.is_some() {
+                    norms.push(optimizer.read_grad_norm()?);
+                }
+            }
+            for (i, param) in param_tensors.iter().enumerate() {
+                outputs.push((name_of(0, i), ctx.read(param)?));
+                for (k, kind) in kinds.iter().enumerate() {
+                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    outputs.push((name_of(k + 1, i), ctx.read(state)?));
+                }
+            }
+        }
+        (_, Some(ctx)) => outputs = stateless_trajectory(case, algorithm, dtype, ctx, &grads_at)?,
+    }
+    if clip.is_some() {
+        outputs.push(("total_norm".into(), norms));
+    }
+    Ok(outputs)
+}
+
+/// Tensors of `lengths` elements of `dtype` packed one after another into one buffer, each
+/// starting one element past the previous one's end (so none starts on a word boundary of
+/// its own choosing).
+fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<Tensor> {
+    let total: u64 = lengths.iter().map(|l| l + 1).sum::<u64>() + 1;
+    let buffer = ctx.zeros(label, total, dtype).buffer;
+    let mut offset = dtype.size();
+    lengths
+        .iter()
+        .map(|&len| {
+            let t = Tensor::new(&buffer, offset, len, dtype);
+            offset += (len + 1) * dtype.size();
+            t
+        })
+        .collect()
+}
+
+/// The stateless path: `ops::update` for every step, outputs to other tensors each time.
+fn stateless_trajectory(
+    case: &Case,
+    algorithm: Algorithm,
+    dtype: DType,
+    ctx: &GpuContext,
+    grads_at: &dyn Fn(usize) -> Vec<Vec<f64>>,
+) -> Result<Outputs> {
+    let kinds = algorithm.state_kinds();
+    let name_of = |k: usize, i: usize| match k {
+        0 => format!("param_out.{i}"),
+        k => format!("{}.{i}", kinds[k - 1].torch_name()),
+    };
+    // Per parameter: the parameter followed by its state tensors.
+    let mut current: Vec<Vec<Tensor>> = (0..case.count)
+        .map(|i| {
+            let p = case.tensor(&format!("param.{i}"))?;
+            let len = p.values.len() as u64;
+            let mut set = vec![ctx.upload(&format!("param.{i}"), &p.values, dtype)];
+            set.extend(kinds.iter().map(|_| ctx.zeros("state", len, dtype)));
+            Ok(set)
+        })
+        .collect::<Result<_>>()?;
+    let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
+    let mut other: Vec<Vec<Tensor>> =
+        current.iter().map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect()).collect();
+    if let Algorithm::Adagrad(c) = algorithm {
+        for set in &current {
+            for t in &set[1..] {
+                ctx.write(t, &vec![c.initial_accumulator_value; t.len as usize])?;
+            }
         }
     }
+    for k in 0..case.steps {
+        for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
+            ctx.write(t, &g)?;
+        }
+        let updates: Vec<Update> = current
+            .iter()
+            .zip(&other)
+            .zip(&grad_tensors)
+            .map(|((src, dst), g)| Update {
+                param: src[0].clone(),
+                grad: g.clone(),
+                state: src[1..].to_vec(),
+                param_out: Some(dst[0].clone()),
+                state_out: dst[1..].iter().cloned().map(Some).collect(),
+                param_copy: None,
+            })
+            .collect();
+        ctx.submit(&case.op, |encoder| ops::update(ctx, encoder, &algorithm, k as u64 + 1, &updates))?;
+        std::mem::swap(&mut current, &mut other);
+    }
+    let mut outputs = Vec::new();
     for (i, set) in current.iter().enumerate() {
         for (k, t) in set.iter().enumerate() {
             outputs.push((name_of(k, i), ctx.read(t)?));
