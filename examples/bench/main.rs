@@ -23,8 +23,8 @@ use options::Options;
 use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
-use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd, Tensor};
+use wgpu_optim::oracle::{clip_grad_norm, TorchState};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Sgd, Tensor};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
@@ -37,6 +37,12 @@ fn algorithm(name: &str) -> Algorithm {
     }
 }
 
+/// `adam+clip`: PyTorch's default Adam after `clip_grad_norm_(params, 1.0)`, which clips
+/// every step of the bench's gradients.
+fn grad_clip(name: &str) -> Option<GradClip> {
+    name.ends_with("+clip").then(|| GradClip::l2(1.0))
+}
+
 fn dtype(name: &str) -> DType {
     match name {
         "f16" => DType::F16,
@@ -46,10 +52,11 @@ fn dtype(name: &str) -> DType {
 }
 
 /// Arrays read and written per element: the parameter, the gradient and each state tensor
-/// are read; the parameter and the state are written.
-fn traffic(algorithm: &Algorithm) -> (u32, u32) {
+/// are read; the parameter and the state are written. Clipping reads the gradient once
+/// more, for its norm.
+fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
     let states = algorithm.state_kinds().len() as u32;
-    (2 + states, 1 + states)
+    (2 + states + u32::from(clip.is_some()), 1 + states)
 }
 
 /// Repeats `f` at least 3 and at most `reps` times, stopping after `budget`, and returns the
@@ -104,8 +111,9 @@ impl Bench {
         case: &Case,
     ) -> wgpu_optim::Result<()> {
         let algorithm = algorithm(algo);
+        let clip = grad_clip(algo);
         let dtype = dtype(dtype_name);
-        let (reads, writes) = traffic(&algorithm);
+        let (reads, writes) = traffic(&algorithm, clip);
         let elements = case.elements();
         let bytes = elements * dtype.size() * u64::from(reads + writes);
         let first_row = self.rows.len();
@@ -122,7 +130,7 @@ impl Bench {
             roofline_gbps,
         };
         let (reps, budget) = (self.options.reps, self.budget());
-        let job = Job { algorithm, dtype, case, reps, budget };
+        let job = Job { algorithm, clip, dtype, case, reps, budget };
         if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
             let roofline = self.rooflines.gpu(&ctx, bytes, reads, writes)?;
             let timing = gpu_step(&ctx, timer, roofline, &job)?;
@@ -138,7 +146,7 @@ impl Bench {
             let roofline_gbps = rooflines::gbps(host.bytes, roofline);
             self.push(row("cpu", cpu, roofline_gbps));
             if elements <= 1 << 20 {
-                let oracle = oracle_step(algorithm, case, reps.min(5), budget);
+                let oracle = oracle_step(&job);
                 self.push(row("oracle", oracle, roofline_gbps));
             }
         }
@@ -154,6 +162,7 @@ impl Bench {
 #[derive(Clone, Copy)]
 struct Job<'a> {
     algorithm: Algorithm,
+    clip: Option<GradClip>,
     dtype: DType,
     case: &'a Case,
     reps: usize,
@@ -175,10 +184,11 @@ fn gpu_step(
     roofline: &CopyRoofline,
     job: &Job<'_>,
 ) -> wgpu_optim::Result<GpuTiming> {
-    let Job { algorithm, dtype, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let mut optimizer = Optimizer::new(ctx, algorithm, &params)?;
+    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, options)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
     roofline.median_time(timer, 1)?;
     let (mut gpu, mut copies) = (Vec::new(), Vec::new());
@@ -227,13 +237,14 @@ fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tenso
 
 /// The median CPU-backend step and the median host-roofline pass, timed alternately.
 fn cpu_step(job: &Job<'_>, host: &mut rooflines::HostLoop) -> wgpu_optim::Result<(Duration, Duration)> {
-    let Job { algorithm, dtype, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, case, reps, budget } = *job;
     let mut params: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let mut optimizer = CpuOptimizer::new(algorithm, &views)?;
+    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
         let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
@@ -252,13 +263,17 @@ fn cpu_step(job: &Job<'_>, host: &mut rooflines::HostLoop) -> wgpu_optim::Result
     Ok((cpu, passes[passes.len() / 2]))
 }
 
-fn oracle_step(algorithm: Algorithm, case: &Case, reps: usize, budget: Duration) -> Duration {
+fn oracle_step(job: &Job<'_>) -> Duration {
+    let Job { algorithm, clip, case, reps, budget, .. } = *job;
     let mut params: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![0.5; n as usize]).collect();
-    let grads: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![1e-3; n as usize]).collect();
+    let mut grads: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![1e-3; n as usize]).collect();
     let mut states: Vec<TorchState> =
         case.sizes.iter().map(|&n| TorchState::new(algorithm, n as usize)).collect();
-    median_of(reps, budget, || {
+    median_of(reps.min(5), budget, || {
         let start = Instant::now();
+        if let Some(clip) = &clip {
+            clip_grad_norm(&mut grads, clip);
+        }
         for ((p, g), s) in params.iter_mut().zip(&grads).zip(&mut states) {
             s.step(p, g);
         }

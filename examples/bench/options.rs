@@ -18,10 +18,10 @@ pub struct Options {
 }
 
 pub const USAGE: &str =
-    "usage: bench [--full] [--algos adam,adamw,amsgrad,sgdm,nesterov] [--dtypes f32,f16,bf16]
+    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov] [--dtypes f32,f16,bf16]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
-  default: --algos adam,sgdm --dtypes f32,f16,bf16 --sizes 4096,1048576,16777216 --cases single,small
+  default: --algos adam,adam+clip,sgdm --dtypes f32,f16,bf16 --sizes 4096,1048576,16777216 --cases single,small
   --full:  every algorithm, sizes 4 Ki to 64 Mi, and GPT-2 small's 148 tensors";
 
 fn list(value: String) -> Vec<String> {
@@ -31,7 +31,7 @@ fn list(value: String) -> Vec<String> {
 /// Parses the command line.
 pub fn parse() -> Result<Options, String> {
     let mut options = Options {
-        algos: list("adam,sgdm".into()),
+        algos: list("adam,adam+clip,sgdm".into()),
         dtypes: list("f32,f16,bf16".into()),
         sizes: vec![4096, 1 << 20, 16 << 20],
         cases: list("single,small".into()),
@@ -62,7 +62,7 @@ pub fn parse() -> Result<Options, String> {
             "--no-gpu" => options.gpu = false,
             "--no-cpu" => options.cpu = false,
             "--full" => {
-                options.algos = list("adam,adamw,amsgrad,sgdm,nesterov".into());
+                options.algos = list("adam,adam+clip,adamw,amsgrad,sgdm,nesterov".into());
                 options.sizes = vec![4096, 65_536, 1 << 20, 16 << 20, 64 << 20];
                 options.cases = list("single,gpt2,small".into());
             }
@@ -74,7 +74,7 @@ pub fn parse() -> Result<Options, String> {
         return Err("--reps must be at least 1".into());
     }
     for a in &options.algos {
-        if !["adam", "adamw", "amsgrad", "sgdm", "nesterov"].contains(&a.as_str()) {
+        if !["adam", "adam+clip", "adamw", "amsgrad", "sgdm", "nesterov"].contains(&a.as_str()) {
             return Err(format!("unknown algorithm {a}"));
         }
     }

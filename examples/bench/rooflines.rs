@@ -84,6 +84,10 @@ fn inplace_pass(written: &mut [Vec<f32>], read_only: &[Vec<f32>]) {
         (2, 1) => pass::<2, 1>(written, read_only),
         (3, 1) => pass::<3, 1>(written, read_only),
         (4, 1) => pass::<4, 1>(written, read_only),
+        // With gradient clipping's second read of the gradient.
+        (2, 2) => pass::<2, 2>(written, read_only),
+        (3, 2) => pass::<3, 2>(written, read_only),
+        (4, 2) => pass::<4, 2>(written, read_only),
         (w, r) => unreachable!("no roofline loop for {w} written and {r} read-only arrays"),
     }
 }
