@@ -67,7 +67,7 @@ fn the_inf_norm_clips_nesterov_sgd_and_leaves_the_gradients_alone() {
     let mut p: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let params: Vec<Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
     let mut optimizer = Optimizer::with_options(&ctx, sgd, &params, clipped(clip)).unwrap();
-    let mut buffers = vec![None, None];
+    let mut buffers = [None, None];
     for step in 0..5 {
         let g32: Vec<Vec<f64>> =
             lengths.iter().map(|&n| rng.vec(n, 3.0).iter().map(|x| f64::from(*x as f32)).collect()).collect();
@@ -158,7 +158,7 @@ fn a_norm_below_max_norm_leaves_the_step_as_without_clipping() {
     let run = |options: OptimizerOptions| {
         let param = ctx.upload("param", &p0, DType::F32);
         let mut optimizer =
-            Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options).unwrap();
+            Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), options).unwrap();
         optimizer.step(&[ctx.upload("grad", &g, DType::F32)]).unwrap();
         download(&ctx, &param)
     };
@@ -172,8 +172,13 @@ fn amp_skips_a_clipped_step_with_an_infinite_gradient() {
     let param = ctx.upload("param", &[1.0; 8], DType::F32);
     let options =
         OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
-    let mut optimizer =
-        Optimizer::with_options(&ctx, Sgd { lr: 0.5, ..Sgd::default() }, &[param.clone()], options).unwrap();
+    let mut optimizer = Optimizer::with_options(
+        &ctx,
+        Sgd { lr: 0.5, ..Sgd::default() },
+        std::slice::from_ref(&param),
+        options,
+    )
+    .unwrap();
     let inv_scale = ctx.upload("inv_scale", &[0.5], DType::F32);
     let inf = ctx.upload("grad", &[f64::INFINITY; 8], DType::F32);
     ctx.submit("skipped", |e| {
@@ -194,7 +199,7 @@ fn amp_skips_a_clipped_step_with_an_infinite_gradient() {
     let norm = optimizer.read_grad_norm().unwrap();
     assert!(relative(norm, 32f64.sqrt()) < 1e-6, "norm {norm}");
     let coefficient = f64::from(1.0f32 / (32f32.sqrt() + 1e-6));
-    assert_close("param", &download(&ctx, &param), &vec![1.0 - 0.5 * 2.0 * coefficient; 8], Tolerance::F32);
+    assert_close("param", &download(&ctx, &param), &[1.0 - 0.5 * 2.0 * coefficient; 8], Tolerance::F32);
 }
 
 #[test]
@@ -203,12 +208,12 @@ fn bad_clip_settings_are_refused_before_anything_is_built() {
     let param = ctx.upload("param", &[1.0; 4], DType::F32);
     for max_norm in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         let options = clipped(GradClip::l2(max_norm));
-        match Optimizer::with_options(&ctx, Adam::default(), &[param.clone()], options) {
+        match Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), options) {
             Err(Error::BadHyperparameter { name: "max_norm", .. }) => {}
             other => panic!("max_norm {max_norm}: {other:?}"),
         }
     }
-    let unclipped = Optimizer::new(&ctx, Adam::default(), &[param.clone()]).unwrap();
+    let unclipped = Optimizer::new(&ctx, Adam::default(), std::slice::from_ref(&param)).unwrap();
     assert!(matches!(unclipped.read_grad_norm(), Err(Error::NeedsOption { option: "grad_clip", .. })));
     assert_eq!(download(&ctx, &param), vec![1.0; 4]);
 }
