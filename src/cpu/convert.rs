@@ -90,11 +90,18 @@ pub(super) fn bf16_to_f32(values: &[bf16], out: &mut [f32]) {
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(super) fn f32_to_bf16(values: &[f32], out: &mut [bf16]) {
     for (o, v) in out.iter_mut().zip(values) {
-        let b = v.to_bits();
-        // Chosen before the shift, so that the vectorized loop packs to 16 bits once.
-        let wide = if v.is_nan() { b | 0x0040_0000 } else { b.wrapping_add(0x7fff + ((b >> 16) & 1)) };
-        *o = bf16::from_bits((wide >> 16) as u16);
+        *o = bf16::from_bits(bf16_bits(*v));
     }
+}
+
+/// The bits of `v` rounded to bfloat16 (nearest even; NaN stays a quiet NaN), in integer
+/// operations the compiler vectorizes.
+#[inline(always)]
+pub(super) fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    // Chosen before the shift, so that the vectorized loop packs to 16 bits once.
+    let wide = if v.is_nan() { b | 0x0040_0000 } else { b.wrapping_add(0x7fff + ((b >> 16) & 1)) };
+    (wide >> 16) as u16
 }
 
 #[cfg(test)]

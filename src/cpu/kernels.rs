@@ -4,6 +4,9 @@
 //! Every switch is a const generic: each combination is its own loop with no branch per
 //! element, which the compiler vectorizes. [`Kernel::new`] picks the loop once per step.
 
+use half::bf16;
+
+use super::convert::bf16_bits;
 use crate::step::{
     AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
     MomentumSwitches, MomentumUniform,
@@ -12,24 +15,57 @@ use crate::step::{
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;
 
-/// One run of f32 elements of each operand, all the same length.
-pub(super) struct Operands<'a> {
-    pub(super) param: &'a mut [f32],
-    pub(super) grad: &'a [f32],
+/// A storage type the loops read and write directly: f32, or bf16, whose conversions are
+/// integer operations the compiler vectorizes with the update, so a bf16 step is one pass
+/// (f16 and mixed storage go through f32 blocks, `super::storage`).
+pub(super) trait Element: Copy + Send + Sync {
+    fn widen(self) -> f32;
+    /// Rounded to nearest even, as `shaders/convert.wgsl` stores it.
+    fn narrow(x: f32) -> Self;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn narrow(x: f32) -> Self {
+        x
+    }
+}
+
+impl Element for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+
+    #[inline(always)]
+    fn narrow(x: f32) -> Self {
+        bf16::from_bits(bf16_bits(x))
+    }
+}
+
+/// One run of elements of each operand, all the same length and storage type.
+pub(super) struct Operands<'a, E = f32> {
+    pub(super) param: &'a mut [E],
+    pub(super) grad: &'a [E],
     /// The family's state slots in the order of `Algorithm::state_kinds` (which is the
     /// kernels' slot order); slots the family does not have are empty.
-    pub(super) state: [&'a mut [f32]; MAX_STATE],
+    pub(super) state: [&'a mut [E]; MAX_STATE],
 }
 
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
-type Loop<U> = fn(&U, f32, Operands<'_>);
+type Loop<U, E = f32> = fn(&U, f32, Operands<'_, E>);
 
 /// One step of one family: the f32 uniform the GPU kernel would read, and the loop compiled
 /// for its switches.
 enum Update {
-    Adam(AdamUniform, Loop<AdamUniform>),
-    Momentum(MomentumUniform, Loop<MomentumUniform>),
-    Adagrad(AdagradUniform, Loop<AdagradUniform>),
+    Adam(AdamUniform, Loop<AdamUniform>, Loop<AdamUniform, bf16>),
+    Momentum(MomentumUniform, Loop<MomentumUniform>, Loop<MomentumUniform, bf16>),
+    Adagrad(AdagradUniform, Loop<AdagradUniform>, Loop<AdagradUniform, bf16>),
 }
 
 /// One step's update, with the coefficient every gradient is multiplied by as it is loaded
@@ -54,9 +90,19 @@ impl Kernel {
     pub(super) fn run(&self, operands: Operands<'_>) {
         let scale = self.grad_scale;
         match &self.update {
-            Update::Adam(uniform, update) => update(uniform, scale, operands),
-            Update::Momentum(uniform, update) => update(uniform, scale, operands),
-            Update::Adagrad(uniform, update) => update(uniform, scale, operands),
+            Update::Adam(uniform, update, _) => update(uniform, scale, operands),
+            Update::Momentum(uniform, update, _) => update(uniform, scale, operands),
+            Update::Adagrad(uniform, update, _) => update(uniform, scale, operands),
+        }
+    }
+
+    /// Updates every element of `operands`, all stored as bf16.
+    pub(super) fn run_bf16(&self, operands: Operands<'_, bf16>) {
+        let scale = self.grad_scale;
+        match &self.update {
+            Update::Adam(uniform, _, update) => update(uniform, scale, operands),
+            Update::Momentum(uniform, _, update) => update(uniform, scale, operands),
+            Update::Adagrad(uniform, _, update) => update(uniform, scale, operands),
         }
     }
 }
@@ -66,15 +112,19 @@ impl Update {
         match step {
             KernelStep::Adam(switches, uniform) => {
                 let uniform = uniform.to_f32();
-                Update::Adam(uniform, adam_loop(switches, &uniform))
+                Update::Adam(uniform, adam_loop(switches, &uniform), adam_loop(switches, &uniform))
             }
             KernelStep::Momentum(switches, uniform) => {
                 let uniform = uniform.to_f32();
-                Update::Momentum(uniform, momentum_loop(switches, &uniform))
+                Update::Momentum(
+                    uniform,
+                    momentum_loop(switches, &uniform),
+                    momentum_loop(switches, &uniform),
+                )
             }
             KernelStep::Adagrad(switches, uniform) => {
                 let uniform = uniform.to_f32();
-                Update::Adagrad(uniform, adagrad_loop(switches, &uniform))
+                Update::Adagrad(uniform, adagrad_loop(switches, &uniform), adagrad_loop(switches, &uniform))
             }
         }
     }
@@ -140,6 +190,7 @@ fn adam_element<
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn adam<
+    E: Element,
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
@@ -148,62 +199,67 @@ fn adam<
 >(
     hp: &AdamUniform,
     scale: f32,
-    o: Operands<'_>,
+    o: Operands<'_, E>,
 ) {
     let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
         for ((((p, g), m), v), v_max) in rows.zip(max_exp_avg_sq.iter_mut()) {
-            (*p, *m, *v, *v_max) = update(hp, *p, *g * scale, *m, *v, *v_max);
+            let new = update(hp, p.widen(), g.widen() * scale, m.widen(), v.widen(), v_max.widen());
+            (*p, *m, *v, *v_max) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2), E::narrow(new.3));
         }
     } else {
         // No maximum is kept: the slot is empty and the shader's absent load reads 0.
         for (((p, g), m), v) in rows {
-            (*p, *m, *v, _) = update(hp, *p, *g * scale, *m, *v, 0.0);
+            let new = update(hp, p.widen(), g.widen() * scale, m.widen(), v.widen(), 0.0);
+            (*p, *m, *v) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2));
         }
     }
 }
 
-fn adam_loop(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
-    fn moment<const A: bool, const E: bool, const M: bool, const D: u8>(
+fn adam_loop<T: Element>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn moment<T: Element, const A: bool, const E: bool, const M: bool, const D: u8>(
         s: &AdamSwitches,
-    ) -> Loop<AdamUniform> {
+    ) -> Loop<AdamUniform, T> {
         match s.first_moment {
-            FirstMoment::Linear => adam::<A, E, M, D, LINEAR>,
-            FirstMoment::LerpFromMoment => adam::<A, E, M, D, LERP_FROM_MOMENT>,
-            FirstMoment::LerpFromGrad => adam::<A, E, M, D, LERP_FROM_GRAD>,
+            FirstMoment::Linear => adam::<T, A, E, M, D, LINEAR>,
+            FirstMoment::LerpFromMoment => adam::<T, A, E, M, D, LERP_FROM_MOMENT>,
+            FirstMoment::LerpFromGrad => adam::<T, A, E, M, D, LERP_FROM_GRAD>,
         }
     }
-    fn decay<const A: bool, const E: bool, const M: bool>(
+    fn decay<T: Element, const A: bool, const E: bool, const M: bool>(
         s: &AdamSwitches,
         u: &AdamUniform,
-    ) -> Loop<AdamUniform> {
+    ) -> Loop<AdamUniform, T> {
         if s.decoupled_weight_decay {
-            moment::<A, E, M, DECOUPLED>(s)
+            moment::<T, A, E, M, DECOUPLED>(s)
         } else if u.weight_decay != 0.0 {
-            moment::<A, E, M, L2>(s)
+            moment::<T, A, E, M, L2>(s)
         } else {
-            moment::<A, E, M, NO_DECAY>(s)
+            moment::<T, A, E, M, NO_DECAY>(s)
         }
     }
-    fn maximize<const A: bool, const E: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
+    fn maximize<T: Element, const A: bool, const E: bool>(
+        s: &AdamSwitches,
+        u: &AdamUniform,
+    ) -> Loop<AdamUniform, T> {
         if s.maximize {
-            decay::<A, E, true>(s, u)
+            decay::<T, A, E, true>(s, u)
         } else {
-            decay::<A, E, false>(s, u)
+            decay::<T, A, E, false>(s, u)
         }
     }
-    fn eps<const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform> {
+    fn eps<T: Element, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
         match s.eps {
-            EpsPlacement::AfterCorrection => maximize::<A, true>(s, u),
-            EpsPlacement::OnRoot => maximize::<A, false>(s, u),
+            EpsPlacement::AfterCorrection => maximize::<T, A, true>(s, u),
+            EpsPlacement::OnRoot => maximize::<T, A, false>(s, u),
         }
     }
     if s.amsgrad {
-        eps::<true>(s, u)
+        eps::<T, true>(s, u)
     } else {
-        eps::<false>(s, u)
+        eps::<T, false>(s, u)
     }
 }
 
@@ -238,6 +294,7 @@ fn momentum_element<
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn momentum<
+    E: Element,
     const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
@@ -246,54 +303,60 @@ fn momentum<
 >(
     hp: &MomentumUniform,
     scale: f32,
-    o: Operands<'_>,
+    o: Operands<'_, E>,
 ) {
     let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         for ((p, g), v) in o.param.iter_mut().zip(o.grad).zip(buffer.iter_mut()) {
-            (*p, *v) = update(hp, *p, *g * scale, *v);
+            let (new_p, new_v) = update(hp, p.widen(), g.widen() * scale, v.widen());
+            (*p, *v) = (E::narrow(new_p), E::narrow(new_v));
         }
     } else {
         // Plain SGD keeps no buffer (PyTorch's momentum = 0).
         for (p, g) in o.param.iter_mut().zip(o.grad) {
-            (*p, _) = update(hp, *p, *g * scale, 0.0);
+            *p = E::narrow(update(hp, p.widen(), g.widen() * scale, 0.0).0);
         }
     }
 }
 
-fn momentum_loop(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform> {
+fn momentum_loop<E: Element>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform, E> {
     // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
     // same for every element: here they pick the loop.
-    fn restart<const M: bool, const W: bool, const N: bool>(restart: bool) -> Loop<MomentumUniform> {
+    fn restart<E: Element, const M: bool, const W: bool, const N: bool>(
+        restart: bool,
+    ) -> Loop<MomentumUniform, E> {
         if restart {
-            momentum::<M, W, true, N, true>
+            momentum::<E, M, W, true, N, true>
         } else {
-            momentum::<M, W, true, N, false>
+            momentum::<E, M, W, true, N, false>
         }
     }
-    fn velocity<const M: bool, const W: bool>(
+    fn velocity<E: Element, const M: bool, const W: bool>(
         s: &MomentumSwitches,
         u: &MomentumUniform,
-    ) -> Loop<MomentumUniform> {
+    ) -> Loop<MomentumUniform, E> {
         match (s.velocity, s.nesterov) {
-            (true, true) => restart::<M, W, true>(u.restart != 0.0),
-            (true, false) => restart::<M, W, false>(u.restart != 0.0),
+            (true, true) => restart::<E, M, W, true>(u.restart != 0.0),
+            (true, false) => restart::<E, M, W, false>(u.restart != 0.0),
             // Without a buffer neither Nesterov nor the restart has any effect.
-            (false, _) => momentum::<M, W, false, false, false>,
+            (false, _) => momentum::<E, M, W, false, false, false>,
         }
     }
-    fn weight_decay<const M: bool>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform> {
+    fn weight_decay<E: Element, const M: bool>(
+        s: &MomentumSwitches,
+        u: &MomentumUniform,
+    ) -> Loop<MomentumUniform, E> {
         if u.weight_decay != 0.0 {
-            velocity::<M, true>(s, u)
+            velocity::<E, M, true>(s, u)
         } else {
-            velocity::<M, false>(s, u)
+            velocity::<E, M, false>(s, u)
         }
     }
     if s.maximize {
-        weight_decay::<true>(s, u)
+        weight_decay::<E, true>(s, u)
     } else {
-        weight_decay::<false>(s, u)
+        weight_decay::<E, false>(s, u)
     }
 }
 
@@ -317,19 +380,24 @@ fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn adagrad<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(hp: &AdagradUniform, scale: f32, o: Operands<'_>) {
+fn adagrad<E: Element, const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
+    hp: &AdagradUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
     let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
     let [sum, ..] = o.state;
     for ((p, g), h) in o.param.iter_mut().zip(o.grad).zip(sum.iter_mut()) {
-        (*p, *h) = update(hp, *p, *g * scale, *h);
+        let (new_p, new_h) = update(hp, p.widen(), g.widen() * scale, h.widen());
+        (*p, *h) = (E::narrow(new_p), E::narrow(new_h));
     }
 }
 
-fn adagrad_loop(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform> {
+fn adagrad_loop<E: Element>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform, E> {
     match (s.maximize, u.weight_decay != 0.0) {
-        (false, false) => adagrad::<false, false>,
-        (false, true) => adagrad::<false, true>,
-        (true, false) => adagrad::<true, false>,
-        (true, true) => adagrad::<true, true>,
+        (false, false) => adagrad::<E, false, false>,
+        (false, true) => adagrad::<E, false, true>,
+        (true, false) => adagrad::<E, true, false>,
+        (true, true) => adagrad::<E, true, true>,
     }
 }
