@@ -415,7 +415,8 @@ fn table_wgsl(bindings: usize) -> String {
 pub(crate) const CLIP_BINDING: u32 = 3;
 
 /// Gradient norms: each invocation folds the elements it strides over into one f32, the
-/// workgroup folds its invocations' values in a fixed tree, and invocation 0 writes the
+/// workgroup folds its 256 invocations' values in a fixed order (16 sums of 16, then their
+/// sum; the entry assumes `WG` = 256, the size it is compiled with), and invocation 0 writes the
 /// result to the workgroup's own slot: the dispatch's first slot (`table.head.w`) plus
 /// its workgroup index. The same inputs and dispatch give the same bits on every run.
 const NORM_ENTRY: &str = "
@@ -429,14 +430,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc = accumulate(acc, load_grad(i));
     }
     norm_lanes[lid] = acc;
-    for (var half = WG / 2u; half > 0u; half = half / 2u) {
-        workgroupBarrier();
-        if lid < half {
-            norm_lanes[lid] = combine(norm_lanes[lid], norm_lanes[lid + half]);
+    // Two levels of 16 (each barrier costs lavapipe a switch through every invocation).
+    workgroupBarrier();
+    if lid < 16u {
+        var sum = norm_lanes[16u * lid];
+        for (var k = 1u; k < 16u; k++) {
+            sum = combine(sum, norm_lanes[16u * lid + k]);
         }
+        norm_lanes[16u * lid] = sum;
     }
+    workgroupBarrier();
     if lid == 0u {
-        partials[table.head.w + wid.x] = norm_lanes[0];
+        var sum = norm_lanes[0];
+        for (var k = 1u; k < 16u; k++) {
+            sum = combine(sum, norm_lanes[16u * k]);
+        }
+        partials[table.head.w + wid.x] = sum;
     }
 }
 ";
