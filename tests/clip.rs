@@ -217,3 +217,35 @@ fn bad_clip_settings_are_refused_before_anything_is_built() {
     assert!(matches!(unclipped.read_grad_norm(), Err(Error::NeedsOption { option: "grad_clip", .. })));
     assert_eq!(download(&ctx, &param), vec![1.0; 4]);
 }
+
+#[test]
+fn webgpus_eight_storage_bindings_refuse_the_widest_clipped_step_by_name() {
+    // A device with exactly WebGPU's default limits: 8 storage buffers per shader stage.
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+    let descriptor =
+        wgpu::DeviceDescriptor { required_limits: wgpu::Limits::default(), ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).unwrap();
+    let ctx = wgpu_optim::GpuContext::from_device(device, queue);
+    assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 8);
+    // lr 0.1: a change the bf16 model copy can show.
+    let amsgrad = Adam { lr: 0.1, amsgrad: true, ..Adam::default() };
+    // Master weights (param, model copy), gradient and three states: six tensor bindings;
+    // capturable mode binds two more, clipping one: nine.
+    let run = |grad_clip: Option<GradClip>| {
+        let model = ctx.upload("model", &[1.0; 8], DType::BF16);
+        let options =
+            OptimizerOptions { master_weights: true, capturable: true, grad_clip, ..Default::default() };
+        let mut optimizer =
+            Optimizer::with_options(&ctx, amsgrad, std::slice::from_ref(&model), options).unwrap();
+        let result = optimizer.step(&[ctx.upload("grad", &[0.5; 8], DType::F32)]);
+        (result, download(&ctx, &model), optimizer.step_count())
+    };
+    let (refused, model, steps) = run(Some(GradClip::l2(1.0)));
+    assert!(matches!(refused, Err(Error::TooManyBindings { needed: 9, limit: 8 })), "{refused:?}");
+    assert_eq!((model, steps), (vec![1.0; 8], 0), "a refused step changed something");
+    let (stepped, model, _) = run(None);
+    stepped.unwrap();
+    assert!(model.iter().all(|x| *x < 1.0), "{model:?}");
+}

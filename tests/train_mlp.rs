@@ -96,7 +96,15 @@ fn adam_f32_training_lowers_the_loss() {
 
 #[test]
 fn adam_f16_master_weights_lower_the_loss() {
-    assert!(open().has_f16(), "the adapter has no SHADER_F16, which the example's f16 model needs");
+    let gpu = open();
+    if !gpu.has_f16() {
+        // GL: the example's f16 model (its own kernels use `array<f16>`) refuses, naming the
+        // feature; the optimizer's packed f16 path is covered by the conformance tests.
+        let refused = Mlp::new(&gpu.device, &gpu.queue, &Spirals::generate(0), DType::F16, 0).err();
+        let err = refused.expect("an f16 model on an adapter without SHADER_F16 was built");
+        assert!(err.to_string().contains("SHADER_F16"), "{err}");
+        return;
+    }
     assert_learns(DType::F16);
 }
 

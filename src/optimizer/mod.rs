@@ -437,6 +437,10 @@ impl Optimizer {
             });
         }
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
+        // Group 0's storage bindings count against the same per-stage limit as the tensors':
+        // capturable mode's device state and learning rate, and the clip buffer.
+        let scalar_bindings = 2 * u32::from(self.device.is_some()) + u32::from(self.clip.is_some());
+        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
             let step = group.algorithm.kernel_step(1);
@@ -445,6 +449,10 @@ impl Optimizer {
             for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
                 let args = self.kernel_args(&group.algorithm, i, grad);
                 let tensor_plan = plan(&self.ctx, program, &args)?;
+                let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
+                if needed > limit {
+                    return Err(Error::TooManyBindings { needed, limit });
+                }
                 let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
                     .clipped(self.clip.is_some());
                 items.push((key, tensor_plan));

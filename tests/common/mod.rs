@@ -205,3 +205,23 @@ pub fn adagrad_variants() -> Vec<wgpu_optim::Algorithm> {
         Adagrad { initial_accumulator_value: 0.1, eps: 1e-6, maximize: true, ..Adagrad::default() }.into(),
     ]
 }
+
+/// Tests of f64 tensors: true where the adapter has `SHADER_F64` and the test should run;
+/// elsewhere (GL, many mobile GPUs) asserts that `call` on `inputs` f64 tensors is refused
+/// with `Error::MissingFeature` naming `SHADER_F64`, and returns false.
+pub fn runs_f64(
+    ctx: &GpuContext,
+    inputs: usize,
+    call: impl FnOnce(&GpuContext, &mut wgpu::CommandEncoder, &[wgpu_optim::Tensor]) -> wgpu_optim::Result<()>,
+) -> bool {
+    if ctx.has_feature(wgpu::Features::SHADER_F64) {
+        return true;
+    }
+    let tensors: Vec<wgpu_optim::Tensor> =
+        (0..inputs).map(|_| ctx.upload_f64("f64 input", &[0.5; 8])).collect();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    match call(ctx, &mut encoder, &tensors) {
+        Err(wgpu_optim::Error::MissingFeature { feature: "SHADER_F64", .. }) => false,
+        other => panic!("f64 tensors without SHADER_F64: expected MissingFeature(SHADER_F64), got {other:?}"),
+    }
+}
