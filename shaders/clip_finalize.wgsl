@@ -1,23 +1,13 @@
 // Gradient clipping's second pass, one workgroup: combines the partials of grad_norm.wgsl
 // in a fixed order into the global norm and writes it with PyTorch's coefficient,
 // min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
-// update kernels read it. The prelude declares `struct ClipState` and NORM_INF.
+// update kernels read it. The prelude declares `struct ClipState`, NORM_INF and
+// norm_combine.wgsl's `combine`.
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> clip: ClipState;
 
 var<workgroup> lanes: array<f32, 256>;
-
-fn nan_f32(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-}
-
-fn combine(a: f32, b: f32) -> f32 {
-    if NORM_INF {
-        return select(max(a, b), a + b, nan_f32(a) || nan_f32(b));
-    }
-    return a + b;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {

@@ -6,18 +6,8 @@
 //
 //   NORM_INF  false: sums of squares (the L2 norm is the root of the total).
 //             true: the largest magnitude, NaN if any element is NaN (as torch.max).
-// The prelude supplies `lanes(g)`: the loaded value as four lanes, zero-padded.
-
-fn nan_f32(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-}
-
-fn combine(a: f32, b: f32) -> f32 {
-    if NORM_INF {
-        return select(max(a, b), a + b, nan_f32(a) || nan_f32(b));
-    }
-    return a + b;
-}
+// The prelude supplies `lanes(g)` (the loaded value as four lanes, zero-padded) and
+// norm_combine.wgsl's `combine`.
 
 fn accumulate(acc: f32, g: R) -> f32 {
     let v = lanes(g);

@@ -288,6 +288,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     if matches!(key.program, Program::GradNorm(_)) {
         let lanes = if vector { "g" } else { "vec4(g, 0.0, 0.0, 0.0)" };
         let _ = writeln!(s, "fn lanes(g: R) -> vec4<f32> {{ return {lanes}; }}");
+        s.push_str(include_str!("../../shaders/norm_combine.wgsl"));
     }
     s.push_str(key.program.source());
     let prologue = match key.scalars {

@@ -47,6 +47,7 @@ impl ClipPass {
             });
             let source = ClipHeader::wgsl()
                 + "override NORM_INF: bool;\n"
+                + include_str!("../../shaders/norm_combine.wgsl")
                 + include_str!("../../shaders/clip_finalize.wgsl");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("wgpu-optim clip finalize"),
