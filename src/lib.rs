@@ -41,6 +41,7 @@ pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub use optimizer::{Checkpoint, CHECKPOINT_FORMAT};
 pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup};
 pub use step::clip::{GradClip, NormType};
+pub use step::rounding::Rounding;
 pub use tensor::Tensor;
 
 /// README's examples, compiled as doctests.

@@ -113,6 +113,10 @@ pub enum StateKind {
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
+    /// The rounding error of the last parameter store, added back at the next step
+    /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
+    /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
+    KahanCompensation,
 }
 
 impl StateKind {
@@ -124,6 +128,7 @@ impl StateKind {
             StateKind::MaxExpAvgSq => "max_exp_avg_sq",
             StateKind::MomentumBuffer => "momentum_buffer",
             StateKind::Sum => "sum",
+            StateKind::KahanCompensation => "kahan_comp",
         }
     }
 }

@@ -17,6 +17,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::step::rounding;
+
 /// Widens `values` into `out` (of the same length).
 pub(super) fn f16_to_f32(values: &[f16], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -102,6 +104,21 @@ pub(super) fn bf16_bits(v: f32) -> u16 {
     // Chosen before the shift, so that the vectorized loop packs to 16 bits once.
     let wide = if v.is_nan() { b | 0x0040_0000 } else { b.wrapping_add(0x7fff + ((b >> 16) & 1)) };
     (wide >> 16) as u16
+}
+
+/// Rounds `values` into `out` stochastically as `shaders/stochastic.wgsl`'s `f16_bits_sr`,
+/// with the hash bits of `stream` for elements `first..` under `key`.
+pub(super) fn f32_to_f16_stochastic(values: &[f32], out: &mut [f16], key: u32, stream: u32, first: u64) {
+    for ((o, v), e) in out.iter_mut().zip(values).zip(first..) {
+        *o = f16::from_bits(rounding::f16_bits(*v, rounding::bits(key, stream, e)));
+    }
+}
+
+/// Rounds `values` into `out` stochastically as `shaders/stochastic.wgsl`'s `bf16_bits_sr`.
+pub(super) fn f32_to_bf16_stochastic(values: &[f32], out: &mut [bf16], key: u32, stream: u32, first: u64) {
+    for ((o, v), e) in out.iter_mut().zip(values).zip(first..) {
+        *o = bf16::from_bits(rounding::bf16_bits(*v, rounding::bits(key, stream, e)));
+    }
 }
 
 #[cfg(test)]

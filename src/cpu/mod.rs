@@ -35,8 +35,10 @@ mod work;
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 
 use crate::step::clip::clip_coefficient;
-use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, StateKind};
-use kernels::Kernel;
+use crate::step::rounding;
+use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
+use kernels::{Kernel, MAX_STATE};
+use storage::Stores;
 
 /// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`],
 /// with the same names for the same things. It holds one parameter group (group 0).
@@ -51,6 +53,9 @@ pub struct CpuOptimizer {
     params: Vec<(DType, usize)>,
     /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.
     state: Vec<Vec<HostTensor>>,
+    /// Kahan rounding: each parameter's compensation, in its dtype; empty otherwise.
+    compensation: Vec<HostTensor>,
+    rounding: Rounding,
     step: u64,
     grad_clip: Option<GradClip>,
     /// The last step's global gradient norm, when clipping.
@@ -66,8 +71,11 @@ impl CpuOptimizer {
     }
 
     /// As [`Self::new`], with the given [`OptimizerOptions`]. The CPU backend takes
-    /// `state_dtype` (F32, F16 or BF16); the GPU-only options (`model_copies`,
-    /// `master_weights`, `capturable`) are refused with [`Error::ConflictingOptions`].
+    /// `state_dtype` (F32, F16 or BF16) and `rounding` (stochastic rounding stores the same
+    /// bits as the GPU for the same seed; Kahan rounding and stochastic rounding need F16 or
+    /// BF16 parameters, [`Error::DTypeMismatch`] otherwise); the GPU-only options
+    /// (`model_copies`, `master_weights`, `capturable`) are refused with
+    /// [`Error::ConflictingOptions`].
     pub fn with_options(
         algorithm: impl Into<Algorithm>,
         params: &[HostSlice<'_>],
@@ -97,6 +105,11 @@ impl CpuOptimizer {
                     "the CPU backend updates the caller's host slices directly and counts steps on the host",
             });
         }
+        crate::optimizer::check_rounding_dtypes(
+            options.rounding,
+            params.iter().map(|p| p.dtype()),
+            "params",
+        )?;
         let initial = algorithm.initial_state();
         let state = params
             .iter()
@@ -106,8 +119,29 @@ impl CpuOptimizer {
                 kinds.iter().map(|_| HostTensor::filled(dtype, p.len(), initial)).collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
+        let compensation = match options.rounding {
+            Rounding::Kahan => params
+                .iter()
+                .map(|p| HostTensor::filled(p.dtype(), p.len(), 0.0))
+                .collect::<Result<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
         let params = params.iter().map(|p| (p.dtype(), p.len())).collect();
-        Ok(CpuOptimizer { algorithm, params, state, step: 0, grad_clip: options.grad_clip, grad_norm: None })
+        Ok(CpuOptimizer {
+            algorithm,
+            params,
+            state,
+            compensation,
+            rounding: options.rounding,
+            step: 0,
+            grad_clip: options.grad_clip,
+            grad_norm: None,
+        })
+    }
+
+    /// How the optimizer's 16-bit stores round ([`OptimizerOptions::rounding`]).
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
     }
 
     /// How many parameter groups there are: one.
@@ -174,12 +208,18 @@ impl CpuOptimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
+        if kind == StateKind::KahanCompensation {
+            return self.compensation.get(index).map(HostTensor::as_slice);
+        }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         Some(self.state.get(index)?.get(k)?.as_slice())
     }
 
     /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
     pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
+        if kind == StateKind::KahanCompensation {
+            return self.compensation.get_mut(index).map(HostTensor::as_mut_slice);
+        }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
     }
@@ -200,7 +240,17 @@ impl CpuOptimizer {
             kernel = kernel.with_grad_scale(clip_coefficient(total_norm, clip.max_norm as f32));
             self.grad_norm = Some(total_norm);
         }
-        work::run(&kernel, params, grads, &mut self.state);
+        let mut streams = [0; MAX_STATE];
+        for (stream, kind) in streams.iter_mut().zip(self.algorithm.state_kinds()) {
+            *stream = rounding::stream(Some(*kind));
+        }
+        let stochastic = self.rounding.stochastic();
+        let stores = Stores {
+            stochastic: self.rounding.seed().map(|seed| (seed, t)),
+            state: stochastic.state,
+            streams,
+        };
+        work::run(&kernel, &stores, params, grads, &mut self.state, &mut self.compensation);
         self.step = t;
         Ok(())
     }

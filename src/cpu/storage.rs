@@ -15,14 +15,28 @@ use std::cell::RefCell;
 
 use half::bf16;
 
-use super::convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use super::convert::{
+    bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16, f32_to_f16_stochastic,
+};
 use super::host::{HostSlice, HostSliceMut};
 use super::kernels::{Kernel, Operands, MAX_STATE};
+use crate::step::rounding;
 
 /// Elements per conversion block: the scratch of all five operands (10 KiB) stays in L1.
 /// In CPU time per 16 Mi-element f16 step (Zen 3, with the prefetch) 256 and 512 cost
 /// least; 128 pays for more calls per element, 1024 and 2048 wait longer on memory.
 const BLOCK: usize = 512;
+
+/// How a step's 16-bit stores round (`Rounding` as the CPU loops take it).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Stores {
+    /// Stochastic rounding: the seed and the step being taken.
+    pub(super) stochastic: Option<(u64, u64)>,
+    /// Whether the state stores round stochastically too.
+    pub(super) state: bool,
+    /// The hash stream of each state slot (`step::rounding::stream`).
+    pub(super) streams: [u32; MAX_STATE],
+}
 
 /// A run of one tensor's elements with the same run of its gradient and state.
 pub(super) struct Job<'a> {
@@ -30,6 +44,11 @@ pub(super) struct Job<'a> {
     pub(super) grad: HostSlice<'a>,
     /// In the kernels' slot order; slots the algorithm does not keep are empty.
     pub(super) state: [HostSliceMut<'a>; MAX_STATE],
+    /// Kahan rounding's compensation; empty without it.
+    pub(super) compensation: HostSliceMut<'a>,
+    /// The tensor's ordinal and the job's first element in it: stochastic rounding's counter.
+    pub(super) ordinal: u32,
+    pub(super) first: u64,
 }
 
 impl<'a> Job<'a> {
@@ -42,58 +61,89 @@ impl<'a> Job<'a> {
         let (param, param_rest) = self.param.split_at(mid);
         let (grad, grad_rest) = self.grad.split_at(mid);
         let [(s0, r0), (s1, r1), (s2, r2)] = self.state.map(|s| s.split_at(mid));
+        let (compensation, compensation_rest) = self.compensation.split_at(mid);
+        let (ordinal, first) = (self.ordinal, self.first);
+        let rest_first = first + mid.min(param.len()) as u64;
         (
-            Job { param, grad, state: [s0, s1, s2] },
-            Job { param: param_rest, grad: grad_rest, state: [r0, r1, r2] },
+            Job { param, grad, state: [s0, s1, s2], compensation, ordinal, first },
+            Job {
+                param: param_rest,
+                grad: grad_rest,
+                state: [r0, r1, r2],
+                compensation: compensation_rest,
+                ordinal,
+                first: rest_first,
+            },
         )
     }
 
-    /// The operands themselves when every one is stored as f32, otherwise the job back.
-    fn into_f32(self) -> Result<Operands<'a>, Self> {
+    /// The operands themselves when every one is stored as f32 (then no store rounds),
+    /// otherwise the job back (boxed: one small allocation per 16-bit work item).
+    fn into_f32(self) -> Result<Operands<'a>, Box<Self>> {
         use HostSliceMut::F32 as M;
-        match (self.param, self.grad, self.state) {
-            (M(param), HostSlice::F32(grad), [M(a), M(b), M(c)]) => {
+        match (self.param, self.grad, self.state, self.compensation.is_empty()) {
+            (M(param), HostSlice::F32(grad), [M(a), M(b), M(c)], true) => {
                 Ok(Operands { param, grad, state: [a, b, c] })
             }
-            (param, grad, state) => Err(Job { param, grad, state }),
+            (param, grad, state, _) => Err(Box::new(Job {
+                param,
+                grad,
+                state,
+                compensation: self.compensation,
+                ordinal: self.ordinal,
+                first: self.first,
+            })),
         }
     }
 
     /// The operands themselves when every one is stored as bf16 (slots the algorithm does
-    /// not keep are empty, of any type), otherwise the job back.
-    fn into_bf16(self) -> Result<Operands<'a, bf16>, Self> {
+    /// not keep are empty, of any type) and no Kahan compensation is kept, otherwise the
+    /// job back.
+    fn into_bf16(self) -> Result<Operands<'a, bf16>, Box<Self>> {
         use HostSliceMut::BF16 as M;
-        let states = self.state.iter().all(|s| s.is_empty() || matches!(s, M(_)));
+        let job = self;
+        let direct =
+            job.compensation.is_empty() && job.state.iter().all(|s| s.is_empty() || matches!(s, M(_)));
         let bf16s = |slot: HostSliceMut<'a>| match slot {
             M(values) => values,
             _ => Default::default(),
         };
-        match (self.param, self.grad, states) {
+        match (job.param, job.grad, direct) {
             (M(param), HostSlice::BF16(grad), true) => {
-                Ok(Operands { param, grad, state: self.state.map(bf16s) })
+                Ok(Operands { param, grad, state: job.state.map(bf16s) })
             }
-            (param, grad, _) => Err(Job { param, grad, state: self.state }),
+            (param, grad, _) => Err(Box::new(Job {
+                param,
+                grad,
+                state: job.state,
+                compensation: job.compensation,
+                ordinal: job.ordinal,
+                first: job.first,
+            })),
         }
     }
 }
 
 /// Updates every element of `job`.
-pub(super) fn run(kernel: &Kernel, job: Job<'_>) {
+pub(super) fn run(kernel: &Kernel, stores: &Stores, job: Job<'_>) {
     let job = match job.into_f32() {
         Ok(operands) => return kernel.run(operands),
         Err(job) => job,
     };
-    // bf16 throughout: one pass, converting in registers (16 Mi-element Adam: 0.91x the
-    // blocked path's time, median of 5 alternated runs on Zen 3).
-    let job = match job.into_bf16() {
-        Ok(operands) => return kernel.run_bf16(operands),
-        Err(job) => job,
+    // bf16 throughout, rounded to nearest: one pass, converting in registers (16 Mi-element
+    // Adam: 0.91x the blocked path's time, median of 5 alternated runs on Zen 3).
+    let job = match stores.stochastic {
+        None => match (*job).into_bf16() {
+            Ok(operands) => return kernel.run_bf16(operands),
+            Err(job) => job,
+        },
+        Some(_) => job,
     };
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => scratch.run(kernel, job),
+        Ok(mut scratch) => scratch.run(kernel, stores, *job),
         // Unreachable (a job never starts another on its thread), but a fresh scratch is a
         // safe answer.
-        Err(_) => Scratch::new().run(kernel, job),
+        Err(_) => Scratch::new().run(kernel, stores, *job),
     })
 }
 
@@ -109,14 +159,22 @@ struct Scratch {
     param: [f32; BLOCK],
     grad: [f32; BLOCK],
     state: [[f32; BLOCK]; MAX_STATE],
+    compensation: [f32; BLOCK],
 }
 
 impl Scratch {
     fn new() -> Box<Self> {
-        Box::new(Scratch { param: [0.0; BLOCK], grad: [0.0; BLOCK], state: [[0.0; BLOCK]; MAX_STATE] })
+        Box::new(Scratch {
+            param: [0.0; BLOCK],
+            grad: [0.0; BLOCK],
+            state: [[0.0; BLOCK]; MAX_STATE],
+            compensation: [0.0; BLOCK],
+        })
     }
 
-    fn run(&mut self, kernel: &Kernel, job: Job<'_>) {
+    fn run(&mut self, kernel: &Kernel, stores: &Stores, job: Job<'_>) {
+        // The hash state after (seed, step, tensor ordinal), once per job.
+        let key = stores.stochastic.map(|(seed, step)| rounding::key(seed, step, job.ordinal));
         let mut rest = job;
         while !rest.is_empty() {
             let (mut block, tail) = rest.split_at(BLOCK);
@@ -133,9 +191,23 @@ impl Scratch {
                 ],
             };
             kernel.run(operands);
-            store(&mut block.param, &self.param);
-            for (slot, scratch) in block.state.iter_mut().zip(&self.state) {
-                store(slot, scratch);
+            if !block.compensation.is_empty() {
+                store_kahan(
+                    &mut block.param,
+                    &mut self.param,
+                    &mut block.compensation,
+                    &mut self.compensation,
+                );
+            } else if let Some(key) = key {
+                store_stochastic(&mut block.param, &self.param, key, rounding::stream(None), block.first);
+            } else {
+                store(&mut block.param, &self.param);
+            }
+            for ((slot, scratch), stream) in block.state.iter_mut().zip(&self.state).zip(stores.streams) {
+                match key {
+                    Some(key) if stores.state => store_stochastic(slot, scratch, key, stream, block.first),
+                    _ => store(slot, scratch),
+                }
             }
             rest = tail;
         }
@@ -190,6 +262,51 @@ fn store(values: &mut HostSliceMut<'_>, scratch: &[f32; BLOCK]) {
         HostSliceMut::F16(v) => f32_to_f16(&scratch[..n], &mut v[..n]),
         HostSliceMut::BF16(v) => f32_to_bf16(&scratch[..n], &mut v[..n]),
     }
+}
+
+/// As [`store`], rounding stochastically with the bits of `stream` for elements from
+/// `first` on.
+fn store_stochastic(
+    values: &mut HostSliceMut<'_>,
+    scratch: &[f32; BLOCK],
+    key: u32,
+    stream: u32,
+    first: u64,
+) {
+    let n = values.len().min(BLOCK);
+    match values {
+        HostSliceMut::F32(_) => {}
+        HostSliceMut::F16(v) => f32_to_f16_stochastic(&scratch[..n], &mut v[..n], key, stream, first),
+        HostSliceMut::BF16(v) => f32_to_bf16_stochastic(&scratch[..n], &mut v[..n], key, stream, first),
+    }
+}
+
+/// Kahan rounding of a parameter block, as the shaders' generated `store_param`:
+/// `t = p_new + c; p = round(t); c = round(t - p)`, with `c = 0` where `t - p` is not
+/// finite. `param` holds `p_new` and is left holding `t`.
+fn store_kahan(
+    values: &mut HostSliceMut<'_>,
+    param: &mut [f32; BLOCK],
+    compensation: &mut HostSliceMut<'_>,
+    scratch: &mut [f32; BLOCK],
+) {
+    let n = values.len().min(BLOCK);
+    let c = load(compensation, HostSlice::F32(&[]), scratch);
+    for (t, c) in param[..n].iter_mut().zip(c.iter()) {
+        *t += *c;
+    }
+    store(values, param);
+    // The stored values, widened exactly.
+    match values {
+        HostSliceMut::F32(v) => scratch[..n].copy_from_slice(&v[..n]),
+        HostSliceMut::F16(v) => f16_to_f32(&v[..n], &mut scratch[..n]),
+        HostSliceMut::BF16(v) => bf16_to_f32(&v[..n], &mut scratch[..n]),
+    }
+    for (kept, t) in scratch[..n].iter_mut().zip(&param[..n]) {
+        let d = *t - *kept;
+        *kept = if d.is_finite() { d } else { 0.0 };
+    }
+    store(compensation, scratch);
 }
 
 /// Asks for the cache lines of the first block of `values`, which the next block will

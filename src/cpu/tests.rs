@@ -24,7 +24,15 @@ fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (V
     let mut p = to_f32(param);
     let g = to_f32(grad);
     let mut tensors = vec![state.iter().map(|s| HostTensor::F32(to_f32(s))).collect::<Vec<_>>()];
-    work::run(&kernel, &mut [HostSliceMut::F32(&mut p)], &[HostSlice::F32(&g)], &mut tensors);
+    let stores = super::storage::Stores::default();
+    work::run(
+        &kernel,
+        &stores,
+        &mut [HostSliceMut::F32(&mut p)],
+        &[HostSlice::F32(&g)],
+        &mut tensors,
+        &mut [],
+    );
     let state = tensors[0].iter().map(HostTensor::to_f64).collect();
     (p.iter().map(|x| f64::from(*x)).collect(), state)
 }

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::host::{HostSlice, HostSliceMut, HostTensor};
 use super::kernels::Kernel;
-use super::storage::{self, Job};
+use super::storage::{self, Job, Stores};
 
 /// Elements per work item: enough that rayon's per-item cost vanishes next to the item's
 /// own ~100 µs (32 Ki-element items measured a few percent slower on 16 Mi elements), few
@@ -15,20 +15,27 @@ const CHUNK: usize = 128 * 1024;
 /// Runs `kernel` over every tensor. The slices have been checked: each gradient and state
 /// tensor has its parameter's length, and `state[i]` holds tensor i's state in the kernel's
 /// slot order.
+/// `compensation` holds each tensor's Kahan compensation, or is empty.
 pub(super) fn run(
     kernel: &Kernel,
+    stores: &Stores,
     params: &mut [HostSliceMut<'_>],
     grads: &[HostSlice<'_>],
     state: &mut [Vec<HostTensor>],
+    compensation: &mut [HostTensor],
 ) {
     let items: usize = params.iter().map(|p| p.len().div_ceil(CHUNK)).sum();
     let mut jobs = Vec::with_capacity(items);
-    for ((param, grad), state) in params.iter_mut().zip(grads).zip(state) {
+    let mut compensation = compensation.iter_mut();
+    for (i, ((param, grad), state)) in params.iter_mut().zip(grads).zip(state).enumerate() {
         let mut slots = state.iter_mut().map(HostTensor::as_mut_slice);
         let mut rest = Job {
             param: param.reborrow(),
             grad: *grad,
             state: std::array::from_fn(|_| slots.next().unwrap_or_default()),
+            compensation: compensation.next().map(HostTensor::as_mut_slice).unwrap_or_default(),
+            ordinal: i as u32,
+            first: 0,
         };
         while !rest.is_empty() {
             let (chunk, tail) = rest.split_at(CHUNK);
@@ -36,5 +43,5 @@ pub(super) fn run(
             rest = tail;
         }
     }
-    jobs.into_par_iter().for_each(|job| storage::run(kernel, job));
+    jobs.into_par_iter().for_each(|job| storage::run(kernel, stores, job));
 }

@@ -11,8 +11,9 @@ use std::fmt::Write;
 
 use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
+use crate::step::rounding::{self, RoundingHeader, Stochastic};
 use crate::step::{Family, Override, Slot, Switches};
-use crate::DType;
+use crate::{DType, StateKind};
 
 /// What a compiled kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -161,17 +162,33 @@ pub(crate) struct VariantKey {
     /// Gradient clipping: the update multiplies each gradient by the clip buffer's
     /// coefficient as it loads it (group 0 then binds that buffer too).
     pub(crate) clip: bool,
+    /// Which 16-bit stores round stochastically. (Kahan compensation needs no switch: it is
+    /// on where the compensation slot is bound.)
+    pub(crate) stochastic: Stochastic,
 }
 
 impl VariantKey {
     /// The scalar (one element per access) variant; segments choose their width.
     pub(crate) fn new(scalars: Scalars, program: Program, math: DType, layout: BindingLayout) -> Self {
-        VariantKey { scalars, program, math, layout, width: 1, clip: false }
+        VariantKey {
+            scalars,
+            program,
+            math,
+            layout,
+            width: 1,
+            clip: false,
+            stochastic: Stochastic::default(),
+        }
     }
 
     /// This variant, loading clipped gradients when `clip` is true.
     pub(crate) fn clipped(self, clip: bool) -> VariantKey {
         VariantKey { clip, ..self }
+    }
+
+    /// This variant with the given stochastic stores.
+    pub(crate) fn with_stochastic(self, stochastic: Stochastic) -> VariantKey {
+        VariantKey { stochastic, ..self }
     }
 
     /// This variant with `width` elements per access.
@@ -207,14 +224,15 @@ const TABLE_ROWS: usize = 1023;
 pub(crate) const TABLE_BYTES: u64 = 16 * (1 + TABLE_ROWS as u64);
 
 /// `vec4<u32>` rows per table entry of a layout with `bindings` storage bindings:
-/// `(n, pair_shift, first_group, groups)`, then the bases, four to a row.
-pub(crate) fn rows_per_entry(bindings: usize) -> usize {
-    1 + bindings.div_ceil(4)
+/// `(n, pair_shift, first_group, groups)`, then the bases, four to a row, then with
+/// stochastic stores `(tensor ordinal, first element low word, high word, 0)`.
+pub(crate) fn rows_per_entry(bindings: usize, stochastic: bool) -> usize {
+    1 + bindings.div_ceil(4) + usize::from(stochastic)
 }
 
 /// Entries one dispatch's table holds for a layout with `bindings` storage bindings.
-pub(crate) fn max_entries(bindings: usize) -> usize {
-    TABLE_ROWS / rows_per_entry(bindings)
+pub(crate) fn max_entries(bindings: usize, stochastic: bool) -> usize {
+    TABLE_ROWS / rows_per_entry(bindings, stochastic)
 }
 
 /// The full WGSL of one variant: generated prelude, the family's body, the entry point.
@@ -222,6 +240,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_math();
     let vector = key.width == 4;
     let bindings = &key.layout.bindings;
+    let rng = key.stochastic.any();
     let mut s = String::new();
     // `write!` into a String cannot fail, so its results are ignored.
     if bindings.iter().any(|b| b.storage == Storage::Native(DType::F16)) {
@@ -243,10 +262,13 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let _ = writeln!(s, "    base{b}: u32,");
     }
     s.push_str("}\nvar<private> seg: Segment;\n");
-    s.push_str(&table_wgsl(bindings.len()));
+    s.push_str(&table_wgsl(bindings.len(), rng));
     s.push_str(&nan_helpers(key.math, vector));
     if bindings.iter().any(|b| b.storage.dtype().size() == 2) {
         s.push_str(include_str!("../../shaders/convert.wgsl"));
+    }
+    if rng {
+        s.push_str(include_str!("../../shaders/stochastic.wgsl"));
     }
     for (b, desc) in bindings.iter().enumerate() {
         let access = if desc.read_write { "read_write" } else { "read" };
@@ -275,15 +297,33 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
         }
     }
-    for (slot, binding) in key.program.outputs().iter().map(|s| s.name()).zip(&key.layout.outputs) {
-        let body = binding.map(|b| store_statement(b, bindings[b].storage, vector)).unwrap_or_default();
-        let _ = writeln!(s, "fn store_{slot}(i: u32, v: R) {{ {body} }}");
+    let outputs = key.program.outputs();
+    let kahan = outputs
+        .iter()
+        .position(|slot| *slot == Slot::State(StateKind::KahanCompensation))
+        .is_some_and(|k| key.layout.outputs[k].is_some());
+    for (slot, binding) in outputs.iter().zip(&key.layout.outputs) {
+        let round = match slot {
+            Slot::Param if kahan => Round::Kahan,
+            Slot::Param if key.stochastic.params => Round::Stochastic(rounding::stream(None)),
+            Slot::State(kind) if key.stochastic.state && *kind != StateKind::KahanCompensation => {
+                Round::Stochastic(rounding::stream(Some(*kind)))
+            }
+            _ => Round::Nearest,
+        };
+        let body =
+            binding.map(|b| store_statement(b, bindings[b].storage, vector, round)).unwrap_or_default();
+        let _ = writeln!(s, "fn store_{}(i: u32, v: R) {{ {body} }}", slot.name());
     }
     for o in key.program.overrides() {
         s.push_str(&o.wgsl());
     }
     if let Program::Update(switches) = key.program {
         s.push_str(&switches.uniform_wgsl());
+        if rng {
+            // The seed and step follow the family's uniform in the same slot.
+            s.push_str(&RoundingHeader::wgsl());
+        }
     }
     if matches!(key.program, Program::GradNorm(_)) {
         let lanes = if vector { "g" } else { "vec4(g, 0.0, 0.0, 0.0)" };
@@ -291,33 +331,52 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         s.push_str(include_str!("../../shaders/norm_combine.wgsl"));
     }
     s.push_str(key.program.source());
+    // With stochastic stores the uniform slot is `HyperSlot` (the family's `Hyper`, then the
+    // seed and step), copied into `hp` per invocation.
+    let (hyper_binding, hyper) =
+        if rng { ("hp_slot: HyperSlot", "hp_slot.hyper") } else { ("hp_base: Hyper", "hp_base") };
+    let mut setup = String::new();
     let prologue = match key.scalars {
+        Scalars::Host if rng => {
+            s.push_str("\n@group(0) @binding(0) var<uniform> hp_slot: HyperSlot;\nvar<private> hp: Hyper;\n");
+            setup.push_str("rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, hp_slot.rounding.step);\n    ");
+            "hp = hp_slot.hyper;\n    ".to_string()
+        }
         Scalars::Host => {
             s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
-            ""
+            String::new()
         }
         Scalars::Device => {
             s.push_str(&DeviceHeader::wgsl(false));
             s.push_str(include_str!("../../shaders/device.wgsl"));
             s.push_str(key.program.capturable_source());
-            s.push_str(
-                "\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\n\
+            let _ = write!(
+                s,
+                "\n@group(0) @binding(0) var<uniform> {hyper_binding};\n\
                  @group(0) @binding(1) var<storage, read> device_state: DeviceState;\n\
                  @group(0) @binding(2) var<storage, read> device_lr: f32;\n\
                  var<private> hp: Hyper;\n",
             );
+            if rng {
+                // The device's step: the one the bias corrections use (AMP skips excluded).
+                setup.push_str(
+                    "rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, device_state.step);\n    ",
+                );
+            }
             // A step skipped by AMP changes nothing.
-            "if device_state.found_inf != 0u {\n        return;\n    }\n    \
-             hp = at_step(hp_base, f32(device_state.step), device_lr);\n    "
+            format!(
+                "if device_state.found_inf != 0u {{\n        return;\n    }}\n    \
+                 hp = at_step({hyper}, f32(device_state.step), device_lr);\n    "
+            )
         }
         Scalars::Unscale => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str("@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n");
-            ""
+            String::new()
         }
         Scalars::Norm => {
             s.push_str("@group(0) @binding(0) var<storage, read_write> partials: array<f32>;\n");
-            ""
+            String::new()
         }
     };
     if key.clip {
@@ -331,8 +390,19 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     } else {
         ELEMENT_ENTRY
     };
-    s.push_str(&entry.replace("{prologue}", prologue));
+    s.push_str(&entry.replace("{prologue}", &prologue).replace("{setup}", &setup));
     s
+}
+
+/// How a store rounds its f32 value to a 16-bit type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// To nearest even.
+    Nearest,
+    /// Stochastically, with the random bits of this stream (`step::rounding::stream`).
+    Stochastic(u32),
+    /// To nearest even, with the Kahan compensation read and written beside it.
+    Kahan,
 }
 
 /// `max_propagating_nan(a, b)`: NaN if either is NaN (as `torch.maximum`), else `max(a, b)`.
@@ -366,33 +436,57 @@ fn load_expression(b: usize, storage: Storage, vector: bool) -> String {
     }
 }
 
-fn store_statement(b: usize, storage: Storage, vector: bool) -> String {
-    let half = |encode: &str| {
-        format!("let j = seg.base{b} + i; buf{b}[j >> 1u] = with_half(buf{b}[j >> 1u], j & 1u, {encode}(f32(v)));")
+fn store_statement(b: usize, storage: Storage, vector: bool, round: Round) -> String {
+    let (encode, decode) = match storage {
+        Storage::Native(DType::F16) | Storage::Packed(DType::F16) => ("f16_bits", "f16_value"),
+        Storage::Packed(_) => ("bf16_bits", "bf16_value"),
+        // f32 and f64 stores are exact: no rounding mode applies.
+        Storage::Native(d) if vector => {
+            return format!("buf{b}[seg.base{b} + i] = vec4<{}>(v);", d.wgsl_math())
+        }
+        Storage::Native(d) => return format!("buf{b}[seg.base{b} + i] = {}(v);", d.wgsl_math()),
     };
-    match storage {
-        // Rounded to nearest even in f32 first, so the f16 conversion is exact.
-        Storage::Native(DType::F16) if vector => {
-            format!("buf{b}[seg.base{b} + i] = vec4<f16>(f16_value4(f16_bits4(v)));")
+    let lanes = if vector { "4" } else { "" };
+    // The 16-bit bits (u32, or vec4<u32>) of the value `x`.
+    let bits = |x: &str| match round {
+        Round::Stochastic(stream) if vector => format!("{encode}_sr4({x}, rng_bits4({stream}u, i))"),
+        Round::Stochastic(stream) => format!("{encode}_sr(f32({x}), rng_bits({stream}u, i))"),
+        _ if vector => format!("{encode}4({x})"),
+        _ => format!("{encode}(f32({x}))"),
+    };
+    // Stores the bits `h`. Native f16 goes through the exact f32 value, so the f16
+    // conversion has nothing to round.
+    let write = |h: &str| match (storage, vector) {
+        (Storage::Native(_), true) => format!("buf{b}[seg.base{b} + i] = vec4<f16>(f16_value4({h}));"),
+        (Storage::Native(_), false) => format!("buf{b}[seg.base{b} + i] = f16(f16_value({h}));"),
+        (Storage::Packed(_), true) => format!("buf{b}[seg.base{b} + i] = words({h});"),
+        (Storage::Packed(_), false) => {
+            format!("let j = seg.base{b} + i; buf{b}[j >> 1u] = with_half(buf{b}[j >> 1u], j & 1u, {h});")
         }
-        Storage::Packed(DType::BF16) if vector => format!("buf{b}[seg.base{b} + i] = words(bf16_bits4(v));"),
-        Storage::Packed(_) if vector => format!("buf{b}[seg.base{b} + i] = words(f16_bits4(v));"),
-        Storage::Native(DType::F16) => {
-            format!("buf{b}[seg.base{b} + i] = f16(f16_value(f16_bits(f32(v))));")
+    };
+    match round {
+        // target = p_new + c; p = round(target); c = round(target - p), and c = 0 where the
+        // residual is not finite (an infinite or NaN target), so those store as without it.
+        // Finiteness from the bits: a compiler may assume `d - d` is 0.
+        Round::Kahan => {
+            let u = if vector { "vec4<u32>" } else { "u32" };
+            format!(
+                "let t = v + load_kahan_comp(i); let h = {}; {} let d = t - R({decode}{lanes}(h)); \
+                 store_kahan_comp(i, select(d, R(S(0)), (bitcast<{u}>(d) & {u}(0x7f800000u)) == {u}(0x7f800000u)));",
+                bits("t"),
+                write("h")
+            )
         }
-        Storage::Native(d) if vector => format!("buf{b}[seg.base{b} + i] = vec4<{}>(v);", d.wgsl_math()),
-        Storage::Native(d) => format!("buf{b}[seg.base{b} + i] = {}(v);", d.wgsl_math()),
-        Storage::Packed(DType::BF16) => half("bf16_bits"),
-        Storage::Packed(_) => half("f16_bits"),
+        _ => write(&bits("v")),
     }
 }
 
 /// The dispatch's table of segments and `select_entry(w)`, which finds the entry whose
 /// workgroups include workgroup `w` (entries list their first workgroups in increasing
 /// order), loads it into `seg` and returns its first row.
-fn table_wgsl(bindings: usize) -> String {
+fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let rows = TABLE_ROWS;
-    let per_entry = rows_per_entry(bindings);
+    let per_entry = rows_per_entry(bindings, stochastic);
     let mut s = format!(
         "struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {rows}>,\n}}\n\
          @group(1) @binding(0) var<uniform> table: Table;\n\
@@ -408,6 +502,17 @@ fn table_wgsl(bindings: usize) -> String {
         let _ = writeln!(s, "    seg.base{b} = table.rows[e + {}u].{};", 1 + b / 4, LANES[b % 4]);
     }
     s.push_str("    return e;\n}\n");
+    if stochastic {
+        // The entry's last row: (tensor ordinal, first element low word, high word, 0).
+        let _ = write!(
+            s,
+            "var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
+             fn rng_begin(e: u32, seed_lo: u32, seed_hi: u32, step: u32) {{\n    \
+             let r = table.rows[e + {}u];\n    rng_first_lo = r.y;\n    rng_first_hi = r.z;\n    \
+             rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.x);\n}}\n",
+            per_entry - 1
+        );
+    }
     s
 }
 
@@ -456,7 +561,7 @@ const ELEMENT_ENTRY: &str = "
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     {prologue}let e = select_entry(wid.x);
-    let stride = table.rows[e].w * WG;
+    {setup}let stride = table.rows[e].w * WG;
     for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
         update(i);
     }
@@ -471,7 +576,7 @@ const PAIR_ENTRY: &str = "
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     {prologue}let e = select_entry(wid.x);
-    let stride = table.rows[e].w * WG * seg.pair_step;
+    {setup}let stride = table.rows[e].w * WG * seg.pair_step;
     let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
     for (var k = ((wid.x - table.rows[e].z) * WG + lid) * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
         let first = 2u * k;
@@ -525,16 +630,36 @@ mod tests {
         all
     }
 
-    /// Every slot bound, in place, each state in a binding of its own, the model copy too.
-    fn layout(program: Program, storage: Storage) -> BindingLayout {
-        let inputs: Vec<Option<usize>> = (0..program.inputs().len()).map(Some).collect();
+    /// Every slot bound, in place, each state in a binding of its own, the model copy too;
+    /// the Kahan compensation only with `kahan`.
+    fn layout(program: Program, storage: Storage, kahan: bool) -> BindingLayout {
+        let bound = |slot: &Slot| kahan || *slot != Slot::State(StateKind::KahanCompensation);
+        let inputs: Vec<Option<usize>> =
+            program.inputs().iter().enumerate().map(|(k, slot)| bound(slot).then_some(k)).collect();
         let outputs = program
             .outputs()
             .iter()
-            .map(|slot| Some(program.inputs().iter().position(|s| s == slot).unwrap_or(inputs.len())))
+            .map(|slot| {
+                bound(slot).then(|| program.inputs().iter().position(|s| s == slot).unwrap_or(inputs.len()))
+            })
             .collect();
         let bindings = vec![BindingDesc { storage, read_write: true }; inputs.len() + 1];
         BindingLayout { inputs, outputs, bindings }
+    }
+
+    /// The store variants of 16-bit storage: nearest even, Kahan, stochastic parameters,
+    /// stochastic parameters and state.
+    fn store_variants(program: Program, storage: Storage) -> Vec<(bool, Stochastic)> {
+        let nearest = (false, Stochastic::default());
+        if !matches!(program, Program::Update(_)) || storage.dtype().size() != 2 {
+            return vec![nearest];
+        }
+        vec![
+            nearest,
+            (true, Stochastic::default()),
+            (false, Stochastic { params: true, state: false }),
+            (false, Stochastic { params: true, state: true }),
+        ]
     }
 
     /// `(name, offset)` of each member of the struct `name` in a parsed module.
@@ -564,8 +689,12 @@ mod tests {
             Program::GradNorm(NormType::L2),
             Program::GradNorm(NormType::Inf),
         ]);
-        let storages =
-            [Storage::Native(DType::F32), Storage::Native(DType::F16), Storage::Packed(DType::BF16)];
+        let storages = [
+            Storage::Native(DType::F32),
+            Storage::Native(DType::F16),
+            Storage::Packed(DType::F16),
+            Storage::Packed(DType::BF16),
+        ];
         for program in programs {
             let pairings = [Scalars::Host, Scalars::Device, Scalars::Unscale, Scalars::Norm]
                 .into_iter()
@@ -591,51 +720,72 @@ mod tests {
                     {
                         continue;
                     }
-                    let key =
-                        VariantKey { scalars, program, math, layout: layout(program, storage), width, clip };
-                    let source = compose(&key);
-                    let module = naga::front::wgsl::parse_str(&source)
-                        .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
-                    validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
-                    let wide = math == DType::F64;
-                    if let Program::Update(switches) = program {
-                        let expected = match (switches, wide) {
-                            (Switches::Adam(_), false) => {
-                                rust_members(AdamUniform::FIELDS, AdamUniform::OFFSETS)
-                            }
-                            (Switches::Adam(_), true) => {
-                                rust_members(AdamUniform::FIELDS, AdamUniform64::OFFSETS)
-                            }
-                            (Switches::Momentum(_), false) => {
-                                rust_members(MomentumUniform::FIELDS, MomentumUniform::OFFSETS)
-                            }
-                            (Switches::Momentum(_), true) => {
-                                rust_members(MomentumUniform::FIELDS, MomentumUniform64::OFFSETS)
-                            }
-                            (Switches::Adagrad(_), false) => {
-                                rust_members(AdagradUniform::FIELDS, AdagradUniform::OFFSETS)
-                            }
-                            (Switches::Adagrad(_), true) => {
-                                rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
-                            }
-                        };
-                        assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
-                    }
-                    if clip {
-                        let header =
-                            [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
-                                .map(|(n, o)| (n.to_string(), o));
-                        assert_eq!(members(&module, "ClipState"), header, "{key:?}");
-                    }
-                    if matches!(scalars, Scalars::Device | Scalars::Unscale) {
-                        let header = [
-                            ("step", DeviceHeader::STEP),
-                            ("found_inf", DeviceHeader::FOUND_INF),
-                            ("inv_scale", DeviceHeader::INV_SCALE),
-                            ("reserved", DeviceHeader::BYTES - 4),
-                        ]
-                        .map(|(n, o)| (n.to_string(), o as u32));
-                        assert_eq!(members(&module, "DeviceState"), header, "{key:?}");
+                    for (kahan, stochastic) in store_variants(program, storage) {
+                        let layout = layout(program, storage, kahan);
+                        let key = VariantKey { scalars, program, math, layout, width, stochastic, clip };
+                        let source = compose(&key);
+                        if kahan {
+                            assert!(source.contains("store_kahan_comp(i, select("), "{key:?}");
+                        }
+                        if stochastic.any() {
+                            assert!(source.contains("_sr") && source.contains("rng_begin(e, "), "{key:?}");
+                        } else {
+                            assert!(!source.contains("rng_begin"), "{key:?}");
+                        }
+                        let module = naga::front::wgsl::parse_str(&source)
+                            .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
+                        validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
+                        let wide = math == DType::F64;
+                        if let Program::Update(switches) = program {
+                            let expected = match (switches, wide) {
+                                (Switches::Adam(_), false) => {
+                                    rust_members(AdamUniform::FIELDS, AdamUniform::OFFSETS)
+                                }
+                                (Switches::Adam(_), true) => {
+                                    rust_members(AdamUniform::FIELDS, AdamUniform64::OFFSETS)
+                                }
+                                (Switches::Momentum(_), false) => {
+                                    rust_members(MomentumUniform::FIELDS, MomentumUniform::OFFSETS)
+                                }
+                                (Switches::Momentum(_), true) => {
+                                    rust_members(MomentumUniform::FIELDS, MomentumUniform64::OFFSETS)
+                                }
+                                (Switches::Adagrad(_), false) => {
+                                    rust_members(AdagradUniform::FIELDS, AdagradUniform::OFFSETS)
+                                }
+                                (Switches::Adagrad(_), true) => {
+                                    rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
+                                }
+                            };
+                            assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
+                        }
+                        if clip {
+                            let header =
+                                [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
+                                    .map(|(n, o)| (n.to_string(), o));
+                            assert_eq!(members(&module, "ClipState"), header, "{key:?}");
+                        }
+                        if matches!(scalars, Scalars::Device | Scalars::Unscale) {
+                            let header = [
+                                ("step", DeviceHeader::STEP),
+                                ("found_inf", DeviceHeader::FOUND_INF),
+                                ("inv_scale", DeviceHeader::INV_SCALE),
+                                ("reserved", DeviceHeader::BYTES - 4),
+                            ]
+                            .map(|(n, o)| (n.to_string(), o as u32));
+                            assert_eq!(members(&module, "DeviceState"), header, "{key:?}");
+                        }
+                        if stochastic.any() {
+                            let fields = [("seed_lo", 0u32), ("seed_hi", 4), ("step", 8), ("reserved", 12)];
+                            let fields = fields.map(|(n, o)| (n.to_string(), o));
+                            assert_eq!(members(&module, "RoundingState"), fields, "{key:?}");
+                            let slot = members(&module, "HyperSlot");
+                            assert_eq!(
+                                slot[1],
+                                ("rounding".to_string(), RoundingHeader::OFFSET as u32),
+                                "{key:?}"
+                            );
+                        }
                     }
                 }
             }

@@ -54,6 +54,8 @@ pub(crate) struct SegmentPlan {
     pub(crate) pair_shift: u32,
     /// Pair mode: 2 when packed outputs disagree in parity and pairs run in two phases.
     pub(crate) phases: u32,
+    /// The tensor's element the segment starts at.
+    pub(crate) first: u64,
 }
 
 /// The validated plan for one tensor's update.
@@ -61,6 +63,9 @@ pub(crate) struct SegmentPlan {
 pub(crate) struct TensorPlan {
     pub(crate) layout: BindingLayout,
     pub(crate) segments: Vec<SegmentPlan>,
+    /// The tensor's ordinal among the optimizer's parameters: part of stochastic rounding's
+    /// counter (0 elsewhere).
+    pub(crate) ordinal: u32,
 }
 
 /// Checks that `arg` is a usable storage range of its buffer: [`check_extent`] and the
@@ -126,6 +131,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs)
         return Ok(TensorPlan {
             layout: BindingLayout { inputs: vec![], outputs: vec![], bindings: vec![] },
             segments: vec![],
+            ordinal: 0,
         });
     };
     for arg in &present {
@@ -198,7 +204,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs)
         && math_dtype(args) == DType::F32
         && layout.bindings.iter().all(|b| b.storage.dtype() != DType::F64);
     let segments = split_segments(&distinct, &limits, &Split { pair_shift, phases, vectorizable });
-    Ok(TensorPlan { layout, segments })
+    Ok(TensorPlan { layout, segments, ordinal: 0 })
 }
 
 /// How a tensor of `dtype` is bound on this context.
@@ -343,6 +349,7 @@ fn push_segments(
             // The parity of this segment's first element in the packed outputs.
             pair_shift: (split.pair_shift + first_element as u32) % 2,
             phases: split.phases,
+            first: first_element,
         });
         first_element += n;
     }
@@ -408,8 +415,9 @@ mod tests {
                 Some(Arg::new("param", param)),
                 Some(Arg::new("grad", grad)),
                 Some(Arg::new("buf", buf)),
+                None,
             ],
-            outputs: vec![Some(Arg::new("param_out", param_out)), Some(Arg::new("buf", buf)), None],
+            outputs: vec![Some(Arg::new("param_out", param_out)), Some(Arg::new("buf", buf)), None, None],
         }
     }
 

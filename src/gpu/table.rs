@@ -33,6 +33,10 @@ struct Row {
     wanted: u32,
     /// Per binding: the byte range of the row's own elements, for the overlap check.
     bytes: Vec<(u64, u64)>,
+    /// The tensor's ordinal and the segment's first element in it (stochastic rounding's
+    /// counter).
+    ordinal: u32,
+    first: u64,
 }
 
 /// A dispatch's variant, bindings and rows.
@@ -59,7 +63,7 @@ impl TableDispatch {
     /// bytes, the row's elements stay addressable from the union's start, and the row shares
     /// no byte with the rows already in (a race within one dispatch).
     fn try_add(&mut self, segment: &SegmentPlan, row: &Row, max_binding: u64) -> bool {
-        if self.rows.len() >= max_entries(self.spans.len()) {
+        if self.rows.len() >= max_entries(self.spans.len(), self.key.stochastic.any()) {
             return false;
         }
         let mut spans = self.spans.clone();
@@ -111,21 +115,29 @@ impl TableDispatch {
     /// The table's bytes: the header row `(rows, pair_first, pair_step, first_workgroup)`
     /// (the last: workgroups of the batch's earlier dispatches, where the gradient-norm pass
     /// puts this dispatch's partials), then per row `(n, pair_shift, first_group, groups)`
-    /// and the bases of every binding, relative to the dispatch's spans.
+    /// and the bases of every binding, relative to the dispatch's spans, and with stochastic
+    /// stores `(ordinal, first element low word, high word, 0)`.
     pub(crate) fn table(&self, segments: &[&SegmentPlan], first_workgroup: u32) -> Vec<u32> {
+        let stochastic = self.key.stochastic.any();
         let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, first_workgroup];
         let mut first_group = 0;
         for ((row, segment), groups) in self.rows.iter().zip(segments).zip(self.groups()) {
             words.extend([row.n, row.pair_shift, first_group, groups]);
-            let mut bases = vec![0u32; 4 * (rows_per_entry(self.spans.len()) - 1)];
+            let mut bases = vec![0u32; 4 * self.spans.len().div_ceil(4)];
             for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
                 let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
                 bases[b] = range.base + ((range.offset - span.offset) / unit) as u32;
             }
             words.extend(bases);
+            if stochastic {
+                words.extend([row.ordinal, row.first as u32, (row.first >> 32) as u32, 0]);
+            }
             first_group += groups;
         }
-        debug_assert_eq!(words.len(), 4 * (1 + rows_per_entry(self.spans.len()) * self.rows.len()));
+        debug_assert_eq!(
+            words.len(),
+            4 * (1 + rows_per_entry(self.spans.len(), stochastic) * self.rows.len())
+        );
         words
     }
 }
@@ -153,7 +165,7 @@ pub(crate) fn assemble(
         for segment in &plan.segments {
             let key = key.with_width(segment.width);
             let pairs = key.pairs();
-            let row = row(&key, segment);
+            let row = row(&key, plan.ordinal, segment);
             if pairs && segment.phases == 2 {
                 // Outputs of both parities: two dispatches, even pairs then odd pairs.
                 for phase in 0..2 {
@@ -189,7 +201,7 @@ fn accesses_per_invocation(key: &VariantKey) -> u32 {
 }
 
 /// A segment's row before it joins a dispatch.
-fn row(key: &VariantKey, segment: &SegmentPlan) -> Row {
+fn row(key: &VariantKey, ordinal: u32, segment: &SegmentPlan) -> Row {
     let invocations = if key.pairs() { (segment.len + segment.pair_shift).div_ceil(2) } else { segment.len };
     let bytes = segment
         .ranges
@@ -207,5 +219,7 @@ fn row(key: &VariantKey, segment: &SegmentPlan) -> Row {
         pair_shift: segment.pair_shift,
         wanted: invocations.div_ceil(WORKGROUP_SIZE * accesses_per_invocation(key)).max(1),
         bytes,
+        ordinal,
+        first: segment.first,
     }
 }

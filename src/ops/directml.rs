@@ -67,11 +67,13 @@ pub fn adam(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, desc: &AdamOpt
             Some(Arg::new("InputFirstMomentTensor", &desc.input_first_moment_tensor)),
             Some(Arg::new("InputSecondMomentTensor", &desc.input_second_moment_tensor)),
             None,
+            None,
         ],
         outputs: vec![
             Some(Arg::new("OutputParametersTensor", &desc.output_parameters_tensor)),
             Some(Arg::new("OutputFirstMomentTensor", &desc.output_first_moment_tensor)),
             Some(Arg::new("OutputSecondMomentTensor", &desc.output_second_moment_tensor)),
+            None,
             None,
             None,
         ],

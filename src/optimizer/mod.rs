@@ -14,8 +14,9 @@ use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};
 use crate::gpu::transfer::check_readable;
+use crate::step::rounding::RoundingHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
-use crate::{Algorithm, DType, Error, GpuContext, GradClip, Result, StateKind, Tensor};
+use crate::{Algorithm, DType, Error, GpuContext, GradClip, Result, Rounding, StateKind, Tensor};
 use clip::{BoundNorm, ClipPass};
 use device::DeviceState;
 
@@ -74,6 +75,12 @@ pub struct OptimizerOptions {
     /// reads the last norm. Composes with groups, master weights and capturable mode
     /// (after [`Optimizer::record_unscale`] the norm is that of the unscaled gradients).
     pub grad_clip: Option<GradClip>,
+    /// How 16-bit stores round ([`Rounding`]): to nearest even (the default),
+    /// stochastically, or with a Kahan compensation buffer per parameter. Stochastic and
+    /// Kahan rounding need every parameter to be F16 or BF16 ([`Error::DTypeMismatch`]
+    /// otherwise) and exclude [`Self::master_weights`] and [`Self::model_copies`]
+    /// ([`Error::ConflictingOptions`]). The CPU backend honours it too, with the same bits.
+    pub rounding: Rounding,
 }
 
 /// One parameter group as the optimizer keeps it.
@@ -125,6 +132,7 @@ pub struct Optimizer {
     bound: Vec<Bound>,
     device: Option<DeviceState>,
     clip: Option<ClipPass>,
+    rounding: Rounding,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -188,9 +196,11 @@ impl Optimizer {
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
+        check_rounding_options(&options)?;
         let (groups, options) = master_copies(ctx, groups, options)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
+        check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype), "params")?;
         if options.capturable && math == DType::F64 {
             return Err(Error::DTypeMismatch {
                 argument: "params".into(),
@@ -217,6 +227,11 @@ impl Optimizer {
                 }
             }
         }
+        // Kahan compensations last, each in its parameter's dtype.
+        let kahan = options.rounding == Rounding::Kahan;
+        for group in groups.iter().filter(|_| kahan) {
+            requests.extend(group.params.iter().map(|p| (p, p.dtype)));
+        }
         let mut allocated = arena::allocate(ctx, "optimizer state", &requests).into_iter();
         let mut state: Vec<Vec<Tensor>> = groups
             .iter()
@@ -233,6 +248,9 @@ impl Optimizer {
                 }
             }
         }
+        for tensors in state.iter_mut().filter(|_| kahan) {
+            tensors.extend(allocated.next());
+        }
         let mut kept = Vec::with_capacity(groups.len());
         let mut uniform_bytes = vec![0u8; groups.len() * UNIFORM_SLOT_BYTES as usize];
         let mut first = 0;
@@ -242,13 +260,14 @@ impl Optimizer {
             let initial = group.algorithm.initial_state();
             if initial != 0.0 {
                 for (p, tensors) in group.params.iter().zip(&state[first..]) {
-                    for tensor in tensors {
+                    for tensor in tensors.iter().take(group.algorithm.state_kinds().len()) {
                         ctx.write(tensor, &vec![initial; p.len as usize])?;
                     }
                 }
             }
             // Capturable kernels derive the step's values on the device from step 1's.
             group.algorithm.kernel_step(1).write_uniform(math, bytes);
+            write_rounding(options.rounding, 1, bytes);
             kept.push(Group { algorithm: group.algorithm, first, len: group.params.len(), dirty: false });
             first += group.params.len();
         }
@@ -272,7 +291,23 @@ impl Optimizer {
             bound: Vec::new(),
             device,
             clip,
+            rounding: options.rounding,
         })
+    }
+
+    /// How the optimizer's 16-bit stores round ([`OptimizerOptions::rounding`]).
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
+    }
+
+    /// The state kinds parameter tensors of `algorithm` keep here: the algorithm's, then the
+    /// Kahan compensation where the rounding keeps one.
+    fn state_kinds(&self, algorithm: &Algorithm) -> Vec<StateKind> {
+        let mut kinds = algorithm.state_kinds().to_vec();
+        if self.rounding == Rounding::Kahan {
+            kinds.push(StateKind::KahanCompensation);
+        }
+        kinds
     }
 
     /// How many parameter groups there are.
@@ -362,7 +397,7 @@ impl Optimizer {
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
-        let k = group.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;
         self.state.get(index).map(|s| &s[k])
     }
 
@@ -388,6 +423,7 @@ impl Optimizer {
             for (group, bytes) in self.groups.iter_mut().zip(slots) {
                 let at = if capturable { 1 } else { t };
                 group.algorithm.kernel_step(at).write_uniform(self.math, bytes);
+                write_rounding(self.rounding, at, bytes);
                 group.dirty = false;
             }
             self.uniforms.record_write(encoder, &self.uniform_bytes);
@@ -448,13 +484,15 @@ impl Optimizer {
             let mut items = Vec::with_capacity(group.len);
             for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
                 let args = self.kernel_args(&group.algorithm, i, grad);
-                let tensor_plan = plan(&self.ctx, program, &args)?;
+                let mut tensor_plan = plan(&self.ctx, program, &args)?;
+                tensor_plan.ordinal = i as u32;
                 let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
                 if needed > limit {
                     return Err(Error::TooManyBindings { needed, limit });
                 }
                 let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
-                    .clipped(self.clip.is_some());
+                    .clipped(self.clip.is_some())
+                    .with_stochastic(self.rounding.stochastic());
                 items.push((key, tensor_plan));
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
@@ -540,7 +578,7 @@ impl Optimizer {
     /// Parameter `i`'s tensors in its family's slot order, all updated in place.
     fn kernel_args(&self, algorithm: &Algorithm, i: usize, grad: &Tensor) -> KernelArgs {
         let param = Arg::new(format!("params[{i}]"), &self.params[i]);
-        let kinds = algorithm.state_kinds();
+        let kinds = self.state_kinds(algorithm);
         let state: Vec<Arg> = kinds
             .iter()
             .zip(&self.state[i])
@@ -556,8 +594,54 @@ impl Optimizer {
             state_out: &state,
             param_copy: copy,
         };
-        slot_args(algorithm.family(), kinds, args)
+        slot_args(algorithm.family(), &kinds, args)
     }
+}
+
+/// Writes stochastic rounding's seed and step `t` into a group's uniform slot.
+fn write_rounding(rounding: Rounding, t: u64, slot: &mut [u8]) {
+    if let Some(seed) = rounding.seed() {
+        RoundingHeader::new(seed, t).write(slot);
+    }
+}
+
+/// Stochastic and Kahan rounding keep the low-precision parameters themselves accurate; f32
+/// masters (and model copies, which are written from f32 parameters) leave nothing to do.
+pub(crate) fn check_rounding_options(options: &OptimizerOptions) -> Result<()> {
+    if options.rounding == Rounding::NearestEven {
+        return Ok(());
+    }
+    let reason = "stochastic and Kahan rounding keep 16-bit parameters accurate without f32 masters; \
+                  with f32 masters the model copy is rounded once from exact values";
+    if options.master_weights {
+        return Err(Error::ConflictingOptions { first: "rounding", second: "master_weights", reason });
+    }
+    if !options.model_copies.is_empty() {
+        return Err(Error::ConflictingOptions { first: "rounding", second: "model_copies", reason });
+    }
+    Ok(())
+}
+
+/// Stochastic and Kahan rounding act on 16-bit parameter stores: every parameter must be
+/// F16 or BF16 (an f32 store does not round, so either would silently do nothing).
+pub(crate) fn check_rounding_dtypes(
+    rounding: Rounding,
+    dtypes: impl Iterator<Item = DType>,
+    argument: &str,
+) -> Result<()> {
+    if rounding == Rounding::NearestEven {
+        return Ok(());
+    }
+    for (i, dtype) in dtypes.enumerate() {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Err(Error::DTypeMismatch {
+                argument: format!("{argument}[{i}]"),
+                got: dtype,
+                expected: format!("F16 or BF16 with {} rounding (f32 stores are exact)", rounding.name()),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn not_capturable() -> Error {

@@ -16,6 +16,7 @@ pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
 mod momentum;
+pub(crate) mod rounding;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
@@ -44,7 +45,9 @@ impl Family {
         }
     }
 
-    /// The slots the update reads, in the order its arguments are given.
+    /// The slots the update reads, in the order its arguments are given. The Kahan
+    /// compensation is last: the body never names it, the generated `store_param` reads and
+    /// writes it where it is bound.
     pub(crate) fn inputs(self) -> &'static [Slot] {
         use Slot::*;
         match self {
@@ -54,9 +57,12 @@ impl Family {
                 State(StateKind::ExpAvg),
                 State(StateKind::ExpAvgSq),
                 State(StateKind::MaxExpAvgSq),
+                State(StateKind::KahanCompensation),
             ],
-            Family::Momentum => &[Param, Grad, State(StateKind::MomentumBuffer)],
-            Family::Adagrad => &[Param, Grad, State(StateKind::Sum)],
+            Family::Momentum => {
+                &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)]
+            }
+            Family::Adagrad => &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)],
         }
     }
 
@@ -70,9 +76,14 @@ impl Family {
                 State(StateKind::ExpAvgSq),
                 State(StateKind::MaxExpAvgSq),
                 ParamCopy,
+                State(StateKind::KahanCompensation),
             ],
-            Family::Momentum => &[Param, State(StateKind::MomentumBuffer), ParamCopy],
-            Family::Adagrad => &[Param, State(StateKind::Sum), ParamCopy],
+            Family::Momentum => {
+                &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)]
+            }
+            Family::Adagrad => {
+                &[Param, State(StateKind::Sum), ParamCopy, State(StateKind::KahanCompensation)]
+            }
         }
     }
 }

@@ -1,0 +1,293 @@
+//! How a 16-bit store rounds: to nearest even (the default), stochastically from a
+//! counter-based hash, or with a Kahan compensation buffer. The hash and the stochastic
+//! conversions here are the CPU backend's; `shaders/stochastic.wgsl` is the same integer
+//! arithmetic line for line, so both backends store the same bits for the same seed.
+
+use std::mem::offset_of;
+
+use super::fields::wgsl_struct;
+use super::UNIFORM_SLOT_BYTES;
+use crate::StateKind;
+
+/// How the optimizer rounds the f32 results of an update when it stores them as f16 or
+/// bf16 ([`OptimizerOptions::rounding`](crate::OptimizerOptions::rounding)).
+///
+/// With 16-bit parameters and no f32 master copy, an update smaller than half a unit in the
+/// last place of a parameter is rounded away by nearest rounding, and training stalls once
+/// the updates get small. The two other modes keep those updates:
+///
+/// - [`Rounding::Stochastic`] rounds up with probability equal to the discarded fraction,
+///   so each store is right on average (unbiased) and small updates accumulate in
+///   expectation. The random bits are a hash of (seed, step, parameter index, element
+///   index), so a run is reproducible for a seed, the same on the GPU and the CPU backend,
+///   and independent of how the work is dispatched.
+/// - [`Rounding::Kahan`] keeps one more 16-bit tensor per parameter (2 bytes per element,
+///   against master weights' 4) holding the rounding error of the last parameter store,
+///   which the next step adds back: `target = p_new + c; p = round(target);
+///   c = round(target - p)` (both to nearest even).
+///
+/// Both need every parameter to be F16 or BF16 (f32 stores do not round) and exclude master
+/// weights and model copies. NaN and infinity are stored as with nearest rounding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Rounding {
+    /// Round to nearest, ties to even: every store, as IEEE 754's default.
+    #[default]
+    NearestEven,
+    /// Stochastic rounding of the parameter stores (and, with `state`, of the 16-bit state
+    /// stores): a value between two neighbouring 16-bit numbers is rounded to the one further
+    /// from zero with probability equal to its distance from the one nearer zero, in units
+    /// of their spacing.
+    Stochastic {
+        /// The seed of the counter-based hash; a run is reproducible for a seed.
+        seed: u64,
+        /// Round the state stores (moments, momentum buffers, sums) stochastically too,
+        /// where the state is F16 or BF16; f32 state is stored exactly either way.
+        state: bool,
+    },
+    /// Kahan-compensated parameter updates: one compensation tensor per parameter, of the
+    /// parameter's dtype ([`StateKind::KahanCompensation`]), owned by the optimizer and saved
+    /// with its state. All stores round to nearest even.
+    Kahan,
+}
+
+impl Rounding {
+    /// The name used in errors and checkpoints: `nearest_even`, `stochastic`, `kahan`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rounding::NearestEven => "nearest_even",
+            Rounding::Stochastic { .. } => "stochastic",
+            Rounding::Kahan => "kahan",
+        }
+    }
+
+    /// The seed of stochastic rounding.
+    pub(crate) fn seed(&self) -> Option<u64> {
+        match self {
+            Rounding::Stochastic { seed, .. } => Some(*seed),
+            _ => None,
+        }
+    }
+
+    /// Which stores round stochastically.
+    pub(crate) fn stochastic(&self) -> Stochastic {
+        match *self {
+            Rounding::Stochastic { state, .. } => Stochastic { params: true, state },
+            _ => Stochastic::default(),
+        }
+    }
+}
+
+/// Which stores of a kernel round stochastically (the others round to nearest even).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Stochastic {
+    /// The parameter stores.
+    pub(crate) params: bool,
+    /// The state stores.
+    pub(crate) state: bool,
+}
+
+impl Stochastic {
+    /// Whether any store rounds stochastically.
+    pub(crate) fn any(self) -> bool {
+        self.params || self.state
+    }
+}
+
+/// The seed and the step, as stochastic kernels read them: the last 16 bytes of each
+/// group's uniform slot (after the family's uniform, which is far shorter), so the host
+/// writes them with the hyperparameters, at no extra cost. Capturable kernels take the step
+/// from the device's counter instead.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct RoundingHeader {
+    /// The seed's low 32 bits.
+    pub(crate) seed_lo: u32,
+    /// The seed's high 32 bits.
+    pub(crate) seed_hi: u32,
+    /// The step being taken, modulo 2^32.
+    pub(crate) step: u32,
+    /// Keeps the header a whole 16 bytes.
+    pub(crate) reserved: u32,
+}
+
+impl RoundingHeader {
+    /// Bytes of the header.
+    pub(crate) const BYTES: u64 = std::mem::size_of::<RoundingHeader>() as u64;
+    /// Its byte offset in a uniform slot.
+    pub(crate) const OFFSET: u64 = UNIFORM_SLOT_BYTES - Self::BYTES;
+
+    /// The header of step `t` for `seed`.
+    pub(crate) fn new(seed: u64, t: u64) -> Self {
+        RoundingHeader { seed_lo: seed as u32, seed_hi: (seed >> 32) as u32, step: t as u32, reserved: 0 }
+    }
+
+    /// Writes the header into its place in one uniform slot.
+    pub(crate) fn write(&self, slot: &mut [u8]) {
+        let at = Self::OFFSET as usize;
+        slot[at..at + Self::BYTES as usize].copy_from_slice(bytemuck::bytes_of(self));
+    }
+
+    /// `struct RoundingState` and `struct HyperSlot` (the family's `Hyper`, then the header
+    /// at [`Self::OFFSET`]) in WGSL.
+    pub(crate) fn wgsl() -> String {
+        let fields = [("seed_lo", "u32"), ("seed_hi", "u32"), ("step", "u32"), ("reserved", "u32")];
+        let mut s = wgsl_struct("RoundingState", fields.into_iter());
+        s.push_str(&format!(
+            "struct HyperSlot {{\n    @size({}) hyper: Hyper,\n    rounding: RoundingState,\n}}\n",
+            Self::OFFSET
+        ));
+        s
+    }
+}
+
+const _: () = assert!(offset_of!(RoundingHeader, step) == 8);
+const _: () = assert!(std::mem::size_of::<super::AdamUniform64>() as u64 <= RoundingHeader::OFFSET);
+const _: () = assert!(std::mem::size_of::<super::MomentumUniform64>() as u64 <= RoundingHeader::OFFSET);
+const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= RoundingHeader::OFFSET);
+
+/// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
+#[inline(always)]
+pub(crate) fn mix(x: u32) -> u32 {
+    let mut x = x;
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x
+}
+
+/// The hash state after (seed, step, tensor ordinal): `h = mix(h ^ word)` over those words
+/// from `h = 0`. Constant over a tensor's step, so computed once per chunk.
+pub(crate) fn key(seed: u64, step: u64, ordinal: u32) -> u32 {
+    let h = mix(seed as u32);
+    let h = mix(h ^ (seed >> 32) as u32);
+    let h = mix(h ^ step as u32);
+    mix(h ^ ordinal)
+}
+
+/// The 32 random bits of one store: the hash continued over (stream, element index low
+/// word, element index high word).
+#[inline(always)]
+pub(crate) fn bits(key: u32, stream: u32, element: u64) -> u32 {
+    mix(mix(mix(key ^ stream) ^ element as u32) ^ (element >> 32) as u32)
+}
+
+/// The stream of a store: 0 for the parameter, 1 + the kind's number for a state tensor,
+/// so that no two tensors of a parameter draw the same bits.
+pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
+    match kind {
+        None => 0,
+        Some(StateKind::ExpAvg) => 1,
+        Some(StateKind::ExpAvgSq) => 2,
+        Some(StateKind::MaxExpAvgSq) => 3,
+        Some(StateKind::MomentumBuffer) => 4,
+        Some(StateKind::Sum) => 5,
+        Some(StateKind::KahanCompensation) => 6,
+    }
+}
+
+/// bfloat16 bits of `x` rounded stochastically with the random bits `r`: the top 16 bits
+/// of `r` are added below the kept bits, which carries into them with probability equal to
+/// the discarded fraction. NaN stays a quiet NaN; infinity stays infinity.
+#[inline(always)]
+pub(crate) fn bf16_bits(x: f32, r: u32) -> u16 {
+    let b = x.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    (b.wrapping_add(r >> 16) >> 16) as u16
+}
+
+/// binary16 bits of `x` rounded stochastically with the random bits `r`, in integer
+/// arithmetic: normal results add the top 13 bits of `r` below the kept bits; subnormal
+/// results round up where `r >= 2^32 - f`, `f` the discarded fraction in units of 2^-32. NaN stays a quiet NaN,
+/// 65536 and above are infinity (between 65504 and 65536 the result is 65504 or infinity).
+#[inline(always)]
+pub(crate) fn f16_bits(x: f32, r: u32) -> u16 {
+    let b = x.to_bits();
+    let sign = (b >> 16) & 0x8000;
+    let a = b & 0x7fff_ffff;
+    if a > 0x7f80_0000 {
+        return (sign | 0x7e00 | ((a >> 13) & 0x3ff)) as u16;
+    }
+    if a >= 0x4780_0000 {
+        return (sign | 0x7c00) as u16;
+    }
+    if a < 0x3880_0000 {
+        // |x| = m 2^(e - 150); in units of 2^-24 (the subnormal spacing), m 2^-s.
+        let e = (a >> 23).max(1);
+        let m = if a >= 0x0080_0000 { (a & 0x7f_ffff) | 0x80_0000 } else { a & 0x7f_ffff };
+        let s = 126 - e;
+        let (q, fraction) = if s < 32 {
+            (m >> s, m << (32 - s))
+        } else if s < 64 {
+            (0, m >> (s - 32))
+        } else {
+            (0, 0)
+        };
+        // Up when r >= 2^32 - fraction, so that large r rounds up as on the normal path.
+        return (sign | (q + u32::from(!r < fraction))) as u16;
+    }
+    (sign | ((a - 0x3800_0000 + (r >> 19)) >> 13)) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wgsl_header_sits_at_the_end_of_the_uniform_slot() {
+        let wgsl = RoundingHeader::wgsl();
+        assert!(wgsl.contains("@size(240) hyper: Hyper"), "{wgsl}");
+        assert_eq!(RoundingHeader::OFFSET + RoundingHeader::BYTES, UNIFORM_SLOT_BYTES);
+        let mut slot = vec![0u8; UNIFORM_SLOT_BYTES as usize];
+        RoundingHeader::new(0x0123_4567_89ab_cdef, 7).write(&mut slot);
+        assert_eq!(&slot[240..252], &[0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, 7, 0, 0, 0]);
+    }
+
+    /// Values exactly representable in the 16-bit type are stored unchanged whatever the
+    /// random bits; others go to one of their two neighbours.
+    #[test]
+    fn stochastic_stores_land_on_a_neighbour_and_keep_representable_values() {
+        let rs = [0u32, 1, 0x7fff_ffff, 0x8000_0000, 0xffff_fffe, u32::MAX, 0x1234_5678];
+        for bits in (0..=u16::MAX).step_by(7) {
+            let h = half::bf16::from_bits(bits);
+            if h.is_nan() {
+                continue;
+            }
+            for r in rs {
+                assert_eq!(bf16_bits(h.to_f32(), r), bits, "bf16 {bits:#x} r {r:#x}");
+            }
+            let h = half::f16::from_bits(bits);
+            if h.is_nan() {
+                continue;
+            }
+            for r in rs {
+                assert_eq!(f16_bits(h.to_f32(), r), bits, "f16 {bits:#x} r {r:#x}");
+            }
+        }
+        for x in [1.0f32 + 1e-5, -3.3e-6, 7.0e-8, 65510.0, 1e-9, -3e-10] {
+            let near = half::f16::from_f32(x);
+            let down = f16_bits(x, 0);
+            let up = f16_bits(x, u32::MAX);
+            let lower = |v: u16| half::f16::from_bits(v).to_f64().abs();
+            assert!(lower(down) <= f64::from(x.abs()) && f64::from(x.abs()) <= lower(up), "{x}");
+            assert!(down == near.to_bits() || up == near.to_bits(), "{x}");
+            assert!(up - down <= 1, "{x}: {down:#x} {up:#x}");
+        }
+    }
+
+    #[test]
+    fn nan_and_infinity_store_as_with_nearest_rounding() {
+        for x in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::from_bits(0x7f80_0001)] {
+            for r in [0, u32::MAX] {
+                let b = x.to_bits();
+                let nearest =
+                    if x.is_nan() { (b >> 16) | 0x40 } else { (b + 0x7fff + ((b >> 16) & 1)) >> 16 };
+                assert_eq!(u32::from(bf16_bits(x, r)), nearest, "{x}");
+                assert_eq!(f16_bits(x, r), half::f16::from_f32(x).to_bits(), "{x}");
+            }
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! Rounding of 16-bit stores (`OptimizerOptions::rounding`): stochastic rounding is unbiased
+//! and stores the same bits on the GPU and the CPU backend for a seed, whatever the dispatch
+//! shape; Kahan compensation keeps tiny updates that nearest rounding loses; bad options are
+//! typed errors that change nothing; a checkpoint carries the seed and the compensations.
+
+mod common;
+
+use common::{ctx, Rng};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
+use wgpu_optim::{DType, Error, GpuContext, Optimizer, OptimizerOptions, Rounding, Sgd, StateKind, Tensor};
+
+fn options(rounding: Rounding) -> OptimizerOptions {
+    OptimizerOptions { rounding, ..Default::default() }
+}
+
+fn host(values: &[f64], dtype: DType) -> HostTensor {
+    HostTensor::from_f64(dtype, values).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Panics naming the first few indices where `got` and `want` differ in their bits.
+#[track_caller]
+fn assert_bits_eq(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let bad: Vec<String> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .take(5)
+        .map(|i| format!("[{i}] got {:e} want {:e}", got[i], want[i]))
+        .collect();
+    let count = (0..got.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
+    assert!(bad.is_empty(), "{what}: {count} of {} differ, first {bad:?}", got.len());
+}
+
+/// Mean and standard error of the mean of the values.
+fn mean_and_error(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (n - 1.0);
+    (mean, (variance / n).sqrt())
+}
+
+/// The cases of the unbiasedness test: (dtype, start, gradient) with `p = start - gradient`
+/// (SGD, lr 1, exact in f32) between two 16-bit neighbours, well away from both, so that
+/// nearest rounding is off by many standard errors: bf16 above 1, f16 above 1, and an f16
+/// subnormal.
+const UNBIASED_CASES: [(DType, f64, f64); 3] =
+    [(DType::BF16, 1.0, -0.001), (DType::F16, 1.0, -0.0003), (DType::F16, 0.0, -3.3e-6)];
+
+/// Many elements of the same exact value, each rounded with its own bits: their mean is the
+/// exact value within a few standard errors, and far from what nearest rounding stores.
+#[track_caller]
+fn check_unbiased(what: &str, stored: &[f64], exact: f64, nearest: f64) {
+    let (mean, error) = mean_and_error(stored);
+    assert!(error > 0.0, "{what}: every element rounded the same way ({mean:e})");
+    assert!(
+        (mean - exact).abs() < 4.0 * error,
+        "{what}: mean {mean:e}, exact {exact:e}, standard error {error:e}"
+    );
+    assert!((nearest - exact).abs() > 10.0 * error, "{what}: the case does not tell the modes apart");
+}
+
+#[test]
+fn stochastic_rounding_is_unbiased_on_the_gpu_and_the_cpu() {
+    let ctx = ctx();
+    let n = 20_001;
+    let sgd = Sgd { lr: 1.0, ..Sgd::default() };
+    for (dtype, start, gradient) in UNBIASED_CASES {
+        let exact = f64::from((start - gradient) as f32);
+        let nearest = dtype.round(exact);
+        let rounding = Rounding::Stochastic { seed: 42, state: false };
+
+        let param = ctx.upload("p", &vec![start; n], dtype);
+        let grad = ctx.upload("g", &vec![gradient; n], DType::F32);
+        let mut gpu =
+            Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&param), options(rounding)).unwrap();
+        gpu.step(&[grad]).unwrap();
+        check_unbiased(&format!("GPU {dtype:?} {exact:e}"), &ctx.read(&param).unwrap(), exact, nearest);
+
+        let mut p = host(&vec![start; n], dtype);
+        let g = host(&vec![gradient; n], DType::F32);
+        let mut cpu = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap();
+        cpu.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
+        check_unbiased(&format!("CPU {dtype:?} {exact:e}"), &p.to_f64(), exact, nearest);
+    }
+}
+
+/// Over many steps of one element, each step draws new bits: the stored value random-walks
+/// around the exact sum of the updates instead of staying where nearest rounding keeps it.
+#[test]
+fn stochastic_rounding_accumulates_updates_below_half_an_ulp() {
+    let (lr, gradient, steps) = (1.0 / 1024.0, -0.5, 2000);
+    let sgd = Sgd { lr, ..Sgd::default() };
+    let n = 64;
+    let mut p = host(&vec![1.0; n], DType::BF16);
+    let g = host(&vec![gradient; n], DType::F32);
+    let rounding = Rounding::Stochastic { seed: 3, state: false };
+    let mut cpu = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap();
+    for _ in 0..steps {
+        cpu.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
+    }
+    // The exact sum is 1 + 2000 * 2^-11 = 1.9766; each update is 1/16 of bf16's spacing there.
+    let exact = 1.0 - lr * gradient * f64::from(steps);
+    let (mean, _) = mean_and_error(&p.to_f64());
+    assert!((mean - exact).abs() < 0.02, "mean {mean} after {steps} steps, exact {exact}");
+}
+
+/// `count` tensors of odd lengths at odd element offsets in one flat 16-bit buffer (so the
+/// scalar head and tail, the vec4 middle and, packed, the pair path all run), their
+/// gradients at the same offsets in one f32 buffer (aligned alike, so vec4 runs) except the
+/// last, which sits in a buffer of its own one element off (scalar or pairs only).
+struct Layout {
+    lens: Vec<usize>,
+    offsets: Vec<usize>,
+}
+
+impl Layout {
+    fn new() -> Self {
+        let lens = vec![1, 3, 7, 64, 1029, 4101, 517];
+        let mut offsets = Vec::new();
+        let mut at = 1;
+        for len in &lens {
+            offsets.push(at);
+            at += len + 3;
+        }
+        Layout { lens, offsets }
+    }
+
+    fn end(&self) -> usize {
+        self.offsets.last().unwrap() + self.lens.last().unwrap() + 4
+    }
+}
+
+/// SGD with momentum 0.5 and lr 2^-6: every product is exact, so a fused multiply-add on
+/// the GPU rounds as the CPU's multiply then add, and the f32 values before the stores are
+/// identical; the stores then decide alone.
+fn exact_momentum() -> Sgd {
+    Sgd { lr: 1.0 / 64.0, momentum: 0.5, ..Sgd::default() }
+}
+
+fn gpu_run(
+    ctx: &GpuContext,
+    dtype: DType,
+    rounding: Rounding,
+    data: &Data,
+    steps: usize,
+) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let layout = &data.layout;
+    let flat = ctx.zeros("params", layout.end() as u64, dtype);
+    let params: Vec<Tensor> = layout
+        .offsets
+        .iter()
+        .zip(&layout.lens)
+        .map(|(o, n)| Tensor::new(&flat.buffer, (o * dtype.size() as usize) as u64, *n as u64, dtype))
+        .collect();
+    for (p, v) in params.iter().zip(&data.params) {
+        ctx.write(p, v).unwrap();
+    }
+    let count = layout.lens.len();
+    let grads: Vec<Vec<Tensor>> = data
+        .grads
+        .iter()
+        .map(|step| {
+            // A buffer per step, so that each step has its own values in flight.
+            let flat = ctx.upload("grads", &vec![0.0; layout.end()], DType::F32);
+            let last = ctx.upload("last", &vec![0.0; layout.lens[count - 1] + 2], DType::F32);
+            step.iter()
+                .enumerate()
+                .map(|(i, g)| {
+                    let t = if i + 1 == count {
+                        Tensor::new(&last.buffer, 4, g.len() as u64, DType::F32)
+                    } else {
+                        Tensor::new(&flat.buffer, (layout.offsets[i] * 4) as u64, g.len() as u64, DType::F32)
+                    };
+                    ctx.write(&t, g).unwrap();
+                    t
+                })
+                .collect()
+        })
+        .collect();
+    let mut opt = Optimizer::with_options(ctx, exact_momentum(), &params, options(rounding)).unwrap();
+    for g in grads.iter().take(steps) {
+        opt.step(g).unwrap();
+    }
+    let read = |t: &Tensor| ctx.read(t).unwrap();
+    let state = (0..count).map(|i| read(opt.state(i, StateKind::MomentumBuffer).unwrap())).collect();
+    (params.iter().map(read).collect(), state)
+}
+
+fn cpu_run(dtype: DType, rounding: Rounding, data: &Data, steps: usize) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let mut params: Vec<HostTensor> = data.params.iter().map(|p| host(p, dtype)).collect();
+    let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
+    let mut opt = CpuOptimizer::with_options(exact_momentum(), &slices, options(rounding)).unwrap();
+    for step in data.grads.iter().take(steps) {
+        let grads: Vec<HostTensor> = step.iter().map(|g| host(g, DType::F32)).collect();
+        let grads: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
+        let mut slices: Vec<HostSliceMut<'_>> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
+        opt.step(&mut slices, &grads).unwrap();
+    }
+    let state =
+        (0..params.len()).map(|i| opt.state(i, StateKind::MomentumBuffer).unwrap().to_f64()).collect();
+    (params.iter().map(HostTensor::to_f64).collect(), state)
+}
+
+/// Parameters and a few steps of gradients.
+struct Data {
+    layout: Layout,
+    params: Vec<Vec<f64>>,
+    grads: Vec<Vec<Vec<f64>>>,
+}
+
+fn data(dtype: DType, steps: usize) -> Data {
+    let layout = Layout::new();
+    let mut rng = Rng::new(11);
+    let params =
+        layout.lens.iter().map(|n| rng.vec(*n, 1.0).iter().map(|v| dtype.round(*v)).collect()).collect();
+    let grads = (0..steps).map(|_| layout.lens.iter().map(|n| rng.vec(*n, 1.0)).collect()).collect();
+    Data { layout, params, grads }
+}
+
+#[test]
+fn the_gpu_and_the_cpu_store_the_same_bits_for_a_seed() {
+    let steps = 3;
+    for (dtype, packed) in [(DType::BF16, false), (DType::F16, false), (DType::F16, true)] {
+        let ctx = ctx().with_packed_f16(packed);
+        let data = data(dtype, steps);
+        for rounding in [
+            Rounding::Stochastic { seed: 0x5eed_0000_0001, state: true },
+            Rounding::Stochastic { seed: 9, state: false },
+            Rounding::Kahan,
+        ] {
+            let what = format!("{dtype:?} (packed {packed}) {rounding:?}");
+            let (gpu_params, gpu_state) = gpu_run(&ctx, dtype, rounding, &data, steps);
+            let (cpu_params, cpu_state) = cpu_run(dtype, rounding, &data, steps);
+            for i in 0..gpu_params.len() {
+                assert_bits_eq(&format!("{what}: params[{i}]"), &gpu_params[i], &cpu_params[i]);
+                assert_bits_eq(&format!("{what}: momentum_buffer[{i}]"), &gpu_state[i], &cpu_state[i]);
+            }
+            // Not nearest rounding in disguise: the same run with nearest stores differs.
+            let (nearest, _) = cpu_run(dtype, Rounding::NearestEven, &data, steps);
+            let differing =
+                nearest.iter().flatten().zip(cpu_params.iter().flatten()).filter(|(a, b)| a != b).count();
+            assert!(differing > 100, "{what}: only {differing} elements differ from nearest rounding");
+        }
+    }
+}
+
+/// A different seed draws different bits; the same seed the same ones.
+#[test]
+fn the_seed_selects_the_draws() {
+    let data = data(DType::BF16, 2);
+    let run = |seed| cpu_run(DType::BF16, Rounding::Stochastic { seed, state: false }, &data, 2).0;
+    let (a, b, c) = (run(1), run(1), run(2));
+    assert_eq!(a, b);
+    let differing = a.iter().flatten().zip(c.iter().flatten()).filter(|(x, y)| x != y).count();
+    assert!(differing > 100, "seeds 1 and 2 differ in {differing} elements");
+}
+
+/// 2000 steps of updates a tenth of bf16's spacing (and less): nearest rounding loses every
+/// one of them, Kahan compensation keeps the sum to within about one spacing of f32's.
+#[test]
+fn kahan_compensation_tracks_the_f32_run_where_nearest_rounding_stalls() {
+    let n = 256;
+    let steps = 2000;
+    let sgd = Sgd { lr: 1.0 / 1024.0, ..Sgd::default() };
+    let mut rng = Rng::new(5);
+    let start: Vec<f64> = (0..n).map(|_| DType::BF16.round(1.0 + rng.uniform().abs())).collect();
+    let gradient: Vec<f64> = rng.vec(n, 0.5);
+    let g = host(&gradient, DType::F32);
+    let run = |dtype: DType, rounding: Rounding| {
+        let mut p = host(&start, dtype);
+        let mut opt = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap();
+        for _ in 0..steps {
+            opt.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
+        }
+        p.to_f64()
+    };
+    let reference = run(DType::F32, Rounding::NearestEven);
+    let error = |p: &[f64]| p.iter().zip(&reference).map(|(a, b)| (a - b).abs()).sum::<f64>() / n as f64;
+    let nearest = error(&run(DType::BF16, Rounding::NearestEven));
+    let kahan_values = run(DType::BF16, Rounding::Kahan);
+    let kahan = error(&kahan_values);
+    let stochastic = error(&run(DType::BF16, Rounding::Stochastic { seed: 1, state: false }));
+    // The updates sum to 2000 / 1024 * |g| ~ 0.49 on average; nearest keeps none of it.
+    assert!(nearest > 0.4, "nearest rounding's mean error {nearest}");
+    // bf16's spacing in [1, 4) is at most 2^-6 = 0.0156; Kahan is within half of it.
+    assert!(kahan < 0.008, "Kahan's mean error {kahan}");
+    assert!(nearest > 50.0 * kahan, "nearest {nearest} against Kahan {kahan}");
+    assert!(stochastic < 0.1 && stochastic > kahan, "stochastic rounding's mean error {stochastic}");
+
+    // The GPU stores the same bits (lr 2^-10: the products are exact, so fusion cannot differ).
+    let ctx = ctx();
+    let param = ctx.upload("p", &start, DType::BF16);
+    let grad = ctx.upload("g", &gradient, DType::F32);
+    let mut gpu =
+        Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&param), options(Rounding::Kahan)).unwrap();
+    for _ in 0..steps {
+        gpu.step(std::slice::from_ref(&grad)).unwrap();
+    }
+    assert_bits_eq("GPU Kahan parameters", &ctx.read(&param).unwrap(), &kahan_values);
+}
+
+/// Infinities and NaN store as with nearest rounding, and a non-finite residual leaves no
+/// compensation behind (so an infinite parameter stays infinite rather than turning NaN).
+#[test]
+fn nan_and_infinity_store_as_with_nearest_rounding() {
+    let ctx = ctx();
+    let start = [f64::INFINITY, f64::NEG_INFINITY, 1.0, 2.0, 3.0e38, 1.0];
+    let gradient = [1.0, 1.0, f64::NAN, f64::INFINITY, -3.0e38, 0.25];
+    for rounding in [Rounding::Kahan, Rounding::Stochastic { seed: 4, state: true }] {
+        for dtype in [DType::BF16, DType::F16] {
+            let sgd = Sgd { lr: 1.0, ..Sgd::default() };
+            let run_nearest = {
+                let mut p = host(&start, dtype);
+                let g = host(&gradient, DType::F32);
+                let mut opt = CpuOptimizer::new(sgd, &[p.as_slice()]).unwrap();
+                for _ in 0..2 {
+                    opt.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
+                }
+                p.to_f64()
+            };
+            let param = ctx.upload("p", &start, dtype);
+            let grad = ctx.upload("g", &gradient, DType::F32);
+            let mut opt =
+                Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&param), options(rounding)).unwrap();
+            opt.step(std::slice::from_ref(&grad)).unwrap();
+            opt.step(&[grad]).unwrap();
+            let got = ctx.read(&param).unwrap();
+            for k in 0..5 {
+                let (a, b) = (got[k], run_nearest[k]);
+                let same = (a.is_nan() && b.is_nan())
+                    || (a.is_infinite() && a == b)
+                    || (a.is_finite() && b.is_finite());
+                assert!(same, "{rounding:?} {dtype:?} [{k}]: got {a}, nearest rounding {b}");
+            }
+            if let Some(c) = opt.state(0, StateKind::KahanCompensation) {
+                let c = ctx.read(c).unwrap();
+                assert!(c[..4].iter().all(|v| *v == 0.0), "{dtype:?}: compensation {c:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_rounding_options_are_typed_errors_that_change_nothing() {
+    let ctx = ctx();
+    let values = [0.5, -0.25, 0.125];
+    let bf16 = ctx.upload("bf16", &values, DType::BF16);
+    let f32s = ctx.upload("f32", &values, DType::F32);
+    let sgd = Sgd::default();
+    let stochastic = Rounding::Stochastic { seed: 1, state: true };
+    for rounding in [stochastic, Rounding::Kahan] {
+        // f32 parameters: their stores are exact, the option would do nothing.
+        let err =
+            Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&f32s), options(rounding)).unwrap_err();
+        assert!(
+            matches!(&err, Error::DTypeMismatch { argument, got: DType::F32, .. } if argument == "params[0]"),
+            "{err}"
+        );
+        let err =
+            Optimizer::with_options(&ctx, sgd, &[bf16.clone(), f32s.clone()], options(rounding)).unwrap_err();
+        assert!(matches!(&err, Error::DTypeMismatch { argument, .. } if argument == "params[1]"), "{err}");
+        // Master weights and model copies: the f32 masters already keep the updates.
+        let masters = OptimizerOptions { master_weights: true, rounding, ..Default::default() };
+        let err = Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&bf16), masters).unwrap_err();
+        assert!(
+            matches!(err, Error::ConflictingOptions { first: "rounding", second: "master_weights", .. }),
+            "{err}"
+        );
+        let copy = ctx.upload("copy", &values, DType::BF16);
+        let copies = OptimizerOptions { model_copies: vec![copy], rounding, ..Default::default() };
+        let err = Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&f32s), copies).unwrap_err();
+        assert!(
+            matches!(err, Error::ConflictingOptions { first: "rounding", second: "model_copies", .. }),
+            "{err}"
+        );
+
+        let p = host(&values, DType::F32);
+        let err = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap_err();
+        assert!(matches!(&err, Error::DTypeMismatch { argument, .. } if argument == "params[0]"), "{err}");
+        let p = host(&values, DType::F16);
+        let masters = OptimizerOptions { master_weights: true, rounding, ..Default::default() };
+        let err = CpuOptimizer::with_options(sgd, &[p.as_slice()], masters).unwrap_err();
+        assert!(matches!(err, Error::ConflictingOptions { .. }), "{err}");
+    }
+    // Nothing was written.
+    assert_eq!(ctx.read(&bf16).unwrap(), values);
+    assert_eq!(ctx.read(&f32s).unwrap(), values);
+    // Nearest rounding takes any dtype, and keeps no compensation.
+    let opt = Optimizer::with_options(&ctx, sgd, &[f32s], options(Rounding::NearestEven)).unwrap();
+    assert!(opt.state(0, StateKind::KahanCompensation).is_none());
+}
