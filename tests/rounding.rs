@@ -136,10 +136,12 @@ fn exact_momentum() -> Sgd {
     Sgd { lr: 1.0 / 64.0, momentum: 0.5, ..Sgd::default() }
 }
 
+/// The GPU run of `data`; `capturable` takes the step (and so the hash's step) from the
+/// device's counter.
 fn gpu_run(
     ctx: &GpuContext,
     dtype: DType,
-    rounding: Rounding,
+    (rounding, capturable): (Rounding, bool),
     data: &Data,
     steps: usize,
 ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
@@ -176,7 +178,8 @@ fn gpu_run(
                 .collect()
         })
         .collect();
-    let mut opt = Optimizer::with_options(ctx, exact_momentum(), &params, options(rounding)).unwrap();
+    let options = OptimizerOptions { rounding, capturable, ..Default::default() };
+    let mut opt = Optimizer::with_options(ctx, exact_momentum(), &params, options).unwrap();
     for g in grads.iter().take(steps) {
         opt.step(g).unwrap();
     }
@@ -228,11 +231,14 @@ fn the_gpu_and_the_cpu_store_the_same_bits_for_a_seed() {
             Rounding::Kahan,
         ] {
             let what = format!("{dtype:?} (packed {packed}) {rounding:?}");
-            let (gpu_params, gpu_state) = gpu_run(&ctx, dtype, rounding, &data, steps);
             let (cpu_params, cpu_state) = cpu_run(dtype, rounding, &data, steps);
-            for i in 0..gpu_params.len() {
-                assert_bits_eq(&format!("{what}: params[{i}]"), &gpu_params[i], &cpu_params[i]);
-                assert_bits_eq(&format!("{what}: momentum_buffer[{i}]"), &gpu_state[i], &cpu_state[i]);
+            for capturable in [false, true] {
+                let (gpu_params, gpu_state) = gpu_run(&ctx, dtype, (rounding, capturable), &data, steps);
+                let what = format!("{what}, capturable {capturable}");
+                for i in 0..gpu_params.len() {
+                    assert_bits_eq(&format!("{what}: params[{i}]"), &gpu_params[i], &cpu_params[i]);
+                    assert_bits_eq(&format!("{what}: momentum_buffer[{i}]"), &gpu_state[i], &cpu_state[i]);
+                }
             }
             // Not nearest rounding in disguise: the same run with nearest stores differs.
             let (nearest, _) = cpu_run(dtype, Rounding::NearestEven, &data, steps);
