@@ -22,7 +22,7 @@ use std::time::Duration;
 use gpu::{Gpu, Source, StepClock};
 use model::{Metrics, Mlp, WIDTHS};
 use spirals::Spirals;
-use wgpu_optim::{Adam, DType, GpuContext, Optimizer};
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, Rounding};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 /// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it
@@ -50,18 +50,21 @@ fn step(gpu: &Gpu, model: &Mlp, optimizer: &mut Optimizer, grads: &[wgpu_optim::
     gpu.queue.submit([encoder.finish()]);
 }
 
-/// Trains `STEPS` steps of Adam and returns the metrics before and after.
+/// Trains `STEPS` steps of Adam and returns the metrics before and after: f32 in place,
+/// 16-bit parameters with master weights.
 fn train(dtype: DType) -> (Metrics, Metrics) {
+    let options = OptimizerOptions { master_weights: dtype != DType::F32, ..Default::default() };
+    train_with(dtype, options)
+}
+
+/// As [`train`], with the given optimizer options.
+fn train_with(dtype: DType, options: OptimizerOptions) -> (Metrics, Metrics) {
     let gpu = open();
     let data = Spirals::generate(0);
     let model = Mlp::new(&gpu.device, &gpu.queue, &data, dtype, 0).expect("model");
     let ctx = context(&gpu);
     let params = model.param_tensors();
-    let mut optimizer = match dtype {
-        DType::F32 => Optimizer::new(&ctx, Adam::default(), &params),
-        _ => Optimizer::master_weights(&ctx, Adam::default(), &params),
-    }
-    .expect("optimizer");
+    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, options).expect("optimizer");
     let grads = model.grad_tensors();
     let initial = model.evaluate().expect("initial metrics");
     for i in 1..=STEPS {
@@ -77,7 +80,10 @@ fn train(dtype: DType) -> (Metrics, Metrics) {
 }
 
 fn assert_learns(dtype: DType) {
-    let (initial, last) = train(dtype);
+    assert_learned(dtype, train(dtype));
+}
+
+fn assert_learned(dtype: DType, (initial, last): (Metrics, Metrics)) {
     println!("{dtype:?}: loss {:.4} -> {:.4}, accuracy {:.3}", initial.loss, last.loss, last.accuracy());
     assert!(initial.loss.is_finite() && last.loss.is_finite(), "{dtype:?}: {initial:?} -> {last:?}");
     assert!(
@@ -106,6 +112,16 @@ fn adam_f16_master_weights_lower_the_loss() {
         return;
     }
     assert_learns(DType::F16);
+}
+
+/// Pure bf16 training (no f32 masters, bf16 state) with each rounding that keeps small
+/// updates: the example's `--dtype bf16 --no-master-weights --rounding stochastic|kahan`.
+#[test]
+fn pure_bf16_training_with_stochastic_or_kahan_rounding_lowers_the_loss() {
+    for rounding in [Rounding::Stochastic { seed: 0, state: true }, Rounding::Kahan] {
+        let options = OptimizerOptions { rounding, ..Default::default() };
+        assert_learned(DType::BF16, train_with(DType::BF16, options));
+    }
 }
 
 /// A model and an optimizer as the example builds them, from `dir`'s checkpoint if given.

@@ -94,6 +94,7 @@ pub fn dtype_name(dtype: DType) -> &'static str {
 fn model_bytes(ctx: &GpuContext, model: &Mlp, state: &RunState) -> Result<Vec<u8>, BoxError> {
     let dtype = match model.dtype() {
         DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
         _ => Dtype::F32,
     };
     let mut tensors = Vec::new();
@@ -127,7 +128,8 @@ fn parse_model(bytes: &[u8], layout: &[crate::model::ParamSpec]) -> Result<Model
     let (dtype, file_dtype) = match field("dtype")?.as_str() {
         "f32" => (DType::F32, Dtype::F32),
         "f16" => (DType::F16, Dtype::F16),
-        other => return Err(format!("dtype `{other}` is neither f32 nor f16").into()),
+        "bf16" => (DType::BF16, Dtype::BF16),
+        other => return Err(format!("dtype `{other}` is not f32, f16 or bf16").into()),
     };
     let state = RunState {
         step: field("step")?.parse().map_err(|e| format!("`step`: {e}"))?,

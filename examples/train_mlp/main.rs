@@ -4,15 +4,19 @@
 //!
 //! ```text
 //! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov]
-//!     [--lr LR] [--steps N] [--dtype f32|f16] [--seed S] [--save DIR] [--resume DIR]
+//!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
+//!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
 //!     [--log-every N] [--quiet]
 //! ```
 //! The model is a 2 → 64 → 64 → 3 ReLU MLP on CS231n's three spirals (600 points, full
 //! batch). Each step is one command encoder (forward, backward, the optimizer's fused
 //! update) and one submit; the loss and accuracy are read back only every `--log-every`
-//! steps. `--dtype f16` keeps the model's parameters in f16 and runs the optimizer in
-//! master-weight mode (f32 master weights and state; the f16 copy written in the same
-//! dispatch).
+//! steps. `--dtype f16` (or `bf16`) keeps the model's parameters in f16 (bf16) and runs the
+//! optimizer in master-weight mode (f32 master weights and state; the 16-bit copy written
+//! in the same dispatch). `--no-master-weights` updates the 16-bit parameters in place
+//! instead, with state in the same dtype (pure 16-bit training), rounded as `--rounding`
+//! says: `nearest` (even; small updates are lost), `stochastic` (parameters and state, seeded
+//! with `--seed`) or `kahan` (a 16-bit compensation per parameter).
 //!
 //! `--steps N` counts the steps of this run (default 300, enough for Adam to pass 95 %
 //! training accuracy). `--save DIR` writes `DIR/optimizer.safetensors` (the crate's
@@ -36,7 +40,7 @@ use gpu::{Gpu, Source, StepClock};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Rounding, Sgd};
 
 /// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
 /// between steps 120 and 160 for seed 0 and ends at 99.2 % here (98.8 % to 99.2 % for seeds
@@ -44,7 +48,8 @@ use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd};
 const DEFAULT_STEPS: u64 = 300;
 
 const USAGE: &str = "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov] [--lr LR] [--steps N] \
-                     [--dtype f32|f16] [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--quiet]";
+                     [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
+                     [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--quiet]";
 
 /// The `--optimizer` choices, each with PyTorch's defaults (SGD: momentum 0.9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +102,9 @@ struct Options {
     lr: Option<f64>,
     steps: Option<u64>,
     dtype: Option<DType>,
+    /// 16-bit parameters updated in place, without f32 masters.
+    no_master_weights: bool,
+    rounding: RoundingChoice,
     seed: Option<u64>,
     save: Option<PathBuf>,
     resume: Option<PathBuf>,
@@ -114,6 +122,8 @@ fn options() -> Result<Options, String> {
             "--lr" => options.lr = Some(parse(&flag, &value()?)?),
             "--steps" => options.steps = Some(parse(&flag, &value()?)?),
             "--dtype" => options.dtype = Some(parse_dtype(&value()?)?),
+            "--no-master-weights" => options.no_master_weights = true,
+            "--rounding" => options.rounding = RoundingChoice::parse(&value()?)?,
             "--seed" => options.seed = Some(parse(&flag, &value()?)?),
             "--save" => options.save = Some(value()?.into()),
             "--resume" => options.resume = Some(value()?.into()),
@@ -144,7 +154,38 @@ fn parse_dtype(value: &str) -> Result<DType, String> {
     match value {
         "f32" => Ok(DType::F32),
         "f16" => Ok(DType::F16),
-        other => Err(format!("--dtype: `{other}` is not f32 or f16")),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!("--dtype: `{other}` is not f32, f16 or bf16")),
+    }
+}
+
+/// The `--rounding` choices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum RoundingChoice {
+    #[default]
+    Nearest,
+    Stochastic,
+    Kahan,
+}
+
+impl RoundingChoice {
+    fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name {
+            "nearest" => RoundingChoice::Nearest,
+            "stochastic" => RoundingChoice::Stochastic,
+            "kahan" => RoundingChoice::Kahan,
+            other => return Err(format!("--rounding: `{other}` is not nearest, stochastic or kahan")),
+        })
+    }
+
+    /// The crate's rounding; stochastic rounding is seeded with the run's seed and rounds the
+    /// 16-bit state too.
+    fn rounding(self, seed: u64) -> Rounding {
+        match self {
+            RoundingChoice::Nearest => Rounding::NearestEven,
+            RoundingChoice::Stochastic => Rounding::Stochastic { seed, state: true },
+            RoundingChoice::Kahan => Rounding::Kahan,
+        }
     }
 }
 
@@ -255,11 +296,13 @@ fn build_optimizer(
 ) -> Result<Optimizer, BoxError> {
     let params = model.param_tensors();
     let algorithm = plan.choice.algorithm();
-    let mut optimizer = match model.dtype() {
-        DType::F32 => Optimizer::new(ctx, algorithm, &params)?,
-        // Reads the model's f16 values (a checkpoint's, if written above) into f32 masters.
-        _ => Optimizer::master_weights(ctx, algorithm, &params)?,
-    };
+    // The crate refuses stochastic or Kahan rounding of f32 parameters or with masters.
+    let rounding = options.rounding.rounding(plan.state.seed);
+    // Master weights read the model's 16-bit values (a checkpoint's, if written above) into
+    // f32 masters; without them the 16-bit parameters are updated in place.
+    let master_weights = model.dtype() != DType::F32 && !options.no_master_weights;
+    let optimizer_options = OptimizerOptions { master_weights, rounding, ..Default::default() };
+    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, optimizer_options)?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;
         checkpoint::check_step(&optimizer, &plan.state)?;
@@ -302,7 +345,11 @@ fn describe(plan: &Plan, optimizer: &Optimizer, data: &Spirals) -> String {
         model::WIDTHS,
         model::param_count(),
         dtype_name(plan.state.dtype),
-        if plan.state.dtype == DType::F16 { ", f32 master weights and state" } else { "" },
+        match (plan.state.dtype, optimizer.model_copies().is_empty()) {
+            (DType::F32, _) => String::new(),
+            (_, false) => ", f32 master weights and state".to_string(),
+            (_, true) => format!(", no master weights, {:?} rounding", optimizer.rounding()),
+        },
         data.len(),
         plan.state.seed,
         plan.choice.name(),

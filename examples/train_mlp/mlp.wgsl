@@ -1,7 +1,7 @@
 // Forward and backward kernels of a fully connected ReLU network with softmax cross-entropy.
 //
-// The host prepends `alias Param = f32;` or `enable f16; alias Param = f16;`: parameters are
-// stored in the model's dtype, everything else (activations, deltas, gradients) is f32, and
+// The host prepends `alias Param = f32;` (or f16, or u32 holding pairs of bf16) and
+// `fn param(i) -> f32`, which reads parameter element i: parameters are stored in the model's dtype, everything else (activations, deltas, gradients) is f32, and
 // all arithmetic is f32.
 //
 // Each invocation computes one column of a block of four output rows, looping over the
@@ -45,7 +45,7 @@ struct Dims {
 const WG: u32 = 64u;
 
 fn weight(out_index: u32, in_index: u32) -> f32 {
-    return f32(params[dims.w + out_index * dims.in_dim + in_index]);
+    return param(dims.w + out_index * dims.in_dim + in_index);
 }
 
 // src[start + min(r, room) * step] for r = 0..3: a block of rows (or columns) that repeats
@@ -71,7 +71,7 @@ fn forward(@builtin(global_invocation_id) id: vec3<u32>, @builtin(workgroup_id) 
         return;
     }
     let room = min(dims.n - 1u - first, 3u);
-    var sum = vec4(f32(params[dims.b + o]));
+    var sum = vec4(param(dims.b + o));
     for (var k = 0u; k < dims.in_dim; k++) {
         sum += weight(o, k) * src4(first * dims.in_dim + k, dims.in_dim, room);
     }

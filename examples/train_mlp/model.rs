@@ -292,12 +292,12 @@ impl Mlp {
 /// f16 parameters need `SHADER_F16` for the kernels' `array<f16>`.
 fn check_dtype(device: &wgpu::Device, dtype: DType) -> Result<(), BoxError> {
     match dtype {
-        DType::F32 => Ok(()),
+        DType::F32 | DType::BF16 => Ok(()),
         DType::F16 if device.features().contains(wgpu::Features::SHADER_F16) => Ok(()),
         DType::F16 => Err("f16 parameters need the adapter feature SHADER_F16, which this device lacks \
                            (run with --dtype f32, or pick another adapter with WGPU_ADAPTER_NAME)"
             .into()),
-        other => Err(format!("the model stores its parameters as f32 or f16, not {other:?}").into()),
+        other => Err(format!("the model stores its parameters as f32, f16 or bf16, not {other:?}").into()),
     }
 }
 
@@ -349,8 +349,13 @@ fn record_pass(encoder: &mut wgpu::CommandEncoder, label: &str, dispatches: &[Di
 /// error value instead of wgpu's default panic.
 fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
     let header = match dtype {
-        DType::F16 => "enable f16;\nalias Param = f16;\n",
-        _ => "alias Param = f32;\n",
+        DType::F16 => "enable f16;\nalias Param = f16;\nfn param(i: u32) -> f32 { return f32(params[i]); }\n",
+        // Pairs of bf16 bits in each word, low half first.
+        DType::BF16 => {
+            "alias Param = u32;\n\
+             fn param(i: u32) -> f32 { return bitcast<f32>(((params[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu) << 16u); }\n"
+        }
+        _ => "alias Param = f32;\nfn param(i: u32) -> f32 { return params[i]; }\n",
     };
     let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
     // A driver that fails to compile a shader that validated reports an internal error.

@@ -11,7 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 use super::Optimizer;
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
-use crate::{Adagrad, Adam, Algorithm, DType, Error, Result, Sgd, Tensor};
+use crate::{Adagrad, Adam, Algorithm, DType, Error, Result, Rounding, Sgd, Tensor};
 
 /// The `format` metadata value of checkpoints this crate writes.
 pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/1";
@@ -42,6 +42,10 @@ impl Optimizer {
     ///   group's rate as the optimizer knows it ([`Optimizer::group_algorithm`]), not a value
     ///   a trainer wrote into [`Optimizer::lr_tensor`] on the device;
     /// - in master-weight mode, the f32 masters: `master.{i}`;
+    /// - with [`Rounding::Kahan`], each parameter's compensation in its dtype:
+    ///   `state.{i}.kahan_comp`;
+    /// - the rounding in the metadata: `rounding` ([`Rounding::name`]), and with stochastic
+    ///   rounding `rounding_seed` (decimal) and `rounding_state` (`true` or `false`);
     /// - `format` = [`CHECKPOINT_FORMAT`] in the metadata.
     ///
     /// It does not hold the model's parameters (outside master-weight mode the parameters are
@@ -55,7 +59,7 @@ impl Optimizer {
         let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
         for group in &self.groups {
             for i in group.first..group.first + group.len {
-                for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
+                for (kind, tensor) in self.state_kinds(&group.algorithm).iter().zip(&self.state[i]) {
                     let bytes = self.ctx.read_bytes(tensor)?;
                     owned.push((
                         format!("state.{i}.{}", kind.torch_name()),
@@ -94,11 +98,16 @@ impl Optimizer {
                 serde_json::Value::Object(map)
             })
             .collect();
-        let metadata = HashMap::from([
+        let mut metadata = HashMap::from([
             ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
             ("param_groups".to_string(), serde_json::Value::Array(groups).to_string()),
             ("step".to_string(), step.to_string()),
+            ("rounding".to_string(), self.rounding.name().to_string()),
         ]);
+        if let Rounding::Stochastic { seed, state } = self.rounding {
+            metadata.insert("rounding_seed".to_string(), seed.to_string());
+            metadata.insert("rounding_state".to_string(), state.to_string());
+        }
         let views = owned
             .iter()
             .map(|(name, dtype, shape, bytes)| {
@@ -159,7 +168,11 @@ impl Optimizer {
     /// copies (the masters rounded once), which needs `COPY_DST` on the model's buffers.
     /// Outside master-weight mode the parameters are not touched: load the model yourself.
     ///
-    /// The file must match the optimizer: the same number of groups, each with the same
+    /// With stochastic rounding it also replaces the seed (so a resumed run draws the bits
+    /// the uninterrupted run would have), and with Kahan rounding the compensations.
+    ///
+    /// The file must match the optimizer: the same rounding mode ([`Rounding::name`], and for
+    /// stochastic rounding the same `state` flag), the same number of groups, each with the same
     /// algorithm class and state tensors and the same parameter indices, and every tensor
     /// with the dtype and length of the optimizer's. All of it, and whether every target
     /// buffer takes its write, is checked before anything is written; on a mismatch
@@ -169,6 +182,16 @@ impl Optimizer {
         let checkpoint = Checkpoint::parse(bytes)?;
         let bad = |problem: String| Error::BadFile { path: "checkpoint".into(), problem };
         let (step, file) = (checkpoint.step, &checkpoint.file);
+        let same_mode = match (checkpoint.rounding, self.rounding) {
+            (Rounding::Stochastic { state: a, .. }, Rounding::Stochastic { state: b, .. }) => a == b,
+            (a, b) => a == b,
+        };
+        if !same_mode {
+            return Err(bad(format!(
+                "was saved with rounding {:?}, the optimizer rounds {:?}",
+                checkpoint.rounding, self.rounding
+            )));
+        }
         if checkpoint.groups.len() != self.groups.len() {
             return Err(bad(format!(
                 "{} parameter groups, the optimizer has {}",
@@ -216,7 +239,7 @@ impl Optimizer {
         };
         for group in &self.groups {
             for i in group.first..group.first + group.len {
-                for (kind, tensor) in group.algorithm.state_kinds().iter().zip(&self.state[i]) {
+                for (kind, tensor) in self.state_kinds(&group.algorithm).iter().zip(&self.state[i]) {
                     let name = kind.torch_name();
                     take(format!("state.{i}.{name}"), tensor, format!("{name}[{i}]"))?;
                 }
@@ -261,6 +284,8 @@ impl Optimizer {
         for (g, algorithm) in algorithms.into_iter().enumerate() {
             self.set_group_algorithm(g, algorithm)?;
         }
+        // The seed travels in the uniforms, which the next step rewrites (every group is dirty).
+        self.rounding = checkpoint.rounding;
         self.set_step_count(step)
     }
 }
@@ -363,6 +388,9 @@ pub struct Checkpoint<'a> {
     pub step: u64,
     /// Each parameter group's algorithm and parameter indices.
     pub groups: Vec<(Algorithm, Vec<usize>)>,
+    /// The rounding of 16-bit stores, with stochastic rounding's seed; checkpoints written
+    /// before rounding modes existed read as [`Rounding::NearestEven`].
+    pub rounding: Rounding,
     file: SafeTensors<'a>,
 }
 
@@ -398,6 +426,19 @@ impl<'a> Checkpoint<'a> {
                 .ok_or_else(|| bad(format!("param_groups[{g}].params is not a list of indices")))?;
             groups.push((algorithm, params));
         }
-        Ok(Checkpoint { step, groups, file })
+        let rounding = match meta.get("rounding").map(String::as_str) {
+            None | Some("nearest_even") => Rounding::NearestEven,
+            Some("kahan") => Rounding::Kahan,
+            Some("stochastic") => Rounding::Stochastic {
+                seed: field("rounding_seed")?
+                    .parse()
+                    .map_err(|e| bad(format!("`rounding_seed` is not a whole number: {e}")))?,
+                state: field("rounding_state")?
+                    .parse()
+                    .map_err(|e| bad(format!("`rounding_state` is not true or false: {e}")))?,
+            },
+            Some(other) => return Err(bad(format!("unknown rounding `{other}`"))),
+        };
+        Ok(Checkpoint { step, groups, rounding, file })
     }
 }
