@@ -139,6 +139,15 @@ impl Switches {
         }
     }
 
+    /// Fields of the family's uniform (each one `S`, the math type).
+    pub(crate) fn uniform_fields(&self) -> usize {
+        match self {
+            Switches::Adam(_) => AdamUniform::FIELDS.len(),
+            Switches::Momentum(_) => MomentumUniform::FIELDS.len(),
+            Switches::Adagrad(_) => AdagradUniform::FIELDS.len(),
+        }
+    }
+
     /// The WGSL declaration of the family's uniform, `struct Hyper`.
     pub(crate) fn uniform_wgsl(&self) -> String {
         match self {

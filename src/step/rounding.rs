@@ -127,14 +127,19 @@ impl RoundingHeader {
         slot[at..at + Self::BYTES as usize].copy_from_slice(bytemuck::bytes_of(self));
     }
 
-    /// `struct RoundingState` and `struct HyperSlot` (the family's `Hyper`, then the header
-    /// at [`Self::OFFSET`]) in WGSL.
-    pub(crate) fn wgsl() -> String {
+    /// `struct RoundingState` and `struct HyperSlot` (the family's `Hyper` of `hyper_bytes`,
+    /// padding, then the header at [`Self::OFFSET`]) in WGSL. The padding is an explicit
+    /// array rather than `@size`, which naga's GLSL output does not honour (on the GL backend
+    /// the header was read from the wrong place).
+    pub(crate) fn wgsl(hyper_bytes: u64) -> String {
         let fields = [("seed_lo", "u32"), ("seed_hi", "u32"), ("step", "u32"), ("reserved", "u32")];
         let mut s = wgsl_struct("RoundingState", fields.into_iter());
+        // A struct member of the uniform address space takes a multiple of 16 bytes.
+        let pad = (Self::OFFSET - hyper_bytes.next_multiple_of(16)) / 16;
+        let padding =
+            if pad > 0 { format!("    padding: array<vec4<u32>, {pad}>,\n") } else { String::new() };
         s.push_str(&format!(
-            "struct HyperSlot {{\n    @size({}) hyper: Hyper,\n    rounding: RoundingState,\n}}\n",
-            Self::OFFSET
+            "struct HyperSlot {{\n    hyper: Hyper,\n{padding}    rounding: RoundingState,\n}}\n"
         ));
         s
     }
@@ -238,8 +243,10 @@ mod tests {
 
     #[test]
     fn the_wgsl_header_sits_at_the_end_of_the_uniform_slot() {
-        let wgsl = RoundingHeader::wgsl();
-        assert!(wgsl.contains("@size(240) hyper: Hyper"), "{wgsl}");
+        // Eleven f32 fields: 48 bytes, then 12 vec4s of padding up to byte 240.
+        let wgsl = RoundingHeader::wgsl(44);
+        assert!(wgsl.contains("padding: array<vec4<u32>, 12>"), "{wgsl}");
+        assert!(!RoundingHeader::wgsl(240).contains("padding"));
         assert_eq!(RoundingHeader::OFFSET + RoundingHeader::BYTES, UNIFORM_SLOT_BYTES);
         let mut slot = vec![0u8; UNIFORM_SLOT_BYTES as usize];
         RoundingHeader::new(0x0123_4567_89ab_cdef, 7).write(&mut slot);
