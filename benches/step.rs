@@ -1,13 +1,12 @@
 //! `cargo bench`: one Adam step on the GPU (submit to completion: f32, f16 on both paths,
-//! bf16, many tensors), on the CPU backend (f32, bf16, many tensors; `cpu_half` has the
-//! f16 and bf16 details) and on the f64 oracle, and the host time to record a step, so
-//! regressions show in criterion's usual reports.
+//! bf16, many tensors) and on the f64 oracle, and the host time to record a step, so
+//! regressions show in criterion's usual reports. The CPU backend's steps (f32, f16, bf16,
+//! one tensor and many) are in `benches/cpu_half.rs`.
 
 #[path = "../examples/bench/shapes.rs"]
 mod shapes;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{torch_adam_step, TorchAdamState};
 use wgpu_optim::{Adam, DType, GpuContext, Optimizer, Tensor};
 
@@ -62,34 +61,6 @@ fn gpu_adam(c: &mut Criterion) {
     group.finish();
 }
 
-fn cpu_adam(c: &mut Criterion) {
-    let mut group = c.benchmark_group("cpu_step");
-    let cases: [(&str, Vec<usize>); 2] = [("adam_1Mi", vec![1 << 20]), ("adam_200x4096", vec![4096; 200])];
-    for (name, sizes) in cases {
-        for dtype in [DType::F32, DType::BF16] {
-            let mut params: Vec<HostTensor> = sizes
-                .iter()
-                .map(|&n| HostTensor::filled(dtype, n, 0.5).unwrap_or_else(|e| panic!("{e}")))
-                .collect();
-            let grads: Vec<HostTensor> = sizes
-                .iter()
-                .map(|&n| HostTensor::filled(dtype, n, 1e-3).unwrap_or_else(|e| panic!("{e}")))
-                .collect();
-            let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::new(Adam::default(), &views).unwrap_or_else(|e| panic!("{e}"));
-            let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
-            group.throughput(Throughput::Elements(sizes.iter().sum::<usize>() as u64));
-            group.bench_function(format!("{name}_{dtype:?}"), |b| {
-                b.iter(|| {
-                    let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
-                    optimizer.step(&mut views, &grad_views).unwrap_or_else(|e| panic!("{e}"));
-                })
-            });
-        }
-    }
-    group.finish();
-}
-
 fn oracle_adam(c: &mut Criterion) {
     let mut group = c.benchmark_group("oracle_step");
     let n = 1usize << 12;
@@ -135,5 +106,5 @@ fn record_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_adam, cpu_adam, oracle_adam, record_step);
+criterion_group!(benches, gpu_adam, oracle_adam, record_step);
 criterion_main!(benches);

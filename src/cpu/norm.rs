@@ -38,26 +38,21 @@ fn fold(chunk: HostSlice<'_>, norm: NormType) -> f64 {
         NormType::L2 => sum_of_squares(values),
         NormType::Inf => max_magnitude(values),
     };
+    let combine = |a: f64, b: f64| match norm {
+        NormType::L2 => a + b,
+        NormType::Inf => max_propagating_nan(a, b),
+    };
     let mut scratch = [0f32; BLOCK];
-    let mut partials = Vec::new();
     match chunk {
-        HostSlice::F32(v) => partials.push(fold_f32(v)),
-        HostSlice::F16(v) => {
-            for block in v.chunks(BLOCK) {
-                f16_to_f32(block, &mut scratch[..block.len()]);
-                partials.push(fold_f32(&scratch[..block.len()]));
-            }
-        }
-        HostSlice::BF16(v) => {
-            for block in v.chunks(BLOCK) {
-                bf16_to_f32(block, &mut scratch[..block.len()]);
-                partials.push(fold_f32(&scratch[..block.len()]));
-            }
-        }
-    }
-    match norm {
-        NormType::L2 => partials.iter().sum(),
-        NormType::Inf => partials.into_iter().fold(0.0, max_propagating_nan),
+        HostSlice::F32(v) => fold_f32(v),
+        HostSlice::F16(v) => v.chunks(BLOCK).fold(0.0, |acc, block| {
+            f16_to_f32(block, &mut scratch[..block.len()]);
+            combine(acc, fold_f32(&scratch[..block.len()]))
+        }),
+        HostSlice::BF16(v) => v.chunks(BLOCK).fold(0.0, |acc, block| {
+            bf16_to_f32(block, &mut scratch[..block.len()]);
+            combine(acc, fold_f32(&scratch[..block.len()]))
+        }),
     }
 }
 
