@@ -4,9 +4,10 @@
 //! Every switch is a const generic: each combination is its own loop with no branch per
 //! element, which the compiler vectorizes. [`Kernel::new`] picks the loop once per step.
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::convert::bf16_bits;
+use super::f16_lanes;
 use crate::step::{
     AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
     MomentumSwitches, MomentumUniform,
@@ -17,7 +18,8 @@ pub(super) const MAX_STATE: usize = 3;
 
 /// A storage type the loops read and write directly: f32, or bf16, whose conversions are
 /// integer operations the compiler vectorizes with the update, so a bf16 step is one pass
-/// (f16 and mixed storage go through f32 blocks, `super::storage`).
+/// (f16 converts eight elements per instruction, `super::f16_lanes`; mixed storage goes
+/// through f32 blocks, `super::storage`).
 pub(super) trait Element: Copy + Send + Sync {
     fn widen(self) -> f32;
     /// Rounded to nearest even, as `shaders/convert.wgsl` stores it.
@@ -60,12 +62,57 @@ pub(super) struct Operands<'a, E = f32> {
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
 type Loop<U, E = f32> = fn(&U, f32, Operands<'_, E>);
 
-/// One step of one family: the f32 uniform the GPU kernel would read, and the loop compiled
-/// for its switches.
+/// A family's loop compiled for its switches, for each storage type the loops take directly.
+struct Loops<U> {
+    f32: Loop<U>,
+    bf16: Loop<U, bf16>,
+    f16: Loop<U, f16>,
+}
+
+/// One step of one family: the f32 uniform the GPU kernel would read, and its loops.
 enum Update {
-    Adam(AdamUniform, Loop<AdamUniform>, Loop<AdamUniform, bf16>),
-    Momentum(MomentumUniform, Loop<MomentumUniform>, Loop<MomentumUniform, bf16>),
-    Adagrad(AdagradUniform, Loop<AdagradUniform>, Loop<AdagradUniform, bf16>),
+    Adam(AdamUniform, Loops<AdamUniform>),
+    Momentum(MomentumUniform, Loops<MomentumUniform>),
+    Adagrad(AdagradUniform, Loops<AdagradUniform>),
+}
+
+/// The loop of one storage type for each family's switches, so that one selection tree
+/// per family serves every storage type.
+trait Leaves: Sized {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>;
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self>;
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
+}
+
+/// f32 and bf16: the loops that convert each element in registers.
+impl<T: Element> Leaves for T {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
+    {
+        adam::<T, A, E, M, D, F>
+    }
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum::<T, M, W, V, N, R>
+    }
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        adagrad::<T, M, W>
+    }
+}
+
+/// f16: the loops that convert eight elements at a time (`f16_lanes`).
+impl Leaves for f16 {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
+    {
+        adam_f16::<A, E, M, D, F>
+    }
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum_f16::<M, W, V, N, R>
+    }
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        adagrad_f16::<M, W>
+    }
 }
 
 /// One step's update, with the coefficient every gradient is multiplied by as it is loaded
@@ -90,9 +137,9 @@ impl Kernel {
     pub(super) fn run(&self, operands: Operands<'_>) {
         let scale = self.grad_scale;
         match &self.update {
-            Update::Adam(uniform, update, _) => update(uniform, scale, operands),
-            Update::Momentum(uniform, update, _) => update(uniform, scale, operands),
-            Update::Adagrad(uniform, update, _) => update(uniform, scale, operands),
+            Update::Adam(uniform, loops) => (loops.f32)(uniform, scale, operands),
+            Update::Momentum(uniform, loops) => (loops.f32)(uniform, scale, operands),
+            Update::Adagrad(uniform, loops) => (loops.f32)(uniform, scale, operands),
         }
     }
 
@@ -100,9 +147,20 @@ impl Kernel {
     pub(super) fn run_bf16(&self, operands: Operands<'_, bf16>) {
         let scale = self.grad_scale;
         match &self.update {
-            Update::Adam(uniform, _, update) => update(uniform, scale, operands),
-            Update::Momentum(uniform, _, update) => update(uniform, scale, operands),
-            Update::Adagrad(uniform, _, update) => update(uniform, scale, operands),
+            Update::Adam(uniform, loops) => (loops.bf16)(uniform, scale, operands),
+            Update::Momentum(uniform, loops) => (loops.bf16)(uniform, scale, operands),
+            Update::Adagrad(uniform, loops) => (loops.bf16)(uniform, scale, operands),
+        }
+    }
+
+    /// Updates every element of `operands`, all stored as f16. Only where
+    /// `f16_lanes::available()`; elsewhere the blocked path is faster.
+    pub(super) fn run_f16(&self, operands: Operands<'_, f16>) {
+        let scale = self.grad_scale;
+        match &self.update {
+            Update::Adam(uniform, loops) => (loops.f16)(uniform, scale, operands),
+            Update::Momentum(uniform, loops) => (loops.f16)(uniform, scale, operands),
+            Update::Adagrad(uniform, loops) => (loops.f16)(uniform, scale, operands),
         }
     }
 }
@@ -111,20 +169,31 @@ impl Update {
     fn new(step: &KernelStep) -> Self {
         match step {
             KernelStep::Adam(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Update::Adam(uniform, adam_loop(switches, &uniform), adam_loop(switches, &uniform))
+                let u = uniform.to_f32();
+                let loops = Loops {
+                    f32: adam_loop(switches, &u),
+                    bf16: adam_loop(switches, &u),
+                    f16: adam_loop(switches, &u),
+                };
+                Update::Adam(u, loops)
             }
             KernelStep::Momentum(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Update::Momentum(
-                    uniform,
-                    momentum_loop(switches, &uniform),
-                    momentum_loop(switches, &uniform),
-                )
+                let u = uniform.to_f32();
+                let loops = Loops {
+                    f32: momentum_loop(switches, &u),
+                    bf16: momentum_loop(switches, &u),
+                    f16: momentum_loop(switches, &u),
+                };
+                Update::Momentum(u, loops)
             }
             KernelStep::Adagrad(switches, uniform) => {
-                let uniform = uniform.to_f32();
-                Update::Adagrad(uniform, adagrad_loop(switches, &uniform), adagrad_loop(switches, &uniform))
+                let u = uniform.to_f32();
+                let loops = Loops {
+                    f32: adagrad_loop(switches, &u),
+                    bf16: adagrad_loop(switches, &u),
+                    f16: adagrad_loop(switches, &u),
+                };
+                Update::Adagrad(u, loops)
             }
         }
     }
@@ -218,17 +287,54 @@ fn adam<
     }
 }
 
-fn adam_loop<T: Element>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
-    fn moment<T: Element, const A: bool, const E: bool, const M: bool, const D: u8>(
+/// [`adam`] on f16 operands, eight elements at a time.
+fn adam_f16<
+    const AMSGRAD: bool,
+    const EPS_AFTER_CORRECTION: bool,
+    const MAXIMIZE: bool,
+    const DECAY: u8,
+    const MOMENT: u8,
+>(
+    hp: &AdamUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
+    let [exp_avg, exp_avg_sq, max_exp_avg_sq] = o.state;
+    if AMSGRAD {
+        f16_lanes::each(
+            [o.param, exp_avg, exp_avg_sq, max_exp_avg_sq],
+            o.grad,
+            #[inline(always)]
+            |g, [p, m, v, v_max]| {
+                let new = update(hp, p, g * scale, m, v, v_max);
+                [new.0, new.1, new.2, new.3]
+            },
+        );
+    } else {
+        f16_lanes::each(
+            [o.param, exp_avg, exp_avg_sq],
+            o.grad,
+            #[inline(always)]
+            |g, [p, m, v]| {
+                let new = update(hp, p, g * scale, m, v, 0.0);
+                [new.0, new.1, new.2]
+            },
+        );
+    }
+}
+
+fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn moment<T: Leaves, const A: bool, const E: bool, const M: bool, const D: u8>(
         s: &AdamSwitches,
     ) -> Loop<AdamUniform, T> {
         match s.first_moment {
-            FirstMoment::Linear => adam::<T, A, E, M, D, LINEAR>,
-            FirstMoment::LerpFromMoment => adam::<T, A, E, M, D, LERP_FROM_MOMENT>,
-            FirstMoment::LerpFromGrad => adam::<T, A, E, M, D, LERP_FROM_GRAD>,
+            FirstMoment::Linear => T::adam::<A, E, M, D, LINEAR>(),
+            FirstMoment::LerpFromMoment => T::adam::<A, E, M, D, LERP_FROM_MOMENT>(),
+            FirstMoment::LerpFromGrad => T::adam::<A, E, M, D, LERP_FROM_GRAD>(),
         }
     }
-    fn decay<T: Element, const A: bool, const E: bool, const M: bool>(
+    fn decay<T: Leaves, const A: bool, const E: bool, const M: bool>(
         s: &AdamSwitches,
         u: &AdamUniform,
     ) -> Loop<AdamUniform, T> {
@@ -240,7 +346,7 @@ fn adam_loop<T: Element>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform,
             moment::<T, A, E, M, NO_DECAY>(s)
         }
     }
-    fn maximize<T: Element, const A: bool, const E: bool>(
+    fn maximize<T: Leaves, const A: bool, const E: bool>(
         s: &AdamSwitches,
         u: &AdamUniform,
     ) -> Loop<AdamUniform, T> {
@@ -250,7 +356,7 @@ fn adam_loop<T: Element>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform,
             decay::<T, A, E, false>(s, u)
         }
     }
-    fn eps<T: Element, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn eps<T: Leaves, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
         match s.eps {
             EpsPlacement::AfterCorrection => maximize::<T, A, true>(s, u),
             EpsPlacement::OnRoot => maximize::<T, A, false>(s, u),
@@ -320,19 +426,53 @@ fn momentum<
     }
 }
 
-fn momentum_loop<E: Element>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform, E> {
+/// [`momentum`] on f16 operands, eight elements at a time.
+fn momentum_f16<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let [buffer, ..] = o.state;
+    if VELOCITY {
+        f16_lanes::each(
+            [o.param, buffer],
+            o.grad,
+            #[inline(always)]
+            |g, [p, v]| {
+                let (p, v) = update(hp, p, g * scale, v);
+                [p, v]
+            },
+        );
+    } else {
+        f16_lanes::each(
+            [o.param],
+            o.grad,
+            #[inline(always)]
+            |g, [p]| [update(hp, p, g * scale, 0.0).0],
+        );
+    }
+}
+
+fn momentum_loop<E: Leaves>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<MomentumUniform, E> {
     // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
     // same for every element: here they pick the loop.
-    fn restart<E: Element, const M: bool, const W: bool, const N: bool>(
+    fn restart<E: Leaves, const M: bool, const W: bool, const N: bool>(
         restart: bool,
     ) -> Loop<MomentumUniform, E> {
         if restart {
-            momentum::<E, M, W, true, N, true>
+            E::momentum::<M, W, true, N, true>()
         } else {
-            momentum::<E, M, W, true, N, false>
+            E::momentum::<M, W, true, N, false>()
         }
     }
-    fn velocity<E: Element, const M: bool, const W: bool>(
+    fn velocity<E: Leaves, const M: bool, const W: bool>(
         s: &MomentumSwitches,
         u: &MomentumUniform,
     ) -> Loop<MomentumUniform, E> {
@@ -340,10 +480,10 @@ fn momentum_loop<E: Element>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<
             (true, true) => restart::<E, M, W, true>(u.restart != 0.0),
             (true, false) => restart::<E, M, W, false>(u.restart != 0.0),
             // Without a buffer neither Nesterov nor the restart has any effect.
-            (false, _) => momentum::<E, M, W, false, false, false>,
+            (false, _) => E::momentum::<M, W, false, false, false>(),
         }
     }
-    fn weight_decay<E: Element, const M: bool>(
+    fn weight_decay<E: Leaves, const M: bool>(
         s: &MomentumSwitches,
         u: &MomentumUniform,
     ) -> Loop<MomentumUniform, E> {
@@ -393,11 +533,30 @@ fn adagrad<E: Element, const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
     }
 }
 
-fn adagrad_loop<E: Element>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform, E> {
+/// [`adagrad`] on f16 operands, eight elements at a time.
+fn adagrad_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
+    hp: &AdagradUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
+    let [sum, ..] = o.state;
+    f16_lanes::each(
+        [o.param, sum],
+        o.grad,
+        #[inline(always)]
+        |g, [p, h]| {
+            let (p, h) = update(hp, p, g * scale, h);
+            [p, h]
+        },
+    );
+}
+
+fn adagrad_loop<E: Leaves>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform, E> {
     match (s.maximize, u.weight_decay != 0.0) {
-        (false, false) => adagrad::<E, false, false>,
-        (false, true) => adagrad::<E, false, true>,
-        (true, false) => adagrad::<E, true, false>,
-        (true, true) => adagrad::<E, true, true>,
+        (false, false) => E::adagrad::<false, false>(),
+        (false, true) => E::adagrad::<false, true>(),
+        (true, false) => E::adagrad::<true, false>(),
+        (true, true) => E::adagrad::<true, true>(),
     }
 }

@@ -26,6 +26,7 @@
 //! ```
 
 mod convert;
+mod f16_lanes;
 mod host;
 mod kernels;
 mod norm;
