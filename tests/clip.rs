@@ -221,13 +221,7 @@ fn bad_clip_settings_are_refused_before_anything_is_built() {
 #[test]
 fn webgpus_eight_storage_bindings_refuse_the_widest_clipped_step_by_name() {
     // A device with exactly WebGPU's default limits: 8 storage buffers per shader stage.
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
-        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
-    let descriptor =
-        wgpu::DeviceDescriptor { required_limits: wgpu::Limits::default(), ..Default::default() };
-    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).unwrap();
-    let ctx = wgpu_optim::GpuContext::from_device(device, queue);
+    let ctx = common::ctx_with_limits(wgpu::Limits::default());
     assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 8);
     // lr 0.1: a change the bf16 model copy can show.
     let amsgrad = Adam { lr: 0.1, amsgrad: true, ..Adam::default() };

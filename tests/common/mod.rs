@@ -23,6 +23,18 @@ pub fn fresh_ctx() -> GpuContext {
     GpuContext::headless_blocking().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
 }
 
+/// A context on a device created with exactly `limits` (on the adapter wgpu picks, as
+/// `ctx`), to check what the crate does within a smaller device than the adapter offers.
+pub fn ctx_with_limits(limits: wgpu::Limits) -> GpuContext {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+    let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))
+        .unwrap_or_else(|e| panic!("the adapter refused a device with smaller limits: {e}"));
+    GpuContext::from_device(device, queue)
+}
+
 /// SplitMix64: deterministic, dependency-free test data.
 pub struct Rng(u64);
 
