@@ -37,46 +37,49 @@ pub(super) fn f32_to_f16(values: &[f32], out: &mut [f16]) {
     out.convert_from_f32_slice(values);
 }
 
-/// The F16C loops. `fearless_simd::kernel!` compiles each body with the features its token
-/// proves the CPU has, which makes the intrinsics safe to call there.
+/// The F16C loops: `f16_lanes`' register conversions, inlined into a loop that `vectorize`
+/// compiles with the features its token proves the CPU has.
 #[cfg(target_arch = "x86_64")]
 mod f16c {
-    use std::arch::x86_64::{__m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT};
-
+    use fearless_simd::{Avx2, Simd};
     use half::f16;
     use half::slice::HalfFloatSliceExt;
 
-    fearless_simd::kernel!(
-        /// Widens `values` into `out` (of the same length).
-        pub(super) fn f16_to_f32(avx2: Avx2, values: &[f16], out: &mut [f32]) {
-            let (eights, tail) = values.split_at(values.len() / 8 * 8);
-            let (out_eights, out_tail) = out.split_at_mut(eights.len());
-            let eights: &[[f16; 8]] = bytemuck::cast_slice(eights);
-            let out_eights: &mut [[f32; 8]] = bytemuck::cast_slice_mut(out_eights);
-            for (v, o) in eights.iter().zip(out_eights) {
-                let widened = _mm256_cvtph_ps(bytemuck::cast::<[f16; 8], __m128i>(*v));
-                *o = bytemuck::cast::<__m256, [f32; 8]>(widened);
-            }
-            tail.convert_to_f32_slice(out_tail);
-        }
-    );
+    use crate::cpu::f16_lanes::f16c::{narrow, widen};
 
-    fearless_simd::kernel!(
-        /// Rounds `values` into `out` (of the same length): the rounding is the
-        /// instruction's own, to nearest even, not MXCSR's.
-        pub(super) fn f32_to_f16(avx2: Avx2, values: &[f32], out: &mut [f16]) {
-            let (eights, tail) = values.split_at(values.len() / 8 * 8);
-            let (out_eights, out_tail) = out.split_at_mut(eights.len());
-            let eights: &[[f32; 8]] = bytemuck::cast_slice(eights);
-            let out_eights: &mut [[f16; 8]] = bytemuck::cast_slice_mut(out_eights);
-            for (v, o) in eights.iter().zip(out_eights) {
-                let narrowed =
-                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 8], __m256>(*v));
-                *o = bytemuck::cast::<__m128i, [f16; 8]>(narrowed);
-            }
-            out_tail.convert_from_f32_slice(tail);
-        }
-    );
+    /// Widens `values` into `out` (of the same length).
+    pub(super) fn f16_to_f32(avx2: Avx2, values: &[f16], out: &mut [f32]) {
+        avx2.vectorize(
+            #[inline(always)]
+            || {
+                let (eights, tail) = values.split_at(values.len() / 8 * 8);
+                let (out_eights, out_tail) = out.split_at_mut(eights.len());
+                let eights: &[[f16; 8]] = bytemuck::cast_slice(eights);
+                let out_eights: &mut [[f32; 8]] = bytemuck::cast_slice_mut(out_eights);
+                for (v, o) in eights.iter().zip(out_eights) {
+                    *o = widen(avx2, *v);
+                }
+                tail.convert_to_f32_slice(out_tail);
+            },
+        )
+    }
+
+    /// Rounds `values` into `out` (of the same length), to nearest even.
+    pub(super) fn f32_to_f16(avx2: Avx2, values: &[f32], out: &mut [f16]) {
+        avx2.vectorize(
+            #[inline(always)]
+            || {
+                let (eights, tail) = values.split_at(values.len() / 8 * 8);
+                let (out_eights, out_tail) = out.split_at_mut(eights.len());
+                let eights: &[[f32; 8]] = bytemuck::cast_slice(eights);
+                let out_eights: &mut [[f16; 8]] = bytemuck::cast_slice_mut(out_eights);
+                for (v, o) in eights.iter().zip(out_eights) {
+                    *o = narrow(avx2, *v);
+                }
+                out_tail.convert_from_f32_slice(tail);
+            },
+        )
+    }
 }
 
 /// Widens `values` into `out` (of the same length).

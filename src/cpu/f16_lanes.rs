@@ -44,8 +44,10 @@ pub(super) fn each<const N: usize>(
     }
 }
 
+/// The conversions of one register, and the loop around the update. `convert` widens and
+/// narrows its scratch blocks with the same two conversions.
 #[cfg(target_arch = "x86_64")]
-mod f16c {
+pub(super) mod f16c {
     use std::arch::x86_64::{__m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT};
 
     use fearless_simd::{Avx2, Simd};
@@ -54,8 +56,9 @@ mod f16c {
     use super::LANES;
 
     fearless_simd::kernel!(
+        /// Exact.
         #[inline(always)]
-        fn widen(avx2: Avx2, values: [f16; 8]) -> [f32; 8] {
+        pub(in crate::cpu) fn widen(avx2: Avx2, values: [f16; 8]) -> [f32; 8] {
             bytemuck::cast::<__m256, [f32; 8]>(_mm256_cvtph_ps(bytemuck::cast::<[f16; 8], __m128i>(values)))
         }
     );
@@ -63,7 +66,7 @@ mod f16c {
     fearless_simd::kernel!(
         /// To nearest even: the instruction's own rounding, not MXCSR's.
         #[inline(always)]
-        fn narrow(avx2: Avx2, values: [f32; 8]) -> [f16; 8] {
+        pub(in crate::cpu) fn narrow(avx2: Avx2, values: [f32; 8]) -> [f16; 8] {
             let narrowed =
                 _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 8], __m256>(values));
             bytemuck::cast::<__m128i, [f16; 8]>(narrowed)

@@ -244,8 +244,30 @@ pub(crate) fn not_f64(argument: &str) -> Error {
     }
 }
 
+/// An element type of the host slices: the slice itself, when a slice holds this type.
+pub(super) trait HostElement: Sized {
+    fn of<'s>(values: HostSlice<'s>) -> Option<&'s [Self]>;
+    fn of_mut<'s>(values: &'s mut HostSliceMut<'_>) -> Option<&'s mut [Self]>;
+}
+
 macro_rules! host_from {
     ($($t:ty => $variant:ident),*) => {$(
+        impl HostElement for $t {
+            fn of<'s>(values: HostSlice<'s>) -> Option<&'s [Self]> {
+                match values {
+                    HostSlice::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+
+            fn of_mut<'s>(values: &'s mut HostSliceMut<'_>) -> Option<&'s mut [Self]> {
+                match values {
+                    HostSliceMut::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+
         impl<'a> From<&'a [$t]> for HostSlice<'a> {
             fn from(values: &'a [$t]) -> Self {
                 HostSlice::$variant(values)

@@ -21,12 +21,18 @@ pub(super) const MAX_STATE: usize = 3;
 /// (f16 converts eight elements per instruction, `super::f16_lanes`; mixed storage goes
 /// through f32 blocks, `super::storage`).
 pub(super) trait Element: Copy + Send + Sync {
+    /// This type's loop among a family's `loops`.
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
     fn widen(self) -> f32;
     /// Rounded to nearest even, as `shaders/convert.wgsl` stores it.
     fn narrow(x: f32) -> Self;
 }
 
 impl Element for f32 {
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
+        loops.f32
+    }
+
     #[inline(always)]
     fn widen(self) -> f32 {
         self
@@ -39,6 +45,10 @@ impl Element for f32 {
 }
 
 impl Element for bf16 {
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
+        loops.bf16
+    }
+
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
@@ -60,10 +70,10 @@ pub(super) struct Operands<'a, E = f32> {
 }
 
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
-type Loop<U, E = f32> = fn(&U, f32, Operands<'_, E>);
+pub(super) type Loop<U, E = f32> = fn(&U, f32, Operands<'_, E>);
 
 /// A family's loop compiled for its switches, for each storage type the loops take directly.
-struct Loops<U> {
+pub(super) struct Loops<U> {
     f32: Loop<U>,
     bf16: Loop<U, bf16>,
     f16: Loop<U, f16>,
@@ -78,7 +88,9 @@ enum Update {
 
 /// The loop of one storage type for each family's switches, so that one selection tree
 /// per family serves every storage type.
-trait Leaves: Sized {
+pub(super) trait Leaves: Sized {
+    /// This storage type's loop among a family's `loops`.
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
     fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>;
     fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
     ) -> Loop<MomentumUniform, Self>;
@@ -87,6 +99,9 @@ trait Leaves: Sized {
 
 /// f32 and bf16: the loops that convert each element in registers.
 impl<T: Element> Leaves for T {
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
+        T::pick(loops)
+    }
     fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
     {
         adam::<T, A, E, M, D, F>
@@ -102,6 +117,9 @@ impl<T: Element> Leaves for T {
 
 /// f16: the loops that convert eight elements at a time (`f16_lanes`).
 impl Leaves for f16 {
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
+        loops.f16
+    }
     fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
     {
         adam_f16::<A, E, M, D, F>
@@ -133,36 +151,27 @@ impl Kernel {
         Kernel { grad_scale, ..self }
     }
 
-    /// Updates every element of `operands`.
-    pub(super) fn run(&self, operands: Operands<'_>) {
-        let scale = self.grad_scale;
-        match &self.update {
-            Update::Adam(uniform, loops) => (loops.f32)(uniform, scale, operands),
-            Update::Momentum(uniform, loops) => (loops.f32)(uniform, scale, operands),
-            Update::Adagrad(uniform, loops) => (loops.f32)(uniform, scale, operands),
-        }
-    }
-
-    /// Updates every element of `operands`, all stored as bf16.
-    pub(super) fn run_bf16(&self, operands: Operands<'_, bf16>) {
-        let scale = self.grad_scale;
-        match &self.update {
-            Update::Adam(uniform, loops) => (loops.bf16)(uniform, scale, operands),
-            Update::Momentum(uniform, loops) => (loops.bf16)(uniform, scale, operands),
-            Update::Adagrad(uniform, loops) => (loops.bf16)(uniform, scale, operands),
-        }
-    }
-
-    /// Updates every element of `operands`, all stored as f16. Only where
+    /// Updates every element of `operands`, all stored as `E`. For f16 only where
     /// `f16_lanes::available()`; elsewhere the blocked path is faster.
-    pub(super) fn run_f16(&self, operands: Operands<'_, f16>) {
+    pub(super) fn run<E: Leaves>(&self, operands: Operands<'_, E>) {
         let scale = self.grad_scale;
         match &self.update {
-            Update::Adam(uniform, loops) => (loops.f16)(uniform, scale, operands),
-            Update::Momentum(uniform, loops) => (loops.f16)(uniform, scale, operands),
-            Update::Adagrad(uniform, loops) => (loops.f16)(uniform, scale, operands),
+            Update::Adam(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Momentum(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
+}
+
+/// A family's loops for every storage type, from its selection tree `select`.
+macro_rules! loops {
+    ($select:ident($switches:expr, $uniform:expr)) => {
+        Loops {
+            f32: $select($switches, $uniform),
+            bf16: $select($switches, $uniform),
+            f16: $select($switches, $uniform),
+        }
+    };
 }
 
 impl Update {
@@ -170,30 +179,15 @@ impl Update {
         match step {
             KernelStep::Adam(switches, uniform) => {
                 let u = uniform.to_f32();
-                let loops = Loops {
-                    f32: adam_loop(switches, &u),
-                    bf16: adam_loop(switches, &u),
-                    f16: adam_loop(switches, &u),
-                };
-                Update::Adam(u, loops)
+                Update::Adam(u, loops!(adam_loop(switches, &u)))
             }
             KernelStep::Momentum(switches, uniform) => {
                 let u = uniform.to_f32();
-                let loops = Loops {
-                    f32: momentum_loop(switches, &u),
-                    bf16: momentum_loop(switches, &u),
-                    f16: momentum_loop(switches, &u),
-                };
-                Update::Momentum(u, loops)
+                Update::Momentum(u, loops!(momentum_loop(switches, &u)))
             }
             KernelStep::Adagrad(switches, uniform) => {
                 let u = uniform.to_f32();
-                let loops = Loops {
-                    f32: adagrad_loop(switches, &u),
-                    bf16: adagrad_loop(switches, &u),
-                    f16: adagrad_loop(switches, &u),
-                };
-                Update::Adagrad(u, loops)
+                Update::Adagrad(u, loops!(adagrad_loop(switches, &u)))
             }
         }
     }
