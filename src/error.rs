@@ -175,8 +175,8 @@ pub enum Error {
     /// A kernel would need more storage bindings than the device allows.
     #[error(
         "this call needs {needed} storage buffer bindings but the device allows {limit} per \
-         shader stage (max_storage_buffers_per_shader_stage); alias outputs onto inputs or \
-         create the device with the adapter's limits"
+         shader stage (max_storage_buffers_per_shader_stage); create the device with the \
+         adapter's limits, or, for an out-of-place `ops` call, alias outputs onto inputs"
     )]
     TooManyBindings {
         /// Bindings the plan needs.
