@@ -1,8 +1,9 @@
 // Gradient clipping's second pass, one workgroup: combines the partials of grad_norm.wgsl
 // in a fixed order into the global norm and writes it with PyTorch's coefficient,
 // min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
-// update kernels read it. The prelude declares `struct ClipState`, NORM_INF and
-// norm_combine.wgsl's `combine`.
+// update kernels read it. The prelude declares `struct ClipState`, NORM_INF,
+// norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also writes the
+// coefficient into the device state, where capturable update kernels read it.
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> clip: ClipState;
@@ -30,5 +31,6 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         clip.total_norm = norm;
         let coefficient = clip.max_norm / (norm + 1e-6);
         clip.coefficient = select(min(coefficient, 1.0), coefficient, nan_f32(coefficient));
+        publish(clip.coefficient);
     }
 }

@@ -147,7 +147,7 @@ pub(crate) struct DeviceScalars<'a> {
 impl Uniforms {
     /// `slots` uniforms holding `initial` (a whole number of slots); with `device`, each bind
     /// group also holds the device's step counter and its slot's learning rate (capturable
-    /// mode); with `clip`, the clip buffer ([`ClipHeader`] at offset 0).
+    /// mode); with `clip` and host scalars, the clip buffer ([`ClipHeader`] at offset 0).
     pub(crate) fn new(
         ctx: &GpuContext,
         initial: &[u8],
@@ -189,7 +189,8 @@ impl Uniforms {
                             Scalars::Device
                         }
                     };
-                    if let Some(clip) = clip {
+                    // Capturable kernels read the coefficient from the device state.
+                    if let (Scalars::Host, Some(clip)) = (scalars, clip) {
                         entries.push(range(CLIP_BINDING, clip, 0, ClipHeader::BYTES));
                     }
                     wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {

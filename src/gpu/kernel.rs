@@ -148,6 +148,20 @@ pub(crate) enum Scalars {
     Unscale,
 }
 
+impl Scalars {
+    /// Group 0's storage bindings, which count against the same per-stage limit as the
+    /// tensors': capturable mode's device state and learning rate (the device state also
+    /// holds the clip coefficient), the clip buffer of clipping host-scalar updates, and
+    /// the norm partials or the device state of the other passes.
+    pub(crate) fn storage_bindings(self, clip: bool) -> u32 {
+        match self {
+            Scalars::Host => u32::from(clip),
+            Scalars::Device => 2,
+            Scalars::Norm | Scalars::Unscale => 1,
+        }
+    }
+}
+
 /// Everything that selects one compiled pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct VariantKey {
@@ -290,9 +304,13 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             // The clip coefficient applies to the gradient as loaded, as PyTorch scales the
             // gradients in place before the step.
             let _ = writeln!(s, "fn load_grad_stored(i: u32) -> R {{ {body} }}");
-            s.push_str(
-                "fn load_grad(i: u32) -> R { return load_grad_stored(i) * S(clip_state.coefficient); }\n",
-            );
+            // Capturable kernels find it in the device state, saving a binding.
+            let coefficient = match key.scalars {
+                Scalars::Device => "device_state.clip_coefficient",
+                _ => "clip_state.coefficient",
+            };
+            let _ =
+                writeln!(s, "fn load_grad(i: u32) -> R {{ return load_grad_stored(i) * S({coefficient}); }}");
         } else {
             let _ = writeln!(s, "fn load_{slot}(i: u32) -> R {{ {body} }}");
         }
@@ -379,7 +397,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             String::new()
         }
     };
-    if key.clip {
+    if key.clip && key.scalars != Scalars::Device {
         s.push_str(&ClipHeader::wgsl());
         let _ = writeln!(s, "@group(0) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;");
     }
@@ -516,8 +534,8 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     s
 }
 
-/// Group 0's binding of the clip buffer in update kernels that clip (after the capturable
-/// scalars' 0 to 2).
+/// Group 0's binding of the clip buffer in update kernels that clip with host scalars
+/// (capturable kernels read the coefficient from the device state instead).
 pub(crate) const CLIP_BINDING: u32 = 3;
 
 /// Gradient norms: each invocation folds the elements it strides over into one f32, the
@@ -759,7 +777,7 @@ mod tests {
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
                         }
-                        if clip {
+                        if clip && scalars == Scalars::Host {
                             let header =
                                 [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
                                     .map(|(n, o)| (n.to_string(), o));
@@ -770,7 +788,7 @@ mod tests {
                                 ("step", DeviceHeader::STEP),
                                 ("found_inf", DeviceHeader::FOUND_INF),
                                 ("inv_scale", DeviceHeader::INV_SCALE),
-                                ("reserved", DeviceHeader::BYTES - 4),
+                                ("clip_coefficient", DeviceHeader::CLIP_COEFFICIENT),
                             ]
                             .map(|(n, o)| (n.to_string(), o as u32));
                             assert_eq!(members(&module, "DeviceState"), header, "{key:?}");

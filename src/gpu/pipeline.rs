@@ -49,14 +49,16 @@ impl PipelineCache {
 pub(crate) struct ScalarLayouts {
     host: wgpu::BindGroupLayout,
     device: wgpu::BindGroupLayout,
-    /// `host` and `device` with the clip buffer at [`CLIP_BINDING`].
+    /// `host` with the clip buffer at [`CLIP_BINDING`] (capturable kernels read the
+    /// coefficient from the device state, so `device` serves them clipped or not).
     host_clipped: wgpu::BindGroupLayout,
-    device_clipped: wgpu::BindGroupLayout,
     state: wgpu::BindGroupLayout,
     /// Gradient norms' partials (written), at 0.
     norm: wgpu::BindGroupLayout,
     /// The clip finalize pass: the partials (read) at 0, the clip buffer (written) at 1.
     finalize: wgpu::BindGroupLayout,
+    /// `finalize` with the device state (written) at 2, in capturable mode.
+    finalize_capturable: wgpu::BindGroupLayout,
 }
 
 /// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
@@ -93,16 +95,17 @@ impl ScalarLayouts {
         let clip =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
         let partials = |read_only| buffer_entry(0, Storage { read_only }, false, 4);
-        let mut device_clipped = device_entries.to_vec();
-        device_clipped.push(clip(CLIP_BINDING, true));
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout("wgpu-optim capturable scalars", &device_entries),
             host_clipped: layout("wgpu-optim hyperparameters, clipped", &[hyper, clip(CLIP_BINDING, true)]),
-            device_clipped: layout("wgpu-optim capturable scalars, clipped", &device_clipped),
             state: layout("wgpu-optim device state", &[state(0, false)]),
             norm: layout("wgpu-optim gradient norm partials", &[partials(false)]),
             finalize: layout("wgpu-optim clip finalize", &[partials(true), clip(1, false)]),
+            finalize_capturable: layout(
+                "wgpu-optim clip finalize, capturable",
+                &[partials(true), clip(1, false), state(2, false)],
+            ),
         }
     }
 
@@ -111,17 +114,20 @@ impl ScalarLayouts {
     pub(crate) fn get(&self, scalars: Scalars, clip: bool) -> &wgpu::BindGroupLayout {
         match (scalars, clip) {
             (Scalars::Host, false) => &self.host,
-            (Scalars::Device, false) => &self.device,
             (Scalars::Host, true) => &self.host_clipped,
-            (Scalars::Device, true) => &self.device_clipped,
+            (Scalars::Device, _) => &self.device,
             (Scalars::Unscale, _) => &self.state,
             (Scalars::Norm, _) => &self.norm,
         }
     }
 
-    /// The layout of the clip finalize pass.
-    pub(crate) fn finalize(&self) -> &wgpu::BindGroupLayout {
-        &self.finalize
+    /// The layout of the clip finalize pass, with the device state in capturable mode.
+    pub(crate) fn finalize(&self, capturable: bool) -> &wgpu::BindGroupLayout {
+        if capturable {
+            &self.finalize_capturable
+        } else {
+            &self.finalize
+        }
     }
 
     /// The layout of the step-advancing kernel: the device state, read-write.
@@ -192,4 +198,173 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         log::debug!("compiled {label}");
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::gpu::kernel::{BindingDesc, BindingLayout, Program, Scalars, Storage, VariantKey};
+    use crate::gpu::GpuContext;
+    use crate::step::clip::NormType;
+    use crate::step::rounding::Stochastic;
+    use crate::step::{
+        AdagradSwitches, AdamSwitches, EpsPlacement, FirstMoment, MomentumSwitches, Slot, Switches,
+    };
+    use crate::{DType, StateKind};
+
+    /// A device with exactly WebGPU's default limits (and the adapter's 16- and 64-bit
+    /// shader features, which change types, not bindings).
+    fn webgpu_default_ctx() -> GpuContext {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+            .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+        let descriptor = wgpu::DeviceDescriptor {
+            required_features: adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SHADER_F64),
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))
+            .unwrap_or_else(|e| panic!("the adapter refused WebGPU's default limits: {e}"));
+        GpuContext::from_device(device, queue)
+    }
+
+    /// The widest layout a step of `program` binds: every slot of the family's widest
+    /// switches in a buffer of its own, updated in place, plus the model copy (master
+    /// weights) or the Kahan compensation, which the options never combine.
+    fn widest_layout(program: Program, storage: Storage, kahan: bool, copy: bool) -> BindingLayout {
+        let bound = |slot: &Slot| match slot {
+            Slot::State(StateKind::KahanCompensation) => kahan,
+            Slot::ParamCopy => copy,
+            _ => true,
+        };
+        let mut bindings = 0;
+        let inputs: Vec<Option<usize>> = program
+            .inputs()
+            .iter()
+            .map(|slot| {
+                bound(slot).then(|| {
+                    bindings += 1;
+                    bindings - 1
+                })
+            })
+            .collect();
+        let outputs: Vec<Option<usize>> = program
+            .outputs()
+            .iter()
+            .map(|slot| {
+                bound(slot).then(|| match program.inputs().iter().position(|s| s == slot) {
+                    Some(k) => inputs[k].unwrap_or(0),
+                    None => {
+                        bindings += 1;
+                        bindings - 1
+                    }
+                })
+            })
+            .collect();
+        let written: Vec<usize> = outputs.iter().flatten().copied().collect();
+        let bindings =
+            (0..bindings).map(|b| BindingDesc { storage, read_write: written.contains(&b) }).collect();
+        BindingLayout { inputs, outputs, bindings }
+    }
+
+    #[test]
+    fn every_kernel_variant_compiles_within_webgpus_default_limits() {
+        let ctx = webgpu_default_ctx();
+        let limit = ctx.device().limits().max_storage_buffers_per_shader_stage;
+        assert_eq!(limit, 8, "WebGPU's default: 8 storage buffers per shader stage");
+        let native_f16 = ctx.has_feature(wgpu::Features::SHADER_F16);
+        let f64 = ctx.has_feature(wgpu::Features::SHADER_F64);
+        // Each family with the switches that bind the most state.
+        let updates = [
+            Switches::Adam(AdamSwitches {
+                amsgrad: true,
+                eps: EpsPlacement::AfterCorrection,
+                maximize: false,
+                decoupled_weight_decay: true,
+                first_moment: FirstMoment::LerpFromGrad,
+            }),
+            Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
+            Switches::Adagrad(AdagradSwitches { maximize: false }),
+        ];
+        let mut storages = vec![
+            (DType::F32, Storage::Native(DType::F32)),
+            (DType::F32, Storage::Packed(DType::F16)),
+            (DType::F32, Storage::Packed(DType::BF16)),
+        ];
+        if native_f16 {
+            storages.push((DType::F32, Storage::Native(DType::F16)));
+        }
+        if f64 {
+            storages.push((DType::F64, Storage::Native(DType::F64)));
+        }
+        let mut keys = Vec::new();
+        for switches in updates {
+            let program = Program::Update(switches);
+            for (scalars, clip) in [
+                (Scalars::Host, false),
+                (Scalars::Host, true),
+                (Scalars::Device, false),
+                (Scalars::Device, true),
+            ] {
+                for &(math, storage) in &storages {
+                    // Capturable math is f32.
+                    if math == DType::F64 && scalars == Scalars::Device {
+                        continue;
+                    }
+                    let half = storage.dtype().size() == 2;
+                    // (Kahan, model copy, stochastic stores): nearest even with or without a
+                    // copy, and on 16-bit parameters Kahan or stochastic rounding.
+                    let mut stores =
+                        vec![(false, false, Stochastic::default()), (false, true, Stochastic::default())];
+                    if half {
+                        stores.push((true, false, Stochastic::default()));
+                        stores.push((false, false, Stochastic { params: true, state: false }));
+                        stores.push((false, false, Stochastic { params: true, state: true }));
+                    }
+                    for (kahan, copy, stochastic) in stores {
+                        for width in if math == DType::F64 { vec![1] } else { vec![1, 4] } {
+                            let layout = widest_layout(program, storage, kahan, copy);
+                            let key = VariantKey::new(scalars, program, math, layout)
+                                .clipped(clip)
+                                .with_stochastic(stochastic)
+                                .with_width(width);
+                            keys.push(key);
+                        }
+                    }
+                }
+            }
+        }
+        for norm in [NormType::L2, NormType::Inf] {
+            for &(_, storage) in storages.iter().filter(|(math, _)| *math == DType::F32) {
+                let program = Program::GradNorm(norm);
+                for width in [1, 4] {
+                    keys.push(
+                        VariantKey::new(
+                            Scalars::Norm,
+                            program,
+                            DType::F32,
+                            widest_layout(program, storage, false, false),
+                        )
+                        .with_width(width),
+                    );
+                }
+            }
+        }
+        let unscale = Program::Unscale;
+        keys.push(VariantKey::new(
+            Scalars::Unscale,
+            unscale,
+            DType::F32,
+            widest_layout(unscale, Storage::Native(DType::F32), false, false),
+        ));
+        let mut widest = 0;
+        for key in &keys {
+            let needed = key.layout.bindings.len() as u32 + key.scalars.storage_bindings(key.clip);
+            assert!(needed <= limit, "{key:?} binds {needed} storage buffers");
+            widest = widest.max(needed);
+            ctx.inner.pipelines.get(&ctx, key).unwrap_or_else(|e| panic!("{key:?}: {e:#}"));
+        }
+        // Capturable AMSGrad with master weights or Kahan compensation fills all eight.
+        assert_eq!(widest, 8);
+        assert_eq!(ctx.compiled_pipelines(), keys.len(), "every variant is a pipeline of its own");
+    }
 }

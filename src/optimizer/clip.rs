@@ -9,6 +9,7 @@ use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::{GpuContext, TENSOR_USAGES};
 use crate::step::clip::{ClipHeader, GradClip, NormType};
+use crate::step::device::DeviceHeader;
 use crate::{DType, Result, Tensor};
 
 /// The clip buffer and the finalize pipeline, one per optimizer.
@@ -17,6 +18,9 @@ pub(super) struct ClipPass {
     /// [`ClipHeader`]: the last norm and coefficient, and `max_norm`.
     buffer: wgpu::Buffer,
     finalize: wgpu::ComputePipeline,
+    /// Capturable mode's device state, into which the finalize pass also writes the
+    /// coefficient ([`DeviceHeader::clip_coefficient`]).
+    device_state: Option<wgpu::Buffer>,
 }
 
 fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
@@ -32,12 +36,22 @@ pub(super) struct BoundNorm {
 }
 
 impl ClipPass {
-    pub(super) fn new(ctx: &GpuContext, clip: GradClip) -> Result<Self> {
+    /// The pass for `clip`; with `device_state`, capturable mode's, whose update kernels
+    /// read the coefficient there.
+    pub(super) fn new(ctx: &GpuContext, clip: GradClip, device_state: Option<&wgpu::Buffer>) -> Result<Self> {
         clip.validate()?;
         let device = ctx.device();
         let header =
             ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
-        let layout = ctx.inner.scalar_layouts.finalize();
+        let layout = ctx.inner.scalar_layouts.finalize(device_state.is_some());
+        let publish = match device_state {
+            Some(_) => {
+                DeviceHeader::wgsl(false)
+                    + "@group(0) @binding(2) var<storage, read_write> device_state: DeviceState;\n\
+                       fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n"
+            }
+            None => "fn publish(coefficient: f32) {}\n".to_string(),
+        };
         ctx.catch("creating the gradient clipping pass", || {
             use wgpu::util::DeviceExt;
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -46,6 +60,7 @@ impl ClipPass {
                 usage: TENSOR_USAGES,
             });
             let source = ClipHeader::wgsl()
+                + &publish
                 + "override NORM_INF: bool;\n"
                 + include_str!("../../shaders/norm_combine.wgsl")
                 + include_str!("../../shaders/clip_finalize.wgsl");
@@ -70,7 +85,7 @@ impl ClipPass {
                 },
                 cache: None,
             });
-            ClipPass { clip, buffer, finalize }
+            ClipPass { clip, buffer, finalize, device_state: device_state.cloned() }
         })
     }
 
@@ -112,10 +127,21 @@ impl ClipPass {
                 layout: layouts.get(Scalars::Norm, false),
                 entries: &[entry(0, &partials)],
             });
+            let mut entries = vec![entry(0, &partials), entry(1, &self.buffer)];
+            if let Some(state) = &self.device_state {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: state,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(DeviceHeader::BYTES),
+                    }),
+                });
+            }
             let finalize_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("wgpu-optim clip finalize"),
-                layout: layouts.finalize(),
-                entries: &[entry(0, &partials), entry(1, &self.buffer)],
+                layout: layouts.finalize(self.device_state.is_some()),
+                entries: &entries,
             });
             BoundNorm { batch, norm_group, finalize_group }
         })

@@ -275,7 +275,10 @@ impl Optimizer {
             state: d.buffer(),
             lr_offsets: (0..kept.len()).map(|g| d.lr_offset(g)).collect(),
         });
-        let clip = options.grad_clip.map(|c| ClipPass::new(ctx, c)).transpose()?;
+        let clip = options
+            .grad_clip
+            .map(|c| ClipPass::new(ctx, c, device.as_ref().map(DeviceState::buffer)))
+            .transpose()?;
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
         Ok(Optimizer {
@@ -473,9 +476,7 @@ impl Optimizer {
             });
         }
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
-        // Group 0's storage bindings count against the same per-stage limit as the tensors':
-        // capturable mode's device state and learning rate, and the clip buffer.
-        let scalar_bindings = 2 * u32::from(self.device.is_some()) + u32::from(self.clip.is_some());
+        let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
         let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {

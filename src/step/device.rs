@@ -5,8 +5,7 @@ use std::mem::offset_of;
 
 use super::fields::wgsl_struct;
 
-/// The device state's first bytes. Later fields (clip coefficient, gradient norm, RNG seed)
-/// go here, and every kernel sees them through the generated declaration.
+/// The device state's first bytes, which every kernel sees through the generated declaration.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct DeviceHeader {
@@ -16,13 +15,15 @@ pub(crate) struct DeviceHeader {
     pub(crate) found_inf: u32,
     /// AMP's `1 / scale`, copied from the trainer's tensor by each unscale.
     pub(crate) inv_scale: f32,
-    /// Keeps the header a whole 16 bytes.
-    pub(crate) reserved: u32,
+    /// Gradient clipping's coefficient in capturable mode, written by the clip pass and read
+    /// by the update kernels beside the step counter, so that clipping costs no storage
+    /// binding of its own there (1 when not clipping).
+    pub(crate) clip_coefficient: f32,
 }
 
 impl Default for DeviceHeader {
     fn default() -> Self {
-        DeviceHeader { step: 0, found_inf: 0, inv_scale: 1.0, reserved: 0 }
+        DeviceHeader { step: 0, found_inf: 0, inv_scale: 1.0, clip_coefficient: 1.0 }
     }
 }
 
@@ -35,12 +36,16 @@ impl DeviceHeader {
     pub(crate) const FOUND_INF: u64 = offset_of!(DeviceHeader, found_inf) as u64;
     /// Byte offset of `inv_scale`.
     pub(crate) const INV_SCALE: u64 = offset_of!(DeviceHeader, inv_scale) as u64;
+    /// Byte offset of `clip_coefficient`.
+    #[cfg(test)]
+    pub(crate) const CLIP_COEFFICIENT: u64 = offset_of!(DeviceHeader, clip_coefficient) as u64;
 
     /// `struct DeviceState { ... }` in WGSL. The unscale kernel sets `found_inf` from many
     /// invocations, so there it is atomic; everywhere else a plain `u32`.
     pub(crate) fn wgsl(atomic_found_inf: bool) -> String {
         let found_inf = if atomic_found_inf { "atomic<u32>" } else { "u32" };
-        let fields = [("step", "u32"), ("found_inf", found_inf), ("inv_scale", "f32"), ("reserved", "u32")];
+        let fields =
+            [("step", "u32"), ("found_inf", found_inf), ("inv_scale", "f32"), ("clip_coefficient", "f32")];
         wgsl_struct("DeviceState", fields.into_iter())
     }
 }
@@ -54,9 +59,17 @@ mod tests {
         let wgsl = DeviceHeader::wgsl(false);
         let names: Vec<&str> =
             wgsl.lines().filter_map(|l| l.trim().split_once(':')).map(|(name, _)| name).collect();
-        assert_eq!(names, ["step", "found_inf", "inv_scale", "reserved"]);
+        assert_eq!(names, ["step", "found_inf", "inv_scale", "clip_coefficient"]);
         // Every field is 4 bytes, so WGSL's offsets are 4 k, as repr(C)'s.
-        assert_eq!((DeviceHeader::STEP, DeviceHeader::FOUND_INF, DeviceHeader::INV_SCALE), (0, 4, 8));
+        assert_eq!(
+            (
+                DeviceHeader::STEP,
+                DeviceHeader::FOUND_INF,
+                DeviceHeader::INV_SCALE,
+                DeviceHeader::CLIP_COEFFICIENT
+            ),
+            (0, 4, 8, 12)
+        );
         assert_eq!(DeviceHeader::BYTES, 16);
     }
 }
