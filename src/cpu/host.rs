@@ -71,6 +71,15 @@ impl<'a> HostSlice<'a> {
         }
     }
 
+    /// The first element's address, for placing state at the same offset within a page.
+    pub(crate) fn address(&self) -> usize {
+        match self {
+            HostSlice::F32(v) => v.as_ptr() as usize,
+            HostSlice::F16(v) => v.as_ptr() as usize,
+            HostSlice::BF16(v) => v.as_ptr() as usize,
+        }
+    }
+
     /// The elements widened exactly to f64.
     pub fn to_f64(&self) -> Vec<f64> {
         match self {

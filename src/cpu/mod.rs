@@ -30,6 +30,7 @@ mod f16_lanes;
 mod host;
 mod kernels;
 mod norm;
+mod state_memory;
 mod storage;
 mod work;
 
@@ -39,6 +40,7 @@ use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
 use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
 use kernels::{Kernel, MAX_STATE};
+use state_memory::StateTensor;
 use storage::Stores;
 
 /// A stateful optimizer over host tensors: the CPU counterpart of [`crate::Optimizer`],
@@ -53,9 +55,9 @@ pub struct CpuOptimizer {
     /// Each parameter's dtype and length, fixed at construction.
     params: Vec<(DType, usize)>,
     /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.
-    state: Vec<Vec<HostTensor>>,
+    state: Vec<Vec<StateTensor>>,
     /// Kahan rounding: each parameter's compensation, in its dtype; empty otherwise.
-    compensation: Vec<HostTensor>,
+    compensation: Vec<StateTensor>,
     rounding: Rounding,
     step: u64,
     grad_clip: Option<GradClip>,
@@ -117,13 +119,17 @@ impl CpuOptimizer {
             .map(|p| {
                 let dtype = options.state_dtype.unwrap_or(p.dtype());
                 let kinds = algorithm.state_kinds();
-                kinds.iter().map(|_| HostTensor::filled(dtype, p.len(), initial)).collect::<Result<Vec<_>>>()
+                let phase = p.address();
+                kinds
+                    .iter()
+                    .map(|_| StateTensor::filled(dtype, p.len(), initial, phase))
+                    .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
         let compensation = match options.rounding {
             Rounding::Kahan => params
                 .iter()
-                .map(|p| HostTensor::filled(p.dtype(), p.len(), 0.0))
+                .map(|p| StateTensor::filled(p.dtype(), p.len(), 0.0, p.address()))
                 .collect::<Result<Vec<_>>>()?,
             _ => Vec::new(),
         };
@@ -210,7 +216,7 @@ impl CpuOptimizer {
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
         if kind == StateKind::KahanCompensation {
-            return self.compensation.get(index).map(HostTensor::as_slice);
+            return self.compensation.get(index).map(StateTensor::as_slice);
         }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         Some(self.state.get(index)?.get(k)?.as_slice())
@@ -219,7 +225,7 @@ impl CpuOptimizer {
     /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
     pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
         if kind == StateKind::KahanCompensation {
-            return self.compensation.get_mut(index).map(HostTensor::as_mut_slice);
+            return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);
         }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())

@@ -3,8 +3,9 @@
 //! no weight decay at all, a post-update scale, ONNX's momentum coefficients. (The PyTorch
 //! conventions are tested through the public API in tests/cpu.rs.)
 
-use super::host::{HostSlice, HostSliceMut, HostTensor};
+use super::host::{HostSlice, HostSliceMut};
 use super::kernels::Kernel;
+use super::state_memory::StateTensor;
 use super::work;
 use crate::step::KernelStep;
 use crate::{oracle, Adam, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum};
@@ -23,7 +24,14 @@ fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (V
     let to_f32 = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
     let mut p = to_f32(param);
     let g = to_f32(grad);
-    let mut tensors = vec![state.iter().map(|s| HostTensor::F32(to_f32(s))).collect::<Vec<_>>()];
+    let tensor = |s: &Vec<f64>| {
+        let mut t = StateTensor::filled(crate::DType::F32, s.len(), 0.0, 0).unwrap_or_else(|e| panic!("{e}"));
+        if let HostSliceMut::F32(values) = t.as_mut_slice() {
+            values.copy_from_slice(&to_f32(s));
+        }
+        t
+    };
+    let mut tensors = vec![state.iter().map(tensor).collect::<Vec<_>>()];
     let stores = super::storage::Stores::default();
     work::run(
         &kernel,
@@ -33,7 +41,7 @@ fn run(step: &KernelStep, param: &[f64], grad: &[f64], state: &[Vec<f64>]) -> (V
         &mut tensors,
         &mut [],
     );
-    let state = tensors[0].iter().map(HostTensor::to_f64).collect();
+    let state = tensors[0].iter().map(|t| t.as_slice().to_f64()).collect();
     (p.iter().map(|x| f64::from(*x)).collect(), state)
 }
 

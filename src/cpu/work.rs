@@ -3,8 +3,9 @@
 
 use rayon::prelude::*;
 
-use super::host::{HostSlice, HostSliceMut, HostTensor};
+use super::host::{HostSlice, HostSliceMut};
 use super::kernels::Kernel;
+use super::state_memory::StateTensor;
 use super::storage::{self, Job, Stores};
 
 /// Elements per work item: enough that rayon's per-item cost vanishes next to the item's
@@ -21,19 +22,19 @@ pub(super) fn run(
     stores: &Stores,
     params: &mut [HostSliceMut<'_>],
     grads: &[HostSlice<'_>],
-    state: &mut [Vec<HostTensor>],
-    compensation: &mut [HostTensor],
+    state: &mut [Vec<StateTensor>],
+    compensation: &mut [StateTensor],
 ) {
     let items: usize = params.iter().map(|p| p.len().div_ceil(CHUNK)).sum();
     let mut jobs = Vec::with_capacity(items);
     let mut compensation = compensation.iter_mut();
     for (i, ((param, grad), state)) in params.iter_mut().zip(grads).zip(state).enumerate() {
-        let mut slots = state.iter_mut().map(HostTensor::as_mut_slice);
+        let mut slots = state.iter_mut().map(StateTensor::as_mut_slice);
         let mut rest = Job {
             param: param.reborrow(),
             grad: *grad,
             state: std::array::from_fn(|_| slots.next().unwrap_or_default()),
-            compensation: compensation.next().map(HostTensor::as_mut_slice).unwrap_or_default(),
+            compensation: compensation.next().map(StateTensor::as_mut_slice).unwrap_or_default(),
             ordinal: i as u32,
             first: 0,
         };
