@@ -1,14 +1,23 @@
 // AMP: PyTorch's _amp_foreach_non_finite_check_and_unscale_, one element at a time. A
 // non-finite gradient (checked before scaling) sets the device's found_inf flag, which the
-// optimizer step reads to skip itself. The generated code declares `device_state`.
+// optimizer step reads to skip itself. The generated code declares `device_state`. The
+// unscale pass runs `update`; the pass that also takes the gradient norm folds `unscale`'s
+// result into its partial norm.
 
-fn update(i: u32) {
+fn unscale(i: u32) -> R {
     let g = load_grad(i);
     if (bitcast<u32>(f32(g)) & 0x7f800000u) == 0x7f800000u {
         atomicStore(&device_state.found_inf, 1u);
     }
     let inv_scale = R(device_state.inv_scale);
-    if inv_scale != R(1) {
-        store_grad(i, g * inv_scale);
+    if inv_scale == R(1) {
+        return g;
     }
+    let unscaled = g * inv_scale;
+    store_grad(i, unscaled);
+    return unscaled;
+}
+
+fn update(i: u32) {
+    _ = unscale(i);
 }

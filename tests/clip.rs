@@ -253,3 +253,80 @@ fn the_widest_clipped_step_fits_webgpus_eight_storage_bindings_and_matches_the_o
         assert_eq!(download(&ctx, &model), rounded, "step {step}: the model copy is the master rounded once");
     }
 }
+
+#[test]
+fn amp_unscale_takes_the_norm_of_the_unscaled_gradients_in_the_same_pass() {
+    // A device of its own, so the pipeline count below is this optimizer's alone.
+    let ctx = common::ctx_with_limits(wgpu::Limits::default());
+    let mut rng = Rng::new(21);
+    // Whole vec4s, so the update is one variant.
+    let lengths = [700usize, 36, 4];
+    let adam = Adam { lr: 1e-2, ..Adam::default() };
+    let mut p: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let options =
+        OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let mut optimizer = Optimizer::with_options(&ctx, adam, &params, options).unwrap();
+    let mut state: Vec<TorchAdamState> = lengths.iter().map(|&n| TorchAdamState::zeros(n, false)).collect();
+    // A power of two, so unscaling is exact and the oracle sees the same gradients.
+    let scale = 1024.0;
+    let inv_scale = ctx.upload("inv_scale", &[1.0 / scale], DType::F32);
+    for step in 0..3 {
+        let mut g: Vec<Vec<f64>> =
+            lengths.iter().map(|&n| rng.vec(n, 2.0).iter().map(|x| f64::from(*x as f32)).collect()).collect();
+        let scaled: Vec<Tensor> = g
+            .iter()
+            .map(|v| ctx.upload("grad", &v.iter().map(|x| x * scale).collect::<Vec<_>>(), DType::F32))
+            .collect();
+        ctx.submit("amp step", |e| {
+            optimizer.record_unscale(e, &scaled, &inv_scale)?;
+            optimizer.record_step(e, &scaled)
+        })
+        .unwrap();
+        // The gradients are unscaled in place, as PyTorch's unscale_ leaves them.
+        assert_eq!(download(&ctx, &scaled[1]), g[1], "step {step}: gradient not unscaled");
+        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0));
+        assert!(want_norm > 10.0, "the case clips (norm {want_norm})");
+        for i in 0..lengths.len() {
+            torch_adam_step(&adam, &mut p[i], &g[i], &mut state[i]);
+        }
+        let norm = optimizer.read_grad_norm().unwrap();
+        assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
+        for (i, param) in params.iter().enumerate() {
+            assert_close(&format!("step {step}: param {i}"), &download(&ctx, param), &p[i], Tolerance::F32);
+        }
+        assert!(!optimizer.read_found_inf().unwrap());
+    }
+    // One pass unscales and takes the norm, one updates: no separate unscale or norm
+    // pipeline was ever compiled.
+    assert_eq!(ctx.compiled_pipelines(), 2);
+}
+
+#[test]
+fn amp_with_bf16_gradients_unscales_then_takes_the_norm_in_its_own_pass() {
+    let ctx = ctx();
+    let mut rng = Rng::new(8);
+    let start = rng.vec(50, 1.0);
+    let param = ctx.upload("param", &start, DType::F32);
+    let sgd = Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() };
+    let options =
+        OptimizerOptions { capturable: true, grad_clip: Some(GradClip::l2(0.5)), ..Default::default() };
+    let mut optimizer = Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&param), options).unwrap();
+    let inv_scale = ctx.upload("inv_scale", &[0.25], DType::F32);
+    let (mut want, mut velocity) = (start.clone(), None);
+    for step in 0..3 {
+        let g: Vec<f64> = rng.vec(50, 2.0).into_iter().map(|x| DType::BF16.round(x)).collect();
+        let scaled = ctx.upload("grad", &g.iter().map(|x| x * 4.0).collect::<Vec<_>>(), DType::BF16);
+        ctx.submit("amp step", |e| {
+            optimizer.record_unscale(e, std::slice::from_ref(&scaled), &inv_scale)?;
+            optimizer.record_step(e, std::slice::from_ref(&scaled))
+        })
+        .unwrap();
+        let mut clipped = vec![g];
+        let want_norm = clip_grad_norm(&mut clipped, &GradClip::l2(0.5));
+        torch_sgd_step(&sgd, &mut want, &clipped[0], &mut velocity);
+        let norm = optimizer.read_grad_norm().unwrap();
+        assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
+        assert_close(&format!("step {step}"), &download(&ctx, &param), &want, Tolerance::F32);
+    }
+}

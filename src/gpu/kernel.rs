@@ -25,6 +25,9 @@ pub(crate) enum Program {
     /// Gradient clipping's first pass: each workgroup's partial norm of the gradients it
     /// reads, written to its own slot (`shaders/grad_norm.wgsl`).
     GradNorm(NormType),
+    /// AMP's unscale and clipping's first pass in one read of the gradients: each gradient
+    /// unscaled (non-finite ones flagged) and its partial norm taken after unscaling.
+    UnscaleNorm(NormType),
 }
 
 impl Program {
@@ -33,6 +36,7 @@ impl Program {
             Program::Update(s) => s.family().name(),
             Program::Unscale => "unscale",
             Program::GradNorm(_) => "grad norm",
+            Program::UnscaleNorm(_) => "unscale and grad norm",
         }
     }
 
@@ -44,8 +48,8 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
             },
-            Program::Unscale => include_str!("../../shaders/unscale.wgsl"),
-            Program::GradNorm(_) => include_str!("../../shaders/grad_norm.wgsl"),
+            Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
+            Program::GradNorm(_) => "",
         }
     }
 
@@ -58,15 +62,20 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
             },
-            Program::Unscale | Program::GradNorm(_) => "",
+            Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
+    }
+
+    /// Whether the kernel writes partial gradient norms (and runs the norm entry point).
+    pub(crate) fn takes_norm(self) -> bool {
+        matches!(self, Program::GradNorm(_) | Program::UnscaleNorm(_))
     }
 
     /// Slots the kernel reads, in the order the engine receives them.
     pub(crate) fn inputs(self) -> &'static [Slot] {
         match self {
             Program::Update(s) => s.family().inputs(),
-            Program::Unscale | Program::GradNorm(_) => &[Slot::Grad],
+            Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => &[Slot::Grad],
         }
     }
 
@@ -74,7 +83,7 @@ impl Program {
     pub(crate) fn outputs(self) -> &'static [Slot] {
         match self {
             Program::Update(s) => s.family().outputs(),
-            Program::Unscale => &[Slot::Grad],
+            Program::Unscale | Program::UnscaleNorm(_) => &[Slot::Grad],
             Program::GradNorm(_) => &[],
         }
     }
@@ -84,7 +93,9 @@ impl Program {
         match self {
             Program::Update(s) => s.overrides(),
             Program::Unscale => Vec::new(),
-            Program::GradNorm(norm) => vec![Override::Bool("NORM_INF", norm == NormType::Inf)],
+            Program::GradNorm(norm) | Program::UnscaleNorm(norm) => {
+                vec![Override::Bool("NORM_INF", norm == NormType::Inf)]
+            }
         }
     }
 }
@@ -146,6 +157,9 @@ pub(crate) enum Scalars {
     Norm,
     /// The AMP unscale pass: the device state, read-write.
     Unscale,
+    /// The unscale pass that also takes partial norms: the device state, read-write, and
+    /// the partials, written.
+    UnscaleNorm,
 }
 
 impl Scalars {
@@ -158,6 +172,7 @@ impl Scalars {
             Scalars::Host => u32::from(clip),
             Scalars::Device => 2,
             Scalars::Norm | Scalars::Unscale => 1,
+            Scalars::UnscaleNorm => 2,
         }
     }
 }
@@ -343,10 +358,11 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             s.push_str(&RoundingHeader::wgsl(switches.uniform_fields() as u64 * key.math.size()));
         }
     }
-    if matches!(key.program, Program::GradNorm(_)) {
+    if key.program.takes_norm() {
         let lanes = if vector { "g" } else { "vec4(g, 0.0, 0.0, 0.0)" };
         let _ = writeln!(s, "fn lanes(g: R) -> vec4<f32> {{ return {lanes}; }}");
         s.push_str(include_str!("../../shaders/norm_combine.wgsl"));
+        s.push_str(include_str!("../../shaders/grad_norm.wgsl"));
     }
     s.push_str(key.program.source());
     // With stochastic stores the uniform slot is `HyperSlot` (the family's `Hyper`, then the
@@ -396,17 +412,27 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             s.push_str("@group(0) @binding(0) var<storage, read_write> partials: array<f32>;\n");
             String::new()
         }
+        Scalars::UnscaleNorm => {
+            s.push_str(&DeviceHeader::wgsl(true));
+            s.push_str(
+                "@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n\
+                 @group(0) @binding(1) var<storage, read_write> partials: array<f32>;\n",
+            );
+            String::new()
+        }
     };
     if key.clip && key.scalars != Scalars::Device {
         s.push_str(&ClipHeader::wgsl());
         let _ = writeln!(s, "@group(0) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;");
     }
-    let entry = if matches!(key.program, Program::GradNorm(_)) {
-        NORM_ENTRY
+    let entry = if key.program.takes_norm() {
+        // The gradient as the norm sees it: as loaded, or unscaled (and stored).
+        let term = if matches!(key.program, Program::UnscaleNorm(_)) { "unscale(i)" } else { "load_grad(i)" };
+        NORM_ENTRY.replace("{term}", term)
     } else if key.pairs() {
-        PAIR_ENTRY
+        PAIR_ENTRY.to_string()
     } else {
-        ELEMENT_ENTRY
+        ELEMENT_ENTRY.to_string()
     };
     s.push_str(&entry.replace("{prologue}", &prologue).replace("{setup}", &setup));
     s
@@ -551,7 +577,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let stride = table.rows[e].w * WG;
     var acc = 0.0;
     for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
-        acc = accumulate(acc, load_grad(i));
+        acc = accumulate(acc, {term});
     }
     norm_lanes[lid] = acc;
     // Two levels of 16 (each barrier costs lavapipe a switch through every invocation).
@@ -706,6 +732,8 @@ mod tests {
             Program::Unscale,
             Program::GradNorm(NormType::L2),
             Program::GradNorm(NormType::Inf),
+            Program::UnscaleNorm(NormType::L2),
+            Program::UnscaleNorm(NormType::Inf),
         ]);
         let storages = [
             Storage::Native(DType::F32),
@@ -714,18 +742,20 @@ mod tests {
             Storage::Packed(DType::BF16),
         ];
         for program in programs {
-            let pairings = [Scalars::Host, Scalars::Device, Scalars::Unscale, Scalars::Norm]
-                .into_iter()
-                .filter(|scalars| match program {
-                    Program::Update(_) => matches!(scalars, Scalars::Host | Scalars::Device),
-                    Program::Unscale => *scalars == Scalars::Unscale,
-                    Program::GradNorm(_) => *scalars == Scalars::Norm,
-                })
-                .flat_map(|scalars| {
-                    let clips: &[bool] =
-                        if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
-                    clips.iter().map(move |clip| (scalars, *clip))
-                });
+            let pairings =
+                [Scalars::Host, Scalars::Device, Scalars::Unscale, Scalars::Norm, Scalars::UnscaleNorm]
+                    .into_iter()
+                    .filter(|scalars| match program {
+                        Program::Update(_) => matches!(scalars, Scalars::Host | Scalars::Device),
+                        Program::Unscale => *scalars == Scalars::Unscale,
+                        Program::GradNorm(_) => *scalars == Scalars::Norm,
+                        Program::UnscaleNorm(_) => *scalars == Scalars::UnscaleNorm,
+                    })
+                    .flat_map(|scalars| {
+                        let clips: &[bool] =
+                            if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
+                        clips.iter().map(move |clip| (scalars, *clip))
+                    });
             for (scalars, clip) in pairings {
                 for (math, storage, width) in storages
                     .iter()
@@ -734,7 +764,7 @@ mod tests {
                 {
                     // Capturable math is f32, and the unscale pass runs one element at a time.
                     if (math == DType::F64 && scalars != Scalars::Host)
-                        || (width == 4 && program == Program::Unscale)
+                        || (width == 4 && matches!(program, Program::Unscale | Program::UnscaleNorm(_)))
                     {
                         continue;
                     }
@@ -783,7 +813,7 @@ mod tests {
                                     .map(|(n, o)| (n.to_string(), o));
                             assert_eq!(members(&module, "ClipState"), header, "{key:?}");
                         }
-                        if matches!(scalars, Scalars::Device | Scalars::Unscale) {
+                        if matches!(scalars, Scalars::Device | Scalars::Unscale | Scalars::UnscaleNorm) {
                             let header = [
                                 ("step", DeviceHeader::STEP),
                                 ("found_inf", DeviceHeader::FOUND_INF),

@@ -55,6 +55,9 @@ pub(crate) struct ScalarLayouts {
     state: wgpu::BindGroupLayout,
     /// Gradient norms' partials (written), at 0.
     norm: wgpu::BindGroupLayout,
+    /// The unscale pass that takes norms: the device state at 0 and the partials at 1,
+    /// both written.
+    unscale_norm: wgpu::BindGroupLayout,
     /// The clip finalize pass: the partials (read) at 0, the clip buffer (written) at 1.
     finalize: wgpu::BindGroupLayout,
     /// `finalize` with the device state (written) at 2, in capturable mode.
@@ -94,13 +97,18 @@ impl ScalarLayouts {
         let device_entries = [hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)];
         let clip =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
-        let partials = |read_only| buffer_entry(0, Storage { read_only }, false, 4);
+        let partials_at = |binding, read_only| buffer_entry(binding, Storage { read_only }, false, 4);
+        let partials = |read_only| partials_at(0, read_only);
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout("wgpu-optim capturable scalars", &device_entries),
             host_clipped: layout("wgpu-optim hyperparameters, clipped", &[hyper, clip(CLIP_BINDING, true)]),
             state: layout("wgpu-optim device state", &[state(0, false)]),
             norm: layout("wgpu-optim gradient norm partials", &[partials(false)]),
+            unscale_norm: layout(
+                "wgpu-optim unscale and gradient norm",
+                &[state(0, false), partials_at(1, false)],
+            ),
             finalize: layout("wgpu-optim clip finalize", &[partials(true), clip(1, false)]),
             finalize_capturable: layout(
                 "wgpu-optim clip finalize, capturable",
@@ -118,6 +126,7 @@ impl ScalarLayouts {
             (Scalars::Device, _) => &self.device,
             (Scalars::Unscale, _) => &self.state,
             (Scalars::Norm, _) => &self.norm,
+            (Scalars::UnscaleNorm, _) => &self.unscale_norm,
         }
     }
 
@@ -348,6 +357,11 @@ mod tests {
                     );
                 }
             }
+        }
+        for norm in [NormType::L2, NormType::Inf] {
+            let program = Program::UnscaleNorm(norm);
+            let layout = widest_layout(program, Storage::Native(DType::F32), false, false);
+            keys.push(VariantKey::new(Scalars::UnscaleNorm, program, DType::F32, layout));
         }
         let unscale = Program::Unscale;
         keys.push(VariantKey::new(

@@ -200,7 +200,8 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs)
     for arg in args.inputs.iter().chain(&args.outputs).flatten() {
         check_binding_end(arg)?;
     }
-    let vectorizable = program != Program::Unscale
+    // The unscale passes check each element for infinities one at a time.
+    let vectorizable = !matches!(program, Program::Unscale | Program::UnscaleNorm(_))
         && math_dtype(args) == DType::F32
         && layout.bindings.iter().all(|b| b.storage.dtype() != DType::F64);
     let segments = split_segments(&distinct, &limits, &Split { pair_shift, phases, vectorizable });

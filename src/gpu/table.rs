@@ -195,7 +195,7 @@ pub(crate) fn assemble(
 /// element (lavapipe ran clipped 1 Mi-element Adam at 2x plain Adam with one).
 fn accesses_per_invocation(key: &VariantKey) -> u32 {
     match key.program {
-        Program::GradNorm(_) => 8,
+        Program::GradNorm(_) | Program::UnscaleNorm(_) => 8,
         _ => 1,
     }
 }

@@ -27,12 +27,31 @@ fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry { binding, resource: buffer.as_entire_binding() }
 }
 
+/// The device state's header, which is all the kernels bind of it.
+fn header_entry(binding: u32, state: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: state,
+            offset: 0,
+            size: wgpu::BufferSize::new(DeviceHeader::BYTES),
+        }),
+    }
+}
+
 /// The norm pass over one set of gradient tensors.
 pub(super) struct BoundNorm {
     batch: Batch,
     /// One f32 per workgroup of `batch`.
     norm_group: wgpu::BindGroup,
     finalize_group: wgpu::BindGroup,
+}
+
+impl BoundNorm {
+    /// Records the pass that writes the partial norms (unscaling too, if bound so).
+    pub(super) fn record_partials(&self, pass: &mut wgpu::ComputePass<'_>) {
+        self.batch.record(pass, &self.norm_group);
+    }
 }
 
 impl ClipPass {
@@ -99,15 +118,26 @@ impl ClipPass {
         Tensor::new(&self.buffer, ClipHeader::TOTAL_NORM, 1, DType::F32)
     }
 
-    /// The norm pass over `grads` (already checked against the parameters).
-    pub(super) fn bind(&self, ctx: &GpuContext, grads: &[Tensor]) -> Result<BoundNorm> {
-        let program = Program::GradNorm(self.clip.norm_type);
+    /// The norm pass over `grads` (already checked against the parameters). With
+    /// `unscale_into`, capturable mode's device state, it is AMP's unscale pass as well: each
+    /// gradient is unscaled in place and its norm taken after unscaling, in one read.
+    pub(super) fn bind(
+        &self,
+        ctx: &GpuContext,
+        grads: &[Tensor],
+        unscale_into: Option<&wgpu::Buffer>,
+    ) -> Result<BoundNorm> {
+        let (program, scalars) = match unscale_into {
+            Some(_) => (Program::UnscaleNorm(self.clip.norm_type), Scalars::UnscaleNorm),
+            None => (Program::GradNorm(self.clip.norm_type), Scalars::Norm),
+        };
         let mut items = Vec::with_capacity(grads.len());
         for (i, grad) in grads.iter().enumerate() {
-            let args =
-                KernelArgs { inputs: vec![Some(Arg::new(format!("grads[{i}]"), grad))], outputs: vec![] };
+            let arg = Arg::new(format!("grads[{i}]"), grad);
+            let outputs = if unscale_into.is_some() { vec![Some(arg.clone())] } else { vec![] };
+            let args = KernelArgs { inputs: vec![Some(arg)], outputs };
             let tensor_plan = plan(ctx, program, &args)?;
-            let key = VariantKey::new(Scalars::Norm, program, DType::F32, tensor_plan.layout.clone());
+            let key = VariantKey::new(scalars, program, DType::F32, tensor_plan.layout.clone());
             items.push((key, tensor_plan));
         }
         let batch = Batch::build(ctx, &items, "gradient norm")?;
@@ -122,21 +152,18 @@ impl ClipPass {
                 usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
             });
+            let norm_entries = match unscale_into {
+                Some(state) => vec![header_entry(0, state), entry(1, &partials)],
+                None => vec![entry(0, &partials)],
+            };
             let norm_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("wgpu-optim gradient norm"),
-                layout: layouts.get(Scalars::Norm, false),
-                entries: &[entry(0, &partials)],
+                layout: layouts.get(scalars, false),
+                entries: &norm_entries,
             });
             let mut entries = vec![entry(0, &partials), entry(1, &self.buffer)];
             if let Some(state) = &self.device_state {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: state,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(DeviceHeader::BYTES),
-                    }),
-                });
+                entries.push(header_entry(2, state));
             }
             let finalize_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("wgpu-optim clip finalize"),
@@ -150,7 +177,13 @@ impl ClipPass {
     /// Records the norm pass and the finalize pass; the update dispatches recorded after
     /// them in `pass` read the new coefficient.
     pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, bound: &BoundNorm) {
-        bound.batch.record(pass, &bound.norm_group);
+        bound.record_partials(pass);
+        self.record_finalize(pass, bound);
+    }
+
+    /// Records the finalize pass alone, over partials `bound` wrote earlier (the unscale
+    /// pass that takes norms).
+    pub(super) fn record_finalize(&self, pass: &mut wgpu::ComputePass<'_>, bound: &BoundNorm) {
         pass.set_pipeline(&self.finalize);
         pass.set_bind_group(0, &bound.finalize_group, &[]);
         pass.dispatch_workgroups(1, 1, 1);

@@ -141,16 +141,7 @@ impl DeviceState {
         grads: &[Tensor],
         inv_scale: &Tensor,
     ) -> Result<()> {
-        if inv_scale.dtype != DType::F32 || inv_scale.len != 1 {
-            return Err(Error::DTypeMismatch {
-                argument: "inv_scale".into(),
-                got: inv_scale.dtype,
-                expected: format!("an F32 tensor of one element (got {} elements)", inv_scale.len),
-            });
-        }
-        // An f32 element's offset is a multiple of 4, which the copy below needs.
-        crate::gpu::plan::check_range(&Arg::new("inv_scale", inv_scale))?;
-        crate::gpu::transfer::check_readable(&Arg::new("inv_scale", inv_scale))?;
+        check_inv_scale(inv_scale)?;
         if self.unscale.as_ref().is_none_or(|(bound, _)| bound != grads) {
             let mut items = Vec::with_capacity(grads.len());
             for (i, grad) in grads.iter().enumerate() {
@@ -167,6 +158,21 @@ impl DeviceState {
             }
             self.unscale = Some((grads.to_vec(), Batch::build(ctx, &items, "unscale")?));
         }
+        self.record_scale(encoder, inv_scale);
+        if let Some((_, batch)) = &self.unscale {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgpu-optim unscale"),
+                timestamp_writes: None,
+            });
+            batch.record(&mut pass, &self.state_group);
+        }
+        Ok(())
+    }
+
+    /// Records what precedes any unscale pass (`inv_scale` checked by [`check_inv_scale`]):
+    /// the factor copied into the device state and the flag cleared, and notes that the
+    /// next step follows an unscale.
+    pub(super) fn record_scale(&mut self, encoder: &mut wgpu::CommandEncoder, inv_scale: &Tensor) {
         encoder.copy_buffer_to_buffer(
             &inv_scale.buffer,
             inv_scale.offset,
@@ -175,14 +181,21 @@ impl DeviceState {
             4,
         );
         encoder.clear_buffer(&self.buffer, DeviceHeader::FOUND_INF, Some(4));
-        if let Some((_, batch)) = &self.unscale {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("wgpu-optim unscale"),
-                timestamp_writes: None,
-            });
-            batch.record(&mut pass, &self.state_group);
-        }
         self.unscaled = true;
-        Ok(())
     }
+}
+
+/// AMP's `inv_scale` must be an f32 tensor of one element, 4-byte aligned (the copy into
+/// the device state needs it), whose buffer can be copied from.
+pub(super) fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
+    if inv_scale.dtype != DType::F32 || inv_scale.len != 1 {
+        return Err(Error::DTypeMismatch {
+            argument: "inv_scale".into(),
+            got: inv_scale.dtype,
+            expected: format!("an F32 tensor of one element (got {} elements)", inv_scale.len),
+        });
+    }
+    // An f32 element's offset is a multiple of 4, which the copy needs.
+    crate::gpu::plan::check_range(&Arg::new("inv_scale", inv_scale))?;
+    crate::gpu::transfer::check_readable(&Arg::new("inv_scale", inv_scale))
 }

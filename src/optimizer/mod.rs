@@ -98,8 +98,12 @@ struct Group {
 struct Bound {
     grads: Vec<Tensor>,
     batches: Vec<Batch>,
-    /// The gradient-norm pass over `grads` when clipping.
+    /// The gradient-norm pass over `grads` when clipping, built at the first step that
+    /// needs it.
     norm: Option<BoundNorm>,
+    /// With clipping and AMP: the unscale pass that takes the norm in the same read of
+    /// `grads` (f32 gradients), built at the first [`Optimizer::record_unscale`] with them.
+    unscale_norm: Option<BoundNorm>,
 }
 
 /// A stateful optimizer over parameter groups.
@@ -132,6 +136,9 @@ pub struct Optimizer {
     bound: Vec<Bound>,
     device: Option<DeviceState>,
     clip: Option<ClipPass>,
+    /// The last `record_unscale` took the gradient norm of `bound[0]`'s gradients, so the
+    /// step after it only finalizes the norm.
+    norm_taken_by_unscale: bool,
     rounding: Rounding,
 }
 
@@ -294,6 +301,7 @@ impl Optimizer {
             bound: Vec::new(),
             device,
             clip,
+            norm_taken_by_unscale: false,
             rounding: options.rounding,
         })
     }
@@ -416,7 +424,18 @@ impl Optimizer {
     /// step's submission has run. On error nothing is recorded and the step count is unchanged.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
+        // Taken for these gradients only; the plain norm pass is right in any case, since it
+        // reads the gradients the unscale pass left.
+        let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
+            && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
+        // The plain norm pass, built at the first step that needs it (with AMP and f32
+        // gradients the unscale pass takes the norm instead).
+        if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
+            if !norm_taken && bound.norm.is_none() {
+                bound.norm = Some(clip.bind(&self.ctx, grads, None)?);
+            }
+        }
         let t = self.step + 1;
         // Capturable kernels derive the step's values on the device, so their uniform only
         // changes with the hyperparameters; host-mode uniforms change every step.
@@ -442,8 +461,12 @@ impl Optimizer {
         if let Some(device) = &self.device {
             device.record_advance(&mut pass);
         }
-        if let (Some(clip), Some(norm)) = (&self.clip, &bound.norm) {
-            clip.record(&mut pass, norm);
+        if let Some(clip) = &self.clip {
+            match (&bound.unscale_norm, &bound.norm) {
+                (Some(taken), _) if norm_taken => clip.record_finalize(&mut pass, taken),
+                (_, Some(norm)) => clip.record(&mut pass, norm),
+                _ => {}
+            }
         }
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
@@ -498,9 +521,8 @@ impl Optimizer {
             }
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
-        let norm = self.clip.as_ref().map(|clip| clip.bind(&self.ctx, grads)).transpose()?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm });
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None });
         Ok(())
     }
 
@@ -558,6 +580,10 @@ impl Optimizer {
     /// `found_inf` flag when any gradient is NaN or infinite. The next [`Self::record_step`]
     /// then leaves parameters, state and the device step counter untouched if the flag is
     /// set, with no host round trip. Call it once per step, before the step.
+    ///
+    /// With [`OptimizerOptions::grad_clip`] and f32 gradients the same pass also takes the
+    /// gradient norm (of the unscaled gradients), so the gradients are read once for both
+    /// and the step only combines the partial norms.
     pub fn record_unscale(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
@@ -572,8 +598,32 @@ impl Optimizer {
             });
         }
         let ctx = self.ctx.clone();
-        let device = self.device.as_mut().ok_or_else(not_capturable)?;
-        device.record_unscale(&ctx, encoder, grads, inv_scale)
+        if self.device.is_none() {
+            return Err(not_capturable());
+        }
+        if self.clip.is_none() || grads.iter().any(|g| g.dtype != DType::F32) {
+            let device = self.device.as_mut().ok_or_else(not_capturable)?;
+            return device.record_unscale(&ctx, encoder, grads, inv_scale);
+        }
+        device::check_inv_scale(inv_scale)?;
+        self.bind(grads)?;
+        let (Some(device), Some(clip), Some(bound)) = (&mut self.device, &self.clip, self.bound.first_mut())
+        else {
+            return Err(not_capturable());
+        };
+        if bound.unscale_norm.is_none() {
+            bound.unscale_norm = Some(clip.bind(&ctx, grads, Some(device.buffer()))?);
+        }
+        device.record_scale(encoder, inv_scale);
+        if let Some(taken) = &bound.unscale_norm {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgpu-optim unscale and gradient norm"),
+                timestamp_writes: None,
+            });
+            taken.record_partials(&mut pass);
+        }
+        self.norm_taken_by_unscale = true;
+        Ok(())
     }
 
     /// Parameter `i`'s tensors in its family's slot order, all updated in place.
