@@ -97,8 +97,30 @@ pub(super) mod f16c {
                     let head: &mut [[f16; LANES]] = bytemuck::cast_slice_mut(head);
                     (&mut head[..grad_whole.len()], tail)
                 });
-                for (i, g) in grad_whole.iter().enumerate() {
-                    let new = lanes(avx2, &update, *g, std::array::from_fn(|k| rows[k].0[i]));
+                // Four registers of each operand per iteration, written out: four independent
+                // chains keep more loads in flight (a 16 Mi-element f16 Adam step took 13 ms
+                // one register at a time, 9 ms two at a time, 7.3 ms four, and eight gained
+                // nothing); an array built by a closure was not inlined and ran 10x slower.
+                let unrolled = grad_whole.len() / 4 * 4;
+                let mut i = 0;
+                while i < unrolled {
+                    let a = lanes(avx2, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
+                    let b =
+                        lanes(avx2, &update, grad_whole[i + 1], std::array::from_fn(|k| rows[k].0[i + 1]));
+                    let c =
+                        lanes(avx2, &update, grad_whole[i + 2], std::array::from_fn(|k| rows[k].0[i + 2]));
+                    let d =
+                        lanes(avx2, &update, grad_whole[i + 3], std::array::from_fn(|k| rows[k].0[i + 3]));
+                    for (k, (head, _)) in rows.iter_mut().enumerate() {
+                        head[i] = a[k];
+                        head[i + 1] = b[k];
+                        head[i + 2] = c[k];
+                        head[i + 3] = d[k];
+                    }
+                    i += 4;
+                }
+                for i in unrolled..grad_whole.len() {
+                    let new = lanes(avx2, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
                     for ((head, _), value) in rows.iter_mut().zip(new) {
                         head[i] = value;
                     }
