@@ -301,7 +301,10 @@ fn build_optimizer(
     // Master weights read the model's 16-bit values (a checkpoint's, if written above) into
     // f32 masters; without them the 16-bit parameters are updated in place.
     let master_weights = model.dtype() != DType::F32 && !options.no_master_weights;
-    let optimizer_options = OptimizerOptions { master_weights, rounding, ..Default::default() };
+    // The layers' shapes, so that the optimizer checkpoint holds each state as PyTorch
+    // would (`tools/torch_checkpoint.py to-torch` turns it into a state_dict).
+    let param_shapes = model.layout().iter().map(|spec| spec.shape.clone()).collect();
+    let optimizer_options = OptimizerOptions { master_weights, rounding, param_shapes, ..Default::default() };
     let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, optimizer_options)?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;

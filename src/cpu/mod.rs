@@ -108,6 +108,12 @@ impl CpuOptimizer {
                     "the CPU backend updates the caller's host slices directly and counts steps on the host",
             });
         }
+        // Checked for the same options to mean the same everywhere (the CPU backend writes no
+        // checkpoint).
+        crate::optimizer::check_shapes(
+            &options.param_shapes,
+            &params.iter().map(|p| p.len() as u64).collect::<Vec<_>>(),
+        )?;
         crate::optimizer::check_rounding_dtypes(
             options.rounding,
             params.iter().map(|p| p.dtype()),

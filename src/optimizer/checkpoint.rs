@@ -30,7 +30,9 @@ impl Optimizer {
     /// tensor back.
     ///
     /// It holds, under PyTorch's `state_dict` names (parameters numbered across groups):
-    /// - each parameter's state, in its storage dtype and shape `[len]`: `state.{i}.exp_avg`,
+    /// - each parameter's state, in its storage dtype, and in the parameter's shape from
+    ///   [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes) (flat,
+    ///   `[len]`, without them): `state.{i}.exp_avg`,
     ///   `state.{i}.exp_avg_sq`, `state.{i}.max_exp_avg_sq` (AMSGrad),
     ///   `state.{i}.momentum_buffer` (SGD with momentum), `state.{i}.sum` (Adagrad);
     /// - the step count: `state.{i}.step`, an f32 scalar as PyTorch keeps it, and the exact
@@ -64,7 +66,7 @@ impl Optimizer {
                     owned.push((
                         format!("state.{i}.{}", kind.torch_name()),
                         safetensors_dtype(tensor.dtype),
-                        vec![tensor.len as usize],
+                        self.shape(i),
                         bytes,
                     ));
                 }
@@ -80,7 +82,7 @@ impl Optimizer {
                     owned.push((
                         format!("master.{i}"),
                         safetensors_dtype(master.dtype),
-                        vec![master.len as usize],
+                        self.shape(i),
                         bytes,
                     ));
                 }
@@ -121,6 +123,11 @@ impl Optimizer {
             .collect::<Result<Vec<_>>>()?;
         safetensors::serialize(views, Some(metadata))
             .map_err(|e| Error::BadFile { path: "checkpoint".into(), problem: e.to_string() })
+    }
+
+    /// Parameter `i`'s shape in checkpoints: the caller's, or flat.
+    fn shape(&self, i: usize) -> Vec<usize> {
+        self.shapes.get(i).cloned().unwrap_or_else(|| vec![self.params[i].len as usize])
     }
 
     /// Saves the checkpoint ([`Self::save_to_bytes`] says what it holds) to `path`
@@ -174,7 +181,8 @@ impl Optimizer {
     /// The file must match the optimizer: the same rounding mode ([`Rounding::name`], and for
     /// stochastic rounding the same `state` flag), the same number of groups, each with the same
     /// algorithm class and state tensors and the same parameter indices, and every tensor
-    /// with the dtype and length of the optimizer's. All of it, and whether every target
+    /// with the dtype of the optimizer's, stored flat or in the parameter's shape (in any
+    /// shape of its length when the optimizer was given no shapes). All of it, and whether every target
     /// buffer takes its write, is checked before anything is written; on a mismatch
     /// ([`Error::BadFile`]), a target that cannot be written ([`Error::MissingUsage`]), or a
     /// truncated or corrupt file, the optimizer and the model are left as they were.
@@ -222,15 +230,22 @@ impl Optimizer {
         // Every tensor the optimizer needs, checked before anything is written.
         let mut writes: Vec<(String, Tensor, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut expected_names = 0;
-        let mut take = |name: String, target: &Tensor, argument: String| -> Result<()> {
+        let shapes_free = self.shapes.is_empty();
+        let mut take = |name: String, target: &Tensor, shape: Vec<usize>, argument: String| -> Result<()> {
             let view = file.tensor(&name).map_err(|_| bad(format!("has no tensor `{name}`")))?;
-            if view.dtype() != safetensors_dtype(target.dtype) || view.shape() != [target.len as usize] {
+            // Flat or in the parameter's shape (any shape of its length when the optimizer
+            // was given none): the same elements in the same order.
+            let flat = [target.len as usize];
+            let elements = view.shape().iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+            let shape_fits = view.shape() == flat
+                || view.shape() == shape
+                || (shapes_free && elements == Some(target.len as usize));
+            if view.dtype() != safetensors_dtype(target.dtype) || !shape_fits {
                 return Err(bad(format!(
-                    "`{name}` is {:?} {:?}, the optimizer's is {:?} [{}]",
+                    "`{name}` is {:?} {:?}, the optimizer's is {:?} {shape:?}",
                     view.dtype(),
                     view.shape(),
                     target.dtype,
-                    target.len
                 )));
             }
             writes.push((argument, target.clone(), view.data().into()));
@@ -241,10 +256,10 @@ impl Optimizer {
             for i in group.first..group.first + group.len {
                 for (kind, tensor) in self.state_kinds(&group.algorithm).iter().zip(&self.state[i]) {
                     let name = kind.torch_name();
-                    take(format!("state.{i}.{name}"), tensor, format!("{name}[{i}]"))?;
+                    take(format!("state.{i}.{name}"), tensor, self.shape(i), format!("{name}[{i}]"))?;
                 }
                 if !self.model_copies.is_empty() {
-                    take(format!("master.{i}"), &self.params[i], format!("params[{i}]"))?;
+                    take(format!("master.{i}"), &self.params[i], self.shape(i), format!("params[{i}]"))?;
                 }
             }
         }

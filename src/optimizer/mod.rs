@@ -81,6 +81,39 @@ pub struct OptimizerOptions {
     /// otherwise) and exclude [`Self::master_weights`] and [`Self::model_copies`]
     /// ([`Error::ConflictingOptions`]). The CPU backend honours it too, with the same bits.
     pub rounding: Rounding,
+    /// Each parameter's shape (numbered across groups, as the checkpoint numbers them), so
+    /// that checkpoints hold every state tensor in its parameter's shape, as PyTorch's
+    /// `state_dict` does (`tools/torch_checkpoint.py` converts between the two). Empty (the
+    /// default): every tensor is saved flat, `[len]`. Otherwise one shape per parameter,
+    /// whose elements multiply to its length ([`Error::CountMismatch`],
+    /// [`Error::LengthMismatch`] naming `param_shapes[i]` otherwise).
+    pub param_shapes: Vec<Vec<usize>>,
+}
+
+/// [`OptimizerOptions::param_shapes`] against the parameters' lengths.
+pub(crate) fn check_shapes(shapes: &[Vec<usize>], lens: &[u64]) -> Result<()> {
+    if shapes.is_empty() {
+        return Ok(());
+    }
+    if shapes.len() != lens.len() {
+        return Err(Error::CountMismatch {
+            argument: "param_shapes".into(),
+            got: shapes.len(),
+            expected: lens.len(),
+        });
+    }
+    for (i, (shape, len)) in shapes.iter().zip(lens).enumerate() {
+        let elements = shape.iter().try_fold(1u64, |n, d| n.checked_mul(*d as u64));
+        if elements != Some(*len) {
+            return Err(Error::LengthMismatch {
+                argument: format!("param_shapes[{i}] {shape:?}"),
+                got: elements.unwrap_or(u64::MAX),
+                expected: *len,
+                reference: format!("params[{i}]"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One parameter group as the optimizer keeps it.
@@ -136,6 +169,10 @@ pub struct Optimizer {
     bound: Vec<Bound>,
     device: Option<DeviceState>,
     clip: Option<ClipPass>,
+    /// [`OptimizerOptions::param_shapes`]: empty, or each parameter's shape (only
+    /// checkpoints read them).
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    shapes: Vec<Vec<usize>>,
     /// The last `record_unscale` took the gradient norm of `bound[0]`'s gradients, so the
     /// step after it only finalizes the norm.
     norm_taken_by_unscale: bool,
@@ -207,6 +244,7 @@ impl Optimizer {
         let (groups, options) = master_copies(ctx, groups, options)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
+        check_shapes(&options.param_shapes, &params.iter().map(|p| p.len).collect::<Vec<_>>())?;
         check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype), "params")?;
         if options.capturable && math == DType::F64 {
             return Err(Error::DTypeMismatch {
@@ -293,6 +331,7 @@ impl Optimizer {
             groups: kept,
             params,
             model_copies: options.model_copies,
+            shapes: options.param_shapes,
             state,
             step: 0,
             math,

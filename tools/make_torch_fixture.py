@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Writes the PyTorch resume fixtures of tests/torch_checkpoint.rs.
+
+    python3 tools/make_torch_fixture.py tests/fixtures/torch
+
+For each case, PyTorch's optimizer runs 5 steps on three f32 parameters of shapes (8, 5),
+(5,) and (3, 4, 2) with fixed gradients; its state_dict is converted with
+`torch_checkpoint.py from-torch` into CASE.optimizer.safetensors. CASE.trajectory.safetensors
+holds the parameters after those 5 steps (`param.i`), the gradients of the next 5
+(`grad.k.i`, k = 0..4) and PyTorch's parameters after each of them (`expected.k.i`).
+"""
+
+import os
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_checkpoint  # noqa: E402
+
+SHAPES = [(8, 5), (5,), (3, 4, 2)]
+CASES = {
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.01),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    "amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+}
+
+
+def gradients(generator):
+    return [torch.randn(shape, generator=generator) * 0.5 for shape in SHAPES]
+
+
+def main(directory):
+    os.makedirs(directory, exist_ok=True)
+    for seed, (name, make) in enumerate(sorted(CASES.items())):
+        generator = torch.Generator().manual_seed(1000 + seed)
+        params = [torch.randn(shape, generator=generator).requires_grad_() for shape in SHAPES]
+        optimizer = make(params)
+        for _ in range(5):
+            for p, g in zip(params, gradients(generator)):
+                p.grad = g
+            optimizer.step()
+        with tempfile.TemporaryDirectory() as scratch:
+            saved = os.path.join(scratch, "state.pt")
+            torch.save(optimizer.state_dict(), saved)
+            target = os.path.join(directory, f"{name}.optimizer.safetensors")
+            torch_checkpoint.from_torch(saved, target, None, step=5)
+        trajectory = {f"param.{i}": p.detach().clone() for i, p in enumerate(params)}
+        for k in range(5):
+            for i, (p, g) in enumerate(zip(params, gradients(generator))):
+                p.grad = g
+                trajectory[f"grad.{k}.{i}"] = g.clone()
+            optimizer.step()
+            for i, p in enumerate(params):
+                trajectory[f"expected.{k}.{i}"] = p.detach().clone()
+        save_file(trajectory, os.path.join(directory, f"{name}.trajectory.safetensors"),
+                  metadata={"torch": torch.__version__})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
