@@ -104,10 +104,45 @@ impl GpuContext {
     /// Refused before any GPU work if the tensor cannot be read back ([`Error::BadRange`],
     /// [`Error::MissingUsage`]): copies cover whole 4-byte words, so the word holding its last
     /// byte must exist.
+    ///
+    /// This blocks the thread until the GPU is done, which a browser's main thread cannot
+    /// do: in wasm32 builds it returns [`Error::Readback`]; use [`Self::read_bytes_async`].
     pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
+        let Some(readback) = self.begin_readback(tensor)? else { return Ok(Vec::new()) };
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Readback(
+                "a blocking readback cannot wait in a browser; use read_bytes_async".into(),
+            ));
+        }
+        self.device()
+            .poll(wgpu::PollType::Wait { submission_index: Some(readback.submission.clone()), timeout: None })
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let mapped = pollster::block_on(readback.mapped.receive());
+        readback.finish(mapped)
+    }
+
+    /// [`Self::read_bytes`] as a future, for callers that must not block (a browser's event
+    /// loop maps the buffer; natively the device is polled until the copy is done first).
+    pub async fn read_bytes_async(&self, tensor: &Tensor) -> Result<Vec<u8>> {
+        let Some(readback) = self.begin_readback(tensor)? else { return Ok(Vec::new()) };
+        if !cfg!(target_arch = "wasm32") {
+            self.device()
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(readback.submission.clone()),
+                    timeout: None,
+                })
+                .map_err(|e| Error::Readback(e.to_string()))?;
+        }
+        let mapped = readback.mapped.receive().await;
+        readback.finish(mapped)
+    }
+
+    /// Checks `tensor`, then submits its copy into a mappable buffer and asks for the map;
+    /// `None` for an empty tensor.
+    fn begin_readback(&self, tensor: &Tensor) -> Result<Option<Readback>> {
         check_readable(&Arg::new("tensor", tensor))?;
         if tensor.len == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let range = tensor.byte_range();
         let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
@@ -124,25 +159,14 @@ impl GpuContext {
             encoder.copy_buffer_to_buffer(&tensor.buffer, start, &staging, 0, end - start);
             self.queue().submit([encoder.finish()])
         })?;
-        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+        let (sender, mapped) = futures_intrusive::channel::shared::oneshot_channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |result| {
-            // The receiver lives until the poll below returns, so the send cannot be lost.
+            // The receiver lives in the `Readback` until the map is awaited, so the send
+            // cannot be lost.
             let _ = sender.send(result);
         });
-        device
-            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        match pollster::block_on(receiver.receive()) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("the map callback never ran".into())),
-        }
         let skip = (range.start - start) as usize;
-        let bytes = staging.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?
-            [skip..skip + tensor.byte_len() as usize]
-            .to_vec();
-        staging.unmap();
-        Ok(bytes)
+        Ok(Some(Readback { staging, submission, mapped, skip, len: tensor.byte_len() as usize }))
     }
 
     /// Reads an f32 tensor back to the host.
@@ -197,4 +221,32 @@ fn require_usage(arg: &Arg, usage: wgpu::BufferUsages, name: &'static str) -> Re
         needed: name,
         has: format!("{:?}", arg.tensor.buffer.usage()),
     })
+}
+
+/// A copy on its way back to the host.
+struct Readback {
+    staging: wgpu::Buffer,
+    submission: wgpu::SubmissionIndex,
+    /// The map's outcome, once the device has finished the copy.
+    mapped:
+        futures_intrusive::channel::shared::OneshotReceiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    /// The tensor's first byte in `staging`, and its length.
+    skip: usize,
+    len: usize,
+}
+
+impl Readback {
+    /// The tensor's bytes, given the map's outcome.
+    fn finish(self, mapped: Option<std::result::Result<(), wgpu::BufferAsyncError>>) -> Result<Vec<u8>> {
+        match mapped {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
+            None => return Err(Error::Readback("the map callback never ran".into())),
+        }
+        let bytes = self.staging.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?
+            [self.skip..self.skip + self.len]
+            .to_vec();
+        self.staging.unmap();
+        Ok(bytes)
+    }
 }
