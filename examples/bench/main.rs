@@ -90,6 +90,8 @@ struct Bench {
     ctx: Option<GpuContext>,
     timer: Option<GpuTimer>,
     rooflines: Rooflines,
+    /// Evicts the caches before each timed CPU step and roofline pass.
+    flush: rooflines::CacheFlush,
     rows: Vec<Row>,
 }
 
@@ -142,7 +144,7 @@ impl Bench {
         }
         if self.options.cpu {
             let host = self.rooflines.host(bytes, reads, writes);
-            let (cpu, roofline) = cpu_step(&job, host)?;
+            let (cpu, roofline) = cpu_step(&job, host, &self.flush)?;
             let roofline_gbps = rooflines::gbps(host.bytes, roofline);
             self.push(row("cpu", cpu, roofline_gbps));
             if elements <= 1 << 20 {
@@ -235,8 +237,13 @@ fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tenso
         .collect()
 }
 
-/// The median CPU-backend step and the median host-roofline pass, timed alternately.
-fn cpu_step(job: &Job<'_>, host: &mut rooflines::HostLoop) -> wgpu_optim::Result<(Duration, Duration)> {
+/// The median CPU-backend step and the median host-roofline pass, timed alternately, each
+/// from cold caches.
+fn cpu_step(
+    job: &Job<'_>,
+    host: &mut rooflines::HostLoop,
+    flush: &rooflines::CacheFlush,
+) -> wgpu_optim::Result<(Duration, Duration)> {
     let Job { algorithm, clip, dtype, case, reps, budget } = *job;
     let mut params: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
@@ -255,7 +262,9 @@ fn cpu_step(job: &Job<'_>, host: &mut rooflines::HostLoop) -> wgpu_optim::Result
     step(&mut params)?; // first touch of the state
     let mut passes = Vec::new();
     let cpu = median_of(reps, budget, || {
+        flush.flush();
         let t = step(&mut params)?;
+        flush.flush();
         passes.push(host.time());
         Ok(t)
     })?;
@@ -348,7 +357,14 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let timer = ctx.as_ref().map(GpuTimer::new);
-    let mut bench = Bench { options, ctx, timer, rooflines: Rooflines::default(), rows: Vec::new() };
+    let mut bench = Bench {
+        options,
+        ctx,
+        timer,
+        rooflines: Rooflines::default(),
+        flush: rooflines::CacheFlush::new(),
+        rows: Vec::new(),
+    };
     let total = bench.options.algos.len() * bench.options.dtypes.len() * cases.len();
     let mut done = 0;
     let started = Instant::now();
