@@ -12,13 +12,16 @@
 //! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
 //!
 //! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
-//! multiversion) and `checkpoint` (`Optimizer::save`/`load`; safetensors and serde_json).
+//! multiversion) and `checkpoint` (`Optimizer::save`/`load`, and `CpuOptimizer`'s with `cpu`;
+//! safetensors and serde_json).
 //! The GPU optimizer and operators need neither.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 #[cfg(feature = "cpu")]
 pub mod cpu;
 mod dtype;
@@ -34,11 +37,11 @@ pub use algo::{
     bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
     Sgd, StateKind,
 };
+#[cfg(feature = "checkpoint")]
+pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-#[cfg(feature = "checkpoint")]
-pub use optimizer::{Checkpoint, CHECKPOINT_FORMAT};
 pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup};
 pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;

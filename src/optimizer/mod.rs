@@ -7,9 +7,6 @@ mod checkpoint;
 mod clip;
 mod device;
 
-#[cfg(feature = "checkpoint")]
-pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
-
 use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};

@@ -1,0 +1,93 @@
+//! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
+
+use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
+
+/// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
+/// algorithms) so that the `checkpoint` feature alone brings in serde_json.
+impl Algorithm {
+    /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
+    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`).
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        let value = match self {
+            Algorithm::Adam(c) => json!({
+                "optimizer": if c.decoupled_weight_decay { "AdamW" } else { "Adam" },
+                "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps, "weight_decay": c.weight_decay,
+                "amsgrad": c.amsgrad, "maximize": c.maximize,
+            }),
+            Algorithm::Sgd(c) => json!({
+                "optimizer": "SGD", "lr": c.lr, "momentum": c.momentum, "dampening": c.dampening,
+                "weight_decay": c.weight_decay, "nesterov": c.nesterov, "maximize": c.maximize,
+            }),
+            Algorithm::Adagrad(c) => json!({
+                "optimizer": "Adagrad", "lr": c.lr, "lr_decay": c.lr_decay, "weight_decay": c.weight_decay,
+                "initial_accumulator_value": c.initial_accumulator_value, "eps": c.eps, "maximize": c.maximize,
+            }),
+        };
+        match value {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// The inverse of [`Algorithm::to_json`]; [`Error::BadJson`] names the field that is
+    /// missing or wrong.
+    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
+        let bad = |problem: String| Error::BadJson { problem };
+        let number = |key: &str| {
+            map.get(key)
+                .and_then(|v| v.as_f64())
+                .ok_or_else(|| bad(format!("`{key}` is missing or not a number")))
+        };
+        let flag = |key: &str| {
+            map.get(key)
+                .and_then(|v| v.as_bool())
+                .ok_or_else(|| bad(format!("`{key}` is missing or not a boolean")))
+        };
+        let name = map
+            .get("optimizer")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| bad("`optimizer` is missing".into()))?;
+        Ok(match name {
+            "Adam" | "AdamW" => {
+                let betas = map
+                    .get("betas")
+                    .and_then(|v| v.as_array())
+                    .ok_or_else(|| bad("`betas` is missing".into()))?;
+                let beta = |k: usize| {
+                    betas
+                        .get(k)
+                        .and_then(|v| v.as_f64())
+                        .ok_or_else(|| bad("`betas` is not two numbers".into()))
+                };
+                Algorithm::Adam(Adam {
+                    lr: number("lr")?,
+                    beta1: beta(0)?,
+                    beta2: beta(1)?,
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                    decoupled_weight_decay: name == "AdamW",
+                    amsgrad: flag("amsgrad")?,
+                    maximize: flag("maximize")?,
+                })
+            }
+            "SGD" => Algorithm::Sgd(Sgd {
+                lr: number("lr")?,
+                momentum: number("momentum")?,
+                dampening: number("dampening")?,
+                weight_decay: number("weight_decay")?,
+                nesterov: flag("nesterov")?,
+                maximize: flag("maximize")?,
+            }),
+            "Adagrad" => Algorithm::Adagrad(Adagrad {
+                lr: number("lr")?,
+                lr_decay: number("lr_decay")?,
+                weight_decay: number("weight_decay")?,
+                initial_accumulator_value: number("initial_accumulator_value")?,
+                eps: number("eps")?,
+                maximize: flag("maximize")?,
+            }),
+            other => return Err(bad(format!("unknown optimizer `{other}`"))),
+        })
+    }
+}
