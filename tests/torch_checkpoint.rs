@@ -1,7 +1,8 @@
 //! PyTorch's optimizer state resumed here: fixtures written by `tools/make_torch_fixture.py`
 //! (PyTorch's state after 5 steps, converted by `tools/torch_checkpoint.py from-torch`, and
 //! PyTorch's parameters over 5 more steps) are loaded and continued on the GPU and on the
-//! CPU backend. Also: checkpoints hold each state in its parameter's shape.
+//! CPU backend. Also: checkpoints of both backends hold each state in its parameter's
+//! shape and load on either, shaped or flat; shapes that do not fit are refused.
 
 mod common;
 
@@ -77,6 +78,10 @@ fn widen(values: &[f32]) -> Vec<f64> {
     values.iter().map(|x| f64::from(*x)).collect()
 }
 
+fn f32_slices(values: &[Vec<f32>]) -> Vec<HostSlice<'_>> {
+    values.iter().map(|v| HostSlice::F32(v)).collect()
+}
+
 fn with_shapes(shapes: Vec<Vec<usize>>) -> OptimizerOptions {
     OptimizerOptions { param_shapes: shapes, ..Default::default() }
 }
@@ -112,22 +117,12 @@ fn pytorchs_state_after_five_steps_continues_on_the_cpu_backend_as_pytorch_conti
         let fixture = Fixture::read(case);
         let start = fixture.params();
         let mut params: Vec<Vec<f32>> = start.iter().map(|(v, _)| v.clone()).collect();
-        let algorithm = fixture.algorithm();
+        let shapes = start.iter().map(|(_, s)| s.clone()).collect();
         let slices: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::F32(p)).collect();
         let mut optimizer =
-            CpuOptimizer::with_options(algorithm, &slices, OptimizerOptions::default()).unwrap();
-        // The CPU backend writes no checkpoint file; its state is loaded from the same one.
-        let file = SafeTensors::deserialize(&fixture.checkpoint).unwrap();
-        for i in 0..params.len() {
-            for kind in algorithm.state_kinds() {
-                let view = file.tensor(&format!("state.{i}.{}", kind.torch_name())).unwrap();
-                let Some(HostSliceMut::F32(state)) = optimizer.state_mut(i, *kind) else {
-                    panic!("{case}: no f32 {kind:?}")
-                };
-                state.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(view.data()));
-            }
-        }
-        optimizer.set_step_count(5).unwrap();
+            CpuOptimizer::with_options(fixture.algorithm(), &slices, with_shapes(shapes)).unwrap();
+        optimizer.load_from_bytes(&fixture.checkpoint).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(optimizer.step_count(), 5, "{case}");
         for k in 0..STEPS {
             let grads = fixture.grads(k);
             let grads: Vec<HostSlice<'_>> = grads.iter().map(|g| HostSlice::F32(g)).collect();
@@ -141,33 +136,64 @@ fn pytorchs_state_after_five_steps_continues_on_the_cpu_backend_as_pytorch_conti
     }
 }
 
+/// Asserts that every Adam (AMSGrad) state of `bytes` has its parameter's shape.
+#[track_caller]
+fn assert_shaped(what: &str, bytes: &[u8], shapes: &[Vec<usize>]) {
+    let file = SafeTensors::deserialize(bytes).unwrap();
+    for (i, shape) in shapes.iter().enumerate() {
+        for name in ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] {
+            let view = file.tensor(&format!("state.{i}.{name}")).unwrap();
+            assert_eq!(view.shape(), shape.as_slice(), "{what}: state.{i}.{name}");
+        }
+    }
+}
+
 #[test]
 fn a_checkpoint_keeps_each_state_in_its_parameters_shape_and_loads_back_flat_or_shaped() {
     let ctx = ctx();
     let shapes = vec![vec![8, 5], vec![5], vec![3, 4, 2]];
     let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let adam = Adam { amsgrad: true, ..Adam::default() };
+    // One step on each backend, from the same values.
     let params: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("param", &vec![0.5; n], DType::F32)).collect();
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("grad", &vec![0.25; n], DType::F32)).collect();
-    let adam = Adam { amsgrad: true, ..Adam::default() };
-    let mut shaped = Optimizer::with_options(&ctx, adam, &params, with_shapes(shapes.clone())).unwrap();
-    shaped.step(&grads).unwrap();
-    let saved = shaped.save_to_bytes().unwrap();
-    let file = SafeTensors::deserialize(&saved).unwrap();
-    for (i, shape) in shapes.iter().enumerate() {
-        for name in ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] {
-            assert_eq!(file.tensor(&format!("state.{i}.{name}")).unwrap().shape(), shape.as_slice());
+    let mut gpu = Optimizer::with_options(&ctx, adam, &params, with_shapes(shapes.clone())).unwrap();
+    gpu.step(&grads).unwrap();
+    let mut host_params: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.5; n]).collect();
+    let host_grads: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.25; n]).collect();
+    let mut cpu =
+        CpuOptimizer::with_options(adam, &f32_slices(&host_params), with_shapes(shapes.clone())).unwrap();
+    let mut slices: Vec<HostSliceMut<'_>> = host_params.iter_mut().map(|p| HostSliceMut::F32(p)).collect();
+    cpu.step(&mut slices, &f32_slices(&host_grads)).unwrap();
+
+    let saved = [("GPU", gpu.save_to_bytes().unwrap()), ("CPU", cpu.save_to_bytes().unwrap())];
+    for (backend, bytes) in &saved {
+        assert_shaped(backend, bytes, &shapes);
+        // Loads into an optimizer of either backend with the shapes and into one without
+        // (flat), bit for bit; the shaped ones save the shapes back.
+        for options in [with_shapes(shapes.clone()), OptimizerOptions::default()] {
+            let flat = options.param_shapes.is_empty();
+            let mut other_gpu = Optimizer::with_options(&ctx, adam, &params, options.clone()).unwrap();
+            other_gpu.load_from_bytes(bytes).unwrap();
+            let mut other_cpu = CpuOptimizer::with_options(adam, &f32_slices(&host_params), options).unwrap();
+            other_cpu.load_from_bytes(bytes).unwrap();
+            for (loader, again) in
+                [("GPU", other_gpu.save_to_bytes().unwrap()), ("CPU", other_cpu.save_to_bytes().unwrap())]
+            {
+                let what = format!("saved on the {backend}, loaded on the {loader}, flat: {flat}");
+                assert_eq!(contents(&again), contents(bytes), "{what}");
+                if !flat {
+                    assert_shaped(&what, &again, &shapes);
+                }
+            }
         }
     }
-    // Loads into an optimizer with the shapes and into one without (flat), bit for bit.
-    for options in [with_shapes(shapes.clone()), OptimizerOptions::default()] {
-        let flat = options.param_shapes.is_empty();
-        let mut other = Optimizer::with_options(&ctx, adam, &params, options).unwrap();
-        other.load_from_bytes(&saved).unwrap();
-        assert_eq!(contents(&other.save_to_bytes().unwrap()), contents(&saved), "flat: {flat}");
-    }
-    // A flat checkpoint loads into the shaped optimizer too.
+    // A flat checkpoint loads into the shaped optimizers too.
     let flat = Optimizer::with_options(&ctx, adam, &params, OptimizerOptions::default()).unwrap();
-    shaped.load_from_bytes(&flat.save_to_bytes().unwrap()).unwrap();
+    let flat = flat.save_to_bytes().unwrap();
+    gpu.load_from_bytes(&flat).unwrap();
+    cpu.load_from_bytes(&flat).unwrap();
+    assert_eq!(contents(&cpu.save_to_bytes().unwrap()), contents(&flat));
 }
 
 #[test]
@@ -175,41 +201,56 @@ fn shapes_that_do_not_fit_are_refused_and_change_nothing() {
     let ctx = ctx();
     let params =
         vec![ctx.upload("param", &[0.5; 40], DType::F32), ctx.upload("param", &[0.5; 5], DType::F32)];
-    let refused = |shapes: Vec<Vec<usize>>| {
+    let host_params = [vec![0.5f32; 40], vec![0.5f32; 5]];
+    let host = || host_params.iter().map(|p| HostSlice::F32(p)).collect::<Vec<_>>();
+    let gpu = |shapes: Vec<Vec<usize>>| {
         Optimizer::with_options(&ctx, Adam::default(), &params, with_shapes(shapes))
     };
-    match refused(vec![vec![8, 5], vec![6]]) {
-        Err(e @ Error::LengthMismatch { .. }) => {
-            let message = e.to_string();
-            assert!(
-                message.contains("param_shapes[1]") && message.contains("has 6 elements, expected 5"),
-                "{message}"
-            );
+    let cpu =
+        |shapes: Vec<Vec<usize>>| CpuOptimizer::with_options(Adam::default(), &host(), with_shapes(shapes));
+    let wrong = vec![vec![8, 5], vec![6]];
+    for (backend, refused) in [("GPU", gpu(wrong.clone()).map(|_| ())), ("CPU", cpu(wrong).map(|_| ()))] {
+        match refused {
+            Err(e @ Error::LengthMismatch { .. }) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("param_shapes[1] [6]") && message.contains("has 6 elements, expected 5"),
+                    "{backend}: {message}"
+                );
+            }
+            other => panic!("{backend}: {other:?}"),
         }
-        other => panic!("{:?}", other.map(|_| ())),
     }
-    assert!(matches!(refused(vec![vec![8, 5]]), Err(Error::CountMismatch { .. })));
-    let slices = [HostSlice::F32(&[0.5; 40]), HostSlice::F32(&[0.5; 5])];
-    let cpu = CpuOptimizer::with_options(Adam::default(), &slices, with_shapes(vec![vec![4, 10], vec![6]]));
-    assert!(matches!(cpu, Err(Error::LengthMismatch { .. })));
+    assert!(matches!(gpu(vec![vec![8, 5]]), Err(Error::CountMismatch { .. })));
+    assert!(matches!(cpu(vec![vec![8, 5]]), Err(Error::CountMismatch { .. })));
 
     // A file whose tensor has another shape of the same length is refused before any write.
     let shapes = vec![vec![8, 5], vec![5]];
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, with_shapes(shapes)).unwrap();
+    let mut optimizer = gpu(shapes.clone()).unwrap();
     optimizer
         .step(&[ctx.upload("g", &[0.1; 40], DType::F32), ctx.upload("g", &[0.1; 5], DType::F32)])
         .unwrap();
-    let other_shape =
-        Optimizer::with_options(&ctx, Adam::default(), &params, with_shapes(vec![vec![5, 8], vec![5]]))
-            .unwrap()
-            .save_to_bytes()
-            .unwrap();
-    let before = contents(&optimizer.save_to_bytes().unwrap());
-    match optimizer.load_from_bytes(&other_shape) {
-        Err(Error::BadFile { problem, .. }) => {
-            assert!(problem.contains("[5, 8]") && problem.contains("[8, 5]"), "{problem}")
+    let mut cpu_optimizer = cpu(shapes).unwrap();
+    let (mut p0, mut p1) = ([0.5f32; 40], [0.5f32; 5]);
+    let mut slices = [HostSliceMut::F32(&mut p0), HostSliceMut::F32(&mut p1)];
+    cpu_optimizer.step(&mut slices, &[HostSlice::F32(&[0.1; 40]), HostSlice::F32(&[0.1; 5])]).unwrap();
+    let other_shape = gpu(vec![vec![5, 8], vec![5]]).unwrap().save_to_bytes().unwrap();
+    let refused = |problem: Result<(), Error>, before: Contents, after: Contents, backend: &str| {
+        match problem {
+            Err(Error::BadFile { problem, .. }) => {
+                assert!(
+                    problem.contains("`state.0.exp_avg` is F32 [5, 8]") && problem.contains("[8, 5]"),
+                    "{problem}"
+                )
+            }
+            other => panic!("{backend}: {other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
-    assert!(contents(&optimizer.save_to_bytes().unwrap()) == before, "a refused load changed the optimizer");
+        assert!(after == before, "{backend}: a refused load changed the optimizer");
+    };
+    let before = contents(&optimizer.save_to_bytes().unwrap());
+    let result = optimizer.load_from_bytes(&other_shape);
+    refused(result, before, contents(&optimizer.save_to_bytes().unwrap()), "GPU");
+    let before = contents(&cpu_optimizer.save_to_bytes().unwrap());
+    let result = cpu_optimizer.load_from_bytes(&other_shape);
+    refused(result, before, contents(&cpu_optimizer.save_to_bytes().unwrap()), "CPU");
 }

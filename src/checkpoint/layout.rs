@@ -231,7 +231,19 @@ impl Layout<'_> {
         }
         let expected = entries.len() + self.params.len();
         if file.len() != expected {
-            return Err(bad(format!("holds {} tensors, the optimizer has {expected}", file.len())));
+            // Every expected tensor is there, so some other one is too: name it (e.g. the
+            // masters of a master-weight run, which an optimizer without keeps nowhere).
+            let mut names = file.names();
+            names.sort();
+            let known = |name: &str| {
+                entries.iter().any(|entry| entry.name == name)
+                    || (0..self.params.len()).any(|i| name == format!("state.{i}.step"))
+            };
+            let other = names
+                .into_iter()
+                .find(|name| !known(name))
+                .map_or(String::new(), |name| format!(" (`{name}` is none of the optimizer's)"));
+            return Err(bad(format!("holds {} tensors, the optimizer has {expected}{other}", file.len())));
         }
         Ok(data)
     }

@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 mod convert;
 mod f16_lanes;
 mod host;
@@ -63,6 +65,10 @@ pub struct CpuOptimizer {
     grad_clip: Option<GradClip>,
     /// The last step's global gradient norm, when clipping.
     grad_norm: Option<f32>,
+    /// [`OptimizerOptions::param_shapes`]: empty, or each parameter's shape (only
+    /// checkpoints read them).
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    shapes: Vec<Vec<usize>>,
 }
 
 impl CpuOptimizer {
@@ -76,7 +82,9 @@ impl CpuOptimizer {
     /// As [`Self::new`], with the given [`OptimizerOptions`]. The CPU backend takes
     /// `state_dtype` (F32, F16 or BF16) and `rounding` (stochastic rounding stores the same
     /// bits as the GPU for the same seed; Kahan rounding and stochastic rounding need F16 or
-    /// BF16 parameters, [`Error::DTypeMismatch`] otherwise); the GPU-only options
+    /// BF16 parameters, [`Error::DTypeMismatch`] otherwise), `grad_clip`, and `param_shapes`
+    /// (checkpoints hold each state in its parameter's shape; refused as by the GPU
+    /// optimizer when the shapes do not fit the parameters); the GPU-only options
     /// (`model_copies`, `master_weights`, `capturable`) are refused with
     /// [`Error::ConflictingOptions`].
     pub fn with_options(
@@ -108,8 +116,6 @@ impl CpuOptimizer {
                     "the CPU backend updates the caller's host slices directly and counts steps on the host",
             });
         }
-        // Checked for the same options to mean the same everywhere (the CPU backend writes no
-        // checkpoint).
         crate::optimizer::check_shapes(
             &options.param_shapes,
             &params.iter().map(|p| p.len() as u64).collect::<Vec<_>>(),
@@ -149,6 +155,7 @@ impl CpuOptimizer {
             step: 0,
             grad_clip: options.grad_clip,
             grad_norm: None,
+            shapes: options.param_shapes,
         })
     }
 

@@ -75,7 +75,14 @@ impl StateTensor {
         Memory::Heap(vec![0; bytes.div_ceil(4)])
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The storage type of the elements.
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    pub(super) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The elements' bytes, in the host's byte order.
+    pub(super) fn bytes(&self) -> &[u8] {
         let all: &[u8] = match &self.memory {
             Memory::Heap(words) => bytemuck::cast_slice(words),
             #[cfg(target_os = "linux")]
@@ -84,7 +91,8 @@ impl StateTensor {
         &all[..self.len * self.dtype.size() as usize]
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    /// The elements' bytes, in the host's byte order, mutably borrowed.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
         let end = self.len * self.dtype.size() as usize;
         let all: &mut [u8] = match &mut self.memory {
             Memory::Heap(words) => bytemuck::cast_slice_mut(words),

@@ -35,7 +35,8 @@ pub fn ctx_with_limits(limits: wgpu::Limits) -> GpuContext {
     GpuContext::from_device(device, queue)
 }
 
-/// SplitMix64: deterministic, dependency-free test data.
+/// SplitMix64: deterministic, dependency-free test data. A clone draws the same values.
+#[derive(Clone)]
 pub struct Rng(u64);
 
 impl Rng {

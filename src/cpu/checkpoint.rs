@@ -1,0 +1,132 @@
+//! Saving and loading the CPU optimizer's state in the GPU optimizer's checkpoint format
+//! (the shared layout of `crate::checkpoint`), so a checkpoint of either backend loads
+//! into the other.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use super::state_memory::StateTensor;
+use super::CpuOptimizer;
+use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
+use crate::checkpoint::{load_file, write_atomically, Checkpoint};
+use crate::Result;
+
+impl CpuOptimizer {
+    /// The checkpoint as safetensors bytes, in the format of
+    /// [`Optimizer::save_to_bytes`](crate::Optimizer::save_to_bytes), which lists what it
+    /// holds: every state tensor (in its parameter's shape with
+    /// [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes), flat
+    /// otherwise), the step, the group's hyperparameters and the rounding (with Kahan
+    /// rounding the compensations). The GPU optimizer loads it as it loads its own.
+    pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
+        let layout = self.layout();
+        let data: Vec<Cow<'_, [u8]>> = layout
+            .entries()
+            .iter()
+            .map(|entry| {
+                let tensor = self.tensor(entry.slot);
+                little_endian(tensor.bytes(), tensor.dtype().size() as usize)
+            })
+            .collect();
+        layout.serialize(self.step, &data)
+    }
+
+    /// Saves the checkpoint ([`Self::save_to_bytes`]) to `path` atomically, as
+    /// [`Optimizer::save`](crate::Optimizer::save) does.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        write_atomically(path.as_ref(), &self.save_to_bytes()?)
+    }
+
+    /// Loads a checkpoint file written by [`Self::save`] or by the GPU optimizer's `save`;
+    /// see [`Self::load_from_bytes`].
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        load_file(path.as_ref(), |bytes| self.load_from_bytes(bytes))
+    }
+
+    /// Loads checkpoint bytes saved by this backend or by the GPU optimizer
+    /// ([`Optimizer::load_from_bytes`](crate::Optimizer::load_from_bytes) says what must
+    /// match). Replaces every state tensor, the step count, the group's hyperparameters
+    /// (learning rate included), and with stochastic rounding the seed. The parameters are
+    /// the caller's and are not touched. A file that does not match (one of several groups,
+    /// or one with master weights, which the CPU backend does not keep, included), or a
+    /// truncated or corrupt one, is refused with [`Error::BadFile`](crate::Error::BadFile)
+    /// before anything is written: the optimizer is left as it was.
+    pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let checkpoint = Checkpoint::parse(bytes)?;
+        let layout = self.layout();
+        let data = layout.check(&checkpoint)?;
+        let slots: Vec<Slot> = layout.entries().iter().map(|entry| entry.slot).collect();
+        // Everything matches: write.
+        for (slot, data) in slots.into_iter().zip(data) {
+            let tensor = self.tensor_mut(slot);
+            let size = tensor.dtype().size() as usize;
+            // The check compared dtypes and element counts, so the lengths agree.
+            tensor.bytes_mut().copy_from_slice(&little_endian(data, size));
+        }
+        self.algorithm = checkpoint.groups[0].0;
+        self.rounding = checkpoint.rounding;
+        self.step = checkpoint.step;
+        Ok(())
+    }
+
+    /// The optimizer as checkpoints see it: one group.
+    fn layout(&self) -> Layout<'_> {
+        let kinds = self.algorithm.state_kinds();
+        let params = self
+            .state
+            .iter()
+            .enumerate()
+            .map(|(i, state)| {
+                let mut tensors: Vec<_> =
+                    kinds.iter().zip(state).map(|(kind, t)| (*kind, t.dtype())).collect();
+                if let Some(compensation) = self.compensation.get(i) {
+                    tensors.push((crate::StateKind::KahanCompensation, compensation.dtype()));
+                }
+                ParamLayout { len: self.params[i].1, state: tensors, master: None }
+            })
+            .collect();
+        Layout {
+            groups: vec![(self.algorithm, 0..self.params.len())],
+            params,
+            shapes: &self.shapes,
+            rounding: self.rounding,
+        }
+    }
+
+    /// The tensor behind a checkpoint slot: the algorithm's states, then the Kahan
+    /// compensation.
+    fn tensor(&self, slot: Slot) -> &StateTensor {
+        let (param, k) = state_slot(slot);
+        match self.state[param].get(k) {
+            Some(tensor) => tensor,
+            None => &self.compensation[param],
+        }
+    }
+
+    fn tensor_mut(&mut self, slot: Slot) -> &mut StateTensor {
+        let (param, k) = state_slot(slot);
+        match self.state[param].get_mut(k) {
+            Some(tensor) => tensor,
+            None => &mut self.compensation[param],
+        }
+    }
+}
+
+/// A slot's parameter and state tensor. The CPU backend keeps no masters, so its layout
+/// lists no master slots.
+fn state_slot(slot: Slot) -> (usize, usize) {
+    match slot {
+        Slot::State { param, k } => (param, k),
+        Slot::Master { param } => unreachable!("the CPU layout lists no master of params[{param}]"),
+    }
+}
+
+/// The CPU keeps elements of `size` bytes in the host's byte order, checkpoints keep them
+/// little-endian: the same bytes on little-endian hosts, each element reversed on others
+/// (either way round).
+fn little_endian(bytes: &[u8], size: usize) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        return Cow::Borrowed(bytes);
+    }
+    Cow::Owned(bytes.chunks_exact(size).flat_map(|element| element.iter().rev().copied()).collect())
+}
