@@ -11,7 +11,7 @@ use safetensors::SafeTensors;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::{Adam, Algorithm, Checkpoint, DType, Error, Optimizer, OptimizerOptions, Tensor};
 
-const CASES: [&str; 5] = ["adam", "adamw", "amsgrad", "sgd_momentum", "sgd_nesterov"];
+const CASES: [&str; 6] = ["adam", "adamw", "amsgrad", "sgd_momentum", "sgd_nesterov", "adagrad"];
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch");
 /// Steps PyTorch took after the checkpoint.
 const STEPS: usize = 5;

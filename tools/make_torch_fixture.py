@@ -10,6 +10,7 @@ holds the parameters after those 5 steps (`param.i`), the gradients of the next 
 (`grad.k.i`, k = 0..4) and PyTorch's parameters after each of them (`expected.k.i`).
 """
 
+import argparse
 import os
 import sys
 import tempfile
@@ -21,13 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_checkpoint  # noqa: E402
 
 SHAPES = [(8, 5), (5,), (3, 4, 2)]
-CASES = {
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.01),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
-    "amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
-    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
-    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
-}
+# Each case's optimizer and the seed of its parameters and gradients.
+CASES = [
+    ("adam", 1000, lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.01)),
+    ("adamw", 1001, lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)),
+    ("amsgrad", 1002, lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True)),
+    ("sgd_momentum", 1003, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    ("sgd_nesterov", 1004, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)),
+    ("adagrad", 1005, lambda p: torch.optim.Adagrad(
+        p, lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1)),
+]
 
 
 def gradients(generator):
@@ -36,8 +40,8 @@ def gradients(generator):
 
 def main(directory):
     os.makedirs(directory, exist_ok=True)
-    for seed, (name, make) in enumerate(sorted(CASES.items())):
-        generator = torch.Generator().manual_seed(1000 + seed)
+    for name, seed, make in CASES:
+        generator = torch.Generator().manual_seed(seed)
         params = [torch.randn(shape, generator=generator).requires_grad_() for shape in SHAPES]
         optimizer = make(params)
         for _ in range(5):
@@ -62,6 +66,6 @@ def main(directory):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", help="where to write the fixtures (tests/fixtures/torch)")
+    main(parser.parse_args().directory)

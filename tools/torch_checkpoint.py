@@ -6,16 +6,23 @@
 
 `to-torch` writes a `torch.optim` state_dict: `torch.load(OUT.pt)` gives a dict that
 `optimizer.load_state_dict` accepts for an optimizer of the saved class (Adam, AdamW, SGD or
-Adagrad) over parameters of the saved shapes, in the saved order. The state tensors keep the
-shapes the file holds: save with `OptimizerOptions::param_shapes` for parameters that are not
-1-D, or PyTorch will refuse the flat states.
+Adagrad) over parameters of the saved shapes, in the saved order (parameters are numbered
+across groups, as PyTorch numbers them). The state tensors keep the shapes the file holds:
+build the wgpu-optim optimizer with `OptimizerOptions::param_shapes` for parameters that are
+not 1-D, or PyTorch's step fails on the flat states. Group keys that wgpu-optim does not
+have (`foreach`, `fused`, `capturable`, `differentiable`, ...) get the running PyTorch's
+defaults. Checkpoints with master weights, Kahan compensation or stochastic rounding have
+no PyTorch counterpart and are refused.
 
-`from-torch` writes the reverse: a wgpu-optim checkpoint (`Optimizer::load` reads it) from a
-PyTorch state_dict saved with `torch.save(optimizer.state_dict(), IN.pt)`. A state_dict does
-not name its class; it is read from the group's keys (AdamW where `decoupled_weight_decay` is
+`from-torch` writes the reverse: a wgpu-optim checkpoint (`Optimizer::load` and
+`CpuOptimizer::load` read it) from a PyTorch state_dict saved with
+`torch.save(optimizer.state_dict(), IN.pt)`, every state in its parameter's shape (the
+optimizer that loads it is built with `param_shapes`, or with none). A state_dict does not
+name its class; it is read from the group's keys (AdamW where `decoupled_weight_decay` is
 true), or given with `--optimizer`. PyTorch's SGD keeps no step count, only whether a step
 was taken (its momentum buffer exists), which is all wgpu-optim's SGD reads from the count:
-give `--step N` to record the true count, or step 1 is written.
+give `--step N` to record the true count, or step 1 is written (0 for SGD without
+momentum, which keeps no state at all and only carries its hyperparameters over).
 
 Needs only `torch` and `safetensors`.
 """
@@ -28,16 +35,10 @@ import torch
 from safetensors.torch import safe_open, save_file
 
 FORMAT = "wgpu-optim-checkpoint/1"
+CLASSES = ["Adam", "AdamW", "SGD", "Adagrad"]
 
-# The state tensors of each class, under PyTorch's names, in wgpu-optim's order.
-STATE_NAMES = {
-    "Adam": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-    "AdamW": ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
-    "SGD": ["momentum_buffer"],
-    "Adagrad": ["sum"],
-}
-
-# wgpu-optim's hyperparameters of each class (`Algorithm::to_json`), besides `lr`.
+# wgpu-optim's hyperparameters of each class besides `lr`: the keys `Algorithm::from_json`
+# reads, under PyTorch's names.
 OUR_KEYS = {
     "Adam": ["betas", "eps", "weight_decay", "amsgrad", "maximize"],
     "AdamW": ["betas", "eps", "weight_decay", "amsgrad", "maximize"],
@@ -51,8 +52,8 @@ def fail(message):
 
 
 def torch_class(name):
-    if name not in STATE_NAMES:
-        fail(f"unsupported optimizer `{name}` (supported: {', '.join(STATE_NAMES)})")
+    if name not in CLASSES:
+        fail(f"unsupported optimizer `{name}` (supported: {', '.join(CLASSES)})")
     return getattr(torch.optim, name)
 
 
@@ -62,6 +63,15 @@ def default_group(name):
     group = dict(torch_class(name)([torch.zeros(1)], lr=1e-3, **extra).state_dict()["param_groups"][0])
     del group["params"]
     return group
+
+
+def state_names(name, group):
+    """The state tensors a parameter of this group keeps after a step, in wgpu-optim's order."""
+    if name in ("Adam", "AdamW"):
+        return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
+    if name == "SGD":
+        return ["momentum_buffer"] if group["momentum"] != 0 else []
+    return ["sum"]
 
 
 def to_torch(source, target):
@@ -74,18 +84,11 @@ def to_torch(source, target):
         fail(f"{source}: {metadata['rounding']} rounding has no PyTorch counterpart")
     if any(key.startswith("master.") for key in tensors):
         fail(f"{source}: master-weight checkpoints keep f32 masters PyTorch has no place for")
-    step = float(metadata["step"])
+    step = int(metadata["step"])
     state, groups = {}, []
     for group in json.loads(metadata["param_groups"]):
         name = group.pop("optimizer")
         params = group.pop("params")
-        for i in params:
-            entry = {"step": torch.tensor(step, dtype=torch.float32)}
-            for state_name in STATE_NAMES[name]:
-                key = f"state.{i}.{state_name}"
-                if key in tensors:
-                    entry[state_name] = tensors[key]
-            state[i] = entry
         torch_group = default_group(name)
         for key in ["lr"] + OUR_KEYS[name]:
             torch_group[key] = tuple(group[key]) if key == "betas" else group[key]
@@ -93,43 +96,57 @@ def to_torch(source, target):
             torch_group["decoupled_weight_decay"] = True
         torch_group["params"] = params
         groups.append(torch_group)
+        for i in params:
+            # SGD keeps no step; before its first step it has no buffer either (PyTorch's
+            # first step sets the buffer to the gradient, which a zero buffer would not).
+            entry = {} if name == "SGD" else {"step": torch.tensor(float(step), dtype=torch.float32)}
+            if name != "SGD" or step > 0:
+                for state_name in state_names(name, group):
+                    entry[state_name] = tensors[f"state.{i}.{state_name}"]
+            if entry:
+                state[i] = entry
     torch.save({"state": state, "param_groups": groups}, target)
 
 
 def infer_class(group):
-    if "betas" in group:
-        return "AdamW" if group.get("decoupled_weight_decay") else "Adam"
-    if "momentum" in group:
-        return "SGD"
-    if "lr_decay" in group:
-        return "Adagrad"
-    fail("cannot tell the optimizer's class from its group's keys; pass --optimizer")
+    """The supported class whose group has exactly these keys (older PyTorch: a subset)."""
+    keys = set(group) - {"params"}
+    for name in ("Adam", "SGD", "Adagrad"):
+        if set(["lr"] + OUR_KEYS[name]) <= keys <= set(default_group(name)):
+            return "AdamW" if name == "Adam" and group.get("decoupled_weight_decay") else name
+    fail(f"a param group with keys {sorted(keys)} is none of {', '.join(CLASSES)}; "
+         "pass --optimizer if it is one of them")
 
 
 def from_torch(source, target, forced, step=None):
     saved = torch.load(source, weights_only=True)
     tensors, our_groups, steps = {}, [], set()
-    for group in saved["param_groups"]:
+    for g, group in enumerate(saved["param_groups"]):
         name = forced or infer_class(group)
         torch_class(name)
         ours = {"optimizer": name, "lr": float(group["lr"])}
         for key in OUR_KEYS[name]:
             value = group.get(key)
             if value is None:
-                fail(f"param group of {name} has no `{key}`")
+                fail(f"param_groups[{g}] ({name}) has no `{key}`")
             ours[key] = [float(b) for b in value] if key == "betas" else value
-        if name == "SGD" and group.get("momentum", 0) == 0:
-            fail("SGD without momentum keeps no state; wgpu-optim saves none either, nothing to convert")
         ours["params"] = list(group["params"])
         our_groups.append(ours)
+        expected = state_names(name, ours)
         for i in group["params"]:
             entry = saved["state"].get(i, {})
+            if not entry and expected:
+                fail(f"parameter {i} has no state: PyTorch creates it at the first step that gives "
+                     "the parameter a gradient; convert after a step that updated every parameter")
+            unknown = set(entry) - set(expected) - {"step"}
+            if unknown:
+                fail(f"parameter {i} keeps {sorted(unknown)}, which {name} as wgpu-optim runs it does not")
+            for state_name in expected:
+                if entry.get(state_name) is None:
+                    fail(f"parameter {i} has no `{state_name}`, which {name} keeps")
+                tensors[f"state.{i}.{state_name}"] = entry[state_name].contiguous()
             if "step" in entry:
                 steps.add(int(float(entry["step"])))
-            for state_name in STATE_NAMES[name]:
-                if state_name in entry and entry[state_name] is not None:
-                    tensors[f"state.{i}.{state_name}"] = entry[state_name].contiguous()
-            tensors[f"state.{i}.step"] = torch.tensor(0.0)
     if len(steps) > 1:
         fail(f"parameters were stepped different numbers of times: {sorted(steps)}")
     if steps:
@@ -138,11 +155,12 @@ def from_torch(source, target, forced, step=None):
             fail(f"--step {step}, but the state_dict counts {counted} steps")
         step = counted
     elif step is None:
-        # SGD: a buffer means at least one step was taken.
-        step = 1 if any(key.endswith(".momentum_buffer") for key in tensors) else 0
-    for key in tensors:
-        if key.endswith(".step"):
-            tensors[key] = torch.tensor(float(step), dtype=torch.float32)
+        # SGD: a momentum buffer means at least one step was taken; without momentum the
+        # count changes nothing.
+        step = 1 if tensors else 0
+    for group in our_groups:
+        for i in group["params"]:
+            tensors[f"state.{i}.step"] = torch.tensor(float(step), dtype=torch.float32)
     metadata = {
         "format": FORMAT,
         "step": str(step),
@@ -156,12 +174,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     to = commands.add_parser("to-torch", help="a wgpu-optim checkpoint to a torch.optim state_dict")
-    to.add_argument("source")
-    to.add_argument("target")
+    to.add_argument("source", help="a checkpoint written by Optimizer::save or CpuOptimizer::save")
+    to.add_argument("target", help="the .pt file to write")
     back = commands.add_parser("from-torch", help="a torch.optim state_dict to a wgpu-optim checkpoint")
-    back.add_argument("source")
-    back.add_argument("target")
-    back.add_argument("--optimizer", choices=sorted(STATE_NAMES), help="the state_dict's class")
+    back.add_argument("source", help="torch.save(optimizer.state_dict(), ...)'s file")
+    back.add_argument("target", help="the .safetensors file to write")
+    back.add_argument("--optimizer", choices=CLASSES, help="the state_dict's class, if its keys do not tell")
     back.add_argument("--step", type=int, help="steps taken, for SGD, whose state_dict keeps none")
     args = parser.parse_args()
     if args.command == "to-torch":
