@@ -79,11 +79,14 @@ pub struct OptimizerOptions {
     /// ([`Error::ConflictingOptions`]). The CPU backend honours it too, with the same bits.
     pub rounding: Rounding,
     /// Each parameter's shape (numbered across groups, as the checkpoint numbers them), so
-    /// that checkpoints hold every state tensor in its parameter's shape, as PyTorch's
-    /// `state_dict` does (`tools/torch_checkpoint.py` converts between the two). Empty (the
-    /// default): every tensor is saved flat, `[len]`. Otherwise one shape per parameter,
-    /// whose elements multiply to its length ([`Error::CountMismatch`],
-    /// [`Error::LengthMismatch`] naming `param_shapes[i]` otherwise).
+    /// that checkpoints of either backend hold every state tensor (masters and Kahan
+    /// compensations too) in its parameter's shape, as PyTorch's `state_dict` does
+    /// (`tools/torch_checkpoint.py` converts between the two). Empty (the default): every
+    /// tensor is saved flat, `[len]`. Otherwise one shape per parameter, whose elements
+    /// multiply to its length ([`Error::CountMismatch`], or [`Error::LengthMismatch`]
+    /// naming `param_shapes[i]` and the shape, with nothing created, otherwise). Loading
+    /// takes a tensor stored flat or in this shape, and any shape of the parameter's length
+    /// when this is empty.
     pub param_shapes: Vec<Vec<usize>>,
 }
 
