@@ -165,6 +165,7 @@ fn a_gpu_checkpoint_loads_on_the_cpu_and_a_cpu_checkpoint_on_the_gpu_bit_for_bit
             gpu.step(&grads).unwrap();
         }
         let from_gpu = gpu.save_to_bytes().unwrap();
+        assert_every_tensor_shaped(&format!("{setup:?}"), &from_gpu);
 
         // The GPU's parameters after 3 steps, and its state, on the CPU.
         let now: Vec<Vec<f64>> = gpu_params.iter().map(|p| ctx.read(p).unwrap()).collect();
@@ -193,6 +194,27 @@ fn a_gpu_checkpoint_loads_on_the_cpu_and_a_cpu_checkpoint_on_the_gpu_bit_for_bit
         assert_eq!(back.step_count(), 4);
         assert_eq!(canonical(&back.save_to_bytes().unwrap()), canonical(&from_cpu), "{setup:?}: CPU -> GPU");
     }
+}
+
+/// Asserts that every tensor of a checkpoint but the step scalars (states, Kahan
+/// compensations, masters) has its parameter's shape from [`SHAPES`].
+#[track_caller]
+fn assert_every_tensor_shaped(what: &str, bytes: &[u8]) {
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let mut checked = 0;
+    for (name, view) in file.tensors() {
+        let parts: Vec<&str> = name.split('.').collect();
+        let (i, kind) = match parts[..] {
+            ["state", i, kind] => (i, kind),
+            ["master", i] => (i, "master"),
+            _ => panic!("{what}: unexpected tensor `{name}`"),
+        };
+        let i: usize = i.parse().unwrap();
+        let want: &[usize] = if kind == "step" { &[] } else { SHAPES[i] };
+        assert_eq!(view.shape(), want, "{what}: `{name}`");
+        checked += usize::from(kind != "step");
+    }
+    assert!(checked >= SHAPES.len(), "{what}: no state tensors");
 }
 
 /// Loads `bytes` into `optimizer`, expects a refusal, and checks that nothing changed.
@@ -269,6 +291,7 @@ fn mismatched_files_are_refused_by_the_cpu_backend_and_change_nothing() {
         let err = assert_refused(&mut target, bytes, what);
         assert!(matches!(err, Error::BadFile { .. }), "{what}: {err}");
     }
+    assert_every_tensor_shaped("master weights", &cases[6].1);
     let err = assert_refused(&mut target, &cases[6].1, "master weights");
     assert!(err.to_string().contains("`master.0` is none of the optimizer's"), "{err}");
     // The wrong shape is named with both shapes.
