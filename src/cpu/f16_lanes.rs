@@ -1,20 +1,20 @@
-//! f16 operands updated where they lie, eight elements at a time: each operand's eight
-//! values widened by one F16C instruction into a register, the update on the registers,
-//! each result narrowed by one instruction and stored. One pass over memory, as bf16's
-//! loops, instead of the blocked path's round trip through f32 scratch.
+//! f16 operands updated where they lie, a register of elements at a time: each operand's
+//! values widened by one instruction into a register of f32 lanes, the update on the
+//! registers, each result narrowed by one instruction and stored. One pass over memory, as
+//! bf16's loops, instead of the blocked path's round trip through f32 scratch.
 //!
-//! The conversions are F16C's, so the results are the blocked path's bit for bit: exact
-//! widening, one rounding to nearest even per store, and the update itself is the same f32
-//! element function. Where the CPU has no F16C (or is not x86-64) every element goes
-//! through `half`'s scalar conversions instead: correct, and slower than the blocked path,
-//! so [`available`] tells the caller which to take.
+//! Two register widths, picked at run time: sixteen lanes where the CPU has AVX-512
+//! (`vcvtph2ps`/`vcvtps2ph` on `zmm`), eight where it has AVX2 and F16C. The conversions
+//! are exact widening and one rounding to nearest even per store, so the results are the
+//! blocked path's bit for bit, and the update itself is the same f32 element function.
+//! Where the CPU has neither (or is not x86-64) every element goes through `half`'s scalar
+//! conversions instead: correct, and slower than the blocked path, so [`available`] tells
+//! the caller which to take.
 
 use half::f16;
 
-/// Elements per register: one F16C conversion's width.
-const LANES: usize = 8;
-
-/// Whether the one-pass loops run on F16C here (otherwise the blocked path is faster).
+/// Whether the one-pass loops run on vector conversions here (otherwise the blocked path
+/// is faster).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     if fearless_simd::Level::new().as_avx2().is_some() {
@@ -28,14 +28,30 @@ pub(super) fn available() -> bool {
 /// gradient's length.
 #[inline(always)]
 pub(super) fn each<const N: usize>(
-    mut rows: [&mut [f16]; N],
+    rows: [&mut [f16]; N],
     grad: &[f16],
     update: impl Fn(f32, [f32; N]) -> [f32; N],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(avx2) = fearless_simd::Level::new().as_avx2() {
-        return f16c::each(avx2, rows, grad, update);
+    {
+        let level = fearless_simd::Level::new();
+        if let Some(avx512) = level.as_avx512() {
+            return registers::each(avx512, rows, grad, update);
+        }
+        if let Some(avx2) = level.as_avx2() {
+            return registers::each(avx2, rows, grad, update);
+        }
     }
+    scalar(rows, grad, update)
+}
+
+/// Element by element through `half`'s conversions.
+#[inline(always)]
+fn scalar<const N: usize>(
+    mut rows: [&mut [f16]; N],
+    grad: &[f16],
+    update: impl Fn(f32, [f32; N]) -> [f32; N],
+) {
     for (i, g) in grad.iter().enumerate() {
         let new = update(g.to_f32(), std::array::from_fn(|k| rows[k][i].to_f32()));
         for (row, value) in rows.iter_mut().zip(new) {
@@ -44,73 +60,116 @@ pub(super) fn each<const N: usize>(
     }
 }
 
-/// The conversions of one register, and the loop around the update. `convert` widens and
-/// narrows its scratch blocks with the same two conversions.
+/// The conversions of one register of `L` lanes, and the loop around the update.
+/// `convert` widens and narrows its scratch blocks with the same conversions.
 #[cfg(target_arch = "x86_64")]
-pub(super) mod f16c {
-    use std::arch::x86_64::{__m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph, _MM_FROUND_TO_NEAREST_INT};
+pub(super) mod registers {
+    use std::arch::x86_64::{
+        __m128i, __m256, __m256i, __m512, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm512_cvtph_ps, _mm512_cvtps_ph,
+        _MM_FROUND_TO_NEAREST_INT,
+    };
 
-    use fearless_simd::{Avx2, Simd};
+    use fearless_simd::{Avx2, Avx512, Simd};
     use half::f16;
 
-    use super::LANES;
+    /// A level whose registers convert `L` halves at once.
+    pub(in crate::cpu) trait Width<const L: usize>: Simd {
+        /// Exact.
+        fn widen(self, values: [f16; L]) -> [f32; L];
+        /// To nearest even: the instruction's own rounding, not MXCSR's.
+        fn narrow(self, values: [f32; L]) -> [f16; L];
+    }
 
     fearless_simd::kernel!(
-        /// Exact.
         #[inline(always)]
-        pub(in crate::cpu) fn widen(avx2: Avx2, values: [f16; 8]) -> [f32; 8] {
+        fn widen8(avx2: Avx2, values: [f16; 8]) -> [f32; 8] {
             bytemuck::cast::<__m256, [f32; 8]>(_mm256_cvtph_ps(bytemuck::cast::<[f16; 8], __m128i>(values)))
         }
     );
 
     fearless_simd::kernel!(
-        /// To nearest even: the instruction's own rounding, not MXCSR's.
         #[inline(always)]
-        pub(in crate::cpu) fn narrow(avx2: Avx2, values: [f32; 8]) -> [f16; 8] {
+        fn narrow8(avx2: Avx2, values: [f32; 8]) -> [f16; 8] {
             let narrowed =
                 _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 8], __m256>(values));
             bytemuck::cast::<__m128i, [f16; 8]>(narrowed)
         }
     );
 
-    /// [`super::each`] on F16C. The loop runs inside `vectorize`, so the update is compiled
-    /// for AVX2 with the conversions inlined, and works on all eight lanes at once. Every
-    /// closure and helper on the way is `inline(always)`: code left out of `vectorize`'s
-    /// function is compiled for baseline x86-64, where the conversions stay calls and the
-    /// lanes stay scalar (a step took 5x as long).
+    fearless_simd::kernel!(
+        #[inline(always)]
+        fn widen16(avx512: Avx512, values: [f16; 16]) -> [f32; 16] {
+            bytemuck::cast::<__m512, [f32; 16]>(_mm512_cvtph_ps(bytemuck::cast::<[f16; 16], __m256i>(values)))
+        }
+    );
+
+    fearless_simd::kernel!(
+        #[inline(always)]
+        fn narrow16(avx512: Avx512, values: [f32; 16]) -> [f16; 16] {
+            let narrowed =
+                _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 16], __m512>(values));
+            bytemuck::cast::<__m256i, [f16; 16]>(narrowed)
+        }
+    );
+
+    impl Width<8> for Avx2 {
+        #[inline(always)]
+        fn widen(self, values: [f16; 8]) -> [f32; 8] {
+            widen8(self, values)
+        }
+        #[inline(always)]
+        fn narrow(self, values: [f32; 8]) -> [f16; 8] {
+            narrow8(self, values)
+        }
+    }
+
+    impl Width<16> for Avx512 {
+        #[inline(always)]
+        fn widen(self, values: [f16; 16]) -> [f32; 16] {
+            widen16(self, values)
+        }
+        #[inline(always)]
+        fn narrow(self, values: [f32; 16]) -> [f16; 16] {
+            narrow16(self, values)
+        }
+    }
+
+    /// [`super::each`] on registers of `L` lanes. The loop runs inside `vectorize`, so the
+    /// update is compiled for the level's features with the conversions inlined, and works
+    /// on all lanes at once. Every closure and helper on the way is `inline(always)`: code
+    /// left out of `vectorize`'s function is compiled for baseline x86-64, where the
+    /// conversions stay calls and the lanes stay scalar (a step took 5x as long).
     #[inline(always)]
-    pub(super) fn each<const N: usize>(
-        avx2: Avx2,
+    pub(super) fn each<W: Width<L>, const L: usize, const N: usize>(
+        level: W,
         rows: [&mut [f16]; N],
         grad: &[f16],
         update: impl Fn(f32, [f32; N]) -> [f32; N],
     ) {
-        avx2.vectorize(
+        level.vectorize(
             #[inline(always)]
             || {
-                let whole = grad.len() / LANES * LANES;
-                let (grad_whole, grad_tail) = grad.split_at(whole);
-                let grad_whole: &[[f16; LANES]] = bytemuck::cast_slice(grad_whole);
+                let (grad_whole, grad_tail) = grad.as_chunks::<L>();
                 // Each operand's whole registers, and the rest.
                 let mut rows = rows.map(|row| {
-                    let (head, tail) = row.split_at_mut(whole);
-                    let head: &mut [[f16; LANES]] = bytemuck::cast_slice_mut(head);
-                    (&mut head[..grad_whole.len()], tail)
+                    let (head, tail) = row.split_at_mut(grad_whole.len() * L);
+                    (head.as_chunks_mut::<L>().0, tail)
                 });
                 // Four registers of each operand per iteration, written out: four independent
-                // chains keep more loads in flight (a 16 Mi-element f16 Adam step took 13 ms
-                // one register at a time, 9 ms two at a time, 7.3 ms four, and eight gained
-                // nothing); an array built by a closure was not inlined and ran 10x slower.
+                // chains keep more loads in flight (a 16 Mi-element f16 Adam step on AVX2 took
+                // 13 ms one register at a time, 9 ms two at a time, 7.3 ms four, and eight
+                // gained nothing); an array built by a closure was not inlined and ran 10x
+                // slower.
                 let unrolled = grad_whole.len() / 4 * 4;
                 let mut i = 0;
                 while i < unrolled {
-                    let a = lanes(avx2, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
+                    let a = lanes(level, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
                     let b =
-                        lanes(avx2, &update, grad_whole[i + 1], std::array::from_fn(|k| rows[k].0[i + 1]));
+                        lanes(level, &update, grad_whole[i + 1], std::array::from_fn(|k| rows[k].0[i + 1]));
                     let c =
-                        lanes(avx2, &update, grad_whole[i + 2], std::array::from_fn(|k| rows[k].0[i + 2]));
+                        lanes(level, &update, grad_whole[i + 2], std::array::from_fn(|k| rows[k].0[i + 2]));
                     let d =
-                        lanes(avx2, &update, grad_whole[i + 3], std::array::from_fn(|k| rows[k].0[i + 3]));
+                        lanes(level, &update, grad_whole[i + 3], std::array::from_fn(|k| rows[k].0[i + 3]));
                     for (k, (head, _)) in rows.iter_mut().enumerate() {
                         head[i] = a[k];
                         head[i + 1] = b[k];
@@ -120,7 +179,7 @@ pub(super) mod f16c {
                     i += 4;
                 }
                 for i in unrolled..grad_whole.len() {
-                    let new = lanes(avx2, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
+                    let new = lanes(level, &update, grad_whole[i], std::array::from_fn(|k| rows[k].0[i]));
                     for ((head, _), value) in rows.iter_mut().zip(new) {
                         head[i] = value;
                     }
@@ -130,11 +189,11 @@ pub(super) mod f16c {
                 if !grad_tail.is_empty() {
                     let n = grad_tail.len();
                     let pad = |values: &[f16]| {
-                        let mut padded = [f16::ZERO; LANES];
+                        let mut padded = [f16::ZERO; L];
                         padded[..n].copy_from_slice(values);
                         padded
                     };
-                    let new = lanes(avx2, &update, pad(grad_tail), std::array::from_fn(|k| pad(rows[k].1)));
+                    let new = lanes(level, &update, pad(grad_tail), std::array::from_fn(|k| pad(rows[k].1)));
                     for ((_, tail), value) in rows.iter_mut().zip(new) {
                         tail.copy_from_slice(&value[..n]);
                     }
@@ -147,20 +206,73 @@ pub(super) mod f16c {
     /// turns the lane loop into one vector operation per step of the update (two registers
     /// of each operand at a time were left scalar).
     #[inline(always)]
-    fn lanes<const N: usize>(
-        avx2: Avx2,
+    fn lanes<W: Width<L>, const L: usize, const N: usize>(
+        level: W,
         update: &impl Fn(f32, [f32; N]) -> [f32; N],
-        grad: [f16; LANES],
-        values: [[f16; LANES]; N],
-    ) -> [[f16; LANES]; N] {
-        let grad = widen(avx2, grad);
-        let mut wide: [[f32; LANES]; N] = values.map(|v| widen(avx2, v));
-        for lane in 0..LANES {
+        grad: [f16; L],
+        values: [[f16; L]; N],
+    ) -> [[f16; L]; N] {
+        let grad = level.widen(grad);
+        let mut wide: [[f32; L]; N] = values.map(|v| level.widen(v));
+        for lane in 0..L {
             let new = update(grad[lane], std::array::from_fn(|k| wide[k][lane]));
             for (row, value) in wide.iter_mut().zip(new) {
                 row[lane] = value;
             }
         }
-        wide.map(|v| narrow(avx2, v))
+        wide.map(|v| level.narrow(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::scalar;
+
+    /// Halves of every kind: normal, subnormal, zero of both signs, infinities, NaN, and
+    /// values whose update rounds halfway.
+    fn halves(n: usize, seed: u16) -> Vec<f16> {
+        (0..n as u16)
+            .map(|i| match i % 11 {
+                0 => f16::from_bits(0x0001 + (i % 7)),
+                1 => f16::NEG_ZERO,
+                2 => f16::INFINITY,
+                3 => f16::NAN,
+                _ => f16::from_bits(i.wrapping_mul(40503).wrapping_add(seed) & 0x7bff),
+            })
+            .collect()
+    }
+
+    /// Every register width this CPU has gives the scalar path's bits, over lengths that
+    /// leave every kind of remainder after the four-register loop.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn every_register_width_matches_the_scalar_conversions_bit_for_bit() {
+        let update = |g: f32, [p, m]: [f32; 2]| [p - 0.01 * g, 0.9 * m + 0.1 * g];
+        let level = fearless_simd::Level::new();
+        for n in [0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 127, 1077] {
+            let grad = halves(n, 3);
+            let run = |each: &dyn Fn(&mut [f16], &mut [f16])| {
+                let (mut p, mut m) = (halves(n, 5), halves(n, 9));
+                each(&mut p, &mut m);
+                (
+                    p.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+                    m.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+                )
+            };
+            let expected = run(&|p, m| scalar([p, m], &grad, update));
+            if let Some(avx2) = level.as_avx2() {
+                assert_eq!(
+                    run(&|p, m| super::registers::each(avx2, [p, m], &grad, update)),
+                    expected,
+                    "F16C, n = {n}"
+                );
+            }
+            if let Some(avx512) = level.as_avx512() {
+                let got = run(&|p, m| super::registers::each(avx512, [p, m], &grad, update));
+                assert_eq!(got, expected, "AVX-512, n = {n}");
+            }
+        }
     }
 }

@@ -18,7 +18,7 @@ pub(super) const MAX_STATE: usize = 3;
 
 /// A storage type the loops read and write directly: f32, or bf16, whose conversions are
 /// integer operations the compiler vectorizes with the update, so a bf16 step is one pass
-/// (f16 converts eight elements per instruction, `super::f16_lanes`; mixed storage goes
+/// (f16 converts a register of elements per instruction, `super::f16_lanes`; mixed storage goes
 /// through f32 blocks, `super::storage`).
 pub(super) trait Element: Copy + Send + Sync {
     /// This type's loop among a family's `loops`.
@@ -115,7 +115,7 @@ impl<T: Element> Leaves for T {
     }
 }
 
-/// f16: the loops that convert eight elements at a time (`f16_lanes`).
+/// f16: the loops that convert a register of elements at a time (`f16_lanes`).
 impl Leaves for f16 {
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
         loops.f16
@@ -281,7 +281,7 @@ fn adam<
     }
 }
 
-/// [`adam`] on f16 operands, eight elements at a time.
+/// [`adam`] on f16 operands, a register (sixteen or eight elements) at a time.
 fn adam_f16<
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
@@ -420,7 +420,7 @@ fn momentum<
     }
 }
 
-/// [`momentum`] on f16 operands, eight elements at a time.
+/// [`momentum`] on f16 operands, a register (sixteen or eight elements) at a time.
 fn momentum_f16<
     const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
@@ -527,7 +527,7 @@ fn adagrad<E: Element, const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
     }
 }
 
-/// [`adagrad`] on f16 operands, eight elements at a time.
+/// [`adagrad`] on f16 operands, a register (sixteen or eight elements) at a time.
 fn adagrad_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
     hp: &AdagradUniform,
     scale: f32,
