@@ -37,7 +37,7 @@ impl Batch {
         let device = ctx.device();
         let limits = device.limits();
         let max_binding = limits.max_storage_buffer_binding_size.min(u64::from(u32::MAX));
-        let planned = table::assemble(items, max_binding);
+        let planned = table::assemble(items, max_binding, ctx.report().device_type);
         if planned.is_empty() {
             return Ok(Batch::default());
         }

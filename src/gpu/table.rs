@@ -151,10 +151,12 @@ fn unit_bytes(storage: Storage, width: u32) -> u64 {
     }
 }
 
-/// Every dispatch of a batch, with the segments of each in row order.
+/// Every dispatch of a batch, with the segments of each in row order, shaped for an
+/// `adapter` of that type.
 pub(crate) fn assemble(
     items: &[(VariantKey, TensorPlan)],
     max_binding: u64,
+    adapter: wgpu::DeviceType,
 ) -> Vec<(TableDispatch, Vec<&SegmentPlan>)> {
     let mut dispatches: Vec<(TableDispatch, Vec<&SegmentPlan>)> = Vec::new();
     // The dispatch still open for a variant and set of buffers. A buffer hashes and compares
@@ -165,7 +167,7 @@ pub(crate) fn assemble(
         for segment in &plan.segments {
             let key = key.with_width(segment.width);
             let pairs = key.pairs();
-            let row = row(&key, plan.ordinal, segment);
+            let row = row(&key, plan.ordinal, segment, adapter);
             if pairs && segment.phases == 2 {
                 // Outputs of both parities: two dispatches, even pairs then odd pairs.
                 for phase in 0..2 {
@@ -190,18 +192,24 @@ pub(crate) fn assemble(
     dispatches
 }
 
-/// Accesses each invocation takes before the workgroup cap applies: one for updates, several
-/// for gradient norms, whose per-workgroup reduction costs more than their few bytes per
-/// element (lavapipe ran clipped 1 Mi-element Adam at 2x plain Adam with one).
-fn accesses_per_invocation(key: &VariantKey) -> u32 {
-    match key.program {
-        Program::GradNorm(_) | Program::UnscaleNorm(_) => 8,
+/// Accesses each invocation takes before the workgroup cap applies. Gradient norms take
+/// several, because their per-workgroup reduction costs more than their few bytes per
+/// element (lavapipe ran clipped 1 Mi-element Adam at 2x plain Adam with one). Updates take
+/// one on a GPU, which hides memory latency with resident invocations, and four on a CPU
+/// adapter, which runs each invocation's prologue (the table search, the segment's fields)
+/// as code: on lavapipe, Adam on 200 tensors of 4096 took 0.74x the time with four
+/// (1 Mi elements: 0.85x; 16 Mi elements are capped at four anyway), and eight made 16 Mi
+/// elements 1.3x slower.
+fn accesses_per_invocation(key: &VariantKey, adapter: wgpu::DeviceType) -> u32 {
+    match (key.program, adapter) {
+        (Program::GradNorm(_) | Program::UnscaleNorm(_), _) => 8,
+        (_, wgpu::DeviceType::Cpu) => 4,
         _ => 1,
     }
 }
 
 /// A segment's row before it joins a dispatch.
-fn row(key: &VariantKey, ordinal: u32, segment: &SegmentPlan) -> Row {
+fn row(key: &VariantKey, ordinal: u32, segment: &SegmentPlan, adapter: wgpu::DeviceType) -> Row {
     let invocations = if key.pairs() { (segment.len + segment.pair_shift).div_ceil(2) } else { segment.len };
     let bytes = segment
         .ranges
@@ -217,7 +225,7 @@ fn row(key: &VariantKey, ordinal: u32, segment: &SegmentPlan) -> Row {
     Row {
         n: segment.len,
         pair_shift: segment.pair_shift,
-        wanted: invocations.div_ceil(WORKGROUP_SIZE * accesses_per_invocation(key)).max(1),
+        wanted: invocations.div_ceil(WORKGROUP_SIZE * accesses_per_invocation(key, adapter)).max(1),
         bytes,
         ordinal,
         first: segment.first,
