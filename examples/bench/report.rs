@@ -19,6 +19,9 @@ pub struct Row {
     pub tensors: usize,
     pub backend: String,
     pub ms_median: f64,
+    /// The fastest repetition, which the fraction of the roofline is taken from.
+    pub ms_fastest: f64,
+    /// Bytes moved per second at the median.
     pub gbps: f64,
     pub roofline_gbps: f64,
     /// The CPU backend's time over this row's (1 for the CPU row itself); `None` without a
@@ -27,14 +30,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// The fastest repetition's bandwidth over the fastest roofline pass's.
     pub fn fraction(&self) -> f64 {
-        self.gbps / self.roofline_gbps
+        self.gbps * self.ms_median / self.ms_fastest / self.roofline_gbps
     }
 
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "algo": self.algo, "dtype": self.dtype, "case": self.case, "elements": self.elements,
             "tensors": self.tensors, "backend": self.backend, "ms_median": self.ms_median,
+            "ms_fastest": self.ms_fastest,
             "gbps": self.gbps, "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
             "suspect_roofline": self.fraction() > SUSPECT_FRACTION, "speedup": self.speedup,
         })
@@ -91,8 +96,9 @@ pub fn summary(rows: &[Row]) -> String {
         ));
     }
     out.push_str(
-        "GPU/CPU: the CPU backend's time over the GPU's (above 1: the GPU is faster). roof: bandwidth as a\n\
-         fraction of a kernel with the update's reads and writes in place, timed between the repetitions.\n",
+        "GPU/CPU: the CPU backend's time over the GPU's (above 1: the GPU is faster); ms are medians.\n\
+         roof: the fastest step's bandwidth as a fraction of the fastest pass of a kernel with the update's\n\
+         reads and writes in place, timed between the repetitions.\n",
     );
     if suspect {
         out.push_str(&format!(
