@@ -325,10 +325,11 @@ fn main() -> ExitCode {
 }
 
 /// Mesa's loaders print two alarming lines when `XDG_RUNTIME_DIR` is unset (a plain shell,
-/// a container); give them a private directory instead.
+/// a container); give them a private directory instead. Mesa writes nothing there, so one
+/// directory serves every run (a directory per process was left behind by each).
 fn quiet_mesa() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("wgpu-optim-bench-{}", std::process::id()));
+        let dir = std::env::temp_dir().join("wgpu-optim-bench-runtime");
         if std::fs::create_dir_all(&dir).is_ok() {
             std::env::set_var("XDG_RUNTIME_DIR", &dir);
         }
