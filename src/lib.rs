@@ -10,6 +10,7 @@
 //! - [`Tensor`] is a range of a buffer the caller owns.
 //! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
 //! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
+//! - [`q8`] is bitsandbytes' blockwise 8-bit state format: its maps and its quantization.
 //!
 //! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
 //! multiversion) and `checkpoint` (`Optimizer::save`/`load`, and `CpuOptimizer`'s with `cpu`;
@@ -30,6 +31,7 @@ mod gpu;
 pub mod ops;
 mod optimizer;
 pub mod oracle;
+pub mod q8;
 mod step;
 mod tensor;
 

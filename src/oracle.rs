@@ -369,3 +369,128 @@ pub fn clip_grad_norm(grads: &mut [Vec<f64>], clip: &GradClip) -> f64 {
     }
     total_norm
 }
+
+/// One state tensor of a bitsandbytes 8-bit optimizer: blockwise 8-bit ([`crate::q8`]) for a
+/// tensor of at least `min_8bit_size` elements, f32 below, as bitsandbytes keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BnbState {
+    /// One code per element, one absmax per block of [`crate::q8::BLOCK_SIZE`].
+    Q8 {
+        /// `state1` / `state2`.
+        codes: Vec<u8>,
+        /// `absmax1` / `absmax2`.
+        absmax: Vec<f32>,
+    },
+    /// A tensor below `min_8bit_size`.
+    F32(Vec<f32>),
+}
+
+impl BnbState {
+    /// The zero state bitsandbytes starts from for `len` elements: codes 0 under absmax 0 (so
+    /// every value dequantizes to 0), or f32 zeros.
+    pub fn zeros(len: usize, min_8bit_size: usize) -> Self {
+        if len >= min_8bit_size {
+            BnbState::Q8 { codes: vec![0; len], absmax: vec![0.0; crate::q8::blocks(len)] }
+        } else {
+            BnbState::F32(vec![0.0; len])
+        }
+    }
+
+    /// Dequantized (`map[code] * absmax`, in f32), widened.
+    fn load(&self, map: &[f32; 256]) -> Vec<f64> {
+        match self {
+            BnbState::Q8 { codes, absmax } => {
+                let mut values = vec![0.0f32; codes.len()];
+                crate::q8::dequantize(codes, absmax, map, &mut values);
+                values.iter().map(|&v| f64::from(v)).collect()
+            }
+            BnbState::F32(values) => values.iter().map(|&v| f64::from(v)).collect(),
+        }
+    }
+
+    /// Rounded to f32, then requantized block by block.
+    fn store(&mut self, values: &[f64], map: &[f32; 256]) {
+        let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+        match self {
+            BnbState::Q8 { codes, absmax } => crate::q8::quantize(&narrowed, map, codes, absmax),
+            BnbState::F32(stored) => *stored = narrowed,
+        }
+    }
+}
+
+/// `bitsandbytes.optim.Adam8bit` and `AdamW8bit`'s hyperparameters. Both apply weight decay
+/// decoupled (`p *= 1 - lr * weight_decay`), unlike `torch.optim.Adam`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnbAdam {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the bias-corrected root of the second moment.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise Adam on one tensor, as its reference
+/// `optimizer_update_8bit_blockwise_pytorch` does it: dequantize both moments, update them and
+/// the parameter from the dequantized values, then requantize each moment (first with the
+/// signed map, second with the unsigned one). Tensors kept in f32 take the same update.
+pub fn bnb_adam8bit_step(
+    config: &BnbAdam,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    exp_avg: &mut BnbState,
+    exp_avg_sq: &mut BnbState,
+) {
+    let (signed, unsigned) = (crate::q8::signed_map(), crate::q8::unsigned_map());
+    let (mut m, mut v) = (exp_avg.load(&signed), exp_avg_sq.load(&unsigned));
+    let bias_correction1 = 1.0 - config.beta1.powi(step as i32);
+    let bias_correction2 = 1.0 - config.beta2.powi(step as i32);
+    for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
+        // state1.mul_(beta1).add_(grad, alpha=1 - beta1)
+        *m = *m * config.beta1 + (1.0 - config.beta1) * g;
+        // state2.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        *v = *v * config.beta2 + (1.0 - config.beta2) * g * g;
+        // denom = (state2.sqrt() / sqrt(bias_correction2)).add_(eps)
+        let denom = v.sqrt() / bias_correction2.sqrt() + config.eps;
+        if config.weight_decay > 0.0 {
+            *p *= 1.0 - config.lr * config.weight_decay;
+        }
+        // p.addcdiv_(state1, denom, value=-lr / bias_correction1)
+        *p += -config.lr / bias_correction1 * (*m / denom);
+    }
+    exp_avg.store(&m, &signed);
+    exp_avg_sq.store(&v, &unsigned);
+}
+
+/// `bitsandbytes.optim.SGD8bit`'s hyperparameters (its 8-bit update has no dampening and no
+/// Nesterov form).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnbSgd {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum.
+    pub momentum: f64,
+    /// L2 weight decay, added to the gradient.
+    pub weight_decay: f64,
+}
+
+/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise SGD with momentum on one tensor, as
+/// its reference does it: the first step's buffer is the gradient, later ones
+/// `momentum * buffer + gradient`, requantized with the signed map.
+pub fn bnb_sgd8bit_step(config: &BnbSgd, step: u64, param: &mut [f64], grad: &[f64], buffer: &mut BnbState) {
+    let signed = crate::q8::signed_map();
+    let mut b = buffer.load(&signed);
+    for ((p, g), b) in param.iter_mut().zip(grad).zip(&mut b) {
+        // grad.add_(p, alpha=weight_decay)
+        let g = g + config.weight_decay * *p;
+        *b = if step == 1 { g } else { *b * config.momentum + g };
+        // p.add_(state1, alpha=-lr)
+        *p += -config.lr * *b;
+    }
+    buffer.store(&b, &signed);
+}

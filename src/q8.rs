@@ -1,0 +1,165 @@
+//! Blockwise 8-bit optimizer state, as bitsandbytes stores it (Dettmers et al. 2022, "8-bit
+//! Optimizers via Block-wise Quantization"): a state tensor is cut into blocks of
+//! [`BLOCK_SIZE`] consecutive elements, each block keeps its largest magnitude (`absmax`, 1
+//! for an all-zero block) as an f32, and each element keeps the index of the code of a
+//! 256-entry dynamic map nearest to `value / absmax`. Signed states (Adam's first moment, SGD's
+//! momentum) use [`signed_map`], Adam's second moment [`unsigned_map`].
+//!
+//! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
+//! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit; the
+//! quantization rounds as its reference implementation does (the nearest code by f32
+//! distance, the lower code on a tie).
+
+/// Elements per block, each block with one f32 absmax.
+pub const BLOCK_SIZE: usize = 256;
+
+/// The map of signed states: bitsandbytes' `create_dynamic_map(signed=True)`.
+pub fn signed_map() -> [f32; 256] {
+    dynamic_map(true)
+}
+
+/// The map of non-negative states: bitsandbytes' `create_dynamic_map(signed=False)`.
+pub fn unsigned_map() -> [f32; 256] {
+    dynamic_map(false)
+}
+
+/// bitsandbytes' `create_dynamic_map(signed, max_exponent_bits=7, total_bits=8)`: for each
+/// decimal exponent 10^-6 ... 10^0, the midpoints of an evenly spaced grid over [0.1, 1]
+/// (2^e + 1 points signed, 2^(e+1) + 1 unsigned), scaled by the exponent (and negated too
+/// when signed); then 0 and 1, sorted.
+fn dynamic_map(signed: bool) -> [f32; 256] {
+    // Python's `10 ** k` as a double, which PyTorch rounds to f32 to scale an f32 tensor.
+    const SCALES: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
+    let mut data: Vec<f32> = Vec::with_capacity(256);
+    for (exponent, scale) in SCALES.iter().enumerate() {
+        let points = if signed { (1 << exponent) + 1 } else { (1 << (exponent + 1)) + 1 };
+        let grid = linspace(0.1, 1.0, points);
+        for pair in grid.windows(2) {
+            let mean = (pair[0] + pair[1]) / 2.0;
+            data.push(*scale as f32 * mean);
+            if signed {
+                data.push(-*scale as f32 * mean);
+            }
+        }
+    }
+    data.extend([0.0, 1.0]);
+    data.sort_by(f32::total_cmp);
+    let mut map = [0.0; 256];
+    map.copy_from_slice(&data);
+    map
+}
+
+/// `torch.linspace(start, end, steps, dtype=torch.float32)` as PyTorch's CPU kernel computes
+/// it: the first half up from `start`, the second half down from `end`, each point one fused
+/// multiply-add (its compiler contracts `start + step * i`).
+fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
+    let step = (end - start) / (steps - 1) as f32;
+    (0..steps)
+        .map(|i| {
+            if i < steps / 2 {
+                step.mul_add(i as f32, start)
+            } else {
+                (-step).mul_add((steps - 1 - i) as f32, end)
+            }
+        })
+        .collect()
+}
+
+/// The index of the code of `map` (sorted, as the maps above are) nearest to `x`, the lower
+/// one on a tie; NaN takes code 0, as `torch.argmin` puts it first.
+pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
+    if x.is_nan() {
+        return 0;
+    }
+    // The first code not below x, and its lower neighbour.
+    let above = map.partition_point(|&c| c < x).min(255);
+    let below = above.saturating_sub(1);
+    let code = if (x - map[below]).abs() <= (x - map[above]).abs() { below } else { above };
+    code as u8
+}
+
+/// Quantizes `values` block by block into `codes` (one per value) and `absmax` (one per block,
+/// the last block possibly partial).
+pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) {
+    let blocks = values.chunks(BLOCK_SIZE).zip(codes.chunks_mut(BLOCK_SIZE));
+    for ((block, block_codes), block_absmax) in blocks.zip(absmax.iter_mut()) {
+        // torch.max propagates NaN; f32::max would drop it.
+        let largest =
+            block
+                .iter()
+                .fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) });
+        *block_absmax = if largest == 0.0 { 1.0 } else { largest };
+        for (code, v) in block_codes.iter_mut().zip(block) {
+            *code = nearest_code(map, v / *block_absmax);
+        }
+    }
+}
+
+/// The values of `codes` under their blocks' `absmax`: `map[code] * absmax`.
+pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) {
+    let blocks = codes.chunks(BLOCK_SIZE).zip(values.chunks_mut(BLOCK_SIZE));
+    for ((block_codes, block_values), scale) in blocks.zip(absmax) {
+        for (value, code) in block_values.iter_mut().zip(block_codes) {
+            *value = map[usize::from(*code)] * scale;
+        }
+    }
+}
+
+/// Blocks of a tensor of `len` elements.
+pub fn blocks(len: usize) -> usize {
+    len.div_ceil(BLOCK_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_maps_are_sorted_and_span_minus_one_to_one() {
+        // The signed map's lowest code is the negated midpoint below 1 of a 65-point grid over
+        // [0.1, 1]: -(1 - 0.9 / 128), rounded as bitsandbytes rounds it.
+        let lowest_signed = f32::from_bits(0xbf7e_3333);
+        for (map, lowest) in [(signed_map(), lowest_signed), (unsigned_map(), 0.0)] {
+            assert!(map.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
+            assert_eq!(map[0], lowest);
+            assert_eq!(map[255], 1.0);
+        }
+    }
+
+    #[test]
+    fn a_value_takes_the_nearest_code_and_the_lower_one_on_a_tie() {
+        let map = unsigned_map();
+        assert_eq!(nearest_code(&map, 1.0), 255);
+        assert_eq!(nearest_code(&map, 2.0), 255);
+        assert_eq!(nearest_code(&map, -1.0), 0);
+        assert_eq!(nearest_code(&map, map[100]), 100);
+        let midpoint = (map[100] + map[101]) / 2.0;
+        let expected = if midpoint - map[100] <= map[101] - midpoint { 100 } else { 101 };
+        assert_eq!(nearest_code(&map, midpoint), expected);
+        assert_eq!(nearest_code(&map, f32::NAN), 0);
+    }
+
+    #[test]
+    fn quantizing_scales_by_each_blocks_largest_magnitude() {
+        let map = signed_map();
+        let mut values = vec![0.0f32; BLOCK_SIZE + 3];
+        values[5] = -4.0;
+        values[7] = 2.0;
+        values[BLOCK_SIZE + 1] = 0.5;
+        let (mut codes, mut absmax) = (vec![0u8; values.len()], vec![0.0f32; blocks(values.len())]);
+        quantize(&values, &map, &mut codes, &mut absmax);
+        assert_eq!(absmax, [4.0, 0.5]);
+        let mut back = vec![0.0f32; values.len()];
+        dequantize(&codes, &absmax, &map, &mut back);
+        assert_eq!(back[BLOCK_SIZE + 1], 0.5);
+        // -1 is not a code of the signed map: the nearest is its lowest code.
+        assert_eq!(back[5], map[0] * 4.0);
+        assert!((back[7] - 2.0).abs() < 0.02, "{}", back[7]);
+        assert_eq!(back[0], 0.0);
+
+        // An all-zero block keeps absmax 1.
+        let mut absmax = [0.0f32];
+        quantize(&[0.0; 4], &map, &mut [0u8; 4], &mut absmax);
+        assert_eq!(absmax, [1.0]);
+    }
+}
