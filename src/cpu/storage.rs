@@ -107,7 +107,7 @@ pub(super) fn run(kernel: &Kernel, stores: &Stores, mut job: Job<'_>) {
         }
         // f16 throughout: one pass too, a register per conversion (16 Mi-element Adam with
         // F16C's eight lanes: 0.90x the blocked path's time, median of 8 paired runs on Zen
-        // 3; AVX-512's sixteen: about 0.94x F16C's, 6 alternated runs on Zen 4).
+        // 3; AVX-512's sixteen: 0.91x F16C's, median of 6 alternated runs on Zen 4).
         if f16_lanes::available() {
             if let Some(operands) = job.operands::<f16>() {
                 return kernel.run(operands);
