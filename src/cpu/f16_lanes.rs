@@ -80,59 +80,41 @@ pub(super) mod registers {
         fn narrow(self, values: [f32; L]) -> [f16; L];
     }
 
-    fearless_simd::kernel!(
-        #[inline(always)]
-        fn widen8(avx2: Avx2, values: [f16; 8]) -> [f32; 8] {
-            bytemuck::cast::<__m256, [f32; 8]>(_mm256_cvtph_ps(bytemuck::cast::<[f16; 8], __m128i>(values)))
-        }
-    );
+    /// `Width<$lanes>` for `$level`: `$widen` and `$narrow` between `$half` (the register of
+    /// halves) and `$wide` (the register of f32 lanes), each inside a `kernel!` so the
+    /// intrinsics are called only with the token that proves their features.
+    macro_rules! width {
+        ($level:ident, $lanes:literal, $half:ty, $wide:ty, $widen:ident, $narrow:ident) => {
+            impl Width<$lanes> for $level {
+                #[inline(always)]
+                fn widen(self, values: [f16; $lanes]) -> [f32; $lanes] {
+                    fearless_simd::kernel!(
+                        #[inline(always)]
+                        fn widen(level: $level, values: [f16; $lanes]) -> [f32; $lanes] {
+                            let halves = bytemuck::cast::<[f16; $lanes], $half>(values);
+                            bytemuck::cast::<$wide, [f32; $lanes]>($widen(halves))
+                        }
+                    );
+                    widen(self, values)
+                }
 
-    fearless_simd::kernel!(
-        #[inline(always)]
-        fn narrow8(avx2: Avx2, values: [f32; 8]) -> [f16; 8] {
-            let narrowed =
-                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 8], __m256>(values));
-            bytemuck::cast::<__m128i, [f16; 8]>(narrowed)
-        }
-    );
-
-    fearless_simd::kernel!(
-        #[inline(always)]
-        fn widen16(avx512: Avx512, values: [f16; 16]) -> [f32; 16] {
-            bytemuck::cast::<__m512, [f32; 16]>(_mm512_cvtph_ps(bytemuck::cast::<[f16; 16], __m256i>(values)))
-        }
-    );
-
-    fearless_simd::kernel!(
-        #[inline(always)]
-        fn narrow16(avx512: Avx512, values: [f32; 16]) -> [f16; 16] {
-            let narrowed =
-                _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<[f32; 16], __m512>(values));
-            bytemuck::cast::<__m256i, [f16; 16]>(narrowed)
-        }
-    );
-
-    impl Width<8> for Avx2 {
-        #[inline(always)]
-        fn widen(self, values: [f16; 8]) -> [f32; 8] {
-            widen8(self, values)
-        }
-        #[inline(always)]
-        fn narrow(self, values: [f32; 8]) -> [f16; 8] {
-            narrow8(self, values)
-        }
+                #[inline(always)]
+                fn narrow(self, values: [f32; $lanes]) -> [f16; $lanes] {
+                    fearless_simd::kernel!(
+                        #[inline(always)]
+                        fn narrow(level: $level, values: [f32; $lanes]) -> [f16; $lanes] {
+                            let wide = bytemuck::cast::<[f32; $lanes], $wide>(values);
+                            bytemuck::cast::<$half, [f16; $lanes]>($narrow::<_MM_FROUND_TO_NEAREST_INT>(wide))
+                        }
+                    );
+                    narrow(self, values)
+                }
+            }
+        };
     }
 
-    impl Width<16> for Avx512 {
-        #[inline(always)]
-        fn widen(self, values: [f16; 16]) -> [f32; 16] {
-            widen16(self, values)
-        }
-        #[inline(always)]
-        fn narrow(self, values: [f32; 16]) -> [f16; 16] {
-            narrow16(self, values)
-        }
-    }
+    width!(Avx2, 8, __m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph);
+    width!(Avx512, 16, __m256i, __m512, _mm512_cvtph_ps, _mm512_cvtps_ph);
 
     /// [`super::each`] on registers of `L` lanes. The loop runs inside `vectorize`, so the
     /// update is compiled for the level's features with the conversions inlined, and works
