@@ -448,8 +448,8 @@ pub fn bnb_adam8bit_step(
 ) {
     let (signed, unsigned) = (crate::q8::signed_map(), crate::q8::unsigned_map());
     let (mut m, mut v) = (exp_avg.load(&signed), exp_avg_sq.load(&unsigned));
-    let bias_correction1 = 1.0 - config.beta1.powi(step as i32);
-    let bias_correction2 = 1.0 - config.beta2.powi(step as i32);
+    let bias_correction1 = bias_correction(config.beta1, step);
+    let bias_correction2 = bias_correction(config.beta2, step);
     for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
         // state1.mul_(beta1).add_(grad, alpha=1 - beta1)
         *m = *m * config.beta1 + (1.0 - config.beta1) * g;
