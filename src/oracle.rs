@@ -3,8 +3,8 @@
 
 use crate::algo::bias_correction;
 use crate::{
-    Adagrad, Adam, Algorithm, DType, DmlAdam, GradClip, MomentumMode, NormType, OnnxAdagrad, OnnxAdam,
-    OnnxMomentum, Sgd,
+    Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GradClip, MomentumMode, NormType, OnnxAdagrad, OnnxAdam,
+    OnnxMomentum, Result, Sgd,
 };
 
 /// PyTorch's Adam state for one parameter.
@@ -396,26 +396,79 @@ impl BnbState {
         }
     }
 
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            BnbState::Q8 { codes, .. } => codes.len(),
+            BnbState::F32(values) => values.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Refuses a state of another length than the parameter's, or 8-bit codes without one
+    /// absmax per block.
+    fn check(&self, argument: &str, param_len: usize) -> Result<()> {
+        if self.len() != param_len {
+            return Err(Error::LengthMismatch {
+                argument: argument.into(),
+                got: self.len() as u64,
+                expected: param_len as u64,
+                reference: "param".into(),
+            });
+        }
+        match self {
+            BnbState::Q8 { codes, absmax } if absmax.len() != crate::q8::blocks(codes.len()) => {
+                Err(Error::LengthMismatch {
+                    argument: format!("{argument} absmax"),
+                    got: absmax.len() as u64,
+                    expected: crate::q8::blocks(codes.len()) as u64,
+                    reference: format!("{argument} codes (one absmax per block of 256)"),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Dequantized (`map[code] * absmax`, in f32), widened.
-    fn load(&self, map: &[f32; 256]) -> Vec<f64> {
+    fn load(&self, map: &[f32; 256]) -> Result<Vec<f64>> {
         match self {
             BnbState::Q8 { codes, absmax } => {
                 let mut values = vec![0.0f32; codes.len()];
-                crate::q8::dequantize(codes, absmax, map, &mut values);
-                values.iter().map(|&v| f64::from(v)).collect()
+                crate::q8::dequantize(codes, absmax, map, &mut values)?;
+                Ok(values.iter().map(|&v| f64::from(v)).collect())
             }
-            BnbState::F32(values) => values.iter().map(|&v| f64::from(v)).collect(),
+            BnbState::F32(values) => Ok(values.iter().map(|&v| f64::from(v)).collect()),
         }
     }
 
     /// Rounded to f32, then requantized block by block.
-    fn store(&mut self, values: &[f64], map: &[f32; 256]) {
+    fn store(&mut self, values: &[f64], map: &[f32; 256]) -> Result<()> {
         let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
         match self {
             BnbState::Q8 { codes, absmax } => crate::q8::quantize(&narrowed, map, codes, absmax),
-            BnbState::F32(stored) => *stored = narrowed,
+            BnbState::F32(stored) => {
+                *stored = narrowed;
+                Ok(())
+            }
         }
     }
+}
+
+/// Refuses a gradient of another length than the parameter's.
+fn check_grad(param: &[f64], grad: &[f64]) -> Result<()> {
+    if grad.len() != param.len() {
+        return Err(Error::LengthMismatch {
+            argument: "grad".into(),
+            got: grad.len() as u64,
+            expected: param.len() as u64,
+            reference: "param".into(),
+        });
+    }
+    Ok(())
 }
 
 /// `bitsandbytes.optim.Adam8bit` and `AdamW8bit`'s hyperparameters. Both apply weight decay
@@ -438,6 +491,7 @@ pub struct BnbAdam {
 /// `optimizer_update_8bit_blockwise_pytorch` does it: dequantize both moments, update them and
 /// the parameter from the dequantized values, then requantize each moment (first with the
 /// signed map, second with the unsigned one). Tensors kept in f32 take the same update.
+/// A gradient or state of another length than `param` is refused and nothing changes.
 pub fn bnb_adam8bit_step(
     config: &BnbAdam,
     step: u64,
@@ -445,9 +499,12 @@ pub fn bnb_adam8bit_step(
     grad: &[f64],
     exp_avg: &mut BnbState,
     exp_avg_sq: &mut BnbState,
-) {
+) -> Result<()> {
+    check_grad(param, grad)?;
+    exp_avg.check("exp_avg", param.len())?;
+    exp_avg_sq.check("exp_avg_sq", param.len())?;
     let (signed, unsigned) = (crate::q8::signed_map(), crate::q8::unsigned_map());
-    let (mut m, mut v) = (exp_avg.load(&signed), exp_avg_sq.load(&unsigned));
+    let (mut m, mut v) = (exp_avg.load(&signed)?, exp_avg_sq.load(&unsigned)?);
     let bias_correction1 = bias_correction(config.beta1, step);
     let bias_correction2 = bias_correction(config.beta2, step);
     for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
@@ -463,8 +520,8 @@ pub fn bnb_adam8bit_step(
         // p.addcdiv_(state1, denom, value=-lr / bias_correction1)
         *p += -config.lr / bias_correction1 * (*m / denom);
     }
-    exp_avg.store(&m, &signed);
-    exp_avg_sq.store(&v, &unsigned);
+    exp_avg.store(&m, &signed)?;
+    exp_avg_sq.store(&v, &unsigned)
 }
 
 /// `bitsandbytes.optim.SGD8bit`'s hyperparameters (its 8-bit update has no dampening and no
@@ -481,10 +538,19 @@ pub struct BnbSgd {
 
 /// Step `step` (from 1) of bitsandbytes' 8-bit blockwise SGD with momentum on one tensor, as
 /// its reference does it: the first step's buffer is the gradient, later ones
-/// `momentum * buffer + gradient`, requantized with the signed map.
-pub fn bnb_sgd8bit_step(config: &BnbSgd, step: u64, param: &mut [f64], grad: &[f64], buffer: &mut BnbState) {
+/// `momentum * buffer + gradient`, requantized with the signed map. A gradient or buffer of
+/// another length than `param` is refused and nothing changes.
+pub fn bnb_sgd8bit_step(
+    config: &BnbSgd,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    buffer: &mut BnbState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    buffer.check("momentum_buffer", param.len())?;
     let signed = crate::q8::signed_map();
-    let mut b = buffer.load(&signed);
+    let mut b = buffer.load(&signed)?;
     for ((p, g), b) in param.iter_mut().zip(grad).zip(&mut b) {
         // grad.add_(p, alpha=weight_decay)
         let g = g + config.weight_decay * *p;
@@ -492,5 +558,5 @@ pub fn bnb_sgd8bit_step(config: &BnbSgd, step: u64, param: &mut [f64], grad: &[f
         // p.add_(state1, alpha=-lr)
         *p += -config.lr * *b;
     }
-    buffer.store(&b, &signed);
+    buffer.store(&b, &signed)
 }

@@ -10,6 +10,8 @@
 //! quantization rounds as its reference implementation does (the nearest code by f32
 //! distance, the lower code on a tie).
 
+use crate::{Error, Result};
+
 /// Elements per block, each block with one f32 absmax.
 pub const BLOCK_SIZE: usize = 256;
 
@@ -79,8 +81,9 @@ pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
 }
 
 /// Quantizes `values` block by block into `codes` (one per value) and `absmax` (one per block,
-/// the last block possibly partial).
-pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) {
+/// the last block possibly partial). Refuses, changing nothing, slices of other lengths.
+pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) -> Result<()> {
+    check_lengths(values.len(), codes.len(), absmax.len())?;
     let blocks = values.chunks(BLOCK_SIZE).zip(codes.chunks_mut(BLOCK_SIZE));
     for ((block, block_codes), block_absmax) in blocks.zip(absmax.iter_mut()) {
         // torch.max propagates NaN; f32::max would drop it.
@@ -93,16 +96,37 @@ pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut
             *code = nearest_code(map, v / *block_absmax);
         }
     }
+    Ok(())
 }
 
-/// The values of `codes` under their blocks' `absmax`: `map[code] * absmax`.
-pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) {
+/// The values of `codes` under their blocks' `absmax`: `map[code] * absmax`. Refuses,
+/// changing nothing, slices of other lengths.
+pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) -> Result<()> {
+    check_lengths(values.len(), codes.len(), absmax.len())?;
     let blocks = codes.chunks(BLOCK_SIZE).zip(values.chunks_mut(BLOCK_SIZE));
     for ((block_codes, block_values), scale) in blocks.zip(absmax) {
         for (value, code) in block_values.iter_mut().zip(block_codes) {
             *value = map[usize::from(*code)] * scale;
         }
     }
+    Ok(())
+}
+
+/// One code per value and one absmax per block of them.
+fn check_lengths(values: usize, codes: usize, absmax: usize) -> Result<()> {
+    let mismatch = |argument: &str, got: usize, expected: usize, reference: &str| Error::LengthMismatch {
+        argument: argument.into(),
+        got: got as u64,
+        expected: expected as u64,
+        reference: reference.into(),
+    };
+    if codes != values {
+        return Err(mismatch("codes", codes, values, "values (one code per value)"));
+    }
+    if absmax != blocks(values) {
+        return Err(mismatch("absmax", absmax, blocks(values), "values (one absmax per block of 256)"));
+    }
+    Ok(())
 }
 
 /// Blocks of a tensor of `len` elements.
@@ -147,10 +171,10 @@ mod tests {
         values[7] = 2.0;
         values[BLOCK_SIZE + 1] = 0.5;
         let (mut codes, mut absmax) = (vec![0u8; values.len()], vec![0.0f32; blocks(values.len())]);
-        quantize(&values, &map, &mut codes, &mut absmax);
+        quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(absmax, [4.0, 0.5]);
         let mut back = vec![0.0f32; values.len()];
-        dequantize(&codes, &absmax, &map, &mut back);
+        dequantize(&codes, &absmax, &map, &mut back).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back[BLOCK_SIZE + 1], 0.5);
         // -1 is not a code of the signed map: the nearest is its lowest code.
         assert_eq!(back[5], map[0] * 4.0);
@@ -159,7 +183,21 @@ mod tests {
 
         // An all-zero block keeps absmax 1.
         let mut absmax = [0.0f32];
-        quantize(&[0.0; 4], &map, &mut [0u8; 4], &mut absmax);
+        quantize(&[0.0; 4], &map, &mut [0u8; 4], &mut absmax).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(absmax, [1.0]);
+    }
+
+    #[test]
+    fn mismatched_lengths_are_refused_by_name_and_change_nothing() {
+        let map = signed_map();
+        let (mut codes, mut absmax) = ([7u8; 300], [3.0f32; 2]);
+        let err = quantize(&[0.5; 299], &map, &mut codes, &mut absmax).unwrap_err();
+        assert!(err.to_string().contains("codes"), "{err}");
+        let err = quantize(&[0.5; 300], &map, &mut codes, &mut [3.0f32; 1]).unwrap_err();
+        assert!(err.to_string().contains("absmax"), "{err}");
+        assert_eq!((codes, absmax), ([7u8; 300], [3.0f32; 2]));
+        let mut values = [9.0f32; 300];
+        assert!(dequantize(&codes, &[1.0; 3], &map, &mut values).is_err());
+        assert_eq!(values, [9.0f32; 300]);
     }
 }
