@@ -145,7 +145,7 @@ impl HostArray {
 
 /// A buffer larger than any last-level cache, read to evict everything else. The CPU rows
 /// time each step and each roofline pass after a flush: a working set that fits a cache
-/// (16 MB for 1 Mi-element Adam) otherwise stays in it for one side and not the other,
+/// (28 MB for 1 Mi-element Adam) otherwise stays in it for one side and not the other,
 /// and the fraction reads 110 to 150 %. A trainer's forward and backward passes leave the
 /// caches as cold between its optimizer steps.
 pub struct CacheFlush(Vec<u64>);
