@@ -422,11 +422,10 @@ impl BnbState {
         }
         match self {
             BnbState::Q8 { codes, absmax } if absmax.len() != crate::q8::blocks(codes.len()) => {
-                Err(Error::LengthMismatch {
+                Err(Error::CountMismatch {
                     argument: format!("{argument} absmax"),
-                    got: absmax.len() as u64,
-                    expected: crate::q8::blocks(codes.len()) as u64,
-                    reference: format!("{argument} codes (one absmax per block of 256)"),
+                    got: absmax.len(),
+                    expected: crate::q8::blocks(codes.len()),
                 })
             }
             _ => Ok(()),

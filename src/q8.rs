@@ -114,17 +114,21 @@ pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [
 
 /// One code per value and one absmax per block of them.
 fn check_lengths(values: usize, codes: usize, absmax: usize) -> Result<()> {
-    let mismatch = |argument: &str, got: usize, expected: usize, reference: &str| Error::LengthMismatch {
-        argument: argument.into(),
-        got: got as u64,
-        expected: expected as u64,
-        reference: reference.into(),
-    };
     if codes != values {
-        return Err(mismatch("codes", codes, values, "values (one code per value)"));
+        return Err(Error::LengthMismatch {
+            argument: "codes".into(),
+            got: codes as u64,
+            expected: values as u64,
+            reference: "values".into(),
+        });
     }
     if absmax != blocks(values) {
-        return Err(mismatch("absmax", absmax, blocks(values), "values (one absmax per block of 256)"));
+        // One per block of 256 values: a count of blocks, not a length to match.
+        return Err(Error::CountMismatch {
+            argument: "absmax".into(),
+            got: absmax,
+            expected: blocks(values),
+        });
     }
     Ok(())
 }
