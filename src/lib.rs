@@ -45,6 +45,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup};
+pub use q8::Q8States;
 pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;
 pub use tensor::Tensor;

@@ -370,91 +370,19 @@ pub fn clip_grad_norm(grads: &mut [Vec<f64>], clip: &GradClip) -> f64 {
     total_norm
 }
 
-/// One state tensor of a bitsandbytes 8-bit optimizer: blockwise 8-bit ([`crate::q8`]) for a
-/// tensor of at least `min_8bit_size` elements, f32 below, as bitsandbytes keeps it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum BnbState {
-    /// One code per element, one absmax per block of [`crate::q8::BLOCK_SIZE`].
-    Q8 {
-        /// `state1` / `state2`.
-        codes: Vec<u8>,
-        /// `absmax1` / `absmax2`.
-        absmax: Vec<f32>,
-    },
-    /// A tensor below `min_8bit_size`.
-    F32(Vec<f32>),
+/// One state tensor of a bitsandbytes 8-bit optimizer: blockwise 8-bit for a tensor of at
+/// least `min_8bit_size` elements, f32 below, as bitsandbytes keeps it.
+pub use crate::q8::StoredState as BnbState;
+
+/// Dequantized, widened.
+fn load(state: &BnbState, map: &[f32; 256]) -> Result<Vec<f64>> {
+    Ok(state.values(map)?.into_iter().map(f64::from).collect())
 }
 
-impl BnbState {
-    /// The zero state bitsandbytes starts from for `len` elements: codes 0 under absmax 0 (so
-    /// every value dequantizes to 0), or f32 zeros.
-    pub fn zeros(len: usize, min_8bit_size: usize) -> Self {
-        if len >= min_8bit_size {
-            BnbState::Q8 { codes: vec![0; len], absmax: vec![0.0; crate::q8::blocks(len)] }
-        } else {
-            BnbState::F32(vec![0.0; len])
-        }
-    }
-
-    /// Elements held.
-    pub fn len(&self) -> usize {
-        match self {
-            BnbState::Q8 { codes, .. } => codes.len(),
-            BnbState::F32(values) => values.len(),
-        }
-    }
-
-    /// Whether it holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Refuses a state of another length than the parameter's, or 8-bit codes without one
-    /// absmax per block.
-    fn check(&self, argument: &str, param_len: usize) -> Result<()> {
-        if self.len() != param_len {
-            return Err(Error::LengthMismatch {
-                argument: argument.into(),
-                got: self.len() as u64,
-                expected: param_len as u64,
-                reference: "param".into(),
-            });
-        }
-        match self {
-            BnbState::Q8 { codes, absmax } if absmax.len() != crate::q8::blocks(codes.len()) => {
-                Err(Error::CountMismatch {
-                    argument: format!("{argument} absmax"),
-                    got: absmax.len(),
-                    expected: crate::q8::blocks(codes.len()),
-                })
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Dequantized (`map[code] * absmax`, in f32), widened.
-    fn load(&self, map: &[f32; 256]) -> Result<Vec<f64>> {
-        match self {
-            BnbState::Q8 { codes, absmax } => {
-                let mut values = vec![0.0f32; codes.len()];
-                crate::q8::dequantize(codes, absmax, map, &mut values)?;
-                Ok(values.iter().map(|&v| f64::from(v)).collect())
-            }
-            BnbState::F32(values) => Ok(values.iter().map(|&v| f64::from(v)).collect()),
-        }
-    }
-
-    /// Rounded to f32, then requantized block by block.
-    fn store(&mut self, values: &[f64], map: &[f32; 256]) -> Result<()> {
-        let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-        match self {
-            BnbState::Q8 { codes, absmax } => crate::q8::quantize(&narrowed, map, codes, absmax),
-            BnbState::F32(stored) => {
-                *stored = narrowed;
-                Ok(())
-            }
-        }
-    }
+/// Rounded to f32, then requantized block by block.
+fn store(state: &mut BnbState, values: &[f64], map: &[f32; 256]) -> Result<()> {
+    let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    state.store(&narrowed, map)
 }
 
 /// Refuses a gradient of another length than the parameter's.
@@ -503,7 +431,7 @@ pub fn bnb_adam8bit_step(
     exp_avg.check("exp_avg", param.len())?;
     exp_avg_sq.check("exp_avg_sq", param.len())?;
     let (signed, unsigned) = (crate::q8::signed_map(), crate::q8::unsigned_map());
-    let (mut m, mut v) = (exp_avg.load(&signed)?, exp_avg_sq.load(&unsigned)?);
+    let (mut m, mut v) = (load(exp_avg, &signed)?, load(exp_avg_sq, &unsigned)?);
     let bias_correction1 = bias_correction(config.beta1, step);
     let bias_correction2 = bias_correction(config.beta2, step);
     for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
@@ -519,8 +447,8 @@ pub fn bnb_adam8bit_step(
         // p.addcdiv_(state1, denom, value=-lr / bias_correction1)
         *p += -config.lr / bias_correction1 * (*m / denom);
     }
-    exp_avg.store(&m, &signed)?;
-    exp_avg_sq.store(&v, &unsigned)
+    store(exp_avg, &m, &signed)?;
+    store(exp_avg_sq, &v, &unsigned)
 }
 
 /// `bitsandbytes.optim.SGD8bit`'s hyperparameters (its 8-bit update has no dampening and no
@@ -549,7 +477,7 @@ pub fn bnb_sgd8bit_step(
     check_grad(param, grad)?;
     buffer.check("momentum_buffer", param.len())?;
     let signed = crate::q8::signed_map();
-    let mut b = buffer.load(&signed)?;
+    let mut b = load(buffer, &signed)?;
     for ((p, g), b) in param.iter_mut().zip(grad).zip(&mut b) {
         // grad.add_(p, alpha=weight_decay)
         let g = g + config.weight_decay * *p;
@@ -557,5 +485,5 @@ pub fn bnb_sgd8bit_step(
         // p.add_(state1, alpha=-lr)
         *p += -config.lr * *b;
     }
-    buffer.store(&b, &signed)
+    store(buffer, &b, &signed)
 }

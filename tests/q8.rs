@@ -149,8 +149,8 @@ fn bitsandbytes_8bit_adam_and_adamw_trajectories_match_the_oracle() {
         for i in 0..vector.count() {
             let mut param = vector.f64s(&format!("param.{i}"));
             let len = param.len();
-            let mut m = BnbState::zeros(len, vector.min_8bit_size());
-            let mut v = BnbState::zeros(len, vector.min_8bit_size());
+            let mut m = BnbState::zeros(len, len >= vector.min_8bit_size());
+            let mut v = BnbState::zeros(len, len >= vector.min_8bit_size());
             for (step, grad) in vector.grads(i).iter().enumerate() {
                 bnb_adam8bit_step(&config, step as u64 + 1, &mut param, grad, &mut m, &mut v)
                     .unwrap_or_else(|e| panic!("{e}"));
@@ -177,7 +177,7 @@ fn bitsandbytes_8bit_sgd_with_momentum_trajectory_matches_the_oracle() {
         weight_decay: vector.number("weight_decay"),
     };
     let mut param = vector.f64s("param.0");
-    let mut buffer = BnbState::zeros(param.len(), vector.min_8bit_size());
+    let mut buffer = BnbState::zeros(param.len(), param.len() >= vector.min_8bit_size());
     for (step, grad) in vector.grads(0).iter().enumerate() {
         bnb_sgd8bit_step(&config, step as u64 + 1, &mut param, grad, &mut buffer)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -190,14 +190,14 @@ fn bitsandbytes_8bit_sgd_with_momentum_trajectory_matches_the_oracle() {
 fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
     let config = BnbAdam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let mut param = vec![0.5; 300];
-    let mut m = BnbState::zeros(300, 256);
+    let mut m = BnbState::zeros(300, true);
     let mut short = BnbState::Q8 { codes: vec![0; 300], absmax: vec![0.0; 1] };
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 300], &mut m, &mut short).unwrap_err();
     assert!(err.to_string().contains("absmax"), "{err}");
-    let mut v = BnbState::zeros(300, 256);
+    let mut v = BnbState::zeros(300, true);
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 299], &mut m, &mut v).unwrap_err();
     assert!(err.to_string().contains("grad"), "{err}");
-    assert_eq!((param, m, v), (vec![0.5; 300], BnbState::zeros(300, 256), BnbState::zeros(300, 256)));
+    assert_eq!((param, m, v), (vec![0.5; 300], BnbState::zeros(300, true), BnbState::zeros(300, true)));
 
     let sgd = BnbSgd { lr: 0.01, momentum: 0.9, weight_decay: 0.0 };
     let mut param = vec![0.5; 10];

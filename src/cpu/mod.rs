@@ -32,12 +32,14 @@ mod f16_lanes;
 mod host;
 mod kernels;
 mod norm;
+mod q8;
 mod state_memory;
 mod storage;
 mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 
+use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
 use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
@@ -69,6 +71,9 @@ pub struct CpuOptimizer {
     /// checkpoints read them).
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     shapes: Vec<Vec<usize>>,
+    /// With [`OptimizerOptions::q8_states`]: its settings and each parameter's state (then
+    /// `state` is empty).
+    q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
 }
 
 impl CpuOptimizer {
@@ -125,6 +130,28 @@ impl CpuOptimizer {
             params.iter().map(|p| p.dtype()),
             "params",
         )?;
+        if let Some(config) = options.q8_states {
+            crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
+            let states = params
+                .iter()
+                .map(|p| {
+                    let quantized = config.quantizes(p.len() as u64);
+                    algorithm.state_kinds().iter().map(|_| StoredState::zeros(p.len(), quantized)).collect()
+                })
+                .collect();
+            return Ok(CpuOptimizer {
+                algorithm,
+                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
+                state: Vec::new(),
+                compensation: Vec::new(),
+                rounding: options.rounding,
+                step: 0,
+                grad_clip: None,
+                grad_norm: None,
+                shapes: options.param_shapes,
+                q8: Some((config, states)),
+            });
+        }
         let initial = algorithm.initial_state();
         let state = params
             .iter()
@@ -156,6 +183,7 @@ impl CpuOptimizer {
             grad_clip: options.grad_clip,
             grad_norm: None,
             shapes: options.param_shapes,
+            q8: None,
         })
     }
 
@@ -232,7 +260,47 @@ impl CpuOptimizer {
             return self.compensation.get(index).map(StateTensor::as_slice);
         }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        if let Some((_, states)) = &self.q8 {
+            return match states.get(index)?.get(k)? {
+                StoredState::F32(values) => Some(HostSlice::F32(values)),
+                StoredState::Q8 { .. } => None,
+            };
+        }
         Some(self.state.get(index)?.get(k)?.as_slice())
+    }
+
+    /// With [`OptimizerOptions::q8_states`]: parameter `index`'s state of `kind` as it is
+    /// stored, 8-bit codes and absmax, or f32 for a tensor below `min_8bit_size`.
+    pub fn q8_state(&self, index: usize, kind: StateKind) -> Option<&StoredState> {
+        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        self.q8.as_ref()?.1.get(index)?.get(k)
+    }
+
+    /// With [`OptimizerOptions::q8_states`]: replaces parameter `index`'s state of `kind`
+    /// (e.g. from a checkpoint). Refused, with nothing changed, without 8-bit state or such
+    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
+    /// stored as this tensor's is (8-bit at and above `min_8bit_size`, f32 below), has
+    /// another length than the parameter, or codes without one absmax per block.
+    pub fn set_q8_state(&mut self, index: usize, kind: StateKind, state: StoredState) -> Result<()> {
+        let kinds = self.algorithm.state_kinds();
+        let (config, states) = self
+            .q8
+            .as_mut()
+            .ok_or(Error::NeedsOption { what: "set_q8_state".into(), option: "q8_states" })?;
+        let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
+            argument: format!("state kind {kind:?}"),
+            got: vec![kind],
+            expected: kinds.to_vec(),
+        })?;
+        let count = states.len();
+        let slot = states.get_mut(index).ok_or_else(|| Error::BadRange {
+            argument: format!("index {index}"),
+            problem: format!("the optimizer has {count} parameters (indices from 0)"),
+        })?;
+        let len = slot[k].len();
+        crate::q8::check_replacement(&state, *config, len, &format!("q8 state {index} {kind:?}"))?;
+        slot[k] = state;
+        Ok(())
     }
 
     /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
@@ -241,6 +309,12 @@ impl CpuOptimizer {
             return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);
         }
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        if let Some((_, states)) = &mut self.q8 {
+            return match states.get_mut(index)?.get_mut(k)? {
+                StoredState::F32(values) => Some(HostSliceMut::F32(values)),
+                StoredState::Q8 { .. } => None,
+            };
+        }
         Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
     }
 
@@ -263,6 +337,20 @@ impl CpuOptimizer {
         let mut streams = [0; MAX_STATE];
         for (stream, kind) in streams.iter_mut().zip(self.algorithm.state_kinds()) {
             *stream = rounding::stream(Some(*kind));
+        }
+        if let Some((_, states)) = &mut self.q8 {
+            let params = params.iter_mut().map(|p| match p {
+                HostSliceMut::F32(values) => &mut values[..],
+                // Refused at construction; an empty slice makes the job a no-op.
+                _ => &mut [],
+            });
+            let grads = grads.iter().map(|g| match g {
+                HostSlice::F32(values) => *values,
+                _ => &[],
+            });
+            q8::run(&kernel, self.algorithm.state_kinds(), params.collect(), grads.collect(), states);
+            self.step = t;
+            return Ok(());
         }
         let stochastic = self.rounding.stochastic();
         let stores = Stores {
@@ -299,6 +387,13 @@ impl CpuOptimizer {
                     got: param.len() as u64,
                     expected: len as u64,
                     reference: format!("params[{i}] when the optimizer was built"),
+                });
+            }
+            if self.q8.is_some() && grad.dtype() != DType::F32 {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("grads[{i}]"),
+                    got: grad.dtype(),
+                    expected: "F32 with q8_states".into(),
                 });
             }
             if grad.len() != len {

@@ -451,7 +451,7 @@ enum Round {
 
 /// `max_propagating_nan(a, b)`: NaN if either is NaN (as `torch.maximum`), else `max(a, b)`.
 /// NaN is found from the bits, which no compiler may assume away.
-fn nan_helpers(math: DType, vector: bool) -> String {
+pub(crate) fn nan_helpers(math: DType, vector: bool) -> String {
     let is_nan = if math == DType::F64 {
         // No 64-bit integers (nor a size-changing bitcast) without extensions; an ordered
         // comparison is false exactly for NaN.

@@ -5,6 +5,7 @@ pub(crate) mod dispatch;
 pub(crate) mod kernel;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod q8;
 pub(crate) mod table;
 pub(crate) mod transfer;
 

@@ -10,7 +10,9 @@ mod device;
 use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{check_range, plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::gpu::q8::Q8Engine;
 use crate::gpu::transfer::check_readable;
+use crate::q8::Q8States;
 use crate::step::rounding::RoundingHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, DType, Error, GpuContext, GradClip, Result, Rounding, StateKind, Tensor};
@@ -88,6 +90,12 @@ pub struct OptimizerOptions {
     /// takes a tensor stored flat or in this shape, and any shape of the parameter's length
     /// when this is empty.
     pub param_shapes: Vec<Vec<usize>>,
+    /// Blockwise 8-bit state, bitsandbytes' format ([`Q8States`]): Adam's moments or SGD's
+    /// momentum as one byte per element plus one f32 per block of 256, for every tensor of
+    /// at least `min_8bit_size` elements (f32 state below). Needs F32 parameters; excludes
+    /// `state_dtype`, `grad_clip`, `capturable`, `master_weights`, `model_copies` and
+    /// non-default `rounding` ([`Error::ConflictingOptions`]), AMSGrad and Adagrad.
+    pub q8_states: Option<Q8States>,
 }
 
 /// [`OptimizerOptions::param_shapes`] against the parameters' lengths.
@@ -177,6 +185,9 @@ pub struct Optimizer {
     /// step after it only finalizes the norm.
     norm_taken_by_unscale: bool,
     rounding: Rounding,
+    /// With [`OptimizerOptions::q8_states`]: the state and its dispatches (then `state`
+    /// holds only the f32 states of tensors below `min_8bit_size`).
+    q8: Option<Q8Engine>,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -241,6 +252,11 @@ impl Optimizer {
             clip.validate()?;
         }
         check_rounding_options(&options)?;
+        if options.q8_states.is_some() {
+            let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
+            let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
+            crate::q8::check_options(&algorithms, &options, dtypes)?;
+        }
         let (groups, options) = master_copies(ctx, groups, options)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
@@ -264,6 +280,20 @@ impl Optimizer {
         // together in the shared buffers.
         let kinds = groups.iter().map(|g| g.algorithm.state_kinds().len()).max().unwrap_or(0);
         let mut requests = Vec::new();
+        let q8 = match options.q8_states {
+            Some(config) => {
+                let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
+                let owners: Vec<usize> = groups
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(g, group)| group.params.iter().map(move |_| g))
+                    .collect();
+                Some(Q8Engine::new(ctx, config, &params, &owners, &algorithms)?)
+            }
+            None => None,
+        };
+        // 8-bit state lives in the engine.
+        let kinds = if q8.is_some() { 0 } else { kinds };
         for k in 0..kinds {
             for group in &groups {
                 let kinds = group.algorithm.state_kinds();
@@ -295,6 +325,15 @@ impl Optimizer {
         }
         for tensors in state.iter_mut().filter(|_| kahan) {
             tensors.extend(allocated.next());
+        }
+        if let Some(engine) = &q8 {
+            for (i, (tensors, group)) in
+                state.iter_mut().zip(groups.iter().flat_map(|g| g.params.iter().map(move |_| g))).enumerate()
+            {
+                for kind in group.algorithm.state_kinds() {
+                    tensors.extend(engine.f32_state(i, *kind));
+                }
+            }
         }
         let mut kept = Vec::with_capacity(groups.len());
         let mut uniform_bytes = vec![0u8; groups.len() * UNIFORM_SLOT_BYTES as usize];
@@ -342,6 +381,7 @@ impl Optimizer {
             clip,
             norm_taken_by_unscale: false,
             rounding: options.rounding,
+            q8,
         })
     }
 
@@ -420,6 +460,9 @@ impl Optimizer {
                 device.write_lr(&self.ctx, g, algorithm.lr());
             }
         }
+        if let Some(engine) = &mut self.q8 {
+            engine.set_algorithm(g, &algorithm);
+        }
         group.algorithm = algorithm;
         group.dirty = true;
         if variant_changed {
@@ -448,7 +491,52 @@ impl Optimizer {
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
         let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;
-        self.state.get(index).map(|s| &s[k])
+        self.state.get(index)?.get(k)
+    }
+
+    /// With [`OptimizerOptions::q8_states`]: parameter `index`'s state of `kind` as stored,
+    /// 8-bit codes and absmax (or f32 values below `min_8bit_size`), read back after every
+    /// submitted step; `None` where the parameter keeps no such state. Refused without
+    /// 8-bit state ([`Error::NeedsOption`]).
+    pub fn read_q8_state(&self, index: usize, kind: StateKind) -> Result<Option<crate::q8::StoredState>> {
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("read_q8_state"))?;
+        engine.read(&self.ctx, index, kind)
+    }
+
+    /// With [`OptimizerOptions::q8_states`]: replaces parameter `index`'s state of `kind`
+    /// (queued, so it lands before the next submitted step). Refused, with nothing written,
+    /// without 8-bit state ([`Error::NeedsOption`]), for a parameter or kind the optimizer
+    /// does not have, or when `state` is not stored as this tensor's is (8-bit at and above
+    /// `min_8bit_size`, f32 below), has another length, or lacks one absmax per block.
+    pub fn write_q8_state(
+        &self,
+        index: usize,
+        kind: StateKind,
+        state: &crate::q8::StoredState,
+    ) -> Result<()> {
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("write_q8_state"))?;
+        engine.write(&self.ctx, index, kind, state)
+    }
+
+    /// With 8-bit state: the step, one dispatch per tensor (per chunk of a large one).
+    fn record_q8_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        let Some(engine) = &mut self.q8 else { return Ok(()) };
+        engine.bind(&self.ctx, &self.params, grads)?;
+        let t = self.step + 1;
+        let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
+        for (group, bytes) in self.groups.iter_mut().zip(slots) {
+            group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
+            group.dirty = false;
+        }
+        self.uniforms.record_write(encoder, &self.uniform_bytes);
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("wgpu-optim 8-bit step"),
+            timestamp_writes: None,
+        });
+        engine.record(&mut pass, &self.uniforms.bind_groups);
+        drop(pass);
+        self.step = t;
+        Ok(())
     }
 
     /// Records one step into the caller's encoder; nothing is submitted. Any number of steps
@@ -463,6 +551,9 @@ impl Optimizer {
     /// step's submission has run. On error nothing is recorded and the step count is unchanged.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
+        if self.q8.is_some() {
+            return self.record_q8_step(encoder, grads);
+        }
         // Taken for these gradients only; the plain norm pass is right in any case, since it
         // reads the gradients the unscale pass left.
         let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
@@ -686,6 +777,11 @@ impl Optimizer {
         };
         slot_args(algorithm.family(), &kinds, args)
     }
+}
+
+/// The error of an 8-bit-state method called without [`OptimizerOptions::q8_states`].
+fn needs_q8(what: &str) -> Error {
+    Error::NeedsOption { what: format!("`{what}`"), option: "q8_states" }
 }
 
 /// Writes stochastic rounding's seed and step `t` into a group's uniform slot.

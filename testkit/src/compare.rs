@@ -212,6 +212,31 @@ pub fn compare(got: &[f64], want: &[f64], tolerance: Tolerance) -> Comparison {
     comparison
 }
 
+/// 8-bit codes as the vectors' format compares them: each within 1 of the expected code
+/// (a value near the midpoint of two codes takes either, depending on the last bit of f32
+/// arithmetic), and at most 1 % of them different. A code further away is a mismatch; so is
+/// every differing code past the 1 %.
+pub fn compare_codes(got: &[f64], want: &[f64]) -> Comparison {
+    let mut comparison = compare(got, want, Tolerance::Close { rtol: 0.0, atol: 1.0 });
+    if !comparison.passed() {
+        return comparison;
+    }
+    let differing: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    let allowed = want.len() / 100;
+    if differing.len() > allowed {
+        comparison.mismatches = differing.len() - allowed;
+        // Past the allowance, each differing code counts as outside tolerance.
+        comparison.worst = comparison.worst.max(differing.len() as f64 / allowed.max(1) as f64);
+        comparison.first = differing
+            .iter()
+            .skip(allowed)
+            .take(FIRST)
+            .map(|&index| Mismatch { index, got: got[index], want: want[index], error: 1.0 })
+            .collect();
+    }
+    comparison
+}
+
 /// Panics with `what` and the first few mismatches unless every value of `got` is within
 /// `tolerance` of `want`.
 #[track_caller]

@@ -17,6 +17,6 @@ pub mod conformance;
 mod roofline;
 mod timer;
 
-pub use compare::{assert_close, compare, Comparison, Tolerance};
+pub use compare::{assert_close, compare, compare_codes, Comparison, Tolerance};
 pub use roofline::CopyRoofline;
 pub use timer::{GpuTimer, Timing};

@@ -74,7 +74,17 @@ pub struct Case {
 }
 
 /// The ops this reader implements, each with its kind and every attribute it understands.
-const SUPPORTED: [(&str, Kind, &[&str]); 8] = [
+/// bitsandbytes' 8-bit Adam and AdamW attributes.
+const BNB_ADAM: [&str; 6] = ["lr", "betas", "eps", "weight_decay", "min_8bit_size", "block_size"];
+
+const SUPPORTED: [(&str, Kind, &[&str]); 11] = [
+    ("bnb.Adam8bit", Kind::Trajectory, &BNB_ADAM),
+    ("bnb.AdamW8bit", Kind::Trajectory, &BNB_ADAM),
+    (
+        "bnb.SGD8bit",
+        Kind::Trajectory,
+        &["lr", "momentum", "dampening", "weight_decay", "min_8bit_size", "block_size"],
+    ),
     ("onnx.Adam", Kind::Op, &["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"]),
     ("onnx.Momentum", Kind::Op, &["alpha", "beta", "mode", "norm_coefficient"]),
     ("onnx.Adagrad", Kind::Op, &["decay_factor", "epsilon", "norm_coefficient"]),

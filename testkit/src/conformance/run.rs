@@ -9,7 +9,10 @@ use wgpu_optim::{
     OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, OptimizerOptions, Result, Sgd, Tensor,
 };
 
-use crate::compare::{compare, Tolerance};
+use wgpu_optim::q8::{self, StoredState};
+use wgpu_optim::Q8States;
+
+use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
 
 /// Where a case runs.
@@ -50,7 +53,7 @@ impl Backend {
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
         }
-        if case.kind == Kind::Trajectory && case.op.starts_with("torch.") {
+        if case.kind == Kind::Trajectory && (case.op.starts_with("torch.") || case.op.starts_with("bnb.")) {
             backends.push(Backend::Cpu);
         }
         backends
@@ -116,6 +119,9 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
         ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
             torch_trajectory(case, backend, ctx)?
         }
+        ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
+            bnb_trajectory(case, backend, ctx)?
+        }
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
@@ -137,7 +143,14 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
     }
     for (name, got) in &outputs {
         let want = case.tensor(name)?;
-        let comparison = compare(got, &want.values, tolerance);
+        // 8-bit codes and their absmax compare as the format says; everything else as the case.
+        let comparison = if want.dtype == ValueType::Integer && name.starts_with("state") {
+            compare_codes(got, &want.values)
+        } else if name.starts_with("absmax") {
+            compare(got, &want.values, Tolerance::Close { rtol: 1e-4, atol: 0.0 })
+        } else {
+            compare(got, &want.values, tolerance)
+        };
         worst = worst.max(comparison.worst);
         if !comparison.passed() {
             failures.push(format!("{name}: {comparison}"));
@@ -612,4 +625,173 @@ fn stateless_trajectory(
 
 fn round_all(values: Vec<f64>, dtype: DType) -> Vec<f64> {
     values.into_iter().map(|v| dtype.round(v)).collect()
+}
+
+/// A bitsandbytes 8-bit trajectory's algorithm in this crate's terms (Adam8bit and AdamW8bit
+/// both decay decoupled, so both are AdamW here) and its [`Q8States`].
+fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
+    let block_size = case.attr_f64("block_size", q8::BLOCK_SIZE as f64)?;
+    if block_size != q8::BLOCK_SIZE as f64 {
+        return Err(case.bad(format!("block_size {block_size}: only {} is implemented", q8::BLOCK_SIZE)));
+    }
+    let min_8bit_size = case.attr_f64("min_8bit_size", q8::MIN_8BIT_SIZE as f64)?;
+    let config = Q8States { min_8bit_size: min_8bit_size as u64 };
+    let algorithm = if case.op == "bnb.SGD8bit" {
+        let dampening = case.attr_f64("dampening", 0.0)?;
+        if dampening != 0.0 {
+            return Err(case.bad(format!("dampening {dampening}: bitsandbytes' 8-bit SGD has none")));
+        }
+        Algorithm::Sgd(Sgd {
+            lr: case.attr_f64("lr", 1e-3)?,
+            momentum: case.attr_f64("momentum", 0.0)?,
+            weight_decay: case.attr_f64("weight_decay", 0.0)?,
+            ..Sgd::default()
+        })
+    } else {
+        let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
+        Algorithm::Adam(Adam {
+            lr: case.attr_f64("lr", 1e-3)?,
+            beta1,
+            beta2,
+            eps: case.attr_f64("eps", 1e-8)?,
+            weight_decay: case.attr_f64("weight_decay", 0.0)?,
+            decoupled_weight_decay: true,
+            ..Adam::default()
+        })
+    };
+    Ok((algorithm, config))
+}
+
+/// A bitsandbytes 8-bit trajectory from zero state: the oracle's transcription of
+/// bitsandbytes' reference, the [`CpuOptimizer`] and the GPU [`Optimizer`] with
+/// [`Q8States`], each tensor in a buffer of its own (`GpuInPlace`) or all packed at odd
+/// offsets into one buffer for parameters and one for gradients (`GpuOutOfPlace`: 8-bit
+/// state has no stateless operator).
+fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+    let (algorithm, config) = bnb_algorithm(case)?;
+    let kinds = algorithm.state_kinds();
+    let (n, steps) = (case.count, case.steps);
+    let params: Vec<Vec<f64>> =
+        (0..n).map(|i| Ok(case.tensor(&format!("param.{i}"))?.values.clone())).collect::<Result<_>>()?;
+    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
+    let grads_at = |k: usize| -> Vec<Vec<f64>> {
+        (0..n).map(|i| grads[i].values[k * params[i].len()..(k + 1) * params[i].len()].to_vec()).collect()
+    };
+    let mut finals: Vec<(Vec<f64>, Vec<StoredState>)> = Vec::with_capacity(n);
+    match (backend, ctx) {
+        (Backend::Oracle, _) => {
+            for (i, param) in params.iter().enumerate() {
+                let mut values = param.clone();
+                let quantized = config.quantizes(values.len() as u64);
+                let mut states: Vec<StoredState> =
+                    kinds.iter().map(|_| StoredState::zeros(values.len(), quantized)).collect();
+                for k in 0..steps {
+                    let g = &grads_at(k)[i];
+                    match (algorithm, &mut states[..]) {
+                        (Algorithm::Adam(a), [m, v]) => {
+                            let config = oracle::BnbAdam {
+                                lr: a.lr,
+                                beta1: a.beta1,
+                                beta2: a.beta2,
+                                eps: a.eps,
+                                weight_decay: a.weight_decay,
+                            };
+                            oracle::bnb_adam8bit_step(&config, k as u64 + 1, &mut values, g, m, v)?
+                        }
+                        (Algorithm::Sgd(s), [b]) => {
+                            let config = oracle::BnbSgd {
+                                lr: s.lr,
+                                momentum: s.momentum,
+                                weight_decay: s.weight_decay,
+                            };
+                            oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
+                        }
+                        _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
+                    }
+                }
+                finals.push((values, states));
+            }
+        }
+        (Backend::Cpu, _) => {
+            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
+            let mut tensors: Vec<Vec<f32>> =
+                params.iter().map(|p| p.iter().map(|&v| v as f32).collect()).collect();
+            let views: Vec<HostSlice<'_>> = tensors.iter().map(|t| HostSlice::F32(t)).collect();
+            let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+            for k in 0..steps {
+                let g: Vec<Vec<f32>> =
+                    grads_at(k).iter().map(|g| g.iter().map(|&v| v as f32).collect()).collect();
+                let grad_views: Vec<HostSlice<'_>> = g.iter().map(|g| HostSlice::F32(g)).collect();
+                let mut param_views: Vec<HostSliceMut<'_>> =
+                    tensors.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
+                optimizer.step(&mut param_views, &grad_views)?;
+            }
+            for (i, t) in tensors.iter().enumerate() {
+                let states = kinds
+                    .iter()
+                    .map(|kind| {
+                        optimizer.q8_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                    })
+                    .collect::<Result<_>>()?;
+                finals.push((t.iter().map(|&v| f64::from(v)).collect(), states));
+            }
+        }
+        (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
+        (_, Some(ctx)) => {
+            let lengths: Vec<u64> = params.iter().map(|p| p.len() as u64).collect();
+            let (param_tensors, grad_tensors): (Vec<Tensor>, Vec<Tensor>) = if backend.in_place() {
+                let p =
+                    params.iter().enumerate().map(|(i, p)| ctx.upload(&format!("param.{i}"), p, DType::F32));
+                let p: Vec<Tensor> = p.collect();
+                let g = p.iter().map(|t| ctx.zeros("grad", t.len, DType::F32)).collect();
+                (p, g)
+            } else {
+                (packed(ctx, "params", &lengths, DType::F32), packed(ctx, "grads", &lengths, DType::F32))
+            };
+            if !backend.in_place() {
+                for (t, values) in param_tensors.iter().zip(&params) {
+                    ctx.write(t, values)?;
+                }
+            }
+            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
+            let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
+            for k in 0..steps {
+                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
+                    ctx.write(t, &g)?;
+                }
+                optimizer.step(&grad_tensors)?;
+            }
+            for (i, param) in param_tensors.iter().enumerate() {
+                let states = kinds
+                    .iter()
+                    .map(|kind| {
+                        optimizer.read_q8_state(i, *kind)?.ok_or_else(|| case.bad("missing state".into()))
+                    })
+                    .collect::<Result<_>>()?;
+                finals.push((ctx.read(param)?, states));
+            }
+        }
+    }
+    let mut outputs: Outputs = Vec::new();
+    for (i, (param, states)) in finals.into_iter().enumerate() {
+        outputs.push((format!("param_out.{i}"), param));
+        for (k, state) in states.into_iter().enumerate() {
+            match state {
+                StoredState::Q8 { codes, absmax } => {
+                    outputs.push((format!("state{}.{i}", k + 1), codes.into_iter().map(f64::from).collect()));
+                    outputs
+                        .push((format!("absmax{}.{i}", k + 1), absmax.into_iter().map(f64::from).collect()));
+                }
+                StoredState::F32(values) => {
+                    outputs
+                        .push((format!("state{}.{i}", k + 1), values.into_iter().map(f64::from).collect()));
+                }
+            }
+        }
+    }
+    // The maps the states were quantized with, one per state kind.
+    for (k, kind) in kinds.iter().enumerate() {
+        outputs.push((format!("qmap{}", k + 1), q8::map_for(*kind).iter().map(|&c| f64::from(c)).collect()));
+    }
+    Ok(outputs)
 }

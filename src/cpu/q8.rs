@@ -1,0 +1,159 @@
+//! Steps over blockwise 8-bit state ([`crate::q8`]): each block of 256 elements is
+//! dequantized into registers-sized scratch, updated by the same f32 loop as f32 state
+//! ([`Kernel`]), and requantized under its new absmax, so every state byte is read once and
+//! written once and the update formula is the one every other storage type runs.
+
+use rayon::prelude::*;
+
+use super::kernels::{Kernel, Operands};
+use crate::q8::lut::CodeTable;
+use crate::q8::{StoredState, BLOCK_SIZE};
+use crate::StateKind;
+
+/// Blocks per work item: 128 Ki elements, as the f32 path's chunks.
+const CHUNK_BLOCKS: usize = 512;
+
+/// One state tensor's share of a work item.
+enum Slot<'a> {
+    Q8 { codes: &'a mut [u8], absmax: &'a mut [f32], table: &'static CodeTable },
+    F32(&'a mut [f32]),
+}
+
+impl<'a> Slot<'a> {
+    /// The slot of `state`, quantized with the map of `kind`.
+    fn of(state: &'a mut StoredState, kind: StateKind) -> Self {
+        match state {
+            StoredState::Q8 { codes, absmax } => Slot::Q8 { codes, absmax, table: CodeTable::for_kind(kind) },
+            StoredState::F32(values) => Slot::F32(values),
+        }
+    }
+
+    /// This slot's first `elements` (a whole number of blocks) and the rest.
+    fn split_at(self, elements: usize) -> (Self, Self) {
+        match self {
+            Slot::Q8 { codes, absmax, table } => {
+                let (codes, codes_rest) = codes.split_at_mut(elements);
+                let (absmax, absmax_rest) = absmax.split_at_mut(elements / BLOCK_SIZE);
+                (
+                    Slot::Q8 { codes, absmax, table },
+                    Slot::Q8 { codes: codes_rest, absmax: absmax_rest, table },
+                )
+            }
+            Slot::F32(values) => {
+                let (head, tail) = values.split_at_mut(elements);
+                (Slot::F32(head), Slot::F32(tail))
+            }
+        }
+    }
+}
+
+/// A run of whole blocks of one tensor.
+struct Job<'a> {
+    param: &'a mut [f32],
+    grad: &'a [f32],
+    slots: Vec<Slot<'a>>,
+}
+
+/// Runs `kernel` over every tensor: `states[i]` holds tensor i's state in the kernel's slot
+/// order (`kinds`). The lengths have been checked.
+pub(super) fn run(
+    kernel: &Kernel,
+    kinds: &[StateKind],
+    params: Vec<&mut [f32]>,
+    grads: Vec<&[f32]>,
+    states: &mut [Vec<StoredState>],
+) {
+    let chunk = CHUNK_BLOCKS * BLOCK_SIZE;
+    let mut jobs = Vec::new();
+    for ((param, grad), state) in params.into_iter().zip(grads).zip(states.iter_mut()) {
+        let mut rest = Job {
+            param,
+            grad,
+            slots: state.iter_mut().zip(kinds).map(|(s, kind)| Slot::of(s, *kind)).collect(),
+        };
+        while rest.param.len() > chunk {
+            let (param, param_rest) = rest.param.split_at_mut(chunk);
+            let (grad, grad_rest) = rest.grad.split_at(chunk);
+            let (slots, slots_rest) = rest.slots.into_iter().map(|s| s.split_at(chunk)).unzip();
+            jobs.push(Job { param, grad, slots });
+            rest = Job { param: param_rest, grad: grad_rest, slots: slots_rest };
+        }
+        jobs.push(rest);
+    }
+    jobs.into_par_iter().for_each(|job| run_job(kernel, job));
+}
+
+/// Updates a job block by block.
+fn run_job(kernel: &Kernel, job: Job<'_>) {
+    let Job { param, grad, mut slots } = job;
+    let mut scratch = [[0.0f32; BLOCK_SIZE]; 2];
+    for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
+        let (n, at) = (param.len(), b * BLOCK_SIZE);
+        update_block(kernel, &mut slots, &mut scratch, param, grad, b);
+        let mut updated = scratch.iter();
+        for slot in slots.iter_mut() {
+            if let Slot::Q8 { codes, absmax, table } = slot {
+                let values = &updated.next().map(|s| &s[..n]).unwrap_or_default();
+                absmax[b] = block_absmax(values);
+                quantize(values, absmax[b], table, &mut codes[at..at + n]);
+            }
+        }
+    }
+}
+
+/// Block `b`'s update: its 8-bit slots dequantized into `scratch`, then the f32 loop.
+fn update_block(
+    kernel: &Kernel,
+    slots: &mut [Slot<'_>],
+    scratch: &mut [[f32; BLOCK_SIZE]; 2],
+    param: &mut [f32],
+    grad: &[f32],
+    b: usize,
+) {
+    let (n, at) = (param.len(), b * BLOCK_SIZE);
+    let [first, second] = scratch;
+    let mut scratch_slices = [&mut first[..n], &mut second[..n]].into_iter();
+    let mut state: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
+    for (slot, out) in slots.iter_mut().zip(state.iter_mut()) {
+        match slot {
+            Slot::Q8 { codes, absmax, table } => {
+                let values = scratch_slices.next().unwrap_or_default();
+                dequantize(&codes[at..at + n], absmax[b], table.map(), values);
+                *out = values;
+            }
+            Slot::F32(values) => *out = &mut values[at..at + n],
+        }
+    }
+    kernel.run::<f32>(Operands { param, grad, state });
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn dequantize(codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
+    for (value, code) in values.iter_mut().zip(codes) {
+        *value = map[usize::from(*code)] * absmax;
+    }
+}
+
+/// The block's largest magnitude, NaN if any value is NaN (as `torch.max`), 1 for an
+/// all-zero block.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn block_absmax(values: &[f32]) -> f32 {
+    // Bits of magnitudes order as the magnitudes do, NaN above infinity: an integer max
+    // that vectorizes and propagates NaN.
+    let largest = values.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
+    let largest = f32::from_bits(largest);
+    if largest.is_nan() {
+        f32::NAN
+    } else if largest == 0.0 {
+        1.0
+    } else {
+        largest
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn quantize(values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+    for (code, value) in codes.iter_mut().zip(values) {
+        *code = table.code(value / absmax);
+    }
+}

@@ -1,0 +1,482 @@
+//! Blockwise 8-bit state on the GPU ([`crate::q8`]): each parameter's state in a buffer of
+//! its own (per state: the codes, four to a word, then one absmax per block; or f32 values
+//! below `min_8bit_size`), and one dispatch per tensor (per chunk of a tensor larger than
+//! a storage binding) of the kernel [`shader::compose`] writes.
+
+mod shader;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use wgpu::util::DeviceExt;
+
+use crate::gpu::kernel::Scalars;
+use crate::gpu::plan::{check_range, Arg};
+use crate::gpu::GpuContext;
+use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
+use crate::step::{Switches, UNIFORM_SLOT_BYTES};
+use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
+
+/// What selects one compiled 8-bit pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Variant {
+    switches: Switches,
+    kinds: Vec<StateKind>,
+    quantized: bool,
+    grad_in_params: bool,
+}
+
+#[derive(Debug)]
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// Where one state of one tensor lies in its tensor's state buffer, in words.
+#[derive(Clone, Copy, Debug)]
+struct Placement {
+    values: u64,
+    absmax: u64,
+}
+
+/// One parameter's state.
+#[derive(Debug)]
+struct TensorState {
+    len: u64,
+    group: usize,
+    quantized: bool,
+    kinds: Vec<StateKind>,
+    placements: Vec<Placement>,
+    buffer: wgpu::Buffer,
+}
+
+impl TensorState {
+    /// Words of state `k`'s codes (or values).
+    fn value_words(&self) -> u64 {
+        if self.quantized {
+            self.len.div_ceil(4)
+        } else {
+            self.len
+        }
+    }
+}
+
+/// One dispatch: a tensor, or a chunk of one.
+#[derive(Debug)]
+struct Dispatch {
+    pipeline: Arc<Pipeline>,
+    bind_group: wgpu::BindGroup,
+    workgroups: u32,
+    group: usize,
+}
+
+/// The dispatches for one set of gradients.
+#[derive(Debug)]
+struct Bound {
+    grads: Vec<Tensor>,
+    dispatches: Vec<Dispatch>,
+}
+
+/// The most workgroups one dispatch launches; each strides over further blocks.
+const MAX_WORKGROUPS: u64 = 4096;
+
+/// The 8-bit state of an optimizer and the dispatches that update it.
+#[derive(Debug)]
+pub(crate) struct Q8Engine {
+    config: Q8States,
+    tensors: Vec<TensorState>,
+    tables: wgpu::Buffer,
+    switches: Vec<Switches>,
+    pipelines: HashMap<Variant, Arc<Pipeline>>,
+    bound: Option<Bound>,
+}
+
+impl Q8Engine {
+    /// Zeroed state for `params`, parameter i in group `groups[i]`, each group run by
+    /// `algorithms[g]` (checked by [`crate::q8::check_options`]).
+    pub(crate) fn new(
+        ctx: &GpuContext,
+        config: Q8States,
+        params: &[Tensor],
+        groups: &[usize],
+        algorithms: &[Algorithm],
+    ) -> Result<Self> {
+        let max_binding = ctx.device().limits().max_storage_buffer_binding_size;
+        let mut tensors = Vec::with_capacity(params.len());
+        let mut layouts = Vec::with_capacity(params.len());
+        for (i, (param, &group)) in params.iter().zip(groups).enumerate() {
+            let kinds = algorithms[group].state_kinds().to_vec();
+            let quantized = config.quantizes(param.len);
+            let value_words = if quantized { param.len.div_ceil(4) } else { param.len };
+            let absmax_words = if quantized { blocks(param.len as usize) as u64 } else { 0 };
+            let placements: Vec<Placement> = (0..kinds.len() as u64)
+                .map(|k| {
+                    let at = k * (value_words + absmax_words);
+                    Placement { values: at, absmax: at + value_words }
+                })
+                .collect();
+            let bytes = (4 * kinds.len() as u64 * (value_words + absmax_words)).max(4);
+            if bytes > max_binding {
+                return Err(Error::BadRange {
+                    argument: format!("params[{i}]"),
+                    problem: format!(
+                        "its state takes {bytes} bytes, more than the device's largest storage binding \
+                         ({max_binding} bytes, max_storage_buffer_binding_size)"
+                    ),
+                });
+            }
+            layouts.push((param.len, group, quantized, kinds, placements, bytes));
+        }
+        let tables_words = shader::tables_words();
+        ctx.catch("creating the 8-bit state", || {
+            let device = ctx.device();
+            for (len, group, quantized, kinds, placements, bytes) in layouts {
+                let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgpu-optim 8-bit state"),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                tensors.push(TensorState { len, group, quantized, kinds, placements, buffer });
+            }
+            let tables = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("wgpu-optim 8-bit code tables"),
+                contents: bytemuck::cast_slice(&tables_words),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+            Q8Engine {
+                config,
+                tensors,
+                tables,
+                switches: algorithms.iter().map(|a| a.kernel_step(1).switches()).collect(),
+                pipelines: HashMap::new(),
+                bound: None,
+            }
+        })
+    }
+
+    /// Group `g` now runs `algorithm` (same state kinds): its pipelines change with its
+    /// switches.
+    pub(crate) fn set_algorithm(&mut self, g: usize, algorithm: &Algorithm) {
+        let switches = algorithm.kernel_step(1).switches();
+        if self.switches[g] != switches {
+            self.switches[g] = switches;
+            self.bound = None;
+        }
+    }
+
+    /// Builds the dispatches for `grads` unless they are the last ones bound. Refused, with
+    /// nothing recorded, for gradients that are not F32, not of their parameter's length,
+    /// not bindable, or that overlap their parameter.
+    pub(crate) fn bind(&mut self, ctx: &GpuContext, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
+        if self.bound.as_ref().is_some_and(|b| b.grads == grads) {
+            return Ok(());
+        }
+        if grads.len() != params.len() {
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: params.len(),
+            });
+        }
+        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
+            let arg = Arg::new(format!("grads[{i}]"), grad);
+            check_range(&arg)?;
+            if grad.dtype != DType::F32 {
+                return Err(Error::DTypeMismatch {
+                    argument: arg.name,
+                    got: grad.dtype,
+                    expected: "F32 with q8_states".into(),
+                });
+            }
+            if grad.len != param.len {
+                return Err(Error::LengthMismatch {
+                    argument: arg.name,
+                    got: grad.len,
+                    expected: param.len,
+                    reference: format!("params[{i}]"),
+                });
+            }
+            let overlaps = grad.buffer == param.buffer
+                && grad.offset < param.offset + 4 * param.len
+                && param.offset < grad.offset + 4 * grad.len;
+            if overlaps {
+                return Err(Error::PartialOverlap { output: format!("params[{i}]"), other: arg.name });
+            }
+        }
+        let limits = ctx.device().limits();
+        let align = u64::from(limits.min_storage_buffer_offset_alignment);
+        let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment).max(UNIFORM_SLOT_BYTES);
+        let max_binding = limits.max_storage_buffer_binding_size;
+        // Elements per chunk: whole blocks whose f32 range fits a binding after alignment.
+        let chunk =
+            ((max_binding.saturating_sub(align)) / 4 / BLOCK_SIZE as u64 * BLOCK_SIZE as u64).max(256);
+        let mut segments: Vec<([u32; 8], usize, Vec<(u64, u64)>)> = Vec::new();
+        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
+            let tensor = &self.tensors[i];
+            let mut start = 0;
+            while start < param.len || (param.len == 0 && start == 0) {
+                let n = (param.len - start).min(chunk);
+                let range = |t: &Tensor| {
+                    let first = t.offset + 4 * start;
+                    let aligned = first / align * align;
+                    (aligned, first + 4 * n, (first - aligned) / 4)
+                };
+                let (p, g) = (range(param), range(grad));
+                let shared = grad.buffer == param.buffer;
+                let (param_range, grad_base) = if shared {
+                    let lo = p.0.min(g.0);
+                    let hi = p.1.max(g.1);
+                    if hi - lo > max_binding {
+                        return Err(Error::BadRange {
+                            argument: format!("grads[{i}]"),
+                            problem: format!(
+                                "it shares a buffer with params[{i}] too far apart to bind both at once \
+                                 ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
+                                 put gradients in a buffer of their own",
+                                hi - lo
+                            ),
+                        });
+                    }
+                    ((lo, hi), (g.0 - lo) / 4 + g.2)
+                } else {
+                    ((p.0, p.1), g.2)
+                };
+                let param_base = (p.0 - param_range.0) / 4 + p.2;
+                let mut fields =
+                    [n as u32, blocks(n as usize) as u32, param_base as u32, grad_base as u32, 0, 0, 0, 0];
+                for (k, placement) in tensor.placements.iter().enumerate() {
+                    let (values, absmax) = if tensor.quantized {
+                        (placement.values + start / 4, placement.absmax + start / BLOCK_SIZE as u64)
+                    } else {
+                        (placement.values + start, 0)
+                    };
+                    fields[4 + 2 * k] = values as u32;
+                    fields[5 + 2 * k] = absmax as u32;
+                }
+                let mut ranges = vec![param_range];
+                if !shared {
+                    ranges.push((g.0, g.1));
+                }
+                if n > 0 {
+                    segments.push((fields, i, ranges));
+                }
+                start += n.max(1);
+            }
+        }
+        let mut dispatches = Vec::with_capacity(segments.len());
+        let mut pipelines = Vec::with_capacity(segments.len());
+        for (_, i, _) in &segments {
+            let tensor = &self.tensors[*i];
+            let variant = Variant {
+                switches: self.switches[tensor.group],
+                kinds: tensor.kinds.clone(),
+                quantized: tensor.quantized && !tensor.kinds.is_empty(),
+                grad_in_params: grads[*i].buffer == params[*i].buffer,
+            };
+            pipelines.push(self.pipeline(ctx, &variant)?);
+        }
+        let mut contents = vec![0u8; segments.len() * uniform_align as usize];
+        for ((fields, _, _), slot) in segments.iter().zip(contents.chunks_exact_mut(uniform_align as usize)) {
+            slot[..32].copy_from_slice(bytemuck::cast_slice(fields));
+        }
+        let device = ctx.device();
+        ctx.catch("binding the 8-bit step", || {
+            let uniforms = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("wgpu-optim 8-bit segments"),
+                contents: &contents,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            for (s, ((fields, i, ranges), pipeline)) in segments.iter().zip(pipelines).enumerate() {
+                let tensor = &self.tensors[*i];
+                let mut entries = vec![
+                    buffer(0, &uniforms, (s as u64 * uniform_align, s as u64 * uniform_align + 32)),
+                    buffer(1, &params[*i].buffer, ranges[0]),
+                    buffer(3, &tensor.buffer, (0, tensor.buffer.size())),
+                ];
+                if let Some(grad_range) = ranges.get(1) {
+                    entries.push(buffer(2, &grads[*i].buffer, *grad_range));
+                }
+                if tensor.quantized && !tensor.kinds.is_empty() {
+                    entries.push(buffer(4, &self.tables, (0, self.tables.size())));
+                }
+                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("wgpu-optim 8-bit step"),
+                    layout: &pipeline.layout,
+                    entries: &entries,
+                });
+                let workgroups = u64::from(fields[1]).min(MAX_WORKGROUPS) as u32;
+                dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: tensor.group });
+            }
+        })?;
+        self.bound = Some(Bound { grads: grads.to_vec(), dispatches });
+        Ok(())
+    }
+
+    /// Records the bound dispatches; `scalars[g]` is group g's hyperparameter bind group.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
+        let Some(bound) = &self.bound else { return };
+        for dispatch in &bound.dispatches {
+            pass.set_pipeline(&dispatch.pipeline.pipeline);
+            pass.set_bind_group(0, &scalars[dispatch.group], &[]);
+            pass.set_bind_group(1, &dispatch.bind_group, &[]);
+            pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
+        }
+    }
+
+    fn pipeline(&mut self, ctx: &GpuContext, variant: &Variant) -> Result<Arc<Pipeline>> {
+        if let Some(hit) = self.pipelines.get(variant) {
+            return Ok(hit.clone());
+        }
+        let compiled = Arc::new(compile(ctx, variant)?);
+        self.pipelines.insert(variant.clone(), compiled.clone());
+        Ok(compiled)
+    }
+
+    /// State `kind` of parameter `i` as a tensor, where it is f32 (below `min_8bit_size`).
+    pub(crate) fn f32_state(&self, i: usize, kind: StateKind) -> Option<Tensor> {
+        let tensor = self.tensors.get(i)?;
+        let k = tensor.kinds.iter().position(|s| *s == kind)?;
+        (!tensor.quantized)
+            .then(|| Tensor::new(&tensor.buffer, 4 * tensor.placements[k].values, tensor.len, DType::F32))
+    }
+
+    /// The words of state `k` of parameter `i`: its values (codes), and its absmax.
+    fn views(&self, i: usize, k: usize) -> (Tensor, Tensor) {
+        let tensor = &self.tensors[i];
+        let placement = tensor.placements[k];
+        let values = Tensor::new(&tensor.buffer, 4 * placement.values, tensor.value_words(), DType::F32);
+        let absmax_words = if tensor.quantized { blocks(tensor.len as usize) as u64 } else { 0 };
+        (values, Tensor::new(&tensor.buffer, 4 * placement.absmax, absmax_words, DType::F32))
+    }
+
+    /// Parameter `i`'s state of `kind`, read back (waits for the queue).
+    pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<StoredState>> {
+        let Some(tensor) = self.tensors.get(i) else { return Ok(None) };
+        let Some(k) = tensor.kinds.iter().position(|s| *s == kind) else { return Ok(None) };
+        let (values, absmax) = self.views(i, k);
+        let bytes = ctx.read_bytes(&values)?;
+        if !tensor.quantized {
+            return Ok(Some(StoredState::F32(bytemuck::pod_collect_to_vec(&bytes))));
+        }
+        let codes = bytes[..tensor.len as usize].to_vec();
+        let absmax = if absmax.len == 0 {
+            Vec::new()
+        } else {
+            bytemuck::pod_collect_to_vec(&ctx.read_bytes(&absmax)?)
+        };
+        Ok(Some(StoredState::Q8 { codes, absmax }))
+    }
+
+    /// Replaces parameter `i`'s state of `kind` (queued: lands before the next submitted
+    /// step). Refused, with nothing written, where `state` is not stored as this tensor's is
+    /// or has the wrong length.
+    pub(crate) fn write(
+        &self,
+        ctx: &GpuContext,
+        i: usize,
+        kind: StateKind,
+        state: &StoredState,
+    ) -> Result<()> {
+        let count = self.tensors.len();
+        let tensor = self.tensors.get(i).ok_or_else(|| Error::BadRange {
+            argument: format!("index {i}"),
+            problem: format!("the optimizer has {count} parameters (indices from 0)"),
+        })?;
+        let k = tensor.kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
+            argument: format!("state kind {kind:?}"),
+            got: vec![kind],
+            expected: tensor.kinds.clone(),
+        })?;
+        check_replacement(state, self.config, tensor.len as usize, &format!("q8 state {i} {kind:?}"))?;
+        let (values, absmax_view) = self.views(i, k);
+        match state {
+            StoredState::F32(v) => ctx.write_bytes(&values, bytemuck::cast_slice(v)),
+            StoredState::Q8 { codes, absmax } => {
+                let mut words = codes.clone();
+                words.resize(4 * values.len as usize, 0);
+                ctx.write_bytes(&values, &words)?;
+                if absmax.is_empty() {
+                    return Ok(());
+                }
+                ctx.write_bytes(&absmax_view, bytemuck::cast_slice(absmax))
+            }
+        }
+    }
+}
+
+/// Binding `binding` of bytes `lo..hi` of `buffer`.
+fn buffer(binding: u32, buffer: &wgpu::Buffer, (lo, hi): (u64, u64)) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset: lo,
+            size: wgpu::BufferSize::new(hi - lo),
+        }),
+    }
+}
+
+fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
+    let device = ctx.device();
+    let source =
+        shader::compose(&variant.switches, &variant.kinds, variant.quantized, variant.grad_in_params);
+    let overrides = variant.switches.overrides();
+    let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
+    let entry = |binding: u32, ty: wgpu::BufferBindingType, min: u64| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: wgpu::BufferSize::new(min),
+        },
+        count: None,
+    };
+    use wgpu::BufferBindingType::{Storage, Uniform};
+    let mut entries = vec![
+        entry(0, Uniform, 32),
+        entry(1, Storage { read_only: false }, 4),
+        entry(3, Storage { read_only: false }, 4),
+    ];
+    if !variant.grad_in_params {
+        entries.push(entry(2, Storage { read_only: true }, 4));
+    }
+    if variant.quantized {
+        entries.push(entry(4, Storage { read_only: true }, 4));
+    }
+    let result = ctx.catch(&format!("compiling {label}"), || {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+        });
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &entries,
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(&label),
+            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(Scalars::Host, false)), Some(&layout)],
+            immediate_size: 0,
+        });
+        let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        Pipeline { pipeline, layout }
+    });
+    if result.is_err() {
+        log::error!("generated WGSL of {label}:\n{source}");
+    }
+    result
+}

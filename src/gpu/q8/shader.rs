@@ -1,0 +1,230 @@
+//! The WGSL of an 8-bit-state step: the family's own body (`shaders/adam.wgsl`,
+//! `momentum.wgsl`), run four elements per invocation, between a prelude that dequantizes
+//! one block's codes and an epilogue that takes the block's new absmax (a workgroup
+//! reduction) and requantizes. One workgroup owns one block at a time, so the reduction
+//! never leaves it, and each invocation owns one `u32` word of four codes per state, so no
+//! two invocations write one word.
+
+use std::fmt::Write;
+
+use crate::gpu::kernel::nan_helpers;
+use crate::q8::lut::BUCKETS;
+use crate::step::{Family, Slot, Switches};
+use crate::{DType, StateKind};
+
+/// Invocations per workgroup: 64 invocations of four elements cover one block of 256.
+pub(crate) const WORKGROUP: u32 = 64;
+
+/// Words of the tables binding before the code tables: the signed map, then the unsigned.
+const MAPS_WORDS: usize = 512;
+
+/// The binding of the code tables: both maps (f32 bits), then the signed and the unsigned
+/// [`crate::q8::lut::CodeTable`] entries.
+pub(crate) fn tables_words() -> Vec<u32> {
+    use crate::q8::lut::CodeTable;
+    let (signed, unsigned) = (CodeTable::signed(), CodeTable::unsigned());
+    let mut words = Vec::with_capacity(MAPS_WORDS + 2 * BUCKETS);
+    words.extend(signed.map().iter().map(|c| c.to_bits()));
+    words.extend(unsigned.map().iter().map(|c| c.to_bits()));
+    words.extend_from_slice(signed.entries());
+    words.extend_from_slice(unsigned.entries());
+    words
+}
+
+/// `u32` fields of a segment's uniform, in order; `s<k>` is state k's first word (codes, or
+/// f32 values), `a<k>` its first absmax word.
+pub(crate) const SEGMENT_FIELDS: [&str; 8] = ["n", "blocks", "param", "grad", "s0", "a0", "s1", "a1"];
+
+/// The full WGSL of one variant: `quantized` states (codes and absmax) or f32 states (a
+/// tensor below `min_8bit_size`), the gradient read from its own binding or, when
+/// `grad_in_params`, from the parameters' (the same buffer).
+pub(crate) fn compose(
+    switches: &Switches,
+    kinds: &[StateKind],
+    quantized: bool,
+    grad_in_params: bool,
+) -> String {
+    let family = switches.family();
+    let mut s = String::new();
+    let _ = writeln!(s, "// wgpu-optim {} kernel over blockwise 8-bit state", family.name());
+    s.push_str("alias R = vec4<f32>;\nalias S = f32;\n");
+    s.push_str("struct Segment {\n");
+    for field in SEGMENT_FIELDS {
+        let _ = writeln!(s, "    {field}: u32,");
+    }
+    s.push_str("}\n@group(1) @binding(0) var<uniform> seg: Segment;\n");
+    s.push_str("@group(1) @binding(1) var<storage, read_write> params: array<f32>;\n");
+    let grads = if grad_in_params {
+        "params"
+    } else {
+        s.push_str("@group(1) @binding(2) var<storage, read> grads: array<f32>;\n");
+        "grads"
+    };
+    s.push_str("@group(1) @binding(3) var<storage, read_write> state: array<u32>;\n");
+    if quantized {
+        s.push_str("@group(1) @binding(4) var<storage, read> tables: array<u32>;\n");
+    }
+    s.push_str(&nan_helpers(DType::F32, true));
+    // The invocation's first element within the segment, and which of its four exist.
+    s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\n");
+    // Lanes past the tensor's end read 0 and are never written.
+    for (slot, array) in [("param", "params"), ("grad", grads)] {
+        let _ = writeln!(
+            s,
+            "fn load_{slot}(i: u32) -> R {{\n    var v = R(0.0);\n    for (var l = 0u; l < 4u; l++) {{\n        \
+             if live[l] {{\n            v[l] = {array}[seg.{slot} + first + l];\n        }}\n    }}\n    return v;\n}}"
+        );
+    }
+    s.push_str(
+        "fn store_param(i: u32, v: R) {\n    for (var l = 0u; l < 4u; l++) {\n        if live[l] {\n            \
+         params[seg.param + first + l] = v[l];\n        }\n    }\n}\nfn store_param_copy(i: u32, v: R) {}\n",
+    );
+    // State k's value before the update (`old<k>`) and after (`new<k>`).
+    for (k, kind) in kinds.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "var<private> old{k}: R;\nvar<private> new{k}: R;\n\
+             fn load_{name}(i: u32) -> R {{ return old{k}; }}\nfn store_{name}(i: u32, v: R) {{ new{k} = v; }}",
+            name = kind.torch_name()
+        );
+    }
+    // Slots of the family these algorithms leave unbound.
+    let bound = |slot: &Slot| {
+        matches!(slot, Slot::Param | Slot::Grad | Slot::ParamCopy)
+            || matches!(slot, Slot::State(kind) if kinds.contains(kind))
+    };
+    for slot in family.inputs().iter().filter(|slot| !bound(slot)) {
+        let _ = writeln!(s, "fn load_{}(i: u32) -> R {{ return R(0.0); }}", slot.name());
+    }
+    for slot in family.outputs().iter().filter(|slot| !bound(slot)) {
+        let _ = writeln!(s, "fn store_{}(i: u32, v: R) {{}}", slot.name());
+    }
+    for o in switches.overrides() {
+        s.push_str(&o.wgsl());
+    }
+    s.push_str(&switches.uniform_wgsl());
+    s.push_str(match family {
+        Family::Adam => include_str!("../../../shaders/adam.wgsl"),
+        Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
+        Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
+    });
+    s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
+    if quantized {
+        s.push_str(&quantized_entry(kinds));
+    } else {
+        s.push_str(&f32_entry(kinds));
+    }
+    s
+}
+
+/// State fields of state `k` in the segment.
+fn fields(k: usize) -> (String, String) {
+    (format!("seg.s{k}"), format!("seg.a{k}"))
+}
+
+/// f32 state: each invocation's four values in four words.
+fn f32_entry(kinds: &[StateKind]) -> String {
+    let mut load = String::new();
+    let mut store = String::new();
+    for k in 0..kinds.len() {
+        let (words, _) = fields(k);
+        let _ = write!(
+            load,
+            "\n        for (var l = 0u; l < 4u; l++) {{\n            if live[l] {{\n                \
+             old{k}[l] = bitcast<f32>(state[{words} + first + l]);\n            }}\n        }}"
+        );
+        let _ = write!(
+            store,
+            "\n        for (var l = 0u; l < 4u; l++) {{\n            if live[l] {{\n                \
+             state[{words} + first + l] = bitcast<u32>(new{k}[l]);\n            }}\n        }}"
+        );
+    }
+    format!(
+        "@compute @workgroup_size({WORKGROUP})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    for (var b = wid.x; b < seg.blocks; b += groups.x) {{
+        first = b * 256u + lid * 4u;
+        live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
+        update(0u);{store}
+    }}
+}}
+"
+    )
+}
+
+/// 8-bit state: dequantize the invocation's code word of each state, update, reduce the
+/// block's largest magnitude (as bits: NaN above infinity, so NaN propagates as `torch.max`
+/// does) over the workgroup, and requantize.
+fn quantized_entry(kinds: &[StateKind]) -> String {
+    let mut load = String::new();
+    let mut reduce_own = String::new();
+    let mut store = String::new();
+    for (k, kind) in kinds.iter().enumerate() {
+        let (words, absmax) = fields(k);
+        let (map, table) =
+            if crate::q8::is_signed(*kind) { (0, MAPS_WORDS) } else { (256, MAPS_WORDS + BUCKETS) };
+        let lane = ["x", "y"][k];
+        let _ = write!(
+            load,
+            "\n        let scale{k} = bitcast<f32>(state[{absmax} + b]);\n        \
+             let word{k} = select(0u, state[{words} + b * 64u + lid], live.x);\n        \
+             old{k} = vec4(bitcast<f32>(tables[{map}u + (word{k} & 0xffu)]), \
+             bitcast<f32>(tables[{map}u + ((word{k} >> 8u) & 0xffu)]), \
+             bitcast<f32>(tables[{map}u + ((word{k} >> 16u) & 0xffu)]), \
+             bitcast<f32>(tables[{map}u + (word{k} >> 24u)])) * scale{k};"
+        );
+        let _ = write!(reduce_own, "\n        own.{lane} = largest(new{k});");
+        let _ = write!(
+            store,
+            "\n        let top{k} = bitcast<f32>(block_max.{lane});\n        \
+             let absmax{k} = select(top{k}, 1.0, block_max.{lane} == 0u);\n        \
+             var codes{k} = 0u;\n        \
+             for (var l = 0u; l < 4u; l++) {{\n            \
+             if live[l] {{\n                codes{k} |= code({table}u, new{k}[l] / absmax{k}) << (8u * l);\n            }}\n        }}\n        \
+             if live.x {{\n            state[{words} + b * 64u + lid] = codes{k};\n        }}\n        \
+             if lid == 0u {{\n            state[{absmax} + b] = bitcast<u32>(absmax{k});\n        }}"
+        );
+    }
+    format!(
+        "fn code(table: u32, x: f32) -> u32 {{
+    let bits = bitcast<u32>(x);
+    let entry = tables[table + (bits >> 16u)];
+    return select(entry & 0xffu, (entry >> 8u) & 0xffu, (bits & 0xffffu) >= (entry >> 16u));
+}}
+// The largest magnitude of the live lanes, as the bits of |x| (NaN above infinity).
+fn largest(v: R) -> u32 {{
+    let bits = select(vec4(0u), bitcast<vec4<u32>>(v) & vec4(0x7fffffffu), live);
+    return max(max(bits.x, bits.y), max(bits.z, bits.w));
+}}
+var<workgroup> lanes: array<vec2<u32>, {WORKGROUP}>;
+@compute @workgroup_size({WORKGROUP})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    for (var b = wid.x; b < seg.blocks; b += groups.x) {{
+        first = b * 256u + lid * 4u;
+        live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
+        update(0u);
+        var own = vec2(0u);{reduce_own}
+        lanes[lid] = own;
+        // Two levels of 8 (each barrier costs a CPU adapter a switch through every invocation).
+        workgroupBarrier();
+        if lid < 8u {{
+            var m = lanes[8u * lid];
+            for (var j = 1u; j < 8u; j++) {{
+                m = max(m, lanes[8u * lid + j]);
+            }}
+            lanes[8u * lid] = m;
+        }}
+        workgroupBarrier();
+        var block_max = lanes[0];
+        for (var j = 1u; j < 8u; j++) {{
+            block_max = max(block_max, lanes[8u * j]);
+        }}{store}
+        // The next block reuses `lanes`.
+        workgroupBarrier();
+    }}
+}}
+"
+    )
+}

@@ -1,0 +1,431 @@
+//! Blockwise 8-bit optimizer state, as bitsandbytes stores it (Dettmers et al. 2022, "8-bit
+//! Optimizers via Block-wise Quantization"): a state tensor is cut into blocks of
+//! [`BLOCK_SIZE`] consecutive elements, each block keeps its largest magnitude (`absmax`, 1
+//! for an all-zero block) as an f32, and each element keeps the index of the code of a
+//! 256-entry dynamic map nearest to `value / absmax`. Signed states (Adam's first moment, SGD's
+//! momentum) use [`signed_map`], Adam's second moment [`unsigned_map`].
+//!
+//! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
+//! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit; the
+//! quantization rounds as its reference implementation does (the nearest code by f32
+//! distance, the lower code on a tie).
+
+use crate::{Error, Result, StateKind};
+
+pub(crate) mod lut;
+
+/// Elements per block, each block with one f32 absmax.
+pub const BLOCK_SIZE: usize = 256;
+
+/// bitsandbytes' default `min_8bit_size`: smaller tensors keep f32 state.
+pub const MIN_8BIT_SIZE: u64 = 4096;
+
+/// Blockwise 8-bit state for an optimizer ([`crate::OptimizerOptions::q8_states`]): Adam's
+/// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
+/// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
+/// `SGD8bit` keep them; 1 byte and 1/64 of a float per element and moment instead of 4 bytes.
+///
+/// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
+/// new absmax and requantizes, in one pass (one dispatch per tensor on the GPU). The
+/// parameters and gradients stay f32. AMSGrad and Adagrad are refused, as are the options a
+/// step would have to apply across blocks or tensors (`grad_clip`, `capturable`,
+/// `master_weights`, `model_copies`, a `state_dtype`, a rounding other than nearest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Q8States {
+    /// Tensors with fewer elements keep f32 state, as bitsandbytes does (its default is
+    /// [`MIN_8BIT_SIZE`]).
+    pub min_8bit_size: u64,
+}
+
+impl Default for Q8States {
+    fn default() -> Self {
+        Q8States { min_8bit_size: MIN_8BIT_SIZE }
+    }
+}
+
+impl Q8States {
+    /// Whether a tensor of `len` elements keeps 8-bit state.
+    pub fn quantizes(&self, len: u64) -> bool {
+        len >= self.min_8bit_size
+    }
+}
+
+/// The map a state of `kind` is quantized with: the signed one for first moments and
+/// momentum, the unsigned one for Adam's second moment.
+pub(crate) fn is_signed(kind: StateKind) -> bool {
+    kind != StateKind::ExpAvgSq
+}
+
+/// [`signed_map`] or [`unsigned_map`] for a state of `kind`.
+pub fn map_for(kind: StateKind) -> [f32; 256] {
+    if is_signed(kind) {
+        signed_map()
+    } else {
+        unsigned_map()
+    }
+}
+
+/// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state
+/// (AMSGrad's running maximum, Adagrad), an option that conflicts with it, or a parameter
+/// other than F32 (`dtypes` names them `params[i]`). Both backends call it before creating
+/// anything.
+pub(crate) fn check_options(
+    algorithms: &[crate::Algorithm],
+    options: &crate::OptimizerOptions,
+    dtypes: impl Iterator<Item = crate::DType>,
+) -> Result<()> {
+    use crate::{Algorithm, Rounding};
+    let first = "q8_states";
+    for algorithm in algorithms {
+        let refused = match algorithm {
+            Algorithm::Adam(adam) if adam.amsgrad => Some(
+                "AMSGrad's running maximum of the second moment has no 8-bit form (bitsandbytes has none); \
+                 keep f32 state for AMSGrad",
+            ),
+            Algorithm::Adagrad(_) => {
+                Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
+            }
+            _ => None,
+        };
+        if let Some(reason) = refused {
+            return Err(Error::ConflictingOptions { first, second: "algorithm", reason });
+        }
+    }
+    let conflicts: [(&'static str, bool, &'static str); 6] = [
+        ("state_dtype", options.state_dtype.is_some(), "8-bit state is a storage type of its own"),
+        (
+            "grad_clip",
+            options.grad_clip.is_some(),
+            "the 8-bit step reads each gradient once, in blocks, and does not scale it by a global norm",
+        ),
+        ("capturable", options.capturable, "8-bit steps take their bias corrections from the host"),
+        ("master_weights", options.master_weights, "8-bit state keeps f32 parameters, which are the masters"),
+        ("model_copies", !options.model_copies.is_empty(), "8-bit state keeps f32 parameters only"),
+        (
+            "rounding",
+            options.rounding != Rounding::NearestEven,
+            "8-bit state keeps f32 parameters, whose stores do not round",
+        ),
+    ];
+    if let Some((second, _, reason)) = conflicts.iter().find(|(_, set, _)| *set) {
+        return Err(Error::ConflictingOptions { first, second, reason });
+    }
+    for (i, dtype) in dtypes.enumerate() {
+        if dtype != crate::DType::F32 {
+            return Err(Error::DTypeMismatch {
+                argument: format!("params[{i}]"),
+                got: dtype,
+                expected: "F32 with q8_states (8-bit state is kept for f32 parameters)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, naming it `argument`, a `state` that cannot replace the state of a tensor of
+/// `len` elements under `config`: another storage (8-bit at and above `min_8bit_size`, f32
+/// below), another length, or codes without one absmax per block.
+pub(crate) fn check_replacement(
+    state: &StoredState,
+    config: Q8States,
+    len: usize,
+    argument: &str,
+) -> Result<()> {
+    let quantized = config.quantizes(len as u64);
+    if quantized != matches!(state, StoredState::Q8 { .. }) {
+        let (got, expected) =
+            if quantized { ("f32", "8-bit codes and absmax") } else { ("8-bit", "f32 values") };
+        return Err(Error::BadRange {
+            argument: argument.into(),
+            problem: format!(
+                "{got} state for a tensor of {len} elements, expected {expected} (min_8bit_size {})",
+                config.min_8bit_size
+            ),
+        });
+    }
+    state.check(argument, len)
+}
+
+/// One state tensor under [`Q8States`], as either backend hands it back: blockwise 8-bit for
+/// a tensor of at least `min_8bit_size` elements, f32 below (bitsandbytes' `state1`/`state2`
+/// with `absmax1`/`absmax2`, or its f32 state).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StoredState {
+    /// One code per element, one absmax per block of [`BLOCK_SIZE`].
+    Q8 {
+        /// The codes (`state1` / `state2`).
+        codes: Vec<u8>,
+        /// Each block's largest magnitude (`absmax1` / `absmax2`).
+        absmax: Vec<f32>,
+    },
+    /// A tensor below `min_8bit_size`.
+    F32(Vec<f32>),
+}
+
+impl StoredState {
+    /// The zero state bitsandbytes starts from for `len` elements: codes 0 under absmax 0 (so
+    /// every value dequantizes to 0) where `quantized`, f32 zeros otherwise.
+    pub fn zeros(len: usize, quantized: bool) -> Self {
+        if quantized {
+            StoredState::Q8 { codes: vec![0; len], absmax: vec![0.0; blocks(len)] }
+        } else {
+            StoredState::F32(vec![0.0; len])
+        }
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            StoredState::Q8 { codes, .. } => codes.len(),
+            StoredState::F32(values) => values.len(),
+        }
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values it stands for, in f32: `map[code] * absmax`, or the f32 values. Codes
+    /// without one absmax per block are refused ([`Error::CountMismatch`]).
+    pub fn values(&self, map: &[f32; 256]) -> Result<Vec<f32>> {
+        match self {
+            StoredState::Q8 { codes, absmax } => {
+                let mut values = vec![0.0f32; codes.len()];
+                dequantize(codes, absmax, map, &mut values)?;
+                Ok(values)
+            }
+            StoredState::F32(values) => Ok(values.clone()),
+        }
+    }
+
+    /// Refuses a state of another length than `len`, or codes without one absmax per block,
+    /// naming it `argument`.
+    pub(crate) fn check(&self, argument: &str, len: usize) -> Result<()> {
+        if self.len() != len {
+            return Err(Error::LengthMismatch {
+                argument: argument.into(),
+                got: self.len() as u64,
+                expected: len as u64,
+                reference: "param".into(),
+            });
+        }
+        match self {
+            StoredState::Q8 { codes, absmax } if absmax.len() != blocks(codes.len()) => {
+                Err(Error::CountMismatch {
+                    argument: format!("{argument} absmax"),
+                    got: absmax.len(),
+                    expected: blocks(codes.len()),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Stores `values` (rounded to f32), requantizing block by block where 8-bit.
+    pub(crate) fn store(&mut self, values: &[f32], map: &[f32; 256]) -> Result<()> {
+        match self {
+            StoredState::Q8 { codes, absmax } => quantize(values, map, codes, absmax),
+            StoredState::F32(stored) => {
+                stored.copy_from_slice(values);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The map of signed states: bitsandbytes' `create_dynamic_map(signed=True)`.
+pub fn signed_map() -> [f32; 256] {
+    dynamic_map(true)
+}
+
+/// The map of non-negative states: bitsandbytes' `create_dynamic_map(signed=False)`.
+pub fn unsigned_map() -> [f32; 256] {
+    dynamic_map(false)
+}
+
+/// bitsandbytes' `create_dynamic_map(signed, max_exponent_bits=7, total_bits=8)`: for each
+/// decimal exponent 10^-6 ... 10^0, the midpoints of an evenly spaced grid over [0.1, 1]
+/// (2^e + 1 points signed, 2^(e+1) + 1 unsigned), scaled by the exponent (and negated too
+/// when signed); then 0 and 1, sorted.
+fn dynamic_map(signed: bool) -> [f32; 256] {
+    // Python's `10 ** k` as a double, which PyTorch rounds to f32 to scale an f32 tensor.
+    const SCALES: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
+    let mut data: Vec<f32> = Vec::with_capacity(256);
+    for (exponent, scale) in SCALES.iter().enumerate() {
+        let points = if signed { (1 << exponent) + 1 } else { (1 << (exponent + 1)) + 1 };
+        let grid = linspace(0.1, 1.0, points);
+        for pair in grid.windows(2) {
+            let mean = (pair[0] + pair[1]) / 2.0;
+            data.push(*scale as f32 * mean);
+            if signed {
+                data.push(-*scale as f32 * mean);
+            }
+        }
+    }
+    data.extend([0.0, 1.0]);
+    data.sort_by(f32::total_cmp);
+    let mut map = [0.0; 256];
+    map.copy_from_slice(&data);
+    map
+}
+
+/// `torch.linspace(start, end, steps, dtype=torch.float32)` as PyTorch's CPU kernel computes
+/// it: the first half up from `start`, the second half down from `end`, each point one fused
+/// multiply-add (its compiler contracts `start + step * i`).
+fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
+    let step = (end - start) / (steps - 1) as f32;
+    (0..steps)
+        .map(|i| {
+            if i < steps / 2 {
+                step.mul_add(i as f32, start)
+            } else {
+                (-step).mul_add((steps - 1 - i) as f32, end)
+            }
+        })
+        .collect()
+}
+
+/// The index of the code of `map` (sorted, as the maps above are) nearest to `x`, the lower
+/// one on a tie, an end code beyond the map's ends; NaN takes code 0, as `torch.argmin` puts
+/// it first.
+pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
+    if x.is_nan() {
+        return 0;
+    }
+    // Beyond the map's ends the end code is nearest; clamping first keeps f32 rounding of
+    // huge distances (where |x - c| of neighbouring codes round alike) from picking another,
+    // so the code is monotone in x. (A quantized x = value / absmax lies in [-1, 1] anyway.)
+    let x = x.clamp(map[0], map[255]);
+    // The first code not below x, and its lower neighbour.
+    let above = map.partition_point(|&c| c < x).min(255);
+    let below = above.saturating_sub(1);
+    let code = if (x - map[below]).abs() <= (x - map[above]).abs() { below } else { above };
+    code as u8
+}
+
+/// Quantizes `values` block by block into `codes` (one per value) and `absmax` (one per block,
+/// the last block possibly partial). Refuses, changing nothing, slices of other lengths.
+pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) -> Result<()> {
+    check_lengths(values.len(), codes.len(), absmax.len())?;
+    let blocks = values.chunks(BLOCK_SIZE).zip(codes.chunks_mut(BLOCK_SIZE));
+    for ((block, block_codes), block_absmax) in blocks.zip(absmax.iter_mut()) {
+        // torch.max propagates NaN; f32::max would drop it.
+        let largest =
+            block
+                .iter()
+                .fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) });
+        *block_absmax = if largest == 0.0 { 1.0 } else { largest };
+        for (code, v) in block_codes.iter_mut().zip(block) {
+            *code = nearest_code(map, v / *block_absmax);
+        }
+    }
+    Ok(())
+}
+
+/// The values of `codes` under their blocks' `absmax`: `map[code] * absmax`. Refuses,
+/// changing nothing, slices of other lengths.
+pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) -> Result<()> {
+    check_lengths(values.len(), codes.len(), absmax.len())?;
+    let blocks = codes.chunks(BLOCK_SIZE).zip(values.chunks_mut(BLOCK_SIZE));
+    for ((block_codes, block_values), scale) in blocks.zip(absmax) {
+        for (value, code) in block_values.iter_mut().zip(block_codes) {
+            *value = map[usize::from(*code)] * scale;
+        }
+    }
+    Ok(())
+}
+
+/// One code per value and one absmax per block of them.
+fn check_lengths(values: usize, codes: usize, absmax: usize) -> Result<()> {
+    if codes != values {
+        return Err(Error::LengthMismatch {
+            argument: "codes".into(),
+            got: codes as u64,
+            expected: values as u64,
+            reference: "values".into(),
+        });
+    }
+    if absmax != blocks(values) {
+        // One per block of 256 values: a count of blocks, not a length to match.
+        return Err(Error::CountMismatch {
+            argument: "absmax".into(),
+            got: absmax,
+            expected: blocks(values),
+        });
+    }
+    Ok(())
+}
+
+/// Blocks of a tensor of `len` elements.
+pub fn blocks(len: usize) -> usize {
+    len.div_ceil(BLOCK_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_maps_are_sorted_and_span_minus_one_to_one() {
+        // The signed map's lowest code is the negated midpoint below 1 of a 65-point grid over
+        // [0.1, 1]: -(1 - 0.9 / 128), rounded as bitsandbytes rounds it.
+        let lowest_signed = f32::from_bits(0xbf7e_3333);
+        for (map, lowest) in [(signed_map(), lowest_signed), (unsigned_map(), 0.0)] {
+            assert!(map.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
+            assert_eq!(map[0], lowest);
+            assert_eq!(map[255], 1.0);
+        }
+    }
+
+    #[test]
+    fn a_value_takes_the_nearest_code_and_the_lower_one_on_a_tie() {
+        let map = unsigned_map();
+        assert_eq!(nearest_code(&map, 1.0), 255);
+        assert_eq!(nearest_code(&map, 2.0), 255);
+        assert_eq!(nearest_code(&map, -1.0), 0);
+        assert_eq!(nearest_code(&map, map[100]), 100);
+        let midpoint = (map[100] + map[101]) / 2.0;
+        let expected = if midpoint - map[100] <= map[101] - midpoint { 100 } else { 101 };
+        assert_eq!(nearest_code(&map, midpoint), expected);
+        assert_eq!(nearest_code(&map, f32::NAN), 0);
+    }
+
+    #[test]
+    fn quantizing_scales_by_each_blocks_largest_magnitude() {
+        let map = signed_map();
+        let mut values = vec![0.0f32; BLOCK_SIZE + 3];
+        values[5] = -4.0;
+        values[7] = 2.0;
+        values[BLOCK_SIZE + 1] = 0.5;
+        let (mut codes, mut absmax) = (vec![0u8; values.len()], vec![0.0f32; blocks(values.len())]);
+        quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(absmax, [4.0, 0.5]);
+        let mut back = vec![0.0f32; values.len()];
+        dequantize(&codes, &absmax, &map, &mut back).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back[BLOCK_SIZE + 1], 0.5);
+        // -1 is not a code of the signed map: the nearest is its lowest code.
+        assert_eq!(back[5], map[0] * 4.0);
+        assert!((back[7] - 2.0).abs() < 0.02, "{}", back[7]);
+        assert_eq!(back[0], 0.0);
+
+        // An all-zero block keeps absmax 1.
+        let mut absmax = [0.0f32];
+        quantize(&[0.0; 4], &map, &mut [0u8; 4], &mut absmax).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(absmax, [1.0]);
+    }
+
+    #[test]
+    fn mismatched_lengths_are_refused_by_name_and_change_nothing() {
+        let map = signed_map();
+        let (mut codes, mut absmax) = ([7u8; 300], [3.0f32; 2]);
+        let err = quantize(&[0.5; 299], &map, &mut codes, &mut absmax).unwrap_err();
+        assert!(err.to_string().contains("codes"), "{err}");
+        let err = quantize(&[0.5; 300], &map, &mut codes, &mut [3.0f32; 1]).unwrap_err();
+        assert!(err.to_string().contains("absmax"), "{err}");
+        assert_eq!((codes, absmax), ([7u8; 300], [3.0f32; 2]));
+        let mut values = [9.0f32; 300];
+        assert!(dequantize(&codes, &[1.0; 3], &map, &mut values).is_err());
+        assert_eq!(values, [9.0f32; 300]);
+    }
+}
