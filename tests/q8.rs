@@ -1,11 +1,12 @@
 //! Blockwise 8-bit states against bitsandbytes' own: the maps bit for bit, and the oracle's
 //! 8-bit Adam, AdamW and SGD with momentum against the trajectories bitsandbytes 0.50.2
-//! produced (`tests/fixtures/bnb/`, copies of the public `bnb_*` conformance vectors; the
-//! conformance runner refuses them until the GPU and CPU backends store 8-bit states).
+//! produced (the public `bnb_*` conformance vectors in `tests/vectors/`, which the conformance
+//! runner also runs on both backends).
 //!
 //! Codes and absmax compare as the vectors' format says: every code within 1 of the expected
 //! one and at most 1 % of them different (a value near the midpoint of two codes takes either
-//! depending on the last bit of f32 arithmetic), each absmax within a relative 1e-4.
+//! depending on the last bit of f32 arithmetic), each absmax within a relative 1e-4. Then what
+//! both backends refuse with 8-bit state.
 
 use std::path::{Path, PathBuf};
 
@@ -15,8 +16,15 @@ use wgpu_optim::oracle::{bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd, B
 use wgpu_optim::q8;
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
+mod common;
+
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+use wgpu_optim::{
+    Adagrad, Adam, DType, Error, GradClip, NormType, Optimizer, OptimizerOptions, Q8States, StateKind,
+};
+
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bnb").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
 }
 
 /// One vector file: its tensors by name and its metadata.
@@ -205,4 +213,101 @@ fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
     let err = bnb_sgd8bit_step(&sgd, 1, &mut param, &[0.1; 10], &mut buffer).unwrap_err();
     assert!(err.to_string().contains("momentum_buffer"), "{err}");
     assert_eq!(param, vec![0.5; 10]);
+}
+
+fn q8_options() -> OptimizerOptions {
+    OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() }
+}
+
+/// What 8-bit state cannot run is refused at construction by both backends, by name.
+#[test]
+fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backends() {
+    let ctx = common::ctx();
+    let f32_param = ctx.upload_f32("p", &[0.5; 4096]);
+    let host = vec![0.5f32; 4096];
+    let amsgrad = Adam { amsgrad: true, ..Adam::default() };
+    let cases: Vec<(wgpu_optim::Algorithm, OptimizerOptions, &str)> = vec![
+        (amsgrad.into(), q8_options(), "AMSGrad"),
+        (Adagrad::default().into(), q8_options(), "Adagrad"),
+        (
+            Adam::default().into(),
+            OptimizerOptions {
+                grad_clip: Some(GradClip { max_norm: 1.0, norm_type: NormType::L2 }),
+                ..q8_options()
+            },
+            "grad_clip",
+        ),
+        (
+            Adam::default().into(),
+            OptimizerOptions { state_dtype: Some(DType::BF16), ..q8_options() },
+            "state_dtype",
+        ),
+    ];
+    for (algorithm, options, named) in cases {
+        let err = Optimizer::with_options(&ctx, algorithm, std::slice::from_ref(&f32_param), options.clone())
+            .unwrap_err();
+        assert!(matches!(err, Error::ConflictingOptions { .. }) && err.to_string().contains(named), "{err}");
+        let err = CpuOptimizer::with_options(algorithm, &[HostSlice::F32(&host)], options).unwrap_err();
+        assert!(err.to_string().contains(named), "{err}");
+    }
+    let f16_param = ctx.upload("p16", &[0.5; 4096], DType::F16);
+    let err = Optimizer::with_options(&ctx, Adam::default(), &[f16_param], q8_options()).unwrap_err();
+    assert!(matches!(err, Error::DTypeMismatch { .. }) && err.to_string().contains("params[0]"), "{err}");
+}
+
+/// A gradient the 8-bit step cannot read is refused with nothing changed: not F32, or
+/// overlapping its parameter.
+#[test]
+fn gradients_an_8bit_step_cannot_take_are_refused_and_nothing_changes() {
+    let ctx = common::ctx();
+    let param = ctx.upload_f32("p", &[0.5; 5000]);
+    let mut opt = Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), q8_options())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let f16_grad = ctx.upload("g16", &[0.1; 5000], DType::F16);
+    let err = opt.step(&[f16_grad]).unwrap_err();
+    assert!(err.to_string().contains("grads[0]"), "{err}");
+    let overlapping = wgpu_optim::Tensor::new(&param.buffer, 4 * 100, 5000 - 100, DType::F32);
+    assert!(opt.step(&[overlapping]).is_err());
+    assert_eq!(opt.step_count(), 0);
+    assert_eq!(ctx.read_f32(&param).unwrap_or_else(|e| panic!("{e}")), vec![0.5; 5000]);
+
+    let mut host = vec![0.5f32; 5000];
+    let mut cpu = CpuOptimizer::with_options(Adam::default(), &[HostSlice::F32(&host)], q8_options())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let half_grad = vec![half::bf16::from_f32(0.1); 5000];
+    let err = cpu.step(&mut [HostSliceMut::F32(&mut host)], &[HostSlice::BF16(&half_grad)]).unwrap_err();
+    assert!(matches!(err, Error::DTypeMismatch { .. }) && err.to_string().contains("grads[0]"), "{err}");
+    assert_eq!((cpu.step_count(), host), (0, vec![0.5; 5000]));
+}
+
+/// Replacing a state refuses another storage, length or absmax count, and keeps the old one.
+#[test]
+fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
+    let ctx = common::ctx();
+    let param = ctx.upload_f32("p", &[0.5; 5000]);
+    let gpu = Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), q8_options())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host = vec![0.5f32; 5000];
+    let mut cpu = CpuOptimizer::with_options(Adam::default(), &[HostSlice::F32(&host)], q8_options())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let wrong = [
+        (BnbState::F32(vec![0.0; 5000]), "f32 state"),
+        (BnbState::Q8 { codes: vec![1; 4999], absmax: vec![1.0; 20] }, "4999"),
+        (BnbState::Q8 { codes: vec![1; 5000], absmax: vec![1.0; 19] }, "absmax"),
+    ];
+    for (state, named) in wrong {
+        let err = gpu.write_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
+        assert!(err.to_string().contains(named), "{err}");
+        let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
+        assert!(err.to_string().contains(named), "{err}");
+    }
+    let zeros = BnbState::zeros(5000, true);
+    assert_eq!(
+        gpu.read_q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}")),
+        Some(zeros.clone())
+    );
+    assert_eq!(cpu.q8_state(0, StateKind::ExpAvg), Some(&zeros));
+    let plain = Optimizer::new(&ctx, Adam::default(), &[param]).unwrap_or_else(|e| panic!("{e}"));
+    let err = plain.read_q8_state(0, StateKind::ExpAvg).unwrap_err();
+    assert!(matches!(err, Error::NeedsOption { option: "q8_states", .. }), "{err}");
 }

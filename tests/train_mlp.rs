@@ -22,7 +22,7 @@ use std::time::Duration;
 use gpu::{Gpu, Source, StepClock};
 use model::{Metrics, Mlp, WIDTHS};
 use spirals::Spirals;
-use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, Rounding};
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, Q8States, Rounding};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 /// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it
@@ -112,6 +112,21 @@ fn adam_f16_master_weights_lower_the_loss() {
         return;
     }
     assert_learns(DType::F16);
+}
+
+/// `train_mlp --states q8`: Adam with every weight matrix's moments in blockwise 8 bits
+/// learns as f32 state does: its accuracy no more than 1 point below f32 state's. (The two
+/// runs part ways within a few steps, so mid-training either may lead; here 8-bit state's
+/// did, 89 % against 85 % after 100 steps.)
+#[test]
+fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
+    let (_, f32_state) = train(DType::F32);
+    let q8 = OptimizerOptions { q8_states: Some(Q8States { min_8bit_size: 128 }), ..Default::default() };
+    let (initial, q8_state) = train_with(DType::F32, q8);
+    assert_learned(DType::F32, (initial, q8_state));
+    let (f32_accuracy, q8_accuracy) = (f32_state.accuracy(), q8_state.accuracy());
+    println!("accuracy after {STEPS} steps: f32 state {f32_accuracy:.4}, q8 state {q8_accuracy:.4}");
+    assert!(q8_accuracy >= f32_accuracy - 0.01, "f32 state {f32_accuracy}, q8 state {q8_accuracy}");
 }
 
 /// Pure bf16 training (no f32 masters, bf16 state) with each rounding that keeps small

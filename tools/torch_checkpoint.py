@@ -84,6 +84,9 @@ def to_torch(source, target):
         fail(f"{source}: {metadata['rounding']} rounding has no PyTorch counterpart")
     if any(key.startswith("master.") for key in tensors):
         fail(f"{source}: master-weight checkpoints keep f32 masters PyTorch has no place for")
+    if "q8_min_8bit_size" in metadata:
+        fail(f"{source}: blockwise 8-bit state (bitsandbytes' state1/absmax1/qmap1) has no torch.optim "
+             "counterpart; it is a bitsandbytes 8-bit optimizer's state")
     step = int(metadata["step"])
     state, groups = {}, []
     for group in json.loads(metadata["param_groups"]):

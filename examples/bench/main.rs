@@ -24,7 +24,9 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Sgd, Tensor};
+use wgpu_optim::{
+    Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Q8States, Sgd, Tensor,
+};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
@@ -58,6 +60,19 @@ fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
     let states = algorithm.state_kinds().len() as u32;
     (2 + states + u32::from(clip.is_some()), 1 + states)
 }
+
+/// Bytes an 8-bit-state step moves for `elements` f32 parameters: the parameter read and
+/// written, the gradient read, and per state one code read and written and one absmax per
+/// block read and written.
+fn q8_bytes(algorithm: &Algorithm, elements: u64) -> u64 {
+    let states = algorithm.state_kinds().len() as u64;
+    12 * elements + states * (2 * elements + 8 * elements.div_ceil(256))
+}
+
+/// The roofline's arrays for an 8-bit-state step: three read and two of them written back,
+/// whose 3 : 2 split of the same bytes is nearest the step's (Adam reads 10 and writes 6
+/// bytes per element; SGD with momentum 9 and 5).
+const Q8_TRAFFIC: (u32, u32) = (3, 2);
 
 /// The repetitions of one measurement: the median is what a trainer sees; the fastest is
 /// what the hardware allows, since noise (a neighbour on the memory bus, a preempted
@@ -125,19 +140,28 @@ impl Bench {
         &mut self,
         algo: &str,
         dtype_name: &str,
+        state_name: &str,
         case_name: &str,
         case: &Case,
     ) -> wgpu_optim::Result<()> {
         let algorithm = algorithm(algo);
         let clip = grad_clip(algo);
         let dtype = dtype(dtype_name);
-        let (reads, writes) = traffic(&algorithm, clip);
+        let q8 = (state_name == "q8").then(Q8States::default);
         let elements = case.elements();
-        let bytes = elements * dtype.size() * u64::from(reads + writes);
+        let ((reads, writes), bytes) = match q8 {
+            Some(_) => (Q8_TRAFFIC, q8_bytes(&algorithm, elements)),
+            None => {
+                let (reads, writes) = traffic(&algorithm, clip);
+                ((reads, writes), elements * dtype.size() * u64::from(reads + writes))
+            }
+        };
+        let state = if q8.is_some() { "q8" } else { dtype_name };
         let first_row = self.rows.len();
         let row = |backend: &str, time: Times, roofline_gbps: f64| Row {
             algo: algo.to_string(),
             dtype: dtype_name.to_string(),
+            state: state.to_string(),
             case: case_name.to_string(),
             speedup: None,
             elements,
@@ -149,7 +173,7 @@ impl Bench {
             roofline_gbps,
         };
         let (reps, budget) = (self.options.reps, self.budget());
-        let job = Job { algorithm, clip, dtype, case, reps, budget };
+        let job = Job { algorithm, clip, dtype, q8, case, reps, budget };
         if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
             let roofline = self.rooflines.gpu(&ctx, bytes, reads, writes)?;
             let timing = gpu_step(&ctx, timer, roofline, &job)?;
@@ -164,7 +188,7 @@ impl Bench {
             let (cpu, roofline) = cpu_step(&job, host, &self.flush)?;
             let roofline_gbps = rooflines::gbps(host.bytes, roofline);
             self.push(row("cpu", cpu, roofline_gbps));
-            if elements <= 1 << 20 {
+            if elements <= 1 << 20 && q8.is_none() {
                 let oracle = oracle_step(&job);
                 self.push(row("oracle", oracle, roofline_gbps));
             }
@@ -183,6 +207,8 @@ struct Job<'a> {
     algorithm: Algorithm,
     clip: Option<GradClip>,
     dtype: DType,
+    /// 8-bit state, or the parameter's dtype.
+    q8: Option<Q8States>,
     case: &'a Case,
     reps: usize,
     budget: Duration,
@@ -203,10 +229,10 @@ fn gpu_step(
     roofline: &CopyRoofline,
     job: &Job<'_>,
 ) -> wgpu_optim::Result<GpuTiming> {
-    let Job { algorithm, clip, dtype, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
     let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, options)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
     roofline.median_time(timer, 1)?;
@@ -260,13 +286,13 @@ fn cpu_step(
     host: &mut rooflines::HostLoop,
     flush: &rooflines::CacheFlush,
 ) -> wgpu_optim::Result<(Times, Duration)> {
-    let Job { algorithm, clip, dtype, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
     let mut params: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
     let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
@@ -403,16 +429,30 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         flush: rooflines::CacheFlush::new(),
         rows: Vec::new(),
     };
-    let total = bench.options.algos.len() * bench.options.dtypes.len() * cases.len();
+    // 8-bit state applies to f32 parameters of Adam, AdamW and SGD with momentum, unclipped.
+    let mut runs: Vec<(String, String, String)> = Vec::new();
+    for algo in &bench.options.algos {
+        for dtype in &bench.options.dtypes {
+            for state in &bench.options.states {
+                let q8_applies =
+                    dtype == "f32" && ["adam", "adamw", "sgdm", "nesterov"].contains(&algo.as_str());
+                if state == "f32" || q8_applies {
+                    runs.push((algo.clone(), dtype.clone(), state.clone()));
+                }
+            }
+        }
+    }
+    let total = runs.len() * cases.len();
     let mut done = 0;
     let started = Instant::now();
-    for algo in bench.options.algos.clone() {
-        for dtype in bench.options.dtypes.clone() {
-            for (name, case) in &cases {
-                done += 1;
-                eprintln!("[{done}/{total}, {:.0} s] {algo} {dtype} {name}", started.elapsed().as_secs_f64());
-                bench.run_case(&algo, &dtype, name, case)?;
-            }
+    for (algo, dtype, state) in &runs {
+        for (name, case) in &cases {
+            done += 1;
+            eprintln!(
+                "[{done}/{total}, {:.0} s] {algo} {dtype} {state} {name}",
+                started.elapsed().as_secs_f64()
+            );
+            bench.run_case(algo, dtype, state, name, case)?;
         }
     }
     println!("{}", report::summary(&bench.rows));

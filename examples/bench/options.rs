@@ -6,6 +6,9 @@ use std::path::PathBuf;
 pub struct Options {
     pub algos: Vec<String>,
     pub dtypes: Vec<String>,
+    /// State storage: `f32` (full precision: the parameter's dtype, as PyTorch keeps it) and
+    /// `q8` (blockwise 8-bit, for f32 Adam, AdamW and SGD with momentum).
+    pub states: Vec<String>,
     pub sizes: Vec<u64>,
     pub cases: Vec<String>,
     pub reps: usize,
@@ -19,9 +22,11 @@ pub struct Options {
 
 pub const USAGE: &str =
     "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov] [--dtypes f32,f16,bf16]
+             [--states f32,q8]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
-  default: --algos adam,adam+clip,sgdm --dtypes f32,f16,bf16 --sizes 4096,1048576,16777216 --cases single,small
+  default: --algos adam,adam+clip,sgdm --dtypes f32,f16,bf16 --states f32,q8 --sizes 4096,1048576,16777216
+           --cases single,small (q8 state runs where it applies: f32 parameters, no AMSGrad, no clipping)
   --full:  every algorithm, sizes 4 Ki to 64 Mi, and GPT-2 small's 148 tensors";
 
 fn list(value: String) -> Vec<String> {
@@ -33,6 +38,7 @@ pub fn parse() -> Result<Options, String> {
     let mut options = Options {
         algos: list("adam,adam+clip,sgdm".into()),
         dtypes: list("f32,f16,bf16".into()),
+        states: list("f32,q8".into()),
         sizes: vec![4096, 1 << 20, 16 << 20],
         cases: list("single,small".into()),
         reps: 10,
@@ -48,6 +54,7 @@ pub fn parse() -> Result<Options, String> {
         match flag.as_str() {
             "--algos" => options.algos = list(value()?),
             "--dtypes" => options.dtypes = list(value()?),
+            "--states" => options.states = list(value()?),
             "--cases" => options.cases = list(value()?),
             "--sizes" => {
                 options.sizes = list(value()?)
@@ -81,6 +88,11 @@ pub fn parse() -> Result<Options, String> {
     for d in &options.dtypes {
         if !["f32", "f16", "bf16"].contains(&d.as_str()) {
             return Err(format!("unknown dtype {d}"));
+        }
+    }
+    for s in &options.states {
+        if !["f32", "q8"].contains(&s.as_str()) {
+            return Err(format!("unknown state storage {s}"));
         }
     }
     for c in &options.cases {

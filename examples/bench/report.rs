@@ -13,6 +13,8 @@ pub const SUSPECT_FRACTION: f64 = 1.05;
 pub struct Row {
     pub algo: String,
     pub dtype: String,
+    /// How the state is stored: the parameter's dtype (`f32`, `f16`, `bf16`) or `q8`.
+    pub state: String,
     /// The case's name: a size, `gpt2-small` or `200x4096`.
     pub case: String,
     pub elements: u64,
@@ -37,7 +39,7 @@ impl Row {
 
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
-            "algo": self.algo, "dtype": self.dtype, "case": self.case, "elements": self.elements,
+            "algo": self.algo, "dtype": self.dtype, "state": self.state, "case": self.case, "elements": self.elements,
             "tensors": self.tensors, "backend": self.backend, "ms_median": self.ms_median,
             "ms_fastest": self.ms_fastest,
             "gbps": self.gbps, "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
@@ -58,8 +60,8 @@ fn fraction_cell(row: Option<&Row>) -> String {
 /// One progress line per measurement (stderr).
 pub fn progress(row: &Row) -> String {
     format!(
-        "  {:<9} {:<5} {:<10} {:<9} {:>10.3} ms {:>8.2} GB/s  roofline {:>7.2} GB/s",
-        row.algo, row.dtype, row.case, row.backend, row.ms_median, row.gbps, row.roofline_gbps
+        "  {:<9} {:<5} {:<5} {:<10} {:<9} {:>10.3} ms {:>8.2} GB/s  roofline {:>7.2} GB/s",
+        row.algo, row.dtype, row.state, row.case, row.backend, row.ms_median, row.gbps, row.roofline_gbps
     )
 }
 
@@ -67,20 +69,26 @@ pub fn progress(row: &Row) -> String {
 /// the CPU backend, and each backend's fraction of its roofline.
 pub fn summary(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<9} {:<5} {:<10} {:>11} {:>11} {:>9} {:>9} {:>9}\n",
-        "algo", "dtype", "case", "GPU ms", "CPU ms", "GPU/CPU", "GPU roof", "CPU roof"
+        "{:<9} {:<5} {:<5} {:<10} {:>11} {:>11} {:>9} {:>9} {:>9}\n",
+        "algo", "dtype", "state", "case", "GPU ms", "CPU ms", "GPU/CPU", "GPU roof", "CPU roof"
     );
-    let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+    let mut keys: Vec<(&str, &str, &str, &str)> = Vec::new();
     for r in rows {
-        let key = (r.algo.as_str(), r.dtype.as_str(), r.case.as_str());
+        let key = (r.algo.as_str(), r.dtype.as_str(), r.state.as_str(), r.case.as_str());
         if !keys.contains(&key) {
             keys.push(key);
         }
     }
     let mut suspect = false;
-    for (algo, dtype, case) in keys {
+    for (algo, dtype, state, case) in keys {
         let find = |backend: &str| {
-            rows.iter().find(|r| r.algo == algo && r.dtype == dtype && r.case == case && r.backend == backend)
+            rows.iter().find(|r| {
+                r.algo == algo
+                    && r.dtype == dtype
+                    && r.state == state
+                    && r.case == case
+                    && r.backend == backend
+            })
         };
         let gpu = find("gpu").or_else(|| find("gpu-wall"));
         let cpu = find("cpu");
@@ -88,7 +96,7 @@ pub fn summary(rows: &[Row]) -> String {
         let speedup = gpu.and_then(|g| g.speedup).map_or("-".into(), |s| format!("{s:.2}x"));
         suspect |= [gpu, cpu].iter().flatten().any(|r| r.fraction() > SUSPECT_FRACTION);
         out.push_str(&format!(
-            "{algo:<9} {dtype:<5} {case:<10} {:>11} {:>11} {speedup:>9} {:>9} {:>9}\n",
+            "{algo:<9} {dtype:<5} {state:<5} {case:<10} {:>11} {:>11} {speedup:>9} {:>9} {:>9}\n",
             ms(gpu),
             ms(cpu),
             fraction_cell(gpu),
@@ -150,7 +158,10 @@ pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dy
         let (plot_area, legend_area) = area.split_horizontally(area.dim_in_pixel().0 as i32 - 150);
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         for row in singles.iter().filter(|r| r.backend == backend) {
-            let name = format!("{} {}", row.algo, row.dtype);
+            let name = match row.state.as_str() {
+                "q8" => format!("{} {} q8", row.algo, row.dtype),
+                _ => format!("{} {}", row.algo, row.dtype),
+            };
             let point = ((row.elements as f64).log2(), row.fraction());
             match series.iter().position(|(n, _)| *n == name) {
                 Some(k) => series[k].1.push(point),

@@ -6,7 +6,7 @@
 //! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov]
 //!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
 //!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
-//!     [--log-every N] [--quiet]
+//!     [--log-every N] [--states f32|q8] [--quiet]
 //! ```
 //! The model is a 2 → 64 → 64 → 3 ReLU MLP on CS231n's three spirals (600 points, full
 //! batch). Each step is one command encoder (forward, backward, the optimizer's fused
@@ -16,7 +16,9 @@
 //! in the same dispatch). `--no-master-weights` updates the 16-bit parameters in place
 //! instead, with state in the same dtype (pure 16-bit training), rounded as `--rounding`
 //! says: `nearest` (even; small updates are lost), `stochastic` (parameters and state, seeded
-//! with `--seed`) or `kahan` (a 16-bit compensation per parameter).
+//! with `--seed`) or `kahan` (a 16-bit compensation per parameter). `--states q8` keeps the
+//! optimizer's state in blockwise 8 bits (bitsandbytes' format; f32 parameters, Adam, AdamW
+//! or SGD with momentum): every weight matrix's moments, the biases' in f32.
 //!
 //! `--steps N` counts the steps of this run (default 300, enough for Adam to pass 95 %
 //! training accuracy). `--save DIR` writes `DIR/optimizer.safetensors` (the crate's
@@ -40,7 +42,7 @@ use gpu::{Gpu, Source, StepClock};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Rounding, Sgd};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Q8States, Rounding, Sgd};
 
 /// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
 /// between steps 120 and 160 for seed 0 and ends at 99.2 % here (98.8 % to 99.2 % for seeds
@@ -49,7 +51,10 @@ const DEFAULT_STEPS: u64 = 300;
 
 const USAGE: &str = "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
-                     [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--quiet]";
+                     [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
+
+/// `min_8bit_size` of `--states q8`: every weight matrix of the model, no bias.
+pub const Q8_MIN_SIZE: u64 = 128;
 
 /// The `--optimizer` choices, each with PyTorch's defaults (SGD: momentum 0.9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +114,8 @@ struct Options {
     save: Option<PathBuf>,
     resume: Option<PathBuf>,
     log_every: u64,
+    /// Blockwise 8-bit optimizer state (`--states q8`) instead of f32.
+    q8_states: bool,
     quiet: bool,
 }
 
@@ -128,6 +135,13 @@ fn options() -> Result<Options, String> {
             "--save" => options.save = Some(value()?.into()),
             "--resume" => options.resume = Some(value()?.into()),
             "--log-every" => options.log_every = parse(&flag, &value()?)?,
+            "--states" => {
+                options.q8_states = match value()?.as_str() {
+                    "f32" => false,
+                    "q8" => true,
+                    other => return Err(format!("--states: `{other}` is not f32 or q8")),
+                }
+            }
             "--quiet" | "-q" => options.quiet = true,
             // An empty error is the request for help.
             "--help" | "-h" => return Err(String::new()),
@@ -304,7 +318,11 @@ fn build_optimizer(
     // The layers' shapes, so that the optimizer checkpoint holds each state as PyTorch
     // would (`tools/torch_checkpoint.py to-torch` turns it into a state_dict).
     let param_shapes = model.layout().iter().map(|spec| spec.shape.clone()).collect();
-    let optimizer_options = OptimizerOptions { master_weights, rounding, param_shapes, ..Default::default() };
+    // This model's weight matrices are small (2x64 to 64x64): `--states q8` quantizes
+    // every one of them (the smallest has 128 elements) and leaves the biases in f32.
+    let q8_states = options.q8_states.then_some(Q8States { min_8bit_size: Q8_MIN_SIZE });
+    let optimizer_options =
+        OptimizerOptions { master_weights, rounding, param_shapes, q8_states, ..Default::default() };
     let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, optimizer_options)?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;

@@ -2,6 +2,7 @@
 //! and the check of a file against an optimizer: one description that both backends fill
 //! in, so that a checkpoint written by either loads into the other.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -9,6 +10,7 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
 use super::{bad, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
+use crate::q8::{blocks, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
 
 /// One parameter as a checkpoint stores it.
@@ -20,6 +22,9 @@ pub(crate) struct ParamLayout {
     pub(crate) state: Vec<(StateKind, DType)>,
     /// Master-weight mode: the masters' dtype.
     pub(crate) master: Option<DType>,
+    /// With 8-bit state ([`Layout::q8`]): whether its states are 8-bit (it has at least
+    /// `min_8bit_size` elements) rather than f32. The dtypes in `state` are then F32.
+    pub(crate) quantized: bool,
 }
 
 /// Where a checkpoint tensor's data lives in the optimizer.
@@ -37,6 +42,35 @@ pub(crate) enum Slot {
         /// The parameter, numbered across groups.
         param: usize,
     },
+    /// With 8-bit state: a part of parameter `param`'s state `k` (bitsandbytes'
+    /// `state{k+1}` and `absmax{k+1}`), which the backends keep as a [`StoredState`].
+    Q8 {
+        /// The parameter, numbered across groups.
+        param: usize,
+        /// The state tensor, in [`ParamLayout::state`]'s order.
+        k: usize,
+        /// Which part of it.
+        part: Part,
+    },
+    /// With 8-bit state: the map states `k` are quantized with (bitsandbytes' `qmap{k+1}`),
+    /// the crate's own, saved for readers and checked on load.
+    Map {
+        /// The state tensors it serves.
+        k: usize,
+        /// Their kind (the map is [`map_for`] it).
+        kind: StateKind,
+    },
+}
+
+/// A part of an 8-bit-mode state in a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The codes, one `u8` per element.
+    Codes,
+    /// One f32 absmax per block of [`BLOCK_SIZE`] elements.
+    Absmax,
+    /// The f32 values of a tensor below `min_8bit_size`.
+    Values,
 }
 
 /// One tensor of a checkpoint besides the step scalars.
@@ -45,10 +79,16 @@ pub(crate) struct Entry {
     pub(crate) name: String,
     /// Where its data lives.
     pub(crate) slot: Slot,
-    dtype: DType,
+    dtype: Dtype,
+    /// Its number of elements.
     len: usize,
     /// The caller's shape of the parameter, or flat.
     shape: Vec<usize>,
+    /// One element per element of its parameter (so it may take the parameter's shape), not
+    /// one per block or map code (always flat).
+    per_element: bool,
+    /// What a refusal adds to say what the tensor must be, or empty.
+    note: String,
 }
 
 /// An optimizer as its checkpoints see it.
@@ -61,6 +101,9 @@ pub(crate) struct Layout<'a> {
     /// each parameter's shape (checked against its length when the optimizer was built).
     pub(crate) shapes: &'a [Vec<usize>],
     pub(crate) rounding: Rounding,
+    /// [`OptimizerOptions::q8_states`](crate::OptimizerOptions::q8_states): states are saved
+    /// under bitsandbytes' names (`state1`, `absmax1`, ...) instead of PyTorch's.
+    pub(crate) q8: Option<Q8States>,
 }
 
 /// A named view of `data`, or [`Error::BadFile`](crate::Error::BadFile) naming it.
@@ -78,33 +121,104 @@ impl Layout<'_> {
     }
 
     /// The tensors a checkpoint holds besides the step scalars, in the order the file lists
-    /// them: by group, then parameter, each parameter's states before its master.
+    /// them: by group, then parameter, each parameter's states before its master; with
+    /// 8-bit state, each state's codes before its absmax, and the maps last.
     pub(crate) fn entries(&self) -> Vec<Entry> {
         let mut entries = Vec::new();
         for (_, range) in &self.groups {
             for i in range.clone() {
                 let param = &self.params[i];
                 for (k, (kind, dtype)) in param.state.iter().enumerate() {
-                    entries.push(Entry {
-                        name: format!("state.{i}.{}", kind.torch_name()),
-                        slot: Slot::State { param: i, k },
-                        dtype: *dtype,
-                        len: param.len,
-                        shape: self.shape(i),
-                    });
+                    if self.q8.is_some() {
+                        entries.extend(self.q8_entries(i, k));
+                        continue;
+                    }
+                    let name = format!("state.{i}.{}", kind.torch_name());
+                    let slot = Slot::State { param: i, k };
+                    entries.push(self.per_element(name, slot, i, safetensors_dtype(*dtype)));
                 }
                 if let Some(dtype) = param.master {
-                    entries.push(Entry {
-                        name: format!("master.{i}"),
-                        slot: Slot::Master { param: i },
-                        dtype,
-                        len: param.len,
-                        shape: self.shape(i),
-                    });
+                    let slot = Slot::Master { param: i };
+                    entries.push(self.per_element(format!("master.{i}"), slot, i, safetensors_dtype(dtype)));
                 }
             }
         }
+        entries.extend(self.map_entries());
         entries
+    }
+
+    /// An entry with one element per element of parameter `i`, in its shape.
+    fn per_element(&self, name: String, slot: Slot, i: usize, dtype: Dtype) -> Entry {
+        Entry {
+            name,
+            slot,
+            dtype,
+            len: self.params[i].len,
+            shape: self.shape(i),
+            per_element: true,
+            note: String::new(),
+        }
+    }
+
+    /// Parameter `i`'s state `k` with 8-bit state, under bitsandbytes' names: `state{k+1}`
+    /// (the codes in the parameter's shape) and `absmax{k+1}` (one per block, flat), or
+    /// `state{k+1}` alone in f32 below `min_8bit_size`, as bitsandbytes keeps small tensors.
+    fn q8_entries(&self, i: usize, k: usize) -> Vec<Entry> {
+        let param = &self.params[i];
+        let min = self.q8.map_or(0, |q8| q8.min_8bit_size);
+        let state = |part: Part, dtype: Dtype| {
+            self.per_element(format!("state.{i}.state{}", k + 1), Slot::Q8 { param: i, k, part }, i, dtype)
+        };
+        if !param.quantized {
+            return vec![Entry {
+                note: format!(" (f32 state: {} elements, below min_8bit_size {min})", param.len),
+                ..state(Part::Values, Dtype::F32)
+            }];
+        }
+        let count = blocks(param.len);
+        vec![
+            Entry {
+                note: format!(" (8-bit codes, one per element: {} elements, min_8bit_size {min})", param.len),
+                ..state(Part::Codes, Dtype::U8)
+            },
+            Entry {
+                name: format!("state.{i}.absmax{}", k + 1),
+                slot: Slot::Q8 { param: i, k, part: Part::Absmax },
+                dtype: Dtype::F32,
+                len: count,
+                shape: vec![count],
+                per_element: false,
+                note: format!(
+                    " (one absmax per block of {BLOCK_SIZE}: ceil({} / {BLOCK_SIZE}) = {count})",
+                    param.len
+                ),
+            },
+        ]
+    }
+
+    /// With 8-bit state, `qmap{k+1}` for each `k` some 8-bit parameter keeps (bitsandbytes
+    /// keeps maps with 8-bit states only): the signed map for first moments and momentum,
+    /// the unsigned one for second moments.
+    fn map_entries(&self) -> Vec<Entry> {
+        if self.q8.is_none() {
+            return Vec::new();
+        }
+        let most = self.params.iter().map(|p| p.state.len()).max().unwrap_or(0);
+        (0..most)
+            .filter_map(|k| {
+                let kind = self.params.iter().filter(|p| p.quantized).find_map(|p| p.state.get(k))?.0;
+                let signed = if crate::q8::is_signed(kind) { "signed" } else { "unsigned" };
+                Some(Entry {
+                    name: format!("qmap{}", k + 1),
+                    slot: Slot::Map { k, kind },
+                    dtype: Dtype::F32,
+                    len: 256,
+                    shape: vec![256],
+                    per_element: false,
+                    note: format!(" (bitsandbytes' {signed} dynamic map, 256 codes)"),
+                })
+            })
+            .collect()
     }
 
     /// The checkpoint bytes at `step`, with `data[j]` the little-endian bytes of
@@ -116,12 +230,7 @@ impl Layout<'_> {
         let step_bytes = (step as f32).to_le_bytes();
         let mut views = Vec::with_capacity(entries.len() + self.params.len());
         for (entry, data) in entries.iter().zip(data) {
-            views.push(view(
-                entry.name.clone(),
-                safetensors_dtype(entry.dtype),
-                entry.shape.clone(),
-                data.as_ref(),
-            )?);
+            views.push(view(entry.name.clone(), entry.dtype, entry.shape.clone(), data.as_ref())?);
         }
         for i in 0..self.params.len() {
             views.push(view(format!("state.{i}.step"), Dtype::F32, vec![], &step_bytes)?);
@@ -145,6 +254,10 @@ impl Layout<'_> {
             metadata.insert("rounding_seed".to_string(), seed.to_string());
             metadata.insert("rounding_state".to_string(), state.to_string());
         }
+        if let Some(q8) = self.q8 {
+            metadata.insert(Q8_MIN_8BIT_SIZE.to_string(), q8.min_8bit_size.to_string());
+            metadata.insert(Q8_BLOCK_SIZE.to_string(), BLOCK_SIZE.to_string());
+        }
         safetensors::serialize(views, Some(metadata)).map_err(|e| bad(e.to_string()))
     }
 
@@ -154,8 +267,9 @@ impl Layout<'_> {
     /// same algorithm class and state tensors and the same parameter indices, every tensor
     /// of `entries` with its dtype, stored flat or in the parameter's shape (in any shape of
     /// its length when the optimizer was given no shapes), a step scalar per parameter
-    /// equal to the metadata's step, and nothing else. Any mismatch is [`Error::BadFile`]
-    /// naming it.
+    /// equal to the metadata's step, and nothing else. With 8-bit state the file must have
+    /// been saved with the same `min_8bit_size` (so every tensor keeps the same storage), and
+    /// its maps must be the crate's. Any mismatch is [`Error::BadFile`] naming it.
     ///
     /// [`Error::BadFile`]: crate::Error::BadFile
     pub(crate) fn check<'f>(&self, checkpoint: &Checkpoint<'f>) -> Result<Vec<&'f [u8]>> {
@@ -169,6 +283,7 @@ impl Layout<'_> {
                 checkpoint.rounding, self.rounding
             )));
         }
+        self.check_q8(checkpoint.q8_states)?;
         if checkpoint.groups.len() != self.groups.len() {
             return Err(bad(format!(
                 "{} parameter groups, the optimizer has {}",
@@ -200,22 +315,7 @@ impl Layout<'_> {
         let mut data = Vec::with_capacity(entries.len());
         for entry in &entries {
             let view = tensor(&entry.name)?;
-            // Flat or in the parameter's shape (any shape of its length when the optimizer
-            // was given none): the same elements in the same order.
-            let elements = view.shape().iter().try_fold(1usize, |n, d| n.checked_mul(*d));
-            let shape_fits = view.shape() == [entry.len]
-                || view.shape() == entry.shape
-                || (self.shapes.is_empty() && elements == Some(entry.len));
-            if view.dtype() != safetensors_dtype(entry.dtype) || !shape_fits {
-                return Err(bad(format!(
-                    "`{}` is {:?} {:?}, the optimizer's is {:?} {:?}",
-                    entry.name,
-                    view.dtype(),
-                    view.shape(),
-                    entry.dtype,
-                    entry.shape,
-                )));
-            }
+            self.check_entry(entry, &view)?;
             data.push(view.data());
         }
         let step = checkpoint.step;
@@ -247,4 +347,141 @@ impl Layout<'_> {
         }
         Ok(data)
     }
+
+    /// Refuses a file whose 8-bit settings differ from the optimizer's: with or without
+    /// 8-bit state, or another `min_8bit_size`, under which some tensors would change storage.
+    fn check_q8(&self, file: Option<Q8States>) -> Result<()> {
+        let problem = match (file, self.q8) {
+            (None, None) => return Ok(()),
+            (Some(file), Some(ours)) if file == ours => return Ok(()),
+            (Some(file), None) => format!(
+                "holds blockwise 8-bit state (min_8bit_size {}), the optimizer keeps full-precision \
+                 state: build it with OptimizerOptions::q8_states",
+                file.min_8bit_size
+            ),
+            (None, Some(ours)) => format!(
+                "holds full-precision state, the optimizer keeps blockwise 8-bit state \
+                 (q8_states with min_8bit_size {})",
+                ours.min_8bit_size
+            ),
+            (Some(file), Some(ours)) => format!(
+                "was saved with 8-bit state from min_8bit_size {} elements on, the optimizer's \
+                 min_8bit_size is {}: tensors between the two would change storage",
+                file.min_8bit_size, ours.min_8bit_size
+            ),
+        };
+        Err(bad(problem))
+    }
+
+    /// Refuses a tensor of the file that is not `entry`'s dtype and size, or a map that is
+    /// not the crate's.
+    fn check_entry(&self, entry: &Entry, view: &TensorView<'_>) -> Result<()> {
+        // Flat or in the parameter's shape (any shape of its length when the optimizer was
+        // given none): the same elements in the same order. Absmax and maps are flat.
+        let elements = view.shape().iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+        let shape_fits = view.shape() == [entry.len]
+            || view.shape() == entry.shape
+            || (entry.per_element && self.shapes.is_empty() && elements == Some(entry.len));
+        if view.dtype() != entry.dtype || !shape_fits {
+            return Err(bad(format!(
+                "`{}` is {:?} {:?}, the optimizer's is {:?} {:?}{}",
+                entry.name,
+                view.dtype(),
+                view.shape(),
+                entry.dtype,
+                entry.shape,
+                entry.note,
+            )));
+        }
+        match entry.slot {
+            Slot::Map { kind, .. } => check_map(&entry.name, view.data(), &map_for(kind)),
+            _ => Ok(()),
+        }
+    }
+
+    /// With 8-bit state, every parameter's states from the data [`Self::check`] returned
+    /// (`stored[param][k]`, in [`ParamLayout::state`]'s order), each checked against its
+    /// tensor (storage, length, one absmax per block); without, nothing.
+    pub(crate) fn q8_states(&self, data: &[&[u8]]) -> Result<Vec<Vec<StoredState>>> {
+        let Some(config) = self.q8 else { return Ok(Vec::new()) };
+        let mut stored: Vec<Vec<StoredState>> = self
+            .params
+            .iter()
+            .map(|p| p.state.iter().map(|_| StoredState::F32(Vec::new())).collect())
+            .collect();
+        for (entry, data) in self.entries().iter().zip(data) {
+            let Slot::Q8 { param, k, part } = entry.slot else { continue };
+            let state = &mut stored[param][k];
+            match (part, state) {
+                (Part::Values, state) => *state = StoredState::F32(f32s(data)),
+                (Part::Codes, StoredState::Q8 { codes, .. }) => *codes = data.to_vec(),
+                (Part::Absmax, StoredState::Q8 { absmax, .. }) => *absmax = f32s(data),
+                (Part::Codes, state) => *state = StoredState::Q8 { codes: data.to_vec(), absmax: Vec::new() },
+                (Part::Absmax, state) => *state = StoredState::Q8 { codes: Vec::new(), absmax: f32s(data) },
+            }
+        }
+        for (i, (param, states)) in self.params.iter().zip(&stored).enumerate() {
+            for (k, state) in states.iter().enumerate() {
+                check_replacement(state, config, param.len, &format!("state.{i}.state{}", k + 1))
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        Ok(stored)
+    }
+}
+
+/// The names of the 8-bit settings in a checkpoint's metadata: the size from which tensors
+/// keep 8-bit state, and the elements per absmax block (always [`BLOCK_SIZE`] here).
+pub(crate) const Q8_MIN_8BIT_SIZE: &str = "q8_min_8bit_size";
+/// See [`Q8_MIN_8BIT_SIZE`].
+pub(crate) const Q8_BLOCK_SIZE: &str = "q8_block_size";
+
+impl Slot {
+    /// An 8-bit-mode slot's bytes in a checkpoint: a part of `stored[param][k]`, or a map.
+    /// Other slots live in the backends' own tensors and have no bytes here.
+    pub(crate) fn q8_bytes(self, stored: &[Vec<StoredState>]) -> Cow<'_, [u8]> {
+        match self {
+            Slot::Q8 { param, k, part } => {
+                let state = stored.get(param).and_then(|states| states.get(k));
+                match (part, state) {
+                    (Part::Codes, Some(StoredState::Q8 { codes, .. })) => Cow::Borrowed(codes),
+                    (Part::Absmax, Some(StoredState::Q8 { absmax, .. })) => le_bytes(absmax),
+                    (Part::Values, Some(StoredState::F32(values))) => le_bytes(values),
+                    // The layout and the state come from one optimizer, so the storage agrees;
+                    // were it not so, empty data makes `serialize` refuse the tensor by name.
+                    _ => Cow::Borrowed(&[]),
+                }
+            }
+            Slot::Map { kind, .. } => le_bytes(&map_for(kind)).into_owned().into(),
+            Slot::State { .. } | Slot::Master { .. } => Cow::Borrowed(&[]),
+        }
+    }
+}
+
+/// Refuses a map `data` (f32, little-endian) that differs from `ours`, naming the first
+/// differing code: codes quantized under another map would decode to other values.
+fn check_map(name: &str, data: &[u8], ours: &[f32; 256]) -> Result<()> {
+    let theirs = f32s(data);
+    let differs = theirs.iter().zip(ours).position(|(a, b)| a.to_bits() != b.to_bits());
+    match differs {
+        None => Ok(()),
+        Some(code) => Err(bad(format!(
+            "`{name}` is not the map this crate quantizes with (bitsandbytes' dynamic map): \
+             code {code} is {:e}, expected {:e}",
+            theirs[code], ours[code]
+        ))),
+    }
+}
+
+/// Little-endian f32 bytes as f32s (the caller checked the length is a multiple of 4).
+fn f32s(data: &[u8]) -> Vec<f32> {
+    data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// f32s as little-endian bytes: borrowed on little-endian hosts.
+fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        return Cow::Borrowed(bytemuck::cast_slice(values));
+    }
+    Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
 }

@@ -1,8 +1,12 @@
 //! Reading a checkpoint file's header, metadata and tensor table.
 
+use std::collections::HashMap;
+
 use safetensors::SafeTensors;
 
+use super::layout::{Q8_BLOCK_SIZE, Q8_MIN_8BIT_SIZE};
 use super::{bad, CHECKPOINT_FORMAT};
+use crate::q8::{Q8States, BLOCK_SIZE};
 use crate::{Algorithm, Result, Rounding};
 
 /// A parsed checkpoint file of either backend, checked for internal consistency but not
@@ -16,6 +20,12 @@ pub struct Checkpoint<'a> {
     /// The rounding of 16-bit stores, with stochastic rounding's seed; checkpoints written
     /// before rounding modes existed read as [`Rounding::NearestEven`].
     pub rounding: Rounding,
+    /// With blockwise 8-bit state ([`OptimizerOptions::q8_states`]): its settings, from the
+    /// `q8_min_8bit_size` metadata (with `q8_block_size`, which must be 256); `None` for a
+    /// checkpoint of full-precision state.
+    ///
+    /// [`OptimizerOptions::q8_states`]: crate::OptimizerOptions::q8_states
+    pub q8_states: Option<Q8States>,
     pub(super) file: SafeTensors<'a>,
 }
 
@@ -64,6 +74,32 @@ impl<'a> Checkpoint<'a> {
             },
             Some(other) => return Err(bad(format!("unknown rounding `{other}`"))),
         };
-        Ok(Checkpoint { step, groups, rounding, file })
+        let q8_states = q8_states(&meta)?;
+        Ok(Checkpoint { step, groups, rounding, q8_states, file })
     }
+}
+
+/// The 8-bit settings in the metadata: none, or `min_8bit_size` with a block size of
+/// [`BLOCK_SIZE`] (absmax of other blocks would scale other runs of codes).
+fn q8_states(meta: &HashMap<String, String>) -> Result<Option<Q8States>> {
+    let (min, block) = (meta.get(Q8_MIN_8BIT_SIZE), meta.get(Q8_BLOCK_SIZE));
+    let (min, block) = match (min, block) {
+        (None, None) => return Ok(None),
+        (Some(min), Some(block)) => (min, block),
+        (Some(_), None) => {
+            return Err(bad(format!("metadata has `{Q8_MIN_8BIT_SIZE}` but no `{Q8_BLOCK_SIZE}`")))
+        }
+        (None, Some(_)) => {
+            return Err(bad(format!("metadata has `{Q8_BLOCK_SIZE}` but no `{Q8_MIN_8BIT_SIZE}`")))
+        }
+    };
+    if block.parse::<usize>() != Ok(BLOCK_SIZE) {
+        return Err(bad(format!(
+            "`{Q8_BLOCK_SIZE}` is `{block}`, expected {BLOCK_SIZE}: this crate keeps one absmax per \
+             block of {BLOCK_SIZE} elements (bitsandbytes' blockwise optimizers' block size)"
+        )));
+    }
+    let min_8bit_size =
+        min.parse().map_err(|e| bad(format!("`{Q8_MIN_8BIT_SIZE}` is `{min}`, not a whole number: {e}")))?;
+    Ok(Some(Q8States { min_8bit_size }))
 }

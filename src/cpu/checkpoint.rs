@@ -9,7 +9,8 @@ use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
 use crate::checkpoint::{load_file, write_atomically, Checkpoint};
-use crate::Result;
+use crate::q8::StoredState;
+use crate::{DType, Result};
 
 impl CpuOptimizer {
     /// The checkpoint as safetensors bytes, in the format of
@@ -17,15 +18,17 @@ impl CpuOptimizer {
     /// holds: every state tensor (in its parameter's shape with
     /// [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes), flat
     /// otherwise), the step, the group's hyperparameters and the rounding (with Kahan
-    /// rounding the compensations). The GPU optimizer loads it as it loads its own.
+    /// rounding the compensations); with 8-bit state, bitsandbytes' `state1`, `absmax1`,
+    /// `qmap1`, ... and the 8-bit settings. The GPU optimizer loads it as it loads its own.
     pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
         let layout = self.layout();
+        let stored: &[Vec<StoredState>] = self.q8.as_ref().map_or(&[], |(_, states)| states);
         let data: Vec<Cow<'_, [u8]>> = layout
             .entries()
             .iter()
-            .map(|entry| {
-                let tensor = self.tensor(entry.slot);
-                little_endian(tensor.bytes(), tensor.dtype().size() as usize)
+            .map(|entry| match self.tensor(entry.slot) {
+                Some(tensor) => little_endian(tensor.bytes(), tensor.dtype().size() as usize),
+                None => entry.slot.q8_bytes(stored),
             })
             .collect();
         layout.serialize(self.step, &data)
@@ -45,23 +48,29 @@ impl CpuOptimizer {
 
     /// Loads checkpoint bytes saved by this backend or by the GPU optimizer
     /// ([`Optimizer::load_from_bytes`](crate::Optimizer::load_from_bytes) says what must
-    /// match). Replaces every state tensor, the step count, the group's hyperparameters
-    /// (learning rate included), and with stochastic rounding the seed. The parameters are
-    /// the caller's and are not touched. A file that does not match (one of several groups,
-    /// or one with master weights, which the CPU backend does not keep, included), or a
-    /// truncated or corrupt one, is refused with [`Error::BadFile`](crate::Error::BadFile)
-    /// before anything is written: the optimizer is left as it was.
+    /// match). Replaces every state tensor (with 8-bit state, its codes and absmax), the
+    /// step count, the group's hyperparameters (learning rate included), and with
+    /// stochastic rounding the seed. The parameters are the caller's and are not touched. A
+    /// file that does not match (one of several groups, one with master weights, which the
+    /// CPU backend does not keep, or one with 8-bit state of other settings or into an
+    /// optimizer without, included), or a truncated or corrupt one, is refused with
+    /// [`Error::BadFile`](crate::Error::BadFile) before anything is written: the optimizer
+    /// is left as it was.
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
         let checkpoint = Checkpoint::parse(bytes)?;
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
+        let stored = layout.q8_states(&data)?;
         let slots: Vec<Slot> = layout.entries().iter().map(|entry| entry.slot).collect();
         // Everything matches: write.
         for (slot, data) in slots.into_iter().zip(data) {
-            let tensor = self.tensor_mut(slot);
+            let Some(tensor) = self.tensor_mut(slot) else { continue };
             let size = tensor.dtype().size() as usize;
             // The check compared dtypes and element counts, so the lengths agree.
             tensor.bytes_mut().copy_from_slice(&little_endian(data, size));
+        }
+        if let Some((_, states)) = &mut self.q8 {
+            *states = stored;
         }
         self.algorithm = checkpoint.groups[0].0;
         self.rounding = checkpoint.rounding;
@@ -72,17 +81,22 @@ impl CpuOptimizer {
     /// The optimizer as checkpoints see it: one group.
     fn layout(&self) -> Layout<'_> {
         let kinds = self.algorithm.state_kinds();
+        let q8 = self.q8.as_ref().map(|(config, _)| *config);
         let params = self
-            .state
+            .params
             .iter()
             .enumerate()
-            .map(|(i, state)| {
-                let mut tensors: Vec<_> =
-                    kinds.iter().zip(state).map(|(kind, t)| (*kind, t.dtype())).collect();
+            .map(|(i, &(_, len))| {
+                // 8-bit states are kept as codes or (small tensors) f32, not in `state`.
+                let mut tensors: Vec<_> = match q8 {
+                    Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
+                    None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype())).collect(),
+                };
                 if let Some(compensation) = self.compensation.get(i) {
                     tensors.push((crate::StateKind::KahanCompensation, compensation.dtype()));
                 }
-                ParamLayout { len: self.params[i].1, state: tensors, master: None }
+                let quantized = q8.is_some_and(|config| config.quantizes(len as u64));
+                ParamLayout { len, state: tensors, master: None, quantized }
             })
             .collect();
         Layout {
@@ -90,34 +104,24 @@ impl CpuOptimizer {
             params,
             shapes: &self.shapes,
             rounding: self.rounding,
+            q8,
         }
     }
 
     /// The tensor behind a checkpoint slot: the algorithm's states, then the Kahan
-    /// compensation.
-    fn tensor(&self, slot: Slot) -> &StateTensor {
-        let (param, k) = state_slot(slot);
-        match self.state[param].get(k) {
-            Some(tensor) => tensor,
-            None => &self.compensation[param],
-        }
+    /// compensation. `None` for 8-bit state (kept whole, as [`StoredState`]s) and masters
+    /// (which the CPU backend does not keep, so its layout lists none).
+    fn tensor(&self, slot: Slot) -> Option<&StateTensor> {
+        let Slot::State { param, k } = slot else { return None };
+        self.state[param].get(k).or(self.compensation.get(param))
     }
 
-    fn tensor_mut(&mut self, slot: Slot) -> &mut StateTensor {
-        let (param, k) = state_slot(slot);
+    fn tensor_mut(&mut self, slot: Slot) -> Option<&mut StateTensor> {
+        let Slot::State { param, k } = slot else { return None };
         match self.state[param].get_mut(k) {
-            Some(tensor) => tensor,
-            None => &mut self.compensation[param],
+            Some(tensor) => Some(tensor),
+            None => self.compensation.get_mut(param),
         }
-    }
-}
-
-/// A slot's parameter and state tensor. The CPU backend keeps no masters, so its layout
-/// lists no master slots.
-fn state_slot(slot: Slot) -> (usize, usize) {
-    match slot {
-        Slot::State { param, k } => (param, k),
-        Slot::Master { param } => unreachable!("the CPU layout lists no master of params[{param}]"),
     }
 }
 

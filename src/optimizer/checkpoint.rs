@@ -11,7 +11,8 @@ use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
 use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint};
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
-use crate::{Result, Tensor};
+use crate::q8::StoredState;
+use crate::{DType, Result, StateKind, Tensor};
 
 impl Optimizer {
     /// The checkpoint as safetensors bytes. Waits for submitted work, then reads every state
@@ -39,6 +40,16 @@ impl Optimizer {
     ///   rounding `rounding_seed` (decimal) and `rounding_state` (`true` or `false`);
     /// - `format` = [`CHECKPOINT_FORMAT`](crate::CHECKPOINT_FORMAT) in the metadata.
     ///
+    /// With [`OptimizerOptions::q8_states`](crate::OptimizerOptions::q8_states) the states
+    /// are kept under bitsandbytes' `state_dict` names instead: for state `k` (1 for
+    /// `exp_avg` or `momentum_buffer`, 2 for `exp_avg_sq`) of a parameter of at least
+    /// `min_8bit_size` elements, `state.{i}.state{k}` (U8 codes, one per element, in the
+    /// parameter's shape) and `state.{i}.absmax{k}` (F32, one per block of 256, flat); of a
+    /// smaller parameter, `state.{i}.state{k}` alone in F32. The maps the codes index are
+    /// saved once as `qmap1` (signed) and `qmap2` (unsigned), F32 `[256]`, where some
+    /// parameter keeps 8-bit state `k`, and the settings in the metadata:
+    /// `q8_min_8bit_size` (decimal) and `q8_block_size` (`256`).
+    ///
     /// It does not hold the model's parameters (outside master-weight mode the parameters are
     /// the model's, which the trainer saves with its model), the model copies (rounded from
     /// the masters on load), or the AMP flag and unscale factor.
@@ -52,10 +63,14 @@ impl Optimizer {
             None => self.step,
         };
         let layout = self.layout();
+        let stored = self.read_q8_states(&layout)?;
         let data = layout
             .entries()
             .iter()
-            .map(|entry| self.ctx.read_bytes(self.tensor(entry.slot)))
+            .map(|entry| match self.tensor(entry.slot) {
+                Some(tensor) => self.ctx.read_bytes(tensor).map(Cow::Owned),
+                None => Ok(entry.slot.q8_bytes(&stored)),
+            })
             .collect::<Result<Vec<_>>>()?;
         layout.serialize(step, &data)
     }
@@ -63,14 +78,22 @@ impl Optimizer {
     /// The optimizer as checkpoints see it.
     fn layout(&self) -> Layout<'_> {
         let master = !self.model_copies.is_empty();
+        let q8 = self.q8.as_ref().map(|engine| engine.config());
         let mut params: Vec<ParamLayout> = Vec::with_capacity(self.params.len());
         for group in &self.groups {
             let kinds = self.state_kinds(&group.algorithm);
             for i in group.first..group.first + group.len {
+                let len = self.params[i].len as usize;
+                // 8-bit states live in the engine, as codes or (small tensors) f32.
+                let state = match q8 {
+                    Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
+                    None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
+                };
                 params.push(ParamLayout {
-                    len: self.params[i].len as usize,
-                    state: kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
+                    len,
+                    state,
                     master: master.then_some(self.params[i].dtype),
+                    quantized: q8.is_some_and(|config| config.quantizes(len as u64)),
                 });
             }
         }
@@ -79,15 +102,18 @@ impl Optimizer {
             params,
             shapes: &self.shapes,
             rounding: self.rounding,
+            q8,
         }
     }
 
-    /// The buffer behind a checkpoint tensor.
-    fn tensor(&self, slot: Slot) -> &Tensor {
+    /// The buffer behind a checkpoint tensor; `None` for 8-bit state, which the engine
+    /// reads and writes whole.
+    fn tensor(&self, slot: Slot) -> Option<&Tensor> {
         match slot {
-            Slot::State { param, k } => &self.state[param][k],
+            Slot::State { param, k } => Some(&self.state[param][k]),
             // In master-weight mode the optimizer's parameters are the masters.
-            Slot::Master { param } => &self.params[param],
+            Slot::Master { param } => Some(&self.params[param]),
+            Slot::Q8 { .. } | Slot::Map { .. } => None,
         }
     }
 
@@ -120,7 +146,10 @@ impl Optimizer {
     /// stochastic rounding the same `state` flag), the same number of groups, each with the
     /// same algorithm class and state tensors and the same parameter indices, and every
     /// tensor with the dtype of the optimizer's, stored flat or in the parameter's shape (in
-    /// any shape of its length when the optimizer was given no shapes). All of it, and
+    /// any shape of its length when the optimizer was given no shapes). With 8-bit state the
+    /// file must hold 8-bit state saved with the same `min_8bit_size` (`q8_block_size` 256),
+    /// codes and absmax of each tensor's length and block count, and the crate's maps; a
+    /// file of 8-bit state does not load into an optimizer without. All of it, and
     /// whether every target buffer takes its write, is checked before anything is written;
     /// on a mismatch ([`Error::BadFile`](crate::Error::BadFile)), a target that cannot be written
     /// ([`Error::MissingUsage`](crate::Error::MissingUsage)), or a truncated or corrupt file, the optimizer and the model
@@ -129,16 +158,21 @@ impl Optimizer {
         let checkpoint = Checkpoint::parse(bytes)?;
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
+        let stored = layout.q8_states(&data)?;
         let mut writes: Vec<(String, Tensor, Cow<'_, [u8]>)> = Vec::with_capacity(data.len());
         for (entry, data) in layout.entries().iter().zip(data) {
+            let Some(tensor) = self.tensor(entry.slot) else { continue };
             let argument = match entry.slot {
-                Slot::State { param, k } => {
+                Slot::Master { param } => format!("params[{param}]"),
+                Slot::State { param, k } | Slot::Q8 { param, k, .. } => {
                     format!("{}[{param}]", layout.params[param].state[k].0.torch_name())
                 }
-                Slot::Master { param } => format!("params[{param}]"),
+                Slot::Map { k, .. } => format!("qmap{}", k + 1),
             };
-            writes.push((argument, self.tensor(entry.slot).clone(), data.into()));
+            writes.push((argument, tensor.clone(), data.into()));
         }
+        let kinds: Vec<Vec<StateKind>> =
+            layout.params.iter().map(|p| p.state.iter().map(|(kind, _)| *kind).collect()).collect();
         // In master-weight mode the model's copies are the masters rounded once, so they are
         // restored with them and the first forward pass after loading sees the right values.
         for (i, (master, copy)) in self.params.iter().zip(&self.model_copies).enumerate() {
@@ -159,11 +193,43 @@ impl Optimizer {
         for (_, tensor, data) in writes {
             self.ctx.write_bytes(&tensor, &data)?;
         }
+        self.write_q8_states(&kinds, &stored)?;
         for (g, (algorithm, _)) in checkpoint.groups.iter().enumerate() {
             self.set_group_algorithm(g, *algorithm)?;
         }
         // The seed travels in the uniforms, which the next step rewrites (every group is dirty).
         self.rounding = checkpoint.rounding;
         self.set_step_count(step)
+    }
+
+    /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for
+    /// the queue); nothing without 8-bit state.
+    fn read_q8_states(&self, layout: &Layout<'_>) -> Result<Vec<Vec<StoredState>>> {
+        let Some(engine) = &self.q8 else { return Ok(Vec::new()) };
+        let mut stored = Vec::with_capacity(layout.params.len());
+        for (i, param) in layout.params.iter().enumerate() {
+            let mut states = Vec::with_capacity(param.state.len());
+            for (kind, _) in &param.state {
+                // The layout lists the kinds the engine keeps, so each is there.
+                let state = engine.read(&self.ctx, i, *kind)?;
+                states.push(state.ok_or_else(|| bad(format!("parameter {i} keeps no 8-bit {kind:?}")))?);
+            }
+            stored.push(states);
+        }
+        Ok(stored)
+    }
+
+    /// Writes checked 8-bit states (`stored[i][k]` of kind `kinds[i][k]`) into the engine;
+    /// nothing without 8-bit state.
+    fn write_q8_states(&self, kinds: &[Vec<StateKind>], stored: &[Vec<StoredState>]) -> Result<()> {
+        let Some(engine) = &self.q8 else { return Ok(()) };
+        for (i, (kinds, states)) in kinds.iter().zip(stored).enumerate() {
+            for (kind, state) in kinds.iter().zip(states) {
+                // `Layout::q8_states` checked each as the engine does, so none is refused
+                // after others were written.
+                engine.write(&self.ctx, i, *kind, state)?;
+            }
+        }
+        Ok(())
     }
 }

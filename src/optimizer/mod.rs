@@ -518,6 +518,12 @@ impl Optimizer {
         engine.write(&self.ctx, index, kind, state)
     }
 
+    /// The 8-bit state's engine, for tests that pick its kernel.
+    #[cfg(test)]
+    pub(crate) fn q8_engine_mut(&mut self) -> Option<&mut Q8Engine> {
+        self.q8.as_mut()
+    }
+
     /// With 8-bit state: the step, one dispatch per tensor (per chunk of a large one).
     fn record_q8_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         let Some(engine) = &mut self.q8 else { return Ok(()) };

@@ -1,53 +1,86 @@
 //! The nearest code of a value in one table load and one comparison, instead of a binary
-//! search over the 256 codes: what lets a step requantize at memory speed on the CPU and
-//! on the GPU, whose kernels read the same table.
+//! search over the 256 codes: what lets a step requantize without a search per element, on
+//! the CPU and on the GPU, whose kernels read the same table.
 //!
-//! A value's f32 bits, shifted right by [`BUCKET_SHIFT`], name its bucket (sign, exponent and
-//! the top seven mantissa bits). [`nearest_code`](super::nearest_code) is monotone in the
-//! value, and no bucket spans more than one switch between neighbouring codes (the closest
-//! codes of either map, near 1, lie further apart than a bucket is wide), so a bucket is
-//! described by the code at its start, the code at its end and the low bits where the first
-//! gives way to the second. Every entry is derived from `nearest_code` itself, so the table
-//! gives its answer bit for bit, NaN and infinities included.
+//! A value's magnitude is clamped into [`SMALLEST`, 1] (below `SMALLEST` every map's
+//! nearest code is the code of 0; above 1 it is the end code, as
+//! [`nearest_code`](super::nearest_code) clamps), and its f32 bits, shifted right by
+//! [`BUCKET_SHIFT`], name its bucket (exponent and top seven mantissa bits), per sign.
+//! `nearest_code` is monotone in the value, and no bucket spans more than one switch between
+//! neighbouring codes (the closest codes of either map, near 1, lie further apart than a
+//! bucket is wide), so a bucket is described by the code at its start, the code at its end
+//! and the low bits where the first gives way to the second. Every entry is derived from
+//! `nearest_code` itself, so the table gives its answer bit for bit. The table is 23 KiB: it
+//! stays in a CPU core's L1 cache.
 
 use std::sync::OnceLock;
 
 /// The bits below a value's bucket.
 pub const BUCKET_SHIFT: u32 = 16;
-/// Buckets of a table: every sign, exponent and top seven mantissa bits.
-pub const BUCKETS: usize = 1 << (32 - BUCKET_SHIFT);
+/// The bits of the smallest magnitude with a bucket of its own, 2^-23: below it, every
+/// value's nearest code is the code of 0 (both maps' smallest non-zero codes are above
+/// 3e-7, twice 2^-23).
+pub const SMALLEST: u32 = 0x3400_0000;
+/// The bits of 1.0, the largest magnitude a bucket starts at.
+pub const ONE: u32 = 0x3f80_0000;
+/// Buckets of one sign: magnitudes from [`SMALLEST`] to 1.
+pub const BUCKETS_PER_SIGN: usize = ((ONE - SMALLEST) >> BUCKET_SHIFT) as usize + 1;
+/// Buckets of a table: positive values, then negative ones.
+pub const BUCKETS: usize = 2 * BUCKETS_PER_SIGN;
 
 /// One map's table: per bucket `start | end << 8 | switch << 16`, where a value whose bits
 /// below the bucket are at least `switch` takes `end`, and `start` otherwise.
 pub struct CodeTable {
     map: [f32; 256],
-    entries: Box<[u32; BUCKETS]>,
+    entries: Box<[u32]>,
+}
+
+/// The bucket of `x` (not NaN) and the bits of its clamped magnitude.
+#[inline(always)]
+fn bucket(bits: u32) -> (usize, u32) {
+    let magnitude = (bits & 0x7fff_ffff).clamp(SMALLEST, ONE);
+    let sign = (bits >> 31) as usize;
+    (sign * BUCKETS_PER_SIGN + ((magnitude - SMALLEST) >> BUCKET_SHIFT) as usize, magnitude)
 }
 
 impl CodeTable {
     fn build(map: &[f32; 256]) -> Self {
-        let code = |bits: u32| super::nearest_code(map, f32::from_bits(bits));
         let low_mask = (1u32 << BUCKET_SHIFT) - 1;
-        let mut entries = Box::new([0u32; BUCKETS]);
-        for (bucket, entry) in entries.iter_mut().enumerate() {
-            let first = (bucket as u32) << BUCKET_SHIFT;
-            let (start, end) = (code(first), code(first | low_mask));
+        let mut entries = vec![0u32; BUCKETS].into_boxed_slice();
+        for (b, entry) in entries.iter_mut().enumerate() {
+            let sign = if b >= BUCKETS_PER_SIGN { 0x8000_0000 } else { 0 };
+            let first = SMALLEST + (((b % BUCKETS_PER_SIGN) as u32) << BUCKET_SHIFT);
+            let code = |low: u32| super::nearest_code(map, f32::from_bits(sign | first | low));
+            // The bucket of 1.0 holds only 1.0 itself (larger values are clamped to it).
+            let last = if first == ONE { 0 } else { low_mask };
+            let (start, end) = (code(0), code(last));
             // The first low bits that take `end` (at most one switch per bucket).
-            let (mut lo, mut hi) = (0u32, low_mask);
-            if start == end {
-                hi = 0;
-            }
+            let (mut lo, mut hi) = (0u32, if start == end { 0 } else { last });
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if code(first | mid) == start {
+                if code(mid) == start {
                     lo = mid + 1;
                 } else {
                     hi = mid;
                 }
             }
-            *entry = u32::from(start) | u32::from(end) << 8 | hi << BUCKET_SHIFT;
+            // Where nothing switches, every value takes `end`, which is `start`.
+            let switch = if start == end { 0 } else { hi };
+            *entry = u32::from(start) | u32::from(end) << 8 | switch << BUCKET_SHIFT;
         }
         CodeTable { map: *map, entries }
+    }
+
+    /// The table of [`super::signed_map`], built once.
+    pub fn signed() -> &'static CodeTable {
+        static TABLE: OnceLock<CodeTable> = OnceLock::new();
+        TABLE.get_or_init(|| CodeTable::build(&super::signed_map()))
+    }
+
+    /// The table of [`super::unsigned_map`], built once.
+    pub fn unsigned() -> &'static CodeTable {
+        static TABLE: OnceLock<CodeTable> = OnceLock::new();
+        TABLE.get_or_init(|| CodeTable::build(&super::unsigned_map()))
     }
 
     /// The table of the map a state of `kind` is quantized with.
@@ -64,30 +97,25 @@ impl CodeTable {
         &self.map
     }
 
-    /// The table of [`super::signed_map`], built once.
-    pub fn signed() -> &'static CodeTable {
-        static TABLE: OnceLock<CodeTable> = OnceLock::new();
-        TABLE.get_or_init(|| CodeTable::build(&super::signed_map()))
-    }
-
-    /// The table of [`super::unsigned_map`], built once.
-    pub fn unsigned() -> &'static CodeTable {
-        static TABLE: OnceLock<CodeTable> = OnceLock::new();
-        TABLE.get_or_init(|| CodeTable::build(&super::unsigned_map()))
-    }
-
     /// The nearest code of `x`: [`super::nearest_code`] of the table's map, bit for bit.
     #[inline(always)]
     pub fn code(&self, x: f32) -> u8 {
         let bits = x.to_bits();
-        let entry = self.entries[(bits >> BUCKET_SHIFT) as usize];
-        let switched = (bits & ((1 << BUCKET_SHIFT) - 1)) >= entry >> BUCKET_SHIFT;
-        (if switched { entry >> 8 } else { entry }) as u8
+        let (b, magnitude) = bucket(bits);
+        let entry = self.entries.get(b).copied().unwrap_or(0);
+        let switched = (magnitude & ((1 << BUCKET_SHIFT) - 1)) >= entry >> BUCKET_SHIFT;
+        let code = (if switched { entry >> 8 } else { entry }) as u8;
+        // NaN takes code 0, as `nearest_code` gives it.
+        if x.is_nan() {
+            0
+        } else {
+            code
+        }
     }
 
     /// The entries, as the GPU kernels bind them.
     pub fn entries(&self) -> &[u32] {
-        &self.entries[..]
+        &self.entries
     }
 }
 
@@ -106,15 +134,19 @@ mod tests {
                 assert_eq!(table.code(x), nearest_code(&map, x), "{x:e} ({bits:#010x})");
             };
             for (bucket, entry) in table.entries().iter().enumerate() {
-                let first = (bucket as u32) << BUCKET_SHIFT;
+                let sign = if bucket >= BUCKETS_PER_SIGN { 0x8000_0000 } else { 0 };
+                let first = sign | (SMALLEST + (((bucket % BUCKETS_PER_SIGN) as u32) << BUCKET_SHIFT));
                 let switch = entry >> BUCKET_SHIFT;
                 // Codes are monotone in the value, so neighbouring start and end codes mean
                 // one switch at most (infinities and NaN share the top buckets).
                 let (start, end) = ((entry & 0xff) as i32, (entry >> 8 & 0xff) as i32);
-                let finite = (first >> 23) & 0xff != 0xff;
-                assert!(!finite || (start - end).abs() <= 1, "bucket {bucket:#x}: codes {start} to {end}");
+                assert!((start - end).abs() <= 1, "bucket {bucket:#x}: codes {start} to {end}");
                 for low in [0, 1, switch.saturating_sub(1), switch, switch + 1, 0x7fff, 0xfffe, 0xffff] {
                     check(first | low.min(0xffff));
+                }
+                // Beyond 1 and below the smallest bucket, where magnitudes are clamped.
+                for bits in [0, 1, SMALLEST - 1, ONE + 1, 0x7f80_0000, 0x7fc0_0000, 0x4b80_0002] {
+                    check(sign | bits);
                 }
             }
             // Pseudo-random bits (a 32-bit LCG) and the codes themselves with their neighbours.

@@ -24,12 +24,15 @@ struct Variant {
     kinds: Vec<StateKind>,
     quantized: bool,
     grad_in_params: bool,
+    /// One invocation per block (CPU adapters), not one workgroup.
+    serial: bool,
 }
 
 #[derive(Debug)]
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    serial: bool,
 }
 
 /// Where one state of one tensor lies in its tensor's state buffer, in words.
@@ -77,6 +80,10 @@ struct Bound {
     dispatches: Vec<Dispatch>,
 }
 
+/// One dispatch's segment uniform fields, its parameter's index, and the byte ranges of its
+/// parameter (and gradient) bindings.
+type Segment = ([u32; 8], usize, Vec<(u64, u64)>);
+
 /// The most workgroups one dispatch launches; each strides over further blocks.
 const MAX_WORKGROUPS: u64 = 4096;
 
@@ -89,6 +96,8 @@ pub(crate) struct Q8Engine {
     switches: Vec<Switches>,
     pipelines: HashMap<Variant, Arc<Pipeline>>,
     bound: Option<Bound>,
+    /// One invocation per block (CPU adapters) instead of one workgroup.
+    serial: bool,
 }
 
 impl Q8Engine {
@@ -153,8 +162,20 @@ impl Q8Engine {
                 switches: algorithms.iter().map(|a| a.kernel_step(1).switches()).collect(),
                 pipelines: HashMap::new(),
                 bound: None,
+                // A CPU adapter runs a workgroup barrier as a switch through every invocation:
+                // there, one invocation owns a block and needs none (16 Mi-element Adam on
+                // lavapipe took 370 ms with a workgroup per block, 250 ms serial).
+                serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
             }
         })
+    }
+
+    /// Chooses who owns a block: one invocation (`serial`) or one workgroup, whatever the
+    /// adapter, so that tests cover both on any adapter.
+    #[cfg(test)]
+    pub(crate) fn set_serial(&mut self, serial: bool) {
+        self.serial = serial;
+        self.bound = None;
     }
 
     /// Group `g` now runs `algorithm` (same state kinds): its pipelines change with its
@@ -213,7 +234,7 @@ impl Q8Engine {
         // Elements per chunk: whole blocks whose f32 range fits a binding after alignment.
         let chunk =
             ((max_binding.saturating_sub(align)) / 4 / BLOCK_SIZE as u64 * BLOCK_SIZE as u64).max(256);
-        let mut segments: Vec<([u32; 8], usize, Vec<(u64, u64)>)> = Vec::new();
+        let mut segments: Vec<Segment> = Vec::new();
         for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
             let tensor = &self.tensors[i];
             let mut start = 0;
@@ -266,6 +287,7 @@ impl Q8Engine {
                 start += n.max(1);
             }
         }
+        let serial = self.serial;
         let mut dispatches = Vec::with_capacity(segments.len());
         let mut pipelines = Vec::with_capacity(segments.len());
         for (_, i, _) in &segments {
@@ -275,6 +297,7 @@ impl Q8Engine {
                 kinds: tensor.kinds.clone(),
                 quantized: tensor.quantized && !tensor.kinds.is_empty(),
                 grad_in_params: grads[*i].buffer == params[*i].buffer,
+                serial: serial && tensor.quantized && !tensor.kinds.is_empty(),
             };
             pipelines.push(self.pipeline(ctx, &variant)?);
         }
@@ -307,7 +330,10 @@ impl Q8Engine {
                     layout: &pipeline.layout,
                     entries: &entries,
                 });
-                let workgroups = u64::from(fields[1]).min(MAX_WORKGROUPS) as u32;
+                let blocks = u64::from(fields[1]);
+                let owners =
+                    if pipeline.serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
+                let workgroups = owners.min(MAX_WORKGROUPS) as u32;
                 dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: tensor.group });
             }
         })?;
@@ -350,6 +376,12 @@ impl Q8Engine {
         let values = Tensor::new(&tensor.buffer, 4 * placement.values, tensor.value_words(), DType::F32);
         let absmax_words = if tensor.quantized { blocks(tensor.len as usize) as u64 } else { 0 };
         (values, Tensor::new(&tensor.buffer, 4 * placement.absmax, absmax_words, DType::F32))
+    }
+
+    /// The 8-bit settings (only checkpoints read them).
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    pub(crate) fn config(&self) -> Q8States {
+        self.config
     }
 
     /// Parameter `i`'s state of `kind`, read back (waits for the queue).
@@ -421,8 +453,13 @@ fn buffer(binding: u32, buffer: &wgpu::Buffer, (lo, hi): (u64, u64)) -> wgpu::Bi
 
 fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     let device = ctx.device();
-    let source =
-        shader::compose(&variant.switches, &variant.kinds, variant.quantized, variant.grad_in_params);
+    let source = shader::compose(
+        &variant.switches,
+        &variant.kinds,
+        variant.quantized,
+        variant.grad_in_params,
+        variant.serial,
+    );
     let overrides = variant.switches.overrides();
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
     let entry = |binding: u32, ty: wgpu::BufferBindingType, min: u64| wgpu::BindGroupLayoutEntry {
@@ -473,10 +510,79 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
             },
             cache: None,
         });
-        Pipeline { pipeline, layout }
+        Pipeline { pipeline, layout, serial: variant.serial }
     });
     if result.is_err() {
         log::error!("generated WGSL of {label}:\n{source}");
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::oracle::{bnb_adam8bit_step, BnbAdam};
+    use crate::q8::{Q8States, StoredState};
+    use crate::{Adam, GpuContext, Optimizer, OptimizerOptions, StateKind};
+
+    /// Both owners of a block (a workgroup, one invocation) against the oracle, over a
+    /// tensor that ends in a partial block and a word of fewer than four codes.
+    #[test]
+    fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+        let n = 5000 + 3;
+        let param: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
+        let grads: Vec<Vec<f64>> = (0..3)
+            .map(|k| (0..n).map(|i| ((i * 104_729 + k * 31) % 997) as f64 * 1e-4 - 0.05).collect())
+            .collect();
+        let adam = Adam { weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() };
+        let config =
+            BnbAdam { lr: adam.lr, beta1: adam.beta1, beta2: adam.beta2, eps: adam.eps, weight_decay: 0.1 };
+        let (mut want, mut m, mut v) =
+            (param.clone(), StoredState::zeros(n, true), StoredState::zeros(n, true));
+        for (k, g) in grads.iter().enumerate() {
+            let narrowed: Vec<f64> = g.iter().map(|&x| f64::from(x as f32)).collect();
+            bnb_adam8bit_step(&config, k as u64 + 1, &mut want, &narrowed, &mut m, &mut v)
+                .unwrap_or_else(|e| panic!("{e}"));
+            want = want.iter().map(|&x| f64::from(x as f32)).collect();
+        }
+        for serial in [false, true] {
+            let p = ctx.upload("param", &param, crate::DType::F32);
+            let g = ctx.zeros("grad", n as u64, crate::DType::F32);
+            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+            let mut opt = Optimizer::with_options(&ctx, adam, std::slice::from_ref(&p), options)
+                .unwrap_or_else(|e| panic!("{e}"));
+            if let Some(engine) = opt.q8_engine_mut() {
+                engine.set_serial(serial);
+            }
+            for grad in &grads {
+                ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
+                opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-4, "serial {serial}: parameters {worst} from the oracle's");
+            for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
+                let got = opt.read_q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
+                let (
+                    Some(StoredState::Q8 { codes, absmax }),
+                    StoredState::Q8 { codes: w_codes, absmax: w_absmax },
+                ) = (got, want)
+                else {
+                    panic!("serial {serial}: {kind:?} is not 8-bit");
+                };
+                let differing = codes.iter().zip(w_codes).filter(|(a, b)| a != b).count();
+                let furthest = codes.iter().zip(w_codes).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+                assert!(
+                    furthest <= 1 && differing * 100 <= n,
+                    "serial {serial} {kind:?}: {differing} codes differ"
+                );
+                for (a, b) in absmax.iter().zip(w_absmax) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * b.abs(),
+                        "serial {serial} {kind:?}: absmax {a} against {b}"
+                    );
+                }
+            }
+        }
+    }
 }

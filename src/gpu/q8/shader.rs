@@ -8,7 +8,7 @@
 use std::fmt::Write;
 
 use crate::gpu::kernel::nan_helpers;
-use crate::q8::lut::BUCKETS;
+use crate::q8::lut::{BUCKETS, BUCKETS_PER_SIGN, ONE, SMALLEST};
 use crate::step::{Family, Slot, Switches};
 use crate::{DType, StateKind};
 
@@ -37,12 +37,14 @@ pub(crate) const SEGMENT_FIELDS: [&str; 8] = ["n", "blocks", "param", "grad", "s
 
 /// The full WGSL of one variant: `quantized` states (codes and absmax) or f32 states (a
 /// tensor below `min_8bit_size`), the gradient read from its own binding or, when
-/// `grad_in_params`, from the parameters' (the same buffer).
+/// `grad_in_params`, from the parameters' (the same buffer); 8-bit blocks owned by a
+/// workgroup each, or, when `serial`, by one invocation each (for CPU adapters).
 pub(crate) fn compose(
     switches: &Switches,
     kinds: &[StateKind],
     quantized: bool,
     grad_in_params: bool,
+    serial: bool,
 ) -> String {
     let family = switches.family();
     let mut s = String::new();
@@ -66,18 +68,22 @@ pub(crate) fn compose(
     }
     s.push_str(&nan_helpers(DType::F32, true));
     // The invocation's first element within the segment, and which of its four exist.
-    s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\n");
-    // Lanes past the tensor's end read 0 and are never written.
+    // `storing` is false in the first pass of the serial kernel, which stores nothing.
+    s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\nvar<private> storing: bool;\n");
+    // Lanes past the tensor's end read its last element (so every load is in bounds and
+    // branch-free) and are never written.
     for (slot, array) in [("param", "params"), ("grad", grads)] {
         let _ = writeln!(
             s,
-            "fn load_{slot}(i: u32) -> R {{\n    var v = R(0.0);\n    for (var l = 0u; l < 4u; l++) {{\n        \
-             if live[l] {{\n            v[l] = {array}[seg.{slot} + first + l];\n        }}\n    }}\n    return v;\n}}"
+            "fn load_{slot}(i: u32) -> R {{\n    let at = seg.{slot} + first;\n    let last = seg.{slot} + seg.n - 1u;\n    \
+             return vec4({array}[min(at, last)], {array}[min(at + 1u, last)], {array}[min(at + 2u, last)], {array}[min(at + 3u, last)]);\n}}"
         );
     }
     s.push_str(
-        "fn store_param(i: u32, v: R) {\n    for (var l = 0u; l < 4u; l++) {\n        if live[l] {\n            \
-         params[seg.param + first + l] = v[l];\n        }\n    }\n}\nfn store_param_copy(i: u32, v: R) {}\n",
+        "fn store_param(i: u32, v: R) {\n    if !storing {\n        return;\n    }\n    let at = seg.param + first;\n    \
+         if live.x { params[at] = v.x; }\n    if live.y { params[at + 1u] = v.y; }\n    \
+         if live.z { params[at + 2u] = v.z; }\n    if live.w { params[at + 3u] = v.w; }\n}\n\
+         fn store_param_copy(i: u32, v: R) {}\n",
     );
     // State k's value before the update (`old<k>`) and after (`new<k>`).
     for (k, kind) in kinds.iter().enumerate() {
@@ -110,7 +116,7 @@ pub(crate) fn compose(
     });
     s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
     if quantized {
-        s.push_str(&quantized_entry(kinds));
+        s.push_str(&quantized_entry(kinds, serial));
     } else {
         s.push_str(&f32_entry(kinds));
     }
@@ -130,19 +136,22 @@ fn f32_entry(kinds: &[StateKind]) -> String {
         let (words, _) = fields(k);
         let _ = write!(
             load,
-            "\n        for (var l = 0u; l < 4u; l++) {{\n            if live[l] {{\n                \
-             old{k}[l] = bitcast<f32>(state[{words} + first + l]);\n            }}\n        }}"
+            "\n        old{k} = bitcast<vec4<f32>>(vec4(state[{words} + min(first, last)], state[{words} + min(first + 1u, last)], \
+             state[{words} + min(first + 2u, last)], state[{words} + min(first + 3u, last)]));"
         );
         let _ = write!(
             store,
-            "\n        for (var l = 0u; l < 4u; l++) {{\n            if live[l] {{\n                \
-             state[{words} + first + l] = bitcast<u32>(new{k}[l]);\n            }}\n        }}"
+            "\n        let bits{k} = bitcast<vec4<u32>>(new{k});\n        \
+             if live.x {{ state[{words} + first] = bits{k}.x; }}\n        if live.y {{ state[{words} + first + 1u] = bits{k}.y; }}\n        \
+             if live.z {{ state[{words} + first + 2u] = bits{k}.z; }}\n        if live.w {{ state[{words} + first + 3u] = bits{k}.w; }}"
         );
     }
     format!(
         "@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
+    let last = seg.n - 1u;
+    storing = true;
     for (var b = wid.x; b < seg.blocks; b += groups.x) {{
         first = b * 256u + lid * 4u;
         live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
@@ -156,10 +165,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
 /// 8-bit state: dequantize the invocation's code word of each state, update, reduce the
 /// block's largest magnitude (as bits: NaN above infinity, so NaN propagates as `torch.max`
 /// does) over the workgroup, and requantize.
-fn quantized_entry(kinds: &[StateKind]) -> String {
+fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
     let mut load = String::new();
     let mut reduce_own = String::new();
     let mut store = String::new();
+    let mut store_last = String::new();
     for (k, kind) in kinds.iter().enumerate() {
         let (words, absmax) = fields(k);
         let (map, table) =
@@ -168,39 +178,95 @@ fn quantized_entry(kinds: &[StateKind]) -> String {
         let _ = write!(
             load,
             "\n        let scale{k} = bitcast<f32>(state[{absmax} + b]);\n        \
-             let word{k} = select(0u, state[{words} + b * 64u + lid], live.x);\n        \
+             let word{k} = select(0u, state[{words} + b * 64u + w], live.x);\n        \
              old{k} = vec4(bitcast<f32>(tables[{map}u + (word{k} & 0xffu)]), \
              bitcast<f32>(tables[{map}u + ((word{k} >> 8u) & 0xffu)]), \
              bitcast<f32>(tables[{map}u + ((word{k} >> 16u) & 0xffu)]), \
              bitcast<f32>(tables[{map}u + (word{k} >> 24u)])) * scale{k};"
         );
-        let _ = write!(reduce_own, "\n        own.{lane} = largest(new{k});");
+        let _ = write!(reduce_own, "\n            own.{lane} = largest(new{k});");
         let _ = write!(
             store,
             "\n        let top{k} = bitcast<f32>(block_max.{lane});\n        \
              let absmax{k} = select(top{k}, 1.0, block_max.{lane} == 0u);\n        \
-             var codes{k} = 0u;\n        \
-             for (var l = 0u; l < 4u; l++) {{\n            \
-             if live[l] {{\n                codes{k} |= code({table}u, new{k}[l] / absmax{k}) << (8u * l);\n            }}\n        }}\n        \
-             if live.x {{\n            state[{words} + b * 64u + lid] = codes{k};\n        }}\n        \
-             if lid == 0u {{\n            state[{absmax} + b] = bitcast<u32>(absmax{k});\n        }}"
+             let scaled{k} = new{k} / absmax{k};\n        \
+             // Bytes past the tensor's end stay 0.\n        \
+             let codes{k} = code({table}u, scaled{k}.x) | select(0u, code({table}u, scaled{k}.y) << 8u, live.y) | \
+             select(0u, code({table}u, scaled{k}.z) << 16u, live.z) | select(0u, code({table}u, scaled{k}.w) << 24u, live.w);\n        \
+             if live.x {{\n            state[{words} + b * 64u + w] = codes{k};\n        }}\n        \
+"
         );
+        // The serial kernel reads the old absmax for every word, so it writes the new one last.
+        let absmax_store = format!("state[{absmax} + b] = bitcast<u32>(absmax{k});");
+        if serial {
+            let _ = write!(
+                store_last,
+                "\n        let top{k} = bitcast<f32>(block_max.{lane});\n        \
+                 let absmax{k} = select(top{k}, 1.0, block_max.{lane} == 0u);\n        {absmax_store}"
+            );
+        } else {
+            let _ = write!(store, "\n        if w == 0u {{\n            {absmax_store}\n        }}");
+        }
     }
-    format!(
-        "fn code(table: u32, x: f32) -> u32 {{
+    let helpers = format!(
+        "// `CodeTable::code` (src/q8/lut.rs): the bucket of the clamped magnitude, per sign.
+fn code(table: u32, x: f32) -> u32 {{
     let bits = bitcast<u32>(x);
-    let entry = tables[table + (bits >> 16u)];
-    return select(entry & 0xffu, (entry >> 8u) & 0xffu, (bits & 0xffffu) >= (entry >> 16u));
+    let magnitude = clamp(bits & 0x7fffffffu, {SMALLEST}u, {ONE}u);
+    let entry = tables[table + (bits >> 31u) * {BUCKETS_PER_SIGN}u + ((magnitude - {SMALLEST}u) >> 16u)];
+    let c = select(entry & 0xffu, (entry >> 8u) & 0xffu, (magnitude & 0xffffu) >= (entry >> 16u));
+    return select(c, 0u, (bits & 0x7fffffffu) > 0x7f800000u);
 }}
 // The largest magnitude of the live lanes, as the bits of |x| (NaN above infinity).
 fn largest(v: R) -> u32 {{
     let bits = select(vec4(0u), bitcast<vec4<u32>>(v) & vec4(0x7fffffffu), live);
     return max(max(bits.x, bits.y), max(bits.z, bits.w));
 }}
-var<workgroup> lanes: array<vec2<u32>, {WORKGROUP}>;
+"
+    );
+    if serial {
+        return helpers
+            + &format!(
+                "// One invocation per block, for CPU adapters (which run a workgroup barrier as a switch
+// through every invocation): the block's update twice, first for its largest magnitude
+// with nothing stored, then stored and requantized (both passes compute the same values).
+@compute @workgroup_size({WORKGROUP})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{
+    for (var b = gid.x; b < seg.blocks; b += groups.x * {WORKGROUP}u) {{
+        var block_max = vec2(0u);
+        storing = false;
+        for (var w = 0u; w < 64u; w++) {{
+            first = b * 256u + w * 4u;
+            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
+            if !live.x {{
+                break;
+            }}{load}
+            update(0u);
+            var own = vec2(0u);{reduce_own}
+            block_max = max(block_max, own);
+        }}
+        storing = true;
+        for (var w = 0u; w < 64u; w++) {{
+            first = b * 256u + w * 4u;
+            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
+            if !live.x {{
+                break;
+            }}{load}
+            update(0u);{store}
+        }}{store_last}
+    }}
+}}
+"
+            );
+    }
+    helpers
+        + &format!(
+            "var<workgroup> lanes: array<vec2<u32>, {WORKGROUP}>;
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
+    storing = true;
+    let w = lid;
     for (var b = wid.x; b < seg.blocks; b += groups.x) {{
         first = b * 256u + lid * 4u;
         live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
@@ -226,5 +292,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }}
 }}
 "
-    )
+        )
 }
