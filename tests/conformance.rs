@@ -96,7 +96,8 @@ fn an_op_the_reader_does_not_implement_is_refused_by_name() {
 
 #[test]
 fn a_block_size_other_than_256_is_refused_by_name_on_every_backend() {
-    let bytes = renamed("bnb_adam8bit_n8192.safetensors", "\"block_size\": 256", "\"block_size\": 128");
+    // The attributes are JSON inside the header's JSON: their quotes are escaped.
+    let bytes = renamed("bnb_adam8bit_n8192.safetensors", "block_size\\\": 256", "block_size\\\": 128");
     let case = Case::parse("blocks of 128", &bytes).unwrap_or_else(|e| panic!("{e}"));
     let ctx = common::ctx();
     for backend in Backend::all_for(&case) {
