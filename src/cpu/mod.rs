@@ -341,14 +341,14 @@ impl CpuOptimizer {
         if let Some((_, states)) = &mut self.q8 {
             let params = params.iter_mut().map(|p| match p {
                 HostSliceMut::F32(values) => &mut values[..],
-                // Refused at construction; an empty slice makes the job a no-op.
+                // Refused by `check`; an empty slice makes the job a no-op.
                 _ => &mut [],
             });
             let grads = grads.iter().map(|g| match g {
                 HostSlice::F32(values) => *values,
                 _ => &[],
             });
-            q8::run(&kernel, self.algorithm.state_kinds(), params.collect(), grads.collect(), states);
+            q8::run(&kernel, self.algorithm.state_kinds(), params, grads, states);
             self.step = t;
             return Ok(());
         }

@@ -13,10 +13,21 @@ use crate::StateKind;
 /// Blocks per work item: 128 Ki elements, as the f32 path's chunks.
 const CHUNK_BLOCKS: usize = 512;
 
+/// The most states an 8-bit optimizer keeps (Adam's two moments).
+const MAX_STATES: usize = 2;
+
 /// One state tensor's share of a work item.
+#[derive(Default)]
 enum Slot<'a> {
-    Q8 { codes: &'a mut [u8], absmax: &'a mut [f32], table: &'static CodeTable },
+    Q8 {
+        codes: &'a mut [u8],
+        absmax: &'a mut [f32],
+        table: &'static CodeTable,
+    },
     F32(&'a mut [f32]),
+    /// A state the algorithm does not keep.
+    #[default]
+    Absent,
 }
 
 impl<'a> Slot<'a> {
@@ -43,6 +54,7 @@ impl<'a> Slot<'a> {
                 let (head, tail) = values.split_at_mut(elements);
                 (Slot::F32(head), Slot::F32(tail))
             }
+            Slot::Absent => (Slot::Absent, Slot::Absent),
         }
     }
 }
@@ -51,32 +63,32 @@ impl<'a> Slot<'a> {
 struct Job<'a> {
     param: &'a mut [f32],
     grad: &'a [f32],
-    slots: Vec<Slot<'a>>,
+    slots: [Slot<'a>; MAX_STATES],
 }
 
 /// Runs `kernel` over every tensor: `states[i]` holds tensor i's state in the kernel's slot
-/// order (`kinds`). The lengths have been checked.
-pub(super) fn run(
+/// order (`kinds`). The lengths have been checked. The one allocation is the list of work
+/// items, as the f32 path's.
+pub(super) fn run<'a>(
     kernel: &Kernel,
     kinds: &[StateKind],
-    params: Vec<&mut [f32]>,
-    grads: Vec<&[f32]>,
-    states: &mut [Vec<StoredState>],
+    params: impl Iterator<Item = &'a mut [f32]>,
+    grads: impl Iterator<Item = &'a [f32]>,
+    states: &'a mut [Vec<StoredState>],
 ) {
     let chunk = CHUNK_BLOCKS * BLOCK_SIZE;
     let mut jobs = Vec::new();
-    for ((param, grad), state) in params.into_iter().zip(grads).zip(states.iter_mut()) {
-        let mut rest = Job {
-            param,
-            grad,
-            slots: state.iter_mut().zip(kinds).map(|(s, kind)| Slot::of(s, *kind)).collect(),
-        };
+    for ((param, grad), state) in params.zip(grads).zip(states.iter_mut()) {
+        let mut states = state.iter_mut().zip(kinds);
+        let slots =
+            std::array::from_fn(|_| states.next().map_or(Slot::Absent, |(s, kind)| Slot::of(s, *kind)));
+        let mut rest = Job { param, grad, slots };
         while rest.param.len() > chunk {
             let (param, param_rest) = rest.param.split_at_mut(chunk);
             let (grad, grad_rest) = rest.grad.split_at(chunk);
-            let (slots, slots_rest) = rest.slots.into_iter().map(|s| s.split_at(chunk)).unzip();
-            jobs.push(Job { param, grad, slots });
-            rest = Job { param: param_rest, grad: grad_rest, slots: slots_rest };
+            let [(first, first_rest), (second, second_rest)] = rest.slots.map(|s| s.split_at(chunk));
+            jobs.push(Job { param, grad, slots: [first, second] });
+            rest = Job { param: param_rest, grad: grad_rest, slots: [first_rest, second_rest] };
         }
         jobs.push(rest);
     }
@@ -122,6 +134,7 @@ fn update_block(
                 *out = values;
             }
             Slot::F32(values) => *out = &mut values[at..at + n],
+            Slot::Absent => {}
         }
     }
     kernel.run::<f32>(Operands { param, grad, state });

@@ -66,7 +66,7 @@ pub(crate) struct ScalarLayouts {
 
 /// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
 /// each binding's size once, when its bind group is created, not at every dispatch.
-fn buffer_entry(
+pub(crate) fn buffer_entry(
     binding: u32,
     ty: wgpu::BufferBindingType,
     has_dynamic_offset: bool,
@@ -145,6 +145,49 @@ impl ScalarLayouts {
     }
 }
 
+/// A compute pipeline of `source` (entry point `main`, override `constants`) whose group 0
+/// is `group0` and whose group 1 has `entries`, returned with group 1's layout. The shader
+/// is logged when wgpu refuses it.
+pub(crate) fn create(
+    ctx: &GpuContext,
+    label: &str,
+    source: &str,
+    group0: &wgpu::BindGroupLayout,
+    entries: &[wgpu::BindGroupLayoutEntry],
+    constants: &[(&str, f64)],
+) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    let device = ctx.device();
+    let result = ctx.catch(&format!("compiling {label}"), || {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let layout =
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(label),
+            bind_group_layouts: &[Some(group0), Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        (pipeline, layout)
+    });
+    if result.is_err() {
+        log::error!("generated WGSL of {label}:\n{source}");
+    }
+    result
+}
+
 fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
     let uses_f64 =
         key.math == DType::F64 || key.layout.bindings.iter().any(|b| b.storage.dtype() == DType::F64);
@@ -154,7 +197,6 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
             feature: "SHADER_F64",
         });
     }
-    let device = ctx.device();
     let overrides = key.program.overrides();
     let label = format!("wgpu-optim {} {:?} {:?}", key.program.name(), key.math, overrides);
     let source = compose(key);
@@ -170,43 +212,11 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
         let ty = wgpu::BufferBindingType::Storage { read_only: !desc.read_write };
         entries.push(buffer_entry(b as u32 + 1, ty, false, element.next_multiple_of(4)));
     }
-    let result = ctx.catch(&format!("compiling {label}"), || {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
-        });
-        let segment_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(&label),
-            entries: &entries,
-        });
-        let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(&label),
-            bind_group_layouts: &[
-                Some(ctx.inner.scalar_layouts.get(key.scalars, key.clip)),
-                Some(&segment_layout),
-            ],
-            immediate_size: 0,
-        });
-        let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        CachedPipeline { pipeline, segment_layout }
-    });
-    if result.is_err() {
-        log::error!("generated WGSL of {label}:\n{source}");
-    } else {
-        log::debug!("compiled {label}");
-    }
-    result
+    let group0 = ctx.inner.scalar_layouts.get(key.scalars, key.clip);
+    let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
+    let (pipeline, segment_layout) = create(ctx, &label, &source, group0, &entries, &constants)?;
+    log::debug!("compiled {label}");
+    Ok(CachedPipeline { pipeline, segment_layout })
 }
 
 #[cfg(test)]

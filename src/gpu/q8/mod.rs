@@ -11,6 +11,7 @@ use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
 use crate::gpu::kernel::Scalars;
+use crate::gpu::pipeline::{buffer_entry, create};
 use crate::gpu::plan::{check_range, Arg};
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
@@ -80,9 +81,20 @@ struct Bound {
     dispatches: Vec<Dispatch>,
 }
 
-/// One dispatch's segment uniform fields, its parameter's index, and the byte ranges of its
-/// parameter (and gradient) bindings.
-type Segment = ([u32; 8], usize, Vec<(u64, u64)>);
+/// One dispatch before its bind group: a tensor, or a chunk of one.
+struct Segment {
+    /// The uniform's fields, in [`shader::SEGMENT_FIELDS`] order.
+    fields: [u32; 8],
+    /// The parameter's index.
+    param: usize,
+    /// Bytes of the parameters' binding (holding the gradients too when they share it).
+    param_range: (u64, u64),
+    /// Bytes of the gradients' binding, when they have one.
+    grad_range: Option<(u64, u64)>,
+}
+
+/// Bytes of a segment's uniform.
+const SEGMENT_BYTES: u64 = 4 * shader::SEGMENT_FIELDS.len() as u64;
 
 /// The most workgroups one dispatch launches; each strides over further blocks.
 const MAX_WORKGROUPS: u64 = 4096;
@@ -220,10 +232,12 @@ impl Q8Engine {
                     reference: format!("params[{i}]"),
                 });
             }
+            // As every kernel here: a gradient may be its parameter exactly (each element is
+            // read before it is written), never overlap it otherwise.
             let overlaps = grad.buffer == param.buffer
                 && grad.offset < param.offset + 4 * param.len
                 && param.offset < grad.offset + 4 * grad.len;
-            if overlaps {
+            if overlaps && grad != param {
                 return Err(Error::PartialOverlap { output: format!("params[{i}]"), other: arg.name });
             }
         }
@@ -237,34 +251,33 @@ impl Q8Engine {
         let mut segments: Vec<Segment> = Vec::new();
         for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
             let tensor = &self.tensors[i];
-            let mut start = 0;
-            while start < param.len || (param.len == 0 && start == 0) {
+            let shared = grad.buffer == param.buffer;
+            for start in (0..param.len).step_by(chunk as usize) {
                 let n = (param.len - start).min(chunk);
+                // A range's aligned first byte, its end, and its first element past that byte.
                 let range = |t: &Tensor| {
                     let first = t.offset + 4 * start;
                     let aligned = first / align * align;
                     (aligned, first + 4 * n, (first - aligned) / 4)
                 };
                 let (p, g) = (range(param), range(grad));
-                let shared = grad.buffer == param.buffer;
-                let (param_range, grad_base) = if shared {
-                    let lo = p.0.min(g.0);
-                    let hi = p.1.max(g.1);
-                    if hi - lo > max_binding {
-                        return Err(Error::BadRange {
-                            argument: format!("grads[{i}]"),
-                            problem: format!(
-                                "it shares a buffer with params[{i}] too far apart to bind both at once \
-                                 ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
-                                 put gradients in a buffer of their own",
-                                hi - lo
-                            ),
-                        });
-                    }
-                    ((lo, hi), (g.0 - lo) / 4 + g.2)
+                let (param_range, grad_range) = if shared {
+                    ((p.0.min(g.0), p.1.max(g.1)), None)
                 } else {
-                    ((p.0, p.1), g.2)
+                    ((p.0, p.1), Some((g.0, g.1)))
                 };
+                if shared && param_range.1 - param_range.0 > max_binding {
+                    return Err(Error::BadRange {
+                        argument: format!("grads[{i}]"),
+                        problem: format!(
+                            "it shares a buffer with params[{i}] too far apart to bind both at once \
+                             ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
+                             put gradients in a buffer of their own",
+                            param_range.1 - param_range.0
+                        ),
+                    });
+                }
+                let grad_base = if shared { (g.0 - param_range.0) / 4 + g.2 } else { g.2 };
                 let param_base = (p.0 - param_range.0) / 4 + p.2;
                 let mut fields =
                     [n as u32, blocks(n as usize) as u32, param_base as u32, grad_base as u32, 0, 0, 0, 0];
@@ -277,33 +290,26 @@ impl Q8Engine {
                     fields[4 + 2 * k] = values as u32;
                     fields[5 + 2 * k] = absmax as u32;
                 }
-                let mut ranges = vec![param_range];
-                if !shared {
-                    ranges.push((g.0, g.1));
-                }
-                if n > 0 {
-                    segments.push((fields, i, ranges));
-                }
-                start += n.max(1);
+                segments.push(Segment { fields, param: i, param_range, grad_range });
             }
         }
-        let serial = self.serial;
         let mut dispatches = Vec::with_capacity(segments.len());
         let mut pipelines = Vec::with_capacity(segments.len());
-        for (_, i, _) in &segments {
-            let tensor = &self.tensors[*i];
+        for segment in &segments {
+            let tensor = &self.tensors[segment.param];
+            let quantized = tensor.quantized && !tensor.kinds.is_empty();
             let variant = Variant {
                 switches: self.switches[tensor.group],
                 kinds: tensor.kinds.clone(),
-                quantized: tensor.quantized && !tensor.kinds.is_empty(),
-                grad_in_params: grads[*i].buffer == params[*i].buffer,
-                serial: serial && tensor.quantized && !tensor.kinds.is_empty(),
+                quantized,
+                grad_in_params: segment.grad_range.is_none(),
+                serial: self.serial && quantized,
             };
             pipelines.push(self.pipeline(ctx, &variant)?);
         }
         let mut contents = vec![0u8; segments.len() * uniform_align as usize];
-        for ((fields, _, _), slot) in segments.iter().zip(contents.chunks_exact_mut(uniform_align as usize)) {
-            slot[..32].copy_from_slice(bytemuck::cast_slice(fields));
+        for (segment, slot) in segments.iter().zip(contents.chunks_exact_mut(uniform_align as usize)) {
+            slot[..SEGMENT_BYTES as usize].copy_from_slice(bytemuck::cast_slice(&segment.fields));
         }
         let device = ctx.device();
         ctx.catch("binding the 8-bit step", || {
@@ -312,15 +318,16 @@ impl Q8Engine {
                 contents: &contents,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-            for (s, ((fields, i, ranges), pipeline)) in segments.iter().zip(pipelines).enumerate() {
-                let tensor = &self.tensors[*i];
+            for (s, (segment, pipeline)) in segments.iter().zip(pipelines).enumerate() {
+                let tensor = &self.tensors[segment.param];
+                let at = s as u64 * uniform_align;
                 let mut entries = vec![
-                    buffer(0, &uniforms, (s as u64 * uniform_align, s as u64 * uniform_align + 32)),
-                    buffer(1, &params[*i].buffer, ranges[0]),
+                    buffer(0, &uniforms, (at, at + SEGMENT_BYTES)),
+                    buffer(1, &params[segment.param].buffer, segment.param_range),
                     buffer(3, &tensor.buffer, (0, tensor.buffer.size())),
                 ];
-                if let Some(grad_range) = ranges.get(1) {
-                    entries.push(buffer(2, &grads[*i].buffer, *grad_range));
+                if let Some(grad_range) = segment.grad_range {
+                    entries.push(buffer(2, &grads[segment.param].buffer, grad_range));
                 }
                 if tensor.quantized && !tensor.kinds.is_empty() {
                     entries.push(buffer(4, &self.tables, (0, self.tables.size())));
@@ -330,7 +337,7 @@ impl Q8Engine {
                     layout: &pipeline.layout,
                     entries: &entries,
                 });
-                let blocks = u64::from(fields[1]);
+                let blocks = u64::from(segment.fields[1]);
                 let owners =
                     if pipeline.serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
                 let workgroups = owners.min(MAX_WORKGROUPS) as u32;
@@ -452,7 +459,6 @@ fn buffer(binding: u32, buffer: &wgpu::Buffer, (lo, hi): (u64, u64)) -> wgpu::Bi
 }
 
 fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
-    let device = ctx.device();
     let source = shader::compose(
         &variant.switches,
         &variant.kinds,
@@ -462,60 +468,22 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     );
     let overrides = variant.switches.overrides();
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
-    let entry = |binding: u32, ty: wgpu::BufferBindingType, min: u64| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: wgpu::BufferSize::new(min),
-        },
-        count: None,
-    };
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
-        entry(0, Uniform, 32),
-        entry(1, Storage { read_only: false }, 4),
-        entry(3, Storage { read_only: false }, 4),
+        buffer_entry(0, Uniform, false, SEGMENT_BYTES),
+        buffer_entry(1, Storage { read_only: false }, false, 4),
+        buffer_entry(3, Storage { read_only: false }, false, 4),
     ];
     if !variant.grad_in_params {
-        entries.push(entry(2, Storage { read_only: true }, 4));
+        entries.push(buffer_entry(2, Storage { read_only: true }, false, 4));
     }
     if variant.quantized {
-        entries.push(entry(4, Storage { read_only: true }, 4));
+        entries.push(buffer_entry(4, Storage { read_only: true }, false, 4));
     }
-    let result = ctx.catch(&format!("compiling {label}"), || {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
-        });
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(&label),
-            entries: &entries,
-        });
-        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(&label),
-            bind_group_layouts: &[Some(ctx.inner.scalar_layouts.get(Scalars::Host, false)), Some(&layout)],
-            immediate_size: 0,
-        });
-        let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        Pipeline { pipeline, layout, serial: variant.serial }
-    });
-    if result.is_err() {
-        log::error!("generated WGSL of {label}:\n{source}");
-    }
-    result
+    let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, false);
+    let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
+    let (pipeline, layout) = create(ctx, &label, &source, group0, &entries, &constants)?;
+    Ok(Pipeline { pipeline, layout, serial: variant.serial })
 }
 
 #[cfg(test)]

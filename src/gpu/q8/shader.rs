@@ -168,8 +168,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
 fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
     let mut load = String::new();
     let mut reduce_own = String::new();
+    let mut scale = String::new();
     let mut store = String::new();
-    let mut store_last = String::new();
+    let mut store_absmax = String::new();
     for (k, kind) in kinds.iter().enumerate() {
         let (words, absmax) = fields(k);
         let (map, table) =
@@ -184,30 +185,23 @@ fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
              bitcast<f32>(tables[{map}u + ((word{k} >> 16u) & 0xffu)]), \
              bitcast<f32>(tables[{map}u + (word{k} >> 24u)])) * scale{k};"
         );
-        let _ = write!(reduce_own, "\n            own.{lane} = largest(new{k});");
+        let _ = write!(reduce_own, "\n        own.{lane} = largest(new{k});");
+        // The block's new absmax, once it is known: 1 for an all-zero block.
+        let _ = write!(
+            scale,
+            "\n        absmax{k} = select(bitcast<f32>(block_max.{lane}), 1.0, block_max.{lane} == 0u);"
+        );
         let _ = write!(
             store,
-            "\n        let top{k} = bitcast<f32>(block_max.{lane});\n        \
-             let absmax{k} = select(top{k}, 1.0, block_max.{lane} == 0u);\n        \
-             let scaled{k} = new{k} / absmax{k};\n        \
+            "\n        let scaled{k} = new{k} / absmax{k};\n        \
              // Bytes past the tensor's end stay 0.\n        \
              let codes{k} = code({table}u, scaled{k}.x) | select(0u, code({table}u, scaled{k}.y) << 8u, live.y) | \
              select(0u, code({table}u, scaled{k}.z) << 16u, live.z) | select(0u, code({table}u, scaled{k}.w) << 24u, live.w);\n        \
-             if live.x {{\n            state[{words} + b * 64u + w] = codes{k};\n        }}\n        \
-"
+             if live.x {{\n            state[{words} + b * 64u + w] = codes{k};\n        }}"
         );
-        // The serial kernel reads the old absmax for every word, so it writes the new one last.
-        let absmax_store = format!("state[{absmax} + b] = bitcast<u32>(absmax{k});");
-        if serial {
-            let _ = write!(
-                store_last,
-                "\n        let top{k} = bitcast<f32>(block_max.{lane});\n        \
-                 let absmax{k} = select(top{k}, 1.0, block_max.{lane} == 0u);\n        {absmax_store}"
-            );
-        } else {
-            let _ = write!(store, "\n        if w == 0u {{\n            {absmax_store}\n        }}");
-        }
+        let _ = write!(store_absmax, "\n        state[{absmax} + b] = bitcast<u32>(absmax{k});");
     }
+    let declare_absmax: String = (0..kinds.len()).map(|k| format!("\n    var absmax{k} = 1.0;")).collect();
     let helpers = format!(
         "// `CodeTable::code` (src/q8/lut.rs): the bucket of the clamped magnitude, per sign.
 fn code(table: u32, x: f32) -> u32 {{
@@ -225,35 +219,32 @@ fn largest(v: R) -> u32 {{
 "
     );
     if serial {
+        // Every word of the block reads the old absmax, so the new one is written last.
         return helpers
             + &format!(
                 "// One invocation per block, for CPU adapters (which run a workgroup barrier as a switch
 // through every invocation): the block's update twice, first for its largest magnitude
 // with nothing stored, then stored and requantized (both passes compute the same values).
 @compute @workgroup_size({WORKGROUP})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{{declare_absmax}
     for (var b = gid.x; b < seg.blocks; b += groups.x * {WORKGROUP}u) {{
         var block_max = vec2(0u);
-        storing = false;
-        for (var w = 0u; w < 64u; w++) {{
-            first = b * 256u + w * 4u;
-            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
-            if !live.x {{
-                break;
-            }}{load}
-            update(0u);
-            var own = vec2(0u);{reduce_own}
-            block_max = max(block_max, own);
-        }}
-        storing = true;
-        for (var w = 0u; w < 64u; w++) {{
-            first = b * 256u + w * 4u;
-            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
-            if !live.x {{
-                break;
-            }}{load}
-            update(0u);{store}
-        }}{store_last}
+        for (var sweep = 0u; sweep < 2u; sweep++) {{
+            storing = sweep == 1u;
+            for (var w = 0u; w < 64u; w++) {{
+                first = b * 256u + w * 4u;
+                live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
+                if !live.x {{
+                    break;
+                }}{load}
+                update(0u);
+                if storing {{{store}
+                }} else {{
+                    var own = vec2(0u);{reduce_own}
+                    block_max = max(block_max, own);
+                }}
+            }}{scale}
+        }}{store_absmax}
     }}
 }}
 "
@@ -264,7 +255,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             "var<workgroup> lanes: array<vec2<u32>, {WORKGROUP}>;
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {{
+        @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
     storing = true;
     let w = lid;
     for (var b = wid.x; b < seg.blocks; b += groups.x) {{
@@ -286,7 +277,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         var block_max = lanes[0];
         for (var j = 1u; j < 8u; j++) {{
             block_max = max(block_max, lanes[8u * j]);
-        }}{store}
+        }}{scale}{store}
+        if lid == 0u {{{store_absmax}
+        }}
         // The next block reuses `lanes`.
         workgroupBarrier();
     }}

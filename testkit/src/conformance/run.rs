@@ -382,20 +382,23 @@ fn torch_algorithm(case: &Case) -> Result<Algorithm> {
             eps: case.attr_f64("eps", 1e-10)?,
             maximize,
         }),
-        op => {
-            let adamw = op == "torch.AdamW";
-            let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
-            Algorithm::Adam(Adam {
-                lr: case.attr_f64("lr", 1e-3)?,
-                beta1,
-                beta2,
-                eps: case.attr_f64("eps", 1e-8)?,
-                weight_decay: case.attr_f64("weight_decay", if adamw { 0.01 } else { 0.0 })?,
-                decoupled_weight_decay: adamw,
-                amsgrad: case.attr_bool("amsgrad", false)?,
-                maximize,
-            })
-        }
+        op => Algorithm::Adam(adam_attributes(case, op == "torch.AdamW")?),
+    })
+}
+
+/// An Adam case's attributes, with PyTorch's defaults; `decoupled`: AdamW's weight decay
+/// (default 0.01), else L2 (default 0).
+fn adam_attributes(case: &Case, decoupled: bool) -> Result<Adam> {
+    let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
+    Ok(Adam {
+        lr: case.attr_f64("lr", 1e-3)?,
+        beta1,
+        beta2,
+        eps: case.attr_f64("eps", 1e-8)?,
+        weight_decay: case.attr_f64("weight_decay", if decoupled { 0.01 } else { 0.0 })?,
+        decoupled_weight_decay: decoupled,
+        amsgrad: case.attr_bool("amsgrad", false)?,
+        maximize: case.attr_bool("maximize", false)?,
     })
 }
 
@@ -648,16 +651,10 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
             ..Sgd::default()
         })
     } else {
-        let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
-        Algorithm::Adam(Adam {
-            lr: case.attr_f64("lr", 1e-3)?,
-            beta1,
-            beta2,
-            eps: case.attr_f64("eps", 1e-8)?,
-            weight_decay: case.attr_f64("weight_decay", 0.0)?,
-            decoupled_weight_decay: true,
-            ..Adam::default()
-        })
+        // Both decay decoupled; only their default weight decay differs.
+        let weight_decay =
+            case.attr_f64("weight_decay", if case.op == "bnb.AdamW8bit" { 0.01 } else { 0.0 })?;
+        Algorithm::Adam(Adam { weight_decay, ..adam_attributes(case, true)? })
     };
     Ok((algorithm, config))
 }
@@ -674,9 +671,8 @@ fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
     let params: Vec<Vec<f64>> =
         (0..n).map(|i| Ok(case.tensor(&format!("param.{i}"))?.values.clone())).collect::<Result<_>>()?;
     let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    let grads_at = |k: usize| -> Vec<Vec<f64>> {
-        (0..n).map(|i| grads[i].values[k * params[i].len()..(k + 1) * params[i].len()].to_vec()).collect()
-    };
+    // Tensor i's gradient at step k.
+    let grad_at = |i: usize, k: usize| &grads[i].values[k * params[i].len()..(k + 1) * params[i].len()];
     let mut finals: Vec<(Vec<f64>, Vec<StoredState>)> = Vec::with_capacity(n);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
@@ -686,7 +682,7 @@ fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
                 let mut states: Vec<StoredState> =
                     kinds.iter().map(|_| StoredState::zeros(values.len(), quantized)).collect();
                 for k in 0..steps {
-                    let g = &grads_at(k)[i];
+                    let g = grad_at(i, k);
                     match (algorithm, &mut states[..]) {
                         (Algorithm::Adam(a), [m, v]) => {
                             let config = oracle::BnbAdam {
@@ -720,7 +716,7 @@ fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
             let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
             for k in 0..steps {
                 let g: Vec<Vec<f32>> =
-                    grads_at(k).iter().map(|g| g.iter().map(|&v| v as f32).collect()).collect();
+                    (0..n).map(|i| grad_at(i, k).iter().map(|&v| v as f32).collect()).collect();
                 let grad_views: Vec<HostSlice<'_>> = g.iter().map(|g| HostSlice::F32(g)).collect();
                 let mut param_views: Vec<HostSliceMut<'_>> =
                     tensors.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
@@ -756,8 +752,8 @@ fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
             let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
             let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
             for k in 0..steps {
-                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write(t, &g)?;
+                for (i, t) in grad_tensors.iter().enumerate() {
+                    ctx.write(t, grad_at(i, k))?;
                 }
                 optimizer.step(&grad_tensors)?;
             }
