@@ -254,7 +254,9 @@ impl CpuOptimizer {
         Ok(())
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one (with
+    /// [`OptimizerOptions::q8_states`], only where it is f32: the 8-bit ones are read with
+    /// [`Self::q8_state`]).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
         if kind == StateKind::KahanCompensation {
             return self.compensation.get(index).map(StateTensor::as_slice);

@@ -487,7 +487,9 @@ impl Optimizer {
         self.step
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one (with
+    /// [`OptimizerOptions::q8_states`], only where it is f32: the 8-bit ones are read with
+    /// [`Self::read_q8_state`]).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
         let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;

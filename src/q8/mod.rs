@@ -23,13 +23,31 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// Blockwise 8-bit state for an optimizer ([`crate::OptimizerOptions::q8_states`]): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
-/// `SGD8bit` keep them; 1 byte and 1/64 of a float per element and moment instead of 4 bytes.
+/// `SGD8bit` keep them: 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
+/// and moment, instead of 4 bytes.
 ///
 /// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
 /// new absmax and requantizes, in one pass (one dispatch per tensor on the GPU). The
-/// parameters and gradients stay f32. AMSGrad and Adagrad are refused, as are the options a
-/// step would have to apply across blocks or tensors (`grad_clip`, `capturable`,
-/// `master_weights`, `model_copies`, a `state_dtype`, a rounding other than nearest).
+/// parameters and gradients stay f32. AMSGrad and Adagrad are refused, as are `grad_clip`,
+/// `capturable`, `master_weights`, `model_copies`, a `state_dtype` and a rounding other
+/// than nearest. The 8-bit states are read and replaced as [`StoredState`]s
+/// (`Optimizer::read_q8_state`, `CpuOptimizer::q8_state`); `state()` gives only the f32
+/// states of tensors below `min_8bit_size`.
+///
+/// ```
+/// # fn main() -> wgpu_optim::Result<()> {
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::q8::StoredState;
+/// use wgpu_optim::{Adam, OptimizerOptions, Q8States, StateKind};
+///
+/// let (mut weights, grads) = (vec![0.5f32; 8192], vec![0.01f32; 8192]);
+/// let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+/// let mut opt = CpuOptimizer::with_options(Adam::adamw(), &[HostSlice::F32(&weights)], options)?;
+/// opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(&grads)])?;
+/// let Some(StoredState::Q8 { codes, absmax }) = opt.q8_state(0, StateKind::ExpAvg) else { unreachable!() };
+/// assert_eq!((codes.len(), absmax.len()), (8192, 32));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q8States {
     /// Tensors with fewer elements keep f32 state, as bitsandbytes does (its default is
