@@ -3,7 +3,8 @@
 //! one block's codes and an epilogue that takes the block's new absmax (a workgroup
 //! reduction) and requantizes. One workgroup owns one block at a time, so the reduction
 //! never leaves it, and each invocation owns one `u32` word of four codes per state, so no
-//! two invocations write one word.
+//! two invocations write one word. On CPU adapters one invocation owns a block instead,
+//! keeping its new states in private memory until their absmax is known.
 
 use std::fmt::Write;
 
@@ -68,8 +69,7 @@ pub(crate) fn compose(
     }
     s.push_str(&nan_helpers(DType::F32, true));
     // The invocation's first element within the segment, and which of its four exist.
-    // `storing` is false in the first pass of the serial kernel, which stores nothing.
-    s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\nvar<private> storing: bool;\n");
+    s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\n");
     // Lanes past the tensor's end read its last element (so every load is in bounds and
     // branch-free) and are never written.
     for (slot, array) in [("param", "params"), ("grad", grads)] {
@@ -80,7 +80,7 @@ pub(crate) fn compose(
         );
     }
     s.push_str(
-        "fn store_param(i: u32, v: R) {\n    if !storing {\n        return;\n    }\n    let at = seg.param + first;\n    \
+        "fn store_param(i: u32, v: R) {\n    let at = seg.param + first;\n    \
          if live.x { params[at] = v.x; }\n    if live.y { params[at + 1u] = v.y; }\n    \
          if live.z { params[at + 2u] = v.z; }\n    if live.w { params[at + 3u] = v.w; }\n}\n\
          fn store_param_copy(i: u32, v: R) {}\n",
@@ -151,7 +151,6 @@ fn f32_entry(kinds: &[StateKind]) -> String {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
     let last = seg.n - 1u;
-    storing = true;
     for (var b = wid.x; b < seg.blocks; b += groups.x) {{
         first = b * 256u + lid * 4u;
         live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
@@ -219,31 +218,36 @@ fn largest(v: R) -> u32 {{
 "
     );
     if serial {
+        let kept: String =
+            (0..kinds.len()).map(|k| format!("var<private> kept{k}: array<R, 64>;\n")).collect();
+        let keep: String = (0..kinds.len()).map(|k| format!("\n            kept{k}[w] = new{k};")).collect();
+        let recall: String =
+            (0..kinds.len()).map(|k| format!("\n            new{k} = kept{k}[w];")).collect();
         // Every word of the block reads the old absmax, so the new one is written last.
         return helpers
             + &format!(
                 "// One invocation per block, for CPU adapters (which run a workgroup barrier as a switch
-// through every invocation): the block's update twice, first for its largest magnitude
-// with nothing stored, then stored and requantized (both passes compute the same values).
-@compute @workgroup_size({WORKGROUP})
+// through every invocation): the block's update with its new states kept in private
+// memory, then, their largest magnitude known, the states requantized.
+{kept}@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{{declare_absmax}
     for (var b = gid.x; b < seg.blocks; b += groups.x * {WORKGROUP}u) {{
         var block_max = vec2(0u);
-        for (var sweep = 0u; sweep < 2u; sweep++) {{
-            storing = sweep == 1u;
-            for (var w = 0u; w < 64u; w++) {{
-                first = b * 256u + w * 4u;
-                live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
-                if !live.x {{
-                    break;
-                }}{load}
-                update(0u);
-                if storing {{{store}
-                }} else {{
-                    var own = vec2(0u);{reduce_own}
-                    block_max = max(block_max, own);
-                }}
-            }}{scale}
+        var words = 0u;
+        for (var w = 0u; w < 64u; w++) {{
+            first = b * 256u + w * 4u;
+            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);
+            if !live.x {{
+                break;
+            }}{load}
+            update(0u);
+            var own = vec2(0u);{reduce_own}
+            block_max = max(block_max, own);{keep}
+            words = w + 1u;
+        }}{scale}
+        for (var w = 0u; w < words; w++) {{
+            first = b * 256u + w * 4u;
+            live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{recall}{store}
         }}{store_absmax}
     }}
 }}
@@ -256,7 +260,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
-    storing = true;
     let w = lid;
     for (var b = wid.x; b < seg.blocks; b += groups.x) {{
         first = b * 256u + lid * 4u;
