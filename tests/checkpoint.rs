@@ -8,6 +8,7 @@ use common::{ctx, Rng};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
 };
+use wgpu_optim_testkit::checkpoint::canonical;
 
 const SIZES: [usize; 3] = [33, 1, 258];
 
@@ -48,24 +49,6 @@ impl Setup {
         };
         (params.clone(), Optimizer::with_groups(ctx, groups, options).unwrap())
     }
-}
-
-/// A checkpoint's content in a canonical order (the metadata map has none).
-fn canonical(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
-    let mut entries: Vec<(String, Vec<u8>)> = metadata
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (format!("metadata {k}"), v.into_bytes()))
-        .collect();
-    for (name, view) in file.tensors() {
-        entries.push((format!("{name} {:?} {:?}", view.dtype(), view.shape()), view.data().to_vec()));
-    }
-    entries.sort();
-    entries
 }
 
 /// Every byte of the parameters and the optimizer's state.

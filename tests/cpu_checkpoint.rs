@@ -11,6 +11,7 @@ use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Rounding,
     Sgd, Tensor,
 };
+use wgpu_optim_testkit::checkpoint::canonical;
 
 /// Lengths and shapes of the parameters: 2-D, 1-D and 3-D.
 const SHAPES: [&[usize]; 3] = [&[8, 5], &[5], &[3, 4, 2]];
@@ -101,25 +102,6 @@ fn cpu_steps(
         let grads = host(&values(rng), dtype);
         optimizer.step(&mut slices_mut(params), &slices(&grads)).unwrap();
     }
-}
-
-/// A checkpoint's content in a canonical order (the metadata map has none), shapes
-/// included.
-fn canonical(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
-    let (_, metadata) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
-    let mut entries: Vec<(String, Vec<u8>)> = metadata
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (format!("metadata {k}"), v.into_bytes()))
-        .collect();
-    for (name, view) in file.tensors() {
-        entries.push((format!("{name} {:?} {:?}", view.dtype(), view.shape()), view.data().to_vec()));
-    }
-    entries.sort();
-    entries
 }
 
 #[test]

@@ -16,6 +16,7 @@ use wgpu_optim::q8::{self, Q8States, StoredState};
 use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd, StateKind, Tensor,
 };
+use wgpu_optim_testkit::checkpoint::canonical;
 
 /// A tensor of 8-bit state (5000 = 19 full blocks of 256 and a partial one of 136) and one
 /// below bitsandbytes' default `min_8bit_size` of 4096, which keeps f32 state.
@@ -92,25 +93,6 @@ fn gpu_steps(ctx: &GpuContext, optimizer: &mut Optimizer, rng: &mut Rng, steps: 
         let grads: Vec<Tensor> = values(rng).iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
         optimizer.step(&grads).unwrap();
     }
-}
-
-/// A checkpoint's content in a canonical order (the metadata map has none), shapes
-/// included.
-fn canonical(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let file = SafeTensors::deserialize(bytes).unwrap();
-    let (_, metadata) = SafeTensors::read_metadata(bytes).unwrap();
-    let mut entries: Vec<(String, Vec<u8>)> = metadata
-        .metadata()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (format!("metadata {k}"), v.into_bytes()))
-        .collect();
-    for (name, view) in file.tensors() {
-        entries.push((format!("{name} {:?} {:?}", view.dtype(), view.shape()), view.data().to_vec()));
-    }
-    entries.sort();
-    entries
 }
 
 /// A checkpoint taken apart, to write files that differ from a good one in one place.

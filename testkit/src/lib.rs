@@ -4,6 +4,7 @@
 //! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
 //!   running them on the oracle and the GPU.
 //! - [`compare`](mod@compare): the one comparator every test uses, and the tolerance of 16-bit stores.
+//! - [`checkpoint::canonical`]: a checkpoint's content, to compare files by what they hold.
 //! - [`GpuTimer`] and [`CopyRoofline`]: timing GPU work and the adapter's streaming
 //!   bandwidth, for the benchmark.
 //!
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod compare;
 pub mod conformance;
 mod roofline;
