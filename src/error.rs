@@ -216,6 +216,11 @@ pub enum Error {
         /// What is missing or wrong, naming the field.
         problem: String,
     },
+    /// Burn's side of the `burn` feature refused: a tensor not on Burn's wgpu runtime or not
+    /// on the shared device, Burn's `fusion` feature, a device that cannot be shared.
+    #[cfg(feature = "burn")]
+    #[error("Burn: {0}")]
+    Burn(String),
     /// A call needs an argument it was not given.
     #[error("`{argument}` is needed {why}")]
     MissingArgument {

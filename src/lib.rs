@@ -15,12 +15,16 @@
 //! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
 //! multiversion) and `checkpoint` (`Optimizer::save`/`load`, and `CpuOptimizer`'s with `cpu`;
 //! safetensors and serde_json).
-//! The GPU optimizer and operators need neither.
+//! The GPU optimizer and operators need neither. The `burn` feature (off by default) adds
+//! `wgpu_optim::burn`: Burn 0.22's wgpu tensors stepped by these kernels on a shared
+//! device.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
+#[cfg(feature = "burn")]
+pub mod burn;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 #[cfg(feature = "cpu")]

@@ -250,7 +250,7 @@ impl GpuContext {
 /// `initialize_adapter_from_env` does, but a name that matches nothing is an error listing
 /// the adapters there are, not a panic; otherwise wgpu's default adapter for
 /// `WGPU_POWER_PREF`.
-async fn choose_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+pub(crate) async fn choose_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
     if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();

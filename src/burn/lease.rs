@@ -1,0 +1,108 @@
+//! A Burn tensor's wgpu buffer as this crate's [`Tensor`], held in place while it is used.
+
+use std::any::{Any, TypeId};
+
+use ::burn::backend::wgpu::CubeTensor;
+use ::burn::backend::{BackendTypes, Cube};
+use ::burn::cubecl::wgpu::{AutoCompiler, WgpuServer};
+use ::burn::tensor::{DType as BurnDType, Tensor as BurnTensor};
+use burn_cubecl::kernel::into_contiguous;
+
+use super::SharedDevice;
+use crate::{DType, Error, Result, Tensor};
+
+/// Burn's float primitive, which is a [`CubeTensor`] unless Burn's `fusion` feature wraps it.
+type FloatPrimitive = <Cube as BackendTypes>::FloatTensorPrimitive;
+
+/// Whether Burn was built with `fusion` (its float primitive is then not a [`CubeTensor`]).
+pub(crate) fn fusion_enabled() -> bool {
+    TypeId::of::<FloatPrimitive>() != TypeId::of::<CubeTensor>()
+}
+
+/// A buffer range this crate may bind, and the claim that keeps Burn from moving or reusing
+/// it until the work that binds it is submitted.
+pub(crate) struct Leased {
+    /// The range, as the kernels take it.
+    pub tensor: Tensor,
+    /// Burn's `ManagedResource`: dropping it releases the claim.
+    _claim: Box<dyn Any>,
+}
+
+/// What a leased tensor is for: a tensor the kernel writes must be contiguous and held by
+/// no one else; one it only reads must be contiguous.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+
+/// A Burn float tensor as its cubecl primitive, with what a kernel needs: contiguous, and
+/// for [`Access::Write`] its own storage (a copy otherwise). Returns the tensor to give back
+/// to Burn (without autodiff: the caller restores a parameter's), and the leased range.
+pub(crate) fn lease<const D: usize>(
+    shared: &SharedDevice,
+    tensor: BurnTensor<D>,
+    access: Access,
+    what: &str,
+) -> Result<(BurnTensor<D>, Leased)> {
+    if tensor.device() != *shared.device() {
+        return Err(Error::Burn(format!(
+            "{what} is on {:?}, not on the shared device {:?}",
+            tensor.device(),
+            shared.device()
+        )));
+    }
+    let dtype = match tensor.dtype() {
+        BurnDType::F32 => DType::F32,
+        BurnDType::F16 => DType::F16,
+        BurnDType::BF16 => DType::BF16,
+        other => return Err(Error::Burn(format!("{what} is {other:?}; expected F32, F16 or BF16"))),
+    };
+    // The kernels see values, not a graph: an autodiff tensor is stepped as its inner one.
+    let primitive = tensor
+        .inner()
+        .try_into_primitive::<Cube>()
+        .map_err(|e| Error::Burn(format!("{what} is not a tensor of Burn's cubecl backend ({e:?})")))?;
+    let mut cube = to_cube(primitive)?;
+    let owned = access == Access::Read || cube.can_mut();
+    if !owned {
+        // Someone else holds this storage: they keep the old values.
+        log::debug!("wgpu-optim: {what}'s storage is shared with another tensor; stepping a copy");
+        cube = cube.copy();
+    }
+    if !cube.is_contiguous() {
+        cube = into_contiguous(cube);
+    }
+    let len = cube.meta.shape().num_elements() as u64;
+    let resource = cube
+        .client
+        .get_resource::<WgpuServer<AutoCompiler>>(cube.handle.clone())
+        .map_err(|e| Error::Burn(format!("{what} is not on Burn's wgpu runtime: {e}")))?;
+    let range = resource.resource();
+    let leased = Tensor::new(&range.buffer, range.offset, len, dtype);
+    if leased.byte_len() > range.size {
+        return Err(Error::Burn(format!(
+            "{what}'s storage holds {} bytes, fewer than its {len} {dtype:?} elements",
+            range.size
+        )));
+    }
+    let tensor = BurnTensor::from_primitive::<Cube>(from_cube(cube));
+    Ok((tensor, Leased { tensor: leased, _claim: Box::new(resource) }))
+}
+
+fn to_cube(primitive: FloatPrimitive) -> Result<CubeTensor> {
+    let boxed: Box<dyn Any> = Box::new(primitive);
+    boxed
+        .downcast::<CubeTensor>()
+        .map(|b| *b)
+        .map_err(|_| Error::Burn("Burn's `fusion` feature is on: its tensors have no buffer to bind".into()))
+}
+
+fn from_cube(cube: CubeTensor) -> FloatPrimitive {
+    let boxed: Box<dyn Any> = Box::new(cube);
+    match boxed.downcast::<FloatPrimitive>() {
+        Ok(primitive) => *primitive,
+        // `to_cube` succeeded, so the two types are one.
+        Err(_) => unreachable!("Burn's float primitive is a CubeTensor"),
+    }
+}

@@ -1,0 +1,213 @@
+//! Burn's per-tensor optimizer trait on this crate's fused kernels.
+
+use ::burn::optim::{
+    LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer, RecordState, StateSink, StateSource,
+};
+use ::burn::tensor::{Device, Tensor as BurnTensor};
+use burn_pack::Scalar;
+
+use super::device::refuse_fusion;
+use super::lease::{lease, Access, Leased};
+use super::SharedDevice;
+use crate::ops::{self, Update};
+use crate::{Algorithm, Result, StateKind};
+
+/// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
+/// with standard or Nesterov momentum, Adagrad, all in PyTorch's convention) behind Burn's
+/// per-tensor [`Optimizer`](::burn::optim::Optimizer) trait. Each parameter's step is one
+/// fused kernel (Burn's own AdamW runs about fifteen elementwise kernels per parameter).
+///
+/// The learning rate is Burn's (the algorithm's `lr` is ignored). State lives in Burn
+/// tensors ([`FusedState`]), so Burn's optimizer records save and load it.
+///
+/// Burn's trait returns no error, so a step on a tensor this crate cannot update (not on
+/// [`SharedDevice::device`], or not F32, F16 or BF16) panics with the reason;
+/// [`Self::try_step`] returns it instead. [`ModuleStep`](super::ModuleStep) updates a whole
+/// module in one dispatch per kernel variant.
+///
+/// ```no_run
+/// use burn::optim::GradientsParams;
+/// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+/// use wgpu_optim::Adam;
+///
+/// let shared = SharedDevice::headless_blocking()?;
+/// let mut optim = FusedOptimizer::new(&shared, Adam::adamw())?.init();
+/// // In the training loop, exactly as with Burn's `AdamWConfig::new().init()`:
+/// // model = optim.step(lr, model, GradientsParams::from_grads(loss.backward(), &model));
+/// # Ok::<(), wgpu_optim::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct FusedOptimizer {
+    shared: SharedDevice,
+    algorithm: Algorithm,
+}
+
+/// One parameter's state under [`FusedOptimizer`]: the step count and the algorithm's state
+/// tensors, under PyTorch's names (the ones the algorithm does not use stay `None`). Burn's
+/// records hold them as `{param}.time` and `{param}.exp_avg`, ...
+#[derive(Clone, Debug)]
+pub struct FusedState<const D: usize> {
+    /// Steps taken, counted from 1 as PyTorch counts them.
+    pub time: usize,
+    /// Adam's first moment.
+    pub exp_avg: Option<BurnTensor<D>>,
+    /// Adam's second moment.
+    pub exp_avg_sq: Option<BurnTensor<D>>,
+    /// AMSGrad's running maximum of the second moment.
+    pub max_exp_avg_sq: Option<BurnTensor<D>>,
+    /// SGD's momentum buffer.
+    pub momentum_buffer: Option<BurnTensor<D>>,
+    /// Adagrad's sum of squared gradients.
+    pub sum: Option<BurnTensor<D>>,
+}
+
+/// The state tensors' names in Burn's records: PyTorch's.
+const STATE_NAMES: [&str; 5] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum"];
+
+impl<const D: usize> FusedState<D> {
+    fn tensors(&self) -> [&Option<BurnTensor<D>>; 5] {
+        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum]
+    }
+
+    fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
+        match kind {
+            StateKind::ExpAvg => &mut self.exp_avg,
+            StateKind::ExpAvgSq => &mut self.exp_avg_sq,
+            StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
+            StateKind::MomentumBuffer => &mut self.momentum_buffer,
+            // No algorithm keeps a Kahan compensation; only the rounding mode does.
+            StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
+        }
+    }
+
+    fn moved_to(self, device: &Device) -> Self {
+        let moved = |t: Option<BurnTensor<D>>| t.map(|t| t.to_device(device));
+        FusedState {
+            time: self.time,
+            exp_avg: moved(self.exp_avg),
+            exp_avg_sq: moved(self.exp_avg_sq),
+            max_exp_avg_sq: moved(self.max_exp_avg_sq),
+            momentum_buffer: moved(self.momentum_buffer),
+            sum: moved(self.sum),
+        }
+    }
+}
+
+// By hand: Burn's `#[derive(RecordState)]` names paths inside `burn-optim` only.
+impl<const D: usize> RecordState for FusedState<D> {
+    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
+        out.push_scalar(prefix, "time", Scalar::from(self.time));
+        for (name, tensor) in STATE_NAMES.iter().zip(self.tensors()) {
+            if let Some(tensor) = tensor {
+                out.push_tensor(prefix, name, tensor.clone().into_data());
+            }
+        }
+    }
+
+    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
+        let time = usize::try_from(src.take_scalar(prefix, "time")?).ok()?;
+        let mut take =
+            |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
+        Some(FusedState {
+            time,
+            exp_avg: take(STATE_NAMES[0]),
+            exp_avg_sq: take(STATE_NAMES[1]),
+            max_exp_avg_sq: take(STATE_NAMES[2]),
+            momentum_buffer: take(STATE_NAMES[3]),
+            sum: take(STATE_NAMES[4]),
+        })
+    }
+}
+
+impl FusedOptimizer {
+    /// `algorithm` on `shared`'s device. Refused where the algorithm's hyperparameters are
+    /// invalid or Burn was built with `fusion` ([`crate::Error::Burn`]).
+    pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
+        refuse_fusion()?;
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        Ok(FusedOptimizer { shared: shared.clone(), algorithm })
+    }
+
+    /// Burn's module-level optimizer around this one, as Burn's `AdamWConfig::init` gives.
+    pub fn init(self) -> ModuleOptimizer {
+        ModuleOptimizer::from(self)
+    }
+
+    /// The algorithm and its hyperparameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// One step of one parameter, returning what Burn's trait cannot: the reason a tensor
+    /// was refused. Nothing is written when it is.
+    pub fn try_step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: BurnTensor<D>,
+        grad: BurnTensor<D>,
+        state: Option<FusedState<D>>,
+    ) -> Result<(BurnTensor<D>, FusedState<D>)> {
+        let algorithm = self.algorithm.with_lr(lr);
+        algorithm.validate()?;
+        let mut state = state.unwrap_or(FusedState {
+            time: 0,
+            exp_avg: None,
+            exp_avg_sq: None,
+            max_exp_avg_sq: None,
+            momentum_buffer: None,
+            sum: None,
+        });
+        let kinds = algorithm.state_kinds();
+        let initial = algorithm.initial_state();
+        let mut states = Vec::with_capacity(kinds.len());
+        for &kind in kinds {
+            let existing = state.slot(kind).take();
+            states.push(existing.unwrap_or_else(|| tensor.full_like(initial)));
+        }
+        let (tensor, param) = lease(&self.shared, tensor, Access::Write, "the parameter")?;
+        let (_, grad) = lease(&self.shared, grad, Access::Read, "the gradient")?;
+        let mut leased: Vec<Leased> = Vec::with_capacity(states.len());
+        let mut returned = Vec::with_capacity(states.len());
+        for (kind, t) in kinds.iter().zip(states) {
+            let (t, l) = lease(&self.shared, t, Access::Write, kind.torch_name())?;
+            returned.push(t);
+            leased.push(l);
+        }
+        let state_tensors: Vec<crate::Tensor> = leased.iter().map(|l| l.tensor.clone()).collect();
+        let update = Update::in_place(&param.tensor, &grad.tensor, &state_tensors);
+        let ctx = self.shared.context();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgpu-optim Burn step") });
+        ops::update(ctx, &mut encoder, &algorithm, state.time as u64 + 1, &[update])?;
+        ctx.queue().submit([encoder.finish()]);
+        for (kind, t) in kinds.iter().zip(returned) {
+            *state.slot(*kind) = Some(t);
+        }
+        state.time += 1;
+        Ok((tensor, state))
+    }
+}
+
+impl BurnOptimizer for FusedOptimizer {
+    type State<const D: usize> = FusedState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: BurnTensor<D>,
+        grad: BurnTensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (BurnTensor<D>, Option<Self::State<D>>) {
+        match self.try_step(lr, tensor, grad, state) {
+            Ok((tensor, state)) => (tensor, Some(state)),
+            // Burn's trait has no error channel; `try_step` is the checked form.
+            Err(e) => panic!("wgpu-optim could not step a Burn parameter: {e}"),
+        }
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        state.moved_to(device)
+    }
+}
