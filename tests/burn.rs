@@ -10,7 +10,7 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{Adam, Algorithm, Error, GradClip, OptimizerOptions, Sgd};
+use wgpu_optim::{Adam, Algorithm, Error, GradClip, OptimizerOptions, Q8States, Sgd};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -442,6 +442,16 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device));
     let err = step.step(1e-3, model, g).unwrap_err();
     assert!(matches!(&err, Error::Burn(m) if m.contains("new ModuleStep")), "{err}");
+
+    // What the optimizer itself refuses for these parameters (8-bit state needs F32 ones).
+    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+    let mut model = Params::new(&initial, &device);
+    model.params[0] = Param::from_tensor(tensor(&initial[0], &device).cast(BurnDType::F16));
+    let mut g = GradientsParams::new();
+    g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device).cast(BurnDType::F16));
+    let err =
+        ModuleStep::with_options(&shared, algorithm, options).unwrap().step(1e-3, model, g).unwrap_err();
+    assert!(matches!(err, Error::DTypeMismatch { .. }), "{err}");
 
     // AMP without capturable mode.
     let model = Params::new(&initial, &device);

@@ -7,6 +7,7 @@ use ::burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
 use super::device::refuse_fusion;
 use super::lease::{lease, Access, Leased};
 use super::SharedDevice;
+use crate::optimizer::device::check_inv_scale;
 use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Tensor};
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
@@ -123,7 +124,16 @@ impl ModuleStep {
         mut grads: GradientsParams,
         inv_scale: Option<BurnTensor<1>>,
     ) -> Result<M> {
-        let mut check = Check { shared: &self.shared, grads: &grads, ids: Vec::new(), error: None };
+        // Everything that can be refused is refused before the module is taken apart.
+        self.algorithm.with_lr(lr).validate()?;
+        let mut check = Check {
+            shared: &self.shared,
+            grads: &grads,
+            lease_params: self.bound.is_none(),
+            ids: Vec::new(),
+            leased: Vec::new(),
+            error: None,
+        };
         module.visit(&mut check);
         if let Some(error) = check.error {
             return Err(error);
@@ -132,6 +142,20 @@ impl ModuleStep {
         if ids.is_empty() {
             return Ok(module);
         }
+        if self.bound.is_none() {
+            // Built over the parameters where they are now, so that the optimizer's own
+            // refusals (dtypes, options) come before the module is consumed; a parameter
+            // that is copied below moves, and `bind` follows it.
+            let params: Vec<Tensor> = check.leased.iter().map(|l| l.tensor.clone()).collect();
+            let optimizer = Optimizer::with_options(
+                self.shared.context(),
+                self.algorithm,
+                &params,
+                self.options.clone(),
+            )?;
+            self.bound = Some(Box::new(Bound { ids: ids.clone(), params, optimizer }));
+        }
+        drop(check.leased);
         if let Some(bound) = &self.bound {
             if bound.ids != ids {
                 return Err(Error::Burn(format!(
@@ -143,7 +167,11 @@ impl ModuleStep {
             }
         }
         let inv_scale = match inv_scale {
-            Some(t) => Some(lease(&self.shared, t, Access::Read, "inv_scale")?.1),
+            Some(t) => {
+                let leased = lease(&self.shared, t, Access::Read, "inv_scale")?.1;
+                check_inv_scale(&leased.tensor)?;
+                Some(leased)
+            }
             None => None,
         };
         let mut take = Take {
@@ -163,35 +191,33 @@ impl ModuleStep {
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("wgpu-optim Burn module step"),
         });
-        self.bind(&mut encoder, ids, params)?;
-        let Some(bound) = self.bound.as_mut() else { unreachable!("bind leaves an optimizer bound") };
-        bound.optimizer.set_lr(lr)?;
+        let optimizer = self.bind(&mut encoder, ids, params)?;
+        optimizer.set_lr(lr)?;
         if let Some(inv_scale) = &inv_scale {
-            bound.optimizer.record_unscale(&mut encoder, &grad_tensors, &inv_scale.tensor)?;
+            optimizer.record_unscale(&mut encoder, &grad_tensors, &inv_scale.tensor)?;
         }
-        bound.optimizer.record_step(&mut encoder, &grad_tensors)?;
+        optimizer.record_step(&mut encoder, &grad_tensors)?;
         ctx.queue().submit([encoder.finish()]);
         Ok(module)
     }
 
-    /// Builds the optimizer over `params` at the first step, and again (carrying the state
-    /// over, recorded into `encoder`) whenever a parameter's buffer moved.
+    /// The optimizer over `params`: the one built before, or a new one (carrying the state
+    /// over, recorded into `encoder`) where a parameter's buffer moved.
     fn bind(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         ids: Vec<ParamId>,
         params: Vec<Tensor>,
-    ) -> Result<()> {
-        if self.bound.as_ref().is_some_and(|b| b.params == params) {
-            return Ok(());
+    ) -> Result<&mut Optimizer> {
+        if let Some(same) = self.bound.take_if(|b| b.params == params) {
+            return Ok(&mut self.bound.insert(same).optimizer);
         }
         let ctx = self.shared.context();
         let mut optimizer = Optimizer::with_options(ctx, self.algorithm, &params, self.options.clone())?;
         if let Some(old) = &self.bound {
             carry_state(&old.optimizer, &mut optimizer, encoder, self.options.q8_states.is_some())?;
         }
-        self.bound = Some(Box::new(Bound { ids, params, optimizer }));
-        Ok(())
+        Ok(&mut self.bound.insert(Box::new(Bound { ids, params, optimizer })).optimizer)
     }
 }
 
@@ -231,7 +257,11 @@ fn carry_state(
 struct Check<'a> {
     shared: &'a SharedDevice,
     grads: &'a GradientsParams,
+    /// Whether to lease each parameter for reading (the first step builds its optimizer
+    /// from these).
+    lease_params: bool,
     ids: Vec<ParamId>,
+    leased: Vec<Leased>,
     error: Option<Error>,
 }
 
@@ -254,8 +284,19 @@ impl ModuleVisitor for Check<'_> {
                     )
                 })
             });
+        let problem = problem.or_else(|| {
+            (grad.dtype() != value.dtype())
+                .then(|| format!("its gradient is {:?}, the parameter {:?}", grad.dtype(), value.dtype()))
+        });
         if let Some(problem) = problem {
             self.error = Some(Error::Burn(format!("parameter {}: {problem}", param.id)));
+            return;
+        }
+        if self.lease_params {
+            match lease(self.shared, value, Access::Read, &format!("parameter {}", param.id)) {
+                Ok((_, leased)) => self.leased.push(leased),
+                Err(e) => self.error = Some(e),
+            }
         }
     }
 }

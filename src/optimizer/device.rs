@@ -187,7 +187,7 @@ impl DeviceState {
 
 /// AMP's `inv_scale` must be an f32 tensor of one element, 4-byte aligned (the copy into
 /// the device state needs it), whose buffer can be copied from.
-pub(super) fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
+pub(crate) fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
     if inv_scale.dtype != DType::F32 || inv_scale.len != 1 {
         return Err(Error::DTypeMismatch {
             argument: "inv_scale".into(),

@@ -5,7 +5,7 @@ mod arena;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 mod clip;
-mod device;
+pub(crate) mod device;
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
