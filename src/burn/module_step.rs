@@ -159,8 +159,9 @@ impl ModuleStep {
         if let Some(bound) = &self.bound {
             if bound.ids != ids {
                 return Err(Error::Burn(format!(
-                    "{} parameters have gradients, where the first step had {} others: the step \
-                     count is shared, so build a new ModuleStep for a new set of parameters",
+                    "the parameters with gradients ({} of them) are not the ones of the first step \
+                     ({}): the step count is shared, so build a new ModuleStep for a new set of \
+                     parameters",
                     ids.len(),
                     bound.ids.len()
                 )));
