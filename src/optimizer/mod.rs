@@ -526,7 +526,7 @@ impl Optimizer {
         self.q8.as_mut()
     }
 
-    /// With 8-bit state: the step, one dispatch per tensor (per chunk of a large one).
+    /// With 8-bit state: the step, one dispatch per variant, group and set of buffers.
     fn record_q8_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         let Some(engine) = &mut self.q8 else { return Ok(()) };
         engine.bind(&self.ctx, &self.params, grads)?;

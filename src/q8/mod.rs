@@ -27,8 +27,9 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// and moment, instead of 4 bytes.
 ///
 /// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
-/// new absmax and requantizes, in one pass (one dispatch per tensor on the GPU). The
-/// parameters and gradients stay f32. AMSGrad and Adagrad are refused, as are `grad_clip`,
+/// new absmax and requantizes, in one pass (on the GPU, one dispatch for all tensors of a
+/// group that lie in the same buffers, as with f32 state). The parameters and gradients
+/// stay f32. AMSGrad and Adagrad are refused, as are `grad_clip`,
 /// `capturable`, `master_weights`, `model_copies`, a `state_dtype` and a rounding other
 /// than nearest. The 8-bit states are read and replaced as [`StoredState`]s
 /// (`Optimizer::read_q8_state`, `CpuOptimizer::q8_state`); `state()` gives only the f32

@@ -1,7 +1,9 @@
-//! Blockwise 8-bit state on the GPU ([`crate::q8`]): each parameter's state in a buffer of
-//! its own (per state: the codes, four to a word, then one absmax per block; or f32 values
-//! below `min_8bit_size`), and one dispatch per tensor (per chunk of a tensor larger than
-//! a storage binding) of the kernel [`shader::compose`] writes.
+//! Blockwise 8-bit state on the GPU ([`crate::q8`]): each parameter's state at its own place
+//! in a state arena (per state: the codes, four to a word, then one absmax per block; or f32
+//! values below `min_8bit_size`), arenas as large as a storage binding allows, and one
+//! dispatch of the kernel [`shader::compose`] writes per variant and set of buffers: its
+//! table lists the segments (tensors, or chunks of a tensor larger than a binding) it
+//! updates, as the f32 path's multi-tensor dispatches do (`gpu::table`).
 
 mod shader;
 
@@ -10,12 +12,12 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::Scalars;
+use crate::gpu::kernel::{Scalars, MAX_WORKGROUPS};
 use crate::gpu::pipeline::{buffer_entry, create};
 use crate::gpu::plan::{check_range, Arg};
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
-use crate::step::{Switches, UNIFORM_SLOT_BYTES};
+use crate::step::Switches;
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
 
 /// What selects one compiled 8-bit pipeline.
@@ -33,7 +35,6 @@ struct Variant {
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
-    serial: bool,
 }
 
 /// Where one state of one tensor lies in its tensor's state buffer, in words.
@@ -50,7 +51,9 @@ struct TensorState {
     group: usize,
     quantized: bool,
     kinds: Vec<StateKind>,
+    /// Word offsets within the arena.
     placements: Vec<Placement>,
+    /// The arena that holds the state.
     buffer: wgpu::Buffer,
 }
 
@@ -65,7 +68,7 @@ impl TensorState {
     }
 }
 
-/// One dispatch: a tensor, or a chunk of one.
+/// One dispatch: the segments of one variant over one set of buffers.
 #[derive(Debug)]
 struct Dispatch {
     pipeline: Arc<Pipeline>,
@@ -81,23 +84,124 @@ struct Bound {
     dispatches: Vec<Dispatch>,
 }
 
-/// One dispatch before its bind group: a tensor, or a chunk of one.
+/// One segment (a tensor, or a chunk of one) before it joins a dispatch.
 struct Segment {
-    /// The uniform's fields, in [`shader::SEGMENT_FIELDS`] order.
-    fields: [u32; 8],
     /// The parameter's index.
     param: usize,
-    /// Bytes of the parameters' binding (holding the gradients too when they share it).
-    param_range: (u64, u64),
-    /// Bytes of the gradients' binding, when they have one.
-    grad_range: Option<(u64, u64)>,
+    /// Elements, and blocks of [`BLOCK_SIZE`].
+    n: u64,
+    blocks: u64,
+    /// Bytes of the segment's parameters and gradients.
+    param_bytes: (u64, u64),
+    grad_bytes: (u64, u64),
+    /// Per state: the first word of its codes (or f32 values), and of its absmax, in the arena.
+    state_words: [(u64, u64); 2],
+    /// Workgroups the segment takes uncapped.
+    wanted: u64,
 }
 
-/// Bytes of a segment's uniform.
-const SEGMENT_BYTES: u64 = 4 * shader::SEGMENT_FIELDS.len() as u64;
+/// What one dispatch shares: the variant, the group's scalars and the buffers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct DispatchKey {
+    variant: Variant,
+    group: usize,
+    params: wgpu::Buffer,
+    /// `None` where the gradients lie in the parameters' buffer (and binding).
+    grads: Option<wgpu::Buffer>,
+    state: wgpu::Buffer,
+}
 
-/// The most workgroups one dispatch launches; each strides over further blocks.
-const MAX_WORKGROUPS: u64 = 4096;
+/// A dispatch being assembled: its bindings' byte ranges and its segments.
+struct Pending {
+    key: DispatchKey,
+    params: (u64, u64),
+    grads: (u64, u64),
+    segments: Vec<usize>,
+}
+
+impl Pending {
+    /// Adds segment `s` if the bindings' unions with its ranges stay within `max_binding`
+    /// (starting at `align`ed offsets), the table has room, and it writes no byte another
+    /// segment reads or writes (a race within one dispatch).
+    fn try_add(&mut self, s: usize, segments: &[Segment], align: u64, max_binding: u64) -> bool {
+        if self.segments.len() >= shader::MAX_ENTRIES {
+            return false;
+        }
+        let segment = &segments[s];
+        let union = |(lo, hi): (u64, u64), (a, b): (u64, u64)| (lo.min(a / align * align), hi.max(b));
+        let params = union(self.params, segment.param_bytes);
+        let params = if self.key.grads.is_none() { union(params, segment.grad_bytes) } else { params };
+        let grads = union(self.grads, segment.grad_bytes);
+        let fits = |(lo, hi): (u64, u64)| hi - lo <= max_binding;
+        if !fits(params) || (self.key.grads.is_some() && !fits(grads)) {
+            return false;
+        }
+        let overlap = |(a, b): (u64, u64), (c, d): (u64, u64)| a < d && c < b;
+        let races = self.segments.iter().any(|&o| {
+            let other = &segments[o];
+            // Gradients in the parameters' buffer: every range is in that one buffer.
+            let shared = self.key.grads.is_none();
+            overlap(segment.param_bytes, other.param_bytes)
+                || (shared && overlap(segment.param_bytes, other.grad_bytes))
+                || (shared && overlap(segment.grad_bytes, other.param_bytes))
+        });
+        if races {
+            return false;
+        }
+        self.params = params;
+        self.grads = grads;
+        self.segments.push(s);
+        true
+    }
+
+    /// Workgroups per segment: what each wants, scaled down together so that the dispatch
+    /// launches about [`MAX_WORKGROUPS`] (the f32 path's cap) at most; every segment keeps
+    /// at least one.
+    fn groups(&self, segments: &[Segment]) -> Vec<u64> {
+        let wanted: u64 = self.segments.iter().map(|&s| segments[s].wanted).sum();
+        self.segments
+            .iter()
+            .map(|&s| {
+                let w = segments[s].wanted;
+                let cap = u64::from(MAX_WORKGROUPS);
+                if wanted <= cap {
+                    w
+                } else {
+                    (w * cap / wanted).max(1)
+                }
+            })
+            .collect()
+    }
+
+    /// The table's words: the header `(entries, 0, 0, 0)`, then per segment
+    /// [`shader::SEGMENT_FIELDS`], bases relative to the dispatch's bindings.
+    fn table(&self, segments: &[Segment]) -> Vec<u32> {
+        let mut words = vec![self.segments.len() as u32, 0, 0, 0];
+        let mut first = 0;
+        for (&s, groups) in self.segments.iter().zip(self.groups(segments)) {
+            let segment = &segments[s];
+            let grads_from = if self.key.grads.is_none() { self.params.0 } else { self.grads.0 };
+            let [(s0, a0), (s1, a1)] = segment.state_words;
+            let fields = [
+                segment.n,
+                segment.blocks,
+                first,
+                groups,
+                (segment.param_bytes.0 - self.params.0) / 4,
+                (segment.grad_bytes.0 - grads_from) / 4,
+                s0,
+                a0,
+                s1,
+                a1,
+                0,
+                0,
+            ];
+            words.extend(fields.iter().map(|&f| f as u32));
+            first += groups;
+        }
+        words
+    }
+}
 
 /// The 8-bit state of an optimizer and the dispatches that update it.
 #[derive(Debug)]
@@ -122,22 +226,20 @@ impl Q8Engine {
         groups: &[usize],
         algorithms: &[Algorithm],
     ) -> Result<Self> {
-        let max_binding = ctx.device().limits().max_storage_buffer_binding_size;
-        let mut tensors = Vec::with_capacity(params.len());
+        let limits = ctx.device().limits();
+        let max_binding = limits.max_storage_buffer_binding_size;
+        // An arena is bound whole, so it is no larger than a binding.
+        let arena_cap = max_binding.min(limits.max_buffer_size) / 4 * 4;
         let mut layouts = Vec::with_capacity(params.len());
+        // Bytes of each arena, filled in parameter order.
+        let mut arenas: Vec<u64> = Vec::new();
         for (i, (param, &group)) in params.iter().zip(groups).enumerate() {
             let kinds = algorithms[group].state_kinds().to_vec();
             let quantized = config.quantizes(param.len);
             let value_words = if quantized { param.len.div_ceil(4) } else { param.len };
             let absmax_words = if quantized { blocks(param.len as usize) as u64 } else { 0 };
-            let placements: Vec<Placement> = (0..kinds.len() as u64)
-                .map(|k| {
-                    let at = k * (value_words + absmax_words);
-                    Placement { values: at, absmax: at + value_words }
-                })
-                .collect();
-            let bytes = (4 * kinds.len() as u64 * (value_words + absmax_words)).max(4);
-            if bytes > max_binding {
+            let bytes = 4 * kinds.len() as u64 * (value_words + absmax_words);
+            if bytes > arena_cap {
                 return Err(Error::BadRange {
                     argument: format!("params[{i}]"),
                     problem: format!(
@@ -146,22 +248,47 @@ impl Q8Engine {
                     ),
                 });
             }
-            layouts.push((param.len, group, quantized, kinds, placements, bytes));
+            if arenas.last().is_none_or(|&used| used + bytes > arena_cap) {
+                arenas.push(0);
+            }
+            let arena = arenas.len() - 1;
+            let start = arenas[arena] / 4;
+            arenas[arena] += bytes;
+            let placements: Vec<Placement> = (0..kinds.len() as u64)
+                .map(|k| {
+                    let at = start + k * (value_words + absmax_words);
+                    Placement { values: at, absmax: at + value_words }
+                })
+                .collect();
+            layouts.push((param.len, group, quantized, kinds, placements, arena));
         }
         let tables_words = shader::tables_words();
         ctx.catch("creating the 8-bit state", || {
             let device = ctx.device();
-            for (len, group, quantized, kinds, placements, bytes) in layouts {
-                let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgpu-optim 8-bit state"),
-                    size: bytes,
-                    usage: wgpu::BufferUsages::STORAGE
-                        | wgpu::BufferUsages::COPY_SRC
-                        | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                tensors.push(TensorState { len, group, quantized, kinds, placements, buffer });
-            }
+            let buffers: Vec<wgpu::Buffer> = arenas
+                .iter()
+                .map(|&bytes| {
+                    device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("wgpu-optim 8-bit state"),
+                        size: bytes.max(4),
+                        usage: wgpu::BufferUsages::STORAGE
+                            | wgpu::BufferUsages::COPY_SRC
+                            | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                })
+                .collect();
+            let tensors = layouts
+                .into_iter()
+                .map(|(len, group, quantized, kinds, placements, arena)| TensorState {
+                    len,
+                    group,
+                    quantized,
+                    kinds,
+                    placements,
+                    buffer: buffers[arena].clone(),
+                })
+                .collect();
             let tables = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("wgpu-optim 8-bit code tables"),
                 contents: bytemuck::cast_slice(&tables_words),
@@ -180,6 +307,12 @@ impl Q8Engine {
                 serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
             }
         })
+    }
+
+    /// Dispatches the bound step records.
+    #[cfg(test)]
+    pub(crate) fn dispatch_count(&self) -> usize {
+        self.bound.as_ref().map_or(0, |b| b.dispatches.len())
     }
 
     /// Chooses who owns a block: one invocation (`serial`) or one workgroup, whatever the
@@ -243,7 +376,7 @@ impl Q8Engine {
         }
         let limits = ctx.device().limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment);
-        let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment).max(UNIFORM_SLOT_BYTES);
+        let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment);
         let max_binding = limits.max_storage_buffer_binding_size;
         // Elements per chunk: whole blocks whose f32 range fits a binding after alignment.
         let chunk =
@@ -254,82 +387,103 @@ impl Q8Engine {
             let shared = grad.buffer == param.buffer;
             for start in (0..param.len).step_by(chunk as usize) {
                 let n = (param.len - start).min(chunk);
-                // A range's aligned first byte, its end, and its first element past that byte.
-                let range = |t: &Tensor| {
-                    let first = t.offset + 4 * start;
-                    let aligned = first / align * align;
-                    (aligned, first + 4 * n, (first - aligned) / 4)
-                };
-                let (p, g) = (range(param), range(grad));
-                let (param_range, grad_range) = if shared {
-                    ((p.0.min(g.0), p.1.max(g.1)), None)
-                } else {
-                    ((p.0, p.1), Some((g.0, g.1)))
-                };
-                if shared && param_range.1 - param_range.0 > max_binding {
-                    return Err(Error::BadRange {
-                        argument: format!("grads[{i}]"),
-                        problem: format!(
-                            "it shares a buffer with params[{i}] too far apart to bind both at once \
-                             ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
-                             put gradients in a buffer of their own",
-                            param_range.1 - param_range.0
-                        ),
-                    });
+                let bytes = |t: &Tensor| (t.offset + 4 * start, t.offset + 4 * (start + n));
+                let (param_bytes, grad_bytes) = (bytes(param), bytes(grad));
+                if shared {
+                    let lo = param_bytes.0.min(grad_bytes.0) / align * align;
+                    let hi = param_bytes.1.max(grad_bytes.1);
+                    if hi - lo > max_binding {
+                        return Err(Error::BadRange {
+                            argument: format!("grads[{i}]"),
+                            problem: format!(
+                                "it shares a buffer with params[{i}] too far apart to bind both at once \
+                                 ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
+                                 put gradients in a buffer of their own",
+                                hi - lo
+                            ),
+                        });
+                    }
                 }
-                let grad_base = if shared { (g.0 - param_range.0) / 4 + g.2 } else { g.2 };
-                let param_base = (p.0 - param_range.0) / 4 + p.2;
-                let mut fields =
-                    [n as u32, blocks(n as usize) as u32, param_base as u32, grad_base as u32, 0, 0, 0, 0];
+                let mut state_words = [(0, 0); 2];
                 for (k, placement) in tensor.placements.iter().enumerate() {
-                    let (values, absmax) = if tensor.quantized {
+                    state_words[k] = if tensor.quantized {
                         (placement.values + start / 4, placement.absmax + start / BLOCK_SIZE as u64)
                     } else {
                         (placement.values + start, 0)
                     };
-                    fields[4 + 2 * k] = values as u32;
-                    fields[5 + 2 * k] = absmax as u32;
                 }
-                segments.push(Segment { fields, param: i, param_range, grad_range });
+                let blocks = blocks(n as usize) as u64;
+                let serial = self.serial && tensor.quantized && !tensor.kinds.is_empty();
+                let wanted = if serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
+                segments.push(Segment { param: i, n, blocks, param_bytes, grad_bytes, state_words, wanted });
             }
         }
-        let mut dispatches = Vec::with_capacity(segments.len());
-        let mut pipelines = Vec::with_capacity(segments.len());
-        for segment in &segments {
+        // Segments of one variant over the same buffers share a dispatch while its bindings
+        // fit; the map holds the dispatch still open for each key.
+        let mut pending: Vec<Pending> = Vec::new();
+        #[allow(clippy::mutable_key_type)]
+        let mut open: HashMap<DispatchKey, usize> = HashMap::new();
+        for (s, segment) in segments.iter().enumerate() {
             let tensor = &self.tensors[segment.param];
             let quantized = tensor.quantized && !tensor.kinds.is_empty();
+            let shared = grads[segment.param].buffer == params[segment.param].buffer;
             let variant = Variant {
                 switches: self.switches[tensor.group],
                 kinds: tensor.kinds.clone(),
                 quantized,
-                grad_in_params: segment.grad_range.is_none(),
+                grad_in_params: shared,
                 serial: self.serial && quantized,
             };
-            pipelines.push(self.pipeline(ctx, &variant)?);
+            let key = DispatchKey {
+                variant,
+                group: tensor.group,
+                params: params[segment.param].buffer.clone(),
+                grads: (!shared).then(|| grads[segment.param].buffer.clone()),
+                state: tensor.buffer.clone(),
+            };
+            if let Some(&d) = open.get(&key) {
+                if pending[d].try_add(s, &segments, align, max_binding) {
+                    continue;
+                }
+            }
+            let empty = (u64::MAX, 0);
+            let mut fresh = Pending { key: key.clone(), params: empty, grads: empty, segments: Vec::new() };
+            // A lone segment always fits: its ranges were checked above.
+            let added = fresh.try_add(s, &segments, align, max_binding);
+            debug_assert!(added);
+            open.insert(key, pending.len());
+            pending.push(fresh);
         }
-        let mut contents = vec![0u8; segments.len() * uniform_align as usize];
-        for (segment, slot) in segments.iter().zip(contents.chunks_exact_mut(uniform_align as usize)) {
-            slot[..SEGMENT_BYTES as usize].copy_from_slice(bytemuck::cast_slice(&segment.fields));
+        let mut pipelines = Vec::with_capacity(pending.len());
+        for dispatch in &pending {
+            pipelines.push(self.pipeline(ctx, &dispatch.key.variant)?);
+        }
+        let slot = shader::TABLE_BYTES.next_multiple_of(uniform_align);
+        let mut contents = vec![0u8; pending.len() * slot as usize];
+        for (dispatch, bytes) in pending.iter().zip(contents.chunks_exact_mut(slot as usize)) {
+            let table = dispatch.table(&segments);
+            bytes[..4 * table.len()].copy_from_slice(bytemuck::cast_slice(&table));
         }
         let device = ctx.device();
-        ctx.catch("binding the 8-bit step", || {
+        let dispatches = ctx.catch("binding the 8-bit step", || {
             let uniforms = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("wgpu-optim 8-bit segments"),
+                label: Some("wgpu-optim 8-bit segment tables"),
                 contents: &contents,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-            for (s, (segment, pipeline)) in segments.iter().zip(pipelines).enumerate() {
-                let tensor = &self.tensors[segment.param];
-                let at = s as u64 * uniform_align;
+            let mut dispatches = Vec::with_capacity(pending.len());
+            for (d, (dispatch, pipeline)) in pending.iter().zip(pipelines).enumerate() {
+                let key = &dispatch.key;
+                let at = d as u64 * slot;
                 let mut entries = vec![
-                    buffer(0, &uniforms, (at, at + SEGMENT_BYTES)),
-                    buffer(1, &params[segment.param].buffer, segment.param_range),
-                    buffer(3, &tensor.buffer, (0, tensor.buffer.size())),
+                    buffer(0, &uniforms, (at, at + shader::TABLE_BYTES)),
+                    buffer(1, &key.params, dispatch.params),
+                    buffer(3, &key.state, (0, key.state.size())),
                 ];
-                if let Some(grad_range) = segment.grad_range {
-                    entries.push(buffer(2, &grads[segment.param].buffer, grad_range));
+                if let Some(grad_buffer) = &key.grads {
+                    entries.push(buffer(2, grad_buffer, dispatch.grads));
                 }
-                if tensor.quantized && !tensor.kinds.is_empty() {
+                if key.variant.quantized {
                     entries.push(buffer(4, &self.tables, (0, self.tables.size())));
                 }
                 let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -337,12 +491,10 @@ impl Q8Engine {
                     layout: &pipeline.layout,
                     entries: &entries,
                 });
-                let blocks = u64::from(segment.fields[1]);
-                let owners =
-                    if pipeline.serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
-                let workgroups = owners.min(MAX_WORKGROUPS) as u32;
-                dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: tensor.group });
+                let workgroups = dispatch.groups(&segments).iter().sum::<u64>() as u32;
+                dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: key.group });
             }
+            dispatches
         })?;
         self.bound = Some(Bound { grads: grads.to_vec(), dispatches });
         Ok(())
@@ -470,7 +622,7 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
-        buffer_entry(0, Uniform, false, SEGMENT_BYTES),
+        buffer_entry(0, Uniform, false, shader::TABLE_BYTES),
         buffer_entry(1, Storage { read_only: false }, false, 4),
         buffer_entry(3, Storage { read_only: false }, false, 4),
     ];
@@ -483,14 +635,190 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, false);
     let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
     let (pipeline, layout) = create(ctx, &label, &source, group0, &entries, &constants)?;
-    Ok(Pipeline { pipeline, layout, serial: variant.serial })
+    Ok(Pipeline { pipeline, layout })
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::oracle::{bnb_adam8bit_step, BnbAdam};
+    use crate::oracle::{bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
     use crate::q8::{Q8States, StoredState};
-    use crate::{Adam, GpuContext, Optimizer, OptimizerOptions, StateKind};
+    use crate::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor};
+
+    /// Asserts that `got` (read back) follows the oracle's 8-bit state `want` as FORMAT.md
+    /// compares them: codes within 1 and at most 1 % differing, absmax within 1e-4 relative;
+    /// f32 state within 1e-6.
+    fn assert_state_follows(what: &str, got: Option<StoredState>, want: &StoredState) {
+        match (got, want) {
+            (
+                Some(StoredState::Q8 { codes, absmax }),
+                StoredState::Q8 { codes: w_codes, absmax: w_absmax },
+            ) => {
+                let differing = codes.iter().zip(w_codes).filter(|(a, b)| a != b).count();
+                let furthest = codes.iter().zip(w_codes).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+                assert!(
+                    codes.len() == w_codes.len() && furthest <= 1 && differing * 100 <= codes.len(),
+                    "{what}: {differing} codes differ, by up to {furthest}"
+                );
+                assert_eq!(absmax.len(), w_absmax.len(), "{what}: absmax count");
+                for (a, b) in absmax.iter().zip(w_absmax) {
+                    assert!((a - b).abs() <= 1e-4 * b.abs(), "{what}: absmax {a} against {b}");
+                }
+            }
+            (Some(StoredState::F32(values)), StoredState::F32(w_values)) => {
+                assert_eq!(values.len(), w_values.len(), "{what}: length");
+                for (a, b) in values.iter().zip(w_values) {
+                    assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{what}: {a} against {b}");
+                }
+            }
+            (got, _) => panic!("{what}: stored as {got:?}, not as the oracle's"),
+        }
+    }
+
+    /// Many tensors in shared buffers (odd offsets, a tensor below `min_8bit_size`, three
+    /// groups of two algorithms, gradients in a buffer of their own or beside the
+    /// parameters): one dispatch per variant and group, each tensor as the oracle steps it,
+    /// for both owners of a block.
+    #[test]
+    fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_oracle() {
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+        // Group 0 (AdamW): two 8-bit tensors and one below min_8bit_size; group 1 (Adam, no
+        // decay): two 8-bit tensors, one ending in a partial block; group 2 (SGD momentum).
+        let sizes = [5003usize, 4096, 300, 8209, 4096, 6000];
+        let group_of = [0usize, 0, 0, 1, 1, 2];
+        let adamw = Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() };
+        let adam = Adam { lr: 3e-3, weight_decay: 0.0, decoupled_weight_decay: true, ..Adam::default() };
+        let sgd = Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() };
+        let bnb = |a: &Adam| BnbAdam {
+            lr: a.lr,
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: a.eps,
+            weight_decay: a.weight_decay,
+        };
+        let initial: Vec<Vec<f64>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(t, &n)| (0..n).map(|i| ((i * 7919 + t * 13) % 1000) as f64 * 1e-3 - 0.5).collect())
+            .collect();
+        let grads: Vec<Vec<Vec<f64>>> = (0..3)
+            .map(|k| {
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(t, &n)| {
+                        (0..n).map(|i| ((i * 104_729 + k * 31 + t) % 997) as f64 * 1e-4 - 0.05).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        // The oracle, tensor by tensor.
+        let mut want = initial.clone();
+        let mut states: Vec<Vec<StoredState>> = sizes
+            .iter()
+            .zip(group_of)
+            .map(|(&n, g)| {
+                let kinds = if g == 2 { 1 } else { 2 };
+                (0..kinds).map(|_| StoredState::zeros(n, n >= 4096)).collect()
+            })
+            .collect();
+        for (k, step_grads) in grads.iter().enumerate() {
+            for t in 0..sizes.len() {
+                let g: Vec<f64> = step_grads[t].iter().map(|&x| f64::from(x as f32)).collect();
+                let step = k as u64 + 1;
+                let result = match (group_of[t], states[t].as_mut_slice()) {
+                    (2, [buffer]) => {
+                        let config = BnbSgd { lr: sgd.lr, momentum: sgd.momentum, weight_decay: 0.0 };
+                        bnb_sgd8bit_step(&config, step, &mut want[t], &g, buffer)
+                    }
+                    (group, [m, v]) => {
+                        let config = bnb(if group == 0 { &adamw } else { &adam });
+                        bnb_adam8bit_step(&config, step, &mut want[t], &g, m, v)
+                    }
+                    _ => unreachable!(),
+                };
+                result.unwrap_or_else(|e| panic!("{e}"));
+                want[t] = want[t].iter().map(|&x| f64::from(x as f32)).collect();
+            }
+        }
+        // Elements of padding before each tensor, so none starts at an aligned offset.
+        let place = |first_pad: usize, between: usize| {
+            let mut at = Vec::new();
+            let mut next = first_pad;
+            for &n in &sizes {
+                at.push(next);
+                next += n + between;
+            }
+            (at, next)
+        };
+        for grads_beside_params in [false, true] {
+            for serial in [false, true] {
+                let what = format!("grads beside params {grads_beside_params}, serial {serial}");
+                // Beside: each gradient right after its parameter, in the parameters' buffer.
+                let (at, total) = place(
+                    3,
+                    if grads_beside_params { sizes.iter().max().copied().unwrap_or(0) + 5 } else { 7 },
+                );
+                let mut flat = vec![0.0; total];
+                for (t, p) in initial.iter().enumerate() {
+                    flat[at[t]..at[t] + p.len()].copy_from_slice(p);
+                }
+                let param_buffer = ctx.upload("params", &flat, DType::F32);
+                let grad_buffer = ctx.zeros("grads", total as u64, DType::F32);
+                let params: Vec<Tensor> = at
+                    .iter()
+                    .zip(&sizes)
+                    .map(|(&a, &n)| Tensor::new(&param_buffer.buffer, 4 * a as u64, n as u64, DType::F32))
+                    .collect();
+                let grad_at = |t: usize| if grads_beside_params { at[t] + sizes[t] + 2 } else { at[t] };
+                let grad_home = if grads_beside_params { &param_buffer } else { &grad_buffer };
+                let grad_tensors: Vec<Tensor> = (0..sizes.len())
+                    .map(|t| {
+                        Tensor::new(&grad_home.buffer, 4 * grad_at(t) as u64, sizes[t] as u64, DType::F32)
+                    })
+                    .collect();
+                let groups = vec![
+                    ParamGroup::new(adamw, &params[..3]),
+                    ParamGroup::new(adam, &params[3..5]),
+                    ParamGroup::new(sgd, &params[5..]),
+                ];
+                let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+                let mut opt = Optimizer::with_groups(&ctx, groups, options).unwrap_or_else(|e| panic!("{e}"));
+                if let Some(engine) = opt.q8_engine_mut() {
+                    engine.set_serial(serial);
+                }
+                for step_grads in &grads {
+                    for (t, g) in grad_tensors.iter().enumerate() {
+                        ctx.write(g, &step_grads[t]).unwrap_or_else(|e| panic!("{e}"));
+                    }
+                    opt.step(&grad_tensors).unwrap_or_else(|e| panic!("{e}"));
+                }
+                // Group 0: its 8-bit tensors, and its f32-state tensor; groups 1 and 2: one each.
+                let dispatches = opt.q8_engine_mut().map_or(0, |e| e.dispatch_count());
+                assert_eq!(dispatches, 4, "{what}: dispatches");
+                for (t, param) in params.iter().enumerate() {
+                    let got = ctx.read(param).unwrap_or_else(|e| panic!("{e}"));
+                    let worst = got.iter().zip(&want[t]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                    assert!(worst < 1e-4, "{what}: params[{t}] {worst} from the oracle's");
+                    let kinds: &[StateKind] = if group_of[t] == 2 {
+                        &[StateKind::MomentumBuffer]
+                    } else {
+                        &[StateKind::ExpAvg, StateKind::ExpAvgSq]
+                    };
+                    for (kind, want) in kinds.iter().zip(&states[t]) {
+                        let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                        assert_state_follows(&format!("{what}: params[{t}] {kind:?}"), got, want);
+                    }
+                }
+                // Gradients beside parameters are read, never written.
+                for (t, g) in grad_tensors.iter().enumerate() {
+                    let got = ctx.read(g).unwrap_or_else(|e| panic!("{e}"));
+                    let last = grads.last().map(|s| &s[t]).unwrap_or_else(|| unreachable!());
+                    let worst = got.iter().zip(last).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                    assert!(worst < 1e-6, "{what}: grads[{t}] changed by {worst}");
+                }
+            }
+        }
+    }
 
     /// Both owners of a block (a workgroup, one invocation) against the oracle, over a
     /// tensor that ends in a partial block and a word of fewer than four codes.

@@ -32,9 +32,50 @@ pub(crate) fn tables_words() -> Vec<u32> {
     words
 }
 
-/// `u32` fields of a segment's uniform, in order; `s<k>` is state k's first word (codes, or
-/// f32 values), `a<k>` its first absmax word.
-pub(crate) const SEGMENT_FIELDS: [&str; 8] = ["n", "blocks", "param", "grad", "s0", "a0", "s1", "a1"];
+/// `u32` fields of a segment's entry in the dispatch's table, in order: its elements and
+/// blocks, its first workgroup within the dispatch and its count of workgroups, its first
+/// parameter and gradient within their bindings, and `s<k>`, state k's first word (codes,
+/// or f32 values), `a<k>` its first absmax word, in the state arena.
+pub(crate) const SEGMENT_FIELDS: [&str; 12] =
+    ["n", "blocks", "first_group", "groups", "param", "grad", "s0", "a0", "s1", "a1", "unused0", "unused1"];
+
+/// Rows (`vec4<u32>`) of one table entry.
+const ENTRY_ROWS: usize = SEGMENT_FIELDS.len() / 4;
+
+/// Rows of a table after its header row `(entries, 0, 0, 0)`.
+const TABLE_ROWS: usize = 1023;
+
+/// Bytes of a dispatch's table.
+pub(crate) const TABLE_BYTES: u64 = 16 * (1 + TABLE_ROWS as u64);
+
+/// Segments one dispatch's table holds.
+pub(crate) const MAX_ENTRIES: usize = TABLE_ROWS / ENTRY_ROWS;
+
+/// The dispatch's table, `seg` (the workgroup's segment, private) and the functions that
+/// find and load it: entries list their first workgroups in increasing order.
+fn table_wgsl() -> String {
+    let mut s = String::from("struct Segment {\n");
+    for field in SEGMENT_FIELDS {
+        let _ = writeln!(s, "    {field}: u32,");
+    }
+    let _ = write!(
+        s,
+        "}}\nvar<private> seg: Segment;\n\
+         struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {TABLE_ROWS}>,\n}}\n\
+         @group(1) @binding(0) var<uniform> table: Table;\n\
+         // The first row of the entry whose workgroups include workgroup `w`.\n\
+         fn find_entry(w: u32) -> u32 {{\n    var lo = 0u;\n    var hi = table.head.x;\n    \
+         while hi - lo > 1u {{\n        let mid = (lo + hi) / 2u;\n        \
+         if table.rows[{ENTRY_ROWS}u * mid].z <= w {{\n            lo = mid;\n        }} else {{\n            hi = mid;\n        }}\n    }}\n    \
+         return {ENTRY_ROWS}u * lo;\n}}\nfn load_segment(e: u32) {{\n"
+    );
+    const LANES: [&str; 4] = ["x", "y", "z", "w"];
+    for (f, field) in SEGMENT_FIELDS.iter().enumerate() {
+        let _ = writeln!(s, "    seg.{field} = table.rows[e + {}u].{};", f / 4, LANES[f % 4]);
+    }
+    s.push_str("}\n");
+    s
+}
 
 /// The full WGSL of one variant: `quantized` states (codes and absmax) or f32 states (a
 /// tensor below `min_8bit_size`), the gradient read from its own binding or, when
@@ -51,11 +92,7 @@ pub(crate) fn compose(
     let mut s = String::new();
     let _ = writeln!(s, "// wgpu-optim {} kernel over blockwise 8-bit state", family.name());
     s.push_str("alias R = vec4<f32>;\nalias S = f32;\n");
-    s.push_str("struct Segment {\n");
-    for field in SEGMENT_FIELDS {
-        let _ = writeln!(s, "    {field}: u32,");
-    }
-    s.push_str("}\n@group(1) @binding(0) var<uniform> seg: Segment;\n");
+    s.push_str(&table_wgsl());
     s.push_str("@group(1) @binding(1) var<storage, read_write> params: array<f32>;\n");
     let grads = if grad_in_params {
         "params"
@@ -148,10 +185,10 @@ fn f32_entry(kinds: &[StateKind]) -> String {
     }
     format!(
         "@compute @workgroup_size({WORKGROUP})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {{
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    load_segment(find_entry(wid.x));
     let last = seg.n - 1u;
-    for (var b = wid.x; b < seg.blocks; b += groups.x) {{
+    for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {{
         first = b * 256u + lid * 4u;
         live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
         update(0u);{store}
@@ -230,8 +267,9 @@ fn largest(v: R) -> u32 {{
 // through every invocation): the block's update with its new states kept in private
 // memory, then, their largest magnitude known, the states requantized.
 {kept}@compute @workgroup_size({WORKGROUP})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{{declare_absmax}
-    for (var b = gid.x; b < seg.blocks; b += groups.x * {WORKGROUP}u) {{
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
+    load_segment(find_entry(wid.x));
+    for (var b = (wid.x - seg.first_group) * {WORKGROUP}u + lid; b < seg.blocks; b += seg.groups * {WORKGROUP}u) {{
         var block_max = vec2(0u);
         var words = 0u;
         for (var w = 0u; w < 64u; w++) {{
@@ -257,11 +295,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     helpers
         + &format!(
             "var<workgroup> lanes: array<vec2<u32>, {WORKGROUP}>;
+var<workgroup> entry: u32;
 @compute @workgroup_size({WORKGROUP})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
     let w = lid;
-    for (var b = wid.x; b < seg.blocks; b += groups.x) {{
+    // One search per workgroup, and a value the barriers below may depend on.
+    if lid == 0u {{
+        entry = find_entry(wid.x);
+    }}
+    let e = workgroupUniformLoad(&entry);
+    load_segment(e);
+    let blocks = table.rows[e].y;
+    let groups = table.rows[e].w;
+    for (var b = wid.x - table.rows[e].z; b < blocks; b += groups) {{
         first = b * 256u + lid * 4u;
         live = (vec4(first) + vec4(0u, 1u, 2u, 3u)) < vec4(seg.n);{load}
         update(0u);
