@@ -151,7 +151,9 @@ pub(crate) fn compose(
         Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
         Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
     });
-    s.push_str("\n@group(0) @binding(0) var<uniform> hp: Hyper;\n");
+    // A private copy, loaded first thing by every entry point: a CPU adapter's compiler
+    // cannot keep uniform values in registers across storage writes that might alias them.
+    s.push_str("\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\nvar<private> hp: Hyper;\n");
     if quantized {
         s.push_str(&quantized_entry(kinds, serial));
     } else {
@@ -186,6 +188,7 @@ fn f32_entry(kinds: &[StateKind]) -> String {
     format!(
         "@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    hp = hp_base;
     load_segment(find_entry(wid.x));
     let last = seg.n - 1u;
     for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {{
@@ -268,6 +271,7 @@ fn largest(v: R) -> u32 {{
 // memory, then, their largest magnitude known, the states requantized.
 {kept}@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
+    hp = hp_base;
     load_segment(find_entry(wid.x));
     for (var b = (wid.x - seg.first_group) * {WORKGROUP}u + lid; b < seg.blocks; b += seg.groups * {WORKGROUP}u) {{
         var block_max = vec2(0u);
@@ -299,6 +303,7 @@ var<workgroup> entry: u32;
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
     let w = lid;
+    hp = hp_base;
     // One search per workgroup, and a value the barriers below may depend on.
     if lid == 0u {{
         entry = find_entry(wid.x);
