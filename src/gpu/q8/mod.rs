@@ -674,6 +674,78 @@ mod tests {
         }
     }
 
+    /// A device whose storage bindings hold 64 KiB: a tensor larger than a binding is
+    /// updated in chunks, the states fill several arenas, and bindings that would outgrow a
+    /// binding start new dispatches; every tensor still follows the oracle.
+    #[test]
+    fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let limits = wgpu::Limits { max_storage_buffer_binding_size: 64 << 10, ..wgpu::Limits::default() };
+        let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
+        let ctx = GpuContext::from_device(device, queue);
+        // 25000 elements: two chunks of whole blocks, and 51 KB of 8-bit state, so the next
+        // tensor's state starts a new arena.
+        let sizes = [25_000usize, 4096, 4096, 300, 4096];
+        let adam = Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() };
+        let config =
+            BnbAdam { lr: adam.lr, beta1: adam.beta1, beta2: adam.beta2, eps: adam.eps, weight_decay: 0.1 };
+        let total: usize = sizes.iter().sum::<usize>() + 1;
+        let initial: Vec<f64> = (0..total).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
+        let grads: Vec<Vec<f64>> = (0..2)
+            .map(|k| (0..total).map(|i| ((i * 104_729 + k * 31) % 997) as f64 * 1e-4 - 0.05).collect())
+            .collect();
+        // Tensor t covers elements at[t].. of the flat buffers, one element in.
+        let at: Vec<usize> =
+            sizes.iter().scan(1, |next, &n| Some(std::mem::replace(next, *next + n))).collect();
+        let mut want: Vec<Vec<f64>> =
+            at.iter().zip(&sizes).map(|(&a, &n)| initial[a..a + n].to_vec()).collect();
+        let mut states: Vec<[StoredState; 2]> = sizes
+            .iter()
+            .map(|&n| [StoredState::zeros(n, n >= 4096), StoredState::zeros(n, n >= 4096)])
+            .collect();
+        for (k, g) in grads.iter().enumerate() {
+            for (t, [m, v]) in states.iter_mut().enumerate() {
+                let g: Vec<f64> = g[at[t]..at[t] + sizes[t]].iter().map(|&x| f64::from(x as f32)).collect();
+                bnb_adam8bit_step(&config, k as u64 + 1, &mut want[t], &g, m, v)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                want[t] = want[t].iter().map(|&x| f64::from(x as f32)).collect();
+            }
+        }
+        for serial in [false, true] {
+            let flat = ctx.upload("params", &initial, DType::F32);
+            let flat_grads = ctx.zeros("grads", total as u64, DType::F32);
+            let view =
+                |b: &Tensor, t: usize| Tensor::new(&b.buffer, 4 * at[t] as u64, sizes[t] as u64, DType::F32);
+            let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
+            let grad_tensors: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
+            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+            let mut opt =
+                Optimizer::with_options(&ctx, adam, &params, options).unwrap_or_else(|e| panic!("{e}"));
+            if let Some(engine) = opt.q8_engine_mut() {
+                engine.set_serial(serial);
+            }
+            for g in &grads {
+                ctx.write(&flat_grads, g).unwrap_or_else(|e| panic!("{e}"));
+                opt.step(&grad_tensors).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let dispatches = opt.q8_engine_mut().map_or(0, |e| e.dispatch_count());
+            assert!(dispatches >= 3, "serial {serial}: {dispatches} dispatches, expected a split");
+            for (t, param) in params.iter().enumerate() {
+                let got = ctx.read(param).unwrap_or_else(|e| panic!("{e}"));
+                let worst = got.iter().zip(&want[t]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                assert!(worst < 1e-4, "serial {serial}: params[{t}] {worst} from the oracle's");
+                for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states[t]) {
+                    let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                    assert_state_follows(&format!("serial {serial}: params[{t}] {kind:?}"), got, want);
+                }
+            }
+        }
+    }
+
     /// Many tensors in shared buffers (odd offsets, a tensor below `min_8bit_size`, three
     /// groups of two algorithms, gradients in a buffer of their own or beside the
     /// parameters): one dispatch per variant and group, each tensor as the oracle steps it,
