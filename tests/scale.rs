@@ -105,6 +105,45 @@ fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
 }
 
 #[test]
+fn more_tensors_than_one_table_holds_each_find_their_workgroups() {
+    // 700 small tensors (1-3000 elements: two rows each, 1400 rows past one table's 1023) and
+    // two of 3 Mi elements that take hundreds of workgroups each: several dispatches whose
+    // workgroup maps mix one-workgroup and many-workgroup tensors. Every tensor against the
+    // oracle: a workgroup given the wrong tensor leaves its own unchanged or corrupts another.
+    let ctx = ctx();
+    let mut rng = Rng::new(5);
+    let mut sizes: Vec<usize> = (0..700).map(|i| 1 + (i * 7919) % 3000).collect();
+    sizes.insert(100, 3 << 20);
+    sizes.insert(500, 3 << 20);
+    let total: usize = sizes.iter().sum();
+    let initial = rng.vec(total, 1.0);
+    let grad_values = rng.vec(total, 1.0);
+    let flat = ctx.upload_f32("params", &to_f32(&initial));
+    let flat_grads = ctx.upload_f32("grads", &to_f32(&grad_values));
+    let starts: Vec<usize> =
+        sizes.iter().scan(0, |next, &n| Some(std::mem::replace(next, *next + n))).collect();
+    let view = |buffer: &Tensor, t: usize| {
+        Tensor::new(&buffer.buffer, 4 * starts[t] as u64, sizes[t] as u64, DType::F32)
+    };
+    let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
+    let grads: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
+    let algorithm: Algorithm = Adam { lr: 1e-2, ..Adam::adamw() }.into();
+    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    for _ in 0..2 {
+        optimizer.step(&grads).unwrap();
+    }
+    let got = download(&ctx, &flat);
+    for (t, (&start, &n)) in starts.iter().zip(&sizes).enumerate() {
+        let mut want = initial[start..start + n].to_vec();
+        let mut state = TorchState::new(algorithm, n);
+        for _ in 0..2 {
+            state.step(&mut want, &grad_values[start..start + n]);
+        }
+        assert_close(&format!("params[{t}] ({n} elements)"), &got[start..start + n], &want, Tolerance::F32);
+    }
+}
+
+#[test]
 fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
     // Weights with decay, biases and norms without, each group's learning rate, betas and
     // weight decay changed every step (the decay even reaching 0).

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use crate::gpu::kernel::{
-    max_entries, rows_per_entry, Program, Storage, VariantKey, MAX_WORKGROUPS, WORKGROUP_SIZE,
+    map_rows, rows_per_entry, Program, Storage, VariantKey, MAX_WORKGROUPS, TABLE_ROWS, WORKGROUP_SIZE,
 };
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
 
@@ -59,11 +59,17 @@ impl TableDispatch {
         TableDispatch { key, pair, spans, rows: vec![row] }
     }
 
-    /// Adds `row` if every binding's union with the segment's range stays within `max_binding`
-    /// bytes, the row's elements stay addressable from the union's start, and the row shares
-    /// no byte with the rows already in (a race within one dispatch).
+    /// Adds `row` if the table keeps room for its rows and workgroup map, every binding's
+    /// union with the segment's range stays within `max_binding` bytes, the row's elements
+    /// stay addressable from the union's start, and the row shares no byte with the rows
+    /// already in (a race within one dispatch).
     fn try_add(&mut self, segment: &SegmentPlan, row: &Row, max_binding: u64) -> bool {
-        if self.rows.len() >= max_entries(self.spans.len(), self.key.stochastic.any()) {
+        let entries = self.rows.len() + 1;
+        let wanted: u64 = self.rows.iter().chain([row]).map(|r| u64::from(r.wanted)).sum();
+        // `groups` launches what the rows want, or at most the cap plus one per row.
+        let workgroups = wanted.min(u64::from(MAX_WORKGROUPS) + entries as u64) as usize;
+        let per_entry = rows_per_entry(self.spans.len(), self.key.stochastic.any());
+        if per_entry * entries + map_rows(workgroups) > TABLE_ROWS {
             return false;
         }
         let mut spans = self.spans.clone();
@@ -116,12 +122,15 @@ impl TableDispatch {
     /// (the last: workgroups of the batch's earlier dispatches, where the gradient-norm pass
     /// puts this dispatch's partials), then per row `(n, pair_shift, first_group, groups)`
     /// and the bases of every binding, relative to the dispatch's spans, and with stochastic
-    /// stores `(ordinal, first element low word, high word, 0)`.
+    /// stores `(ordinal, first element low word, high word, 0)`; then the workgroup map,
+    /// each workgroup's row index as a `u16`, two to a word.
     pub(crate) fn table(&self, segments: &[&SegmentPlan], first_workgroup: u32) -> Vec<u32> {
         let stochastic = self.key.stochastic.any();
         let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, first_workgroup];
         let mut first_group = 0;
-        for ((row, segment), groups) in self.rows.iter().zip(segments).zip(self.groups()) {
+        let mut map: Vec<u16> = Vec::new();
+        for (k, ((row, segment), groups)) in self.rows.iter().zip(segments).zip(self.groups()).enumerate() {
+            map.extend(std::iter::repeat_n(k as u16, groups as usize));
             words.extend([row.n, row.pair_shift, first_group, groups]);
             let mut bases = vec![0u32; 4 * self.spans.len().div_ceil(4)];
             for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
@@ -138,6 +147,9 @@ impl TableDispatch {
             words.len(),
             4 * (1 + rows_per_entry(self.spans.len(), stochastic) * self.rows.len())
         );
+        map.resize(8 * map_rows(map.len()), 0);
+        words.extend(map.chunks_exact(2).map(|pair| u32::from(pair[0]) | u32::from(pair[1]) << 16));
+        debug_assert!(words.len() <= 4 * (1 + TABLE_ROWS));
         words
     }
 }
