@@ -157,6 +157,7 @@ pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dy
     for (area, (backend, title)) in root.split_evenly((1, 2)).iter().zip(panels) {
         let (plot_area, legend_area) = area.split_horizontally(area.dim_in_pixel().0 as i32 - 150);
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        let mut left_out: Vec<String> = Vec::new();
         for row in singles.iter().filter(|r| r.backend == backend) {
             let name = match row.state.as_str() {
                 "q8" => format!("{} {} q8", row.algo, row.dtype),
@@ -166,10 +167,15 @@ pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dy
             match series.iter().position(|(n, _)| *n == name) {
                 Some(k) => series[k].1.push(point),
                 None if series.len() < MAX_SERIES => series.push((name, vec![point])),
-                None => {
-                    eprintln!("plot: more than {MAX_SERIES} series on the {backend} panel; {name} left out")
-                }
+                None if !left_out.contains(&name) => left_out.push(name),
+                None => {}
             }
+        }
+        if !left_out.is_empty() {
+            eprintln!(
+                "plot: the {backend} panel shows {MAX_SERIES} series at most; left out: {}",
+                left_out.join(", ")
+            );
         }
         let mut chart = ChartBuilder::on(&plot_area)
             .caption(title, ("sans-serif", 16))
