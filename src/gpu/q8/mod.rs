@@ -548,17 +548,16 @@ impl Q8Engine {
         let Some(tensor) = self.tensors.get(i) else { return Ok(None) };
         let Some(k) = tensor.kinds.iter().position(|s| *s == kind) else { return Ok(None) };
         let (values, absmax) = self.views(i, k);
-        let bytes = ctx.read_bytes(&values)?;
+        // A state's absmax words follow its codes: one readback takes both.
+        debug_assert_eq!(absmax.offset, values.offset + 4 * values.len);
+        let both = Tensor::new(&values.buffer, values.offset, values.len + absmax.len, DType::F32);
+        let bytes = ctx.read_bytes(&both)?;
+        let (value_bytes, absmax_bytes) = bytes.split_at(4 * values.len as usize);
         if !tensor.quantized {
-            return Ok(Some(StoredState::F32(bytemuck::pod_collect_to_vec(&bytes))));
+            return Ok(Some(StoredState::F32(bytemuck::pod_collect_to_vec(value_bytes))));
         }
-        let codes = bytes[..tensor.len as usize].to_vec();
-        let absmax = if absmax.len == 0 {
-            Vec::new()
-        } else {
-            bytemuck::pod_collect_to_vec(&ctx.read_bytes(&absmax)?)
-        };
-        Ok(Some(StoredState::Q8 { codes, absmax }))
+        let codes = value_bytes[..tensor.len as usize].to_vec();
+        Ok(Some(StoredState::Q8 { codes, absmax: bytemuck::pod_collect_to_vec(absmax_bytes) }))
     }
 
     /// Replaces parameter `i`'s state of `kind` (queued: lands before the next submitted
