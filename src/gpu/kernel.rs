@@ -269,6 +269,16 @@ pub(crate) fn map_rows(workgroups: usize) -> usize {
     workgroups.div_ceil(8)
 }
 
+/// WGSL `entry_row(w)`: the first row of the entry whose workgroups include workgroup `w`,
+/// from the map after the table's `table.head.x` entries of `per_entry` rows.
+pub(crate) fn entry_row_wgsl(per_entry: usize) -> String {
+    format!(
+        "fn entry_row(w: u32) -> u32 {{\n    \
+         let pair = table.rows[{per_entry}u * table.head.x + w / 8u][(w / 2u) % 4u];\n    \
+         return {per_entry}u * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
+    )
+}
+
 /// The full WGSL of one variant: generated prelude, the family's body, the entry point.
 pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_math();
@@ -549,12 +559,12 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let per_entry = rows_per_entry(bindings, stochastic);
     let mut s = format!(
         "struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {rows}>,\n}}\n\
-         @group(1) @binding(0) var<uniform> table: Table;\n\
+         @group(1) @binding(0) var<uniform> table: Table;\n{}\
          fn select_entry(w: u32) -> u32 {{\n    \
-         let pair = table.rows[{per_entry}u * table.head.x + w / 8u][(w / 2u) % 4u];\n    \
-         let e = {per_entry}u * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n    \
+         let e = entry_row(w);\n    \
          seg.n = table.rows[e].x;\n    seg.pair_shift = table.rows[e].y;\n    \
-         seg.pair_first = table.head.y;\n    seg.pair_step = table.head.z;\n"
+         seg.pair_first = table.head.y;\n    seg.pair_step = table.head.z;\n",
+        entry_row_wgsl(per_entry)
     );
     const LANES: [&str; 4] = ["x", "y", "z", "w"];
     for b in 0..bindings {

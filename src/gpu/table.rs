@@ -64,12 +64,9 @@ impl TableDispatch {
     /// stay addressable from the union's start, and the row shares no byte with the rows
     /// already in (a race within one dispatch).
     fn try_add(&mut self, segment: &SegmentPlan, row: &Row, max_binding: u64) -> bool {
-        let entries = self.rows.len() + 1;
         let wanted: u64 = self.rows.iter().chain([row]).map(|r| u64::from(r.wanted)).sum();
-        // `groups` launches what the rows want, or at most the cap plus one per row.
-        let workgroups = wanted.min(u64::from(MAX_WORKGROUPS) + entries as u64) as usize;
         let per_entry = rows_per_entry(self.spans.len(), self.key.stochastic.any());
-        if per_entry * entries + map_rows(workgroups) > TABLE_ROWS {
+        if !table_fits(self.rows.len() + 1, per_entry, wanted) {
             return false;
         }
         let mut spans = self.spans.clone();
@@ -100,17 +97,9 @@ impl TableDispatch {
         true
     }
 
-    /// Workgroups per row: what each wants, scaled down together so that the dispatch
-    /// launches about [`MAX_WORKGROUPS`] at most (every row keeps at least one).
+    /// Workgroups per row ([`share_workgroups`]).
     fn groups(&self) -> Vec<u32> {
-        let wanted: u64 = self.rows.iter().map(|r| u64::from(r.wanted)).sum();
-        let cap = u64::from(MAX_WORKGROUPS);
-        self.rows
-            .iter()
-            .map(
-                |r| if wanted <= cap { r.wanted } else { (u64::from(r.wanted) * cap / wanted).max(1) as u32 },
-            )
-            .collect()
+        share_workgroups(&self.rows.iter().map(|r| r.wanted).collect::<Vec<_>>())
     }
 
     /// Workgroups the dispatch launches.
@@ -128,9 +117,8 @@ impl TableDispatch {
         let stochastic = self.key.stochastic.any();
         let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, first_workgroup];
         let mut first_group = 0;
-        let mut map: Vec<u16> = Vec::new();
-        for (k, ((row, segment), groups)) in self.rows.iter().zip(segments).zip(self.groups()).enumerate() {
-            map.extend(std::iter::repeat_n(k as u16, groups as usize));
+        let groups = self.groups();
+        for ((row, segment), &groups) in self.rows.iter().zip(segments).zip(&groups) {
             words.extend([row.n, row.pair_shift, first_group, groups]);
             let mut bases = vec![0u32; 4 * self.spans.len().div_ceil(4)];
             for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
@@ -147,11 +135,40 @@ impl TableDispatch {
             words.len(),
             4 * (1 + rows_per_entry(self.spans.len(), stochastic) * self.rows.len())
         );
-        map.resize(8 * map_rows(map.len()), 0);
-        words.extend(map.chunks_exact(2).map(|pair| u32::from(pair[0]) | u32::from(pair[1]) << 16));
+        words.extend(workgroup_map(&groups));
         debug_assert!(words.len() <= 4 * (1 + TABLE_ROWS));
         words
     }
+}
+
+/// Workgroups per entry of a dispatch whose entries want `wanted`: what each wants, scaled
+/// down together so that the dispatch launches about [`MAX_WORKGROUPS`] at most (every
+/// entry keeps at least one, so at most the cap plus one per entry).
+pub(crate) fn share_workgroups(wanted: &[u32]) -> Vec<u32> {
+    let total: u64 = wanted.iter().map(|&w| u64::from(w)).sum();
+    let cap = u64::from(MAX_WORKGROUPS);
+    wanted
+        .iter()
+        .map(|&w| if total <= cap { w } else { (u64::from(w) * cap / total).max(1) as u32 })
+        .collect()
+}
+
+/// Whether a table of `entries` entries of `per_entry` rows each, wanting `wanted`
+/// workgroups in all, fits in [`TABLE_ROWS`] with its workgroup map.
+pub(crate) fn table_fits(entries: usize, per_entry: usize, wanted: u64) -> bool {
+    let launched = wanted.min(u64::from(MAX_WORKGROUPS) + entries as u64) as usize;
+    per_entry * entries + map_rows(launched) <= TABLE_ROWS
+}
+
+/// The workgroup map of a table whose entries take `groups` workgroups each: every
+/// workgroup's entry index as a `u16`, two to a word, padded to whole rows.
+pub(crate) fn workgroup_map(groups: &[u32]) -> Vec<u32> {
+    let mut map: Vec<u16> = Vec::new();
+    for (k, &g) in groups.iter().enumerate() {
+        map.extend(std::iter::repeat_n(k as u16, g as usize));
+    }
+    map.resize(8 * map_rows(map.len()), 0);
+    map.chunks_exact(2).map(|pair| u32::from(pair[0]) | u32::from(pair[1]) << 16).collect()
 }
 
 /// Bytes per unit of a binding's base: one access (an element, or a vec4), or one half of

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, MAX_WORKGROUPS};
+use crate::gpu::kernel::{Scalars, TABLE_BYTES};
 use crate::gpu::pipeline::{buffer_entry, create};
 use crate::gpu::plan::{check_range, Arg};
+use crate::gpu::table::{share_workgroups, table_fits, workgroup_map};
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::Switches;
@@ -86,8 +87,8 @@ struct Bound {
 
 /// One segment (a tensor, or a chunk of one) before it joins a dispatch.
 struct Segment {
-    /// The parameter's index.
-    param: usize,
+    /// What the dispatch it joins must share.
+    key: DispatchKey,
     /// Elements, and blocks of [`BLOCK_SIZE`].
     n: u64,
     blocks: u64,
@@ -97,7 +98,7 @@ struct Segment {
     /// Per state: the first word of its codes (or f32 values), and of its absmax, in the arena.
     state_words: [(u64, u64); 2],
     /// Workgroups the segment takes uncapped.
-    wanted: u64,
+    wanted: u32,
 }
 
 /// What one dispatch shares: the variant, the group's scalars and the buffers.
@@ -124,10 +125,11 @@ impl Pending {
     /// (starting at `align`ed offsets), the table has room, and it writes no byte another
     /// segment reads or writes (a race within one dispatch).
     fn try_add(&mut self, s: usize, segments: &[Segment], align: u64, max_binding: u64) -> bool {
-        if self.segments.len() >= shader::MAX_ENTRIES {
+        let segment = &segments[s];
+        let wanted = self.segments.iter().chain([&s]).map(|&o| u64::from(segments[o].wanted)).sum();
+        if !table_fits(self.segments.len() + 1, shader::ENTRY_ROWS, wanted) {
             return false;
         }
-        let segment = &segments[s];
         let union = |(lo, hi): (u64, u64), (a, b): (u64, u64)| (lo.min(a / align * align), hi.max(b));
         let params = union(self.params, segment.param_bytes);
         let params = if self.key.grads.is_none() { union(params, segment.grad_bytes) } else { params };
@@ -154,32 +156,20 @@ impl Pending {
         true
     }
 
-    /// Workgroups per segment: what each wants, scaled down together so that the dispatch
-    /// launches about [`MAX_WORKGROUPS`] (the f32 path's cap) at most; every segment keeps
-    /// at least one.
-    fn groups(&self, segments: &[Segment]) -> Vec<u64> {
-        let wanted: u64 = self.segments.iter().map(|&s| segments[s].wanted).sum();
-        self.segments
-            .iter()
-            .map(|&s| {
-                let w = segments[s].wanted;
-                let cap = u64::from(MAX_WORKGROUPS);
-                if wanted <= cap {
-                    w
-                } else {
-                    (w * cap / wanted).max(1)
-                }
-            })
-            .collect()
+    /// Workgroups per segment ([`share_workgroups`]).
+    fn groups(&self, segments: &[Segment]) -> Vec<u32> {
+        share_workgroups(&self.segments.iter().map(|&s| segments[s].wanted).collect::<Vec<_>>())
     }
 
     /// The table's words: the header `(entries, 0, 0, 0)`, then per segment
-    /// [`shader::SEGMENT_FIELDS`], bases relative to the dispatch's bindings.
+    /// [`shader::SEGMENT_FIELDS`], bases relative to the dispatch's bindings, then the
+    /// workgroup map.
     fn table(&self, segments: &[Segment]) -> Vec<u32> {
         let mut words = vec![self.segments.len() as u32, 0, 0, 0];
         let mut first = 0;
-        for (&s, groups) in self.segments.iter().zip(self.groups(segments)) {
-            let segment = &segments[s];
+        let groups = self.groups(segments);
+        for (&s, &groups) in self.segments.iter().zip(&groups) {
+            let (segment, groups) = (&segments[s], u64::from(groups));
             let grads_from = if self.key.grads.is_none() { self.params.0 } else { self.grads.0 };
             let [(s0, a0), (s1, a1)] = segment.state_words;
             let fields = [
@@ -199,6 +189,7 @@ impl Pending {
             words.extend(fields.iter().map(|&f| f as u32));
             first += groups;
         }
+        words.extend(workgroup_map(&groups));
         words
     }
 }
@@ -385,6 +376,20 @@ impl Q8Engine {
         for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
             let tensor = &self.tensors[i];
             let shared = grad.buffer == param.buffer;
+            let quantized = tensor.quantized && !tensor.kinds.is_empty();
+            let key = DispatchKey {
+                variant: Variant {
+                    switches: self.switches[tensor.group],
+                    kinds: tensor.kinds.clone(),
+                    quantized,
+                    grad_in_params: shared,
+                    serial: self.serial && quantized,
+                },
+                group: tensor.group,
+                params: param.buffer.clone(),
+                grads: (!shared).then(|| grad.buffer.clone()),
+                state: tensor.buffer.clone(),
+            };
             for start in (0..param.len).step_by(chunk as usize) {
                 let n = (param.len - start).min(chunk);
                 let bytes = |t: &Tensor| (t.offset + 4 * start, t.offset + 4 * (start + n));
@@ -413,9 +418,11 @@ impl Q8Engine {
                     };
                 }
                 let blocks = blocks(n as usize) as u64;
-                let serial = self.serial && tensor.quantized && !tensor.kinds.is_empty();
-                let wanted = if serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
-                segments.push(Segment { param: i, n, blocks, param_bytes, grad_bytes, state_words, wanted });
+                let owners =
+                    if key.variant.serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
+                let wanted = owners as u32;
+                let key = key.clone();
+                segments.push(Segment { key, n, blocks, param_bytes, grad_bytes, state_words, wanted });
             }
         }
         // Segments of one variant over the same buffers share a dispatch while its bindings
@@ -424,24 +431,8 @@ impl Q8Engine {
         #[allow(clippy::mutable_key_type)]
         let mut open: HashMap<DispatchKey, usize> = HashMap::new();
         for (s, segment) in segments.iter().enumerate() {
-            let tensor = &self.tensors[segment.param];
-            let quantized = tensor.quantized && !tensor.kinds.is_empty();
-            let shared = grads[segment.param].buffer == params[segment.param].buffer;
-            let variant = Variant {
-                switches: self.switches[tensor.group],
-                kinds: tensor.kinds.clone(),
-                quantized,
-                grad_in_params: shared,
-                serial: self.serial && quantized,
-            };
-            let key = DispatchKey {
-                variant,
-                group: tensor.group,
-                params: params[segment.param].buffer.clone(),
-                grads: (!shared).then(|| grads[segment.param].buffer.clone()),
-                state: tensor.buffer.clone(),
-            };
-            if let Some(&d) = open.get(&key) {
+            let key = &segment.key;
+            if let Some(&d) = open.get(key) {
                 if pending[d].try_add(s, &segments, align, max_binding) {
                     continue;
                 }
@@ -451,14 +442,14 @@ impl Q8Engine {
             // A lone segment always fits: its ranges were checked above.
             let added = fresh.try_add(s, &segments, align, max_binding);
             debug_assert!(added);
-            open.insert(key, pending.len());
+            open.insert(key.clone(), pending.len());
             pending.push(fresh);
         }
         let mut pipelines = Vec::with_capacity(pending.len());
         for dispatch in &pending {
             pipelines.push(self.pipeline(ctx, &dispatch.key.variant)?);
         }
-        let slot = shader::TABLE_BYTES.next_multiple_of(uniform_align);
+        let slot = TABLE_BYTES.next_multiple_of(uniform_align);
         let mut contents = vec![0u8; pending.len() * slot as usize];
         for (dispatch, bytes) in pending.iter().zip(contents.chunks_exact_mut(slot as usize)) {
             let table = dispatch.table(&segments);
@@ -476,7 +467,7 @@ impl Q8Engine {
                 let key = &dispatch.key;
                 let at = d as u64 * slot;
                 let mut entries = vec![
-                    buffer(0, &uniforms, (at, at + shader::TABLE_BYTES)),
+                    buffer(0, &uniforms, (at, at + TABLE_BYTES)),
                     buffer(1, &key.params, dispatch.params),
                     buffer(3, &key.state, (0, key.state.size())),
                 ];
@@ -491,7 +482,7 @@ impl Q8Engine {
                     layout: &pipeline.layout,
                     entries: &entries,
                 });
-                let workgroups = dispatch.groups(&segments).iter().sum::<u64>() as u32;
+                let workgroups = dispatch.groups(&segments).iter().sum::<u32>();
                 dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: key.group });
             }
             dispatches
@@ -621,7 +612,7 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
-        buffer_entry(0, Uniform, false, shader::TABLE_BYTES),
+        buffer_entry(0, Uniform, false, TABLE_BYTES),
         buffer_entry(1, Storage { read_only: false }, false, 4),
         buffer_entry(3, Storage { read_only: false }, false, 4),
     ];

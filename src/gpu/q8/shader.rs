@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use crate::gpu::kernel::nan_helpers;
+use crate::gpu::kernel::{entry_row_wgsl, nan_helpers, TABLE_ROWS};
 use crate::q8::lut::{BUCKETS, BUCKETS_PER_SIGN, ONE, SMALLEST};
 use crate::step::{Family, Slot, Switches};
 use crate::{DType, StateKind};
@@ -40,19 +40,11 @@ pub(crate) const SEGMENT_FIELDS: [&str; 12] =
     ["n", "blocks", "first_group", "groups", "param", "grad", "s0", "a0", "s1", "a1", "unused0", "unused1"];
 
 /// Rows (`vec4<u32>`) of one table entry.
-const ENTRY_ROWS: usize = SEGMENT_FIELDS.len() / 4;
+pub(crate) const ENTRY_ROWS: usize = SEGMENT_FIELDS.len() / 4;
 
-/// Rows of a table after its header row `(entries, 0, 0, 0)`.
-const TABLE_ROWS: usize = 1023;
-
-/// Bytes of a dispatch's table.
-pub(crate) const TABLE_BYTES: u64 = 16 * (1 + TABLE_ROWS as u64);
-
-/// Segments one dispatch's table holds.
-pub(crate) const MAX_ENTRIES: usize = TABLE_ROWS / ENTRY_ROWS;
-
-/// The dispatch's table, `seg` (the workgroup's segment, private) and the functions that
-/// find and load it: entries list their first workgroups in increasing order.
+/// The dispatch's table (the multi-tensor path's layout: a header row, the entries, the
+/// workgroup map), `seg` (the workgroup's segment, private) and the functions that find and
+/// load it.
 fn table_wgsl() -> String {
     let mut s = String::from("struct Segment {\n");
     for field in SEGMENT_FIELDS {
@@ -62,12 +54,9 @@ fn table_wgsl() -> String {
         s,
         "}}\nvar<private> seg: Segment;\n\
          struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {TABLE_ROWS}>,\n}}\n\
-         @group(1) @binding(0) var<uniform> table: Table;\n\
-         // The first row of the entry whose workgroups include workgroup `w`.\n\
-         fn find_entry(w: u32) -> u32 {{\n    var lo = 0u;\n    var hi = table.head.x;\n    \
-         while hi - lo > 1u {{\n        let mid = (lo + hi) / 2u;\n        \
-         if table.rows[{ENTRY_ROWS}u * mid].z <= w {{\n            lo = mid;\n        }} else {{\n            hi = mid;\n        }}\n    }}\n    \
-         return {ENTRY_ROWS}u * lo;\n}}\nfn load_segment(e: u32) {{\n"
+         @group(1) @binding(0) var<uniform> table: Table;\n{}\
+         fn load_segment(e: u32) {{\n",
+        entry_row_wgsl(ENTRY_ROWS)
     );
     const LANES: [&str; 4] = ["x", "y", "z", "w"];
     for (f, field) in SEGMENT_FIELDS.iter().enumerate() {
@@ -189,7 +178,7 @@ fn f32_entry(kinds: &[StateKind]) -> String {
         "@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
     hp = hp_base;
-    load_segment(find_entry(wid.x));
+    load_segment(entry_row(wid.x));
     let last = seg.n - 1u;
     for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {{
         first = b * 256u + lid * 4u;
@@ -272,7 +261,7 @@ fn largest(v: R) -> u32 {{
 {kept}@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
     hp = hp_base;
-    load_segment(find_entry(wid.x));
+    load_segment(entry_row(wid.x));
     for (var b = (wid.x - seg.first_group) * {WORKGROUP}u + lid; b < seg.blocks; b += seg.groups * {WORKGROUP}u) {{
         var block_max = vec2(0u);
         var words = 0u;
@@ -306,7 +295,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     hp = hp_base;
     // One search per workgroup, and a value the barriers below may depend on.
     if lid == 0u {{
-        entry = find_entry(wid.x);
+        entry = entry_row(wid.x);
     }}
     let e = workgroupUniformLoad(&entry);
     load_segment(e);
