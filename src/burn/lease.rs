@@ -45,19 +45,7 @@ pub(crate) fn lease<const D: usize>(
     access: Access,
     what: &str,
 ) -> Result<(BurnTensor<D>, Leased)> {
-    if tensor.device() != *shared.device() {
-        return Err(Error::Burn(format!(
-            "{what} is on {:?}, not on the shared device {:?}",
-            tensor.device(),
-            shared.device()
-        )));
-    }
-    let dtype = match tensor.dtype() {
-        BurnDType::F32 => DType::F32,
-        BurnDType::F16 => DType::F16,
-        BurnDType::BF16 => DType::BF16,
-        other => return Err(Error::Burn(format!("{what} is {other:?}; expected F32, F16 or BF16"))),
-    };
+    let dtype = bindable(shared, &tensor, what)?;
     // The kernels see values, not a graph: an autodiff tensor is stepped as its inner one.
     let primitive = tensor
         .inner()
@@ -88,6 +76,28 @@ pub(crate) fn lease<const D: usize>(
     }
     let tensor = BurnTensor::from_primitive::<Cube>(from_cube(cube));
     Ok((tensor, Leased { tensor: leased, _claim: Box::new(resource) }))
+}
+
+/// This crate's dtype of `tensor`, refused ([`Error::Burn`], naming it `what`) where it is not
+/// on the shared device or not F32, F16 or BF16.
+pub(crate) fn bindable<const D: usize>(
+    shared: &SharedDevice,
+    tensor: &BurnTensor<D>,
+    what: &str,
+) -> Result<DType> {
+    if tensor.device() != *shared.device() {
+        return Err(Error::Burn(format!(
+            "{what} is on {:?}, not on the shared device {:?}",
+            tensor.device(),
+            shared.device()
+        )));
+    }
+    match tensor.dtype() {
+        BurnDType::F32 => Ok(DType::F32),
+        BurnDType::F16 => Ok(DType::F16),
+        BurnDType::BF16 => Ok(DType::BF16),
+        other => Err(Error::Burn(format!("{what} is {other:?}; expected F32, F16 or BF16"))),
+    }
 }
 
 fn to_cube(primitive: FloatPrimitive) -> Result<CubeTensor> {

@@ -5,7 +5,7 @@ use ::burn::optim::GradientsParams;
 use ::burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
 
 use super::device::refuse_fusion;
-use super::lease::{lease, Access, Leased};
+use super::lease::{bindable, lease, Access, Leased};
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
 use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Tensor};
@@ -274,23 +274,25 @@ impl ModuleVisitor for Check<'_> {
             return;
         }
         let value = param.val();
-        let problem = check_tensor(self.shared, &value, "parameter")
-            .or_else(|| check_tensor(self.shared, &grad, "gradient"))
-            .or_else(|| {
-                (grad.shape() != value.shape()).then(|| {
+        let id = param.id;
+        let checked = bindable(self.shared, &value, &format!("parameter {id}"))
+            .and_then(|_| bindable(self.shared, &grad, &format!("the gradient of parameter {id}")))
+            .and_then(|_| {
+                let problem = if grad.shape() != value.shape() {
                     format!(
                         "its gradient's shape is {:?}, not the parameter's {:?}",
                         grad.shape(),
                         value.shape()
                     )
-                })
+                } else if grad.dtype() != value.dtype() {
+                    format!("its gradient is {:?}, the parameter {:?}", grad.dtype(), value.dtype())
+                } else {
+                    return Ok(());
+                };
+                Err(Error::Burn(format!("parameter {id}: {problem}")))
             });
-        let problem = problem.or_else(|| {
-            (grad.dtype() != value.dtype())
-                .then(|| format!("its gradient is {:?}, the parameter {:?}", grad.dtype(), value.dtype()))
-        });
-        if let Some(problem) = problem {
-            self.error = Some(Error::Burn(format!("parameter {}: {problem}", param.id)));
+        if let Err(e) = checked {
+            self.error = Some(e);
             return;
         }
         if self.lease_params {
@@ -300,20 +302,6 @@ impl ModuleVisitor for Check<'_> {
             }
         }
     }
-}
-
-/// Why `tensor` cannot be bound, if it cannot.
-fn check_tensor<const D: usize>(shared: &SharedDevice, tensor: &BurnTensor<D>, what: &str) -> Option<String> {
-    if tensor.device() != *shared.device() {
-        return Some(format!(
-            "the {what} is on {:?}, not on the shared device {:?}",
-            tensor.device(),
-            shared.device()
-        ));
-    }
-    let dtype = tensor.dtype();
-    let supported = [::burn::tensor::DType::F32, ::burn::tensor::DType::F16, ::burn::tensor::DType::BF16];
-    (!supported.contains(&dtype)).then(|| format!("the {what} is {dtype:?}; expected F32, F16 or BF16"))
 }
 
 /// What Burn's own module optimizer keeps of a parameter across an update.
