@@ -5,7 +5,7 @@
 //! ```
 //! Reads the `*.safetensors` files directly in the directory (not its subdirectories).
 //! Prints one line per case and backend, or one `refused` line for a case whose op or
-//! attributes the reader does not implement, then `N passed, M failed, K refused`; exits
+//! attributes the reader does not implement, then `N cases: P passed, F failed, R refused`; exits
 //! non-zero when anything failed or was refused.
 
 use std::path::PathBuf;
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("{passed} passed, {failed} failed, {refused} refused");
+    println!("{} cases: {passed} passed, {failed} failed, {refused} refused", files.len());
     if failed > 0 || refused > 0 {
         ExitCode::FAILURE
     } else {

@@ -77,6 +77,15 @@ pub enum Error {
         /// What is wrong with the range.
         problem: String,
     },
+    /// A value the crate would compute with is not one it can hold: an 8-bit state's
+    /// `absmax` that is NaN, infinite or negative.
+    #[error("`{argument}` {problem}")]
+    BadValue {
+        /// The offending argument, with the index of the bad element.
+        argument: String,
+        /// What is wrong with it and what was expected.
+        problem: String,
+    },
     /// A buffer lacks a usage flag that binding it requires.
     #[error("`{argument}`'s buffer lacks the usage {needed} (it has {has})")]
     MissingUsage {
@@ -97,6 +106,21 @@ pub enum Error {
         output: String,
         /// The tensor it overlaps.
         other: String,
+    },
+    /// A tensor that a step or call reads shares memory with a range the same step writes
+    /// for another tensor: a gradient inside another parameter, a model copy or the
+    /// optimizer's state, or an input of one `ops` update inside another's output. The
+    /// tensors are updated in one pass, so it would read values already updated.
+    #[error(
+        "`{tensor}` shares memory with `{written}`, which the same step writes: a tensor may \
+         only be its own output exactly (a gradient its own parameter) and must not touch \
+         any other written range (it would read values the step already updated)"
+    )]
+    OverlapsWritten {
+        /// The tensor read.
+        tensor: String,
+        /// The written tensor it overlaps.
+        written: String,
     },
     /// Two outputs were given the same memory.
     #[error("outputs `{first}` and `{second}` are the same range: every output needs its own memory")]

@@ -451,6 +451,52 @@ pub fn bnb_adam8bit_step(
     store(exp_avg_sq, &v, &unsigned)
 }
 
+/// Step `step` of `algorithm` as bitsandbytes' 8-bit optimizers run it, over `states` in
+/// the algorithm's state order ([`crate::Algorithm::state_kinds`]): Adam and AdamW as
+/// [`bnb_adam8bit_step`] (decoupled decay), SGD with momentum as [`bnb_sgd8bit_step`]; then
+/// the parameters rounded to f32, as an optimizer with 8-bit state stores them. Another
+/// algorithm, or a count of states other than its own, is refused and nothing changes.
+pub fn bnb_8bit_step(
+    algorithm: &crate::Algorithm,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    states: &mut [BnbState],
+) -> Result<()> {
+    use crate::Algorithm;
+    let kept = algorithm.state_kinds().len();
+    if states.len() != kept {
+        return Err(Error::CountMismatch { argument: "states".into(), got: states.len(), expected: kept });
+    }
+    match (algorithm, states) {
+        (Algorithm::Adam(a), [m, v]) if !a.amsgrad => {
+            let config = BnbAdam {
+                lr: a.lr,
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            };
+            bnb_adam8bit_step(&config, step, param, grad, m, v)?;
+        }
+        (Algorithm::Sgd(s), [buffer]) => {
+            let config = BnbSgd { lr: s.lr, momentum: s.momentum, weight_decay: s.weight_decay };
+            bnb_sgd8bit_step(&config, step, param, grad, buffer)?;
+        }
+        _ => {
+            return Err(Error::ConflictingOptions {
+                first: "q8_states",
+                second: "algorithm",
+                reason: "bitsandbytes' 8-bit optimizers are Adam, AdamW and SGD with momentum",
+            })
+        }
+    }
+    for p in param.iter_mut() {
+        *p = f64::from(*p as f32);
+    }
+    Ok(())
+}
+
 /// `bitsandbytes.optim.SGD8bit`'s hyperparameters (its 8-bit update has no dampening and no
 /// Nesterov form).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -479,8 +525,9 @@ pub fn bnb_sgd8bit_step(
     let signed = crate::q8::signed_map();
     let mut b = load(buffer, &signed)?;
     for ((p, g), b) in param.iter_mut().zip(grad).zip(&mut b) {
-        // grad.add_(p, alpha=weight_decay)
-        let g = g + config.weight_decay * *p;
+        // grad.add_(p, alpha=weight_decay), only where there is a decay (as PyTorch's
+        // `if weight_decay != 0`): 0 * p would make a NaN or infinite parameter's gradient NaN.
+        let g = if config.weight_decay != 0.0 { g + config.weight_decay * *p } else { *g };
         *b = if step == 1 { g } else { *b * config.momentum + g };
         // p.add_(state1, alpha=-lr)
         *p += -config.lr * *b;

@@ -8,7 +8,9 @@ use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::{self, torch_adam_step, TorchAdamState};
-use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
+use wgpu_optim::{
+    Adam, DType, DmlAdam, Error, GpuContext, Optimizer, OptimizerOptions, Q8States, StateKind, Tensor,
+};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
 
@@ -210,4 +212,147 @@ fn the_optimizer_refuses_grads_that_do_not_match() {
     );
     assert_eq!(optimizer.step_count(), 0, "a refused step does not count");
     assert_tensor(&ctx, "params after refused steps", &params[0], &[0.5; 16]);
+}
+
+/// Every byte of `tensors`' buffers, to show that a refused step wrote nothing.
+fn buffer_bytes(ctx: &GpuContext, tensors: &[&Tensor]) -> Vec<Vec<u8>> {
+    tensors
+        .iter()
+        .map(|t| ctx.read_bytes(&Tensor::new(&t.buffer, 0, t.buffer.size() / 4, DType::F32)).unwrap())
+        .collect()
+}
+
+/// Asserts that a step over `grads` is refused as a gradient overlapping `written`, with
+/// nothing recorded into the encoder it was given and the step count unchanged.
+#[track_caller]
+fn assert_grads_refused(
+    ctx: &GpuContext,
+    optimizer: &mut Optimizer,
+    grads: &[Tensor],
+    watched: &[&Tensor],
+    (grad, written): (&str, &str),
+) {
+    let before = buffer_bytes(ctx, watched);
+    let step = optimizer.step_count();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let err = optimizer.record_step(&mut encoder, grads).unwrap_err();
+    ctx.queue().submit([encoder.finish()]);
+    assert!(
+        matches!(&err, Error::OverlapsWritten { tensor, written: w } if tensor == grad && w == written),
+        "expected `{grad}` refused for overlapping `{written}`, got: {err}"
+    );
+    assert!(err.to_string().contains(grad) && err.to_string().contains(written), "{err}");
+    let err = optimizer.step(grads).unwrap_err();
+    assert!(matches!(err, Error::OverlapsWritten { .. }), "step() refuses too: {err}");
+    assert_eq!(optimizer.step_count(), step, "a refused step does not count");
+    assert!(buffer_bytes(ctx, watched) == before, "a refused step changed memory ({err})");
+}
+
+#[test]
+fn a_gradient_inside_another_parameter_is_refused_and_changes_nothing() {
+    // Two parameters of 1000 in one buffer; grads[1] lies inside params[0]. Updated in one
+    // pass, grads[1] would read params[0]'s new values.
+    let ctx = ctx();
+    let n = 1000;
+    let mut rng = Rng::new(31);
+    let initial = rng.vec(2 * n, 1.0);
+    let flat = ctx.upload_f32("params", &to_f32(&initial));
+    let params = [flat.slice(0, n as u64), flat.slice(n as u64, n as u64)];
+    let config = Adam { lr: 0.01, ..Adam::default() };
+    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(n, 1.0)));
+    let exp_avg = optimizer.state(0, StateKind::ExpAvg).unwrap().clone();
+    let watched = [&flat, &g0, &exp_avg];
+    let inside = [g0.clone(), params[0].clone()];
+    assert_grads_refused(&ctx, &mut optimizer, &inside, &watched, ("grads[1]", "params[0]"));
+    // Partly inside: from the middle of params[0] into params[1].
+    let straddling = [g0.clone(), flat.slice(500, n as u64)];
+    assert_grads_refused(&ctx, &mut optimizer, &straddling, &watched, ("grads[1]", "params[0]"));
+    // A gradient that is another tensor's state, exactly.
+    let state = [exp_avg.clone(), ctx.zeros("g1", n as u64, DType::F32)];
+    assert_grads_refused(&ctx, &mut optimizer, &state, &watched, ("grads[0]", "exp_avg[0]"));
+
+    // Each gradient its own parameter exactly is allowed, and steps as PyTorch does.
+    let own = params.clone();
+    optimizer.step(&own).unwrap();
+    let mut want = initial.clone();
+    for half in 0..2 {
+        let range = half * n..(half + 1) * n;
+        let mut state = TorchAdamState::zeros(n, false);
+        let grad = initial[range.clone()].to_vec();
+        torch_adam_step(&config, &mut want[range], &grad, &mut state);
+    }
+    assert_tensor(&ctx, "params after a step on their own values", &flat, &want);
+}
+
+#[test]
+fn a_gradient_inside_another_parameter_is_refused_with_8bit_state() {
+    let ctx = ctx();
+    // params[0] of 8192 and params[1] of 4096 in one buffer, both with 8-bit state.
+    let n = 4096;
+    let mut rng = Rng::new(32);
+    let flat = ctx.upload_f32("params", &to_f32(&rng.vec(3 * n, 1.0)));
+    let params = [flat.slice(0, 2 * n as u64), flat.slice(2 * n as u64, n as u64)];
+    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+    let mut optimizer = Optimizer::with_options(&ctx, Adam::adamw(), &params, options).unwrap();
+    let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(2 * n, 1.0)));
+    optimizer.step(&[g0.clone(), ctx.upload_f32("g1", &to_f32(&rng.vec(n, 1.0)))]).unwrap();
+    let states =
+        |o: &Optimizer| (0..2).map(|i| o.read_q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
+    let before = states(&optimizer);
+    // grads[1] inside params[0], clear of params[1].
+    let grads = [g0.clone(), flat.slice(100, n as u64)];
+    assert_grads_refused(&ctx, &mut optimizer, &grads, &[&flat, &g0], ("grads[1]", "params[0]"));
+    assert_eq!(states(&optimizer), before, "a refused step changed the 8-bit state");
+}
+
+#[test]
+fn a_gradient_overlapping_a_model_copy_is_refused() {
+    let ctx = ctx();
+    let n = 64;
+    let params = [ctx.upload_f32("p0", &[0.5; 64]), ctx.upload_f32("p1", &[0.25; 64])];
+    // The bf16 copies in one buffer, 128 bytes each, at bytes 0 and 768.
+    let copies = ctx.zeros("copies", 8 * n, DType::BF16);
+    let options = OptimizerOptions {
+        model_copies: vec![copies.slice(0, n), copies.slice(6 * n, n)],
+        ..Default::default()
+    };
+    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, options).unwrap();
+    // An f32 gradient (bytes 64 to 320) over the second half of copy 0 and nothing else.
+    let grads = [ctx.upload_f32("g0", &[0.1; 64]), Tensor::new(&copies.buffer, 64, n, DType::F32)];
+    let watched = [&params[0], &params[1], &copies];
+    assert_grads_refused(&ctx, &mut optimizer, &grads, &watched, ("grads[1]", "model_copies[0]"));
+}
+
+#[test]
+fn an_input_of_one_update_inside_another_updates_output_is_refused() {
+    // ops::update runs all its updates in one pass, as the optimizer does.
+    let ctx = ctx();
+    let flat = ctx.upload_f32("params", &[0.5; 128]);
+    let (p0, p1) = (flat.slice(0, 32), flat.slice(96, 32));
+    let state = || ctx.zeros("state", 32, DType::F32);
+    let (m0, v0, m1, v1) = (state(), state(), state(), state());
+    let g0 = ctx.upload_f32("g0", &[0.1; 32]);
+    let updates = [adam_io(&p0, &g0, &m0, &v0), adam_io(&p1, &flat.slice(8, 32), &m1, &v1)];
+    let before = ctx.read_bytes(&flat).unwrap();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let err = ops::update(&ctx, &mut encoder, &Adam::default().into(), 1, &updates).unwrap_err();
+    ctx.queue().submit([encoder.finish()]);
+    assert!(
+        matches!(&err, Error::OverlapsWritten { tensor, written } if tensor == "updates[1].grad" && written == "updates[0].param"),
+        "{err}"
+    );
+    assert_eq!(ctx.read_bytes(&flat).unwrap(), before, "a refused call changed memory");
+
+    // ONNX's variadic Adam: G_2 inside X_1, which is updated in place.
+    let inputs = [p0.clone(), p1.clone(), g0.clone(), flat.slice(4, 32), m0, m1, v0, v1];
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let attributes = wgpu_optim::OnnxAdam::default();
+    let err = ops::onnx::adam(&ctx, &mut encoder, &attributes, 0.01, 1, &inputs, &vec![None; 6]).unwrap_err();
+    ctx.queue().submit([encoder.finish()]);
+    assert!(
+        matches!(&err, Error::OverlapsWritten { tensor, written } if tensor == "G_2" && written == "X_1"),
+        "{err}"
+    );
+    assert_eq!(ctx.read_bytes(&flat).unwrap(), before, "a refused call changed memory");
 }

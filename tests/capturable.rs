@@ -7,7 +7,9 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Sgd, Tensor};
+use wgpu_optim::{
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd, Tensor,
+};
 
 fn capturable(ctx: &GpuContext, algorithm: Algorithm, params: &[Tensor]) -> Optimizer {
     let options = OptimizerOptions { capturable: true, ..Default::default() };
@@ -254,4 +256,36 @@ fn a_capturable_step_uploads_nothing_from_the_host() {
     assert_eq!(buffers(), before, "ten capturable steps staged uploads");
     ctx.queue().submit([encoder.finish()]);
     assert_eq!(optimizer.read_device_step().unwrap(), 11);
+}
+
+#[test]
+fn unscaling_gradients_that_share_memory_is_refused_and_changes_nothing() {
+    // The unscale rewrites every gradient in place: two that share bytes would be scaled
+    // twice where they meet.
+    let ctx = ctx();
+    let params = [ctx.upload("p0", &[1.0; 8], DType::F32), ctx.upload("p1", &[1.0; 8], DType::F32)];
+    let mut optimizer = capturable(&ctx, Sgd { lr: 0.5, ..Sgd::default() }.into(), &params);
+    let flat = ctx.upload("grads", &[2.0; 16], DType::F32);
+    let inv_scale = ctx.upload("inv_scale", &[0.5], DType::F32);
+    for overlapping in [[flat.slice(0, 8), flat.slice(4, 8)], [flat.slice(0, 8), flat.slice(0, 8)]] {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let err = optimizer.record_unscale(&mut encoder, &overlapping, &inv_scale).unwrap_err();
+        ctx.queue().submit([encoder.finish()]);
+        assert!(
+            matches!(&err, Error::OverlapsWritten { tensor, written } if tensor == "grads[1]" && written == "grads[0]"),
+            "expected grads[1] refused for sharing memory with grads[0], got: {err}"
+        );
+        assert_eq!(download(&ctx, &flat), vec![2.0; 16], "a refused unscale changed the gradients");
+        assert_eq!(optimizer.read_device_step().unwrap(), 0);
+    }
+    // Disjoint slices of one buffer unscale (2 * 0.5) and step: 1 - 0.5 * 1.
+    let disjoint = [flat.slice(0, 8), flat.slice(8, 8)];
+    ctx.submit("unscale and step", |e| {
+        optimizer.record_unscale(e, &disjoint, &inv_scale)?;
+        optimizer.record_step(e, &disjoint)
+    })
+    .unwrap();
+    for param in &params {
+        assert_eq!(download(&ctx, param), vec![0.5; 8]);
+    }
 }

@@ -330,3 +330,60 @@ fn amp_with_bf16_gradients_unscales_then_takes_the_norm_in_its_own_pass() {
         assert_close(&format!("step {step}"), &download(&ctx, &param), &want, Tolerance::F32);
     }
 }
+
+#[test]
+fn each_steps_norm_is_kept_on_the_device_and_read_back_once() {
+    // Three clipped steps recorded into one encoder, each followed by a copy of its norm:
+    // one submit and one readback give all three, each equal to the oracle's.
+    let ctx = ctx();
+    let mut rng = Rng::new(17);
+    let lengths = [700usize, 33];
+    let adam = Adam { lr: 1e-2, ..Adam::default() };
+    let clip = GradClip::l2(0.5);
+    let params: Vec<Tensor> =
+        lengths.iter().map(|&n| ctx.upload("param", &rng.vec(n, 1.0), DType::F32)).collect();
+    let mut optimizer = Optimizer::with_options(&ctx, adam, &params, clipped(clip)).unwrap();
+    let norms = ctx.zeros("norms", 3, DType::F32);
+    let mut want = Vec::new();
+    let mut gradients = Vec::new();
+    for step in 0..3 {
+        let mut g: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0 + step as f64)).collect();
+        gradients.push(g.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect::<Vec<_>>());
+        want.push(clip_grad_norm(&mut g, &clip));
+    }
+    ctx.submit("three steps", |encoder| {
+        for (step, grads) in gradients.iter().enumerate() {
+            optimizer.record_step(encoder, grads)?;
+            optimizer.record_grad_norm_copy(encoder, &norms.buffer, 4 * step as u64)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let got = download(&ctx, &norms);
+    for (step, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert!(*want > 0.5, "step {step} clips (norm {want})");
+        assert!(relative(*got, *want) < 1e-5, "step {step}: norm {got}, oracle {want}");
+    }
+    assert!(want[0] != want[2], "the three norms differ, so each slot holds its own step's");
+
+    // Refusals record nothing: no clipping, a buffer that cannot be copied into, a slot
+    // past the end or between words.
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let plain = Optimizer::new(&ctx, adam, &params).unwrap();
+    let err = plain.record_grad_norm_copy(&mut encoder, &norms.buffer, 0).unwrap_err();
+    assert!(matches!(err, Error::NeedsOption { option: "grad_clip", .. }), "{err}");
+    let storage_only = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let err = optimizer.record_grad_norm_copy(&mut encoder, &storage_only, 0).unwrap_err();
+    assert!(matches!(err, Error::MissingUsage { needed: "COPY_DST", .. }), "{err}");
+    for offset in [12, 2] {
+        let err = optimizer.record_grad_norm_copy(&mut encoder, &norms.buffer, offset).unwrap_err();
+        assert!(matches!(err, Error::BadRange { .. }), "offset {offset}: {err}");
+    }
+    ctx.queue().submit([encoder.finish()]);
+    assert_eq!(download(&ctx, &norms), got, "a refused copy wrote nothing");
+}

@@ -305,3 +305,89 @@ fn mismatched_files_are_refused_by_the_cpu_backend_and_change_nothing() {
         }
     }
 }
+
+/// Saves `optimizer` three times and asserts the bytes are the same each time.
+#[track_caller]
+fn saved_once(what: &str, save: impl Fn() -> Vec<u8>) -> Vec<u8> {
+    let first = save();
+    for _ in 0..2 {
+        assert!(save() == first, "{what}: two saves of one optimizer gave different bytes");
+    }
+    first
+}
+
+#[test]
+fn the_same_state_saves_to_the_same_bytes_on_either_backend() {
+    let ctx = ctx();
+    for setup in setups() {
+        let mut rng = Rng::new(14);
+        let initial = values(&mut rng);
+        let dtype = setup.param_dtype;
+        let gpu_params: Vec<Tensor> = initial.iter().map(|v| ctx.upload("param", v, dtype)).collect();
+        let mut gpu = setup.gpu(&ctx, &gpu_params);
+        for _ in 0..2 {
+            let grads: Vec<Tensor> = values(&mut rng).iter().map(|g| ctx.upload("grad", g, dtype)).collect();
+            gpu.step(&grads).unwrap();
+        }
+        let from_gpu = saved_once(&format!("{setup:?} on the GPU"), || gpu.save_to_bytes().unwrap());
+
+        let mut cpu = setup.cpu(&host(&initial, dtype));
+        cpu.load_from_bytes(&from_gpu).unwrap();
+        let from_cpu = saved_once(&format!("{setup:?} on the CPU"), || cpu.save_to_bytes().unwrap());
+        assert!(from_cpu == from_gpu, "{setup:?}: the CPU saves the GPU's state in other bytes");
+
+        // Save, load, save on the GPU: a fresh optimizer given the file saves it back.
+        let mut back = setup.gpu(&ctx, &gpu_params);
+        back.load_from_bytes(&from_cpu).unwrap();
+        assert!(back.save_to_bytes().unwrap() == from_gpu, "{setup:?}: save, load, save changed the bytes");
+
+        // And a CPU optimizer's own steps.
+        let mut params = host(&initial, dtype);
+        let mut stepped = setup.cpu(&params);
+        cpu_steps(&mut stepped, &mut params, &mut rng, dtype, 2);
+        let own = saved_once(&format!("{setup:?} stepped on the CPU"), || stepped.save_to_bytes().unwrap());
+        let mut reloaded = setup.cpu(&params);
+        reloaded.load_from_bytes(&own).unwrap();
+        assert!(
+            reloaded.save_to_bytes().unwrap() == own,
+            "{setup:?}: CPU save, load, save changed the bytes"
+        );
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_a_state_tensor_is_refused_by_both_backends_and_changes_nothing() {
+    let ctx = ctx();
+    let setup = Setup::f32(Adam { lr: 1e-2, amsgrad: true, ..Adam::default() });
+    let mut rng = Rng::new(15);
+    let initial = values(&mut rng);
+    let mut params = host(&initial, DType::F32);
+    let mut cpu = setup.cpu(&params);
+    cpu_steps(&mut cpu, &mut params, &mut rng, DType::F32, 2);
+    let good = cpu.save_to_bytes().unwrap();
+    cpu_steps(&mut cpu, &mut params, &mut rng, DType::F32, 1);
+    let gpu_params: Vec<Tensor> = initial.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let mut gpu = setup.gpu(&ctx, &gpu_params);
+    gpu.step(&gpu_params).unwrap();
+
+    let (n, metadata) = safetensors::SafeTensors::read_metadata(&good).unwrap();
+    for name in ["state.1.exp_avg_sq", "state.2.max_exp_avg_sq"] {
+        let (start, end) = metadata.info(name).unwrap().data_offsets;
+        let mut bad = good.clone();
+        // The low bit of a mantissa: a value off by one ulp, which nothing else would notice.
+        bad[8 + n + (start + end) / 2 / 4 * 4] ^= 1;
+        let err = assert_refused(&mut cpu, &bad, name);
+        assert!(err.to_string().contains(&format!("the data of `{name}` is corrupt")), "{err}");
+        let before = canonical(&gpu.save_to_bytes().unwrap());
+        let err = gpu.load_from_bytes(&bad).unwrap_err();
+        assert!(matches!(err, Error::BadFile { .. }) && err.to_string().contains(name), "{err}");
+        assert!(
+            canonical(&gpu.save_to_bytes().unwrap()) == before,
+            "{name}: a refused load changed the GPU optimizer"
+        );
+    }
+    // The same file loads on both.
+    cpu.load_from_bytes(&good).unwrap();
+    gpu.load_from_bytes(&good).unwrap();
+    assert!(cpu.save_to_bytes().unwrap() == good && gpu.save_to_bytes().unwrap() == good);
+}

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-use wgpu_optim::oracle::{bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd, BnbState};
+use wgpu_optim::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd, BnbState};
 use wgpu_optim::q8;
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
@@ -20,7 +20,7 @@ mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::{
-    Adagrad, Adam, DType, Error, GradClip, NormType, Optimizer, OptimizerOptions, Q8States, StateKind,
+    Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerOptions, Q8States, StateKind,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -231,14 +231,6 @@ fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backen
         (Adagrad::default().into(), q8_options(), "Adagrad"),
         (
             Adam::default().into(),
-            OptimizerOptions {
-                grad_clip: Some(GradClip { max_norm: 1.0, norm_type: NormType::L2 }),
-                ..q8_options()
-            },
-            "grad_clip",
-        ),
-        (
-            Adam::default().into(),
             OptimizerOptions { state_dtype: Some(DType::BF16), ..q8_options() },
             "state_dtype",
         ),
@@ -310,4 +302,180 @@ fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
     let plain = Optimizer::new(&ctx, Adam::default(), &[param]).unwrap_or_else(|e| panic!("{e}"));
     let err = plain.read_q8_state(0, StateKind::ExpAvg).unwrap_err();
     assert!(matches!(err, Error::NeedsOption { option: "q8_states", .. }), "{err}");
+}
+
+/// `got` (read back) against the oracle's state as the vectors' format compares 8-bit
+/// state: codes by `compare_codes`, absmax within 1e-4 relative; f32 state as f32 results.
+fn assert_state_follows(what: &str, got: &BnbState, want: &BnbState) {
+    match (got, want) {
+        (BnbState::Q8 { codes, absmax }, BnbState::Q8 { codes: want_codes, absmax: want_absmax }) => {
+            let widen = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
+            let codes_match = wgpu_optim_testkit::compare_codes(&widen(codes), &widen(want_codes));
+            assert!(codes_match.passed(), "{what}: codes {codes_match}");
+            let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+            let tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
+            assert_close(&format!("{what}: absmax"), &widen(absmax), &widen(want_absmax), tolerance);
+        }
+        (BnbState::F32(values), BnbState::F32(want_values)) => {
+            let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+            assert_close(what, &widen(values), &widen(want_values), Tolerance::F32);
+        }
+        _ => panic!("{what}: stored as {got:?}, not as the oracle's"),
+    }
+}
+
+/// Parameters after `steps` steps (at learning rate 1e-2) against the oracle's: within 1e-4,
+/// except at most 1 % of them, which stay within a step's size per step. A state code one
+/// apart from the oracle's (the vectors' format lets 1 % of codes differ: a value near the
+/// midpoint of two codes takes either) moves its element's update by up to a code's width,
+/// which for a small moment in a coarse part of the map is a good part of the step.
+fn assert_params_follow(what: &str, got: &[f64], want: &[f64], steps: usize) {
+    let close = wgpu_optim_testkit::compare(got, want, Tolerance::Close { rtol: 0.0, atol: 1e-4 });
+    assert!(close.passed() || close.mismatches * 100 <= want.len(), "{what}: {close}");
+    let lr = 1e-2;
+    assert_close(what, got, want, Tolerance::Close { rtol: 0.0, atol: lr * steps as f64 });
+}
+
+/// Tensors of the clipping tests: 8-bit ones and ones below `min_8bit_size` (f32 state),
+/// whose gradients count in the global norm all the same.
+const CLIPPED_LENGTHS: [usize; 4] = [5003, 300, 4096, 100];
+
+/// Three steps of gradients (rounded to f32) whose global L2 norm is about 3.
+fn clipped_gradients() -> Vec<Vec<Vec<f64>>> {
+    (0..3)
+        .map(|k| {
+            CLIPPED_LENGTHS
+                .iter()
+                .enumerate()
+                .map(|(t, &n)| {
+                    (0..n)
+                        .map(|i| f64::from((((i * 104_729 + k * 31 + t) % 997) as f64 * 1e-4 - 0.05) as f32))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn clipped_initial() -> Vec<Vec<f64>> {
+    CLIPPED_LENGTHS
+        .iter()
+        .enumerate()
+        .map(|(t, &n)| {
+            (0..n).map(|i| f64::from((((i * 7919 + t * 13) % 1000) as f64 * 1e-3 - 0.5) as f32)).collect()
+        })
+        .collect()
+}
+
+/// The oracle's clipped trajectory: each step's global norm, then each tensor (run by
+/// `algorithms[t]`) stepped with the clipped gradients.
+struct ClippedOracle {
+    params: Vec<Vec<f64>>,
+    states: Vec<Vec<BnbState>>,
+}
+
+impl ClippedOracle {
+    fn new(algorithms: &[Algorithm]) -> Self {
+        let states = CLIPPED_LENGTHS
+            .iter()
+            .zip(algorithms)
+            .map(|(&n, a)| a.state_kinds().iter().map(|_| BnbState::zeros(n, n >= 4096)).collect())
+            .collect();
+        ClippedOracle { params: clipped_initial(), states }
+    }
+
+    /// Step `step` with `grads` clipped to `clip`; returns the norm before clipping.
+    fn step(&mut self, algorithms: &[Algorithm], step: u64, grads: &[Vec<f64>], clip: &GradClip) -> f64 {
+        let mut clipped = grads.to_vec();
+        let norm = wgpu_optim::oracle::clip_grad_norm(&mut clipped, clip);
+        for (t, g) in clipped.iter().enumerate() {
+            bnb_8bit_step(&algorithms[t], step, &mut self.params[t], g, &mut self.states[t])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        norm
+    }
+}
+
+/// Global clipping with 8-bit state on the GPU: the norm over every tensor of both groups
+/// (8-bit and f32-state ones), each gradient scaled by the coefficient as it is loaded, so
+/// that parameters and states (whose absmax scales with the gradients) follow the oracle's
+/// clipped trajectory.
+#[test]
+fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the_gpu() {
+    let ctx = common::ctx();
+    let adamw: Algorithm =
+        Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into();
+    let sgd: Algorithm = wgpu_optim::Sgd { lr: 1e-2, momentum: 0.9, ..Default::default() }.into();
+    let algorithms = [adamw, adamw, sgd, sgd];
+    let clip = GradClip::l2(0.5);
+    let mut oracle = ClippedOracle::new(&algorithms);
+    let params: Vec<wgpu_optim::Tensor> =
+        oracle.params.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let groups = vec![
+        wgpu_optim::ParamGroup::new(adamw, &params[..2]),
+        wgpu_optim::ParamGroup::new(sgd, &params[2..]),
+    ];
+    let options = OptimizerOptions { grad_clip: Some(clip), ..q8_options() };
+    let mut opt = Optimizer::with_groups(&ctx, groups, options).unwrap_or_else(|e| panic!("{e}"));
+    for (k, grads) in clipped_gradients().iter().enumerate() {
+        let tensors: Vec<wgpu_optim::Tensor> =
+            grads.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+        opt.step(&tensors).unwrap_or_else(|e| panic!("{e}"));
+        let want_norm = oracle.step(&algorithms, k as u64 + 1, grads, &clip);
+        assert!(want_norm > 4.0 * clip.max_norm, "the case clips (norm {want_norm})");
+        let norm = opt.read_grad_norm().unwrap_or_else(|e| panic!("{e}"));
+        assert!((norm - want_norm).abs() <= 1e-5 * want_norm, "step {k}: norm {norm}, oracle {want_norm}");
+        for (t, param) in params.iter().enumerate() {
+            let what = format!("step {k}: params[{t}]");
+            let got = ctx.read(param).unwrap_or_else(|e| panic!("{e}"));
+            assert_params_follow(&what, &got, &oracle.params[t], k + 1);
+            for (kind, want) in algorithms[t].state_kinds().iter().zip(&oracle.states[t]) {
+                let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                let got = got.unwrap_or_else(|| panic!("{what}: no {kind:?}"));
+                assert_state_follows(&format!("{what} {kind:?}"), &got, want);
+            }
+        }
+    }
+}
+
+/// Global clipping with 8-bit state on the CPU backend, for each 8-bit algorithm: the norm
+/// over every tensor (8-bit and f32-state ones), the clipped trajectory as the oracle's.
+#[test]
+fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the_cpu() {
+    let adamw: Algorithm =
+        Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into();
+    let sgd: Algorithm = wgpu_optim::Sgd { lr: 1e-2, momentum: 0.9, ..Default::default() }.into();
+    let clip = GradClip::l2(0.5);
+    for algorithm in [adamw, sgd] {
+        let algorithms = [algorithm; CLIPPED_LENGTHS.len()];
+        let mut oracle = ClippedOracle::new(&algorithms);
+        let mut weights: Vec<Vec<f32>> =
+            oracle.params.iter().map(|p| p.iter().map(|&x| x as f32).collect()).collect();
+        let host: Vec<HostSlice<'_>> = weights.iter().map(|w| HostSlice::F32(w)).collect();
+        let options = OptimizerOptions { grad_clip: Some(clip), ..q8_options() };
+        let mut opt = CpuOptimizer::with_options(algorithm, &host, options).unwrap_or_else(|e| panic!("{e}"));
+        for (k, grads) in clipped_gradients().iter().enumerate() {
+            let narrow: Vec<Vec<f32>> = grads.iter().map(|g| g.iter().map(|&x| x as f32).collect()).collect();
+            let grad_slices: Vec<HostSlice<'_>> = narrow.iter().map(|g| HostSlice::F32(g)).collect();
+            let mut param_slices: Vec<HostSliceMut<'_>> =
+                weights.iter_mut().map(|w| HostSliceMut::F32(w)).collect();
+            opt.step(&mut param_slices, &grad_slices).unwrap_or_else(|e| panic!("{e}"));
+            let want_norm = oracle.step(&algorithms, k as u64 + 1, grads, &clip);
+            assert!(want_norm > 4.0 * clip.max_norm, "the case clips (norm {want_norm})");
+            let norm = opt.grad_norm().unwrap_or_else(|| panic!("step {k}: no norm"));
+            assert!(
+                (norm - want_norm).abs() <= 1e-5 * want_norm,
+                "step {k}: norm {norm}, oracle {want_norm}"
+            );
+            for (t, w) in weights.iter().enumerate() {
+                let what = format!("{algorithm:?} step {k}: params[{t}]");
+                let got: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
+                assert_params_follow(&what, &got, &oracle.params[t], k + 1);
+                for (kind, want) in algorithm.state_kinds().iter().zip(&oracle.states[t]) {
+                    let got = opt.q8_state(t, *kind).unwrap_or_else(|| panic!("{what}: no {kind:?}"));
+                    assert_state_follows(&format!("{what} {kind:?}"), got, want);
+                }
+            }
+        }
+    }
 }

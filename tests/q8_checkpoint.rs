@@ -503,3 +503,122 @@ fn mismatched_8bit_files_are_refused_by_the_cpu_backend_and_change_nothing() {
     target.load_from_bytes(&good).unwrap();
     assert!(canonical(&target.save_to_bytes().unwrap()) == canonical(&good));
 }
+
+#[test]
+fn the_same_8bit_state_saves_to_the_same_bytes_on_either_backend() {
+    let ctx = ctx();
+    for setup in setups() {
+        let mut rng = Rng::new(27);
+        let initial = values(&mut rng);
+        let params: Vec<Tensor> = initial.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+        let mut gpu = setup.gpu(&ctx, &params);
+        gpu_steps(&ctx, &mut gpu, &mut rng, 2);
+        let from_gpu = gpu.save_to_bytes().unwrap();
+        for _ in 0..2 {
+            assert!(gpu.save_to_bytes().unwrap() == from_gpu, "{setup:?}: two GPU saves differ");
+        }
+        let mut cpu = setup.cpu(&host(&initial));
+        cpu.load_from_bytes(&from_gpu).unwrap();
+        for _ in 0..3 {
+            assert!(
+                cpu.save_to_bytes().unwrap() == from_gpu,
+                "{setup:?}: the CPU saves the GPU's state in other bytes"
+            );
+        }
+        let mut back = setup.gpu(&ctx, &params);
+        back.load_from_bytes(&from_gpu).unwrap();
+        assert!(back.save_to_bytes().unwrap() == from_gpu, "{setup:?}: save, load, save changed the bytes");
+    }
+}
+
+/// Files whose 8-bit state a step would turn into wrong numbers, each with a piece of the
+/// refusal's message: a NaN absmax (its block's 256 values would all go NaN), a negative
+/// one (they would step the wrong way), an infinite one, and a code flipped in the middle of
+/// a state tensor (caught by the tensor's checksum).
+fn invalid_states(good: &[u8]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let file = File::parse(good);
+    let absmax = f32s(file.data("state.0.absmax1"));
+    let with_absmax = |j: usize, value: f32| {
+        let mut absmax = absmax.clone();
+        absmax[j] = value;
+        file.with("state.0.absmax1", Dtype::F32, &[20], f32_bytes(&absmax))
+    };
+    let mut flipped = good.to_vec();
+    let (n, metadata) = SafeTensors::read_metadata(good).unwrap();
+    let (start, end) = metadata.info("state.0.state2").unwrap().data_offsets;
+    flipped[8 + n + (start + end) / 2] ^= 0x10;
+    vec![
+        ("a NaN absmax", with_absmax(3, f32::NAN), "`state.0.absmax1[3]` is NaN"),
+        ("a negative absmax", with_absmax(7, -absmax[7]), "`state.0.absmax1[7]` is -"),
+        ("an infinite absmax", with_absmax(19, f32::INFINITY), "`state.0.absmax1[19]` is inf"),
+        ("a flipped code", flipped, "the data of `state.0.state2` is corrupt"),
+    ]
+}
+
+#[test]
+fn invalid_8bit_state_in_a_checkpoint_is_refused_by_name_and_changes_nothing() {
+    let ctx = ctx();
+    let setup = Setup::new(adam());
+    let mut rng = Rng::new(28);
+    let initial = values(&mut rng);
+    let params: Vec<Tensor> = initial.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+    let mut gpu = setup.gpu(&ctx, &params);
+    gpu_steps(&ctx, &mut gpu, &mut rng, 2);
+    let good = gpu.save_to_bytes().unwrap();
+    gpu_steps(&ctx, &mut gpu, &mut rng, 1);
+    let mut host_params = host(&initial);
+    let mut cpu = setup.cpu(&host_params);
+    cpu_steps(&mut cpu, &mut host_params, &mut rng, 3);
+    for (what, bytes, says) in invalid_states(&good) {
+        assert_gpu_refuses(&ctx, &mut gpu, &bytes, what, says);
+        assert_cpu_refuses(&mut cpu, &bytes, what, says);
+    }
+
+    // A file without checksums (format 1, or converted from PyTorch) still loads.
+    let unchecked = File::parse(&good).with_metadata("crc32", None);
+    gpu.load_from_bytes(&unchecked).unwrap();
+    cpu.load_from_bytes(&unchecked).unwrap();
+    let saved = File::parse(&good);
+    for (i, kind) in (0..2).flat_map(|i| [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| (i, k))) {
+        let on_gpu = gpu.read_q8_state(i, kind).unwrap();
+        assert_eq!(cpu.q8_state(i, kind), on_gpu.as_ref(), "state {i} {kind:?}");
+        let k = usize::from(kind == StateKind::ExpAvgSq) + 1;
+        let want = match on_gpu {
+            Some(StoredState::Q8 { codes, .. }) => codes,
+            Some(StoredState::F32(values)) => f32_bytes(&values),
+            None => panic!("params[{i}] keeps no {kind:?}"),
+        };
+        assert!(saved.data(&format!("state.{i}.state{k}")) == want, "state {i} {kind:?} as saved");
+    }
+}
+
+#[test]
+fn writing_an_invalid_absmax_is_refused_and_changes_nothing() {
+    let ctx = ctx();
+    let setup = Setup::new(adam());
+    let mut rng = Rng::new(29);
+    let initial = values(&mut rng);
+    let params: Vec<Tensor> = initial.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+    let gpu = {
+        let mut gpu = setup.gpu(&ctx, &params);
+        gpu_steps(&ctx, &mut gpu, &mut rng, 2);
+        gpu
+    };
+    let mut host_params = host(&initial);
+    let mut cpu = setup.cpu(&host_params);
+    cpu_steps(&mut cpu, &mut host_params, &mut rng, 2);
+    let Some(StoredState::Q8 { codes, absmax }) = gpu.read_q8_state(0, StateKind::ExpAvg).unwrap() else {
+        panic!("params[0] keeps 8-bit state")
+    };
+    for bad in [f32::NAN, -0.5, f32::NEG_INFINITY] {
+        let mut scales = absmax.clone();
+        scales[5] = bad;
+        let state = StoredState::Q8 { codes: codes.clone(), absmax: scales };
+        let before = (gpu_states(&gpu), cpu_states(&cpu));
+        let err = gpu.write_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
+        assert!(matches!(&err, Error::BadValue { argument, .. } if argument.ends_with("absmax[5]")), "{err}");
+        let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
+        assert!(matches!(&err, Error::BadValue { argument, .. } if argument.ends_with("absmax[5]")), "{err}");
+        assert!((gpu_states(&gpu), cpu_states(&cpu)) == before, "a refused write of {bad} changed a state");
+    }
+}

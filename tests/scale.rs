@@ -12,11 +12,22 @@ use wgpu_optim::{Adam, Algorithm, DType, Optimizer, OptimizerOptions, ParamGroup
 
 #[test]
 fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
-    // 40 M f32 elements = 160 MB, over the 128 MiB max_storage_buffer_binding_size of
-    // lavapipe and of WebGPU's defaults, and over 65,535 workgroups of 256 invocations.
-    let ctx = ctx();
+    // 40 M f32 elements = 160 MB, over a storage binding of 128 MiB (WebGPU's default, and
+    // lavapipe's) and over 65,535 workgroups of 256 invocations. The device gets that binding
+    // limit whatever the adapter offers (a discrete GPU's bindings may hold 2 GiB), and the
+    // adapter's own buffer size limit, which must hold the 160 MB buffers.
+    let binding_limit: u64 = 128 << 20;
+    let ctx = common::ctx_with_adapter_limits(|adapter| wgpu::Limits {
+        max_storage_buffer_binding_size: adapter.max_storage_buffer_binding_size.min(binding_limit),
+        ..adapter
+    });
     let n: usize = 40_000_000;
     assert!((n * 4) as u64 > ctx.report().max_storage_buffer_binding_size);
+    assert!(
+        (n * 4) as u64 <= ctx.report().max_buffer_size,
+        "the adapter's buffers hold {} bytes, fewer than the test's 160 MB",
+        ctx.report().max_buffer_size
+    );
     // Values that identify their index, so that a chunk landing at the wrong offset shows.
     let param_values: Vec<f32> = (0..n).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3).collect();
     let grad_values: Vec<f32> = (0..n).map(|i| (((i * 7919) % 2000) as f32 - 1000.0) * 1e-3).collect();

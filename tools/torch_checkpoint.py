@@ -34,7 +34,10 @@ import sys
 import torch
 from safetensors.torch import safe_open, save_file
 
+# The format written here: version 1, without the per-tensor CRC-32s (`crc32` metadata) that
+# version 2 adds; the crate loads both.
 FORMAT = "wgpu-optim-checkpoint/1"
+READABLE_FORMATS = (FORMAT, "wgpu-optim-checkpoint/2")
 CLASSES = ["Adam", "AdamW", "SGD", "Adagrad"]
 
 # wgpu-optim's hyperparameters of each class besides `lr`: the keys `Algorithm::from_json`
@@ -78,7 +81,7 @@ def to_torch(source, target):
     with safe_open(source, "pt") as f:
         metadata = f.metadata() or {}
         tensors = {key: f.get_tensor(key) for key in f.keys()}
-    if metadata.get("format") != FORMAT:
+    if metadata.get("format") not in READABLE_FORMATS:
         fail(f"{source}: not a wgpu-optim checkpoint (format {metadata.get('format')!r})")
     if metadata.get("rounding", "nearest_even") != "nearest_even":
         fail(f"{source}: {metadata['rounding']} rounding has no PyTorch counterpart")

@@ -171,29 +171,53 @@ impl Bench {
             ms_fastest: time.fastest.as_secs_f64() * 1e3,
             gbps: bytes as f64 / time.median.as_secs_f64() / 1e9,
             roofline_gbps,
+            refused: None,
+        };
+        // A backend that refuses the case (a limit of the device, say) is a row of the table,
+        // and the run goes on.
+        let refused = |backend: &str, e: wgpu_optim::Error| Row {
+            ms_median: f64::NAN,
+            ms_fastest: f64::NAN,
+            gbps: f64::NAN,
+            refused: Some(e.to_string()),
+            ..row(backend, Times::default(), f64::NAN)
         };
         let (reps, budget) = (self.options.reps, self.budget());
         let job = Job { algorithm, clip, dtype, q8, case, reps, budget };
         if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
-            let roofline = self.rooflines.gpu(&ctx, bytes, reads, writes)?;
-            let timing = gpu_step(&ctx, timer, roofline, &job)?;
-            let roofline_gbps = rooflines::gbps(roofline.bytes, timing.roofline);
-            if let Some(gpu) = timing.gpu {
-                self.push(row("gpu", gpu, roofline_gbps));
+            let measured = self.rooflines.gpu(&ctx, bytes, reads, writes).and_then(|roofline| {
+                let timing = gpu_step(&ctx, timer, roofline, &job)?;
+                let roofline_gbps = rooflines::gbps(roofline.bytes, timing.roofline);
+                Ok((timing, roofline_gbps))
+            });
+            match measured {
+                Ok((timing, roofline_gbps)) => {
+                    if let Some(gpu) = timing.gpu {
+                        self.push(row("gpu", gpu, roofline_gbps));
+                    }
+                    self.push(row("gpu-wall", timing.wall, roofline_gbps));
+                }
+                Err(e) => self.push(refused("gpu", e)),
             }
-            self.push(row("gpu-wall", timing.wall, roofline_gbps));
         }
         if self.options.cpu {
             let host = self.rooflines.host(bytes, reads, writes);
-            let (cpu, roofline) = cpu_step(&job, host, &self.flush)?;
-            let roofline_gbps = rooflines::gbps(host.bytes, roofline);
-            self.push(row("cpu", cpu, roofline_gbps));
-            if elements <= 1 << 20 && q8.is_none() {
-                let oracle = oracle_step(&job);
-                self.push(row("oracle", oracle, roofline_gbps));
+            match cpu_step(&job, host, &self.flush) {
+                Ok((cpu, roofline)) => {
+                    let roofline_gbps = rooflines::gbps(host.bytes, roofline);
+                    self.push(row("cpu", cpu, roofline_gbps));
+                    if elements <= 1 << 20 && q8.is_none() {
+                        let oracle = oracle_step(&job);
+                        self.push(row("oracle", oracle, roofline_gbps));
+                    }
+                }
+                Err(e) => self.push(refused("cpu", e)),
             }
         }
-        let cpu_ms = self.rows[first_row..].iter().find(|r| r.backend == "cpu").map(|r| r.ms_median);
+        let cpu_ms = self.rows[first_row..]
+            .iter()
+            .find(|r| r.backend == "cpu" && r.refused.is_none())
+            .map(|r| r.ms_median);
         for r in &mut self.rows[first_row..] {
             r.speedup = cpu_ms.map(|cpu| cpu / r.ms_median);
         }
@@ -429,13 +453,13 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         flush: rooflines::CacheFlush::new(),
         rows: Vec::new(),
     };
-    // 8-bit state applies to f32 parameters of Adam, AdamW and SGD with momentum, unclipped.
+    // 8-bit state applies to f32 parameters of Adam, AdamW and SGD with momentum, clipped or not.
     let mut runs: Vec<(String, String, String)> = Vec::new();
     for algo in &bench.options.algos {
         for dtype in &bench.options.dtypes {
             for state in &bench.options.states {
-                let q8_applies =
-                    dtype == "f32" && ["adam", "adamw", "sgdm", "nesterov"].contains(&algo.as_str());
+                let unclipped = algo.trim_end_matches("+clip");
+                let q8_applies = dtype == "f32" && ["adam", "adamw", "sgdm", "nesterov"].contains(&unclipped);
                 if state == "f32" || q8_applies {
                     runs.push((algo.clone(), dtype.clone(), state.clone()));
                 }

@@ -29,6 +29,8 @@ pub struct Row {
     /// The CPU backend's time over this row's (1 for the CPU row itself); `None` without a
     /// CPU row to compare with.
     pub speedup: Option<f64>,
+    /// Why the backend refused the case, which then has no times (NaN).
+    pub refused: Option<String>,
 }
 
 impl Row {
@@ -44,6 +46,7 @@ impl Row {
             "ms_fastest": self.ms_fastest,
             "gbps": self.gbps, "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
             "suspect_roofline": self.fraction() > SUSPECT_FRACTION, "speedup": self.speedup,
+            "refused": self.refused,
         })
     }
 }
@@ -52,6 +55,7 @@ impl Row {
 fn fraction_cell(row: Option<&Row>) -> String {
     match row {
         None => "-".into(),
+        Some(r) if r.refused.is_some() => "-".into(),
         Some(r) if r.fraction() > SUSPECT_FRACTION => format!("{:.0} % !", 100.0 * r.fraction()),
         Some(r) => format!("{:.0} %", 100.0 * r.fraction()),
     }
@@ -59,6 +63,12 @@ fn fraction_cell(row: Option<&Row>) -> String {
 
 /// One progress line per measurement (stderr).
 pub fn progress(row: &Row) -> String {
+    if let Some(reason) = &row.refused {
+        return format!(
+            "  {:<9} {:<5} {:<5} {:<10} {:<9} refused: {reason}",
+            row.algo, row.dtype, row.state, row.case, row.backend
+        );
+    }
     format!(
         "  {:<9} {:<5} {:<5} {:<10} {:<9} {:>10.3} ms {:>8.2} GB/s  roofline {:>7.2} GB/s",
         row.algo, row.dtype, row.state, row.case, row.backend, row.ms_median, row.gbps, row.roofline_gbps
@@ -92,7 +102,11 @@ pub fn summary(rows: &[Row]) -> String {
         };
         let gpu = find("gpu").or_else(|| find("gpu-wall"));
         let cpu = find("cpu");
-        let ms = |r: Option<&Row>| r.map_or("-".into(), |r| format!("{:.3}", r.ms_median));
+        let ms = |r: Option<&Row>| match r {
+            None => "-".into(),
+            Some(r) if r.refused.is_some() => "refused".into(),
+            Some(r) => format!("{:.3}", r.ms_median),
+        };
         let speedup = gpu.and_then(|g| g.speedup).map_or("-".into(), |s| format!("{s:.2}x"));
         suspect |= [gpu, cpu].iter().flatten().any(|r| r.fraction() > SUSPECT_FRACTION);
         out.push_str(&format!(
@@ -108,6 +122,14 @@ pub fn summary(rows: &[Row]) -> String {
          roof: the fastest step's bandwidth as a fraction of the fastest pass of a kernel with the update's\n\
          reads and writes in place, timed between the repetitions.\n",
     );
+    for r in rows {
+        if let Some(reason) = &r.refused {
+            out.push_str(&format!(
+                "refused: {} {} {} {} on the {} backend: {reason}\n",
+                r.algo, r.dtype, r.state, r.case, r.backend
+            ));
+        }
+    }
     if suspect {
         out.push_str(&format!(
             "! above {:.0} %: the roofline was measured too slow for this row (noise on a shared machine);\n  \
@@ -140,7 +162,7 @@ const MAX_SERIES: usize = 8;
 /// Fraction of roofline against tensor size, one panel per backend (single-tensor rows),
 /// each with its legend beside the plot.
 pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
-    let singles: Vec<&Row> = rows.iter().filter(|r| r.tensors == 1).collect();
+    let singles: Vec<&Row> = rows.iter().filter(|r| r.tensors == 1 && r.refused.is_none()).collect();
     let (lo, hi) = singles.iter().fold((f64::MAX, f64::MIN), |(lo, hi), r| {
         let x = (r.elements as f64).log2();
         (lo.min(x), hi.max(x))

@@ -3,14 +3,14 @@
 //! in, so that a checkpoint written by either loads into the other.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-use super::{bad, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
-use crate::q8::{blocks, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
+use super::{bad, checksum, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
+use crate::q8::{blocks, check_absmax, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
 
 /// One parameter as a checkpoint stores it.
@@ -222,7 +222,8 @@ impl Layout<'_> {
     }
 
     /// The checkpoint bytes at `step`, with `data[j]` the little-endian bytes of
-    /// `entries()[j]`.
+    /// `entries()[j]`: a function of the state alone (sorted metadata, the tensors'
+    /// checksums included), so the same state saves to the same bytes on either backend.
     pub(crate) fn serialize(&self, step: u64, data: &[impl AsRef<[u8]>]) -> Result<Vec<u8>> {
         let entries = self.entries();
         debug_assert_eq!(entries.len(), data.len(), "one data per entry");
@@ -244,7 +245,7 @@ impl Layout<'_> {
                 serde_json::Value::Object(map)
             })
             .collect();
-        let mut metadata = HashMap::from([
+        let mut metadata = BTreeMap::from([
             ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
             ("param_groups".to_string(), serde_json::Value::Array(groups).to_string()),
             ("step".to_string(), step.to_string()),
@@ -258,7 +259,7 @@ impl Layout<'_> {
             metadata.insert(Q8_MIN_8BIT_SIZE.to_string(), q8.min_8bit_size.to_string());
             metadata.insert(Q8_BLOCK_SIZE.to_string(), BLOCK_SIZE.to_string());
         }
-        safetensors::serialize(views, Some(metadata)).map_err(|e| bad(e.to_string()))
+        checksum::serialize(views, metadata)
     }
 
     /// Checks a parsed file against the optimizer, all of it, and returns the data of each
@@ -401,7 +402,8 @@ impl Layout<'_> {
 
     /// With 8-bit state, every parameter's states from the data [`Self::check`] returned
     /// (`stored[param][k]`, in [`ParamLayout::state`]'s order), each checked against its
-    /// tensor (storage, length, one absmax per block); without, nothing.
+    /// tensor (storage, length, one absmax per block) and every absmax a finite number >= 0;
+    /// without, nothing.
     pub(crate) fn q8_states(&self, data: &[&[u8]]) -> Result<Vec<Vec<StoredState>>> {
         let Some(config) = self.q8 else { return Ok(Vec::new()) };
         let mut stored: Vec<Vec<StoredState>> = self
@@ -422,6 +424,11 @@ impl Layout<'_> {
         }
         for (i, (param, states)) in self.params.iter().zip(&stored).enumerate() {
             for (k, state) in states.iter().enumerate() {
+                // Named as the file names it, before the state is checked whole.
+                if let StoredState::Q8 { absmax, .. } = state {
+                    check_absmax(absmax, &format!("state.{i}.absmax{}", k + 1))
+                        .map_err(|e| bad(e.to_string()))?;
+                }
                 check_replacement(state, config, param.len, &format!("state.{i}.state{}", k + 1))
                     .map_err(|e| bad(e.to_string()))?;
             }

@@ -7,6 +7,7 @@
 //! names, dtypes and shapes, and checks a parsed file against it; each backend only reads
 //! and writes its own memory.
 
+mod checksum;
 mod json;
 pub(crate) mod layout;
 mod parse;
@@ -20,8 +21,14 @@ pub use parse::Checkpoint;
 
 use crate::{DType, Error, Result};
 
-/// The `format` metadata value of checkpoints this crate writes.
-pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/1";
+/// The `format` metadata value of checkpoints this crate writes. Version 2 added the
+/// tensors' CRC-32 checksums (the `crc32` metadata); files of version 1, which have none,
+/// still load.
+pub const CHECKPOINT_FORMAT: &str = "wgpu-optim-checkpoint/2";
+
+/// Every `format` this crate reads: version 1 (no checksums; `tools/torch_checkpoint.py`
+/// writes it) and [`CHECKPOINT_FORMAT`].
+pub(crate) const READABLE_FORMATS: [&str; 2] = ["wgpu-optim-checkpoint/1", CHECKPOINT_FORMAT];
 
 /// A storage type as safetensors names it.
 pub(crate) fn safetensors_dtype(dtype: DType) -> Dtype {

@@ -1,11 +1,11 @@
 //! Reading a checkpoint file's header, metadata and tensor table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use safetensors::SafeTensors;
 
 use super::layout::{Q8_BLOCK_SIZE, Q8_MIN_8BIT_SIZE};
-use super::{bad, CHECKPOINT_FORMAT};
+use super::{bad, checksum, READABLE_FORMATS};
 use crate::q8::{Q8States, BLOCK_SIZE};
 use crate::{Algorithm, Result, Rounding};
 
@@ -27,6 +27,9 @@ pub struct Checkpoint<'a> {
     /// [`OptimizerOptions::q8_states`]: crate::OptimizerOptions::q8_states
     pub q8_states: Option<Q8States>,
     pub(super) file: SafeTensors<'a>,
+    /// Each tensor's CRC-32 from the `crc32` metadata; `None` in files without (format 1,
+    /// and files converted from PyTorch).
+    checksums: Option<BTreeMap<String, u32>>,
 }
 
 impl<'a> Checkpoint<'a> {
@@ -38,8 +41,9 @@ impl<'a> Checkpoint<'a> {
         let file = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("corrupt tensor table: {e}")))?;
         let meta = metadata.metadata().clone().unwrap_or_default();
         let field = |key: &str| meta.get(key).ok_or_else(|| bad(format!("metadata has no `{key}`")));
-        if field("format")? != CHECKPOINT_FORMAT {
-            return Err(bad(format!("format is `{}`, expected `{CHECKPOINT_FORMAT}`", field("format")?)));
+        let format = field("format")?;
+        if !READABLE_FORMATS.contains(&format.as_str()) {
+            return Err(bad(format!("format is `{format}`, expected one of {READABLE_FORMATS:?}")));
         }
         let step: u64 =
             field("step")?.parse().map_err(|e| bad(format!("`step` is not a whole number: {e}")))?;
@@ -75,7 +79,17 @@ impl<'a> Checkpoint<'a> {
             Some(other) => return Err(bad(format!("unknown rounding `{other}`"))),
         };
         let q8_states = q8_states(&meta)?;
-        Ok(Checkpoint { step, groups, rounding, q8_states, file })
+        let checksums = checksum::parse(meta.get(checksum::CHECKSUMS))?;
+        Ok(Checkpoint { step, groups, rounding, q8_states, file, checksums })
+    }
+
+    /// Refuses a file whose tensor data does not match its checksums (a flipped bit, a
+    /// truncated copy patched back to length); a file without checksums passes.
+    pub(crate) fn verify_checksums(&self) -> Result<()> {
+        match &self.checksums {
+            Some(checksums) => checksum::verify(checksums, &self.file),
+            None => Ok(()),
+        }
     }
 }
 

@@ -53,7 +53,9 @@ impl CpuOptimizer {
     /// stochastic rounding the seed. The parameters are the caller's and are not touched. A
     /// file that does not match (one of several groups, one with master weights, which the
     /// CPU backend does not keep, or one with 8-bit state of other settings or into an
-    /// optimizer without, included), or a truncated or corrupt one, is refused with
+    /// optimizer without, included, and one with an 8-bit absmax that is NaN, infinite or
+    /// negative), or a truncated or corrupt one (tensor data that does not match its
+    /// checksum included), is refused with
     /// [`Error::BadFile`](crate::Error::BadFile) before anything is written: the optimizer
     /// is left as it was.
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
@@ -61,6 +63,9 @@ impl CpuOptimizer {
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
         let stored = layout.q8_states(&data)?;
+        // Last, so that a file altered by hand is refused for what is wrong with its contents
+        // when something is, and for its checksums otherwise.
+        checkpoint.verify_checksums()?;
         let slots: Vec<Slot> = layout.entries().iter().map(|entry| entry.slot).collect();
         // Everything matches: write.
         for (slot, data) in slots.into_iter().zip(data) {

@@ -146,7 +146,7 @@ impl CpuOptimizer {
                 compensation: Vec::new(),
                 rounding: options.rounding,
                 step: 0,
-                grad_clip: None,
+                grad_clip: options.grad_clip,
                 grad_norm: None,
                 shapes: options.param_shapes,
                 q8: Some((config, states)),
@@ -254,9 +254,11 @@ impl CpuOptimizer {
         Ok(())
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one (with
-    /// [`OptimizerOptions::q8_states`], only where it is f32: the 8-bit ones are read with
-    /// [`Self::q8_state`]).
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    ///
+    /// With [`OptimizerOptions::q8_states`] only the f32 states of tensors below
+    /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
+    /// the parameter has one. Read those with [`Self::q8_state`].
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
         if kind == StateKind::KahanCompensation {
             return self.compensation.get(index).map(StateTensor::as_slice);
@@ -282,7 +284,8 @@ impl CpuOptimizer {
     /// (e.g. from a checkpoint). Refused, with nothing changed, without 8-bit state or such
     /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
     /// stored as this tensor's is (8-bit at and above `min_8bit_size`, f32 below), has
-    /// another length than the parameter, or codes without one absmax per block.
+    /// another length than the parameter, codes without one absmax per block, or an absmax
+    /// that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
     pub fn set_q8_state(&mut self, index: usize, kind: StateKind, state: StoredState) -> Result<()> {
         let kinds = self.algorithm.state_kinds();
         let (config, states) = self

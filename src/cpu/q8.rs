@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::kernels::{Kernel, Operands};
-use crate::q8::lut::CodeTable;
+use crate::q8::lut::{CodeTable, INFINITY};
 use crate::q8::{StoredState, BLOCK_SIZE};
 use crate::StateKind;
 
@@ -147,20 +147,22 @@ fn dequantize(codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
     }
 }
 
-/// The block's largest magnitude, NaN if any value is NaN (as `torch.max`), 1 for an
-/// all-zero block.
+/// The block's largest finite magnitude, 1 for a block without one (all zero, or all NaN or
+/// infinite). A non-finite value is left out, as `q8::quantize` leaves it: it takes the code
+/// of 0, and the block's other values keep their scale.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn block_absmax(values: &[f32]) -> f32 {
-    // Bits of magnitudes order as the magnitudes do, NaN above infinity: an integer max
-    // that vectorizes and propagates NaN.
-    let largest = values.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
-    let largest = f32::from_bits(largest);
-    if largest.is_nan() {
-        f32::NAN
-    } else if largest == 0.0 {
+    // Bits of magnitudes order as the magnitudes do, infinity and NaN (from `INFINITY` up)
+    // above every finite one. Shifted up by `SHIFT`, the finite ones stay below 2^31 and the
+    // others wrap to negative i32s, which a signed max leaves out: a plain max, which
+    // vectorizes (a max of a select does not).
+    const SHIFT: u32 = (1 << 31) - INFINITY;
+    let key = values.iter().fold(SHIFT as i32, |m, v| m.max(((v.to_bits() & 0x7fff_ffff) + SHIFT) as i32));
+    let largest = key as u32 - SHIFT;
+    if largest == 0 {
         1.0
     } else {
-        largest
+        f32::from_bits(largest)
     }
 }
 

@@ -207,11 +207,28 @@ impl Uniforms {
 
     /// Records, into `encoder`, a copy of `bytes` (a whole number of slots) over the uniforms:
     /// dispatches recorded after it in `encoder` read the new values, those before it the old.
-    pub(crate) fn record_write(&mut self, encoder: &mut wgpu::CommandEncoder, bytes: &[u8]) {
-        let Some(size) = wgpu::BufferSize::new(bytes.len() as u64) else { return };
-        self.belt.write_buffer(encoder, &self.buffer, 0, size).copy_from_slice(bytes);
+    ///
+    /// A staging buffer that cannot be mapped is [`Error::DeviceLost`](crate::Error): the belt
+    /// takes a buffer back even when its remapping failed, which happens when the device is
+    /// lost, and a browser reports the loss itself only later (`StagingBelt::write_buffer`
+    /// would panic here).
+    pub(crate) fn record_write(&mut self, encoder: &mut wgpu::CommandEncoder, bytes: &[u8]) -> Result<()> {
+        let Some(size) = wgpu::BufferSize::new(bytes.len() as u64) else { return Ok(()) };
+        let alignment = const { wgpu::BufferSize::new(wgpu::COPY_BUFFER_ALIGNMENT).unwrap() };
+        let staging = self.belt.allocate(size, alignment);
+        let mapped = staging.get_mapped_range_mut().map(|mut view| view.copy_from_slice(bytes));
+        if let Err(e) = mapped {
+            // A browser's message continues with a JavaScript stack trace.
+            let e = e.to_string();
+            let e = e.lines().next().unwrap_or_default();
+            return Err(crate::Error::DeviceLost(format!(
+                "a staging buffer of the hyperparameters could not be mapped: {e}"
+            )));
+        }
+        encoder.copy_buffer_to_buffer(staging.buffer(), staging.offset(), &self.buffer, 0, size.get());
         // Mapped staging cannot be submitted: close it now, and take it back for reuse once
         // the caller's submission has run.
         self.belt.finish_and_recall_on_submit(encoder);
+        Ok(())
     }
 }

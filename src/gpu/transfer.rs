@@ -51,6 +51,11 @@ impl GpuContext {
         Ok(tensor.dtype.decode(&self.read_bytes(tensor)?))
     }
 
+    /// [`Self::read`] as a future, for callers that must not block (a browser's main thread).
+    pub async fn read_async(&self, tensor: &Tensor) -> Result<Vec<f64>> {
+        Ok(tensor.dtype.decode(&self.read_bytes_async(tensor).await?))
+    }
+
     /// A new f32 tensor holding `values`.
     pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
         self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
@@ -76,8 +81,34 @@ impl GpuContext {
     /// submit). A 16-bit tensor that starts or ends inside a 4-byte word has that word's
     /// other half read back first (which needs `COPY_SRC`), since queue writes are whole words.
     /// Refused before anything is written if `bytes` is not the tensor's size or the tensor
-    /// cannot be written ([`Error::BadRange`], [`Error::MissingUsage`]).
+    /// cannot be written ([`Error::BadRange`], [`Error::MissingUsage`]). That readback blocks:
+    /// in wasm32 builds such a write returns [`Error::Readback`] (nothing written); use
+    /// [`Self::write_bytes_async`].
     pub fn write_bytes(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+        let Some(words) = self.begin_write(tensor, bytes)? else { return Ok(()) };
+        let patched = self.read_bytes(&words)?;
+        self.finish_write(tensor, bytes, &words, patched);
+        Ok(())
+    }
+
+    /// [`Self::write_bytes`] for callers that must not block: a 16-bit tensor that starts or
+    /// ends inside a 4-byte word has that word read back with [`Self::read_bytes_async`]
+    /// (the blocking form cannot read back in a browser).
+    pub async fn write_bytes_async(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+        let Some(words) = self.begin_write(tensor, bytes)? else { return Ok(()) };
+        let patched = self.read_bytes_async(&words).await?;
+        self.finish_write(tensor, bytes, &words, patched);
+        Ok(())
+    }
+
+    /// [`Self::write`] for callers that must not block (see [`Self::write_bytes_async`]).
+    pub async fn write_async(&self, tensor: &Tensor, values: &[f64]) -> Result<()> {
+        self.write_bytes_async(tensor, &tensor.dtype.encode(values)).await
+    }
+
+    /// Checks a write of `bytes` into `tensor`; writes it at once when it covers whole words
+    /// (`None`), else returns the words it touches, to be read back and patched.
+    fn begin_write(&self, tensor: &Tensor, bytes: &[u8]) -> Result<Option<Tensor>> {
         if bytes.len() as u64 != tensor.byte_len() {
             return Err(Error::BadRange {
                 argument: "bytes".into(),
@@ -90,14 +121,16 @@ impl GpuContext {
         let end = range.end.next_multiple_of(4);
         if start == range.start && end == range.end {
             self.queue().write_buffer(&tensor.buffer, tensor.offset, bytes);
-            return Ok(());
+            return Ok(None);
         }
-        let words = Tensor::new(&tensor.buffer, start, (end - start) / 2, crate::DType::F16);
-        let mut patched = self.read_bytes(&words)?;
-        let at = (range.start - start) as usize;
+        Ok(Some(Tensor::new(&tensor.buffer, start, (end - start) / 2, crate::DType::F16)))
+    }
+
+    /// Writes `bytes` into `words` (read back as `patched`) at `tensor`'s place.
+    fn finish_write(&self, tensor: &Tensor, bytes: &[u8], words: &Tensor, mut patched: Vec<u8>) {
+        let at = (tensor.byte_range().start - words.offset) as usize;
         patched[at..at + bytes.len()].copy_from_slice(bytes);
-        self.queue().write_buffer(&tensor.buffer, start, &patched);
-        Ok(())
+        self.queue().write_buffer(&tensor.buffer, words.offset, &patched);
     }
 
     /// Copies a tensor's bytes back to the host, waiting for all submitted work first.

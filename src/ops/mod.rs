@@ -115,6 +115,7 @@ pub(crate) fn record_stateless(
     label: &str,
 ) -> Result<()> {
     ctx.check_alive()?;
+    check_across(calls)?;
     let program = Program::Update(step.switches());
     let mut items = Vec::with_capacity(calls.len());
     let mut math = None;
@@ -145,4 +146,49 @@ pub(crate) fn record_stateless(
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
     batch.record(&mut pass, &uniforms.bind_groups[0]);
     Ok(())
+}
+
+/// DirectML's rule across the calls of one operator, which run in one pass (`plan` checks
+/// each call's own tensors): an output shares no byte with any tensor of another call, or
+/// that call would read values already updated (or two calls write one element). Inputs may
+/// be shared by any number of calls.
+fn check_across(calls: &[KernelArgs]) -> Result<()> {
+    // Every tensor with its call and whether it is written, by buffer and offset.
+    let mut tensors: Vec<(usize, bool, &Arg)> = calls
+        .iter()
+        .enumerate()
+        .flat_map(|(c, args)| {
+            let inputs = args.inputs.iter().flatten().map(move |a| (c, false, a));
+            inputs.chain(args.outputs.iter().flatten().map(move |a| (c, true, a)))
+        })
+        .filter(|(_, _, a)| a.tensor.len > 0)
+        .collect();
+    tensors.sort_by(|(_, _, a), (_, _, b)| {
+        a.tensor.buffer.cmp(&b.tensor.buffer).then(a.tensor.offset.cmp(&b.tensor.offset))
+    });
+    // The tensors that reach past the current one's start: few, unless many calls share an
+    // input.
+    let mut open: Vec<(usize, bool, &Arg)> = Vec::new();
+    for &(call, written, arg) in &tensors {
+        open.retain(|(_, _, o)| arg.tensor.overlaps(&o.tensor));
+        let clash = open.iter().find(|(c, w, _)| *c != call && (*w || written));
+        if let Some(&(_, other_written, other)) = clash {
+            return Err(cross_overlap((written, arg), (other_written, other)));
+        }
+        open.push((call, written, arg));
+    }
+    Ok(())
+}
+
+/// The refusal of two tensors of different calls that overlap, at least one written.
+fn cross_overlap(a: (bool, &Arg), b: (bool, &Arg)) -> Error {
+    match (a, b) {
+        ((true, a), (true, b)) if a.tensor == b.tensor => {
+            Error::OutputsAlias { first: b.name.clone(), second: a.name.clone() }
+        }
+        ((true, a), (true, b)) => Error::PartialOverlap { output: b.name.clone(), other: a.name.clone() },
+        ((false, read), (_, written)) | ((_, written), (false, read)) => {
+            Error::OverlapsWritten { tensor: read.name.clone(), written: written.name.clone() }
+        }
+    }
 }

@@ -38,7 +38,17 @@ impl Optimizer {
     ///   `state.{i}.kahan_comp`;
     /// - the rounding in the metadata: `rounding` ([`Rounding::name`](crate::Rounding::name)), and with stochastic
     ///   rounding `rounding_seed` (decimal) and `rounding_state` (`true` or `false`);
-    /// - `format` = [`CHECKPOINT_FORMAT`](crate::CHECKPOINT_FORMAT) in the metadata.
+    /// - `format` = [`CHECKPOINT_FORMAT`](crate::CHECKPOINT_FORMAT) in the metadata
+    ///   (`wgpu-optim-checkpoint/2`);
+    /// - `crc32` in the metadata: a JSON object from every tensor's name to the CRC-32 of its
+    ///   data bytes (IEEE, as zlib's `crc32`), 8 lowercase hex digits. Loading checks every
+    ///   tensor against it and refuses a mismatch as [`Error::BadFile`](crate::Error::BadFile)
+    ///   naming the tensor; a file without `crc32` (format 1, or converted from PyTorch by
+    ///   `tools/torch_checkpoint.py`) loads unchecked.
+    ///
+    /// The bytes are a function of the state: the metadata is written sorted by key and the
+    /// tensors in a fixed order, so saving the same state twice, or on the CPU backend, gives
+    /// the same bytes.
     ///
     /// With [`OptimizerOptions::q8_states`](crate::OptimizerOptions::q8_states) the states
     /// are kept under bitsandbytes' `state_dict` names instead: for state `k` (1 for
@@ -57,21 +67,37 @@ impl Optimizer {
     /// `tools/torch_checkpoint.py to-torch` turns it into a `torch.optim` state_dict (for
     /// parameters that are not 1-D, give the optimizer `param_shapes`, or PyTorch refuses the
     /// flat states).
+    ///
+    /// The readbacks block: in wasm32 builds this returns [`Error::Readback`](crate::Error::Readback);
+    /// use [`Self::save_to_bytes_async`].
     pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
-        let step = match &self.device {
-            Some(_) => self.read_device_step()?,
-            None => self.step,
+        // With blocking readbacks the future is ready at its first poll.
+        pollster::block_on(self.save_to_bytes_with(true))
+    }
+
+    /// [`Self::save_to_bytes`] as a future, for callers that must not block (a browser's
+    /// main thread).
+    pub async fn save_to_bytes_async(&self) -> Result<Vec<u8>> {
+        self.save_to_bytes_with(false).await
+    }
+
+    /// The checkpoint's bytes, read back with blocking readbacks or awaited ones.
+    async fn save_to_bytes_with(&self, blocking: bool) -> Result<Vec<u8>> {
+        let step = match (&self.device, blocking) {
+            (Some(_), true) => self.read_device_step()?,
+            (Some(_), false) => self.read_device_step_async().await?,
+            (None, _) => self.step,
         };
         let layout = self.layout();
-        let stored = self.read_q8_states(&layout)?;
-        let data = layout
-            .entries()
-            .iter()
-            .map(|entry| match self.tensor(entry.slot) {
-                Some(tensor) => self.ctx.read_bytes(tensor).map(Cow::Owned),
-                None => Ok(entry.slot.q8_bytes(&stored)),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let stored = self.read_q8_states(&layout, blocking).await?;
+        let mut data = Vec::with_capacity(layout.entries().len());
+        for entry in layout.entries() {
+            data.push(match self.tensor(entry.slot) {
+                Some(tensor) if blocking => Cow::Owned(self.ctx.read_bytes(tensor)?),
+                Some(tensor) => Cow::Owned(self.ctx.read_bytes_async(tensor).await?),
+                None => entry.slot.q8_bytes(&stored),
+            });
+        }
         layout.serialize(step, &data)
     }
 
@@ -148,17 +174,39 @@ impl Optimizer {
     /// tensor with the dtype of the optimizer's, stored flat or in the parameter's shape (in
     /// any shape of its length when the optimizer was given no shapes). With 8-bit state the
     /// file must hold 8-bit state saved with the same `min_8bit_size` (`q8_block_size` 256),
-    /// codes and absmax of each tensor's length and block count, and the crate's maps; a
-    /// file of 8-bit state does not load into an optimizer without. All of it, and
+    /// codes and absmax of each tensor's length and block count, every absmax a finite
+    /// number >= 0 (the error names it, e.g. `state.0.absmax1[3]`), and the crate's maps; a
+    /// file of 8-bit state does not load into an optimizer without. Where the file has
+    /// checksums, every tensor's data must match its CRC-32. All of it, and
     /// whether every target buffer takes its write, is checked before anything is written;
     /// on a mismatch ([`Error::BadFile`](crate::Error::BadFile)), a target that cannot be written
     /// ([`Error::MissingUsage`](crate::Error::MissingUsage)), or a truncated or corrupt file, the optimizer and the model
     /// are left as they were.
+    ///
+    /// A 16-bit state tensor that starts or ends inside a 4-byte word is written after a
+    /// readback of that word, which blocks: in wasm32 builds such a load is refused with
+    /// [`Error::Readback`](crate::Error::Readback) before anything is written; use
+    /// [`Self::load_from_bytes_async`].
     pub fn load_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        // With blocking writes the future is ready at its first poll.
+        pollster::block_on(self.load_from_bytes_with(bytes, true))
+    }
+
+    /// [`Self::load_from_bytes`] as a future, for callers that must not block (a browser's
+    /// main thread); it checks and refuses exactly as the blocking form does.
+    pub async fn load_from_bytes_async(&mut self, bytes: &[u8]) -> Result<()> {
+        self.load_from_bytes_with(bytes, false).await
+    }
+
+    /// Loads checkpoint bytes with blocking writes or awaited ones.
+    async fn load_from_bytes_with(&mut self, bytes: &[u8], blocking: bool) -> Result<()> {
         let checkpoint = Checkpoint::parse(bytes)?;
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
         let stored = layout.q8_states(&data)?;
+        // Last, so that a file altered by hand is refused for what is wrong with its contents
+        // when something is, and for its checksums otherwise.
+        checkpoint.verify_checksums()?;
         let mut writes: Vec<(String, Tensor, Cow<'_, [u8]>)> = Vec::with_capacity(data.len());
         for (entry, data) in layout.entries().iter().zip(data) {
             let Some(tensor) = self.tensor(entry.slot) else { continue };
@@ -188,10 +236,22 @@ impl Optimizer {
         // a refusal would come after some tensors were already overwritten.
         for (argument, tensor, _) in &writes {
             check_writable(&Arg::new(argument.clone(), tensor))?;
+            let range = tensor.byte_range();
+            let whole_words = range.start.is_multiple_of(4) && range.end.is_multiple_of(4);
+            if blocking && cfg!(target_arch = "wasm32") && !whole_words {
+                return Err(crate::Error::Readback(format!(
+                    "{argument} ends inside a 4-byte word, whose write needs a blocking readback, \
+                     which a browser cannot wait for; use load_from_bytes_async"
+                )));
+            }
         }
         // Everything matches: write.
         for (_, tensor, data) in writes {
-            self.ctx.write_bytes(&tensor, &data)?;
+            if blocking {
+                self.ctx.write_bytes(&tensor, &data)?;
+            } else {
+                self.ctx.write_bytes_async(&tensor, &data).await?;
+            }
         }
         self.write_q8_states(&kinds, &stored)?;
         for (g, (algorithm, _)) in checkpoint.groups.iter().enumerate() {
@@ -204,14 +264,17 @@ impl Optimizer {
 
     /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for
     /// the queue); nothing without 8-bit state.
-    fn read_q8_states(&self, layout: &Layout<'_>) -> Result<Vec<Vec<StoredState>>> {
+    async fn read_q8_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<StoredState>>> {
         let Some(engine) = &self.q8 else { return Ok(Vec::new()) };
         let mut stored = Vec::with_capacity(layout.params.len());
         for (i, param) in layout.params.iter().enumerate() {
             let mut states = Vec::with_capacity(param.state.len());
             for (kind, _) in &param.state {
                 // The layout lists the kinds the engine keeps, so each is there.
-                let state = engine.read(&self.ctx, i, *kind)?;
+                let state = match blocking {
+                    true => engine.read(&self.ctx, i, *kind)?,
+                    false => engine.read_async(&self.ctx, i, *kind).await?,
+                };
                 states.push(state.ok_or_else(|| bad(format!("parameter {i} keeps no 8-bit {kind:?}")))?);
             }
             stored.push(states);

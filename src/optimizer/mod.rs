@@ -6,6 +6,7 @@ mod arena;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
+mod written;
 
 use crate::gpu::dispatch::{Batch, DeviceScalars, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
@@ -18,6 +19,7 @@ use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, DType, Error, GpuContext, GradClip, Result, Rounding, StateKind, Tensor};
 use clip::{BoundNorm, ClipPass};
 use device::DeviceState;
+use written::WrittenRanges;
 
 /// Gradient sets whose bind groups are kept: a trainer that alternates two (or a few)
 /// gradient buffers binds each once.
@@ -71,8 +73,8 @@ pub struct OptimizerOptions {
     /// coefficient stays on the device and scales each gradient inside the update kernels
     /// as it is loaded (the gradient buffers are not rewritten; a 16-bit gradient is
     /// scaled in f32, not rounded back to its dtype first). [`Optimizer::read_grad_norm`]
-    /// reads the last norm. Composes with groups, master weights and capturable mode
-    /// (after [`Optimizer::record_unscale`] the norm is that of the unscaled gradients).
+    /// reads the last norm. Composes with groups, master weights, 8-bit state and capturable
+    /// mode (after [`Optimizer::record_unscale`] the norm is that of the unscaled gradients).
     pub grad_clip: Option<GradClip>,
     /// How 16-bit stores round ([`Rounding`]): to nearest even (the default),
     /// stochastically, or with a Kahan compensation buffer per parameter. Stochastic and
@@ -93,8 +95,8 @@ pub struct OptimizerOptions {
     /// Blockwise 8-bit state, bitsandbytes' format ([`Q8States`]): Adam's moments or SGD's
     /// momentum as one byte per element plus one f32 per block of 256, for every tensor of
     /// at least `min_8bit_size` elements (f32 state below). Needs F32 parameters; excludes
-    /// `state_dtype`, `grad_clip`, `capturable`, `master_weights`, `model_copies` and
-    /// non-default `rounding` ([`Error::ConflictingOptions`]), AMSGrad and Adagrad.
+    /// `state_dtype`, `capturable`, `master_weights`, `model_copies` and non-default
+    /// `rounding` ([`Error::ConflictingOptions`]), AMSGrad and Adagrad.
     pub q8_states: Option<Q8States>,
 }
 
@@ -188,6 +190,11 @@ pub struct Optimizer {
     /// With [`OptimizerOptions::q8_states`]: the state and its dispatches (then `state`
     /// holds only the f32 states of tensors below `min_8bit_size`).
     q8: Option<Q8Engine>,
+    /// Every range a step writes, for the check of each new set of gradients.
+    written: WrittenRanges,
+    /// The last gradients `record_unscale` found pairwise disjoint, so a trainer that
+    /// unscales the same set every step pays for the check once.
+    disjoint_grads: Vec<Tensor>,
 }
 
 impl std::fmt::Debug for Optimizer {
@@ -244,7 +251,56 @@ impl Optimizer {
     /// a byte ([`Error::OverlappingParams`]), or when a tensor cannot be bound: range, usage
     /// and a last element that ends inside its buffer's last 4-byte word ([`Error::BadRange`],
     /// [`Error::MissingUsage`]). A group may be empty.
+    ///
+    /// In master-weight mode the masters are read from the model's tensors, which blocks: in
+    /// wasm32 builds that returns [`Error::Readback`]; use [`Self::with_groups_async`].
     pub fn with_groups(ctx: &GpuContext, groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Self> {
+        Self::with_groups_read(ctx, groups, options, None)
+    }
+
+    /// [`Self::with_groups`] for callers that must not block (a browser's main thread): in
+    /// master-weight mode the model's tensors are read back with awaited readbacks. Refuses
+    /// exactly as [`Self::with_groups`] does.
+    pub async fn with_groups_async(
+        ctx: &GpuContext,
+        groups: Vec<ParamGroup>,
+        options: OptimizerOptions,
+    ) -> Result<Self> {
+        let mut read = None;
+        if options.master_weights {
+            let mut values = Vec::new();
+            for p in groups.iter().flat_map(|g| &g.params) {
+                // A tensor that cannot be read is refused below, by name, before any reading.
+                match ctx.read_async(p).await {
+                    Ok(v) => values.push(v),
+                    Err(_) => break,
+                }
+            }
+            if values.len() == groups.iter().map(|g| g.params.len()).sum::<usize>() {
+                read = Some(values);
+            }
+        }
+        Self::with_groups_read(ctx, groups, options, read)
+    }
+
+    /// [`Self::master_weights`] for callers that must not block (see [`Self::with_groups_async`]).
+    pub async fn master_weights_async(
+        ctx: &GpuContext,
+        algorithm: impl Into<Algorithm>,
+        model_params: &[Tensor],
+    ) -> Result<Self> {
+        let options = OptimizerOptions { master_weights: true, ..Default::default() };
+        Self::with_groups_async(ctx, vec![ParamGroup::new(algorithm, model_params)], options).await
+    }
+
+    /// [`Self::with_groups`], in master-weight mode with the model's values already `read`
+    /// (in parameter order) when given.
+    fn with_groups_read(
+        ctx: &GpuContext,
+        groups: Vec<ParamGroup>,
+        options: OptimizerOptions,
+        read: Option<Vec<Vec<f64>>>,
+    ) -> Result<Self> {
         for group in &groups {
             group.algorithm.validate()?;
         }
@@ -257,7 +313,7 @@ impl Optimizer {
             let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
             crate::q8::check_options(&algorithms, &options, dtypes)?;
         }
-        let (groups, options) = master_copies(ctx, groups, options)?;
+        let (groups, options) = master_copies(ctx, groups, options, read)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
         check_shapes(&options.param_shapes, &params.iter().map(|p| p.len).collect::<Vec<_>>())?;
@@ -288,7 +344,8 @@ impl Optimizer {
                     .enumerate()
                     .flat_map(|(g, group)| group.params.iter().map(move |_| g))
                     .collect();
-                Some(Q8Engine::new(ctx, config, &params, &owners, &algorithms)?)
+                let clip = options.grad_clip.is_some();
+                Some(Q8Engine::new(ctx, config, &params, &owners, &algorithms, clip)?)
             }
             None => None,
         };
@@ -365,7 +422,7 @@ impl Optimizer {
             .transpose()?;
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
-        Ok(Optimizer {
+        let mut optimizer = Optimizer {
             ctx: ctx.clone(),
             groups: kept,
             params,
@@ -382,7 +439,11 @@ impl Optimizer {
             norm_taken_by_unscale: false,
             rounding: options.rounding,
             q8,
-        })
+            written: WrittenRanges::default(),
+            disjoint_grads: Vec::new(),
+        };
+        optimizer.written = WrittenRanges::new(&optimizer);
+        Ok(optimizer)
     }
 
     /// How the optimizer's 16-bit stores round ([`OptimizerOptions::rounding`]).
@@ -487,9 +548,12 @@ impl Optimizer {
         self.step
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one (with
-    /// [`OptimizerOptions::q8_states`], only where it is f32: the 8-bit ones are read with
-    /// [`Self::read_q8_state`]).
+    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    ///
+    /// With [`OptimizerOptions::q8_states`] only the f32 states of tensors below
+    /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
+    /// the parameter has one. Read those with [`Self::read_q8_state`] (codes and absmax, or
+    /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
         let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;
@@ -505,11 +569,23 @@ impl Optimizer {
         engine.read(&self.ctx, index, kind)
     }
 
+    /// [`Self::read_q8_state`] as a future, for callers that must not block (a browser's
+    /// main thread, where the blocking form returns [`Error::Readback`]).
+    pub async fn read_q8_state_async(
+        &self,
+        index: usize,
+        kind: StateKind,
+    ) -> Result<Option<crate::q8::StoredState>> {
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("read_q8_state"))?;
+        engine.read_async(&self.ctx, index, kind).await
+    }
+
     /// With [`OptimizerOptions::q8_states`]: replaces parameter `index`'s state of `kind`
     /// (queued, so it lands before the next submitted step). Refused, with nothing written,
     /// without 8-bit state ([`Error::NeedsOption`]), for a parameter or kind the optimizer
     /// does not have, or when `state` is not stored as this tensor's is (8-bit at and above
-    /// `min_8bit_size`, f32 below), has another length, or lacks one absmax per block.
+    /// `min_8bit_size`, f32 below), has another length, lacks one absmax per block, or has
+    /// an absmax that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
     pub fn write_q8_state(
         &self,
         index: usize,
@@ -526,21 +602,44 @@ impl Optimizer {
         self.q8.as_mut()
     }
 
-    /// With 8-bit state: the step, one dispatch per variant, group and set of buffers.
+    /// With 8-bit state: the step, one dispatch per variant, group and set of buffers, after
+    /// the norm pass when clipping.
     fn record_q8_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        self.check_grads(grads)?;
         let Some(engine) = &mut self.q8 else { return Ok(()) };
         engine.bind(&self.ctx, &self.params, grads)?;
+        // With 8-bit state `bound` holds only the norm passes: the engine holds the update's
+        // dispatches.
+        if let Some(clip) = &self.clip {
+            if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
+                let hit = self.bound.remove(k);
+                self.bound.insert(0, hit);
+            } else {
+                let norm = clip.bind(&self.ctx, grads, None)?;
+                self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+                let bound = Bound {
+                    grads: grads.to_vec(),
+                    batches: Vec::new(),
+                    norm: Some(norm),
+                    unscale_norm: None,
+                };
+                self.bound.insert(0, bound);
+            }
+        }
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
         for (group, bytes) in self.groups.iter_mut().zip(slots) {
             group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
             group.dirty = false;
         }
-        self.uniforms.record_write(encoder, &self.uniform_bytes);
+        self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("wgpu-optim 8-bit step"),
             timestamp_writes: None,
         });
+        if let (Some(clip), Some(norm)) = (&self.clip, self.bound.first().and_then(|b| b.norm.as_ref())) {
+            clip.record(&mut pass, norm);
+        }
         engine.record(&mut pass, &self.uniforms.bind_groups);
         drop(pass);
         self.step = t;
@@ -557,6 +656,12 @@ impl Optimizer {
     /// alternate gradient buffers); with a known set a step creates no GPU objects, beyond
     /// 256 bytes of staging per group for each step in flight, which is reused once that
     /// step's submission has run. On error nothing is recorded and the step count is unchanged.
+    ///
+    /// `grads[i]` is `params[i]`'s gradient, of its length, in memory of its own or exactly
+    /// `params[i]` (each element is read before it is written). A gradient that shares a byte
+    /// with another parameter, a model copy or a state tensor is refused
+    /// ([`Error::OverlapsWritten`], naming both): the step updates every tensor in one pass,
+    /// so it would read values already updated.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
         if self.q8.is_some() {
@@ -586,7 +691,7 @@ impl Optimizer {
                 write_rounding(self.rounding, at, bytes);
                 group.dirty = false;
             }
-            self.uniforms.record_write(encoder, &self.uniform_bytes);
+            self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         }
         if let Some(device) = &mut self.device {
             device.prepare_step(encoder);
@@ -629,13 +734,7 @@ impl Optimizer {
             self.bound.insert(0, hit);
             return Ok(());
         }
-        if grads.len() != self.params.len() {
-            return Err(Error::CountMismatch {
-                argument: "grads".into(),
-                got: grads.len(),
-                expected: self.params.len(),
-            });
-        }
+        self.check_grads(grads)?;
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
         let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
         let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
@@ -681,6 +780,13 @@ impl Optimizer {
     /// With [`OptimizerOptions::grad_clip`]: reads the global gradient norm of the last
     /// submitted step (PyTorch's `clip_grad_norm_` return value, before clipping). Waits for
     /// that one value; the step path itself never reads anything back.
+    ///
+    /// Each call is a round trip: it copies 4 bytes to a staging buffer, submits, and blocks
+    /// until the device has finished every submitted step and the copy is mapped. A trainer
+    /// that logs the norm of every step should not call it per step (that serializes host
+    /// and device, and recording several steps per submit would keep only the last norm):
+    /// [`Self::record_grad_norm_copy`] keeps each step's norm on the device, to be read back
+    /// in one readback every N steps.
     pub fn read_grad_norm(&self) -> Result<f64> {
         let clip = self
             .clip
@@ -690,10 +796,60 @@ impl Optimizer {
         Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
+    /// With [`OptimizerOptions::grad_clip`]: records into `encoder` a copy of the gradient
+    /// norm of the step recorded last (the value [`Self::read_grad_norm`] would read after
+    /// it: the f32 norm before clipping, 4 little-endian bytes) into `dst` at byte `offset`.
+    /// Recorded after each step, into consecutive slots of a trainer's buffer, it keeps every
+    /// step's norm on the device, so N steps (recorded in one encoder or several) are read
+    /// back with one readback instead of N. Refused, with nothing recorded, without clipping
+    /// ([`Error::NeedsOption`]), for a `dst` without `COPY_DST` ([`Error::MissingUsage`]), or
+    /// for an `offset` that is not a multiple of 4 or leaves no 4 bytes in `dst`
+    /// ([`Error::BadRange`]).
+    pub fn record_grad_norm_copy(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        dst: &wgpu::Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        let clip = self
+            .clip
+            .as_ref()
+            .ok_or(Error::NeedsOption { what: "a gradient norm".into(), option: "grad_clip" })?;
+        crate::gpu::transfer::check_writable(&Arg::new("dst", &Tensor::new(dst, offset, 1, DType::F32)))?;
+        let norm = clip.total_norm();
+        encoder.copy_buffer_to_buffer(&norm.buffer, norm.offset, dst, offset, norm.byte_len());
+        Ok(())
+    }
+
     /// Capturable mode: reads the AMP flag of the last unscale (true: that step was skipped).
     pub fn read_found_inf(&self) -> Result<bool> {
         let device = self.device.as_ref().ok_or_else(not_capturable)?;
         let bytes = self.ctx.read_bytes(&device.found_inf_bytes())?;
+        Ok(bytes != [0, 0, 0, 0])
+    }
+
+    /// [`Self::read_device_step`] as a future, for callers that must not block (a browser's
+    /// main thread, where the blocking form returns [`Error::Readback`]).
+    pub async fn read_device_step_async(&self) -> Result<u64> {
+        let device = self.device.as_ref().ok_or_else(not_capturable)?;
+        let bytes = self.ctx.read_bytes_async(&device.step_bytes()).await?;
+        Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
+    }
+
+    /// [`Self::read_grad_norm`] as a future, for callers that must not block.
+    pub async fn read_grad_norm_async(&self) -> Result<f64> {
+        let clip = self
+            .clip
+            .as_ref()
+            .ok_or(Error::NeedsOption { what: "a gradient norm".into(), option: "grad_clip" })?;
+        let bytes = self.ctx.read_bytes_async(&clip.total_norm()).await?;
+        Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
+    }
+
+    /// [`Self::read_found_inf`] as a future, for callers that must not block.
+    pub async fn read_found_inf_async(&self) -> Result<bool> {
+        let device = self.device.as_ref().ok_or_else(not_capturable)?;
+        let bytes = self.ctx.read_bytes_async(&device.found_inf_bytes()).await?;
         Ok(bytes != [0, 0, 0, 0])
     }
 
@@ -728,13 +884,10 @@ impl Optimizer {
         grads: &[Tensor],
         inv_scale: &Tensor,
     ) -> Result<()> {
-        if grads.len() != self.params.len() {
-            return Err(Error::CountMismatch {
-                argument: "grads".into(),
-                got: grads.len(),
-                expected: self.params.len(),
-            });
-        }
+        // The unscale rewrites the gradients, so one inside another tensor would corrupt it,
+        // and two that share memory would be unscaled twice.
+        self.check_grads(grads)?;
+        self.check_grads_disjoint(grads)?;
         let ctx = self.ctx.clone();
         if self.device.is_none() {
             return Err(not_capturable());
@@ -761,6 +914,39 @@ impl Optimizer {
             taken.record_partials(&mut pass);
         }
         self.norm_taken_by_unscale = true;
+        Ok(())
+    }
+
+    /// Refuses gradients of another count than the parameters, or one that lies in memory
+    /// the step writes for another tensor: another parameter, a model copy or a state
+    /// ([`Error::OverlapsWritten`]). `grads[i]` may be `params[i]` exactly.
+    fn check_grads(&self, grads: &[Tensor]) -> Result<()> {
+        if grads.len() != self.params.len() {
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: self.params.len(),
+            });
+        }
+        self.written.check(grads)
+    }
+
+    /// Refuses gradients that share memory with each other ([`Error::OverlapsWritten`]
+    /// naming both), for the passes that rewrite them.
+    fn check_grads_disjoint(&mut self, grads: &[Tensor]) -> Result<()> {
+        if self.disjoint_grads.as_slice() == grads {
+            return Ok(());
+        }
+        let named: Vec<Arg> =
+            grads.iter().enumerate().map(|(i, g)| Arg::new(format!("grads[{i}]"), g)).collect();
+        check_disjoint(&named).map_err(|e| match e {
+            Error::OverlappingParams { first, second } => {
+                Error::OverlapsWritten { tensor: second, written: first }
+            }
+            other => other,
+        })?;
+        self.disjoint_grads.clear();
+        self.disjoint_grads.extend_from_slice(grads);
         Ok(())
     }
 
@@ -852,6 +1038,7 @@ fn master_copies(
     ctx: &GpuContext,
     groups: Vec<ParamGroup>,
     mut options: OptimizerOptions,
+    read: Option<Vec<Vec<f64>>>,
 ) -> Result<(Vec<ParamGroup>, OptimizerOptions)> {
     if !options.master_weights {
         return Ok((groups, options));
@@ -890,7 +1077,11 @@ fn master_copies(
     for group in groups {
         let mut params = Vec::with_capacity(group.params.len());
         for p in &group.params {
-            params.push(ctx.upload(&format!("master[{next}]"), &ctx.read(p)?, DType::F32));
+            let values = match read.as_ref().and_then(|read| read.get(next)) {
+                Some(values) => values.clone(),
+                None => ctx.read(p)?,
+            };
+            params.push(ctx.upload(&format!("master[{next}]"), &values, DType::F32));
             next += 1;
         }
         masters.push(ParamGroup { algorithm: group.algorithm, params });

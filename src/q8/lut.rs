@@ -23,6 +23,8 @@ pub const BUCKET_SHIFT: u32 = 16;
 pub const SMALLEST: u32 = 0x3400_0000;
 /// The bits of 1.0, the largest magnitude a bucket starts at.
 pub const ONE: u32 = 0x3f80_0000;
+/// The bits of infinity: magnitudes from it up are infinite or NaN.
+pub const INFINITY: u32 = 0x7f80_0000;
 /// Buckets of one sign: magnitudes from [`SMALLEST`] to 1.
 pub const BUCKETS_PER_SIGN: usize = ((ONE - SMALLEST) >> BUCKET_SHIFT) as usize + 1;
 /// Buckets of a table: positive values, then negative ones.
@@ -32,6 +34,8 @@ pub const BUCKETS: usize = 2 * BUCKETS_PER_SIGN;
 /// below the bucket are at least `switch` takes `end`, and `start` otherwise.
 pub struct CodeTable {
     map: [f32; 256],
+    /// The code of 0, which NaN and the infinities take.
+    zero: u8,
     entries: Box<[u32]>,
 }
 
@@ -68,7 +72,7 @@ impl CodeTable {
             let switch = if start == end { 0 } else { hi };
             *entry = u32::from(start) | u32::from(end) << 8 | switch << BUCKET_SHIFT;
         }
-        CodeTable { map: *map, entries }
+        CodeTable { map: *map, zero: super::zero_code(map), entries }
     }
 
     /// The table of [`super::signed_map`], built once.
@@ -92,6 +96,11 @@ impl CodeTable {
         }
     }
 
+    /// The code NaN and the infinities take: the code of 0.
+    pub fn zero(&self) -> u8 {
+        self.zero
+    }
+
     /// The map this table finds codes of.
     pub fn map(&self) -> &[f32; 256] {
         &self.map
@@ -105,9 +114,10 @@ impl CodeTable {
         let entry = self.entries.get(b).copied().unwrap_or(0);
         let switched = (magnitude & ((1 << BUCKET_SHIFT) - 1)) >= entry >> BUCKET_SHIFT;
         let code = (if switched { entry >> 8 } else { entry }) as u8;
-        // NaN takes code 0, as `nearest_code` gives it.
-        if x.is_nan() {
-            0
+        // NaN and the infinities take the code of 0, as `nearest_code` gives them (an integer
+        // compare, so that the loops calling this stay vectorizable).
+        if bits & 0x7fff_ffff >= INFINITY {
+            self.zero
         } else {
             code
         }

@@ -1,9 +1,13 @@
 //! Blockwise 8-bit optimizer state, as bitsandbytes stores it (Dettmers et al. 2022, "8-bit
 //! Optimizers via Block-wise Quantization"): a state tensor is cut into blocks of
-//! [`BLOCK_SIZE`] consecutive elements, each block keeps its largest magnitude (`absmax`, 1
-//! for an all-zero block) as an f32, and each element keeps the index of the code of a
-//! 256-entry dynamic map nearest to `value / absmax`. Signed states (Adam's first moment, SGD's
-//! momentum) use [`signed_map`], Adam's second moment [`unsigned_map`].
+//! [`BLOCK_SIZE`] consecutive elements, each block keeps its largest magnitude (`absmax`) as
+//! an f32, and each element keeps the index of the code of a 256-entry dynamic map nearest
+//! to `value / absmax`. An all-zero block has absmax 0 in the fresh state, before the first
+//! step ([`StoredState::zeros`], as bitsandbytes initializes it), and 1 once a step has
+//! requantized it (a step never divides by 0); either way its values dequantize to 0. A NaN
+//! or infinite value is left out of its block's absmax and stored as the code of 0. Signed
+//! states (Adam's first moment, SGD's momentum) use [`signed_map`], Adam's second moment
+//! [`unsigned_map`].
 //!
 //! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
 //! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit; the
@@ -29,9 +33,14 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
 /// new absmax and requantizes, in one pass (on the GPU, one dispatch for all tensors of a
 /// group that lie in the same buffers, as with f32 state). The parameters and gradients
-/// stay f32. AMSGrad and Adagrad are refused, as are `grad_clip`,
-/// `capturable`, `master_weights`, `model_copies`, a `state_dtype` and a rounding other
-/// than nearest. The 8-bit states are read and replaced as [`StoredState`]s
+/// stay f32. Global clipping (`grad_clip`, bitsandbytes' `gnorm_scale`) takes the norm over
+/// every gradient, those of tensors below `min_8bit_size` included, and the step scales each
+/// gradient by the coefficient as it reads it. A NaN or infinite state value (from a
+/// non-finite gradient) is left out of its block's absmax and stored as the code of 0, so it
+/// spoils its own parameter only. A tensor whose 8-bit states outgrow a storage binding is
+/// cut into chunks of whole blocks on the GPU. AMSGrad and Adagrad are refused, as are
+/// `capturable`, `master_weights`, `model_copies`, a `state_dtype` and a rounding other than
+/// nearest. The 8-bit states are read and replaced as [`StoredState`]s
 /// (`Optimizer::read_q8_state`, `CpuOptimizer::q8_state`); `state()` gives only the f32
 /// states of tensors below `min_8bit_size`.
 ///
@@ -110,13 +119,8 @@ pub(crate) fn check_options(
             return Err(Error::ConflictingOptions { first, second: "algorithm", reason });
         }
     }
-    let conflicts: [(&'static str, bool, &'static str); 6] = [
+    let conflicts: [(&'static str, bool, &'static str); 5] = [
         ("state_dtype", options.state_dtype.is_some(), "8-bit state is a storage type of its own"),
-        (
-            "grad_clip",
-            options.grad_clip.is_some(),
-            "the 8-bit step reads each gradient once, in blocks, and does not scale it by a global norm",
-        ),
         ("capturable", options.capturable, "8-bit steps take their bias corrections from the host"),
         ("master_weights", options.master_weights, "8-bit state keeps f32 parameters, which are the masters"),
         ("model_copies", !options.model_copies.is_empty(), "8-bit state keeps f32 parameters only"),
@@ -143,7 +147,8 @@ pub(crate) fn check_options(
 
 /// Refuses, naming it `argument`, a `state` that cannot replace the state of a tensor of
 /// `len` elements under `config`: another storage (8-bit at and above `min_8bit_size`, f32
-/// below), another length, or codes without one absmax per block.
+/// below), another length, codes without one absmax per block, or an absmax that is not a
+/// finite number >= 0.
 pub(crate) fn check_replacement(
     state: &StoredState,
     config: Q8States,
@@ -165,6 +170,22 @@ pub(crate) fn check_replacement(
     state.check(argument, len)
 }
 
+/// Refuses an absmax that cannot scale a block: NaN, infinite or negative, which a step
+/// would spread over the block's 256 elements (a NaN) or turn the wrong way (a negative
+/// scale flips every sign). `argument` names the absmax; the error names its first bad block.
+pub(crate) fn check_absmax(absmax: &[f32], argument: &str) -> Result<()> {
+    match absmax.iter().position(|a| !a.is_finite() || *a < 0.0) {
+        None => Ok(()),
+        Some(j) => Err(Error::BadValue {
+            argument: format!("{argument}[{j}]"),
+            problem: format!(
+                "is {}; a block's absmax is its largest magnitude, a finite number >= 0",
+                absmax[j]
+            ),
+        }),
+    }
+}
+
 /// One state tensor under [`Q8States`], as either backend hands it back: blockwise 8-bit for
 /// a tensor of at least `min_8bit_size` elements, f32 below (bitsandbytes' `state1`/`state2`
 /// with `absmax1`/`absmax2`, or its f32 state).
@@ -172,9 +193,12 @@ pub(crate) fn check_replacement(
 pub enum StoredState {
     /// One code per element, one absmax per block of [`BLOCK_SIZE`].
     Q8 {
-        /// The codes (`state1` / `state2`).
+        /// The codes (`state1` / `state2`): indices into a 256-entry map, so every `u8` is a
+        /// valid code (there is nothing to check).
         codes: Vec<u8>,
-        /// Each block's largest magnitude (`absmax1` / `absmax2`).
+        /// Each block's largest magnitude (`absmax1` / `absmax2`): a finite number >= 0
+        /// (0 only before the first step). Any other value is refused where a state is
+        /// written or loaded ([`Error::BadValue`]).
         absmax: Vec<f32>,
     },
     /// A tensor below `min_8bit_size`.
@@ -183,7 +207,8 @@ pub enum StoredState {
 
 impl StoredState {
     /// The zero state bitsandbytes starts from for `len` elements: codes 0 under absmax 0 (so
-    /// every value dequantizes to 0) where `quantized`, f32 zeros otherwise.
+    /// every value dequantizes to 0) where `quantized`, f32 zeros otherwise. A block that a
+    /// step requantizes to all zeros gets absmax 1 instead (see the [module](self) docs).
     pub fn zeros(len: usize, quantized: bool) -> Self {
         if quantized {
             StoredState::Q8 { codes: vec![0; len], absmax: vec![0.0; blocks(len)] }
@@ -218,8 +243,9 @@ impl StoredState {
         }
     }
 
-    /// Refuses a state of another length than `len`, or codes without one absmax per block,
-    /// naming it `argument`.
+    /// Refuses a state of another length than `len`, codes without one absmax per block, or
+    /// an absmax that is NaN, infinite or negative ([`check_absmax`]), naming it `argument`.
+    /// Every code is valid: the maps have 256 entries, one per `u8`.
     pub(crate) fn check(&self, argument: &str, len: usize) -> Result<()> {
         if self.len() != len {
             return Err(Error::LengthMismatch {
@@ -237,7 +263,8 @@ impl StoredState {
                     expected: blocks(codes.len()),
                 })
             }
-            _ => Ok(()),
+            StoredState::Q8 { absmax, .. } => check_absmax(absmax, &format!("{argument} absmax")),
+            StoredState::F32(_) => Ok(()),
         }
     }
 
@@ -306,11 +333,12 @@ fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
 }
 
 /// The index of the code of `map` (sorted, as the maps above are) nearest to `x`, the lower
-/// one on a tie, an end code beyond the map's ends; NaN takes code 0, as `torch.argmin` puts
-/// it first.
+/// one on a tie, an end code beyond the map's ends. NaN and the infinities take the code of
+/// 0 ([`zero_code`]): a non-finite state value is not kept, and its element's state
+/// restarts from zero.
 pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
-    if x.is_nan() {
-        return 0;
+    if !x.is_finite() {
+        return zero_code(map);
     }
     // Beyond the map's ends the end code is nearest; clamping first keeps f32 rounding of
     // huge distances (where |x - c| of neighbouring codes round alike) from picking another,
@@ -323,17 +351,23 @@ pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
     code as u8
 }
 
+/// The index of the code of 0 in `map` (the unsigned map's first code, the signed map's
+/// middle one); 0 for a map without 0.
+pub fn zero_code(map: &[f32; 256]) -> u8 {
+    map.iter().position(|&c| c == 0.0).unwrap_or(0) as u8
+}
+
 /// Quantizes `values` block by block into `codes` (one per value) and `absmax` (one per block,
 /// the last block possibly partial). Refuses, changing nothing, slices of other lengths.
+///
+/// A block's absmax is the largest finite magnitude (1 when there is none, or it is 0):
+/// a NaN or infinite value would make every value of its block NaN once dequantized, so
+/// it takes the code of 0 instead ([`nearest_code`]) and leaves the other values alone.
 pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) -> Result<()> {
     check_lengths(values.len(), codes.len(), absmax.len())?;
     let blocks = values.chunks(BLOCK_SIZE).zip(codes.chunks_mut(BLOCK_SIZE));
     for ((block, block_codes), block_absmax) in blocks.zip(absmax.iter_mut()) {
-        // torch.max propagates NaN; f32::max would drop it.
-        let largest =
-            block
-                .iter()
-                .fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) });
+        let largest = block.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
         *block_absmax = if largest == 0.0 { 1.0 } else { largest };
         for (code, v) in block_codes.iter_mut().zip(block) {
             *code = nearest_code(map, v / *block_absmax);

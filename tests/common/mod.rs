@@ -26,10 +26,18 @@ pub fn fresh_ctx() -> GpuContext {
 /// A context on a device created with exactly `limits` (on the adapter wgpu picks, as
 /// `ctx`), to check what the crate does within a smaller device than the adapter offers.
 pub fn ctx_with_limits(limits: wgpu::Limits) -> GpuContext {
+    ctx_with_adapter_limits(|_| limits)
+}
+
+/// A context on a device created with the adapter's own limits as `adjust` changes them.
+/// A test that needs a limit (a storage binding smaller than its tensor, say) sets it here
+/// rather than assuming the adapter's: a discrete GPU's bindings may hold 2 GiB or more.
+pub fn ctx_with_adapter_limits(adjust: impl FnOnce(wgpu::Limits) -> wgpu::Limits) -> GpuContext {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
         .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
-    let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
+    let descriptor =
+        wgpu::DeviceDescriptor { required_limits: adjust(adapter.limits()), ..Default::default() };
     let (device, queue) = pollster::block_on(adapter.request_device(&descriptor))
         .unwrap_or_else(|e| panic!("the adapter refused a device with smaller limits: {e}"));
     GpuContext::from_device(device, queue)

@@ -30,6 +30,8 @@ struct Variant {
     grad_in_params: bool,
     /// One invocation per block (CPU adapters), not one workgroup.
     serial: bool,
+    /// Gradients scaled by the clip coefficient (global clipping).
+    clip: bool,
 }
 
 #[derive(Debug)]
@@ -45,6 +47,19 @@ struct Placement {
     absmax: u64,
 }
 
+/// The states of a run of whole blocks of one tensor, all in one arena: a tensor whose states
+/// take more than a storage binding is cut into chunks, as f32 state is.
+#[derive(Debug)]
+struct StateChunk {
+    /// The chunk's first element within its tensor, and its elements.
+    start: u64,
+    len: u64,
+    /// Word offsets within the arena, per state.
+    placements: Vec<Placement>,
+    /// The arena that holds the chunk's states.
+    buffer: wgpu::Buffer,
+}
+
 /// One parameter's state.
 #[derive(Debug)]
 struct TensorState {
@@ -52,21 +67,41 @@ struct TensorState {
     group: usize,
     quantized: bool,
     kinds: Vec<StateKind>,
-    /// Word offsets within the arena.
-    placements: Vec<Placement>,
-    /// The arena that holds the state.
-    buffer: wgpu::Buffer,
+    /// In element order; one chunk where f32 (below `min_8bit_size`).
+    chunks: Vec<StateChunk>,
 }
 
-impl TensorState {
-    /// Words of state `k`'s codes (or values).
-    fn value_words(&self) -> u64 {
-        if self.quantized {
-            self.len.div_ceil(4)
-        } else {
-            self.len
-        }
+/// Words one state of `len` elements takes: its codes, four to a word, and one absmax per
+/// block where `quantized`; f32 values otherwise.
+fn state_words(len: u64, quantized: bool) -> (u64, u64) {
+    if quantized {
+        (len.div_ceil(4), blocks(len as usize) as u64)
+    } else {
+        (len, 0)
     }
+}
+
+/// Elements per chunk of a tensor of `len` elements whose `kinds` states are `quantized`, so
+/// that a chunk's states fit an arena of `arena_cap` bytes: whole blocks of 8-bit state,
+/// the whole tensor where it fits (f32 state is never cut: `Optimizer::state` hands it out
+/// as one tensor). `None` where not even one block (or the f32 state) fits.
+fn chunk_elements(len: u64, kinds: u64, quantized: bool, arena_cap: u64) -> Option<u64> {
+    let (values, absmax) = state_words(len, quantized);
+    if 4 * kinds * (values + absmax) <= arena_cap {
+        return Some(len.max(1));
+    }
+    let block = BLOCK_SIZE as u64;
+    let block_bytes = 4 * kinds * (block / 4 + 1);
+    let blocks = arena_cap / block_bytes;
+    (quantized && blocks > 0).then_some(blocks * block)
+}
+
+/// One chunk of one state to read back: its codes (or values) and absmax as one tensor, the
+/// byte where the absmax starts in it, and the chunk's elements.
+struct Readback {
+    both: Tensor,
+    split: usize,
+    len: usize,
 }
 
 /// One dispatch: the segments of one variant over one set of buffers.
@@ -205,53 +240,67 @@ pub(crate) struct Q8Engine {
     bound: Option<Bound>,
     /// One invocation per block (CPU adapters) instead of one workgroup.
     serial: bool,
+    /// Global clipping: the kernels scale each gradient by the coefficient in the clip
+    /// buffer, which group 0 of the scalars binds.
+    clip: bool,
 }
 
 impl Q8Engine {
     /// Zeroed state for `params`, parameter i in group `groups[i]`, each group run by
-    /// `algorithms[g]` (checked by [`crate::q8::check_options`]).
+    /// `algorithms[g]` (checked by [`crate::q8::check_options`]); with `clip`, kernels that
+    /// scale the gradients by the clip coefficient.
     pub(crate) fn new(
         ctx: &GpuContext,
         config: Q8States,
         params: &[Tensor],
         groups: &[usize],
         algorithms: &[Algorithm],
+        clip: bool,
     ) -> Result<Self> {
         let limits = ctx.device().limits();
         let max_binding = limits.max_storage_buffer_binding_size;
         // An arena is bound whole, so it is no larger than a binding.
         let arena_cap = max_binding.min(limits.max_buffer_size) / 4 * 4;
+        // Per tensor, its chunks: (first element, elements, placements, arena).
         let mut layouts = Vec::with_capacity(params.len());
         // Bytes of each arena, filled in parameter order.
         let mut arenas: Vec<u64> = Vec::new();
         for (i, (param, &group)) in params.iter().zip(groups).enumerate() {
             let kinds = algorithms[group].state_kinds().to_vec();
             let quantized = config.quantizes(param.len);
-            let value_words = if quantized { param.len.div_ceil(4) } else { param.len };
-            let absmax_words = if quantized { blocks(param.len as usize) as u64 } else { 0 };
-            let bytes = 4 * kinds.len() as u64 * (value_words + absmax_words);
-            if bytes > arena_cap {
+            let Some(chunk) = chunk_elements(param.len, kinds.len() as u64, quantized, arena_cap) else {
+                let (values, absmax) = state_words(param.len, quantized);
+                let bytes = 4 * kinds.len() as u64 * (values + absmax);
                 return Err(Error::BadRange {
                     argument: format!("params[{i}]"),
                     problem: format!(
-                        "its state takes {bytes} bytes, more than the device's largest storage binding \
-                         ({max_binding} bytes, max_storage_buffer_binding_size)"
+                        "its state takes {bytes} bytes, more than the device's largest storage \
+                         binding ({max_binding} bytes, max_storage_buffer_binding_size), and the \
+                         f32 state of a tensor below min_8bit_size is kept in one binding: lower \
+                         min_8bit_size so that it keeps 8-bit state"
                     ),
                 });
+            };
+            let mut chunks = Vec::new();
+            for start in (0..param.len.max(1)).step_by(chunk as usize) {
+                let len = (param.len - start).min(chunk);
+                let (value_words, absmax_words) = state_words(len, quantized);
+                let bytes = 4 * kinds.len() as u64 * (value_words + absmax_words);
+                if arenas.last().is_none_or(|&used| used + bytes > arena_cap) {
+                    arenas.push(0);
+                }
+                let arena = arenas.len() - 1;
+                let first = arenas[arena] / 4;
+                arenas[arena] += bytes;
+                let placements: Vec<Placement> = (0..kinds.len() as u64)
+                    .map(|k| {
+                        let at = first + k * (value_words + absmax_words);
+                        Placement { values: at, absmax: at + value_words }
+                    })
+                    .collect();
+                chunks.push((start, len, placements, arena));
             }
-            if arenas.last().is_none_or(|&used| used + bytes > arena_cap) {
-                arenas.push(0);
-            }
-            let arena = arenas.len() - 1;
-            let start = arenas[arena] / 4;
-            arenas[arena] += bytes;
-            let placements: Vec<Placement> = (0..kinds.len() as u64)
-                .map(|k| {
-                    let at = start + k * (value_words + absmax_words);
-                    Placement { values: at, absmax: at + value_words }
-                })
-                .collect();
-            layouts.push((param.len, group, quantized, kinds, placements, arena));
+            layouts.push((param.len, group, quantized, kinds, chunks));
         }
         let tables_words = shader::tables_words();
         ctx.catch("creating the 8-bit state", || {
@@ -271,13 +320,20 @@ impl Q8Engine {
                 .collect();
             let tensors = layouts
                 .into_iter()
-                .map(|(len, group, quantized, kinds, placements, arena)| TensorState {
+                .map(|(len, group, quantized, kinds, chunks)| TensorState {
                     len,
                     group,
                     quantized,
                     kinds,
-                    placements,
-                    buffer: buffers[arena].clone(),
+                    chunks: chunks
+                        .into_iter()
+                        .map(|(start, len, placements, arena)| StateChunk {
+                            start,
+                            len,
+                            placements,
+                            buffer: buffers[arena].clone(),
+                        })
+                        .collect(),
                 })
                 .collect();
             let tables = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -296,6 +352,7 @@ impl Q8Engine {
                 // there, one invocation owns a block and needs none (16 Mi-element Adam on
                 // lavapipe took 348 ms with a workgroup per block, 155 ms with one invocation).
                 serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
+                clip,
             }
         })
     }
@@ -377,21 +434,28 @@ impl Q8Engine {
             let tensor = &self.tensors[i];
             let shared = grad.buffer == param.buffer;
             let quantized = tensor.quantized && !tensor.kinds.is_empty();
-            let key = DispatchKey {
-                variant: Variant {
-                    switches: self.switches[tensor.group],
-                    kinds: tensor.kinds.clone(),
-                    quantized,
-                    grad_in_params: shared,
-                    serial: self.serial && quantized,
-                },
-                group: tensor.group,
-                params: param.buffer.clone(),
-                grads: (!shared).then(|| grad.buffer.clone()),
-                state: tensor.buffer.clone(),
+            let variant = Variant {
+                switches: self.switches[tensor.group],
+                kinds: tensor.kinds.clone(),
+                quantized,
+                grad_in_params: shared,
+                serial: self.serial && quantized,
+                clip: self.clip,
             };
-            for start in (0..param.len).step_by(chunk as usize) {
-                let n = (param.len - start).min(chunk);
+            // Each state chunk (one arena), cut again where its parameters outgrow a binding;
+            // both cuts fall on whole blocks.
+            let pieces = tensor.chunks.iter().flat_map(|state| {
+                (0..state.len).step_by(chunk as usize).map(move |at| (state, at, (state.len - at).min(chunk)))
+            });
+            for (state, at, n) in pieces {
+                let key = DispatchKey {
+                    variant: variant.clone(),
+                    group: tensor.group,
+                    params: param.buffer.clone(),
+                    grads: (!shared).then(|| grad.buffer.clone()),
+                    state: state.buffer.clone(),
+                };
+                let start = state.start + at;
                 let bytes = |t: &Tensor| (t.offset + 4 * start, t.offset + 4 * (start + n));
                 let (param_bytes, grad_bytes) = (bytes(param), bytes(grad));
                 if shared {
@@ -410,18 +474,17 @@ impl Q8Engine {
                     }
                 }
                 let mut state_words = [(0, 0); 2];
-                for (k, placement) in tensor.placements.iter().enumerate() {
+                for (k, placement) in state.placements.iter().enumerate() {
                     state_words[k] = if tensor.quantized {
-                        (placement.values + start / 4, placement.absmax + start / BLOCK_SIZE as u64)
+                        (placement.values + at / 4, placement.absmax + at / BLOCK_SIZE as u64)
                     } else {
-                        (placement.values + start, 0)
+                        (placement.values + at, 0)
                     };
                 }
                 let blocks = blocks(n as usize) as u64;
                 let owners =
                     if key.variant.serial { blocks.div_ceil(u64::from(shader::WORKGROUP)) } else { blocks };
                 let wanted = owners as u32;
-                let key = key.clone();
                 segments.push(Segment { key, n, blocks, param_bytes, grad_bytes, state_words, wanted });
             }
         }
@@ -515,17 +578,21 @@ impl Q8Engine {
     pub(crate) fn f32_state(&self, i: usize, kind: StateKind) -> Option<Tensor> {
         let tensor = self.tensors.get(i)?;
         let k = tensor.kinds.iter().position(|s| *s == kind)?;
-        (!tensor.quantized)
-            .then(|| Tensor::new(&tensor.buffer, 4 * tensor.placements[k].values, tensor.len, DType::F32))
+        // f32 state is one chunk.
+        let chunk = tensor.chunks.first().filter(|_| !tensor.quantized)?;
+        Some(Tensor::new(&chunk.buffer, 4 * chunk.placements[k].values, tensor.len, DType::F32))
     }
 
-    /// The words of state `k` of parameter `i`: its values (codes), and its absmax.
-    fn views(&self, i: usize, k: usize) -> (Tensor, Tensor) {
+    /// The words of state `k` of parameter `i`, chunk by chunk: its values (codes), and its
+    /// absmax.
+    fn views(&self, i: usize, k: usize) -> impl Iterator<Item = (Tensor, Tensor)> + '_ {
         let tensor = &self.tensors[i];
-        let placement = tensor.placements[k];
-        let values = Tensor::new(&tensor.buffer, 4 * placement.values, tensor.value_words(), DType::F32);
-        let absmax_words = if tensor.quantized { blocks(tensor.len as usize) as u64 } else { 0 };
-        (values, Tensor::new(&tensor.buffer, 4 * placement.absmax, absmax_words, DType::F32))
+        tensor.chunks.iter().map(move |chunk| {
+            let placement = chunk.placements[k];
+            let (value_words, absmax_words) = state_words(chunk.len, tensor.quantized);
+            let values = Tensor::new(&chunk.buffer, 4 * placement.values, value_words, DType::F32);
+            (values, Tensor::new(&chunk.buffer, 4 * placement.absmax, absmax_words, DType::F32))
+        })
     }
 
     /// The 8-bit settings (only checkpoints read them).
@@ -536,19 +603,58 @@ impl Q8Engine {
 
     /// Parameter `i`'s state of `kind`, read back (waits for the queue).
     pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<StoredState>> {
-        let Some(tensor) = self.tensors.get(i) else { return Ok(None) };
-        let Some(k) = tensor.kinds.iter().position(|s| *s == kind) else { return Ok(None) };
-        let (values, absmax) = self.views(i, k);
-        // A state's absmax words follow its codes: one readback takes both.
-        debug_assert_eq!(absmax.offset, values.offset + 4 * values.len);
-        let both = Tensor::new(&values.buffer, values.offset, values.len + absmax.len, DType::F32);
-        let bytes = ctx.read_bytes(&both)?;
-        let (value_bytes, absmax_bytes) = bytes.split_at(4 * values.len as usize);
-        if !tensor.quantized {
-            return Ok(Some(StoredState::F32(bytemuck::pod_collect_to_vec(value_bytes))));
+        let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
+        let mut parts = Vec::with_capacity(views.len());
+        for view in &views {
+            parts.push(ctx.read_bytes(&view.both)?);
         }
-        let codes = value_bytes[..tensor.len as usize].to_vec();
-        Ok(Some(StoredState::Q8 { codes, absmax: bytemuck::pod_collect_to_vec(absmax_bytes) }))
+        Ok(Some(self.decode(i, &views, &parts)))
+    }
+
+    /// [`Self::read`] without blocking (a browser's main thread).
+    pub(crate) async fn read_async(
+        &self,
+        ctx: &GpuContext,
+        i: usize,
+        kind: StateKind,
+    ) -> Result<Option<StoredState>> {
+        let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
+        let mut parts = Vec::with_capacity(views.len());
+        for view in &views {
+            parts.push(ctx.read_bytes_async(&view.both).await?);
+        }
+        Ok(Some(self.decode(i, &views, &parts)))
+    }
+
+    /// Parameter `i`'s state of `kind`, one readback per chunk; `None` where there is no
+    /// such state.
+    fn readback_views(&self, i: usize, kind: StateKind) -> Option<Vec<Readback>> {
+        let tensor = self.tensors.get(i)?;
+        let k = tensor.kinds.iter().position(|s| *s == kind)?;
+        let views = self.views(i, k).zip(&tensor.chunks).map(|((values, absmax), chunk)| {
+            // A state's absmax words follow its codes: one readback takes both.
+            debug_assert_eq!(absmax.offset, values.offset + 4 * values.len);
+            let both = Tensor::new(&values.buffer, values.offset, values.len + absmax.len, DType::F32);
+            Readback { both, split: 4 * values.len as usize, len: chunk.len as usize }
+        });
+        Some(views.collect())
+    }
+
+    /// Parameter `i`'s state from the bytes of its [`Self::readback_views`], chunk by chunk.
+    fn decode(&self, i: usize, views: &[Readback], parts: &[Vec<u8>]) -> StoredState {
+        let tensor = &self.tensors[i];
+        let mut codes = Vec::with_capacity(tensor.len as usize);
+        let mut absmax: Vec<f32> = Vec::with_capacity(blocks(tensor.len as usize));
+        for (view, bytes) in views.iter().zip(parts) {
+            let (value_bytes, absmax_bytes) = bytes.split_at(view.split);
+            if !tensor.quantized {
+                // f32 state is one chunk.
+                return StoredState::F32(bytemuck::pod_collect_to_vec(value_bytes));
+            }
+            codes.extend_from_slice(&value_bytes[..view.len]);
+            absmax.extend(bytemuck::pod_collect_to_vec::<u8, f32>(absmax_bytes));
+        }
+        StoredState::Q8 { codes, absmax }
     }
 
     /// Replaces parameter `i`'s state of `kind` (queued: lands before the next submitted
@@ -572,19 +678,23 @@ impl Q8Engine {
             expected: tensor.kinds.clone(),
         })?;
         check_replacement(state, self.config, tensor.len as usize, &format!("q8 state {i} {kind:?}"))?;
-        let (values, absmax_view) = self.views(i, k);
-        match state {
-            StoredState::F32(v) => ctx.write_bytes(&values, bytemuck::cast_slice(v)),
-            StoredState::Q8 { codes, absmax } => {
-                let mut words = codes.clone();
-                words.resize(4 * values.len as usize, 0);
-                ctx.write_bytes(&values, &words)?;
-                if absmax.is_empty() {
-                    return Ok(());
+        for ((values, absmax_view), chunk) in self.views(i, k).zip(&tensor.chunks) {
+            let (start, end) = (chunk.start as usize, (chunk.start + chunk.len) as usize);
+            match state {
+                StoredState::F32(v) => ctx.write_bytes(&values, bytemuck::cast_slice(&v[start..end]))?,
+                StoredState::Q8 { codes, absmax } => {
+                    let mut words = codes[start..end].to_vec();
+                    words.resize(4 * values.len as usize, 0);
+                    ctx.write_bytes(&values, &words)?;
+                    let first = start / BLOCK_SIZE;
+                    let absmax = &absmax[first..first + absmax_view.len as usize];
+                    if !absmax.is_empty() {
+                        ctx.write_bytes(&absmax_view, bytemuck::cast_slice(absmax))?;
+                    }
                 }
-                ctx.write_bytes(&absmax_view, bytemuck::cast_slice(absmax))
             }
         }
+        Ok(())
     }
 }
 
@@ -607,6 +717,7 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
         variant.quantized,
         variant.grad_in_params,
         variant.serial,
+        variant.clip,
     );
     let overrides = variant.switches.overrides();
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
@@ -622,7 +733,7 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
     if variant.quantized {
         entries.push(buffer_entry(4, Storage { read_only: true }, false, 4));
     }
-    let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, false);
+    let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, variant.clip);
     let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
     let (pipeline, layout) = create(ctx, &label, &source, group0, &entries, &constants)?;
     Ok(Pipeline { pipeline, layout })
@@ -630,9 +741,11 @@ fn compile(ctx: &GpuContext, variant: &Variant) -> Result<Pipeline> {
 
 #[cfg(test)]
 mod tests {
-    use crate::oracle::{bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
+    use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
     use crate::q8::{Q8States, StoredState};
-    use crate::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor};
+    use crate::{
+        Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor,
+    };
 
     /// Asserts that `got` (read back) follows the oracle's 8-bit state `want` as FORMAT.md
     /// compares them: codes within 1 and at most 1 % differing, absmax within 1e-4 relative;
@@ -939,6 +1052,196 @@ mod tests {
                         (a - b).abs() <= 1e-4 * b.abs(),
                         "serial {serial} {kind:?}: absmax {a} against {b}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The code of 0 in the map of `kind` (the signed map's is not its first code).
+    fn zero_code(kind: StateKind) -> u8 {
+        let map = crate::q8::map_for(kind);
+        map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0 in the map")) as u8
+    }
+
+    /// One NaN or infinite gradient element with 8-bit state: its parameter goes non-finite
+    /// as with f32 state, its state takes the code of 0 and its block's absmax leaves it out,
+    /// so the block's 255 other elements and the next step follow the oracle; for every
+    /// 8-bit algorithm, NaN, +inf and -inf, and both owners of a block.
+    #[test]
+    fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
+        use wgpu_optim_testkit::compare::{assert_close, compare_codes, Tolerance};
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+        // Four blocks, the last partial; the bad element in the second.
+        let (n, bad) = (1000usize, 300usize);
+        let config = Q8States { min_8bit_size: 256 };
+        let algorithms: [Algorithm; 3] = [
+            Adam { lr: 1e-2, ..Adam::default() }.into(),
+            Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into(),
+            Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() }.into(),
+        ];
+        let initial: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
+        for algorithm in algorithms {
+            let kinds = algorithm.state_kinds();
+            for bad_value in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                // A good step, the bad one, and a good one after it.
+                let grads: Vec<Vec<f64>> = (0..3)
+                    .map(|k| {
+                        let mut g: Vec<f64> = (0..n)
+                            .map(|i| f64::from((((i * 104_729 + k * 31) % 997) as f64 * 1e-4 - 0.05) as f32))
+                            .collect();
+                        if k == 1 {
+                            g[bad] = bad_value;
+                        }
+                        g
+                    })
+                    .collect();
+                let mut want = initial.clone();
+                let mut states: Vec<StoredState> =
+                    kinds.iter().map(|_| StoredState::zeros(n, true)).collect();
+                let mut after: Vec<(Vec<f64>, Vec<StoredState>)> = Vec::new();
+                for (k, g) in grads.iter().enumerate() {
+                    bnb_8bit_step(&algorithm, k as u64 + 1, &mut want, g, &mut states)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    after.push((want.clone(), states.clone()));
+                }
+                for serial in [false, true] {
+                    let what = format!("{algorithm:?}, gradient {bad_value}, serial {serial}");
+                    let p = ctx.upload("param", &initial, DType::F32);
+                    let g = ctx.zeros("grad", n as u64, DType::F32);
+                    let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
+                    let mut opt = Optimizer::with_options(&ctx, algorithm, std::slice::from_ref(&p), options)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    if let Some(engine) = opt.q8_engine_mut() {
+                        engine.set_serial(serial);
+                    }
+                    for (k, (grad, (want, want_states))) in grads.iter().zip(&after).enumerate() {
+                        let what = format!("{what}, after step {}", k + 1);
+                        ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
+                        opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
+                        let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
+                        let non_finite: Vec<usize> = (0..n).filter(|&i| !got[i].is_finite()).collect();
+                        let expected: &[usize] = if k == 0 { &[] } else { &[bad] };
+                        assert_eq!(non_finite, expected, "{what}: non-finite parameters");
+                        let tolerance = Tolerance::Close { rtol: 0.0, atol: 1e-4 };
+                        assert_close(&format!("{what}: parameters"), &got, want, tolerance);
+                        for (kind, want) in kinds.iter().zip(want_states) {
+                            let what = format!("{what}: {kind:?}");
+                            let Some(StoredState::Q8 { codes, absmax }) =
+                                opt.read_q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"))
+                            else {
+                                panic!("{what} is not 8-bit");
+                            };
+                            assert!(absmax.iter().all(|a| a.is_finite()), "{what}: absmax {absmax:?}");
+                            if k == 1 {
+                                assert_eq!(codes[bad], zero_code(*kind), "{what}: the bad element's code");
+                            }
+                            let StoredState::Q8 { codes: want_codes, absmax: want_absmax } = want else {
+                                panic!("{what}: the oracle's state is not 8-bit");
+                            };
+                            let widen = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
+                            let codes_match = compare_codes(&widen(&codes), &widen(want_codes));
+                            assert!(codes_match.passed(), "{what}: codes {codes_match}");
+                            let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+                            let absmax_tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
+                            assert_close(&what, &widen(&absmax), &widen(want_absmax), absmax_tolerance);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// An 8-bit Adam state larger than a storage binding (64 KiB here; 40000 elements keep
+    /// 81 KB of codes and absmax) is cut into chunks of whole blocks, each in an arena of its
+    /// own: the tensor steps as the oracle does, and `read_q8_state` and `write_q8_state` see
+    /// the whole tensor's state across the chunks.
+    #[test]
+    fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let limits = wgpu::Limits { max_storage_buffer_binding_size: 64 << 10, ..wgpu::Limits::default() };
+        let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
+        let ctx = GpuContext::from_device(device, queue);
+        let n = 40_000usize;
+        let adam: Algorithm =
+            Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into();
+        let initial: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
+        let grads: Vec<Vec<f64>> = (0..2)
+            .map(|k| {
+                (0..n)
+                    .map(|i| f64::from((((i * 104_729 + k * 31) % 997) as f64 * 1e-4 - 0.05) as f32))
+                    .collect()
+            })
+            .collect();
+        let mut want = initial.clone();
+        let mut states = [StoredState::zeros(n, true), StoredState::zeros(n, true)];
+        for (k, g) in grads.iter().enumerate() {
+            bnb_8bit_step(&adam, k as u64 + 1, &mut want, g, &mut states).unwrap_or_else(|e| panic!("{e}"));
+        }
+        for serial in [false, true] {
+            let p = ctx.upload("param", &initial, DType::F32);
+            let g = ctx.zeros("grad", n as u64, DType::F32);
+            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+            let mut opt = Optimizer::with_options(&ctx, adam, std::slice::from_ref(&p), options)
+                .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
+            if let Some(engine) = opt.q8_engine_mut() {
+                engine.set_serial(serial);
+            }
+            for grad in &grads {
+                ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
+                opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-4, "serial {serial}: parameters {worst} from the oracle's");
+            for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states) {
+                let got = opt.read_q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
+                assert_state_follows(&format!("serial {serial}: {kind:?}"), got, want);
+            }
+            // A state of distinct codes and absmax, written and read back whole.
+            let written = StoredState::Q8 {
+                codes: (0..n).map(|i| (i * 7 % 256) as u8).collect(),
+                absmax: (0..crate::q8::blocks(n)).map(|b| b as f32 + 0.5).collect(),
+            };
+            opt.write_q8_state(0, StateKind::ExpAvgSq, &written).unwrap_or_else(|e| panic!("{e}"));
+            let back = opt.read_q8_state(0, StateKind::ExpAvgSq).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back.as_ref(), Some(&written), "serial {serial}: the state written, read back");
+            let other = opt.read_q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}"));
+            assert_state_follows(&format!("serial {serial}: ExpAvg after the write"), other, &states[0]);
+        }
+    }
+
+    /// Every 8-bit kernel variant, clipped or not, is created on a device with exactly
+    /// WebGPU's default limits: its storage bindings (parameters, gradients, the state arena,
+    /// the code tables and the clip buffer) stay within the 8 a stage may bind.
+    #[test]
+    fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let descriptor =
+            wgpu::DeviceDescriptor { required_limits: wgpu::Limits::default(), ..Default::default() };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
+        let ctx = GpuContext::from_device(device, queue);
+        assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 8);
+        let algorithms: [Algorithm; 2] =
+            [Adam::adamw().into(), Sgd { momentum: 0.9, nesterov: true, ..Sgd::default() }.into()];
+        for algorithm in algorithms {
+            for (quantized, serial) in [(true, false), (true, true), (false, false)] {
+                for (grad_in_params, clip) in [(false, false), (false, true), (true, true)] {
+                    let variant = super::Variant {
+                        switches: algorithm.kernel_step(1).switches(),
+                        kinds: algorithm.state_kinds().to_vec(),
+                        quantized,
+                        grad_in_params,
+                        serial,
+                        clip,
+                    };
+                    super::compile(&ctx, &variant).unwrap_or_else(|e| panic!("{variant:?}: {e}"));
                 }
             }
         }

@@ -8,8 +8,9 @@
 
 use std::fmt::Write;
 
-use crate::gpu::kernel::{entry_row_wgsl, nan_helpers, TABLE_ROWS};
-use crate::q8::lut::{BUCKETS, BUCKETS_PER_SIGN, ONE, SMALLEST};
+use crate::gpu::kernel::{entry_row_wgsl, nan_helpers, CLIP_BINDING, TABLE_ROWS};
+use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, INFINITY, ONE, SMALLEST};
+use crate::step::clip::ClipHeader;
 use crate::step::{Family, Slot, Switches};
 use crate::{DType, StateKind};
 
@@ -22,7 +23,6 @@ const MAPS_WORDS: usize = 512;
 /// The binding of the code tables: both maps (f32 bits), then the signed and the unsigned
 /// [`crate::q8::lut::CodeTable`] entries.
 pub(crate) fn tables_words() -> Vec<u32> {
-    use crate::q8::lut::CodeTable;
     let (signed, unsigned) = (CodeTable::signed(), CodeTable::unsigned());
     let mut words = Vec::with_capacity(MAPS_WORDS + 2 * BUCKETS);
     words.extend(signed.map().iter().map(|c| c.to_bits()));
@@ -69,13 +69,15 @@ fn table_wgsl() -> String {
 /// The full WGSL of one variant: `quantized` states (codes and absmax) or f32 states (a
 /// tensor below `min_8bit_size`), the gradient read from its own binding or, when
 /// `grad_in_params`, from the parameters' (the same buffer); 8-bit blocks owned by a
-/// workgroup each, or, when `serial`, by one invocation each (for CPU adapters).
+/// workgroup each, or, when `serial`, by one invocation each (for CPU adapters); with
+/// `clip`, each gradient scaled by the clip buffer's coefficient as it is loaded.
 pub(crate) fn compose(
     switches: &Switches,
     kinds: &[StateKind],
     quantized: bool,
     grad_in_params: bool,
     serial: bool,
+    clip: bool,
 ) -> String {
     let family = switches.family();
     let mut s = String::new();
@@ -98,10 +100,15 @@ pub(crate) fn compose(
     s.push_str("var<private> first: u32;\nvar<private> live: vec4<bool>;\n");
     // Lanes past the tensor's end read its last element (so every load is in bounds and
     // branch-free) and are never written.
-    for (slot, array) in [("param", "params"), ("grad", grads)] {
+    // With clipping the gradient as stored is scaled as it is loaded, as PyTorch scales the
+    // gradients in place before the step (the f32 kernels do the same).
+    let grad_loader = if clip { "grad_stored" } else { "grad" };
+    for ((slot, loader), array) in
+        [("param", "param"), ("grad", grad_loader)].into_iter().zip(["params", grads])
+    {
         let _ = writeln!(
             s,
-            "fn load_{slot}(i: u32) -> R {{\n    let at = seg.{slot} + first;\n    let last = seg.{slot} + seg.n - 1u;\n    \
+            "fn load_{loader}(i: u32) -> R {{\n    let at = seg.{slot} + first;\n    let last = seg.{slot} + seg.n - 1u;\n    \
              return vec4({array}[min(at, last)], {array}[min(at + 1u, last)], {array}[min(at + 2u, last)], {array}[min(at + 3u, last)]);\n}}"
         );
     }
@@ -143,12 +150,34 @@ pub(crate) fn compose(
     // A private copy, loaded first thing by every entry point: a CPU adapter's compiler
     // cannot keep uniform values in registers across storage writes that might alias them.
     s.push_str("\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\nvar<private> hp: Hyper;\n");
+    s.push_str(&scalars_wgsl(clip));
     if quantized {
         s.push_str(&quantized_entry(kinds, serial));
     } else {
         s.push_str(&f32_entry(kinds));
     }
     s
+}
+
+/// `load_scalars`, which every entry point calls first: private copies of the
+/// hyperparameters and, with `clip`, of the clip coefficient (which `load_grad` applies).
+fn scalars_wgsl(clip: bool) -> String {
+    if !clip {
+        return "fn load_scalars() {\n    hp = hp_base;\n}\n".into();
+    }
+    ClipHeader::wgsl()
+        + &format!(
+            "@group(0) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;
+var<private> clip_coefficient: f32;
+fn load_grad(i: u32) -> R {{
+    return load_grad_stored(i) * clip_coefficient;
+}}
+fn load_scalars() {{
+    hp = hp_base;
+    clip_coefficient = clip_state.coefficient;
+}}
+"
+        )
 }
 
 /// State fields of state `k` in the segment.
@@ -177,7 +206,7 @@ fn f32_entry(kinds: &[StateKind]) -> String {
     format!(
         "@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-    hp = hp_base;
+    load_scalars();
     load_segment(entry_row(wid.x));
     let last = seg.n - 1u;
     for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {{
@@ -191,8 +220,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 /// 8-bit state: dequantize the invocation's code word of each state, update, reduce the
-/// block's largest magnitude (as bits: NaN above infinity, so NaN propagates as `torch.max`
-/// does) over the workgroup, and requantize.
+/// block's largest finite magnitude (as bits, infinities and NaN left out as `q8::quantize`
+/// leaves them) over the workgroup, and requantize (a non-finite value to the code of 0).
 fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
     let mut load = String::new();
     let mut reduce_own = String::new();
@@ -203,6 +232,7 @@ fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
         let (words, absmax) = fields(k);
         let (map, table) =
             if crate::q8::is_signed(*kind) { (0, MAPS_WORDS) } else { (256, MAPS_WORDS + BUCKETS) };
+        let zero = CodeTable::for_kind(*kind).zero();
         let lane = ["x", "y"][k];
         let _ = write!(
             load,
@@ -223,25 +253,28 @@ fn quantized_entry(kinds: &[StateKind], serial: bool) -> String {
             store,
             "\n        let scaled{k} = new{k} / absmax{k};\n        \
              // Bytes past the tensor's end stay 0.\n        \
-             let codes{k} = code({table}u, scaled{k}.x) | select(0u, code({table}u, scaled{k}.y) << 8u, live.y) | \
-             select(0u, code({table}u, scaled{k}.z) << 16u, live.z) | select(0u, code({table}u, scaled{k}.w) << 24u, live.w);\n        \
+             let codes{k} = code({table}u, {zero}u, scaled{k}.x) | select(0u, code({table}u, {zero}u, scaled{k}.y) << 8u, live.y) | \
+             select(0u, code({table}u, {zero}u, scaled{k}.z) << 16u, live.z) | select(0u, code({table}u, {zero}u, scaled{k}.w) << 24u, live.w);\n        \
              if live.x {{\n            state[{words} + b * 64u + w] = codes{k};\n        }}"
         );
         let _ = write!(store_absmax, "\n        state[{absmax} + b] = bitcast<u32>(absmax{k});");
     }
     let declare_absmax: String = (0..kinds.len()).map(|k| format!("\n    var absmax{k} = 1.0;")).collect();
     let helpers = format!(
-        "// `CodeTable::code` (src/q8/lut.rs): the bucket of the clamped magnitude, per sign.
-fn code(table: u32, x: f32) -> u32 {{
+        "// `CodeTable::code` (src/q8/lut.rs): the bucket of the clamped magnitude, per sign; NaN
+// and the infinities take `zero`, the code of 0.
+fn code(table: u32, zero: u32, x: f32) -> u32 {{
     let bits = bitcast<u32>(x);
     let magnitude = clamp(bits & 0x7fffffffu, {SMALLEST}u, {ONE}u);
     let entry = tables[table + (bits >> 31u) * {BUCKETS_PER_SIGN}u + ((magnitude - {SMALLEST}u) >> 16u)];
     let c = select(entry & 0xffu, (entry >> 8u) & 0xffu, (magnitude & 0xffffu) >= (entry >> 16u));
-    return select(c, 0u, (bits & 0x7fffffffu) > 0x7f800000u);
+    return select(c, zero, (bits & 0x7fffffffu) >= {INFINITY}u);
 }}
-// The largest magnitude of the live lanes, as the bits of |x| (NaN above infinity).
+// The largest finite magnitude of the live lanes, as the bits of |x|: a NaN or infinity
+// would spoil its whole block's scale, so it counts as 0.
 fn largest(v: R) -> u32 {{
-    let bits = select(vec4(0u), bitcast<vec4<u32>>(v) & vec4(0x7fffffffu), live);
+    let magnitude = bitcast<vec4<u32>>(v) & vec4(0x7fffffffu);
+    let bits = select(vec4(0u), magnitude, live & (magnitude < vec4({INFINITY}u)));
     return max(max(bits.x, bits.y), max(bits.z, bits.w));
 }}
 "
@@ -260,7 +293,7 @@ fn largest(v: R) -> u32 {{
 // memory, then, their largest magnitude known, the states requantized.
 {kept}@compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
-    hp = hp_base;
+    load_scalars();
     load_segment(entry_row(wid.x));
     for (var b = (wid.x - seg.first_group) * {WORKGROUP}u + lid; b < seg.blocks; b += seg.groups * {WORKGROUP}u) {{
         var block_max = vec2(0u);
@@ -292,7 +325,7 @@ var<workgroup> entry: u32;
 @compute @workgroup_size({WORKGROUP})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{{declare_absmax}
     let w = lid;
-    hp = hp_base;
+    load_scalars();
     // One search per workgroup, and a value the barriers below may depend on.
     if lid == 0u {{
         entry = entry_row(wid.x);

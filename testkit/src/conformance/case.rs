@@ -140,6 +140,12 @@ impl Case {
         Case::parse_format(&name, &file, &bytes)
     }
 
+    /// [`Case::read`] from a file's bytes (a browser fetches them): a well-formed case,
+    /// its op and attributes not yet judged; errors name the case `name` (the file's stem).
+    pub fn read_bytes(name: &str, bytes: &[u8]) -> Result<Case> {
+        Case::parse_format(name, name, bytes)
+    }
+
     /// Parses a case from the bytes of a safetensors file, refusing as [`Case::load`] does;
     /// errors name the case `name`.
     pub fn parse(name: &str, bytes: &[u8]) -> Result<Case> {

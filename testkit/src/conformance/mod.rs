@@ -6,4 +6,4 @@ mod case;
 mod run;
 
 pub use case::{Case, CaseTensor, Kind, ValueType};
-pub use run::{run_case, Backend, CaseReport, Outcome};
+pub use run::{run_case, run_case_async, Backend, CaseReport, Outcome};

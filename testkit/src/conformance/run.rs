@@ -94,7 +94,14 @@ type Outputs = Vec<(String, Vec<f64>)>;
 
 /// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares; a case
 /// that [`Case::check_supported`] refuses is not run and reported as [`Outcome::Refused`].
+/// Blocks on the GPU's readbacks: natively only (a browser uses [`run_case_async`]).
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
+    pollster::block_on(run_case_async(case, backend, ctx))
+}
+
+/// [`run_case`] as a future whose readbacks are awaited, never blocking: the same runner
+/// in a browser's main thread, on its WebGPU adapter.
+pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
     if let Err(refusal) = case.check_supported() {
         return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
@@ -114,13 +121,13 @@ pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Resu
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
     };
     let outputs = match (case.op.as_str(), case.kind) {
-        ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx)?,
-        ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx)?,
+        ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx).await?,
+        ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx).await?,
         ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
-            torch_trajectory(case, backend, ctx)?
+            torch_trajectory(case, backend, ctx).await?
         }
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
-            bnb_trajectory(case, backend, ctx)?
+            bnb_trajectory(case, backend, ctx).await?
         }
         (op, kind) => {
             return Err(
@@ -267,7 +274,7 @@ impl OnnxOp {
     }
 }
 
-fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+async fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let op = OnnxOp::from_case(case)?;
     let r = case.scalar("R")?;
     let t = whole_step(case, "T")?;
@@ -308,10 +315,14 @@ fn onnx_op(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Ou
     let outputs: Vec<Option<Tensor>> =
         written.iter().map(|t| (!backend.in_place()).then(|| t.clone())).collect();
     ctx.submit(&case.op, |encoder| op.record(ctx, encoder, r, t, &inputs, &outputs))?;
-    output_names.into_iter().zip(&written).map(|(name, t)| Ok((name, ctx.read(t)?))).collect()
+    let mut outputs = Vec::with_capacity(written.len());
+    for (name, t) in output_names.into_iter().zip(&written) {
+        outputs.push((name, ctx.read_async(t).await?));
+    }
+    Ok(outputs)
 }
 
-fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+async fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let scalars = DmlAdam {
         learning_rate: case.attr_f64("LearningRate", 0.0)?,
         beta1: case.attr_f64("Beta1", 0.0)?,
@@ -358,7 +369,11 @@ fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<O
         scalars,
     };
     ctx.submit("dml.Adam", |encoder| directml::adam(ctx, encoder, &desc))?;
-    output_names.iter().zip(&written).map(|(name, t)| Ok((name.to_string(), ctx.read(t)?))).collect()
+    let mut outputs = Vec::with_capacity(written.len());
+    for (name, t) in output_names.iter().zip(&written) {
+        outputs.push((name.to_string(), ctx.read_async(t).await?));
+    }
+    Ok(outputs)
 }
 
 /// The PyTorch optimizer a trajectory case describes.
@@ -428,7 +443,7 @@ fn torch_clip(case: &Case) -> Result<Option<GradClip>> {
 /// the stateless `ops::update`, writing each step's outputs to other tensors, or, for a
 /// clipped case (clipping belongs to the stateful optimizer), the [`Optimizer`] over
 /// parameters and gradients packed at odd offsets into one buffer each.
-fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let algorithm = torch_algorithm(case)?;
     let clip = torch_clip(case)?;
     let (n, steps) = (case.count, case.steps);
@@ -517,29 +532,29 @@ fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> 
                 let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
                 let p = packed(ctx, "params", &lengths, dtype);
                 for (t, values) in p.iter().zip(&params) {
-                    ctx.write(t, &values.values)?;
+                    ctx.write_async(t, &values.values).await?;
                 }
                 (p, packed(ctx, "grads", &lengths, dtype))
             };
             let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
             for k in 0..steps {
                 for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write(t, &g)?;
+                    ctx.write_async(t, &g).await?;
                 }
                 optimizer.step(&grad_tensors)?;
                 if clip.is_some() {
-                    norms.push(optimizer.read_grad_norm()?);
+                    norms.push(optimizer.read_grad_norm_async().await?);
                 }
             }
             for (i, param) in param_tensors.iter().enumerate() {
-                outputs.push((name_of(0, i), ctx.read(param)?));
+                outputs.push((name_of(0, i), ctx.read_async(param).await?));
                 for (k, kind) in kinds.iter().enumerate() {
                     let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
-                    outputs.push((name_of(k + 1, i), ctx.read(state)?));
+                    outputs.push((name_of(k + 1, i), ctx.read_async(state).await?));
                 }
             }
         }
-        (_, Some(ctx)) => outputs = stateless_trajectory(case, algorithm, dtype, ctx, &grads_at)?,
+        (_, Some(ctx)) => outputs = stateless_trajectory(case, algorithm, dtype, ctx, &grads_at).await?,
     }
     if clip.is_some() {
         outputs.push(("total_norm".into(), norms));
@@ -565,7 +580,7 @@ fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<T
 }
 
 /// The stateless path: `ops::update` for every step, outputs to other tensors each time.
-fn stateless_trajectory(
+async fn stateless_trajectory(
     case: &Case,
     algorithm: Algorithm,
     dtype: DType,
@@ -593,13 +608,13 @@ fn stateless_trajectory(
     if let Algorithm::Adagrad(c) = algorithm {
         for set in &current {
             for t in &set[1..] {
-                ctx.write(t, &vec![c.initial_accumulator_value; t.len as usize])?;
+                ctx.write_async(t, &vec![c.initial_accumulator_value; t.len as usize]).await?;
             }
         }
     }
     for k in 0..case.steps {
         for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-            ctx.write(t, &g)?;
+            ctx.write_async(t, &g).await?;
         }
         let updates: Vec<Update> = current
             .iter()
@@ -620,7 +635,7 @@ fn stateless_trajectory(
     let mut outputs = Vec::new();
     for (i, set) in current.iter().enumerate() {
         for (k, t) in set.iter().enumerate() {
-            outputs.push((name_of(k, i), ctx.read(t)?));
+            outputs.push((name_of(k, i), ctx.read_async(t).await?));
         }
     }
     Ok(outputs)
@@ -664,7 +679,7 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
 /// [`Q8States`], each tensor in a buffer of its own (`GpuInPlace`) or all packed at odd
 /// offsets into one buffer for parameters and one for gradients (`GpuOutOfPlace`: 8-bit
 /// state has no stateless operator).
-fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let (algorithm, config) = bnb_algorithm(case)?;
     let kinds = algorithm.state_kinds();
     let (n, steps) = (case.count, case.steps);
@@ -746,25 +761,24 @@ fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
             };
             if !backend.in_place() {
                 for (t, values) in param_tensors.iter().zip(&params) {
-                    ctx.write(t, values)?;
+                    ctx.write_async(t, values).await?;
                 }
             }
             let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
             let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
             for k in 0..steps {
                 for (i, t) in grad_tensors.iter().enumerate() {
-                    ctx.write(t, grad_at(i, k))?;
+                    ctx.write_async(t, grad_at(i, k)).await?;
                 }
                 optimizer.step(&grad_tensors)?;
             }
             for (i, param) in param_tensors.iter().enumerate() {
-                let states = kinds
-                    .iter()
-                    .map(|kind| {
-                        optimizer.read_q8_state(i, *kind)?.ok_or_else(|| case.bad("missing state".into()))
-                    })
-                    .collect::<Result<_>>()?;
-                finals.push((ctx.read(param)?, states));
+                let mut states = Vec::with_capacity(kinds.len());
+                for kind in kinds.iter() {
+                    let state = optimizer.read_q8_state_async(i, *kind).await?;
+                    states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
+                }
+                finals.push((ctx.read_async(param).await?, states));
             }
         }
     }
