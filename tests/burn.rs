@@ -5,7 +5,8 @@ mod common;
 
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData};
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
@@ -418,7 +419,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let kept = model.clone();
     let mut step = ModuleStep::new(&shared, algorithm).unwrap();
-    let err = step.step(1e-3, model, g).unwrap_err();
+    let err = step.step(1e-3, model, g).unwrap_err().error;
     assert!(matches!(&err, Error::Burn(m) if m.contains("F64")), "{err}");
     assert_close(
         "parameter 0 untouched",
@@ -431,17 +432,22 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let model = Params::new(&initial, &device);
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(255, 1.0), &device));
-    let err = step.step(1e-3, model, g).unwrap_err();
+    let err = step.step(1e-3, model, g).unwrap_err().error;
     assert!(matches!(&err, Error::Burn(m) if m.contains("shape")), "{err}");
 
-    // A set of parameters other than the first step's.
+    // With global clipping, parameters whose step counts differ (one skipped a step): the
+    // clipping norm covers one optimizer.
+    let clipped = OptimizerOptions { grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let mut step = ModuleStep::with_options(&shared, algorithm, clipped).unwrap();
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let model = step.step(1e-3, model, g).unwrap();
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device));
-    let err = step.step(1e-3, model, g).unwrap_err();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("new ModuleStep")), "{err}");
+    let model = step.step(1e-3, model, g).unwrap();
+    let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
+    let err = step.step(1e-3, model, g).unwrap_err().error;
+    assert!(matches!(&err, Error::Burn(m) if m.contains("different step counts")), "{err}");
 
     // What the optimizer itself refuses for these parameters (8-bit state needs F32 ones).
     let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
@@ -449,16 +455,22 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     model.params[0] = Param::from_tensor(tensor(&initial[0], &device).cast(BurnDType::F16));
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device).cast(BurnDType::F16));
-    let err =
-        ModuleStep::with_options(&shared, algorithm, options).unwrap().step(1e-3, model, g).unwrap_err();
+    let err = ModuleStep::with_options(&shared, algorithm, options)
+        .unwrap()
+        .step(1e-3, model, g)
+        .unwrap_err()
+        .error;
     assert!(matches!(err, Error::DTypeMismatch { .. }), "{err}");
 
     // AMP without capturable mode.
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let inv_scale = tensor(&[1.0], shared.device());
-    let err =
-        ModuleStep::new(&shared, algorithm).unwrap().step_unscaled(1e-3, model, g, &inv_scale).unwrap_err();
+    let err = ModuleStep::new(&shared, algorithm)
+        .unwrap()
+        .step_unscaled(1e-3, model, g, &inv_scale)
+        .unwrap_err()
+        .error;
     assert!(matches!(err, Error::NeedsOption { option: "capturable", .. }), "{err}");
 
     // Options a module owns.
@@ -490,4 +502,286 @@ fn both_sides_share_one_device() {
     let ctx = wgpu_optim::GpuContext::from_device(device, queue);
     let err = SharedDevice::from_context(ctx, instance, adapter).unwrap_err();
     assert!(matches!(&err, Error::Burn(m) if m.contains("adapter")), "{err}");
+}
+
+fn exact() -> Tolerance {
+    Tolerance::exact(wgpu_optim::DType::F32)
+}
+
+fn assert_all(what: &str, got: &[Vec<f64>], want: &[Vec<f64>], tolerance: Tolerance) {
+    assert_eq!(got.len(), want.len(), "{what}: parameter count");
+    for (i, (got, want)) in got.iter().zip(want).enumerate() {
+        assert_close(&format!("{what}, parameter {i}"), got, want, tolerance);
+    }
+}
+
+#[test]
+fn a_refused_module_step_hands_the_module_back_with_its_values_and_state_unchanged() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(10);
+    let lens = [512, 40];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, 2);
+    let algorithm: Algorithm = Adam::adamw().into();
+    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let model = Params::new(&initial, &device);
+    let g = model.grads(&grads[0], &device);
+    let model = step.step(algorithm.lr(), model, g).unwrap();
+    let after_one = model.values();
+
+    // A learning rate the algorithm refuses.
+    let g = model.grads(&grads[1], &device);
+    let (model, error) = step.step(-1.0, model, g).unwrap_err().into_inner();
+    assert!(error.to_string().contains("lr"), "{error}");
+    assert_all("after a refused lr", &model.values(), &after_one, exact());
+
+    // A gradient of another dtype than its parameter's.
+    let mut g = GradientsParams::new();
+    g.register(model.params[0].id, tensor(&grads[1][0], &device));
+    g.register(model.params[1].id, tensor(&grads[1][1], &device).cast(BurnDType::F16));
+    let refused = step.step(algorithm.lr(), model, g).unwrap_err();
+    assert!(matches!(&refused.error, Error::Burn(m) if m.contains("F16")), "{}", refused.error);
+    let model = refused.module;
+    assert_all("after a refused gradient", &model.values(), &after_one, exact());
+
+    // Nothing of the state moved either: the next step is the oracle's second.
+    let g = model.grads(&grads[1], &device);
+    let model = step.step(algorithm.lr(), model, g).unwrap();
+    assert_all("the step after", &model.values(), &oracle(algorithm, &initial, &grads, None), Tolerance::F32);
+}
+
+/// `k + m` steps of `algorithm` uninterrupted, and `k` steps saved, loaded into a new
+/// `ModuleStep` (after `warm` steps of its own on another model, when given) and `m` more.
+fn resume(shared: &SharedDevice, algorithm: Algorithm, k: usize, m: usize, warm: bool) -> [Vec<Vec<f64>>; 3] {
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(11);
+    let lens = [1500, 64, 3];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, k + m);
+    let run = |step: &mut ModuleStep, mut model: Params, grads: &[Vec<Vec<f64>>]| {
+        for g in grads {
+            let g = model.grads(g, &device);
+            model = step.step(1e-2, model, g).unwrap();
+        }
+        model
+    };
+    let straight =
+        run(&mut ModuleStep::new(shared, algorithm).unwrap(), Params::new(&initial, &device), &grads);
+
+    let mut first = ModuleStep::new(shared, algorithm).unwrap();
+    let model = run(&mut first, Params::new(&initial, &device), &grads[..k]);
+    let bytes = first.to_bytes().unwrap();
+    drop(first);
+    let mut second = ModuleStep::new(shared, algorithm).unwrap();
+    if warm {
+        let other = Params::new(&initial, &device);
+        run(&mut second, other, &grads[..1]);
+    }
+    second.load_bytes(bytes.clone()).unwrap();
+    let resumed = run(&mut second, model.clone(), &grads[k..]);
+    assert!(model.params.iter().all(|p| second.param_step_count(p.id) == Some((k + m) as u64)));
+
+    // The same bytes are a Burn optimizer record the drop-in reads.
+    let mut optim = FusedOptimizer::new(shared, algorithm).unwrap().load_bytes(bytes).unwrap();
+    let mut dropped_in = model;
+    for g in &grads[k..] {
+        let g = dropped_in.grads(g, &device);
+        dropped_in = optim.step(1e-2, dropped_in, g);
+    }
+    [straight.values(), resumed.values(), dropped_in.values()]
+}
+
+#[test]
+fn the_module_step_resumes_from_its_saved_state_bit_for_bit() {
+    let shared = shared();
+    for algorithm in [
+        Algorithm::from(Adam { amsgrad: true, ..Adam::adamw() }),
+        Sgd { lr: 0.01, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
+    ] {
+        for warm in [false, true] {
+            let [straight, resumed, dropped_in] = resume(&shared, algorithm, 3, 2, warm);
+            let when = if warm { "after a step" } else { "before the first step" };
+            assert_all(&format!("{algorithm:?} loaded {when}"), &resumed, &straight, exact());
+            assert_all(&format!("{algorithm:?} in the drop-in"), &dropped_in, &straight, exact());
+        }
+    }
+}
+
+#[test]
+fn a_parameter_without_a_gradient_keeps_its_value_and_state_and_its_own_step_count() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(12);
+    let lens = [700, 50];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, 4);
+    let algorithm: Algorithm = Adam::adamw().into();
+    let oracle_of = |i: usize, steps: &[usize]| {
+        let g: Vec<Vec<Vec<f64>>> = steps.iter().map(|&s| vec![grads[s][i].clone()]).collect();
+        oracle(algorithm, &initial[i..=i], &g, None).remove(0)
+    };
+    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut per_tensor = FusedOptimizer::new(&shared, algorithm).unwrap().init();
+    let mut model = Params::new(&initial, &device);
+    let mut reference = Params::new(&initial, &device);
+    let only_first = |model: &Params, g: &[Vec<f64>]| {
+        let mut out = GradientsParams::new();
+        out.register(model.params[0].id, tensor(&g[0], &device));
+        out
+    };
+    // Both, the first alone (twice), both again.
+    for (s, g) in grads.iter().enumerate() {
+        let both = s == 0 || s == 3;
+        let (gm, gr) = if both {
+            (model.grads(g, &device), reference.grads(g, &device))
+        } else {
+            (only_first(&model, g), only_first(&reference, g))
+        };
+        let before = model.values();
+        model = step.step(algorithm.lr(), model, gm).unwrap();
+        reference = per_tensor.step(algorithm.lr(), reference, gr);
+        if !both {
+            assert_close(
+                &format!("the skipped parameter at step {s}"),
+                &model.values()[1],
+                &before[1],
+                exact(),
+            );
+        }
+    }
+    assert_eq!(step.param_step_count(model.params[0].id), Some(4));
+    assert_eq!(step.param_step_count(model.params[1].id), Some(2));
+    // Each parameter's own steps, its bias correction counting them (Burn's and PyTorch's).
+    let values = model.values();
+    assert_close(
+        "the parameter stepped every time",
+        &values[0],
+        &oracle_of(0, &[0, 1, 2, 3]),
+        Tolerance::F32,
+    );
+    assert_close("the parameter that resumed", &values[1], &oracle_of(1, &[0, 3]), Tolerance::F32);
+    // Burn's drop-in runs the same kernel per parameter: the same bits.
+    assert_all("against the drop-in", &values, &reference.values(), exact());
+}
+
+/// A module of two rank-2 parameters, which Burn's AdamW and the fused step update alike.
+fn two_layer_params(device: &Device) -> Params {
+    let mut rng = Rng::new(13);
+    Params::new(&[rng.vec(600, 1.0), rng.vec(24, 1.0)], device)
+}
+
+#[test]
+fn burns_adamw_record_continues_burns_trajectory_in_the_fused_optimizers() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(14);
+    let grads = gradient_steps(&mut rng, &[600, 24], 5);
+    let lr = 1e-2;
+    let config = AdamWConfig::new().with_amsgrad(true);
+    let adamw = Adam::try_from(&config).unwrap();
+    let mut burn = config.init();
+    let mut model = two_layer_params(&device);
+    for g in &grads[..3] {
+        let g = model.grads(g, &device);
+        model = burn.step(lr, model, g);
+    }
+    let bytes = burn.into_bytes().unwrap();
+    let continue_with = |step: &mut dyn FnMut(Params, GradientsParams) -> Params| {
+        let mut model = model.clone();
+        for g in &grads[3..] {
+            let g = model.grads(g, &device);
+            model = step(model, g);
+        }
+        model.values()
+    };
+    let burns = continue_with(&mut |m, g| burn.step(lr, m, g));
+    let mut checked = FusedOptimizer::new(&shared, adamw).unwrap().load_bytes(bytes.clone()).unwrap();
+    let mut unchecked =
+        FusedOptimizer::new(&shared, adamw).unwrap().init().from_bytes(bytes.clone()).unwrap();
+    let mut module_step = ModuleStep::new(&shared, adamw).unwrap();
+    module_step.load_bytes(bytes).unwrap();
+    let mut fresh = FusedOptimizer::new(&shared, adamw).unwrap().init();
+    // Burn's f32 bias corrections against this crate's f64 ones: an ulp or two per step.
+    let tolerance = Tolerance::Close { rtol: 1e-5, atol: 1e-6 };
+    assert_all(
+        "drop-in, checked load",
+        &continue_with(&mut |m, g| checked.step(lr, m, g)),
+        &burns,
+        tolerance,
+    );
+    assert_all(
+        "drop-in, Burn's load",
+        &continue_with(&mut |m, g| unchecked.step(lr, m, g)),
+        &burns,
+        tolerance,
+    );
+    assert_all(
+        "module step",
+        &continue_with(&mut |m, g| module_step.step(lr, m, g).unwrap()),
+        &burns,
+        tolerance,
+    );
+    // The state carried matters: from fresh moments the trajectory is another one.
+    let restarted = continue_with(&mut |m, g| fresh.step(lr, m, g));
+    let apart = restarted[0].iter().zip(&burns[0]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(apart > 1e-3, "a fresh optimizer lands {apart} from Burn's continuation");
+}
+
+#[test]
+fn another_optimizers_record_is_refused_by_name_not_loaded_as_nothing() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(15);
+    let grads = gradient_steps(&mut rng, &[600, 24], 1);
+    let momentum = MomentumConfig::new().with_dampening(0.0);
+    let mut sgd = SgdConfig::new().with_momentum(Some(momentum)).init();
+    let model = two_layer_params(&device);
+    let g = model.grads(&grads[0], &device);
+    let model = sgd.step(1e-2, model, g);
+    let bytes = sgd.into_bytes().unwrap();
+    let adamw = Adam::burn_adamw();
+
+    let err = FusedOptimizer::new(&shared, adamw).unwrap().load_bytes(bytes.clone()).err().unwrap();
+    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum.velocity")), "{err}");
+    let mut step = ModuleStep::new(&shared, adamw).unwrap();
+    let err = step.load_bytes(bytes.clone()).unwrap_err();
+    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum.velocity")), "{err}");
+
+    // Through Burn's own `from_bytes`, which cannot refuse: the step does, by name.
+    let optim = FusedOptimizer::new(&shared, adamw).unwrap();
+    let mut loaded = optim.clone().init().from_bytes(bytes).unwrap();
+    let g = model.grads(&grads[0], &device);
+    let panic =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loaded.step(1e-2, model.clone(), g)))
+            .expect_err("a foreign state is not stepped");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("another optimizer's state"), "{message}");
+
+    // This crate's record of another algorithm: SGD's momentum buffer is no Adam state.
+    let sgd_here: Algorithm = Sgd { lr: 0.01, momentum: 0.9, ..Sgd::default() }.into();
+    let mut ours = FusedOptimizer::new(&shared, sgd_here).unwrap().init();
+    let g = model.grads(&grads[0], &device);
+    ours.step(1e-2, model.clone(), g);
+    let err = optim.load_bytes(ours.into_bytes().unwrap()).err().unwrap();
+    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum_buffer")), "{err}");
+}
+
+#[test]
+fn burns_adamw_defaults_by_name_are_burns() {
+    let config = AdamWConfig::new();
+    let json: serde_json::Value = serde_json::from_str(&burn::config::config_to_json(&config)).unwrap();
+    let burn = |name: &str| f64::from(json[name].as_f64().unwrap() as f32);
+    let ours = Adam::burn_adamw();
+    assert_eq!(
+        [ours.beta1, ours.beta2, ours.eps, ours.weight_decay],
+        [burn("beta_1"), burn("beta_2"), burn("epsilon"), burn("weight_decay")]
+    );
+    assert!(ours.decoupled_weight_decay && !ours.amsgrad && json["amsgrad"] == false);
+    assert_eq!(Adam::try_from(&config).unwrap(), ours);
+    let tuned = AdamWConfig::new().with_epsilon(1e-7).with_weight_decay(0.05).with_amsgrad(true);
+    let want = Adam { eps: f64::from(1e-7f32), weight_decay: f64::from(0.05f32), amsgrad: true, ..ours };
+    assert_eq!(Adam::try_from(&tuned).unwrap(), want);
+    let err = Adam::try_from(&AdamWConfig::new().with_cautious_weight_decay(true)).unwrap_err();
+    assert!(matches!(&err, Error::Burn(m) if m.contains("cautious")), "{err}");
 }

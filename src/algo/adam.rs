@@ -49,6 +49,20 @@ impl Adam {
         Adam { weight_decay: 0.01, decoupled_weight_decay: true, ..Adam::default() }
     }
 
+    /// Burn's `AdamWConfig::new()` defaults, which are not PyTorch's: eps 1e-5 and weight
+    /// decay 1e-4 (PyTorch: 1e-8 and 0.01), lr 1e-3 (Burn takes it at each step). Burn
+    /// keeps them in f32, so these are the f32 values widened (`f64::from(0.999f32)`):
+    /// with 0.999 itself, `1 - beta2` would differ from Burn's by 1.3e-5 relative.
+    pub fn burn_adamw() -> Self {
+        Adam {
+            beta1: f64::from(0.9f32),
+            beta2: f64::from(0.999f32),
+            eps: f64::from(1e-5f32),
+            weight_decay: f64::from(1e-4f32),
+            ..Adam::adamw()
+        }
+    }
+
     /// Checks every hyperparameter against PyTorch's own constructor checks.
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;

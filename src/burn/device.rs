@@ -20,9 +20,8 @@ impl SharedDevice {
     /// Lets Burn acquire its default wgpu device (as `Device::wgpu_options().init()` does)
     /// and wraps the exact handles Burn uses. Burn creates the device with the adapter's
     /// features and limits. Fails where Burn's wgpu runtime is already initialized (Burn
-    /// hands out its handles only when it creates them) or under Burn's `fusion` feature.
+    /// hands out its handles only when it creates them).
     pub fn init() -> Result<Self> {
-        refuse_fusion()?;
         let (device, setup) = Device::wgpu_options()
             .init_with_setup()
             .map_err(|e| Error::Burn(format!("Burn could not initialize its wgpu runtime: {e}")))?;
@@ -35,7 +34,6 @@ impl SharedDevice {
     /// slows every buffer on discrete GPUs) and the adapter's limits: Burn's runtime
     /// describes the device from the adapter, so it must have what the adapter has.
     pub async fn headless() -> Result<Self> {
-        refuse_fusion()?;
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = choose_adapter(&instance).await?;
         let (device, queue) = adapter
@@ -65,7 +63,6 @@ impl SharedDevice {
         instance: wgpu::Instance,
         adapter: wgpu::Adapter,
     ) -> Result<Self> {
-        refuse_fusion()?;
         let missing = burn_features(&adapter) - context.device().features();
         if !missing.is_empty() {
             return Err(Error::Burn(format!(
@@ -110,17 +107,4 @@ impl SharedDevice {
 /// The features Burn's runtime assumes a device has: the adapter's.
 fn burn_features(adapter: &wgpu::Adapter) -> wgpu::Features {
     adapter.features() - wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
-}
-
-/// Burn's `fusion` feature makes float tensors lazy handles with no buffer to bind.
-pub(crate) fn refuse_fusion() -> Result<()> {
-    if super::lease::fusion_enabled() {
-        return Err(Error::Burn(
-            "Burn was built with its `fusion` feature, whose tensors have no buffer until Burn \
-             runs them; wgpu-optim binds the buffers themselves, so turn `fusion` off \
-             (`burn` with `default-features = false`)"
-                .into(),
-        ));
-    }
-    Ok(())
 }

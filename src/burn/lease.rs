@@ -1,6 +1,6 @@
 //! A Burn tensor's wgpu buffer as this crate's [`Tensor`], held in place while it is used.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 
 use ::burn::backend::wgpu::CubeTensor;
 use ::burn::backend::{BackendTypes, Cube};
@@ -14,10 +14,26 @@ use crate::{DType, Error, Result, Tensor};
 /// Burn's float primitive, which is a [`CubeTensor`] unless Burn's `fusion` feature wraps it.
 type FloatPrimitive = <Cube as BackendTypes>::FloatTensorPrimitive;
 
-/// Whether Burn was built with `fusion` (its float primitive is then not a [`CubeTensor`]).
-pub(crate) fn fusion_enabled() -> bool {
-    TypeId::of::<FloatPrimitive>() != TypeId::of::<CubeTensor>()
-}
+/// Burn's cubecl backend type without `fusion`: Burn's `fusion` feature (on in Burn's and
+/// burn-wgpu's default features) makes [`Cube`] `Fusion<CubeBackend>`, whose float tensors
+/// are lazy handles with no buffer to bind. A cargo feature of another crate is no `cfg`
+/// here, but the type it selects is, so that build fails to compile with this message.
+#[diagnostic::on_unimplemented(
+    message = "wgpu-optim's `burn` feature needs Burn without its `fusion` feature",
+    label = "Burn's `fusion` feature is on: it makes this `Fusion<CubeBackend>`",
+    note = "Burn's default features (and burn-wgpu's) turn `fusion` on; depend on `burn` with \
+            `default-features = false` and name the features you use, e.g. \
+            `features = [\"std\", \"wgpu\", \"autodiff\", \"autotune\"]`",
+    note = "wgpu-optim binds Burn's tensors' wgpu buffers, which fusion's lazy tensors do not have yet"
+)]
+trait WithoutFusion {}
+
+impl WithoutFusion for burn_cubecl::CubeBackend {}
+
+const fn without_fusion<B: WithoutFusion>() {}
+
+/// The check itself, at compile time.
+const _: () = without_fusion::<Cube>();
 
 /// A buffer range this crate may bind, and the claim that keeps Burn from moving or reusing
 /// it until the work that binds it is submitted.
@@ -105,7 +121,8 @@ fn to_cube(primitive: FloatPrimitive) -> Result<CubeTensor> {
     boxed
         .downcast::<CubeTensor>()
         .map(|b| *b)
-        .map_err(|_| Error::Burn("Burn's `fusion` feature is on: its tensors have no buffer to bind".into()))
+        // `WithoutFusion` makes the two one type; this is for the compiler, which cannot see it.
+        .map_err(|_| Error::Burn("Burn's float primitive is not a CubeTensor".into()))
 }
 
 fn from_cube(cube: CubeTensor) -> FloatPrimitive {

@@ -9,10 +9,13 @@
 //!   to Burn.
 //! - [`FusedOptimizer`] implements Burn's per-tensor [`Optimizer`](::burn::optim::Optimizer)
 //!   trait with this crate's fused kernels, so `ModuleOptimizer` training loops
-//!   (`optim.step(lr, model, grads)`) work unchanged, states included in Burn's records.
+//!   (`optim.step(lr, model, grads)`) work unchanged, states included in Burn's records
+//!   (and Burn's own Adam and AdamW records loaded as its state).
 //! - [`ModuleStep`] updates every parameter of a module at once: one [`Optimizer`] whose
 //!   multi-tensor dispatches cover all of them, with global gradient clipping and AMP
-//!   skipping available.
+//!   skipping available; parameters without a gradient are skipped, each parameter counts
+//!   its own steps, the state saves and loads as a Burn optimizer record, and a refused step
+//!   hands the module back ([`StepError`]).
 //!
 //! # Ordering
 //!
@@ -35,11 +38,13 @@
 //!
 //! [`Optimizer`]: crate::Optimizer
 
+mod config;
 mod device;
 mod lease;
 mod module_step;
 mod optimizer;
+mod record;
 
 pub use device::SharedDevice;
-pub use module_step::ModuleStep;
+pub use module_step::{ModuleStep, StepError};
 pub use optimizer::{FusedOptimizer, FusedState};

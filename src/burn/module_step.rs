@@ -1,11 +1,13 @@
 //! Every parameter of a Burn module in one fused, multi-tensor step.
 
+use std::collections::{BTreeMap, HashMap};
+
 use ::burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use ::burn::optim::GradientsParams;
-use ::burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
+use ::burn::tensor::{Bytes, GradientCheckpointingStrategy, Tensor as BurnTensor, TensorData};
 
-use super::device::refuse_fusion;
 use super::lease::{bindable, lease, Access, Leased};
+use super::record::{self, ParamRecord};
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
 use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Tensor};
@@ -17,11 +19,34 @@ use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Te
 /// ([`Self::step_unscaled`], with [`OptimizerOptions::capturable`]), 16-bit or 8-bit state.
 ///
 /// Parameters are updated in their own buffers; one whose storage is shared with another
-/// tensor is copied first (see [`crate::burn`]). The state lives in the [`Optimizer`]
-/// ([`Self::optimizer`]): save it with the optimizer's checkpoints. The step count is one
-/// for all parameters, so the set of parameters with gradients must stay the same from
-/// step to step ([`Error::Burn`] otherwise; build a new `ModuleStep` after freezing or
-/// unfreezing parameters).
+/// tensor is copied first (see [`crate::burn`]).
+///
+/// # Parameters without a gradient
+///
+/// As in Burn and PyTorch, a parameter with no gradient in a step (an unused branch, a
+/// frozen layer) is left as it is, parameter and state, and each parameter counts its own
+/// steps: Adam's bias correction of a parameter uses the number of steps *that parameter*
+/// took, so a layer unfrozen after `k` steps continues from its own count, and one first
+/// stepped late starts at step 1. Parameters with equal counts share one optimizer and its
+/// dispatches; parameters whose counts differ are stepped by one optimizer per count, in
+/// the same submission. Global gradient clipping and AMP's all-or-nothing skip cover one
+/// optimizer, so with [`OptimizerOptions::grad_clip`] or [`OptimizerOptions::capturable`] a
+/// step whose parameters have different counts is refused ([`Error::Burn`]). In capturable
+/// mode the counts are the device's (AMP skips excluded), read back when the set of
+/// parameters with gradients changes.
+///
+/// # Checkpoints
+///
+/// [`Self::to_bytes`] saves every parameter's state and step count, and
+/// [`Self::load_bytes`] restores it, before or after the first step; training resumed
+/// from it continues bit for bit. The bytes are a Burn optimizer record, the one
+/// [`FusedOptimizer`](super::FusedOptimizer)'s `ModuleOptimizer` reads and writes, so a
+/// trainer may switch between the two (and load Burn's own Adam and AdamW records).
+///
+/// # Refusals
+///
+/// A refused step hands the module back ([`StepError`]), its parameters' values as they
+/// were, and changes no state.
 ///
 /// ```no_run
 /// # fn train<M: burn::module::Module>(model: M, grads: burn::optim::GradientsParams) -> wgpu_optim::Result<M> {
@@ -30,22 +55,106 @@ use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Te
 ///
 /// let shared = SharedDevice::headless_blocking()?;
 /// let mut step = ModuleStep::new(&shared, Adam::adamw())?;
-/// let model = step.step(1e-3, model, grads)?;
+/// let model = step.step(1e-3, model, grads)?; // `?` keeps the error, dropping the model
 /// # Ok(model) }
 /// ```
 pub struct ModuleStep {
     shared: SharedDevice,
     algorithm: Algorithm,
     options: OptimizerOptions,
-    // Boxed: an `Optimizer` is large, and a `ModuleStep` is moved around by value.
-    bound: Option<Box<Bound>>,
+    /// Every parameter stepped or loaded so far.
+    params: HashMap<ParamId, Entry>,
+    /// The optimizers holding the state; the last step's come first.
+    bounds: Vec<Bound>,
+    /// The key of the next optimizer built.
+    next_key: u64,
 }
 
-/// The optimizer built over the parameters' buffers at the first step.
+/// A refused [`ModuleStep`] step: the reason, and the module handed back with its
+/// parameters' values as they were (a parameter may sit in a new buffer, never with new
+/// values) and the optimizer's state unchanged.
+///
+/// `?` converts it into [`Error`] (dropping the module); to keep training after a refusal,
+/// match on it:
+///
+/// ```no_run
+/// # fn train<M: burn::module::Module>(step: &mut wgpu_optim::burn::ModuleStep, model: M, grads: burn::optim::GradientsParams) -> M {
+/// let model = match step.step(1e-3, model, grads) {
+///     Ok(model) => model,
+///     Err(refused) => {
+///         eprintln!("step skipped: {}", refused.error);
+///         refused.module
+///     }
+/// };
+/// # model }
+/// ```
+pub struct StepError<M> {
+    /// The module, as it was passed in.
+    pub module: M,
+    /// Why the step was refused.
+    pub error: Error,
+}
+
+impl<M> StepError<M> {
+    /// The module and the error.
+    pub fn into_inner(self) -> (M, Error) {
+        (self.module, self.error)
+    }
+}
+
+impl<M> std::fmt::Debug for StepError<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepError").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<M> std::fmt::Display for StepError<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the step was refused: {}", self.error)
+    }
+}
+
+impl<M> std::error::Error for StepError<M> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<M> From<StepError<M>> for Error {
+    fn from(refused: StepError<M>) -> Self {
+        refused.error
+    }
+}
+
+/// One parameter's step count and where its state is.
+struct Entry {
+    /// Steps this parameter took (in capturable mode, recorded ones: the device's count,
+    /// AMP skips excluded, is its home optimizer's).
+    time: u64,
+    /// Its shape, for the records (empty until a step saw the parameter).
+    shape: Vec<usize>,
+    home: Home,
+}
+
+enum Home {
+    /// In the optimizer of [`Bound::key`] this.
+    Bound(u64),
+    /// Loaded from a record, written into an optimizer at the parameter's next step.
+    Loaded(ParamRecord),
+}
+
+/// An optimizer over parameters stepped with one step count.
 struct Bound {
+    key: u64,
     ids: Vec<ParamId>,
     params: Vec<Tensor>,
     optimizer: Optimizer,
+}
+
+/// The parameters of one step with the same step count: indices into the step's lists.
+struct Cohort {
+    time: u64,
+    members: Vec<usize>,
 }
 
 impl ModuleStep {
@@ -61,7 +170,6 @@ impl ModuleStep {
         algorithm: impl Into<Algorithm>,
         options: OptimizerOptions,
     ) -> Result<Self> {
-        refuse_fusion()?;
         let algorithm = algorithm.into();
         algorithm.validate()?;
         if let Some(clip) = &options.grad_clip {
@@ -80,21 +188,37 @@ impl ModuleStep {
                 });
             }
         }
-        Ok(ModuleStep { shared: shared.clone(), algorithm, options, bound: None })
+        Ok(ModuleStep {
+            shared: shared.clone(),
+            algorithm,
+            options,
+            params: HashMap::new(),
+            bounds: Vec::new(),
+            next_key: 0,
+        })
     }
 
-    /// The optimizer holding the state, once the first step has built it: its checkpoints,
-    /// step count, last gradient norm, AMP flag.
+    /// The optimizer that stepped the last step's parameters (the one over those with the
+    /// lowest step count, where their counts differed), once a step has built it: its step
+    /// count, last gradient norm, AMP flag, state tensors. Save and restore the whole
+    /// module's state with [`Self::to_bytes`] and [`Self::load_bytes`].
     pub fn optimizer(&self) -> Option<&Optimizer> {
-        self.bound.as_ref().map(|b| &b.optimizer)
+        self.bounds.first().map(|b| &b.optimizer)
+    }
+
+    /// How many steps parameter `id` took (recorded ones, in capturable mode), counting
+    /// the loaded record's; `None` for a parameter never stepped nor loaded.
+    pub fn param_step_count(&self, id: ParamId) -> Option<u64> {
+        self.params.get(&id).map(|e| e.time)
     }
 
     /// One step with learning rate `lr` of every parameter of `module` that has a gradient
-    /// in `grads`, recorded and submitted before it returns. Refused, with nothing written,
-    /// where a parameter or gradient is not on the shared device or not F32, F16 or BF16,
-    /// a gradient's shape is not its parameter's, or the parameters with gradients are not
-    /// the ones of the first step.
-    pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> Result<M> {
+    /// in `grads`, recorded and submitted before it returns; parameters without one keep
+    /// their values and state. Refused, with the module handed back and nothing written
+    /// ([`StepError`]), where `lr` is invalid, a parameter or gradient is not on the shared
+    /// device or not F32, F16 or BF16, a gradient's shape or dtype is not its parameter's,
+    /// a loaded state does not fit its parameter, or the optimizer refuses the parameters.
+    pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> Result<M, StepError<M>> {
         self.step_inner(lr, module, grads, None)
     }
 
@@ -107,74 +231,131 @@ impl ModuleStep {
         module: M,
         grads: GradientsParams,
         inv_scale: &BurnTensor<1>,
-    ) -> Result<M> {
+    ) -> Result<M, StepError<M>> {
         if !self.options.capturable {
-            return Err(Error::NeedsOption {
-                what: "ModuleStep::step_unscaled".into(),
-                option: "capturable",
-            });
+            let error = Error::NeedsOption { what: "ModuleStep::step_unscaled".into(), option: "capturable" };
+            return Err(StepError { module, error });
         }
         self.step_inner(lr, module, grads, Some(inv_scale.clone()))
+    }
+
+    /// Every parameter's state and step count as a Burn optimizer record (burnpack bytes,
+    /// each state tensor in its parameter's shape and its storage dtype), read back from
+    /// the device: this waits for the submitted steps. Refused with 8-bit state
+    /// ([`Error::ConflictingOptions`]; save the [`Self::optimizer`]'s checkpoint instead).
+    pub fn to_bytes(&self) -> Result<Bytes> {
+        self.refuse_q8("ModuleStep::to_bytes")?;
+        let mut states = BTreeMap::new();
+        for (id, entry) in &self.params {
+            let state = match &entry.home {
+                Home::Loaded(state) => state.clone(),
+                Home::Bound(key) => ParamRecord {
+                    rank: entry.shape.len(),
+                    time: self.device_time(entry)?,
+                    tensors: self.read_state(*key, *id, &entry.shape)?,
+                },
+            };
+            states.insert(id.val(), state);
+        }
+        record::write(states)
+    }
+
+    /// Replaces every parameter's state and step count with a record's: one from
+    /// [`Self::to_bytes`], from [`FusedOptimizer`](super::FusedOptimizer)'s
+    /// `ModuleOptimizer::into_bytes`, or from Burn's own Adam or AdamW (whose moments and
+    /// step count are PyTorch's, under other names). Before or after the first step; each
+    /// parameter's state is written into the optimizer at its next step, so the next step
+    /// continues bit for bit from where the record was saved. Parameters the record does
+    /// not name start afresh, as under Burn's `load_record`.
+    ///
+    /// Refused, with nothing changed, where the bytes are not an optimizer record, a
+    /// parameter's state is another optimizer's (named in the [`Error::Burn`]), or with
+    /// 8-bit state ([`Error::ConflictingOptions`]). A state whose length does not fit its
+    /// parameter is refused at that parameter's step.
+    pub fn load_bytes(&mut self, bytes: Bytes) -> Result<()> {
+        self.refuse_q8("ModuleStep::load_bytes")?;
+        let states = record::read(bytes)?;
+        let expected = record::expected_names(&self.algorithm, self.options.rounding);
+        for (id, state) in &states {
+            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
+        }
+        self.bounds.clear();
+        self.params = states
+            .into_iter()
+            .map(|(id, state)| {
+                let entry = Entry { time: state.time, shape: Vec::new(), home: Home::Loaded(state) };
+                (ParamId::from(id), entry)
+            })
+            .collect();
+        Ok(())
+    }
+
+    fn refuse_q8(&self, what: &'static str) -> Result<()> {
+        if self.options.q8_states.is_some() {
+            return Err(Error::ConflictingOptions {
+                first: what,
+                second: "q8_states",
+                reason: "a Burn record holds f32 state; save the optimizer's own checkpoint",
+            });
+        }
+        Ok(())
+    }
+
+    /// Parameter `id`'s state tensors in the optimizer `key`, as record tensors.
+    fn read_state(&self, key: u64, id: ParamId, shape: &[usize]) -> Result<BTreeMap<String, TensorData>> {
+        let bound = self.bound(key)?;
+        let i = bound.ids.iter().position(|p| *p == id).ok_or_else(|| lost(id))?;
+        let mut tensors = BTreeMap::new();
+        for name in record::expected_names(&self.algorithm, self.options.rounding) {
+            let kind = record::state_kind(name).ok_or_else(|| lost(id))?;
+            let tensor = bound.optimizer.state(i, kind).ok_or_else(|| lost(id))?;
+            let bytes = self.shared.context().read_bytes(tensor)?;
+            let data = TensorData::from_bytes_vec(bytes, shape.to_vec(), record::burn_dtype(tensor.dtype));
+            tensors.insert(name.to_string(), data);
+        }
+        Ok(tensors)
+    }
+
+    /// A parameter's step count: in capturable mode its optimizer's device count (AMP skips
+    /// excluded), read back.
+    fn device_time(&self, entry: &Entry) -> Result<u64> {
+        match (&entry.home, self.options.capturable) {
+            (Home::Bound(key), true) => self.bound(*key)?.optimizer.read_device_step(),
+            _ => Ok(entry.time),
+        }
+    }
+
+    fn bound(&self, key: u64) -> Result<&Bound> {
+        self.bounds
+            .iter()
+            .find(|b| b.key == key)
+            .ok_or_else(|| Error::Burn(format!("internal: optimizer {key} of a parameter's state is gone")))
     }
 
     fn step_inner<M: Module>(
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         inv_scale: Option<BurnTensor<1>>,
-    ) -> Result<M> {
-        // Everything that can be refused is refused before the module is taken apart.
-        self.algorithm.with_lr(lr).validate()?;
-        let mut check = Check {
-            shared: &self.shared,
-            grads: &grads,
-            lease_params: self.bound.is_none(),
-            ids: Vec::new(),
-            leased: Vec::new(),
-            error: None,
+    ) -> Result<M, StepError<M>> {
+        // Everything that can be refused before the module is taken apart is.
+        let checked = match self.check(lr, &module, &grads) {
+            Ok(checked) => checked,
+            Err(error) => return Err(StepError { module, error }),
         };
-        module.visit(&mut check);
-        if let Some(error) = check.error {
-            return Err(error);
-        }
-        let ids = check.ids;
-        if ids.is_empty() {
+        if checked.ids.is_empty() {
             return Ok(module);
         }
-        if self.bound.is_none() {
-            // Built over the parameters where they are now, so that the optimizer's own
-            // refusals (dtypes, options) come before the module is consumed; a parameter
-            // that is copied below moves, and `bind` follows it.
-            let params: Vec<Tensor> = check.leased.iter().map(|l| l.tensor.clone()).collect();
-            let optimizer = Optimizer::with_options(
-                self.shared.context(),
-                self.algorithm,
-                &params,
-                self.options.clone(),
-            )?;
-            self.bound = Some(Box::new(Bound { ids: ids.clone(), params, optimizer }));
-        }
-        drop(check.leased);
-        if let Some(bound) = &self.bound {
-            if bound.ids != ids {
-                return Err(Error::Burn(format!(
-                    "the parameters with gradients ({} of them) are not the ones of the first step \
-                     ({}): the step count is shared, so build a new ModuleStep for a new set of \
-                     parameters",
-                    ids.len(),
-                    bound.ids.len()
-                )));
-            }
-        }
-        let inv_scale = match inv_scale {
-            Some(t) => {
-                let leased = lease(&self.shared, t, Access::Read, "inv_scale")?.1;
-                check_inv_scale(&leased.tensor)?;
-                Some(leased)
-            }
-            None => None,
+        let cohorts = match self.cohorts(&checked.ids) {
+            Ok(cohorts) => cohorts,
+            Err(error) => return Err(StepError { module, error }),
         };
+        let inv_scale = match inv_scale.map(|t| self.lease_inv_scale(t)).transpose() {
+            Ok(inv_scale) => inv_scale,
+            Err(error) => return Err(StepError { module, error }),
+        };
+        let mut grads = grads;
         let mut take = Take {
             shared: &self.shared,
             grads: &mut grads,
@@ -183,86 +364,302 @@ impl ModuleStep {
             error: None,
         };
         let module = module.map(&mut take);
-        if let Some(error) = take.error {
-            return Err(error);
+        let (params, grads_leased, error) = (take.params, take.grads_leased, take.error);
+        if let Some(error) = error {
+            return Err(StepError { module, error });
         }
-        let params: Vec<Tensor> = take.params.iter().map(|l| l.tensor.clone()).collect();
-        let grad_tensors: Vec<Tensor> = take.grads_leased.iter().map(|l| l.tensor.clone()).collect();
+        let leased = StepTensors { params: &params, grads: &grads_leased };
+        match self.record(lr, &checked, &cohorts, leased, inv_scale.as_ref()) {
+            Ok(()) => Ok(module),
+            Err(error) => Err(StepError { module, error }),
+        }
+    }
+
+    /// The first pass, borrowing the module: the parameters with gradients, in module
+    /// order, their shapes, and whether each of them (and its gradient) can be stepped.
+    fn check<M: Module>(&self, lr: f64, module: &M, grads: &GradientsParams) -> Result<Checked> {
+        self.algorithm.with_lr(lr).validate()?;
+        let mut check =
+            Check { shared: &self.shared, grads, ids: Vec::new(), shapes: Vec::new(), error: None };
+        module.visit(&mut check);
+        match check.error {
+            Some(error) => Err(error),
+            None => Ok(Checked { ids: check.ids, shapes: check.shapes }),
+        }
+    }
+
+    /// The step's parameters grouped by step count, lowest first. Refused where the counts
+    /// differ and an option needs one optimizer over all of them.
+    fn cohorts(&mut self, ids: &[ParamId]) -> Result<Vec<Cohort>> {
+        let same_as_last = self.bounds.len() == 1 && self.bounds[0].ids == ids;
+        if self.options.capturable && !same_as_last {
+            self.settle_device_counts()?;
+        }
+        let mut by_time: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            let time = self.params.get(id).map_or(0, |e| e.time);
+            by_time.entry(time).or_default().push(i);
+        }
+        if by_time.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
+            let option = if self.options.capturable { "capturable (AMP)" } else { "grad_clip" };
+            return Err(Error::Burn(format!(
+                "the parameters with gradients have different step counts ({:?}) (some had no \
+                 gradient in an earlier step); {option} covers one optimizer, one count, so \
+                 they cannot be stepped together under it",
+                by_time.keys().collect::<Vec<_>>()
+            )));
+        }
+        Ok(by_time.into_iter().map(|(time, members)| Cohort { time, members }).collect())
+    }
+
+    /// Capturable mode: each parameter's count from its optimizer's device counter (AMP
+    /// skips are counted on the device only).
+    fn settle_device_counts(&mut self) -> Result<()> {
+        let counts: HashMap<u64, u64> = self
+            .bounds
+            .iter()
+            .map(|b| Ok((b.key, b.optimizer.read_device_step()?)))
+            .collect::<Result<_>>()?;
+        for entry in self.params.values_mut() {
+            if let Home::Bound(key) = entry.home {
+                if let Some(count) = counts.get(&key) {
+                    entry.time = *count;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lease_inv_scale(&self, inv_scale: BurnTensor<1>) -> Result<Leased> {
+        let leased = lease(&self.shared, inv_scale, Access::Read, "inv_scale")?.1;
+        check_inv_scale(&leased.tensor)?;
+        Ok(leased)
+    }
+
+    /// Records and submits the step: each cohort's optimizer found or built (bringing its
+    /// parameters' state from wherever it is), then each one's step. `self` changes only
+    /// once everything is recorded.
+    fn record(
+        &mut self,
+        lr: f64,
+        checked: &Checked,
+        cohorts: &[Cohort],
+        leased: StepTensors<'_>,
+        inv_scale: Option<&Leased>,
+    ) -> Result<()> {
         let ctx = self.shared.context().clone();
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("wgpu-optim Burn module step"),
         });
-        let optimizer = self.bind(&mut encoder, ids, params)?;
-        optimizer.set_lr(lr)?;
-        if let Some(inv_scale) = &inv_scale {
-            optimizer.record_unscale(&mut encoder, &grad_tensors, &inv_scale.tensor)?;
+        let mut prepared = Vec::with_capacity(cohorts.len());
+        for cohort in cohorts {
+            let ids: Vec<ParamId> = cohort.members.iter().map(|&i| checked.ids[i]).collect();
+            let params: Vec<Tensor> =
+                cohort.members.iter().map(|&i| leased.params[i].tensor.clone()).collect();
+            prepared.push(self.prepare(&mut encoder, ids, params, cohort.time)?);
         }
-        optimizer.record_step(&mut encoder, &grad_tensors)?;
+        for (cohort, prepared) in cohorts.iter().zip(&mut prepared) {
+            let grads: Vec<Tensor> = cohort.members.iter().map(|&i| leased.grads[i].tensor.clone()).collect();
+            let optimizer = match prepared {
+                Prepared::Reused(k) => &mut self.bounds[*k].optimizer,
+                Prepared::Built(bound) => &mut bound.optimizer,
+            };
+            optimizer.set_lr(lr)?;
+            if let Some(inv_scale) = inv_scale {
+                optimizer.record_unscale(&mut encoder, &grads, &inv_scale.tensor)?;
+            }
+            optimizer.record_step(&mut encoder, &grads)?;
+        }
         ctx.queue().submit([encoder.finish()]);
-        Ok(module)
+        self.commit(checked, cohorts, prepared);
+        Ok(())
     }
 
-    /// The optimizer over `params`: the one built before, or a new one (carrying the state
-    /// over, recorded into `encoder`) where a parameter's buffer moved.
-    fn bind(
+    /// The optimizer for one cohort: the one that stepped exactly these parameters in these
+    /// buffers before, or a new one; either way with every parameter's state brought in
+    /// (copies recorded into `encoder`) and the cohort's step count.
+    fn prepare(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         ids: Vec<ParamId>,
         params: Vec<Tensor>,
-    ) -> Result<&mut Optimizer> {
-        if let Some(same) = self.bound.take_if(|b| b.params == params) {
-            return Ok(&mut self.bound.insert(same).optimizer);
+        time: u64,
+    ) -> Result<Prepared> {
+        if let Some(k) = self.bounds.iter().position(|b| b.ids == ids && b.params == params) {
+            let bound = &self.bounds[k];
+            self.bring_in(encoder, &bound.optimizer, Some(bound.key), &ids)?;
+            // Host mode only: a capturable optimizer's device count is its parameters' own.
+            let optimizer = &mut self.bounds[k].optimizer;
+            if !self.options.capturable && optimizer.step_count() != time {
+                optimizer.set_step_count(time)?;
+            }
+            return Ok(Prepared::Reused(k));
         }
         let ctx = self.shared.context();
         let mut optimizer = Optimizer::with_options(ctx, self.algorithm, &params, self.options.clone())?;
-        if let Some(old) = &self.bound {
-            carry_state(&old.optimizer, &mut optimizer, encoder, self.options.q8_states.is_some())?;
+        self.bring_in(encoder, &optimizer, None, &ids)?;
+        if time != 0 {
+            optimizer.set_step_count(time)?;
         }
-        Ok(&mut self.bound.insert(Box::new(Bound { ids, params, optimizer })).optimizer)
+        let key = self.next_key;
+        self.next_key += 1;
+        Ok(Prepared::Built(Box::new(Bound { key, ids, params, optimizer })))
+    }
+
+    /// Brings each of `ids`' state into `target` (whose parameter `i` is `ids[i]`; `key`
+    /// where it is one of `self.bounds`) from where it is: another optimizer (copied in
+    /// `encoder`) or a loaded record (written through the queue). A parameter never stepped
+    /// keeps the fresh state `target` was built with.
+    fn bring_in(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        target: &Optimizer,
+        key: Option<u64>,
+        ids: &[ParamId],
+    ) -> Result<()> {
+        for (i, id) in ids.iter().enumerate() {
+            match self.params.get(id).map(|e| &e.home) {
+                None => {}
+                Some(Home::Bound(home)) if Some(*home) == key => {}
+                Some(Home::Bound(home)) => {
+                    let source = self.bound(*home)?;
+                    let j = source.ids.iter().position(|p| p == id).ok_or_else(|| lost(*id))?;
+                    let q8 = self.options.q8_states.is_some();
+                    copy_state(&source.optimizer, j, target, i, encoder, q8)?;
+                }
+                Some(Home::Loaded(state)) => self.write_loaded(target, i, *id, &state.tensors)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A loaded record's state tensors into `target`'s parameter `i`, each converted to the
+    /// state's dtype (bit for bit where they are the same).
+    fn write_loaded(
+        &self,
+        target: &Optimizer,
+        i: usize,
+        id: ParamId,
+        tensors: &BTreeMap<String, TensorData>,
+    ) -> Result<()> {
+        let ctx = self.shared.context();
+        for (name, data) in tensors {
+            let kind = record::state_kind(name).ok_or_else(|| lost(id))?;
+            let tensor = target.state(i, kind).ok_or_else(|| lost(id))?;
+            if data.num_elements() as u64 != tensor.len {
+                return Err(Error::LengthMismatch {
+                    argument: format!("the loaded {name} of parameter {id}"),
+                    got: data.num_elements() as u64,
+                    expected: tensor.len,
+                    reference: format!("parameter {id}"),
+                });
+            }
+            let dtype = record::dtype_of(data)?;
+            if dtype == tensor.dtype {
+                ctx.write_bytes(tensor, data.as_bytes())?;
+            } else {
+                ctx.write(tensor, &dtype.decode(data.as_bytes()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a submitted step: each stepped parameter counts it and lives in its cohort's
+    /// optimizer; this step's optimizers come first, and those holding no one's state go.
+    fn commit(&mut self, checked: &Checked, cohorts: &[Cohort], prepared: Vec<Prepared>) {
+        let mut keys = Vec::with_capacity(cohorts.len());
+        let mut built = Vec::new();
+        for (cohort, prepared) in cohorts.iter().zip(prepared) {
+            let key = match prepared {
+                Prepared::Reused(k) => self.bounds[k].key,
+                Prepared::Built(bound) => {
+                    let key = bound.key;
+                    built.push(*bound);
+                    key
+                }
+            };
+            keys.push(key);
+            for &i in &cohort.members {
+                let entry =
+                    Entry { time: cohort.time + 1, shape: checked.shapes[i].clone(), home: Home::Bound(key) };
+                self.params.insert(checked.ids[i], entry);
+            }
+        }
+        self.bounds.extend(built);
+        let homes: Vec<u64> = self
+            .params
+            .values()
+            .filter_map(|e| if let Home::Bound(k) = e.home { Some(k) } else { None })
+            .collect();
+        self.bounds.retain(|b| homes.contains(&b.key));
+        self.bounds.sort_by_key(|b| keys.iter().position(|k| *k == b.key).unwrap_or(usize::MAX));
     }
 }
 
-/// Copies every state tensor of `old` into `new` (the same parameters at new addresses).
-fn carry_state(
-    old: &Optimizer,
-    new: &mut Optimizer,
+/// What [`ModuleStep::record`] steps each cohort with.
+enum Prepared {
+    /// `bounds[k]`.
+    Reused(usize),
+    // Boxed: an `Optimizer` is large.
+    Built(Box<Bound>),
+}
+
+/// The step's leased parameters and gradients, in the order of [`Checked::ids`].
+struct StepTensors<'a> {
+    params: &'a [Leased],
+    grads: &'a [Leased],
+}
+
+/// The parameters with gradients, in module order, and their shapes.
+struct Checked {
+    ids: Vec<ParamId>,
+    shapes: Vec<Vec<usize>>,
+}
+
+/// The error of a parameter whose state should be somewhere and is not (a bug, not input).
+fn lost(id: ParamId) -> Error {
+    Error::Burn(format!("internal: parameter {id}'s state is missing"))
+}
+
+/// Copies parameter `j`'s state in `from` into parameter `i`'s in `to` (the same parameter,
+/// another optimizer or buffer).
+fn copy_state(
+    from: &Optimizer,
+    j: usize,
+    to: &Optimizer,
+    i: usize,
     encoder: &mut wgpu::CommandEncoder,
     q8: bool,
 ) -> Result<()> {
-    let kinds = old.group_algorithm(0).map_or(&[][..], |a| a.state_kinds());
-    for i in 0..old.params().len() {
-        for &kind in kinds.iter().chain(&[StateKind::KahanCompensation]) {
-            match (old.state(i, kind), new.state(i, kind)) {
-                (Some(from), Some(to)) => encoder.copy_buffer_to_buffer(
-                    &from.buffer,
-                    from.offset,
-                    &to.buffer,
-                    to.offset,
-                    from.byte_len(),
-                ),
-                // 8-bit state has no `state()` tensor: it moves through the host.
-                _ if q8 && kind != StateKind::KahanCompensation => {
-                    if let Some(q8) = old.read_q8_state(i, kind)? {
-                        new.write_q8_state(i, kind, &q8)?;
-                    }
+    let kinds = from.group_algorithm(0).map_or(&[][..], |a| a.state_kinds());
+    for &kind in kinds.iter().chain(&[StateKind::KahanCompensation]) {
+        match (from.state(j, kind), to.state(i, kind)) {
+            (Some(src), Some(dst)) => encoder.copy_buffer_to_buffer(
+                &src.buffer,
+                src.offset,
+                &dst.buffer,
+                dst.offset,
+                src.byte_len(),
+            ),
+            // 8-bit state has no `state()` tensor: it moves through the host.
+            _ if q8 && kind != StateKind::KahanCompensation => {
+                if let Some(state) = from.read_q8_state(j, kind)? {
+                    to.write_q8_state(i, kind, &state)?;
                 }
-                _ => {}
             }
+            _ => {}
         }
     }
-    new.set_step_count(old.step_count())
+    Ok(())
 }
 
-/// The first pass, borrowing the module: which parameters have gradients, and whether every
-/// one of them (and its gradient) can be stepped.
+/// The first pass, borrowing the module: which parameters have gradients, their shapes,
+/// and whether every one of them (and its gradient) can be stepped.
 struct Check<'a> {
     shared: &'a SharedDevice,
     grads: &'a GradientsParams,
-    /// Whether to lease each parameter for reading (the first step builds its optimizer
-    /// from these).
-    lease_params: bool,
     ids: Vec<ParamId>,
-    leased: Vec<Leased>,
+    shapes: Vec<Vec<usize>>,
     error: Option<Error>,
 }
 
@@ -270,10 +667,11 @@ impl ModuleVisitor for Check<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<BurnTensor<D>>) {
         let Some(grad) = self.grads.get::<D>(param.id) else { return };
         self.ids.push(param.id);
+        let value = param.val();
+        self.shapes.push(value.shape().to_vec());
         if self.error.is_some() {
             return;
         }
-        let value = param.val();
         let id = param.id;
         let checked = bindable(self.shared, &value, &format!("parameter {id}"))
             .and_then(|_| bindable(self.shared, &grad, &format!("the gradient of parameter {id}")))
@@ -293,13 +691,6 @@ impl ModuleVisitor for Check<'_> {
             });
         if let Err(e) = checked {
             self.error = Some(e);
-            return;
-        }
-        if self.lease_params {
-            match lease(self.shared, value, Access::Read, &format!("parameter {}", param.id)) {
-                Ok((_, leased)) => self.leased.push(leased),
-                Err(e) => self.error = Some(e),
-            }
         }
     }
 }
@@ -377,7 +768,8 @@ impl ModuleMapper for Take<'_> {
         }
         let (shape, device) = (tensor.shape(), tensor.device());
         let tensor = self.lease_pair(id, tensor, grad).unwrap_or_else(|e| {
-            // The step is refused and the module dropped; this placeholder is never seen.
+            // `Check` bound this tensor and its gradient already, so leasing them does not
+            // fail; were it to, the tensor is consumed, and zeros are all there is to give.
             self.error = Some(e);
             BurnTensor::zeros(shape, &device)
         });

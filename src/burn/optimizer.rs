@@ -3,14 +3,14 @@
 use ::burn::optim::{
     LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer, RecordState, StateSink, StateSource,
 };
-use ::burn::tensor::{Device, Tensor as BurnTensor};
+use ::burn::tensor::{Bytes, Device, Tensor as BurnTensor};
 use burn_pack::Scalar;
 
-use super::device::refuse_fusion;
 use super::lease::{lease, Access, Leased};
+use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, TIME};
 use super::SharedDevice;
 use crate::ops::{self, Update};
-use crate::{Algorithm, Result, StateKind};
+use crate::{Algorithm, Error, Result, Rounding, StateKind};
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
 /// with standard or Nesterov momentum, Adagrad, all in PyTorch's convention) behind Burn's
@@ -45,6 +45,12 @@ pub struct FusedOptimizer {
 /// One parameter's state under [`FusedOptimizer`]: the step count and the algorithm's state
 /// tensors, under PyTorch's names (the ones the algorithm does not use stay `None`). Burn's
 /// records hold them as `{param}.time` and `{param}.exp_avg`, ...
+///
+/// A record of Burn's own Adam or AdamW loads as this state: its `moment_1`, `moment_2`,
+/// `max_moment_2` and `time` are PyTorch's `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` and
+/// `step` (the same updates, the step counted from 1), so the next step continues Burn's
+/// trajectory. Any other state in a record ([`Self::foreign`]) is refused at the
+/// parameter's next step rather than restarted from zero.
 #[derive(Clone, Debug)]
 pub struct FusedState<const D: usize> {
     /// Steps taken, counted from 1 as PyTorch counts them.
@@ -59,6 +65,9 @@ pub struct FusedState<const D: usize> {
     pub momentum_buffer: Option<BurnTensor<D>>,
     /// Adagrad's sum of squared gradients.
     pub sum: Option<BurnTensor<D>>,
+    /// Set when a loaded record held another optimizer's state for this parameter (neither
+    /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
+    pub foreign: Option<String>,
 }
 
 /// The state tensors' names in Burn's records: PyTorch's.
@@ -89,14 +98,50 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: moved(self.max_exp_avg_sq),
             momentum_buffer: moved(self.momentum_buffer),
             sum: moved(self.sum),
+            foreign: self.foreign,
         }
+    }
+
+    fn fresh() -> Self {
+        FusedState {
+            time: 0,
+            exp_avg: None,
+            exp_avg_sq: None,
+            max_exp_avg_sq: None,
+            momentum_buffer: None,
+            sum: None,
+            foreign: None,
+        }
+    }
+
+    /// Refused ([`Error::Burn`]) where this state cannot be continued by `algorithm`: a
+    /// foreign record's, or one whose tensors are not the algorithm's (another algorithm's
+    /// record would otherwise lose its state, or restart missing moments from zero).
+    fn check(&self, algorithm: &Algorithm) -> Result<()> {
+        if let Some(foreign) = &self.foreign {
+            return Err(Error::Burn(foreign.clone()));
+        }
+        if self.time == 0 {
+            return Ok(());
+        }
+        let held: Vec<&str> =
+            STATE_NAMES.iter().zip(self.tensors()).filter(|(_, t)| t.is_some()).map(|(n, _)| *n).collect();
+        let expected: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
+        if held.iter().all(|n| expected.contains(n)) && expected.iter().all(|n| held.contains(n)) {
+            return Ok(());
+        }
+        Err(Error::Burn(format!(
+            "the parameter's state holds {held:?}, but {} keeps {expected:?}: it is another \
+             algorithm's state",
+            algorithm.name()
+        )))
     }
 }
 
 // By hand: Burn's `#[derive(RecordState)]` names paths inside `burn-optim` only.
 impl<const D: usize> RecordState for FusedState<D> {
     fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
-        out.push_scalar(prefix, "time", Scalar::from(self.time));
+        out.push_scalar(prefix, TIME, Scalar::from(self.time));
         for (name, tensor) in STATE_NAMES.iter().zip(self.tensors()) {
             if let Some(tensor) = tensor {
                 out.push_tensor(prefix, name, tensor.clone().into_data());
@@ -105,7 +150,19 @@ impl<const D: usize> RecordState for FusedState<D> {
     }
 
     fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
-        let time = usize::try_from(src.take_scalar(prefix, "time")?).ok()?;
+        if src.take_scalar(prefix, TIME).is_none() && src.take_scalar(prefix, BURN_ADAM_TIME).is_some() {
+            return Some(burn_adam_state(prefix, src, device));
+        }
+        let Some(time) = src.take_scalar(prefix, TIME).and_then(|t| usize::try_from(t).ok()) else {
+            // Burn's `load_record` would drop a `None` without a word and start afresh.
+            let foreign = format!(
+                "parameter {prefix}'s state in the loaded record is neither wgpu-optim's \
+                 (`time`, `exp_avg`, ...) nor Burn's Adam or AdamW's (`momentum.time`, \
+                 `momentum.moment_1`, ...): another optimizer's state cannot be continued; \
+                 `FusedOptimizer::load_bytes` names the entries"
+            );
+            return Some(FusedState { foreign: Some(foreign), ..FusedState::fresh() });
+        };
         let mut take =
             |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
         Some(FusedState {
@@ -115,15 +172,30 @@ impl<const D: usize> RecordState for FusedState<D> {
             max_exp_avg_sq: take(STATE_NAMES[2]),
             momentum_buffer: take(STATE_NAMES[3]),
             sum: take(STATE_NAMES[4]),
+            foreign: None,
         })
+    }
+}
+
+/// Burn's Adam or AdamW state (`AdaptiveMomentumState`) as PyTorch's, which it is under
+/// other names.
+fn burn_adam_state<const D: usize>(prefix: &str, src: &mut StateSource, device: &Device) -> FusedState<D> {
+    let time = src.take_scalar(prefix, BURN_ADAM_TIME).and_then(|t| usize::try_from(t).ok());
+    let mut take = |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
+    let [m1, m2, max_m2] = BURN_ADAM.map(|(burn, _)| burn);
+    FusedState {
+        time: time.unwrap_or(0),
+        exp_avg: take(m1),
+        exp_avg_sq: take(m2),
+        max_exp_avg_sq: take(max_m2),
+        ..FusedState::fresh()
     }
 }
 
 impl FusedOptimizer {
     /// `algorithm` on `shared`'s device. Refused where the algorithm's hyperparameters are
-    /// invalid or Burn was built with `fusion` ([`crate::Error::Burn`]).
+    /// invalid.
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
-        refuse_fusion()?;
         let algorithm = algorithm.into();
         algorithm.validate()?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm })
@@ -139,6 +211,24 @@ impl FusedOptimizer {
         &self.algorithm
     }
 
+    /// Burn's `ModuleOptimizer` around this one with a record's state loaded, checked
+    /// first: Burn's own `from_bytes` cannot refuse, and drops a state it cannot read
+    /// without a word. Takes this optimizer's records (and [`ModuleStep`]'s, the same
+    /// format) and Burn's Adam and AdamW ones, whose moments and step count are PyTorch's
+    /// under other names. Refused ([`Error::Burn`], naming the entry) where the bytes are
+    /// not an optimizer record or a parameter's state is another optimizer's or another
+    /// algorithm's.
+    ///
+    /// [`ModuleStep`]: super::ModuleStep
+    pub fn load_bytes(self, bytes: Bytes) -> Result<ModuleOptimizer> {
+        let states = record::read(bytes.clone())?;
+        let expected = record::expected_names(&self.algorithm, Rounding::NearestEven);
+        for (id, state) in &states {
+            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
+        }
+        self.init().from_bytes(bytes).map_err(|e| Error::Burn(format!("Burn could not load the record: {e}")))
+    }
+
     /// One step of one parameter, returning what Burn's trait cannot: the reason a tensor
     /// was refused. Nothing is written when it is.
     pub fn try_step<const D: usize>(
@@ -150,14 +240,8 @@ impl FusedOptimizer {
     ) -> Result<(BurnTensor<D>, FusedState<D>)> {
         let algorithm = self.algorithm.with_lr(lr);
         algorithm.validate()?;
-        let mut state = state.unwrap_or(FusedState {
-            time: 0,
-            exp_avg: None,
-            exp_avg_sq: None,
-            max_exp_avg_sq: None,
-            momentum_buffer: None,
-            sum: None,
-        });
+        let mut state = state.unwrap_or_else(FusedState::fresh);
+        state.check(&algorithm)?;
         let kinds = algorithm.state_kinds();
         let initial = algorithm.initial_state();
         let mut states = Vec::with_capacity(kinds.len());

@@ -1,0 +1,51 @@
+//! Burn's optimizer configurations as this crate's algorithms.
+
+use ::burn::optim::AdamWConfig;
+
+use crate::{Adam, Error, Result};
+
+/// Burn's AdamW configuration as this crate's AdamW: betas, eps, weight decay and AMSGrad,
+/// in Burn's f32 values widened (so that `1 - beta2` is Burn's), lr 1e-3 (Burn takes the
+/// learning rate at each step, as [`FusedOptimizer`](super::FusedOptimizer) and
+/// [`ModuleStep`](super::ModuleStep) do). `AdamWConfig::new()` gives [`Adam::burn_adamw`].
+///
+/// Refused ([`Error::Burn`]) for what this crate's AdamW does not do: cautious weight decay,
+/// and Burn's per-parameter gradient clipping (this crate clips the global norm, with
+/// [`OptimizerOptions::grad_clip`](crate::OptimizerOptions::grad_clip)).
+impl TryFrom<&AdamWConfig> for Adam {
+    type Error = Error;
+
+    fn try_from(config: &AdamWConfig) -> Result<Self> {
+        // Burn keeps the fields private; its `Config` serializes them by name.
+        let json = serde_json::to_value(config)
+            .map_err(|e| Error::Burn(format!("Burn's AdamWConfig did not serialize: {e}")))?;
+        let field = |name: &str| json.get(name).ok_or_else(|| missing(name));
+        let float =
+            |name: &str| field(name)?.as_f64().map(|v| f64::from(v as f32)).ok_or_else(|| missing(name));
+        let flag = |name: &str| field(name)?.as_bool().ok_or_else(|| missing(name));
+        if flag("cautious_weight_decay")? {
+            return Err(Error::Burn("AdamWConfig's cautious weight decay has no kernel here".into()));
+        }
+        if !field("grad_clipping")?.is_null() {
+            return Err(Error::Burn(
+                "AdamWConfig's gradient clipping is Burn's, per parameter; clip the global norm \
+                 with OptimizerOptions::grad_clip instead"
+                    .into(),
+            ));
+        }
+        let adam = Adam {
+            beta1: float("beta_1")?,
+            beta2: float("beta_2")?,
+            eps: float("epsilon")?,
+            weight_decay: float("weight_decay")?,
+            amsgrad: flag("amsgrad")?,
+            ..Adam::adamw()
+        };
+        adam.validate()?;
+        Ok(adam)
+    }
+}
+
+fn missing(name: &str) -> Error {
+    Error::Burn(format!("Burn's AdamWConfig has no `{name}` of the expected type"))
+}

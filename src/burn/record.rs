@@ -1,0 +1,247 @@
+//! Optimizer records in Burn's format: burnpack, one `{param_id}.{leaf}` entry per state
+//! tensor and scalar, as `ModuleOptimizer::into_bytes` writes them. [`FusedOptimizer`] and
+//! [`ModuleStep`] read and write the same records, and read Burn's own Adam and AdamW ones.
+//!
+//! [`FusedOptimizer`]: super::FusedOptimizer
+//! [`ModuleStep`]: super::ModuleStep
+
+use std::collections::BTreeMap;
+
+use ::burn::tensor::{Bytes, DType as BurnDType, TensorData};
+use burn_pack::{Reader, Scalar, Writer};
+
+use crate::{Algorithm, DType, Error, Result, Rounding, StateKind};
+
+/// Burn's name for the scalar that holds a parameter's rank.
+const RANK: &str = "__rank";
+
+/// This crate's step count, counted from 1 as PyTorch and Burn count it.
+pub(crate) const TIME: &str = "time";
+
+/// Burn's Adam and AdamW keep the same quantities as PyTorch's Adam (the first moment, the
+/// uncentered second moment, AMSGrad's running maximum, the step count from 1) under these
+/// names: its `AdaptiveMomentumState`.
+pub(crate) const BURN_ADAM: [(&str, &str); 3] = [
+    ("momentum.moment_1", "exp_avg"),
+    ("momentum.moment_2", "exp_avg_sq"),
+    ("momentum.max_moment_2", "max_exp_avg_sq"),
+];
+
+/// Burn's Adam and AdamW step count.
+pub(crate) const BURN_ADAM_TIME: &str = "momentum.time";
+
+/// One parameter's state in a record, under PyTorch's names.
+#[derive(Clone, Debug)]
+pub(crate) struct ParamRecord {
+    pub rank: usize,
+    pub time: u64,
+    pub tensors: BTreeMap<String, TensorData>,
+}
+
+/// Every parameter's state in `bytes`, Burn's Adam and AdamW names translated. Refused
+/// ([`Error::Burn`], naming the entry) where an entry is neither this crate's state nor
+/// Burn's Adam or AdamW state, or a parameter has state but no step count.
+pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
+    let reader =
+        Reader::from_bytes(bytes).map_err(|e| Error::Burn(format!("not a Burn optimizer record: {e}")))?;
+    let mut ranks = BTreeMap::new();
+    let mut times = BTreeMap::new();
+    for (name, value) in reader.scalars() {
+        let (id, leaf) = split(name)?;
+        let counts = match leaf {
+            RANK => &mut ranks,
+            TIME | BURN_ADAM_TIME => &mut times,
+            other => return Err(foreign(id, other)),
+        };
+        let value = u64::try_from(*value)
+            .map_err(|_| Error::Burn(format!("the record's `{name}` is {value:?}, not a count")))?;
+        counts.insert(id, value);
+    }
+    let tensors = reader.into_tensors().map_err(|e| Error::Burn(format!("reading the record: {e}")))?;
+    let mut states: BTreeMap<u64, ParamRecord> = BTreeMap::new();
+    for tensor in tensors {
+        let (name, dtype, shape, _, bytes) =
+            tensor.into_parts().map_err(|e| Error::Burn(format!("reading the record: {e}")))?;
+        let (id, leaf) = split(&name)?;
+        let ours = translate(leaf).ok_or_else(|| foreign(id, leaf))?;
+        let state = states.entry(id).or_insert_with(|| ParamRecord {
+            rank: shape.num_dims(),
+            time: 0,
+            tensors: BTreeMap::new(),
+        });
+        state.tensors.insert(ours.to_string(), TensorData::from_bytes(bytes, shape, dtype));
+    }
+    for (id, rank) in ranks {
+        let rank = usize::try_from(rank).map_err(|_| Error::Burn(format!("parameter {id}'s rank {rank}")))?;
+        states.entry(id).or_insert_with(|| ParamRecord { rank, time: 0, tensors: BTreeMap::new() }).rank =
+            rank;
+    }
+    for (id, state) in &mut states {
+        state.time = *times
+            .get(id)
+            .ok_or_else(|| Error::Burn(format!("parameter {id}'s state in the record has no step count")))?;
+    }
+    Ok(states)
+}
+
+/// The record of `states` (rank, step count, tensors by PyTorch's name), as Burn's
+/// `ModuleOptimizer::into_bytes` writes a [`FusedOptimizer`](super::FusedOptimizer)'s.
+pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
+    let mut tensors = Vec::new();
+    let mut scalars = Vec::new();
+    for (id, state) in states {
+        scalars.push((format!("{id}.{RANK}"), Scalar::from(state.rank)));
+        scalars.push((format!("{id}.{TIME}"), Scalar::from(state.time)));
+        for (name, data) in state.tensors {
+            let (bytes, shape, dtype) = data.into_parts();
+            tensors.push(burn_pack::Tensor::new(format!("{id}.{name}"), dtype, shape, Some(id), bytes));
+        }
+    }
+    let mut writer = Writer::new(tensors);
+    for (key, value) in scalars {
+        writer = writer.with_scalar(&key, value);
+    }
+    writer.into_bytes().map_err(|e| Error::Burn(format!("writing the record: {e}")))
+}
+
+/// The state tensors a parameter of `algorithm` keeps, by PyTorch's name.
+pub(crate) fn expected_names(algorithm: &Algorithm, rounding: Rounding) -> Vec<&'static str> {
+    let mut names: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
+    if rounding == Rounding::Kahan {
+        names.push(StateKind::KahanCompensation.torch_name());
+    }
+    names
+}
+
+/// Refused ([`Error::Burn`]) where `state` does not hold exactly the tensors `expected`
+/// names: another algorithm's state would otherwise be dropped, or missing moments
+/// restarted from zero, without a word.
+pub(crate) fn check_names<'a>(
+    id: u64,
+    names: impl IntoIterator<Item = &'a str>,
+    expected: &[&str],
+    algorithm: &Algorithm,
+) -> Result<()> {
+    let mut got: Vec<&str> = names.into_iter().collect();
+    got.sort_unstable();
+    let mut want = expected.to_vec();
+    want.sort_unstable();
+    if got == want {
+        return Ok(());
+    }
+    Err(Error::Burn(format!(
+        "parameter {id}'s state holds {got:?}, but {} keeps {want:?}: it is another optimizer's state",
+        algorithm.name()
+    )))
+}
+
+/// This crate's dtype of a record tensor.
+pub(crate) fn dtype_of(data: &TensorData) -> Result<DType> {
+    match data.dtype() {
+        BurnDType::F64 => Ok(DType::F64),
+        BurnDType::F32 => Ok(DType::F32),
+        BurnDType::F16 => Ok(DType::F16),
+        BurnDType::BF16 => Ok(DType::BF16),
+        other => Err(Error::Burn(format!("a state tensor in the record is {other:?}, not a float"))),
+    }
+}
+
+/// Burn's dtype of one of this crate's.
+pub(crate) fn burn_dtype(dtype: DType) -> BurnDType {
+    match dtype {
+        DType::F64 => BurnDType::F64,
+        DType::F32 => BurnDType::F32,
+        DType::F16 => BurnDType::F16,
+        DType::BF16 => BurnDType::BF16,
+    }
+}
+
+/// `{id}.{leaf}` split at its first dot.
+fn split(name: &str) -> Result<(u64, &str)> {
+    name.split_once('.')
+        .and_then(|(id, leaf)| Some((id.parse().ok()?, leaf)))
+        .ok_or_else(|| Error::Burn(format!("the record's entry `{name}` is not `{{param_id}}.{{name}}`")))
+}
+
+/// PyTorch's name of a record's state tensor, for this crate's names and Burn's Adam's.
+fn translate(leaf: &str) -> Option<&'static str> {
+    state_kind(leaf)
+        .map(StateKind::torch_name)
+        .or_else(|| BURN_ADAM.iter().find(|(burn, _)| *burn == leaf).map(|(_, ours)| *ours))
+}
+
+fn foreign(id: u64, leaf: &str) -> Error {
+    Error::Burn(format!(
+        "parameter {id}'s state in the record has `{leaf}`, which is neither wgpu-optim's state \
+         (`time`, `exp_avg`, `exp_avg_sq`, ...) nor Burn's Adam or AdamW state \
+         (`momentum.moment_1`, `momentum.moment_2`, `momentum.time`): another optimizer's state \
+         cannot be continued"
+    ))
+}
+
+/// The state kind PyTorch names `name`.
+pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
+    [
+        StateKind::ExpAvg,
+        StateKind::ExpAvgSq,
+        StateKind::MaxExpAvgSq,
+        StateKind::MomentumBuffer,
+        StateKind::Sum,
+        StateKind::KahanCompensation,
+    ]
+    .into_iter()
+    .find(|k| k.torch_name() == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tensors: &[&str], scalars: &[(&str, u64)]) -> Bytes {
+        let tensors = tensors
+            .iter()
+            .map(|name| {
+                let (bytes, shape, dtype) = TensorData::new(vec![1.0f32, 2.0, 3.0], [3]).into_parts();
+                burn_pack::Tensor::new(name.to_string(), dtype, shape, Some(7), bytes)
+            })
+            .collect();
+        let mut writer = Writer::new(tensors);
+        for (key, value) in scalars {
+            writer = writer.with_scalar(key, Scalar::from(*value));
+        }
+        writer.into_bytes().unwrap()
+    }
+
+    #[test]
+    fn burns_adam_state_reads_as_pytorchs_names_with_its_step_count() {
+        let bytes = record(
+            &["7.momentum.moment_1", "7.momentum.moment_2"],
+            &[("7.momentum.time", 5), ("7.__rank", 1)],
+        );
+        let states = read(bytes).unwrap();
+        let state = &states[&7];
+        assert_eq!((state.rank, state.time), (1, 5));
+        assert_eq!(state.tensors.keys().collect::<Vec<_>>(), ["exp_avg", "exp_avg_sq"]);
+        assert_eq!(state.tensors["exp_avg"].to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn another_optimizers_state_is_refused_by_name() {
+        let err = read(record(&["7.momentum.velocity"], &[("7.__rank", 1)])).unwrap_err();
+        assert!(matches!(&err, Error::Burn(m) if m.contains("`momentum.velocity`")), "{err}");
+        let err = read(record(&["7.exp_avg"], &[("7.__rank", 1)])).unwrap_err();
+        assert!(matches!(&err, Error::Burn(m) if m.contains("no step count")), "{err}");
+        let err = read(record(&[], &[("7.lr_decay.time", 1)])).unwrap_err();
+        assert!(matches!(&err, Error::Burn(m) if m.contains("`lr_decay.time`")), "{err}");
+    }
+
+    #[test]
+    fn a_written_record_reads_back() {
+        let mut tensors = BTreeMap::new();
+        tensors.insert("exp_avg".to_string(), TensorData::new(vec![0.5f32; 6], [2, 3]));
+        let state = ParamRecord { rank: 2, time: 9, tensors };
+        let back = read(write(BTreeMap::from([(3, state)])).unwrap()).unwrap();
+        assert_eq!((back[&3].rank, back[&3].time), (2, 9));
+        assert_eq!(back[&3].tensors["exp_avg"].shape().to_vec(), [2, 3]);
+    }
+}
