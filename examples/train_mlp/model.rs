@@ -5,7 +5,13 @@
 //! delta buffers, the four pipelines of `mlp.wgsl` and a bind group per dispatch. Recording
 //! a step therefore creates no GPU objects; it only encodes nine dispatches into the
 //! caller's command encoder, so the optimizer can follow in the same encoder.
+//!
+//! The browser trainer (`examples/web_mlp`) compiles this file too: there nothing may block,
+//! so building the model and reading its metrics each have an async form
+//! ([`Mlp::new_async`], [`Mlp::read_metrics_async`]), and the blocking forms exist only in
+//! native builds.
 
+#[cfg(not(target_arch = "wasm32"))]
 use std::sync::mpsc;
 
 use wgpu::util::DeviceExt;
@@ -160,7 +166,19 @@ pub struct Mlp {
 impl Mlp {
     /// Builds the model on `device` for `data`, with parameters of `dtype` (`F32`, or `F16`
     /// where the device has `SHADER_F16`) set to He initial values from `seed`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        data: &Spirals,
+        dtype: DType,
+        seed: u64,
+    ) -> Result<Self, BoxError> {
+        pollster::block_on(Self::new_async(device, queue, data, dtype, seed))
+    }
+
+    /// [`Mlp::new`] without blocking: it awaits the shader compiler's verdict.
+    pub async fn new_async(
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         data: &Spirals,
@@ -172,7 +190,7 @@ impl Mlp {
         let layout = param_layout();
         let (params, grads) = param_buffers(device, dtype, seed);
         let acts = Activations::new(device, data);
-        let pipelines = compile(device, dtype)?;
+        let pipelines = compile(device, dtype).await?;
         let dims = layer_dims(device, data.len(), &layout);
         let wiring = Wiring { device, pipelines: &pipelines, dims: &dims, params: &params, grads: &grads };
         let (forward, backward) = (wiring.forward(&acts, data.len()), wiring.backward(&acts, data.len()));
@@ -259,6 +277,7 @@ impl Mlp {
     }
 
     /// Waits for the submitted work and sums what [`Mlp::record_metrics_copy`] copied.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_metrics(&self) -> Result<Metrics, BoxError> {
         let (sender, receiver) = mpsc::channel();
         self.metrics_readback.map_async(wgpu::MapMode::Read, .., move |result| {
@@ -267,6 +286,29 @@ impl Mlp {
         });
         self.device.poll(wgpu::PollType::wait_indefinitely())?;
         receiver.recv()??;
+        self.sum_mapped_metrics()
+    }
+
+    /// [`Mlp::read_metrics`] without blocking: it awaits the mapping, which a browser
+    /// completes from its event loop. (The native trainer blocks instead.)
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    pub async fn read_metrics_async(&self) -> Result<Metrics, BoxError> {
+        let (sender, receiver) = futures_intrusive::channel::shared::oneshot_channel();
+        self.metrics_readback.map_async(wgpu::MapMode::Read, .., move |result| {
+            sender.send(result).ok();
+        });
+        // Native wgpu completes mappings only when polled; a browser needs no poll.
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device.poll(wgpu::PollType::wait_indefinitely())?;
+        match receiver.receive().await {
+            Some(result) => result?,
+            None => return Err("the metrics readback was dropped before it was mapped".into()),
+        }
+        self.sum_mapped_metrics()
+    }
+
+    /// Sums the mapped readback buffer's per-sample values, then unmaps it.
+    fn sum_mapped_metrics(&self) -> Result<Metrics, BoxError> {
         let (loss, correct) = {
             let view = self.metrics_readback.get_mapped_range(..)?;
             let (loss, correct) = view.split_at(self.samples * 4);
@@ -280,12 +322,24 @@ impl Mlp {
 
     /// Runs the forward pass alone in a submit of its own and returns the metrics: the loss
     /// and accuracy of the current parameters (after the last optimizer step).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn evaluate(&self) -> Result<Metrics, BoxError> {
+        self.submit_evaluation();
+        self.read_metrics()
+    }
+
+    /// [`Mlp::evaluate`] without blocking.
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    pub async fn evaluate_async(&self) -> Result<Metrics, BoxError> {
+        self.submit_evaluation();
+        self.read_metrics_async().await
+    }
+
+    fn submit_evaluation(&self) {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         self.record_forward(&mut encoder);
         self.record_metrics_copy(&mut encoder);
         self.queue.submit([encoder.finish()]);
-        self.read_metrics()
     }
 }
 
@@ -347,7 +401,7 @@ fn record_pass(encoder: &mut wgpu::CommandEncoder, label: &str, dispatches: &[Di
 
 /// Compiles `mlp.wgsl` for the parameter dtype, turning a shader or pipeline error into an
 /// error value instead of wgpu's default panic.
-fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
+async fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
     let header = match dtype {
         DType::F16 => "enable f16;\nalias Param = f16;\nfn param(i: u32) -> f32 { return f32(params[i]); }\n",
         // Pairs of bf16 bits in each word, low half first.
@@ -381,8 +435,8 @@ fn compile(device: &wgpu::Device, dtype: DType) -> Result<Pipelines, BoxError> {
         weight_grad: pipeline("weight_grad"),
         input_grad: pipeline("input_grad"),
     };
-    let internal = pollster::block_on(internal.pop());
-    match internal.or(pollster::block_on(validation.pop())) {
+    let internal = internal.pop().await;
+    match internal.or(validation.pop().await) {
         Some(error) => Err(format!("compiling mlp.wgsl: {error}").into()),
         None => Ok(pipelines),
     }

@@ -1,0 +1,179 @@
+//! wgpu-optim in a browser, on the page's WebGPU adapter.
+//!
+//! - [`run_conformance`]: the conformance runner (the testkit's reader and runner, awaited
+//!   rather than blocking) over a directory of `optim-vectors/1` files that a page fetches;
+//!   `tools/web-conformance.sh DIR` serves the page and runs it in headless Chromium.
+//! - `tests/browser.rs`: the crate's GPU tests that make sense in a browser, run by
+//!   `wasm-bindgen-test-runner` (`tools/web-test.sh`).
+//!
+//! Natively this crate compiles (so the workspace's tools see it) but does nothing useful.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+use wgpu_optim::{DType, Error, GpuContext};
+use wgpu_optim_testkit::conformance::{run_case_async, Backend, Case, Outcome, ValueType};
+
+/// Counts of a conformance run, as the native runner counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Vector files read.
+    pub cases: usize,
+    /// Case and backend pairs within tolerance.
+    pub passed: usize,
+    /// Pairs outside tolerance, or that returned an error, or files that did not parse.
+    pub failed: usize,
+    /// Pairs not run: ops or attributes the reader does not implement, f64 without
+    /// `SHADER_F64` (WebGPU has none).
+    pub refused: usize,
+}
+
+impl Tally {
+    /// The closing line, the native runner's.
+    pub fn closing_line(&self) -> String {
+        format!(
+            "{} cases: {} passed, {} failed, {} refused",
+            self.cases, self.passed, self.failed, self.refused
+        )
+    }
+}
+
+/// Whether `case` stores any tensor in f64.
+fn has_f64(case: &Case) -> bool {
+    case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F64))
+}
+
+/// Runs one parsed case on every backend that tells something about it (the CPU backend
+/// aside: in a browser it has no threads), printing one line per backend through `print`.
+/// A GPU backend of an f64 case on a device without `SHADER_F64` must be refused with
+/// [`Error::MissingFeature`]; it counts as refused, and anything else it does as a failure.
+pub async fn run_parsed(case: &Case, ctx: &GpuContext, tally: &mut Tally, print: &mut dyn FnMut(String)) {
+    let name = format!("{} ({})", case.name, case.op);
+    if let Err(reason) = case.check_supported() {
+        tally.refused += 1;
+        print(format!("{name:<52} {:<18} refused  {reason}", "-"));
+        return;
+    }
+    let no_f64 = has_f64(case) && !ctx.has_feature(wgpu::Features::SHADER_F64);
+    for backend in Backend::all_for(case).into_iter().filter(|b| *b != Backend::Cpu) {
+        let result = run_case_async(case, backend, Some(ctx)).await;
+        if no_f64 && backend != Backend::Oracle {
+            match result {
+                Err(e @ Error::MissingFeature { .. }) => {
+                    tally.refused += 1;
+                    print(format!("{name:<52} {:<18} refused  f64: {e}", backend.name()));
+                }
+                other => {
+                    tally.failed += 1;
+                    print(format!(
+                        "{name:<52} {:<18} FAIL  an f64 case on a device without SHADER_F64 was not \
+                         refused with MissingFeature: {other:?}",
+                        backend.name()
+                    ));
+                }
+            }
+            continue;
+        }
+        match result {
+            Ok(report) => match report.outcome {
+                Outcome::Pass => {
+                    tally.passed += 1;
+                    print(format!(
+                        "{name:<52} {:<18} pass  worst {:.3} of tolerance",
+                        backend.name(),
+                        report.worst
+                    ));
+                }
+                Outcome::Fail(detail) => {
+                    tally.failed += 1;
+                    print(format!(
+                        "{name:<52} {:<18} FAIL  worst {:.3e} of tolerance: {detail}",
+                        backend.name(),
+                        report.worst
+                    ));
+                }
+                Outcome::Refused(reason) => {
+                    tally.refused += 1;
+                    print(format!("{name:<52} {:<18} refused  {reason}", backend.name()));
+                }
+            },
+            Err(e) => {
+                tally.failed += 1;
+                print(format!("{name:<52} {:<18} FAIL  {e}", backend.name()));
+            }
+        }
+    }
+}
+
+/// The bytes at `url`, fetched by the page.
+async fn fetch_bytes(url: &str) -> Result<Vec<u8>, String> {
+    let window = web_sys::window().ok_or("no window")?;
+    let response =
+        JsFuture::from(window.fetch_with_str(url)).await.map_err(|e| format!("fetch {url}: {e:?}"))?;
+    let response: web_sys::Response =
+        response.dyn_into().map_err(|_| format!("fetch {url}: not a Response"))?;
+    if !response.ok() {
+        return Err(format!("fetch {url}: HTTP {}", response.status()));
+    }
+    let buffer = response.array_buffer().map_err(|e| format!("fetch {url}: {e:?}"))?;
+    let buffer = JsFuture::from(buffer).await.map_err(|e| format!("fetch {url}: {e:?}"))?;
+    Ok(js_sys::Uint8Array::new(&buffer).to_vec())
+}
+
+/// Appends `line` to the page's `#log` element and the console.
+fn print_line(line: &str) {
+    web_sys::console::log_1(&line.into());
+    let Some(log) = web_sys::window().and_then(|w| w.document()).and_then(|d| d.get_element_by_id("log"))
+    else {
+        return;
+    };
+    let text = log.text_content().unwrap_or_default();
+    log.set_text_content(Some(&format!("{text}{line}\n")));
+}
+
+/// The conformance page's entry point: reads `index` (a JSON array of file names), fetches
+/// each file from `dir` (a URL prefix ending in `/`), runs it on the page's WebGPU adapter
+/// and prints one line per case and backend into `#log`, then the native runner's closing
+/// line. Resolves to the number of failures; rejects, with the reason printed, when there is
+/// no WebGPU adapter or the index cannot be read (nothing hangs).
+#[wasm_bindgen]
+pub async fn run_conformance(index: String, dir: String) -> Result<u32, JsValue> {
+    let fail = |message: String| {
+        print_line(&format!("FAIL  {message}"));
+        JsValue::from_str(&message)
+    };
+    let listing = fetch_bytes(&index).await.map_err(fail)?;
+    let names: Vec<String> = serde_json::from_slice(&listing)
+        .map_err(|e| fail(format!("{index}: not a JSON array of file names: {e}")))?;
+    let ctx = GpuContext::headless().await.map_err(|e| fail(format!("no WebGPU device: {e}")))?;
+    print_line(&format!("adapter: {}", ctx.report()));
+    let mut tally = Tally::default();
+    for name in &names {
+        tally.cases += 1;
+        let bytes = match fetch_bytes(&format!("{dir}{name}")).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tally.failed += 1;
+                print_line(&format!("{name:<52} {:<18} FAIL  {e}", "-"));
+                continue;
+            }
+        };
+        let stem = name.strip_suffix(".safetensors").unwrap_or(name);
+        match Case::read_bytes(stem, &bytes) {
+            Ok(case) => run_parsed(&case, &ctx, &mut tally, &mut |line| print_line(&line)).await,
+            Err(e) => {
+                tally.failed += 1;
+                print_line(&format!("{name:<52} {:<18} FAIL  {e}", "-"));
+            }
+        }
+        // A lost device fails every later case the same way: stop at the first.
+        if let Err(e) = ctx.check_alive() {
+            return Err(fail(e.to_string()));
+        }
+    }
+    print_line(&tally.closing_line());
+    Ok(tally.failed as u32)
+}
