@@ -5,14 +5,14 @@
 //! ```
 //! Reads the `*.safetensors` files directly in the directory (not its subdirectories).
 //! Prints one line per case and backend, or one `refused` line for a case whose op or
-//! attributes the reader does not implement, then `N cases: P passed, F failed, R refused`; exits
+//! attributes the reader does not implement, then `N cases: P passed, F failed, R refused` (a case counts once, as its worst backend); exits
 //! non-zero when anything failed or was refused.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use wgpu_optim::GpuContext;
-use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
+use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome, Tally, Verdict};
 
 fn main() -> ExitCode {
     env_logger::init();
@@ -39,27 +39,27 @@ fn main() -> ExitCode {
         }
     };
     println!("adapter: {}", ctx.report());
-    let (mut passed, mut failed, mut refused) = (0, 0, 0);
+    let mut tally = Tally::default();
     for file in &files {
         let case = match Case::read(file) {
             Ok(case) => case,
             Err(e) => {
                 println!("{:<52} {:<18} FAIL  {e}", file.display(), "-");
-                failed += 1;
+                tally.add(Verdict::Fail);
                 continue;
             }
         };
         let name = format!("{} ({})", case.name, case.op);
         if let Err(reason) = case.check_supported() {
-            refused += 1;
+            tally.add(Verdict::Refused);
             println!("{name:<52} {:<18} refused  {reason}", "-");
             continue;
         }
+        let mut verdict = Verdict::Pass;
         for backend in Backend::all_for(&case) {
             match run_case(&case, backend, Some(&ctx)) {
                 Ok(report) => match report.outcome {
                     Outcome::Pass => {
-                        passed += 1;
                         println!(
                             "{name:<52} {:<18} pass  worst {:.3} of tolerance",
                             backend.name(),
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
                         );
                     }
                     Outcome::Fail(detail) => {
-                        failed += 1;
+                        verdict = verdict.max(Verdict::Fail);
                         println!(
                             "{name:<52} {:<18} FAIL  worst {:.3e} of tolerance: {detail}",
                             backend.name(),
@@ -75,19 +75,20 @@ fn main() -> ExitCode {
                         );
                     }
                     Outcome::Refused(reason) => {
-                        refused += 1;
+                        verdict = verdict.max(Verdict::Refused);
                         println!("{name:<52} {:<18} refused  {reason}", backend.name());
                     }
                 },
                 Err(e) => {
-                    failed += 1;
+                    verdict = verdict.max(Verdict::Fail);
                     println!("{name:<52} {:<18} FAIL  {e}", backend.name());
                 }
             }
         }
+        tally.add(verdict);
     }
-    println!("{} cases: {passed} passed, {failed} failed, {refused} refused", files.len());
-    if failed > 0 || refused > 0 {
+    println!("{}", tally.closing_line());
+    if tally.failed > 0 || tally.refused > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -222,7 +222,7 @@ mod tests {
         let state = &states[&7];
         assert_eq!((state.rank, state.time), (1, 5));
         assert_eq!(state.tensors.keys().collect::<Vec<_>>(), ["exp_avg", "exp_avg_sq"]);
-        assert_eq!(state.tensors["exp_avg"].to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0]);
+        assert_eq!(state.tensors["exp_avg"].try_to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0]);
     }
 
     #[test]

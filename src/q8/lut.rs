@@ -40,6 +40,7 @@ pub struct CodeTable {
 }
 
 /// The bucket of `x` (not NaN) and the bits of its clamped magnitude.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 #[inline(always)]
 fn bucket(bits: u32) -> (usize, u32) {
     let magnitude = (bits & 0x7fff_ffff).clamp(SMALLEST, ONE);
@@ -107,6 +108,7 @@ impl CodeTable {
     }
 
     /// The nearest code of `x`: [`super::nearest_code`] of the table's map, bit for bit.
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
     #[inline(always)]
     pub fn code(&self, x: f32) -> u8 {
         let bits = x.to_bits();

@@ -77,6 +77,7 @@ impl GradClip {
 
 /// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + 1e-6)` in f32, at most 1. A
 /// NaN norm gives NaN (`torch.clamp` keeps NaN).
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32) -> f32 {
     let coefficient = max_norm / (total_norm + 1e-6);
     if coefficient.is_nan() {

@@ -151,6 +151,7 @@ const _: () = assert!(std::mem::size_of::<super::MomentumUniform64>() as u64 <= 
 const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= RoundingHeader::OFFSET);
 
 /// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn mix(x: u32) -> u32 {
     let mut x = x;
@@ -164,6 +165,7 @@ pub(crate) fn mix(x: u32) -> u32 {
 
 /// The hash state after (seed, step, tensor ordinal): `h = mix(h ^ word)` over those words
 /// from `h = 0`. Constant over a tensor's step, so computed once per chunk.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 pub(crate) fn key(seed: u64, step: u64, ordinal: u32) -> u32 {
     let h = mix(seed as u32);
     let h = mix(h ^ (seed >> 32) as u32);
@@ -173,6 +175,7 @@ pub(crate) fn key(seed: u64, step: u64, ordinal: u32) -> u32 {
 
 /// The 32 random bits of one store: the hash continued over (stream, element index low
 /// word, element index high word).
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn bits(key: u32, stream: u32, element: u64) -> u32 {
     mix(mix(mix(key ^ stream) ^ element as u32) ^ (element >> 32) as u32)
@@ -195,6 +198,7 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
 /// bfloat16 bits of `x` rounded stochastically with the random bits `r`: the top 16 bits
 /// of `r` are added below the kept bits, which carries into them with probability equal to
 /// the discarded fraction. NaN stays a quiet NaN; infinity stays infinity.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn bf16_bits(x: f32, r: u32) -> u16 {
     let b = x.to_bits();
@@ -208,6 +212,7 @@ pub(crate) fn bf16_bits(x: f32, r: u32) -> u16 {
 /// arithmetic: normal results add the top 13 bits of `r` below the kept bits; subnormal
 /// results round up where `r >= 2^32 - f`, `f` the discarded fraction in units of 2^-32. NaN stays a quiet NaN,
 /// 65536 and above are infinity (between 65504 and 65536 the result is 65504 or infinity).
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn f16_bits(x: f32, r: u32) -> u16 {
     let b = x.to_bits();

@@ -15,31 +15,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 use wgpu_optim::{DType, Error, GpuContext};
-use wgpu_optim_testkit::conformance::{run_case_async, Backend, Case, Outcome, ValueType};
-
-/// Counts of a conformance run, as the native runner counts them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Vector files read.
-    pub cases: usize,
-    /// Case and backend pairs within tolerance.
-    pub passed: usize,
-    /// Pairs outside tolerance, or that returned an error, or files that did not parse.
-    pub failed: usize,
-    /// Pairs not run: ops or attributes the reader does not implement, f64 without
-    /// `SHADER_F64` (WebGPU has none).
-    pub refused: usize,
-}
-
-impl Tally {
-    /// The closing line, the native runner's.
-    pub fn closing_line(&self) -> String {
-        format!(
-            "{} cases: {} passed, {} failed, {} refused",
-            self.cases, self.passed, self.failed, self.refused
-        )
-    }
-}
+use wgpu_optim_testkit::conformance::{run_case_async, Backend, Case, Outcome, Tally, ValueType, Verdict};
 
 /// Whether `case` stores any tensor in f64.
 fn has_f64(case: &Case) -> bool {
@@ -50,24 +26,25 @@ fn has_f64(case: &Case) -> bool {
 /// aside: in a browser it has no threads), printing one line per backend through `print`.
 /// A GPU backend of an f64 case on a device without `SHADER_F64` must be refused with
 /// [`Error::MissingFeature`]; it counts as refused, and anything else it does as a failure.
-pub async fn run_parsed(case: &Case, ctx: &GpuContext, tally: &mut Tally, print: &mut dyn FnMut(String)) {
+/// Returns the case's verdict: its worst backend's.
+pub async fn run_parsed(case: &Case, ctx: &GpuContext, print: &mut dyn FnMut(String)) -> Verdict {
     let name = format!("{} ({})", case.name, case.op);
     if let Err(reason) = case.check_supported() {
-        tally.refused += 1;
         print(format!("{name:<52} {:<18} refused  {reason}", "-"));
-        return;
+        return Verdict::Refused;
     }
+    let mut verdict = Verdict::Pass;
     let no_f64 = has_f64(case) && !ctx.has_feature(wgpu::Features::SHADER_F64);
     for backend in Backend::all_for(case).into_iter().filter(|b| *b != Backend::Cpu) {
         let result = run_case_async(case, backend, Some(ctx)).await;
         if no_f64 && backend != Backend::Oracle {
             match result {
                 Err(e @ Error::MissingFeature { .. }) => {
-                    tally.refused += 1;
+                    verdict = verdict.max(Verdict::Refused);
                     print(format!("{name:<52} {:<18} refused  f64: {e}", backend.name()));
                 }
                 other => {
-                    tally.failed += 1;
+                    verdict = verdict.max(Verdict::Fail);
                     print(format!(
                         "{name:<52} {:<18} FAIL  an f64 case on a device without SHADER_F64 was not \
                          refused with MissingFeature: {other:?}",
@@ -80,7 +57,6 @@ pub async fn run_parsed(case: &Case, ctx: &GpuContext, tally: &mut Tally, print:
         match result {
             Ok(report) => match report.outcome {
                 Outcome::Pass => {
-                    tally.passed += 1;
                     print(format!(
                         "{name:<52} {:<18} pass  worst {:.3} of tolerance",
                         backend.name(),
@@ -88,7 +64,7 @@ pub async fn run_parsed(case: &Case, ctx: &GpuContext, tally: &mut Tally, print:
                     ));
                 }
                 Outcome::Fail(detail) => {
-                    tally.failed += 1;
+                    verdict = verdict.max(Verdict::Fail);
                     print(format!(
                         "{name:<52} {:<18} FAIL  worst {:.3e} of tolerance: {detail}",
                         backend.name(),
@@ -96,16 +72,17 @@ pub async fn run_parsed(case: &Case, ctx: &GpuContext, tally: &mut Tally, print:
                     ));
                 }
                 Outcome::Refused(reason) => {
-                    tally.refused += 1;
+                    verdict = verdict.max(Verdict::Refused);
                     print(format!("{name:<52} {:<18} refused  {reason}", backend.name()));
                 }
             },
             Err(e) => {
-                tally.failed += 1;
+                verdict = verdict.max(Verdict::Fail);
                 print(format!("{name:<52} {:<18} FAIL  {e}", backend.name()));
             }
         }
     }
+    verdict
 }
 
 /// The bytes at `url`, fetched by the page.
@@ -152,20 +129,19 @@ pub async fn run_conformance(index: String, dir: String) -> Result<u32, JsValue>
     print_line(&format!("adapter: {}", ctx.report()));
     let mut tally = Tally::default();
     for name in &names {
-        tally.cases += 1;
         let bytes = match fetch_bytes(&format!("{dir}{name}")).await {
             Ok(bytes) => bytes,
             Err(e) => {
-                tally.failed += 1;
+                tally.add(Verdict::Fail);
                 print_line(&format!("{name:<52} {:<18} FAIL  {e}", "-"));
                 continue;
             }
         };
         let stem = name.strip_suffix(".safetensors").unwrap_or(name);
         match Case::read_bytes(stem, &bytes) {
-            Ok(case) => run_parsed(&case, &ctx, &mut tally, &mut |line| print_line(&line)).await,
+            Ok(case) => tally.add(run_parsed(&case, &ctx, &mut |line| print_line(&line)).await),
             Err(e) => {
-                tally.failed += 1;
+                tally.add(Verdict::Fail);
                 print_line(&format!("{name:<52} {:<18} FAIL  {e}", "-"));
             }
         }

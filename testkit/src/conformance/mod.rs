@@ -4,6 +4,8 @@
 
 mod case;
 mod run;
+mod tally;
 
 pub use case::{Case, CaseTensor, Kind, ValueType};
 pub use run::{run_case, run_case_async, Backend, CaseReport, Outcome};
+pub use tally::{Tally, Verdict};
