@@ -777,11 +777,9 @@ mod tests {
         }
     }
 
-    /// A device whose storage bindings hold 64 KiB: a tensor larger than a binding is
-    /// updated in chunks, the states fill several arenas, and bindings that would outgrow a
-    /// binding start new dispatches; every tensor still follows the oracle.
-    #[test]
-    fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() {
+    /// A device of its own whose storage bindings hold 64 KiB (WebGPU's defaults otherwise),
+    /// whatever the adapter's limit: small enough that a few thousand elements outgrow one.
+    fn ctx_with_64k_bindings() -> GpuContext {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -789,7 +787,15 @@ mod tests {
         let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
         let (device, queue) =
             pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
-        let ctx = GpuContext::from_device(device, queue);
+        GpuContext::from_device(device, queue)
+    }
+
+    /// A device whose storage bindings hold 64 KiB: a tensor larger than a binding is
+    /// updated in chunks, the states fill several arenas, and bindings that would outgrow a
+    /// binding start new dispatches; every tensor still follows the oracle.
+    #[test]
+    fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() {
+        let ctx = ctx_with_64k_bindings();
         // 25000 elements: two chunks of whole blocks, and 51 KB of 8-bit state, so the next
         // tensor's state starts a new arena.
         let sizes = [25_000usize, 4096, 4096, 300, 4096];
@@ -995,6 +1001,35 @@ mod tests {
         }
     }
 
+    /// `algorithm` with 8-bit state over one tensor of `initial` values, stepped by `grads`
+    /// with blocks owned by one invocation each (`serial`) or by a workgroup; its parameters
+    /// must land within 1e-4 of the oracle's `want`. Returns the optimizer, for its state.
+    fn run_adam_8bit(
+        ctx: &GpuContext,
+        algorithm: Algorithm,
+        initial: &[f64],
+        grads: &[Vec<f64>],
+        serial: bool,
+        want: &[f64],
+    ) -> Optimizer {
+        let p = ctx.upload("param", initial, DType::F32);
+        let g = ctx.zeros("grad", initial.len() as u64, DType::F32);
+        let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+        let mut opt = Optimizer::with_options(ctx, algorithm, std::slice::from_ref(&p), options)
+            .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
+        if let Some(engine) = opt.q8_engine_mut() {
+            engine.set_serial(serial);
+        }
+        for grad in grads {
+            ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
+            opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
+        let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "serial {serial}: parameters {worst} from the oracle's");
+        opt
+    }
+
     /// Both owners of a block (a workgroup, one invocation) against the oracle, over a
     /// tensor that ends in a partial block and a word of fewer than four codes.
     #[test]
@@ -1017,21 +1052,7 @@ mod tests {
             want = want.iter().map(|&x| f64::from(x as f32)).collect();
         }
         for serial in [false, true] {
-            let p = ctx.upload("param", &param, crate::DType::F32);
-            let g = ctx.zeros("grad", n as u64, crate::DType::F32);
-            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-            let mut opt = Optimizer::with_options(&ctx, adam, std::slice::from_ref(&p), options)
-                .unwrap_or_else(|e| panic!("{e}"));
-            if let Some(engine) = opt.q8_engine_mut() {
-                engine.set_serial(serial);
-            }
-            for grad in &grads {
-                ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
-                opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
-            }
-            let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
-            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(worst < 1e-4, "serial {serial}: parameters {worst} from the oracle's");
+            let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, serial, &want);
             for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
                 let got = opt.read_q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
                 let (
@@ -1157,14 +1178,7 @@ mod tests {
     /// the whole tensor's state across the chunks.
     #[test]
     fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let limits = wgpu::Limits { max_storage_buffer_binding_size: 64 << 10, ..wgpu::Limits::default() };
-        let descriptor = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
-        let ctx = GpuContext::from_device(device, queue);
+        let ctx = ctx_with_64k_bindings();
         let n = 40_000usize;
         let adam: Algorithm =
             Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into();
@@ -1182,21 +1196,7 @@ mod tests {
             bnb_8bit_step(&adam, k as u64 + 1, &mut want, g, &mut states).unwrap_or_else(|e| panic!("{e}"));
         }
         for serial in [false, true] {
-            let p = ctx.upload("param", &initial, DType::F32);
-            let g = ctx.zeros("grad", n as u64, DType::F32);
-            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-            let mut opt = Optimizer::with_options(&ctx, adam, std::slice::from_ref(&p), options)
-                .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
-            if let Some(engine) = opt.q8_engine_mut() {
-                engine.set_serial(serial);
-            }
-            for grad in &grads {
-                ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
-                opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
-            }
-            let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
-            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(worst < 1e-4, "serial {serial}: parameters {worst} from the oracle's");
+            let opt = run_adam_8bit(&ctx, adam, &initial, &grads, serial, &want);
             for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states) {
                 let got = opt.read_q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
                 assert_state_follows(&format!("serial {serial}: {kind:?}"), got, want);
