@@ -8,7 +8,8 @@
 // The prelude declares MAXIMIZE and `struct Hyper` from the step contract
 // (src/step/adagrad.rs). L2 weight decay is skipped at run time when its coefficient is 0.
 
-// Updates element i. The generated entry point calls it for every element of the segment.
+// Updates element i. The entry point calls it for every element of the segment. (The whole
+// prelude interface: the module doc of src/gpu/kernel.rs.)
 fn update(i: u32) {
     let p = load_param(i);
     var g = load_grad(i);

@@ -20,13 +20,18 @@
 //                          (PyTorch). false: eps is added to sqrt(v) itself and the bias
 //                          correction is in step_size (ONNX, DirectML).
 //   AMSGRAD                keep the running maximum of the second moment and divide by it.
-//   FIRST_MOMENT           0: `beta1 * m + (1 - beta1) * g` as ONNX and DirectML write it.
-//                          1 and 2: PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`, whose form
-//                          depends on the weight (1: below 0.5, 2: otherwise); the forms
+//   FIRST_MOMENT           one of the constants the prelude declares with it (from the
+//                          Rust enum `FirstMoment`):
+//                          FIRST_MOMENT_LINEAR: `beta1 * m + (1 - beta1) * g` as ONNX and
+//                          DirectML write it.
+//                          FIRST_MOMENT_LERP_FROM_MOMENT and FIRST_MOMENT_LERP_FROM_GRAD:
+//                          PyTorch's `exp_avg.lerp_(grad, 1 - beta1)`, whose form depends on
+//                          the weight (the first below 0.5, the second otherwise); the forms
 //                          differ where values are infinite. A compile-time choice keeps the
 //                          per-element loop free of the test.
 
-// Updates element i. The generated entry point calls it for every element of the segment.
+// Updates element i. The entry point calls it for every element of the segment. (The whole
+// prelude interface: the module doc of src/gpu/kernel.rs.)
 fn update(i: u32) {
     // Every input is loaded before any output is stored: an output may alias any input.
     var p = load_param(i);
@@ -44,9 +49,9 @@ fn update(i: u32) {
         g = g + hp.weight_decay * p;
     }
     var m: R;
-    if FIRST_MOMENT == 1u {
+    if FIRST_MOMENT == FIRST_MOMENT_LERP_FROM_MOMENT {
         m = m_prev + hp.one_minus_beta1 * (g - m_prev);
-    } else if FIRST_MOMENT == 2u {
+    } else if FIRST_MOMENT == FIRST_MOMENT_LERP_FROM_GRAD {
         m = g - (g - m_prev) * (S(1) - hp.one_minus_beta1);
     } else {
         m = hp.beta1 * m_prev + hp.one_minus_beta1 * g;

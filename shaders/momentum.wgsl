@@ -13,7 +13,8 @@
 // contract (src/step/momentum.rs). L2 weight decay is skipped at run time when its
 // coefficient is 0 (as PyTorch does, so a schedule that reaches 0 compiles nothing).
 
-// Updates element i. The generated entry point calls it for every element of the segment.
+// Updates element i. The entry point calls it for every element of the segment. (The whole
+// prelude interface: the module doc of src/gpu/kernel.rs.)
 fn update(i: u32) {
     // Every input is loaded before any output is stored: an output may alias any input.
     let p = load_param(i);
@@ -29,7 +30,7 @@ fn update(i: u32) {
     var direction = g;
     if VELOCITY {
         var v = hp.velocity_decay * v_prev + hp.grad_scale * g;
-        if hp.restart != S(0) {
+        if hp.restart != 0u {
             v = g;
         }
         store_momentum_buffer(i, v);

@@ -2,6 +2,6 @@
 fn at_step(base: Hyper, t: f32, lr: f32) -> Hyper {
     var h = base;
     h.lr = lr;
-    h.restart = select(0.0, 1.0, t == 1.0);
+    h.restart = select(0u, 1u, t == 1.0);
     return h;
 }

@@ -56,8 +56,9 @@ impl Sgd {
             grad_scale: 1.0 - self.dampening,
             weight_decay: self.weight_decay,
             lr: self.lr,
-            restart: if t <= 1 { 1.0 } else { 0.0 },
             nesterov_scale: self.momentum,
+            restart: u32::from(t <= 1),
+            reserved: 0,
         };
         KernelStep::Momentum(switches, uniform)
     }
@@ -106,8 +107,9 @@ impl OnnxMomentum {
             grad_scale: if t > 0 { self.beta } else { 1.0 },
             weight_decay: self.norm_coefficient,
             lr: r,
-            restart: 0.0,
             nesterov_scale: self.alpha,
+            restart: 0,
+            reserved: 0,
         };
         KernelStep::Momentum(switches, uniform)
     }

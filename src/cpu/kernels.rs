@@ -91,7 +91,8 @@ enum Update {
 pub(super) trait Leaves: Sized {
     /// This storage type's loop among a family's `loops`.
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>;
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self>;
     fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
     ) -> Loop<MomentumUniform, Self>;
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
@@ -102,8 +103,8 @@ impl<T: Element> Leaves for T {
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
         T::pick(loops)
     }
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
-    {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
         adam::<T, A, E, M, D, F>
     }
     fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
@@ -120,8 +121,8 @@ impl Leaves for f16 {
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
         loops.f16
     }
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u8>() -> Loop<AdamUniform, Self>
-    {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
         adam_f16::<A, E, M, D, F>
     }
     fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
@@ -199,10 +200,10 @@ const NO_DECAY: u8 = 0;
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
 
-// The forms of the first moment, `FirstMoment` as a const generic.
-const LINEAR: u8 = 0;
-const LERP_FROM_MOMENT: u8 = 1;
-const LERP_FROM_GRAD: u8 = 2;
+// The forms of the first moment, `FirstMoment` as a const generic (the shader's values).
+const LINEAR: u32 = FirstMoment::Linear.code();
+const LERP_FROM_MOMENT: u32 = FirstMoment::LerpFromMoment.code();
+const LERP_FROM_GRAD: u32 = FirstMoment::LerpFromGrad.code();
 
 /// One element of `shaders/adam.wgsl`: returns `(p_new, m, v, v_hat)`.
 #[inline(always)]
@@ -211,7 +212,7 @@ fn adam_element<
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
     const DECAY: u8,
-    const MOMENT: u8,
+    const MOMENT: u32,
 >(
     hp: &AdamUniform,
     mut p: f32,
@@ -258,7 +259,7 @@ fn adam<
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
     const DECAY: u8,
-    const MOMENT: u8,
+    const MOMENT: u32,
 >(
     hp: &AdamUniform,
     scale: f32,
@@ -287,7 +288,7 @@ fn adam_f16<
     const EPS_AFTER_CORRECTION: bool,
     const MAXIMIZE: bool,
     const DECAY: u8,
-    const MOMENT: u8,
+    const MOMENT: u32,
 >(
     hp: &AdamUniform,
     scale: f32,
@@ -471,8 +472,8 @@ fn momentum_loop<E: Leaves>(s: &MomentumSwitches, u: &MomentumUniform) -> Loop<M
         u: &MomentumUniform,
     ) -> Loop<MomentumUniform, E> {
         match (s.velocity, s.nesterov) {
-            (true, true) => restart::<E, M, W, true>(u.restart != 0.0),
-            (true, false) => restart::<E, M, W, false>(u.restart != 0.0),
+            (true, true) => restart::<E, M, W, true>(u.restart != 0),
+            (true, false) => restart::<E, M, W, false>(u.restart != 0),
             // Without a buffer neither Nesterov nor the restart has any effect.
             (false, _) => E::momentum::<M, W, false, false, false>(),
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, VariantKey, CLIP_BINDING, TABLE_BYTES};
+use crate::gpu::kernel::{binding, Scalars, VariantKey, TABLE_BYTES};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::TensorPlan;
 use crate::gpu::table;
@@ -70,7 +70,7 @@ impl Batch {
                 .zip(offsets)
                 .map(|(((dispatch, _), pipeline), offset)| {
                     let mut entries = vec![wgpu::BindGroupEntry {
-                        binding: 0,
+                        binding: binding::TABLE,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &tables,
                             offset,
@@ -79,7 +79,7 @@ impl Batch {
                     }];
                     for (b, span) in dispatch.spans.iter().enumerate() {
                         entries.push(wgpu::BindGroupEntry {
-                            binding: b as u32 + 1,
+                            binding: binding::TENSORS + b as u32,
                             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                                 buffer: &span.buffer,
                                 offset: span.offset,
@@ -180,18 +180,19 @@ impl Uniforms {
             }
             let bind_groups = (0..slots)
                 .map(|slot| {
-                    let mut entries = vec![range(0, &buffer, slot * UNIFORM_SLOT_BYTES, UNIFORM_SLOT_BYTES)];
+                    let mut entries =
+                        vec![range(binding::HYPER, &buffer, slot * UNIFORM_SLOT_BYTES, UNIFORM_SLOT_BYTES)];
                     let scalars = match &device {
                         None => Scalars::Host,
                         Some(d) => {
-                            entries.push(range(1, d.state, 0, DeviceHeader::BYTES));
-                            entries.push(range(2, d.state, d.lr_offsets[slot as usize], 4));
+                            entries.push(range(binding::DEVICE_STATE, d.state, 0, DeviceHeader::BYTES));
+                            entries.push(range(binding::DEVICE_LR, d.state, d.lr_offsets[slot as usize], 4));
                             Scalars::Device
                         }
                     };
                     // Capturable kernels read the coefficient from the device state.
                     if let (Scalars::Host, Some(clip)) = (scalars, clip) {
-                        entries.push(range(CLIP_BINDING, clip, 0, ClipHeader::BYTES));
+                        entries.push(range(binding::CLIP, clip, 0, ClipHeader::BYTES));
                     }
                     wgpu_device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some(label),

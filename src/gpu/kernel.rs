@@ -5,12 +5,50 @@
 //! the generated prelude maps each slot to a storage binding (shared when tensors alias)
 //! with the element shift of the current segment, or to a stub when the slot is absent. The
 //! override constants and the uniform struct are declared from the step contract
-//! ([`crate::step`]), never written by hand.
+//! ([`crate::step`]), the table's structs from [`crate::gpu::table`], the binding numbers
+//! from [`binding`]: never written by hand. No kernel source is edited as text: [`compose`]
+//! concatenates the generated declarations and the `shaders/` files.
+//!
+//! # The prelude interface
+//!
+//! What the generated code declares, and so what every file of `shaders/` in an update,
+//! unscale or norm kernel may use:
+//!
+//! - `R` (the value type: the math scalar, or `vec4` of it with four accesses per element)
+//!   and `S` (the math scalar); `WG` (the workgroup size, [`WORKGROUP_SIZE`]);
+//!   `BINDING_<NAME>` for every constant of [`binding`].
+//! - `struct TableHead`, `struct TableRow`, `struct Table`, `table` (the dispatch's table),
+//!   `table_row(v: vec4<u32>) -> TableRow`, `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`,
+//!   `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and `select_entry(w) -> u32`, which loads
+//!   workgroup `w`'s segment into the private `seg` (`n`, `pair_shift`, `pair_first`,
+//!   `pair_step`, `base<b>`) and returns its entry's first row. With stochastic stores:
+//!   `struct RngRow`, `rng_row`, `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
+//! - `is_nan`, `max_propagating_nan`; `shaders/convert.wgsl` where a binding holds 16-bit
+//!   values; `shaders/stochastic.wgsl` with stochastic stores.
+//! - `load_<slot>(i) -> R` for every input slot and `store_<slot>(i, v: R)` for every
+//!   output slot of the program ([`Program::inputs`], [`Program::outputs`]).
+//! - The program's override constants ([`Program::overrides`]; `FIRST_MOMENT` with its
+//!   named values) and, for updates, `struct Hyper` (the family's uniform) and `hp`, its
+//!   private copy; `struct HyperSlot` and `struct RoundingState` with stochastic stores.
+//! - Capturable updates: `struct DeviceState`, `device_state`, `device_lr`,
+//!   `shaders/device.wgsl` and the family's `at_step` (`shaders/<family>_capturable.wgsl`).
+//!   The unscale passes: `device_state` (its `found_inf` atomic). Clipping updates:
+//!   `clip_coefficient`, which `load_grad` applies.
+//! - Norm passes: `partials`, `NORM_FOLD`, `lanes(g)`, `shaders/norm_combine.wgsl`,
+//!   `shaders/grad_norm.wgsl`.
+//!
+//! Then the program's body (`update(i)`, and `unscale(i)` for AMP), and the functions the
+//! entry points call: `prologue() -> bool` and `setup(e)` (update and unscale kernels),
+//! `norm_term(i) -> R` (norm passes). Last, one entry point: `shaders/entry_element.wgsl`,
+//! `shaders/entry_pair.wgsl` (packed outputs one element at a time) or
+//! `shaders/entry_norm.wgsl`.
 
 use std::fmt::Write;
 
+use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
+use crate::step::fields::row_reader_wgsl;
 use crate::step::rounding::{self, RoundingHeader, Stochastic};
 use crate::step::{Family, Override, Slot, Switches};
 use crate::{DType, StateKind};
@@ -234,52 +272,115 @@ impl VariantKey {
 }
 
 /// Invocations per workgroup. 256 is WebGPU's default `max_compute_invocations_per_workgroup`.
+/// The generated WGSL declares it as `const WG`.
 pub(crate) const WORKGROUP_SIZE: u32 = 256;
+
+/// The gradient-norm entry folds a workgroup's values in groups of this many (then the
+/// groups' sums), so that each workgroup barrier is followed by short loops: a CPU adapter
+/// runs every barrier as a switch through all of the workgroup's invocations. The generated
+/// WGSL declares it as `const NORM_FOLD`.
+const NORM_FOLD: u32 = 16;
+
+const _: () = assert!(WORKGROUP_SIZE % NORM_FOLD == 0);
 
 /// The most workgroups one dispatch launches; a grid-stride loop covers the rest. 4096 x 256
 /// = 1 M invocations fill any current GPU (an H100 keeps 132 x 2048 = 270 k resident), and
-/// on big tensors each invocation then takes several elements, which lavapipe (a CPU) needs
-/// to amortize its per-invocation cost: 16 Mi-element Adam ran at 73 % of the copy roofline
-/// with one workgroup per 256 vec4s and 94-100 % with this cap.
+/// on big tensors each invocation then takes several elements, which a CPU adapter needs to
+/// amortize its per-invocation cost.
 pub(crate) const MAX_WORKGROUPS: u32 = 4096;
+
+/// Binding numbers of the kernels' two bind groups: group 0, the step's scalars (which of
+/// them a kernel binds depends on its [`Scalars`]), and group 1, the dispatch's table and
+/// tensors. The generated WGSL declares each as a constant (`BINDING_HYPER`, ...) and binds
+/// by name; the layouts and bind groups use the same constants.
+pub(crate) mod binding {
+    /// Group 0 of update kernels: the hyperparameter uniform slot.
+    pub(crate) const HYPER: u32 = 0;
+    /// Group 0 of capturable update kernels: the device state (step counter, AMP flag, clip
+    /// coefficient), read.
+    pub(crate) const DEVICE_STATE: u32 = 1;
+    /// Group 0 of capturable update kernels: the group's learning rate, one f32.
+    pub(crate) const DEVICE_LR: u32 = 2;
+    /// Group 0 of host-scalar update kernels that clip: the clip buffer, read.
+    pub(crate) const CLIP: u32 = 3;
+    /// Group 0 of the unscale passes: the device state, read-write.
+    pub(crate) const UNSCALE_STATE: u32 = 0;
+    /// Group 0 of the gradient-norm pass: one partial norm per workgroup, written.
+    pub(crate) const NORM_PARTIALS: u32 = 0;
+    /// Group 0 of the pass that unscales and takes partial norms: the partials, written.
+    pub(crate) const UNSCALE_NORM_PARTIALS: u32 = 1;
+    /// Group 1: the dispatch's table (a uniform).
+    pub(crate) const TABLE: u32 = 0;
+    /// Group 1: the first tensor binding; storage binding `b` of a layout is `TENSORS + b`.
+    pub(crate) const TENSORS: u32 = 1;
+
+    /// Every constant with its WGSL name.
+    pub(super) const ALL: [(&str, u32); 9] = [
+        ("BINDING_HYPER", HYPER),
+        ("BINDING_DEVICE_STATE", DEVICE_STATE),
+        ("BINDING_DEVICE_LR", DEVICE_LR),
+        ("BINDING_CLIP", CLIP),
+        ("BINDING_UNSCALE_STATE", UNSCALE_STATE),
+        ("BINDING_NORM_PARTIALS", NORM_PARTIALS),
+        ("BINDING_UNSCALE_NORM_PARTIALS", UNSCALE_NORM_PARTIALS),
+        ("BINDING_TABLE", TABLE),
+        ("BINDING_TENSORS", TENSORS),
+    ];
+}
+
+/// Group 0's binding of the clip buffer in update kernels that clip with host scalars
+/// (capturable kernels read the coefficient from the device state instead).
+pub(crate) const CLIP_BINDING: u32 = binding::CLIP;
 
 /// The fields of a segment before its per-binding bases.
 const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
 
-/// `vec4<u32>` rows of a dispatch's table: a header, then each entry's rows, then the
-/// workgroup map. The table is one uniform binding of 16 KiB, which every adapter allows
+/// `vec4<u32>` rows of a dispatch's table after its [`TableHead`]: each entry's rows, then
+/// the workgroup map. The table is one uniform binding of 16 KiB, which every adapter allows
 /// (downlevel included).
 pub(crate) const TABLE_ROWS: usize = 1023;
 /// Bytes of a dispatch's table binding.
-pub(crate) const TABLE_BYTES: u64 = 16 * (1 + TABLE_ROWS as u64);
+pub(crate) const TABLE_BYTES: u64 = (std::mem::size_of::<TableHead>() + 16 * TABLE_ROWS) as u64;
 
-/// `vec4<u32>` rows per table entry of a layout with `bindings` storage bindings:
-/// `(n, pair_shift, first_group, groups)`, then the bases, four to a row, then with
-/// stochastic stores `(tensor ordinal, first element low word, high word, 0)`.
+/// The row of an entry where its bases start, after its [`TableRow`].
+const ENTRY_BASES: usize = 1;
+
+/// Workgroups per row of the workgroup map: a `u16` entry index each, two to a word.
+pub(crate) const MAP_ENTRIES_PER_ROW: usize = 8;
+
+/// `vec4<u32>` rows per table entry of a layout with `bindings` storage bindings: its
+/// [`TableRow`], then the bases, four to a row, then with stochastic stores its [`RngRow`].
 pub(crate) fn rows_per_entry(bindings: usize, stochastic: bool) -> usize {
-    1 + bindings.div_ceil(4) + usize::from(stochastic)
+    ENTRY_BASES + bindings.div_ceil(4) + usize::from(stochastic)
 }
 
 /// Rows of the workgroup map that follows a table's entries: each workgroup's entry as a
-/// `u16`, eight to a row. A lookup is one load where a binary search over the entries took
-/// a dependent load per step, which a CPU adapter runs per invocation: on lavapipe, Adam on
-/// 200 tensors of 4096 went from 71 % to 80-82 % of the copy roofline with the map, SGD
-/// with momentum from 73 % to 97-102 %.
+/// `u16`, [`MAP_ENTRIES_PER_ROW`] to a row. A lookup is one load, where a search over the
+/// entries would take a dependent load per step, which a CPU adapter runs per invocation.
 pub(crate) fn map_rows(workgroups: usize) -> usize {
-    workgroups.div_ceil(8)
+    workgroups.div_ceil(MAP_ENTRIES_PER_ROW)
 }
 
 /// WGSL `entry_row(w)`: the first row of the entry whose workgroups include workgroup `w`,
-/// from the map after the table's `table.head.x` entries of `per_entry` rows.
-pub(crate) fn entry_row_wgsl(per_entry: usize) -> String {
+/// looked up in the map that follows `entries` entries of `per_entry` rows (each argument a
+/// WGSL expression).
+fn map_lookup_wgsl(per_entry: &str, entries: &str, per_row: &str) -> String {
     format!(
         "fn entry_row(w: u32) -> u32 {{\n    \
-         let pair = table.rows[{per_entry}u * table.head.x + w / 8u][(w / 2u) % 4u];\n    \
-         return {per_entry}u * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
+         let pair = table.rows[{per_entry} * {entries} + w / {per_row}][(w / 2u) % 4u];\n    \
+         return {per_entry} * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
     )
 }
 
-/// The full WGSL of one variant: generated prelude, the family's body, the entry point.
+/// WGSL `entry_row(w)` for a table whose head is a `vec4<u32>` with the entry count in `x`
+/// and whose entries are `per_entry` rows each (the 8-bit kernels' table).
+pub(crate) fn entry_row_wgsl(per_entry: usize) -> String {
+    map_lookup_wgsl(&format!("{per_entry}u"), "table.head.x", &format!("{MAP_ENTRIES_PER_ROW}u"))
+}
+
+/// The full WGSL of one variant: the generated prelude (see the module doc for what it
+/// declares), the family's body, the functions the entry point calls, and the entry point
+/// (`shaders/entry_*.wgsl`).
 pub(crate) fn compose(key: &VariantKey) -> String {
     let math = key.math.wgsl_math();
     let vector = key.width == 4;
@@ -297,7 +398,10 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let _ = writeln!(s, "alias R = {math};");
     }
     let _ = writeln!(s, "alias S = {math};");
-    let _ = writeln!(s, "override WG: u32 = {WORKGROUP_SIZE}u;");
+    let _ = writeln!(s, "const WG: u32 = {WORKGROUP_SIZE}u;");
+    for (name, value) in binding::ALL {
+        let _ = writeln!(s, "const {name}: u32 = {value}u;");
+    }
     s.push_str("struct Segment {\n");
     for field in SEGMENT_HEADER {
         let _ = writeln!(s, "    {field}: u32,");
@@ -323,7 +427,10 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             // Four halves per access: two words.
             (Storage::Packed(_), true) => "vec2<u32>".to_string(),
         };
-        let _ = writeln!(s, "@group(1) @binding({}) var<storage, {access}> buf{b}: array<{element}>;", b + 1);
+        let _ = writeln!(
+            s,
+            "@group(1) @binding(BINDING_TENSORS + {b}u) var<storage, {access}> buf{b}: array<{element}>;"
+        );
     }
     for (slot, binding) in key.program.inputs().iter().map(|s| s.name()).zip(&key.layout.inputs) {
         let body = match binding {
@@ -334,7 +441,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             // The clip coefficient applies to the gradient as loaded, as PyTorch scales the
             // gradients in place before the step.
             let _ = writeln!(s, "fn load_grad_stored(i: u32) -> R {{ {body} }}");
-            // Read once into a private copy by the entry point (as `hp`).
+            // Read once into a private copy by `prologue` (as `hp`).
             let _ = writeln!(
                 s,
                 "var<private> clip_coefficient: f32;\n\
@@ -369,33 +476,59 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         s.push_str(&switches.uniform_wgsl());
         if rng {
             // The seed and step follow the family's uniform in the same slot.
-            s.push_str(&RoundingHeader::wgsl(switches.uniform_fields() as u64 * key.math.size()));
+            s.push_str(&RoundingHeader::wgsl(switches.uniform_bytes(key.math)));
         }
     }
     if key.program.takes_norm() {
         let lanes = if vector { "g" } else { "vec4(g, 0.0, 0.0, 0.0)" };
         let _ = writeln!(s, "fn lanes(g: R) -> vec4<f32> {{ return {lanes}; }}");
+        let _ = writeln!(s, "const NORM_FOLD: u32 = {NORM_FOLD}u;");
         s.push_str(include_str!("../../shaders/norm_combine.wgsl"));
         s.push_str(include_str!("../../shaders/grad_norm.wgsl"));
     }
     s.push_str(key.program.source());
+    s.push_str(&scalars_wgsl(key, rng));
+    if key.program.takes_norm() {
+        // The gradient as the norm sees it: as loaded, or unscaled (and stored).
+        let term = if matches!(key.program, Program::UnscaleNorm(_)) { "unscale(i)" } else { "load_grad(i)" };
+        let _ = writeln!(s, "fn norm_term(i: u32) -> R {{\n    return {term};\n}}");
+        s.push_str(include_str!("../../shaders/entry_norm.wgsl"));
+    } else if key.pairs() {
+        s.push_str(include_str!("../../shaders/entry_pair.wgsl"));
+    } else {
+        s.push_str(include_str!("../../shaders/entry_element.wgsl"));
+    }
+    s
+}
+
+/// Group 0's declarations for `key`'s scalars and, for the element and pair entry points,
+/// `prologue()` (the invocation's private copies of the scalars; false where capturable
+/// mode skips the step) and `setup(e)` (per-entry state: stochastic rounding's key).
+fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
+    let mut s = String::new();
+    // What `prologue` and `setup` run.
+    let mut prologue = Vec::new();
+    let mut setup = Vec::new();
     // With stochastic stores the uniform slot is `HyperSlot` (the family's `Hyper`, then the
     // seed and step), copied into `hp` per invocation.
     let (hyper_binding, hyper) =
         if rng { ("hp_slot: HyperSlot", "hp_slot.hyper") } else { ("hp_base: Hyper", "hp_base") };
-    let mut setup = String::new();
-    let prologue = match key.scalars {
-        Scalars::Host if rng => {
-            s.push_str("\n@group(0) @binding(0) var<uniform> hp_slot: HyperSlot;\nvar<private> hp: Hyper;\n");
-            setup.push_str("rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, hp_slot.rounding.step);\n    ");
-            "hp = hp_slot.hyper;\n    ".to_string()
-        }
+    match key.scalars {
         Scalars::Host => {
             // A private copy: a CPU adapter's compiler cannot keep uniform values in registers
             // across the loop's storage writes, which might alias them, and reloads them every
-            // iteration (lavapipe: f32 Adam at 16 Mi elements 0.92x the time with the copy).
-            s.push_str("\n@group(0) @binding(0) var<uniform> hp_base: Hyper;\nvar<private> hp: Hyper;\n");
-            "hp = hp_base;\n    ".to_string()
+            // iteration.
+            let _ = write!(
+                s,
+                "\n@group(0) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\nvar<private> hp: Hyper;\n"
+            );
+            prologue.push(format!("hp = {hyper};"));
+            if rng {
+                setup.push(
+                    "rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, hp_slot.rounding.step);"
+                        .to_string(),
+                );
+            }
         }
         Scalars::Device => {
             s.push_str(&DeviceHeader::wgsl(false));
@@ -403,64 +536,67 @@ pub(crate) fn compose(key: &VariantKey) -> String {
             s.push_str(key.program.capturable_source());
             let _ = write!(
                 s,
-                "\n@group(0) @binding(0) var<uniform> {hyper_binding};\n\
-                 @group(0) @binding(1) var<storage, read> device_state: DeviceState;\n\
-                 @group(0) @binding(2) var<storage, read> device_lr: f32;\n\
+                "\n@group(0) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
+                 @group(0) @binding(BINDING_DEVICE_STATE) var<storage, read> device_state: DeviceState;\n\
+                 @group(0) @binding(BINDING_DEVICE_LR) var<storage, read> device_lr: f32;\n\
                  var<private> hp: Hyper;\n",
             );
+            // A step skipped by AMP changes nothing.
+            prologue.push("if device_state.found_inf != 0u {\n        return false;\n    }".to_string());
+            prologue.push(format!("hp = at_step({hyper}, f32(device_state.step), device_lr);"));
             if rng {
                 // The device's step: the one the bias corrections use (AMP skips excluded).
-                setup.push_str(
-                    "rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, device_state.step);\n    ",
+                setup.push(
+                    "rng_begin(e, hp_slot.rounding.seed_lo, hp_slot.rounding.seed_hi, device_state.step);"
+                        .to_string(),
                 );
             }
-            // A step skipped by AMP changes nothing.
-            format!(
-                "if device_state.found_inf != 0u {{\n        return;\n    }}\n    \
-                 hp = at_step({hyper}, f32(device_state.step), device_lr);\n    "
-            )
         }
         Scalars::Unscale => {
             s.push_str(&DeviceHeader::wgsl(true));
-            s.push_str("@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n");
-            String::new()
+            s.push_str(
+                "@group(0) @binding(BINDING_UNSCALE_STATE) var<storage, read_write> device_state: DeviceState;\n",
+            );
         }
         Scalars::Norm => {
-            s.push_str("@group(0) @binding(0) var<storage, read_write> partials: array<f32>;\n");
-            String::new()
+            s.push_str(
+                "@group(0) @binding(BINDING_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
+            );
         }
         Scalars::UnscaleNorm => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str(
-                "@group(0) @binding(0) var<storage, read_write> device_state: DeviceState;\n\
-                 @group(0) @binding(1) var<storage, read_write> partials: array<f32>;\n",
+                "@group(0) @binding(BINDING_UNSCALE_STATE) var<storage, read_write> device_state: DeviceState;\n\
+                 @group(0) @binding(BINDING_UNSCALE_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
-            String::new()
         }
-    };
-    let mut prologue = prologue;
+    }
     if key.clip {
         // Capturable kernels find the coefficient in the device state, saving a binding.
         let coefficient = match key.scalars {
             Scalars::Device => "device_state.clip_coefficient",
             _ => "clip_state.coefficient",
         };
-        let _ = write!(prologue, "clip_coefficient = {coefficient};\n    ");
+        prologue.push(format!("clip_coefficient = {coefficient};"));
     }
     if key.clip && key.scalars != Scalars::Device {
         s.push_str(&ClipHeader::wgsl());
-        let _ = writeln!(s, "@group(0) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;");
+        s.push_str("@group(0) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;\n");
     }
-    let entry = if key.program.takes_norm() {
-        // The gradient as the norm sees it: as loaded, or unscaled (and stored).
-        let term = if matches!(key.program, Program::UnscaleNorm(_)) { "unscale(i)" } else { "load_grad(i)" };
-        NORM_ENTRY.replace("{term}", term)
-    } else if key.pairs() {
-        PAIR_ENTRY.to_string()
-    } else {
-        ELEMENT_ENTRY.to_string()
-    };
-    s.push_str(&entry.replace("{prologue}", &prologue).replace("{setup}", &setup));
+    if key.program.takes_norm() {
+        // The norm entry point reads no scalars beyond its bindings.
+        debug_assert!(prologue.is_empty() && setup.is_empty(), "{key:?}");
+        return s;
+    }
+    s.push_str("fn prologue() -> bool {\n");
+    for line in prologue {
+        let _ = writeln!(s, "    {line}");
+    }
+    s.push_str("    return true;\n}\nfn setup(e: u32) {\n");
+    for line in setup {
+        let _ = writeln!(s, "    {line}");
+    }
+    s.push_str("}\n");
     s
 }
 
@@ -551,114 +687,47 @@ fn store_statement(b: usize, storage: Storage, vector: bool, round: Round) -> St
     }
 }
 
-/// The dispatch's table of segments and `select_entry(w)`, which finds the entry whose
+/// The dispatch's table of segments (its [`TableHead`], each entry's [`TableRow`], bases and
+/// [`RngRow`], the workgroup map) and `select_entry(w)`, which finds the entry whose
 /// workgroups include workgroup `w` in the workgroup map ([`map_rows`]), loads it into `seg`
 /// and returns its first row.
 fn table_wgsl(bindings: usize, stochastic: bool) -> String {
-    let rows = TABLE_ROWS;
     let per_entry = rows_per_entry(bindings, stochastic);
-    let mut s = format!(
-        "struct Table {{\n    head: vec4<u32>,\n    rows: array<vec4<u32>, {rows}>,\n}}\n\
-         @group(1) @binding(0) var<uniform> table: Table;\n{}\
+    let mut s = TableHead::wgsl() + &TableRow::wgsl() + &row_reader_wgsl("table_row", TableRow::NAME);
+    let _ = write!(
+        s,
+        "const TABLE_ROWS: u32 = {TABLE_ROWS}u;\n\
+         const ENTRY_ROWS: u32 = {per_entry}u;\n\
+         const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
+         const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
+         struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
+         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n{}\
          fn select_entry(w: u32) -> u32 {{\n    \
          let e = entry_row(w);\n    \
-         seg.n = table.rows[e].x;\n    seg.pair_shift = table.rows[e].y;\n    \
-         seg.pair_first = table.head.y;\n    seg.pair_step = table.head.z;\n",
-        entry_row_wgsl(per_entry)
+         let row = table_row(table.rows[e]);\n    \
+         seg.n = row.n;\n    seg.pair_shift = row.pair_shift;\n    \
+         seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n",
+        map_lookup_wgsl("ENTRY_ROWS", "table.head.rows", "MAP_ENTRIES_PER_ROW")
     );
-    const LANES: [&str; 4] = ["x", "y", "z", "w"];
     for b in 0..bindings {
-        let _ = writeln!(s, "    seg.base{b} = table.rows[e + {}u].{};", 1 + b / 4, LANES[b % 4]);
+        let _ = writeln!(s, "    seg.base{b} = table.rows[e + ENTRY_BASES + {}u][{}u];", b / 4, b % 4);
     }
     s.push_str("    return e;\n}\n");
     if stochastic {
-        // The entry's last row: (tensor ordinal, first element low word, high word, 0).
+        s.push_str(&RngRow::wgsl());
+        s.push_str(&row_reader_wgsl("rng_row", RngRow::NAME));
         let _ = write!(
             s,
-            "var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
+            "const ENTRY_RNG: u32 = {}u;\n\
+             var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
              fn rng_begin(e: u32, seed_lo: u32, seed_hi: u32, step: u32) {{\n    \
-             let r = table.rows[e + {}u];\n    rng_first_lo = r.y;\n    rng_first_hi = r.z;\n    \
-             rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.x);\n}}\n",
+             let r = rng_row(table.rows[e + ENTRY_RNG]);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
+             rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.ordinal);\n}}\n",
             per_entry - 1
         );
     }
     s
 }
-
-/// Group 0's binding of the clip buffer in update kernels that clip with host scalars
-/// (capturable kernels read the coefficient from the device state instead).
-pub(crate) const CLIP_BINDING: u32 = 3;
-
-/// Gradient norms: each invocation folds the elements it strides over into one f32, the
-/// workgroup folds its 256 invocations' values in a fixed order (16 sums of 16, then their
-/// sum; the entry assumes `WG` = 256, the size it is compiled with), and invocation 0 writes the
-/// result to the workgroup's own slot: the dispatch's first slot (`table.head.w`) plus
-/// its workgroup index. The same inputs and dispatch give the same bits on every run.
-const NORM_ENTRY: &str = "
-var<workgroup> norm_lanes: array<f32, 256>;
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    {prologue}let e = select_entry(wid.x);
-    let stride = table.rows[e].w * WG;
-    var acc = 0.0;
-    for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
-        acc = accumulate(acc, {term});
-    }
-    norm_lanes[lid] = acc;
-    // Two levels of 16 (each barrier costs lavapipe a switch through every invocation).
-    workgroupBarrier();
-    if lid < 16u {
-        var sum = norm_lanes[16u * lid];
-        for (var k = 1u; k < 16u; k++) {
-            sum = combine(sum, norm_lanes[16u * lid + k]);
-        }
-        norm_lanes[16u * lid] = sum;
-    }
-    workgroupBarrier();
-    if lid == 0u {
-        var sum = norm_lanes[0];
-        for (var k = 1u; k < 16u; k++) {
-            sum = combine(sum, norm_lanes[16u * k]);
-        }
-        partials[table.head.w + wid.x] = sum;
-    }
-}
-";
-
-/// One element per invocation and iteration; the entry's workgroups stride over its elements.
-const ELEMENT_ENTRY: &str = "
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    {prologue}let e = select_entry(wid.x);
-    {setup}let stride = table.rows[e].w * WG;
-    for (var i = (wid.x - table.rows[e].z) * WG + lid; i < seg.n; i += stride) {
-        update(i);
-    }
-}
-";
-
-/// One aligned pair of elements per invocation and iteration: pair k holds the elements
-/// 2k - pair_shift and 2k + 1 - pair_shift, which share one word of every packed output
-/// whose parity is pair_shift. Outputs of the other parity are updated in two phases
-/// (pair_step 2), even pairs then odd pairs, so no word is written by two invocations.
-const PAIR_ENTRY: &str = "
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    {prologue}let e = select_entry(wid.x);
-    {setup}let stride = table.rows[e].w * WG * seg.pair_step;
-    let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
-    for (var k = ((wid.x - table.rows[e].z) * WG + lid) * seg.pair_step + seg.pair_first; k < pairs; k += stride) {
-        let first = 2u * k;
-        if first >= seg.pair_shift {
-            update(first - seg.pair_shift);
-        }
-        let second = first + 1u - seg.pair_shift;
-        if second < seg.n {
-            update(second);
-        }
-    }
-}
-";
 
 #[cfg(test)]
 mod tests {
@@ -738,6 +807,15 @@ mod tests {
             Some(naga::TypeInner::Struct { members, .. }) => {
                 members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset)).collect()
             }
+            other => panic!("no struct {name} in the module ({other:?})"),
+        }
+    }
+
+    /// The size of the struct `name` in a parsed module.
+    fn struct_span(module: &naga::Module, name: &str) -> u32 {
+        let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
+        match found.map(|(_, ty)| &ty.inner) {
+            Some(naga::TypeInner::Struct { span, .. }) => *span,
             other => panic!("no struct {name} in the module ({other:?})"),
         }
     }
@@ -832,6 +910,17 @@ mod tests {
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
                         }
+                        let table_rows = [
+                            ("TableHead", rust_members(TableHead::FIELDS, TableHead::OFFSETS)),
+                            ("TableRow", rust_members(TableRow::FIELDS, TableRow::OFFSETS)),
+                        ];
+                        for (name, expected) in table_rows {
+                            assert_eq!(members(&module, name), expected, "{key:?}");
+                        }
+                        let head = std::mem::size_of::<TableHead>() as u32;
+                        let table = [("head".to_string(), 0), ("rows".to_string(), head)];
+                        assert_eq!(members(&module, "Table"), table, "{key:?}");
+                        assert_eq!(u64::from(struct_span(&module, "Table")), TABLE_BYTES, "{key:?}");
                         if clip && scalars == Scalars::Host {
                             let header =
                                 [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
@@ -852,6 +941,11 @@ mod tests {
                             let fields = [("seed_lo", 0u32), ("seed_hi", 4), ("step", 8), ("reserved", 12)];
                             let fields = fields.map(|(n, o)| (n.to_string(), o));
                             assert_eq!(members(&module, "RoundingState"), fields, "{key:?}");
+                            assert_eq!(
+                                members(&module, "RngRow"),
+                                rust_members(RngRow::FIELDS, RngRow::OFFSETS),
+                                "{key:?}"
+                            );
                             let slot = members(&module, "HyperSlot");
                             assert_eq!(
                                 slot.last(),

@@ -6,14 +6,72 @@
 //! tensors packed into a few buffers (a trainer's flat parameter and gradient buffers, the
 //! optimizer's own state arenas) cost one dispatch per variant; tensors in buffers of their
 //! own still cost one each. Each row gets workgroups in proportion to its length, and
-//! `select_entry` in the shader finds a workgroup's row by binary search.
+//! `select_entry` in the shader finds a workgroup's row with one load from the table's
+//! workgroup map ([`workgroup_map`]), which lists every workgroup's row.
+//!
+//! The table's fixed-size parts are the Pod structs [`TableHead`], [`TableRow`] and
+//! [`RngRow`], whose WGSL declarations are generated from the same definitions; the bases
+//! and the workgroup map are `vec4<u32>` rows at offsets the prelude names
+//! (`ENTRY_BASES`, `ENTRY_RNG`, `MAP_ENTRIES_PER_ROW`).
+//!
+//! Path of a table field: [`TableDispatch::table`] fills [`TableRow::groups`] → the
+//! generated `struct TableRow` and `table_row` (`gpu/kernel.rs`) → `row.groups` in
+//! `shaders/entry_element.wgsl`. The naga test in `gpu/kernel.rs` checks that WGSL lays out
+//! every such struct as `#[repr(C)]` does.
 
 use std::collections::HashMap;
 
 use crate::gpu::kernel::{
-    map_rows, rows_per_entry, Program, Storage, VariantKey, MAX_WORKGROUPS, TABLE_ROWS, WORKGROUP_SIZE,
+    map_rows, rows_per_entry, Program, Storage, VariantKey, MAP_ENTRIES_PER_ROW, MAX_WORKGROUPS, TABLE_ROWS,
+    WORKGROUP_SIZE,
 };
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
+use crate::step::fields::table_row;
+
+table_row! {
+    /// The head of a dispatch's table (`table.head` in WGSL).
+    TableHead {
+        /// Entries (rows of segments) in the table.
+        rows,
+        /// Pair mode's first pair of each invocation's stride: 0, or the phase (0 or 1).
+        pair_first,
+        /// Pair mode's stride between an invocation's pairs, in units of the stride: 1, or 2
+        /// when even and odd pairs run in two phases.
+        pair_step,
+        /// Workgroups of the batch's earlier dispatches: where the gradient-norm pass puts
+        /// this dispatch's first partial.
+        first_workgroup,
+    }
+}
+
+table_row! {
+    /// The first row of a table entry (`table_row(table.rows[e])` in WGSL).
+    TableRow {
+        /// Accesses (elements, or vec4s) in the segment.
+        n,
+        /// Pair mode: 1 where the segment starts on the odd half of a packed word.
+        pair_shift,
+        /// The entry's first workgroup within the dispatch.
+        first_group,
+        /// The entry's workgroups: the stride of its grid-stride loop.
+        groups,
+    }
+}
+
+table_row! {
+    /// The last row of a table entry with stochastic stores: what the rounding hash takes
+    /// from the segment (`rng_row(...)` in WGSL).
+    RngRow {
+        /// The tensor's ordinal.
+        ordinal,
+        /// The segment's first element in its tensor, low 32 bits.
+        first_lo,
+        /// The segment's first element in its tensor, high 32 bits.
+        first_hi,
+        /// 0.
+        reserved,
+    }
+}
 
 /// One binding of a dispatch: a byte range of a buffer.
 #[derive(Clone, Debug)]
@@ -107,19 +165,23 @@ impl TableDispatch {
         self.groups().iter().sum()
     }
 
-    /// The table's bytes: the header row `(rows, pair_first, pair_step, first_workgroup)`
-    /// (the last: workgroups of the batch's earlier dispatches, where the gradient-norm pass
-    /// puts this dispatch's partials), then per row `(n, pair_shift, first_group, groups)`
-    /// and the bases of every binding, relative to the dispatch's spans, and with stochastic
-    /// stores `(ordinal, first element low word, high word, 0)`; then the workgroup map,
-    /// each workgroup's row index as a `u16`, two to a word.
+    /// The table's words: the [`TableHead`], then per row its [`TableRow`] and the bases of
+    /// every binding, relative to the dispatch's spans, four to a row, and with stochastic
+    /// stores its [`RngRow`]; then the workgroup map, each workgroup's row index as a `u16`,
+    /// two to a word.
     pub(crate) fn table(&self, segments: &[&SegmentPlan], first_workgroup: u32) -> Vec<u32> {
         let stochastic = self.key.stochastic.any();
-        let mut words = vec![self.rows.len() as u32, self.pair.0, self.pair.1, first_workgroup];
+        let head = TableHead {
+            rows: self.rows.len() as u32,
+            pair_first: self.pair.0,
+            pair_step: self.pair.1,
+            first_workgroup,
+        };
+        let mut words = head.words().to_vec();
         let mut first_group = 0;
         let groups = self.groups();
         for ((row, segment), &groups) in self.rows.iter().zip(segments).zip(&groups) {
-            words.extend([row.n, row.pair_shift, first_group, groups]);
+            words.extend(TableRow { n: row.n, pair_shift: row.pair_shift, first_group, groups }.words());
             let mut bases = vec![0u32; 4 * self.spans.len().div_ceil(4)];
             for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
                 let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
@@ -127,7 +189,13 @@ impl TableDispatch {
             }
             words.extend(bases);
             if stochastic {
-                words.extend([row.ordinal, row.first as u32, (row.first >> 32) as u32, 0]);
+                let rng = RngRow {
+                    ordinal: row.ordinal,
+                    first_lo: row.first as u32,
+                    first_hi: (row.first >> 32) as u32,
+                    reserved: 0,
+                };
+                words.extend(rng.words());
             }
             first_group += groups;
         }
@@ -167,7 +235,7 @@ pub(crate) fn workgroup_map(groups: &[u32]) -> Vec<u32> {
     for (k, &g) in groups.iter().enumerate() {
         map.extend(std::iter::repeat_n(k as u16, g as usize));
     }
-    map.resize(8 * map_rows(map.len()), 0);
+    map.resize(MAP_ENTRIES_PER_ROW * map_rows(map.len()), 0);
     map.chunks_exact(2).map(|pair| u32::from(pair[0]) | u32::from(pair[1]) << 16).collect()
 }
 
@@ -223,12 +291,9 @@ pub(crate) fn assemble(
 
 /// Accesses each invocation takes before the workgroup cap applies. Gradient norms take
 /// several, because their per-workgroup reduction costs more than their few bytes per
-/// element (lavapipe ran clipped 1 Mi-element Adam at 2x plain Adam with one). Updates take
-/// one on a GPU, which hides memory latency with resident invocations, and four on a CPU
-/// adapter, which runs each invocation's prologue (the table search, the segment's fields)
-/// as code: on lavapipe, Adam on 200 tensors of 4096 took 0.74x the time with four
-/// (1 Mi elements: 0.85x; 16 Mi elements are capped at four anyway), and eight made 16 Mi
-/// elements 1.3x slower.
+/// element. Updates take one on a GPU, which hides memory latency with resident
+/// invocations, and four on a CPU adapter, which runs each invocation's prologue (the table
+/// lookup, the segment's fields) as code; more than four makes big tensors slower there.
 fn accesses_per_invocation(key: &VariantKey, adapter: wgpu::DeviceType) -> u32 {
     match (key.program, adapter) {
         (Program::GradNorm(_) | Program::UnscaleNorm(_), _) => 8,

@@ -36,15 +36,18 @@ pub(crate) enum EpsPlacement {
     OnRoot,
 }
 
-/// How the first moment is formed.
+/// How the first moment is formed: the override `FIRST_MOMENT` of `shaders/adam.wgsl`, which
+/// compares it with the constants [`FirstMoment::CHOICES`] declares, and the CPU loop's
+/// const generic. The discriminant is the value both see.
+#[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum FirstMoment {
     /// `beta1 * m + (1 - beta1) * g`, as ONNX and DirectML write it.
-    Linear,
+    Linear = 0,
     /// ATen's `lerp(m, g, w)` for weights `w = 1 - beta1 < 0.5`: `m + w * (g - m)`.
-    LerpFromMoment,
+    LerpFromMoment = 1,
     /// ATen's `lerp(m, g, w)` for weights `w >= 0.5`: `g - (g - m) * (1 - w)`.
-    LerpFromGrad,
+    LerpFromGrad = 2,
 }
 
 impl FirstMoment {
@@ -57,13 +60,17 @@ impl FirstMoment {
         }
     }
 
-    fn encoding(self) -> u32 {
-        match self {
-            FirstMoment::Linear => 0,
-            FirstMoment::LerpFromMoment => 1,
-            FirstMoment::LerpFromGrad => 2,
-        }
+    /// The value of the `FIRST_MOMENT` override (and of the CPU loop's const generic).
+    pub(crate) const fn code(self) -> u32 {
+        self as u32
     }
+
+    /// Every form's WGSL constant and its value.
+    pub(crate) const CHOICES: &'static [(&'static str, u32)] = &[
+        ("FIRST_MOMENT_LINEAR", FirstMoment::Linear.code()),
+        ("FIRST_MOMENT_LERP_FROM_MOMENT", FirstMoment::LerpFromMoment.code()),
+        ("FIRST_MOMENT_LERP_FROM_GRAD", FirstMoment::LerpFromGrad.code()),
+    ];
 }
 
 /// The Adam family's compile-time switches.
@@ -88,7 +95,7 @@ impl AdamSwitches {
             Override::Bool("EPS_AFTER_CORRECTION", self.eps == EpsPlacement::AfterCorrection),
             Override::Bool("MAXIMIZE", self.maximize),
             Override::Bool("DECOUPLED_WEIGHT_DECAY", self.decoupled_weight_decay),
-            Override::U32("FIRST_MOMENT", self.first_moment.encoding()),
+            Override::Choice("FIRST_MOMENT", self.first_moment.code(), FirstMoment::CHOICES),
         ]
     }
 }

@@ -5,18 +5,26 @@
 /// Declares a family's uniform: `$name` (f32 fields, what an f32 kernel and the CPU backend
 /// read), `$wide` (the same fields in f64, what the host computes and an f64 kernel reads),
 /// and `$name::wgsl`, the WGSL declaration in the shader's scalar type `S`.
+///
+/// Flags (on/off values the kernel tests at run time) follow the scalars as `u32` fields,
+/// 0 or 1, in both structs and in WGSL. In `$wide` they must come in pairs (a `reserved`
+/// flag pads an odd count), or its `Pod` derive finds padding before the struct's end.
 macro_rules! uniform {
     (
         $(#[$doc:meta])*
         $name:ident, $wide:ident {
             $($(#[$field_doc:meta])* $field:ident,)*
         }
+        $(flags {
+            $($(#[$flag_doc:meta])* $flag:ident,)*
+        })?
     ) => {
         $(#[$doc])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
         pub(crate) struct $name {
             $($(#[$field_doc])* pub(crate) $field: f32,)*
+            $($($(#[$flag_doc])* pub(crate) $flag: u32,)*)?
         }
 
         $(#[$doc])*
@@ -26,35 +34,84 @@ macro_rules! uniform {
         #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
         pub(crate) struct $wide {
             $($(#[$field_doc])* pub(crate) $field: f64,)*
+            $($($(#[$flag_doc])* pub(crate) $flag: u32,)*)?
         }
 
         impl $name {
-            /// The field names in declaration order.
-            pub(crate) const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+            /// The field names in declaration order, flags last.
+            pub(crate) const FIELDS: &'static [&'static str] =
+                &[$(stringify!($field),)* $($(stringify!($flag),)*)?];
+            /// The flags among [`Self::FIELDS`]: `u32` where the others are scalars.
+            const FLAGS: &'static [&'static str] = &[$($(stringify!($flag),)*)?];
             /// Each field's byte offset, as `#[repr(C)]` lays it out.
             #[cfg(test)]
-            pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($name, $field)),*];
+            pub(crate) const OFFSETS: &'static [usize] =
+                &[$(std::mem::offset_of!($name, $field),)* $($(std::mem::offset_of!($name, $flag),)*)?];
 
-            /// `struct NAME { field: S, ... }`: every field is a scalar of the math type, so
-            /// WGSL places them exactly where `#[repr(C)]` does.
+            /// `struct NAME { field: S, ..., flag: u32, ... }`: scalars of the math type, then
+            /// 4-byte flags, so WGSL places every field exactly where `#[repr(C)]` does.
             pub(crate) fn wgsl(struct_name: &str) -> String {
-                crate::step::fields::wgsl_struct(struct_name, Self::FIELDS.iter().map(|f| (*f, "S")))
+                let ty = |f: &&'static str| if Self::FLAGS.contains(f) { "u32" } else { "S" };
+                crate::step::fields::wgsl_struct(struct_name, Self::FIELDS.iter().map(|f| (*f, ty(f))))
             }
         }
 
         impl $wide {
             /// Each field's byte offset, as `#[repr(C)]` lays it out.
             #[cfg(test)]
-            pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($wide, $field)),*];
+            pub(crate) const OFFSETS: &'static [usize] =
+                &[$(std::mem::offset_of!($wide, $field),)* $($(std::mem::offset_of!($wide, $flag),)*)?];
 
-            /// The values an f32 kernel reads: each rounded once to nearest.
+            /// The values an f32 kernel reads: each scalar rounded once to nearest.
             pub(crate) fn to_f32(self) -> $name {
-                $name { $($field: self.$field as f32,)* }
+                $name { $($field: self.$field as f32,)* $($($flag: self.$flag,)*)? }
             }
         }
     };
 }
 
+/// Declares a `#[repr(C)]` Pod struct of `u32` fields that a kernel reads as one `vec4<u32>`
+/// row of a uniform table: `NAME`, `FIELDS`, `OFFSETS` (tests), `words()` (what the host
+/// writes) and `wgsl()` (the WGSL struct). [`row_reader_wgsl`] reads one from its row.
+macro_rules! table_row {
+    (
+        $(#[$doc:meta])*
+        $name:ident {
+            $($(#[$field_doc:meta])* $field:ident,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+        pub(crate) struct $name {
+            $($(#[$field_doc])* pub(crate) $field: u32,)*
+        }
+
+        const _: () = assert!(std::mem::size_of::<$name>() == 16, "a table row is one vec4<u32>");
+
+        impl $name {
+            /// The struct's name, in Rust and in WGSL.
+            pub(crate) const NAME: &'static str = stringify!($name);
+            /// The field names in declaration order.
+            pub(crate) const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+            /// Each field's byte offset, as `#[repr(C)]` lays it out.
+            #[cfg(test)]
+            pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($name, $field)),*];
+
+            /// The row's four words, in field order.
+            pub(crate) fn words(self) -> [u32; 4] {
+                bytemuck::cast(self)
+            }
+
+            /// `struct $name { field: u32, ... }` in WGSL.
+            pub(crate) fn wgsl() -> String {
+                crate::step::fields::wgsl_struct(Self::NAME, Self::FIELDS.iter().map(|f| (*f, "u32")))
+            }
+        }
+    };
+}
+
+pub(crate) use table_row;
 pub(crate) use uniform;
 
 /// A WGSL struct declaration from `(name, type)` pairs.
@@ -67,13 +124,21 @@ pub(crate) fn wgsl_struct<'a>(name: &str, fields: impl Iterator<Item = (&'a str,
     s
 }
 
+/// `fn fn_name(r: vec4<u32>) -> name`: the struct `name` (declared by [`table_row!`]) from
+/// its `vec4<u32>` row of a table, lane k into field k, which is where `#[repr(C)]` puts
+/// field k of four `u32`s.
+pub(crate) fn row_reader_wgsl(fn_name: &str, name: &str) -> String {
+    format!("fn {fn_name}(r: vec4<u32>) -> {name} {{\n    return {name}(r.x, r.y, r.z, r.w);\n}}\n")
+}
+
 /// A pipeline-overridable constant: its WGSL name and value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Override {
     /// A `bool` constant.
     Bool(&'static str, bool),
-    /// A `u32` constant.
-    U32(&'static str, u32),
+    /// A `u32` constant that takes one of a set of named values: each value is declared as a
+    /// WGSL `const` of its name, which the shader compares the override against.
+    Choice(&'static str, u32, &'static [(&'static str, u32)]),
 }
 
 impl Override {
@@ -81,7 +146,13 @@ impl Override {
     pub(crate) fn wgsl(self) -> String {
         match self {
             Override::Bool(name, _) => format!("override {name}: bool;\n"),
-            Override::U32(name, _) => format!("override {name}: u32;\n"),
+            Override::Choice(name, _, choices) => {
+                let mut s = String::new();
+                for (choice, value) in choices {
+                    s.push_str(&format!("const {choice}: u32 = {value}u;\n"));
+                }
+                s + &format!("override {name}: u32;\n")
+            }
         }
     }
 
@@ -89,7 +160,7 @@ impl Override {
     pub(crate) fn constant(self) -> (&'static str, f64) {
         match self {
             Override::Bool(name, value) => (name, f64::from(u8::from(value))),
-            Override::U32(name, value) => (name, f64::from(value)),
+            Override::Choice(name, value, _) => (name, f64::from(value)),
         }
     }
 }

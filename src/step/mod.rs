@@ -139,13 +139,18 @@ impl Switches {
         }
     }
 
-    /// Fields of the family's uniform (each one `S`, the math type).
-    pub(crate) fn uniform_fields(&self) -> usize {
-        match self {
-            Switches::Adam(_) => AdamUniform::FIELDS.len(),
-            Switches::Momentum(_) => MomentumUniform::FIELDS.len(),
-            Switches::Adagrad(_) => AdagradUniform::FIELDS.len(),
-        }
+    /// Bytes of the family's uniform in a kernel whose math runs in `math`.
+    pub(crate) fn uniform_bytes(&self, math: DType) -> u64 {
+        use std::mem::size_of;
+        let wide = math == DType::F64;
+        (match (self, wide) {
+            (Switches::Adam(_), false) => size_of::<AdamUniform>(),
+            (Switches::Adam(_), true) => size_of::<AdamUniform64>(),
+            (Switches::Momentum(_), false) => size_of::<MomentumUniform>(),
+            (Switches::Momentum(_), true) => size_of::<MomentumUniform64>(),
+            (Switches::Adagrad(_), false) => size_of::<AdagradUniform>(),
+            (Switches::Adagrad(_), true) => size_of::<AdagradUniform64>(),
+        }) as u64
     }
 
     /// The WGSL declaration of the family's uniform, `struct Hyper`.

@@ -12,10 +12,14 @@ uniform! {
         /// L2 coefficient, skipped when 0.
         weight_decay,
         lr,
-        /// 1 on the step where PyTorch creates the buffer as a copy of the gradient.
-        restart,
         /// The velocity's coefficient in the Nesterov direction.
         nesterov_scale,
+    }
+    flags {
+        /// 1 on the step where PyTorch creates the buffer as a copy of the gradient, else 0.
+        restart,
+        /// 0; keeps the f64 uniform free of padding.
+        reserved,
     }
 }
 
