@@ -281,7 +281,7 @@ pub(crate) const WORKGROUP_SIZE: u32 = 256;
 /// WGSL declares it as `const NORM_FOLD`.
 const NORM_FOLD: u32 = 16;
 
-const _: () = assert!(WORKGROUP_SIZE % NORM_FOLD == 0);
+const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(NORM_FOLD));
 
 /// The most workgroups one dispatch launches; a grid-stride loop covers the rest. 4096 x 256
 /// = 1 M invocations fill any current GPU (an H100 keeps 132 x 2048 = 270 k resident), and
