@@ -811,6 +811,57 @@ mod tests {
         }
     }
 
+    /// `(name, (group, binding))` of every resource of a parsed module, sorted.
+    fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
+        let mut found: Vec<(String, (u32, u32))> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| {
+                let b = g.binding.as_ref()?;
+                Some((g.name.clone().unwrap_or_default(), (b.group, b.binding)))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// The value of the `u32` constant `name` of a parsed module.
+    fn u32_constant(module: &naga::Module, name: &str) -> Option<u32> {
+        let (_, constant) = module.constants.iter().find(|(_, c)| c.name.as_deref() == Some(name))?;
+        match module.global_expressions[constant.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The resources a variant's WGSL should bind, at the numbers the host binds them.
+    fn expected_bindings(key: &VariantKey) -> Vec<(String, (u32, u32))> {
+        let mut expected = vec![("table".to_string(), (1, binding::TABLE))];
+        for b in 0..key.layout.bindings.len() {
+            expected.push((format!("buf{b}"), (1, binding::TENSORS + b as u32)));
+        }
+        let hyper = if key.stochastic.any() { "hp_slot" } else { "hp_base" };
+        let group0: &[(&str, u32)] = match key.scalars {
+            Scalars::Host => &[(hyper, binding::HYPER)],
+            Scalars::Device => &[
+                (hyper, binding::HYPER),
+                ("device_state", binding::DEVICE_STATE),
+                ("device_lr", binding::DEVICE_LR),
+            ],
+            Scalars::Unscale => &[("device_state", binding::UNSCALE_STATE)],
+            Scalars::Norm => &[("partials", binding::NORM_PARTIALS)],
+            Scalars::UnscaleNorm => {
+                &[("device_state", binding::UNSCALE_STATE), ("partials", binding::UNSCALE_NORM_PARTIALS)]
+            }
+        };
+        expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (0, *b))));
+        if key.clip && key.scalars == Scalars::Host {
+            expected.push(("clip_state".to_string(), (0, binding::CLIP)));
+        }
+        expected.sort();
+        expected
+    }
+
     /// The size of the struct `name` in a parsed module.
     fn struct_span(module: &naga::Module, name: &str) -> u32 {
         let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
@@ -909,6 +960,12 @@ mod tests {
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
+                        }
+                        assert_eq!(resource_bindings(&module), expected_bindings(&key), "{key:?}");
+                        if let Program::Update(Switches::Adam(_)) = program {
+                            for (name, value) in FirstMoment::CHOICES {
+                                assert_eq!(u32_constant(&module, name), Some(*value), "{key:?}");
+                            }
                         }
                         let table_rows = [
                             ("TableHead", rust_members(TableHead::FIELDS, TableHead::OFFSETS)),
