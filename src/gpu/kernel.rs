@@ -399,9 +399,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     }
     let _ = writeln!(s, "alias S = {math};");
     let _ = writeln!(s, "const WG: u32 = {WORKGROUP_SIZE}u;");
-    for (name, value) in binding::ALL {
-        let _ = writeln!(s, "const {name}: u32 = {value}u;");
-    }
+    s.push_str(&binding_wgsl());
     s.push_str("struct Segment {\n");
     for field in SEGMENT_HEADER {
         let _ = writeln!(s, "    {field}: u32,");
@@ -687,27 +685,50 @@ fn store_statement(b: usize, storage: Storage, vector: bool, round: Round) -> St
     }
 }
 
+/// `const BINDING_<NAME>: u32` for every constant of [`binding`].
+pub(crate) fn binding_wgsl() -> String {
+    let mut s = String::new();
+    for (name, value) in binding::ALL {
+        let _ = writeln!(s, "const {name}: u32 = {value}u;");
+    }
+    s
+}
+
+/// What every multi-tensor table declares, whatever its entries hold: `struct TableHead`,
+/// `struct Table` (the head, then [`TABLE_ROWS`] `vec4<u32>` rows), `table` at
+/// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`]), `TABLE_ROWS`, `ENTRY_ROWS`
+/// (`per_entry`, the rows of one entry), `MAP_ENTRIES_PER_ROW`, and `entry_row(w)`, the first
+/// row of workgroup `w`'s entry.
+pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
+    let mut s = TableHead::wgsl();
+    let _ = write!(
+        s,
+        "const TABLE_ROWS: u32 = {TABLE_ROWS}u;\n\
+         const ENTRY_ROWS: u32 = {per_entry}u;\n\
+         const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
+         struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
+         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n{}",
+        map_lookup_wgsl("ENTRY_ROWS", "table.head.rows", "MAP_ENTRIES_PER_ROW")
+    );
+    s
+}
+
 /// The dispatch's table of segments (its [`TableHead`], each entry's [`TableRow`], bases and
 /// [`RngRow`], the workgroup map) and `select_entry(w)`, which finds the entry whose
 /// workgroups include workgroup `w` in the workgroup map ([`map_rows`]), loads it into `seg`
 /// and returns its first row.
 fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let per_entry = rows_per_entry(bindings, stochastic);
-    let mut s = TableHead::wgsl() + &TableRow::wgsl() + &row_reader_wgsl("table_row", TableRow::NAME);
+    let mut s =
+        table_head_wgsl(per_entry) + &TableRow::wgsl() + &row_reader_wgsl("table_row", TableRow::NAME);
     let _ = write!(
         s,
-        "const TABLE_ROWS: u32 = {TABLE_ROWS}u;\n\
-         const ENTRY_ROWS: u32 = {per_entry}u;\n\
-         const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
-         const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
-         struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
-         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n{}\
+        "const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
          fn select_entry(w: u32) -> u32 {{\n    \
          let e = entry_row(w);\n    \
          let row = table_row(table.rows[e]);\n    \
          seg.n = row.n;\n    seg.pair_shift = row.pair_shift;\n    \
-         seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n",
-        map_lookup_wgsl("ENTRY_ROWS", "table.head.rows", "MAP_ENTRIES_PER_ROW")
+         seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n"
     );
     for b in 0..bindings {
         let _ = writeln!(s, "    seg.base{b} = table.rows[e + ENTRY_BASES + {}u][{}u];", b / 4, b % 4);
