@@ -293,6 +293,11 @@ pub(crate) const MAX_WORKGROUPS: u32 = 4096;
 /// them a kernel binds depends on its [`Scalars`]), and group 1, the dispatch's table and
 /// tensors. The generated WGSL declares each as a constant (`BINDING_HYPER`, ...) and binds
 /// by name; the layouts and bind groups use the same constants.
+///
+/// Path of a binding: [`binding::CLIP`] → the clip buffer's entry in the scalars' bind group
+/// (`gpu/dispatch.rs`) and its layout ([`CLIP_BINDING`], `gpu/pipeline.rs`) → `const
+/// BINDING_CLIP` in the prelude → `@group(0) @binding(BINDING_CLIP) var<storage, read>
+/// clip_state`. The naga test checks every resource's number against these constants.
 pub(crate) mod binding {
     /// Group 0 of update kernels: the hyperparameter uniform slot.
     pub(crate) const HYPER: u32 = 0;

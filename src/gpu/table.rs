@@ -325,3 +325,22 @@ fn row(key: &VariantKey, ordinal: u32, segment: &SegmentPlan, adapter: wgpu::Dev
         first: segment.first,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::kernel::TABLE_BYTES;
+
+    #[test]
+    fn rows_are_written_in_field_order_and_the_table_is_16_kib() {
+        let head = TableHead { rows: 3, pair_first: 1, pair_step: 2, first_workgroup: 7 };
+        assert_eq!(head.words(), [3, 1, 2, 7]);
+        let row = TableRow { n: 100, pair_shift: 1, first_group: 5, groups: 9 };
+        assert_eq!(row.words(), [100, 1, 5, 9]);
+        let rng = RngRow { ordinal: 4, first_lo: 6, first_hi: 8, reserved: 0 };
+        assert_eq!(rng.words(), [4, 6, 8, 0]);
+        assert_eq!(TABLE_BYTES, 16 * 1024);
+        // Workgroups 0-2 in entry 0, 3 in entry 1: u16 indices, two to a word, whole rows.
+        assert_eq!(workgroup_map(&[3, 1]), [0, 1 << 16, 0, 0]);
+    }
+}

@@ -99,3 +99,30 @@ impl AdamSwitches {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_moment_is_declared_in_wgsl_by_name_with_the_enum_values() {
+        let switches = AdamSwitches {
+            amsgrad: false,
+            eps: EpsPlacement::AfterCorrection,
+            maximize: false,
+            decoupled_weight_decay: false,
+            first_moment: FirstMoment::LerpFromGrad,
+        };
+        let wgsl: String = switches.overrides().iter().map(|o| o.wgsl()).collect();
+        for line in [
+            "const FIRST_MOMENT_LINEAR: u32 = 0u;",
+            "const FIRST_MOMENT_LERP_FROM_MOMENT: u32 = 1u;",
+            "const FIRST_MOMENT_LERP_FROM_GRAD: u32 = 2u;",
+            "override FIRST_MOMENT: u32;",
+        ] {
+            assert!(wgsl.lines().any(|l| l == line), "{line} in\n{wgsl}");
+        }
+        let constants: Vec<_> = switches.overrides().iter().map(|o| o.constant()).collect();
+        assert!(constants.contains(&("FIRST_MOMENT", 2.0)), "{constants:?}");
+    }
+}

@@ -44,3 +44,21 @@ impl MomentumSwitches {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_is_a_u32_flag_on_both_sides() {
+        let wide = MomentumUniform64 { lr: 0.5, restart: 1, ..MomentumUniform64::default() };
+        let narrow = wide.to_f32();
+        assert_eq!((narrow.lr, narrow.restart, narrow.reserved), (0.5, 1, 0));
+        let wgsl = MomentumUniform::wgsl("Hyper");
+        assert!(wgsl.contains("    restart: u32,\n") && wgsl.contains("    lr: S,\n"), "{wgsl}");
+        // The flags follow the five scalars: at 20 in f32, at 40 in f64, no padding in either.
+        assert_eq!(std::mem::offset_of!(MomentumUniform, restart), 20);
+        assert_eq!(std::mem::offset_of!(MomentumUniform64, restart), 40);
+        assert_eq!(std::mem::size_of::<MomentumUniform64>(), 48);
+    }
+}
