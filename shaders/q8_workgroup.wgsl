@@ -1,0 +1,65 @@
+// The entry point of an 8-bit step where a workgroup owns a block at a time: invocation
+// `lid` owns word `lid` of the block (four codes per state), so no two invocations write
+// one word, and the block's new absmax is a reduction that never leaves the workgroup.
+//
+// Needs the prelude, shaders/q8.wgsl and shaders/q8_codes.wgsl (see there); provides
+// `main`.
+
+// Each invocation's largest magnitudes (per state, as bits), then the fold's partials.
+var<workgroup> lanes: array<vec2<u32>, WORKGROUP>;
+// The workgroup's entry, found once.
+var<workgroup> entry: u32;
+
+@compute @workgroup_size(WORKGROUP)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = lid;
+    load_scalars();
+    // One search per workgroup, and a value the barriers below may depend on.
+    if lid == 0u {
+        entry = entry_row(wid.x) / ENTRY_ROWS;
+    }
+    let e = workgroupUniformLoad(&entry);
+    // Read from the uniform, not from the private copy, so that the loop's bounds are
+    // uniform values (its barriers need them to be).
+    let segment = segments.entries[e];
+    seg = segment;
+    var absmax: array<f32, MAX_STATES>;
+    for (var b = wid.x - segment.first_group; b < segment.blocks; b += segment.groups) {
+        set_first(b * BLOCK_SIZE + lid * CODES_PER_WORD);
+        for (var k = 0u; k < STATES; k++) {
+            load_state(k, b, w);
+        }
+        update(0u);
+        var own = vec2(0u);
+        for (var k = 0u; k < STATES; k++) {
+            own[k] = largest(new_states[k]);
+        }
+        lanes[lid] = own;
+        // Two levels of FAN_IN (each barrier costs a CPU adapter a switch through every
+        // invocation).
+        workgroupBarrier();
+        if lid < FAN_IN {
+            var m = lanes[FAN_IN * lid];
+            for (var j = 1u; j < FAN_IN; j++) {
+                m = max(m, lanes[FAN_IN * lid + j]);
+            }
+            lanes[FAN_IN * lid] = m;
+        }
+        workgroupBarrier();
+        var block_max = lanes[0];
+        for (var j = 1u; j < FAN_IN; j++) {
+            block_max = max(block_max, lanes[FAN_IN * j]);
+        }
+        for (var k = 0u; k < STATES; k++) {
+            absmax[k] = absmax_of(block_max[k]);
+            store_state(k, b, w, absmax[k]);
+        }
+        if lid == 0u {
+            for (var k = 0u; k < STATES; k++) {
+                state[seg.absmax[k] + b] = bitcast<u32>(absmax[k]);
+            }
+        }
+        // The next block reuses `lanes`.
+        workgroupBarrier();
+    }
+}
