@@ -11,12 +11,12 @@ mod shader;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
 use crate::gpu::kernel::{Scalars, TABLE_BYTES};
+use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::plan::{check_range, Arg};
 use crate::gpu::table::{share_workgroups, table_fits, workgroup_map};
@@ -167,15 +167,13 @@ impl Pending {
         if !table_fits(self.segments.len() + 1, layout::ENTRY_ROWS, wanted) {
             return false;
         }
-        let union = |(lo, hi): (u64, u64), (a, b): (u64, u64)| (lo.min(a / align * align), hi.max(b));
-        let params = union(self.params, segment.param_bytes);
-        let params = if self.key.grads.is_none() { union(params, segment.grad_bytes) } else { params };
-        let grads = union(self.grads, segment.grad_bytes);
+        let params = cover(self.params, segment.param_bytes, align);
+        let params = if self.key.grads.is_none() { cover(params, segment.grad_bytes, align) } else { params };
+        let grads = cover(self.grads, segment.grad_bytes, align);
         let fits = |(lo, hi): (u64, u64)| hi - lo <= max_binding;
         if !fits(params) || (self.key.grads.is_some() && !fits(grads)) {
             return false;
         }
-        let overlap = |(a, b): (u64, u64), (c, d): (u64, u64)| a < d && c < b;
         let races = self.segments.iter().any(|&o| {
             let other = &segments[o];
             // Gradients in the parameters' buffer: every range is in that one buffer.
@@ -483,25 +481,20 @@ impl Q8Engine {
             }
         }
         // Segments of one variant over the same buffers share a dispatch while its bindings
-        // fit; the map holds the dispatch still open for each key.
-        let mut pending: Vec<Pending> = Vec::new();
-        #[allow(clippy::mutable_key_type)]
-        let mut open: HashMap<DispatchKey, usize> = HashMap::new();
-        for (s, segment) in segments.iter().enumerate() {
-            let key = &segment.key;
-            if let Some(&d) = open.get(key) {
-                if pending[d].try_add(s, &segments, align, max_binding) {
-                    continue;
-                }
-            }
-            let empty = (u64::MAX, 0);
-            let mut fresh = Pending { key: key.clone(), params: empty, grads: empty, segments: Vec::new() };
-            // A lone segment always fits: its ranges were checked above.
-            let added = fresh.try_add(s, &segments, align, max_binding);
-            debug_assert!(added);
-            open.insert(key.clone(), pending.len());
-            pending.push(fresh);
-        }
+        // fit.
+        let empty = (u64::MAX, 0);
+        let pending = pack_greedy(
+            segments.iter().enumerate().map(|(s, segment)| (segment.key.clone(), s)),
+            |s| {
+                let key = segments[s].key.clone();
+                let mut fresh = Pending { key, params: empty, grads: empty, segments: Vec::new() };
+                // A lone segment always fits: its ranges were checked above.
+                let added = fresh.try_add(s, &segments, align, max_binding);
+                debug_assert!(added);
+                fresh
+            },
+            |dispatch, &s| dispatch.try_add(s, &segments, align, max_binding),
+        );
         let mut pipelines = Vec::with_capacity(pending.len());
         for dispatch in &pending {
             pipelines.push(ctx.inner.pipelines.get_q8(ctx, &dispatch.key.variant)?);
