@@ -10,7 +10,8 @@
 //   CODINGS                 array<Coding, STATES>: state k's map and table, and its code
 //                           of 0 (the signed map's for first moments and momentum, the
 //                           unsigned one's for Adam's second moment).
-// This file provides struct Coding, dequantize, code and largest.
+// This file provides struct Coding, dequantize, code, largest, and the per-state steps
+// the entry points call (load_states, largest_of_states, store_states, store_absmax).
 
 // Where a state's codes are decoded (`map`: the first word of its map in `tables`) and
 // found (`table`: the first word of its CodeTable), and its code of 0.
@@ -50,9 +51,10 @@ fn largest(v: R) -> u32 {
     return max(max(bits.x, bits.y), max(bits.z, bits.w));
 }
 
-// The block's new absmax from its largest magnitude's bits: 1 for an all-zero block.
-fn absmax_of(largest_bits: u32) -> f32 {
-    return select(bitcast<f32>(largest_bits), 1.0, largest_bits == 0u);
+// Each state's new absmax of a block from its largest magnitude's bits: 1 for an all-zero
+// block.
+fn absmax_of(largest_bits: vec2<u32>) -> vec2<f32> {
+    return select(bitcast<vec2<f32>>(largest_bits), vec2(1.0), largest_bits == vec2(0u));
 }
 
 // Loads state k's word `w` of block `b` into old_states[k].
@@ -69,4 +71,31 @@ fn store_state(k: u32, b: u32, w: u32, absmax: f32) {
     if live.x {
         state[seg.values[k] + b * BLOCK_WORDS + w] = codes;
     }
+}
+
+// Each state's part of a step. A variant has STATES of the MAX_STATES (2) states; the
+// conditions are constants, so each call below has a constant `k` once inlined, and the
+// states a variant lacks compile to nothing.
+fn load_states(b: u32, w: u32) {
+    if STATES > 0u { load_state(0u, b, w); }
+    if STATES > 1u { load_state(1u, b, w); }
+}
+
+// Per state, the largest finite magnitude of its new values (as bits; 0 where absent).
+fn largest_of_states() -> vec2<u32> {
+    var own = vec2(0u);
+    if STATES > 0u { own.x = largest(new_states[0]); }
+    if STATES > 1u { own.y = largest(new_states[1]); }
+    return own;
+}
+
+fn store_states(b: u32, w: u32, absmax: vec2<f32>) {
+    if STATES > 0u { store_state(0u, b, w, absmax.x); }
+    if STATES > 1u { store_state(1u, b, w, absmax.y); }
+}
+
+// Each state's new absmax of block `b`.
+fn store_absmax(b: u32, absmax: vec2<f32>) {
+    if STATES > 0u { state[seg.absmax[0] + b] = bitcast<u32>(absmax.x); }
+    if STATES > 1u { state[seg.absmax[1] + b] = bitcast<u32>(absmax.y); }
 }

@@ -7,11 +7,11 @@
 // `main`.
 
 // Each word's new states, per state, until the block's absmax is known.
-var<private> kept: array<array<R, BLOCK_WORDS>, MAX_STATES>;
+var<private> kept0: array<R, BLOCK_WORDS>;
+var<private> kept1: array<R, BLOCK_WORDS>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    var absmax: array<f32, MAX_STATES>;
     load_scalars();
     seg = segments.entries[entry_row(wid.x) / ENTRY_ROWS];
     for (var b = (wid.x - seg.first_group) * WORKGROUP + lid; b < seg.blocks; b += seg.groups * WORKGROUP) {
@@ -22,31 +22,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if !live.x {
                 break;
             }
-            for (var k = 0u; k < STATES; k++) {
-                load_state(k, b, w);
-            }
+            load_states(b, w);
             update(0u);
-            var own = vec2(0u);
-            for (var k = 0u; k < STATES; k++) {
-                own[k] = largest(new_states[k]);
-                kept[k][w] = new_states[k];
-            }
-            block_max = max(block_max, own);
+            block_max = max(block_max, largest_of_states());
+            if STATES > 0u { kept0[w] = new_states[0]; }
+            if STATES > 1u { kept1[w] = new_states[1]; }
             words = w + 1u;
         }
-        for (var k = 0u; k < STATES; k++) {
-            absmax[k] = absmax_of(block_max[k]);
-        }
+        let absmax = absmax_of(block_max);
         for (var w = 0u; w < words; w++) {
             set_first(b * BLOCK_SIZE + w * CODES_PER_WORD);
-            for (var k = 0u; k < STATES; k++) {
-                new_states[k] = kept[k][w];
-                store_state(k, b, w, absmax[k]);
-            }
+            if STATES > 0u { new_states[0] = kept0[w]; }
+            if STATES > 1u { new_states[1] = kept1[w]; }
+            store_states(b, w, absmax);
         }
         // Every word of the block reads the old absmax, so the new one is written last.
-        for (var k = 0u; k < STATES; k++) {
-            state[seg.absmax[k] + b] = bitcast<u32>(absmax[k]);
-        }
+        store_absmax(b, absmax);
     }
 }

@@ -23,18 +23,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // uniform values (its barriers need them to be).
     let segment = segments.entries[e];
     seg = segment;
-    var absmax: array<f32, MAX_STATES>;
     for (var b = wid.x - segment.first_group; b < segment.blocks; b += segment.groups) {
         set_first(b * BLOCK_SIZE + lid * CODES_PER_WORD);
-        for (var k = 0u; k < STATES; k++) {
-            load_state(k, b, w);
-        }
+        load_states(b, w);
         update(0u);
-        var own = vec2(0u);
-        for (var k = 0u; k < STATES; k++) {
-            own[k] = largest(new_states[k]);
-        }
-        lanes[lid] = own;
+        lanes[lid] = largest_of_states();
         // Two levels of FAN_IN (each barrier costs a CPU adapter a switch through every
         // invocation).
         workgroupBarrier();
@@ -50,14 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 1u; j < FAN_IN; j++) {
             block_max = max(block_max, lanes[FAN_IN * j]);
         }
-        for (var k = 0u; k < STATES; k++) {
-            absmax[k] = absmax_of(block_max[k]);
-            store_state(k, b, w, absmax[k]);
-        }
+        let absmax = absmax_of(block_max);
+        store_states(b, w, absmax);
         if lid == 0u {
-            for (var k = 0u; k < STATES; k++) {
-                state[seg.absmax[k] + b] = bitcast<u32>(absmax[k]);
-            }
+            store_absmax(b, absmax);
         }
         // The next block reuses `lanes`.
         workgroupBarrier();

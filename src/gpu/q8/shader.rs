@@ -15,8 +15,12 @@
 //!   `hp`, and `load_scalars`;
 //! - `q8_clip.wgsl` or `q8_unclipped.wgsl`: `clip(g)` and `load_clip()`;
 //! - f32 states: `q8_f32.wgsl`, the entry point; 8-bit states: `q8_codes.wgsl`
-//!   (`dequantize`, `code`, `largest`, `load_state`, `store_state`) and the entry point
+//!   (`dequantize`, `code`, `largest`, and each state's part of a step) and the entry point
 //!   of `q8_workgroup.wgsl` (a workgroup per block) or `q8_serial.wgsl` (an invocation).
+//!
+//! The files name states 0 and 1 (`MAX_STATES`) under conditions on the constant
+//! `STATES` rather than looping over them: once inlined, every state index is a constant,
+//! so a CPU adapter's compiler keeps each state's values in registers.
 //!
 //! The prelude ([`prelude`]) is generated from typed Rust definitions only:
 //!
