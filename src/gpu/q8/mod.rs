@@ -419,8 +419,8 @@ impl Q8Engine {
         let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment);
         let max_binding = limits.max_storage_buffer_binding_size;
         // Elements per chunk: whole blocks whose f32 range fits a binding after alignment.
-        let chunk =
-            ((max_binding.saturating_sub(align)) / 4 / BLOCK_SIZE as u64 * BLOCK_SIZE as u64).max(256);
+        let chunk = ((max_binding.saturating_sub(align)) / 4 / BLOCK_SIZE as u64 * BLOCK_SIZE as u64)
+            .max(BLOCK_SIZE as u64);
         let mut segments: Vec<Segment> = Vec::new();
         for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
             let tensor = &self.tensors[i];
