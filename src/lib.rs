@@ -34,7 +34,8 @@ mod error;
 mod gpu;
 pub mod ops;
 mod optimizer;
-pub mod oracle;
+#[cfg(test)]
+mod oracle;
 pub mod q8;
 mod step;
 mod tensor;
