@@ -19,7 +19,7 @@ mod onnx;
 
 #[path = "../testkit/src/oracle/bnb.rs"]
 #[allow(dead_code)]
-mod bnb;
+pub(crate) mod bnb;
 
 pub(crate) use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub(crate) use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum};

@@ -499,6 +499,25 @@ mod tests {
         }
     }
 
+    /// The oracle's maps and its nearest code (a scan of all 256 codes, written apart from
+    /// this module) agree with these, so the code table that `lut` derives from
+    /// [`nearest_code`] rests on an independent reference too.
+    #[test]
+    fn the_maps_and_nearest_codes_equal_the_oracles() {
+        use crate::oracle::bnb;
+        assert_eq!(signed_map(), bnb::signed_map());
+        assert_eq!(unsigned_map(), bnb::unsigned_map());
+        for map in [signed_map(), unsigned_map()] {
+            let midpoints = map.windows(2).map(|w| (w[0] + w[1]) / 2.0);
+            let neighbours = map.iter().flat_map(|&c| [c, c.next_down(), c.next_up()]);
+            let sweep = (0..=1u32 << 16).map(|i| f32::from_bits(0x3000_0000 + (i << 8)));
+            let values: Vec<f32> = midpoints.chain(neighbours).chain(sweep.flat_map(|x| [x, -x])).collect();
+            for x in values.into_iter().chain([0.0, 2.0, -2.0, f32::NAN, f32::INFINITY]) {
+                assert_eq!(nearest_code(&map, x), bnb::nearest_code(&map, x), "{x:e}");
+            }
+        }
+    }
+
     #[test]
     fn a_state_reads_back_through_the_map_of_its_kind() {
         assert_eq!(map_for(StateKind::ExpAvg), signed_map());
