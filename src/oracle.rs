@@ -6,8 +6,9 @@
 //! types are not this crate's, so its oracle could not take a `crate::OnnxAdam` or hand back
 //! a `crate::q8::StoredState`. Nor can they become integration tests, since they drive
 //! crate-private kernels. So the oracle's files are included here by path, one source for
-//! both builds, and `api` names this crate where the testkit's names `wgpu_optim`; the
-//! files see only what the public API exports either way.
+//! both builds, and `api` names this crate where the testkit's names `wgpu_optim`. The files
+//! name only public items (the testkit build would not compile otherwise), so the oracle
+//! stays independent of the internals these tests check.
 
 /// The crate under test, as the oracle's files name it.
 use crate as api;
