@@ -7,8 +7,8 @@
 mod shapes;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use wgpu_optim::oracle::{torch_adam_step, TorchAdamState};
 use wgpu_optim::{Adam, DType, GpuContext, Optimizer, Tensor};
+use wgpu_optim_testkit::oracle::{torch_adam_step, TorchAdamState};
 
 /// `sizes` tensors of `dtype` with every element `value`.
 fn gpu_tensors(ctx: &GpuContext, label: &str, sizes: &[usize], dtype: DType, value: f64) -> Vec<Tensor> {

@@ -8,8 +8,10 @@ pub enum DType {
     F32,
     /// IEEE binary64 (ONNX `tensor(double)`; needs `SHADER_F64`). The math then runs in f64.
     F64,
-    /// IEEE binary16: native `f16` where the adapter has `SHADER_F16`, packed pairs in
-    /// `u32` otherwise.
+    /// IEEE binary16: native `array<f16>` where the device has `SHADER_F16` and is not a
+    /// CPU adapter, packed pairs in `u32` otherwise ([`GpuContext::native_f16`] says which).
+    ///
+    /// [`GpuContext::native_f16`]: crate::GpuContext::native_f16
     F16,
     /// bfloat16, packed pairs in `u32` (WGSL has no bf16 type).
     BF16,
@@ -35,7 +37,7 @@ impl DType {
     }
 
     /// Rounds `value` to the nearest value of this dtype (ties to even), widened back.
-    pub fn round(self, value: f64) -> f64 {
+    pub(crate) fn round(self, value: f64) -> f64 {
         match self {
             DType::F64 => value,
             DType::F32 => f64::from(value as f32),
@@ -45,7 +47,7 @@ impl DType {
     }
 
     /// The little-endian bytes of `values` in this dtype, each rounded once.
-    pub fn encode(self, values: &[f64]) -> Vec<u8> {
+    pub(crate) fn encode(self, values: &[f64]) -> Vec<u8> {
         match self {
             DType::F64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             DType::F32 => values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
@@ -55,7 +57,7 @@ impl DType {
     }
 
     /// The values stored in `bytes` (little-endian, this dtype), widened exactly to f64.
-    pub fn decode(self, bytes: &[u8]) -> Vec<f64> {
+    pub(crate) fn decode(self, bytes: &[u8]) -> Vec<f64> {
         fn each<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
             bytes.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
         }

@@ -4,7 +4,8 @@
 //! parameter and state once. Three conventions are reproduced exactly: PyTorch's
 //! `torch.optim` ([`Adam`], AdamW, AMSGrad), ONNX's `ai.onnx.preview.training` operators
 //! ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam operator ([`ops::directml`]), with a
-//! CPU [`oracle`] in f64 that every GPU result is tested against.
+//! CPU oracle in f64 (the testkit's `wgpu_optim_testkit::oracle`) that every GPU result is
+//! tested against.
 //!
 //! - [`GpuContext`] opens a headless device or wraps a trainer's own.
 //! - [`Tensor`] is a range of a buffer the caller owns.
@@ -34,7 +35,8 @@ mod error;
 mod gpu;
 pub mod ops;
 mod optimizer;
-pub mod oracle;
+#[cfg(test)]
+mod oracle;
 pub mod q8;
 mod step;
 mod tensor;

@@ -7,10 +7,10 @@ mod common;
 use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
-use wgpu_optim::oracle::{self, torch_adam_step, TorchAdamState};
 use wgpu_optim::{
     Adam, DType, DmlAdam, Error, GpuContext, Optimizer, OptimizerOptions, Q8States, StateKind, Tensor,
 };
+use wgpu_optim_testkit::oracle::{self, torch_adam_step, TorchAdamState};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
 

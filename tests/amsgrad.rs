@@ -10,8 +10,8 @@ mod counterexample;
 
 use common::{assert_close, Tolerance};
 use counterexample::{average_regret, gradient, run, Problem};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adam, Algorithm};
+use wgpu_optim_testkit::oracle::TorchState;
 
 #[test]
 fn adam_drifts_to_the_worst_point_and_amsgrad_to_the_optimum() {

@@ -10,8 +10,8 @@ use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData};
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim::{Adam, Algorithm, Error, GradClip, OptimizerOptions, Q8States, Sgd};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))

@@ -6,10 +6,10 @@
 mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd, Tensor,
 };
+use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn capturable(ctx: &GpuContext, algorithm: Algorithm, params: &[Tensor]) -> Optimizer {
     let options = OptimizerOptions { capturable: true, ..Default::default() };

@@ -9,6 +9,7 @@ use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
+use wgpu_optim_testkit::oracle::Storage;
 
 const SIZES: [usize; 3] = [33, 1, 258];
 

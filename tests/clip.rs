@@ -5,10 +5,10 @@
 mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
-use wgpu_optim::oracle::{clip_grad_norm, torch_adam_step, torch_sgd_step, TorchAdamState};
 use wgpu_optim::{
     Adam, DType, Error, GradClip, NormType, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
 };
+use wgpu_optim_testkit::oracle::{clip_grad_norm, torch_adam_step, torch_sgd_step, Storage, TorchAdamState};
 
 fn clipped(clip: GradClip) -> OptimizerOptions {
     OptimizerOptions { grad_clip: Some(clip), ..Default::default() }

@@ -7,8 +7,8 @@ mod common;
 
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, OptimizerOptions, Sgd, StateKind};
+use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// Around the GPU's workgroup size, with vector-loop tails.
 const SIZES: [usize; 4] = [1, 255, 256, 257];
@@ -459,8 +459,8 @@ fn host_slices_report_their_dtype_and_length() {
 
 #[test]
 fn clipping_follows_the_oracles_clip_grad_norm_over_every_tensor() {
-    use wgpu_optim::oracle::clip_grad_norm;
     use wgpu_optim::{GradClip, NormType};
+    use wgpu_optim_testkit::oracle::clip_grad_norm;
     let sizes = [1000usize, 257, 3, 200_000];
     for (algorithm, clip) in [
         (Algorithm::from(Adam { lr: 1e-2, ..Adam::default() }), GradClip::l2(1.0)),

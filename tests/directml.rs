@@ -16,7 +16,8 @@ mod common;
 
 use common::{assert_close, ctx, download, Tolerance};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
-use wgpu_optim::{oracle, DType, DmlAdam, GpuContext, Tensor};
+use wgpu_optim::{DType, DmlAdam, GpuContext, Tensor};
+use wgpu_optim_testkit::oracle;
 
 /// One DirectML Adam call on f32 tensors, written out of place: the new (X, M, V).
 fn run(

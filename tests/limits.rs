@@ -6,8 +6,8 @@
 mod common;
 
 use common::{assert_close, ctx_with_limits, download, Rng, Tolerance};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd};
+use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// What an algorithm's step needs on a device of 4 storage bindings per stage.
 enum Outcome {

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd};
+use wgpu_optim_testkit::oracle::TorchState;
 
 fn algorithms() -> Vec<Algorithm> {
     vec![

@@ -13,11 +13,11 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind,
     Tensor,
 };
+use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// One ulp of `dtype` without [`Tolerance::stored`]'s cancellation slack, for updates whose
 /// values do not cancel to nearly zero.
@@ -460,7 +460,7 @@ fn directml_adam_takes_float16_tensors() {
             scalars,
         };
         ctx.submit("dml", |e| directml::adam(&ctx, e, &desc)).unwrap();
-        let want = wgpu_optim::oracle::dml_adam(&scalars, 4, &p, &m, &v, &g);
+        let want = wgpu_optim_testkit::oracle::dml_adam(&scalars, 4, &p, &m, &v, &g);
         for (k, w) in [want.0, want.1, want.2].iter().enumerate() {
             let rounded: Vec<f64> = w.iter().map(|x| DType::F16.round(*x)).collect();
             let what = format!("FLOAT16 output {k} (native f16: {})", ctx.native_f16());

@@ -6,8 +6,8 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, OptimizerOptions, Sgd, Tensor};
+use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24)

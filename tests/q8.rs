@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-use wgpu_optim::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd, BnbState};
-use wgpu_optim::q8;
+use wgpu_optim::q8::{self, StoredState};
+use wgpu_optim_testkit::oracle::bnb::{
+    self, bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd,
+};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 mod common;
@@ -105,10 +107,10 @@ impl Vector {
 }
 
 /// A state against the vector's `state{k}.{i}` (and `absmax{k}.{i}` when 8-bit).
-fn assert_state(vector: &Vector, k: usize, i: usize, got: &BnbState) {
+fn assert_state(vector: &Vector, k: usize, i: usize, got: &StoredState) {
     let name = format!("state{k}.{i}");
     match got {
-        BnbState::Q8 { codes, absmax } => {
+        StoredState::Q8 { codes, absmax } => {
             let want = vector.codes(&name);
             assert_eq!(codes.len(), want.len(), "{name}");
             let differing = codes.iter().zip(&want).filter(|(a, b)| a != b).count();
@@ -121,7 +123,7 @@ fn assert_state(vector: &Vector, k: usize, i: usize, got: &BnbState) {
                 assert!((got - want).abs() <= 1e-4 * want.abs(), "absmax{k}.{i}[{b}]: {got} against {want}");
             }
         }
-        BnbState::F32(values) => {
+        StoredState::F32(values) => {
             assert!(!vector.has(&format!("absmax{k}.{i}")), "{name} is 8-bit in the vector, f32 here");
             let got: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
             assert_close(&name, &got, &vector.f64s(&name), vector.tolerance());
@@ -129,16 +131,26 @@ fn assert_state(vector: &Vector, k: usize, i: usize, got: &BnbState) {
     }
 }
 
+/// The map wgpu-optim reads a state of `kind` back with: every code under absmax 1.
+fn crate_map(kind: StateKind) -> Vec<f32> {
+    let every_code = StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] };
+    every_code.values(kind).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Both the crate's maps (as its states read back) and the oracle's own.
 #[test]
 fn the_signed_and_unsigned_maps_are_bitsandbytes_maps_bit_for_bit() {
     for name in ["bnb_adam8bit_n8192.safetensors", "bnb_adamw8bit_mixed.safetensors"] {
         let vector = Vector::load(name);
         let bits = |map: &[f32]| map.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&q8::signed_map()), bits(&vector.f32s("qmap1")), "{name}: qmap1");
-        assert_eq!(bits(&q8::unsigned_map()), bits(&vector.f32s("qmap2")), "{name}: qmap2");
+        assert_eq!(bits(&crate_map(StateKind::ExpAvg)), bits(&vector.f32s("qmap1")), "{name}: qmap1");
+        assert_eq!(bits(&crate_map(StateKind::ExpAvgSq)), bits(&vector.f32s("qmap2")), "{name}: qmap2");
+        assert_eq!(bits(&bnb::signed_map()), bits(&vector.f32s("qmap1")), "{name}: the oracle's qmap1");
+        assert_eq!(bits(&bnb::unsigned_map()), bits(&vector.f32s("qmap2")), "{name}: the oracle's qmap2");
     }
     let sgd = Vector::load("bnb_sgd8bit_momentum.safetensors");
-    assert_eq!(q8::signed_map().to_vec(), sgd.f32s("qmap1"));
+    assert_eq!(crate_map(StateKind::MomentumBuffer), sgd.f32s("qmap1"));
+    assert_eq!(bnb::signed_map().to_vec(), sgd.f32s("qmap1"));
 }
 
 #[test]
@@ -157,8 +169,8 @@ fn bitsandbytes_8bit_adam_and_adamw_trajectories_match_the_oracle() {
         for i in 0..vector.count() {
             let mut param = vector.f64s(&format!("param.{i}"));
             let len = param.len();
-            let mut m = BnbState::zeros(len, len >= vector.min_8bit_size());
-            let mut v = BnbState::zeros(len, len >= vector.min_8bit_size());
+            let mut m = StoredState::zeros(len, len >= vector.min_8bit_size());
+            let mut v = StoredState::zeros(len, len >= vector.min_8bit_size());
             for (step, grad) in vector.grads(i).iter().enumerate() {
                 bnb_adam8bit_step(&config, step as u64 + 1, &mut param, grad, &mut m, &mut v)
                     .unwrap_or_else(|e| panic!("{e}"));
@@ -185,7 +197,7 @@ fn bitsandbytes_8bit_sgd_with_momentum_trajectory_matches_the_oracle() {
         weight_decay: vector.number("weight_decay"),
     };
     let mut param = vector.f64s("param.0");
-    let mut buffer = BnbState::zeros(param.len(), param.len() >= vector.min_8bit_size());
+    let mut buffer = StoredState::zeros(param.len(), param.len() >= vector.min_8bit_size());
     for (step, grad) in vector.grads(0).iter().enumerate() {
         bnb_sgd8bit_step(&config, step as u64 + 1, &mut param, grad, &mut buffer)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -198,18 +210,18 @@ fn bitsandbytes_8bit_sgd_with_momentum_trajectory_matches_the_oracle() {
 fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
     let config = BnbAdam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let mut param = vec![0.5; 300];
-    let mut m = BnbState::zeros(300, true);
-    let mut short = BnbState::Q8 { codes: vec![0; 300], absmax: vec![0.0; 1] };
+    let mut m = StoredState::zeros(300, true);
+    let mut short = StoredState::Q8 { codes: vec![0; 300], absmax: vec![0.0; 1] };
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 300], &mut m, &mut short).unwrap_err();
     assert!(err.to_string().contains("absmax"), "{err}");
-    let mut v = BnbState::zeros(300, true);
+    let mut v = StoredState::zeros(300, true);
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 299], &mut m, &mut v).unwrap_err();
     assert!(err.to_string().contains("grad"), "{err}");
-    assert_eq!((param, m, v), (vec![0.5; 300], BnbState::zeros(300, true), BnbState::zeros(300, true)));
+    assert_eq!((param, m, v), (vec![0.5; 300], StoredState::zeros(300, true), StoredState::zeros(300, true)));
 
     let sgd = BnbSgd { lr: 0.01, momentum: 0.9, weight_decay: 0.0 };
     let mut param = vec![0.5; 10];
-    let mut buffer = BnbState::F32(vec![0.0; 9]);
+    let mut buffer = StoredState::F32(vec![0.0; 9]);
     let err = bnb_sgd8bit_step(&sgd, 1, &mut param, &[0.1; 10], &mut buffer).unwrap_err();
     assert!(err.to_string().contains("momentum_buffer"), "{err}");
     assert_eq!(param, vec![0.5; 10]);
@@ -283,9 +295,9 @@ fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
     let mut cpu = CpuOptimizer::with_options(Adam::default(), &[HostSlice::F32(&host)], q8_options())
         .unwrap_or_else(|e| panic!("{e}"));
     let wrong = [
-        (BnbState::F32(vec![0.0; 5000]), "f32 state"),
-        (BnbState::Q8 { codes: vec![1; 4999], absmax: vec![1.0; 20] }, "4999"),
-        (BnbState::Q8 { codes: vec![1; 5000], absmax: vec![1.0; 19] }, "absmax"),
+        (StoredState::F32(vec![0.0; 5000]), "f32 state"),
+        (StoredState::Q8 { codes: vec![1; 4999], absmax: vec![1.0; 20] }, "4999"),
+        (StoredState::Q8 { codes: vec![1; 5000], absmax: vec![1.0; 19] }, "absmax"),
     ];
     for (state, named) in wrong {
         let err = gpu.write_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
@@ -293,7 +305,7 @@ fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
         let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
     }
-    let zeros = BnbState::zeros(5000, true);
+    let zeros = StoredState::zeros(5000, true);
     assert_eq!(
         gpu.read_q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}")),
         Some(zeros.clone())
@@ -306,9 +318,9 @@ fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
 
 /// `got` (read back) against the oracle's state as the vectors' format compares 8-bit
 /// state: codes by `compare_codes`, absmax within 1e-4 relative; f32 state as f32 results.
-fn assert_state_follows(what: &str, got: &BnbState, want: &BnbState) {
+fn assert_state_follows(what: &str, got: &StoredState, want: &StoredState) {
     match (got, want) {
-        (BnbState::Q8 { codes, absmax }, BnbState::Q8 { codes: want_codes, absmax: want_absmax }) => {
+        (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want_codes, absmax: want_absmax }) => {
             let widen = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
             let codes_match = wgpu_optim_testkit::compare_codes(&widen(codes), &widen(want_codes));
             assert!(codes_match.passed(), "{what}: codes {codes_match}");
@@ -316,7 +328,7 @@ fn assert_state_follows(what: &str, got: &BnbState, want: &BnbState) {
             let tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
             assert_close(&format!("{what}: absmax"), &widen(absmax), &widen(want_absmax), tolerance);
         }
-        (BnbState::F32(values), BnbState::F32(want_values)) => {
+        (StoredState::F32(values), StoredState::F32(want_values)) => {
             let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
             assert_close(what, &widen(values), &widen(want_values), Tolerance::F32);
         }
@@ -371,7 +383,7 @@ fn clipped_initial() -> Vec<Vec<f64>> {
 /// `algorithms[t]`) stepped with the clipped gradients.
 struct ClippedOracle {
     params: Vec<Vec<f64>>,
-    states: Vec<Vec<BnbState>>,
+    states: Vec<Vec<StoredState>>,
 }
 
 impl ClippedOracle {
@@ -379,7 +391,7 @@ impl ClippedOracle {
         let states = CLIPPED_LENGTHS
             .iter()
             .zip(algorithms)
-            .map(|(&n, a)| a.state_kinds().iter().map(|_| BnbState::zeros(n, n >= 4096)).collect())
+            .map(|(&n, a)| a.state_kinds().iter().map(|_| StoredState::zeros(n, n >= 4096)).collect())
             .collect();
         ClippedOracle { params: clipped_initial(), states }
     }
@@ -387,7 +399,7 @@ impl ClippedOracle {
     /// Step `step` with `grads` clipped to `clip`; returns the norm before clipping.
     fn step(&mut self, algorithms: &[Algorithm], step: u64, grads: &[Vec<f64>], clip: &GradClip) -> f64 {
         let mut clipped = grads.to_vec();
-        let norm = wgpu_optim::oracle::clip_grad_norm(&mut clipped, clip);
+        let norm = wgpu_optim_testkit::oracle::clip_grad_norm(&mut clipped, clip);
         for (t, g) in clipped.iter().enumerate() {
             bnb_8bit_step(&algorithms[t], step, &mut self.params[t], g, &mut self.states[t])
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -5,9 +5,9 @@
 //! in `src/gpu/q8/mod.rs`, where a test can pick the kernel.)
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
-use wgpu_optim::oracle::{bnb_8bit_step, BnbState};
-use wgpu_optim::q8;
+use wgpu_optim::q8::{self, StoredState};
 use wgpu_optim::{Adam, Algorithm, OptimizerOptions, Q8States, Sgd, StateKind};
+use wgpu_optim_testkit::oracle::bnb::{self, bnb_8bit_step};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
 /// Four blocks, the last partial.
@@ -43,14 +43,14 @@ fn initial() -> Vec<f32> {
 
 /// The code of 0 in the map of `kind` (the signed map's is not its first code).
 fn zero_code(kind: StateKind) -> u8 {
-    let map = q8::map_for(kind);
+    let map = bnb::map_for(kind);
     map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0 in the map")) as u8
 }
 
 /// Asserts that `state` is 8-bit with every absmax finite, and follows the oracle's `want`
 /// as the vectors' format compares 8-bit state.
-fn assert_state_follows(what: &str, state: &BnbState, want: &BnbState) {
-    let (BnbState::Q8 { codes, absmax }, BnbState::Q8 { codes: want_codes, absmax: want_absmax }) =
+fn assert_state_follows(what: &str, state: &StoredState, want: &StoredState) {
+    let (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want_codes, absmax: want_absmax }) =
         (state, want)
     else {
         panic!("{what}: not 8-bit");
@@ -64,28 +64,29 @@ fn assert_state_follows(what: &str, state: &BnbState, want: &BnbState) {
 }
 
 /// The bad element's own state: the code of 0 under a finite absmax.
-fn assert_restarts_from_zero(what: &str, state: &BnbState, kind: StateKind) {
-    let BnbState::Q8 { codes, absmax } = state else { panic!("{what}: not 8-bit") };
+fn assert_restarts_from_zero(what: &str, state: &StoredState, kind: StateKind) {
+    let StoredState::Q8 { codes, absmax } = state else { panic!("{what}: not 8-bit") };
     assert_eq!(codes[BAD], zero_code(kind), "{what}: the bad element's code");
     assert!(absmax[BAD / q8::BLOCK_SIZE].is_finite(), "{what}: its block's absmax");
 }
 
+/// (The crate's own quantization is checked the same way in `src/q8/mod.rs`.)
 #[test]
 fn the_oracle_leaves_a_non_finite_value_out_of_its_blocks_absmax_and_stores_it_as_zero() {
-    for map in [q8::signed_map(), q8::unsigned_map()] {
+    for map in [bnb::signed_map(), bnb::unsigned_map()] {
         let zero = map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0")) as u8;
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            assert_eq!(q8::nearest_code(&map, bad), zero, "{bad}");
+            assert_eq!(bnb::nearest_code(&map, bad), zero, "{bad}");
             let mut values = vec![0.25f32; 300];
             values[5] = bad;
             values[260] = bad;
             let (mut codes, mut absmax) = (vec![7u8; 300], vec![0.0f32; 2]);
-            q8::quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
+            bnb::quantize(&values, &map, &mut codes, &mut absmax);
             assert_eq!(absmax, [0.25, 0.25], "{bad}");
             assert_eq!((codes[5], codes[260]), (zero, zero), "{bad}");
             assert_eq!(codes[4], 255, "{bad}: a finite value keeps its code");
             // A block of nothing finite has no scale: absmax 1, as an all-zero block.
-            q8::quantize(&[bad; 3], &map, &mut [7u8; 3], &mut absmax[..1]).unwrap_or_else(|e| panic!("{e}"));
+            bnb::quantize(&[bad; 3], &map, &mut [7u8; 3], &mut absmax[..1]);
             assert_eq!(absmax[0], 1.0, "{bad}");
         }
     }
@@ -103,7 +104,8 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite_on_the_
             let mut opt = CpuOptimizer::with_options(algorithm, &[HostSlice::F32(&weights)], options)
                 .unwrap_or_else(|e| panic!("{e}"));
             let mut want: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
-            let mut want_states: Vec<BnbState> = kinds.iter().map(|_| BnbState::zeros(N, true)).collect();
+            let mut want_states: Vec<StoredState> =
+                kinds.iter().map(|_| StoredState::zeros(N, true)).collect();
             for (k, grad) in gradients(bad_value).iter().enumerate() {
                 let what = format!("{what}, after step {}", k + 1);
                 opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(grad)])

@@ -8,6 +8,7 @@ mod common;
 use common::{ctx, Rng};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{DType, Error, GpuContext, Optimizer, OptimizerOptions, Rounding, Sgd, StateKind, Tensor};
+use wgpu_optim_testkit::oracle::Storage;
 
 fn options(rounding: Rounding) -> OptimizerOptions {
     OptimizerOptions { rounding, ..Default::default() }
@@ -80,6 +81,137 @@ fn stochastic_rounding_is_unbiased_on_the_gpu_and_the_cpu() {
         let mut cpu = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap();
         cpu.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
         check_unbiased(&format!("CPU {dtype:?} {exact:e}"), &p.to_f64(), exact, nearest);
+    }
+}
+
+/// The stores of one SGD step (lr 1) from `start` with `gradients`, stochastically rounded
+/// with `seed`, on the GPU and on the CPU backend.
+fn one_stochastic_step(dtype: DType, start: f64, gradients: &[f64], seed: u64) -> (Vec<f64>, Vec<f64>) {
+    let ctx = ctx();
+    let n = gradients.len();
+    let sgd = Sgd { lr: 1.0, ..Sgd::default() };
+    let rounding = Rounding::Stochastic { seed, state: false };
+    let param = ctx.upload("p", &vec![start; n], dtype);
+    let grad = ctx.upload("g", gradients, DType::F32);
+    let mut gpu =
+        Optimizer::with_options(&ctx, sgd, std::slice::from_ref(&param), options(rounding)).unwrap();
+    gpu.step(&[grad]).unwrap();
+    let mut p = host(&vec![start; n], dtype);
+    let g = host(gradients, DType::F32);
+    let mut cpu = CpuOptimizer::with_options(sgd, &[p.as_slice()], options(rounding)).unwrap();
+    cpu.step(&mut [p.as_mut_slice()], &[g.as_slice()]).unwrap();
+    (ctx.read(&param).unwrap(), p.to_f64())
+}
+
+/// Stores worked out by hand from the documented hash and rounding rule, independently of
+/// both backends' code (which share it, so their agreement alone would not catch a wrong
+/// hash).
+///
+/// `Rounding::Stochastic` (src/step/rounding.rs): `mix` is `lowbias32` (`x ^= x >> 16;
+/// x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16`, wrapping); the key of
+/// (seed, step, parameter ordinal) is `mix` folded over the seed's low and high words, the
+/// step and the ordinal from 0; an element's 32 random bits `r` continue it over the stream
+/// (0 for a parameter) and the element index's low and high words. Seed 9, step 1,
+/// parameter 0:
+///
+/// ```text
+/// mix(9) = 0x429fd5ab; mix(0x429fd5ab ^ 0) = 0xc5f64a98; mix(0xc5f64a98 ^ 1) = 0xc76678f3;
+/// key = mix(0xc76678f3 ^ 0) = 0xe205b715
+/// r[e] = mix(mix(mix(key ^ 0) ^ e) ^ 0):
+///   e = 0: 0xabce966c  1: 0xd7f3d3f2  2: 0x0f7bea87  3: 0x95dbfa1e
+///   e = 4: 0x7778c5ec  5: 0x4fc26a8f  6: 0xb38f9b23  7: 0x3300729f
+/// ```
+///
+/// Each element's exact result is `1 + low * 2^-23` (start 1, gradient `-low * 2^-23`, lr 1:
+/// the f32 bits `0x3f80_0000 | low`). bf16 keeps the top 16 bits after adding `r >> 16`
+/// below them, so it rounds up to 0x3f81 (1 + 2^-7) exactly when `low + (r >> 16) >=
+/// 0x1_0000`; f16 (normal) adds `r >> 19` below its 13 dropped bits, so 1 rounds up to 0x3c01
+/// (1 + 2^-10) exactly when `low + (r >> 19) >= 0x2000`:
+///
+/// ```text
+///  e  r >> 16  bf16 low  sum      store   r >> 19  f16 low  sum     store
+///  0  0xabce   0x8000    0x12bce  up      0x1579   0x1000   0x2579  up
+///  1  0xd7f3   0x4000    0x117f3  up      0x1afe   0x0800   0x22fe  up
+///  2  0x0f7b   0xc000    0x0cf7b  down    0x01ef   0x1800   0x19ef  down
+///  3  0x95db   0x2000    0x0b5db  down    0x12bb   0x0400   0x16bb  down
+///  4  0x7778   0xe000    0x15778  up      0x0eef   0x1c00   0x2aef  up
+///  5  0x4fc2   0x8000    0x0cfc2  down    0x09f8   0x1000   0x19f8  down
+///  6  0xb38f   0x6000    0x1138f  up      0x1671   0x0c00   0x2271  up
+///  7  0x3300   0xa000    0x0d300  down    0x0660   0x1400   0x1a60  down
+/// ```
+#[test]
+fn stochastic_stores_match_values_worked_out_by_hand_from_the_documented_hash() {
+    const UP: [bool; 8] = [true, true, false, false, true, false, true, false];
+    let cases = [
+        (DType::BF16, [0x8000u32, 0x4000, 0xc000, 0x2000, 0xe000, 0x8000, 0x6000, 0xa000], 2f64.powi(-7)),
+        (DType::F16, [0x1000, 0x0800, 0x1800, 0x0400, 0x1c00, 0x1000, 0x0c00, 0x1400], 2f64.powi(-10)),
+    ];
+    for (dtype, lows, spacing) in cases {
+        let gradients: Vec<f64> = lows.iter().map(|&low| -f64::from(low) * 2f64.powi(-23)).collect();
+        let want: Vec<f64> = UP.iter().map(|&up| if up { 1.0 + spacing } else { 1.0 }).collect();
+        let (gpu, cpu) = one_stochastic_step(dtype, 1.0, &gradients, 9);
+        assert_bits_eq(&format!("GPU {dtype:?}"), &gpu, &want);
+        assert_bits_eq(&format!("CPU {dtype:?}"), &cpu, &want);
+    }
+}
+
+/// The two 16-bit neighbours of `x > 0` (not itself representable): `x` rounded down and up
+/// to a multiple of the spacing of its binade (the subnormal spacing below the normal range).
+fn neighbours(dtype: DType, x: f64) -> (f64, f64) {
+    let (precision, min_exponent) = match dtype {
+        DType::BF16 => (8, -126),
+        DType::F16 => (11, -14),
+        other => panic!("{other:?} stores do not round stochastically"),
+    };
+    let spacing = 2f64.powi(x.log2().floor().max(f64::from(min_exponent)) as i32 - (precision - 1));
+    let below = (x / spacing).floor() * spacing;
+    (below, below + spacing)
+}
+
+/// Over many seeds and elements, the mean of the stored values is the exact value within a
+/// bound fixed in advance from the binomial distribution rather than from the sample.
+///
+/// A value `x` between the neighbours `lo < x < hi` is stored as `hi` with probability
+/// `q = (x - lo) / (hi - lo)`, as `lo` otherwise; so the mean of `N` independent stores is
+/// `lo + (hi - lo) K / N` with `K ~ Binomial(N, q)`: expectation `x`, standard deviation
+/// `sigma = (hi - lo) sqrt(q (1 - q) / N)`. The test asserts every store is `lo` or `hi` and
+/// `|mean - x| <= 5 sigma` (a two-sided normal tail of 6e-7 for an unbiased rounding), over
+/// N = 16 seeds x 4096 elements, on the GPU and on the CPU backend. Nearest rounding would
+/// be off by `min(x - lo, hi - x)`, more than 50 sigma in every case.
+#[test]
+fn the_mean_of_stochastic_stores_is_the_exact_value_within_five_binomial_sigmas() {
+    let (seeds, n) = (16u64, 4096);
+    for (dtype, start, gradient) in UNBIASED_CASES {
+        let exact = f64::from((start - gradient) as f32);
+        let (lo, hi) = neighbours(dtype, exact);
+        assert!(lo < exact && exact < hi, "{dtype:?}: {lo:e} < {exact:e} < {hi:e}");
+        let q = (exact - lo) / (hi - lo);
+        let samples = (seeds * n as u64) as f64;
+        let sigma = (hi - lo) * (q * (1.0 - q) / samples).sqrt();
+        assert!(
+            (exact - lo).min(hi - exact) > 50.0 * sigma,
+            "{dtype:?}: the case does not tell the modes apart"
+        );
+        let (mut gpu_sum, mut cpu_sum) = (0.0, 0.0);
+        for seed in 0..seeds {
+            let (gpu, cpu) = one_stochastic_step(dtype, start, &vec![gradient; n], 1000 + seed);
+            for (what, stored, sum) in [("GPU", &gpu, &mut gpu_sum), ("CPU", &cpu, &mut cpu_sum)] {
+                let other = stored.iter().find(|&&v| v != lo && v != hi);
+                assert!(
+                    other.is_none(),
+                    "{what} {dtype:?} seed {seed}: stored {other:?}, not {lo:e} or {hi:e}"
+                );
+                *sum += stored.iter().sum::<f64>();
+            }
+        }
+        for (what, sum) in [("GPU", gpu_sum), ("CPU", cpu_sum)] {
+            let mean = sum / samples;
+            assert!(
+                (mean - exact).abs() <= 5.0 * sigma,
+                "{what} {dtype:?}: mean {mean:e}, exact {exact:e}, 5 sigma {:e}",
+                5.0 * sigma
+            );
+        }
     }
 }
 

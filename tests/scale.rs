@@ -7,8 +7,8 @@ mod common;
 mod shapes;
 
 use common::{assert_close, ctx, download, to_f32, Rng, Tolerance};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adam, Algorithm, DType, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor};
+use wgpu_optim_testkit::oracle::TorchState;
 
 #[test]
 fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {

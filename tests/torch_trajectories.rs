@@ -7,8 +7,8 @@ mod common;
 
 use common::{assert_close, assert_tensor, ctx, to_f32, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
-use wgpu_optim::oracle::TorchState;
 use wgpu_optim::{Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
+use wgpu_optim_testkit::oracle::TorchState;
 
 const SIZES: [usize; 5] = [1, 255, 256, 257, 100_003];
 const STEPS: usize = 30;

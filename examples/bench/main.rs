@@ -23,10 +23,10 @@ use options::Options;
 use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
-use wgpu_optim::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim::{
     Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Q8States, Sgd, Tensor,
 };
+use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {

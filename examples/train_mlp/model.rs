@@ -364,12 +364,36 @@ fn check_rows(device: &wgpu::Device, samples: usize) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `values` as the little-endian bytes of `dtype`, each rounded to nearest.
+fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    match dtype {
+        DType::F64 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 => values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
+        DType::F16 => values.iter().flat_map(|v| half::f16::from_f64(*v).to_le_bytes()).collect(),
+        DType::BF16 => values.iter().flat_map(|v| bf16_nearest(*v).to_le_bytes()).collect(),
+    }
+}
+
+/// `value` rounded to the nearest bfloat16, ties to even. Rounding to f32 first is exact
+/// except where it lands on a bfloat16 halfway point that `value` is not on; there the
+/// direction comes from `value` (`half::bf16::from_f64` rounds through f32 without this).
+fn bf16_nearest(value: f64) -> half::bf16 {
+    let single = value as f32;
+    let bits = single.to_bits();
+    if !single.is_nan() && bits & 0xffff == 0x8000 && f64::from(single) != value {
+        let truncated = bits & 0xffff_0000;
+        let up = value.abs() > f64::from(single).abs();
+        return half::bf16::from_bits((if up { truncated + 0x1_0000 } else { truncated } >> 16) as u16);
+    }
+    half::bf16::from_f32(single)
+}
+
 /// The packed parameter buffer, holding He initial values in `dtype`, and the packed f32
 /// gradient buffer.
 fn param_buffers(device: &wgpu::Device, dtype: DType, seed: u64) -> (wgpu::Buffer, wgpu::Buffer) {
     let params = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("mlp params"),
-        contents: &padded(dtype.encode(&he_init(seed))),
+        contents: &padded(encode(dtype, &he_init(seed))),
         // STORAGE for the kernels and the optimizer; COPY_SRC for checkpoints (and the
         // optimizer's master copies); COPY_DST to load a checkpoint.
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,

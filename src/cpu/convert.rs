@@ -7,10 +7,9 @@
 //! x86-64-v3 (AVX2 and F16C) one F16C instruction converts eight (both detected at run
 //! time), in a loop compiled for those features. Elsewhere
 //! `half`'s slice conversions, which reach F16C (or Arm's fp16 unit) too, but through a
-//! call per 8 elements that cannot be inlined. Per element of a 1024-element slice on Zen 3
-//! (one core, in L1): widening 0.05 ns here against 0.26 ns through `half`, narrowing 0.11
-//! against 0.22-0.26 ns; a branch-free integer conversion that the compiler vectorizes
-//! took 0.23 and 0.34 ns, and was dropped.
+//! call per 8 elements that cannot be inlined, and measured several times slower; a
+//! branch-free integer conversion that the compiler vectorizes was slower too, and was
+//! dropped (PERF.md).
 //!
 //! bf16: the upper half of an f32, so plain integer loops the compiler vectorizes, compiled
 //! for AVX-512, AVX2 and NEON as well and chosen at run time as the update loops are.

@@ -138,10 +138,8 @@ pub(super) mod registers {
                     (head.as_chunks_mut::<L>().0, tail)
                 });
                 // Four registers of each operand per iteration, written out: four independent
-                // chains keep more loads in flight (a 16 Mi-element f16 Adam step on AVX2 took
-                // 13 ms one register at a time, 9 ms two at a time, 7.3 ms four, and eight
-                // gained nothing); an array built by a closure was not inlined and ran 10x
-                // slower.
+                // chains keep more loads in flight (fewer were slower, eight gained nothing);
+                // an array built by a closure was not inlined. Timings in PERF.md.
                 let unrolled = grad_whole.len() / 4 * 4;
                 let mut i = 0;
                 while i < unrolled {

@@ -187,7 +187,7 @@ impl HostTensor {
         })
     }
 
-    /// `values`, each rounded once to `dtype` (nearest even, as [`DType::round`]).
+    /// `values`, each rounded once to `dtype` (to nearest, ties to even).
     ///
     /// F64 is refused with [`Error::DTypeMismatch`] naming `dtype`.
     pub fn from_f64(dtype: DType, values: &[f64]) -> Result<Self> {

@@ -36,7 +36,8 @@ impl StateTensor {
     /// [`HostTensor::filled`] refuses it. A mapped tensor starts at `phase`'s offset within
     /// a 4 KiB page: give the parameter's, so that the step's streams share one page offset.
     /// (Streams a few bytes apart within a page make the core take loads of one for
-    /// stores of another, 4 KiB aliasing, which cost a 64 Mi-element Adam step a third.)
+    /// stores of another, 4 KiB aliasing, which cost a large step much of its time:
+    /// PERF.md.)
     pub(super) fn filled(dtype: DType, len: usize, value: f64, phase: usize) -> Result<Self> {
         let one = HostTensor::from_f64(dtype, &[value])?;
         let pattern: &[u8] = match &one {

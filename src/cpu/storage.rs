@@ -8,9 +8,9 @@
 //! A block's 16-bit runs are read in bursts, one operand after another, and the f32 loop
 //! that follows reads no memory; the hardware prefetcher, which keeps the f32 loops'
 //! steady streams ahead of them, does not keep up with that pattern (widening waited on
-//! memory for 35-40 % of a 16 Mi-element f16 step). So loading each operand's block first
-//! asks for the same operand's next block, whose lines arrive while this block is updated:
-//! 0.92x the step time without the prefetch (median of 8 paired runs, Zen 3).
+//! memory for a large part of an f16 step). So loading each operand's block first asks for
+//! the same operand's next block, whose lines arrive while this block is updated (the
+//! measurements are in PERF.md).
 
 use std::cell::RefCell;
 
@@ -25,8 +25,8 @@ use super::kernels::{Kernel, Operands, MAX_STATE};
 use crate::step::rounding;
 
 /// Elements per conversion block: the scratch of all five operands (10 KiB) stays in L1.
-/// In CPU time per 16 Mi-element f16 step (Zen 3, with the prefetch) 256 and 512 cost
-/// least; 128 pays for more calls per element, 1024 and 2048 wait longer on memory.
+/// Smaller blocks pay for more calls per element, larger ones wait longer on memory
+/// (PERF.md).
 const BLOCK: usize = 512;
 
 /// How a step's 16-bit stores round (`Rounding` as the CPU loops take it).
@@ -99,15 +99,14 @@ pub(super) fn run(kernel: &Kernel, stores: &Stores, mut job: Job<'_>) {
     if let Some(operands) = job.operands::<f32>() {
         return kernel.run(operands);
     }
-    // bf16 throughout, rounded to nearest: one pass, converting in registers (16 Mi-element
-    // Adam: 0.91x the blocked path's time, median of 5 alternated runs on Zen 3).
+    // bf16 throughout, rounded to nearest: one pass, converting in registers (faster than
+    // the blocked path, PERF.md).
     if stores.stochastic.is_none() {
         if let Some(operands) = job.operands::<bf16>() {
             return kernel.run(operands);
         }
-        // f16 throughout: one pass too, a register per conversion (16 Mi-element Adam with
-        // F16C's eight lanes: 0.90x the blocked path's time, median of 8 paired runs on Zen
-        // 3; AVX-512's sixteen: 0.91x F16C's, median of 6 alternated runs on Zen 4).
+        // f16 throughout: one pass too, a register per conversion, F16C's eight lanes or
+        // AVX-512's sixteen (each faster than the one before, PERF.md).
         if f16_lanes::available() {
             if let Some(operands) = job.operands::<f16>() {
                 return kernel.run(operands);

@@ -9,8 +9,8 @@ use super::state_memory::StateTensor;
 use super::storage::{self, Job, Stores};
 
 /// Elements per work item: enough that rayon's per-item cost vanishes next to the item's
-/// own ~100 µs (32 Ki-element items measured a few percent slower on 16 Mi elements), few
-/// enough that one 16 Mi-element tensor still makes 128 items to spread over many cores.
+/// own work (smaller items measured slower, PERF.md), few enough that one 16 Mi-element
+/// tensor still makes 128 items to spread over many cores.
 const CHUNK: usize = 128 * 1024;
 
 /// Runs `kernel` over every tensor. The slices have been checked: each gradient and state

@@ -6,8 +6,8 @@
 //! step ([`StoredState::zeros`], as bitsandbytes initializes it), and 1 once a step has
 //! requantized it (a step never divides by 0); either way its values dequantize to 0. A NaN
 //! or infinite value is left out of its block's absmax and stored as the code of 0. Signed
-//! states (Adam's first moment, SGD's momentum) use [`signed_map`], Adam's second moment
-//! [`unsigned_map`].
+//! states (Adam's first moment, SGD's momentum) use bitsandbytes' signed map (`qmap1`),
+//! Adam's second moment its unsigned one (`qmap2`).
 //!
 //! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
 //! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit; the
@@ -85,7 +85,7 @@ pub(crate) fn is_signed(kind: StateKind) -> bool {
 }
 
 /// [`signed_map`] or [`unsigned_map`] for a state of `kind`.
-pub fn map_for(kind: StateKind) -> [f32; 256] {
+pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
     if is_signed(kind) {
         signed_map()
     } else {
@@ -230,13 +230,15 @@ impl StoredState {
         self.len() == 0
     }
 
-    /// The values it stands for, in f32: `map[code] * absmax`, or the f32 values. Codes
-    /// without one absmax per block are refused ([`Error::CountMismatch`]).
-    pub fn values(&self, map: &[f32; 256]) -> Result<Vec<f32>> {
+    /// The values it stands for as a state of `kind`, in f32: `map[code] * absmax` with the
+    /// map of `kind` (bitsandbytes' `qmap2` for Adam's second moment, `qmap1` otherwise), or
+    /// the f32 values. Codes without one absmax per block are refused
+    /// ([`Error::CountMismatch`]).
+    pub fn values(&self, kind: StateKind) -> Result<Vec<f32>> {
         match self {
             StoredState::Q8 { codes, absmax } => {
                 let mut values = vec![0.0f32; codes.len()];
-                dequantize(codes, absmax, map, &mut values)?;
+                dequantize(codes, absmax, &map_for(kind), &mut values)?;
                 Ok(values)
             }
             StoredState::F32(values) => Ok(values.clone()),
@@ -267,26 +269,15 @@ impl StoredState {
             StoredState::F32(_) => Ok(()),
         }
     }
-
-    /// Stores `values` (rounded to f32), requantizing block by block where 8-bit.
-    pub(crate) fn store(&mut self, values: &[f32], map: &[f32; 256]) -> Result<()> {
-        match self {
-            StoredState::Q8 { codes, absmax } => quantize(values, map, codes, absmax),
-            StoredState::F32(stored) => {
-                stored.copy_from_slice(values);
-                Ok(())
-            }
-        }
-    }
 }
 
 /// The map of signed states: bitsandbytes' `create_dynamic_map(signed=True)`.
-pub fn signed_map() -> [f32; 256] {
+pub(crate) fn signed_map() -> [f32; 256] {
     dynamic_map(true)
 }
 
 /// The map of non-negative states: bitsandbytes' `create_dynamic_map(signed=False)`.
-pub fn unsigned_map() -> [f32; 256] {
+pub(crate) fn unsigned_map() -> [f32; 256] {
     dynamic_map(false)
 }
 
@@ -336,7 +327,7 @@ fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
 /// one on a tie, an end code beyond the map's ends. NaN and the infinities take the code of
 /// 0 ([`zero_code`]): a non-finite state value is not kept, and its element's state
 /// restarts from zero.
-pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
+pub(crate) fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
     if !x.is_finite() {
         return zero_code(map);
     }
@@ -353,7 +344,7 @@ pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
 
 /// The index of the code of 0 in `map` (the unsigned map's first code, the signed map's
 /// middle one); 0 for a map without 0.
-pub fn zero_code(map: &[f32; 256]) -> u8 {
+pub(crate) fn zero_code(map: &[f32; 256]) -> u8 {
     map.iter().position(|&c| c == 0.0).unwrap_or(0) as u8
 }
 
@@ -363,7 +354,11 @@ pub fn zero_code(map: &[f32; 256]) -> u8 {
 /// A block's absmax is the largest finite magnitude (1 when there is none, or it is 0):
 /// a NaN or infinite value would make every value of its block NaN once dequantized, so
 /// it takes the code of 0 instead ([`nearest_code`]) and leaves the other values alone.
-pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) -> Result<()> {
+///
+/// The kernels (`cpu/q8.rs`, the GPU's) requantize through [`lut::CodeTable`] inside their
+/// update loops; this plain form states the rule they follow, for the unit tests.
+#[cfg(test)]
+pub(crate) fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) -> Result<()> {
     check_lengths(values.len(), codes.len(), absmax.len())?;
     let blocks = values.chunks(BLOCK_SIZE).zip(codes.chunks_mut(BLOCK_SIZE));
     for ((block, block_codes), block_absmax) in blocks.zip(absmax.iter_mut()) {
@@ -378,7 +373,7 @@ pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut
 
 /// The values of `codes` under their blocks' `absmax`: `map[code] * absmax`. Refuses,
 /// changing nothing, slices of other lengths.
-pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) -> Result<()> {
+pub(crate) fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256], values: &mut [f32]) -> Result<()> {
     check_lengths(values.len(), codes.len(), absmax.len())?;
     let blocks = codes.chunks(BLOCK_SIZE).zip(values.chunks_mut(BLOCK_SIZE));
     for ((block_codes, block_values), scale) in blocks.zip(absmax) {
@@ -411,7 +406,7 @@ fn check_lengths(values: usize, codes: usize, absmax: usize) -> Result<()> {
 }
 
 /// Blocks of a tensor of `len` elements.
-pub fn blocks(len: usize) -> usize {
+pub(crate) fn blocks(len: usize) -> usize {
     len.div_ceil(BLOCK_SIZE)
 }
 
@@ -480,5 +475,58 @@ mod tests {
         let mut values = [9.0f32; 300];
         assert!(dequantize(&codes, &[1.0; 3], &map, &mut values).is_err());
         assert_eq!(values, [9.0f32; 300]);
+    }
+
+    #[test]
+    fn a_non_finite_value_is_left_out_of_its_blocks_absmax_and_stored_as_zero() {
+        for map in [signed_map(), unsigned_map()] {
+            let zero = map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0")) as u8;
+            assert_eq!(zero_code(&map), zero);
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                assert_eq!(nearest_code(&map, bad), zero, "{bad}");
+                let mut values = vec![0.25f32; 300];
+                values[5] = bad;
+                values[260] = bad;
+                let (mut codes, mut absmax) = (vec![7u8; 300], vec![0.0f32; 2]);
+                quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(absmax, [0.25, 0.25], "{bad}");
+                assert_eq!((codes[5], codes[260]), (zero, zero), "{bad}");
+                assert_eq!(codes[4], 255, "{bad}: a finite value keeps its code");
+                // A block of nothing finite has no scale: absmax 1, as an all-zero block.
+                quantize(&[bad; 3], &map, &mut [7u8; 3], &mut absmax[..1]).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(absmax[0], 1.0, "{bad}");
+            }
+        }
+    }
+
+    /// The oracle's maps and its nearest code (a scan of all 256 codes, written apart from
+    /// this module) agree with these, so the code table that `lut` derives from
+    /// [`nearest_code`] rests on an independent reference too.
+    #[test]
+    fn the_maps_and_nearest_codes_equal_the_oracles() {
+        use crate::oracle::bnb;
+        assert_eq!(signed_map(), bnb::signed_map());
+        assert_eq!(unsigned_map(), bnb::unsigned_map());
+        for map in [signed_map(), unsigned_map()] {
+            let midpoints = map.windows(2).map(|w| (w[0] + w[1]) / 2.0);
+            let neighbours = map.iter().flat_map(|&c| [c, c.next_down(), c.next_up()]);
+            let sweep = (0..=1u32 << 16).map(|i| f32::from_bits(0x3000_0000 + (i << 8)));
+            let values: Vec<f32> = midpoints.chain(neighbours).chain(sweep.flat_map(|x| [x, -x])).collect();
+            for x in values.into_iter().chain([0.0, 2.0, -2.0, f32::NAN, f32::INFINITY]) {
+                assert_eq!(nearest_code(&map, x), bnb::nearest_code(&map, x), "{x:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_state_reads_back_through_the_map_of_its_kind() {
+        assert_eq!(map_for(StateKind::ExpAvg), signed_map());
+        assert_eq!(map_for(StateKind::MomentumBuffer), signed_map());
+        assert_eq!(map_for(StateKind::ExpAvgSq), unsigned_map());
+        let every_code = StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] };
+        for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
+            let values = every_code.values(kind).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(values, map_for(kind), "{kind:?}");
+        }
     }
 }

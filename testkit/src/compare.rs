@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::oracle::Storage;
 use wgpu_optim::DType;
 
 /// How many mismatches a [`Comparison`] describes.

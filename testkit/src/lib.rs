@@ -1,6 +1,8 @@
 //! The tools of wgpu-optim's tests, examples and benchmarks, kept out of the library a
 //! trainer embeds:
 //!
+//! - [`oracle`]: the f64 reference every result is checked against (PyTorch, ONNX, DirectML
+//!   and bitsandbytes conventions).
 //! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
 //!   running them on the oracle and the GPU.
 //! - [`compare`](mod@compare): the one comparator every test uses, and the tolerance of 16-bit stores.
@@ -16,6 +18,7 @@
 pub mod checkpoint;
 pub mod compare;
 pub mod conformance;
+pub mod oracle;
 mod roofline;
 mod timer;
 

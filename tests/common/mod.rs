@@ -227,22 +227,58 @@ pub fn adagrad_variants() -> Vec<wgpu_optim::Algorithm> {
     ]
 }
 
-/// Tests of f64 tensors: true where the adapter has `SHADER_F64` and the test should run;
-/// elsewhere (GL, many mobile GPUs) asserts that `call` on `inputs` f64 tensors is refused
-/// with `Error::MissingFeature` naming `SHADER_F64`, and returns false.
-pub fn runs_f64(
+/// Whether a test of the path that needs `feature` (named `name`: `SHADER_F64`, `SHADER_F16`)
+/// can run it.
+///
+/// The suite runs on two adapter classes in CI: Vulkan (lavapipe, with `SHADER_F64` and
+/// `SHADER_F16`) and GL (with neither). True where the adapter has `feature`. Where it does
+/// not, the adapter must be GL, whose run leaves the path to the Vulkan run: any other
+/// adapter without the feature fails the calling test rather than letting it report a path
+/// it did not run.
+pub fn has_feature_unless_gl(ctx: &GpuContext, feature: wgpu::Features, name: &str) -> bool {
+    if ctx.has_feature(feature) {
+        return true;
+    }
+    let report = ctx.report();
+    assert_eq!(
+        report.backend,
+        wgpu::Backend::Gl,
+        "{} ({:?}) lacks {name}: only GL is expected to, and the path of this test did not run",
+        report.adapter_name,
+        report.backend
+    );
+    println!("GL has no {name}: this path runs in the Vulkan run");
+    false
+}
+
+/// A context on the default adapter's device opened without any optional feature (no
+/// `SHADER_F64`, no `SHADER_F16`), as on adapters that lack them: what the refusal tests run
+/// on, on every adapter.
+pub fn ctx_without_features() -> GpuContext {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(&instance, None))
+        .unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"));
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ctx = GpuContext::from_device(device, queue);
+    assert!(!ctx.has_feature(wgpu::Features::SHADER_F64) && !ctx.has_feature(wgpu::Features::SHADER_F16));
+    ctx
+}
+
+/// Asserts that `call` on `inputs` f64 tensors is refused with `Error::MissingFeature` naming
+/// `SHADER_F64` on `ctx` (a context without the feature).
+pub fn assert_f64_refused(
     ctx: &GpuContext,
     inputs: usize,
     call: impl FnOnce(&GpuContext, &mut wgpu::CommandEncoder, &[wgpu_optim::Tensor]) -> wgpu_optim::Result<()>,
-) -> bool {
-    if ctx.has_feature(wgpu::Features::SHADER_F64) {
-        return true;
-    }
+) {
     let tensors: Vec<wgpu_optim::Tensor> =
         (0..inputs).map(|_| ctx.upload_f64("f64 input", &[0.5; 8])).collect();
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     match call(ctx, &mut encoder, &tensors) {
-        Err(wgpu_optim::Error::MissingFeature { feature: "SHADER_F64", .. }) => false,
+        Err(err @ wgpu_optim::Error::MissingFeature { feature: "SHADER_F64", .. }) => {
+            assert!(err.to_string().contains("SHADER_F64"), "{err}");
+        }
         other => panic!("f64 tensors without SHADER_F64: expected MissingFeature(SHADER_F64), got {other:?}"),
     }
 }

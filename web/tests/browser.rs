@@ -10,13 +10,13 @@ use std::cell::RefCell;
 
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use wgpu_optim::ops::{self, Update};
-use wgpu_optim::oracle::{self, clip_grad_norm, TorchState};
 use wgpu_optim::q8::StoredState;
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, OptimizerOptions,
     ParamGroup, Q8States, Rounding, Sgd, StateKind, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
+use wgpu_optim_testkit::oracle::{self, clip_grad_norm, Storage, TorchState};
 
 wasm_bindgen_test_configure!(run_in_browser);
 

@@ -9,6 +9,8 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 use wgpu_optim::{DType, Error, Result};
 
+use crate::oracle::Storage;
+
 /// Whether a case is one operator call or a multi-step optimizer run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

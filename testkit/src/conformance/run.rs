@@ -3,7 +3,6 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
-use wgpu_optim::oracle::{self, clip_grad_norm, TorchState};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, GradClip, MomentumMode, NormType,
     OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, OptimizerOptions, Result, Sgd, Tensor,
@@ -14,6 +13,7 @@ use wgpu_optim::Q8States;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
+use crate::oracle::{self, clip_grad_norm, Storage, TorchState};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -799,9 +799,14 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             }
         }
     }
-    // The maps the states were quantized with, one per state kind.
+    // The maps the states were quantized with, one per state kind: the oracle's own, or the
+    // crate's as its dequantization shows them (every code under absmax 1).
     for (k, kind) in kinds.iter().enumerate() {
-        outputs.push((format!("qmap{}", k + 1), q8::map_for(*kind).iter().map(|&c| f64::from(c)).collect()));
+        let map = match backend {
+            Backend::Oracle => oracle::bnb::map_for(*kind).to_vec(),
+            _ => StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] }.values(*kind)?,
+        };
+        outputs.push((format!("qmap{}", k + 1), map.into_iter().map(f64::from).collect()));
     }
     Ok(outputs)
 }

@@ -1,0 +1,329 @@
+//! bitsandbytes' blockwise 8-bit optimizers (Dettmers et al. 2022) as its reference
+//! implementation runs them, with the dynamic maps built from bitsandbytes'
+//! `create_dynamic_map` and the quantization its reference does (the nearest code by f32
+//! distance), written here apart from wgpu-optim's own `q8` module so that the tests compare
+//! two implementations.
+
+use super::api::q8::StoredState;
+use super::api::{Algorithm, Error, Result, StateKind};
+use super::onnx::one_minus_pow;
+
+/// Elements per block, each block with one f32 absmax (bitsandbytes' `blocksize=256` for
+/// optimizer states).
+pub const BLOCK_SIZE: usize = 256;
+
+/// `bitsandbytes.functional.create_dynamic_map(signed=True)`: the map of signed states
+/// (Adam's first moment, SGD's momentum buffer), bitsandbytes' `qmap1`.
+pub fn signed_map() -> [f32; 256] {
+    create_dynamic_map(true)
+}
+
+/// `create_dynamic_map(signed=False)`: the map of Adam's second moment, `qmap2`.
+pub fn unsigned_map() -> [f32; 256] {
+    create_dynamic_map(false)
+}
+
+/// The map bitsandbytes quantizes a state of `kind` with: [`unsigned_map`] for Adam's second
+/// moment (`state2`), [`signed_map`] for the first moment and the momentum buffer (`state1`).
+pub fn map_for(kind: StateKind) -> [f32; 256] {
+    if kind == StateKind::ExpAvgSq {
+        unsigned_map()
+    } else {
+        signed_map()
+    }
+}
+
+/// `create_dynamic_map(signed, max_exponent_bits=7, total_bits=8)` as bitsandbytes defines
+/// it: 7 non-sign bits (for either sign), so no additional items; for each exponent
+/// `i` in 0..7, `2^i + 1` points (signed) or `2^(i+1) + 1` points (unsigned) of
+/// `torch.linspace(0.1, 1, n)` in f32, the means of neighbouring points (f32 tensor
+/// arithmetic), each multiplied by the Python float `10 ** (i - 6)` (and, when signed, by
+/// its negation too; PyTorch rounds the scale to f32 for an f32 tensor); then 0 and 1
+/// appended and the 256 values sorted.
+fn create_dynamic_map(signed: bool) -> [f32; 256] {
+    const MAX_EXPONENT_BITS: i32 = 7;
+    const NON_SIGN_BITS: i32 = 7;
+    let mut data: Vec<f32> = Vec::with_capacity(256);
+    for i in 0..MAX_EXPONENT_BITS {
+        let power = i + NON_SIGN_BITS - MAX_EXPONENT_BITS;
+        let fraction_items = if signed { (1usize << power) + 1 } else { (1usize << (power + 1)) + 1 };
+        let boundaries = torch_linspace(0.1, 1.0, fraction_items);
+        let scale = 10f64.powf(f64::from(-(MAX_EXPONENT_BITS - 1) + i)) as f32;
+        let means: Vec<f32> = boundaries.windows(2).map(|b| (b[0] + b[1]) / 2.0).collect();
+        data.extend(means.iter().map(|m| scale * m));
+        if signed {
+            data.extend(means.iter().map(|m| -scale * m));
+        }
+    }
+    data.push(0.0);
+    data.push(1.0);
+    data.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let mut map = [0.0; 256];
+    map.copy_from_slice(&data);
+    map
+}
+
+/// `torch.linspace(start, end, steps, dtype=torch.float32)` on the CPU: ATen's kernel
+/// computes the first half as `start + step * i` and the second half as
+/// `end - step * (steps - i - 1)`, in f32, and its compiler contracts each into one fused
+/// multiply-add.
+fn torch_linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
+    let step = (end - start) / (steps - 1) as f32;
+    let halfway = steps / 2;
+    (0..steps)
+        .map(|i| {
+            if i < halfway {
+                step.mul_add(i as f32, start)
+            } else {
+                (-step).mul_add((steps - i - 1) as f32, end)
+            }
+        })
+        .collect()
+}
+
+/// The index of the code of `map` nearest to `x` by f32 distance, the lower one on a tie
+/// (bitsandbytes' reference takes the first minimum), by looking at every code. A value
+/// beyond the map's ends takes the end code; NaN and the infinities take the code of 0 (a
+/// non-finite state value restarts from zero, as wgpu-optim documents for its 8-bit state).
+pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
+    if !x.is_finite() {
+        return zero_code(map);
+    }
+    // Beyond the ends the end code is nearest; clamping keeps f32 rounding of huge
+    // distances from making two codes equally near.
+    let x = x.clamp(map[0], map[255]);
+    let mut best = 0;
+    for (code, c) in map.iter().enumerate() {
+        if (x - c).abs() < (x - map[best]).abs() {
+            best = code;
+        }
+    }
+    best as u8
+}
+
+/// The index of the code of 0 in `map`.
+pub fn zero_code(map: &[f32; 256]) -> u8 {
+    map.iter().position(|&c| c == 0.0).unwrap_or(0) as u8
+}
+
+/// Quantizes `values` block by block: each block's absmax is its largest finite magnitude
+/// (1 where there is none or it is 0, so that a step never divides by 0), each value the
+/// [`nearest_code`] of `value / absmax`. `codes` holds one code per value, `absmax` one
+/// entry per block (the last block possibly partial).
+///
+/// # Panics
+///
+/// Where `codes` or `absmax` has another length.
+pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut [f32]) {
+    assert_eq!(codes.len(), values.len(), "one code per value");
+    assert_eq!(absmax.len(), values.len().div_ceil(BLOCK_SIZE), "one absmax per block");
+    for (b, block) in values.chunks(BLOCK_SIZE).enumerate() {
+        let largest = block.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        absmax[b] = if largest == 0.0 { 1.0 } else { largest };
+        for (j, v) in block.iter().enumerate() {
+            codes[b * BLOCK_SIZE + j] = nearest_code(map, v / absmax[b]);
+        }
+    }
+}
+
+/// `map[code] * absmax` of each code's block.
+pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256]) -> Vec<f32> {
+    codes.iter().enumerate().map(|(i, &c)| map[usize::from(c)] * absmax[i / BLOCK_SIZE]).collect()
+}
+
+/// Refuses a state of another length than the parameter's, or 8-bit codes without one
+/// absmax per block, naming the state `argument`.
+fn check_state(state: &StoredState, argument: &str, len: usize) -> Result<()> {
+    let held = match state {
+        StoredState::Q8 { codes, .. } => codes.len(),
+        StoredState::F32(values) => values.len(),
+    };
+    if held != len {
+        return Err(Error::LengthMismatch {
+            argument: argument.into(),
+            got: held as u64,
+            expected: len as u64,
+            reference: "param".into(),
+        });
+    }
+    if let StoredState::Q8 { codes, absmax } = state {
+        let blocks = codes.len().div_ceil(BLOCK_SIZE);
+        if absmax.len() != blocks {
+            return Err(Error::CountMismatch {
+                argument: format!("{argument} absmax"),
+                got: absmax.len(),
+                expected: blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Dequantized, widened.
+fn load(state: &StoredState, map: &[f32; 256]) -> Vec<f64> {
+    let values = match state {
+        StoredState::Q8 { codes, absmax } => dequantize(codes, absmax, map),
+        StoredState::F32(values) => values.clone(),
+    };
+    values.into_iter().map(f64::from).collect()
+}
+
+/// Rounded to f32, then requantized block by block where 8-bit.
+fn store(state: &mut StoredState, values: &[f64], map: &[f32; 256]) {
+    let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    match state {
+        StoredState::Q8 { codes, absmax } => quantize(&narrowed, map, codes, absmax),
+        StoredState::F32(stored) => stored.copy_from_slice(&narrowed),
+    }
+}
+
+/// Refuses a gradient of another length than the parameter's.
+fn check_grad(param: &[f64], grad: &[f64]) -> Result<()> {
+    if grad.len() != param.len() {
+        return Err(Error::LengthMismatch {
+            argument: "grad".into(),
+            got: grad.len() as u64,
+            expected: param.len() as u64,
+            reference: "param".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `bitsandbytes.optim.Adam8bit` and `AdamW8bit`'s hyperparameters. Both apply weight decay
+/// decoupled (`p *= 1 - lr * weight_decay`), unlike `torch.optim.Adam`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnbAdam {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the bias-corrected root of the second moment.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise Adam on one tensor, as its reference
+/// `optimizer_update_8bit_blockwise_pytorch` does it: dequantize both moments, update them and
+/// the parameter from the dequantized values, then requantize each moment (first with the
+/// signed map, second with the unsigned one). Tensors kept in f32 take the same update.
+/// A gradient or state of another length than `param` is refused and nothing changes.
+pub fn bnb_adam8bit_step(
+    config: &BnbAdam,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    exp_avg: &mut StoredState,
+    exp_avg_sq: &mut StoredState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    check_state(exp_avg, "exp_avg", param.len())?;
+    check_state(exp_avg_sq, "exp_avg_sq", param.len())?;
+    let (signed, unsigned) = (signed_map(), unsigned_map());
+    let (mut m, mut v) = (load(exp_avg, &signed), load(exp_avg_sq, &unsigned));
+    let bias_correction1 = one_minus_pow(config.beta1, step);
+    let bias_correction2 = one_minus_pow(config.beta2, step);
+    for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
+        // state1.mul_(beta1).add_(grad, alpha=1 - beta1)
+        *m = *m * config.beta1 + (1.0 - config.beta1) * g;
+        // state2.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        *v = *v * config.beta2 + (1.0 - config.beta2) * g * g;
+        // denom = (state2.sqrt() / sqrt(bias_correction2)).add_(eps)
+        let denom = v.sqrt() / bias_correction2.sqrt() + config.eps;
+        if config.weight_decay > 0.0 {
+            *p *= 1.0 - config.lr * config.weight_decay;
+        }
+        // p.addcdiv_(state1, denom, value=-lr / bias_correction1)
+        *p += -config.lr / bias_correction1 * (*m / denom);
+    }
+    store(exp_avg, &m, &signed);
+    store(exp_avg_sq, &v, &unsigned);
+    Ok(())
+}
+
+/// Step `step` of `algorithm` as bitsandbytes' 8-bit optimizers run it, over `states` in
+/// the algorithm's state order ([`Algorithm::state_kinds`]): Adam and AdamW as
+/// [`bnb_adam8bit_step`] (decoupled decay), SGD with momentum as [`bnb_sgd8bit_step`]; then
+/// the parameters rounded to f32, as an optimizer with 8-bit state stores them. Another
+/// algorithm, or a count of states other than its own, is refused and nothing changes.
+pub fn bnb_8bit_step(
+    algorithm: &Algorithm,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    states: &mut [StoredState],
+) -> Result<()> {
+    let kept = algorithm.state_kinds().len();
+    if states.len() != kept {
+        return Err(Error::CountMismatch { argument: "states".into(), got: states.len(), expected: kept });
+    }
+    match (algorithm, states) {
+        (Algorithm::Adam(a), [m, v]) if !a.amsgrad => {
+            let config = BnbAdam {
+                lr: a.lr,
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            };
+            bnb_adam8bit_step(&config, step, param, grad, m, v)?;
+        }
+        (Algorithm::Sgd(s), [buffer]) => {
+            let config = BnbSgd { lr: s.lr, momentum: s.momentum, weight_decay: s.weight_decay };
+            bnb_sgd8bit_step(&config, step, param, grad, buffer)?;
+        }
+        _ => {
+            return Err(Error::ConflictingOptions {
+                first: "q8_states",
+                second: "algorithm",
+                reason: "bitsandbytes' 8-bit optimizers are Adam, AdamW and SGD with momentum",
+            })
+        }
+    }
+    for p in param.iter_mut() {
+        *p = f64::from(*p as f32);
+    }
+    Ok(())
+}
+
+/// `bitsandbytes.optim.SGD8bit`'s hyperparameters (its 8-bit update has no dampening and no
+/// Nesterov form).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnbSgd {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum.
+    pub momentum: f64,
+    /// L2 weight decay, added to the gradient.
+    pub weight_decay: f64,
+}
+
+/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise SGD with momentum on one tensor, as
+/// its reference does it: the first step's buffer is the gradient, later ones
+/// `momentum * buffer + gradient`, requantized with the signed map. A gradient or buffer of
+/// another length than `param` is refused and nothing changes.
+pub fn bnb_sgd8bit_step(
+    config: &BnbSgd,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    buffer: &mut StoredState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    check_state(buffer, "momentum_buffer", param.len())?;
+    let signed = signed_map();
+    let mut b = load(buffer, &signed);
+    for ((p, g), b) in param.iter_mut().zip(grad).zip(&mut b) {
+        // grad.add_(p, alpha=weight_decay), only where there is a decay (as PyTorch's
+        // `if weight_decay != 0`): 0 * p would make a NaN or infinite parameter's gradient NaN.
+        let g = if config.weight_decay != 0.0 { g + config.weight_decay * *p } else { *g };
+        *b = if step == 1 { g } else { *b * config.momentum + g };
+        // p.add_(state1, alpha=-lr)
+        *p += -config.lr * *b;
+    }
+    store(buffer, &b, &signed);
+    Ok(())
+}

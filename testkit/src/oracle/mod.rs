@@ -1,0 +1,29 @@
+//! The CPU reference: each convention's pseudo code transcribed line for line in f64. Slow
+//! and obviously correct; every GPU and CPU-backend result in the tests is checked against
+//! it.
+//!
+//! It sees wgpu-optim's public API only (the configurations it reads, [`StoredState`] for
+//! 8-bit state) and computes everything else itself: the bitsandbytes maps and
+//! quantization ([`bnb`]), the rounding of stores to a dtype ([`dtype`]), so that it does not
+//! share the code it checks.
+//!
+//! wgpu-optim's own unit tests compile [`onnx`] and [`bnb`] inside the crate (through
+//! `#[path]`), where `api` names the crate itself: the files name every item of the
+//! crate they use through `super::api`.
+//!
+//! [`StoredState`]: wgpu_optim::q8::StoredState
+
+/// The crate under test, as the oracle's files name it.
+use wgpu_optim as api;
+
+pub mod bnb;
+pub mod dtype;
+pub mod onnx;
+pub mod torch;
+
+pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
+pub use dtype::Storage;
+pub use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum, OnnxAdamOutputs, OnnxOutputs2};
+pub use torch::{
+    clip_grad_norm, torch_adagrad_step, torch_adam_step, torch_sgd_step, TorchAdamState, TorchState,
+};
