@@ -1,14 +1,19 @@
-//! Compiled pipelines, one per variant, created once and shared by every caller of a context.
+//! Compiled pipelines, one per variant, created once and shared by every caller of a
+//! context: the registry of every kernel the crate compiles, multi-tensor and 8-bit alike.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::kernel::{compose, Scalars, Storage, VariantKey, CLIP_BINDING, TABLE_BYTES};
+use crate::gpu::q8;
 use crate::gpu::GpuContext;
 use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{DType, Error, Result};
+
+/// Group 0's binding of the hyperparameters' uniform slot, in every kernel that has one.
+pub(crate) const HYPER_BINDING: u32 = 0;
 
 /// A compiled variant and the layout its per-segment bind groups must follow.
 #[derive(Debug)]
@@ -17,27 +22,52 @@ pub(crate) struct CachedPipeline {
     pub(crate) segment_layout: wgpu::BindGroupLayout,
 }
 
-/// Pipelines by variant. Insertion is double-checked so two threads asking for the same
-/// variant at once compile it at most twice and share one result.
+/// What selects one compiled pipeline, whichever kind of kernel it is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum PipelineKey {
+    /// A multi-tensor kernel (`gpu::kernel`).
+    Table(VariantKey),
+    /// An 8-bit-state step (`gpu::q8`).
+    Q8(q8::Variant),
+}
+
+/// Pipelines by key, one registry per device. Insertion is double-checked so two threads
+/// asking for the same variant at once compile it at most twice and share one result.
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    map: Mutex<HashMap<VariantKey, Arc<CachedPipeline>>>,
+    map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
 }
 
 impl PipelineCache {
+    /// Pipelines compiled so far, of every kind.
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        self.lock().len()
     }
 
+    /// The multi-tensor kernel of `key`, compiled on first use.
     pub(crate) fn get(&self, ctx: &GpuContext, key: &VariantKey) -> Result<Arc<CachedPipeline>> {
-        if let Some(hit) = self.lock().get(key) {
+        self.get_or_compile(PipelineKey::Table(key.clone()), || compile(ctx, key))
+    }
+
+    /// The 8-bit step of `variant`, compiled on first use.
+    pub(crate) fn get_q8(&self, ctx: &GpuContext, variant: &q8::Variant) -> Result<Arc<CachedPipeline>> {
+        self.get_or_compile(PipelineKey::Q8(variant.clone()), || q8::compile(ctx, variant))
+    }
+
+    fn get_or_compile(
+        &self,
+        key: PipelineKey,
+        compile: impl FnOnce() -> Result<CachedPipeline>,
+    ) -> Result<Arc<CachedPipeline>> {
+        if let Some(hit) = self.lock().get(&key) {
             return Ok(hit.clone());
         }
-        let compiled = Arc::new(compile(ctx, key)?);
-        Ok(self.lock().entry(key.clone()).or_insert(compiled).clone())
+        // Compiled outside the lock: other kernels stay available meanwhile.
+        let compiled = Arc::new(compile()?);
+        Ok(self.lock().entry(key).or_insert(compiled).clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<VariantKey, Arc<CachedPipeline>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, Arc<CachedPipeline>>> {
         // A panic while holding the lock cannot leave the map inconsistent (inserts are
         // single calls), so a poisoned lock is still usable.
         self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -90,7 +120,7 @@ impl ScalarLayouts {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries })
         };
-        let hyper = buffer_entry(0, Uniform, false, UNIFORM_SLOT_BYTES);
+        let hyper = buffer_entry(HYPER_BINDING, Uniform, false, UNIFORM_SLOT_BYTES);
         let state =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, DeviceHeader::BYTES);
         // The device state, and the group's learning rate (one f32).

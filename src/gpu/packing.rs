@@ -1,0 +1,72 @@
+//! Packing segments into dispatches, for every kernel that updates many segments in one
+//! dispatch through a table: greedily, in order, each segment joining the dispatch still open
+//! for what it must share with it (its variant and buffers) while the dispatch's rules
+//! (binding sizes, the table's room, no byte written by one segment and touched by another)
+//! accept it. The rules themselves are the caller's; `gpu::table` has the table's room
+//! ([`crate::gpu::table::table_fits`]) and the workgroup shares.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// Packs `items` in order: each joins the dispatch still open for its key where `try_add`
+/// accepts it, and otherwise starts a new one (`start`), which becomes the open one for its
+/// key. The dispatches, in the order they were started.
+pub(crate) fn pack_greedy<K: Eq + Hash, T, D>(
+    items: impl IntoIterator<Item = (K, T)>,
+    mut start: impl FnMut(T) -> D,
+    mut try_add: impl FnMut(&mut D, &T) -> bool,
+) -> Vec<D> {
+    let mut dispatches: Vec<D> = Vec::new();
+    let mut open: HashMap<K, usize> = HashMap::new();
+    for (key, item) in items {
+        if let Some(&d) = open.get(&key) {
+            if try_add(&mut dispatches[d], &item) {
+                continue;
+            }
+        }
+        open.insert(key, dispatches.len());
+        dispatches.push(start(item));
+    }
+    dispatches
+}
+
+/// Whether the byte ranges `[a, b)` and `[c, d)` share a byte.
+pub(crate) fn overlap((a, b): (u64, u64), (c, d): (u64, u64)) -> bool {
+    a < d && c < b
+}
+
+/// The smallest binding, starting at a multiple of `align`, that covers the binding
+/// `(lo, hi)` and the range `(start, end)`. `(u64::MAX, 0)` is the empty binding.
+pub(crate) fn cover((lo, hi): (u64, u64), (start, end): (u64, u64), align: u64) -> (u64, u64) {
+    (lo.min(start / align * align), hi.max(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_join_the_open_dispatch_of_their_key_until_it_refuses_them() {
+        // Dispatches hold at most two items; keys 'a' and 'b' interleave.
+        let items = [('a', 1), ('b', 2), ('a', 3), ('a', 4), ('b', 5), ('a', 6)];
+        let packed = pack_greedy(
+            items,
+            |x| vec![x],
+            |d: &mut Vec<i32>, &x| {
+                d.len() < 2 && {
+                    d.push(x);
+                    true
+                }
+            },
+        );
+        assert_eq!(packed, [vec![1, 3], vec![2, 5], vec![4, 6]]);
+    }
+
+    #[test]
+    fn a_cover_starts_aligned_and_overlap_is_of_half_open_ranges() {
+        assert_eq!(cover((u64::MAX, 0), (260, 300), 256), (256, 300));
+        assert_eq!(cover((256, 300), (100, 120), 256), (0, 300));
+        assert!(overlap((0, 8), (4, 12)));
+        assert!(!overlap((0, 8), (8, 12)));
+    }
+}
