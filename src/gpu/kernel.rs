@@ -18,8 +18,8 @@
 //!   and `S` (the math scalar); `WG` (the workgroup size, [`WORKGROUP_SIZE`]);
 //!   `BINDING_<NAME>` for every constant of [`binding`].
 //! - `struct TableHead`, `struct TableRow`, `struct Table`, `table` (the dispatch's table),
-//!   `table_row(v: vec4<u32>) -> TableRow`, `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`,
-//!   `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and `select_entry(w) -> u32`, which loads
+//!   `table_row(r: u32) -> TableRow` (row `r` of `table.rows` as a [`TableRow`]),
+//!   `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`, `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and `select_entry(w) -> u32`, which loads
 //!   workgroup `w`'s segment into the private `seg` (`n`, `pair_shift`, `pair_first`,
 //!   `pair_step`, `base<b>`) and returns its entry's first row. With stochastic stores:
 //!   `struct RngRow`, `rng_row`, `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
@@ -48,7 +48,6 @@ use std::fmt::Write;
 use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
-use crate::step::fields::row_reader_wgsl;
 use crate::step::rounding::{self, RoundingHeader, Stochastic};
 use crate::step::{Family, Override, Slot, Switches};
 use crate::{DType, StateKind};
@@ -364,23 +363,6 @@ pub(crate) fn rows_per_entry(bindings: usize, stochastic: bool) -> usize {
 /// entries would take a dependent load per step, which a CPU adapter runs per invocation.
 pub(crate) fn map_rows(workgroups: usize) -> usize {
     workgroups.div_ceil(MAP_ENTRIES_PER_ROW)
-}
-
-/// WGSL `entry_row(w)`: the first row of the entry whose workgroups include workgroup `w`,
-/// looked up in the map that follows `entries` entries of `per_entry` rows (each argument a
-/// WGSL expression).
-fn map_lookup_wgsl(per_entry: &str, entries: &str, per_row: &str) -> String {
-    format!(
-        "fn entry_row(w: u32) -> u32 {{\n    \
-         let pair = table.rows[{per_entry} * {entries} + w / {per_row}][(w / 2u) % 4u];\n    \
-         return {per_entry} * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
-    )
-}
-
-/// WGSL `entry_row(w)` for a table whose head is a `vec4<u32>` with the entry count in `x`
-/// and whose entries are `per_entry` rows each (the 8-bit kernels' table).
-pub(crate) fn entry_row_wgsl(per_entry: usize) -> String {
-    map_lookup_wgsl(&format!("{per_entry}u"), "table.head.x", &format!("{MAP_ENTRIES_PER_ROW}u"))
 }
 
 /// The full WGSL of one variant: the generated prelude (see the module doc for what it
@@ -712,8 +694,10 @@ pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
          const ENTRY_ROWS: u32 = {per_entry}u;\n\
          const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
          struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
-         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n{}",
-        map_lookup_wgsl("ENTRY_ROWS", "table.head.rows", "MAP_ENTRIES_PER_ROW")
+         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n\
+         fn entry_row(w: u32) -> u32 {{\n    \
+         let pair = table.rows[ENTRY_ROWS * table.head.rows + w / MAP_ENTRIES_PER_ROW][(w / 2u) % 4u];\n    \
+         return ENTRY_ROWS * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
     );
     s
 }
@@ -724,14 +708,13 @@ pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
 /// and returns its first row.
 fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let per_entry = rows_per_entry(bindings, stochastic);
-    let mut s =
-        table_head_wgsl(per_entry) + &TableRow::wgsl() + &row_reader_wgsl("table_row", TableRow::NAME);
+    let mut s = table_head_wgsl(per_entry) + &TableRow::wgsl() + &TableRow::reader_wgsl("table_row");
     let _ = write!(
         s,
         "const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
          fn select_entry(w: u32) -> u32 {{\n    \
          let e = entry_row(w);\n    \
-         let row = table_row(table.rows[e]);\n    \
+         let row = table_row(e);\n    \
          seg.n = row.n;\n    seg.pair_shift = row.pair_shift;\n    \
          seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n"
     );
@@ -741,13 +724,13 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     s.push_str("    return e;\n}\n");
     if stochastic {
         s.push_str(&RngRow::wgsl());
-        s.push_str(&row_reader_wgsl("rng_row", RngRow::NAME));
+        s.push_str(&RngRow::reader_wgsl("rng_row"));
         let _ = write!(
             s,
             "const ENTRY_RNG: u32 = {}u;\n\
              var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
              fn rng_begin(e: u32, seed_lo: u32, seed_hi: u32, step: u32) {{\n    \
-             let r = rng_row(table.rows[e + ENTRY_RNG]);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
+             let r = rng_row(e + ENTRY_RNG);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
              rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.ordinal);\n}}\n",
             per_entry - 1
         );

@@ -15,7 +15,7 @@
 //! (`ENTRY_BASES`, `ENTRY_RNG`, `MAP_ENTRIES_PER_ROW`).
 //!
 //! Path of a table field: [`TableDispatch::table`] fills [`TableRow::groups`] → the
-//! generated `struct TableRow` and `table_row` (`gpu/kernel.rs`) → `row.groups` in
+//! generated `struct TableRow` and its reader `table_row` (`gpu/kernel.rs`) → `row.groups` in
 //! `shaders/entry_element.wgsl`. The naga test in `gpu/kernel.rs` checks that WGSL lays out
 //! every such struct as `#[repr(C)]` does.
 
@@ -26,50 +26,50 @@ use crate::gpu::kernel::{
     WORKGROUP_SIZE,
 };
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
-use crate::step::fields::table_row;
+use crate::step::fields::table_struct;
 
-table_row! {
+table_struct! {
     /// The head of a dispatch's table (`table.head` in WGSL).
     TableHead {
         /// Entries (rows of segments) in the table.
-        rows,
+        rows: u32,
         /// Pair mode's first pair of each invocation's stride: 0, or the phase (0 or 1).
-        pair_first,
+        pair_first: u32,
         /// Pair mode's stride between an invocation's pairs, in units of the stride: 1, or 2
         /// when even and odd pairs run in two phases.
-        pair_step,
+        pair_step: u32,
         /// Workgroups of the batch's earlier dispatches: where the gradient-norm pass puts
         /// this dispatch's first partial.
-        first_workgroup,
+        first_workgroup: u32,
     }
 }
 
-table_row! {
-    /// The first row of a table entry (`table_row(table.rows[e])` in WGSL).
+table_struct! {
+    /// The first row of a table entry (`table_row(e)` in WGSL).
     TableRow {
         /// Accesses (elements, or vec4s) in the segment.
-        n,
+        n: u32,
         /// Pair mode: 1 where the segment starts on the odd half of a packed word.
-        pair_shift,
+        pair_shift: u32,
         /// The entry's first workgroup within the dispatch.
-        first_group,
+        first_group: u32,
         /// The entry's workgroups: the stride of its grid-stride loop.
-        groups,
+        groups: u32,
     }
 }
 
-table_row! {
+table_struct! {
     /// The last row of a table entry with stochastic stores: what the rounding hash takes
     /// from the segment (`rng_row(...)` in WGSL).
     RngRow {
         /// The tensor's ordinal.
-        ordinal,
+        ordinal: u32,
         /// The segment's first element in its tensor, low 32 bits.
-        first_lo,
+        first_lo: u32,
         /// The segment's first element in its tensor, high 32 bits.
-        first_hi,
+        first_hi: u32,
         /// 0.
-        reserved,
+        reserved: u32,
     }
 }
 

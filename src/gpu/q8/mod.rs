@@ -19,14 +19,14 @@ use crate::gpu::kernel::{Scalars, TABLE_BYTES};
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::plan::{check_range, Arg};
-use crate::gpu::table::{share_workgroups, table_fits, workgroup_map};
+use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::Switches;
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
 use layout::{
-    CODE_TABLES_BINDING, GRADS_BINDING, PARAMS_BINDING, SCALARS_GROUP, SEGMENTS_BINDING, SEGMENT_GROUP,
-    STATE_BINDING, TABLE_BINDING,
+    CODE_TABLES_BINDING, GRADS_BINDING, PARAMS_BINDING, SCALARS_GROUP, SEGMENT_GROUP, STATE_BINDING,
+    TABLE_BINDING,
 };
 
 /// What selects one compiled 8-bit pipeline.
@@ -196,10 +196,12 @@ impl Pending {
         share_workgroups(&self.segments.iter().map(|&s| segments[s].wanted).collect::<Vec<_>>())
     }
 
-    /// The table's words: the header `(entries, 0, 0, 0)`, then a [`layout::Segment`] per
-    /// segment, bases relative to the dispatch's bindings, then the workgroup map.
+    /// The table's words: the [`TableHead`] (the entry count; no pairs, no norm partials),
+    /// then a [`layout::Segment`] per segment, bases relative to the dispatch's bindings, then
+    /// the workgroup map.
     fn table(&self, segments: &[Segment]) -> Vec<u32> {
-        let mut words = vec![self.segments.len() as u32, 0, 0, 0];
+        let head = TableHead { rows: self.segments.len() as u32, ..TableHead::default() };
+        let mut words = head.words().to_vec();
         let mut first_group = 0;
         let groups = self.groups(segments);
         let grads_from = if self.key.grads.is_none() { self.params.0 } else { self.grads.0 };
@@ -216,7 +218,7 @@ impl Pending {
                 absmax: segment.state_words.map(|(_, absmax)| absmax as u32),
                 reserved: [0; 2],
             };
-            words.extend_from_slice(bytemuck::cast_slice(&[entry]));
+            words.extend(entry.words());
             first_group += groups;
         }
         words.extend(workgroup_map(&groups));
@@ -519,7 +521,6 @@ impl Q8Engine {
                 let table = (at, at + TABLE_BYTES);
                 let mut entries = vec![
                     buffer(TABLE_BINDING, &uniforms, table),
-                    buffer(SEGMENTS_BINDING, &uniforms, table),
                     buffer(PARAMS_BINDING, &key.params, dispatch.params),
                     buffer(STATE_BINDING, &key.state, (0, key.state.size())),
                 ];
@@ -699,7 +700,6 @@ pub(crate) fn compile(ctx: &GpuContext, variant: &Variant) -> Result<CachedPipel
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
         buffer_entry(TABLE_BINDING, Uniform, false, TABLE_BYTES),
-        buffer_entry(SEGMENTS_BINDING, Uniform, false, TABLE_BYTES),
         buffer_entry(PARAMS_BINDING, Storage { read_only: false }, false, 4),
         buffer_entry(STATE_BINDING, Storage { read_only: false }, false, 4),
     ];

@@ -26,14 +26,17 @@
 //!
 //! - constants: `BLOCK_SIZE` ([`crate::q8::BLOCK_SIZE`]), [`CODES_PER_WORD`],
 //!   [`BLOCK_WORDS`], [`WORKGROUP`], [`FAN_IN`], `STATES` (the variant's state count),
-//!   `MAX_STATES` and `ENTRY_ROWS` ([`super::layout`]); with 8-bit states also
+//!   `MAX_STATES` ([`super::layout`]), and `BINDING_<NAME>` for every constant of
+//!   `gpu::kernel::binding`; with 8-bit states also
 //!   `crate::q8::lut`'s `SMALLEST`, `ONE`, `INFINITY`, `BUCKET_SHIFT`, `BUCKETS_PER_SIGN`,
 //!   and `CODINGS`, each state's map, table and code of 0 in the code tables' binding
 //!   ([`tables_words`]);
 //! - `alias R = vec4<f32>` and `alias S = f32`;
-//! - `struct Segment` ([`super::layout::Segment`]) and the table's bindings `table` and
-//!   `segments` ([`super::layout::table_views_wgsl`]), and `entry_row(w)`
-//!   (`gpu::kernel::entry_row_wgsl`);
+//! - the multi-tensor kernels' table declarations (`gpu::kernel::table_head_wgsl`):
+//!   `struct TableHead`, `struct Table`, its binding `table`, `TABLE_ROWS`, `ENTRY_ROWS`
+//!   (the rows of one entry), `MAP_ENTRIES_PER_ROW` and `entry_row(w)`, the first row of
+//!   workgroup `w`'s entry; `struct Segment` ([`super::layout::Segment`]) and
+//!   `segment_at(r)`, the segment whose first row is `r`;
 //! - the storage bindings `params`, `state`, with 8-bit states `tables`, and without the
 //!   gradients in the parameters' buffer `grads`, at [`super::layout`]'s binding numbers;
 //!   `grad_at(j)`, gradient j from whichever binding holds them;
@@ -47,11 +50,11 @@
 use std::fmt::Write;
 
 use super::layout::{
-    table_views_wgsl, CODE_TABLES_BINDING, ENTRY_ROWS, GRADS_BINDING, MAX_STATES, PARAMS_BINDING,
-    SCALARS_GROUP, SEGMENT_GROUP, STATE_BINDING,
+    Segment, CODE_TABLES_BINDING, ENTRY_ROWS, GRADS_BINDING, MAX_STATES, PARAMS_BINDING, SCALARS_GROUP,
+    SEGMENT_GROUP, STATE_BINDING,
 };
 use super::Variant;
-use crate::gpu::kernel::{entry_row_wgsl, nan_helpers, CLIP_BINDING};
+use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl, CLIP_BINDING};
 use crate::gpu::pipeline::HYPER_BINDING;
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
 use crate::q8::BLOCK_SIZE;
@@ -148,13 +151,14 @@ pub(crate) fn prelude(variant: &Variant) -> String {
         ("FAN_IN", FAN_IN as usize),
         ("STATES", kinds.len()),
         ("MAX_STATES", MAX_STATES),
-        ("ENTRY_ROWS", ENTRY_ROWS),
     ];
     for (name, value) in constants {
         let _ = writeln!(s, "const {name}: u32 = {value}u;");
     }
-    s.push_str(&table_views_wgsl());
-    s.push_str(&entry_row_wgsl(ENTRY_ROWS));
+    s.push_str(&binding_wgsl());
+    s.push_str(&table_head_wgsl(ENTRY_ROWS));
+    s.push_str(&Segment::wgsl());
+    s.push_str(&Segment::reader_wgsl("segment_at"));
     let storage = |s: &mut String, binding: u32, access: &str, name: &str, element: &str| {
         let _ = writeln!(
             s,
