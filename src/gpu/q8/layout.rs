@@ -1,5 +1,4 @@
-//! The host/shader contract of an 8-bit step's group 1: the binding numbers, and the
-//! dispatch's table entry as a `#[repr(C)]` Pod struct whose WGSL declaration and reader are
+//! The host/shader contract of an 8-bit step's group 1: the dispatch's table entry as a `#[repr(C)]` Pod struct whose WGSL declaration and reader are
 //! generated from the same field list by `table_struct!`, as the multi-tensor table's are
 //! (the layout test in `gpu::q8::tests` checks naga's offsets against Rust's). The table
 //! itself is the multi-tensor table's: a [`crate::gpu::table::TableHead`], then
@@ -7,22 +6,12 @@
 
 use crate::step::fields::table_struct;
 
-/// Group 0: the hyperparameters (and, clipped, the clip buffer at
-/// [`crate::gpu::kernel::CLIP_BINDING`]), shared with the f32 kernels' layouts.
+/// Group 0: the hyperparameters (and, clipped, the clip buffer), shared with the f32
+/// kernels' layouts.
 pub(crate) const SCALARS_GROUP: u32 = 0;
-/// Group 1: the dispatch's table and buffers, one bind group per dispatch.
+/// Group 1: the dispatch's table and buffers, one bind group per dispatch, at the binding
+/// numbers `gpu::kernel::binding` gives them (`TABLE`, `Q8_PARAMS`, ...).
 pub(crate) const SEGMENT_GROUP: u32 = 1;
-
-/// Group 1's binding of the dispatch's table (`table`).
-pub(crate) const TABLE_BINDING: u32 = 0;
-/// The parameters (`params`, read and written).
-pub(crate) const PARAMS_BINDING: u32 = 1;
-/// The gradients (`grads`, read), where they are not in the parameters' buffer.
-pub(crate) const GRADS_BINDING: u32 = 2;
-/// The state arena (`state`, read and written).
-pub(crate) const STATE_BINDING: u32 = 3;
-/// The code tables (`tables`, read): only variants with 8-bit states bind them.
-pub(crate) const CODE_TABLES_BINDING: u32 = 4;
 
 /// The most states a segment has (Adam's two moments).
 pub(crate) const MAX_STATES: usize = 2;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, TABLE_BYTES};
+use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::plan::{check_range, Arg};
@@ -24,10 +24,7 @@ use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::Switches;
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
-use layout::{
-    CODE_TABLES_BINDING, GRADS_BINDING, PARAMS_BINDING, SCALARS_GROUP, SEGMENT_GROUP, STATE_BINDING,
-    TABLE_BINDING,
-};
+use layout::{SCALARS_GROUP, SEGMENT_GROUP};
 
 /// What selects one compiled 8-bit pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -520,15 +517,15 @@ impl Q8Engine {
                 let at = d as u64 * slot;
                 let table = (at, at + TABLE_BYTES);
                 let mut entries = vec![
-                    buffer(TABLE_BINDING, &uniforms, table),
-                    buffer(PARAMS_BINDING, &key.params, dispatch.params),
-                    buffer(STATE_BINDING, &key.state, (0, key.state.size())),
+                    buffer(binding::TABLE, &uniforms, table),
+                    buffer(binding::Q8_PARAMS, &key.params, dispatch.params),
+                    buffer(binding::Q8_STATE, &key.state, (0, key.state.size())),
                 ];
                 if let Some(grad_buffer) = &key.grads {
-                    entries.push(buffer(GRADS_BINDING, grad_buffer, dispatch.grads));
+                    entries.push(buffer(binding::Q8_GRADS, grad_buffer, dispatch.grads));
                 }
                 if key.variant.quantized {
-                    entries.push(buffer(CODE_TABLES_BINDING, &self.tables, (0, self.tables.size())));
+                    entries.push(buffer(binding::Q8_CODE_TABLES, &self.tables, (0, self.tables.size())));
                 }
                 let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("wgpu-optim 8-bit step"),
@@ -699,15 +696,15 @@ pub(crate) fn compile(ctx: &GpuContext, variant: &Variant) -> Result<CachedPipel
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
-        buffer_entry(TABLE_BINDING, Uniform, false, TABLE_BYTES),
-        buffer_entry(PARAMS_BINDING, Storage { read_only: false }, false, 4),
-        buffer_entry(STATE_BINDING, Storage { read_only: false }, false, 4),
+        buffer_entry(binding::TABLE, Uniform, false, TABLE_BYTES),
+        buffer_entry(binding::Q8_PARAMS, Storage { read_only: false }, false, 4),
+        buffer_entry(binding::Q8_STATE, Storage { read_only: false }, false, 4),
     ];
     if !variant.grad_in_params {
-        entries.push(buffer_entry(GRADS_BINDING, Storage { read_only: true }, false, 4));
+        entries.push(buffer_entry(binding::Q8_GRADS, Storage { read_only: true }, false, 4));
     }
     if variant.quantized {
-        entries.push(buffer_entry(CODE_TABLES_BINDING, Storage { read_only: true }, false, 4));
+        entries.push(buffer_entry(binding::Q8_CODE_TABLES, Storage { read_only: true }, false, 4));
     }
     let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, variant.clip);
     let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();

@@ -511,13 +511,28 @@ fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
     }
 }
 
-/// Every 8-bit variant's source parses and validates, and the table's structs lay out in
+/// `(name, (group, binding))` of every resource of a parsed module, sorted.
+fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
+    let mut found: Vec<(String, (u32, u32))> = module
+        .global_variables
+        .iter()
+        .filter_map(|(_, g)| {
+            let b = g.binding.as_ref()?;
+            Some((g.name.clone().unwrap_or_default(), (b.group, b.binding)))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Every 8-bit variant's source parses and validates, binds every resource at the number
+/// `gpu::kernel::binding` gives it, and the table's structs lay out in
 /// WGSL as `layout::Segment` and `TableHead` do in Rust: each field at the offset
 /// `#[repr(C)]` gives it, and the table's rows right after its head.
 #[test]
 fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
-    use super::layout::Segment;
-    use crate::gpu::kernel::TABLE_BYTES;
+    use super::layout::{Segment, SCALARS_GROUP, SEGMENT_GROUP};
+    use crate::gpu::kernel::{binding, TABLE_BYTES};
     use crate::gpu::table::TableHead;
     let mut validator =
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
@@ -548,6 +563,25 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                     validator.validate(&module).unwrap_or_else(|e| panic!("{variant:?}: {e:?}\n{source}"));
                     assert_eq!(members(&module, "Segment"), rust, "{variant:?}");
                     assert_eq!(members(&module, "TableHead"), head, "{variant:?}");
+                    let mut expected = vec![
+                        ("hp_base", (SCALARS_GROUP, binding::HYPER)),
+                        ("params", (SEGMENT_GROUP, binding::Q8_PARAMS)),
+                        ("state", (SEGMENT_GROUP, binding::Q8_STATE)),
+                        ("table", (SEGMENT_GROUP, binding::TABLE)),
+                    ];
+                    if !grad_in_params {
+                        expected.push(("grads", (SEGMENT_GROUP, binding::Q8_GRADS)));
+                    }
+                    if quantized {
+                        expected.push(("tables", (SEGMENT_GROUP, binding::Q8_CODE_TABLES)));
+                    }
+                    if clip {
+                        expected.push(("clip_state", (SCALARS_GROUP, binding::CLIP)));
+                    }
+                    expected.sort();
+                    let expected: Vec<(String, (u32, u32))> =
+                        expected.into_iter().map(|(name, at)| (name.to_string(), at)).collect();
+                    assert_eq!(resource_bindings(&module), expected, "{variant:?}");
                     let table = [("head".to_string(), 0), ("rows".to_string(), 16)];
                     assert_eq!(members(&module, "Table"), table, "{variant:?}");
                     let size = |name: &str| {
