@@ -483,7 +483,7 @@ impl Q8Engine {
         // fit.
         let empty = (u64::MAX, 0);
         let pending = pack_greedy(
-            segments.iter().enumerate().map(|(s, segment)| (segment.key.clone(), s)),
+            segments.iter().enumerate().map(|(s, segment)| (Some(segment.key.clone()), s)),
             |s| {
                 let key = segments[s].key.clone();
                 let mut fresh = Pending { key, params: empty, grads: empty, segments: Vec::new() };
