@@ -184,8 +184,8 @@ impl GpuContext {
 
     /// Whether f16 tensors use native `f16` arrays. By default they do where the device has
     /// `SHADER_F16`, except on CPU adapters (lavapipe, SwiftShader, WARP): those convert
-    /// each native half in software, and lavapipe ran f16 Adam at 16 Mi elements about
-    /// twice as fast packed. [`GpuContext::with_packed_f16`] overrides the choice.
+    /// each native half in software, which makes native f16 slower there than packed pairs
+    /// of halves in `u32`. [`GpuContext::with_packed_f16`] overrides the choice.
     pub fn native_f16(&self) -> bool {
         let has = self.has_feature(wgpu::Features::SHADER_F16);
         match self.packed_f16 {
