@@ -19,10 +19,11 @@
 //!   `BINDING_<NAME>` for every constant of [`binding`].
 //! - `struct TableHead`, `struct TableRow`, `struct Table`, `table` (the dispatch's table),
 //!   `table_row(r: u32) -> TableRow` (row `r` of `table.rows` as a [`TableRow`]),
-//!   `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`, `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and `select_entry(w) -> u32`, which loads
-//!   workgroup `w`'s segment into the private `seg` (`n`, `pair_shift`, `pair_first`,
-//!   `pair_step`, `base<b>`) and returns its entry's first row. With stochastic stores:
-//!   `struct RngRow`, `rng_row`, `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
+//!   `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`, `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and
+//!   `select_entry(w) -> u32`, which loads workgroup `w`'s segment into the private `seg`
+//!   (`n`, `pair_shift`, `pair_first`, `pair_step`, `base<b>`) and returns its entry's first
+//!   row. With stochastic stores: `struct RngRow`, `rng_row` (its reader, as `table_row`),
+//!   `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
 //! - `is_nan`, `max_propagating_nan`; `shaders/convert.wgsl` where a binding holds 16-bit
 //!   values; `shaders/stochastic.wgsl` with stochastic stores.
 //! - `load_<slot>(i) -> R` for every input slot and `store_<slot>(i, v: R)` for every
@@ -717,7 +718,8 @@ pub(crate) fn clip_finalize_wgsl(capturable: bool) -> String {
     if capturable {
         s.push_str(&DeviceHeader::wgsl(false));
         s.push_str(
-            "@group(0) @binding(BINDING_FINALIZE_DEVICE_STATE) var<storage, read_write> device_state: DeviceState;\n\
+            "@group(0) @binding(BINDING_FINALIZE_DEVICE_STATE)\n\
+             var<storage, read_write> device_state: DeviceState;\n\
              fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n",
         );
     } else {

@@ -127,12 +127,10 @@ macro_rules! table_struct {
             const TYPES: &'static [&'static str] =
                 &[$(<$ty as crate::step::fields::TableField>::WGSL),*];
             /// Each field's byte offset, as `#[repr(C)]` lays it out.
-            // The table's head is read in place (`table.head`), so it has no reader and uses
-            // neither this nor `ROWS` outside tests.
-            #[allow(dead_code)]
+            #[allow(dead_code)] // The table's head is read in place (`table.head`): no reader.
             pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($name, $field)),*];
             /// `vec4<u32>` rows the struct takes.
-            #[allow(dead_code)]
+            #[allow(dead_code)] // As `OFFSETS`.
             pub(crate) const ROWS: usize = std::mem::size_of::<$name>() / 16;
 
             /// The struct's words, in field order.
@@ -142,12 +140,13 @@ macro_rules! table_struct {
 
             /// `struct $name { field: type, ... }` in WGSL.
             pub(crate) fn wgsl() -> String {
-                crate::step::fields::wgsl_struct(Self::NAME, Self::FIELDS.iter().copied().zip(Self::TYPES.iter().copied()))
+                let fields = Self::FIELDS.iter().copied().zip(Self::TYPES.iter().copied());
+                crate::step::fields::wgsl_struct(Self::NAME, fields)
             }
 
             /// `fn fn_name(r: u32) -> $name`: the struct from rows `r..r + ROWS` of `table.rows`
             /// ([`crate::step::fields::table_reader_wgsl`]).
-            #[allow(dead_code)]
+            #[allow(dead_code)] // As `OFFSETS`.
             pub(crate) fn reader_wgsl(fn_name: &str) -> String {
                 crate::step::fields::table_reader_wgsl(fn_name, Self::NAME, Self::TYPES, Self::OFFSETS)
             }

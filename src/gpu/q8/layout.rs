@@ -1,8 +1,9 @@
-//! The host/shader contract of an 8-bit step's group 1: the dispatch's table entry as a `#[repr(C)]` Pod struct whose WGSL declaration and reader are
-//! generated from the same field list by `table_struct!`, as the multi-tensor table's are
-//! (the layout test in `gpu::q8::tests` checks naga's offsets against Rust's). The table
-//! itself is the multi-tensor table's: a [`crate::gpu::table::TableHead`], then
-//! `vec4<u32>` rows, then the workgroup map.
+//! The host/shader contract of an 8-bit step's group 1: the dispatch's table entry as a
+//! `#[repr(C)]` Pod struct whose WGSL declaration and reader are generated from the same
+//! field list by `table_struct!`, as the multi-tensor table's are (the layout test in
+//! `gpu::q8::tests` checks naga's offsets against Rust's). The table itself is the
+//! multi-tensor table's: a [`crate::gpu::table::TableHead`], then `vec4<u32>` rows, then the
+//! workgroup map.
 
 use crate::step::fields::table_struct;
 
