@@ -1,23 +1,24 @@
 // Gradient clipping's second pass, one workgroup: combines the partials of grad_norm.wgsl
 // in a fixed order into the global norm and writes it with PyTorch's coefficient,
 // min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
-// update kernels read it. The prelude declares `struct ClipState`, NORM_INF,
-// norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also writes the
-// coefficient into the device state, where capturable update kernels read it.
+// update kernels read it. The prelude (src/gpu/kernel.rs's clip_finalize_wgsl) declares WG
+// (the workgroup size, a power of two), the BINDING_* constants, `struct ClipState`,
+// NORM_INF, norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also
+// writes the coefficient into the device state, where capturable update kernels read it.
 
-@group(0) @binding(0) var<storage, read> partials: array<f32>;
-@group(0) @binding(1) var<storage, read_write> clip: ClipState;
+@group(0) @binding(BINDING_FINALIZE_PARTIALS) var<storage, read> partials: array<f32>;
+@group(0) @binding(BINDING_FINALIZE_CLIP) var<storage, read_write> clip: ClipState;
 
-var<workgroup> lanes: array<f32, 256>;
+var<workgroup> lanes: array<f32, WG>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
     var acc = 0.0;
-    for (var k = lid; k < arrayLength(&partials); k += 256u) {
+    for (var k = lid; k < arrayLength(&partials); k += WG) {
         acc = combine(acc, partials[k]);
     }
     lanes[lid] = acc;
-    for (var half = 128u; half > 0u; half = half / 2u) {
+    for (var half = WG / 2u; half > 0u; half = half / 2u) {
         workgroupBarrier();
         if lid < half {
             lanes[lid] = combine(lanes[lid], lanes[lid + half]);

@@ -4,7 +4,7 @@
 //
 // The generated prelude (src/gpu/kernel.rs) supplies:
 //   WG                      the workgroup size (a const).
-//   table, table_row(v)     the dispatch's table and its rows as `TableRow`s (n, pair_shift,
+//   table, table_row(r)     the dispatch's table and its row r as a `TableRow` (n, pair_shift,
 //                           first_group, groups).
 //   select_entry(w) -> e    finds workgroup w's entry, loads it into `seg` (n, pair_shift,
 //                           pair_first, pair_step and the bases), returns its first row.
@@ -21,7 +21,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let e = select_entry(wid.x);
     setup(e);
-    let row = table_row(table.rows[e]);
+    let row = table_row(e);
     let stride = row.groups * WG;
     for (var i = (wid.x - row.first_group) * WG + lid; i < seg.n; i += stride) {
         update(i);

@@ -8,7 +8,7 @@
 // The generated prelude supplies:
 //   WG, NORM_FOLD           the workgroup size and the fold's group size (consts; NORM_FOLD
 //                           divides WG).
-//   table, table_row(v), select_entry(w)   as for entry_element.wgsl.
+//   table, table_row(r), select_entry(w)   as for entry_element.wgsl.
 //   partials                group 0's array of partial norms.
 //   norm_term(i) -> R       access i as the norm sees it (loaded, or unscaled and stored).
 //   accumulate, combine     grad_norm.wgsl and norm_combine.wgsl.
@@ -19,7 +19,7 @@ var<workgroup> norm_lanes: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let e = select_entry(wid.x);
-    let row = table_row(table.rows[e]);
+    let row = table_row(e);
     let stride = row.groups * WG;
     var acc = 0.0;
     for (var i = (wid.x - row.first_group) * WG + lid; i < seg.n; i += stride) {

@@ -15,7 +15,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let e = select_entry(wid.x);
     setup(e);
-    let row = table_row(table.rows[e]);
+    let row = table_row(e);
     let stride = row.groups * WG * seg.pair_step;
     let pairs = (seg.n + seg.pair_shift + 1u) / 2u;
     for (var k = ((wid.x - row.first_group) * WG + lid) * seg.pair_step + seg.pair_first; k < pairs; k += stride) {

@@ -9,10 +9,12 @@
 //   WORKGROUP             invocations per workgroup (BLOCK_WORDS: one word each).
 //   FAN_IN                the workgroup reduction's fan-in, FAN_IN * FAN_IN = WORKGROUP.
 //   STATES, MAX_STATES    the variant's state count (0, 1 or 2) and the most any has.
-//   struct Segment        a table entry (src/gpu/q8/layout.rs), and the bindings `table`
-//                         (its rows, read by `entry_row`) and `segments` (the entries).
+//   table                 the dispatch's table (src/gpu/kernel.rs's table_head_wgsl, as
+//                         for the multi-tensor kernels): a TableHead, then vec4<u32> rows.
 //   entry_row(w)          the first row of the entry of workgroup w (a multiple of
 //                         ENTRY_ROWS, the rows of one entry).
+//   struct Segment,       a table entry (src/gpu/q8/layout.rs), and the one whose first
+//   segment_at(r)         row is r, read from table.rows.
 //   params, state         the parameters' and the state arena's bindings.
 //   grad_at(j)            gradient j, from the gradients' binding or the parameters'.
 //   clip(g), load_clip()  the gradient as the step sees it, and the clip coefficient's

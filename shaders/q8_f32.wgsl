@@ -22,7 +22,7 @@ fn store_f32_state(k: u32) {
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_scalars();
-    seg = segments.entries[entry_row(wid.x) / ENTRY_ROWS];
+    seg = segment_at(entry_row(wid.x));
     for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {
         set_first(b * BLOCK_SIZE + lid * CODES_PER_WORD);
         // A variant has STATES of the MAX_STATES (2) states; the conditions are constants.

@@ -13,7 +13,7 @@ var<private> kept1: array<R, BLOCK_WORDS>;
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_scalars();
-    seg = segments.entries[entry_row(wid.x) / ENTRY_ROWS];
+    seg = segment_at(entry_row(wid.x));
     for (var b = (wid.x - seg.first_group) * WORKGROUP + lid; b < seg.blocks; b += seg.groups * WORKGROUP) {
         var block_max = vec2(0u);
         var words = 0u;

@@ -7,7 +7,7 @@
 
 // Each invocation's largest magnitudes (per state, as bits), then the fold's partials.
 var<workgroup> lanes: array<vec2<u32>, WORKGROUP>;
-// The workgroup's entry, found once.
+// The first row of the workgroup's entry, found once.
 var<workgroup> entry: u32;
 
 @compute @workgroup_size(WORKGROUP)
@@ -16,12 +16,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     load_scalars();
     // One search per workgroup, and a value the barriers below may depend on.
     if lid == 0u {
-        entry = entry_row(wid.x) / ENTRY_ROWS;
+        entry = entry_row(wid.x);
     }
     let e = workgroupUniformLoad(&entry);
     // Read from the uniform, not from the private copy, so that the loop's bounds are
     // uniform values (its barriers need them to be).
-    let segment = segments.entries[e];
+    let segment = segment_at(e);
     seg = segment;
     for (var b = wid.x - segment.first_group; b < segment.blocks; b += segment.groups) {
         set_first(b * BLOCK_SIZE + lid * CODES_PER_WORD);

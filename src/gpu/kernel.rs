@@ -18,11 +18,12 @@
 //!   and `S` (the math scalar); `WG` (the workgroup size, [`WORKGROUP_SIZE`]);
 //!   `BINDING_<NAME>` for every constant of [`binding`].
 //! - `struct TableHead`, `struct TableRow`, `struct Table`, `table` (the dispatch's table),
-//!   `table_row(v: vec4<u32>) -> TableRow`, `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`,
-//!   `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and `select_entry(w) -> u32`, which loads
-//!   workgroup `w`'s segment into the private `seg` (`n`, `pair_shift`, `pair_first`,
-//!   `pair_step`, `base<b>`) and returns its entry's first row. With stochastic stores:
-//!   `struct RngRow`, `rng_row`, `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
+//!   `table_row(r: u32) -> TableRow` (row `r` of `table.rows` as a [`TableRow`]),
+//!   `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`, `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and
+//!   `select_entry(w) -> u32`, which loads workgroup `w`'s segment into the private `seg`
+//!   (`n`, `pair_shift`, `pair_first`, `pair_step`, `base<b>`) and returns its entry's first
+//!   row. With stochastic stores: `struct RngRow`, `rng_row` (its reader, as `table_row`),
+//!   `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
 //! - `is_nan`, `max_propagating_nan`; `shaders/convert.wgsl` where a binding holds 16-bit
 //!   values; `shaders/stochastic.wgsl` with stochastic stores.
 //! - `load_<slot>(i) -> R` for every input slot and `store_<slot>(i, v: R)` for every
@@ -48,7 +49,6 @@ use std::fmt::Write;
 use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
-use crate::step::fields::row_reader_wgsl;
 use crate::step::rounding::{self, RoundingHeader, Stochastic};
 use crate::step::{Family, Override, Slot, Switches};
 use crate::{DType, StateKind};
@@ -282,6 +282,8 @@ pub(crate) const WORKGROUP_SIZE: u32 = 256;
 const NORM_FOLD: u32 = 16;
 
 const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(NORM_FOLD));
+// The clip finalize pass folds its workgroup by halves.
+const _: () = assert!(WORKGROUP_SIZE.is_power_of_two());
 
 /// The most workgroups one dispatch launches; a grid-stride loop covers the rest. 4096 x 256
 /// = 1 M invocations fill any current GPU (an H100 keeps 132 x 2048 = 270 k resident), and
@@ -289,53 +291,77 @@ const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(NORM_FOLD));
 /// amortize its per-invocation cost.
 pub(crate) const MAX_WORKGROUPS: u32 = 4096;
 
-/// Binding numbers of the kernels' two bind groups: group 0, the step's scalars (which of
-/// them a kernel binds depends on its [`Scalars`]), and group 1, the dispatch's table and
-/// tensors. The generated WGSL declares each as a constant (`BINDING_HYPER`, ...) and binds
-/// by name; the layouts and bind groups use the same constants.
+/// Binding numbers of every kernel the crate compiles, the one place each is defined. The
+/// multi-tensor kernels have two bind groups: group 0, the step's scalars (which of them a
+/// kernel binds depends on its [`Scalars`]), and group 1, the dispatch's table and tensors.
+/// The 8-bit kernels (`gpu::q8`) share group 0's host layouts and the table, and bind their
+/// own buffers in group 1. The clip finalize pass and the step-advancing kernel have group 0
+/// only. The generated WGSL declares each number as a constant (`BINDING_HYPER`, ...,
+/// [`binding_wgsl`]) and binds by name; the layouts and bind groups use the same constants.
 ///
 /// Path of a binding: [`binding::CLIP`] → the clip buffer's entry in the scalars' bind group
-/// (`gpu/dispatch.rs`) and its layout ([`CLIP_BINDING`], `gpu/pipeline.rs`) → `const
+/// (`gpu/dispatch.rs`) and its layout (`ScalarLayouts`, `gpu/pipeline.rs`) → `const
 /// BINDING_CLIP` in the prelude → `@group(0) @binding(BINDING_CLIP) var<storage, read>
-/// clip_state`. The naga test checks every resource's number against these constants.
+/// clip_state`. The naga tests check every resource's number against these constants.
 pub(crate) mod binding {
-    /// Group 0 of update kernels: the hyperparameter uniform slot.
+    /// Group 0 of update kernels (8-bit ones too): the hyperparameter uniform slot.
     pub(crate) const HYPER: u32 = 0;
     /// Group 0 of capturable update kernels: the device state (step counter, AMP flag, clip
     /// coefficient), read.
     pub(crate) const DEVICE_STATE: u32 = 1;
     /// Group 0 of capturable update kernels: the group's learning rate, one f32.
     pub(crate) const DEVICE_LR: u32 = 2;
-    /// Group 0 of host-scalar update kernels that clip: the clip buffer, read.
+    /// Group 0 of host-scalar update kernels that clip (8-bit ones too): the clip buffer,
+    /// read.
     pub(crate) const CLIP: u32 = 3;
-    /// Group 0 of the unscale passes: the device state, read-write.
-    pub(crate) const UNSCALE_STATE: u32 = 0;
+    /// Group 0 of the unscale passes and of the step-advancing kernel (one layout serves
+    /// both): the device state, read-write.
+    pub(crate) const DEVICE_STATE_RW: u32 = 0;
     /// Group 0 of the gradient-norm pass: one partial norm per workgroup, written.
     pub(crate) const NORM_PARTIALS: u32 = 0;
     /// Group 0 of the pass that unscales and takes partial norms: the partials, written.
     pub(crate) const UNSCALE_NORM_PARTIALS: u32 = 1;
-    /// Group 1: the dispatch's table (a uniform).
+    /// Group 0 of the clip finalize pass: the partial norms, read.
+    pub(crate) const FINALIZE_PARTIALS: u32 = 0;
+    /// Group 0 of the clip finalize pass: the clip buffer, written.
+    pub(crate) const FINALIZE_CLIP: u32 = 1;
+    /// Group 0 of the clip finalize pass in capturable mode: the device state, written
+    /// (the coefficient, for capturable update kernels).
+    pub(crate) const FINALIZE_DEVICE_STATE: u32 = 2;
+    /// Group 1: the dispatch's table (a uniform), multi-tensor and 8-bit alike.
     pub(crate) const TABLE: u32 = 0;
     /// Group 1: the first tensor binding; storage binding `b` of a layout is `TENSORS + b`.
     pub(crate) const TENSORS: u32 = 1;
+    /// Group 1 of 8-bit kernels: the parameters, read and written.
+    pub(crate) const Q8_PARAMS: u32 = 1;
+    /// Group 1 of 8-bit kernels: the gradients, read, where they are not in the parameters'
+    /// buffer.
+    pub(crate) const Q8_GRADS: u32 = 2;
+    /// Group 1 of 8-bit kernels: the state arena, read and written.
+    pub(crate) const Q8_STATE: u32 = 3;
+    /// Group 1 of 8-bit kernels with 8-bit states: the code tables, read.
+    pub(crate) const Q8_CODE_TABLES: u32 = 4;
 
     /// Every constant with its WGSL name.
-    pub(super) const ALL: [(&str, u32); 9] = [
+    pub(super) const ALL: [(&str, u32); 16] = [
         ("BINDING_HYPER", HYPER),
         ("BINDING_DEVICE_STATE", DEVICE_STATE),
         ("BINDING_DEVICE_LR", DEVICE_LR),
         ("BINDING_CLIP", CLIP),
-        ("BINDING_UNSCALE_STATE", UNSCALE_STATE),
+        ("BINDING_DEVICE_STATE_RW", DEVICE_STATE_RW),
         ("BINDING_NORM_PARTIALS", NORM_PARTIALS),
         ("BINDING_UNSCALE_NORM_PARTIALS", UNSCALE_NORM_PARTIALS),
+        ("BINDING_FINALIZE_PARTIALS", FINALIZE_PARTIALS),
+        ("BINDING_FINALIZE_CLIP", FINALIZE_CLIP),
+        ("BINDING_FINALIZE_DEVICE_STATE", FINALIZE_DEVICE_STATE),
         ("BINDING_TABLE", TABLE),
         ("BINDING_TENSORS", TENSORS),
+        ("BINDING_Q8_PARAMS", Q8_PARAMS),
+        ("BINDING_Q8_GRADS", Q8_GRADS),
+        ("BINDING_Q8_STATE", Q8_STATE),
+        ("BINDING_Q8_CODE_TABLES", Q8_CODE_TABLES),
     ];
 }
-
-/// Group 0's binding of the clip buffer in update kernels that clip with host scalars
-/// (capturable kernels read the coefficient from the device state instead).
-pub(crate) const CLIP_BINDING: u32 = binding::CLIP;
 
 /// The fields of a segment before its per-binding bases.
 const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
@@ -364,23 +390,6 @@ pub(crate) fn rows_per_entry(bindings: usize, stochastic: bool) -> usize {
 /// entries would take a dependent load per step, which a CPU adapter runs per invocation.
 pub(crate) fn map_rows(workgroups: usize) -> usize {
     workgroups.div_ceil(MAP_ENTRIES_PER_ROW)
-}
-
-/// WGSL `entry_row(w)`: the first row of the entry whose workgroups include workgroup `w`,
-/// looked up in the map that follows `entries` entries of `per_entry` rows (each argument a
-/// WGSL expression).
-fn map_lookup_wgsl(per_entry: &str, entries: &str, per_row: &str) -> String {
-    format!(
-        "fn entry_row(w: u32) -> u32 {{\n    \
-         let pair = table.rows[{per_entry} * {entries} + w / {per_row}][(w / 2u) % 4u];\n    \
-         return {per_entry} * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
-    )
-}
-
-/// WGSL `entry_row(w)` for a table whose head is a `vec4<u32>` with the entry count in `x`
-/// and whose entries are `per_entry` rows each (the 8-bit kernels' table).
-pub(crate) fn entry_row_wgsl(per_entry: usize) -> String {
-    map_lookup_wgsl(&format!("{per_entry}u"), "table.head.x", &format!("{MAP_ENTRIES_PER_ROW}u"))
 }
 
 /// The full WGSL of one variant: the generated prelude (see the module doc for what it
@@ -558,7 +567,7 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
         Scalars::Unscale => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str(
-                "@group(0) @binding(BINDING_UNSCALE_STATE) var<storage, read_write> device_state: DeviceState;\n",
+                "@group(0) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n",
             );
         }
         Scalars::Norm => {
@@ -569,7 +578,7 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
         Scalars::UnscaleNorm => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str(
-                "@group(0) @binding(BINDING_UNSCALE_STATE) var<storage, read_write> device_state: DeviceState;\n\
+                "@group(0) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n\
                  @group(0) @binding(BINDING_UNSCALE_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
         }
@@ -699,6 +708,35 @@ pub(crate) fn binding_wgsl() -> String {
     s
 }
 
+/// The clip finalize pass's WGSL (`shaders/clip_finalize.wgsl`, one workgroup of `WG`
+/// invocations), after its prelude: `WG`, the binding constants, `struct ClipState`,
+/// `NORM_INF`, `shaders/norm_combine.wgsl` and `publish(coefficient)`, which in capturable
+/// mode also writes the coefficient into the device state, where capturable update kernels
+/// read it.
+pub(crate) fn clip_finalize_wgsl(capturable: bool) -> String {
+    let mut s = format!("const WG: u32 = {WORKGROUP_SIZE}u;\n") + &binding_wgsl() + &ClipHeader::wgsl();
+    if capturable {
+        s.push_str(&DeviceHeader::wgsl(false));
+        s.push_str(
+            "@group(0) @binding(BINDING_FINALIZE_DEVICE_STATE)\n\
+             var<storage, read_write> device_state: DeviceState;\n\
+             fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n",
+        );
+    } else {
+        s.push_str("fn publish(coefficient: f32) {}\n");
+    }
+    s.push_str("override NORM_INF: bool;\n");
+    s.push_str(include_str!("../../shaders/norm_combine.wgsl"));
+    s.push_str(include_str!("../../shaders/clip_finalize.wgsl"));
+    s
+}
+
+/// The step-advancing kernel's WGSL (`shaders/advance.wgsl`), after its prelude: the binding
+/// constants and `struct DeviceState`.
+pub(crate) fn advance_wgsl() -> String {
+    binding_wgsl() + &DeviceHeader::wgsl(false) + include_str!("../../shaders/advance.wgsl")
+}
+
 /// What every multi-tensor table declares, whatever its entries hold: `struct TableHead`,
 /// `struct Table` (the head, then [`TABLE_ROWS`] `vec4<u32>` rows), `table` at
 /// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`]), `TABLE_ROWS`, `ENTRY_ROWS`
@@ -712,8 +750,10 @@ pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
          const ENTRY_ROWS: u32 = {per_entry}u;\n\
          const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
          struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
-         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n{}",
-        map_lookup_wgsl("ENTRY_ROWS", "table.head.rows", "MAP_ENTRIES_PER_ROW")
+         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n\
+         fn entry_row(w: u32) -> u32 {{\n    \
+         let pair = table.rows[ENTRY_ROWS * table.head.rows + w / MAP_ENTRIES_PER_ROW][(w / 2u) % 4u];\n    \
+         return ENTRY_ROWS * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
     );
     s
 }
@@ -724,14 +764,13 @@ pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
 /// and returns its first row.
 fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let per_entry = rows_per_entry(bindings, stochastic);
-    let mut s =
-        table_head_wgsl(per_entry) + &TableRow::wgsl() + &row_reader_wgsl("table_row", TableRow::NAME);
+    let mut s = table_head_wgsl(per_entry) + &TableRow::wgsl() + &TableRow::reader_wgsl("table_row");
     let _ = write!(
         s,
         "const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
          fn select_entry(w: u32) -> u32 {{\n    \
          let e = entry_row(w);\n    \
-         let row = table_row(table.rows[e]);\n    \
+         let row = table_row(e);\n    \
          seg.n = row.n;\n    seg.pair_shift = row.pair_shift;\n    \
          seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n"
     );
@@ -741,13 +780,13 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     s.push_str("    return e;\n}\n");
     if stochastic {
         s.push_str(&RngRow::wgsl());
-        s.push_str(&row_reader_wgsl("rng_row", RngRow::NAME));
+        s.push_str(&RngRow::reader_wgsl("rng_row"));
         let _ = write!(
             s,
             "const ENTRY_RNG: u32 = {}u;\n\
              var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
              fn rng_begin(e: u32, seed_lo: u32, seed_hi: u32, step: u32) {{\n    \
-             let r = rng_row(table.rows[e + ENTRY_RNG]);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
+             let r = rng_row(e + ENTRY_RNG);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
              rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.ordinal);\n}}\n",
             per_entry - 1
         );
@@ -874,10 +913,10 @@ mod tests {
                 ("device_state", binding::DEVICE_STATE),
                 ("device_lr", binding::DEVICE_LR),
             ],
-            Scalars::Unscale => &[("device_state", binding::UNSCALE_STATE)],
+            Scalars::Unscale => &[("device_state", binding::DEVICE_STATE_RW)],
             Scalars::Norm => &[("partials", binding::NORM_PARTIALS)],
             Scalars::UnscaleNorm => {
-                &[("device_state", binding::UNSCALE_STATE), ("partials", binding::UNSCALE_NORM_PARTIALS)]
+                &[("device_state", binding::DEVICE_STATE_RW), ("partials", binding::UNSCALE_NORM_PARTIALS)]
             }
         };
         expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (0, *b))));
@@ -899,6 +938,62 @@ mod tests {
 
     fn rust_members(fields: &[&str], offsets: &[usize]) -> Vec<(String, u32)> {
         fields.iter().zip(offsets).map(|(f, o)| (f.to_string(), *o as u32)).collect()
+    }
+
+    #[test]
+    fn the_clip_finalize_and_advance_passes_validate_and_bind_by_the_named_numbers() {
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        let parse = |source: &str| {
+            naga::front::wgsl::parse_str(source)
+                .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(source)))
+        };
+        for capturable in [false, true] {
+            let source = clip_finalize_wgsl(capturable);
+            let module = parse(&source);
+            validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
+            let mut expected = vec![
+                ("clip".to_string(), (0, binding::FINALIZE_CLIP)),
+                ("partials".to_string(), (0, binding::FINALIZE_PARTIALS)),
+            ];
+            if capturable {
+                expected.push(("device_state".to_string(), (0, binding::FINALIZE_DEVICE_STATE)));
+            }
+            expected.sort();
+            assert_eq!(resource_bindings(&module), expected, "capturable: {capturable}");
+            assert_eq!(module.entry_points[0].workgroup_size, [WORKGROUP_SIZE, 1, 1]);
+            let header = [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
+                .map(|(n, o)| (n.to_string(), o));
+            assert_eq!(members(&module, "ClipState"), header);
+        }
+        let source = advance_wgsl();
+        let module = parse(&source);
+        validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
+        assert_eq!(resource_bindings(&module), [("state".to_string(), (0, binding::DEVICE_STATE_RW))]);
+    }
+
+    /// No file of `shaders/` writes a binding number or a workgroup size as a literal: each
+    /// comes from a constant the prelude generates.
+    #[test]
+    fn shader_files_bind_and_size_workgroups_by_name() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+        let mut files = 0;
+        for file in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
+            let path = file.unwrap_or_else(|e| panic!("{e}")).path();
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            for attribute in ["@binding(", "@workgroup_size("] {
+                for (at, _) in text.match_indices(attribute) {
+                    let next = text[at + attribute.len()..].chars().next();
+                    // The step counter's one invocation is the only literal size.
+                    let single = text[at..].starts_with("@workgroup_size(1)");
+                    assert!(!next.is_some_and(|c| c.is_ascii_digit()) || single, "{path:?}: {}", &text[at..]);
+                }
+            }
+            files += 1;
+        }
+        assert!(files > 20, "{files} shader files");
     }
 
     #[test]

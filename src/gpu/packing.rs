@@ -10,15 +10,21 @@ use std::hash::Hash;
 
 /// Packs `items` in order: each joins the dispatch still open for its key where `try_add`
 /// accepts it, and otherwise starts a new one (`start`), which becomes the open one for its
-/// key. The dispatches, in the order they were started.
+/// key. An item without a key starts a dispatch of its own, which no item joins and which
+/// leaves the open dispatches open (a phase of a pair-mode update). The dispatches, in the
+/// order they were started.
 pub(crate) fn pack_greedy<K: Eq + Hash, T, D>(
-    items: impl IntoIterator<Item = (K, T)>,
+    items: impl IntoIterator<Item = (Option<K>, T)>,
     mut start: impl FnMut(T) -> D,
     mut try_add: impl FnMut(&mut D, &T) -> bool,
 ) -> Vec<D> {
     let mut dispatches: Vec<D> = Vec::new();
     let mut open: HashMap<K, usize> = HashMap::new();
     for (key, item) in items {
+        let Some(key) = key else {
+            dispatches.push(start(item));
+            continue;
+        };
         if let Some(&d) = open.get(&key) {
             if try_add(&mut dispatches[d], &item) {
                 continue;
@@ -48,7 +54,7 @@ mod tests {
     #[test]
     fn items_join_the_open_dispatch_of_their_key_until_it_refuses_them() {
         // Dispatches hold at most two items; keys 'a' and 'b' interleave.
-        let items = [('a', 1), ('b', 2), ('a', 3), ('a', 4), ('b', 5), ('a', 6)];
+        let items = [('a', 1), ('b', 2), ('a', 3), ('a', 4), ('b', 5), ('a', 6)].map(|(k, x)| (Some(k), x));
         let packed = pack_greedy(
             items,
             |x| vec![x],
@@ -60,6 +66,22 @@ mod tests {
             },
         );
         assert_eq!(packed, [vec![1, 3], vec![2, 5], vec![4, 6]]);
+    }
+
+    #[test]
+    fn an_item_without_a_key_starts_a_dispatch_of_its_own_and_leaves_the_open_one_open() {
+        let items = [(Some('a'), 1), (None, 2), (None, 3), (Some('a'), 4), (Some('a'), 5)];
+        let packed = pack_greedy(
+            items,
+            |x| vec![x],
+            |d: &mut Vec<i32>, &x| {
+                d.len() < 2 && {
+                    d.push(x);
+                    true
+                }
+            },
+        );
+        assert_eq!(packed, [vec![1, 4], vec![2], vec![3], vec![5]]);
     }
 
     #[test]

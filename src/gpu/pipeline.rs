@@ -4,16 +4,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{compose, Scalars, Storage, VariantKey, CLIP_BINDING, TABLE_BYTES};
+use crate::gpu::kernel::{binding, compose, Scalars, Storage, VariantKey, TABLE_BYTES};
 use crate::gpu::q8;
 use crate::gpu::GpuContext;
 use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{DType, Error, Result};
-
-/// Group 0's binding of the hyperparameters' uniform slot, in every kernel that has one.
-pub(crate) const HYPER_BINDING: u32 = 0;
 
 /// A compiled variant and the layout its per-segment bind groups must follow.
 #[derive(Debug)]
@@ -79,18 +76,17 @@ impl PipelineCache {
 pub(crate) struct ScalarLayouts {
     host: wgpu::BindGroupLayout,
     device: wgpu::BindGroupLayout,
-    /// `host` with the clip buffer at [`CLIP_BINDING`] (capturable kernels read the
+    /// `host` with the clip buffer at [`binding::CLIP`] (capturable kernels read the
     /// coefficient from the device state, so `device` serves them clipped or not).
     host_clipped: wgpu::BindGroupLayout,
     state: wgpu::BindGroupLayout,
-    /// Gradient norms' partials (written), at 0.
+    /// Gradient norms' partials (written).
     norm: wgpu::BindGroupLayout,
-    /// The unscale pass that takes norms: the device state at 0 and the partials at 1,
-    /// both written.
+    /// The unscale pass that takes norms: the device state and the partials, both written.
     unscale_norm: wgpu::BindGroupLayout,
-    /// The clip finalize pass: the partials (read) at 0, the clip buffer (written) at 1.
+    /// The clip finalize pass: the partials (read), the clip buffer (written).
     finalize: wgpu::BindGroupLayout,
-    /// `finalize` with the device state (written) at 2, in capturable mode.
+    /// `finalize` with the device state (written), in capturable mode.
     finalize_capturable: wgpu::BindGroupLayout,
 }
 
@@ -120,30 +116,32 @@ impl ScalarLayouts {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries })
         };
-        let hyper = buffer_entry(HYPER_BINDING, Uniform, false, UNIFORM_SLOT_BYTES);
+        let hyper = buffer_entry(binding::HYPER, Uniform, false, UNIFORM_SLOT_BYTES);
         let state =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, DeviceHeader::BYTES);
         // The device state, and the group's learning rate (one f32).
-        let device_entries = [hyper, state(1, true), buffer_entry(2, Storage { read_only: true }, false, 4)];
+        let device_entries = [
+            hyper,
+            state(binding::DEVICE_STATE, true),
+            buffer_entry(binding::DEVICE_LR, Storage { read_only: true }, false, 4),
+        ];
         let clip =
             |binding, read_only| buffer_entry(binding, Storage { read_only }, false, ClipHeader::BYTES);
-        let partials_at = |binding, read_only| buffer_entry(binding, Storage { read_only }, false, 4);
-        let partials = |read_only| partials_at(0, read_only);
+        let partials = |binding, read_only| buffer_entry(binding, Storage { read_only }, false, 4);
+        let finalize = [partials(binding::FINALIZE_PARTIALS, true), clip(binding::FINALIZE_CLIP, false)];
+        let finalize_capturable = [finalize[0], finalize[1], state(binding::FINALIZE_DEVICE_STATE, false)];
         ScalarLayouts {
             host: layout("wgpu-optim hyperparameters", &[hyper]),
             device: layout("wgpu-optim capturable scalars", &device_entries),
-            host_clipped: layout("wgpu-optim hyperparameters, clipped", &[hyper, clip(CLIP_BINDING, true)]),
-            state: layout("wgpu-optim device state", &[state(0, false)]),
-            norm: layout("wgpu-optim gradient norm partials", &[partials(false)]),
+            host_clipped: layout("wgpu-optim hyperparameters, clipped", &[hyper, clip(binding::CLIP, true)]),
+            state: layout("wgpu-optim device state", &[state(binding::DEVICE_STATE_RW, false)]),
+            norm: layout("wgpu-optim gradient norm partials", &[partials(binding::NORM_PARTIALS, false)]),
             unscale_norm: layout(
                 "wgpu-optim unscale and gradient norm",
-                &[state(0, false), partials_at(1, false)],
+                &[state(binding::DEVICE_STATE_RW, false), partials(binding::UNSCALE_NORM_PARTIALS, false)],
             ),
-            finalize: layout("wgpu-optim clip finalize", &[partials(true), clip(1, false)]),
-            finalize_capturable: layout(
-                "wgpu-optim clip finalize, capturable",
-                &[partials(true), clip(1, false), state(2, false)],
-            ),
+            finalize: layout("wgpu-optim clip finalize", &finalize),
+            finalize_capturable: layout("wgpu-optim clip finalize, capturable", &finalize_capturable),
         }
     }
 
@@ -231,7 +229,8 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
     let label = format!("wgpu-optim {} {:?} {:?}", key.program.name(), key.math, overrides);
     let source = compose(key);
     // The dispatch's table of segments (see `gpu::table`).
-    let mut entries = vec![buffer_entry(0, wgpu::BufferBindingType::Uniform, false, TABLE_BYTES)];
+    let mut entries =
+        vec![buffer_entry(binding::TABLE, wgpu::BufferBindingType::Uniform, false, TABLE_BYTES)];
     for (b, desc) in key.layout.bindings.iter().enumerate() {
         // One element of the array (a vec4, or two words of halves, in vector variants);
         // storage bindings are whole words.
@@ -240,7 +239,7 @@ fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {
             Storage::Packed(_) => 2 * u64::from(key.width),
         };
         let ty = wgpu::BufferBindingType::Storage { read_only: !desc.read_write };
-        entries.push(buffer_entry(b as u32 + 1, ty, false, element.next_multiple_of(4)));
+        entries.push(buffer_entry(binding::TENSORS + b as u32, ty, false, element.next_multiple_of(4)));
     }
     let group0 = ctx.inner.scalar_layouts.get(key.scalars, key.clip);
     let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();

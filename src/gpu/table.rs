@@ -15,61 +15,60 @@
 //! (`ENTRY_BASES`, `ENTRY_RNG`, `MAP_ENTRIES_PER_ROW`).
 //!
 //! Path of a table field: [`TableDispatch::table`] fills [`TableRow::groups`] → the
-//! generated `struct TableRow` and `table_row` (`gpu/kernel.rs`) → `row.groups` in
+//! generated `struct TableRow` and its reader `table_row` (`gpu/kernel.rs`) → `row.groups` in
 //! `shaders/entry_element.wgsl`. The naga test in `gpu/kernel.rs` checks that WGSL lays out
 //! every such struct as `#[repr(C)]` does.
-
-use std::collections::HashMap;
 
 use crate::gpu::kernel::{
     map_rows, rows_per_entry, Program, Storage, VariantKey, MAP_ENTRIES_PER_ROW, MAX_WORKGROUPS, TABLE_ROWS,
     WORKGROUP_SIZE,
 };
+use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
-use crate::step::fields::table_row;
+use crate::step::fields::table_struct;
 
-table_row! {
+table_struct! {
     /// The head of a dispatch's table (`table.head` in WGSL).
     TableHead {
         /// Entries (rows of segments) in the table.
-        rows,
+        rows: u32,
         /// Pair mode's first pair of each invocation's stride: 0, or the phase (0 or 1).
-        pair_first,
+        pair_first: u32,
         /// Pair mode's stride between an invocation's pairs, in units of the stride: 1, or 2
         /// when even and odd pairs run in two phases.
-        pair_step,
+        pair_step: u32,
         /// Workgroups of the batch's earlier dispatches: where the gradient-norm pass puts
         /// this dispatch's first partial.
-        first_workgroup,
+        first_workgroup: u32,
     }
 }
 
-table_row! {
-    /// The first row of a table entry (`table_row(table.rows[e])` in WGSL).
+table_struct! {
+    /// The first row of a table entry (`table_row(e)` in WGSL).
     TableRow {
         /// Accesses (elements, or vec4s) in the segment.
-        n,
+        n: u32,
         /// Pair mode: 1 where the segment starts on the odd half of a packed word.
-        pair_shift,
+        pair_shift: u32,
         /// The entry's first workgroup within the dispatch.
-        first_group,
+        first_group: u32,
         /// The entry's workgroups: the stride of its grid-stride loop.
-        groups,
+        groups: u32,
     }
 }
 
-table_row! {
+table_struct! {
     /// The last row of a table entry with stochastic stores: what the rounding hash takes
     /// from the segment (`rng_row(...)` in WGSL).
     RngRow {
         /// The tensor's ordinal.
-        ordinal,
+        ordinal: u32,
         /// The segment's first element in its tensor, low 32 bits.
-        first_lo,
+        first_lo: u32,
         /// The segment's first element in its tensor, high 32 bits.
-        first_hi,
+        first_hi: u32,
         /// 0.
-        reserved,
+        reserved: u32,
     }
 }
 
@@ -129,8 +128,8 @@ impl TableDispatch {
         }
         let mut spans = self.spans.clone();
         for (b, (span, range)) in spans.iter_mut().zip(&segment.ranges).enumerate() {
-            let offset = span.offset.min(range.offset);
-            let end = span.end.max(range.offset + range.size);
+            // The plan aligned every range's offset already.
+            let (offset, end) = cover((span.offset, span.end), (range.offset, range.offset + range.size), 1);
             let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
             let addressable = (span.offset - offset) % unit == 0 && (range.offset - offset) % unit == 0;
             if end - offset > max_binding || !addressable {
@@ -139,12 +138,12 @@ impl TableDispatch {
             *span = Span { buffer: span.buffer.clone(), offset, end };
         }
         let overlaps = self.rows.iter().any(|other| {
-            row.bytes.iter().zip(&segment.ranges).any(|((start, end), range)| {
+            row.bytes.iter().zip(&segment.ranges).any(|(bytes, range)| {
                 other
                     .bytes
                     .iter()
                     .zip(&self.spans)
-                    .any(|((s, e), span)| span.buffer == range.buffer && *start < *e && *s < *end)
+                    .any(|(taken, span)| span.buffer == range.buffer && overlap(*bytes, *taken))
             })
         });
         if overlaps {
@@ -255,38 +254,38 @@ pub(crate) fn assemble(
     max_binding: u64,
     adapter: wgpu::DeviceType,
 ) -> Vec<(TableDispatch, Vec<&SegmentPlan>)> {
-    let mut dispatches: Vec<(TableDispatch, Vec<&SegmentPlan>)> = Vec::new();
-    // The dispatch still open for a variant and set of buffers. A buffer hashes and compares
-    // by identity, which its interior mutability never changes.
-    #[allow(clippy::mutable_key_type)]
-    let mut open: HashMap<(VariantKey, Vec<wgpu::Buffer>), usize> = HashMap::new();
+    // Each segment as (what its dispatch shares, the segment with its row and pair phase).
+    // A segment joins the dispatch still open for its variant and set of buffers (a buffer
+    // hashes and compares by identity, which its interior mutability never changes); one
+    // with outputs of both parities in pair mode is two dispatches of its own, even pairs
+    // then odd pairs.
+    let mut entries = Vec::new();
     for (key, plan) in items {
         for segment in &plan.segments {
             let key = key.with_width(segment.width);
-            let pairs = key.pairs();
             let row = row(&key, plan.ordinal, segment, adapter);
-            if pairs && segment.phases == 2 {
-                // Outputs of both parities: two dispatches, even pairs then odd pairs.
+            if key.pairs() && segment.phases == 2 {
                 for phase in 0..2 {
                     let half = Row { wanted: row.wanted.div_ceil(2), ..row.clone() };
-                    dispatches
-                        .push((TableDispatch::new(key.clone(), (phase, 2), segment, half), vec![segment]));
+                    entries.push((None, (key.clone(), (phase, 2), segment, half)));
                 }
-                continue;
+            } else {
+                let buffers: Vec<wgpu::Buffer> = segment.ranges.iter().map(|r| r.buffer.clone()).collect();
+                entries.push((Some((key.clone(), buffers)), (key, (0, 1), segment, row)));
             }
-            let buffers = segment.ranges.iter().map(|r| r.buffer.clone()).collect();
-            let slot = (key.clone(), buffers);
-            if let Some(&k) = open.get(&slot) {
-                if dispatches[k].0.try_add(segment, &row, max_binding) {
-                    dispatches[k].1.push(segment);
-                    continue;
-                }
-            }
-            open.insert(slot, dispatches.len());
-            dispatches.push((TableDispatch::new(key, (0, 1), segment, row), vec![segment]));
         }
     }
-    dispatches
+    pack_greedy(
+        entries,
+        |(key, pair, segment, row)| (TableDispatch::new(key, pair, segment, row), vec![segment]),
+        |(dispatch, segments), (_, _, segment, row)| {
+            let added = dispatch.try_add(segment, row, max_binding);
+            if added {
+                segments.push(*segment);
+            }
+            added
+        },
+    )
 }
 
 /// Accesses each invocation takes before the workgroup cap applies. Gradient norms take

@@ -5,7 +5,7 @@
 //! number of tensors; nothing is read back, and no gradient is rewritten.
 
 use crate::gpu::dispatch::Batch;
-use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::kernel::{binding, clip_finalize_wgsl, Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::{GpuContext, TENSOR_USAGES};
 use crate::step::clip::{ClipHeader, GradClip, NormType};
@@ -63,14 +63,6 @@ impl ClipPass {
         let header =
             ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
         let layout = ctx.inner.scalar_layouts.finalize(device_state.is_some());
-        let publish = match device_state {
-            Some(_) => {
-                DeviceHeader::wgsl(false)
-                    + "@group(0) @binding(2) var<storage, read_write> device_state: DeviceState;\n\
-                       fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n"
-            }
-            None => "fn publish(coefficient: f32) {}\n".to_string(),
-        };
         ctx.catch("creating the gradient clipping pass", || {
             use wgpu::util::DeviceExt;
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -78,11 +70,7 @@ impl ClipPass {
                 contents: bytemuck::bytes_of(&header),
                 usage: TENSOR_USAGES,
             });
-            let source = ClipHeader::wgsl()
-                + &publish
-                + "override NORM_INF: bool;\n"
-                + include_str!("../../shaders/norm_combine.wgsl")
-                + include_str!("../../shaders/clip_finalize.wgsl");
+            let source = clip_finalize_wgsl(device_state.is_some());
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("wgpu-optim clip finalize"),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -153,17 +141,23 @@ impl ClipPass {
                 mapped_at_creation: false,
             });
             let norm_entries = match unscale_into {
-                Some(state) => vec![header_entry(0, state), entry(1, &partials)],
-                None => vec![entry(0, &partials)],
+                Some(state) => vec![
+                    header_entry(binding::DEVICE_STATE_RW, state),
+                    entry(binding::UNSCALE_NORM_PARTIALS, &partials),
+                ],
+                None => vec![entry(binding::NORM_PARTIALS, &partials)],
             };
             let norm_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("wgpu-optim gradient norm"),
                 layout: layouts.get(scalars, false),
                 entries: &norm_entries,
             });
-            let mut entries = vec![entry(0, &partials), entry(1, &self.buffer)];
+            let mut entries = vec![
+                entry(binding::FINALIZE_PARTIALS, &partials),
+                entry(binding::FINALIZE_CLIP, &self.buffer),
+            ];
             if let Some(state) = &self.device_state {
-                entries.push(header_entry(2, state));
+                entries.push(header_entry(binding::FINALIZE_DEVICE_STATE, state));
             }
             let finalize_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("wgpu-optim clip finalize"),

@@ -6,7 +6,7 @@
 //! alignment.
 
 use crate::gpu::dispatch::Batch;
-use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::kernel::{advance_wgsl, binding, Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::{GpuContext, TENSOR_USAGES};
 use crate::step::device::DeviceHeader;
@@ -51,7 +51,7 @@ impl DeviceState {
                 label: Some("wgpu-optim device state"),
                 layout,
                 entries: &[wgpu::BindGroupEntry {
-                    binding: 0,
+                    binding: binding::DEVICE_STATE_RW,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &buffer,
                         offset: 0,
@@ -59,7 +59,7 @@ impl DeviceState {
                     }),
                 }],
             });
-            let source = DeviceHeader::wgsl(false) + include_str!("../../shaders/advance.wgsl");
+            let source = advance_wgsl();
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("wgpu-optim advance step"),
                 source: wgpu::ShaderSource::Wgsl(source.into()),

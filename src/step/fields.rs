@@ -70,48 +70,91 @@ macro_rules! uniform {
     };
 }
 
-/// Declares a `#[repr(C)]` Pod struct of `u32` fields that a kernel reads as one `vec4<u32>`
-/// row of a uniform table: `NAME`, `FIELDS`, `OFFSETS` (tests), `words()` (what the host
-/// writes) and `wgsl()` (the WGSL struct). [`row_reader_wgsl`] reads one from its row.
-macro_rules! table_row {
+/// A field type of a [`table_struct!`]: its WGSL spelling, and the alignment WGSL gives it
+/// in a uniform (a field at an offset of that alignment lies where `#[repr(C)]` puts it).
+pub(crate) trait TableField {
+    /// The WGSL type.
+    const WGSL: &'static str;
+    /// Its alignment in WGSL, in bytes.
+    const ALIGN: usize;
+}
+
+impl TableField for u32 {
+    const WGSL: &'static str = "u32";
+    const ALIGN: usize = 4;
+}
+
+impl TableField for [u32; 2] {
+    const WGSL: &'static str = "vec2<u32>";
+    const ALIGN: usize = 8;
+}
+
+/// Declares a `#[repr(C)]` Pod struct of `u32` and `[u32; 2]` fields that a kernel reads
+/// from whole `vec4<u32>` rows of a uniform table (the multi-tensor table's head and rows,
+/// the 8-bit table's segments): `NAME`, `FIELDS`, `OFFSETS`, `ROWS`, `words()` (what the
+/// host writes), `wgsl()` (the WGSL struct, `[u32; 2]` as `vec2<u32>`) and
+/// `reader_wgsl(fn_name)` (the WGSL function that reads one from the table's rows).
+/// Compile-time checks: the struct is whole rows, and every `vec2` field lies at a multiple
+/// of 8, where WGSL puts it too.
+macro_rules! table_struct {
     (
         $(#[$doc:meta])*
         $name:ident {
-            $($(#[$field_doc:meta])* $field:ident,)*
+            $($(#[$field_doc:meta])* $field:ident: $ty:ty,)*
         }
     ) => {
         $(#[$doc])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
         pub(crate) struct $name {
-            $($(#[$field_doc])* pub(crate) $field: u32,)*
+            $($(#[$field_doc])* pub(crate) $field: $ty,)*
         }
 
-        const _: () = assert!(std::mem::size_of::<$name>() == 16, "a table row is one vec4<u32>");
+        const _: () = {
+            assert!(std::mem::size_of::<$name>() % 16 == 0, "a table struct is whole vec4<u32> rows");
+            $(assert!(
+                std::mem::offset_of!($name, $field) % <$ty as crate::step::fields::TableField>::ALIGN == 0,
+                "a field lies where WGSL aligns it"
+            );)*
+        };
 
         impl $name {
             /// The struct's name, in Rust and in WGSL.
             pub(crate) const NAME: &'static str = stringify!($name);
             /// The field names in declaration order.
             pub(crate) const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+            /// Each field's WGSL type.
+            const TYPES: &'static [&'static str] =
+                &[$(<$ty as crate::step::fields::TableField>::WGSL),*];
             /// Each field's byte offset, as `#[repr(C)]` lays it out.
-            #[cfg(test)]
+            #[allow(dead_code)] // The table's head is read in place (`table.head`): no reader.
             pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($name, $field)),*];
+            /// `vec4<u32>` rows the struct takes.
+            #[allow(dead_code)] // As `OFFSETS`.
+            pub(crate) const ROWS: usize = std::mem::size_of::<$name>() / 16;
 
-            /// The row's four words, in field order.
-            pub(crate) fn words(self) -> [u32; 4] {
+            /// The struct's words, in field order.
+            pub(crate) fn words(self) -> [u32; std::mem::size_of::<$name>() / 4] {
                 bytemuck::cast(self)
             }
 
-            /// `struct $name { field: u32, ... }` in WGSL.
+            /// `struct $name { field: type, ... }` in WGSL.
             pub(crate) fn wgsl() -> String {
-                crate::step::fields::wgsl_struct(Self::NAME, Self::FIELDS.iter().map(|f| (*f, "u32")))
+                let fields = Self::FIELDS.iter().copied().zip(Self::TYPES.iter().copied());
+                crate::step::fields::wgsl_struct(Self::NAME, fields)
+            }
+
+            /// `fn fn_name(r: u32) -> $name`: the struct from rows `r..r + ROWS` of `table.rows`
+            /// ([`crate::step::fields::table_reader_wgsl`]).
+            #[allow(dead_code)] // As `OFFSETS`.
+            pub(crate) fn reader_wgsl(fn_name: &str) -> String {
+                crate::step::fields::table_reader_wgsl(fn_name, Self::NAME, Self::TYPES, Self::OFFSETS)
             }
         }
     };
 }
 
-pub(crate) use table_row;
+pub(crate) use table_struct;
 pub(crate) use uniform;
 
 /// A WGSL struct declaration from `(name, type)` pairs.
@@ -124,11 +167,30 @@ pub(crate) fn wgsl_struct<'a>(name: &str, fields: impl Iterator<Item = (&'a str,
     s
 }
 
-/// `fn fn_name(r: vec4<u32>) -> name`: the struct `name` (declared by [`table_row!`]) from
-/// its `vec4<u32>` row of a table, lane k into field k, which is where `#[repr(C)]` puts
-/// field k of four `u32`s.
-pub(crate) fn row_reader_wgsl(fn_name: &str, name: &str) -> String {
-    format!("fn {fn_name}(r: vec4<u32>) -> {name} {{\n    return {name}(r.x, r.y, r.z, r.w);\n}}\n")
+/// `fn fn_name(r: u32) -> name`: the struct `name` (declared by [`table_struct!`], whose
+/// fields have the WGSL `types` at the byte `offsets`) from rows `r`, `r + 1u`, ... of the
+/// `vec4<u32>` array `table.rows`: the field at byte `o` is lane `o % 16 / 4` (and the next,
+/// for a `vec2`) of row `o / 16`, which is where `#[repr(C)]` puts it in the words the host
+/// writes.
+pub(crate) fn table_reader_wgsl(fn_name: &str, name: &str, types: &[&str], offsets: &[usize]) -> String {
+    const LANES: &str = "xyzw";
+    let rows = offsets.iter().map(|o| o / 16 + 1).max().unwrap_or(0);
+    let mut s = format!("fn {fn_name}(r: u32) -> {name} {{\n");
+    for row in 0..rows {
+        let at = if row == 0 { String::new() } else { format!(" + {row}u") };
+        s.push_str(&format!("    let r{row} = table.rows[r{at}];\n"));
+    }
+    let fields: Vec<String> = types
+        .iter()
+        .zip(offsets)
+        .map(|(ty, o)| {
+            let lane = o % 16 / 4;
+            let width = if ty.starts_with("vec2") { 2 } else { 1 };
+            format!("r{}.{}", o / 16, &LANES[lane..lane + width])
+        })
+        .collect();
+    s.push_str(&format!("    return {name}({});\n}}\n", fields.join(", ")));
+    s
 }
 
 /// A pipeline-overridable constant: its WGSL name and value.

@@ -15,19 +15,16 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use crate::gpu::kernel::{Scalars, TABLE_BYTES};
+use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::plan::{check_range, Arg};
-use crate::gpu::table::{share_workgroups, table_fits, workgroup_map};
+use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::Switches;
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
-use layout::{
-    CODE_TABLES_BINDING, GRADS_BINDING, PARAMS_BINDING, SCALARS_GROUP, SEGMENTS_BINDING, SEGMENT_GROUP,
-    STATE_BINDING, TABLE_BINDING,
-};
+use layout::{SCALARS_GROUP, SEGMENT_GROUP};
 
 /// What selects one compiled 8-bit pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -196,10 +193,12 @@ impl Pending {
         share_workgroups(&self.segments.iter().map(|&s| segments[s].wanted).collect::<Vec<_>>())
     }
 
-    /// The table's words: the header `(entries, 0, 0, 0)`, then a [`layout::Segment`] per
-    /// segment, bases relative to the dispatch's bindings, then the workgroup map.
+    /// The table's words: the [`TableHead`] (the entry count; no pairs, no norm partials),
+    /// then a [`layout::Segment`] per segment, bases relative to the dispatch's bindings, then
+    /// the workgroup map.
     fn table(&self, segments: &[Segment]) -> Vec<u32> {
-        let mut words = vec![self.segments.len() as u32, 0, 0, 0];
+        let head = TableHead { rows: self.segments.len() as u32, ..TableHead::default() };
+        let mut words = head.words().to_vec();
         let mut first_group = 0;
         let groups = self.groups(segments);
         let grads_from = if self.key.grads.is_none() { self.params.0 } else { self.grads.0 };
@@ -216,7 +215,7 @@ impl Pending {
                 absmax: segment.state_words.map(|(_, absmax)| absmax as u32),
                 reserved: [0; 2],
             };
-            words.extend_from_slice(bytemuck::cast_slice(&[entry]));
+            words.extend(entry.words());
             first_group += groups;
         }
         words.extend(workgroup_map(&groups));
@@ -484,7 +483,7 @@ impl Q8Engine {
         // fit.
         let empty = (u64::MAX, 0);
         let pending = pack_greedy(
-            segments.iter().enumerate().map(|(s, segment)| (segment.key.clone(), s)),
+            segments.iter().enumerate().map(|(s, segment)| (Some(segment.key.clone()), s)),
             |s| {
                 let key = segments[s].key.clone();
                 let mut fresh = Pending { key, params: empty, grads: empty, segments: Vec::new() };
@@ -518,16 +517,15 @@ impl Q8Engine {
                 let at = d as u64 * slot;
                 let table = (at, at + TABLE_BYTES);
                 let mut entries = vec![
-                    buffer(TABLE_BINDING, &uniforms, table),
-                    buffer(SEGMENTS_BINDING, &uniforms, table),
-                    buffer(PARAMS_BINDING, &key.params, dispatch.params),
-                    buffer(STATE_BINDING, &key.state, (0, key.state.size())),
+                    buffer(binding::TABLE, &uniforms, table),
+                    buffer(binding::Q8_PARAMS, &key.params, dispatch.params),
+                    buffer(binding::Q8_STATE, &key.state, (0, key.state.size())),
                 ];
                 if let Some(grad_buffer) = &key.grads {
-                    entries.push(buffer(GRADS_BINDING, grad_buffer, dispatch.grads));
+                    entries.push(buffer(binding::Q8_GRADS, grad_buffer, dispatch.grads));
                 }
                 if key.variant.quantized {
-                    entries.push(buffer(CODE_TABLES_BINDING, &self.tables, (0, self.tables.size())));
+                    entries.push(buffer(binding::Q8_CODE_TABLES, &self.tables, (0, self.tables.size())));
                 }
                 let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("wgpu-optim 8-bit step"),
@@ -698,16 +696,15 @@ pub(crate) fn compile(ctx: &GpuContext, variant: &Variant) -> Result<CachedPipel
     let label = format!("wgpu-optim 8-bit {} {overrides:?}", variant.switches.family().name());
     use wgpu::BufferBindingType::{Storage, Uniform};
     let mut entries = vec![
-        buffer_entry(TABLE_BINDING, Uniform, false, TABLE_BYTES),
-        buffer_entry(SEGMENTS_BINDING, Uniform, false, TABLE_BYTES),
-        buffer_entry(PARAMS_BINDING, Storage { read_only: false }, false, 4),
-        buffer_entry(STATE_BINDING, Storage { read_only: false }, false, 4),
+        buffer_entry(binding::TABLE, Uniform, false, TABLE_BYTES),
+        buffer_entry(binding::Q8_PARAMS, Storage { read_only: false }, false, 4),
+        buffer_entry(binding::Q8_STATE, Storage { read_only: false }, false, 4),
     ];
     if !variant.grad_in_params {
-        entries.push(buffer_entry(GRADS_BINDING, Storage { read_only: true }, false, 4));
+        entries.push(buffer_entry(binding::Q8_GRADS, Storage { read_only: true }, false, 4));
     }
     if variant.quantized {
-        entries.push(buffer_entry(CODE_TABLES_BINDING, Storage { read_only: true }, false, 4));
+        entries.push(buffer_entry(binding::Q8_CODE_TABLES, Storage { read_only: true }, false, 4));
     }
     let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, variant.clip);
     let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();

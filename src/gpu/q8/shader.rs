@@ -26,16 +26,19 @@
 //!
 //! - constants: `BLOCK_SIZE` ([`crate::q8::BLOCK_SIZE`]), [`CODES_PER_WORD`],
 //!   [`BLOCK_WORDS`], [`WORKGROUP`], [`FAN_IN`], `STATES` (the variant's state count),
-//!   `MAX_STATES` and `ENTRY_ROWS` ([`super::layout`]); with 8-bit states also
+//!   `MAX_STATES` ([`super::layout`]), and `BINDING_<NAME>` for every constant of
+//!   `gpu::kernel::binding`; with 8-bit states also
 //!   `crate::q8::lut`'s `SMALLEST`, `ONE`, `INFINITY`, `BUCKET_SHIFT`, `BUCKETS_PER_SIGN`,
 //!   and `CODINGS`, each state's map, table and code of 0 in the code tables' binding
 //!   ([`tables_words`]);
 //! - `alias R = vec4<f32>` and `alias S = f32`;
-//! - `struct Segment` ([`super::layout::Segment`]) and the table's bindings `table` and
-//!   `segments` ([`super::layout::table_views_wgsl`]), and `entry_row(w)`
-//!   (`gpu::kernel::entry_row_wgsl`);
+//! - the multi-tensor kernels' table declarations (`gpu::kernel::table_head_wgsl`):
+//!   `struct TableHead`, `struct Table`, its binding `table`, `TABLE_ROWS`, `ENTRY_ROWS`
+//!   (the rows of one entry), `MAP_ENTRIES_PER_ROW` and `entry_row(w)`, the first row of
+//!   workgroup `w`'s entry; `struct Segment` ([`super::layout::Segment`]) and
+//!   `segment_at(r)`, the segment whose first row is `r`;
 //! - the storage bindings `params`, `state`, with 8-bit states `tables`, and without the
-//!   gradients in the parameters' buffer `grads`, at [`super::layout`]'s binding numbers;
+//!   gradients in the parameters' buffer `grads`, at `gpu::kernel::binding`'s `Q8_*` numbers;
 //!   `grad_at(j)`, gradient j from whichever binding holds them;
 //! - `is_nan`, `max_propagating_nan` (`gpu::kernel::nan_helpers`);
 //! - per state k of the variant, `load_<state>` and `store_<state>` (PyTorch's state
@@ -46,13 +49,9 @@
 
 use std::fmt::Write;
 
-use super::layout::{
-    table_views_wgsl, CODE_TABLES_BINDING, ENTRY_ROWS, GRADS_BINDING, MAX_STATES, PARAMS_BINDING,
-    SCALARS_GROUP, SEGMENT_GROUP, STATE_BINDING,
-};
+use super::layout::{Segment, ENTRY_ROWS, MAX_STATES, SCALARS_GROUP, SEGMENT_GROUP};
 use super::Variant;
-use crate::gpu::kernel::{entry_row_wgsl, nan_helpers, CLIP_BINDING};
-use crate::gpu::pipeline::HYPER_BINDING;
+use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
 use crate::q8::BLOCK_SIZE;
 use crate::step::clip::ClipHeader;
@@ -148,29 +147,30 @@ pub(crate) fn prelude(variant: &Variant) -> String {
         ("FAN_IN", FAN_IN as usize),
         ("STATES", kinds.len()),
         ("MAX_STATES", MAX_STATES),
-        ("ENTRY_ROWS", ENTRY_ROWS),
     ];
     for (name, value) in constants {
         let _ = writeln!(s, "const {name}: u32 = {value}u;");
     }
-    s.push_str(&table_views_wgsl());
-    s.push_str(&entry_row_wgsl(ENTRY_ROWS));
-    let storage = |s: &mut String, binding: u32, access: &str, name: &str, element: &str| {
+    s.push_str(&binding_wgsl());
+    s.push_str(&table_head_wgsl(ENTRY_ROWS));
+    s.push_str(&Segment::wgsl());
+    s.push_str(&Segment::reader_wgsl("segment_at"));
+    let storage = |s: &mut String, binding: &str, access: &str, name: &str, element: &str| {
         let _ = writeln!(
             s,
-            "@group({SEGMENT_GROUP}) @binding({binding}) var<storage, {access}> {name}: array<{element}>;"
+            "@group({SEGMENT_GROUP}) @binding(BINDING_{binding}) var<storage, {access}> {name}: array<{element}>;"
         );
     };
-    storage(&mut s, PARAMS_BINDING, "read_write", "params", "f32");
+    storage(&mut s, "Q8_PARAMS", "read_write", "params", "f32");
     if variant.grad_in_params {
         s.push_str("fn grad_at(j: u32) -> f32 {\n    return params[j];\n}\n");
     } else {
-        storage(&mut s, GRADS_BINDING, "read", "grads", "f32");
+        storage(&mut s, "Q8_GRADS", "read", "grads", "f32");
         s.push_str("fn grad_at(j: u32) -> f32 {\n    return grads[j];\n}\n");
     }
-    storage(&mut s, STATE_BINDING, "read_write", "state", "u32");
+    storage(&mut s, "Q8_STATE", "read_write", "state", "u32");
     if variant.quantized {
-        storage(&mut s, CODE_TABLES_BINDING, "read", "tables", "u32");
+        storage(&mut s, "Q8_CODE_TABLES", "read", "tables", "u32");
         let constants = [
             ("SMALLEST", SMALLEST),
             ("ONE", ONE),
@@ -218,12 +218,12 @@ pub(crate) fn prelude(variant: &Variant) -> String {
         s.push_str(&o.wgsl());
     }
     s.push_str(&variant.switches.uniform_wgsl());
-    let _ = writeln!(s, "@group({SCALARS_GROUP}) @binding({HYPER_BINDING}) var<uniform> hp_base: Hyper;");
+    let _ = writeln!(s, "@group({SCALARS_GROUP}) @binding(BINDING_HYPER) var<uniform> hp_base: Hyper;");
     if variant.clip {
         s.push_str(&ClipHeader::wgsl());
         let _ = writeln!(
             s,
-            "@group({SCALARS_GROUP}) @binding({CLIP_BINDING}) var<storage, read> clip_state: ClipState;"
+            "@group({SCALARS_GROUP}) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;"
         );
     }
     s

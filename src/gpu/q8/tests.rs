@@ -511,16 +511,36 @@ fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
     }
 }
 
-/// Every 8-bit variant's source parses and validates, and the table's structs lay out in
-/// WGSL as `layout::Segment` does in Rust: each field at the offset `#[repr(C)]` gives it,
-/// and the typed view's entries right after the header row.
+/// `(name, (group, binding))` of every resource of a parsed module, sorted.
+fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
+    let mut found: Vec<(String, (u32, u32))> = module
+        .global_variables
+        .iter()
+        .filter_map(|(_, g)| {
+            let b = g.binding.as_ref()?;
+            Some((g.name.clone().unwrap_or_default(), (b.group, b.binding)))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Every 8-bit variant's source parses and validates, binds every resource at the number
+/// `gpu::kernel::binding` gives it, and the table's structs lay out in
+/// WGSL as `layout::Segment` and `TableHead` do in Rust: each field at the offset
+/// `#[repr(C)]` gives it, and the table's rows right after its head.
 #[test]
 fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
-    use super::layout::{Segment, SEGMENT_CAPACITY};
+    use super::layout::{Segment, SCALARS_GROUP, SEGMENT_GROUP};
+    use crate::gpu::kernel::{binding, TABLE_BYTES};
+    use crate::gpu::table::TableHead;
     let mut validator =
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-    let rust: Vec<(String, u32)> =
-        Segment::FIELDS.iter().zip(Segment::OFFSETS).map(|((f, _), o)| (f.to_string(), *o as u32)).collect();
+    let rust_members = |fields: &[&str], offsets: &[usize]| -> Vec<(String, u32)> {
+        fields.iter().zip(offsets).map(|(f, o)| (f.to_string(), *o as u32)).collect()
+    };
+    let rust = rust_members(Segment::FIELDS, Segment::OFFSETS);
+    let head = rust_members(TableHead::FIELDS, TableHead::OFFSETS);
     let mut checked = 0;
     for algorithm in algorithms_of_every_state_count() {
         let kinds = algorithm.state_kinds().to_vec();
@@ -542,24 +562,66 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                         .unwrap_or_else(|e| panic!("{variant:?}: {}\n{source}", e.emit_to_string(&source)));
                     validator.validate(&module).unwrap_or_else(|e| panic!("{variant:?}: {e:?}\n{source}"));
                     assert_eq!(members(&module, "Segment"), rust, "{variant:?}");
-                    let typed = [("head".to_string(), 0), ("entries".to_string(), 16)];
-                    assert_eq!(members(&module, "Segments"), typed, "{variant:?}");
+                    assert_eq!(members(&module, "TableHead"), head, "{variant:?}");
+                    let mut expected = vec![
+                        ("hp_base", (SCALARS_GROUP, binding::HYPER)),
+                        ("params", (SEGMENT_GROUP, binding::Q8_PARAMS)),
+                        ("state", (SEGMENT_GROUP, binding::Q8_STATE)),
+                        ("table", (SEGMENT_GROUP, binding::TABLE)),
+                    ];
+                    if !grad_in_params {
+                        expected.push(("grads", (SEGMENT_GROUP, binding::Q8_GRADS)));
+                    }
+                    if quantized {
+                        expected.push(("tables", (SEGMENT_GROUP, binding::Q8_CODE_TABLES)));
+                    }
+                    if clip {
+                        expected.push(("clip_state", (SCALARS_GROUP, binding::CLIP)));
+                    }
+                    expected.sort();
+                    let expected: Vec<(String, (u32, u32))> =
+                        expected.into_iter().map(|(name, at)| (name.to_string(), at)).collect();
+                    assert_eq!(resource_bindings(&module), expected, "{variant:?}");
+                    let table = [("head".to_string(), 0), ("rows".to_string(), 16)];
+                    assert_eq!(members(&module, "Table"), table, "{variant:?}");
                     let size = |name: &str| {
                         let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
                         found.map(|(_, ty)| ty.inner.size(module.to_ctx())).unwrap_or_default()
                     };
                     assert_eq!(size("Segment") as usize, std::mem::size_of::<Segment>(), "{variant:?}");
-                    assert_eq!(
-                        size("Segments") as u64,
-                        16 + (SEGMENT_CAPACITY * std::mem::size_of::<Segment>()) as u64,
-                        "{variant:?}"
-                    );
+                    assert_eq!(size("Table") as u64, TABLE_BYTES, "{variant:?}");
                     checked += 1;
                 }
             }
         }
     }
     assert_eq!(checked, 4 * 3 * 4 + 4, "variants checked");
+}
+
+/// The WGSL reader of a segment takes each field from the lanes where `#[repr(C)]` puts it
+/// in the words the host writes: the vec2 fields from pairs of lanes.
+#[test]
+fn a_segment_is_read_from_the_rows_its_words_fill() {
+    use super::layout::{Segment, ENTRY_ROWS};
+    let segment = Segment {
+        n: 1,
+        blocks: 2,
+        first_group: 3,
+        groups: 4,
+        param: 5,
+        grad: 6,
+        values: [7, 8],
+        absmax: [9, 10],
+        reserved: [0; 2],
+    };
+    assert_eq!(segment.words(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0]);
+    assert_eq!(ENTRY_ROWS, 3);
+    assert_eq!(
+        Segment::reader_wgsl("segment_at"),
+        "fn segment_at(r: u32) -> Segment {\n    \
+         let r0 = table.rows[r];\n    let r1 = table.rows[r + 1u];\n    let r2 = table.rows[r + 2u];\n    \
+         return Segment(r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.zw, r2.xy, r2.zw);\n}\n"
+    );
 }
 
 /// Two 8-bit optimizers on one context share its registry: the second compiles nothing,
