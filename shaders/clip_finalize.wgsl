@@ -6,8 +6,8 @@
 // NORM_INF, norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also
 // writes the coefficient into the device state, where capturable update kernels read it.
 
-@group(0) @binding(BINDING_FINALIZE_PARTIALS) var<storage, read> partials: array<f32>;
-@group(0) @binding(BINDING_FINALIZE_CLIP) var<storage, read_write> clip: ClipState;
+@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_PARTIALS) var<storage, read> partials: array<f32>;
+@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_CLIP) var<storage, read_write> clip: ClipState;
 
 var<workgroup> lanes: array<f32, WG>;
 

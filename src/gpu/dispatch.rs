@@ -106,14 +106,14 @@ impl Batch {
 
     /// Records every dispatch of the batch into `pass` with `scalars` as group 0.
     pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &wgpu::BindGroup) {
-        pass.set_bind_group(0, scalars, &[]);
+        pass.set_bind_group(binding::GROUP_SCALARS, scalars, &[]);
         let mut current: Option<&Arc<CachedPipeline>> = None;
         for dispatch in &self.dispatches {
             if current.is_none_or(|c| !Arc::ptr_eq(c, &dispatch.pipeline)) {
                 pass.set_pipeline(&dispatch.pipeline.pipeline);
                 current = Some(&dispatch.pipeline);
             }
-            pass.set_bind_group(1, &dispatch.bind_group, &[]);
+            pass.set_bind_group(binding::GROUP_TABLE, &dispatch.bind_group, &[]);
             pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
         }
     }

@@ -301,9 +301,16 @@ pub(crate) const MAX_WORKGROUPS: u32 = 4096;
 ///
 /// Path of a binding: [`binding::CLIP`] → the clip buffer's entry in the scalars' bind group
 /// (`gpu/dispatch.rs`) and its layout (`ScalarLayouts`, `gpu/pipeline.rs`) → `const
-/// BINDING_CLIP` in the prelude → `@group(0) @binding(BINDING_CLIP) var<storage, read>
+/// BINDING_CLIP` in the prelude → `@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read>
 /// clip_state`. The naga tests check every resource's number against these constants.
 pub(crate) mod binding {
+    /// Bind group 0 of every pass: its scalars (hyperparameters, device state, clip buffer,
+    /// norm partials); the only group of the passes without a table.
+    pub(crate) const GROUP_SCALARS: u32 = 0;
+    /// Bind group 1 of the update kernels (multi-tensor and 8-bit): the dispatch's table and
+    /// tensor bindings, one bind group per dispatch.
+    pub(crate) const GROUP_TABLE: u32 = 1;
+
     /// Group 0 of update kernels (8-bit ones too): the hyperparameter uniform slot.
     pub(crate) const HYPER: u32 = 0;
     /// Group 0 of capturable update kernels: the device state (step counter, AMP flag, clip
@@ -343,7 +350,9 @@ pub(crate) mod binding {
     pub(crate) const Q8_CODE_TABLES: u32 = 4;
 
     /// Every constant with its WGSL name.
-    pub(super) const ALL: [(&str, u32); 16] = [
+    pub(super) const ALL: [(&str, u32); 18] = [
+        ("GROUP_SCALARS", GROUP_SCALARS),
+        ("GROUP_TABLE", GROUP_TABLE),
         ("BINDING_HYPER", HYPER),
         ("BINDING_DEVICE_STATE", DEVICE_STATE),
         ("BINDING_DEVICE_LR", DEVICE_LR),
@@ -441,7 +450,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         };
         let _ = writeln!(
             s,
-            "@group(1) @binding(BINDING_TENSORS + {b}u) var<storage, {access}> buf{b}: array<{element}>;"
+            "@group(GROUP_TABLE) @binding(BINDING_TENSORS + {b}u) var<storage, {access}> buf{b}: array<{element}>;"
         );
     }
     for (slot, binding) in key.program.inputs().iter().map(|s| s.name()).zip(&key.layout.inputs) {
@@ -532,7 +541,7 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             // iteration.
             let _ = write!(
                 s,
-                "\n@group(0) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\nvar<private> hp: Hyper;\n"
+                "\n@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\nvar<private> hp: Hyper;\n"
             );
             prologue.push(format!("hp = {hyper};"));
             if rng {
@@ -548,9 +557,9 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             s.push_str(key.program.capturable_source());
             let _ = write!(
                 s,
-                "\n@group(0) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
-                 @group(0) @binding(BINDING_DEVICE_STATE) var<storage, read> device_state: DeviceState;\n\
-                 @group(0) @binding(BINDING_DEVICE_LR) var<storage, read> device_lr: f32;\n\
+                "\n@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE) var<storage, read> device_state: DeviceState;\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_DEVICE_LR) var<storage, read> device_lr: f32;\n\
                  var<private> hp: Hyper;\n",
             );
             // A step skipped by AMP changes nothing.
@@ -567,19 +576,19 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
         Scalars::Unscale => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str(
-                "@group(0) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n",
+                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n",
             );
         }
         Scalars::Norm => {
             s.push_str(
-                "@group(0) @binding(BINDING_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
+                "@group(GROUP_SCALARS) @binding(BINDING_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
         }
         Scalars::UnscaleNorm => {
             s.push_str(&DeviceHeader::wgsl(true));
             s.push_str(
-                "@group(0) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n\
-                 @group(0) @binding(BINDING_UNSCALE_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
+                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_UNSCALE_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
         }
     }
@@ -593,7 +602,9 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
     }
     if key.clip && key.scalars != Scalars::Device {
         s.push_str(&ClipHeader::wgsl());
-        s.push_str("@group(0) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;\n");
+        s.push_str(
+            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;\n",
+        );
     }
     if key.program.takes_norm() {
         // The norm entry point reads no scalars beyond its bindings.
@@ -718,7 +729,7 @@ pub(crate) fn clip_finalize_wgsl(capturable: bool) -> String {
     if capturable {
         s.push_str(&DeviceHeader::wgsl(false));
         s.push_str(
-            "@group(0) @binding(BINDING_FINALIZE_DEVICE_STATE)\n\
+            "@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_DEVICE_STATE)\n\
              var<storage, read_write> device_state: DeviceState;\n\
              fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n",
         );
@@ -750,7 +761,7 @@ pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
          const ENTRY_ROWS: u32 = {per_entry}u;\n\
          const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
          struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
-         @group(1) @binding(BINDING_TABLE) var<uniform> table: Table;\n\
+         @group(GROUP_TABLE) @binding(BINDING_TABLE) var<uniform> table: Table;\n\
          fn entry_row(w: u32) -> u32 {{\n    \
          let pair = table.rows[ENTRY_ROWS * table.head.rows + w / MAP_ENTRIES_PER_ROW][(w / 2u) % 4u];\n    \
          return ENTRY_ROWS * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"

@@ -179,7 +179,7 @@ impl ClipPass {
     /// pass that takes norms).
     pub(super) fn record_finalize(&self, pass: &mut wgpu::ComputePass<'_>, bound: &BoundNorm) {
         pass.set_pipeline(&self.finalize);
-        pass.set_bind_group(0, &bound.finalize_group, &[]);
+        pass.set_bind_group(binding::GROUP_SCALARS, &bound.finalize_group, &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }
 }

@@ -127,7 +127,7 @@ impl DeviceState {
     /// The step's first dispatch: the counter advances unless AMP found an infinity.
     pub(super) fn record_advance(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.advance);
-        pass.set_bind_group(0, &self.state_group, &[]);
+        pass.set_bind_group(binding::GROUP_SCALARS, &self.state_group, &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }
 

@@ -7,13 +7,6 @@
 
 use crate::step::fields::table_struct;
 
-/// Group 0: the hyperparameters (and, clipped, the clip buffer), shared with the f32
-/// kernels' layouts.
-pub(crate) const SCALARS_GROUP: u32 = 0;
-/// Group 1: the dispatch's table and buffers, one bind group per dispatch, at the binding
-/// numbers `gpu::kernel::binding` gives them (`TABLE`, `Q8_PARAMS`, ...).
-pub(crate) const SEGMENT_GROUP: u32 = 1;
-
 /// The most states a segment has (Adam's two moments).
 pub(crate) const MAX_STATES: usize = 2;
 

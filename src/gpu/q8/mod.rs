@@ -24,7 +24,6 @@ use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::Switches;
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
-use layout::{SCALARS_GROUP, SEGMENT_GROUP};
 
 /// What selects one compiled 8-bit pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -546,8 +545,8 @@ impl Q8Engine {
         let Some(bound) = &self.bound else { return };
         for dispatch in &bound.dispatches {
             pass.set_pipeline(&dispatch.pipeline.pipeline);
-            pass.set_bind_group(SCALARS_GROUP, &scalars[dispatch.group], &[]);
-            pass.set_bind_group(SEGMENT_GROUP, &dispatch.bind_group, &[]);
+            pass.set_bind_group(binding::GROUP_SCALARS, &scalars[dispatch.group], &[]);
+            pass.set_bind_group(binding::GROUP_TABLE, &dispatch.bind_group, &[]);
             pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
         }
     }

@@ -49,7 +49,7 @@
 
 use std::fmt::Write;
 
-use super::layout::{Segment, ENTRY_ROWS, MAX_STATES, SCALARS_GROUP, SEGMENT_GROUP};
+use super::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use super::Variant;
 use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
@@ -158,7 +158,7 @@ pub(crate) fn prelude(variant: &Variant) -> String {
     let storage = |s: &mut String, binding: &str, access: &str, name: &str, element: &str| {
         let _ = writeln!(
             s,
-            "@group({SEGMENT_GROUP}) @binding(BINDING_{binding}) var<storage, {access}> {name}: array<{element}>;"
+            "@group(GROUP_TABLE) @binding(BINDING_{binding}) var<storage, {access}> {name}: array<{element}>;"
         );
     };
     storage(&mut s, "Q8_PARAMS", "read_write", "params", "f32");
@@ -218,12 +218,12 @@ pub(crate) fn prelude(variant: &Variant) -> String {
         s.push_str(&o.wgsl());
     }
     s.push_str(&variant.switches.uniform_wgsl());
-    let _ = writeln!(s, "@group({SCALARS_GROUP}) @binding(BINDING_HYPER) var<uniform> hp_base: Hyper;");
+    let _ = writeln!(s, "@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> hp_base: Hyper;");
     if variant.clip {
         s.push_str(&ClipHeader::wgsl());
         let _ = writeln!(
             s,
-            "@group({SCALARS_GROUP}) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;"
+            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;"
         );
     }
     s

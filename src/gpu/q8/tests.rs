@@ -531,7 +531,7 @@ fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
 /// `#[repr(C)]` gives it, and the table's rows right after its head.
 #[test]
 fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
-    use super::layout::{Segment, SCALARS_GROUP, SEGMENT_GROUP};
+    use super::layout::Segment;
     use crate::gpu::kernel::{binding, TABLE_BYTES};
     use crate::gpu::table::TableHead;
     let mut validator =
@@ -564,19 +564,19 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                     assert_eq!(members(&module, "Segment"), rust, "{variant:?}");
                     assert_eq!(members(&module, "TableHead"), head, "{variant:?}");
                     let mut expected = vec![
-                        ("hp_base", (SCALARS_GROUP, binding::HYPER)),
-                        ("params", (SEGMENT_GROUP, binding::Q8_PARAMS)),
-                        ("state", (SEGMENT_GROUP, binding::Q8_STATE)),
-                        ("table", (SEGMENT_GROUP, binding::TABLE)),
+                        ("hp_base", (binding::GROUP_SCALARS, binding::HYPER)),
+                        ("params", (binding::GROUP_TABLE, binding::Q8_PARAMS)),
+                        ("state", (binding::GROUP_TABLE, binding::Q8_STATE)),
+                        ("table", (binding::GROUP_TABLE, binding::TABLE)),
                     ];
                     if !grad_in_params {
-                        expected.push(("grads", (SEGMENT_GROUP, binding::Q8_GRADS)));
+                        expected.push(("grads", (binding::GROUP_TABLE, binding::Q8_GRADS)));
                     }
                     if quantized {
-                        expected.push(("tables", (SEGMENT_GROUP, binding::Q8_CODE_TABLES)));
+                        expected.push(("tables", (binding::GROUP_TABLE, binding::Q8_CODE_TABLES)));
                     }
                     if clip {
-                        expected.push(("clip_state", (SCALARS_GROUP, binding::CLIP)));
+                        expected.push(("clip_state", (binding::GROUP_SCALARS, binding::CLIP)));
                     }
                     expected.sort();
                     let expected: Vec<(String, (u32, u32))> =
