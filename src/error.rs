@@ -34,7 +34,7 @@ pub enum Error {
     NeedsOption {
         /// What asked for it.
         what: String,
-        /// The [`OptimizerOptions`](crate::OptimizerOptions) field.
+        /// The [`OptimizerBuilder`](crate::OptimizerBuilder) option.
         option: &'static str,
     },
     /// Two tensors that must have the same number of elements do not.

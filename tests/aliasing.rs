@@ -8,9 +8,7 @@ use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::{self, torch_adam_step, TorchAdamState};
-use wgpu_optim::{
-    Adam, DType, DmlAdam, Error, GpuContext, Optimizer, OptimizerOptions, Q8States, StateKind, Tensor,
-};
+use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, Q8States, StateKind, Tensor};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
 
@@ -182,7 +180,7 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
     let param = Tensor::new(&buffer.buffer, 7 * 4, n as u64, DType::F32);
     let grad = Tensor::new(&buffer.buffer, 1013 * 4, n as u64, DType::F32);
     let config = Adam { lr: 0.01, amsgrad: true, ..Adam::default() };
-    let mut optimizer = Optimizer::new(&ctx, config, std::slice::from_ref(&param)).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, std::slice::from_ref(&param)).unwrap();
     let mut p = p0.clone();
     let mut state = TorchAdamState::zeros(n, true);
     for _ in 0..30 {
@@ -201,7 +199,7 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
 fn the_optimizer_refuses_grads_that_do_not_match() {
     let ctx = ctx();
     let params = vec![ctx.upload_f32("p", &[0.5; 16]), ctx.upload_f32("q", &[0.5; 8])];
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::default(), &params).unwrap();
     let err = optimizer.step(&params[..1]).unwrap_err();
     assert!(matches!(err, Error::CountMismatch { got: 1, expected: 2, .. }), "{err}");
     let grads = vec![ctx.zeros("g", 16, DType::F32), ctx.zeros("h", 9, DType::F32)];
@@ -259,7 +257,7 @@ fn a_gradient_inside_another_parameter_is_refused_and_changes_nothing() {
     let flat = ctx.upload_f32("params", &to_f32(&initial));
     let params = [flat.slice(0, n as u64), flat.slice(n as u64, n as u64)];
     let config = Adam { lr: 0.01, ..Adam::default() };
-    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(n, 1.0)));
     let exp_avg = optimizer.state(0, StateKind::ExpAvg).unwrap().clone();
     let watched = [&flat, &g0, &exp_avg];
@@ -293,12 +291,12 @@ fn a_gradient_inside_another_parameter_is_refused_with_8bit_state() {
     let mut rng = Rng::new(32);
     let flat = ctx.upload_f32("params", &to_f32(&rng.vec(3 * n, 1.0)));
     let params = [flat.slice(0, 2 * n as u64), flat.slice(2 * n as u64, n as u64)];
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::adamw(), &params, options).unwrap();
+    let options = Optimizer::builder().q8_states(Q8States::default());
+    let mut optimizer = options.build(&ctx, Adam::adamw(), &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(2 * n, 1.0)));
     optimizer.step(&[g0.clone(), ctx.upload_f32("g1", &to_f32(&rng.vec(n, 1.0)))]).unwrap();
     let states =
-        |o: &Optimizer| (0..2).map(|i| o.read_q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
+        |o: &Optimizer| (0..2).map(|i| o.q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
     let before = states(&optimizer);
     // grads[1] inside params[0], clear of params[1].
     let grads = [g0.clone(), flat.slice(100, n as u64)];
@@ -313,11 +311,8 @@ fn a_gradient_overlapping_a_model_copy_is_refused() {
     let params = [ctx.upload_f32("p0", &[0.5; 64]), ctx.upload_f32("p1", &[0.25; 64])];
     // The bf16 copies in one buffer, 128 bytes each, at bytes 0 and 768.
     let copies = ctx.zeros("copies", 8 * n, DType::BF16);
-    let options = OptimizerOptions {
-        model_copies: vec![copies.slice(0, n), copies.slice(6 * n, n)],
-        ..Default::default()
-    };
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, options).unwrap();
+    let options = Optimizer::builder().model_copies(vec![copies.slice(0, n), copies.slice(6 * n, n)]);
+    let mut optimizer = options.build(&ctx, Adam::default(), &params).unwrap();
     // An f32 gradient (bytes 64 to 320) over the second half of copy 0 and nothing else.
     let grads = [ctx.upload_f32("g0", &[0.1; 64]), Tensor::new(&copies.buffer, 64, n, DType::F32)];
     let watched = [&params[0], &params[1], &copies];

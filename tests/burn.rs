@@ -11,7 +11,7 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{Adam, Algorithm, Error, GradClip, OptimizerOptions, Q8States, Sgd};
+use wgpu_optim::{Adam, Algorithm, Error, GradClip, Optimizer, Q8States, Sgd};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -148,7 +148,7 @@ fn the_module_step_clips_the_global_gradient_norm() {
     let grads = gradient_steps(&mut rng, &lens, 3);
     let clip = GradClip::l2(2.0);
     let algorithm: Algorithm = Adam::adamw().into();
-    let options = OptimizerOptions { grad_clip: Some(clip), ..Default::default() };
+    let options = Optimizer::builder().grad_clip(clip);
     let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
     let mut model = Params::new(&initial, &device);
     for g in &grads {
@@ -168,7 +168,7 @@ fn an_amp_step_with_an_infinite_gradient_is_skipped_on_the_device() {
     let mut rng = Rng::new(4);
     let initial = vec![rng.vec(512, 1.0)];
     let algorithm: Algorithm = Adam::default().into();
-    let options = OptimizerOptions { capturable: true, ..Default::default() };
+    let options = Optimizer::builder().capturable(true);
     let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
     let model = Params::new(&initial, &device);
     let mut bad = rng.vec(512, 1.0);
@@ -437,7 +437,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
 
     // With global clipping, parameters whose step counts differ (one skipped a step): the
     // clipping norm covers one optimizer.
-    let clipped = OptimizerOptions { grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let clipped = Optimizer::builder().grad_clip(GradClip::l2(1.0));
     let mut step = ModuleStep::with_options(&shared, algorithm, clipped).unwrap();
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
@@ -450,7 +450,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     assert!(matches!(&err, Error::Burn(m) if m.contains("different step counts")), "{err}");
 
     // What the optimizer itself refuses for these parameters (8-bit state needs F32 ones).
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+    let options = Optimizer::builder().q8_states(Q8States::default());
     let mut model = Params::new(&initial, &device);
     model.params[0] = Param::from_tensor(tensor(&initial[0], &device).cast(BurnDType::F16));
     let mut g = GradientsParams::new();
@@ -474,7 +474,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     assert!(matches!(err, Error::NeedsOption { option: "capturable", .. }), "{err}");
 
     // Options a module owns.
-    let options = OptimizerOptions { master_weights: true, ..Default::default() };
+    let options = Optimizer::builder().master_weights(true);
     let err = ModuleStep::with_options(&shared, algorithm, options).err().unwrap();
     assert!(matches!(err, Error::ConflictingOptions { second: "master_weights", .. }), "{err}");
 

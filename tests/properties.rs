@@ -7,7 +7,7 @@ mod common;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
 use wgpu_optim::oracle::TorchState;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, OptimizerOptions, Sgd, Tensor};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, Tensor};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24)
@@ -114,8 +114,8 @@ proptest! {
         let mut rng = Rng::new(setup.seed);
         let params = packed(&ctx, &setup.tensors, setup.param, &mut rng);
         let grads = packed(&ctx, &setup.tensors, setup.grad, &mut rng);
-        let options = OptimizerOptions { state_dtype: Some(setup.state), ..Default::default() };
-        let mut optimizer = Optimizer::with_options(&ctx, setup.algorithm, &params, options).unwrap();
+        let options = Optimizer::builder().state_dtype(setup.state);
+        let mut optimizer = options.build(&ctx, setup.algorithm, &params).unwrap();
         let kinds = setup.algorithm.state_kinds();
         for t in 1..=setup.steps {
             for g in &grads {

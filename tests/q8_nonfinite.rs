@@ -7,7 +7,7 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::oracle::{bnb_8bit_step, BnbState};
 use wgpu_optim::q8;
-use wgpu_optim::{Adam, Algorithm, OptimizerOptions, Q8States, Sgd, StateKind};
+use wgpu_optim::{Adam, Algorithm, Q8States, Sgd, StateKind};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
 /// Four blocks, the last partial.
@@ -98,10 +98,10 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite_on_the_
         let kinds = algorithm.state_kinds();
         for bad_value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let what = format!("{algorithm:?}, gradient {bad_value}");
-            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
+            let options = CpuOptimizer::builder().q8_states(config);
             let mut weights = initial();
-            let mut opt = CpuOptimizer::with_options(algorithm, &[HostSlice::F32(&weights)], options)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let mut opt =
+                options.build(algorithm, &[HostSlice::F32(&weights)]).unwrap_or_else(|e| panic!("{e}"));
             let mut want: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
             let mut want_states: Vec<BnbState> = kinds.iter().map(|_| BnbState::zeros(N, true)).collect();
             for (k, grad) in gradients(bad_value).iter().enumerate() {

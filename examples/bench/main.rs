@@ -24,9 +24,7 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{
-    Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Q8States, Sgd, Tensor,
-};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, Q8States, Sgd, Tensor};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
@@ -256,8 +254,8 @@ fn gpu_step(
     let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
-    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, options)?;
+    let options = Optimizer::builder().grad_clip(clip).q8_states(q8);
+    let mut optimizer = options.build(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
     roofline.median_time(timer, 1)?;
     let (mut gpu, mut copies) = (Vec::new(), Vec::new());
@@ -316,8 +314,7 @@ fn cpu_step(
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
-    let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+    let mut optimizer = CpuOptimizer::builder().grad_clip(clip).q8_states(q8).build(algorithm, &views)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
         let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();

@@ -11,7 +11,7 @@ use crate::{Adam, Error, Result};
 ///
 /// Refused ([`Error::Burn`]) for what this crate's AdamW does not do: cautious weight decay,
 /// and Burn's per-parameter gradient clipping (this crate clips the global norm, with
-/// [`OptimizerOptions::grad_clip`](crate::OptimizerOptions::grad_clip)).
+/// [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip)).
 impl TryFrom<&AdamWConfig> for Adam {
     type Error = Error;
 
@@ -29,7 +29,7 @@ impl TryFrom<&AdamWConfig> for Adam {
         if !field("grad_clipping")?.is_null() {
             return Err(Error::Burn(
                 "AdamWConfig's gradient clipping is Burn's, per parameter; clip the global norm \
-                 with OptimizerOptions::grad_clip instead"
+                 with OptimizerBuilder::grad_clip instead"
                     .into(),
             ));
         }

@@ -10,13 +10,13 @@ use super::lease::{bindable, lease, Access, Leased};
 use super::record::{self, ParamRecord};
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
-use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Tensor};
+use crate::{Algorithm, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, StateKind, Tensor};
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
 /// one [`Optimizer`], whose multi-tensor dispatches cover all of them (one per kernel
-/// variant, not one per parameter), with the [`OptimizerOptions`] of this crate: global
-/// gradient clipping ([`OptimizerOptions::grad_clip`]), AMP skipping
-/// ([`Self::step_unscaled`], with [`OptimizerOptions::capturable`]), 16-bit or 8-bit state.
+/// variant, not one per parameter), with the [`OptimizerBuilder`] options of this crate: global
+/// gradient clipping ([`OptimizerBuilder::grad_clip`]), AMP skipping
+/// ([`Self::step_unscaled`], with [`OptimizerBuilder::capturable`]), 16-bit or 8-bit state.
 ///
 /// Parameters are updated in their own buffers; one whose storage is shared with another
 /// tensor is copied first (see [`crate::burn`]).
@@ -30,7 +30,7 @@ use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Te
 /// stepped late starts at step 1. Parameters with equal counts share one optimizer and its
 /// dispatches; parameters whose counts differ are stepped by one optimizer per count, in
 /// the same submission. Global gradient clipping and AMP's all-or-nothing skip cover one
-/// optimizer, so with [`OptimizerOptions::grad_clip`] or [`OptimizerOptions::capturable`] a
+/// optimizer, so with [`OptimizerBuilder::grad_clip`] or [`OptimizerBuilder::capturable`] a
 /// step whose parameters have different counts is refused ([`Error::Burn`]). In capturable
 /// mode the counts are the device's (AMP skips excluded), read back when the set of
 /// parameters with gradients changes.
@@ -160,16 +160,17 @@ struct Cohort {
 impl ModuleStep {
     /// `algorithm` over a module's parameters on `shared`'s device.
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
-        Self::with_options(shared, algorithm, OptimizerOptions::default())
+        Self::with_options(shared, algorithm, Optimizer::builder())
     }
 
-    /// With [`OptimizerOptions`]. Master weights, model copies and parameter shapes belong
+    /// With the options of an [`OptimizerBuilder`] (its `build` is not called). Master weights, model copies and parameter shapes belong
     /// to the module here, so those options are refused ([`Error::ConflictingOptions`]).
     pub fn with_options(
         shared: &SharedDevice,
         algorithm: impl Into<Algorithm>,
-        options: OptimizerOptions,
+        options: OptimizerBuilder,
     ) -> Result<Self> {
+        let options = options.options;
         let algorithm = algorithm.into();
         algorithm.validate()?;
         if let Some(clip) = &options.grad_clip {
@@ -224,7 +225,7 @@ impl ModuleStep {
 
     /// AMP: the step of [`Self::step`] after unscaling the gradients by the device scalar
     /// `inv_scale` (one f32 element), skipped on the device when any gradient is NaN or
-    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerOptions::capturable`].
+    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerBuilder::capturable`].
     pub fn step_unscaled<M: Module>(
         &mut self,
         lr: f64,
@@ -496,7 +497,8 @@ impl ModuleStep {
             return Ok(Prepared::Reused(k));
         }
         let ctx = self.shared.context();
-        let mut optimizer = Optimizer::with_options(ctx, self.algorithm, &params, self.options.clone())?;
+        let mut optimizer =
+            OptimizerBuilder { options: self.options.clone() }.build(ctx, self.algorithm, &params)?;
         self.bring_in(encoder, &optimizer, None, &ids)?;
         if time != 0 {
             optimizer.set_step_count(time)?;
@@ -643,8 +645,8 @@ fn copy_state(
             ),
             // 8-bit state has no `state()` tensor: it moves through the host.
             _ if q8 && kind != StateKind::KahanCompensation => {
-                if let Some(state) = from.read_q8_state(j, kind)? {
-                    to.write_q8_state(i, kind, &state)?;
+                if let Some(state) = from.q8_state(j, kind)? {
+                    to.set_q8_state(i, kind, &state)?;
                 }
             }
             _ => {}

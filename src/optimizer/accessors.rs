@@ -5,7 +5,7 @@ use super::Optimizer;
 use crate::{Algorithm, Error, Result, Rounding, StateKind, Tensor};
 
 impl Optimizer {
-    /// How the optimizer's 16-bit stores round ([`OptimizerOptions::rounding`]).
+    /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`]).
     pub fn rounding(&self) -> Rounding {
         self.rounding
     }
@@ -109,9 +109,9 @@ impl Optimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     ///
-    /// With [`OptimizerOptions::q8_states`] only the f32 states of tensors below
+    /// With [`OptimizerBuilder::q8_states`] only the f32 states of tensors below
     /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
-    /// the parameter has one. Read those with [`Self::read_q8_state`] (codes and absmax, or
+    /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
     /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
@@ -119,50 +119,73 @@ impl Optimizer {
         self.state.get(index)?.get(k)
     }
 
-    /// With [`OptimizerOptions::q8_states`]: parameter `index`'s state of `kind` as stored,
+    /// With [`OptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as stored,
     /// 8-bit codes and absmax (or f32 values below `min_8bit_size`), read back after every
     /// submitted step; `None` where the parameter keeps no such state. Refused without
     /// 8-bit state ([`Error::NeedsOption`]).
-    pub fn read_q8_state(&self, index: usize, kind: StateKind) -> Result<Option<crate::q8::StoredState>> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("read_q8_state"))?;
+    ///
+    /// The same name as [`CpuOptimizer::q8_state`](crate::cpu::CpuOptimizer::q8_state) for
+    /// the same state; this one returns an owned copy in a `Result`, since the state lives on
+    /// the device and is read back, where the CPU's lends its own.
+    pub fn q8_state(&self, index: usize, kind: StateKind) -> Result<Option<crate::q8::StoredState>> {
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("q8_state"))?;
         engine.read(&self.ctx, index, kind)
     }
 
-    /// [`Self::read_q8_state`] as a future, for callers that must not block (a browser's
+    /// [`Self::q8_state`] as a future, for callers that must not block (a browser's
     /// main thread, where the blocking form returns [`Error::Readback`]).
-    pub async fn read_q8_state_async(
+    pub async fn q8_state_async(
         &self,
         index: usize,
         kind: StateKind,
     ) -> Result<Option<crate::q8::StoredState>> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("read_q8_state"))?;
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("q8_state"))?;
         engine.read_async(&self.ctx, index, kind).await
     }
 
-    /// With [`OptimizerOptions::q8_states`]: replaces parameter `index`'s state of `kind`
+    /// With [`OptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
     /// (queued, so it lands before the next submitted step). Refused, with nothing written,
     /// without 8-bit state ([`Error::NeedsOption`]), for a parameter or kind the optimizer
     /// does not have, or when `state` is not stored as this tensor's is (8-bit at and above
     /// `min_8bit_size`, f32 below), has another length, lacks one absmax per block, or has
     /// an absmax that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
-    pub fn write_q8_state(
+    ///
+    /// The same name as [`CpuOptimizer::set_q8_state`](crate::cpu::CpuOptimizer::set_q8_state);
+    /// this one borrows `state` and takes `&self`, since it only queues a copy to the device.
+    pub fn set_q8_state(&self, index: usize, kind: StateKind, state: &crate::q8::StoredState) -> Result<()> {
+        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("set_q8_state"))?;
+        engine.write(&self.ctx, index, kind, state)
+    }
+
+    /// [`Self::q8_state`] under the name the crate's 8-bit unit tests use.
+    #[cfg(test)]
+    pub(crate) fn read_q8_state(
+        &self,
+        index: usize,
+        kind: StateKind,
+    ) -> Result<Option<crate::q8::StoredState>> {
+        self.q8_state(index, kind)
+    }
+
+    /// [`Self::set_q8_state`] under the name the crate's 8-bit unit tests use.
+    #[cfg(test)]
+    pub(crate) fn write_q8_state(
         &self,
         index: usize,
         kind: StateKind,
         state: &crate::q8::StoredState,
     ) -> Result<()> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("write_q8_state"))?;
-        engine.write(&self.ctx, index, kind, state)
+        self.set_q8_state(index, kind, state)
     }
 
     /// The 8-bit state's engine, for tests that pick its kernel.
     #[cfg(test)]
-    pub(crate) fn q8_engine_mut(&mut self) -> Option<&mut Q8Engine> {
+    pub(crate) fn q8_engine_mut(&mut self) -> Option<&mut crate::gpu::q8::Q8Engine> {
         self.q8.as_mut()
     }
 }
 
-/// The error of an 8-bit-state method called without [`OptimizerOptions::q8_states`].
+/// The error of an 8-bit-state method called without [`OptimizerBuilder::q8_states`].
 pub(super) fn needs_q8(what: &str) -> Error {
     Error::NeedsOption { what: format!("`{what}`"), option: "q8_states" }
 }

@@ -17,16 +17,9 @@ use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, DType, Error, GpuContext, Result, Rounding, Tensor};
 
 impl Optimizer {
-    /// An optimizer over `params` with zeroed state (Adagrad: its initial accumulator
-    /// value), at step 0, keeping state in each parameter's dtype.
-    ///
-    /// The parameter buffers need `STORAGE` usage.
-    pub fn new(ctx: &GpuContext, algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Result<Self> {
-        Self::with_options(ctx, algorithm, params, OptimizerOptions::default())
-    }
-
-    /// An optimizer over one group of `params` with the given [`OptimizerOptions`].
-    pub fn with_options(
+    /// One group with [`OptimizerOptions`], for the crate's own tests.
+    #[cfg(test)]
+    pub(crate) fn with_options(
         ctx: &GpuContext,
         algorithm: impl Into<Algorithm>,
         params: &[Tensor],
@@ -35,42 +28,19 @@ impl Optimizer {
         Self::with_groups(ctx, vec![ParamGroup::new(algorithm, params)], options)
     }
 
-    /// Master-weight mode over a model's low-precision parameters: the optimizer keeps f32
-    /// master copies (initialized from `model_params`, which therefore need `STORAGE` and
-    /// `COPY_SRC`, and `COPY_DST` to load a checkpoint) and f32 state, and each step writes
-    /// the rounded new values back into `model_params`. Errors name them `model_params[i]`.
-    ///
-    /// The same as [`Self::with_options`] with [`OptimizerOptions::master_weights`] set, which
-    /// also takes groups ([`Self::with_groups`]) and capturable mode.
-    pub fn master_weights(
+    /// Groups with [`OptimizerOptions`], for the crate's own tests.
+    #[cfg(test)]
+    pub(crate) fn with_groups(
         ctx: &GpuContext,
-        algorithm: impl Into<Algorithm>,
-        model_params: &[Tensor],
+        groups: Vec<ParamGroup>,
+        options: OptimizerOptions,
     ) -> Result<Self> {
-        let options = OptimizerOptions { master_weights: true, ..Default::default() };
-        Self::with_options(ctx, algorithm, model_params, options)
-    }
-
-    /// An optimizer over parameter groups, each with its own algorithm and hyperparameters.
-    /// Parameters are numbered across groups in order (for [`Self::state`] and the
-    /// gradients of [`Self::record_step`]).
-    ///
-    /// Refused, with nothing created on the device, when there is no parameter at all
-    /// ([`Error::NoParameters`]), when two parameters (in any groups) or model copies share
-    /// a byte ([`Error::OverlappingParams`]), or when a tensor cannot be bound: range, usage
-    /// and a last element that ends inside its buffer's last 4-byte word ([`Error::BadRange`],
-    /// [`Error::MissingUsage`]). A group may be empty.
-    ///
-    /// In master-weight mode the masters are read from the model's tensors, which blocks: in
-    /// wasm32 builds that returns [`Error::Readback`]; use [`Self::with_groups_async`].
-    pub fn with_groups(ctx: &GpuContext, groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Self> {
         Self::with_groups_read(ctx, groups, options, None)
     }
 
-    /// [`Self::with_groups`] for callers that must not block (a browser's main thread): in
-    /// master-weight mode the model's tensors are read back with awaited readbacks. Refuses
-    /// exactly as [`Self::with_groups`] does.
-    pub async fn with_groups_async(
+    /// [`OptimizerBuilder::build_groups_async`](super::OptimizerBuilder::build_groups_async):
+    /// in master-weight mode the model's tensors are read with awaited readbacks first.
+    pub(super) async fn with_groups_async(
         ctx: &GpuContext,
         groups: Vec<ParamGroup>,
         options: OptimizerOptions,
@@ -92,19 +62,9 @@ impl Optimizer {
         Self::with_groups_read(ctx, groups, options, read)
     }
 
-    /// [`Self::master_weights`] for callers that must not block (see [`Self::with_groups_async`]).
-    pub async fn master_weights_async(
-        ctx: &GpuContext,
-        algorithm: impl Into<Algorithm>,
-        model_params: &[Tensor],
-    ) -> Result<Self> {
-        let options = OptimizerOptions { master_weights: true, ..Default::default() };
-        Self::with_groups_async(ctx, vec![ParamGroup::new(algorithm, model_params)], options).await
-    }
-
-    /// [`Self::with_groups`], in master-weight mode with the model's values already `read`
+    /// [`OptimizerBuilder::build_groups`](super::OptimizerBuilder::build_groups), in master-weight mode with the model's values already `read`
     /// (in parameter order) when given.
-    fn with_groups_read(
+    pub(super) fn with_groups_read(
         ctx: &GpuContext,
         groups: Vec<ParamGroup>,
         options: OptimizerOptions,
@@ -256,7 +216,7 @@ impl Optimizer {
     }
 }
 
-/// Master-weight mode ([`OptimizerOptions::master_weights`]): checks the model's tensors
+/// Master-weight mode ([`OptimizerBuilder::master_weights`]): checks the model's tensors
 /// and replaces them in their groups by f32 masters read from them, the model's tensors
 /// becoming the model copies. Other modes pass through unchanged.
 pub(super) fn master_copies(

@@ -21,9 +21,13 @@ impl Optimizer {
         Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
-    /// With [`OptimizerOptions::grad_clip`]: reads the global gradient norm of the last
+    /// With [`OptimizerBuilder::grad_clip`]: reads the global gradient norm of the last
     /// submitted step (PyTorch's `clip_grad_norm_` return value, before clipping). Waits for
     /// that one value; the step path itself never reads anything back.
+    ///
+    /// The same name as [`CpuOptimizer::grad_norm`](crate::cpu::CpuOptimizer::grad_norm)
+    /// for the same value; this one returns a `Result` because it reads the device (refused
+    /// without clipping, [`Error::NeedsOption`]), where the CPU's has the norm at hand.
     ///
     /// Each call is a round trip: it copies 4 bytes to a staging buffer, submits, and blocks
     /// until the device has finished every submitted step and the copy is mapped. A trainer
@@ -31,7 +35,7 @@ impl Optimizer {
     /// and device, and recording several steps per submit would keep only the last norm):
     /// [`Self::record_grad_norm_copy`] keeps each step's norm on the device, to be read back
     /// in one readback every N steps.
-    pub fn read_grad_norm(&self) -> Result<f64> {
+    pub fn grad_norm(&self) -> Result<f64> {
         let clip = self
             .clip
             .as_ref()
@@ -40,8 +44,8 @@ impl Optimizer {
         Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
-    /// With [`OptimizerOptions::grad_clip`]: records into `encoder` a copy of the gradient
-    /// norm of the step recorded last (the value [`Self::read_grad_norm`] would read after
+    /// With [`OptimizerBuilder::grad_clip`]: records into `encoder` a copy of the gradient
+    /// norm of the step recorded last (the value [`Self::grad_norm`] would read after
     /// it: the f32 norm before clipping, 4 little-endian bytes) into `dst` at byte `offset`.
     /// Recorded after each step, into consecutive slots of a trainer's buffer, it keeps every
     /// step's norm on the device, so N steps (recorded in one encoder or several) are read
@@ -80,8 +84,8 @@ impl Optimizer {
         Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
-    /// [`Self::read_grad_norm`] as a future, for callers that must not block.
-    pub async fn read_grad_norm_async(&self) -> Result<f64> {
+    /// [`Self::grad_norm`] as a future, for callers that must not block.
+    pub async fn grad_norm_async(&self) -> Result<f64> {
         let clip = self
             .clip
             .as_ref()
@@ -119,7 +123,7 @@ impl Optimizer {
     /// then leaves parameters, state and the device step counter untouched if the flag is
     /// set, with no host round trip. Call it once per step, before the step.
     ///
-    /// With [`OptimizerOptions::grad_clip`] and f32 gradients the same pass also takes the
+    /// With [`OptimizerBuilder::grad_clip`] and f32 gradients the same pass also takes the
     /// gradient norm (of the unscaled gradients), so the gradients are read once for both
     /// and the step only combines the partial norms.
     pub fn record_unscale(

@@ -3,7 +3,7 @@
 //!
 //! One job per module:
 //!
-//! - `options`: what a trainer chooses ([`ParamGroup`], [`OptimizerOptions`]).
+//! - `options`: what a trainer chooses ([`ParamGroup`], [`OptimizerBuilder`]).
 //! - `validate`: the checks made before anything is created on the device.
 //! - `build`: construction, the state's layout in shared buffers and its initial values.
 //! - `accessors`: groups, hyperparameters, parameters and state between steps.
@@ -26,8 +26,10 @@ mod record;
 mod validate;
 mod written;
 
-pub use options::{OptimizerOptions, ParamGroup};
+pub(crate) use options::OptimizerOptions;
+pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
+#[cfg(feature = "cpu")]
 pub(crate) use validate::{check_rounding_dtypes, check_shapes};
 
 use crate::gpu::dispatch::Uniforms;
@@ -56,7 +58,7 @@ struct Group {
 /// let ctx = GpuContext::headless_blocking()?;
 /// let params = vec![ctx.upload_f32("w", &[0.5; 1024])];
 /// let grads = vec![ctx.upload_f32("dw", &[0.1; 1024])];
-/// let mut opt = Optimizer::new(&ctx, Adam::default(), &params)?;
+/// let mut opt = Optimizer::builder().build(&ctx, Adam::default(), &params)?;
 /// opt.step(&grads)?; // or opt.record_step(&mut encoder, &grads) inside a trainer's encoder
 /// # Ok(()) }
 /// ```
@@ -78,7 +80,7 @@ pub struct Optimizer {
     bound: Vec<Bound>,
     device: Option<DeviceState>,
     clip: Option<ClipPass>,
-    /// [`OptimizerOptions::param_shapes`]: empty, or each parameter's shape (only
+    /// [`OptimizerBuilder::param_shapes`]: empty, or each parameter's shape (only
     /// checkpoints read them).
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     shapes: Vec<Vec<usize>>,
@@ -86,7 +88,7 @@ pub struct Optimizer {
     /// step after it only finalizes the norm.
     norm_taken_by_unscale: bool,
     rounding: Rounding,
-    /// With [`OptimizerOptions::q8_states`]: the state and its dispatches (then `state`
+    /// With [`OptimizerBuilder::q8_states`]: the state and its dispatches (then `state`
     /// holds only the f32 states of tensors below `min_8bit_size`).
     q8: Option<Q8Engine>,
     /// Every range a step writes, for the check of each new set of gradients.

@@ -5,7 +5,7 @@ use super::OptimizerOptions;
 use crate::gpu::plan::{check_range, Arg};
 use crate::{DType, Error, Result, Rounding, Tensor};
 
-/// [`OptimizerOptions::param_shapes`] against the parameters' lengths.
+/// [`OptimizerBuilder::param_shapes`] against the parameters' lengths.
 pub(crate) fn check_shapes(shapes: &[Vec<usize>], lens: &[u64]) -> Result<()> {
     if shapes.is_empty() {
         return Ok(());

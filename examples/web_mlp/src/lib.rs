@@ -386,7 +386,7 @@ async fn train(page: &Page, settings: &Settings) -> Result<(), PageError> {
     gpu.check()?;
     // The crate borrows the page's device; each step first checks the page's loss flag.
     let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
-    let mut optimizer = Optimizer::new(&ctx, Adam::adamw(), &model.param_tensors())?;
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::adamw(), &model.param_tensors())?;
     let grads = model.grad_tensors();
     let mut clock = gpu.has_timestamps().then(|| Clock::new(&gpu.device));
     let mut progress = Progress {
