@@ -46,7 +46,7 @@ pub use algo::{
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub(crate) use optimizer::OptimizerOptions;
 pub use optimizer::{Optimizer, OptimizerBuilder, ParamGroup};

@@ -10,7 +10,9 @@ use super::lease::{bindable, lease, Access, Leased};
 use super::record::{self, ParamRecord};
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
-use crate::{Algorithm, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, StateKind, Tensor};
+use crate::{
+    Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, StateKind, Tensor,
+};
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
 /// one [`Optimizer`], whose multi-tensor dispatches cover all of them (one per kernel
@@ -327,10 +329,10 @@ impl ModuleStep {
     }
 
     fn bound(&self, key: u64) -> Result<&Bound> {
-        self.bounds
-            .iter()
-            .find(|b| b.key == key)
-            .ok_or_else(|| Error::Burn(format!("internal: optimizer {key} of a parameter's state is gone")))
+        self.bounds.iter().find(|b| b.key == key).ok_or_else(|| Error::Burn {
+            cause: BurnFailure::Internal,
+            detail: format!("internal: optimizer {key} of a parameter's state is gone"),
+        })
     }
 
     fn step_inner<M: Module>(
@@ -403,12 +405,15 @@ impl ModuleStep {
         }
         if by_time.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
             let option = if self.options.capturable { "capturable (AMP)" } else { "grad_clip" };
-            return Err(Error::Burn(format!(
-                "the parameters with gradients have different step counts ({:?}) (some had no \
+            return Err(Error::Burn {
+                cause: BurnFailure::Step,
+                detail: format!(
+                    "the parameters with gradients have different step counts ({:?}) (some had no \
                  gradient in an earlier step); {option} covers one optimizer, one count, so \
                  they cannot be stepped together under it",
-                by_time.keys().collect::<Vec<_>>()
-            )));
+                    by_time.keys().collect::<Vec<_>>()
+                ),
+            });
         }
         Ok(by_time.into_iter().map(|(time, members)| Cohort { time, members }).collect())
     }
@@ -620,7 +625,10 @@ struct Checked {
 
 /// The error of a parameter whose state should be somewhere and is not (a bug, not input).
 fn lost(id: ParamId) -> Error {
-    Error::Burn(format!("internal: parameter {id}'s state is missing"))
+    Error::Burn {
+        cause: BurnFailure::Internal,
+        detail: format!("internal: parameter {id}'s state is missing"),
+    }
 }
 
 /// Copies parameter `j`'s state in `from` into parameter `i`'s in `to` (the same parameter,
@@ -689,7 +697,7 @@ impl ModuleVisitor for Check<'_> {
                 } else {
                     return Ok(());
                 };
-                Err(Error::Burn(format!("parameter {id}: {problem}")))
+                Err(Error::Burn { cause: BurnFailure::Tensor, detail: format!("parameter {id}: {problem}") })
             });
         if let Err(e) = checked {
             self.error = Some(e);

@@ -101,7 +101,7 @@ impl GpuContext {
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+            .map_err(|e| Error::RequestDevice { message: e.to_string() })?;
         let ctx = Self::from_device(device, queue);
         // The device is ours: watch for its loss, and log (rather than panic on) any error
         // that escapes the crate's error scopes.
@@ -210,7 +210,7 @@ impl GpuContext {
     /// `Err(DeviceLost)` once the device is lost.
     pub fn check_alive(&self) -> Result<()> {
         match self.inner.lost.lock().ok().and_then(|slot| slot.clone()) {
-            Some(reason) => Err(Error::DeviceLost(reason)),
+            Some(reason) => Err(Error::DeviceLost { reason }),
             None => Ok(()),
         }
     }

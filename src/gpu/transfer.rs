@@ -5,7 +5,7 @@ use wgpu::util::DeviceExt;
 
 use crate::gpu::plan::{check_extent, Arg};
 use crate::gpu::GpuContext;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, ReadbackFailure, Result, Tensor};
 
 /// The usages of buffers the crate creates: bindable, and copyable both ways.
 pub const TENSOR_USAGES: wgpu::BufferUsages =
@@ -143,13 +143,13 @@ impl GpuContext {
     pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
         let Some(readback) = self.begin_readback(tensor)? else { return Ok(Vec::new()) };
         if cfg!(target_arch = "wasm32") {
-            return Err(Error::Readback(
-                "a blocking readback cannot wait in a browser; use read_bytes_async".into(),
-            ));
+            return Err(Error::Readback {
+                cause: ReadbackFailure::WouldBlock { call: "read_bytes".into(), instead: "read_bytes_async" },
+            });
         }
         self.device()
             .poll(wgpu::PollType::Wait { submission_index: Some(readback.submission.clone()), timeout: None })
-            .map_err(|e| Error::Readback(e.to_string()))?;
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         let mapped = pollster::block_on(readback.mapped.receive());
         readback.finish(mapped)
     }
@@ -164,7 +164,7 @@ impl GpuContext {
                     submission_index: Some(readback.submission.clone()),
                     timeout: None,
                 })
-                .map_err(|e| Error::Readback(e.to_string()))?;
+                .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         }
         let mapped = readback.mapped.receive().await;
         readback.finish(mapped)
@@ -273,10 +273,15 @@ impl Readback {
     fn finish(self, mapped: Option<std::result::Result<(), wgpu::BufferAsyncError>>) -> Result<Vec<u8>> {
         match mapped {
             Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("the map callback never ran".into())),
+            Some(Err(e)) => {
+                return Err(Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })
+            }
+            None => return Err(Error::Readback { cause: ReadbackFailure::CallbackNeverRan }),
         }
-        let bytes = self.staging.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?
+        let bytes = self
+            .staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })?
             [self.skip..self.skip + self.len]
             .to_vec();
         self.staging.unmap();

@@ -4,7 +4,7 @@
 use super::device;
 use super::Optimizer;
 use crate::gpu::plan::Arg;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result, StepProblem, Tensor};
 
 impl Optimizer {
     /// Capturable mode: group `g`'s learning rate on the device, an f32 tensor of one
@@ -105,8 +105,10 @@ impl Optimizer {
     /// the next submit), e.g. to resume a schedule.
     pub fn set_step_count(&mut self, step: u64) -> Result<()> {
         if let Some(device) = &self.device {
-            let device_step = u32::try_from(step).map_err(|_| {
-                Error::BadStep(format!("step {step} does not fit the device's u32 step counter"))
+            let device_step = u32::try_from(step).map_err(|_| Error::BadStep {
+                argument: "step",
+                step: step as f64,
+                problem: StepProblem::TooLargeForDevice,
             })?;
             device.write_step(&self.ctx, device_step);
         }

@@ -239,10 +239,13 @@ impl Optimizer {
             let range = tensor.byte_range();
             let whole_words = range.start.is_multiple_of(4) && range.end.is_multiple_of(4);
             if blocking && cfg!(target_arch = "wasm32") && !whole_words {
-                return Err(crate::Error::Readback(format!(
-                    "{argument} ends inside a 4-byte word, whose write needs a blocking readback, \
-                     which a browser cannot wait for; use load_from_bytes_async"
-                )));
+                // The word's other half is read back first, which a browser cannot wait for.
+                return Err(crate::Error::Readback {
+                    cause: crate::ReadbackFailure::WouldBlock {
+                        call: format!("{argument}'s partial-word write"),
+                        instead: "load_from_bytes_async",
+                    },
+                });
             }
         }
         // Everything matches: write.
