@@ -50,7 +50,6 @@ pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub(crate) use optimizer::OptimizerOptions;
 pub use optimizer::{Optimizer, OptimizerBuilder, ParamGroup};
-pub use q8::Q8States;
 pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;
 pub use tensor::Tensor;

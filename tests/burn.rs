@@ -11,7 +11,8 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Optimizer, Q8States, Sgd};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Optimizer, Sgd};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))

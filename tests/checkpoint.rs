@@ -269,7 +269,7 @@ fn buffer_with(ctx: &GpuContext, values: &[f64], dtype: DType, usage: wgpu::Buff
         contents: &dtype.encode(values),
         usage,
     });
-    Tensor::new(&buffer, 0, values.len() as u64, dtype)
+    Tensor { buffer: buffer.clone(), offset: 0, len: values.len() as u64, dtype }
 }
 
 #[test]

@@ -70,7 +70,12 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             let shift = if k + 1 == LENGTHS.len() { 1 } else { 0 };
             let values = rng.vec(n + shift, 1.0);
             let t = ctx.upload("param", &values, mix.param);
-            Tensor::new(&t.buffer, shift as u64 * mix.param.size(), n as u64, mix.param)
+            Tensor {
+                buffer: t.buffer.clone(),
+                offset: shift as u64 * mix.param.size(),
+                len: n as u64,
+                dtype: mix.param,
+            }
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
@@ -185,7 +190,7 @@ fn stores_round_to_nearest_even_on_every_path() {
         for dtype in [DType::F16, DType::BF16] {
             // Odd offset: the copy starts in the middle of a word.
             let buffer = ctx.zeros("copy", n as u64 + 1, dtype);
-            let copy = Tensor::new(&buffer.buffer, dtype.size(), n as u64, dtype);
+            let copy = Tensor { buffer: buffer.buffer.clone(), offset: dtype.size(), len: n as u64, dtype };
             let master = ctx.upload("master", &probes, DType::F32);
             let options = Optimizer::builder().model_copies(vec![copy.clone()]);
             let mut optimizer = options.build(&ctx, Sgd { lr: 0.0, ..Sgd::default() }, &[master]).unwrap();
@@ -195,7 +200,7 @@ fn stores_round_to_nearest_even_on_every_path() {
             let what = format!("{dtype:?} rounding (native f16: {})", ctx.native_f16());
             assert_close(&what, &got, &want, Tolerance::exact(dtype));
             assert_eq!(
-                download(&ctx, &Tensor::new(&buffer.buffer, 0, 1, dtype)),
+                download(&ctx, &Tensor { buffer: buffer.buffer.clone(), offset: 0, len: 1, dtype }),
                 vec![0.0],
                 "{what}: word neighbour"
             );
@@ -215,7 +220,12 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
     let buffer = ctx.upload("packed", &values, DType::F16);
     let params: Vec<Tensor> = bounds
         .iter()
-        .map(|&(a, b)| Tensor::new(&buffer.buffer, 2 * a as u64, (b - a) as u64, DType::F16))
+        .map(|&(a, b)| Tensor {
+            buffer: buffer.buffer.clone(),
+            offset: 2 * a as u64,
+            len: (b - a) as u64,
+            dtype: DType::F16,
+        })
         .collect();
     let algorithm: Algorithm = Adam { lr: 0.05, ..Adam::default() }.into();
     let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
@@ -241,7 +251,7 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
     }
     assert_close(
         "the element after the last tensor",
-        &download(&ctx, &Tensor::new(&buffer.buffer, 26, 1, DType::F16)),
+        &download(&ctx, &Tensor { buffer: buffer.buffer.clone(), offset: 26, len: 1, dtype: DType::F16 }),
         &stored[13..14],
         Tolerance::exact(DType::F16),
     );
@@ -262,7 +272,8 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
             let grad = ctx.upload("grad", &g, DType::F16);
             let buf = ctx.zeros("buf", n as u64, DType::F16);
             let out_buffer = ctx.zeros("out", n as u64 + 2, DType::F16);
-            let param_out = Tensor::new(&out_buffer.buffer, 2, n as u64, DType::F16);
+            let param_out =
+                Tensor { buffer: out_buffer.buffer.clone(), offset: 2, len: n as u64, dtype: DType::F16 };
             let update = Update {
                 param_out: Some(param_out.clone()),
                 ..Update::in_place(&param, &grad, std::slice::from_ref(&buf))
@@ -281,7 +292,10 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
                 one_ulp(DType::F16),
             );
             assert_eq!(
-                download(&ctx, &Tensor::new(&out_buffer.buffer, 0, 1, DType::F16)),
+                download(
+                    &ctx,
+                    &Tensor { buffer: out_buffer.buffer.clone(), offset: 0, len: 1, dtype: DType::F16 }
+                ),
                 vec![0.0],
                 "{what}"
             );

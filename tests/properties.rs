@@ -98,7 +98,8 @@ fn packed(ctx: &wgpu_optim::GpuContext, specs: &[(usize, u64)], dtype: DType, rn
         .iter()
         .map(|(n, gap)| {
             at += gap;
-            let t = Tensor::new(&buffer.buffer, at * dtype.size(), *n as u64, dtype);
+            let t =
+                Tensor { buffer: buffer.buffer.clone(), offset: at * dtype.size(), len: *n as u64, dtype };
             at += *n as u64;
             t
         })

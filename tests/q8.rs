@@ -19,9 +19,8 @@ use wgpu_optim_testkit::{assert_close, Tolerance};
 mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
-use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, Q8States, StateKind,
-};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, StateKind};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
@@ -263,7 +262,12 @@ fn gradients_an_8bit_step_cannot_take_are_refused_and_nothing_changes() {
     let f16_grad = ctx.upload("g16", &[0.1; 5000], DType::F16);
     let err = opt.step(&[f16_grad]).unwrap_err();
     assert!(err.to_string().contains("grads[0]"), "{err}");
-    let overlapping = wgpu_optim::Tensor::new(&param.buffer, 4 * 100, 5000 - 100, DType::F32);
+    let overlapping = wgpu_optim::Tensor {
+        buffer: param.buffer.clone(),
+        offset: 4 * 100,
+        len: 5000 - 100,
+        dtype: DType::F32,
+    };
     assert!(opt.step(&[overlapping]).is_err());
     assert_eq!(opt.step_count(), 0);
     assert_eq!(ctx.read_f32(&param).unwrap_or_else(|e| panic!("{e}")), vec![0.5; 5000]);

@@ -7,7 +7,8 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::oracle::{bnb_8bit_step, BnbState};
 use wgpu_optim::q8;
-use wgpu_optim::{Adam, Algorithm, Q8States, Sgd, StateKind};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, Sgd, StateKind};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
 /// Four blocks, the last partial.

@@ -161,12 +161,12 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     // Ranges and usages.
     w.refuse("BadRange", "grad", |w| {
         let mut io = w.adam_io();
-        io.grad = Tensor::new(&w.t[1].buffer, 2, 15, DType::F32);
+        io.grad = Tensor { buffer: w.t[1].buffer.clone(), offset: 2, len: 15, dtype: DType::F32 };
         w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     w.refuse("BadRange", "exp_avg", |w| {
         let mut io = w.adam_io();
-        io.state[0] = Tensor::new(&w.t[2].buffer, 8, 16, DType::F32);
+        io.state[0] = Tensor { buffer: w.t[2].buffer.clone(), offset: 8, len: 16, dtype: DType::F32 };
         w.record(|e| ops::update(&w.ctx, e, &Adam::default().into(), 1, &[io]))
     });
     let unbindable = w.ctx.device().create_buffer(&wgpu::BufferDescriptor {
@@ -184,7 +184,11 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     // Aliasing.
     w.refuse("PartialOverlap", "param_out", |w| {
         let mut io = w.adam_io();
-        io.param_out = Some(Tensor::new(&w.t[1].buffer, 4, 15, DType::F32).slice(0, 16).slice(0, 15));
+        io.param_out = Some(
+            Tensor { buffer: w.t[1].buffer.clone(), offset: 4, len: 15, dtype: DType::F32 }
+                .slice(0, 16)
+                .slice(0, 15),
+        );
         io.grad = w.t[1].slice(0, 15);
         io.param = w.t[0].slice(0, 15);
         io.state[0] = w.t[2].slice(0, 15);
@@ -320,7 +324,7 @@ fn a_tensor_that_ends_inside_its_buffers_last_word_is_refused_by_every_entry() {
         usage: TENSOR_USAGES,
         mapped_at_creation: false,
     });
-    let odd = Tensor::new(&buffer, 0, 4097, DType::F16);
+    let odd = Tensor { buffer: buffer.clone(), offset: 0, len: 4097, dtype: DType::F16 };
     w.refuse("BadRange", "params[0]", |w| {
         Optimizer::builder().build(&w.ctx, Adam::default(), std::slice::from_ref(&odd)).map(drop)
     });

@@ -154,7 +154,12 @@ fn gpu_run(
         .offsets
         .iter()
         .zip(&layout.lens)
-        .map(|(o, n)| Tensor::new(&flat.buffer, (o * dtype.size() as usize) as u64, *n as u64, dtype))
+        .map(|(o, n)| Tensor {
+            buffer: flat.buffer.clone(),
+            offset: (o * dtype.size() as usize) as u64,
+            len: *n as u64,
+            dtype,
+        })
         .collect();
     for (p, v) in params.iter().zip(&data.params) {
         ctx.write(p, v).unwrap();
@@ -171,9 +176,19 @@ fn gpu_run(
                 .enumerate()
                 .map(|(i, g)| {
                     let t = if i + 1 == count {
-                        Tensor::new(&last.buffer, 4, g.len() as u64, DType::F32)
+                        Tensor {
+                            buffer: last.buffer.clone(),
+                            offset: 4,
+                            len: g.len() as u64,
+                            dtype: DType::F32,
+                        }
                     } else {
-                        Tensor::new(&flat.buffer, (layout.offsets[i] * 4) as u64, g.len() as u64, DType::F32)
+                        Tensor {
+                            buffer: flat.buffer.clone(),
+                            offset: (layout.offsets[i] * 4) as u64,
+                            len: g.len() as u64,
+                            dtype: DType::F32,
+                        }
                     };
                     ctx.write(&t, g).unwrap();
                     t

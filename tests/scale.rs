@@ -133,8 +133,11 @@ fn more_tensors_than_one_table_holds_each_find_their_workgroups() {
     let flat_grads = ctx.upload_f32("grads", &to_f32(&grad_values));
     let starts: Vec<usize> =
         sizes.iter().scan(0, |next, &n| Some(std::mem::replace(next, *next + n))).collect();
-    let view = |buffer: &Tensor, t: usize| {
-        Tensor::new(&buffer.buffer, 4 * starts[t] as u64, sizes[t] as u64, DType::F32)
+    let view = |buffer: &Tensor, t: usize| Tensor {
+        buffer: buffer.buffer.clone(),
+        offset: 4 * starts[t] as u64,
+        len: sizes[t] as u64,
+        dtype: DType::F32,
     };
     let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
     let grads: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();

@@ -22,7 +22,8 @@ use std::time::Duration;
 use gpu::{Gpu, Source, StepClock};
 use model::{Metrics, Mlp, WIDTHS};
 use spirals::Spirals;
-use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerBuilder, Q8States, Rounding};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerBuilder, Rounding};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 /// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it

@@ -24,7 +24,8 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::oracle::{clip_grad_norm, TorchState};
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, Q8States, Sgd, Tensor};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, Sgd, Tensor};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
@@ -296,7 +297,10 @@ fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tenso
             let (last_at, last_n) = group[group.len() - 1];
             let buffer =
                 ctx.zeros(label, (last_at + last_n * dtype.size()).div_ceil(dtype.size()), dtype).buffer;
-            group.iter().map(move |&(at, n)| Tensor::new(&buffer, at, n, dtype)).collect::<Vec<_>>()
+            group
+                .iter()
+                .map(move |&(at, n)| Tensor { buffer: buffer.clone(), offset: at, len: n, dtype })
+                .collect::<Vec<_>>()
         })
         .collect()
 }

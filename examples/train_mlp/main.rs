@@ -42,7 +42,8 @@ use gpu::{Gpu, Source, StepClock};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Q8States, Rounding, Sgd};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Rounding, Sgd};
 
 /// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
 /// between steps 120 and 160 for seed 0 and ends at 99.2 % here (98.8 % to 99.2 % for seeds

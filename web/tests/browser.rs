@@ -11,10 +11,10 @@ use std::cell::RefCell;
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::{self, clip_grad_norm, TorchState};
-use wgpu_optim::q8::StoredState;
+use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, OptimizerBuilder,
-    ParamGroup, Q8States, Rounding, Sgd, StateKind, Tensor,
+    ParamGroup, Rounding, Sgd, StateKind, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
 
@@ -102,7 +102,7 @@ async fn check_in_place(
         .map(|(k, &n)| {
             let shift = usize::from(k + 1 == LENGTHS.len());
             let t = ctx.upload("param", &rng.vec(n + shift, 1.0), pd);
-            Tensor::new(&t.buffer, shift as u64 * pd.size(), n as u64, pd)
+            Tensor { buffer: t.buffer.clone(), offset: shift as u64 * pd.size(), len: n as u64, dtype: pd }
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, gd)).collect();
@@ -232,13 +232,14 @@ async fn every_algorithm_and_dtype_matches_the_oracle_out_of_place() {
 async fn aliasing_exact_is_allowed_partial_is_refused_and_changes_nothing() {
     let ctx = ctx().await;
     let buffer = ctx.upload_f32("shared", &[0.5; 128]);
-    let t = |k: u64| Tensor::new(&buffer.buffer, 128 * k, 16, DType::F32);
+    let t = |k: u64| Tensor { buffer: buffer.buffer.clone(), offset: 128 * k, len: 16, dtype: DType::F32 };
     let (param, grad, m, v) = (t(0), t(1), t(2), t(3));
     let adam: Algorithm = Adam::default().into();
     let refused = [
         {
             let mut io = Update::in_place(&param, &grad, &[m.clone(), v.clone()]);
-            io.param_out = Some(Tensor::new(&buffer.buffer, 128 + 16, 16, DType::F32));
+            io.param_out =
+                Some(Tensor { buffer: buffer.buffer.clone(), offset: 128 + 16, len: 16, dtype: DType::F32 });
             io
         },
         {
@@ -257,7 +258,11 @@ async fn aliasing_exact_is_allowed_partial_is_refused_and_changes_nothing() {
     }
     // Two parameters sharing bytes.
     let err = Optimizer::builder()
-        .build(&ctx, adam, &[t(0), Tensor::new(&buffer.buffer, 32, 16, DType::F32)])
+        .build(
+            &ctx,
+            adam,
+            &[t(0), Tensor { buffer: buffer.buffer.clone(), offset: 32, len: 16, dtype: DType::F32 }],
+        )
         .unwrap_err();
     assert!(matches!(err, Error::OverlappingParams { .. }), "{err}");
 

@@ -9,8 +9,8 @@ use wgpu_optim::{
     OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, Tensor,
 };
 
+use wgpu_optim::q8::Q8States;
 use wgpu_optim::q8::{self, StoredState};
-use wgpu_optim::Q8States;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
@@ -572,7 +572,7 @@ fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<T
     lengths
         .iter()
         .map(|&len| {
-            let t = Tensor::new(&buffer, offset, len, dtype);
+            let t = Tensor { buffer: buffer.clone(), offset, len, dtype };
             offset += (len + 1) * dtype.size();
             t
         })
