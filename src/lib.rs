@@ -40,8 +40,7 @@ mod step;
 mod tensor;
 
 pub use algo::{
-    bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
-    Sgd, StateKind,
+    Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,
 };
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};

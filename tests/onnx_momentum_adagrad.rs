@@ -100,7 +100,7 @@ fn double_tensors_without_shader_f64_are_a_typed_error() {
         pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
     let ctx = GpuContext::from_device(device, queue);
     assert!(!ctx.has_feature(wgpu::Features::SHADER_F64));
-    let t = |v: f64| ctx.upload_f64("t", &[v; 8]);
+    let t = |v: f64| ctx.upload("t", &[v; 8], wgpu_optim::DType::F64);
     let inputs = [t(1.0), t(0.5), t(0.0)];
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = onnx::momentum(&ctx, &mut encoder, &STANDARD, 0.1, 1, &inputs, &[None, None]).unwrap_err();

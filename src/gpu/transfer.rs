@@ -1,5 +1,15 @@
-//! Moving tensors between host and device: for tests, examples, checkpoints and trainers
-//! that fill buffers from the host.
+//! Moving tensors between host and device: what a trainer needs to fill a tensor from the
+//! host and read it back, and what the tests, examples and checkpoints use.
+//!
+//! The whole set, on [`GpuContext`]: [`upload`](GpuContext::upload) (any dtype, from f64
+//! values rounded once), [`upload_f32`](GpuContext::upload_f32) (f32 data as it is, the
+//! common case), [`upload_bytes`](GpuContext::upload_bytes) and
+//! [`zeros`](GpuContext::zeros) make tensors; [`write`](GpuContext::write) and
+//! [`write_bytes`](GpuContext::write_bytes) overwrite one; [`read`](GpuContext::read)
+//! (widened exactly to f64), [`read_f32`](GpuContext::read_f32) and
+//! [`read_bytes`](GpuContext::read_bytes) read one back; the `_async` forms never block (a
+//! browser's main thread). [`submit`](GpuContext::submit) records and submits with wgpu's
+//! errors caught.
 
 use wgpu::util::DeviceExt;
 
@@ -59,11 +69,6 @@ impl GpuContext {
     /// A new f32 tensor holding `values`.
     pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
         self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
-    }
-
-    /// A new f64 tensor holding `values`.
-    pub fn upload_f64(&self, label: &str, values: &[f64]) -> Tensor {
-        self.upload_bytes(label, bytemuck::cast_slice(values), DType::F64)
     }
 
     /// A new zero-filled tensor of `len` elements (wgpu zero-initializes new buffers).
@@ -205,12 +210,6 @@ impl GpuContext {
     /// Reads an f32 tensor back to the host.
     pub fn read_f32(&self, tensor: &Tensor) -> Result<Vec<f32>> {
         self.expect_dtype(tensor, DType::F32)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
-    }
-
-    /// Reads an f64 tensor back to the host.
-    pub fn read_f64(&self, tensor: &Tensor) -> Result<Vec<f64>> {
-        self.expect_dtype(tensor, DType::F64)?;
         Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
     }
 

@@ -636,8 +636,8 @@ async fn checkpoints_round_trip_through_bytes_and_bad_ones_change_nothing() {
 async fn refusals_are_typed_and_change_nothing() {
     let ctx = ctx().await;
     // f64 parameters: WebGPU has no f64.
-    let p64 = ctx.upload_f64("p64", &[1.0; 8]);
-    let g64 = ctx.upload_f64("g64", &[1.0; 8]);
+    let p64 = ctx.upload("p64", &[1.0; 8], wgpu_optim::DType::F64);
+    let g64 = ctx.upload("g64", &[1.0; 8], wgpu_optim::DType::F64);
     // Refused when the optimizer is made or, at the latest, at its first step.
     let err = match Optimizer::builder().build(&ctx, Adam::default(), std::slice::from_ref(&p64)) {
         Err(e) => e,
@@ -651,7 +651,14 @@ async fn refusals_are_typed_and_change_nothing() {
         &mut encoder,
         &Adam::default().into(),
         1,
-        &[Update::in_place(&p64, &g64, &[ctx.upload_f64("m", &[0.0; 8]), ctx.upload_f64("v", &[0.0; 8])])],
+        &[Update::in_place(
+            &p64,
+            &g64,
+            &[
+                ctx.upload("m", &[0.0; 8], wgpu_optim::DType::F64),
+                ctx.upload("v", &[0.0; 8], wgpu_optim::DType::F64),
+            ],
+        )],
     )
     .unwrap_err();
     assert!(matches!(err, Error::MissingFeature { .. }), "{err}");
