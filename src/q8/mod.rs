@@ -24,7 +24,7 @@ pub const BLOCK_SIZE: usize = 256;
 /// bitsandbytes' default `min_8bit_size`: smaller tensors keep f32 state.
 pub const MIN_8BIT_SIZE: u64 = 4096;
 
-/// Blockwise 8-bit state for an optimizer ([`crate::OptimizerOptions::q8_states`]): Adam's
+/// Blockwise 8-bit state for an optimizer ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
 /// `SGD8bit` keep them: 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
