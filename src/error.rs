@@ -239,7 +239,8 @@ pub enum Error {
         "the GPU device was lost ({reason}); create a new context and restore the state from a checkpoint"
     )]
     DeviceLost {
-        /// wgpu's reason, or the caller's ([`GpuContext::mark_lost`](crate::GpuContext::mark_lost)).
+        /// wgpu's reason, or the caller's
+        /// ([`GpuContext::mark_lost`](crate::GpuContext::mark_lost)).
         reason: String,
     },
     /// Reading a buffer back to the host failed.

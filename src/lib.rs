@@ -23,7 +23,8 @@
 //! let ctx = GpuContext::headless_blocking()?;
 //! let params = [ctx.upload_f32("w", &[0.5; 1024])];
 //! let grads = [ctx.upload_f32("dw", &[0.1; 1024])];
-//! let mut opt = Optimizer::builder().grad_clip(GradClip::l2(1.0)).build(&ctx, Adam::adamw(), &params)?;
+//! let mut opt =
+//!     Optimizer::builder().grad_clip(GradClip::l2(1.0)).build(&ctx, Adam::adamw(), &params)?;
 //! opt.step(&grads)?;
 //! assert!(ctx.read_f32(&params[0])?[0] < 0.5);
 //! # Ok(()) }
@@ -31,7 +32,8 @@
 //!
 //! # The rest, and why each exists
 //!
-//! - [`ParamGroup`]: parameters with their own hyperparameters ([`OptimizerBuilder::build_groups`]).
+//! - [`ParamGroup`]: parameters with their own hyperparameters
+//!   ([`OptimizerBuilder::build_groups`]).
 //! - [`Algorithm`], [`StateKind`]: what a group runs and the state tensors it keeps (by
 //!   PyTorch's names, for [`Optimizer::state`] and checkpoints).
 //! - [`DType`]: the storage types (f32, f16, bf16, f64 for ONNX ops).

@@ -23,7 +23,8 @@ use crate::{DType, Error, Result};
 /// let ctx = GpuContext::headless_blocking()?;
 /// let weights = ctx.zeros("weights", 1024, DType::F16);
 /// // Elements 512..1024 of the same buffer: the offset is in bytes, the length in elements.
-/// let second_half = Tensor { buffer: weights.buffer.clone(), offset: 1024, len: 512, dtype: DType::F16 };
+/// let buffer = weights.buffer.clone();
+/// let second_half = Tensor { buffer, offset: 1024, len: 512, dtype: DType::F16 };
 /// assert_eq!(second_half, weights.slice(512, 512));
 /// # Ok(()) }
 /// ```

@@ -165,8 +165,9 @@ impl ModuleStep {
         Self::with_options(shared, algorithm, Optimizer::builder())
     }
 
-    /// With the options of an [`OptimizerBuilder`] (its `build` is not called). Master weights, model copies and parameter shapes belong
-    /// to the module here, so those options are refused ([`Error::ConflictingOptions`]).
+    /// With the options of an [`OptimizerBuilder`] (its `build` is not called). Master
+    /// weights, model copies and parameter shapes belong to the module here, so those options
+    /// are refused ([`Error::ConflictingOptions`]).
     pub fn with_options(
         shared: &SharedDevice,
         algorithm: impl Into<Algorithm>,

@@ -15,7 +15,8 @@
 //!
 //! let mut weights = vec![0.5f32; 1000];
 //! let mut bias = vec![half::bf16::from_f32(0.1); 10];
-//! let mut opt = CpuOptimizer::builder().build(Adam::default(), &[(&weights[..]).into(), (&bias[..]).into()])?;
+//! let params = [(&weights[..]).into(), (&bias[..]).into()];
+//! let mut opt = CpuOptimizer::builder().build(Adam::default(), &params)?;
 //!
 //! let (dw, db) = (vec![0.01f32; 1000], vec![half::bf16::from_f32(-0.2); 10]);
 //! let mut params = [HostSliceMut::from(&mut weights[..]), HostSliceMut::from(&mut bias[..])];

@@ -51,7 +51,8 @@ impl GpuContext {
         self.upload_bytes(label, &dtype.encode(values), dtype)
     }
 
-    /// Overwrites a tensor with `values`, each rounded once to its dtype (see [`Self::write_bytes`]).
+    /// Overwrites a tensor with `values`, each rounded once to its dtype (see
+    /// [`Self::write_bytes`]).
     pub fn write(&self, tensor: &Tensor, values: &[f64]) -> Result<()> {
         self.write_bytes(tensor, &tensor.dtype.encode(values))
     }

@@ -2,10 +2,12 @@
 //! state tensors and 8-bit state.
 
 use super::Optimizer;
+#[cfg(doc)]
+use super::OptimizerBuilder;
 use crate::{Algorithm, Error, Result, Rounding, StateKind, Tensor};
 
 impl Optimizer {
-    /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`](crate::OptimizerBuilder::rounding)).
+    /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`]).
     pub fn rounding(&self) -> Rounding {
         self.rounding
     }
@@ -109,7 +111,7 @@ impl Optimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     ///
-    /// With [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states) only the f32 states of tensors below
+    /// With [`OptimizerBuilder::q8_states`] only the f32 states of tensors below
     /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
     /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
     /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
@@ -119,7 +121,7 @@ impl Optimizer {
         self.state.get(index)?.get(k)
     }
 
-    /// With [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): parameter `index`'s state of `kind` as stored,
+    /// With [`OptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as stored,
     /// 8-bit codes and absmax (or f32 values below `min_8bit_size`), read back after every
     /// submitted step; `None` where the parameter keeps no such state. Refused without
     /// 8-bit state ([`Error::NeedsOption`]).
@@ -143,7 +145,7 @@ impl Optimizer {
         engine.read_async(&self.ctx, index, kind).await
     }
 
-    /// With [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): replaces parameter `index`'s state of `kind`
+    /// With [`OptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
     /// (queued, so it lands before the next submitted step). Refused, with nothing written,
     /// without 8-bit state ([`Error::NeedsOption`]), for a parameter or kind the optimizer
     /// does not have, or when `state` is not stored as this tensor's is (8-bit at and above
@@ -185,7 +187,7 @@ impl Optimizer {
     }
 }
 
-/// The error of an 8-bit-state method called without [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states).
+/// The error of an 8-bit-state method called without [`OptimizerBuilder::q8_states`].
 pub(super) fn needs_q8(what: &str) -> Error {
     Error::NeedsOption { what: format!("`{what}`"), option: "q8_states" }
 }

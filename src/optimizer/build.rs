@@ -62,7 +62,8 @@ impl Optimizer {
         Self::with_groups_read(ctx, groups, options, read)
     }
 
-    /// [`OptimizerBuilder::build_groups`](super::OptimizerBuilder::build_groups), in master-weight mode with the model's values already `read`
+    /// [`OptimizerBuilder::build_groups`](super::OptimizerBuilder::build_groups), in
+    /// master-weight mode with the model's values already `read`
     /// (in parameter order) when given.
     pub(super) fn with_groups_read(
         ctx: &GpuContext,

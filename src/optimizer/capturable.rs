@@ -3,6 +3,8 @@
 
 use super::device;
 use super::Optimizer;
+#[cfg(doc)]
+use super::OptimizerBuilder;
 use crate::gpu::plan::Arg;
 use crate::{DType, Error, Result, StepProblem, Tensor};
 
@@ -21,7 +23,7 @@ impl Optimizer {
         Ok(u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
-    /// With [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip): reads the global gradient norm of the last
+    /// With [`OptimizerBuilder::grad_clip`]: reads the global gradient norm of the last
     /// submitted step (PyTorch's `clip_grad_norm_` return value, before clipping). Waits for
     /// that one value; the step path itself never reads anything back.
     ///
@@ -44,7 +46,7 @@ impl Optimizer {
         Ok(f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])))
     }
 
-    /// With [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip): records into `encoder` a copy of the gradient
+    /// With [`OptimizerBuilder::grad_clip`]: records into `encoder` a copy of the gradient
     /// norm of the step recorded last (the value [`Self::grad_norm`] would read after
     /// it: the f32 norm before clipping, 4 little-endian bytes) into `dst` at byte `offset`.
     /// Recorded after each step, into consecutive slots of a trainer's buffer, it keeps every
@@ -125,7 +127,7 @@ impl Optimizer {
     /// then leaves parameters, state and the device step counter untouched if the flag is
     /// set, with no host round trip. Call it once per step, before the step.
     ///
-    /// With [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip) and f32 gradients the same pass also takes the
+    /// With [`OptimizerBuilder::grad_clip`] and f32 gradients the same pass also takes the
     /// gradient norm (of the unscaled gradients), so the gradients are read once for both
     /// and the step only combines the partial norms.
     pub fn record_unscale(
