@@ -241,9 +241,9 @@ fn the_widest_clipped_step_fits_webgpus_eight_storage_bindings_and_matches_the_o
 
 #[test]
 fn amp_unscale_takes_the_norm_of_the_unscaled_gradients_in_the_same_pass() {
-    // A device of its own, so the pipeline count below is this optimizer's alone.
+    // A device of its own, as the in-crate test that counts this case's pipelines
+    // (`amp_with_clipping_compiles_one_update_and_one_unscale_norm_pipeline`) uses.
     let ctx = common::ctx_with_limits(wgpu::Limits::default());
-    let before = common::compute_pipelines(&ctx);
     let mut rng = Rng::new(21);
     // Whole vec4s, so the update is one variant.
     let lengths = [700usize, 36, 4];
@@ -282,9 +282,6 @@ fn amp_unscale_takes_the_norm_of_the_unscaled_gradients_in_the_same_pass() {
         }
         assert!(!optimizer.read_found_inf().unwrap());
     }
-    // One pass unscales and takes the norm, one updates: no separate unscale or norm
-    // pipeline was ever compiled.
-    assert_eq!(common::compute_pipelines(&ctx) - before, 2);
 }
 
 #[test]

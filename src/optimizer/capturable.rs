@@ -176,3 +176,38 @@ pub(super) fn not_capturable() -> Error {
         option: "capturable",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Adam, DType, GpuContext, GradClip, Optimizer, Tensor};
+
+    /// `tests/clip.rs`'s AMP case (capturable, clipping, f32 gradients whose lengths are
+    /// whole vec4s): one pass unscales and takes the norm, one updates, and no separate
+    /// unscale or norm pipeline is ever compiled.
+    #[test]
+    fn amp_with_clipping_compiles_one_update_and_one_unscale_norm_pipeline() {
+        // A device of its own, so the pipeline count is this optimizer's alone.
+        let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+        let lengths = [700u64, 36, 4];
+        let params: Vec<Tensor> =
+            lengths.iter().map(|&n| ctx.upload("param", &vec![0.5; n as usize], DType::F32)).collect();
+        let options = Optimizer::builder().capturable(true).grad_clip(GradClip::l2(1.0));
+        let adam = Adam { lr: 1e-2, ..Adam::default() };
+        let mut optimizer = options.build(&ctx, adam, &params).unwrap_or_else(|e| panic!("{e}"));
+        let inv_scale = ctx.upload("inv_scale", &[1.0 / 1024.0], DType::F32);
+        for step in 0..3 {
+            let grads: Vec<Tensor> = lengths
+                .iter()
+                .map(|&n| ctx.upload("grad", &vec![64.0 * (step + 1) as f64; n as usize], DType::F32))
+                .collect();
+            ctx.submit("amp step", |e| {
+                optimizer.record_unscale(e, &grads, &inv_scale)?;
+                optimizer.record_step(e, &grads)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!optimizer.read_found_inf().unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert_eq!(optimizer.step_count(), 3);
+        assert_eq!(ctx.compiled_pipelines(), 2);
+    }
+}
