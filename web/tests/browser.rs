@@ -13,8 +13,8 @@ use wgpu_optim::ops::{self, Update};
 use wgpu_optim::oracle::{self, clip_grad_norm, TorchState};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer,
-    ParamGroup, Rounding, Sgd, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup, Rounding,
+    Sgd, StateKind, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
 
