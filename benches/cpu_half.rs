@@ -28,7 +28,8 @@ fn cpu_half_adam(c: &mut Criterion) {
             let mut params = tensors(&sizes, dtype, 0.37, 0.02);
             let grads = tensors(&sizes, dtype, 1.37, 0.01);
             let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::new(Adam::default(), &views).unwrap_or_else(|e| panic!("{e}"));
+            let mut optimizer =
+                CpuOptimizer::builder().build(Adam::default(), &views).unwrap_or_else(|e| panic!("{e}"));
             let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
             group.throughput(Throughput::Elements(sizes.iter().sum::<usize>() as u64));
             group.bench_function(format!("{name}_{dtype:?}"), |b| {

@@ -49,7 +49,8 @@ fn gpu_adam(c: &mut Criterion) {
     for (name, config, sizes, dtype, ctx) in cases {
         let params = gpu_tensors(&ctx, "param", &sizes, dtype, 0.5);
         let grads = gpu_tensors(&ctx, "grad", &sizes, dtype, 0.01);
-        let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap_or_else(|e| panic!("{e}"));
+        let mut optimizer =
+            Optimizer::builder().build(&ctx, config, &params).unwrap_or_else(|e| panic!("{e}"));
         group.throughput(Throughput::Elements(sizes.iter().sum::<usize>() as u64));
         group.bench_function(name, |b| {
             b.iter(|| {
@@ -84,7 +85,8 @@ fn record_step(c: &mut Criterion) {
     for (name, sizes) in models {
         let params: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("param", n, DType::F32)).collect();
         let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n, DType::F32)).collect();
-        let mut optimizer = Optimizer::new(&ctx, Adam::adamw(), &params).unwrap_or_else(|e| panic!("{e}"));
+        let mut optimizer =
+            Optimizer::builder().build(&ctx, Adam::adamw(), &params).unwrap_or_else(|e| panic!("{e}"));
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         optimizer.record_step(&mut encoder, &grads).unwrap_or_else(|e| panic!("{e}")); // builds the bind groups
         group.bench_function(name, |b| {

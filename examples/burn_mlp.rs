@@ -259,10 +259,16 @@ fn time_case<M: Module>(
         let mut times = Vec::with_capacity(reps);
         for rep in 0..reps + 2 {
             let grads = random_grads(&model);
-            device.sync().map_err(|e| wgpu_optim::Error::Burn(format!("{e:?}")))?;
+            device.sync().map_err(|e| wgpu_optim::Error::Burn {
+                cause: wgpu_optim::BurnFailure::Device,
+                detail: format!("{e:?}"),
+            })?;
             let start = Instant::now();
             model = stepper.step(model, grads)?;
-            device.sync().map_err(|e| wgpu_optim::Error::Burn(format!("{e:?}")))?;
+            device.sync().map_err(|e| wgpu_optim::Error::Burn {
+                cause: wgpu_optim::BurnFailure::Device,
+                detail: format!("{e:?}"),
+            })?;
             if rep >= 2 {
                 times.push(start.elapsed().as_secs_f64() * 1e3);
             }

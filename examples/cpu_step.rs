@@ -85,7 +85,8 @@ fn ms(d: Duration) -> f64 {
 fn run(o: &Options) -> wgpu_optim::Result<()> {
     let mut param = HostTensor::from_f64(o.dtype, &values(o.n, 1, 0.02))?;
     let grad = HostTensor::from_f64(o.dtype, &values(o.n, 2, 0.01))?;
-    let mut optimizer = CpuOptimizer::new(Adam { lr: 1e-3, ..Adam::default() }, &[param.as_slice()])?;
+    let mut optimizer =
+        CpuOptimizer::builder().build(Adam { lr: 1e-3, ..Adam::default() }, &[param.as_slice()])?;
     let grads = [grad.as_slice()];
     let mut step = || -> wgpu_optim::Result<Duration> {
         let start = Instant::now();

@@ -6,7 +6,12 @@
 use crate::{DType, StateKind};
 
 /// Everything that can go wrong in this crate.
+///
+/// `#[non_exhaustive]`: new refusals come with new features, so a `match` needs a `_` arm.
+/// Every variant has the same shape in every build (the `burn` feature adds none), so
+/// enabling a feature in one crate never breaks another crate's match.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No adapter could be found; the message says how to get one.
     #[error(
@@ -19,8 +24,11 @@ pub enum Error {
         reason: String,
     },
     /// The adapter refused to open a device.
-    #[error("the adapter refused to open a device: {0}")]
-    RequestDevice(String),
+    #[error("the adapter refused to open a device: {message}")]
+    RequestDevice {
+        /// wgpu's message.
+        message: String,
+    },
     /// A call needs an adapter feature the device was not created with.
     #[error("{what} needs the adapter feature {feature}, which this device does not have")]
     MissingFeature {
@@ -34,7 +42,7 @@ pub enum Error {
     NeedsOption {
         /// What asked for it.
         what: String,
-        /// The [`OptimizerOptions`](crate::OptimizerOptions) field.
+        /// The [`OptimizerBuilder`](crate::OptimizerBuilder) option.
         option: &'static str,
     },
     /// Two tensors that must have the same number of elements do not.
@@ -194,8 +202,15 @@ pub enum Error {
         expected: &'static str,
     },
     /// A training step the convention cannot evaluate.
-    #[error("{0}")]
-    BadStep(String),
+    #[error("{argument} {step}: {problem}")]
+    BadStep {
+        /// The argument: `step`, or DirectML's `TrainingStepTensor`.
+        argument: &'static str,
+        /// The step given (as the caller gave it; a DirectML float step may not be whole).
+        step: f64,
+        /// Why it cannot be evaluated.
+        problem: StepProblem,
+    },
     /// A kernel would need more storage bindings than the device allows.
     #[error(
         "this call needs {needed} storage buffer bindings but the device allows {limit} per \
@@ -220,11 +235,20 @@ pub enum Error {
     },
     /// The device was lost (destroyed, reset or removed); nothing more can run on it.
     /// Create a new context (and re-upload the state, e.g. from a checkpoint).
-    #[error("the GPU device was lost ({0}); create a new context and restore the state from a checkpoint")]
-    DeviceLost(String),
+    #[error(
+        "the GPU device was lost ({reason}); create a new context and restore the state from a checkpoint"
+    )]
+    DeviceLost {
+        /// wgpu's reason, or the caller's
+        /// ([`GpuContext::mark_lost`](crate::GpuContext::mark_lost)).
+        reason: String,
+    },
     /// Reading a buffer back to the host failed.
-    #[error("reading a buffer back failed: {0}")]
-    Readback(String),
+    #[error("reading a buffer back failed: {cause}")]
+    Readback {
+        /// What failed.
+        cause: ReadbackFailure,
+    },
     /// A conformance-vector or checkpoint file is malformed.
     #[error("{path}: {problem}")]
     BadFile {
@@ -241,10 +265,15 @@ pub enum Error {
         problem: String,
     },
     /// Burn's side of the `burn` feature refused: a tensor not on Burn's wgpu runtime or not
-    /// on the shared device, Burn's `fusion` feature, a device that cannot be shared.
-    #[cfg(feature = "burn")]
-    #[error("Burn: {0}")]
-    Burn(String),
+    /// on the shared device, a device that cannot be shared, a record or config this crate
+    /// cannot convert. Present in every build (never constructed without the feature).
+    #[error("Burn ({cause}): {detail}")]
+    Burn {
+        /// The kind of refusal.
+        cause: BurnFailure,
+        /// What exactly, naming the parameter, entry or field.
+        detail: String,
+    },
     /// A call needs an argument it was not given.
     #[error("`{argument}` is needed {why}")]
     MissingArgument {
@@ -253,6 +282,78 @@ pub enum Error {
         /// What needs it.
         why: &'static str,
     },
+}
+
+/// Why a training step cannot be evaluated ([`Error::BadStep`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepProblem {
+    /// Step 0: the conventions count steps from 1 (bias corrections divide by 0 at 0).
+    #[error("steps count from 1 (the bias corrections divide by 1 - beta^t, 0/0 at t = 0)")]
+    Zero,
+    /// A DirectML `TrainingStepTensor` that holds no whole number >= 0.
+    #[error("not a whole number >= 1")]
+    NotWhole,
+    /// More steps than the capturable mode's u32 device counter holds.
+    #[error("does not fit the device's u32 step counter")]
+    TooLargeForDevice,
+}
+
+/// What failed in a readback ([`Error::Readback`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadbackFailure {
+    /// A blocking call would have to wait for the device where a thread cannot wait (a
+    /// browser's main thread); the `_async` form named does not block.
+    #[error("`{call}` would block, which a browser cannot; use `{instead}`")]
+    WouldBlock {
+        /// What blocks, e.g. `read_bytes` or `params[3]`'s partial-word write.
+        call: String,
+        /// The form to call instead.
+        instead: &'static str,
+    },
+    /// Waiting for the device failed.
+    #[error("waiting for the device: {message}")]
+    Poll {
+        /// wgpu's message.
+        message: String,
+    },
+    /// Mapping the staging buffer failed.
+    #[error("mapping the staging buffer: {message}")]
+    Map {
+        /// wgpu's message.
+        message: String,
+    },
+    /// The map callback never ran (the device was dropped first).
+    #[error("the map callback never ran")]
+    CallbackNeverRan,
+}
+
+/// The kind of a refusal from Burn's side ([`Error::Burn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BurnFailure {
+    /// Burn's wgpu runtime could not start or refused the device, or the device cannot be
+    /// shared with it.
+    #[error("device")]
+    Device,
+    /// A tensor is not on Burn's wgpu runtime, not on the shared device, or of a dtype the
+    /// kernels do not take.
+    #[error("tensor")]
+    Tensor,
+    /// A Burn optimizer config has a setting these kernels do not implement.
+    #[error("config")]
+    Config,
+    /// A Burn optimizer record could not be read, written or converted.
+    #[error("record")]
+    Record,
+    /// A step the fused module step cannot take as asked (e.g. parameters at different step
+    /// counts with a global option).
+    #[error("step")]
+    Step,
+    /// The crate's own bookkeeping is inconsistent: a bug to report.
+    #[error("internal")]
+    Internal,
 }
 
 /// PyTorch's names of `kinds`, comma-separated.

@@ -2,23 +2,58 @@
 //!
 //! One dispatch reads each parameter, gradient and state element once and writes the
 //! parameter and state once. Three conventions are reproduced exactly: PyTorch's
-//! `torch.optim` ([`Adam`], AdamW, AMSGrad), ONNX's `ai.onnx.preview.training` operators
-//! ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam operator ([`ops::directml`]), with a
-//! CPU oracle in f64 (the testkit's `wgpu_optim_testkit::oracle`) that every GPU result is
-//! tested against.
+//! `torch.optim` ([`Adam`], AdamW, AMSGrad, [`Sgd`], [`Adagrad`]), ONNX's
+//! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
+//! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
+//! `wgpu_optim_testkit::oracle`).
 //!
-//! - [`GpuContext`] opens a headless device or wraps a trainer's own.
-//! - [`Tensor`] is a range of a buffer the caller owns.
-//! - [`Optimizer`] is what a trainer holds: state, step count, bind groups built once.
-//! - [`ops`] are the stateless operator front ends, with DirectML's aliasing rule.
-//! - [`q8`] is bitsandbytes' blockwise 8-bit state format: its maps and its quantization.
+//! # Where to start
 //!
-//! Cargo features, both on by default: `cpu` (the CPU backend, `wgpu_optim::cpu`; rayon and
-//! multiversion) and `checkpoint` (`Optimizer::save`/`load`, and `CpuOptimizer`'s with `cpu`;
-//! safetensors and serde_json).
-//! The GPU optimizer and operators need neither. The `burn` feature (off by default) adds
-//! `wgpu_optim::burn`: Burn 0.22's wgpu tensors stepped by these kernels on a shared
-//! device.
+//! 1. [`GpuContext`]: wrap the trainer's device and queue ([`GpuContext::from_device`]) or
+//!    open one ([`GpuContext::headless`]).
+//! 2. [`Tensor`]: a range of a buffer the trainer owns (a struct literal), or a new buffer
+//!    from host data ([`GpuContext::upload_f32`], [`GpuContext::upload`]).
+//! 3. [`Optimizer::builder`]: the options, then [`OptimizerBuilder::build`] over the
+//!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`]).
+//! 4. [`Optimizer::step`], or [`Optimizer::record_step`] into the trainer's own encoder.
+//!
+//! ```no_run
+//! # fn main() -> wgpu_optim::Result<()> {
+//! use wgpu_optim::{Adam, GpuContext, GradClip, Optimizer};
+//!
+//! let ctx = GpuContext::headless_blocking()?;
+//! let params = [ctx.upload_f32("w", &[0.5; 1024])];
+//! let grads = [ctx.upload_f32("dw", &[0.1; 1024])];
+//! let mut opt =
+//!     Optimizer::builder().grad_clip(GradClip::l2(1.0)).build(&ctx, Adam::adamw(), &params)?;
+//! opt.step(&grads)?;
+//! assert!(ctx.read_f32(&params[0])?[0] < 0.5);
+//! # Ok(()) }
+//! ```
+//!
+//! # The rest, and why each exists
+//!
+//! - [`ParamGroup`]: parameters with their own hyperparameters
+//!   ([`OptimizerBuilder::build_groups`]).
+//! - [`Algorithm`], [`StateKind`]: what a group runs and the state tensors it keeps (by
+//!   PyTorch's names, for [`Optimizer::state`] and checkpoints).
+//! - [`DType`]: the storage types (f32, f16, bf16, f64 for ONNX ops).
+//! - [`GradClip`], [`NormType`], [`Rounding`]: option values of the builder.
+//! - [`OnnxAdam`], [`OnnxMomentum`], [`OnnxAdagrad`], [`MomentumMode`], [`DmlAdam`]: the
+//!   attributes of the stateless operators in [`ops`].
+//! - [`Checkpoint`], [`CHECKPOINT_FORMAT`] (feature `checkpoint`): a saved optimizer's
+//!   contents, read without an optimizer.
+//! - [`cpu`] (feature `cpu`): [`cpu::CpuOptimizer`], the same algorithms on all cores.
+//! - [`q8`]: bitsandbytes' blockwise 8-bit state format ([`q8::Q8States`]).
+//! - [`oracle`]: the f64 reference the tests compare against.
+//! - `burn` (feature `burn`): Burn 0.22's wgpu tensors stepped by these kernels.
+//! - [`Error`], [`Result`], [`StepProblem`], [`ReadbackFailure`], [`BurnFailure`]: every
+//!   refusal, typed. [`ContextReport`], [`TENSOR_USAGES`]: what a context runs on, and the
+//!   usages of the buffers the crate creates.
+//!
+//! Cargo features: `cpu` and `checkpoint` are on by default (rayon and multiversion;
+//! safetensors and serde_json); the GPU optimizer and operators need neither. `burn` (off
+//! by default) adds `wgpu_optim::burn`; `gles` adds wgpu's OpenGL ES backend.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -42,16 +77,15 @@ mod step;
 mod tensor;
 
 pub use algo::{
-    bias_correction, Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
-    Sgd, StateKind,
+    Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,
 };
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub use optimizer::{Optimizer, OptimizerOptions, ParamGroup};
-pub use q8::Q8States;
+pub(crate) use optimizer::OptimizerOptions;
+pub use optimizer::{Optimizer, OptimizerBuilder, ParamGroup};
 pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;
 pub use tensor::Tensor;

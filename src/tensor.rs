@@ -11,6 +11,23 @@ use crate::{DType, Error, Result};
 /// cover whole 4-byte words, so the word holding a tensor's last byte must exist in the
 /// buffer (a 16-bit tensor of odd length needs 2 bytes of padding after it); every entry
 /// that takes a tensor checks this and the range ([`Error::BadRange`]).
+///
+/// A tensor is four plain values with no invariant of its own (the range is checked against
+/// the buffer and the device where the tensor is used), so the fields are public and a
+/// struct literal is the one way to name a range by hand; [`Self::whole`],
+/// [`Self::from_slice`] and [`Self::from_binding`] derive one from wgpu's own handles.
+///
+/// ```no_run
+/// # fn main() -> wgpu_optim::Result<()> {
+/// use wgpu_optim::{DType, GpuContext, Tensor};
+/// let ctx = GpuContext::headless_blocking()?;
+/// let weights = ctx.zeros("weights", 1024, DType::F16);
+/// // Elements 512..1024 of the same buffer: the offset is in bytes, the length in elements.
+/// let buffer = weights.buffer.clone();
+/// let second_half = Tensor { buffer, offset: 1024, len: 512, dtype: DType::F16 };
+/// assert_eq!(second_half, weights.slice(512, 512));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Tensor {
     /// The buffer holding the elements. It needs `BufferUsages::STORAGE`.
@@ -25,8 +42,8 @@ pub struct Tensor {
 
 impl Tensor {
     /// A tensor of `len` elements (a count, not bytes) starting `offset_bytes` bytes into
-    /// `buffer`. For element 5 onwards of an f16 buffer, `offset_bytes` is 10.
-    pub fn new(buffer: &wgpu::Buffer, offset_bytes: u64, len: u64, dtype: DType) -> Self {
+    /// `buffer`: the crate's shorthand for the struct literal.
+    pub(crate) fn new(buffer: &wgpu::Buffer, offset_bytes: u64, len: u64, dtype: DType) -> Self {
         Tensor { buffer: buffer.clone(), offset: offset_bytes, len, dtype }
     }
 
@@ -35,7 +52,7 @@ impl Tensor {
     /// A buffer does not record how many bytes its creator meant: wgpu rounds the size of
     /// `create_buffer_init` (and of `mapped_at_creation`) buffers up to 4 bytes, so a buffer
     /// made from an odd number of 16-bit values holds one more, and `whole` would count that
-    /// padding as an element: give such a tensor its length with [`Tensor::new`]. Refused
+    /// padding as an element: give such a tensor its length in a struct literal. Refused
     /// ([`Error::BadRange`]) where the size is not a whole number of elements. A buffer of
     /// exactly an odd number of 16-bit elements is refused where the tensor is used: its last
     /// word is incomplete.

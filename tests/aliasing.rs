@@ -7,9 +7,8 @@ mod common;
 use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
-use wgpu_optim::{
-    Adam, DType, DmlAdam, Error, GpuContext, Optimizer, OptimizerOptions, Q8States, StateKind, Tensor,
-};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
 use wgpu_optim_testkit::oracle::{self, torch_adam_step, TorchAdamState};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
@@ -96,7 +95,7 @@ fn directml_training_step_zero_is_refused_with_the_reason() {
     let mut desc = case.desc(&inputs, [inputs[0].clone(), inputs[1].clone(), inputs[2].clone()], 0);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = directml::adam(&ctx, &mut encoder, &desc).unwrap_err();
-    assert!(matches!(err, Error::BadStep(_)), "{err}");
+    assert!(matches!(err, Error::BadStep { problem: wgpu_optim::StepProblem::Zero, .. }), "{err}");
     assert!(err.to_string().contains("0/0"), "the message explains the 0/0: {err}");
     desc.training_step_tensor = TrainingStep::Float(2.5);
     let err = directml::adam(&ctx, &mut encoder, &desc).unwrap_err();
@@ -125,11 +124,12 @@ fn a_partial_overlap_is_a_typed_error_and_records_nothing() {
     let ctx = ctx();
     // Four 16-element tensors 32 elements apart.
     let buffer = ctx.upload_f32("shared", &[0.5; 128]);
-    let t = |k: u64| Tensor::new(&buffer.buffer, 128 * k, 16, DType::F32);
+    let t = |k: u64| Tensor { buffer: buffer.buffer.clone(), offset: 128 * k, len: 16, dtype: DType::F32 };
     let (param, grad, m, v) = (t(0), t(1), t(2), t(3));
     // The new parameters start 4 elements into the gradient.
     let mut io = adam_io(&param, &grad, &m, &v);
-    io.param_out = Some(Tensor::new(&buffer.buffer, 128 + 16, 16, DType::F32));
+    io.param_out =
+        Some(Tensor { buffer: buffer.buffer.clone(), offset: 128 + 16, len: 16, dtype: DType::F32 });
     assert_refused(
         &ctx,
         io,
@@ -138,7 +138,7 @@ fn a_partial_overlap_is_a_typed_error_and_records_nothing() {
     );
     // Two outputs whose ranges overlap partially.
     let mut io = adam_io(&param, &grad, &m, &v);
-    io.state_out[0] = Some(Tensor::new(&buffer.buffer, 32, 16, DType::F32));
+    io.state_out[0] = Some(Tensor { buffer: buffer.buffer.clone(), offset: 32, len: 16, dtype: DType::F32 });
     assert_refused(&ctx, io, |e| matches!(e, Error::PartialOverlap { .. }), &buffer);
 }
 
@@ -146,7 +146,7 @@ fn a_partial_overlap_is_a_typed_error_and_records_nothing() {
 fn two_outputs_on_one_range_is_a_typed_error() {
     let ctx = ctx();
     let buffer = ctx.upload_f32("shared", &[0.5; 64]);
-    let t = |k: u64| Tensor::new(&buffer.buffer, 64 * k, 16, DType::F32);
+    let t = |k: u64| Tensor { buffer: buffer.buffer.clone(), offset: 64 * k, len: 16, dtype: DType::F32 };
     let mut io = adam_io(&t(0), &t(1), &t(2), &t(3));
     io.state_out[0] = Some(t(3)); // the new first moment onto the second moment's range
     assert_refused(&ctx, io, |e| matches!(e, Error::OutputsAlias { .. }), &buffer);
@@ -179,10 +179,10 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
     let mut packed = vec![0.0f32; 2100];
     packed[7..7 + n].copy_from_slice(&to_f32(&p0));
     let buffer = ctx.upload_f32("params+grads", &packed);
-    let param = Tensor::new(&buffer.buffer, 7 * 4, n as u64, DType::F32);
-    let grad = Tensor::new(&buffer.buffer, 1013 * 4, n as u64, DType::F32);
+    let param = Tensor { buffer: buffer.buffer.clone(), offset: 7 * 4, len: n as u64, dtype: DType::F32 };
+    let grad = Tensor { buffer: buffer.buffer.clone(), offset: 1013 * 4, len: n as u64, dtype: DType::F32 };
     let config = Adam { lr: 0.01, amsgrad: true, ..Adam::default() };
-    let mut optimizer = Optimizer::new(&ctx, config, std::slice::from_ref(&param)).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, std::slice::from_ref(&param)).unwrap();
     let mut p = p0.clone();
     let mut state = TorchAdamState::zeros(n, true);
     for _ in 0..30 {
@@ -193,7 +193,7 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
     }
     assert_tensor(&ctx, "packed param", &param, &p);
     assert_tensor(&ctx, "exp_avg", optimizer.state(0, StateKind::ExpAvg).unwrap(), &state.exp_avg);
-    let untouched = Tensor::new(&buffer.buffer, 0, 7, DType::F32);
+    let untouched = Tensor { buffer: buffer.buffer.clone(), offset: 0, len: 7, dtype: DType::F32 };
     assert_tensor(&ctx, "elements before the parameters", &untouched, &[0.0; 7]);
 }
 
@@ -201,7 +201,7 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
 fn the_optimizer_refuses_grads_that_do_not_match() {
     let ctx = ctx();
     let params = vec![ctx.upload_f32("p", &[0.5; 16]), ctx.upload_f32("q", &[0.5; 8])];
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::default(), &params).unwrap();
     let err = optimizer.step(&params[..1]).unwrap_err();
     assert!(matches!(err, Error::CountMismatch { got: 1, expected: 2, .. }), "{err}");
     let grads = vec![ctx.zeros("g", 16, DType::F32), ctx.zeros("h", 9, DType::F32)];
@@ -218,7 +218,15 @@ fn the_optimizer_refuses_grads_that_do_not_match() {
 fn buffer_bytes(ctx: &GpuContext, tensors: &[&Tensor]) -> Vec<Vec<u8>> {
     tensors
         .iter()
-        .map(|t| ctx.read_bytes(&Tensor::new(&t.buffer, 0, t.buffer.size() / 4, DType::F32)).unwrap())
+        .map(|t| {
+            ctx.read_bytes(&Tensor {
+                buffer: t.buffer.clone(),
+                offset: 0,
+                len: t.buffer.size() / 4,
+                dtype: DType::F32,
+            })
+            .unwrap()
+        })
         .collect()
 }
 
@@ -259,7 +267,7 @@ fn a_gradient_inside_another_parameter_is_refused_and_changes_nothing() {
     let flat = ctx.upload_f32("params", &to_f32(&initial));
     let params = [flat.slice(0, n as u64), flat.slice(n as u64, n as u64)];
     let config = Adam { lr: 0.01, ..Adam::default() };
-    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(n, 1.0)));
     let exp_avg = optimizer.state(0, StateKind::ExpAvg).unwrap().clone();
     let watched = [&flat, &g0, &exp_avg];
@@ -293,12 +301,12 @@ fn a_gradient_inside_another_parameter_is_refused_with_8bit_state() {
     let mut rng = Rng::new(32);
     let flat = ctx.upload_f32("params", &to_f32(&rng.vec(3 * n, 1.0)));
     let params = [flat.slice(0, 2 * n as u64), flat.slice(2 * n as u64, n as u64)];
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::adamw(), &params, options).unwrap();
+    let options = Optimizer::builder().q8_states(Q8States::default());
+    let mut optimizer = options.build(&ctx, Adam::adamw(), &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(2 * n, 1.0)));
     optimizer.step(&[g0.clone(), ctx.upload_f32("g1", &to_f32(&rng.vec(n, 1.0)))]).unwrap();
     let states =
-        |o: &Optimizer| (0..2).map(|i| o.read_q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
+        |o: &Optimizer| (0..2).map(|i| o.q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
     let before = states(&optimizer);
     // grads[1] inside params[0], clear of params[1].
     let grads = [g0.clone(), flat.slice(100, n as u64)];
@@ -313,13 +321,13 @@ fn a_gradient_overlapping_a_model_copy_is_refused() {
     let params = [ctx.upload_f32("p0", &[0.5; 64]), ctx.upload_f32("p1", &[0.25; 64])];
     // The bf16 copies in one buffer, 128 bytes each, at bytes 0 and 768.
     let copies = ctx.zeros("copies", 8 * n, DType::BF16);
-    let options = OptimizerOptions {
-        model_copies: vec![copies.slice(0, n), copies.slice(6 * n, n)],
-        ..Default::default()
-    };
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, options).unwrap();
+    let options = Optimizer::builder().model_copies(vec![copies.slice(0, n), copies.slice(6 * n, n)]);
+    let mut optimizer = options.build(&ctx, Adam::default(), &params).unwrap();
     // An f32 gradient (bytes 64 to 320) over the second half of copy 0 and nothing else.
-    let grads = [ctx.upload_f32("g0", &[0.1; 64]), Tensor::new(&copies.buffer, 64, n, DType::F32)];
+    let grads = [
+        ctx.upload_f32("g0", &[0.1; 64]),
+        Tensor { buffer: copies.buffer.clone(), offset: 64, len: n, dtype: DType::F32 },
+    ];
     let watched = [&params[0], &params[1], &copies];
     assert_grads_refused(&ctx, &mut optimizer, &grads, &watched, ("grads[1]", "model_copies[0]"));
 }

@@ -10,7 +10,8 @@ use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData};
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim::{Adam, Algorithm, Error, GradClip, OptimizerOptions, Q8States, Sgd};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Optimizer, Sgd};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 
 fn shared() -> SharedDevice {
@@ -148,7 +149,7 @@ fn the_module_step_clips_the_global_gradient_norm() {
     let grads = gradient_steps(&mut rng, &lens, 3);
     let clip = GradClip::l2(2.0);
     let algorithm: Algorithm = Adam::adamw().into();
-    let options = OptimizerOptions { grad_clip: Some(clip), ..Default::default() };
+    let options = Optimizer::builder().grad_clip(clip);
     let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
     let mut model = Params::new(&initial, &device);
     for g in &grads {
@@ -168,7 +169,7 @@ fn an_amp_step_with_an_infinite_gradient_is_skipped_on_the_device() {
     let mut rng = Rng::new(4);
     let initial = vec![rng.vec(512, 1.0)];
     let algorithm: Algorithm = Adam::default().into();
-    let options = OptimizerOptions { capturable: true, ..Default::default() };
+    let options = Optimizer::builder().capturable(true);
     let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
     let model = Params::new(&initial, &device);
     let mut bad = rng.vec(512, 1.0);
@@ -420,7 +421,10 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let kept = model.clone();
     let mut step = ModuleStep::new(&shared, algorithm).unwrap();
     let err = step.step(1e-3, model, g).unwrap_err().error;
-    assert!(matches!(&err, Error::Burn(m) if m.contains("F64")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Tensor, detail: m } if m.contains("F64")),
+        "{err}"
+    );
     assert_close(
         "parameter 0 untouched",
         &values(kept.params[0].val()),
@@ -433,11 +437,14 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(255, 1.0), &device));
     let err = step.step(1e-3, model, g).unwrap_err().error;
-    assert!(matches!(&err, Error::Burn(m) if m.contains("shape")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Tensor, detail: m } if m.contains("shape")),
+        "{err}"
+    );
 
     // With global clipping, parameters whose step counts differ (one skipped a step): the
     // clipping norm covers one optimizer.
-    let clipped = OptimizerOptions { grad_clip: Some(GradClip::l2(1.0)), ..Default::default() };
+    let clipped = Optimizer::builder().grad_clip(GradClip::l2(1.0));
     let mut step = ModuleStep::with_options(&shared, algorithm, clipped).unwrap();
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
@@ -447,10 +454,13 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let model = step.step(1e-3, model, g).unwrap();
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let err = step.step(1e-3, model, g).unwrap_err().error;
-    assert!(matches!(&err, Error::Burn(m) if m.contains("different step counts")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Step, detail: m } if m.contains("different step counts")),
+        "{err}"
+    );
 
     // What the optimizer itself refuses for these parameters (8-bit state needs F32 ones).
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+    let options = Optimizer::builder().q8_states(Q8States::default());
     let mut model = Params::new(&initial, &device);
     model.params[0] = Param::from_tensor(tensor(&initial[0], &device).cast(BurnDType::F16));
     let mut g = GradientsParams::new();
@@ -474,7 +484,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     assert!(matches!(err, Error::NeedsOption { option: "capturable", .. }), "{err}");
 
     // Options a module owns.
-    let options = OptimizerOptions { master_weights: true, ..Default::default() };
+    let options = Optimizer::builder().master_weights(true);
     let err = ModuleStep::with_options(&shared, algorithm, options).err().unwrap();
     assert!(matches!(err, Error::ConflictingOptions { second: "master_weights", .. }), "{err}");
 
@@ -482,7 +492,10 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let optim = FusedOptimizer::new(&shared, algorithm).unwrap();
     let p = tensor(&initial[0], shared.device()).cast(BurnDType::F64);
     let err = optim.try_step(1e-3, p, tensor(&initial[1], shared.device()), None).unwrap_err();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("F64")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Tensor, detail: m } if m.contains("F64")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -501,7 +514,10 @@ fn both_sides_share_one_device() {
         pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
     let ctx = wgpu_optim::GpuContext::from_device(device, queue);
     let err = SharedDevice::from_context(ctx, instance, adapter).unwrap_err();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("adapter")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Device, detail: m } if m.contains("adapter")),
+        "{err}"
+    );
 }
 
 fn exact() -> Tolerance {
@@ -541,7 +557,11 @@ fn a_refused_module_step_hands_the_module_back_with_its_values_and_state_unchang
     g.register(model.params[0].id, tensor(&grads[1][0], &device));
     g.register(model.params[1].id, tensor(&grads[1][1], &device).cast(BurnDType::F16));
     let refused = step.step(algorithm.lr(), model, g).unwrap_err();
-    assert!(matches!(&refused.error, Error::Burn(m) if m.contains("F16")), "{}", refused.error);
+    assert!(
+        matches!(&refused.error, Error::Burn { cause: BurnFailure::Tensor, detail: m } if m.contains("F16")),
+        "{}",
+        refused.error
+    );
     let model = refused.module;
     assert_all("after a refused gradient", &model.values(), &after_one, exact());
 
@@ -743,10 +763,16 @@ fn another_optimizers_record_is_refused_by_name_not_loaded_as_nothing() {
     let adamw = Adam::burn_adamw();
 
     let err = FusedOptimizer::new(&shared, adamw).unwrap().load_bytes(bytes.clone()).err().unwrap();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum.velocity")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("momentum.velocity")),
+        "{err}"
+    );
     let mut step = ModuleStep::new(&shared, adamw).unwrap();
     let err = step.load_bytes(bytes.clone()).unwrap_err();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum.velocity")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("momentum.velocity")),
+        "{err}"
+    );
 
     // Through Burn's own `from_bytes`, which cannot refuse: the step does, by name.
     let optim = FusedOptimizer::new(&shared, adamw).unwrap();
@@ -764,7 +790,10 @@ fn another_optimizers_record_is_refused_by_name_not_loaded_as_nothing() {
     let g = model.grads(&grads[0], &device);
     ours.step(1e-2, model.clone(), g);
     let err = optim.load_bytes(ours.into_bytes().unwrap()).err().unwrap();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("momentum_buffer")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("momentum_buffer")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -783,5 +812,8 @@ fn burns_adamw_defaults_by_name_are_burns() {
     let want = Adam { eps: f64::from(1e-7f32), weight_decay: f64::from(0.05f32), amsgrad: true, ..ours };
     assert_eq!(Adam::try_from(&tuned).unwrap(), want);
     let err = Adam::try_from(&AdamWConfig::new().with_cautious_weight_decay(true)).unwrap_err();
-    assert!(matches!(&err, Error::Burn(m) if m.contains("cautious")), "{err}");
+    assert!(
+        matches!(&err, Error::Burn { cause: BurnFailure::Config, detail: m } if m.contains("cautious")),
+        "{err}"
+    );
 }

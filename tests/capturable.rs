@@ -6,14 +6,12 @@
 mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
-use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd, Tensor,
-};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, Tensor};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn capturable(ctx: &GpuContext, algorithm: Algorithm, params: &[Tensor]) -> Optimizer {
-    let options = OptimizerOptions { capturable: true, ..Default::default() };
-    Optimizer::with_options(ctx, algorithm, params, options).unwrap()
+    let options = Optimizer::builder().capturable(true);
+    options.build(ctx, algorithm, params).unwrap()
 }
 
 /// Steps a capturable optimizer and the oracle from step `start` with the same gradients.
@@ -226,7 +224,8 @@ fn a_step_without_unscale_is_not_skipped_by_an_old_flag() {
 fn amp_and_device_counters_need_capturable_mode() {
     let ctx = ctx();
     let param = ctx.upload("param", &[1.0; 8], DType::F32);
-    let mut optimizer = Optimizer::new(&ctx, Sgd::default(), std::slice::from_ref(&param)).unwrap();
+    let mut optimizer =
+        Optimizer::builder().build(&ctx, Sgd::default(), std::slice::from_ref(&param)).unwrap();
     let inv_scale = ctx.upload("inv_scale", &[1.0], DType::F32);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = optimizer.record_unscale(&mut encoder, std::slice::from_ref(&param), &inv_scale).unwrap_err();

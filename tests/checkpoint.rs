@@ -6,7 +6,7 @@ mod common;
 
 use common::{ctx, Rng};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, Tensor,
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Sgd, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::Storage;
@@ -38,17 +38,14 @@ impl Setup {
     fn build(&self, ctx: &GpuContext, initial: &[Vec<f64>]) -> (Vec<Tensor>, Optimizer) {
         let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, self.param_dtype)).collect();
         if self.master_weights {
-            let optimizer = Optimizer::master_weights(ctx, self.groups[0].0, &params).unwrap();
+            let optimizer =
+                Optimizer::builder().master_weights(true).build(ctx, self.groups[0].0, &params).unwrap();
             return (params, optimizer);
         }
         let groups =
             self.groups.iter().map(|(a, range)| ParamGroup::new(*a, &params[range.clone()])).collect();
-        let options = OptimizerOptions {
-            state_dtype: self.state_dtype,
-            capturable: self.capturable,
-            ..Default::default()
-        };
-        (params.clone(), Optimizer::with_groups(ctx, groups, options).unwrap())
+        let options = Optimizer::builder().state_dtype(self.state_dtype).capturable(self.capturable);
+        (params.clone(), options.build_groups(ctx, groups).unwrap())
     }
 }
 
@@ -133,9 +130,8 @@ fn save_load_continue_is_bit_identical_to_an_uninterrupted_run() {
 fn tensor_names_and_dtypes_follow_pytorchs_state_dict() {
     let ctx = ctx();
     let params = vec![ctx.upload("p", &[0.5; 10], DType::F16)];
-    let options = OptimizerOptions { state_dtype: Some(DType::F32), ..Default::default() };
-    let mut optimizer =
-        Optimizer::with_options(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params, options).unwrap();
+    let options = Optimizer::builder().state_dtype(DType::F32);
+    let mut optimizer = options.build(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params).unwrap();
     optimizer.step(&[ctx.upload("g", &[0.1; 10], DType::F16)]).unwrap();
     let bytes = optimizer.save_to_bytes().unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -172,7 +168,7 @@ fn mismatched_files_are_refused_and_change_nothing() {
     let ctx = ctx();
     let make = |algorithm: Algorithm, len: usize, dtype: DType| {
         let params = vec![ctx.upload("p", &vec![0.5; len], dtype)];
-        let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+        let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
         optimizer.step(&[ctx.upload("g", &vec![0.1; len], dtype)]).unwrap();
         optimizer
     };
@@ -194,7 +190,7 @@ fn mismatched_files_are_refused_and_change_nothing() {
 fn truncated_and_corrupt_files_are_refused_and_change_nothing() {
     let ctx = ctx();
     let params = vec![ctx.upload("p", &[0.5; 40], DType::F32)];
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::default(), &params).unwrap();
     optimizer.step(&[ctx.upload("g", &[0.1; 40], DType::F32)]).unwrap();
     let good = optimizer.save_to_bytes().unwrap();
     let mut refused = 0;
@@ -224,7 +220,7 @@ fn truncated_and_corrupt_files_are_refused_and_change_nothing() {
 fn saving_is_atomic() {
     let ctx = ctx();
     let params = vec![ctx.upload("p", &[0.5; 8], DType::F32)];
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::default(), &params).unwrap();
     let dir = std::env::temp_dir().join(format!("wgpu-optim-atomic-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("opt.safetensors");
@@ -249,7 +245,7 @@ fn loading_in_master_weight_mode_restores_the_models_copies() {
     let ctx = ctx();
     let model = vec![ctx.upload("model", &[0.3, -0.7, 1.1, 0.01, 5.0], DType::BF16)];
     let grads = vec![ctx.upload("g", &[0.1, -0.2, 0.3, 0.4, -0.5], DType::F32)];
-    let mut optimizer = Optimizer::master_weights(&ctx, Adam::adamw(), &model).unwrap();
+    let mut optimizer = Optimizer::builder().master_weights(true).build(&ctx, Adam::adamw(), &model).unwrap();
     for _ in 0..3 {
         optimizer.step(&grads).unwrap();
     }
@@ -257,7 +253,7 @@ fn loading_in_master_weight_mode_restores_the_models_copies() {
     let saved_model = ctx.read_bytes(&model[0]).unwrap();
     // A fresh model (as a restarted trainer would have) and a fresh optimizer.
     let fresh = vec![ctx.upload("model", &[0.0; 5], DType::BF16)];
-    let mut resumed = Optimizer::master_weights(&ctx, Adam::adamw(), &fresh).unwrap();
+    let mut resumed = Optimizer::builder().master_weights(true).build(&ctx, Adam::adamw(), &fresh).unwrap();
     resumed.load_from_bytes(&bytes).unwrap();
     assert_eq!(
         ctx.read_bytes(&fresh[0]).unwrap(),
@@ -274,7 +270,7 @@ fn buffer_with(ctx: &GpuContext, values: &[f64], dtype: DType, usage: wgpu::Buff
         contents: &dtype.encode(values),
         usage,
     });
-    Tensor::new(&buffer, 0, values.len() as u64, dtype)
+    Tensor { buffer: buffer.clone(), offset: 0, len: values.len() as u64, dtype }
 }
 
 #[test]
@@ -288,7 +284,7 @@ fn a_load_that_cannot_write_every_target_is_refused_before_the_first_write() {
         buffer_with(&ctx, &[0.5, 0.25, -2.0, 4.0], DType::BF16, usage),
     ];
     let grads = [ctx.upload("g", &[0.1, -0.2, 0.3, 0.4], DType::F32), ctx.upload("g", &[0.5; 4], DType::F32)];
-    let mut optimizer = Optimizer::master_weights(&ctx, Adam::adamw(), &model).unwrap();
+    let mut optimizer = Optimizer::builder().master_weights(true).build(&ctx, Adam::adamw(), &model).unwrap();
     optimizer.step(&grads).unwrap();
     let bytes = optimizer.save_to_bytes().unwrap();
     optimizer.step(&grads).unwrap();
@@ -305,8 +301,8 @@ fn a_load_that_cannot_write_every_target_is_refused_before_the_first_write() {
     let words =
         buffer_with(&ctx, &[0.0; 6], DType::F16, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST);
     let masters = [ctx.upload("master", &[0.5, 1.5, -0.5], DType::F32)];
-    let options = OptimizerOptions { model_copies: vec![words.slice(1, 3)], ..Default::default() };
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &masters, options).unwrap();
+    let options = Optimizer::builder().model_copies(vec![words.slice(1, 3)]);
+    let mut optimizer = options.build(&ctx, Adam::default(), &masters).unwrap();
     optimizer.step(&[ctx.upload("g", &[0.1; 3], DType::F32)]).unwrap();
     let bytes = optimizer.save_to_bytes().unwrap();
     optimizer.step(&[ctx.upload("g", &[0.2; 3], DType::F32)]).unwrap();
@@ -324,24 +320,22 @@ fn every_kind_of_mismatched_checkpoint_is_refused_and_changes_nothing() {
         vec![ctx.upload("p", &vec![0.5; n], DType::F32), ctx.upload("q", &vec![0.5; n], DType::F32)]
     };
     let grads = vec![ctx.upload("g", &[0.1; 8], DType::F32), ctx.upload("h", &[0.2; 8], DType::F32)];
-    let build = |groups: Vec<ParamGroup>, options: OptimizerOptions| {
-        let mut optimizer = Optimizer::with_groups(&ctx, groups, options).unwrap();
+    let build = |groups: Vec<ParamGroup>, options: OptimizerBuilder| {
+        let mut optimizer = options.build_groups(&ctx, groups).unwrap();
         optimizer.step(&grads).unwrap();
         optimizer
     };
     let one_group = |p: &[Tensor]| vec![ParamGroup::new(Adam::default(), p)];
-    let mut target = build(one_group(&params(8)), OptimizerOptions::default());
+    let mut target = build(one_group(&params(8)), Optimizer::builder());
     let p = params(8);
     let two_groups = build(
         vec![ParamGroup::new(Adam::default(), &p[..1]), ParamGroup::new(Adam::default(), &p[1..])],
-        OptimizerOptions::default(),
+        Optimizer::builder(),
     );
     let masters = build(
         one_group(&params(8)),
-        OptimizerOptions {
-            model_copies: vec![ctx.zeros("c", 8, DType::BF16), ctx.zeros("d", 8, DType::BF16)],
-            ..Default::default()
-        },
+        Optimizer::builder()
+            .model_copies(vec![ctx.zeros("c", 8, DType::BF16), ctx.zeros("d", 8, DType::BF16)]),
     );
     let cases = [
         ("two groups into one", two_groups.save_to_bytes().unwrap()),
@@ -356,9 +350,8 @@ fn every_kind_of_mismatched_checkpoint_is_refused_and_changes_nothing() {
     let err = assert_refused(&ctx, &mut with_masters, &target.save_to_bytes().unwrap(), "no masters");
     assert!(err.to_string().contains("master.0"), "{err}");
     // A step beyond the device's u32 counter into capturable mode.
-    let mut capturable =
-        build(one_group(&params(8)), OptimizerOptions { capturable: true, ..Default::default() });
-    let mut far = build(one_group(&params(8)), OptimizerOptions::default());
+    let mut capturable = build(one_group(&params(8)), Optimizer::builder().capturable(true));
+    let mut far = build(one_group(&params(8)), Optimizer::builder());
     far.set_step_count(1 << 33).unwrap();
     let err = assert_refused(&ctx, &mut capturable, &far.save_to_bytes().unwrap(), "a step beyond u32");
     assert!(err.to_string().contains("u32"), "{err}");

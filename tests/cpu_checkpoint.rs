@@ -8,7 +8,7 @@ mod common;
 use common::{assert_close, ctx, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Rounding,
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Rounding,
     Sgd, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
@@ -35,21 +35,24 @@ impl Setup {
         }
     }
 
-    fn options(&self) -> OptimizerOptions {
-        OptimizerOptions {
-            state_dtype: self.state_dtype,
-            rounding: self.rounding,
-            param_shapes: SHAPES.iter().map(|s| s.to_vec()).collect(),
-            ..Default::default()
-        }
+    fn options(&self) -> OptimizerBuilder {
+        Optimizer::builder()
+            .state_dtype(self.state_dtype)
+            .rounding(self.rounding)
+            .param_shapes(SHAPES.iter().map(|s| s.to_vec()).collect())
     }
 
     fn cpu(&self, params: &[HostTensor]) -> CpuOptimizer {
-        CpuOptimizer::with_options(self.algorithm, &slices(params), self.options()).unwrap()
+        CpuOptimizer::builder()
+            .state_dtype(self.state_dtype)
+            .rounding(self.rounding)
+            .param_shapes(SHAPES.iter().map(|s| s.to_vec()).collect())
+            .build(self.algorithm, &slices(params))
+            .unwrap()
     }
 
     fn gpu(&self, ctx: &GpuContext, params: &[Tensor]) -> Optimizer {
-        Optimizer::with_options(ctx, self.algorithm, params, self.options()).unwrap()
+        self.options().build(ctx, self.algorithm, params).unwrap()
     }
 }
 
@@ -216,20 +219,18 @@ fn mismatched_files_are_refused_by_the_cpu_backend_and_change_nothing() {
     let adam: Algorithm = Adam::default().into();
     let lens = lens();
     // GPU optimizers over parameters of `lens`, stepped once, with the CPU target's shapes.
-    let gpu = |groups: Vec<ParamGroup>, options: OptimizerOptions, dtype: DType| {
+    let gpu = |groups: Vec<ParamGroup>, options: OptimizerBuilder, dtype: DType| {
         let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("g", &vec![0.1; n], dtype)).collect();
-        let mut optimizer = Optimizer::with_groups(&ctx, groups, options).unwrap();
+        let mut optimizer = options.build_groups(&ctx, groups).unwrap();
         optimizer.step(&grads).unwrap();
         optimizer.save_to_bytes().unwrap()
     };
     let params = |dtype: DType| -> Vec<Tensor> {
         lens.iter().map(|&n| ctx.upload("p", &vec![0.5; n], dtype)).collect()
     };
-    let shaped = |shapes: &[&[usize]]| OptimizerOptions {
-        param_shapes: shapes.iter().map(|s| s.to_vec()).collect(),
-        ..Default::default()
-    };
-    let one = |algorithm: Algorithm, dtype: DType, options: OptimizerOptions| {
+    let shaped =
+        |shapes: &[&[usize]]| Optimizer::builder().param_shapes(shapes.iter().map(|s| s.to_vec()).collect());
+    let one = |algorithm: Algorithm, dtype: DType, options: OptimizerBuilder| {
         gpu(vec![ParamGroup::new(algorithm, &params(dtype))], options, dtype)
     };
     let p = params(DType::F32);
@@ -241,10 +242,7 @@ fn mismatched_files_are_refused_by_the_cpu_backend_and_change_nothing() {
         ("AMSGrad state", one(Adam { amsgrad: true, ..Adam::default() }.into(), DType::F32, shaped(&SHAPES))),
         ("another dtype", one(adam, DType::F16, shaped(&SHAPES))),
         ("another shape", one(adam, DType::F32, shaped(&[&[5, 8], &[5], &[3, 4, 2]]))),
-        (
-            "another rounding",
-            one(adam, DType::BF16, OptimizerOptions { rounding: Rounding::Kahan, ..shaped(&SHAPES) }),
-        ),
+        ("another rounding", one(adam, DType::BF16, shaped(&SHAPES).rounding(Rounding::Kahan))),
         (
             "two groups",
             gpu(
@@ -257,10 +255,8 @@ fn mismatched_files_are_refused_by_the_cpu_backend_and_change_nothing() {
             "master weights",
             gpu(
                 vec![ParamGroup::new(adam, &p)],
-                OptimizerOptions {
-                    model_copies: lens.iter().map(|&n| ctx.zeros("copy", n as u64, DType::BF16)).collect(),
-                    ..shaped(&SHAPES)
-                },
+                shaped(&SHAPES)
+                    .model_copies(lens.iter().map(|&n| ctx.zeros("copy", n as u64, DType::BF16)).collect()),
                 DType::F32,
             ),
         ),

@@ -90,7 +90,8 @@ fn mutated_checkpoints_are_refused_or_loaded_and_never_panic() {
     let ctx = common::ctx();
     let params = vec![ctx.upload("p", &[0.5; 12], DType::F32), ctx.upload("q", &[0.5; 3], DType::F16)];
     let grads = vec![ctx.upload("g", &[0.1; 12], DType::F32), ctx.upload("h", &[0.1; 3], DType::F16)];
-    let mut optimizer = Optimizer::new(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params).unwrap();
+    let mut optimizer =
+        Optimizer::builder().build(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params).unwrap();
     optimizer.step(&grads).unwrap();
     let good = optimizer.save_to_bytes().unwrap();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{assert_close, ctx_with_limits, download, Rng, Tolerance};
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerOptions, Sgd};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, Sgd};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// What an algorithm's step needs on a device of 4 storage bindings per stage.
@@ -21,16 +21,16 @@ const LEN: usize = 37;
 
 /// Runs `STEPS` steps of `algorithm` with `options` and checks the outcome: the oracle's
 /// parameters, or the typed refusal with every tensor and the step count unchanged.
-fn check(ctx: &GpuContext, what: &str, algorithm: Algorithm, options: OptimizerOptions, outcome: Outcome) {
+fn check(ctx: &GpuContext, what: &str, algorithm: Algorithm, options: OptimizerBuilder, outcome: Outcome) {
     let mut rng = Rng::new(11);
-    // With master weights the optimizer's parameter is the bf16 model copy.
-    let dtype = if options.master_weights { DType::BF16 } else { DType::F32 };
+    // With master weights (the case named so) the optimizer's parameter is the bf16 model copy.
+    let dtype = if what.ends_with("with master weights") { DType::BF16 } else { DType::F32 };
     let start: Vec<f64> = rng.vec(LEN, 1.0).into_iter().map(|x| dtype.round(x)).collect();
     let grads: Vec<Vec<f64>> = (0..STEPS).map(|_| rng.vec(LEN, 0.1)).collect();
     let param = ctx.upload("param", &start, dtype);
     let before = download(ctx, &param);
-    let mut optimizer = Optimizer::with_options(ctx, algorithm, std::slice::from_ref(&param), options)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut optimizer =
+        options.build(ctx, algorithm, std::slice::from_ref(&param)).unwrap_or_else(|e| panic!("{what}: {e}"));
     let mut outcomes = Vec::new();
     for grad in &grads {
         outcomes.push(optimizer.step(&[ctx.upload("grad", grad, DType::F32)]));
@@ -76,7 +76,7 @@ fn check(ctx: &GpuContext, what: &str, algorithm: Algorithm, options: OptimizerO
 fn on_downlevel_limits_each_algorithm_runs_or_is_refused_naming_the_limit() {
     let ctx = ctx_with_limits(wgpu::Limits::downlevel_defaults());
     assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 4);
-    let plain = OptimizerOptions::default();
+    let plain = Optimizer::builder();
     let adam = Adam { lr: 1e-2, weight_decay: 0.01, ..Adam::default() };
     let adamw = Adam { decoupled_weight_decay: true, ..adam };
     let amsgrad = Adam { amsgrad: true, ..adam };
@@ -84,7 +84,7 @@ fn on_downlevel_limits_each_algorithm_runs_or_is_refused_naming_the_limit() {
     let momentum = Sgd { momentum: 0.9, weight_decay: 0.01, ..sgd };
     let nesterov = Sgd { nesterov: true, ..momentum };
     let adagrad = Adagrad { lr: 1e-2, ..Adagrad::default() };
-    let cases: [(&str, Algorithm, OptimizerOptions, Outcome); 9] = [
+    let cases: [(&str, Algorithm, OptimizerBuilder, Outcome); 9] = [
         // Parameter, gradient and the state tensors, one binding each.
         ("Adam", adam.into(), plain.clone(), Outcome::Runs),
         ("AdamW", adamw.into(), plain.clone(), Outcome::Runs),
@@ -94,19 +94,9 @@ fn on_downlevel_limits_each_algorithm_runs_or_is_refused_naming_the_limit() {
         ("SGD Nesterov", nesterov.into(), plain.clone(), Outcome::Runs),
         ("Adagrad", adagrad.into(), plain.clone(), Outcome::Runs),
         // Capturable mode binds the device state and the learning rate as well.
-        (
-            "capturable Adam",
-            adam.into(),
-            OptimizerOptions { capturable: true, ..plain.clone() },
-            Outcome::Needs(6),
-        ),
+        ("capturable Adam", adam.into(), plain.clone().capturable(true), Outcome::Needs(6)),
         // Master weights bind the f32 masters and the bf16 model copy.
-        (
-            "Adam with master weights",
-            adam.into(),
-            OptimizerOptions { master_weights: true, ..plain },
-            Outcome::Needs(5),
-        ),
+        ("Adam with master weights", adam.into(), plain.master_weights(true), Outcome::Needs(5)),
     ];
     for (what, algorithm, options, outcome) in cases {
         check(&ctx, what, algorithm, options, outcome);

@@ -30,7 +30,8 @@ fn non_finite_gradients_propagate_as_in_pytorch() {
             p[9] = f64::INFINITY;
             let param = ctx.upload("param", &p, DType::F32);
             let grad = ctx.zeros("grad", n as u64, DType::F32);
-            let mut optimizer = Optimizer::new(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
+            let mut optimizer =
+                Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
             let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
             for step in 0..3 {
                 let mut g = rng.vec(n, 1.0);
@@ -67,7 +68,8 @@ fn amsgrad_keeps_a_nan_second_moment_like_torch_maximum() {
     for n in [4usize, 5] {
         let param = ctx.upload("param", &vec![1.0; n], DType::F32);
         let grad = ctx.upload("grad", &vec![f64::NAN; n], DType::F32);
-        let mut optimizer = Optimizer::new(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
+        let mut optimizer =
+            Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
         ctx.write(&grad, &vec![1.0; n]).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();

@@ -102,7 +102,7 @@ fn f64_tensors_are_refused_naming_shader_f64_without_it() {
     common::assert_f64_refused(&ctx, 3, |ctx, encoder, t| {
         onnx::adagrad(ctx, encoder, &OnnxAdagrad::default(), 0.1, 1, t, &[None, None])
     });
-    let t = |v: f64| ctx.upload_f64("t", &[v; 8]);
+    let t = |v: f64| ctx.upload("t", &[v; 8], wgpu_optim::DType::F64);
     let inputs = [t(1.0), t(0.5), t(0.0)];
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let err = onnx::momentum(&ctx, &mut encoder, &STANDARD, 0.1, 1, &inputs, &[None, None]).unwrap_err();

@@ -14,8 +14,7 @@ mod common;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind,
-    Tensor,
+    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor,
 };
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
@@ -71,12 +70,17 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             let shift = if k + 1 == LENGTHS.len() { 1 } else { 0 };
             let values = rng.vec(n + shift, 1.0);
             let t = ctx.upload("param", &values, mix.param);
-            Tensor::new(&t.buffer, shift as u64 * mix.param.size(), n as u64, mix.param)
+            Tensor {
+                buffer: t.buffer.clone(),
+                offset: shift as u64 * mix.param.size(),
+                len: n as u64,
+                dtype: mix.param,
+            }
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-    let options = OptimizerOptions { state_dtype: Some(mix.state), ..Default::default() };
-    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, options).unwrap();
+    let options = Optimizer::builder().state_dtype(mix.state);
+    let mut optimizer = options.build(ctx, algorithm, &params).unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=steps {
         for (i, g) in grads.iter().enumerate() {
@@ -186,18 +190,17 @@ fn stores_round_to_nearest_even_on_every_path() {
         for dtype in [DType::F16, DType::BF16] {
             // Odd offset: the copy starts in the middle of a word.
             let buffer = ctx.zeros("copy", n as u64 + 1, dtype);
-            let copy = Tensor::new(&buffer.buffer, dtype.size(), n as u64, dtype);
+            let copy = Tensor { buffer: buffer.buffer.clone(), offset: dtype.size(), len: n as u64, dtype };
             let master = ctx.upload("master", &probes, DType::F32);
-            let options = OptimizerOptions { model_copies: vec![copy.clone()], ..Default::default() };
-            let mut optimizer =
-                Optimizer::with_options(&ctx, Sgd { lr: 0.0, ..Sgd::default() }, &[master], options).unwrap();
+            let options = Optimizer::builder().model_copies(vec![copy.clone()]);
+            let mut optimizer = options.build(&ctx, Sgd { lr: 0.0, ..Sgd::default() }, &[master]).unwrap();
             optimizer.step(&[ctx.zeros("grad", n as u64, DType::F32)]).unwrap();
             let got = download(&ctx, &copy);
             let want: Vec<f64> = probes.iter().map(|p| dtype.round(*p)).collect();
             let what = format!("{dtype:?} rounding (native f16: {})", ctx.native_f16());
             assert_close(&what, &got, &want, Tolerance::exact(dtype));
             assert_eq!(
-                download(&ctx, &Tensor::new(&buffer.buffer, 0, 1, dtype)),
+                download(&ctx, &Tensor { buffer: buffer.buffer.clone(), offset: 0, len: 1, dtype }),
                 vec![0.0],
                 "{what}: word neighbour"
             );
@@ -217,10 +220,15 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
     let buffer = ctx.upload("packed", &values, DType::F16);
     let params: Vec<Tensor> = bounds
         .iter()
-        .map(|&(a, b)| Tensor::new(&buffer.buffer, 2 * a as u64, (b - a) as u64, DType::F16))
+        .map(|&(a, b)| Tensor {
+            buffer: buffer.buffer.clone(),
+            offset: 2 * a as u64,
+            len: (b - a) as u64,
+            dtype: DType::F16,
+        })
         .collect();
     let algorithm: Algorithm = Adam { lr: 0.05, ..Adam::default() }.into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
     let stored = DType::F16.decode(&DType::F16.encode(&values));
     let mut oracles: Vec<(Vec<f64>, TorchState)> = bounds
         .iter()
@@ -243,7 +251,7 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
     }
     assert_close(
         "the element after the last tensor",
-        &download(&ctx, &Tensor::new(&buffer.buffer, 26, 1, DType::F16)),
+        &download(&ctx, &Tensor { buffer: buffer.buffer.clone(), offset: 26, len: 1, dtype: DType::F16 }),
         &stored[13..14],
         Tolerance::exact(DType::F16),
     );
@@ -264,7 +272,8 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
             let grad = ctx.upload("grad", &g, DType::F16);
             let buf = ctx.zeros("buf", n as u64, DType::F16);
             let out_buffer = ctx.zeros("out", n as u64 + 2, DType::F16);
-            let param_out = Tensor::new(&out_buffer.buffer, 2, n as u64, DType::F16);
+            let param_out =
+                Tensor { buffer: out_buffer.buffer.clone(), offset: 2, len: n as u64, dtype: DType::F16 };
             let update = Update {
                 param_out: Some(param_out.clone()),
                 ..Update::in_place(&param, &grad, std::slice::from_ref(&buf))
@@ -283,7 +292,10 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
                 one_ulp(DType::F16),
             );
             assert_eq!(
-                download(&ctx, &Tensor::new(&out_buffer.buffer, 0, 1, DType::F16)),
+                download(
+                    &ctx,
+                    &Tensor { buffer: out_buffer.buffer.clone(), offset: 0, len: 1, dtype: DType::F16 }
+                ),
                 vec![0.0],
                 "{what}"
             );
@@ -304,8 +316,10 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
             let n = 777;
             let model = ctx.upload("model", &rng.vec(n, 1.0), dtype);
             let algorithm: Algorithm = Adam { lr: 1e-3, ..Adam::adamw() }.into();
-            let mut optimizer =
-                Optimizer::master_weights(&ctx, algorithm, std::slice::from_ref(&model)).unwrap();
+            let mut optimizer = Optimizer::builder()
+                .master_weights(true)
+                .build(&ctx, algorithm, std::slice::from_ref(&model))
+                .unwrap();
             let master = optimizer.params()[0].clone();
             assert_eq!(master.dtype, DType::F32);
             assert_eq!(optimizer.state(0, StateKind::ExpAvg).unwrap().dtype, DType::F32);
@@ -346,15 +360,15 @@ fn master_weights_compose_with_groups_and_capturable_mode() {
         vec![ParamGroup::new(algorithms[0], &params[..2]), ParamGroup::new(algorithms[1], &params[2..])]
     };
     let model: Vec<Tensor> = initial.iter().map(|v| ctx.upload("model", v, DType::BF16)).collect();
-    let options = OptimizerOptions { master_weights: true, capturable: true, ..Default::default() };
-    let mut optimizer = Optimizer::with_groups(&ctx, groups(&model), options).unwrap();
+    let options = Optimizer::builder().master_weights(true).capturable(true);
+    let mut optimizer = options.build_groups(&ctx, groups(&model)).unwrap();
     assert_eq!(optimizer.model_copies(), &model[..]);
     assert!(optimizer.params().iter().all(|m| m.dtype == DType::F32));
     assert_eq!(optimizer.state(2, StateKind::MomentumBuffer).unwrap().dtype, DType::F32);
     // The same run on f32 parameters holding the model's initial values.
     let reference: Vec<Tensor> = initial.iter().map(|v| ctx.upload("reference", v, DType::F32)).collect();
-    let options = OptimizerOptions { capturable: true, ..Default::default() };
-    let mut plain = Optimizer::with_groups(&ctx, groups(&reference), options).unwrap();
+    let options = Optimizer::builder().capturable(true);
+    let mut plain = options.build_groups(&ctx, groups(&reference)).unwrap();
     let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
     for _ in 0..5 {
         for g in &grads {
@@ -389,7 +403,7 @@ fn epsilon_is_applied_in_f32_so_1e_8_survives_f16_storage() {
     let algorithm: Algorithm = Adam { lr: 1e-3, eps: 1e-8, ..Adam::default() }.into();
     let param = ctx.upload("param", &vec![0.5; n], DType::F16);
     let grad = ctx.upload("grad", &vec![1e-4; n], DType::F16);
-    let mut optimizer = Optimizer::new(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
     let mut p = download(&ctx, &param);
     let g = download(&ctx, &grad);
     let mut oracle = TorchState::new(algorithm, n).storing(DType::F16, DType::F16);
@@ -421,9 +435,9 @@ fn nan_gradients_stay_nan_in_16_bit_storage() {
         for dtype in [DType::F16, DType::BF16] {
             let param = ctx.upload("param", &[0.5, 0.5, 0.5], dtype);
             let grad = ctx.upload("grad", &[f64::NAN, 1.0, f64::INFINITY], dtype);
-            let mut optimizer =
-                Optimizer::new(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, std::slice::from_ref(&param))
-                    .unwrap();
+            let mut optimizer = Optimizer::builder()
+                .build(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, std::slice::from_ref(&param))
+                .unwrap();
             optimizer.step(std::slice::from_ref(&grad)).unwrap();
             let got = download(&ctx, &param);
             assert!(got[0].is_nan(), "{dtype:?}: NaN gradient gives a NaN parameter, got {}", got[0]);

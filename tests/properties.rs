@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, OptimizerOptions, Sgd, Tensor};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, Tensor};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn cases() -> u32 {
@@ -98,7 +98,8 @@ fn packed(ctx: &wgpu_optim::GpuContext, specs: &[(usize, u64)], dtype: DType, rn
         .iter()
         .map(|(n, gap)| {
             at += gap;
-            let t = Tensor::new(&buffer.buffer, at * dtype.size(), *n as u64, dtype);
+            let t =
+                Tensor { buffer: buffer.buffer.clone(), offset: at * dtype.size(), len: *n as u64, dtype };
             at += *n as u64;
             t
         })
@@ -114,8 +115,8 @@ proptest! {
         let mut rng = Rng::new(setup.seed);
         let params = packed(&ctx, &setup.tensors, setup.param, &mut rng);
         let grads = packed(&ctx, &setup.tensors, setup.grad, &mut rng);
-        let options = OptimizerOptions { state_dtype: Some(setup.state), ..Default::default() };
-        let mut optimizer = Optimizer::with_options(&ctx, setup.algorithm, &params, options).unwrap();
+        let options = Optimizer::builder().state_dtype(setup.state);
+        let mut optimizer = options.build(&ctx, setup.algorithm, &params).unwrap();
         let kinds = setup.algorithm.state_kinds();
         for t in 1..=setup.steps {
             for g in &grads {

@@ -20,10 +20,9 @@ use wgpu_optim_testkit::{assert_close, Tolerance};
 
 mod common;
 
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
-use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerOptions, Q8States, StateKind,
-};
+use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, StateKind};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
@@ -227,8 +226,12 @@ fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
     assert_eq!(param, vec![0.5; 10]);
 }
 
-fn q8_options() -> OptimizerOptions {
-    OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() }
+fn q8_options() -> OptimizerBuilder {
+    Optimizer::builder().q8_states(Q8States::default())
+}
+
+fn cpu_q8_options() -> CpuOptimizerBuilder {
+    CpuOptimizer::builder().q8_states(Q8States::default())
 }
 
 /// What 8-bit state cannot run is refused at construction by both backends, by name.
@@ -238,24 +241,24 @@ fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backen
     let f32_param = ctx.upload_f32("p", &[0.5; 4096]);
     let host = vec![0.5f32; 4096];
     let amsgrad = Adam { amsgrad: true, ..Adam::default() };
-    let cases: Vec<(wgpu_optim::Algorithm, OptimizerOptions, &str)> = vec![
-        (amsgrad.into(), q8_options(), "AMSGrad"),
-        (Adagrad::default().into(), q8_options(), "Adagrad"),
+    let cases: Vec<(wgpu_optim::Algorithm, OptimizerBuilder, CpuOptimizerBuilder, &str)> = vec![
+        (amsgrad.into(), q8_options(), cpu_q8_options(), "AMSGrad"),
+        (Adagrad::default().into(), q8_options(), cpu_q8_options(), "Adagrad"),
         (
             Adam::default().into(),
-            OptimizerOptions { state_dtype: Some(DType::BF16), ..q8_options() },
+            q8_options().state_dtype(DType::BF16),
+            cpu_q8_options().state_dtype(DType::BF16),
             "state_dtype",
         ),
     ];
-    for (algorithm, options, named) in cases {
-        let err = Optimizer::with_options(&ctx, algorithm, std::slice::from_ref(&f32_param), options.clone())
-            .unwrap_err();
+    for (algorithm, options, cpu_options, named) in cases {
+        let err = options.build(&ctx, algorithm, std::slice::from_ref(&f32_param)).unwrap_err();
         assert!(matches!(err, Error::ConflictingOptions { .. }) && err.to_string().contains(named), "{err}");
-        let err = CpuOptimizer::with_options(algorithm, &[HostSlice::F32(&host)], options).unwrap_err();
+        let err = cpu_options.build(algorithm, &[HostSlice::F32(&host)]).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
     }
     let f16_param = ctx.upload("p16", &[0.5; 4096], DType::F16);
-    let err = Optimizer::with_options(&ctx, Adam::default(), &[f16_param], q8_options()).unwrap_err();
+    let err = q8_options().build(&ctx, Adam::default(), &[f16_param]).unwrap_err();
     assert!(matches!(err, Error::DTypeMismatch { .. }) && err.to_string().contains("params[0]"), "{err}");
 }
 
@@ -265,19 +268,25 @@ fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backen
 fn gradients_an_8bit_step_cannot_take_are_refused_and_nothing_changes() {
     let ctx = common::ctx();
     let param = ctx.upload_f32("p", &[0.5; 5000]);
-    let mut opt = Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), q8_options())
+    let mut opt = q8_options()
+        .build(&ctx, Adam::default(), std::slice::from_ref(&param))
         .unwrap_or_else(|e| panic!("{e}"));
     let f16_grad = ctx.upload("g16", &[0.1; 5000], DType::F16);
     let err = opt.step(&[f16_grad]).unwrap_err();
     assert!(err.to_string().contains("grads[0]"), "{err}");
-    let overlapping = wgpu_optim::Tensor::new(&param.buffer, 4 * 100, 5000 - 100, DType::F32);
+    let overlapping = wgpu_optim::Tensor {
+        buffer: param.buffer.clone(),
+        offset: 4 * 100,
+        len: 5000 - 100,
+        dtype: DType::F32,
+    };
     assert!(opt.step(&[overlapping]).is_err());
     assert_eq!(opt.step_count(), 0);
     assert_eq!(ctx.read_f32(&param).unwrap_or_else(|e| panic!("{e}")), vec![0.5; 5000]);
 
     let mut host = vec![0.5f32; 5000];
-    let mut cpu = CpuOptimizer::with_options(Adam::default(), &[HostSlice::F32(&host)], q8_options())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut cpu =
+        cpu_q8_options().build(Adam::default(), &[HostSlice::F32(&host)]).unwrap_or_else(|e| panic!("{e}"));
     let half_grad = vec![half::bf16::from_f32(0.1); 5000];
     let err = cpu.step(&mut [HostSliceMut::F32(&mut host)], &[HostSlice::BF16(&half_grad)]).unwrap_err();
     assert!(matches!(err, Error::DTypeMismatch { .. }) && err.to_string().contains("grads[0]"), "{err}");
@@ -289,30 +298,28 @@ fn gradients_an_8bit_step_cannot_take_are_refused_and_nothing_changes() {
 fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
     let ctx = common::ctx();
     let param = ctx.upload_f32("p", &[0.5; 5000]);
-    let gpu = Optimizer::with_options(&ctx, Adam::default(), std::slice::from_ref(&param), q8_options())
+    let gpu = q8_options()
+        .build(&ctx, Adam::default(), std::slice::from_ref(&param))
         .unwrap_or_else(|e| panic!("{e}"));
     let host = vec![0.5f32; 5000];
-    let mut cpu = CpuOptimizer::with_options(Adam::default(), &[HostSlice::F32(&host)], q8_options())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut cpu =
+        cpu_q8_options().build(Adam::default(), &[HostSlice::F32(&host)]).unwrap_or_else(|e| panic!("{e}"));
     let wrong = [
         (StoredState::F32(vec![0.0; 5000]), "f32 state"),
         (StoredState::Q8 { codes: vec![1; 4999], absmax: vec![1.0; 20] }, "4999"),
         (StoredState::Q8 { codes: vec![1; 5000], absmax: vec![1.0; 19] }, "absmax"),
     ];
     for (state, named) in wrong {
-        let err = gpu.write_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
+        let err = gpu.set_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
         let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
     }
     let zeros = StoredState::zeros(5000, true);
-    assert_eq!(
-        gpu.read_q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}")),
-        Some(zeros.clone())
-    );
+    assert_eq!(gpu.q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}")), Some(zeros.clone()));
     assert_eq!(cpu.q8_state(0, StateKind::ExpAvg), Some(&zeros));
-    let plain = Optimizer::new(&ctx, Adam::default(), &[param]).unwrap_or_else(|e| panic!("{e}"));
-    let err = plain.read_q8_state(0, StateKind::ExpAvg).unwrap_err();
+    let plain = Optimizer::builder().build(&ctx, Adam::default(), &[param]).unwrap_or_else(|e| panic!("{e}"));
+    let err = plain.q8_state(0, StateKind::ExpAvg).unwrap_err();
     assert!(matches!(err, Error::NeedsOption { option: "q8_states", .. }), "{err}");
 }
 
@@ -427,22 +434,22 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
         wgpu_optim::ParamGroup::new(adamw, &params[..2]),
         wgpu_optim::ParamGroup::new(sgd, &params[2..]),
     ];
-    let options = OptimizerOptions { grad_clip: Some(clip), ..q8_options() };
-    let mut opt = Optimizer::with_groups(&ctx, groups, options).unwrap_or_else(|e| panic!("{e}"));
+    let options = q8_options().grad_clip(clip);
+    let mut opt = options.build_groups(&ctx, groups).unwrap_or_else(|e| panic!("{e}"));
     for (k, grads) in clipped_gradients().iter().enumerate() {
         let tensors: Vec<wgpu_optim::Tensor> =
             grads.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
         opt.step(&tensors).unwrap_or_else(|e| panic!("{e}"));
         let want_norm = oracle.step(&algorithms, k as u64 + 1, grads, &clip);
         assert!(want_norm > 4.0 * clip.max_norm, "the case clips (norm {want_norm})");
-        let norm = opt.read_grad_norm().unwrap_or_else(|e| panic!("{e}"));
+        let norm = opt.grad_norm().unwrap_or_else(|e| panic!("{e}"));
         assert!((norm - want_norm).abs() <= 1e-5 * want_norm, "step {k}: norm {norm}, oracle {want_norm}");
         for (t, param) in params.iter().enumerate() {
             let what = format!("step {k}: params[{t}]");
             let got = ctx.read(param).unwrap_or_else(|e| panic!("{e}"));
             assert_params_follow(&what, &got, &oracle.params[t], k + 1);
             for (kind, want) in algorithms[t].state_kinds().iter().zip(&oracle.states[t]) {
-                let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
                 let got = got.unwrap_or_else(|| panic!("{what}: no {kind:?}"));
                 assert_state_follows(&format!("{what} {kind:?}"), &got, want);
             }
@@ -464,8 +471,8 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
         let mut weights: Vec<Vec<f32>> =
             oracle.params.iter().map(|p| p.iter().map(|&x| x as f32).collect()).collect();
         let host: Vec<HostSlice<'_>> = weights.iter().map(|w| HostSlice::F32(w)).collect();
-        let options = OptimizerOptions { grad_clip: Some(clip), ..q8_options() };
-        let mut opt = CpuOptimizer::with_options(algorithm, &host, options).unwrap_or_else(|e| panic!("{e}"));
+        let options = cpu_q8_options().grad_clip(clip);
+        let mut opt = options.build(algorithm, &host).unwrap_or_else(|e| panic!("{e}"));
         for (k, grads) in clipped_gradients().iter().enumerate() {
             let narrow: Vec<Vec<f32>> = grads.iter().map(|g| g.iter().map(|&x| x as f32).collect()).collect();
             let grad_slices: Vec<HostSlice<'_>> = narrow.iter().map(|g| HostSlice::F32(g)).collect();

@@ -5,8 +5,8 @@
 //! in `src/gpu/q8/mod.rs`, where a test can pick the kernel.)
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
-use wgpu_optim::q8::{self, StoredState};
-use wgpu_optim::{Adam, Algorithm, OptimizerOptions, Q8States, Sgd, StateKind};
+use wgpu_optim::q8::{self, Q8States, StoredState};
+use wgpu_optim::{Adam, Algorithm, Sgd, StateKind};
 use wgpu_optim_testkit::oracle::bnb::{self, bnb_8bit_step};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
@@ -99,10 +99,10 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite_on_the_
         let kinds = algorithm.state_kinds();
         for bad_value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let what = format!("{algorithm:?}, gradient {bad_value}");
-            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
+            let options = CpuOptimizer::builder().q8_states(config);
             let mut weights = initial();
-            let mut opt = CpuOptimizer::with_options(algorithm, &[HostSlice::F32(&weights)], options)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let mut opt =
+                options.build(algorithm, &[HostSlice::F32(&weights)]).unwrap_or_else(|e| panic!("{e}"));
             let mut want: Vec<f64> = weights.iter().map(|&w| f64::from(w)).collect();
             let mut want_states: Vec<StoredState> =
                 kinds.iter().map(|_| StoredState::zeros(N, true)).collect();

@@ -7,7 +7,7 @@ mod common;
 mod shapes;
 
 use common::{assert_close, ctx, download, to_f32, Rng, Tolerance};
-use wgpu_optim::{Adam, Algorithm, DType, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor};
+use wgpu_optim::{Adam, Algorithm, DType, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
 use wgpu_optim_testkit::oracle::TorchState;
 
 #[test]
@@ -34,7 +34,7 @@ fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
     let param = ctx.upload_f32("param", &param_values);
     let grad = ctx.upload_f32("grad", &grad_values);
     let algorithm: Algorithm = Adam { lr: 1e-2, ..Adam::adamw() }.into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
     for _ in 0..2 {
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
     }
@@ -71,7 +71,7 @@ fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
     let grads_values: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let grads: Vec<Tensor> = grads_values.iter().map(|g| ctx.upload_f32("grad", &to_f32(g))).collect();
     let algorithm: Algorithm = Adam::adamw().into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
     // The first steps build the pipeline and the bind groups, and the staging that carries
     // the uniforms of five steps in flight, which later steps reuse.
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
@@ -133,13 +133,16 @@ fn more_tensors_than_one_table_holds_each_find_their_workgroups() {
     let flat_grads = ctx.upload_f32("grads", &to_f32(&grad_values));
     let starts: Vec<usize> =
         sizes.iter().scan(0, |next, &n| Some(std::mem::replace(next, *next + n))).collect();
-    let view = |buffer: &Tensor, t: usize| {
-        Tensor::new(&buffer.buffer, 4 * starts[t] as u64, sizes[t] as u64, DType::F32)
+    let view = |buffer: &Tensor, t: usize| Tensor {
+        buffer: buffer.buffer.clone(),
+        offset: 4 * starts[t] as u64,
+        len: sizes[t] as u64,
+        dtype: DType::F32,
     };
     let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
     let grads: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
     let algorithm: Algorithm = Adam { lr: 1e-2, ..Adam::adamw() }.into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
     for _ in 0..2 {
         optimizer.step(&grads).unwrap();
     }
@@ -167,7 +170,7 @@ fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
     let decayed = Adam { lr: 1e-2, weight_decay: 0.1, ..Adam::adamw() };
     let undecayed = Adam { lr: 3e-2, weight_decay: 0.0, ..Adam::adamw() };
     let groups = vec![ParamGroup::new(decayed, &params[..1]), ParamGroup::new(undecayed, &params[1..])];
-    let mut optimizer = Optimizer::with_groups(&ctx, groups, OptimizerOptions::default()).unwrap();
+    let mut optimizer = Optimizer::builder().build_groups(&ctx, groups).unwrap();
     assert_eq!(optimizer.group_count(), 2);
     assert_eq!(optimizer.group_params(1).unwrap().len(), 2);
     let mut reference: Vec<(Vec<f64>, TorchState)> =
@@ -194,7 +197,7 @@ fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
             s.step(p, &g);
         }
         optimizer.step(&grads).unwrap();
-        let now = ctx.compiled_pipelines();
+        let now = common::compute_pipelines(&ctx);
         assert_eq!(*compiled.get_or_insert(now), now, "step {t} compiled a pipeline");
     }
     for (i, (p, _)) in reference.iter().enumerate() {
@@ -207,7 +210,7 @@ fn a_group_keeps_its_state_tensors() {
     let ctx = ctx();
     let params = vec![ctx.upload_f32("p", &[0.5; 8])];
     let mut optimizer =
-        Optimizer::new(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();
+        Optimizer::builder().build(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();
     let err = optimizer.set_group_algorithm(0, Sgd { lr: 0.1, ..Sgd::default() }).unwrap_err();
     assert!(matches!(err, wgpu_optim::Error::StateMismatch { .. }), "{err}");
     assert!(err.to_string().contains("group 0"), "{err}");
@@ -229,7 +232,7 @@ fn set_group_lr_changes_one_group_and_set_lr_sets_them_all() {
         ParamGroup::new(Sgd { lr: 0.125, ..Sgd::default() }, &params[..1]),
         ParamGroup::new(Sgd { lr: 0.25, ..Sgd::default() }, &params[1..]),
     ];
-    let mut optimizer = Optimizer::with_groups(&ctx, groups, OptimizerOptions::default()).unwrap();
+    let mut optimizer = Optimizer::builder().build_groups(&ctx, groups).unwrap();
     optimizer.set_group_lr(1, 0.5).unwrap();
     assert_eq!(optimizer.group_algorithm(0).unwrap().lr(), 0.125);
     optimizer.step(&grads).unwrap();

@@ -8,8 +8,8 @@ mod common;
 
 use common::{assert_close, ctx, download, Tolerance};
 use safetensors::SafeTensors;
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
-use wgpu_optim::{Adam, Algorithm, Checkpoint, DType, Error, Optimizer, OptimizerOptions, Tensor};
+use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
+use wgpu_optim::{Adam, Algorithm, Checkpoint, DType, Error, Optimizer, OptimizerBuilder, Tensor};
 
 const CASES: [&str; 6] = ["adam", "adamw", "amsgrad", "sgd_momentum", "sgd_nesterov", "adagrad"];
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch");
@@ -82,8 +82,12 @@ fn f32_slices(values: &[Vec<f32>]) -> Vec<HostSlice<'_>> {
     values.iter().map(|v| HostSlice::F32(v)).collect()
 }
 
-fn with_shapes(shapes: Vec<Vec<usize>>) -> OptimizerOptions {
-    OptimizerOptions { param_shapes: shapes, ..Default::default() }
+fn with_shapes(shapes: Vec<Vec<usize>>) -> OptimizerBuilder {
+    Optimizer::builder().param_shapes(shapes)
+}
+
+fn cpu_with_shapes(shapes: Vec<Vec<usize>>) -> CpuOptimizerBuilder {
+    CpuOptimizer::builder().param_shapes(shapes)
 }
 
 #[test]
@@ -95,8 +99,7 @@ fn pytorchs_state_after_five_steps_continues_on_the_gpu_as_pytorch_continued() {
         let params: Vec<Tensor> =
             start.iter().map(|(v, _)| ctx.upload("param", &widen(v), DType::F32)).collect();
         let shapes = start.iter().map(|(_, s)| s.clone()).collect();
-        let mut optimizer =
-            Optimizer::with_options(&ctx, fixture.algorithm(), &params, with_shapes(shapes)).unwrap();
+        let mut optimizer = with_shapes(shapes).build(&ctx, fixture.algorithm(), &params).unwrap();
         optimizer.load_from_bytes(&fixture.checkpoint).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(optimizer.step_count(), 5, "{case}");
         for k in 0..STEPS {
@@ -119,8 +122,7 @@ fn pytorchs_state_after_five_steps_continues_on_the_cpu_backend_as_pytorch_conti
         let mut params: Vec<Vec<f32>> = start.iter().map(|(v, _)| v.clone()).collect();
         let shapes = start.iter().map(|(_, s)| s.clone()).collect();
         let slices: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::F32(p)).collect();
-        let mut optimizer =
-            CpuOptimizer::with_options(fixture.algorithm(), &slices, with_shapes(shapes)).unwrap();
+        let mut optimizer = cpu_with_shapes(shapes).build(fixture.algorithm(), &slices).unwrap();
         optimizer.load_from_bytes(&fixture.checkpoint).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(optimizer.step_count(), 5, "{case}");
         for k in 0..STEPS {
@@ -157,12 +159,11 @@ fn a_checkpoint_keeps_each_state_in_its_parameters_shape_and_loads_back_flat_or_
     // One step on each backend, from the same values.
     let params: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("param", &vec![0.5; n], DType::F32)).collect();
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("grad", &vec![0.25; n], DType::F32)).collect();
-    let mut gpu = Optimizer::with_options(&ctx, adam, &params, with_shapes(shapes.clone())).unwrap();
+    let mut gpu = with_shapes(shapes.clone()).build(&ctx, adam, &params).unwrap();
     gpu.step(&grads).unwrap();
     let mut host_params: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.5; n]).collect();
     let host_grads: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.25; n]).collect();
-    let mut cpu =
-        CpuOptimizer::with_options(adam, &f32_slices(&host_params), with_shapes(shapes.clone())).unwrap();
+    let mut cpu = cpu_with_shapes(shapes.clone()).build(adam, &f32_slices(&host_params)).unwrap();
     let mut slices: Vec<HostSliceMut<'_>> = host_params.iter_mut().map(|p| HostSliceMut::F32(p)).collect();
     cpu.step(&mut slices, &f32_slices(&host_grads)).unwrap();
 
@@ -171,11 +172,11 @@ fn a_checkpoint_keeps_each_state_in_its_parameters_shape_and_loads_back_flat_or_
         assert_shaped(backend, bytes, &shapes);
         // Loads into an optimizer of either backend with the shapes and into one without
         // (flat), bit for bit; the shaped ones save the shapes back.
-        for options in [with_shapes(shapes.clone()), OptimizerOptions::default()] {
-            let flat = options.param_shapes.is_empty();
-            let mut other_gpu = Optimizer::with_options(&ctx, adam, &params, options.clone()).unwrap();
+        for other_shapes in [shapes.clone(), Vec::new()] {
+            let flat = other_shapes.is_empty();
+            let mut other_gpu = with_shapes(other_shapes.clone()).build(&ctx, adam, &params).unwrap();
             other_gpu.load_from_bytes(bytes).unwrap();
-            let mut other_cpu = CpuOptimizer::with_options(adam, &f32_slices(&host_params), options).unwrap();
+            let mut other_cpu = cpu_with_shapes(other_shapes).build(adam, &f32_slices(&host_params)).unwrap();
             other_cpu.load_from_bytes(bytes).unwrap();
             for (loader, again) in
                 [("GPU", other_gpu.save_to_bytes().unwrap()), ("CPU", other_cpu.save_to_bytes().unwrap())]
@@ -189,7 +190,7 @@ fn a_checkpoint_keeps_each_state_in_its_parameters_shape_and_loads_back_flat_or_
         }
     }
     // A flat checkpoint loads into the shaped optimizers too.
-    let flat = Optimizer::with_options(&ctx, adam, &params, OptimizerOptions::default()).unwrap();
+    let flat = Optimizer::builder().build(&ctx, adam, &params).unwrap();
     let flat = flat.save_to_bytes().unwrap();
     gpu.load_from_bytes(&flat).unwrap();
     cpu.load_from_bytes(&flat).unwrap();
@@ -203,11 +204,8 @@ fn shapes_that_do_not_fit_are_refused_and_change_nothing() {
         vec![ctx.upload("param", &[0.5; 40], DType::F32), ctx.upload("param", &[0.5; 5], DType::F32)];
     let host_params = [vec![0.5f32; 40], vec![0.5f32; 5]];
     let host = || host_params.iter().map(|p| HostSlice::F32(p)).collect::<Vec<_>>();
-    let gpu = |shapes: Vec<Vec<usize>>| {
-        Optimizer::with_options(&ctx, Adam::default(), &params, with_shapes(shapes))
-    };
-    let cpu =
-        |shapes: Vec<Vec<usize>>| CpuOptimizer::with_options(Adam::default(), &host(), with_shapes(shapes));
+    let gpu = |shapes: Vec<Vec<usize>>| with_shapes(shapes).build(&ctx, Adam::default(), &params);
+    let cpu = |shapes: Vec<Vec<usize>>| cpu_with_shapes(shapes).build(Adam::default(), &host());
     let wrong = vec![vec![8, 5], vec![6]];
     for (backend, refused) in [("GPU", gpu(wrong.clone()).map(|_| ())), ("CPU", cpu(wrong).map(|_| ()))] {
         match refused {

@@ -59,7 +59,7 @@ fn check_in_place(algorithm: Algorithm, seed: u64) {
     let initial: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload_f32("param", &to_f32(p))).collect();
     let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).expect("optimizer");
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).expect("optimizer");
     let mut reference = Reference::new(algorithm, &initial);
     for _ in 0..STEPS {
         let g: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -159,11 +159,11 @@ fn sgd_variants_match_the_oracle_in_place_and_out_of_place() {
 fn sgd_without_momentum_keeps_no_buffer() {
     let ctx = ctx();
     let params = vec![ctx.upload_f32("p", &[0.5; 64])];
-    let optimizer = Optimizer::new(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, &params).unwrap();
+    let optimizer = Optimizer::builder().build(&ctx, Sgd { lr: 0.1, ..Sgd::default() }, &params).unwrap();
     assert!(optimizer.group_algorithm(0).unwrap().state_kinds().is_empty());
     assert!(optimizer.state(0, StateKind::MomentumBuffer).is_none());
     let with_momentum =
-        Optimizer::new(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();
+        Optimizer::builder().build(&ctx, Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }, &params).unwrap();
     assert!(with_momentum.state(0, StateKind::MomentumBuffer).is_some());
 }
 
@@ -175,7 +175,7 @@ fn sgd_nesterov_needs_momentum_and_no_dampening() {
         Sgd { nesterov: true, ..Sgd::default() },
         Sgd { nesterov: true, momentum: 0.9, dampening: 0.1, ..Sgd::default() },
     ] {
-        let err = Optimizer::new(&ctx, bad, &params).unwrap_err();
+        let err = Optimizer::builder().build(&ctx, bad, &params).unwrap_err();
         assert!(matches!(err, Error::BadHyperparameter { .. }), "{err}");
     }
 }
@@ -199,7 +199,7 @@ fn several_steps_recorded_before_one_submit_each_keep_their_step() {
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
     let grads = vec![ctx.upload_f32("grad", &to_f32(&g[0]))];
     let algorithm: Algorithm = Adam { lr: 0.05, amsgrad: true, ..Adam::default() }.into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
     let mut reference = Reference::new(algorithm, &initial);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     for _ in 0..5 {
@@ -222,7 +222,7 @@ fn a_thousand_steps_recorded_into_one_encoder_match_the_oracle() {
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
     let grads = vec![ctx.upload_f32("grad", &to_f32(&g[0]))];
     let mut config = Adam { lr: 1e-3, ..Adam::default() };
-    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, &params).unwrap();
     let mut reference = Reference::new(config.into(), &initial);
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     for step in 0..1000 {
@@ -251,11 +251,11 @@ fn a_learning_rate_schedule_changes_no_pipeline() {
     let params = vec![ctx.upload_f32("param", &to_f32(&initial[0]))];
     let grads = vec![ctx.zeros("grad", 513, DType::F32)];
     let mut config = Adam::adamw();
-    let mut optimizer = Optimizer::new(&ctx, config, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, config, &params).unwrap();
     let mut reference = Reference::new(config.into(), &initial);
     optimizer.step(&grads).unwrap();
     reference.step(&[vec![0.0; 513]]);
-    let compiled = ctx.compiled_pipelines();
+    let compiled = common::compute_pipelines(&ctx);
     for k in 0..10 {
         let g = vec![rng.vec(513, 1.0)];
         write(&ctx, &grads[0], &g[0]);
@@ -265,7 +265,7 @@ fn a_learning_rate_schedule_changes_no_pipeline() {
         optimizer.step(&grads).unwrap();
         reference.step(&g);
     }
-    assert_eq!(ctx.compiled_pipelines(), compiled, "a new learning rate must not compile a pipeline");
+    assert_eq!(common::compute_pipelines(&ctx), compiled, "a new learning rate must not compile a pipeline");
     assert_tensor(&ctx, "param under a schedule", &params[0], &reference.params[0]);
 }
 
@@ -282,7 +282,7 @@ fn alternating_two_gradient_sets_builds_each_set_of_bind_groups_once() {
     let sets: [Vec<Tensor>; 2] =
         std::array::from_fn(|s| values[s].iter().map(|g| ctx.upload_f32("grad", &to_f32(g))).collect());
     let algorithm: Algorithm = Adam::adamw().into();
-    let mut optimizer = Optimizer::new(&ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
     let mut reference = Reference::new(algorithm, &initial);
     let mut record = |count: usize| {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());

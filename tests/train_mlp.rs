@@ -28,7 +28,8 @@ use std::time::Duration;
 use gpu::{Gpu, Source, StepClock};
 use model::{Metrics, Mlp, WIDTHS};
 use spirals::Spirals;
-use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerOptions, Q8States, Rounding};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerBuilder, Rounding};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 /// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it
@@ -59,18 +60,18 @@ fn step(gpu: &Gpu, model: &Mlp, optimizer: &mut Optimizer, grads: &[wgpu_optim::
 /// Trains `STEPS` steps of Adam and returns the metrics before and after: f32 in place,
 /// 16-bit parameters with master weights.
 fn train(dtype: DType) -> (Metrics, Metrics) {
-    let options = OptimizerOptions { master_weights: dtype != DType::F32, ..Default::default() };
+    let options = Optimizer::builder().master_weights(dtype != DType::F32);
     train_with(dtype, options)
 }
 
 /// As [`train`], with the given optimizer options.
-fn train_with(dtype: DType, options: OptimizerOptions) -> (Metrics, Metrics) {
+fn train_with(dtype: DType, options: OptimizerBuilder) -> (Metrics, Metrics) {
     let gpu = open();
     let data = Spirals::generate(0);
     let model = Mlp::new(&gpu.device, &gpu.queue, &data, dtype, 0).expect("model");
     let ctx = context(&gpu);
     let params = model.param_tensors();
-    let mut optimizer = Optimizer::with_options(&ctx, Adam::default(), &params, options).expect("optimizer");
+    let mut optimizer = options.build(&ctx, Adam::default(), &params).expect("optimizer");
     let grads = model.grad_tensors();
     let initial = model.evaluate().expect("initial metrics");
     for i in 1..=STEPS {
@@ -145,7 +146,7 @@ fn an_f16_model_is_refused_naming_shader_f16_without_it() {
 #[test]
 fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
     let (_, f32_state) = train(DType::F32);
-    let q8 = OptimizerOptions { q8_states: Some(Q8States { min_8bit_size: 128 }), ..Default::default() };
+    let q8 = Optimizer::builder().q8_states(Q8States { min_8bit_size: 128 });
     let (initial, q8_state) = train_with(DType::F32, q8);
     assert_learned(DType::F32, (initial, q8_state));
     let (f32_accuracy, q8_accuracy) = (f32_state.accuracy(), q8_state.accuracy());
@@ -158,7 +159,7 @@ fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
 #[test]
 fn pure_bf16_training_with_stochastic_or_kahan_rounding_lowers_the_loss() {
     for rounding in [Rounding::Stochastic { seed: 0, state: true }, Rounding::Kahan] {
-        let options = OptimizerOptions { rounding, ..Default::default() };
+        let options = Optimizer::builder().rounding(rounding);
         assert_learned(DType::BF16, train_with(DType::BF16, options));
     }
 }
@@ -173,8 +174,8 @@ fn setup(gpu: &Gpu, dtype: DType, resume: Option<&std::path::Path>) -> (GpuConte
     let ctx = context(gpu);
     let params = model.param_tensors();
     let mut optimizer = match dtype {
-        DType::F32 => Optimizer::new(&ctx, Adam::default(), &params),
-        _ => Optimizer::master_weights(&ctx, Adam::default(), &params),
+        DType::F32 => Optimizer::builder().build(&ctx, Adam::default(), &params),
+        _ => Optimizer::builder().master_weights(true).build(&ctx, Adam::default(), &params),
     }
     .expect("optimizer");
     if let (Some(dir), Some(file)) = (resume, &file) {
@@ -225,7 +226,8 @@ fn a_training_step_creates_no_gpu_objects() {
     let data = Spirals::generate(3);
     let model = Mlp::new(&gpu.device, &gpu.queue, &data, DType::F32, 3).expect("model");
     let ctx = context(&gpu);
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
+    let mut optimizer =
+        Optimizer::builder().build(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
     let grads = model.grad_tensors();
     // The first steps bind, and make the staging for three steps in flight, which the
     // steps below reuse.
@@ -260,7 +262,8 @@ fn the_step_clock_splits_model_and_optimizer_time() {
     let data = Spirals::generate(5);
     let model = Mlp::new(&gpu.device, &gpu.queue, &data, DType::F32, 5).expect("model");
     let ctx = context(&gpu);
-    let mut optimizer = Optimizer::new(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
+    let mut optimizer =
+        Optimizer::builder().build(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
     let grads = model.grad_tensors();
     let timestamps = StepClock::new(&gpu.device, &gpu.queue);
     let expected = if gpu

@@ -33,7 +33,7 @@ pub fn run(ctx: &GpuContext, problem: &Problem) -> Result<Vec<f64>> {
     let x = ctx.upload("x", &[0.0], DType::F32);
     let grad = ctx.zeros("grad", 1, DType::F32);
     let history = ctx.zeros("history", problem.steps, DType::F32);
-    let mut optimizer = Optimizer::new(ctx, problem.adam, std::slice::from_ref(&x))?;
+    let mut optimizer = Optimizer::builder().build(ctx, problem.adam, std::slice::from_ref(&x))?;
     let projection = Projection::new(ctx, &x);
     for k in 0..problem.steps {
         let t = problem.first_t + k;

@@ -23,9 +23,8 @@ use options::Options;
 use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
-use wgpu_optim::{
-    Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, OptimizerOptions, Q8States, Sgd, Tensor,
-};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, Sgd, Tensor};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
@@ -256,8 +255,8 @@ fn gpu_step(
     let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
-    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, options)?;
+    let options = Optimizer::builder().grad_clip(clip).q8_states(q8);
+    let mut optimizer = options.build(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
     roofline.median_time(timer, 1)?;
     let (mut gpu, mut copies) = (Vec::new(), Vec::new());
@@ -298,7 +297,10 @@ fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tenso
             let (last_at, last_n) = group[group.len() - 1];
             let buffer =
                 ctx.zeros(label, (last_at + last_n * dtype.size()).div_ceil(dtype.size()), dtype).buffer;
-            group.iter().map(move |&(at, n)| Tensor::new(&buffer, at, n, dtype)).collect::<Vec<_>>()
+            group
+                .iter()
+                .map(move |&(at, n)| Tensor { buffer: buffer.clone(), offset: at, len: n, dtype })
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -316,8 +318,7 @@ fn cpu_step(
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let options = OptimizerOptions { grad_clip: clip, q8_states: q8, ..Default::default() };
-    let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+    let mut optimizer = CpuOptimizer::builder().grad_clip(clip).q8_states(q8).build(algorithm, &views)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
         let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();

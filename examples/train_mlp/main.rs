@@ -42,7 +42,8 @@ use gpu::{Gpu, Source, StepClock};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, Q8States, Rounding, Sgd};
+use wgpu_optim::q8::Q8States;
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Optimizer, Rounding, Sgd};
 
 /// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
 /// between steps 120 and 160 for seed 0 and ends at 99.2 % here (98.8 % to 99.2 % for seeds
@@ -321,9 +322,12 @@ fn build_optimizer(
     // This model's weight matrices are small (2x64 to 64x64): `--states q8` quantizes
     // every one of them (the smallest has 128 elements) and leaves the biases in f32.
     let q8_states = options.q8_states.then_some(Q8States { min_8bit_size: Q8_MIN_SIZE });
-    let optimizer_options =
-        OptimizerOptions { master_weights, rounding, param_shapes, q8_states, ..Default::default() };
-    let mut optimizer = Optimizer::with_options(ctx, algorithm, &params, optimizer_options)?;
+    let optimizer_options = Optimizer::builder()
+        .master_weights(master_weights)
+        .rounding(rounding)
+        .param_shapes(param_shapes)
+        .q8_states(q8_states);
+    let mut optimizer = optimizer_options.build(ctx, algorithm, &params)?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;
         checkpoint::check_step(&optimizer, &plan.state)?;

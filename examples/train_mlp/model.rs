@@ -241,7 +241,12 @@ impl Mlp {
         let element = dtype.size();
         self.layout
             .iter()
-            .map(|s| Tensor::new(buffer, s.offset as u64 * element, s.numel() as u64, dtype))
+            .map(|s| Tensor {
+                buffer: (buffer).clone(),
+                offset: s.offset as u64 * element,
+                len: s.numel() as u64,
+                dtype,
+            })
             .collect()
     }
 

@@ -2,7 +2,7 @@
 
 use super::{bias_correction, check, check_beta, check_finite, check_rate};
 use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
-use crate::{Error, Result};
+use crate::{Error, Result, StepProblem};
 
 /// PyTorch's `torch.optim.Adam` and `torch.optim.AdamW` (and AMSGrad through `amsgrad`).
 ///
@@ -167,11 +167,12 @@ impl DmlAdam {
         check_beta("Beta2", self.beta2)?;
         check_rate("Epsilon", self.epsilon)?;
         if t == 0 {
-            return Err(Error::BadStep(
-                "TrainingStepTensor is 0, but DirectML's Adam divides the moments by (1 - Beta1^T) \
-                 and (1 - Beta2^T), which are 0 at T = 0 (0/0); DirectML counts steps from 1"
-                    .into(),
-            ));
+            // DirectML's Adam divides the moments by (1 - Beta1^T) and (1 - Beta2^T): 0/0 at T = 0.
+            return Err(Error::BadStep {
+                argument: "TrainingStepTensor",
+                step: 0.0,
+                problem: StepProblem::Zero,
+            });
         }
         Ok(())
     }

@@ -4,7 +4,10 @@ use crate::step::{Family, KernelStep};
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
+///
+/// `#[non_exhaustive]`: new algorithms add variants, so a `match` needs a `_` arm.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Adam, AdamW or AMSGrad.
     Adam(Adam),
@@ -101,7 +104,10 @@ impl Algorithm {
 }
 
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
+///
+/// `#[non_exhaustive]`: new algorithms bring new state kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StateKind {
     /// Adam's first moment.
     ExpAvg,

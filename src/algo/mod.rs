@@ -24,7 +24,7 @@ pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 use crate::{Error, Result};
 
 /// `1 - beta^t`, accurate for small `t` and for `beta` close to 1 (no cancellation).
-pub fn bias_correction(beta: f64, t: u64) -> f64 {
+pub(crate) fn bias_correction(beta: f64, t: u64) -> f64 {
     if beta == 0.0 || t == 0 {
         return if t == 0 { 0.0 } else { 1.0 };
     }

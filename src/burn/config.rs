@@ -2,7 +2,7 @@
 
 use ::burn::optim::AdamWConfig;
 
-use crate::{Adam, Error, Result};
+use crate::{Adam, BurnFailure, Error, Result};
 
 /// Burn's AdamW configuration as this crate's AdamW: betas, eps, weight decay and AMSGrad,
 /// in Burn's f32 values widened (so that `1 - beta2` is Burn's), lr 1e-3 (Burn takes the
@@ -11,27 +11,33 @@ use crate::{Adam, Error, Result};
 ///
 /// Refused ([`Error::Burn`]) for what this crate's AdamW does not do: cautious weight decay,
 /// and Burn's per-parameter gradient clipping (this crate clips the global norm, with
-/// [`OptimizerOptions::grad_clip`](crate::OptimizerOptions::grad_clip)).
+/// [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip)).
 impl TryFrom<&AdamWConfig> for Adam {
     type Error = Error;
 
     fn try_from(config: &AdamWConfig) -> Result<Self> {
         // Burn keeps the fields private; its `Config` serializes them by name.
-        let json = serde_json::to_value(config)
-            .map_err(|e| Error::Burn(format!("Burn's AdamWConfig did not serialize: {e}")))?;
+        let json = serde_json::to_value(config).map_err(|e| Error::Burn {
+            cause: BurnFailure::Config,
+            detail: format!("Burn's AdamWConfig did not serialize: {e}"),
+        })?;
         let field = |name: &str| json.get(name).ok_or_else(|| missing(name));
         let float =
             |name: &str| field(name)?.as_f64().map(|v| f64::from(v as f32)).ok_or_else(|| missing(name));
         let flag = |name: &str| field(name)?.as_bool().ok_or_else(|| missing(name));
         if flag("cautious_weight_decay")? {
-            return Err(Error::Burn("AdamWConfig's cautious weight decay has no kernel here".into()));
+            return Err(Error::Burn {
+                cause: BurnFailure::Config,
+                detail: "AdamWConfig's cautious weight decay has no kernel here".into(),
+            });
         }
         if !field("grad_clipping")?.is_null() {
-            return Err(Error::Burn(
-                "AdamWConfig's gradient clipping is Burn's, per parameter; clip the global norm \
-                 with OptimizerOptions::grad_clip instead"
+            return Err(Error::Burn {
+                cause: BurnFailure::Config,
+                detail: "AdamWConfig's gradient clipping is Burn's, per parameter; clip the global norm \
+                 with OptimizerBuilder::grad_clip instead"
                     .into(),
-            ));
+            });
         }
         let adam = Adam {
             beta1: float("beta_1")?,
@@ -47,5 +53,8 @@ impl TryFrom<&AdamWConfig> for Adam {
 }
 
 fn missing(name: &str) -> Error {
-    Error::Burn(format!("Burn's AdamWConfig has no `{name}` of the expected type"))
+    Error::Burn {
+        cause: BurnFailure::Config,
+        detail: format!("Burn's AdamWConfig has no `{name}` of the expected type"),
+    }
 }

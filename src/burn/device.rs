@@ -4,7 +4,7 @@ use ::burn::tensor::wgpu::WgpuSetup;
 use ::burn::tensor::Device;
 
 use crate::gpu::choose_adapter;
-use crate::{Error, GpuContext, Result};
+use crate::{BurnFailure, Error, GpuContext, Result};
 
 /// A Burn device and a [`GpuContext`] on the same wgpu device and queue.
 ///
@@ -22,9 +22,10 @@ impl SharedDevice {
     /// features and limits. Fails where Burn's wgpu runtime is already initialized (Burn
     /// hands out its handles only when it creates them).
     pub fn init() -> Result<Self> {
-        let (device, setup) = Device::wgpu_options()
-            .init_with_setup()
-            .map_err(|e| Error::Burn(format!("Burn could not initialize its wgpu runtime: {e}")))?;
+        let (device, setup) = Device::wgpu_options().init_with_setup().map_err(|e| Error::Burn {
+            cause: BurnFailure::Device,
+            detail: format!("Burn could not initialize its wgpu runtime: {e}"),
+        })?;
         Ok(SharedDevice { context: GpuContext::from_device(setup.device, setup.queue), device })
     }
 
@@ -44,7 +45,7 @@ impl SharedDevice {
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+            .map_err(|e| Error::RequestDevice { message: e.to_string() })?;
         Self::from_context(GpuContext::from_device(device, queue), instance, adapter)
     }
 
@@ -65,18 +66,22 @@ impl SharedDevice {
     ) -> Result<Self> {
         let missing = burn_features(&adapter) - context.device().features();
         if !missing.is_empty() {
-            return Err(Error::Burn(format!(
-                "the device lacks the adapter's features {missing:?}; Burn describes the device \
+            return Err(Error::Burn {
+                cause: BurnFailure::Device,
+                detail: format!(
+                    "the device lacks the adapter's features {missing:?}; Burn describes the device \
                  from its adapter, so create it with `adapter.features()` (less \
                  MAPPABLE_PRIMARY_BUFFERS) and `adapter.limits()`"
-            )));
+                ),
+            });
         }
         if context.device().limits() != adapter.limits() {
-            return Err(Error::Burn(
-                "the device was not created with the adapter's limits; Burn describes the device \
+            return Err(Error::Burn {
+                cause: BurnFailure::Device,
+                detail: "the device was not created with the adapter's limits; Burn describes the device \
                  from its adapter, so create it with `required_limits: adapter.limits()`"
                     .into(),
-            ));
+            });
         }
         let backend = adapter.get_info().backend;
         let setup = WgpuSetup {
@@ -86,10 +91,10 @@ impl SharedDevice {
             queue: context.queue().clone(),
             backend,
         };
-        let device = Device::wgpu_options()
-            .setup(setup)
-            .init()
-            .map_err(|e| Error::Burn(format!("Burn refused the device: {e}")))?;
+        let device = Device::wgpu_options().setup(setup).init().map_err(|e| Error::Burn {
+            cause: BurnFailure::Device,
+            detail: format!("Burn refused the device: {e}"),
+        })?;
         Ok(SharedDevice { context, device })
     }
 

@@ -9,7 +9,7 @@ use ::burn::tensor::{DType as BurnDType, Tensor as BurnTensor};
 use burn_cubecl::kernel::into_contiguous;
 
 use super::SharedDevice;
-use crate::{DType, Error, Result, Tensor};
+use crate::{BurnFailure, DType, Error, Result, Tensor};
 
 /// Burn's float primitive, which is a [`CubeTensor`] unless Burn's `fusion` feature wraps it.
 type FloatPrimitive = <Cube as BackendTypes>::FloatTensorPrimitive;
@@ -63,10 +63,10 @@ pub(crate) fn lease<const D: usize>(
 ) -> Result<(BurnTensor<D>, Leased)> {
     let dtype = bindable(shared, &tensor, what)?;
     // The kernels see values, not a graph: an autodiff tensor is stepped as its inner one.
-    let primitive = tensor
-        .inner()
-        .try_into_primitive::<Cube>()
-        .map_err(|e| Error::Burn(format!("{what} is not a tensor of Burn's cubecl backend ({e:?})")))?;
+    let primitive = tensor.inner().try_into_primitive::<Cube>().map_err(|e| Error::Burn {
+        cause: BurnFailure::Tensor,
+        detail: format!("{what} is not a tensor of Burn's cubecl backend ({e:?})"),
+    })?;
     let mut cube = to_cube(primitive)?;
     let owned = access == Access::Read || cube.can_mut();
     if !owned {
@@ -78,17 +78,23 @@ pub(crate) fn lease<const D: usize>(
         cube = into_contiguous(cube);
     }
     let len = cube.meta.shape().num_elements() as u64;
-    let resource = cube
-        .client
-        .get_resource::<WgpuServer<AutoCompiler>>(cube.handle.clone())
-        .map_err(|e| Error::Burn(format!("{what} is not on Burn's wgpu runtime: {e}")))?;
+    let resource =
+        cube.client.get_resource::<WgpuServer<AutoCompiler>>(cube.handle.clone()).map_err(|e| {
+            Error::Burn {
+                cause: BurnFailure::Tensor,
+                detail: format!("{what} is not on Burn's wgpu runtime: {e}"),
+            }
+        })?;
     let range = resource.resource();
     let leased = Tensor::new(&range.buffer, range.offset, len, dtype);
     if leased.byte_len() > range.size {
-        return Err(Error::Burn(format!(
-            "{what}'s storage holds {} bytes, fewer than its {len} {dtype:?} elements",
-            range.size
-        )));
+        return Err(Error::Burn {
+            cause: BurnFailure::Tensor,
+            detail: format!(
+                "{what}'s storage holds {} bytes, fewer than its {len} {dtype:?} elements",
+                range.size
+            ),
+        });
     }
     let tensor = BurnTensor::from_primitive::<Cube>(from_cube(cube));
     Ok((tensor, Leased { tensor: leased, _claim: Box::new(resource) }))
@@ -102,17 +108,23 @@ pub(crate) fn bindable<const D: usize>(
     what: &str,
 ) -> Result<DType> {
     if tensor.device() != *shared.device() {
-        return Err(Error::Burn(format!(
-            "{what} is on {:?}, not on the shared device {:?}",
-            tensor.device(),
-            shared.device()
-        )));
+        return Err(Error::Burn {
+            cause: BurnFailure::Tensor,
+            detail: format!(
+                "{what} is on {:?}, not on the shared device {:?}",
+                tensor.device(),
+                shared.device()
+            ),
+        });
     }
     match tensor.dtype() {
         BurnDType::F32 => Ok(DType::F32),
         BurnDType::F16 => Ok(DType::F16),
         BurnDType::BF16 => Ok(DType::BF16),
-        other => Err(Error::Burn(format!("{what} is {other:?}; expected F32, F16 or BF16"))),
+        other => Err(Error::Burn {
+            cause: BurnFailure::Tensor,
+            detail: format!("{what} is {other:?}; expected F32, F16 or BF16"),
+        }),
     }
 }
 
@@ -122,7 +134,10 @@ fn to_cube(primitive: FloatPrimitive) -> Result<CubeTensor> {
         .downcast::<CubeTensor>()
         .map(|b| *b)
         // `WithoutFusion` makes the two one type; this is for the compiler, which cannot see it.
-        .map_err(|_| Error::Burn("Burn's float primitive is not a CubeTensor".into()))
+        .map_err(|_| Error::Burn {
+            cause: BurnFailure::Tensor,
+            detail: "Burn's float primitive is not a CubeTensor".into(),
+        })
 }
 
 fn from_cube(cube: CubeTensor) -> FloatPrimitive {

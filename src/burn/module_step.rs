@@ -10,13 +10,15 @@ use super::lease::{bindable, lease, Access, Leased};
 use super::record::{self, ParamRecord};
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
-use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Tensor};
+use crate::{
+    Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, StateKind, Tensor,
+};
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
 /// one [`Optimizer`], whose multi-tensor dispatches cover all of them (one per kernel
-/// variant, not one per parameter), with the [`OptimizerOptions`] of this crate: global
-/// gradient clipping ([`OptimizerOptions::grad_clip`]), AMP skipping
-/// ([`Self::step_unscaled`], with [`OptimizerOptions::capturable`]), 16-bit or 8-bit state.
+/// variant, not one per parameter), with the [`OptimizerBuilder`] options of this crate: global
+/// gradient clipping ([`OptimizerBuilder::grad_clip`]), AMP skipping
+/// ([`Self::step_unscaled`], with [`OptimizerBuilder::capturable`]), 16-bit or 8-bit state.
 ///
 /// Parameters are updated in their own buffers; one whose storage is shared with another
 /// tensor is copied first (see [`crate::burn`]).
@@ -30,7 +32,7 @@ use crate::{Algorithm, Error, Optimizer, OptimizerOptions, Result, StateKind, Te
 /// stepped late starts at step 1. Parameters with equal counts share one optimizer and its
 /// dispatches; parameters whose counts differ are stepped by one optimizer per count, in
 /// the same submission. Global gradient clipping and AMP's all-or-nothing skip cover one
-/// optimizer, so with [`OptimizerOptions::grad_clip`] or [`OptimizerOptions::capturable`] a
+/// optimizer, so with [`OptimizerBuilder::grad_clip`] or [`OptimizerBuilder::capturable`] a
 /// step whose parameters have different counts is refused ([`Error::Burn`]). In capturable
 /// mode the counts are the device's (AMP skips excluded), read back when the set of
 /// parameters with gradients changes.
@@ -160,16 +162,18 @@ struct Cohort {
 impl ModuleStep {
     /// `algorithm` over a module's parameters on `shared`'s device.
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
-        Self::with_options(shared, algorithm, OptimizerOptions::default())
+        Self::with_options(shared, algorithm, Optimizer::builder())
     }
 
-    /// With [`OptimizerOptions`]. Master weights, model copies and parameter shapes belong
-    /// to the module here, so those options are refused ([`Error::ConflictingOptions`]).
+    /// With the options of an [`OptimizerBuilder`] (its `build` is not called). Master
+    /// weights, model copies and parameter shapes belong to the module here, so those options
+    /// are refused ([`Error::ConflictingOptions`]).
     pub fn with_options(
         shared: &SharedDevice,
         algorithm: impl Into<Algorithm>,
-        options: OptimizerOptions,
+        options: OptimizerBuilder,
     ) -> Result<Self> {
+        let options = options.options;
         let algorithm = algorithm.into();
         algorithm.validate()?;
         if let Some(clip) = &options.grad_clip {
@@ -224,7 +228,7 @@ impl ModuleStep {
 
     /// AMP: the step of [`Self::step`] after unscaling the gradients by the device scalar
     /// `inv_scale` (one f32 element), skipped on the device when any gradient is NaN or
-    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerOptions::capturable`].
+    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerBuilder::capturable`].
     pub fn step_unscaled<M: Module>(
         &mut self,
         lr: f64,
@@ -326,10 +330,10 @@ impl ModuleStep {
     }
 
     fn bound(&self, key: u64) -> Result<&Bound> {
-        self.bounds
-            .iter()
-            .find(|b| b.key == key)
-            .ok_or_else(|| Error::Burn(format!("internal: optimizer {key} of a parameter's state is gone")))
+        self.bounds.iter().find(|b| b.key == key).ok_or_else(|| Error::Burn {
+            cause: BurnFailure::Internal,
+            detail: format!("internal: optimizer {key} of a parameter's state is gone"),
+        })
     }
 
     fn step_inner<M: Module>(
@@ -402,12 +406,15 @@ impl ModuleStep {
         }
         if by_time.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
             let option = if self.options.capturable { "capturable (AMP)" } else { "grad_clip" };
-            return Err(Error::Burn(format!(
-                "the parameters with gradients have different step counts ({:?}) (some had no \
+            return Err(Error::Burn {
+                cause: BurnFailure::Step,
+                detail: format!(
+                    "the parameters with gradients have different step counts ({:?}) (some had no \
                  gradient in an earlier step); {option} covers one optimizer, one count, so \
                  they cannot be stepped together under it",
-                by_time.keys().collect::<Vec<_>>()
-            )));
+                    by_time.keys().collect::<Vec<_>>()
+                ),
+            });
         }
         Ok(by_time.into_iter().map(|(time, members)| Cohort { time, members }).collect())
     }
@@ -496,7 +503,8 @@ impl ModuleStep {
             return Ok(Prepared::Reused(k));
         }
         let ctx = self.shared.context();
-        let mut optimizer = Optimizer::with_options(ctx, self.algorithm, &params, self.options.clone())?;
+        let mut optimizer =
+            OptimizerBuilder { options: self.options.clone() }.build(ctx, self.algorithm, &params)?;
         self.bring_in(encoder, &optimizer, None, &ids)?;
         if time != 0 {
             optimizer.set_step_count(time)?;
@@ -618,7 +626,10 @@ struct Checked {
 
 /// The error of a parameter whose state should be somewhere and is not (a bug, not input).
 fn lost(id: ParamId) -> Error {
-    Error::Burn(format!("internal: parameter {id}'s state is missing"))
+    Error::Burn {
+        cause: BurnFailure::Internal,
+        detail: format!("internal: parameter {id}'s state is missing"),
+    }
 }
 
 /// Copies parameter `j`'s state in `from` into parameter `i`'s in `to` (the same parameter,
@@ -643,8 +654,8 @@ fn copy_state(
             ),
             // 8-bit state has no `state()` tensor: it moves through the host.
             _ if q8 && kind != StateKind::KahanCompensation => {
-                if let Some(state) = from.read_q8_state(j, kind)? {
-                    to.write_q8_state(i, kind, &state)?;
+                if let Some(state) = from.q8_state(j, kind)? {
+                    to.set_q8_state(i, kind, &state)?;
                 }
             }
             _ => {}
@@ -687,7 +698,7 @@ impl ModuleVisitor for Check<'_> {
                 } else {
                     return Ok(());
                 };
-                Err(Error::Burn(format!("parameter {id}: {problem}")))
+                Err(Error::Burn { cause: BurnFailure::Tensor, detail: format!("parameter {id}: {problem}") })
             });
         if let Err(e) = checked {
             self.error = Some(e);

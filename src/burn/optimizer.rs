@@ -10,7 +10,7 @@ use super::lease::{lease, Access, Leased};
 use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, TIME};
 use super::SharedDevice;
 use crate::ops::{self, Update};
-use crate::{Algorithm, Error, Result, Rounding, StateKind};
+use crate::{Algorithm, BurnFailure, Error, Result, Rounding, StateKind};
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
 /// with standard or Nesterov momentum, Adagrad, all in PyTorch's convention) behind Burn's
@@ -119,7 +119,7 @@ impl<const D: usize> FusedState<D> {
     /// record would otherwise lose its state, or restart missing moments from zero).
     fn check(&self, algorithm: &Algorithm) -> Result<()> {
         if let Some(foreign) = &self.foreign {
-            return Err(Error::Burn(foreign.clone()));
+            return Err(Error::Burn { cause: BurnFailure::Record, detail: foreign.clone() });
         }
         if self.time == 0 {
             return Ok(());
@@ -130,11 +130,14 @@ impl<const D: usize> FusedState<D> {
         if held.iter().all(|n| expected.contains(n)) && expected.iter().all(|n| held.contains(n)) {
             return Ok(());
         }
-        Err(Error::Burn(format!(
-            "the parameter's state holds {held:?}, but {} keeps {expected:?}: it is another \
+        Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!(
+                "the parameter's state holds {held:?}, but {} keeps {expected:?}: it is another \
              algorithm's state",
-            algorithm.name()
-        )))
+                algorithm.name()
+            ),
+        })
     }
 }
 
@@ -226,7 +229,10 @@ impl FusedOptimizer {
         for (id, state) in &states {
             record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
         }
-        self.init().from_bytes(bytes).map_err(|e| Error::Burn(format!("Burn could not load the record: {e}")))
+        self.init().from_bytes(bytes).map_err(|e| Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("Burn could not load the record: {e}"),
+        })
     }
 
     /// One step of one parameter, returning what Burn's trait cannot: the reason a tensor

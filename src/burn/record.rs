@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use ::burn::tensor::{Bytes, DType as BurnDType, TensorData};
 use burn_pack::{Reader, Scalar, Writer};
 
-use crate::{Algorithm, DType, Error, Result, Rounding, StateKind};
+use crate::{Algorithm, BurnFailure, DType, Error, Result, Rounding, StateKind};
 
 /// Burn's name for the scalar that holds a parameter's rank.
 const RANK: &str = "__rank";
@@ -42,8 +42,10 @@ pub(crate) struct ParamRecord {
 /// ([`Error::Burn`], naming the entry) where an entry is neither this crate's state nor
 /// Burn's Adam or AdamW state, or a parameter has state but no step count.
 pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
-    let reader =
-        Reader::from_bytes(bytes).map_err(|e| Error::Burn(format!("not a Burn optimizer record: {e}")))?;
+    let reader = Reader::from_bytes(bytes).map_err(|e| Error::Burn {
+        cause: BurnFailure::Record,
+        detail: format!("not a Burn optimizer record: {e}"),
+    })?;
     let mut ranks = BTreeMap::new();
     let mut times = BTreeMap::new();
     for (name, value) in reader.scalars() {
@@ -53,15 +55,22 @@ pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
             TIME | BURN_ADAM_TIME => &mut times,
             other => return Err(foreign(id, other)),
         };
-        let value = u64::try_from(*value)
-            .map_err(|_| Error::Burn(format!("the record's `{name}` is {value:?}, not a count")))?;
+        let value = u64::try_from(*value).map_err(|_| Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("the record's `{name}` is {value:?}, not a count"),
+        })?;
         counts.insert(id, value);
     }
-    let tensors = reader.into_tensors().map_err(|e| Error::Burn(format!("reading the record: {e}")))?;
+    let tensors = reader.into_tensors().map_err(|e| Error::Burn {
+        cause: BurnFailure::Record,
+        detail: format!("reading the record: {e}"),
+    })?;
     let mut states: BTreeMap<u64, ParamRecord> = BTreeMap::new();
     for tensor in tensors {
-        let (name, dtype, shape, _, bytes) =
-            tensor.into_parts().map_err(|e| Error::Burn(format!("reading the record: {e}")))?;
+        let (name, dtype, shape, _, bytes) = tensor.into_parts().map_err(|e| Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("reading the record: {e}"),
+        })?;
         let (id, leaf) = split(&name)?;
         let ours = translate(leaf).ok_or_else(|| foreign(id, leaf))?;
         let state = states.entry(id).or_insert_with(|| ParamRecord {
@@ -72,14 +81,18 @@ pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
         state.tensors.insert(ours.to_string(), TensorData::from_bytes(bytes, shape, dtype));
     }
     for (id, rank) in ranks {
-        let rank = usize::try_from(rank).map_err(|_| Error::Burn(format!("parameter {id}'s rank {rank}")))?;
+        let rank = usize::try_from(rank).map_err(|_| Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("parameter {id}'s rank {rank}"),
+        })?;
         states.entry(id).or_insert_with(|| ParamRecord { rank, time: 0, tensors: BTreeMap::new() }).rank =
             rank;
     }
     for (id, state) in &mut states {
-        state.time = *times
-            .get(id)
-            .ok_or_else(|| Error::Burn(format!("parameter {id}'s state in the record has no step count")))?;
+        state.time = *times.get(id).ok_or_else(|| Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("parameter {id}'s state in the record has no step count"),
+        })?;
     }
     Ok(states)
 }
@@ -101,7 +114,9 @@ pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
     for (key, value) in scalars {
         writer = writer.with_scalar(&key, value);
     }
-    writer.into_bytes().map_err(|e| Error::Burn(format!("writing the record: {e}")))
+    writer
+        .into_bytes()
+        .map_err(|e| Error::Burn { cause: BurnFailure::Record, detail: format!("writing the record: {e}") })
 }
 
 /// The state tensors a parameter of `algorithm` keeps, by PyTorch's name.
@@ -129,10 +144,13 @@ pub(crate) fn check_names<'a>(
     if got == want {
         return Ok(());
     }
-    Err(Error::Burn(format!(
-        "parameter {id}'s state holds {got:?}, but {} keeps {want:?}: it is another optimizer's state",
-        algorithm.name()
-    )))
+    Err(Error::Burn {
+        cause: BurnFailure::Record,
+        detail: format!(
+            "parameter {id}'s state holds {got:?}, but {} keeps {want:?}: it is another optimizer's state",
+            algorithm.name()
+        ),
+    })
 }
 
 /// This crate's dtype of a record tensor.
@@ -142,7 +160,10 @@ pub(crate) fn dtype_of(data: &TensorData) -> Result<DType> {
         BurnDType::F32 => Ok(DType::F32),
         BurnDType::F16 => Ok(DType::F16),
         BurnDType::BF16 => Ok(DType::BF16),
-        other => Err(Error::Burn(format!("a state tensor in the record is {other:?}, not a float"))),
+        other => Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("a state tensor in the record is {other:?}, not a float"),
+        }),
     }
 }
 
@@ -158,9 +179,10 @@ pub(crate) fn burn_dtype(dtype: DType) -> BurnDType {
 
 /// `{id}.{leaf}` split at its first dot.
 fn split(name: &str) -> Result<(u64, &str)> {
-    name.split_once('.')
-        .and_then(|(id, leaf)| Some((id.parse().ok()?, leaf)))
-        .ok_or_else(|| Error::Burn(format!("the record's entry `{name}` is not `{{param_id}}.{{name}}`")))
+    name.split_once('.').and_then(|(id, leaf)| Some((id.parse().ok()?, leaf))).ok_or_else(|| Error::Burn {
+        cause: BurnFailure::Record,
+        detail: format!("the record's entry `{name}` is not `{{param_id}}.{{name}}`"),
+    })
 }
 
 /// PyTorch's name of a record's state tensor, for this crate's names and Burn's Adam's.
@@ -171,12 +193,15 @@ fn translate(leaf: &str) -> Option<&'static str> {
 }
 
 fn foreign(id: u64, leaf: &str) -> Error {
-    Error::Burn(format!(
-        "parameter {id}'s state in the record has `{leaf}`, which is neither wgpu-optim's state \
+    Error::Burn {
+        cause: BurnFailure::Record,
+        detail: format!(
+            "parameter {id}'s state in the record has `{leaf}`, which is neither wgpu-optim's state \
          (`time`, `exp_avg`, `exp_avg_sq`, ...) nor Burn's Adam or AdamW state \
          (`momentum.moment_1`, `momentum.moment_2`, `momentum.time`): another optimizer's state \
          cannot be continued"
-    ))
+        ),
+    }
 }
 
 /// The state kind PyTorch names `name`.
@@ -228,11 +253,20 @@ mod tests {
     #[test]
     fn another_optimizers_state_is_refused_by_name() {
         let err = read(record(&["7.momentum.velocity"], &[("7.__rank", 1)])).unwrap_err();
-        assert!(matches!(&err, Error::Burn(m) if m.contains("`momentum.velocity`")), "{err}");
+        assert!(
+            matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("`momentum.velocity`")),
+            "{err}"
+        );
         let err = read(record(&["7.exp_avg"], &[("7.__rank", 1)])).unwrap_err();
-        assert!(matches!(&err, Error::Burn(m) if m.contains("no step count")), "{err}");
+        assert!(
+            matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("no step count")),
+            "{err}"
+        );
         let err = read(record(&[], &[("7.lr_decay.time", 1)])).unwrap_err();
-        assert!(matches!(&err, Error::Burn(m) if m.contains("`lr_decay.time`")), "{err}");
+        assert!(
+            matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("`lr_decay.time`")),
+            "{err}"
+        );
     }
 
     #[test]

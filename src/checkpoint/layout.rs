@@ -97,11 +97,11 @@ pub(crate) struct Layout<'a> {
     pub(crate) groups: Vec<(Algorithm, Range<usize>)>,
     /// Every parameter, numbered across groups.
     pub(crate) params: Vec<ParamLayout>,
-    /// [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes): empty, or
+    /// [`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes): empty, or
     /// each parameter's shape (checked against its length when the optimizer was built).
     pub(crate) shapes: &'a [Vec<usize>],
     pub(crate) rounding: Rounding,
-    /// [`OptimizerOptions::q8_states`](crate::OptimizerOptions::q8_states): states are saved
+    /// [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): states are saved
     /// under bitsandbytes' names (`state1`, `absmax1`, ...) instead of PyTorch's.
     pub(crate) q8: Option<Q8States>,
 }
@@ -357,7 +357,7 @@ impl Layout<'_> {
             (Some(file), Some(ours)) if file == ours => return Ok(()),
             (Some(file), None) => format!(
                 "holds blockwise 8-bit state (min_8bit_size {}), the optimizer keeps full-precision \
-                 state: build it with OptimizerOptions::q8_states",
+                 state: build it with OptimizerBuilder::q8_states",
                 file.min_8bit_size
             ),
             (None, Some(ours)) => format!(

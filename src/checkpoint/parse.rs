@@ -20,11 +20,11 @@ pub struct Checkpoint<'a> {
     /// The rounding of 16-bit stores, with stochastic rounding's seed; checkpoints written
     /// before rounding modes existed read as [`Rounding::NearestEven`].
     pub rounding: Rounding,
-    /// With blockwise 8-bit state ([`OptimizerOptions::q8_states`]): its settings, from the
+    /// With blockwise 8-bit state ([`OptimizerBuilder::q8_states`]): its settings, from the
     /// `q8_min_8bit_size` metadata (with `q8_block_size`, which must be 256); `None` for a
     /// checkpoint of full-precision state.
     ///
-    /// [`OptimizerOptions::q8_states`]: crate::OptimizerOptions::q8_states
+    /// [`OptimizerBuilder::q8_states`]: crate::OptimizerBuilder::q8_states
     pub q8_states: Option<Q8States>,
     pub(super) file: SafeTensors<'a>,
     /// Each tensor's CRC-32 from the `crc32` metadata; `None` in files without (format 1,

@@ -16,7 +16,7 @@ impl CpuOptimizer {
     /// The checkpoint as safetensors bytes, in the format of
     /// [`Optimizer::save_to_bytes`](crate::Optimizer::save_to_bytes), which lists what it
     /// holds: every state tensor (in its parameter's shape with
-    /// [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes), flat
+    /// [`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes), flat
     /// otherwise), the step, the group's hyperparameters and the rounding (with Kahan
     /// rounding the compensations); with 8-bit state, bitsandbytes' `state1`, `absmax1`,
     /// `qmap1`, ... and the 8-bit settings. The GPU optimizer loads it as it loads its own.

@@ -8,8 +8,10 @@ use crate::{DType, Error, Result};
 /// A borrowed run of elements in one of the storage types the CPU backend reads.
 ///
 /// F64 has no variant: the CPU backend computes in f32, as the GPU kernels do for every
-/// storage type but f64.
+/// storage type but f64. `#[non_exhaustive]`, as are [`HostSliceMut`] and [`HostTensor`]:
+/// a storage type the CPU backend learns adds a variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HostSlice<'a> {
     /// IEEE binary32 elements.
     F32(&'a [f32]),
@@ -21,6 +23,7 @@ pub enum HostSlice<'a> {
 
 /// A mutably borrowed run of elements in one of the storage types the CPU backend updates.
 #[derive(Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HostSliceMut<'a> {
     /// IEEE binary32 elements.
     F32(&'a mut [f32]),
@@ -33,6 +36,7 @@ pub enum HostSliceMut<'a> {
 /// An owned tensor in one of the storage types the CPU backend updates (the optimizer's
 /// state, or a caller's parameters).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HostTensor {
     /// IEEE binary32 elements.
     F32(Vec<f32>),

@@ -15,7 +15,8 @@
 //!
 //! let mut weights = vec![0.5f32; 1000];
 //! let mut bias = vec![half::bf16::from_f32(0.1); 10];
-//! let mut opt = CpuOptimizer::new(Adam::default(), &[(&weights[..]).into(), (&bias[..]).into()])?;
+//! let params = [(&weights[..]).into(), (&bias[..]).into()];
+//! let mut opt = CpuOptimizer::builder().build(Adam::default(), &params)?;
 //!
 //! let (dw, db) = (vec![0.01f32; 1000], vec![half::bf16::from_f32(-0.2); 10]);
 //! let mut params = [HostSliceMut::from(&mut weights[..]), HostSliceMut::from(&mut bias[..])];
@@ -67,32 +68,95 @@ pub struct CpuOptimizer {
     grad_clip: Option<GradClip>,
     /// The last step's global gradient norm, when clipping.
     grad_norm: Option<f32>,
-    /// [`OptimizerOptions::param_shapes`]: empty, or each parameter's shape (only
+    /// [`CpuOptimizerBuilder::param_shapes`]: empty, or each parameter's shape (only
     /// checkpoints read them).
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     shapes: Vec<Vec<usize>>,
-    /// With [`OptimizerOptions::q8_states`]: its settings and each parameter's state (then
+    /// With [`CpuOptimizerBuilder::q8_states`]: its settings and each parameter's state (then
     /// `state` is empty).
     q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
 }
 
-impl CpuOptimizer {
-    /// An optimizer for parameters of the dtypes and lengths of `params`, with zeroed state
-    /// (Adagrad: its initial accumulator value), at step 0, keeping state in each
-    /// parameter's dtype. An empty `params` is refused ([`Error::NoParameters`]).
-    pub fn new(algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<Self> {
-        Self::with_options(algorithm, params, OptimizerOptions::default())
+/// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
+/// honours (every one off by default), then [`Self::build`]. The GPU-only options of
+/// [`OptimizerBuilder`](crate::OptimizerBuilder) (master weights, model copies, capturable
+/// mode) have no setter here, since the CPU backend updates the caller's host slices
+/// directly and counts steps on the host:
+///
+/// ```compile_fail
+/// let builder = wgpu_optim::cpu::CpuOptimizer::builder().master_weights(true);
+/// ```
+///
+/// ```compile_fail
+/// let builder = wgpu_optim::cpu::CpuOptimizer::builder().capturable(true);
+/// ```
+///
+/// ```compile_fail
+/// let builder = wgpu_optim::cpu::CpuOptimizer::builder().model_copies(Vec::new());
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "an optimizer builder does nothing until `build`"]
+pub struct CpuOptimizerBuilder {
+    options: OptimizerOptions,
+}
+
+impl CpuOptimizerBuilder {
+    /// The storage dtype of every state tensor (F32, F16 or BF16; F64 is refused with
+    /// [`Error::DTypeMismatch`]); unset (the default) keeps each parameter's dtype.
+    pub fn state_dtype(mut self, dtype: impl Into<Option<DType>>) -> Self {
+        self.options.state_dtype = dtype.into();
+        self
     }
 
-    /// As [`Self::new`], with the given [`OptimizerOptions`]. The CPU backend takes
-    /// `state_dtype` (F32, F16 or BF16) and `rounding` (stochastic rounding stores the same
-    /// bits as the GPU for the same seed; Kahan rounding and stochastic rounding need F16 or
-    /// BF16 parameters, [`Error::DTypeMismatch`] otherwise), `grad_clip`, and `param_shapes`
-    /// (checkpoints hold each state in its parameter's shape; refused as by the GPU
-    /// optimizer when the shapes do not fit the parameters); the GPU-only options
-    /// (`model_copies`, `master_weights`, `capturable`) are refused with
-    /// [`Error::ConflictingOptions`].
-    pub fn with_options(
+    /// How 16-bit stores round, as on the GPU
+    /// ([`OptimizerBuilder::rounding`](crate::OptimizerBuilder::rounding)): stochastic
+    /// rounding stores the same bits as the GPU for the same seed; Kahan and stochastic
+    /// rounding need F16 or BF16 parameters ([`Error::DTypeMismatch`] otherwise).
+    pub fn rounding(mut self, rounding: Rounding) -> Self {
+        self.options.rounding = rounding;
+        self
+    }
+
+    /// Clip the global gradient norm before each step, as on the GPU
+    /// ([`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip));
+    /// [`CpuOptimizer::grad_norm`] gives the last norm.
+    pub fn grad_clip(mut self, clip: impl Into<Option<GradClip>>) -> Self {
+        self.options.grad_clip = clip.into();
+        self
+    }
+
+    /// Each parameter's shape, so that checkpoints hold each state in its parameter's shape
+    /// ([`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes); refused as
+    /// by the GPU optimizer when the shapes do not fit the parameters).
+    pub fn param_shapes(mut self, shapes: Vec<Vec<usize>>) -> Self {
+        self.options.param_shapes = shapes;
+        self
+    }
+
+    /// Blockwise 8-bit state, as on the GPU
+    /// ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)).
+    pub fn q8_states(mut self, q8: impl Into<Option<Q8States>>) -> Self {
+        self.options.q8_states = q8.into();
+        self
+    }
+
+    /// An optimizer for parameters of the dtypes and lengths of `params`, updated by
+    /// `algorithm`, with zeroed state (Adagrad: its initial accumulator value), at step 0.
+    /// An empty `params` is refused ([`Error::NoParameters`]).
+    pub fn build(self, algorithm: impl Into<Algorithm>, params: &[HostSlice<'_>]) -> Result<CpuOptimizer> {
+        CpuOptimizer::with_options(algorithm, params, self.options)
+    }
+}
+
+impl CpuOptimizer {
+    /// The one way to build a CPU optimizer: options first, then the parameters
+    /// ([`CpuOptimizerBuilder::build`]).
+    pub fn builder() -> CpuOptimizerBuilder {
+        CpuOptimizerBuilder { options: OptimizerOptions::default() }
+    }
+
+    /// [`CpuOptimizerBuilder::build`].
+    fn with_options(
         algorithm: impl Into<Algorithm>,
         params: &[HostSlice<'_>],
         options: OptimizerOptions,
@@ -107,19 +171,6 @@ impl CpuOptimizer {
         }
         if options.state_dtype == Some(DType::F64) {
             return Err(host::not_f64("options.state_dtype"));
-        }
-        let gpu_only = [
-            ("options.model_copies", !options.model_copies.is_empty()),
-            ("options.master_weights", options.master_weights),
-            ("options.capturable", options.capturable),
-        ];
-        if let Some((option, _)) = gpu_only.iter().find(|(_, set)| *set) {
-            return Err(Error::ConflictingOptions {
-                first: option,
-                second: "CpuOptimizer",
-                reason:
-                    "the CPU backend updates the caller's host slices directly and counts steps on the host",
-            });
         }
         crate::optimizer::check_shapes(
             &options.param_shapes,
@@ -187,7 +238,7 @@ impl CpuOptimizer {
         })
     }
 
-    /// How the optimizer's 16-bit stores round ([`OptimizerOptions::rounding`]).
+    /// How the optimizer's 16-bit stores round ([`CpuOptimizerBuilder::rounding`]).
     pub fn rounding(&self) -> Rounding {
         self.rounding
     }
@@ -242,7 +293,7 @@ impl CpuOptimizer {
         self.step
     }
 
-    /// With [`OptimizerOptions::grad_clip`]: the global gradient norm of the last step
+    /// With [`CpuOptimizerBuilder::grad_clip`]: the global gradient norm of the last step
     /// (before clipping), `None` before the first step or without clipping.
     pub fn grad_norm(&self) -> Option<f64> {
         self.grad_norm.map(f64::from)
@@ -256,7 +307,7 @@ impl CpuOptimizer {
 
     /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
     ///
-    /// With [`OptimizerOptions::q8_states`] only the f32 states of tensors below
+    /// With [`CpuOptimizerBuilder::q8_states`] only the f32 states of tensors below
     /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
     /// the parameter has one. Read those with [`Self::q8_state`].
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
@@ -273,14 +324,14 @@ impl CpuOptimizer {
         Some(self.state.get(index)?.get(k)?.as_slice())
     }
 
-    /// With [`OptimizerOptions::q8_states`]: parameter `index`'s state of `kind` as it is
+    /// With [`CpuOptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as it is
     /// stored, 8-bit codes and absmax, or f32 for a tensor below `min_8bit_size`.
     pub fn q8_state(&self, index: usize, kind: StateKind) -> Option<&StoredState> {
         let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
         self.q8.as_ref()?.1.get(index)?.get(k)
     }
 
-    /// With [`OptimizerOptions::q8_states`]: replaces parameter `index`'s state of `kind`
+    /// With [`CpuOptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
     /// (e.g. from a checkpoint). Refused, with nothing changed, without 8-bit state or such
     /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
     /// stored as this tensor's is (8-bit at and above `min_8bit_size`, f32 below), has

@@ -378,7 +378,7 @@ mod tests {
             let mut param32 = rounded(&param.to_f64(), DType::F32);
             let grad32 = rounded(&grad.to_f64(), DType::F32);
             let new = |p: &HostTensor| {
-                CpuOptimizer::new(*algorithm, &[p.as_slice()]).unwrap_or_else(|e| panic!("{e}"))
+                CpuOptimizer::builder().build(*algorithm, &[p.as_slice()]).unwrap_or_else(|e| panic!("{e}"))
             };
             let (mut half, mut full) = (new(&param), new(&param32));
             for opt in [&mut half, &mut full] {

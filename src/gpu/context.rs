@@ -101,7 +101,7 @@ impl GpuContext {
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+            .map_err(|e| Error::RequestDevice { message: e.to_string() })?;
         let ctx = Self::from_device(device, queue);
         // The device is ours: watch for its loss, and log (rather than panic on) any error
         // that escapes the crate's error scopes.
@@ -177,7 +177,13 @@ impl GpuContext {
     /// The same device and pipeline cache, with f16 tensors stored as pairs of halves in
     /// `u32` (the path adapters without `SHADER_F16` take) when `packed` is true, and as
     /// native `array<f16>` wherever the device has `SHADER_F16` when it is false. Results
-    /// are bit-identical on both paths; this switch exists to test and compare them.
+    /// are bit-identical on both paths.
+    ///
+    /// Not part of the API (hidden from the docs, exempt from semver): the test kit's
+    /// conformance runner, the browser tests and the benches run both f16 paths on one
+    /// adapter with it, and no public path selects native f16 on a CPU adapter, where the
+    /// crate packs by default.
+    #[doc(hidden)]
     pub fn with_packed_f16(&self, packed: bool) -> GpuContext {
         GpuContext { inner: self.inner.clone(), packed_f16: Some(packed) }
     }
@@ -185,7 +191,7 @@ impl GpuContext {
     /// Whether f16 tensors use native `f16` arrays. By default they do where the device has
     /// `SHADER_F16`, except on CPU adapters (lavapipe, SwiftShader, WARP): those convert
     /// each native half in software, which makes native f16 slower than packed pairs there
-    /// (PERF.md). [`GpuContext::with_packed_f16`] overrides the choice.
+    /// (PERF.md). The test kit overrides the choice to run both paths.
     pub fn native_f16(&self) -> bool {
         let has = self.has_feature(wgpu::Features::SHADER_F16);
         match self.packed_f16 {
@@ -194,8 +200,11 @@ impl GpuContext {
         }
     }
 
-    /// How many distinct pipelines have been compiled so far (each variant once).
-    pub fn compiled_pipelines(&self) -> usize {
+    /// How many distinct pipelines have been compiled so far (each variant once), for the
+    /// crate's own tests (integration tests count the device's pipelines with wgpu's
+    /// counters).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn compiled_pipelines(&self) -> usize {
         self.inner.pipelines.len()
     }
 
@@ -210,7 +219,7 @@ impl GpuContext {
     /// `Err(DeviceLost)` once the device is lost.
     pub fn check_alive(&self) -> Result<()> {
         match self.inner.lost.lock().ok().and_then(|slot| slot.clone()) {
-            Some(reason) => Err(Error::DeviceLost(reason)),
+            Some(reason) => Err(Error::DeviceLost { reason }),
             None => Ok(()),
         }
     }

@@ -222,9 +222,9 @@ impl Uniforms {
             // A browser's message continues with a JavaScript stack trace.
             let e = e.to_string();
             let e = e.lines().next().unwrap_or_default();
-            return Err(crate::Error::DeviceLost(format!(
-                "a staging buffer of the hyperparameters could not be mapped: {e}"
-            )));
+            return Err(crate::Error::DeviceLost {
+                reason: format!("a staging buffer of the hyperparameters could not be mapped: {e}"),
+            });
         }
         encoder.copy_buffer_to_buffer(staging.buffer(), staging.offset(), &self.buffer, 0, size.get());
         // Mapped staging cannot be submitted: close it now, and take it back for reuse once

@@ -1,11 +1,21 @@
-//! Moving tensors between host and device: for tests, examples, checkpoints and trainers
-//! that fill buffers from the host.
+//! Moving tensors between host and device: what a trainer needs to fill a tensor from the
+//! host and read it back, and what the tests, examples and checkpoints use.
+//!
+//! The whole set, on [`GpuContext`]: [`upload`](GpuContext::upload) (any dtype, from f64
+//! values rounded once), [`upload_f32`](GpuContext::upload_f32) (f32 data as it is, the
+//! common case), [`upload_bytes`](GpuContext::upload_bytes) and
+//! [`zeros`](GpuContext::zeros) make tensors; [`write`](GpuContext::write) and
+//! [`write_bytes`](GpuContext::write_bytes) overwrite one; [`read`](GpuContext::read)
+//! (widened exactly to f64), [`read_f32`](GpuContext::read_f32) and
+//! [`read_bytes`](GpuContext::read_bytes) read one back; the `_async` forms never block (a
+//! browser's main thread). [`submit`](GpuContext::submit) records and submits with wgpu's
+//! errors caught.
 
 use wgpu::util::DeviceExt;
 
 use crate::gpu::plan::{check_extent, Arg};
 use crate::gpu::GpuContext;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, ReadbackFailure, Result, Tensor};
 
 /// The usages of buffers the crate creates: bindable, and copyable both ways.
 pub const TENSOR_USAGES: wgpu::BufferUsages =
@@ -41,7 +51,8 @@ impl GpuContext {
         self.upload_bytes(label, &dtype.encode(values), dtype)
     }
 
-    /// Overwrites a tensor with `values`, each rounded once to its dtype (see [`Self::write_bytes`]).
+    /// Overwrites a tensor with `values`, each rounded once to its dtype (see
+    /// [`Self::write_bytes`]).
     pub fn write(&self, tensor: &Tensor, values: &[f64]) -> Result<()> {
         self.write_bytes(tensor, &tensor.dtype.encode(values))
     }
@@ -59,11 +70,6 @@ impl GpuContext {
     /// A new f32 tensor holding `values`.
     pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
         self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
-    }
-
-    /// A new f64 tensor holding `values`.
-    pub fn upload_f64(&self, label: &str, values: &[f64]) -> Tensor {
-        self.upload_bytes(label, bytemuck::cast_slice(values), DType::F64)
     }
 
     /// A new zero-filled tensor of `len` elements (wgpu zero-initializes new buffers).
@@ -143,13 +149,13 @@ impl GpuContext {
     pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
         let Some(readback) = self.begin_readback(tensor)? else { return Ok(Vec::new()) };
         if cfg!(target_arch = "wasm32") {
-            return Err(Error::Readback(
-                "a blocking readback cannot wait in a browser; use read_bytes_async".into(),
-            ));
+            return Err(Error::Readback {
+                cause: ReadbackFailure::WouldBlock { call: "read_bytes".into(), instead: "read_bytes_async" },
+            });
         }
         self.device()
             .poll(wgpu::PollType::Wait { submission_index: Some(readback.submission.clone()), timeout: None })
-            .map_err(|e| Error::Readback(e.to_string()))?;
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         let mapped = pollster::block_on(readback.mapped.receive());
         readback.finish(mapped)
     }
@@ -164,7 +170,7 @@ impl GpuContext {
                     submission_index: Some(readback.submission.clone()),
                     timeout: None,
                 })
-                .map_err(|e| Error::Readback(e.to_string()))?;
+                .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         }
         let mapped = readback.mapped.receive().await;
         readback.finish(mapped)
@@ -205,12 +211,6 @@ impl GpuContext {
     /// Reads an f32 tensor back to the host.
     pub fn read_f32(&self, tensor: &Tensor) -> Result<Vec<f32>> {
         self.expect_dtype(tensor, DType::F32)?;
-        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
-    }
-
-    /// Reads an f64 tensor back to the host.
-    pub fn read_f64(&self, tensor: &Tensor) -> Result<Vec<f64>> {
-        self.expect_dtype(tensor, DType::F64)?;
         Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))
     }
 
@@ -273,10 +273,15 @@ impl Readback {
     fn finish(self, mapped: Option<std::result::Result<(), wgpu::BufferAsyncError>>) -> Result<Vec<u8>> {
         match mapped {
             Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("the map callback never ran".into())),
+            Some(Err(e)) => {
+                return Err(Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })
+            }
+            None => return Err(Error::Readback { cause: ReadbackFailure::CallbackNeverRan }),
         }
-        let bytes = self.staging.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?
+        let bytes = self
+            .staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })?
             [self.skip..self.skip + self.len]
             .to_vec();
         self.staging.unmap();

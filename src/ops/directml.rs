@@ -3,7 +3,7 @@
 
 use crate::gpu::plan::{Arg, KernelArgs};
 use crate::ops::record_stateless;
-use crate::{DmlAdam, Error, GpuContext, Result, Tensor};
+use crate::{DmlAdam, Error, GpuContext, Result, StepProblem, Tensor};
 
 /// The value of `TrainingStepTensor`. DirectML's documentation gives it as UINT32 in the
 /// member text and as the parameters' float type in the support table; both are accepted,
@@ -24,9 +24,11 @@ impl TrainingStep {
             TrainingStep::Float(t) if t.is_finite() && t >= 0.0 && t.fract() == 0.0 && t < 2f64.powi(53) => {
                 Ok(t as u64)
             }
-            TrainingStep::Float(t) => {
-                Err(Error::BadStep(format!("TrainingStepTensor holds {t}, expected a whole number >= 1")))
-            }
+            TrainingStep::Float(t) => Err(Error::BadStep {
+                argument: "TrainingStepTensor",
+                step: t,
+                problem: StepProblem::NotWhole,
+            }),
         }
     }
 }

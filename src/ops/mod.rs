@@ -11,7 +11,7 @@ use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{math_dtype, plan, slot_args, Arg, KernelArgs, SlotArgs};
 use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
-use crate::{Algorithm, DType, Error, GpuContext, Result, Tensor};
+use crate::{Algorithm, DType, Error, GpuContext, Result, StepProblem, Tensor};
 
 /// The tensors of one stateless update of any algorithm: `state` holds the algorithm's
 /// [`state_kinds`](Algorithm::state_kinds) in order. An output left `None` is written in
@@ -59,7 +59,7 @@ pub fn update(
 ) -> Result<()> {
     algorithm.validate()?;
     if t == 0 {
-        return Err(Error::BadStep("PyTorch's optimizers count steps from 1; got step 0".into()));
+        return Err(Error::BadStep { argument: "step", step: 0.0, problem: StepProblem::Zero });
     }
     let step = algorithm.kernel_step(t);
     let kinds = algorithm.state_kinds();

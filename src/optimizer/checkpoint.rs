@@ -21,7 +21,7 @@ impl Optimizer {
     ///
     /// It holds, under PyTorch's `state_dict` names (parameters numbered across groups):
     /// - each parameter's state, in its storage dtype, and in the parameter's shape from
-    ///   [`OptimizerOptions::param_shapes`](crate::OptimizerOptions::param_shapes) (flat,
+    ///   [`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes) (flat,
     ///   `[len]`, without them): `state.{i}.exp_avg`, `state.{i}.exp_avg_sq`,
     ///   `state.{i}.max_exp_avg_sq` (AMSGrad), `state.{i}.momentum_buffer` (SGD with
     ///   momentum), `state.{i}.sum` (Adagrad);
@@ -50,7 +50,7 @@ impl Optimizer {
     /// tensors in a fixed order, so saving the same state twice, or on the CPU backend, gives
     /// the same bytes.
     ///
-    /// With [`OptimizerOptions::q8_states`](crate::OptimizerOptions::q8_states) the states
+    /// With [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states) the states
     /// are kept under bitsandbytes' `state_dict` names instead: for state `k` (1 for
     /// `exp_avg` or `momentum_buffer`, 2 for `exp_avg_sq`) of a parameter of at least
     /// `min_8bit_size` elements, `state.{i}.state{k}` (U8 codes, one per element, in the
@@ -89,7 +89,7 @@ impl Optimizer {
             (None, _) => self.step,
         };
         let layout = self.layout();
-        let stored = self.read_q8_states(&layout, blocking).await?;
+        let stored = self.q8_states(&layout, blocking).await?;
         let mut data = Vec::with_capacity(layout.entries().len());
         for entry in layout.entries() {
             data.push(match self.tensor(entry.slot) {
@@ -239,10 +239,13 @@ impl Optimizer {
             let range = tensor.byte_range();
             let whole_words = range.start.is_multiple_of(4) && range.end.is_multiple_of(4);
             if blocking && cfg!(target_arch = "wasm32") && !whole_words {
-                return Err(crate::Error::Readback(format!(
-                    "{argument} ends inside a 4-byte word, whose write needs a blocking readback, \
-                     which a browser cannot wait for; use load_from_bytes_async"
-                )));
+                // The word's other half is read back first, which a browser cannot wait for.
+                return Err(crate::Error::Readback {
+                    cause: crate::ReadbackFailure::WouldBlock {
+                        call: format!("{argument}'s partial-word write"),
+                        instead: "load_from_bytes_async",
+                    },
+                });
             }
         }
         // Everything matches: write.
@@ -253,7 +256,7 @@ impl Optimizer {
                 self.ctx.write_bytes_async(&tensor, &data).await?;
             }
         }
-        self.write_q8_states(&kinds, &stored)?;
+        self.set_q8_states(&kinds, &stored)?;
         for (g, (algorithm, _)) in checkpoint.groups.iter().enumerate() {
             self.set_group_algorithm(g, *algorithm)?;
         }
@@ -264,7 +267,7 @@ impl Optimizer {
 
     /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for
     /// the queue); nothing without 8-bit state.
-    async fn read_q8_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<StoredState>>> {
+    async fn q8_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<StoredState>>> {
         let Some(engine) = &self.q8 else { return Ok(Vec::new()) };
         let mut stored = Vec::with_capacity(layout.params.len());
         for (i, param) in layout.params.iter().enumerate() {
@@ -284,7 +287,7 @@ impl Optimizer {
 
     /// Writes checked 8-bit states (`stored[i][k]` of kind `kinds[i][k]`) into the engine;
     /// nothing without 8-bit state.
-    fn write_q8_states(&self, kinds: &[Vec<StateKind>], stored: &[Vec<StoredState>]) -> Result<()> {
+    fn set_q8_states(&self, kinds: &[Vec<StateKind>], stored: &[Vec<StoredState>]) -> Result<()> {
         let Some(engine) = &self.q8 else { return Ok(()) };
         for (i, (kinds, states)) in kinds.iter().zip(stored).enumerate() {
             for (kind, state) in kinds.iter().zip(states) {

@@ -10,7 +10,7 @@ use super::UNIFORM_SLOT_BYTES;
 use crate::StateKind;
 
 /// How the optimizer rounds the f32 results of an update when it stores them as f16 or
-/// bf16 ([`OptimizerOptions::rounding`](crate::OptimizerOptions::rounding)).
+/// bf16 ([`OptimizerBuilder::rounding`](crate::OptimizerBuilder::rounding)).
 ///
 /// With 16-bit parameters and no f32 master copy, an update smaller than half a unit in the
 /// last place of a parameter is rounded away by nearest rounding, and training stalls once

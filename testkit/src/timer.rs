@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use wgpu_optim::{Error, GpuContext, Result};
+use wgpu_optim::{Error, GpuContext, ReadbackFailure, Result};
 
 /// How long one timed submission took.
 #[derive(Clone, Copy, Debug)]
@@ -74,7 +74,7 @@ impl GpuTimer {
             catch(&self.ctx, "submitting timed work", || self.ctx.queue().submit([encoder.finish()]))?;
         device
             .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
-            .map_err(|e| Error::Readback(e.to_string()))?;
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         let wall = start.elapsed();
         let gpu = match &self.queries {
             Some((_, _, readback)) => Some(read_timestamps(&self.ctx, readback)?),
@@ -89,14 +89,20 @@ fn read_timestamps(ctx: &GpuContext, readback: &wgpu::Buffer) -> Result<Duration
     readback.slice(..).map_async(wgpu::MapMode::Read, move |result| {
         let _ = sender.send(result);
     });
-    ctx.device().poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Readback(e.to_string()))?;
+    ctx.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
     match pollster::block_on(receiver.receive()) {
         Some(Ok(())) => {}
-        Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-        None => return Err(Error::Readback("the timestamp map callback never ran".into())),
+        Some(Err(e)) => {
+            return Err(Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })
+        }
+        None => return Err(Error::Readback { cause: ReadbackFailure::CallbackNeverRan }),
     }
     let ticks: Vec<u64> = {
-        let view = readback.get_mapped_range(..).map_err(|e| Error::Readback(e.to_string()))?;
+        let view = readback
+            .get_mapped_range(..)
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })?;
         bytemuck::pod_collect_to_vec(&view)
     };
     readback.unmap();

@@ -19,6 +19,13 @@ pub fn ctx() -> GpuContext {
 
 /// A context of its own (its own pipeline cache), for tests that count compiled pipelines
 /// while other tests compile theirs on the shared one.
+/// The compute pipelines alive on `ctx`'s device, by wgpu's own counters: on a device of
+/// the test's own, the pipelines the crate compiled for it (each variant once).
+#[allow(dead_code)]
+pub fn compute_pipelines(ctx: &GpuContext) -> isize {
+    ctx.device().get_internal_counters().hal.compute_pipelines.read()
+}
+
 pub fn fresh_ctx() -> GpuContext {
     GpuContext::headless_blocking().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
 }
@@ -273,7 +280,7 @@ pub fn assert_f64_refused(
     call: impl FnOnce(&GpuContext, &mut wgpu::CommandEncoder, &[wgpu_optim::Tensor]) -> wgpu_optim::Result<()>,
 ) {
     let tensors: Vec<wgpu_optim::Tensor> =
-        (0..inputs).map(|_| ctx.upload_f64("f64 input", &[0.5; 8])).collect();
+        (0..inputs).map(|_| ctx.upload("f64 input", &[0.5; 8], wgpu_optim::DType::F64)).collect();
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     match call(ctx, &mut encoder, &tensors) {
         Err(err @ wgpu_optim::Error::MissingFeature { feature: "SHADER_F64", .. }) => {

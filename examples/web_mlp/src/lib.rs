@@ -102,7 +102,7 @@ impl std::error::Error for PageError {}
 impl From<wgpu_optim::Error> for PageError {
     fn from(e: wgpu_optim::Error) -> Self {
         match e {
-            wgpu_optim::Error::DeviceLost(reason) => PageError::DeviceLost(reason),
+            wgpu_optim::Error::DeviceLost { reason } => PageError::DeviceLost(reason),
             other => PageError::Optimizer(other),
         }
     }
@@ -236,7 +236,7 @@ impl Gpu {
     /// A refused step: when the crate saw the device's loss before the browser reported it,
     /// the browser's reason replaces the crate's once it comes.
     async fn explain_optimizer(&self, error: wgpu_optim::Error) -> PageError {
-        if matches!(error, wgpu_optim::Error::DeviceLost(_)) {
+        if matches!(error, wgpu_optim::Error::DeviceLost { .. }) {
             for _ in 0..10 {
                 if let Err(e @ PageError::DeviceLost(_)) = self.check() {
                     return e;
@@ -386,7 +386,7 @@ async fn train(page: &Page, settings: &Settings) -> Result<(), PageError> {
     gpu.check()?;
     // The crate borrows the page's device; each step first checks the page's loss flag.
     let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
-    let mut optimizer = Optimizer::new(&ctx, Adam::adamw(), &model.param_tensors())?;
+    let mut optimizer = Optimizer::builder().build(&ctx, Adam::adamw(), &model.param_tensors())?;
     let grads = model.grad_tensors();
     let mut clock = gpu.has_timestamps().then(|| Clock::new(&gpu.device));
     let mut progress = Progress {

@@ -3,9 +3,7 @@
 use super::{compile, Variant};
 use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 use crate::q8::{Q8States, StoredState};
-use crate::{
-    Adam, Algorithm, DType, GpuContext, Optimizer, OptimizerOptions, ParamGroup, Sgd, StateKind, Tensor,
-};
+use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
 
 /// Asserts that `got` (read back) follows the oracle's 8-bit state `want` as FORMAT.md
 /// compares them: codes within 1 and at most 1 % differing, absmax within 1e-4 relative;
@@ -84,8 +82,8 @@ fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() 
             |b: &Tensor, t: usize| Tensor::new(&b.buffer, 4 * at[t] as u64, sizes[t] as u64, DType::F32);
         let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
         let grad_tensors: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
-        let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-        let mut opt = Optimizer::with_options(&ctx, adam, &params, options).unwrap_or_else(|e| panic!("{e}"));
+        let options = Optimizer::builder().q8_states(Q8States::default());
+        let mut opt = options.build(&ctx, adam, &params).unwrap_or_else(|e| panic!("{e}"));
         if let Some(engine) = opt.q8_engine_mut() {
             engine.set_serial(serial);
         }
@@ -100,7 +98,7 @@ fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() 
             let worst = got.iter().zip(&want[t]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(worst < 1e-4, "serial {serial}: params[{t}] {worst} from the oracle's");
             for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states[t]) {
-                let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
                 assert_state_follows(&format!("serial {serial}: params[{t}] {kind:?}"), got, want);
             }
         }
@@ -210,8 +208,8 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
                 ParamGroup::new(adam, &params[3..5]),
                 ParamGroup::new(sgd, &params[5..]),
             ];
-            let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-            let mut opt = Optimizer::with_groups(&ctx, groups, options).unwrap_or_else(|e| panic!("{e}"));
+            let options = Optimizer::builder().q8_states(Q8States::default());
+            let mut opt = options.build_groups(&ctx, groups).unwrap_or_else(|e| panic!("{e}"));
             if let Some(engine) = opt.q8_engine_mut() {
                 engine.set_serial(serial);
             }
@@ -234,7 +232,7 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
                     &[StateKind::ExpAvg, StateKind::ExpAvgSq]
                 };
                 for (kind, want) in kinds.iter().zip(&states[t]) {
-                    let got = opt.read_q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                    let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
                     assert_state_follows(&format!("{what}: params[{t}] {kind:?}"), got, want);
                 }
             }
@@ -262,8 +260,9 @@ fn run_adam_8bit(
 ) -> Optimizer {
     let p = ctx.upload("param", initial, DType::F32);
     let g = ctx.zeros("grad", initial.len() as u64, DType::F32);
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
-    let mut opt = Optimizer::with_options(ctx, algorithm, std::slice::from_ref(&p), options)
+    let options = Optimizer::builder().q8_states(Q8States::default());
+    let mut opt = options
+        .build(ctx, algorithm, std::slice::from_ref(&p))
         .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
     if let Some(engine) = opt.q8_engine_mut() {
         engine.set_serial(serial);
@@ -301,7 +300,7 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
     for serial in [false, true] {
         let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, serial, &want);
         for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
-            let got = opt.read_q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
+            let got = opt.q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
             let (
                 Some(StoredState::Q8 { codes, absmax }),
                 StoredState::Q8 { codes: w_codes, absmax: w_absmax },
@@ -372,8 +371,9 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
                 let what = format!("{algorithm:?}, gradient {bad_value}, serial {serial}");
                 let p = ctx.upload("param", &initial, DType::F32);
                 let g = ctx.zeros("grad", n as u64, DType::F32);
-                let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
-                let mut opt = Optimizer::with_options(&ctx, algorithm, std::slice::from_ref(&p), options)
+                let options = Optimizer::builder().q8_states(config);
+                let mut opt = options
+                    .build(&ctx, algorithm, std::slice::from_ref(&p))
                     .unwrap_or_else(|e| panic!("{e}"));
                 if let Some(engine) = opt.q8_engine_mut() {
                     engine.set_serial(serial);
@@ -391,7 +391,7 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
                     for (kind, want) in kinds.iter().zip(want_states) {
                         let what = format!("{what}: {kind:?}");
                         let Some(StoredState::Q8 { codes, absmax }) =
-                            opt.read_q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"))
+                            opt.q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"))
                         else {
                             panic!("{what} is not 8-bit");
                         };
@@ -417,7 +417,7 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
 
 /// An 8-bit Adam state larger than a storage binding (64 KiB here; 40000 elements keep
 /// 81 KB of codes and absmax) is cut into chunks of whole blocks, each in an arena of its
-/// own: the tensor steps as the oracle does, and `read_q8_state` and `write_q8_state` see
+/// own: the tensor steps as the oracle does, and `q8_state` and `set_q8_state` see
 /// the whole tensor's state across the chunks.
 #[test]
 fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
@@ -439,7 +439,7 @@ fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
     for serial in [false, true] {
         let opt = run_adam_8bit(&ctx, adam, &initial, &grads, serial, &want);
         for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states) {
-            let got = opt.read_q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
+            let got = opt.q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
             assert_state_follows(&format!("serial {serial}: {kind:?}"), got, want);
         }
         // A state of distinct codes and absmax, written and read back whole.
@@ -447,10 +447,10 @@ fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
             codes: (0..n).map(|i| (i * 7 % 256) as u8).collect(),
             absmax: (0..crate::q8::blocks(n)).map(|b| b as f32 + 0.5).collect(),
         };
-        opt.write_q8_state(0, StateKind::ExpAvgSq, &written).unwrap_or_else(|e| panic!("{e}"));
-        let back = opt.read_q8_state(0, StateKind::ExpAvgSq).unwrap_or_else(|e| panic!("{e}"));
+        opt.set_q8_state(0, StateKind::ExpAvgSq, &written).unwrap_or_else(|e| panic!("{e}"));
+        let back = opt.q8_state(0, StateKind::ExpAvgSq).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back.as_ref(), Some(&written), "serial {serial}: the state written, read back");
-        let other = opt.read_q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}"));
+        let other = opt.q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}"));
         assert_state_follows(&format!("serial {serial}: ExpAvg after the write"), other, &states[0]);
     }
 }
@@ -633,12 +633,14 @@ fn two_8bit_optimizers_on_one_context_compile_their_pipelines_once() {
     assert_eq!(ctx.compiled_pipelines(), 0);
     let n = 5000u64;
     let initial: Vec<f64> = (0..n).map(|i| (i % 100) as f64 * 1e-2 - 0.5).collect();
-    let options = OptimizerOptions { q8_states: Some(Q8States::default()), ..Default::default() };
+    let options = Optimizer::builder().q8_states(Q8States::default());
     let mut compiled = Vec::new();
     for _ in 0..2 {
         let p = ctx.upload("param", &initial, DType::F32);
         let g = ctx.upload("grad", &initial, DType::F32);
-        let mut opt = Optimizer::with_options(&ctx, Adam::adamw(), std::slice::from_ref(&p), options.clone())
+        let mut opt = options
+            .clone()
+            .build(&ctx, Adam::adamw(), std::slice::from_ref(&p))
             .unwrap_or_else(|e| panic!("{e}"));
         opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
         compiled.push(ctx.compiled_pipelines());

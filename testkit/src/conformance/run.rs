@@ -5,11 +5,11 @@ use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, GradClip, MomentumMode, NormType,
-    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, OptimizerOptions, Result, Sgd, Tensor,
+    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, Tensor,
 };
 
+use wgpu_optim::q8::Q8States;
 use wgpu_optim::q8::{self, StoredState};
-use wgpu_optim::Q8States;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
@@ -475,7 +475,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
     };
     let mut outputs: Outputs = Vec::new();
     let mut norms = Vec::with_capacity(steps);
-    let options = OptimizerOptions { grad_clip: clip, ..Default::default() };
+    let options = Optimizer::builder().grad_clip(clip);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
             let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
@@ -501,7 +501,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             let mut param_tensors: Vec<HostTensor> =
                 params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
             let views: Vec<HostSlice<'_>> = param_tensors.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+            let mut optimizer = CpuOptimizer::builder().grad_clip(clip).build(algorithm, &views)?;
             for k in 0..steps {
                 let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
                 let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
@@ -536,14 +536,14 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
                 }
                 (p, packed(ctx, "grads", &lengths, dtype))
             };
-            let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
+            let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
                 for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
                     ctx.write_async(t, &g).await?;
                 }
                 optimizer.step(&grad_tensors)?;
                 if clip.is_some() {
-                    norms.push(optimizer.read_grad_norm_async().await?);
+                    norms.push(optimizer.grad_norm_async().await?);
                 }
             }
             for (i, param) in param_tensors.iter().enumerate() {
@@ -572,7 +572,7 @@ fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<T
     lengths
         .iter()
         .map(|&len| {
-            let t = Tensor::new(&buffer, offset, len, dtype);
+            let t = Tensor { buffer: buffer.clone(), offset, len, dtype };
             offset += (len + 1) * dtype.size();
             t
         })
@@ -724,11 +724,10 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             }
         }
         (Backend::Cpu, _) => {
-            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
             let mut tensors: Vec<Vec<f32>> =
                 params.iter().map(|p| p.iter().map(|&v| v as f32).collect()).collect();
             let views: Vec<HostSlice<'_>> = tensors.iter().map(|t| HostSlice::F32(t)).collect();
-            let mut optimizer = CpuOptimizer::with_options(algorithm, &views, options)?;
+            let mut optimizer = CpuOptimizer::builder().q8_states(config).build(algorithm, &views)?;
             for k in 0..steps {
                 let g: Vec<Vec<f32>> =
                     (0..n).map(|i| grad_at(i, k).iter().map(|&v| v as f32).collect()).collect();
@@ -764,8 +763,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                     ctx.write_async(t, values).await?;
                 }
             }
-            let options = OptimizerOptions { q8_states: Some(config), ..Default::default() };
-            let mut optimizer = Optimizer::with_options(ctx, algorithm, &param_tensors, options)?;
+            let options = Optimizer::builder().q8_states(config);
+            let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
                 for (i, t) in grad_tensors.iter().enumerate() {
                     ctx.write_async(t, grad_at(i, k)).await?;
@@ -775,7 +774,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             for (i, param) in param_tensors.iter().enumerate() {
                 let mut states = Vec::with_capacity(kinds.len());
                 for kind in kinds.iter() {
-                    let state = optimizer.read_q8_state_async(i, *kind).await?;
+                    let state = optimizer.q8_state_async(i, *kind).await?;
                     states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
                 }
                 finals.push((ctx.read_async(param).await?, states));

@@ -148,6 +148,7 @@ impl TorchState {
             Algorithm::Adam(c) => (c.amsgrad, 0.0),
             Algorithm::Adagrad(c) => (false, c.initial_accumulator_value),
             Algorithm::Sgd(_) => (false, 0.0),
+            other => untranscribed(&other),
         };
         TorchState {
             algorithm,
@@ -180,6 +181,7 @@ impl TorchState {
             Algorithm::Sgd(c) if c.keeps_buffer() && step > 0 => state.momentum_buffer = values.next(),
             Algorithm::Sgd(_) => {}
             Algorithm::Adagrad(_) => state.sum = values.next().unwrap_or_default(),
+            other => untranscribed(&other),
         }
         state
     }
@@ -204,6 +206,7 @@ impl TorchState {
             Algorithm::Adam(c) => torch_adam_step(c, param, grad, &mut self.adam),
             Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
+            other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
         param.iter_mut().for_each(|x| *x = round(p, *x));
@@ -229,8 +232,15 @@ impl TorchState {
             }
             Algorithm::Sgd(_) => vec![],
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
+            other => untranscribed(other),
         }
     }
+}
+
+/// `Algorithm` is `#[non_exhaustive]`: a family the crate adds before this oracle
+/// transcribes it stops the test that asks for it, by name.
+fn untranscribed(algorithm: &Algorithm) -> ! {
+    panic!("the oracle has no transcription of {algorithm:?} yet")
 }
 
 /// `torch.nn.utils.clip_grad_norm_(params, clip.max_norm, norm_type)` over `grads` as one

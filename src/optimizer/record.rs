@@ -1,0 +1,257 @@
+//! Recording a step: the uniforms, the bind groups of the last few gradient sets (built
+//! once per set and kept), and the compute pass.
+
+use super::clip::BoundNorm;
+use super::validate::check_disjoint;
+use super::Optimizer;
+use crate::gpu::dispatch::Batch;
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::plan::{plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::step::rounding::RoundingHeader;
+use crate::step::UNIFORM_SLOT_BYTES;
+use crate::{Algorithm, Error, Result, Rounding, Tensor};
+
+/// Gradient sets whose bind groups are kept: a trainer that alternates two (or a few)
+/// gradient buffers binds each once.
+pub(super) const BOUND_GRADIENT_SETS: usize = 4;
+
+/// Bind groups for one set of gradient tensors, a batch per parameter group.
+pub(super) struct Bound {
+    pub(super) grads: Vec<Tensor>,
+    pub(super) batches: Vec<Batch>,
+    /// The gradient-norm pass over `grads` when clipping, built at the first step that
+    /// needs it.
+    pub(super) norm: Option<BoundNorm>,
+    /// With clipping and AMP: the unscale pass that takes the norm in the same read of
+    /// `grads` (f32 gradients), built at the first [`Optimizer::record_unscale`] with them.
+    pub(super) unscale_norm: Option<BoundNorm>,
+}
+
+impl Optimizer {
+    /// With 8-bit state: the step, one dispatch per variant, group and set of buffers, after
+    /// the norm pass when clipping.
+    pub(super) fn record_q8_step(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        grads: &[Tensor],
+    ) -> Result<()> {
+        self.check_grads(grads)?;
+        let Some(engine) = &mut self.q8 else { return Ok(()) };
+        engine.bind(&self.ctx, &self.params, grads)?;
+        // With 8-bit state `bound` holds only the norm passes: the engine holds the update's
+        // dispatches.
+        if let Some(clip) = &self.clip {
+            if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
+                let hit = self.bound.remove(k);
+                self.bound.insert(0, hit);
+            } else {
+                let norm = clip.bind(&self.ctx, grads, None)?;
+                self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+                let bound = Bound {
+                    grads: grads.to_vec(),
+                    batches: Vec::new(),
+                    norm: Some(norm),
+                    unscale_norm: None,
+                };
+                self.bound.insert(0, bound);
+            }
+        }
+        let t = self.step + 1;
+        let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
+        for (group, bytes) in self.groups.iter_mut().zip(slots) {
+            group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
+            group.dirty = false;
+        }
+        self.uniforms.record_write(encoder, &self.uniform_bytes)?;
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("wgpu-optim 8-bit step"),
+            timestamp_writes: None,
+        });
+        if let (Some(clip), Some(norm)) = (&self.clip, self.bound.first().and_then(|b| b.norm.as_ref())) {
+            clip.record(&mut pass, norm);
+        }
+        engine.record(&mut pass, &self.uniforms.bind_groups);
+        drop(pass);
+        self.step = t;
+        Ok(())
+    }
+
+    /// Records one step into the caller's encoder; nothing is submitted. Any number of steps
+    /// may be recorded before the encoders are submitted: each step's hyperparameters are
+    /// copied into place by a command recorded with it, so they land in recording order.
+    ///
+    /// The step count advances here, when the step is recorded, not when it is submitted.
+    /// Every group's update goes into one compute pass. Bind groups are built on the first
+    /// step with a set of gradient tensors and kept for the last few sets (a trainer may
+    /// alternate gradient buffers); with a known set a step creates no GPU objects, beyond
+    /// 256 bytes of staging per group for each step in flight, which is reused once that
+    /// step's submission has run. On error nothing is recorded and the step count is unchanged.
+    ///
+    /// `grads[i]` is `params[i]`'s gradient, of its length, in memory of its own or exactly
+    /// `params[i]` (each element is read before it is written). A gradient that shares a byte
+    /// with another parameter, a model copy or a state tensor is refused
+    /// ([`Error::OverlapsWritten`], naming both): the step updates every tensor in one pass,
+    /// so it would read values already updated.
+    pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        self.ctx.check_alive()?;
+        if self.q8.is_some() {
+            return self.record_q8_step(encoder, grads);
+        }
+        // Taken for these gradients only; the plain norm pass is right in any case, since it
+        // reads the gradients the unscale pass left.
+        let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
+            && self.bound.first().is_some_and(|b| b.grads == grads);
+        self.bind(grads)?;
+        // The plain norm pass, built at the first step that needs it (with AMP and f32
+        // gradients the unscale pass takes the norm instead).
+        if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
+            if !norm_taken && bound.norm.is_none() {
+                bound.norm = Some(clip.bind(&self.ctx, grads, None)?);
+            }
+        }
+        let t = self.step + 1;
+        // Capturable kernels derive the step's values on the device, so their uniform only
+        // changes with the hyperparameters; host-mode uniforms change every step.
+        let capturable = self.device.is_some();
+        if !capturable || self.groups.iter().any(|g| g.dirty) {
+            let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
+            for (group, bytes) in self.groups.iter_mut().zip(slots) {
+                let at = if capturable { 1 } else { t };
+                group.algorithm.kernel_step(at).write_uniform(self.math, bytes);
+                write_rounding(self.rounding, at, bytes);
+                group.dirty = false;
+            }
+            self.uniforms.record_write(encoder, &self.uniform_bytes)?;
+        }
+        if let Some(device) = &mut self.device {
+            device.prepare_step(encoder);
+        }
+        let bound = &self.bound[0];
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("wgpu-optim step"),
+            timestamp_writes: None,
+        });
+        if let Some(device) = &self.device {
+            device.record_advance(&mut pass);
+        }
+        if let Some(clip) = &self.clip {
+            match (&bound.unscale_norm, &bound.norm) {
+                (Some(taken), _) if norm_taken => clip.record_finalize(&mut pass, taken),
+                (_, Some(norm)) => clip.record(&mut pass, norm),
+                _ => {}
+            }
+        }
+        for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
+            batch.record(&mut pass, scalars);
+        }
+        drop(pass);
+        self.step = t;
+        Ok(())
+    }
+
+    /// Records one step and submits it.
+    pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
+    }
+
+    /// Makes the bind groups for `grads` the first of `bound`, building them unless they
+    /// are among the sets already bound.
+    pub(super) fn bind(&mut self, grads: &[Tensor]) -> Result<()> {
+        if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
+            // Most recent first; a set is a couple of vectors, so the move is cheap.
+            let hit = self.bound.remove(k);
+            self.bound.insert(0, hit);
+            return Ok(());
+        }
+        self.check_grads(grads)?;
+        let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
+        let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
+        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
+        let mut batches = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let step = group.algorithm.kernel_step(1);
+            let program = Program::Update(step.switches());
+            let mut items = Vec::with_capacity(group.len);
+            for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
+                let args = self.kernel_args(&group.algorithm, i, grad);
+                let mut tensor_plan = plan(&self.ctx, program, &args)?;
+                tensor_plan.ordinal = i as u32;
+                let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
+                if needed > limit {
+                    return Err(Error::TooManyBindings { needed, limit });
+                }
+                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
+                    .clipped(self.clip.is_some())
+                    .with_stochastic(self.rounding.stochastic());
+                items.push((key, tensor_plan));
+            }
+            batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
+        }
+        self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None });
+        Ok(())
+    }
+
+    /// Refuses gradients of another count than the parameters, or one that lies in memory
+    /// the step writes for another tensor: another parameter, a model copy or a state
+    /// ([`Error::OverlapsWritten`]). `grads[i]` may be `params[i]` exactly.
+    pub(super) fn check_grads(&self, grads: &[Tensor]) -> Result<()> {
+        if grads.len() != self.params.len() {
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: self.params.len(),
+            });
+        }
+        self.written.check(grads)
+    }
+
+    /// Refuses gradients that share memory with each other ([`Error::OverlapsWritten`]
+    /// naming both), for the passes that rewrite them.
+    pub(super) fn check_grads_disjoint(&mut self, grads: &[Tensor]) -> Result<()> {
+        if self.disjoint_grads.as_slice() == grads {
+            return Ok(());
+        }
+        let named: Vec<Arg> =
+            grads.iter().enumerate().map(|(i, g)| Arg::new(format!("grads[{i}]"), g)).collect();
+        check_disjoint(&named).map_err(|e| match e {
+            Error::OverlappingParams { first, second } => {
+                Error::OverlapsWritten { tensor: second, written: first }
+            }
+            other => other,
+        })?;
+        self.disjoint_grads.clear();
+        self.disjoint_grads.extend_from_slice(grads);
+        Ok(())
+    }
+
+    /// Parameter `i`'s tensors in its family's slot order, all updated in place.
+    pub(super) fn kernel_args(&self, algorithm: &Algorithm, i: usize, grad: &Tensor) -> KernelArgs {
+        let param = Arg::new(format!("params[{i}]"), &self.params[i]);
+        let kinds = self.state_kinds(algorithm);
+        let state: Vec<Arg> = kinds
+            .iter()
+            .zip(&self.state[i])
+            .map(|(kind, t)| Arg::new(format!("{}[{i}]", kind.torch_name()), t))
+            .collect();
+        let copy = self.model_copies.get(i).map(|c| Arg::new(format!("model_copies[{i}]"), c));
+        let grad = Arg::new(format!("grads[{i}]"), grad);
+        let args = SlotArgs {
+            param: param.clone(),
+            grad,
+            state: &state,
+            param_out: param,
+            state_out: &state,
+            param_copy: copy,
+        };
+        slot_args(algorithm.family(), &kinds, args)
+    }
+}
+
+/// Writes stochastic rounding's seed and step `t` into a group's uniform slot.
+pub(super) fn write_rounding(rounding: Rounding, t: u64, slot: &mut [u8]) {
+    if let Some(seed) = rounding.seed() {
+        RoundingHeader::new(seed, t).write(slot);
+    }
+}
