@@ -2,7 +2,10 @@
 //! store rounds to the storage type once, to nearest even.
 
 /// How the elements of a tensor are stored in its buffer.
+///
+/// `#[non_exhaustive]`: storage types follow the hardware (8-bit floats next).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum DType {
     /// IEEE binary32.
     F32,

@@ -88,6 +88,7 @@ pub fn dtype_name(dtype: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::F64 => "f64",
         DType::F32 => "f32",
+        _ => "other",
     }
 }
 

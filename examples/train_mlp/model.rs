@@ -376,6 +376,7 @@ fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
         DType::F32 => values.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
         DType::F16 => values.iter().flat_map(|v| half::f16::from_f64(*v).to_le_bytes()).collect(),
         DType::BF16 => values.iter().flat_map(|v| bf16_nearest(*v).to_le_bytes()).collect(),
+        other => panic!("the MLP is not built in {other:?}"),
     }
 }
 

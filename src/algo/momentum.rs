@@ -64,7 +64,7 @@ impl Sgd {
     }
 }
 
-/// ONNX Momentum's `mode` attribute.
+/// ONNX Momentum's `mode` attribute. Exhaustive: the operator's specification fixes the set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MomentumMode {
     /// `X_new = X - R * V_new`.

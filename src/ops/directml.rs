@@ -7,7 +7,8 @@ use crate::{DmlAdam, Error, GpuContext, Result, StepProblem, Tensor};
 
 /// The value of `TrainingStepTensor`. DirectML's documentation gives it as UINT32 in the
 /// member text and as the parameters' float type in the support table; both are accepted,
-/// a float only when it holds a whole number.
+/// a float only when it holds a whole number. Exhaustive: those are the two forms the
+/// operator takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum TrainingStep {
     /// An integer step.

@@ -10,7 +10,10 @@ use super::fields::wgsl_struct;
 use crate::{Error, Result};
 
 /// Which norm of the gradients is clipped.
+///
+/// `#[non_exhaustive]`: PyTorch clips any p-norm; only these two are fused so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NormType {
     /// The Euclidean norm, `sqrt(sum g^2)` (`norm_type=2`, PyTorch's default).
     #[default]

@@ -28,7 +28,10 @@ use crate::StateKind;
 ///
 /// Both need every parameter to be F16 or BF16 (f32 stores do not round) and exclude master
 /// weights and model copies. NaN and infinity are stored as with nearest rounding.
+///
+/// `#[non_exhaustive]`: another rounding mode would be a new variant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Rounding {
     /// Round to nearest, ties to even: every store, as IEEE 754's default.
     #[default]

@@ -59,6 +59,7 @@ impl Tolerance {
             DType::F16 | DType::BF16 => Tolerance::Ulps { dtype, ulps: 1, abs: CANCELLATION },
             DType::F32 => Tolerance::F32,
             DType::F64 => Tolerance::F64,
+            other => panic!("no stored-value tolerance for {other:?} yet"),
         }
     }
 
@@ -124,6 +125,7 @@ fn ulp_index(x: f64, dtype: DType) -> Option<i128> {
         }
         DType::F32 => (u64::from((x as f32).to_bits()), 1 << 31),
         DType::F64 => (x.to_bits(), 1 << 63),
+        other => panic!("no ulp count for {other:?} yet"),
     };
     let magnitude = i128::from(bits & (sign_bit - 1));
     Some(if bits & sign_bit != 0 { -magnitude } else { magnitude })

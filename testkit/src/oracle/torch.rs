@@ -254,6 +254,7 @@ pub fn clip_grad_norm(grads: &mut [Vec<f64>], clip: &GradClip) -> f64 {
         NormType::Inf => {
             values().fold(0.0, |m: f64, g| if g.is_nan() || m.is_nan() { f64::NAN } else { m.max(g.abs()) })
         }
+        other => panic!("the oracle clips no {other:?} norm yet"),
     };
     let coefficient = clip.max_norm / (total_norm + 1e-6);
     let clamped = if coefficient.is_nan() { coefficient } else { coefficient.min(1.0) };
