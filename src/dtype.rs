@@ -39,7 +39,9 @@ impl DType {
         }
     }
 
-    /// Rounds `value` to the nearest value of this dtype (ties to even), widened back.
+    /// Rounds `value` to the nearest value of this dtype (ties to even), widened back: the
+    /// CPU backend's host tensors (`HostTensor::from_f64`) are its one user.
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
     pub(crate) fn round(self, value: f64) -> f64 {
         match self {
             DType::F64 => value,

@@ -44,8 +44,8 @@
 //! - [`Checkpoint`], [`CHECKPOINT_FORMAT`] (feature `checkpoint`): a saved optimizer's
 //!   contents, read without an optimizer.
 //! - [`cpu`] (feature `cpu`): [`cpu::CpuOptimizer`], the same algorithms on all cores.
-//! - [`q8`]: bitsandbytes' blockwise 8-bit state format ([`q8::Q8States`]).
-//! - [`oracle`]: the f64 reference the tests compare against.
+//! - [`q8`]: bitsandbytes' blockwise 8-bit state ([`q8::Q8States`] to ask for it,
+//!   [`q8::StoredState`] to read, write and check it).
 //! - `burn` (feature `burn`): Burn 0.22's wgpu tensors stepped by these kernels.
 //! - [`Error`], [`Result`], [`StepProblem`], [`ReadbackFailure`], [`BurnFailure`]: every
 //!   refusal, typed. [`ContextReport`], [`TENSOR_USAGES`]: what a context runs on, and the

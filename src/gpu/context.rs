@@ -174,16 +174,22 @@ impl GpuContext {
         self.inner.report.features.contains(feature)
     }
 
-    /// The same device and pipeline cache, with f16 tensors stored as pairs of halves in
-    /// `u32` (the path adapters without `SHADER_F16` take) when `packed` is true, and as
-    /// native `array<f16>` wherever the device has `SHADER_F16` when it is false. Results
-    /// are bit-identical on both paths.
+    /// The same device and pipeline cache, with the kernels reading and writing f16 tensors
+    /// as pairs of halves in `u32` words when `packed` is true, or as native `array<f16>`
+    /// wherever the device has `SHADER_F16` when it is false. The buffers' bytes and the
+    /// results are identical either way; only the kernels, and so their speed, differ.
     ///
-    /// Not part of the API (hidden from the docs, exempt from semver): the test kit's
-    /// conformance runner, the browser tests and the benches run both f16 paths on one
-    /// adapter with it, and no public path selects native f16 on a CPU adapter, where the
-    /// crate packs by default.
-    #[doc(hidden)]
+    /// Why a trainer calls it: the default ([`Self::native_f16`]) is a guess from the
+    /// adapter's type. Where an adapter ranks the two otherwise, measure both
+    /// (`cargo bench --bench step -- f16`) and pick the faster one here.
+    ///
+    /// ```no_run
+    /// # fn main() -> wgpu_optim::Result<()> {
+    /// let ctx = wgpu_optim::GpuContext::headless_blocking()?.with_packed_f16(true);
+    /// assert!(!ctx.native_f16());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn with_packed_f16(&self, packed: bool) -> GpuContext {
         GpuContext { inner: self.inner.clone(), packed_f16: Some(packed) }
     }
@@ -191,7 +197,7 @@ impl GpuContext {
     /// Whether f16 tensors use native `f16` arrays. By default they do where the device has
     /// `SHADER_F16`, except on CPU adapters (lavapipe, SwiftShader, WARP): those convert
     /// each native half in software, which makes native f16 slower than packed pairs there
-    /// (PERF.md). The test kit overrides the choice to run both paths.
+    /// (PERF.md). [`Self::with_packed_f16`] overrides the choice.
     pub fn native_f16(&self) -> bool {
         let has = self.has_feature(wgpu::Features::SHADER_F16);
         match self.packed_f16 {

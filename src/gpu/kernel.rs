@@ -912,9 +912,9 @@ mod tests {
 
     /// The resources a variant's WGSL should bind, at the numbers the host binds them.
     fn expected_bindings(key: &VariantKey) -> Vec<(String, (u32, u32))> {
-        let mut expected = vec![("table".to_string(), (1, binding::TABLE))];
+        let mut expected = vec![("table".to_string(), (binding::GROUP_TABLE, binding::TABLE))];
         for b in 0..key.layout.bindings.len() {
-            expected.push((format!("buf{b}"), (1, binding::TENSORS + b as u32)));
+            expected.push((format!("buf{b}"), (binding::GROUP_TABLE, binding::TENSORS + b as u32)));
         }
         let hyper = if key.stochastic.any() { "hp_slot" } else { "hp_base" };
         let group0: &[(&str, u32)] = match key.scalars {
@@ -930,9 +930,9 @@ mod tests {
                 &[("device_state", binding::DEVICE_STATE_RW), ("partials", binding::UNSCALE_NORM_PARTIALS)]
             }
         };
-        expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (0, *b))));
+        expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (binding::GROUP_SCALARS, *b))));
         if key.clip && key.scalars == Scalars::Host {
-            expected.push(("clip_state".to_string(), (0, binding::CLIP)));
+            expected.push(("clip_state".to_string(), (binding::GROUP_SCALARS, binding::CLIP)));
         }
         expected.sort();
         expected
@@ -966,11 +966,14 @@ mod tests {
             let module = parse(&source);
             validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
             let mut expected = vec![
-                ("clip".to_string(), (0, binding::FINALIZE_CLIP)),
-                ("partials".to_string(), (0, binding::FINALIZE_PARTIALS)),
+                ("clip".to_string(), (binding::GROUP_SCALARS, binding::FINALIZE_CLIP)),
+                ("partials".to_string(), (binding::GROUP_SCALARS, binding::FINALIZE_PARTIALS)),
             ];
             if capturable {
-                expected.push(("device_state".to_string(), (0, binding::FINALIZE_DEVICE_STATE)));
+                expected.push((
+                    "device_state".to_string(),
+                    (binding::GROUP_SCALARS, binding::FINALIZE_DEVICE_STATE),
+                ));
             }
             expected.sort();
             assert_eq!(resource_bindings(&module), expected, "capturable: {capturable}");
@@ -982,7 +985,10 @@ mod tests {
         let source = advance_wgsl();
         let module = parse(&source);
         validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
-        assert_eq!(resource_bindings(&module), [("state".to_string(), (0, binding::DEVICE_STATE_RW))]);
+        assert_eq!(
+            resource_bindings(&module),
+            [("state".to_string(), (binding::GROUP_SCALARS, binding::DEVICE_STATE_RW))]
+        );
     }
 
     /// No file of `shaders/` writes a binding number or a workgroup size as a literal: each
