@@ -806,7 +806,7 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::step::device::DeviceHeader;
     use crate::step::{
@@ -876,8 +876,9 @@ mod tests {
         ]
     }
 
-    /// `(name, offset)` of each member of the struct `name` in a parsed module.
-    fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
+    /// `(name, offset)` of each member of the struct `name` in a parsed module (the 8-bit
+    /// kernels' naga test uses it too).
+    pub(crate) fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
         let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
         match found.map(|(_, ty)| &ty.inner) {
             Some(naga::TypeInner::Struct { members, .. }) => {
@@ -888,7 +889,7 @@ mod tests {
     }
 
     /// `(name, (group, binding))` of every resource of a parsed module, sorted.
-    fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
+    pub(crate) fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
         let mut found: Vec<(String, (u32, u32))> = module
             .global_variables
             .iter()

@@ -1,6 +1,7 @@
 //! The 8-bit path against the oracle, on the default adapter and on devices of chosen limits.
 
 use super::{compile, Variant};
+use crate::gpu::kernel::tests::{members, resource_bindings};
 use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 use crate::q8::{Q8States, StoredState};
 use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
@@ -498,31 +499,6 @@ fn algorithms_of_every_state_count() -> [Algorithm; 5] {
         Sgd { momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
         Sgd::default().into(),
     ]
-}
-
-/// `(name, offset)` of each member of the struct `name` in a parsed module.
-fn members(module: &naga::Module, name: &str) -> Vec<(String, u32)> {
-    let found = module.types.iter().find(|(_, ty)| ty.name.as_deref() == Some(name));
-    match found.map(|(_, ty)| &ty.inner) {
-        Some(naga::TypeInner::Struct { members, .. }) => {
-            members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset)).collect()
-        }
-        other => panic!("no struct {name} in the module ({other:?})"),
-    }
-}
-
-/// `(name, (group, binding))` of every resource of a parsed module, sorted.
-fn resource_bindings(module: &naga::Module) -> Vec<(String, (u32, u32))> {
-    let mut found: Vec<(String, (u32, u32))> = module
-        .global_variables
-        .iter()
-        .filter_map(|(_, g)| {
-            let b = g.binding.as_ref()?;
-            Some((g.name.clone().unwrap_or_default(), (b.group, b.binding)))
-        })
-        .collect();
-    found.sort();
-    found
 }
 
 /// Every 8-bit variant's source parses and validates, binds every resource at the number
