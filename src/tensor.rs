@@ -105,7 +105,7 @@ impl Tensor {
     }
 
     /// The byte range `[offset, offset + byte_len)` within the buffer.
-    pub fn byte_range(&self) -> std::ops::Range<u64> {
+    pub(crate) fn byte_range(&self) -> std::ops::Range<u64> {
         self.offset..self.offset + self.byte_len()
     }
 
@@ -120,7 +120,7 @@ impl Tensor {
     }
 
     /// Whether two tensors share at least one byte.
-    pub fn overlaps(&self, other: &Tensor) -> bool {
+    pub(crate) fn overlaps(&self, other: &Tensor) -> bool {
         let (a, b) = (self.byte_range(), other.byte_range());
         self.buffer == other.buffer && !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
     }

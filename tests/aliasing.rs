@@ -99,6 +99,7 @@ fn directml_training_step_zero_is_refused_with_the_reason() {
     assert!(err.to_string().contains("0/0"), "the message explains the 0/0: {err}");
     desc.training_step_tensor = TrainingStep::Float(2.5);
     let err = directml::adam(&ctx, &mut encoder, &desc).unwrap_err();
+    assert!(matches!(err, Error::BadStep { problem: wgpu_optim::StepProblem::NotWhole, .. }), "{err}");
     assert!(err.to_string().contains("whole number"), "{err}");
     desc.training_step_tensor = TrainingStep::Float(3.0);
     directml::adam(&ctx, &mut encoder, &desc).expect("a float holding a whole number is accepted");

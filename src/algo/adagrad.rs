@@ -36,6 +36,7 @@ impl Default for Adagrad {
 
 impl Adagrad {
     /// Checks the hyperparameters as PyTorch's constructor does.
+    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;
         check_rate("lr_decay", self.lr_decay)?;
@@ -70,6 +71,8 @@ impl Default for OnnxAdagrad {
 
 impl OnnxAdagrad {
     /// Checks the attributes and the inputs `R` and `T`.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
     pub fn validate(&self, r: f64, t: u64) -> Result<()> {
         check_finite("R", r)?;
         check_finite("decay_factor", self.decay_factor)?;

@@ -64,6 +64,7 @@ impl Adam {
     }
 
     /// Checks every hyperparameter against PyTorch's own constructor checks.
+    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;
         check_beta("beta1", self.beta1)?;
@@ -119,6 +120,8 @@ impl Default for OnnxAdam {
 
 impl OnnxAdam {
     /// Checks the attributes and the inputs `R` and `T`.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
     pub fn validate(&self, r: f64, t: u64) -> Result<()> {
         check("R", r, r.is_finite(), "a finite learning rate")?;
         check("alpha", self.alpha, (0.0..=1.0).contains(&self.alpha), "0 <= alpha <= 1")?;
@@ -161,6 +164,8 @@ pub struct DmlAdam {
 
 impl DmlAdam {
     /// Checks the members and the training step.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
     pub fn validate(&self, t: u64) -> Result<()> {
         check_rate("LearningRate", self.learning_rate)?;
         check_beta("Beta1", self.beta1)?;

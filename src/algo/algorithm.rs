@@ -36,7 +36,9 @@ impl From<Adagrad> for Algorithm {
 }
 
 impl Algorithm {
-    /// Checks the hyperparameters.
+    /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
+    /// check them anyway; a trainer calls this to check a configuration (one read from a
+    /// file, say) before any device exists.
     pub fn validate(&self) -> Result<()> {
         match self {
             Algorithm::Adam(c) => c.validate(),

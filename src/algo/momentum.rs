@@ -29,6 +29,7 @@ impl Default for Sgd {
 
 impl Sgd {
     /// Checks the hyperparameters as PyTorch's constructor does.
+    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;
         check_rate("momentum", self.momentum)?;
@@ -88,6 +89,8 @@ pub struct OnnxMomentum {
 
 impl OnnxMomentum {
     /// Checks the attributes and the learning rate `R`.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
     pub fn validate(&self, r: f64) -> Result<()> {
         check_finite("R", r)?;
         check_finite("alpha", self.alpha)?;

@@ -222,7 +222,8 @@ impl GpuContext {
         }
     }
 
-    /// `Err(DeviceLost)` once the device is lost.
+    /// `Err(DeviceLost)` once the device is lost. The crate's own calls check it; a trainer
+    /// checks it before work of its own on the device.
     pub fn check_alive(&self) -> Result<()> {
         match self.inner.lost.lock().ok().and_then(|slot| slot.clone()) {
             Some(reason) => Err(Error::DeviceLost { reason }),

@@ -17,14 +17,18 @@
 //! - `R` (the value type: the math scalar, or `vec4` of it with four accesses per element)
 //!   and `S` (the math scalar); `WG` (the workgroup size, [`WORKGROUP_SIZE`]);
 //!   `BINDING_<NAME>` for every constant of [`binding`].
-//! - `struct TableHead`, `struct TableRow`, `struct Table`, `table` (the dispatch's table),
-//!   `table_row(r: u32) -> TableRow` (row `r` of `table.rows` as a [`TableRow`]),
-//!   `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`, `MAP_ENTRIES_PER_ROW`, `entry_row(w)`, and
-//!   `select_entry(w) -> u32`, which loads workgroup `w`'s segment into the private `seg`
-//!   (`n`, `pair_shift`, `pair_first`, `pair_step`, `base<b>`) and returns its entry's first
-//!   row. With stochastic stores: `struct RngRow`, `rng_row` (its reader, as `table_row`),
-//!   `ENTRY_RNG` and `rng_begin(e, seed_lo, seed_hi, step)`.
-//! - `is_nan`, `max_propagating_nan`; `shaders/convert.wgsl` where a binding holds 16-bit
+//! - `struct TableHead`, `struct TableRow`, `table_row(r: u32) -> TableRow` (row `r` of
+//!   `table.rows` as a [`TableRow`]), `TABLE_ROWS`, `ENTRY_ROWS`, `ENTRY_BASES`,
+//!   `WORDS_PER_ROW`, the workgroup map's `MAP_ENTRY_BITS`, `MAP_ENTRIES_PER_WORD` and
+//!   `MAP_ENTRIES_PER_ROW`, and `load_bases(e)` (each binding's base from entry `e`); then
+//!   `shaders/table.wgsl` (`struct Table`, `table`, `entry_row(w)`) and
+//!   `shaders/table_select.wgsl` (`select_entry(w) -> u32`, which loads workgroup `w`'s
+//!   segment into the private `seg`: `n`, `pair_shift`, `pair_first`, `pair_step`,
+//!   `base<b>`, and returns its entry's first row). With stochastic stores: `struct RngRow`,
+//!   `rng_row` (its reader, as `table_row`), `ENTRY_RNG` and `shaders/table_rng.wgsl`
+//!   (`rng_begin(e, seed_lo, seed_hi, step)`).
+//! - `is_nan` (`shaders/nan_bits.wgsl`, or `nan_f64.wgsl` in f64) and `max_propagating_nan`
+//!   (`shaders/nan.wgsl`); `shaders/convert.wgsl` where a binding holds 16-bit
 //!   values; `shaders/stochastic.wgsl` with stochastic stores.
 //! - `load_<slot>(i) -> R` for every input slot and `store_<slot>(i, v: R)` for every
 //!   output slot of the program ([`Program::inputs`], [`Program::outputs`]).
@@ -349,6 +353,10 @@ pub(crate) mod binding {
     /// Group 1 of 8-bit kernels with 8-bit states: the code tables, read.
     pub(crate) const Q8_CODE_TABLES: u32 = 4;
 
+    // Pipeline layouts list their bind group layouts in group order (`gpu/pipeline.rs`, the
+    // clip and advance passes in `optimizer/`), so the numbers must be these.
+    const _: () = assert!(GROUP_SCALARS == 0 && GROUP_TABLE == 1);
+
     /// Every constant with its WGSL name.
     pub(super) const ALL: [(&str, u32); 18] = [
         ("GROUP_SCALARS", GROUP_SCALARS),
@@ -385,13 +393,24 @@ pub(crate) const TABLE_BYTES: u64 = (std::mem::size_of::<TableHead>() + 16 * TAB
 /// The row of an entry where its bases start, after its [`TableRow`].
 const ENTRY_BASES: usize = 1;
 
-/// Workgroups per row of the workgroup map: a `u16` entry index each, two to a word.
-pub(crate) const MAP_ENTRIES_PER_ROW: usize = 8;
+/// `u32` words in a row of the table (a `vec4<u32>`): the bases of as many bindings.
+pub(crate) const WORDS_PER_ROW: usize = 4;
+
+/// Bits of one workgroup map entry: an entry index as a `u16` (entries and map rows together
+/// stay under [`TABLE_ROWS`], so every index fits).
+pub(crate) const MAP_ENTRY_BITS: usize = 16;
+
+/// Workgroup map entries packed into one `u32` word.
+pub(crate) const MAP_ENTRIES_PER_WORD: usize = 32 / MAP_ENTRY_BITS;
+
+/// Workgroups per row of the workgroup map.
+pub(crate) const MAP_ENTRIES_PER_ROW: usize = MAP_ENTRIES_PER_WORD * WORDS_PER_ROW;
 
 /// `vec4<u32>` rows per table entry of a layout with `bindings` storage bindings: its
-/// [`TableRow`], then the bases, four to a row, then with stochastic stores its [`RngRow`].
+/// [`TableRow`], then the bases, [`WORDS_PER_ROW`] to a row, then with stochastic stores
+/// its [`RngRow`].
 pub(crate) fn rows_per_entry(bindings: usize, stochastic: bool) -> usize {
-    ENTRY_BASES + bindings.div_ceil(4) + usize::from(stochastic)
+    ENTRY_BASES + bindings.div_ceil(WORDS_PER_ROW) + usize::from(stochastic)
 }
 
 /// Rows of the workgroup map that follows a table's entries: each workgroup's entry as a
@@ -638,14 +657,14 @@ enum Round {
 /// NaN is found from the bits, which no compiler may assume away.
 pub(crate) fn nan_helpers(math: DType, vector: bool) -> String {
     let is_nan = if math == DType::F64 {
-        // No 64-bit integers (nor a size-changing bitcast) without extensions; an ordered
-        // comparison is false exactly for NaN.
-        "fn is_nan(x: R) -> bool {\n    return !(x == x);\n}\n".to_string()
+        // No 64-bit integers (nor a size-changing bitcast) without extensions.
+        include_str!("../../shaders/nan_f64.wgsl").to_string()
     } else {
-        let (u, b) = if vector { ("vec4<u32>", "vec4<bool>") } else { ("u32", "bool") };
-        format!("fn is_nan(x: R) -> {b} {{\n    return (bitcast<{u}>(x) & {u}(0x7fffffffu)) > {u}(0x7f800000u);\n}}\n")
+        let (bits, mask) = if vector { ("vec4<u32>", "vec4<bool>") } else { ("u32", "bool") };
+        format!("alias NanBits = {bits};\nalias NanMask = {mask};\n")
+            + include_str!("../../shaders/nan_bits.wgsl")
     };
-    is_nan + "fn max_propagating_nan(a: R, b: R) -> R {\n    return select(max(a, b), a + b, is_nan(a) | is_nan(b));\n}\n"
+    is_nan + include_str!("../../shaders/nan.wgsl")
 }
 
 fn load_expression(b: usize, storage: Storage, vector: bool) -> String {
@@ -755,52 +774,46 @@ pub(crate) fn advance_wgsl() -> String {
 /// row of workgroup `w`'s entry.
 pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
     let mut s = TableHead::wgsl();
-    let _ = write!(
-        s,
-        "const TABLE_ROWS: u32 = {TABLE_ROWS}u;\n\
-         const ENTRY_ROWS: u32 = {per_entry}u;\n\
-         const MAP_ENTRIES_PER_ROW: u32 = {MAP_ENTRIES_PER_ROW}u;\n\
-         struct Table {{\n    head: TableHead,\n    rows: array<vec4<u32>, TABLE_ROWS>,\n}}\n\
-         @group(GROUP_TABLE) @binding(BINDING_TABLE) var<uniform> table: Table;\n\
-         fn entry_row(w: u32) -> u32 {{\n    \
-         let pair = table.rows[ENTRY_ROWS * table.head.rows + w / MAP_ENTRIES_PER_ROW][(w / 2u) % 4u];\n    \
-         return ENTRY_ROWS * ((pair >> ((w & 1u) * 16u)) & 0xffffu);\n}}\n"
-    );
-    s
+    let constants = [
+        ("TABLE_ROWS", TABLE_ROWS),
+        ("ENTRY_ROWS", per_entry),
+        ("WORDS_PER_ROW", WORDS_PER_ROW),
+        ("MAP_ENTRY_BITS", MAP_ENTRY_BITS),
+        ("MAP_ENTRIES_PER_WORD", MAP_ENTRIES_PER_WORD),
+        ("MAP_ENTRIES_PER_ROW", MAP_ENTRIES_PER_ROW),
+    ];
+    for (name, value) in constants {
+        let _ = writeln!(s, "const {name}: u32 = {value}u;");
+    }
+    s + include_str!("../../shaders/table.wgsl")
 }
 
 /// The dispatch's table of segments (its [`TableHead`], each entry's [`TableRow`], bases and
-/// [`RngRow`], the workgroup map) and `select_entry(w)`, which finds the entry whose
-/// workgroups include workgroup `w` in the workgroup map ([`map_rows`]), loads it into `seg`
-/// and returns its first row.
+/// [`RngRow`], the workgroup map) and `select_entry(w)` (`shaders/table_select.wgsl`), which
+/// finds the entry whose workgroups include workgroup `w` in the workgroup map
+/// ([`map_rows`]), loads it into `seg` and returns its first row; with stochastic stores
+/// `rng_begin` (`shaders/table_rng.wgsl`).
 fn table_wgsl(bindings: usize, stochastic: bool) -> String {
     let per_entry = rows_per_entry(bindings, stochastic);
     let mut s = table_head_wgsl(per_entry) + &TableRow::wgsl() + &TableRow::reader_wgsl("table_row");
-    let _ = write!(
-        s,
-        "const ENTRY_BASES: u32 = {ENTRY_BASES}u;\n\
-         fn select_entry(w: u32) -> u32 {{\n    \
-         let e = entry_row(w);\n    \
-         let row = table_row(e);\n    \
-         seg.n = row.n;\n    seg.pair_shift = row.pair_shift;\n    \
-         seg.pair_first = table.head.pair_first;\n    seg.pair_step = table.head.pair_step;\n"
-    );
+    let _ = writeln!(s, "const ENTRY_BASES: u32 = {ENTRY_BASES}u;");
+    // The one part that depends on the layout: each binding's base, from its row and word.
+    s.push_str("fn load_bases(e: u32) {\n");
     for b in 0..bindings {
-        let _ = writeln!(s, "    seg.base{b} = table.rows[e + ENTRY_BASES + {}u][{}u];", b / 4, b % 4);
+        let _ = writeln!(
+            s,
+            "    seg.base{b} = table.rows[e + ENTRY_BASES + {}u][{}u];",
+            b / WORDS_PER_ROW,
+            b % WORDS_PER_ROW
+        );
     }
-    s.push_str("    return e;\n}\n");
+    s.push_str("}\n");
+    s.push_str(include_str!("../../shaders/table_select.wgsl"));
     if stochastic {
         s.push_str(&RngRow::wgsl());
         s.push_str(&RngRow::reader_wgsl("rng_row"));
-        let _ = write!(
-            s,
-            "const ENTRY_RNG: u32 = {}u;\n\
-             var<private> rng_key: u32;\nvar<private> rng_first_lo: u32;\nvar<private> rng_first_hi: u32;\n\
-             fn rng_begin(e: u32, seed_lo: u32, seed_hi: u32, step: u32) {{\n    \
-             let r = rng_row(e + ENTRY_RNG);\n    rng_first_lo = r.first_lo;\n    rng_first_hi = r.first_hi;\n    \
-             rng_key = rng_mix(rng_mix(rng_mix(rng_mix(seed_lo) ^ seed_hi) ^ step) ^ r.ordinal);\n}}\n",
-            per_entry - 1
-        );
+        let _ = writeln!(s, "const ENTRY_RNG: u32 = {}u;", per_entry - 1);
+        s.push_str(include_str!("../../shaders/table_rng.wgsl"));
     }
     s
 }

@@ -20,8 +20,8 @@
 //! every such struct as `#[repr(C)]` does.
 
 use crate::gpu::kernel::{
-    map_rows, rows_per_entry, Program, Storage, VariantKey, MAP_ENTRIES_PER_ROW, MAX_WORKGROUPS, TABLE_ROWS,
-    WORKGROUP_SIZE,
+    map_rows, rows_per_entry, Program, Storage, VariantKey, MAP_ENTRIES_PER_ROW, MAP_ENTRIES_PER_WORD,
+    MAP_ENTRY_BITS, MAX_WORKGROUPS, TABLE_ROWS, WORDS_PER_ROW, WORKGROUP_SIZE,
 };
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
@@ -181,7 +181,7 @@ impl TableDispatch {
         let groups = self.groups();
         for ((row, segment), &groups) in self.rows.iter().zip(segments).zip(&groups) {
             words.extend(TableRow { n: row.n, pair_shift: row.pair_shift, first_group, groups }.words());
-            let mut bases = vec![0u32; 4 * self.spans.len().div_ceil(4)];
+            let mut bases = vec![0u32; WORDS_PER_ROW * self.spans.len().div_ceil(WORDS_PER_ROW)];
             for (b, (range, span)) in segment.ranges.iter().zip(&self.spans).enumerate() {
                 let unit = unit_bytes(self.key.layout.bindings[b].storage, self.key.width);
                 bases[b] = range.base + ((range.offset - span.offset) / unit) as u32;
@@ -235,7 +235,9 @@ pub(crate) fn workgroup_map(groups: &[u32]) -> Vec<u32> {
         map.extend(std::iter::repeat_n(k as u16, g as usize));
     }
     map.resize(MAP_ENTRIES_PER_ROW * map_rows(map.len()), 0);
-    map.chunks_exact(2).map(|pair| u32::from(pair[0]) | u32::from(pair[1]) << 16).collect()
+    map.chunks_exact(MAP_ENTRIES_PER_WORD)
+        .map(|word| word.iter().rev().fold(0, |packed, &entry| packed << MAP_ENTRY_BITS | u32::from(entry)))
+        .collect()
 }
 
 /// Bytes per unit of a binding's base: one access (an element, or a vec4), or one half of

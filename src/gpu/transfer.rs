@@ -36,7 +36,8 @@ impl GpuContext {
         self.catch(&format!("submitting {label}"), || self.queue().submit([encoder.finish()]))
     }
 
-    /// A new buffer holding `bytes` with [`TENSOR_USAGES`], as one tensor of `dtype`.
+    /// A new buffer holding `bytes` with [`TENSOR_USAGES`], as one tensor of `dtype`: for
+    /// data already in its dtype's bytes (f16 or bf16 weights from a model file).
     pub fn upload_bytes(&self, label: &str, bytes: &[u8], dtype: DType) -> Tensor {
         let buffer = self.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
@@ -67,7 +68,8 @@ impl GpuContext {
         Ok(tensor.dtype.decode(&self.read_bytes_async(tensor).await?))
     }
 
-    /// A new f32 tensor holding `values`.
+    /// A new f32 tensor holding `values` as they are: a trainer's data is usually f32, and
+    /// this skips [`Self::upload`]'s f64 round trip.
     pub fn upload_f32(&self, label: &str, values: &[f32]) -> Tensor {
         self.upload_bytes(label, bytemuck::cast_slice(values), DType::F32)
     }
@@ -208,7 +210,7 @@ impl GpuContext {
         Ok(Some(Readback { staging, submission, mapped, skip, len: tensor.byte_len() as usize }))
     }
 
-    /// Reads an f32 tensor back to the host.
+    /// Reads an f32 tensor back to the host as f32, without [`Self::read`]'s widening.
     pub fn read_f32(&self, tensor: &Tensor) -> Result<Vec<f32>> {
         self.expect_dtype(tensor, DType::F32)?;
         Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(tensor)?))

@@ -15,7 +15,8 @@ pub struct ParamGroup {
 }
 
 impl ParamGroup {
-    /// A group of `params` updated by `algorithm`.
+    /// A group of `params` updated by `algorithm`: the struct literal's shorthand, taking
+    /// any algorithm type (`Adam`, `Sgd`, ...) and a slice.
     pub fn new(algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Self {
         ParamGroup { algorithm: algorithm.into(), params: params.to_vec() }
     }
@@ -147,7 +148,8 @@ impl OptimizerBuilder {
     }
 
     /// Blockwise 8-bit state, bitsandbytes' format ([`Q8States`]): Adam's moments or SGD's
-    /// momentum as one byte per element plus one f32 per block of 256, for every tensor of
+    /// momentum as one byte per element plus one f32 per block of
+    /// [`BLOCK_SIZE`](crate::q8::BLOCK_SIZE) elements, for every tensor of
     /// at least `min_8bit_size` elements (f32 state below). Needs F32 parameters; excludes
     /// `state_dtype`, `capturable`, `master_weights`, `model_copies` and non-default
     /// `rounding` ([`Error::ConflictingOptions`]), AMSGrad and Adagrad.

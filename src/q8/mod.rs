@@ -189,6 +189,9 @@ pub(crate) fn check_absmax(absmax: &[f32], argument: &str) -> Result<()> {
 /// One state tensor under [`Q8States`], as either backend hands it back: blockwise 8-bit for
 /// a tensor of at least `min_8bit_size` elements, f32 below (bitsandbytes' `state1`/`state2`
 /// with `absmax1`/`absmax2`, or its f32 state).
+///
+/// Exhaustive: these are the two forms bitsandbytes' 8-bit optimizers store; a state format
+/// of fewer bits will be a type of its own, with its own blocks and maps.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StoredState {
     /// One code per element, one absmax per block of [`BLOCK_SIZE`].

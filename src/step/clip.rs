@@ -23,7 +23,8 @@ pub enum NormType {
 }
 
 impl NormType {
-    /// PyTorch's `norm_type` for this norm: 2 or infinity.
+    /// PyTorch's `norm_type` for this norm: 2 or infinity, for a configuration written for
+    /// PyTorch's `clip_grad_norm_`.
     pub fn torch_value(self) -> f64 {
         match self {
             NormType::L2 => 2.0,
@@ -31,7 +32,8 @@ impl NormType {
         }
     }
 
-    /// The norm for PyTorch's `norm_type`; `None` for any p other than 2 and infinity.
+    /// The norm for PyTorch's `norm_type` (reading a PyTorch configuration); `None` for any
+    /// p other than 2 and infinity.
     pub fn from_torch_value(p: f64) -> Option<Self> {
         if p == 2.0 {
             Some(NormType::L2)
@@ -65,7 +67,8 @@ impl GradClip {
         GradClip { max_norm, norm_type: NormType::L2 }
     }
 
-    /// [`Error::BadHyperparameter`] unless `max_norm` is positive and finite.
+    /// [`Error::BadHyperparameter`] unless `max_norm` is positive and finite. Building an
+    /// optimizer checks it anyway; a trainer checks a configuration earlier with it.
     pub fn validate(&self) -> Result<()> {
         if !(self.max_norm > 0.0 && self.max_norm.is_finite()) {
             return Err(Error::BadHyperparameter {

@@ -10,6 +10,10 @@ use crate::step::fields::table_struct;
 /// The most states a segment has (Adam's two moments).
 pub(crate) const MAX_STATES: usize = 2;
 
+// `Segment` holds the states' words as `vec2<u32>`, and shaders/q8_codes.wgsl, q8_serial.wgsl
+// and q8_f32.wgsl keep them as `vec2` pairs (`.x`, `.y`): a third state changes those too.
+const _: () = assert!(MAX_STATES == 2);
+
 table_struct! {
     /// One segment (a tensor, or a chunk of one) in a dispatch's table. Bases are relative
     /// to the dispatch's bindings; states are in the order of the variant's state kinds.

@@ -146,6 +146,13 @@ struct DispatchKey {
 }
 
 /// A dispatch being assembled: its bindings' byte ranges and its segments.
+///
+/// Beside `gpu::table::TableDispatch`, not one with it: both pack with `gpu::packing` and
+/// write a `TableHead` and the same workgroup map, but an 8-bit dispatch binds whole
+/// parameter, gradient and state ranges aligned to the storage offset alignment (blocks of
+/// codes and their absmax live in one arena), where a multi-tensor dispatch binds one span
+/// per slot in units of its element type, and its entries are `Segment`s, not
+/// `TableRow`s with per-binding bases.
 struct Pending {
     key: DispatchKey,
     params: (u64, u64),
