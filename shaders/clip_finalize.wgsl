@@ -2,12 +2,12 @@
 // in a fixed order into the global norm and writes it with PyTorch's coefficient,
 // min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
 // update kernels read it. The prelude (src/gpu/kernel.rs's clip_finalize_wgsl) declares WG
-// (the workgroup size, a power of two), the BINDING_* constants, `struct ClipState`,
+// (the workgroup size, a power of two), the BINDING_* constants, `struct ClipHeader`,
 // NORM_INF, norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also
 // writes the coefficient into the device state, where capturable update kernels read it.
 
 @group(GROUP_SCALARS) @binding(BINDING_FINALIZE_PARTIALS) var<storage, read> partials: array<f32>;
-@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_CLIP) var<storage, read_write> clip: ClipState;
+@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_CLIP) var<storage, read_write> clip: ClipHeader;
 
 var<workgroup> lanes: array<f32, WG>;
 

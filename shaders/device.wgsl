@@ -1,5 +1,5 @@
 // Capturable mode: the step counter, the AMP flag and the unscale factor live in one small
-// device buffer (`DeviceState`, declared from src/step/device.rs), so a trainer never reads
+// device buffer (`DeviceHeader`, declared from src/step/device.rs), so a trainer never reads
 // back or rewrites them per step.
 
 // 1 - beta^t = -expm1(t ln beta), accurate in f32 at small t: a series where t ln beta is

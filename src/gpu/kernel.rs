@@ -34,8 +34,8 @@
 //!   output slot of the program ([`Program::inputs`], [`Program::outputs`]).
 //! - The program's override constants ([`Program::overrides`]; `FIRST_MOMENT` with its
 //!   named values) and, for updates, `struct Hyper` (the family's uniform) and `hp`, its
-//!   private copy; `struct HyperSlot` and `struct RoundingState` with stochastic stores.
-//! - Capturable updates: `struct DeviceState`, `device_state`, `device_lr`,
+//!   private copy; `struct HyperSlot` and `struct RoundingHeader` with stochastic stores.
+//! - Capturable updates: `struct DeviceHeader`, `device_state`, `device_lr`,
 //!   `shaders/device.wgsl` and the family's `at_step` (`shaders/<family>_capturable.wgsl`).
 //!   The unscale passes: `device_state` (its `found_inf` atomic). Clipping updates:
 //!   `clip_coefficient`, which `load_grad` applies.
@@ -516,7 +516,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         s.push_str(&switches.uniform_wgsl());
         if rng {
             // The seed and step follow the family's uniform in the same slot.
-            s.push_str(&RoundingHeader::wgsl(switches.uniform_bytes(key.math)));
+            s.push_str(&RoundingHeader::slot_wgsl(switches.uniform_bytes(key.math)));
         }
     }
     if key.program.takes_norm() {
@@ -571,13 +571,13 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             }
         }
         Scalars::Device => {
-            s.push_str(&DeviceHeader::wgsl(false));
+            s.push_str(&DeviceHeader::wgsl_for(false));
             s.push_str(include_str!("../../shaders/device.wgsl"));
             s.push_str(key.program.capturable_source());
             let _ = write!(
                 s,
                 "\n@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
-                 @group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE) var<storage, read> device_state: DeviceState;\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE) var<storage, read> device_state: DeviceHeader;\n\
                  @group(GROUP_SCALARS) @binding(BINDING_DEVICE_LR) var<storage, read> device_lr: f32;\n\
                  var<private> hp: Hyper;\n",
             );
@@ -593,9 +593,9 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             }
         }
         Scalars::Unscale => {
-            s.push_str(&DeviceHeader::wgsl(true));
+            s.push_str(&DeviceHeader::wgsl_for(true));
             s.push_str(
-                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n",
+                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceHeader;\n",
             );
         }
         Scalars::Norm => {
@@ -604,9 +604,9 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             );
         }
         Scalars::UnscaleNorm => {
-            s.push_str(&DeviceHeader::wgsl(true));
+            s.push_str(&DeviceHeader::wgsl_for(true));
             s.push_str(
-                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceState;\n\
+                "@group(GROUP_SCALARS) @binding(BINDING_DEVICE_STATE_RW) var<storage, read_write> device_state: DeviceHeader;\n\
                  @group(GROUP_SCALARS) @binding(BINDING_UNSCALE_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
         }
@@ -622,7 +622,7 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
     if key.clip && key.scalars != Scalars::Device {
         s.push_str(&ClipHeader::wgsl());
         s.push_str(
-            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;\n",
+            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipHeader;\n",
         );
     }
     if key.program.takes_norm() {
@@ -739,17 +739,17 @@ pub(crate) fn binding_wgsl() -> String {
 }
 
 /// The clip finalize pass's WGSL (`shaders/clip_finalize.wgsl`, one workgroup of `WG`
-/// invocations), after its prelude: `WG`, the binding constants, `struct ClipState`,
+/// invocations), after its prelude: `WG`, the binding constants, `struct ClipHeader`,
 /// `NORM_INF`, `shaders/norm_combine.wgsl` and `publish(coefficient)`, which in capturable
 /// mode also writes the coefficient into the device state, where capturable update kernels
 /// read it.
 pub(crate) fn clip_finalize_wgsl(capturable: bool) -> String {
     let mut s = format!("const WG: u32 = {WORKGROUP_SIZE}u;\n") + &binding_wgsl() + &ClipHeader::wgsl();
     if capturable {
-        s.push_str(&DeviceHeader::wgsl(false));
+        s.push_str(&DeviceHeader::wgsl_for(false));
         s.push_str(
             "@group(GROUP_SCALARS) @binding(BINDING_FINALIZE_DEVICE_STATE)\n\
-             var<storage, read_write> device_state: DeviceState;\n\
+             var<storage, read_write> device_state: DeviceHeader;\n\
              fn publish(coefficient: f32) { device_state.clip_coefficient = coefficient; }\n",
         );
     } else {
@@ -762,9 +762,9 @@ pub(crate) fn clip_finalize_wgsl(capturable: bool) -> String {
 }
 
 /// The step-advancing kernel's WGSL (`shaders/advance.wgsl`), after its prelude: the binding
-/// constants and `struct DeviceState`.
+/// constants and `struct DeviceHeader`.
 pub(crate) fn advance_wgsl() -> String {
-    binding_wgsl() + &DeviceHeader::wgsl(false) + include_str!("../../shaders/advance.wgsl")
+    binding_wgsl() + &DeviceHeader::wgsl_for(false) + include_str!("../../shaders/advance.wgsl")
 }
 
 /// What every multi-tensor table declares, whatever its entries hold: `struct TableHead`,
@@ -994,7 +994,7 @@ pub(crate) mod tests {
             assert_eq!(module.entry_points[0].workgroup_size, [WORKGROUP_SIZE, 1, 1]);
             let header = [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
                 .map(|(n, o)| (n.to_string(), o));
-            assert_eq!(members(&module, "ClipState"), header);
+            assert_eq!(members(&module, "ClipHeader"), header);
         }
         let source = advance_wgsl();
         let module = parse(&source);
@@ -1134,7 +1134,7 @@ pub(crate) mod tests {
                             let header =
                                 [("total_norm", 0), ("coefficient", 4), ("max_norm", 8), ("reserved", 12)]
                                     .map(|(n, o)| (n.to_string(), o));
-                            assert_eq!(members(&module, "ClipState"), header, "{key:?}");
+                            assert_eq!(members(&module, "ClipHeader"), header, "{key:?}");
                         }
                         if matches!(scalars, Scalars::Device | Scalars::Unscale | Scalars::UnscaleNorm) {
                             let header = [
@@ -1144,12 +1144,12 @@ pub(crate) mod tests {
                                 ("clip_coefficient", DeviceHeader::CLIP_COEFFICIENT),
                             ]
                             .map(|(n, o)| (n.to_string(), o as u32));
-                            assert_eq!(members(&module, "DeviceState"), header, "{key:?}");
+                            assert_eq!(members(&module, "DeviceHeader"), header, "{key:?}");
                         }
                         if stochastic.any() {
                             let fields = [("seed_lo", 0u32), ("seed_hi", 4), ("step", 8), ("reserved", 12)];
                             let fields = fields.map(|(n, o)| (n.to_string(), o));
-                            assert_eq!(members(&module, "RoundingState"), fields, "{key:?}");
+                            assert_eq!(members(&module, "RoundingHeader"), fields, "{key:?}");
                             assert_eq!(
                                 members(&module, "RngRow"),
                                 rust_members(RngRow::FIELDS, RngRow::OFFSETS),

@@ -25,10 +25,11 @@ use crate::gpu::kernel::{
 };
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
-use crate::step::fields::table_struct;
+use crate::step::fields::shader_struct;
 
-table_struct! {
+shader_struct! {
     /// The head of a dispatch's table (`table.head` in WGSL).
+    #[derive(Default, Eq)]
     TableHead {
         /// Entries (rows of segments) in the table.
         rows: u32,
@@ -43,8 +44,9 @@ table_struct! {
     }
 }
 
-table_struct! {
+shader_struct! {
     /// The first row of a table entry (`table_row(e)` in WGSL).
+    #[derive(Default, Eq)]
     TableRow {
         /// Accesses (elements, or vec4s) in the segment.
         n: u32,
@@ -57,9 +59,10 @@ table_struct! {
     }
 }
 
-table_struct! {
+shader_struct! {
     /// The last row of a table entry with stochastic stores: what the rounding hash takes
     /// from the segment (`rng_row(...)` in WGSL).
+    #[derive(Default, Eq)]
     RngRow {
         /// The tensor's ordinal.
         ordinal: u32,

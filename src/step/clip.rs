@@ -6,7 +6,7 @@
 
 use std::mem::offset_of;
 
-use super::fields::wgsl_struct;
+use super::fields::shader_struct;
 use crate::{Error, Result};
 
 /// Which norm of the gradients is clipped.
@@ -93,18 +93,19 @@ pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32) -> f32 {
     }
 }
 
-/// The head of the clip buffer: what the finalize pass writes and the update kernels read.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct ClipHeader {
-    /// The last step's global gradient norm.
-    pub(crate) total_norm: f32,
-    /// What the last step multiplied every gradient by.
-    pub(crate) coefficient: f32,
-    /// The clip threshold, in f32 as PyTorch holds it next to an f32 norm.
-    pub(crate) max_norm: f32,
-    /// Keeps the header a whole 16 bytes.
-    pub(crate) reserved: u32,
+shader_struct! {
+    /// The head of the clip buffer: what the finalize pass writes and the update kernels
+    /// read (`struct ClipHeader` in WGSL).
+    ClipHeader {
+        /// The last step's global gradient norm.
+        total_norm: f32,
+        /// What the last step multiplied every gradient by.
+        coefficient: f32,
+        /// The clip threshold, in f32 as PyTorch holds it next to an f32 norm.
+        max_norm: f32,
+        /// Keeps the header a whole 16 bytes.
+        reserved: u32,
+    }
 }
 
 impl ClipHeader {
@@ -112,13 +113,6 @@ impl ClipHeader {
     pub(crate) const BYTES: u64 = std::mem::size_of::<ClipHeader>() as u64;
     /// Byte offset of `total_norm`.
     pub(crate) const TOTAL_NORM: u64 = offset_of!(ClipHeader, total_norm) as u64;
-
-    /// `struct ClipState { ... }` in WGSL.
-    pub(crate) fn wgsl() -> String {
-        let fields =
-            [("total_norm", "f32"), ("coefficient", "f32"), ("max_norm", "f32"), ("reserved", "u32")];
-        wgsl_struct("ClipState", fields.into_iter())
-    }
 }
 
 #[cfg(test)]

@@ -3,22 +3,23 @@
 
 use std::mem::offset_of;
 
-use super::fields::wgsl_struct;
+use super::fields::shader_struct;
 
-/// The device state's first bytes, which every kernel sees through the generated declaration.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct DeviceHeader {
-    /// Steps taken on the device (AMP-skipped steps excluded).
-    pub(crate) step: u32,
-    /// Non-zero when AMP's unscale found a NaN or an infinity: the step is skipped.
-    pub(crate) found_inf: u32,
-    /// AMP's `1 / scale`, copied from the trainer's tensor by each unscale.
-    pub(crate) inv_scale: f32,
-    /// Gradient clipping's coefficient in capturable mode, written by the clip pass and read
-    /// by the update kernels beside the step counter, so that clipping costs no storage
-    /// binding of its own there (1 when not clipping).
-    pub(crate) clip_coefficient: f32,
+shader_struct! {
+    /// The device state's first bytes, which every kernel sees through the generated
+    /// declaration (`struct DeviceHeader` in WGSL).
+    DeviceHeader {
+        /// Steps taken on the device (AMP-skipped steps excluded).
+        step: u32,
+        /// Non-zero when AMP's unscale found a NaN or an infinity: the step is skipped.
+        found_inf: u32,
+        /// AMP's `1 / scale`, copied from the trainer's tensor by each unscale.
+        inv_scale: f32,
+        /// Gradient clipping's coefficient in capturable mode, written by the clip pass and
+        /// read by the update kernels beside the step counter, so that clipping costs no
+        /// storage binding of its own there (1 when not clipping).
+        clip_coefficient: f32,
+    }
 }
 
 impl Default for DeviceHeader {
@@ -40,13 +41,14 @@ impl DeviceHeader {
     #[cfg(test)]
     pub(crate) const CLIP_COEFFICIENT: u64 = offset_of!(DeviceHeader, clip_coefficient) as u64;
 
-    /// `struct DeviceState { ... }` in WGSL. The unscale kernel sets `found_inf` from many
+    /// `struct DeviceHeader { ... }` in WGSL. The unscale kernel sets `found_inf` from many
     /// invocations, so there it is atomic; everywhere else a plain `u32`.
-    pub(crate) fn wgsl(atomic_found_inf: bool) -> String {
-        let found_inf = if atomic_found_inf { "atomic<u32>" } else { "u32" };
-        let fields =
-            [("step", "u32"), ("found_inf", found_inf), ("inv_scale", "f32"), ("clip_coefficient", "f32")];
-        wgsl_struct("DeviceState", fields.into_iter())
+    pub(crate) fn wgsl_for(atomic_found_inf: bool) -> String {
+        if atomic_found_inf {
+            Self::wgsl_with("found_inf", "atomic<u32>")
+        } else {
+            Self::wgsl()
+        }
     }
 }
 
@@ -56,7 +58,7 @@ mod tests {
 
     #[test]
     fn the_wgsl_declaration_lists_the_fields_in_their_rust_order() {
-        let wgsl = DeviceHeader::wgsl(false);
+        let wgsl = DeviceHeader::wgsl_for(false);
         let names: Vec<&str> =
             wgsl.lines().filter_map(|l| l.trim().split_once(':')).map(|(name, _)| name).collect();
         assert_eq!(names, ["step", "found_inf", "inv_scale", "clip_coefficient"]);

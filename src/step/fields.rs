@@ -70,33 +70,41 @@ macro_rules! uniform {
     };
 }
 
-/// A field type of a [`table_struct!`]: its WGSL spelling, and the alignment WGSL gives it
+/// A field type of a [`shader_struct!`]: its WGSL spelling, and the alignment WGSL gives it
 /// in a uniform (a field at an offset of that alignment lies where `#[repr(C)]` puts it).
-pub(crate) trait TableField {
+pub(crate) trait ShaderField {
     /// The WGSL type.
     const WGSL: &'static str;
     /// Its alignment in WGSL, in bytes.
     const ALIGN: usize;
 }
 
-impl TableField for u32 {
+impl ShaderField for u32 {
     const WGSL: &'static str = "u32";
     const ALIGN: usize = 4;
 }
 
-impl TableField for [u32; 2] {
+impl ShaderField for f32 {
+    const WGSL: &'static str = "f32";
+    const ALIGN: usize = 4;
+}
+
+impl ShaderField for [u32; 2] {
     const WGSL: &'static str = "vec2<u32>";
     const ALIGN: usize = 8;
 }
 
-/// Declares a `#[repr(C)]` Pod struct of `u32` and `[u32; 2]` fields that a kernel reads
-/// from whole `vec4<u32>` rows of a uniform table (the multi-tensor table's head and rows,
-/// the 8-bit table's segments): `NAME`, `FIELDS`, `OFFSETS`, `ROWS`, `words()` (what the
-/// host writes), `wgsl()` (the WGSL struct, `[u32; 2]` as `vec2<u32>`) and
-/// `reader_wgsl(fn_name)` (the WGSL function that reads one from the table's rows).
+/// Declares a `#[repr(C)]` Pod struct of `u32`, `f32` and `[u32; 2]` fields that host and
+/// kernels share, whole `vec4<u32>` rows of it: the multi-tensor table's head and rows, the
+/// 8-bit table's segments, and the headers of the clip, device-state and rounding buffers.
+/// It gets `NAME` (the same in WGSL), `FIELDS`, `OFFSETS`, `ROWS`, `words()` (what the host
+/// writes), `wgsl()` (the WGSL struct, `[u32; 2]` as `vec2<u32>`), `wgsl_with(field, ty)`
+/// (the same with one field's type replaced, e.g. by an atomic) and `reader_wgsl(fn_name)`
+/// (the WGSL function that reads one from a table's rows). Further derives (`Default`,
+/// `Eq`) go with the doc attributes.
 /// Compile-time checks: the struct is whole rows, and every `vec2` field lies at a multiple
 /// of 8, where WGSL puts it too.
-macro_rules! table_struct {
+macro_rules! shader_struct {
     (
         $(#[$doc:meta])*
         $name:ident {
@@ -105,15 +113,15 @@ macro_rules! table_struct {
     ) => {
         $(#[$doc])*
         #[repr(C)]
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+        #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
         pub(crate) struct $name {
             $($(#[$field_doc])* pub(crate) $field: $ty,)*
         }
 
         const _: () = {
-            assert!(std::mem::size_of::<$name>() % 16 == 0, "a table struct is whole vec4<u32> rows");
+            assert!(std::mem::size_of::<$name>() % 16 == 0, "a shader struct is whole vec4<u32> rows");
             $(assert!(
-                std::mem::offset_of!($name, $field) % <$ty as crate::step::fields::TableField>::ALIGN == 0,
+                std::mem::offset_of!($name, $field) % <$ty as crate::step::fields::ShaderField>::ALIGN == 0,
                 "a field lies where WGSL aligns it"
             );)*
         };
@@ -125,7 +133,7 @@ macro_rules! table_struct {
             pub(crate) const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
             /// Each field's WGSL type.
             const TYPES: &'static [&'static str] =
-                &[$(<$ty as crate::step::fields::TableField>::WGSL),*];
+                &[$(<$ty as crate::step::fields::ShaderField>::WGSL),*];
             /// Each field's byte offset, as `#[repr(C)]` lays it out.
             #[allow(dead_code)] // The table's head is read in place (`table.head`): no reader.
             pub(crate) const OFFSETS: &'static [usize] = &[$(std::mem::offset_of!($name, $field)),*];
@@ -134,6 +142,7 @@ macro_rules! table_struct {
             pub(crate) const ROWS: usize = std::mem::size_of::<$name>() / 16;
 
             /// The struct's words, in field order.
+            #[allow(dead_code)] // The headers are written as bytes.
             pub(crate) fn words(self) -> [u32; std::mem::size_of::<$name>() / 4] {
                 bytemuck::cast(self)
             }
@@ -141,6 +150,18 @@ macro_rules! table_struct {
             /// `struct $name { field: type, ... }` in WGSL.
             pub(crate) fn wgsl() -> String {
                 let fields = Self::FIELDS.iter().copied().zip(Self::TYPES.iter().copied());
+                crate::step::fields::wgsl_struct(Self::NAME, fields)
+            }
+
+            /// [`Self::wgsl`] with `field`'s type spelled `ty` (same size and alignment: an
+            /// atomic where one pass writes the field from many invocations).
+            #[allow(dead_code)] // Only the device state's `found_inf` needs it.
+            pub(crate) fn wgsl_with(field: &str, ty: &str) -> String {
+                let fields = Self::FIELDS
+                    .iter()
+                    .copied()
+                    .zip(Self::TYPES.iter().copied())
+                    .map(|(name, t)| (name, if name == field { ty } else { t }));
                 crate::step::fields::wgsl_struct(Self::NAME, fields)
             }
 
@@ -154,7 +175,7 @@ macro_rules! table_struct {
     };
 }
 
-pub(crate) use table_struct;
+pub(crate) use shader_struct;
 pub(crate) use uniform;
 
 /// A WGSL struct declaration from `(name, type)` pairs.
@@ -167,7 +188,7 @@ pub(crate) fn wgsl_struct<'a>(name: &str, fields: impl Iterator<Item = (&'a str,
     s
 }
 
-/// `fn fn_name(r: u32) -> name`: the struct `name` (declared by [`table_struct!`], whose
+/// `fn fn_name(r: u32) -> name`: the struct `name` (declared by [`shader_struct!`], whose
 /// fields have the WGSL `types` at the byte `offsets`) from rows `r`, `r + 1u`, ... of the
 /// `vec4<u32>` array `table.rows`: the field at byte `o` is lane `o % 16 / 4` (and the next,
 /// for a `vec2`) of row `o / 16`, which is where `#[repr(C)]` puts it in the words the host

@@ -5,7 +5,7 @@
 
 use std::mem::offset_of;
 
-use super::fields::wgsl_struct;
+use super::fields::shader_struct;
 use super::UNIFORM_SLOT_BYTES;
 use crate::StateKind;
 
@@ -96,21 +96,22 @@ impl Stochastic {
     }
 }
 
-/// The seed and the step, as stochastic kernels read them: the last 16 bytes of each
-/// group's uniform slot (after the family's uniform, which is far shorter), so the host
-/// writes them with the hyperparameters, at no extra cost. Capturable kernels take the step
-/// from the device's counter instead.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct RoundingHeader {
-    /// The seed's low 32 bits.
-    pub(crate) seed_lo: u32,
-    /// The seed's high 32 bits.
-    pub(crate) seed_hi: u32,
-    /// The step being taken, modulo 2^32.
-    pub(crate) step: u32,
-    /// Keeps the header a whole 16 bytes.
-    pub(crate) reserved: u32,
+shader_struct! {
+    /// The seed and the step, as stochastic kernels read them: the last 16 bytes of each
+    /// group's uniform slot (after the family's uniform, which is far shorter), so the host
+    /// writes them with the hyperparameters, at no extra cost. Capturable kernels take the
+    /// step from the device's counter instead. `struct RoundingHeader` in WGSL.
+    #[derive(Default)]
+    RoundingHeader {
+        /// The seed's low 32 bits.
+        seed_lo: u32,
+        /// The seed's high 32 bits.
+        seed_hi: u32,
+        /// The step being taken, modulo 2^32.
+        step: u32,
+        /// Keeps the header a whole 16 bytes.
+        reserved: u32,
+    }
 }
 
 impl RoundingHeader {
@@ -130,19 +131,18 @@ impl RoundingHeader {
         slot[at..at + Self::BYTES as usize].copy_from_slice(bytemuck::bytes_of(self));
     }
 
-    /// `struct RoundingState` and `struct HyperSlot` (the family's `Hyper` of `hyper_bytes`,
+    /// `struct RoundingHeader` and `struct HyperSlot` (the family's `Hyper` of `hyper_bytes`,
     /// padding, then the header at [`Self::OFFSET`]) in WGSL. The padding is an explicit
     /// array rather than `@size`, which naga's GLSL output does not honour (on the GL backend
     /// the header was read from the wrong place).
-    pub(crate) fn wgsl(hyper_bytes: u64) -> String {
-        let fields = [("seed_lo", "u32"), ("seed_hi", "u32"), ("step", "u32"), ("reserved", "u32")];
-        let mut s = wgsl_struct("RoundingState", fields.into_iter());
+    pub(crate) fn slot_wgsl(hyper_bytes: u64) -> String {
+        let mut s = Self::wgsl();
         // A struct member of the uniform address space takes a multiple of 16 bytes.
         let pad = (Self::OFFSET - hyper_bytes.next_multiple_of(16)) / 16;
         let padding =
             if pad > 0 { format!("    padding: array<vec4<u32>, {pad}>,\n") } else { String::new() };
         s.push_str(&format!(
-            "struct HyperSlot {{\n    hyper: Hyper,\n{padding}    rounding: RoundingState,\n}}\n"
+            "struct HyperSlot {{\n    hyper: Hyper,\n{padding}    rounding: RoundingHeader,\n}}\n"
         ));
         s
     }
@@ -252,9 +252,9 @@ mod tests {
     #[test]
     fn the_wgsl_header_sits_at_the_end_of_the_uniform_slot() {
         // Eleven f32 fields: 48 bytes, then 12 vec4s of padding up to byte 240.
-        let wgsl = RoundingHeader::wgsl(44);
+        let wgsl = RoundingHeader::slot_wgsl(44);
         assert!(wgsl.contains("padding: array<vec4<u32>, 12>"), "{wgsl}");
-        assert!(!RoundingHeader::wgsl(240).contains("padding"));
+        assert!(!RoundingHeader::slot_wgsl(240).contains("padding"));
         assert_eq!(RoundingHeader::OFFSET + RoundingHeader::BYTES, UNIFORM_SLOT_BYTES);
         let mut slot = vec![0u8; UNIFORM_SLOT_BYTES as usize];
         RoundingHeader::new(0x0123_4567_89ab_cdef, 7).write(&mut slot);

@@ -1,11 +1,11 @@
 //! The host/shader contract of an 8-bit step's group 1: the dispatch's table entry as a
 //! `#[repr(C)]` Pod struct whose WGSL declaration and reader are generated from the same
-//! field list by `table_struct!`, as the multi-tensor table's are (the layout test in
+//! field list by `shader_struct!`, as the multi-tensor table's are (the layout test in
 //! `gpu::q8::tests` checks naga's offsets against Rust's). The table itself is the
 //! multi-tensor table's: a [`crate::gpu::table::TableHead`], then `vec4<u32>` rows, then the
 //! workgroup map.
 
-use crate::step::fields::table_struct;
+use crate::step::fields::shader_struct;
 
 /// The most states a segment has (Adam's two moments).
 pub(crate) const MAX_STATES: usize = 2;
@@ -14,10 +14,11 @@ pub(crate) const MAX_STATES: usize = 2;
 // and q8_f32.wgsl keep them as `vec2` pairs (`.x`, `.y`): a third state changes those too.
 const _: () = assert!(MAX_STATES == 2);
 
-table_struct! {
+shader_struct! {
     /// One segment (a tensor, or a chunk of one) in a dispatch's table. Bases are relative
     /// to the dispatch's bindings; states are in the order of the variant's state kinds.
     /// `segment_at(r)` in WGSL reads one from its rows.
+    #[derive(Default, Eq)]
     Segment {
         /// Elements.
         n: u32,

@@ -45,7 +45,7 @@
 //!   names) reading `old_states[k]` and writing `new_states[k]`; every other slot of the
 //!   family reads 0 and stores nothing;
 //! - the family's override constants, `struct Hyper` and its binding `hp_base`; clipped,
-//!   `struct ClipState` and its binding `clip_state`.
+//!   `struct ClipHeader` and its binding `clip_state`.
 
 use std::fmt::Write;
 
@@ -223,7 +223,7 @@ pub(crate) fn prelude(variant: &Variant) -> String {
         s.push_str(&ClipHeader::wgsl());
         let _ = writeln!(
             s,
-            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipState;"
+            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipHeader;"
         );
     }
     s
