@@ -10,8 +10,20 @@ use crate::q8::{Q8States, BLOCK_SIZE};
 use crate::{Algorithm, Result, Rounding};
 
 /// A parsed checkpoint file of either backend, checked for internal consistency but not
-/// yet against an optimizer. Parsing reads the header and tensor table defensively and copies no tensor
-/// data, so arbitrary bytes cost at most the file's size.
+/// yet against an optimizer. Parsing reads the header and tensor table defensively and
+/// copies no tensor data, so arbitrary bytes cost at most the file's size. A trainer reads
+/// one to rebuild the optimizer it came from (its groups, step and options) before loading:
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let bytes = std::fs::read("optimizer.safetensors")?;
+/// let checkpoint = wgpu_optim::Checkpoint::parse(&bytes)?;
+/// println!("step {}, {} groups", checkpoint.step, checkpoint.groups.len());
+/// for (algorithm, params) in &checkpoint.groups {
+///     println!("{algorithm:?} over parameters {params:?}");
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Checkpoint<'a> {
     /// Steps taken when it was saved.
     pub step: u64,

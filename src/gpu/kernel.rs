@@ -380,7 +380,8 @@ pub(crate) mod binding {
     ];
 }
 
-/// The fields of a segment before its per-binding bases.
+/// The fields of `CurrentSegment` (the private `seg`, which `select_entry` fills from the
+/// table; no host layout) before its per-binding bases.
 const SEGMENT_HEADER: [&str; 4] = ["n", "pair_shift", "pair_first", "pair_step"];
 
 /// `vec4<u32>` rows of a dispatch's table after its [`TableHead`]: each entry's rows, then
@@ -442,14 +443,14 @@ pub(crate) fn compose(key: &VariantKey) -> String {
     let _ = writeln!(s, "alias S = {math};");
     let _ = writeln!(s, "const WG: u32 = {WORKGROUP_SIZE}u;");
     s.push_str(&binding_wgsl());
-    s.push_str("struct Segment {\n");
+    s.push_str("struct CurrentSegment {\n");
     for field in SEGMENT_HEADER {
         let _ = writeln!(s, "    {field}: u32,");
     }
     for b in 0..bindings.len() {
         let _ = writeln!(s, "    base{b}: u32,");
     }
-    s.push_str("}\nvar<private> seg: Segment;\n");
+    s.push_str("}\nvar<private> seg: CurrentSegment;\n");
     s.push_str(&table_wgsl(bindings.len(), rng));
     s.push_str(&nan_helpers(key.math, vector));
     if bindings.iter().any(|b| b.storage.dtype().size() == 2) {

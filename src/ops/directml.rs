@@ -1,5 +1,30 @@
 //! DirectML's `DML_ADAM_OPTIMIZER_OPERATOR_DESC`, member by member, with its binding rule:
 //! each output may alias an eligible input (same size and type) or have memory of its own.
+//!
+//! ```no_run
+//! # fn main() -> wgpu_optim::Result<()> {
+//! use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
+//! use wgpu_optim::{DType, DmlAdam, GpuContext};
+//!
+//! let ctx = GpuContext::headless_blocking()?;
+//! let [p, m, v, g] = ["p", "m", "v", "g"].map(|name| ctx.upload(name, &[0.5; 256], DType::F32));
+//! let desc = AdamOptimizerDesc {
+//!     // Every output aliases its input: an in-place update.
+//!     output_parameters_tensor: p.clone(),
+//!     output_first_moment_tensor: m.clone(),
+//!     output_second_moment_tensor: v.clone(),
+//!     input_parameters_tensor: p,
+//!     input_first_moment_tensor: m,
+//!     input_second_moment_tensor: v,
+//!     gradient_tensor: g,
+//!     training_step_tensor: TrainingStep::Integer(1),
+//!     scalars: DmlAdam { learning_rate: 0.001, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 },
+//! };
+//! let mut encoder = ctx.device().create_command_encoder(&Default::default());
+//! directml::adam(&ctx, &mut encoder, &desc)?;
+//! ctx.queue().submit([encoder.finish()]);
+//! # Ok(()) }
+//! ```
 
 use crate::gpu::plan::{Arg, KernelArgs};
 use crate::ops::record_stateless;

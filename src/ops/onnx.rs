@@ -6,6 +6,19 @@
 //! All n tensors of one call are updated in one compute pass, whatever their lengths.
 //! Tensors may be `F32` (`tensor(float)`) or `F64` (`tensor(double)`, which needs the
 //! adapter feature `SHADER_F64`); the math runs in the tensors' type.
+//!
+//! ```no_run
+//! # fn main() -> wgpu_optim::Result<()> {
+//! use wgpu_optim::{ops::onnx, DType, GpuContext, OnnxAdam};
+//!
+//! let ctx = GpuContext::headless_blocking()?;
+//! let [x, g, v, h] = ["X", "G", "V", "H"].map(|name| ctx.upload(name, &[0.5; 256], DType::F32));
+//! let mut encoder = ctx.device().create_command_encoder(&Default::default());
+//! // n = 1, every output in place: X_new over X, V_new over V, H_new over H.
+//! onnx::adam(&ctx, &mut encoder, &OnnxAdam::default(), 0.01, 1, &[x, g, v, h], &[None, None, None])?;
+//! ctx.queue().submit([encoder.finish()]);
+//! # Ok(()) }
+//! ```
 
 use crate::gpu::plan::{Arg, KernelArgs};
 use crate::ops::record_stateless;
