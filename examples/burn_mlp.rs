@@ -73,7 +73,7 @@ impl Stepper {
         Ok([
             Stepper::Burn(burn_adamw()),
             Stepper::PerTensor(FusedOptimizer::new(shared, adamw())?.init()),
-            Stepper::Module(Box::new(ModuleStep::new(shared, adamw())?)),
+            Stepper::Module(Box::new(ModuleStep::builder().build(shared, adamw())?)),
         ])
     }
 

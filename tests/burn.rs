@@ -11,7 +11,7 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Optimizer, Sgd};
+use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Sgd};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 
 fn shared() -> SharedDevice {
@@ -121,7 +121,7 @@ fn the_module_step_follows_the_oracle_for_every_algorithm_in_one_step_call() {
     let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let grads = gradient_steps(&mut rng, &lens, 3);
     for algorithm in every_algorithm() {
-        let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+        let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
         let mut model = Params::new(&initial, &device);
         let mut buffers = Vec::new();
         for g in &grads {
@@ -149,8 +149,7 @@ fn the_module_step_clips_the_global_gradient_norm() {
     let grads = gradient_steps(&mut rng, &lens, 3);
     let clip = GradClip::l2(2.0);
     let algorithm: Algorithm = Adam::adamw().into();
-    let options = Optimizer::builder().grad_clip(clip);
-    let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
+    let mut step = ModuleStep::builder().grad_clip(clip).build(&shared, algorithm).unwrap();
     let mut model = Params::new(&initial, &device);
     for g in &grads {
         let g = model.grads(g, &device);
@@ -169,8 +168,7 @@ fn an_amp_step_with_an_infinite_gradient_is_skipped_on_the_device() {
     let mut rng = Rng::new(4);
     let initial = vec![rng.vec(512, 1.0)];
     let algorithm: Algorithm = Adam::default().into();
-    let options = Optimizer::builder().capturable(true);
-    let mut step = ModuleStep::with_options(&shared, algorithm, options).unwrap();
+    let mut step = ModuleStep::builder().capturable(true).build(&shared, algorithm).unwrap();
     let model = Params::new(&initial, &device);
     let mut bad = rng.vec(512, 1.0);
     bad[17] = f64::INFINITY;
@@ -196,7 +194,7 @@ fn burn_kernels_and_steps_interleave_in_submission_order_with_no_host_sync() {
     let initial = vec![rng.vec(4096, 1.0)];
     let grads = gradient_steps(&mut rng, &[4096], 4);
     let algorithm: Algorithm = Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }.into();
-    let mut module_step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut module_step = ModuleStep::builder().build(&shared, algorithm).unwrap();
     let mut per_tensor = FusedOptimizer::new(&shared, algorithm).unwrap().init();
     for use_module_step in [true, false] {
         let mut model = Params::new(&initial, &device);
@@ -246,7 +244,7 @@ fn a_parameter_whose_storage_is_shared_is_copied_not_overwritten() {
 
     let model = Params::new(&initial, &device);
     let kept = model.clone();
-    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
     let g = model.grads(&grads[0], &device);
     let stepped = step.step(1e-3, model, g).unwrap();
     for i in 0..2 {
@@ -287,7 +285,7 @@ fn the_module_step_carries_the_state_when_a_parameter_moves_to_new_storage() {
         Algorithm::from(Adam { amsgrad: true, ..Adam::adamw() }),
         Sgd { lr: 0.01, momentum: 0.9, ..Sgd::default() }.into(),
     ] {
-        let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+        let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
         let mut model = Params::new(&initial, &device);
         let mut snapshots = Vec::new();
         for (k, g) in grads.iter().enumerate() {
@@ -393,7 +391,7 @@ fn training_matches_burns_adamw_loss_for_fifty_steps() {
     let burns = loss_curve(Box::new(move |m, g| burn.step(3e-3, m, g)));
     let mut per_tensor = FusedOptimizer::new(&shared, adamw).unwrap().init();
     let ours = loss_curve(Box::new(move |m, g| per_tensor.step(3e-3, m, g)));
-    let mut module_step = ModuleStep::new(&shared, adamw).unwrap();
+    let mut module_step = ModuleStep::builder().build(&shared, adamw).unwrap();
     let fused = loss_curve(Box::new(move |m, g| module_step.step(3e-3, m, g).unwrap()));
     assert!(burns[49] < 0.5 * burns[0], "the task trains: {} -> {}", burns[0], burns[49]);
     // Burn computes the bias corrections in f32 and this crate in f64, and orders the
@@ -419,7 +417,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     model.params[1] = Param::from_tensor(tensor(&initial[1], &device).cast(BurnDType::F64));
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let kept = model.clone();
-    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
     let err = step.step(1e-3, model, g).unwrap_err().error;
     assert!(
         matches!(&err, Error::Burn { cause: BurnFailure::Tensor, detail: m } if m.contains("F64")),
@@ -444,8 +442,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
 
     // With global clipping, parameters whose step counts differ (one skipped a step): the
     // clipping norm covers one optimizer.
-    let clipped = Optimizer::builder().grad_clip(GradClip::l2(1.0));
-    let mut step = ModuleStep::with_options(&shared, algorithm, clipped).unwrap();
+    let mut step = ModuleStep::builder().grad_clip(GradClip::l2(1.0)).build(&shared, algorithm).unwrap();
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let model = step.step(1e-3, model, g).unwrap();
@@ -460,12 +457,13 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     );
 
     // What the optimizer itself refuses for these parameters (8-bit state needs F32 ones).
-    let options = Optimizer::builder().q8_states(Q8States::default());
     let mut model = Params::new(&initial, &device);
     model.params[0] = Param::from_tensor(tensor(&initial[0], &device).cast(BurnDType::F16));
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device).cast(BurnDType::F16));
-    let err = ModuleStep::with_options(&shared, algorithm, options)
+    let err = ModuleStep::builder()
+        .q8_states(Q8States::default())
+        .build(&shared, algorithm)
         .unwrap()
         .step(1e-3, model, g)
         .unwrap_err()
@@ -476,17 +474,16 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let model = Params::new(&initial, &device);
     let g = model.grads(&[rng.vec(256, 1.0), rng.vec(256, 1.0)], &device);
     let inv_scale = tensor(&[1.0], shared.device());
-    let err = ModuleStep::new(&shared, algorithm)
+    let err = ModuleStep::builder()
+        .build(&shared, algorithm)
         .unwrap()
         .step_unscaled(1e-3, model, g, &inv_scale)
         .unwrap_err()
         .error;
     assert!(matches!(err, Error::NeedsOption { option: "capturable", .. }), "{err}");
 
-    // Options a module owns.
-    let options = Optimizer::builder().master_weights(true);
-    let err = ModuleStep::with_options(&shared, algorithm, options).err().unwrap();
-    assert!(matches!(err, Error::ConflictingOptions { second: "master_weights", .. }), "{err}");
+    // Options a module owns (master weights, model copies, shapes) have no setter on
+    // `ModuleStepBuilder`: its compile_fail doctest shows it.
 
     // The per-tensor step on an f64 tensor.
     let optim = FusedOptimizer::new(&shared, algorithm).unwrap();
@@ -540,7 +537,7 @@ fn a_refused_module_step_hands_the_module_back_with_its_values_and_state_unchang
     let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let grads = gradient_steps(&mut rng, &lens, 2);
     let algorithm: Algorithm = Adam::adamw().into();
-    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
     let model = Params::new(&initial, &device);
     let g = model.grads(&grads[0], &device);
     let model = step.step(algorithm.lr(), model, g).unwrap();
@@ -586,14 +583,17 @@ fn resume(shared: &SharedDevice, algorithm: Algorithm, k: usize, m: usize, warm:
         }
         model
     };
-    let straight =
-        run(&mut ModuleStep::new(shared, algorithm).unwrap(), Params::new(&initial, &device), &grads);
+    let straight = run(
+        &mut ModuleStep::builder().build(shared, algorithm).unwrap(),
+        Params::new(&initial, &device),
+        &grads,
+    );
 
-    let mut first = ModuleStep::new(shared, algorithm).unwrap();
+    let mut first = ModuleStep::builder().build(shared, algorithm).unwrap();
     let model = run(&mut first, Params::new(&initial, &device), &grads[..k]);
     let bytes = first.to_bytes().unwrap();
     drop(first);
-    let mut second = ModuleStep::new(shared, algorithm).unwrap();
+    let mut second = ModuleStep::builder().build(shared, algorithm).unwrap();
     if warm {
         let other = Params::new(&initial, &device);
         run(&mut second, other, &grads[..1]);
@@ -641,7 +641,7 @@ fn a_parameter_without_a_gradient_keeps_its_value_and_state_and_its_own_step_cou
         let g: Vec<Vec<Vec<f64>>> = steps.iter().map(|&s| vec![grads[s][i].clone()]).collect();
         oracle(algorithm, &initial[i..=i], &g, None).remove(0)
     };
-    let mut step = ModuleStep::new(&shared, algorithm).unwrap();
+    let mut step = ModuleStep::builder().build(&shared, algorithm).unwrap();
     let mut per_tensor = FusedOptimizer::new(&shared, algorithm).unwrap().init();
     let mut model = Params::new(&initial, &device);
     let mut reference = Params::new(&initial, &device);
@@ -719,7 +719,7 @@ fn burns_adamw_record_continues_burns_trajectory_in_the_fused_optimizers() {
     let mut checked = FusedOptimizer::new(&shared, adamw).unwrap().load_bytes(bytes.clone()).unwrap();
     let mut unchecked =
         FusedOptimizer::new(&shared, adamw).unwrap().init().from_bytes(bytes.clone()).unwrap();
-    let mut module_step = ModuleStep::new(&shared, adamw).unwrap();
+    let mut module_step = ModuleStep::builder().build(&shared, adamw).unwrap();
     module_step.load_bytes(bytes).unwrap();
     let mut fresh = FusedOptimizer::new(&shared, adamw).unwrap().init();
     // Burn's f32 bias corrections against this crate's f64 ones: an ulp or two per step.
@@ -767,7 +767,7 @@ fn another_optimizers_record_is_refused_by_name_not_loaded_as_nothing() {
         matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("momentum.velocity")),
         "{err}"
     );
-    let mut step = ModuleStep::new(&shared, adamw).unwrap();
+    let mut step = ModuleStep::builder().build(&shared, adamw).unwrap();
     let err = step.load_bytes(bytes.clone()).unwrap_err();
     assert!(
         matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("momentum.velocity")),

@@ -46,5 +46,5 @@ mod optimizer;
 mod record;
 
 pub use device::SharedDevice;
-pub use module_step::{ModuleStep, StepError};
+pub use module_step::{ModuleStep, ModuleStepBuilder, StepError};
 pub use optimizer::{FusedOptimizer, FusedState};

@@ -56,7 +56,7 @@ use crate::{
 /// use wgpu_optim::Adam;
 ///
 /// let shared = SharedDevice::headless_blocking()?;
-/// let mut step = ModuleStep::new(&shared, Adam::adamw())?;
+/// let mut step = ModuleStep::builder().build(&shared, Adam::adamw())?;
 /// let model = step.step(1e-3, model, grads)?; // `?` keeps the error, dropping the model
 /// # Ok(model) }
 /// ```
@@ -159,47 +159,78 @@ struct Cohort {
     members: Vec<usize>,
 }
 
-impl ModuleStep {
-    /// `algorithm` over a module's parameters on `shared`'s device.
-    pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
-        Self::with_options(shared, algorithm, Optimizer::builder())
+/// How a [`ModuleStep`] is built: [`ModuleStep::builder`], the options a module step
+/// honours (every one off by default), then [`Self::build`]. They are
+/// [`OptimizerBuilder`]'s, less those a Burn module decides itself (its parameters' dtypes,
+/// copies and shapes: master weights, model copies, parameter shapes), which have no setter
+/// here:
+///
+/// ```compile_fail
+/// let builder = wgpu_optim::burn::ModuleStep::builder().master_weights(true);
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a module step builder does nothing until `build`"]
+pub struct ModuleStepBuilder {
+    options: OptimizerOptions,
+}
+
+impl ModuleStepBuilder {
+    /// [`OptimizerBuilder::state_dtype`].
+    pub fn state_dtype(mut self, dtype: impl Into<Option<crate::DType>>) -> Self {
+        self.options.state_dtype = dtype.into();
+        self
     }
 
-    /// With the options of an [`OptimizerBuilder`] (its `build` is not called). Master
-    /// weights, model copies and parameter shapes belong to the module here, so those options
-    /// are refused ([`Error::ConflictingOptions`]).
-    pub fn with_options(
-        shared: &SharedDevice,
-        algorithm: impl Into<Algorithm>,
-        options: OptimizerBuilder,
-    ) -> Result<Self> {
-        let options = options.options;
+    /// [`OptimizerBuilder::capturable`]: needed by [`ModuleStep::step_unscaled`].
+    pub fn capturable(mut self, on: bool) -> Self {
+        self.options.capturable = on;
+        self
+    }
+
+    /// [`OptimizerBuilder::grad_clip`], over the parameters of one step that share a step
+    /// count.
+    pub fn grad_clip(mut self, clip: impl Into<Option<crate::GradClip>>) -> Self {
+        self.options.grad_clip = clip.into();
+        self
+    }
+
+    /// [`OptimizerBuilder::rounding`].
+    pub fn rounding(mut self, rounding: crate::Rounding) -> Self {
+        self.options.rounding = rounding;
+        self
+    }
+
+    /// [`OptimizerBuilder::q8_states`].
+    pub fn q8_states(mut self, q8: impl Into<Option<crate::q8::Q8States>>) -> Self {
+        self.options.q8_states = q8.into();
+        self
+    }
+
+    /// `algorithm` over a module's parameters on `shared`'s device. The optimizers are built
+    /// at the first step, when the parameters are known; the algorithm and the clip are
+    /// checked here.
+    pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        if let Some(clip) = &options.grad_clip {
+        if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
-        }
-        for (set, option) in [
-            (options.master_weights, "master_weights"),
-            (!options.model_copies.is_empty(), "model_copies"),
-            (!options.param_shapes.is_empty(), "param_shapes"),
-        ] {
-            if set {
-                return Err(Error::ConflictingOptions {
-                    first: "burn::ModuleStep",
-                    second: option,
-                    reason: "a Burn module owns its parameters' dtypes, copies and shapes",
-                });
-            }
         }
         Ok(ModuleStep {
             shared: shared.clone(),
             algorithm,
-            options,
+            options: self.options,
             params: HashMap::new(),
             bounds: Vec::new(),
             next_key: 0,
         })
+    }
+}
+
+impl ModuleStep {
+    /// The one way to build a module step: options first, then the device and the algorithm
+    /// ([`ModuleStepBuilder::build`]).
+    pub fn builder() -> ModuleStepBuilder {
+        ModuleStepBuilder { options: OptimizerOptions::default() }
     }
 
     /// The optimizer that stepped the last step's parameters (the one over those with the
