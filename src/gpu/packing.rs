@@ -51,11 +51,9 @@ pub(crate) fn cover((lo, hi): (u64, u64), (start, end): (u64, u64), align: u64) 
 mod tests {
     use super::*;
 
-    #[test]
-    fn items_join_the_open_dispatch_of_their_key_until_it_refuses_them() {
-        // Dispatches hold at most two items; keys 'a' and 'b' interleave.
-        let items = [('a', 1), ('b', 2), ('a', 3), ('a', 4), ('b', 5), ('a', 6)].map(|(k, x)| (Some(k), x));
-        let packed = pack_greedy(
+    /// Packs into dispatches of at most two items.
+    fn in_twos(items: impl IntoIterator<Item = (Option<char>, i32)>) -> Vec<Vec<i32>> {
+        pack_greedy(
             items,
             |x| vec![x],
             |d: &mut Vec<i32>, &x| {
@@ -64,23 +62,21 @@ mod tests {
                     true
                 }
             },
-        );
+        )
+    }
+
+    #[test]
+    fn items_join_the_open_dispatch_of_their_key_until_it_refuses_them() {
+        // Keys 'a' and 'b' interleave.
+        let items = [('a', 1), ('b', 2), ('a', 3), ('a', 4), ('b', 5), ('a', 6)].map(|(k, x)| (Some(k), x));
+        let packed = in_twos(items);
         assert_eq!(packed, [vec![1, 3], vec![2, 5], vec![4, 6]]);
     }
 
     #[test]
     fn an_item_without_a_key_starts_a_dispatch_of_its_own_and_leaves_the_open_one_open() {
         let items = [(Some('a'), 1), (None, 2), (None, 3), (Some('a'), 4), (Some('a'), 5)];
-        let packed = pack_greedy(
-            items,
-            |x| vec![x],
-            |d: &mut Vec<i32>, &x| {
-                d.len() < 2 && {
-                    d.push(x);
-                    true
-                }
-            },
-        );
+        let packed = in_twos(items);
         assert_eq!(packed, [vec![1, 4], vec![2], vec![3], vec![5]]);
     }
 
