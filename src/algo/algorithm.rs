@@ -1,6 +1,7 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
 use crate::step::{Family, KernelStep};
+use crate::Lion;
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
@@ -15,6 +16,8 @@ pub enum Algorithm {
     Sgd(Sgd),
     /// Adagrad.
     Adagrad(Adagrad),
+    /// Lion (lion-pytorch).
+    Lion(Lion),
 }
 
 impl From<Adam> for Algorithm {
@@ -35,6 +38,12 @@ impl From<Adagrad> for Algorithm {
     }
 }
 
+impl From<Lion> for Algorithm {
+    fn from(config: Lion) -> Self {
+        Algorithm::Lion(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -44,6 +53,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.validate(),
             Algorithm::Sgd(c) => c.validate(),
             Algorithm::Adagrad(c) => c.validate(),
+            Algorithm::Lion(c) => c.validate(),
         }
     }
 
@@ -52,6 +62,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.kernel_step(t),
             Algorithm::Sgd(c) => c.kernel_step(t),
             Algorithm::Adagrad(c) => c.kernel_step(t),
+            Algorithm::Lion(c) => c.kernel_step(t),
         }
     }
 
@@ -61,6 +72,7 @@ impl Algorithm {
             Algorithm::Adam(_) => Family::Adam,
             Algorithm::Sgd(_) => Family::Momentum,
             Algorithm::Adagrad(_) => Family::Adagrad,
+            Algorithm::Lion(_) => Family::Lion,
         }
     }
 
@@ -70,6 +82,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.lr,
             Algorithm::Sgd(c) => c.lr,
             Algorithm::Adagrad(c) => c.lr,
+            Algorithm::Lion(c) => c.lr,
         }
     }
 
@@ -79,6 +92,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.lr = lr,
             Algorithm::Sgd(c) => c.lr = lr,
             Algorithm::Adagrad(c) => c.lr = lr,
+            Algorithm::Lion(c) => c.lr = lr,
         }
         self
     }
@@ -93,6 +107,7 @@ impl Algorithm {
             Algorithm::Sgd(c) if c.keeps_buffer() => &[StateKind::MomentumBuffer],
             Algorithm::Sgd(_) => &[],
             Algorithm::Adagrad(_) => &[StateKind::Sum],
+            Algorithm::Lion(_) => &[StateKind::ExpAvg],
         }
     }
 
@@ -111,7 +126,7 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StateKind {
-    /// Adam's first moment.
+    /// Adam's first moment (Lion's running average of the gradient too).
     ExpAvg,
     /// Adam's second moment.
     ExpAvgSq,
@@ -149,6 +164,7 @@ impl Algorithm {
             Algorithm::Adam(_) => "Adam",
             Algorithm::Sgd(_) => "SGD",
             Algorithm::Adagrad(_) => "Adagrad",
+            Algorithm::Lion(_) => "Lion",
         }
     }
 }

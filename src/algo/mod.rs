@@ -10,15 +10,18 @@
 //! | ONNX `Momentum` | | | `T = 0`: the gradient's coefficient `beta` is replaced by 1 |
 //! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
 //! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
+//! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
 
 mod adagrad;
 mod adam;
 mod algorithm;
+mod lion;
 mod momentum;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use algorithm::{Algorithm, StateKind};
+pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 
 use crate::{Error, Result};

@@ -1,12 +1,13 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
+use crate::Lion;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
 /// algorithms) so that the `checkpoint` feature alone brings in serde_json.
 impl Algorithm {
     /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
-    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`).
+    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`, `Lion`).
     pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::json;
         let value = match self {
@@ -22,6 +23,9 @@ impl Algorithm {
             Algorithm::Adagrad(c) => json!({
                 "optimizer": "Adagrad", "lr": c.lr, "lr_decay": c.lr_decay, "weight_decay": c.weight_decay,
                 "initial_accumulator_value": c.initial_accumulator_value, "eps": c.eps, "maximize": c.maximize,
+            }),
+            Algorithm::Lion(c) => json!({
+                "optimizer": "Lion", "lr": c.lr, "betas": [c.beta1, c.beta2], "weight_decay": c.weight_decay,
             }),
         };
         match value {
@@ -87,7 +91,30 @@ impl Algorithm {
                 eps: number("eps")?,
                 maximize: flag("maximize")?,
             }),
+            "Lion" => {
+                let [beta1, beta2] = numbers(map, "betas")?;
+                Algorithm::Lion(Lion {
+                    lr: number("lr")?,
+                    beta1,
+                    beta2,
+                    weight_decay: number("weight_decay")?,
+                })
+            }
             other => return Err(bad(format!("unknown optimizer `{other}`"))),
         })
     }
+}
+
+/// The `N` numbers of the array `key` (`betas`), or [`Error::BadJson`] naming it.
+fn numbers<const N: usize>(map: &serde_json::Map<String, serde_json::Value>, key: &str) -> Result<[f64; N]> {
+    let bad = || Error::BadJson { problem: format!("`{key}` is missing or not {N} numbers") };
+    let values = map.get(key).and_then(|v| v.as_array()).ok_or_else(bad)?;
+    if values.len() != N {
+        return Err(bad());
+    }
+    let mut out = [0.0; N];
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = v.as_f64().ok_or_else(bad)?;
+    }
+    Ok(out)
 }

@@ -1,4 +1,4 @@
-//! The update formulas of `shaders/adam.wgsl`, `momentum.wgsl` and `adagrad.wgsl` in f32,
+//! The update formulas of `shaders/adam.wgsl`, `momentum.wgsl`, `adagrad.wgsl` and `lion.wgsl` in f32,
 //! operation for operation, so the CPU rounds where the GPU does.
 //!
 //! Every switch is a const generic: each combination is its own loop with no branch per
@@ -12,6 +12,7 @@ use crate::step::{
     AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
     MomentumSwitches, MomentumUniform,
 };
+use crate::step::{LionSwitches, LionUniform};
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;
@@ -84,6 +85,7 @@ enum Update {
     Adam(AdamUniform, Loops<AdamUniform>),
     Momentum(MomentumUniform, Loops<MomentumUniform>),
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
+    Lion(LionUniform, Loops<LionUniform>),
 }
 
 /// The loop of one storage type for each family's switches, so that one selection tree
@@ -96,6 +98,7 @@ pub(super) trait Leaves: Sized {
     fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
     ) -> Loop<MomentumUniform, Self>;
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
+    fn lion() -> Loop<LionUniform, Self>;
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
@@ -114,6 +117,9 @@ impl<T: Element> Leaves for T {
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
         adagrad::<T, M, W>
     }
+    fn lion() -> Loop<LionUniform, Self> {
+        lion::<T>
+    }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
@@ -131,6 +137,9 @@ impl Leaves for f16 {
     }
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
         adagrad_f16::<M, W>
+    }
+    fn lion() -> Loop<LionUniform, Self> {
+        lion_f16
     }
 }
 
@@ -160,6 +169,7 @@ impl Kernel {
             Update::Adam(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Momentum(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
 }
@@ -189,6 +199,10 @@ impl Update {
             KernelStep::Adagrad(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::Adagrad(u, loops!(adagrad_loop(switches, &u)))
+            }
+            KernelStep::Lion(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::Lion(u, loops!(lion_loop(switches, &u)))
             }
         }
     }
@@ -554,4 +568,50 @@ fn adagrad_loop<E: Leaves>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<Adag
         (true, false) => E::adagrad::<true, false>(),
         (true, true) => E::adagrad::<true, true>(),
     }
+}
+
+/// One element of `shaders/lion.wgsl`: returns `(p_new, m)`.
+#[inline(always)]
+fn lion_element(hp: &LionUniform, p: f32, g: f32, m_prev: f32) -> (f32, f32) {
+    let c = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
+    // torch.sign: sign(0) = 0 (f32::signum gives 1) and a NaN stays NaN.
+    let direction = if c > 0.0 {
+        1.0
+    } else if c < 0.0 {
+        -1.0
+    } else if c.is_nan() {
+        c
+    } else {
+        0.0
+    };
+    let p_new = p * hp.decay - hp.lr * direction;
+    let m = hp.beta2 * m_prev + hp.one_minus_beta2 * g;
+    (p_new, m)
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn lion<E: Element>(hp: &LionUniform, scale: f32, o: Operands<'_, E>) {
+    let [exp_avg, ..] = o.state;
+    for ((p, g), m) in o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()) {
+        let (new_p, new_m) = lion_element(hp, p.widen(), g.widen() * scale, m.widen());
+        (*p, *m) = (E::narrow(new_p), E::narrow(new_m));
+    }
+}
+
+/// [`lion`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn lion_f16(hp: &LionUniform, scale: f32, o: Operands<'_, f16>) {
+    let [exp_avg, ..] = o.state;
+    f16_lanes::each(
+        [o.param, exp_avg],
+        o.grad,
+        #[inline(always)]
+        |g, [p, m]| {
+            let (p, m) = lion_element(hp, p, g * scale, m);
+            [p, m]
+        },
+    );
+}
+
+fn lion_loop<E: Leaves>(_: &LionSwitches, _: &LionUniform) -> Loop<LionUniform, E> {
+    E::lion()
 }

@@ -89,6 +89,7 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
+                Family::Lion => include_str!("../../shaders/lion.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -103,6 +104,7 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
+                Family::Lion => include_str!("../../shaders/lion_capturable.wgsl"),
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -827,6 +829,7 @@ pub(crate) mod tests {
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
+    use crate::step::{LionSwitches, LionUniform, LionUniform64};
 
     /// Every switch combination of every family.
     fn all_switches() -> Vec<Switches> {
@@ -855,6 +858,7 @@ pub(crate) mod tests {
             }));
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
         }
+        all.push(Switches::Lion(LionSwitches));
         all
     }
 
@@ -1110,6 +1114,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Adagrad(_), true) => {
                                     rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
+                                }
+                                (Switches::Lion(_), false) => {
+                                    rust_members(LionUniform::FIELDS, LionUniform::OFFSETS)
+                                }
+                                (Switches::Lion(_), true) => {
+                                    rust_members(LionUniform::FIELDS, LionUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

@@ -332,6 +332,7 @@ mod tests {
             }),
             Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
             Switches::Adagrad(AdagradSwitches { maximize: false }),
+            Switches::Lion(crate::step::LionSwitches),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

@@ -113,6 +113,9 @@ pub(crate) fn check_options(
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
             }
+            Algorithm::Lion(_) => {
+                Some("Lion has no 8-bit form yet (bitsandbytes' Lion8bit is not yet implemented)")
+            }
             _ => None,
         };
         if let Some(reason) = refused {

@@ -10,6 +10,7 @@ use wgpu_optim::{
 
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::q8::{self, StoredState};
+use wgpu_optim::Lion;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
@@ -53,7 +54,8 @@ impl Backend {
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
         }
-        if case.kind == Kind::Trajectory && (case.op.starts_with("torch.") || case.op.starts_with("bnb.")) {
+        let cpu_trajectory = ["torch.", "bnb.", "lion."].iter().any(|source| case.op.starts_with(source));
+        if case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
         backends
@@ -126,6 +128,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
             torch_trajectory(case, backend, ctx).await?
         }
+        ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
             bnb_trajectory(case, backend, ctx).await?
         }
@@ -397,6 +400,10 @@ fn torch_algorithm(case: &Case) -> Result<Algorithm> {
             eps: case.attr_f64("eps", 1e-10)?,
             maximize,
         }),
+        "lion.Lion" => {
+            let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
+            Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
+        }
         op => Algorithm::Adam(adam_attributes(case, op == "torch.AdamW")?),
     })
 }

@@ -3,6 +3,7 @@
 
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
 use super::dtype::round;
+use super::lion::lion_step;
 
 /// PyTorch's Adam state for one parameter.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -148,6 +149,7 @@ impl TorchState {
             Algorithm::Adam(c) => (c.amsgrad, 0.0),
             Algorithm::Adagrad(c) => (false, c.initial_accumulator_value),
             Algorithm::Sgd(_) => (false, 0.0),
+            Algorithm::Lion(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -181,6 +183,8 @@ impl TorchState {
             Algorithm::Sgd(c) if c.keeps_buffer() && step > 0 => state.momentum_buffer = values.next(),
             Algorithm::Sgd(_) => {}
             Algorithm::Adagrad(_) => state.sum = values.next().unwrap_or_default(),
+            // Lion's running average lives where Adam's first moment does.
+            Algorithm::Lion(_) => state.adam.exp_avg = values.next().unwrap_or_default(),
             other => untranscribed(&other),
         }
         state
@@ -206,6 +210,7 @@ impl TorchState {
             Algorithm::Adam(c) => torch_adam_step(c, param, grad, &mut self.adam),
             Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
+            Algorithm::Lion(c) => lion_step(c, param, grad, &mut self.adam.exp_avg),
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
@@ -232,6 +237,7 @@ impl TorchState {
             }
             Algorithm::Sgd(_) => vec![],
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
+            Algorithm::Lion(_) => vec![self.adam.exp_avg.clone()],
             other => untranscribed(other),
         }
     }

@@ -1,0 +1,163 @@
+//! Lion (lion-pytorch's `Lion`) on the GPU and the CPU backend against the f64 oracle:
+//! f32 trajectories, 16-bit storage and state dtypes other than the parameter's, master
+//! weights, two groups, capturable mode with a device learning rate, global clipping,
+//! stochastic and Kahan rounding, checkpoints, and refusals. The public vectors
+//! (`lion_plain`, `lion_wd`) run in `tests/conformance.rs`.
+
+mod common;
+#[path = "family/mod.rs"]
+mod family;
+
+use common::{ctx, Tolerance};
+use wgpu_optim::{Adam, Algorithm, DType, Lion, Sgd};
+use wgpu_optim_testkit::oracle::Storage;
+
+/// The data keep every direction `c = beta1 m + (1 - beta1) g` at least 1e-3 (relative to
+/// its terms) away from 0, as the public vectors do: f32 and f64 may round a smaller one to
+/// either sign. Each element of `g` where `c` (from any backend's `exp_avg` before the step,
+/// `states[b][0]`) is that close gets another value.
+fn untie(config: Lion) -> impl Fn(&[&[Vec<f64>]], &mut [f64], DType) {
+    move |states, g, dtype| {
+        for (j, g) in g.iter_mut().enumerate() {
+            let tied = |g: f64| {
+                states.iter().any(|s| {
+                    let (a, b) = (config.beta1 * s[0][j], (1.0 - config.beta1) * g);
+                    (a + b).abs() <= 1e-3 * (a.abs() + b.abs())
+                })
+            };
+            *g = dtype.round(*g);
+            while tied(*g) {
+                *g = dtype.round(*g * 0.75 + 0.125);
+            }
+        }
+    }
+}
+
+fn plain() -> Algorithm {
+    Lion { lr: 1e-2, ..Lion::default() }.into()
+}
+
+fn decayed_config() -> Lion {
+    Lion { lr: 3e-3, beta1: 0.8, beta2: 0.95, weight_decay: 0.5 }
+}
+
+fn decayed() -> Algorithm {
+    decayed_config().into()
+}
+
+#[test]
+fn lion_defaults_are_lion_pytorchs() {
+    assert_eq!(Lion::default(), Lion { lr: 1e-4, beta1: 0.9, beta2: 0.99, weight_decay: 0.0 });
+    let lion: Algorithm = Lion::default().into();
+    assert_eq!(lion.name(), "Lion");
+    assert_eq!(lion.state_kinds(), &[wgpu_optim::StateKind::ExpAvg]);
+    assert_eq!(wgpu_optim::StateKind::ExpAvg.torch_name(), "exp_avg");
+}
+
+#[test]
+fn f32_trajectories_follow_the_oracle_on_the_gpu_and_the_cpu() {
+    family::f32_trajectories_follow_the_oracle(plain(), 20, 1);
+    family::f32_trajectories_follow_the_oracle(decayed(), 20, 2);
+}
+
+#[test]
+fn sixteen_bit_storage_and_other_state_dtypes_match_the_oracle_natively() {
+    let ctx = ctx().with_packed_f16(false);
+    // Only GL may lack SHADER_F16; its run leaves the native path to the Vulkan run.
+    if !common::has_feature_unless_gl(&ctx, wgpu::Features::SHADER_F16, "SHADER_F16") {
+        return;
+    }
+    family::mixes_match_the_oracle_step_by_step(&ctx, decayed(), &untie(decayed_config()), 3, 10);
+}
+
+#[test]
+fn sixteen_bit_storage_and_other_state_dtypes_match_the_oracle_packed() {
+    let ctx = ctx().with_packed_f16(true);
+    family::mixes_match_the_oracle_step_by_step(&ctx, decayed(), &untie(decayed_config()), 3, 20);
+}
+
+#[test]
+fn master_weights_follow_the_oracle_and_round_the_model_copy_once() {
+    family::master_weights_follow_the_oracle(decayed(), 30);
+}
+
+#[test]
+fn two_groups_keep_their_own_hyperparameters() {
+    family::two_groups_follow_their_own_oracles(plain(), decayed(), 40);
+}
+
+#[test]
+fn capturable_mode_takes_the_rate_and_the_decay_from_the_device() {
+    let schedule = |t: u64| 1e-2 / (1.0 + t as f64);
+    family::capturable_follows_the_oracle(decayed(), 0, 8, schedule, Tolerance::F32, 50);
+}
+
+#[test]
+fn global_clipping_scales_the_gradients_before_the_update() {
+    family::clipped_steps_follow_the_oracle(decayed(), 60);
+}
+
+#[test]
+fn stochastic_and_kahan_rounding_store_the_same_bits_on_the_gpu_and_the_cpu() {
+    // Powers of two and gradients on a 1/64 grid: every f32 operation is exact, and a step
+    // of 2^-13 falls between neighbouring f16 and bf16 values of most parameters.
+    let lion: Algorithm = Lion { lr: 1.0 / 8192.0, beta1: 0.5, beta2: 0.75, weight_decay: 0.0 }.into();
+    // Each element's gradient keeps its sign, so its updates add up past half a 16-bit
+    // spacing within the run (where Kahan's stores part from nearest ones). The state is
+    // stored in 16 bits every step, so its f32 products stay exact too.
+    let mut rng = common::Rng::new(70);
+    let sizes = [300usize, 7];
+    let signs: Vec<Vec<f64>> =
+        sizes.iter().map(|&n| rng.vec(n, 1.0).iter().map(|x| x.signum()).collect()).collect();
+    let start: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..24)
+        .map(|_| {
+            signs
+                .iter()
+                .map(|s| s.iter().map(|s| s * (1.0 + (rng.uniform().abs() * 63.0).round()) / 64.0).collect())
+                .collect()
+        })
+        .collect();
+    family::rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(lion, &start, &grads);
+}
+
+#[test]
+fn a_gpu_checkpoint_continues_on_the_cpu_backend() {
+    family::a_gpu_checkpoint_continues_on_the_cpu(decayed(), 80);
+}
+
+#[test]
+fn a_checkpoint_of_lion_does_not_load_into_adam_and_adam_not_into_lion() {
+    family::a_checkpoint_of_another_algorithm_is_refused(decayed(), Adam::adamw().into());
+    family::a_checkpoint_of_another_algorithm_is_refused(Adam::default().into(), plain());
+    family::a_checkpoint_of_another_algorithm_is_refused(
+        plain(),
+        Sgd { momentum: 0.9, ..Sgd::default() }.into(),
+    );
+}
+
+#[test]
+fn the_checkpoint_json_keeps_lion_pytorchs_names() {
+    family::json_round_trips(decayed());
+    let json = decayed().to_json();
+    for key in ["lr", "betas", "weight_decay"] {
+        assert!(json.contains_key(key), "{key} in {json:?}");
+    }
+    assert_eq!(json["betas"], serde_json::json!([0.8, 0.95]));
+}
+
+#[test]
+fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
+    let good = decayed();
+    let cases: [(Lion, &str); 6] = [
+        (Lion { beta1: 1.0, ..Lion::default() }, "beta1"),
+        (Lion { beta1: -0.1, ..Lion::default() }, "beta1"),
+        (Lion { beta2: 1.5, ..Lion::default() }, "beta2"),
+        (Lion { lr: -1e-3, ..Lion::default() }, "lr"),
+        (Lion { lr: f64::NAN, ..Lion::default() }, "lr"),
+        (Lion { weight_decay: -0.1, ..Lion::default() }, "weight_decay"),
+    ];
+    for (bad, name) in cases {
+        family::a_bad_hyperparameter_is_refused_by_name(good, bad.into(), name);
+    }
+}
