@@ -89,6 +89,7 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
+                Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -103,6 +104,9 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
+                // Refused in capturable mode (`optimizer::validate`): its weights need the
+                // host's running `lr_max` and `weight_sum`.
+                Family::ScheduleFree => "",
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -827,6 +831,11 @@ pub(crate) mod tests {
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
+    use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+
+    fn is_schedule_free(program: Program) -> bool {
+        matches!(program, Program::Update(Switches::ScheduleFree(_)))
+    }
 
     /// Every switch combination of every family.
     fn all_switches() -> Vec<Switches> {
@@ -854,6 +863,9 @@ pub(crate) mod tests {
                 velocity: decoupled_weight_decay,
             }));
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
+        }
+        for swap in flags {
+            all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
         all
     }
@@ -1058,6 +1070,8 @@ pub(crate) mod tests {
                         Program::GradNorm(_) => *scalars == Scalars::Norm,
                         Program::UnscaleNorm(_) => *scalars == Scalars::UnscaleNorm,
                     })
+                    // Schedule-Free has no capturable form (refused when the optimizer is built).
+                    .filter(|scalars| !(is_schedule_free(program) && *scalars == Scalars::Device))
                     .flat_map(|scalars| {
                         let clips: &[bool] =
                             if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
@@ -1110,6 +1124,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Adagrad(_), true) => {
                                     rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
+                                }
+                                (Switches::ScheduleFree(_), false) => {
+                                    rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform::OFFSETS)
+                                }
+                                (Switches::ScheduleFree(_), true) => {
+                                    rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

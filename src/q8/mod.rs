@@ -113,6 +113,10 @@ pub(crate) fn check_options(
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
             }
+            Algorithm::ScheduleFreeAdamW(_) => Some(
+                "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
+                 keep f32, f16 or bf16 state for it",
+            ),
             _ => None,
         };
         if let Some(reason) = refused {

@@ -17,11 +17,13 @@ pub(crate) mod device;
 pub(crate) mod fields;
 mod momentum;
 pub(crate) mod rounding;
+mod schedule_free;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use fields::Override;
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
 use crate::{DType, StateKind};
 
@@ -34,6 +36,8 @@ pub(crate) enum Family {
     Momentum,
     /// Adagrad (ONNX and PyTorch).
     Adagrad,
+    /// Schedule-Free AdamW (the `schedulefree` package).
+    ScheduleFree,
 }
 
 impl Family {
@@ -42,6 +46,7 @@ impl Family {
             Family::Adam => "adam",
             Family::Momentum => "momentum",
             Family::Adagrad => "adagrad",
+            Family::ScheduleFree => "schedule_free",
         }
     }
 
@@ -63,6 +68,13 @@ impl Family {
                 &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)]
             }
             Family::Adagrad => &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)],
+            Family::ScheduleFree => &[
+                Param,
+                Grad,
+                State(StateKind::Z),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 
@@ -84,6 +96,13 @@ impl Family {
             Family::Adagrad => {
                 &[Param, State(StateKind::Sum), ParamCopy, State(StateKind::KahanCompensation)]
             }
+            Family::ScheduleFree => &[
+                Param,
+                State(StateKind::Z),
+                State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -119,6 +138,7 @@ pub(crate) enum Switches {
     Adam(AdamSwitches),
     Momentum(MomentumSwitches),
     Adagrad(AdagradSwitches),
+    ScheduleFree(ScheduleFreeSwitches),
 }
 
 impl Switches {
@@ -127,6 +147,7 @@ impl Switches {
             Switches::Adam(_) => Family::Adam,
             Switches::Momentum(_) => Family::Momentum,
             Switches::Adagrad(_) => Family::Adagrad,
+            Switches::ScheduleFree(_) => Family::ScheduleFree,
         }
     }
 
@@ -136,6 +157,7 @@ impl Switches {
             Switches::Adam(s) => s.overrides(),
             Switches::Momentum(s) => s.overrides(),
             Switches::Adagrad(s) => s.overrides(),
+            Switches::ScheduleFree(s) => s.overrides(),
         }
     }
 
@@ -150,6 +172,8 @@ impl Switches {
             (Switches::Momentum(_), true) => size_of::<MomentumUniform64>(),
             (Switches::Adagrad(_), false) => size_of::<AdagradUniform>(),
             (Switches::Adagrad(_), true) => size_of::<AdagradUniform64>(),
+            (Switches::ScheduleFree(_), false) => size_of::<ScheduleFreeUniform>(),
+            (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
         }) as u64
     }
 
@@ -159,6 +183,7 @@ impl Switches {
             Switches::Adam(_) => AdamUniform::wgsl("Hyper"),
             Switches::Momentum(_) => MomentumUniform::wgsl("Hyper"),
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
+            Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
         }
     }
 }
@@ -169,6 +194,7 @@ pub(crate) enum KernelStep {
     Adam(AdamSwitches, AdamUniform64),
     Momentum(MomentumSwitches, MomentumUniform64),
     Adagrad(AdagradSwitches, AdagradUniform64),
+    ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -178,6 +204,7 @@ pub(crate) const UNIFORM_SLOT_BYTES: u64 = 256;
 const _: () = assert!(std::mem::size_of::<AdamUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -189,6 +216,7 @@ impl KernelStep {
             KernelStep::Adam(s, _) => Switches::Adam(*s),
             KernelStep::Momentum(s, _) => Switches::Momentum(*s),
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
+            KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
         }
     }
 
@@ -203,9 +231,11 @@ impl KernelStep {
             (KernelStep::Adam(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Momentum(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

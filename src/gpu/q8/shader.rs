@@ -117,6 +117,8 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Adam => include_str!("../../../shaders/adam.wgsl"),
         Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
         Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
+        // Refused with 8-bit state (`q8::check_options`); never composed.
+        Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });
