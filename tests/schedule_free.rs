@@ -573,3 +573,97 @@ fn capturable_mode_and_8_bit_state_are_refused_by_name() {
         CpuOptimizer::builder().q8_states(Q8States::default()).build(config, &[HostSlice::from(&values[..])]);
     assert!(matches!(cpu, Err(Error::ConflictingOptions { first: "q8_states", .. })), "{cpu:?}");
 }
+
+#[test]
+fn checkpoints_carry_the_state_group_values_and_mode_from_gpu_to_cpu() {
+    let mut rng = Rng::new(11);
+    let config = warmup_decay();
+    let ctx = ctx();
+    let start = initial(&mut rng, &LENGTHS);
+    let mut gpu = Gpu::new(&ctx, &[(config, start.clone())], DType::F32, DType::F32);
+    for _ in 0..3 {
+        gpu.step(&initial(&mut rng, &LENGTHS)).unwrap();
+    }
+    for mode in [ScheduleFreeMode::Train, ScheduleFreeMode::Eval] {
+        if mode == ScheduleFreeMode::Eval {
+            gpu.eval().unwrap();
+        }
+        let bytes = gpu.optimizer.save_to_bytes().unwrap();
+        let checkpoint = wgpu_optim::Checkpoint::parse(&bytes).unwrap();
+        assert_eq!(checkpoint.groups[0].0, Algorithm::from(config), "the hyperparameters in param_groups");
+        assert_eq!(checkpoint.schedule_free, vec![Some(gpu.scalars(0))]);
+        assert_eq!(checkpoint.mode, mode);
+        // The CPU backend over the parameters the GPU holds (y, or x in eval mode).
+        let mut cpu = Cpu::new(config, &gpu.params(), DType::F32, DType::F32);
+        cpu.optimizer.load_from_bytes(&bytes).unwrap();
+        assert_eq!(cpu.mode(), mode);
+        assert_eq!(cpu.scalars(0), gpu.scalars(0));
+        for i in 0..LENGTHS.len() {
+            for kind in KINDS {
+                assert_eq!(cpu.state(i, kind), gpu.state(i, kind), "{mode:?} {kind:?}[{i}]");
+            }
+        }
+        if mode == ScheduleFreeMode::Eval {
+            assert!(matches!(cpu.step(&initial(&mut rng, &LENGTHS)), Err(Error::EvalMode { .. })));
+            cpu.train().unwrap();
+            gpu.train().unwrap();
+            for i in 0..LENGTHS.len() {
+                assert_close(
+                    &format!("y[{i}] after train"),
+                    &cpu.params()[i],
+                    &gpu.params()[i],
+                    Tolerance::F32,
+                );
+            }
+        }
+        // One more step on each continues the same trajectory.
+        let g = initial(&mut rng, &LENGTHS);
+        gpu.step(&g).unwrap();
+        cpu.step(&g).unwrap();
+        assert_eq!(cpu.scalars(0), gpu.scalars(0));
+        for i in 0..LENGTHS.len() {
+            assert_close(
+                &format!("{mode:?} y[{i}] after a step"),
+                &cpu.params()[i],
+                &gpu.params()[i],
+                Tolerance::F32,
+            );
+            let z = cpu.state(i, StateKind::Z);
+            assert_close(
+                &format!("{mode:?} z[{i}] after a step"),
+                &z,
+                &gpu.state(i, StateKind::Z),
+                Tolerance::F32,
+            );
+        }
+        // Back the other way: the CPU's checkpoint loads into the GPU optimizer.
+        let bytes = cpu.optimizer.save_to_bytes().unwrap();
+        gpu.optimizer.load_from_bytes(&bytes).unwrap();
+        assert_eq!(gpu.scalars(0), cpu.scalars(0));
+        assert_eq!(gpu.mode(), ScheduleFreeMode::Train);
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_algorithm_is_refused_and_changes_nothing() {
+    let mut rng = Rng::new(12);
+    let ctx = ctx();
+    let start = initial(&mut rng, &LENGTHS);
+    let mut gpu = Gpu::new(&ctx, &[(warmup_decay(), start.clone())], DType::F32, DType::F32);
+    gpu.step(&initial(&mut rng, &LENGTHS)).unwrap();
+    let adam_params: Vec<Tensor> = start.iter().map(|v| ctx.upload("adam", v, DType::F32)).collect();
+    let adam = Optimizer::builder().build(&ctx, Adam::adamw(), &adam_params).unwrap();
+    let bytes = adam.save_to_bytes().unwrap();
+    let before = (gpu.scalars(0), gpu.state(1, StateKind::Z), gpu.state(1, StateKind::ExpAvgSq));
+    let refused = gpu.optimizer.load_from_bytes(&bytes).unwrap_err();
+    assert!(matches!(&refused, Error::BadFile { problem, .. } if problem.contains("AdamW")), "{refused}");
+    assert_eq!(before, (gpu.scalars(0), gpu.state(1, StateKind::Z), gpu.state(1, StateKind::ExpAvgSq)));
+    let mut cpu = Cpu::new(warmup_decay(), &start, DType::F32, DType::F32);
+    let refused = cpu.optimizer.load_from_bytes(&bytes).unwrap_err();
+    assert!(matches!(refused, Error::BadFile { .. }), "{refused}");
+    assert_eq!(cpu.scalars(0), ScheduleFreeScalars::default());
+    // And the other way: a schedule-free checkpoint does not load into Adam.
+    let sf = gpu.optimizer.save_to_bytes().unwrap();
+    let mut adam = adam;
+    assert!(matches!(adam.load_from_bytes(&sf), Err(Error::BadFile { .. })));
+}

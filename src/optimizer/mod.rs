@@ -30,7 +30,7 @@ mod written;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
-#[cfg(feature = "cpu")]
+#[cfg(any(feature = "cpu", feature = "checkpoint"))]
 pub(crate) use schedule_free::check_scalars as check_schedule_free_scalars;
 #[cfg(feature = "cpu")]
 pub(crate) use validate::{check_rounding_dtypes, check_shapes};
