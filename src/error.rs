@@ -282,6 +282,13 @@ pub enum Error {
         /// What needs it.
         why: &'static str,
     },
+    /// A schedule-free optimizer in eval mode was asked to step: its parameters hold the
+    /// average x, not the point y a step updates. Nothing was changed.
+    #[error("`{call}` is refused in eval mode (the parameters hold x, not y): call `train()` first")]
+    EvalMode {
+        /// The refused call.
+        call: &'static str,
+    },
 }
 
 /// Why a training step cannot be evaluated ([`Error::BadStep`]).

@@ -80,6 +80,7 @@ pub use algo::Lion;
 pub use algo::{
     Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,
 };
+pub use algo::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;

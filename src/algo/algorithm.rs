@@ -2,6 +2,7 @@
 
 use crate::step::{Family, KernelStep};
 use crate::Lion;
+use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
@@ -18,6 +19,8 @@ pub enum Algorithm {
     Adagrad(Adagrad),
     /// Lion (lion-pytorch).
     Lion(Lion),
+    /// Schedule-Free AdamW.
+    ScheduleFreeAdamW(ScheduleFreeAdamW),
 }
 
 impl From<Adam> for Algorithm {
@@ -44,6 +47,12 @@ impl From<Lion> for Algorithm {
     }
 }
 
+impl From<ScheduleFreeAdamW> for Algorithm {
+    fn from(config: ScheduleFreeAdamW) -> Self {
+        Algorithm::ScheduleFreeAdamW(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -54,6 +63,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.validate(),
             Algorithm::Adagrad(c) => c.validate(),
             Algorithm::Lion(c) => c.validate(),
+            Algorithm::ScheduleFreeAdamW(c) => c.validate(),
         }
     }
 
@@ -63,6 +73,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.kernel_step(t),
             Algorithm::Adagrad(c) => c.kernel_step(t),
             Algorithm::Lion(c) => c.kernel_step(t),
+            Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
         }
     }
 
@@ -73,6 +84,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => Family::Momentum,
             Algorithm::Adagrad(_) => Family::Adagrad,
             Algorithm::Lion(_) => Family::Lion,
+            Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
         }
     }
 
@@ -83,6 +95,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.lr,
             Algorithm::Adagrad(c) => c.lr,
             Algorithm::Lion(c) => c.lr,
+            Algorithm::ScheduleFreeAdamW(c) => c.lr,
         }
     }
 
@@ -93,6 +106,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.lr = lr,
             Algorithm::Adagrad(c) => c.lr = lr,
             Algorithm::Lion(c) => c.lr = lr,
+            Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
         }
         self
     }
@@ -108,6 +122,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => &[],
             Algorithm::Adagrad(_) => &[StateKind::Sum],
             Algorithm::Lion(_) => &[StateKind::ExpAvg],
+            Algorithm::ScheduleFreeAdamW(_) => &[StateKind::Z, StateKind::ExpAvgSq],
         }
     }
 
@@ -136,6 +151,8 @@ pub enum StateKind {
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
+    /// Schedule-Free's `z`, the sequence the base optimizer steps.
+    Z,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -151,6 +168,7 @@ impl StateKind {
             StateKind::MaxExpAvgSq => "max_exp_avg_sq",
             StateKind::MomentumBuffer => "momentum_buffer",
             StateKind::Sum => "sum",
+            StateKind::Z => "z",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -165,6 +183,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => "SGD",
             Algorithm::Adagrad(_) => "Adagrad",
             Algorithm::Lion(_) => "Lion",
+            Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
         }
     }
 }

@@ -11,18 +11,22 @@
 //! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
 //! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
 //! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
+//! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
 
 mod adagrad;
 mod adam;
 mod algorithm;
 mod lion;
 mod momentum;
+mod schedule_free;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub(crate) use schedule_free::{group_step, SWAP_ROUNDING_STEP};
+pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 
 use crate::{Error, Result};
 

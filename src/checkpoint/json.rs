@@ -1,13 +1,14 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
 use crate::Lion;
+use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
 /// algorithms) so that the `checkpoint` feature alone brings in serde_json.
 impl Algorithm {
     /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
-    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`, `Lion`).
+    /// `"optimizer"` naming the class ([`Algorithm::name`]).
     pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::json;
         let value = match self {
@@ -26,6 +27,11 @@ impl Algorithm {
             }),
             Algorithm::Lion(c) => json!({
                 "optimizer": "Lion", "lr": c.lr, "betas": [c.beta1, c.beta2], "weight_decay": c.weight_decay,
+            }),
+            Algorithm::ScheduleFreeAdamW(c) => json!({
+                "optimizer": "AdamWScheduleFree", "lr": c.lr, "betas": [c.betas.0, c.betas.1], "eps": c.eps,
+                "weight_decay": c.weight_decay, "warmup_steps": c.warmup_steps, "r": c.r,
+                "weight_lr_power": c.weight_lr_power,
             }),
         };
         match value {
@@ -98,6 +104,28 @@ impl Algorithm {
                     beta1,
                     beta2,
                     weight_decay: number("weight_decay")?,
+                })
+            }
+            "AdamWScheduleFree" => {
+                let betas = map.get("betas").and_then(|v| v.as_array());
+                let beta = |k: usize| {
+                    betas
+                        .and_then(|b| b.get(k))
+                        .and_then(|v| v.as_f64())
+                        .ok_or_else(|| bad("`betas` is missing or not two numbers".into()))
+                };
+                let warmup_steps = map
+                    .get("warmup_steps")
+                    .and_then(|v| v.as_u64())
+                    .ok_or_else(|| bad("`warmup_steps` is missing or not a whole number >= 0".into()))?;
+                Algorithm::ScheduleFreeAdamW(ScheduleFreeAdamW {
+                    lr: number("lr")?,
+                    betas: (beta(0)?, beta(1)?),
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                    warmup_steps,
+                    r: number("r")?,
+                    weight_lr_power: number("weight_lr_power")?,
                 })
             }
             other => return Err(bad(format!("unknown optimizer `{other}`"))),

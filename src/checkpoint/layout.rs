@@ -9,6 +9,7 @@ use std::ops::Range;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
+use super::schedule_free::ScheduleFreeLayout;
 use super::{bad, checksum, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
 use crate::q8::{blocks, check_absmax, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
@@ -104,6 +105,8 @@ pub(crate) struct Layout<'a> {
     /// [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): states are saved
     /// under bitsandbytes' names (`state1`, `absmax1`, ...) instead of PyTorch's.
     pub(crate) q8: Option<Q8States>,
+    /// Schedule-Free groups' running values and the mode, saved in their `param_groups`.
+    pub(crate) schedule_free: ScheduleFreeLayout,
 }
 
 /// A named view of `data`, or [`Error::BadFile`](crate::Error::BadFile) naming it.
@@ -245,6 +248,7 @@ impl Layout<'_> {
                 serde_json::Value::Object(map)
             })
             .collect();
+        let groups = self.schedule_free.annotate(self.groups.iter().map(|(a, _)| *a), groups);
         let mut metadata = BTreeMap::from([
             ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
             ("param_groups".to_string(), serde_json::Value::Array(groups).to_string()),

@@ -11,6 +11,7 @@ mod checksum;
 mod json;
 pub(crate) mod layout;
 mod parse;
+pub(crate) mod schedule_free;
 
 use std::io::Write;
 use std::path::Path;

@@ -8,6 +8,7 @@ use super::layout::{Q8_BLOCK_SIZE, Q8_MIN_8BIT_SIZE};
 use super::{bad, checksum, READABLE_FORMATS};
 use crate::q8::{Q8States, BLOCK_SIZE};
 use crate::{Algorithm, Result, Rounding};
+use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 
 /// A parsed checkpoint file of either backend, checked for internal consistency but not
 /// yet against an optimizer. Parsing reads the header and tensor table defensively and
@@ -38,6 +39,12 @@ pub struct Checkpoint<'a> {
     ///
     /// [`OptimizerBuilder::q8_states`]: crate::OptimizerBuilder::q8_states
     pub q8_states: Option<Q8States>,
+    /// Each group's Schedule-Free running values (`k`, `weight_sum`, `lr_max`), `None` for
+    /// groups of other algorithms.
+    pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
+    /// The mode a schedule-free optimizer's parameters were in (the groups' `train_mode`);
+    /// train for other algorithms.
+    pub mode: ScheduleFreeMode,
     pub(super) file: SafeTensors<'a>,
     /// Each tensor's CRC-32 from the `crc32` metadata; `None` in files without (format 1,
     /// and files converted from PyTorch).
@@ -91,8 +98,9 @@ impl<'a> Checkpoint<'a> {
             Some(other) => return Err(bad(format!("unknown rounding `{other}`"))),
         };
         let q8_states = q8_states(&meta)?;
+        let (schedule_free, mode) = super::schedule_free::parse(&saved, &groups)?;
         let checksums = checksum::parse(meta.get(checksum::CHECKSUMS))?;
-        Ok(Checkpoint { step, groups, rounding, q8_states, file, checksums })
+        Ok(Checkpoint { step, groups, rounding, q8_states, schedule_free, mode, file, checksums })
     }
 
     /// Refuses a file whose tensor data does not match its checksums (a flipped bit, a

@@ -8,6 +8,7 @@ use std::path::Path;
 use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
+use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{load_file, write_atomically, Checkpoint};
 use crate::q8::StoredState;
 use crate::{DType, Result};
@@ -80,6 +81,8 @@ impl CpuOptimizer {
         self.algorithm = checkpoint.groups[0].0;
         self.rounding = checkpoint.rounding;
         self.step = checkpoint.step;
+        self.schedule_free = checkpoint.schedule_free.first().copied().flatten().unwrap_or_default();
+        self.set_mode_unchanged(checkpoint.mode);
         Ok(())
     }
 
@@ -110,6 +113,10 @@ impl CpuOptimizer {
             shapes: &self.shapes,
             rounding: self.rounding,
             q8,
+            schedule_free: ScheduleFreeLayout {
+                scalars: vec![self.schedule_free_scalars(0).unwrap_or_default()],
+                mode: self.mode(),
+            },
         }
     }
 

@@ -1,4 +1,4 @@
-//! The update formulas of `shaders/adam.wgsl`, `momentum.wgsl`, `adagrad.wgsl` and `lion.wgsl` in f32,
+//! The update formulas of the family shaders (`shaders/<family>.wgsl`) in f32,
 //! operation for operation, so the CPU rounds where the GPU does.
 //!
 //! Every switch is a const generic: each combination is its own loop with no branch per
@@ -13,6 +13,7 @@ use crate::step::{
     MomentumSwitches, MomentumUniform,
 };
 use crate::step::{LionSwitches, LionUniform};
+use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;
@@ -86,6 +87,7 @@ enum Update {
     Momentum(MomentumUniform, Loops<MomentumUniform>),
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
     Lion(LionUniform, Loops<LionUniform>),
+    ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
 }
 
 /// The loop of one storage type for each family's switches, so that one selection tree
@@ -99,6 +101,7 @@ pub(super) trait Leaves: Sized {
     ) -> Loop<MomentumUniform, Self>;
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
     fn lion() -> Loop<LionUniform, Self>;
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
@@ -120,6 +123,9 @@ impl<T: Element> Leaves for T {
     fn lion() -> Loop<LionUniform, Self> {
         lion::<T>
     }
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        schedule_free::<T, S, W, F>
+    }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
@@ -140,6 +146,9 @@ impl Leaves for f16 {
     }
     fn lion() -> Loop<LionUniform, Self> {
         lion_f16
+    }
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        schedule_free_f16::<S, W, F>
     }
 }
 
@@ -170,6 +179,7 @@ impl Kernel {
             Update::Momentum(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
 }
@@ -203,6 +213,10 @@ impl Update {
             KernelStep::Lion(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::Lion(u, loops!(lion_loop(switches, &u)))
+            }
+            KernelStep::ScheduleFree(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
             }
         }
     }
@@ -614,4 +628,82 @@ fn lion_f16(hp: &LionUniform, scale: f32, o: Operands<'_, f16>) {
 
 fn lion_loop<E: Leaves>(_: &LionSwitches, _: &LionUniform) -> Loop<LionUniform, E> {
     E::lion()
+}
+
+/// One element of `shaders/schedule_free.wgsl`: returns `(y_new, z_new, v)`. The swap pass
+/// (`SWAP`) returns `lerp(y, z, swap_weight)` and the state as it was.
+#[inline(always)]
+fn schedule_free_element<const SWAP: bool, const WEIGHT_DECAY: bool, const FIRST: bool>(
+    hp: &ScheduleFreeUniform,
+    y: f32,
+    g: f32,
+    mut z: f32,
+    v_prev: f32,
+) -> (f32, f32, f32) {
+    if SWAP {
+        return (y + hp.swap_weight * (z - y), z, v_prev);
+    }
+    if FIRST {
+        z = y;
+    }
+    let v = v_prev * hp.beta2 + hp.one_minus_beta2 * g * g;
+    let denom = (v / hp.bias_correction2).sqrt() + hp.eps;
+    let mut u = g / denom;
+    if WEIGHT_DECAY {
+        u += hp.weight_decay * y;
+    }
+    let y_mid = y + hp.ckp1 * (z - y);
+    let y_new = y_mid + hp.y_rate * u;
+    let z_new = z - hp.lr * u;
+    (y_new, z_new, v)
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn schedule_free<E: Element, const SWAP: bool, const WEIGHT_DECAY: bool, const FIRST: bool>(
+    hp: &ScheduleFreeUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
+    let update = schedule_free_element::<SWAP, WEIGHT_DECAY, FIRST>;
+    let [z, v, ..] = o.state;
+    // The swap pass reads no gradient (the caller may lend any slice of the right length).
+    for (((y, g), z), v) in o.param.iter_mut().zip(o.grad).zip(z.iter_mut()).zip(v.iter_mut()) {
+        let (new_y, new_z, new_v) = update(hp, y.widen(), g.widen() * scale, z.widen(), v.widen());
+        *y = E::narrow(new_y);
+        if !SWAP {
+            (*z, *v) = (E::narrow(new_z), E::narrow(new_v));
+        }
+    }
+}
+
+/// [`schedule_free`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn schedule_free_f16<const SWAP: bool, const WEIGHT_DECAY: bool, const FIRST: bool>(
+    hp: &ScheduleFreeUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = schedule_free_element::<SWAP, WEIGHT_DECAY, FIRST>;
+    let [z, v, ..] = o.state;
+    f16_lanes::each(
+        [o.param, z, v],
+        o.grad,
+        #[inline(always)]
+        |g, [y, z, v]| {
+            let (y, z, v) = update(hp, y, g * scale, z, v);
+            [y, z, v]
+        },
+    );
+}
+
+fn schedule_free_loop<E: Leaves>(
+    s: &ScheduleFreeSwitches,
+    u: &ScheduleFreeUniform,
+) -> Loop<ScheduleFreeUniform, E> {
+    match (s.swap, u.weight_decay != 0.0, u.first != 0.0) {
+        (true, _, _) => E::schedule_free::<true, false, false>(),
+        (false, false, false) => E::schedule_free::<false, false, false>(),
+        (false, false, true) => E::schedule_free::<false, false, true>(),
+        (false, true, false) => E::schedule_free::<false, true, false>(),
+        (false, true, true) => E::schedule_free::<false, true, true>(),
+    }
 }

@@ -34,6 +34,7 @@ mod host;
 mod kernels;
 mod norm;
 mod q8;
+mod schedule_free;
 mod state_memory;
 mod storage;
 mod work;
@@ -44,6 +45,7 @@ use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
 use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
+use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 use kernels::{Kernel, MAX_STATE};
 use state_memory::StateTensor;
 use storage::Stores;
@@ -75,6 +77,10 @@ pub struct CpuOptimizer {
     /// With [`CpuOptimizerBuilder::q8_states`]: its settings and each parameter's state (then
     /// `state` is empty).
     q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
+    /// A schedule-free group's running `k`, `weight_sum` and `lr_max` (unused otherwise).
+    schedule_free: ScheduleFreeScalars,
+    /// Which point the parameters hold (always train for other algorithms).
+    mode: ScheduleFreeMode,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -201,6 +207,8 @@ impl CpuOptimizer {
                 grad_norm: None,
                 shapes: options.param_shapes,
                 q8: Some((config, states)),
+                schedule_free: ScheduleFreeScalars::default(),
+                mode: ScheduleFreeMode::Train,
             });
         }
         let initial = algorithm.initial_state();
@@ -235,6 +243,8 @@ impl CpuOptimizer {
             grad_norm: None,
             shapes: options.param_shapes,
             q8: None,
+            schedule_free: ScheduleFreeScalars::default(),
+            mode: ScheduleFreeMode::Train,
         })
     }
 
@@ -383,8 +393,10 @@ impl CpuOptimizer {
     /// one it was built for, or when a gradient's length differs from its parameter's.
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
         self.check(params, grads)?;
+        self.check_train_mode("step")?;
         let t = self.step + 1;
-        let mut kernel = Kernel::new(&self.algorithm.kernel_step(t));
+        let (kernel_step, schedule_free) = crate::algo::group_step(&self.algorithm, t, &self.schedule_free);
+        let mut kernel = Kernel::new(&kernel_step);
         if let Some(clip) = &self.grad_clip {
             let total_norm = norm::global_norm(grads, clip.norm_type);
             kernel = kernel.with_grad_scale(clip_coefficient(total_norm, clip.max_norm as f32));
@@ -406,6 +418,7 @@ impl CpuOptimizer {
             });
             q8::run(&kernel, self.algorithm.state_kinds(), params, grads, states);
             self.step = t;
+            self.schedule_free = schedule_free;
             return Ok(());
         }
         let stochastic = self.rounding.stochastic();
@@ -416,6 +429,7 @@ impl CpuOptimizer {
         };
         work::run(&kernel, &stores, params, grads, &mut self.state, &mut self.compensation);
         self.step = t;
+        self.schedule_free = schedule_free;
         Ok(())
     }
 

@@ -90,6 +90,7 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
+                Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -105,6 +106,9 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion_capturable.wgsl"),
+                // Refused in capturable mode (`optimizer::validate`): its weights need the
+                // host's running `lr_max` and `weight_sum`.
+                Family::ScheduleFree => "",
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -830,6 +834,11 @@ pub(crate) mod tests {
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
+    use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+
+    fn is_schedule_free(program: Program) -> bool {
+        matches!(program, Program::Update(Switches::ScheduleFree(_)))
+    }
 
     /// Every switch combination of every family.
     fn all_switches() -> Vec<Switches> {
@@ -859,6 +868,9 @@ pub(crate) mod tests {
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
         }
         all.push(Switches::Lion(LionSwitches));
+        for swap in flags {
+            all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
+        }
         all
     }
 
@@ -1062,6 +1074,8 @@ pub(crate) mod tests {
                         Program::GradNorm(_) => *scalars == Scalars::Norm,
                         Program::UnscaleNorm(_) => *scalars == Scalars::UnscaleNorm,
                     })
+                    // Schedule-Free has no capturable form (refused when the optimizer is built).
+                    .filter(|scalars| !(is_schedule_free(program) && *scalars == Scalars::Device))
                     .flat_map(|scalars| {
                         let clips: &[bool] =
                             if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
@@ -1120,6 +1134,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Lion(_), true) => {
                                     rust_members(LionUniform::FIELDS, LionUniform64::OFFSETS)
+                                }
+                                (Switches::ScheduleFree(_), false) => {
+                                    rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform::OFFSETS)
+                                }
+                                (Switches::ScheduleFree(_), true) => {
+                                    rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

@@ -61,6 +61,14 @@ pub fn update(
     if t == 0 {
         return Err(Error::BadStep { argument: "step", step: 0.0, problem: StepProblem::Zero });
     }
+    if let Algorithm::ScheduleFreeAdamW(_) = algorithm {
+        return Err(Error::ConflictingOptions {
+            first: "ops::update",
+            second: "algorithm",
+            reason: "Schedule-Free AdamW's step depends on its group's running k, weight_sum and \
+                     lr_max, which a stateless update does not keep: step it with an Optimizer",
+        });
+    }
     let step = algorithm.kernel_step(t);
     let kinds = algorithm.state_kinds();
     let mut calls = Vec::with_capacity(updates.len());

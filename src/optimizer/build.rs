@@ -4,6 +4,7 @@
 use super::clip::ClipPass;
 use super::device::DeviceState;
 use super::record::write_rounding;
+use super::schedule_free::ScheduleFreeHost;
 use super::validate::{
     check_disjoint, check_params, check_rounding_dtypes, check_rounding_options, check_shapes,
 };
@@ -53,6 +54,7 @@ impl Optimizer {
         for group in &groups {
             group.algorithm.validate()?;
         }
+        super::schedule_free::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
@@ -171,6 +173,7 @@ impl Optimizer {
             .transpose()?;
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
+        let kept_len = kept.len();
         let mut optimizer = Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -190,6 +193,7 @@ impl Optimizer {
             q8,
             written: WrittenRanges::default(),
             disjoint_grads: Vec::new(),
+            schedule_free: ScheduleFreeHost::new(kept_len),
         };
         optimizer.written = WrittenRanges::new(&optimizer);
         Ok(optimizer)

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use super::Optimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
+use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint};
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
@@ -129,6 +130,12 @@ impl Optimizer {
             shapes: &self.shapes,
             rounding: self.rounding,
             q8,
+            schedule_free: ScheduleFreeLayout {
+                scalars: (0..self.groups.len())
+                    .map(|g| self.schedule_free_scalars(g).unwrap_or_default())
+                    .collect(),
+                mode: self.mode(),
+            },
         }
     }
 
@@ -262,6 +269,12 @@ impl Optimizer {
         }
         // The seed travels in the uniforms, which the next step rewrites (every group is dirty).
         self.rounding = checkpoint.rounding;
+        for (g, scalars) in checkpoint.schedule_free.iter().enumerate() {
+            if let Some(scalars) = scalars {
+                self.set_schedule_free_scalars(g, *scalars)?;
+            }
+        }
+        self.set_mode_unchanged(checkpoint.mode);
         self.set_step_count(step)
     }
 

@@ -23,12 +23,15 @@ mod clip;
 pub(crate) mod device;
 mod options;
 mod record;
+mod schedule_free;
 mod validate;
 mod written;
 
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
+#[cfg(any(feature = "cpu", feature = "checkpoint"))]
+pub(crate) use schedule_free::check_scalars as check_schedule_free_scalars;
 #[cfg(feature = "cpu")]
 pub(crate) use validate::{check_rounding_dtypes, check_shapes};
 
@@ -37,6 +40,7 @@ use crate::gpu::q8::Q8Engine;
 use crate::{Algorithm, DType, GpuContext, Rounding, Tensor};
 use clip::ClipPass;
 use device::DeviceState;
+use schedule_free::ScheduleFreeHost;
 use written::WrittenRanges;
 
 /// One parameter group as the optimizer keeps it.
@@ -96,6 +100,8 @@ pub struct Optimizer {
     /// The last gradients `record_unscale` found pairwise disjoint, so a trainer that
     /// unscales the same set every step pays for the check once.
     disjoint_grads: Vec<Tensor>,
+    /// Schedule-Free's per-group running values, the mode and the swap pass.
+    schedule_free: ScheduleFreeHost,
 }
 
 impl std::fmt::Debug for Optimizer {

@@ -94,6 +94,7 @@ impl Optimizer {
     /// so it would read values already updated.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
+        self.check_train_mode("record_step")?;
         if self.q8.is_some() {
             return self.record_q8_step(encoder, grads);
         }
@@ -115,9 +116,9 @@ impl Optimizer {
         let capturable = self.device.is_some();
         if !capturable || self.groups.iter().any(|g| g.dirty) {
             let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-            for (group, bytes) in self.groups.iter_mut().zip(slots) {
+            for (g, (group, bytes)) in self.groups.iter_mut().zip(slots).enumerate() {
                 let at = if capturable { 1 } else { t };
-                group.algorithm.kernel_step(at).write_uniform(self.math, bytes);
+                self.schedule_free.kernel_step(g, &group.algorithm, at).write_uniform(self.math, bytes);
                 write_rounding(self.rounding, at, bytes);
                 group.dirty = false;
             }
@@ -146,6 +147,7 @@ impl Optimizer {
         }
         drop(pass);
         self.step = t;
+        self.schedule_free.commit();
         Ok(())
     }
 

@@ -116,6 +116,10 @@ pub(crate) fn check_options(
             Algorithm::Lion(_) => {
                 Some("Lion has no 8-bit form yet (bitsandbytes' Lion8bit is not yet implemented)")
             }
+            Algorithm::ScheduleFreeAdamW(_) => Some(
+                "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
+                 keep f32, f16 or bf16 state for it",
+            ),
             _ => None,
         };
         if let Some(reason) = refused {

@@ -18,12 +18,14 @@ pub(crate) mod fields;
 mod lion;
 mod momentum;
 pub(crate) mod rounding;
+mod schedule_free;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
 use crate::{DType, StateKind};
 
@@ -38,6 +40,8 @@ pub(crate) enum Family {
     Adagrad,
     /// Lion (lion-pytorch).
     Lion,
+    /// Schedule-Free AdamW (the `schedulefree` package).
+    ScheduleFree,
 }
 
 impl Family {
@@ -47,6 +51,7 @@ impl Family {
             Family::Momentum => "momentum",
             Family::Adagrad => "adagrad",
             Family::Lion => "lion",
+            Family::ScheduleFree => "schedule_free",
         }
     }
 
@@ -69,6 +74,13 @@ impl Family {
             }
             Family::Adagrad => &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)],
             Family::Lion => &[Param, Grad, State(StateKind::ExpAvg), State(StateKind::KahanCompensation)],
+            Family::ScheduleFree => &[
+                Param,
+                Grad,
+                State(StateKind::Z),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 
@@ -93,6 +105,13 @@ impl Family {
             Family::Lion => {
                 &[Param, State(StateKind::ExpAvg), ParamCopy, State(StateKind::KahanCompensation)]
             }
+            Family::ScheduleFree => &[
+                Param,
+                State(StateKind::Z),
+                State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -129,6 +148,7 @@ pub(crate) enum Switches {
     Momentum(MomentumSwitches),
     Adagrad(AdagradSwitches),
     Lion(LionSwitches),
+    ScheduleFree(ScheduleFreeSwitches),
 }
 
 impl Switches {
@@ -138,6 +158,7 @@ impl Switches {
             Switches::Momentum(_) => Family::Momentum,
             Switches::Adagrad(_) => Family::Adagrad,
             Switches::Lion(_) => Family::Lion,
+            Switches::ScheduleFree(_) => Family::ScheduleFree,
         }
     }
 
@@ -148,6 +169,7 @@ impl Switches {
             Switches::Momentum(s) => s.overrides(),
             Switches::Adagrad(s) => s.overrides(),
             Switches::Lion(s) => s.overrides(),
+            Switches::ScheduleFree(s) => s.overrides(),
         }
     }
 
@@ -164,6 +186,8 @@ impl Switches {
             (Switches::Adagrad(_), true) => size_of::<AdagradUniform64>(),
             (Switches::Lion(_), false) => size_of::<LionUniform>(),
             (Switches::Lion(_), true) => size_of::<LionUniform64>(),
+            (Switches::ScheduleFree(_), false) => size_of::<ScheduleFreeUniform>(),
+            (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
         }) as u64
     }
 
@@ -174,6 +198,7 @@ impl Switches {
             Switches::Momentum(_) => MomentumUniform::wgsl("Hyper"),
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
+            Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
         }
     }
 }
@@ -185,6 +210,7 @@ pub(crate) enum KernelStep {
     Momentum(MomentumSwitches, MomentumUniform64),
     Adagrad(AdagradSwitches, AdagradUniform64),
     Lion(LionSwitches, LionUniform64),
+    ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -195,6 +221,7 @@ const _: () = assert!(std::mem::size_of::<AdamUniform64>() as u64 <= UNIFORM_SLO
 const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -207,6 +234,7 @@ impl KernelStep {
             KernelStep::Momentum(s, _) => Switches::Momentum(*s),
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
             KernelStep::Lion(s, _) => Switches::Lion(*s),
+            KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
         }
     }
 
@@ -222,10 +250,12 @@ impl KernelStep {
             (KernelStep::Momentum(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

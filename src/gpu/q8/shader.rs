@@ -118,6 +118,8 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
         Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
         Family::Lion => include_str!("../../../shaders/lion.wgsl"),
+        // Refused with 8-bit state (`q8::check_options`); never composed.
+        Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });

@@ -4,6 +4,7 @@
 
 mod case;
 mod run;
+mod schedule_free;
 mod tally;
 
 pub use case::{Case, CaseTensor, Kind, ValueType};

@@ -58,10 +58,13 @@ impl Backend {
         if case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
+        if case.kind == Kind::Trajectory && case.op.starts_with("schedulefree.") {
+            backends.push(Backend::Cpu);
+        }
         backends
     }
 
-    fn in_place(self) -> bool {
+    pub(super) fn in_place(self) -> bool {
         matches!(self, Backend::GpuInPlace | Backend::GpuPackedF16InPlace)
     }
 }
@@ -131,6 +134,9 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
             bnb_trajectory(case, backend, ctx).await?
+        }
+        ("schedulefree.AdamWScheduleFree", Kind::Trajectory) => {
+            super::schedule_free::trajectory(case, backend, ctx).await?
         }
         (op, kind) => {
             return Err(

@@ -1,0 +1,234 @@
+//! Schedule-Free AdamW on the GPU optimizer: each group's running values (`k`,
+//! `weight_sum`, `lr_max`), the mode, and the `eval()`/`train()` swap pass.
+//!
+//! The swap is one more dispatch of the family's kernel with its `SWAP` switch: the same
+//! tensors as a step (the parameters, z, the model copies and Kahan compensations), with
+//! each parameter bound as its own gradient (never read), so it reuses the step's tables,
+//! storage types and rounding, and in master-weight mode writes the model copies too.
+
+use super::record::write_rounding;
+use super::{Optimizer, OptimizerOptions, ParamGroup};
+use crate::algo::{group_step, SWAP_ROUNDING_STEP};
+use crate::gpu::dispatch::Batch;
+use crate::gpu::kernel::{Program, Scalars, VariantKey};
+use crate::gpu::plan::plan;
+use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
+use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars};
+
+/// The schedule-free part of an optimizer's host state.
+pub(super) struct ScheduleFreeHost {
+    /// Each group's running values (the initial ones for groups of other algorithms).
+    scalars: Vec<ScheduleFreeScalars>,
+    /// The values after the step being recorded, kept until it is recorded.
+    next: Vec<ScheduleFreeScalars>,
+    pending: bool,
+    mode: ScheduleFreeMode,
+    /// The swap pass of each schedule-free group, built at the first `eval()`.
+    swap: Option<Vec<(usize, Batch)>>,
+}
+
+impl ScheduleFreeHost {
+    pub(super) fn new(groups: usize) -> Self {
+        ScheduleFreeHost {
+            scalars: vec![ScheduleFreeScalars::default(); groups],
+            next: vec![ScheduleFreeScalars::default(); groups],
+            pending: false,
+            mode: ScheduleFreeMode::Train,
+            swap: None,
+        }
+    }
+
+    /// Group `g`'s kernel step at step `t`; a schedule-free group's values after it wait for
+    /// [`Self::commit`].
+    pub(super) fn kernel_step(&mut self, g: usize, algorithm: &Algorithm, t: u64) -> KernelStep {
+        let (step, next) = group_step(algorithm, t, &self.scalars[g]);
+        self.next[g] = next;
+        self.pending = true;
+        step
+    }
+
+    /// The step whose uniforms [`Self::kernel_step`] gave was recorded.
+    pub(super) fn commit(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.scalars.copy_from_slice(&self.next);
+        }
+    }
+
+    /// Refuses `call` in eval mode ([`Error::EvalMode`]).
+    pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
+        match self.mode {
+            ScheduleFreeMode::Train => Ok(()),
+            ScheduleFreeMode::Eval => Err(Error::EvalMode { call }),
+        }
+    }
+}
+
+/// Capturable mode (and so AMP, which needs it) is refused for schedule-free groups: each
+/// step's averaging weight comes from the host's running `lr_max` and `weight_sum`.
+pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+    let schedule_free = groups.iter().any(|g| matches!(g.algorithm, Algorithm::ScheduleFreeAdamW(_)));
+    if schedule_free && options.capturable {
+        return Err(Error::ConflictingOptions {
+            first: "capturable",
+            second: "algorithm",
+            reason: "Schedule-Free AdamW's averaging weight needs the host's running lr_max and \
+                     weight_sum each step, which a captured step cannot take",
+        });
+    }
+    Ok(())
+}
+
+impl Optimizer {
+    /// Which point the parameters hold: y ([`ScheduleFreeMode::Train`], where every
+    /// optimizer starts) or, after [`Self::eval`], the average x.
+    pub fn mode(&self) -> ScheduleFreeMode {
+        self.schedule_free.mode
+    }
+
+    /// Group `g`'s running Schedule-Free values (`k`, `weight_sum`, `lr_max`); `None` for a
+    /// group past the last or one that runs another algorithm.
+    pub fn schedule_free_scalars(&self, g: usize) -> Option<ScheduleFreeScalars> {
+        let group = self.groups.get(g)?;
+        matches!(group.algorithm, Algorithm::ScheduleFreeAdamW(_)).then(|| self.schedule_free.scalars[g])
+    }
+
+    /// Replaces group `g`'s running Schedule-Free values (e.g. from a checkpoint), from the
+    /// next step on. Refused for a `g` past the groups ([`Error::NoSuchGroup`]), a group that
+    /// runs another algorithm, or values that cannot be a group's ([`Error::BadValue`]).
+    pub fn set_schedule_free_scalars(&mut self, g: usize, scalars: ScheduleFreeScalars) -> Result<()> {
+        let groups = self.groups.len();
+        let group = self.groups.get(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
+        check_scalars(&group.algorithm, &scalars)?;
+        self.schedule_free.scalars[g] = scalars;
+        Ok(())
+    }
+
+    /// Sets the mode without touching the parameters (a checkpoint saved in that mode).
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    pub(super) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
+        self.schedule_free.mode = mode;
+    }
+
+    /// Refuses `call` in eval mode ([`Error::EvalMode`]).
+    pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
+        self.schedule_free.check_train_mode(call)
+    }
+
+    /// Records Schedule-Free's `eval()` into the caller's encoder: every parameter y of every
+    /// schedule-free group becomes the average `x = lerp(y, z, 1 - 1/beta1)` (and so does its
+    /// model copy in master-weight mode), in one pass; steps are refused until
+    /// [`Self::record_train`]. A no-op in eval mode already (as the package's), for groups
+    /// before their first step (z is y then) and for optimizers without a schedule-free group
+    /// (they stay in train mode). The mode changes when the pass is recorded; on error
+    /// nothing is recorded and the mode is unchanged.
+    pub fn record_eval(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        self.record_swap(encoder, ScheduleFreeMode::Eval)
+    }
+
+    /// Records Schedule-Free's `train()`: back from x to `y = lerp(x, z, 1 - beta1)` and
+    /// train mode. A no-op in train mode; otherwise as [`Self::record_eval`].
+    pub fn record_train(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        self.record_swap(encoder, ScheduleFreeMode::Train)
+    }
+
+    /// [`Self::record_eval`], submitted.
+    pub fn eval(&mut self) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.submit("wgpu-optim eval", |encoder| self.record_eval(encoder)).map(|_| ())
+    }
+
+    /// [`Self::record_train`], submitted.
+    pub fn train(&mut self) -> Result<()> {
+        let ctx = self.ctx.clone();
+        ctx.submit("wgpu-optim train", |encoder| self.record_train(encoder)).map(|_| ())
+    }
+
+    fn record_swap(&mut self, encoder: &mut wgpu::CommandEncoder, to: ScheduleFreeMode) -> Result<()> {
+        self.ctx.check_alive()?;
+        let schedule_free: Vec<usize> = (0..self.groups.len())
+            .filter(|&g| matches!(self.groups[g].algorithm, Algorithm::ScheduleFreeAdamW(_)))
+            .collect();
+        if schedule_free.is_empty() || self.schedule_free.mode == to {
+            return Ok(());
+        }
+        if self.schedule_free.swap.is_none() {
+            self.schedule_free.swap = Some(self.bind_swap(&schedule_free)?);
+        }
+        let to_eval = to == ScheduleFreeMode::Eval;
+        let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
+        let mut any = false;
+        for (g, bytes) in slots.enumerate() {
+            if let (Algorithm::ScheduleFreeAdamW(c), true) =
+                (&self.groups[g].algorithm, self.schedule_free.scalars[g].k > 0)
+            {
+                c.swap_step(to_eval).write_uniform(self.math, bytes);
+                write_rounding(self.rounding, SWAP_ROUNDING_STEP | self.step, bytes);
+                any = true;
+            }
+        }
+        if any {
+            self.uniforms.record_write(encoder, &self.uniform_bytes)?;
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(if to_eval { "wgpu-optim eval" } else { "wgpu-optim train" }),
+                timestamp_writes: None,
+            });
+            for (g, batch) in self.schedule_free.swap.iter().flatten() {
+                if self.schedule_free.scalars[*g].k > 0 {
+                    batch.record(&mut pass, &self.uniforms.bind_groups[*g]);
+                }
+            }
+        }
+        self.schedule_free.mode = to;
+        Ok(())
+    }
+
+    /// The swap pass of each schedule-free group: its tensors as a step binds them, each
+    /// parameter standing in for its own gradient.
+    fn bind_swap(&self, groups: &[usize]) -> Result<Vec<(usize, Batch)>> {
+        let scalars = Scalars::Host;
+        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
+        let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
+        let mut batches = Vec::with_capacity(groups.len());
+        for &g in groups {
+            let group = &self.groups[g];
+            let Algorithm::ScheduleFreeAdamW(c) = &group.algorithm else { continue };
+            let program = Program::Update(c.swap_step(true).switches());
+            let mut items = Vec::with_capacity(group.len);
+            for i in group.first..group.first + group.len {
+                let args = self.kernel_args(&group.algorithm, i, &self.params[i]);
+                let mut tensor_plan = plan(&self.ctx, program, &args)?;
+                tensor_plan.ordinal = i as u32;
+                let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
+                if needed > limit {
+                    return Err(Error::TooManyBindings { needed, limit });
+                }
+                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
+                    .clipped(self.clip.is_some())
+                    .with_stochastic(self.rounding.stochastic());
+                items.push((key, tensor_plan));
+            }
+            batches.push((g, Batch::build(&self.ctx, &items, "schedule-free swap")?));
+        }
+        Ok(batches)
+    }
+}
+
+/// Group values that fit `algorithm`: a schedule-free one, finite sums, and the initial
+/// values at `k = 0`.
+pub(crate) fn check_scalars(algorithm: &Algorithm, scalars: &ScheduleFreeScalars) -> Result<()> {
+    if !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
+        return Err(Error::BadValue {
+            argument: "schedule-free group values".into(),
+            problem: format!("the group runs {}, not AdamWScheduleFree", algorithm.name()),
+        });
+    }
+    let fresh = ScheduleFreeScalars::default();
+    if !scalars.weight_sum.is_finite() || !scalars.lr_max.is_finite() || (scalars.k == 0 && *scalars != fresh)
+    {
+        return Err(Error::BadValue {
+            argument: "schedule-free group values".into(),
+            problem: format!("{scalars:?}: expected finite values, and the initial ones at k = 0"),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Running a `schedulefree.AdamWScheduleFree` trajectory: `steps` calls of `step()` from
+//! the initial parameters, then `eval()`; the outputs are y (`param_out`), x
+//! (`param_eval`), each tensor's `z` and `exp_avg_sq`, and the group's `k`, `weight_sum` and
+//! `lr_max`.
+
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
+use wgpu_optim::{
+    DType, Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind, Tensor,
+};
+
+use super::case::{Case, CaseTensor, ValueType};
+use super::run::Backend;
+use crate::oracle::{ScheduleFreeOracle, Storage};
+
+type Outputs = Vec<(String, Vec<f64>)>;
+
+/// The case's hyperparameters, with the package's defaults.
+fn config(case: &Case) -> Result<ScheduleFreeAdamW> {
+    let defaults = ScheduleFreeAdamW::default();
+    let warmup = case.attr_f64("warmup_steps", 0.0)?;
+    if warmup.fract() != 0.0 || !(0.0..9e15).contains(&warmup) {
+        return Err(case.bad(format!("attribute `warmup_steps` = {warmup} is not a whole number >= 0")));
+    }
+    Ok(ScheduleFreeAdamW {
+        lr: case.attr_f64("lr", defaults.lr)?,
+        betas: case.attr_pair("betas", defaults.betas)?,
+        eps: case.attr_f64("eps", defaults.eps)?,
+        weight_decay: case.attr_f64("weight_decay", defaults.weight_decay)?,
+        warmup_steps: warmup as u64,
+        r: case.attr_f64("r", defaults.r)?,
+        weight_lr_power: case.attr_f64("weight_lr_power", defaults.weight_lr_power)?,
+    })
+}
+
+/// The trajectory on `backend`: the oracle, the CPU backend, or the GPU [`Optimizer`] on a
+/// buffer per tensor (in place) or on tensors packed at odd offsets into one buffer
+/// (out of place: Schedule-Free has no stateless operator, its step needs the group's
+/// running values).
+pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+    let config = config(case)?;
+    let (n, steps) = (case.count, case.steps);
+    let params: Vec<&CaseTensor> =
+        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
+    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
+    let dtype = match params.first().map(|p| p.dtype) {
+        Some(ValueType::Float(d)) => d,
+        other => return Err(case.bad(format!("param.0 is {other:?}, expected a float tensor"))),
+    };
+    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
+        if g.values.len() != steps * p.values.len() {
+            return Err(case.bad(format!("grad.{i} does not hold {steps} gradients of param.{i}")));
+        }
+    }
+    let grads_at = |k: usize| -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|i| {
+                let len = params[i].values.len();
+                grads[i].values[k * len..(k + 1) * len].to_vec()
+            })
+            .collect()
+    };
+    // y after the steps, x after eval(), each tensor's [z, exp_avg_sq], the group's values.
+    let (y, x, states, scalars): (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<[Vec<f64>; 2]>, ScheduleFreeScalars) =
+        match (backend, ctx) {
+            (Backend::Oracle, _) => {
+                let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
+                let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+                for k in 0..steps {
+                    oracle.step(&mut values, &grads_at(k));
+                }
+                let mut x = values.clone();
+                oracle.eval(&mut x);
+                let states = (0..n).map(|i| [oracle.z[i].clone(), oracle.exp_avg_sq[i].clone()]).collect();
+                let scalars =
+                    ScheduleFreeScalars { k: oracle.k, weight_sum: oracle.weight_sum, lr_max: oracle.lr_max };
+                let round = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+                    v.into_iter().map(|t| t.into_iter().map(|e| dtype.round(e)).collect()).collect()
+                };
+                (round(values), round(x), states, scalars)
+            }
+            (Backend::Cpu, _) => {
+                let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
+                let mut tensors: Vec<HostTensor> =
+                    params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+                let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
+                let mut optimizer = CpuOptimizer::builder().build(config, &views)?;
+                for k in 0..steps {
+                    let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
+                    let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+                    let mut param_views: Vec<HostSliceMut<'_>> =
+                        tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
+                    optimizer.step(&mut param_views, &grad_views)?;
+                }
+                let y = tensors.iter().map(HostTensor::to_f64).collect();
+                let mut param_views: Vec<HostSliceMut<'_>> =
+                    tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
+                optimizer.eval(&mut param_views)?;
+                let x = tensors.iter().map(HostTensor::to_f64).collect();
+                let state = |i: usize, kind: StateKind| -> Result<Vec<f64>> {
+                    Ok(optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64())
+                };
+                let states = (0..n)
+                    .map(|i| Ok([state(i, StateKind::Z)?, state(i, StateKind::ExpAvgSq)?]))
+                    .collect::<Result<_>>()?;
+                let scalars =
+                    optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
+                (y, x, states, scalars)
+            }
+            (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
+            (_, Some(ctx)) => {
+                let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
+                let (param_tensors, grad_tensors) = if backend.in_place() {
+                    let p: Vec<Tensor> = params
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
+                        .collect();
+                    let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
+                    (p, g)
+                } else {
+                    let p = packed(ctx, "params", &lengths, dtype);
+                    for (t, values) in p.iter().zip(&params) {
+                        ctx.write_async(t, &values.values).await?;
+                    }
+                    (p, packed(ctx, "grads", &lengths, dtype))
+                };
+                let mut optimizer = Optimizer::builder().build(ctx, config, &param_tensors)?;
+                for k in 0..steps {
+                    for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
+                        ctx.write_async(t, &g).await?;
+                    }
+                    optimizer.step(&grad_tensors)?;
+                }
+                let mut y = Vec::with_capacity(n);
+                for t in &param_tensors {
+                    y.push(ctx.read_async(t).await?);
+                }
+                optimizer.eval()?;
+                let mut x = Vec::with_capacity(n);
+                let mut states = Vec::with_capacity(n);
+                for (i, t) in param_tensors.iter().enumerate() {
+                    x.push(ctx.read_async(t).await?);
+                    let mut pair = Vec::with_capacity(2);
+                    for kind in [StateKind::Z, StateKind::ExpAvgSq] {
+                        let state =
+                            optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
+                        pair.push(ctx.read_async(state).await?);
+                    }
+                    let exp_avg_sq = pair.pop().unwrap_or_default();
+                    states.push([pair.pop().unwrap_or_default(), exp_avg_sq]);
+                }
+                let scalars =
+                    optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
+                (y, x, states, scalars)
+            }
+        };
+    let mut outputs: Outputs = Vec::new();
+    for (i, ((y, x), [z, v])) in y.into_iter().zip(x).zip(states).enumerate() {
+        outputs.push((format!("param_out.{i}"), y));
+        outputs.push((format!("param_eval.{i}"), x));
+        outputs.push((format!("z.{i}"), z));
+        outputs.push((format!("exp_avg_sq.{i}"), v));
+    }
+    outputs.push(("k".into(), vec![scalars.k as f64]));
+    outputs.push(("weight_sum".into(), vec![scalars.weight_sum]));
+    outputs.push(("lr_max".into(), vec![scalars.lr_max]));
+    Ok(outputs)
+}
+
+/// Tensors of `lengths` elements packed one after another into one buffer, each starting
+/// one element past the previous one's end.
+fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<Tensor> {
+    let total: u64 = lengths.iter().map(|l| l + 1).sum::<u64>() + 1;
+    let buffer = ctx.zeros(label, total, dtype).buffer;
+    let mut offset = dtype.size();
+    lengths
+        .iter()
+        .map(|&len| {
+            let t = Tensor { buffer: buffer.clone(), offset, len, dtype };
+            offset += (len + 1) * dtype.size();
+            t
+        })
+        .collect()
+}
