@@ -24,7 +24,9 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Optimizer, Sgd, Tensor};
+use wgpu_optim::{
+    Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, ScheduleFreeAdamW, Sgd, Tensor,
+};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
@@ -34,6 +36,8 @@ fn algorithm(name: &str) -> Algorithm {
         "amsgrad" => Adam { amsgrad: true, ..Adam::default() }.into(),
         "sgdm" => Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() }.into(),
         "nesterov" => Sgd { lr: 1e-2, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
+        "lion" => Lion::default().into(),
+        "sf-adamw" => ScheduleFreeAdamW::default().into(),
         _ => Adam::default().into(),
     }
 }
@@ -205,7 +209,7 @@ impl Bench {
                 Ok((cpu, roofline)) => {
                     let roofline_gbps = rooflines::gbps(host.bytes, roofline);
                     self.push(row("cpu", cpu, roofline_gbps));
-                    if elements <= 1 << 20 && q8.is_none() {
+                    if elements <= 1 << 20 && q8.is_none() && per_tensor_oracle(&job.algorithm) {
                         let oracle = oracle_step(&job);
                         self.push(row("oracle", oracle, roofline_gbps));
                     }
@@ -336,6 +340,12 @@ fn cpu_step(
         Ok(t)
     })?;
     Ok((cpu, Times::of(passes).unwrap_or_default().fastest))
+}
+
+/// Whether `TorchState` runs `algorithm` one tensor at a time. Schedule-Free's oracle keeps
+/// per-group values (`k`, `weight_sum`, `lr_max`) and has no row here.
+fn per_tensor_oracle(algorithm: &Algorithm) -> bool {
+    !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_))
 }
 
 fn oracle_step(job: &Job<'_>) -> Times {

@@ -20,8 +20,12 @@ pub struct Options {
     pub cpu: bool,
 }
 
+/// Every `--algos` name (`main.rs`'s `algorithm` says what each runs); `--full` runs them all.
+const ALGORITHMS: &[&str] =
+    &["adam", "adam+clip", "adamw", "amsgrad", "sgdm", "nesterov", "lion", "sf-adamw"];
+
 pub const USAGE: &str =
-    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov] [--dtypes f32,f16,bf16]
+    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,sf-adamw] [--dtypes f32,f16,bf16]
              [--states f32,q8]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
@@ -69,7 +73,7 @@ pub fn parse() -> Result<Options, String> {
             "--no-gpu" => options.gpu = false,
             "--no-cpu" => options.cpu = false,
             "--full" => {
-                options.algos = list("adam,adam+clip,adamw,amsgrad,sgdm,nesterov".into());
+                options.algos = ALGORITHMS.iter().map(|a| a.to_string()).collect();
                 options.sizes = vec![4096, 65_536, 1 << 20, 16 << 20, 64 << 20];
                 options.cases = list("single,gpt2,small".into());
             }
@@ -81,7 +85,7 @@ pub fn parse() -> Result<Options, String> {
         return Err("--reps must be at least 1".into());
     }
     for a in &options.algos {
-        if !["adam", "adam+clip", "adamw", "amsgrad", "sgdm", "nesterov"].contains(&a.as_str()) {
+        if !ALGORITHMS.contains(&a.as_str()) {
             return Err(format!("unknown algorithm {a}"));
         }
     }

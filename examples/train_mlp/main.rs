@@ -50,7 +50,8 @@ use wgpu_optim::{Adam, Algorithm, DType, GpuContext, Lion, Optimizer, Rounding, 
 /// 1 to 4), about 10 s on lavapipe.
 const DEFAULT_STEPS: u64 = 300;
 
-const USAGE: &str = "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|sf-adamw] [--lr LR] [--steps N] \
+const USAGE: &str =
+    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|sf-adamw] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
                      [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
 
