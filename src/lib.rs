@@ -39,6 +39,10 @@
 //!   PyTorch's names, for [`Optimizer::state`] and checkpoints).
 //! - [`DType`]: the storage types (f32, f16, bf16, f64 for ONNX ops).
 //! - [`GradClip`], [`NormType`], [`Rounding`]: option values of the builder.
+//! - [`ScheduleFreeAdamW`] (the `schedulefree` package's `AdamWScheduleFree`), with
+//!   [`ScheduleFreeScalars`] (a group's running `k`, `weight_sum`, `lr_max`) and
+//!   [`ScheduleFreeMode`]: its parameters hold y in train mode and the average x after
+//!   [`Optimizer::eval`] (or [`Optimizer::record_eval`]); steps are refused in eval mode.
 //! - [`OnnxAdam`], [`OnnxMomentum`], [`OnnxAdagrad`], [`MomentumMode`], [`DmlAdam`]: the
 //!   attributes of the stateless operators in [`ops`].
 //! - [`Checkpoint`], [`CHECKPOINT_FORMAT`] (feature `checkpoint`): a saved optimizer's

@@ -195,19 +195,23 @@ fn assert_scalars(what: &str, got: ScheduleFreeScalars, want: &ScheduleFreeOracl
     assert_close(&format!("{what}: lr_max"), &[got.lr_max], &[want.lr_max], Tolerance::F64);
 }
 
-/// Steps `backend` (one group per config) `steps` times, each step checked against the
-/// oracle resumed from the values the backend stored before it, then `eval()` and `train()`
-/// checked the same way. `param`/`state` are the storage dtypes the oracle rounds to.
-fn check_step_by_step(
-    what: &str,
-    backend: &mut dyn Backend,
-    configs: &[(ScheduleFreeAdamW, usize)],
-    lengths: &[usize],
-    (param, state): (DType, DType),
+/// A run of [`check_step_by_step`]: each group's config and tensor count, the tensors'
+/// lengths, the parameter and state dtypes, the clipping, the steps and the data's seed.
+#[derive(Clone, Copy)]
+struct Plan<'a> {
+    configs: &'a [(ScheduleFreeAdamW, usize)],
+    lengths: &'a [usize],
+    dtypes: (DType, DType),
     clip: Option<GradClip>,
     steps: usize,
     seed: u64,
-) {
+}
+
+/// Steps `backend` (one group per config) `steps` times, each step checked against the
+/// oracle resumed from the values the backend stored before it, then `eval()` and `train()`
+/// checked the same way. `param`/`state` are the storage dtypes the oracle rounds to.
+fn check_step_by_step(what: &str, backend: &mut dyn Backend, plan: &Plan<'_>) {
+    let Plan { configs, lengths, dtypes: (param, state), clip, steps, seed } = *plan;
     let mut rng = Rng::new(seed);
     let check =
         |what: &str, backend: &dyn Backend, oracles: &[ScheduleFreeOracle], want_params: &[Vec<f64>]| {
@@ -371,11 +375,33 @@ fn sixteen_bit_params_and_state_match_the_oracle_step_by_step() {
             let ctx = ctx().with_packed_f16(packed);
             let what = format!("gpu {param:?}/{state:?} packed {packed}");
             let mut gpu = Gpu::new(&ctx, &[(config, start.clone())], param, state);
-            check_step_by_step(&what, &mut gpu, &[(config, 3)], &LENGTHS, (param, state), None, 4, 3);
+            check_step_by_step(
+                &what,
+                &mut gpu,
+                &Plan {
+                    configs: &[(config, 3)],
+                    lengths: &LENGTHS,
+                    dtypes: (param, state),
+                    clip: None,
+                    steps: 4,
+                    seed: 3,
+                },
+            );
         }
         let mut cpu = Cpu::new(config, &start, param, state);
         let what = format!("cpu {param:?}/{state:?}");
-        check_step_by_step(&what, &mut cpu, &[(config, 3)], &LENGTHS, (param, state), None, 4, 3);
+        check_step_by_step(
+            &what,
+            &mut cpu,
+            &Plan {
+                configs: &[(config, 3)],
+                lengths: &LENGTHS,
+                dtypes: (param, state),
+                clip: None,
+                steps: 4,
+                seed: 3,
+            },
+        );
     }
 }
 
@@ -396,12 +422,14 @@ fn two_groups_keep_their_own_rates_and_running_values() {
     check_step_by_step(
         "two groups",
         &mut gpu,
-        &[(first, 1), (second, 2)],
-        &LENGTHS,
-        (DType::F32, DType::F32),
-        None,
-        4,
-        5,
+        &Plan {
+            configs: &[(first, 1), (second, 2)],
+            lengths: &LENGTHS,
+            dtypes: (DType::F32, DType::F32),
+            clip: None,
+            steps: 4,
+            seed: 5,
+        },
     );
     assert_ne!(gpu.scalars(0).weight_sum, gpu.scalars(1).weight_sum);
 }
@@ -415,9 +443,31 @@ fn clipping_scales_the_gradients_before_the_step_on_gpu_and_cpu() {
     let options = Optimizer::builder().grad_clip(clip);
     let mut gpu = Gpu::with(&ctx(), &[(config, start.clone())], DType::F32, options);
     let mixed = (DType::F32, DType::F32);
-    check_step_by_step("gpu clipped", &mut gpu, &[(config, 3)], &LENGTHS, mixed, Some(clip), 3, 7);
+    check_step_by_step(
+        "gpu clipped",
+        &mut gpu,
+        &Plan {
+            configs: &[(config, 3)],
+            lengths: &LENGTHS,
+            dtypes: mixed,
+            clip: Some(clip),
+            steps: 3,
+            seed: 7,
+        },
+    );
     let mut cpu = Cpu::with(config, &start, DType::F32, CpuOptimizer::builder().grad_clip(clip));
-    check_step_by_step("cpu clipped", &mut cpu, &[(config, 3)], &LENGTHS, mixed, Some(clip), 3, 7);
+    check_step_by_step(
+        "cpu clipped",
+        &mut cpu,
+        &Plan {
+            configs: &[(config, 3)],
+            lengths: &LENGTHS,
+            dtypes: mixed,
+            clip: Some(clip),
+            steps: 3,
+            seed: 7,
+        },
+    );
 }
 
 #[test]
@@ -666,4 +716,24 @@ fn a_checkpoint_of_another_algorithm_is_refused_and_changes_nothing() {
     let sf = gpu.optimizer.save_to_bytes().unwrap();
     let mut adam = adam;
     assert!(matches!(adam.load_from_bytes(&sf), Err(Error::BadFile { .. })));
+}
+
+#[cfg(feature = "burn")]
+#[test]
+fn burns_front_ends_refuse_schedule_free_by_name() {
+    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
+    let shared = SharedDevice::headless_blocking().unwrap();
+    let config = ScheduleFreeAdamW::default();
+    let refusals = [
+        ("FusedOptimizer", FusedOptimizer::new(&shared, config).map(|_| ()).unwrap_err()),
+        ("ModuleStep", ModuleStep::builder().build(&shared, config).map(|_| ()).unwrap_err()),
+    ];
+    for (front_end, refused) in refusals {
+        match refused {
+            Error::Burn { cause: wgpu_optim::BurnFailure::Config, detail } => {
+                assert!(detail.contains(front_end) && detail.contains("Schedule-Free"), "{detail}")
+            }
+            other => panic!("{front_end}: {other:?}"),
+        }
+    }
 }

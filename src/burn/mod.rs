@@ -44,6 +44,7 @@ mod lease;
 mod module_step;
 mod optimizer;
 mod record;
+mod schedule_free;
 
 pub use device::SharedDevice;
 pub use module_step::{ModuleStep, ModuleStepBuilder, StepError};

@@ -65,17 +65,19 @@ pub struct FusedState<const D: usize> {
     pub momentum_buffer: Option<BurnTensor<D>>,
     /// Adagrad's sum of squared gradients.
     pub sum: Option<BurnTensor<D>>,
+    /// Schedule-Free's z (no algorithm Burn's front ends run keeps it yet).
+    pub z: Option<BurnTensor<D>>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
 }
 
 /// The state tensors' names in Burn's records: PyTorch's.
-const STATE_NAMES: [&str; 5] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum"];
+const STATE_NAMES: [&str; 6] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "z"];
 
 impl<const D: usize> FusedState<D> {
-    fn tensors(&self) -> [&Option<BurnTensor<D>>; 5] {
-        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum]
+    fn tensors(&self) -> [&Option<BurnTensor<D>>; 6] {
+        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum, &self.z]
     }
 
     fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
@@ -84,6 +86,7 @@ impl<const D: usize> FusedState<D> {
             StateKind::ExpAvgSq => &mut self.exp_avg_sq,
             StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
             StateKind::MomentumBuffer => &mut self.momentum_buffer,
+            StateKind::Z => &mut self.z,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -98,6 +101,7 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: moved(self.max_exp_avg_sq),
             momentum_buffer: moved(self.momentum_buffer),
             sum: moved(self.sum),
+            z: moved(self.z),
             foreign: self.foreign,
         }
     }
@@ -110,6 +114,7 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: None,
             momentum_buffer: None,
             sum: None,
+            z: None,
             foreign: None,
         }
     }
@@ -175,6 +180,7 @@ impl<const D: usize> RecordState for FusedState<D> {
             max_exp_avg_sq: take(STATE_NAMES[2]),
             momentum_buffer: take(STATE_NAMES[3]),
             sum: take(STATE_NAMES[4]),
+            z: take(STATE_NAMES[5]),
             foreign: None,
         })
     }
@@ -201,6 +207,7 @@ impl FusedOptimizer {
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        super::schedule_free::refuse(&algorithm, "FusedOptimizer")?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm })
     }
 

@@ -12,6 +12,8 @@
 //! - `arena`, `clip`, `device`, `written`, `checkpoint`: the shared state buffers, the
 //!   gradient-norm passes, the capturable device state, the ranges a step writes, and
 //!   save/load.
+//! - `schedule_free`: Schedule-Free AdamW's per-group running values, the train/eval mode
+//!   and the `eval()`/`train()` swap pass.
 
 mod accessors;
 mod arena;
