@@ -1,6 +1,7 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
 use crate::step::{Family, KernelStep};
+use crate::RmsProp;
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
@@ -15,6 +16,8 @@ pub enum Algorithm {
     Sgd(Sgd),
     /// Adagrad.
     Adagrad(Adagrad),
+    /// RMSprop, plain or centered, with or without momentum.
+    RmsProp(RmsProp),
 }
 
 impl From<Adam> for Algorithm {
@@ -35,6 +38,12 @@ impl From<Adagrad> for Algorithm {
     }
 }
 
+impl From<RmsProp> for Algorithm {
+    fn from(config: RmsProp) -> Self {
+        Algorithm::RmsProp(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -44,6 +53,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.validate(),
             Algorithm::Sgd(c) => c.validate(),
             Algorithm::Adagrad(c) => c.validate(),
+            Algorithm::RmsProp(c) => c.validate(),
         }
     }
 
@@ -52,6 +62,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.kernel_step(t),
             Algorithm::Sgd(c) => c.kernel_step(t),
             Algorithm::Adagrad(c) => c.kernel_step(t),
+            Algorithm::RmsProp(c) => c.kernel_step(),
         }
     }
 
@@ -61,6 +72,7 @@ impl Algorithm {
             Algorithm::Adam(_) => Family::Adam,
             Algorithm::Sgd(_) => Family::Momentum,
             Algorithm::Adagrad(_) => Family::Adagrad,
+            Algorithm::RmsProp(_) => Family::RmsProp,
         }
     }
 
@@ -70,6 +82,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.lr,
             Algorithm::Sgd(c) => c.lr,
             Algorithm::Adagrad(c) => c.lr,
+            Algorithm::RmsProp(c) => c.lr,
         }
     }
 
@@ -79,6 +92,7 @@ impl Algorithm {
             Algorithm::Adam(c) => c.lr = lr,
             Algorithm::Sgd(c) => c.lr = lr,
             Algorithm::Adagrad(c) => c.lr = lr,
+            Algorithm::RmsProp(c) => c.lr = lr,
         }
         self
     }
@@ -93,6 +107,12 @@ impl Algorithm {
             Algorithm::Sgd(c) if c.keeps_buffer() => &[StateKind::MomentumBuffer],
             Algorithm::Sgd(_) => &[],
             Algorithm::Adagrad(_) => &[StateKind::Sum],
+            Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
+                (false, false) => &[StateKind::SquareAvg],
+                (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
+                (false, true) => &[StateKind::SquareAvg, StateKind::GradAvg],
+                (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
+            },
         }
     }
 
@@ -121,6 +141,10 @@ pub enum StateKind {
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
+    /// RMSprop's running average of the squared gradient.
+    SquareAvg,
+    /// Centered RMSprop's running average of the gradient.
+    GradAvg,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -136,6 +160,8 @@ impl StateKind {
             StateKind::MaxExpAvgSq => "max_exp_avg_sq",
             StateKind::MomentumBuffer => "momentum_buffer",
             StateKind::Sum => "sum",
+            StateKind::SquareAvg => "square_avg",
+            StateKind::GradAvg => "grad_avg",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -149,6 +175,7 @@ impl Algorithm {
             Algorithm::Adam(_) => "Adam",
             Algorithm::Sgd(_) => "SGD",
             Algorithm::Adagrad(_) => "Adagrad",
+            Algorithm::RmsProp(_) => "RMSprop",
         }
     }
 }

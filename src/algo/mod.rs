@@ -10,16 +10,19 @@
 //! | ONNX `Momentum` | | | `T = 0`: the gradient's coefficient `beta` is replaced by 1 |
 //! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
 //! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
+//! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
 
 mod adagrad;
 mod adam;
 mod algorithm;
 mod momentum;
+mod rmsprop;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use algorithm::{Algorithm, StateKind};
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub use rmsprop::RmsProp;
 
 use crate::{Error, Result};
 

@@ -65,17 +65,30 @@ pub struct FusedState<const D: usize> {
     pub momentum_buffer: Option<BurnTensor<D>>,
     /// Adagrad's sum of squared gradients.
     pub sum: Option<BurnTensor<D>>,
+    /// RMSprop's running average of the squared gradient.
+    pub square_avg: Option<BurnTensor<D>>,
+    /// Centered RMSprop's running average of the gradient.
+    pub grad_avg: Option<BurnTensor<D>>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
 }
 
 /// The state tensors' names in Burn's records: PyTorch's.
-const STATE_NAMES: [&str; 5] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum"];
+const STATE_NAMES: [&str; 7] =
+    ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg"];
 
 impl<const D: usize> FusedState<D> {
-    fn tensors(&self) -> [&Option<BurnTensor<D>>; 5] {
-        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum]
+    fn tensors(&self) -> [&Option<BurnTensor<D>>; 7] {
+        [
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            &self.max_exp_avg_sq,
+            &self.momentum_buffer,
+            &self.sum,
+            &self.square_avg,
+            &self.grad_avg,
+        ]
     }
 
     fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
@@ -84,6 +97,8 @@ impl<const D: usize> FusedState<D> {
             StateKind::ExpAvgSq => &mut self.exp_avg_sq,
             StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
             StateKind::MomentumBuffer => &mut self.momentum_buffer,
+            StateKind::SquareAvg => &mut self.square_avg,
+            StateKind::GradAvg => &mut self.grad_avg,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -98,6 +113,8 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: moved(self.max_exp_avg_sq),
             momentum_buffer: moved(self.momentum_buffer),
             sum: moved(self.sum),
+            square_avg: moved(self.square_avg),
+            grad_avg: moved(self.grad_avg),
             foreign: self.foreign,
         }
     }
@@ -110,6 +127,8 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: None,
             momentum_buffer: None,
             sum: None,
+            square_avg: None,
+            grad_avg: None,
             foreign: None,
         }
     }
@@ -175,6 +194,8 @@ impl<const D: usize> RecordState for FusedState<D> {
             max_exp_avg_sq: take(STATE_NAMES[2]),
             momentum_buffer: take(STATE_NAMES[3]),
             sum: take(STATE_NAMES[4]),
+            square_avg: take(STATE_NAMES[5]),
+            grad_avg: take(STATE_NAMES[6]),
             foreign: None,
         })
     }

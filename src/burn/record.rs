@@ -212,6 +212,8 @@ pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
         StateKind::MaxExpAvgSq,
         StateKind::MomentumBuffer,
         StateKind::Sum,
+        StateKind::SquareAvg,
+        StateKind::GradAvg,
         StateKind::KahanCompensation,
     ]
     .into_iter()

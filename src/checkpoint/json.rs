@@ -1,5 +1,6 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
+use crate::RmsProp;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
@@ -22,6 +23,10 @@ impl Algorithm {
             Algorithm::Adagrad(c) => json!({
                 "optimizer": "Adagrad", "lr": c.lr, "lr_decay": c.lr_decay, "weight_decay": c.weight_decay,
                 "initial_accumulator_value": c.initial_accumulator_value, "eps": c.eps, "maximize": c.maximize,
+            }),
+            Algorithm::RmsProp(c) => json!({
+                "optimizer": "RMSprop", "lr": c.lr, "alpha": c.alpha, "eps": c.eps, "weight_decay": c.weight_decay,
+                "momentum": c.momentum, "centered": c.centered, "maximize": c.maximize,
             }),
         };
         match value {
@@ -85,6 +90,15 @@ impl Algorithm {
                 weight_decay: number("weight_decay")?,
                 initial_accumulator_value: number("initial_accumulator_value")?,
                 eps: number("eps")?,
+                maximize: flag("maximize")?,
+            }),
+            "RMSprop" => Algorithm::RmsProp(RmsProp {
+                lr: number("lr")?,
+                alpha: number("alpha")?,
+                eps: number("eps")?,
+                weight_decay: number("weight_decay")?,
+                momentum: number("momentum")?,
+                centered: flag("centered")?,
                 maximize: flag("maximize")?,
             }),
             other => return Err(bad(format!("unknown optimizer `{other}`"))),

@@ -89,6 +89,7 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
+                Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -103,6 +104,7 @@ impl Program {
                 Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
+                Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -827,6 +829,7 @@ pub(crate) mod tests {
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
+    use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
     /// Every switch combination of every family.
     fn all_switches() -> Vec<Switches> {
@@ -854,6 +857,12 @@ pub(crate) mod tests {
                 velocity: decoupled_weight_decay,
             }));
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
+            all.push(Switches::RmsProp(RmsPropSwitches {
+                maximize,
+                centered: amsgrad,
+                momentum: decoupled_weight_decay,
+                lerp_from_grad: maximize != amsgrad,
+            }));
         }
         all
     }
@@ -1110,6 +1119,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Adagrad(_), true) => {
                                     rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
+                                }
+                                (Switches::RmsProp(_), false) => {
+                                    rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)
+                                }
+                                (Switches::RmsProp(_), true) => {
+                                    rust_members(RmsPropUniform::FIELDS, RmsPropUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

@@ -254,6 +254,7 @@ mod tests {
     use crate::gpu::GpuContext;
     use crate::step::clip::NormType;
     use crate::step::rounding::Stochastic;
+    use crate::step::RmsPropSwitches;
     use crate::step::{
         AdagradSwitches, AdamSwitches, EpsPlacement, FirstMoment, MomentumSwitches, Slot, Switches,
     };
@@ -332,6 +333,12 @@ mod tests {
             }),
             Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
             Switches::Adagrad(AdagradSwitches { maximize: false }),
+            Switches::RmsProp(RmsPropSwitches {
+                maximize: false,
+                centered: true,
+                momentum: true,
+                lerp_from_grad: false,
+            }),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

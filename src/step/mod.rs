@@ -16,12 +16,14 @@ pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
 mod momentum;
+mod rmsprop;
 pub(crate) mod rounding;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use fields::Override;
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
 use crate::{DType, StateKind};
 
@@ -34,6 +36,8 @@ pub(crate) enum Family {
     Momentum,
     /// Adagrad (ONNX and PyTorch).
     Adagrad,
+    /// RMSprop (PyTorch), plain or centered, with or without momentum.
+    RmsProp,
 }
 
 impl Family {
@@ -42,6 +46,7 @@ impl Family {
             Family::Adam => "adam",
             Family::Momentum => "momentum",
             Family::Adagrad => "adagrad",
+            Family::RmsProp => "rmsprop",
         }
     }
 
@@ -63,6 +68,14 @@ impl Family {
                 &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)]
             }
             Family::Adagrad => &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)],
+            Family::RmsProp => &[
+                Param,
+                Grad,
+                State(StateKind::SquareAvg),
+                State(StateKind::MomentumBuffer),
+                State(StateKind::GradAvg),
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 
@@ -84,6 +97,14 @@ impl Family {
             Family::Adagrad => {
                 &[Param, State(StateKind::Sum), ParamCopy, State(StateKind::KahanCompensation)]
             }
+            Family::RmsProp => &[
+                Param,
+                State(StateKind::SquareAvg),
+                State(StateKind::MomentumBuffer),
+                State(StateKind::GradAvg),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -119,6 +140,7 @@ pub(crate) enum Switches {
     Adam(AdamSwitches),
     Momentum(MomentumSwitches),
     Adagrad(AdagradSwitches),
+    RmsProp(RmsPropSwitches),
 }
 
 impl Switches {
@@ -127,6 +149,7 @@ impl Switches {
             Switches::Adam(_) => Family::Adam,
             Switches::Momentum(_) => Family::Momentum,
             Switches::Adagrad(_) => Family::Adagrad,
+            Switches::RmsProp(_) => Family::RmsProp,
         }
     }
 
@@ -136,6 +159,7 @@ impl Switches {
             Switches::Adam(s) => s.overrides(),
             Switches::Momentum(s) => s.overrides(),
             Switches::Adagrad(s) => s.overrides(),
+            Switches::RmsProp(s) => s.overrides(),
         }
     }
 
@@ -150,6 +174,8 @@ impl Switches {
             (Switches::Momentum(_), true) => size_of::<MomentumUniform64>(),
             (Switches::Adagrad(_), false) => size_of::<AdagradUniform>(),
             (Switches::Adagrad(_), true) => size_of::<AdagradUniform64>(),
+            (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
+            (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
         }) as u64
     }
 
@@ -159,6 +185,7 @@ impl Switches {
             Switches::Adam(_) => AdamUniform::wgsl("Hyper"),
             Switches::Momentum(_) => MomentumUniform::wgsl("Hyper"),
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
+            Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
         }
     }
 }
@@ -169,6 +196,7 @@ pub(crate) enum KernelStep {
     Adam(AdamSwitches, AdamUniform64),
     Momentum(MomentumSwitches, MomentumUniform64),
     Adagrad(AdagradSwitches, AdagradUniform64),
+    RmsProp(RmsPropSwitches, RmsPropUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -178,6 +206,7 @@ pub(crate) const UNIFORM_SLOT_BYTES: u64 = 256;
 const _: () = assert!(std::mem::size_of::<AdamUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -189,6 +218,7 @@ impl KernelStep {
             KernelStep::Adam(s, _) => Switches::Adam(*s),
             KernelStep::Momentum(s, _) => Switches::Momentum(*s),
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
+            KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
         }
     }
 
@@ -203,9 +233,11 @@ impl KernelStep {
             (KernelStep::Adam(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Momentum(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

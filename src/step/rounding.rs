@@ -152,6 +152,7 @@ const _: () = assert!(offset_of!(RoundingHeader, step) == 8);
 const _: () = assert!(std::mem::size_of::<super::AdamUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::MomentumUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= RoundingHeader::OFFSET);
+const _: () = assert!(std::mem::size_of::<super::RmsPropUniform64>() as u64 <= RoundingHeader::OFFSET);
 
 /// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -195,6 +196,8 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
         Some(StateKind::MomentumBuffer) => 4,
         Some(StateKind::Sum) => 5,
         Some(StateKind::KahanCompensation) => 6,
+        Some(StateKind::SquareAvg) => 7,
+        Some(StateKind::GradAvg) => 8,
     }
 }
 

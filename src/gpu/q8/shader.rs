@@ -117,6 +117,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Adam => include_str!("../../../shaders/adam.wgsl"),
         Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
         Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
+        Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });

@@ -79,7 +79,7 @@ pub struct Case {
 /// bitsandbytes' 8-bit Adam and AdamW attributes.
 const BNB_ADAM: [&str; 6] = ["lr", "betas", "eps", "weight_decay", "min_8bit_size", "block_size"];
 
-const SUPPORTED: [(&str, Kind, &[&str]); 11] = [
+const SUPPORTED: &[(&str, Kind, &[&str])] = &[
     ("bnb.Adam8bit", Kind::Trajectory, &BNB_ADAM),
     ("bnb.AdamW8bit", Kind::Trajectory, &BNB_ADAM),
     (
@@ -119,6 +119,11 @@ const SUPPORTED: [(&str, Kind, &[&str]); 11] = [
             "max_norm",
             "norm_type",
         ],
+    ),
+    (
+        "torch.RMSprop",
+        Kind::Trajectory,
+        &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize", "max_norm", "norm_type"],
     ),
 ];
 

@@ -19,11 +19,13 @@ use wgpu_optim as api;
 pub mod bnb;
 pub mod dtype;
 pub mod onnx;
+pub mod rmsprop;
 pub mod torch;
 
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub use dtype::Storage;
 pub use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum, OnnxAdamOutputs, OnnxOutputs2};
+pub use rmsprop::{torch_rmsprop_step, TorchRmsPropState};
 pub use torch::{
     clip_grad_norm, torch_adagrad_step, torch_adam_step, torch_sgd_step, TorchAdamState, TorchState,
 };
