@@ -81,6 +81,7 @@ mod step;
 mod tensor;
 
 pub use algo::Lion;
+pub use algo::RmsProp;
 pub use algo::{
     Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,
 };

@@ -11,7 +11,16 @@ use safetensors::SafeTensors;
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
 use wgpu_optim::{Adam, Algorithm, Checkpoint, DType, Error, Optimizer, OptimizerBuilder, Tensor};
 
-const CASES: [&str; 6] = ["adam", "adamw", "amsgrad", "sgd_momentum", "sgd_nesterov", "adagrad"];
+const CASES: [&str; 8] = [
+    "adam",
+    "adamw",
+    "amsgrad",
+    "sgd_momentum",
+    "sgd_nesterov",
+    "adagrad",
+    "rmsprop",
+    "rmsprop_centered_momentum",
+];
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch");
 /// Steps PyTorch took after the checkpoint.
 const STEPS: usize = 5;

@@ -31,6 +31,9 @@ CASES = [
     ("sgd_nesterov", 1004, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)),
     ("adagrad", 1005, lambda p: torch.optim.Adagrad(
         p, lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1)),
+    ("rmsprop", 1006, lambda p: torch.optim.RMSprop(p, lr=1e-2, weight_decay=0.01)),
+    ("rmsprop_centered_momentum", 1007, lambda p: torch.optim.RMSprop(
+        p, lr=1e-2, alpha=0.9, eps=1e-6, momentum=0.9, centered=True, maximize=True)),
 ]
 
 

@@ -5,8 +5,8 @@
     python3 tools/torch_checkpoint.py from-torch IN.pt OUT.safetensors [--optimizer CLASS] [--step N]
 
 `to-torch` writes a `torch.optim` state_dict: `torch.load(OUT.pt)` gives a dict that
-`optimizer.load_state_dict` accepts for an optimizer of the saved class (Adam, AdamW, SGD or
-Adagrad) over parameters of the saved shapes, in the saved order (parameters are numbered
+`optimizer.load_state_dict` accepts for an optimizer of the saved class (Adam, AdamW, SGD,
+Adagrad or RMSprop) over parameters of the saved shapes, in the saved order (parameters are numbered
 across groups, as PyTorch numbers them). The state tensors keep the shapes the file holds:
 build the wgpu-optim optimizer with `OptimizerOptions::param_shapes` for parameters that are
 not 1-D, or PyTorch's step fails on the flat states. Group keys that wgpu-optim does not
@@ -38,7 +38,7 @@ from safetensors.torch import safe_open, save_file
 # version 2 adds; the crate loads both.
 FORMAT = "wgpu-optim-checkpoint/1"
 READABLE_FORMATS = (FORMAT, "wgpu-optim-checkpoint/2")
-CLASSES = ["Adam", "AdamW", "SGD", "Adagrad"]
+CLASSES = ["Adam", "AdamW", "SGD", "Adagrad", "RMSprop"]
 
 # wgpu-optim's hyperparameters of each class besides `lr`: the keys `Algorithm::from_json`
 # reads, under PyTorch's names.
@@ -47,6 +47,7 @@ OUR_KEYS = {
     "AdamW": ["betas", "eps", "weight_decay", "amsgrad", "maximize"],
     "SGD": ["momentum", "dampening", "weight_decay", "nesterov", "maximize"],
     "Adagrad": ["lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"],
+    "RMSprop": ["alpha", "eps", "weight_decay", "momentum", "centered", "maximize"],
 }
 
 
@@ -74,6 +75,10 @@ def state_names(name, group):
         return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
     if name == "SGD":
         return ["momentum_buffer"] if group["momentum"] != 0 else []
+    if name == "RMSprop":
+        # PyTorch keeps the buffer only for momentum > 0 and grad_avg only when centered.
+        return (["square_avg"] + (["momentum_buffer"] if group["momentum"] > 0 else [])
+                + (["grad_avg"] if group["centered"] else []))
     return ["sum"]
 
 
@@ -117,7 +122,7 @@ def to_torch(source, target):
 def infer_class(group):
     """The supported class whose group has exactly these keys (older PyTorch: a subset)."""
     keys = set(group) - {"params"}
-    for name in ("Adam", "SGD", "Adagrad"):
+    for name in ("Adam", "SGD", "Adagrad", "RMSprop"):
         if set(["lr"] + OUR_KEYS[name]) <= keys <= set(default_group(name)):
             return "AdamW" if name == "Adam" and group.get("decoupled_weight_decay") else name
     fail(f"a param group with keys {sorted(keys)} is none of {', '.join(CLASSES)}; "

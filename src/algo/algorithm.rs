@@ -3,6 +3,7 @@
 use crate::step::{Family, KernelStep};
 use crate::Lion;
 use crate::ScheduleFreeAdamW;
+use crate::RmsProp;
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
@@ -21,6 +22,8 @@ pub enum Algorithm {
     Lion(Lion),
     /// Schedule-Free AdamW.
     ScheduleFreeAdamW(ScheduleFreeAdamW),
+    /// RMSprop, plain or centered, with or without momentum.
+    RmsProp(RmsProp),
 }
 
 impl From<Adam> for Algorithm {
@@ -53,6 +56,12 @@ impl From<ScheduleFreeAdamW> for Algorithm {
     }
 }
 
+impl From<RmsProp> for Algorithm {
+    fn from(config: RmsProp) -> Self {
+        Algorithm::RmsProp(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -64,6 +73,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.validate(),
             Algorithm::Lion(c) => c.validate(),
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
+            Algorithm::RmsProp(c) => c.validate(),
         }
     }
 
@@ -74,6 +84,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.kernel_step(t),
             Algorithm::Lion(c) => c.kernel_step(t),
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
+            Algorithm::RmsProp(c) => c.kernel_step(),
         }
     }
 
@@ -85,6 +96,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => Family::Adagrad,
             Algorithm::Lion(_) => Family::Lion,
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
+            Algorithm::RmsProp(_) => Family::RmsProp,
         }
     }
 
@@ -96,6 +108,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr,
             Algorithm::Lion(c) => c.lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
+            Algorithm::RmsProp(c) => c.lr,
         }
     }
 
@@ -107,6 +120,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr = lr,
             Algorithm::Lion(c) => c.lr = lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
+            Algorithm::RmsProp(c) => c.lr = lr,
         }
         self
     }
@@ -123,6 +137,12 @@ impl Algorithm {
             Algorithm::Adagrad(_) => &[StateKind::Sum],
             Algorithm::Lion(_) => &[StateKind::ExpAvg],
             Algorithm::ScheduleFreeAdamW(_) => &[StateKind::Z, StateKind::ExpAvgSq],
+            Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
+                (false, false) => &[StateKind::SquareAvg],
+                (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
+                (false, true) => &[StateKind::SquareAvg, StateKind::GradAvg],
+                (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
+            },
         }
     }
 
@@ -153,6 +173,10 @@ pub enum StateKind {
     Sum,
     /// Schedule-Free's `z`, the sequence the base optimizer steps.
     Z,
+    /// RMSprop's running average of the squared gradient.
+    SquareAvg,
+    /// Centered RMSprop's running average of the gradient.
+    GradAvg,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -169,6 +193,8 @@ impl StateKind {
             StateKind::MomentumBuffer => "momentum_buffer",
             StateKind::Sum => "sum",
             StateKind::Z => "z",
+            StateKind::SquareAvg => "square_avg",
+            StateKind::GradAvg => "grad_avg",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -184,6 +210,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => "Adagrad",
             Algorithm::Lion(_) => "Lion",
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
+            Algorithm::RmsProp(_) => "RMSprop",
         }
     }
 }

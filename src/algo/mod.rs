@@ -12,6 +12,7 @@
 //! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
 //! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
 //! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
+//! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
 
 mod adagrad;
 mod adam;
@@ -19,6 +20,7 @@ mod algorithm;
 mod lion;
 mod momentum;
 mod schedule_free;
+mod rmsprop;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
@@ -27,6 +29,7 @@ pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 pub(crate) use schedule_free::{group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
+pub use rmsprop::RmsProp;
 
 use crate::{Error, Result};
 

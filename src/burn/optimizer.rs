@@ -67,6 +67,10 @@ pub struct FusedState<const D: usize> {
     pub sum: Option<BurnTensor<D>>,
     /// Schedule-Free's z (no algorithm Burn's front ends run keeps it yet).
     pub z: Option<BurnTensor<D>>,
+    /// RMSprop's running average of the squared gradient.
+    pub square_avg: Option<BurnTensor<D>>,
+    /// Centered RMSprop's running average of the gradient.
+    pub grad_avg: Option<BurnTensor<D>>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
@@ -74,10 +78,22 @@ pub struct FusedState<const D: usize> {
 
 /// The state tensors' names in Burn's records: PyTorch's.
 const STATE_NAMES: [&str; 6] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "z"];
+const STATE_NAMES: [&str; 7] =
+    ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg"];
 
 impl<const D: usize> FusedState<D> {
     fn tensors(&self) -> [&Option<BurnTensor<D>>; 6] {
         [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum, &self.z]
+    fn tensors(&self) -> [&Option<BurnTensor<D>>; 7] {
+        [
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            &self.max_exp_avg_sq,
+            &self.momentum_buffer,
+            &self.sum,
+            &self.square_avg,
+            &self.grad_avg,
+        ]
     }
 
     fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
@@ -87,6 +103,8 @@ impl<const D: usize> FusedState<D> {
             StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
             StateKind::MomentumBuffer => &mut self.momentum_buffer,
             StateKind::Z => &mut self.z,
+            StateKind::SquareAvg => &mut self.square_avg,
+            StateKind::GradAvg => &mut self.grad_avg,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -102,6 +120,8 @@ impl<const D: usize> FusedState<D> {
             momentum_buffer: moved(self.momentum_buffer),
             sum: moved(self.sum),
             z: moved(self.z),
+            square_avg: moved(self.square_avg),
+            grad_avg: moved(self.grad_avg),
             foreign: self.foreign,
         }
     }
@@ -115,6 +135,8 @@ impl<const D: usize> FusedState<D> {
             momentum_buffer: None,
             sum: None,
             z: None,
+            square_avg: None,
+            grad_avg: None,
             foreign: None,
         }
     }
@@ -181,6 +203,8 @@ impl<const D: usize> RecordState for FusedState<D> {
             momentum_buffer: take(STATE_NAMES[3]),
             sum: take(STATE_NAMES[4]),
             z: take(STATE_NAMES[5]),
+            square_avg: take(STATE_NAMES[5]),
+            grad_avg: take(STATE_NAMES[6]),
             foreign: None,
         })
     }

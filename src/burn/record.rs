@@ -213,6 +213,8 @@ pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
         StateKind::MomentumBuffer,
         StateKind::Sum,
         StateKind::Z,
+        StateKind::SquareAvg,
+        StateKind::GradAvg,
         StateKind::KahanCompensation,
     ]
     .into_iter()

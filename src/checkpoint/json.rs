@@ -2,6 +2,7 @@
 
 use crate::Lion;
 use crate::ScheduleFreeAdamW;
+use crate::RmsProp;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
@@ -32,6 +33,10 @@ impl Algorithm {
                 "optimizer": "AdamWScheduleFree", "lr": c.lr, "betas": [c.betas.0, c.betas.1], "eps": c.eps,
                 "weight_decay": c.weight_decay, "warmup_steps": c.warmup_steps, "r": c.r,
                 "weight_lr_power": c.weight_lr_power,
+            }),
+            Algorithm::RmsProp(c) => json!({
+                "optimizer": "RMSprop", "lr": c.lr, "alpha": c.alpha, "eps": c.eps, "weight_decay": c.weight_decay,
+                "momentum": c.momentum, "centered": c.centered, "maximize": c.maximize,
             }),
         };
         match value {
@@ -128,6 +133,15 @@ impl Algorithm {
                     weight_lr_power: number("weight_lr_power")?,
                 })
             }
+            "RMSprop" => Algorithm::RmsProp(RmsProp {
+                lr: number("lr")?,
+                alpha: number("alpha")?,
+                eps: number("eps")?,
+                weight_decay: number("weight_decay")?,
+                momentum: number("momentum")?,
+                centered: flag("centered")?,
+                maximize: flag("maximize")?,
+            }),
             other => return Err(bad(format!("unknown optimizer `{other}`"))),
         })
     }

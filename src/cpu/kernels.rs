@@ -1,4 +1,5 @@
 //! The update formulas of the family shaders (`shaders/<family>.wgsl`) in f32,
+//! The update formulas of `shaders/adam.wgsl`, `momentum.wgsl`, `adagrad.wgsl` and `rmsprop.wgsl` in f32,
 //! operation for operation, so the CPU rounds where the GPU does.
 //!
 //! Every switch is a const generic: each combination is its own loop with no branch per
@@ -14,6 +15,7 @@ use crate::step::{
 };
 use crate::step::{LionSwitches, LionUniform};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
+use crate::step::{RmsPropSwitches, RmsPropUniform};
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;
@@ -88,6 +90,7 @@ enum Update {
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
     Lion(LionUniform, Loops<LionUniform>),
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
+    RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
 }
 
 /// The loop of one storage type for each family's switches, so that one selection tree
@@ -102,6 +105,7 @@ pub(super) trait Leaves: Sized {
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
     fn lion() -> Loop<LionUniform, Self>;
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
@@ -126,6 +130,9 @@ impl<T: Element> Leaves for T {
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free::<T, S, W, F>
     }
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
+        rmsprop::<T, M, W, C, B>
+    }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
@@ -149,6 +156,9 @@ impl Leaves for f16 {
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free_f16::<S, W, F>
+    }
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
+        rmsprop_f16::<M, W, C, B>
     }
 }
 
@@ -180,6 +190,7 @@ impl Kernel {
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
 }
@@ -217,6 +228,10 @@ impl Update {
             KernelStep::ScheduleFree(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
+            }
+            KernelStep::RmsProp(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))
             }
         }
     }
@@ -705,5 +720,169 @@ fn schedule_free_loop<E: Leaves>(
         (false, false, true) => E::schedule_free::<false, false, true>(),
         (false, true, false) => E::schedule_free::<false, true, false>(),
         (false, true, true) => E::schedule_free::<false, true, true>(),
+    }
+}
+
+// How RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or updated in
+// one of the two forms of ATen's lerp (`RmsPropSwitches::lerp_from_grad`).
+const UNCENTERED: u8 = 0;
+const CENTERED_LERP_FROM_AVG: u8 = 1;
+const CENTERED_LERP_FROM_GRAD: u8 = 2;
+
+/// One element of `shaders/rmsprop.wgsl`: returns `(p_new, square_avg, momentum_buffer,
+/// grad_avg)`.
+#[inline(always)]
+fn rmsprop_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+    hp: &RmsPropUniform,
+    p: f32,
+    mut g: f32,
+    s_prev: f32,
+    b_prev: f32,
+    a_prev: f32,
+) -> (f32, f32, f32, f32) {
+    if MAXIMIZE {
+        g = -g;
+    }
+    if WEIGHT_DECAY {
+        g += hp.weight_decay * p;
+    }
+    let s = s_prev * hp.alpha + hp.one_minus_alpha * g * g;
+    let (a, root) = match CENTER {
+        CENTERED_LERP_FROM_AVG => {
+            let a = a_prev + hp.one_minus_alpha * (g - a_prev);
+            (a, (s - a * a).sqrt())
+        }
+        CENTERED_LERP_FROM_GRAD => {
+            let a = g - (g - a_prev) * (1.0 - hp.one_minus_alpha);
+            (a, (s - a * a).sqrt())
+        }
+        _ => (a_prev, s.sqrt()),
+    };
+    let avg = root + hp.eps;
+    if MOMENTUM {
+        let b = b_prev * hp.momentum + g / avg;
+        (p - hp.lr * b, s, b, a)
+    } else {
+        (p - hp.lr * (g / avg), s, b_prev, a)
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn rmsprop<
+    E: Element,
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
+    // is kept, then grad_avg where it is kept.
+    let [square_avg, second, third] = o.state;
+    let rows = o.param.iter_mut().zip(o.grad).zip(square_avg.iter_mut());
+    match (MOMENTUM, CENTER != UNCENTERED) {
+        (true, true) => {
+            for ((((p, g), s), b), a) in rows.zip(second.iter_mut()).zip(third.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), b.widen(), a.widen());
+                (*p, *s, *b, *a) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2), E::narrow(new.3));
+            }
+        }
+        (true, false) => {
+            for (((p, g), s), b) in rows.zip(second.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), b.widen(), 0.0);
+                (*p, *s, *b) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2));
+            }
+        }
+        (false, true) => {
+            for (((p, g), s), a) in rows.zip(second.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), 0.0, a.widen());
+                (*p, *s, *a) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.3));
+            }
+        }
+        (false, false) => {
+            for ((p, g), s) in rows {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), 0.0, 0.0);
+                (*p, *s) = (E::narrow(new.0), E::narrow(new.1));
+            }
+        }
+    }
+}
+
+/// [`rmsprop`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn rmsprop_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    let [square_avg, second, third] = o.state;
+    match (MOMENTUM, CENTER != UNCENTERED) {
+        (true, true) => f16_lanes::each(
+            [o.param, square_avg, second, third],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, b, a]| {
+                let new = update(hp, p, g * scale, s, b, a);
+                [new.0, new.1, new.2, new.3]
+            },
+        ),
+        (true, false) => f16_lanes::each(
+            [o.param, square_avg, second],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, b]| {
+                let new = update(hp, p, g * scale, s, b, 0.0);
+                [new.0, new.1, new.2]
+            },
+        ),
+        (false, true) => f16_lanes::each(
+            [o.param, square_avg, second],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, a]| {
+                let new = update(hp, p, g * scale, s, 0.0, a);
+                [new.0, new.1, new.3]
+            },
+        ),
+        (false, false) => f16_lanes::each(
+            [o.param, square_avg],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s]| {
+                let new = update(hp, p, g * scale, s, 0.0, 0.0);
+                [new.0, new.1]
+            },
+        ),
+    }
+}
+
+fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsPropUniform, E> {
+    // The shader's run-time test of a zero L2 coefficient is the same for every element:
+    // here it picks the loop.
+    fn momentum<E: Leaves, const M: bool, const W: bool, const C: u8>(
+        s: &RmsPropSwitches,
+    ) -> Loop<RmsPropUniform, E> {
+        if s.momentum {
+            E::rmsprop::<M, W, C, true>()
+        } else {
+            E::rmsprop::<M, W, C, false>()
+        }
+    }
+    fn center<E: Leaves, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
+        match (s.centered, s.lerp_from_grad) {
+            (false, _) => momentum::<E, M, W, UNCENTERED>(s),
+            (true, false) => momentum::<E, M, W, CENTERED_LERP_FROM_AVG>(s),
+            (true, true) => momentum::<E, M, W, CENTERED_LERP_FROM_GRAD>(s),
+        }
+    }
+    match (s.maximize, u.weight_decay != 0.0) {
+        (false, false) => center::<E, false, false>(s),
+        (false, true) => center::<E, false, true>(s),
+        (true, false) => center::<E, true, false>(s),
+        (true, true) => center::<E, true, true>(s),
     }
 }

@@ -91,6 +91,7 @@ impl Program {
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
+                Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -109,6 +110,7 @@ impl Program {
                 // Refused in capturable mode (`optimizer::validate`): its weights need the
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
+                Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -839,6 +841,7 @@ pub(crate) mod tests {
     fn is_schedule_free(program: Program) -> bool {
         matches!(program, Program::Update(Switches::ScheduleFree(_)))
     }
+    use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
     /// Every switch combination of every family.
     fn all_switches() -> Vec<Switches> {
@@ -866,6 +869,12 @@ pub(crate) mod tests {
                 velocity: decoupled_weight_decay,
             }));
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
+            all.push(Switches::RmsProp(RmsPropSwitches {
+                maximize,
+                centered: amsgrad,
+                momentum: decoupled_weight_decay,
+                lerp_from_grad: maximize != amsgrad,
+            }));
         }
         all.push(Switches::Lion(LionSwitches));
         for swap in flags {
@@ -1140,6 +1149,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::ScheduleFree(_), true) => {
                                     rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
+                                }
+                                (Switches::RmsProp(_), false) => {
+                                    rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)
+                                }
+                                (Switches::RmsProp(_), true) => {
+                                    rust_members(RmsPropUniform::FIELDS, RmsPropUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

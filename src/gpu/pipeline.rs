@@ -255,6 +255,7 @@ mod tests {
     use crate::step::clip::NormType;
     use crate::step::rounding::Stochastic;
     use crate::step::ScheduleFreeSwitches;
+    use crate::step::RmsPropSwitches;
     use crate::step::{
         AdagradSwitches, AdamSwitches, EpsPlacement, FirstMoment, MomentumSwitches, Slot, Switches,
     };
@@ -335,6 +336,12 @@ mod tests {
             Switches::Adagrad(AdagradSwitches { maximize: false }),
             Switches::Lion(crate::step::LionSwitches),
             Switches::ScheduleFree(ScheduleFreeSwitches { swap: false }),
+            Switches::RmsProp(RmsPropSwitches {
+                maximize: false,
+                centered: true,
+                momentum: true,
+                lerp_from_grad: false,
+            }),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

@@ -17,6 +17,7 @@ pub(crate) mod device;
 pub(crate) mod fields;
 mod lion;
 mod momentum;
+mod rmsprop;
 pub(crate) mod rounding;
 mod schedule_free;
 
@@ -26,6 +27,7 @@ pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
 use crate::{DType, StateKind};
 
@@ -42,6 +44,8 @@ pub(crate) enum Family {
     Lion,
     /// Schedule-Free AdamW (the `schedulefree` package).
     ScheduleFree,
+    /// RMSprop (PyTorch), plain or centered, with or without momentum.
+    RmsProp,
 }
 
 impl Family {
@@ -52,6 +56,7 @@ impl Family {
             Family::Adagrad => "adagrad",
             Family::Lion => "lion",
             Family::ScheduleFree => "schedule_free",
+            Family::RmsProp => "rmsprop",
         }
     }
 
@@ -79,6 +84,14 @@ impl Family {
                 Grad,
                 State(StateKind::Z),
                 State(StateKind::ExpAvgSq),
+                State(StateKind::KahanCompensation),
+            ],
+            Family::RmsProp => &[
+                Param,
+                Grad,
+                State(StateKind::SquareAvg),
+                State(StateKind::MomentumBuffer),
+                State(StateKind::GradAvg),
                 State(StateKind::KahanCompensation),
             ],
         }
@@ -109,6 +122,14 @@ impl Family {
                 Param,
                 State(StateKind::Z),
                 State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
+            Family::RmsProp => &[
+                Param,
+                State(StateKind::SquareAvg),
+                State(StateKind::MomentumBuffer),
+                State(StateKind::GradAvg),
                 ParamCopy,
                 State(StateKind::KahanCompensation),
             ],
@@ -149,6 +170,7 @@ pub(crate) enum Switches {
     Adagrad(AdagradSwitches),
     Lion(LionSwitches),
     ScheduleFree(ScheduleFreeSwitches),
+    RmsProp(RmsPropSwitches),
 }
 
 impl Switches {
@@ -159,6 +181,7 @@ impl Switches {
             Switches::Adagrad(_) => Family::Adagrad,
             Switches::Lion(_) => Family::Lion,
             Switches::ScheduleFree(_) => Family::ScheduleFree,
+            Switches::RmsProp(_) => Family::RmsProp,
         }
     }
 
@@ -170,6 +193,7 @@ impl Switches {
             Switches::Adagrad(s) => s.overrides(),
             Switches::Lion(s) => s.overrides(),
             Switches::ScheduleFree(s) => s.overrides(),
+            Switches::RmsProp(s) => s.overrides(),
         }
     }
 
@@ -188,6 +212,8 @@ impl Switches {
             (Switches::Lion(_), true) => size_of::<LionUniform64>(),
             (Switches::ScheduleFree(_), false) => size_of::<ScheduleFreeUniform>(),
             (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
+            (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
+            (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
         }) as u64
     }
 
@@ -199,6 +225,7 @@ impl Switches {
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
+            Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
         }
     }
 }
@@ -211,6 +238,7 @@ pub(crate) enum KernelStep {
     Adagrad(AdagradSwitches, AdagradUniform64),
     Lion(LionSwitches, LionUniform64),
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
+    RmsProp(RmsPropSwitches, RmsPropUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -222,6 +250,7 @@ const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -235,6 +264,7 @@ impl KernelStep {
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
             KernelStep::Lion(s, _) => Switches::Lion(*s),
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
+            KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
         }
     }
 
@@ -251,11 +281,13 @@ impl KernelStep {
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

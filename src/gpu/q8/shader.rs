@@ -120,6 +120,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Lion => include_str!("../../../shaders/lion.wgsl"),
         // Refused with 8-bit state (`q8::check_options`); never composed.
         Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
+        Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });

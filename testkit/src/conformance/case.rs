@@ -126,6 +126,11 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         Kind::Trajectory,
         &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"],
     ),
+    (
+        "torch.RMSprop",
+        Kind::Trajectory,
+        &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize", "max_norm", "norm_type"],
+    ),
 ];
 
 impl Case {

@@ -11,6 +11,7 @@ use wgpu_optim::{
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::q8::{self, StoredState};
 use wgpu_optim::Lion;
+use wgpu_optim::RmsProp;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
@@ -132,6 +133,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             torch_trajectory(case, backend, ctx).await?
         }
         ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
+        ("torch.RMSprop", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
             bnb_trajectory(case, backend, ctx).await?
         }
@@ -410,6 +412,15 @@ fn torch_algorithm(case: &Case) -> Result<Algorithm> {
             let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
             Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
         }
+        "torch.RMSprop" => Algorithm::RmsProp(RmsProp {
+            lr: case.attr_f64("lr", 1e-2)?,
+            alpha: case.attr_f64("alpha", 0.99)?,
+            eps: case.attr_f64("eps", 1e-8)?,
+            weight_decay,
+            momentum: case.attr_f64("momentum", 0.0)?,
+            centered: case.attr_bool("centered", false)?,
+            maximize,
+        }),
         op => Algorithm::Adam(adam_attributes(case, op == "torch.AdamW")?),
     })
 }

@@ -4,6 +4,7 @@
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
 use super::dtype::round;
 use super::lion::lion_step;
+use super::rmsprop::{torch_rmsprop_step, TorchRmsPropState};
 
 /// PyTorch's Adam state for one parameter.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -137,6 +138,7 @@ pub struct TorchState {
     adam: TorchAdamState,
     momentum_buffer: Option<Vec<f64>>,
     sum: Vec<f64>,
+    rmsprop: TorchRmsPropState,
     step: u64,
     param_dtype: DType,
     state_dtype: DType,
@@ -150,6 +152,7 @@ impl TorchState {
             Algorithm::Adagrad(c) => (false, c.initial_accumulator_value),
             Algorithm::Sgd(_) => (false, 0.0),
             Algorithm::Lion(_) => (false, 0.0),
+            Algorithm::RmsProp(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -157,6 +160,10 @@ impl TorchState {
             adam: TorchAdamState::zeros(len, amsgrad),
             momentum_buffer: None,
             sum: vec![initial_sum; len],
+            rmsprop: match algorithm {
+                Algorithm::RmsProp(c) => TorchRmsPropState::zeros(&c, len),
+                _ => TorchRmsPropState::default(),
+            },
             step: 0,
             param_dtype: DType::F64,
             state_dtype: DType::F64,
@@ -185,6 +192,7 @@ impl TorchState {
             Algorithm::Adagrad(_) => state.sum = values.next().unwrap_or_default(),
             // Lion's running average lives where Adam's first moment does.
             Algorithm::Lion(_) => state.adam.exp_avg = values.next().unwrap_or_default(),
+            Algorithm::RmsProp(c) => state.rmsprop = TorchRmsPropState::from_tensors(&c, tensors),
             other => untranscribed(&other),
         }
         state
@@ -195,6 +203,9 @@ impl TorchState {
         self.param_dtype = param;
         self.state_dtype = state;
         self.sum.iter_mut().for_each(|x| *x = round(state, *x));
+        for tensor in self.rmsprop.tensors_mut() {
+            tensor.iter_mut().for_each(|x| *x = round(state, *x));
+        }
         self
     }
 
@@ -211,13 +222,15 @@ impl TorchState {
             Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
             Algorithm::Lion(c) => lion_step(c, param, grad, &mut self.adam.exp_avg),
+            Algorithm::RmsProp(c) => torch_rmsprop_step(c, param, grad, &mut self.rmsprop),
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
         param.iter_mut().for_each(|x| *x = round(p, *x));
         let state =
             [&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq, &mut self.adam.max_exp_avg_sq, &mut self.sum];
-        for tensor in state.into_iter().chain(self.momentum_buffer.as_mut()) {
+        let rmsprop = self.rmsprop.tensors_mut();
+        for tensor in state.into_iter().chain(self.momentum_buffer.as_mut()).chain(rmsprop) {
             tensor.iter_mut().for_each(|x| *x = round(s, *x));
         }
     }
@@ -238,6 +251,7 @@ impl TorchState {
             Algorithm::Sgd(_) => vec![],
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
             Algorithm::Lion(_) => vec![self.adam.exp_avg.clone()],
+            Algorithm::RmsProp(c) => self.rmsprop.tensors(c),
             other => untranscribed(other),
         }
     }

@@ -1,0 +1,46 @@
+//! The RMSprop kernel's contract: `shaders/rmsprop.wgsl` and the CPU backend's RMSprop loop.
+
+use super::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the RMSprop family (`Hyper` in `shaders/rmsprop.wgsl`).
+    RmsPropUniform, RmsPropUniform64 {
+        lr,
+        /// The previous averages' coefficient.
+        alpha,
+        /// `1 - alpha`, computed in f64 as PyTorch computes it in Python.
+        one_minus_alpha,
+        /// Added to the root of the (centered) second moment.
+        eps,
+        /// L2 coefficient, skipped when 0.
+        weight_decay,
+        /// The momentum buffer's coefficient.
+        momentum,
+    }
+}
+
+/// The RMSprop family's compile-time switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RmsPropSwitches {
+    /// Negate the gradient.
+    pub(crate) maximize: bool,
+    /// Keep `grad_avg` and divide by the root of the variance estimate.
+    pub(crate) centered: bool,
+    /// Keep a momentum buffer (PyTorch keeps none at momentum 0).
+    pub(crate) momentum: bool,
+    /// `grad_avg.lerp_(grad, w)` in ATen's form for weights `w >= 0.5`:
+    /// `g - (g - grad_avg) * (1 - w)`; otherwise `grad_avg + w * (g - grad_avg)`.
+    pub(crate) lerp_from_grad: bool,
+}
+
+impl RmsPropSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![
+            Override::Bool("MAXIMIZE", self.maximize),
+            Override::Bool("CENTERED", self.centered),
+            Override::Bool("MOMENTUM", self.momentum),
+            Override::Bool("LERP_FROM_GRAD", self.lerp_from_grad),
+        ]
+    }
+}
