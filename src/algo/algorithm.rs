@@ -2,8 +2,8 @@
 
 use crate::step::{Family, KernelStep};
 use crate::Lion;
-use crate::ScheduleFreeAdamW;
 use crate::RmsProp;
+use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Result, Sgd};
 
 /// The algorithms the stateful optimizer runs, in PyTorch's conventions.

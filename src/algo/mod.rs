@@ -19,17 +19,17 @@ mod adam;
 mod algorithm;
 mod lion;
 mod momentum;
-mod schedule_free;
 mod rmsprop;
+mod schedule_free;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub use rmsprop::RmsProp;
 pub(crate) use schedule_free::{group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
-pub use rmsprop::RmsProp;
 
 use crate::{Error, Result};
 

@@ -77,20 +77,20 @@ pub struct FusedState<const D: usize> {
 }
 
 /// The state tensors' names in Burn's records: PyTorch's.
-const STATE_NAMES: [&str; 6] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "z"];
-const STATE_NAMES: [&str; 7] =
-    ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg"];
+/// In the order of [`FusedState::tensors`].
+const STATE_NAMES: &[&str] =
+    &["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "z", "square_avg", "grad_avg"];
 
 impl<const D: usize> FusedState<D> {
-    fn tensors(&self) -> [&Option<BurnTensor<D>>; 6] {
-        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum, &self.z]
-    fn tensors(&self) -> [&Option<BurnTensor<D>>; 7] {
-        [
+    /// Every state slot, in the order of [`STATE_NAMES`].
+    fn tensors(&self) -> Vec<&Option<BurnTensor<D>>> {
+        vec![
             &self.exp_avg,
             &self.exp_avg_sq,
             &self.max_exp_avg_sq,
             &self.momentum_buffer,
             &self.sum,
+            &self.z,
             &self.square_avg,
             &self.grad_avg,
         ]
@@ -197,14 +197,14 @@ impl<const D: usize> RecordState for FusedState<D> {
             |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
         Some(FusedState {
             time,
-            exp_avg: take(STATE_NAMES[0]),
-            exp_avg_sq: take(STATE_NAMES[1]),
-            max_exp_avg_sq: take(STATE_NAMES[2]),
-            momentum_buffer: take(STATE_NAMES[3]),
-            sum: take(STATE_NAMES[4]),
-            z: take(STATE_NAMES[5]),
-            square_avg: take(STATE_NAMES[5]),
-            grad_avg: take(STATE_NAMES[6]),
+            exp_avg: take("exp_avg"),
+            exp_avg_sq: take("exp_avg_sq"),
+            max_exp_avg_sq: take("max_exp_avg_sq"),
+            momentum_buffer: take("momentum_buffer"),
+            sum: take("sum"),
+            z: take("z"),
+            square_avg: take("square_avg"),
+            grad_avg: take("grad_avg"),
             foreign: None,
         })
     }

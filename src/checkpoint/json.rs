@@ -1,8 +1,8 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
 use crate::Lion;
-use crate::ScheduleFreeAdamW;
 use crate::RmsProp;
+use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the

@@ -1,5 +1,4 @@
 //! The update formulas of the family shaders (`shaders/<family>.wgsl`) in f32,
-//! The update formulas of `shaders/adam.wgsl`, `momentum.wgsl`, `adagrad.wgsl` and `rmsprop.wgsl` in f32,
 //! operation for operation, so the CPU rounds where the GPU does.
 //!
 //! Every switch is a const generic: each combination is its own loop with no branch per
@@ -14,8 +13,8 @@ use crate::step::{
     MomentumSwitches, MomentumUniform,
 };
 use crate::step::{LionSwitches, LionUniform};
-use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
 use crate::step::{RmsPropSwitches, RmsPropUniform};
+use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(super) const MAX_STATE: usize = 3;

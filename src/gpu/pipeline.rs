@@ -254,8 +254,8 @@ mod tests {
     use crate::gpu::GpuContext;
     use crate::step::clip::NormType;
     use crate::step::rounding::Stochastic;
-    use crate::step::ScheduleFreeSwitches;
     use crate::step::RmsPropSwitches;
+    use crate::step::ScheduleFreeSwitches;
     use crate::step::{
         AdagradSwitches, AdamSwitches, EpsPlacement, FirstMoment, MomentumSwitches, Slot, Switches,
     };

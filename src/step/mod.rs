@@ -26,8 +26,8 @@ pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, Fi
 pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
-pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
+pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
 use crate::{DType, StateKind};
 

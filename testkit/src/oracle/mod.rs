@@ -20,16 +20,16 @@ pub mod bnb;
 pub mod dtype;
 pub mod lion;
 pub mod onnx;
-pub mod schedule_free;
 pub mod rmsprop;
+pub mod schedule_free;
 pub mod torch;
 
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub use dtype::Storage;
 pub use lion::lion_step;
 pub use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum, OnnxAdamOutputs, OnnxOutputs2};
-pub use schedule_free::ScheduleFreeOracle;
 pub use rmsprop::{torch_rmsprop_step, TorchRmsPropState};
+pub use schedule_free::ScheduleFreeOracle;
 pub use torch::{
     clip_grad_norm, torch_adagrad_step, torch_adam_step, torch_sgd_step, TorchAdamState, TorchState,
 };
