@@ -37,6 +37,7 @@ fn algorithm(name: &str) -> Algorithm {
         "sgdm" => Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() }.into(),
         "nesterov" => Sgd { lr: 1e-2, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
         "lion" => Lion::default().into(),
+        "rmsprop" => RmsProp::default().into(),
         "sf-adamw" => ScheduleFreeAdamW::default().into(),
         _ => Adam::default().into(),
     }
