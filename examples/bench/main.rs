@@ -25,7 +25,7 @@ use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
-    Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, ScheduleFreeAdamW, Sgd, Tensor,
+    Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd, Tensor,
 };
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
