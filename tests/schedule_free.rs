@@ -320,8 +320,8 @@ fn f32_trajectory_eval_and_train_match_the_oracle_on_gpu_and_cpu() {
             backend.step(g).unwrap();
         }
         assert_scalars(name, backend.scalars(0), &oracle);
-        for i in 0..LENGTHS.len() {
-            assert_close(&format!("{name} y[{i}]"), &backend.params()[i], &y[i], Tolerance::F32);
+        for (i, y) in y.iter().enumerate() {
+            assert_close(&format!("{name} y[{i}]"), &backend.params()[i], y, Tolerance::F32);
             assert_close(
                 &format!("{name} z[{i}]"),
                 &backend.state(i, StateKind::Z),
@@ -332,16 +332,16 @@ fn f32_trajectory_eval_and_train_match_the_oracle_on_gpu_and_cpu() {
             assert_close(&format!("{name} exp_avg_sq[{i}]"), &v, &oracle.exp_avg_sq[i], Tolerance::F32);
         }
         backend.eval().unwrap();
-        for i in 0..LENGTHS.len() {
-            assert_close(&format!("{name} x[{i}]"), &backend.params()[i], &x[i], Tolerance::F32);
+        for (i, x) in x.iter().enumerate() {
+            assert_close(&format!("{name} x[{i}]"), &backend.params()[i], x, Tolerance::F32);
         }
         // eval() twice is a no-op, as the package's.
         backend.eval().unwrap();
-        for i in 0..LENGTHS.len() {
+        for (i, x) in x.iter().enumerate() {
             assert_close(
                 &format!("{name} x[{i}] after a second eval"),
                 &backend.params()[i],
-                &x[i],
+                x,
                 Tolerance::F32,
             );
         }
@@ -554,7 +554,7 @@ fn eval_before_the_first_step_and_on_other_algorithms_changes_nothing() {
     gpu.eval().unwrap();
     assert_eq!(gpu.mode(), ScheduleFreeMode::Eval);
     assert_eq!(gpu.params()[0], values);
-    let mut cpu = Cpu::new(warmup_decay(), &[values.clone()], DType::F32, DType::F32);
+    let mut cpu = Cpu::new(warmup_decay(), std::slice::from_ref(&values), DType::F32, DType::F32);
     cpu.eval().unwrap();
     assert_eq!(cpu.params()[0], values);
     // Another algorithm: no-ops, and the optimizer stays in train mode.
@@ -734,6 +734,52 @@ fn burns_front_ends_refuse_schedule_free_by_name() {
                 assert!(detail.contains(front_end) && detail.contains("Schedule-Free"), "{detail}")
             }
             other => panic!("{front_end}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() {
+    use wgpu_optim::Rounding;
+    let config = warmup_decay();
+    for (rounding, ulps) in [(Rounding::Kahan, 1), (Rounding::Stochastic { seed: 7, state: false }, 4)] {
+        let mut rng = Rng::new(13);
+        let start: Vec<Vec<f64>> = initial(&mut rng, &LENGTHS)
+            .into_iter()
+            .map(|v| v.into_iter().map(|x| DType::BF16.round(x)).collect())
+            .collect();
+        let grads: Vec<Vec<Vec<f64>>> = (0..4).map(|_| initial(&mut rng, &LENGTHS)).collect();
+        let mut oracle = ScheduleFreeOracle::new(config, LENGTHS.len()).storing(DType::F32, DType::F32);
+        let mut y = start.clone();
+        for g in &grads {
+            oracle.step(&mut y, g);
+        }
+        let mut x = y.clone();
+        oracle.eval(&mut x);
+        let gpu_options = Optimizer::builder().state_dtype(DType::F32).rounding(rounding);
+        let gpu = Gpu::with(&ctx(), &[(config, start.clone())], DType::BF16, gpu_options);
+        let cpu_options = CpuOptimizer::builder().state_dtype(DType::F32).rounding(rounding);
+        let cpu = Cpu::with(config, &start, DType::BF16, cpu_options);
+        // Values near 0 come from O(1) values that cancel: their error is an O(1) value's
+        // rounding (half a bf16 ulp at 1), not their own ulps.
+        let tolerance = Tolerance::Ulps { dtype: DType::BF16, ulps, abs: 1.0 / 512.0 };
+        let backends: [(&str, Box<dyn Backend>); 2] = [("gpu", Box::new(gpu)), ("cpu", Box::new(cpu))];
+        for (name, mut backend) in backends {
+            for g in &grads {
+                backend.step(g).unwrap();
+            }
+            let rounded = |v: &[f64]| -> Vec<f64> { v.iter().map(|e| DType::BF16.round(*e)).collect() };
+            for (phase, want) in [("step", &y), ("eval", &x), ("train", &y)] {
+                match phase {
+                    "eval" => backend.eval().unwrap(),
+                    "train" => backend.train().unwrap(),
+                    _ => {}
+                }
+                for (i, want) in want.iter().enumerate() {
+                    let what = format!("{name} {} {phase} param[{i}]", rounding.name());
+                    assert_close(&what, &backend.params()[i], &rounded(want), tolerance);
+                }
+            }
         }
     }
 }

@@ -14,6 +14,10 @@ use crate::oracle::{ScheduleFreeOracle, Storage};
 
 type Outputs = Vec<(String, Vec<f64>)>;
 
+/// A run's results: y after the steps, x after `eval()`, each tensor's `[z, exp_avg_sq]`,
+/// and the group's running values.
+type Finals = (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<[Vec<f64>; 2]>, ScheduleFreeScalars);
+
 /// The case's hyperparameters, with the package's defaults.
 fn config(case: &Case) -> Result<ScheduleFreeAdamW> {
     let defaults = ScheduleFreeAdamW::default();
@@ -60,100 +64,98 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             .collect()
     };
     // y after the steps, x after eval(), each tensor's [z, exp_avg_sq], the group's values.
-    let (y, x, states, scalars): (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<[Vec<f64>; 2]>, ScheduleFreeScalars) =
-        match (backend, ctx) {
-            (Backend::Oracle, _) => {
-                let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
-                let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
-                for k in 0..steps {
-                    oracle.step(&mut values, &grads_at(k));
-                }
-                let mut x = values.clone();
-                oracle.eval(&mut x);
-                let states = (0..n).map(|i| [oracle.z[i].clone(), oracle.exp_avg_sq[i].clone()]).collect();
-                let scalars =
-                    ScheduleFreeScalars { k: oracle.k, weight_sum: oracle.weight_sum, lr_max: oracle.lr_max };
-                let round = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-                    v.into_iter().map(|t| t.into_iter().map(|e| dtype.round(e)).collect()).collect()
-                };
-                (round(values), round(x), states, scalars)
+    let (y, x, states, scalars): Finals = match (backend, ctx) {
+        (Backend::Oracle, _) => {
+            let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
+            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            for k in 0..steps {
+                oracle.step(&mut values, &grads_at(k));
             }
-            (Backend::Cpu, _) => {
-                let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
-                let mut tensors: Vec<HostTensor> =
-                    params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
-                let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
-                let mut optimizer = CpuOptimizer::builder().build(config, &views)?;
-                for k in 0..steps {
-                    let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
-                    let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
-                    let mut param_views: Vec<HostSliceMut<'_>> =
-                        tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                    optimizer.step(&mut param_views, &grad_views)?;
-                }
-                let y = tensors.iter().map(HostTensor::to_f64).collect();
+            let mut x = values.clone();
+            oracle.eval(&mut x);
+            let states = (0..n).map(|i| [oracle.z[i].clone(), oracle.exp_avg_sq[i].clone()]).collect();
+            let scalars =
+                ScheduleFreeScalars { k: oracle.k, weight_sum: oracle.weight_sum, lr_max: oracle.lr_max };
+            let round = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+                v.into_iter().map(|t| t.into_iter().map(|e| dtype.round(e)).collect()).collect()
+            };
+            (round(values), round(x), states, scalars)
+        }
+        (Backend::Cpu, _) => {
+            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
+            let mut tensors: Vec<HostTensor> =
+                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
+            let mut optimizer = CpuOptimizer::builder().build(config, &views)?;
+            for k in 0..steps {
+                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
+                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
                 let mut param_views: Vec<HostSliceMut<'_>> =
                     tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                optimizer.eval(&mut param_views)?;
-                let x = tensors.iter().map(HostTensor::to_f64).collect();
-                let state = |i: usize, kind: StateKind| -> Result<Vec<f64>> {
-                    Ok(optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64())
-                };
-                let states = (0..n)
-                    .map(|i| Ok([state(i, StateKind::Z)?, state(i, StateKind::ExpAvgSq)?]))
-                    .collect::<Result<_>>()?;
-                let scalars =
-                    optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
-                (y, x, states, scalars)
+                optimizer.step(&mut param_views, &grad_views)?;
             }
-            (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
-            (_, Some(ctx)) => {
-                let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
-                let (param_tensors, grad_tensors) = if backend.in_place() {
-                    let p: Vec<Tensor> = params
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
-                        .collect();
-                    let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
-                    (p, g)
-                } else {
-                    let p = packed(ctx, "params", &lengths, dtype);
-                    for (t, values) in p.iter().zip(&params) {
-                        ctx.write_async(t, &values.values).await?;
-                    }
-                    (p, packed(ctx, "grads", &lengths, dtype))
-                };
-                let mut optimizer = Optimizer::builder().build(ctx, config, &param_tensors)?;
-                for k in 0..steps {
-                    for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                        ctx.write_async(t, &g).await?;
-                    }
-                    optimizer.step(&grad_tensors)?;
+            let y = tensors.iter().map(HostTensor::to_f64).collect();
+            let mut param_views: Vec<HostSliceMut<'_>> =
+                tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
+            optimizer.eval(&mut param_views)?;
+            let x = tensors.iter().map(HostTensor::to_f64).collect();
+            let state = |i: usize, kind: StateKind| -> Result<Vec<f64>> {
+                Ok(optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64())
+            };
+            let states = (0..n)
+                .map(|i| Ok([state(i, StateKind::Z)?, state(i, StateKind::ExpAvgSq)?]))
+                .collect::<Result<_>>()?;
+            let scalars =
+                optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
+            (y, x, states, scalars)
+        }
+        (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
+        (_, Some(ctx)) => {
+            let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
+            let (param_tensors, grad_tensors) = if backend.in_place() {
+                let p: Vec<Tensor> = params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
+                    .collect();
+                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
+                (p, g)
+            } else {
+                let p = packed(ctx, "params", &lengths, dtype);
+                for (t, values) in p.iter().zip(&params) {
+                    ctx.write_async(t, &values.values).await?;
                 }
-                let mut y = Vec::with_capacity(n);
-                for t in &param_tensors {
-                    y.push(ctx.read_async(t).await?);
+                (p, packed(ctx, "grads", &lengths, dtype))
+            };
+            let mut optimizer = Optimizer::builder().build(ctx, config, &param_tensors)?;
+            for k in 0..steps {
+                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
+                    ctx.write_async(t, &g).await?;
                 }
-                optimizer.eval()?;
-                let mut x = Vec::with_capacity(n);
-                let mut states = Vec::with_capacity(n);
-                for (i, t) in param_tensors.iter().enumerate() {
-                    x.push(ctx.read_async(t).await?);
-                    let mut pair = Vec::with_capacity(2);
-                    for kind in [StateKind::Z, StateKind::ExpAvgSq] {
-                        let state =
-                            optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
-                        pair.push(ctx.read_async(state).await?);
-                    }
-                    let exp_avg_sq = pair.pop().unwrap_or_default();
-                    states.push([pair.pop().unwrap_or_default(), exp_avg_sq]);
-                }
-                let scalars =
-                    optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
-                (y, x, states, scalars)
+                optimizer.step(&grad_tensors)?;
             }
-        };
+            let mut y = Vec::with_capacity(n);
+            for t in &param_tensors {
+                y.push(ctx.read_async(t).await?);
+            }
+            optimizer.eval()?;
+            let mut x = Vec::with_capacity(n);
+            let mut states = Vec::with_capacity(n);
+            for (i, t) in param_tensors.iter().enumerate() {
+                x.push(ctx.read_async(t).await?);
+                let mut pair = Vec::with_capacity(2);
+                for kind in [StateKind::Z, StateKind::ExpAvgSq] {
+                    let state = optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    pair.push(ctx.read_async(state).await?);
+                }
+                let exp_avg_sq = pair.pop().unwrap_or_default();
+                states.push([pair.pop().unwrap_or_default(), exp_avg_sq]);
+            }
+            let scalars =
+                optimizer.schedule_free_scalars(0).ok_or_else(|| case.bad("no group values".into()))?;
+            (y, x, states, scalars)
+        }
+    };
     let mut outputs: Outputs = Vec::new();
     for (i, ((y, x), [z, v])) in y.into_iter().zip(x).zip(states).enumerate() {
         outputs.push((format!("param_out.{i}"), y));
