@@ -890,5 +890,22 @@ mod q8 {
             "{err}"
         );
         assert_eq!(download(&ctx, &param), vec![0.5; 4096]);
+        // A schedule cannot switch weight decay or maximize on either.
+        let mut gpu = Optimizer::builder()
+            .q8_states(Q8States::default())
+            .build(&ctx, base, std::slice::from_ref(&param))
+            .unwrap();
+        let mut cpu =
+            CpuOptimizer::builder().q8_states(Q8States::default()).build(base, &slices(&cpu_params)).unwrap();
+        for config in [RmsProp { weight_decay: 0.01, ..base }, RmsProp { maximize: true, ..base }] {
+            let err = gpu.set_group_algorithm(0, config).unwrap_err();
+            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            let err = cpu.set_group_algorithm(0, config).unwrap_err();
+            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+        }
+        assert_eq!(gpu.group_algorithm(0), Some(&Algorithm::from(base)));
+        assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::from(base)));
+        gpu.set_group_algorithm(0, RmsProp { lr: 1e-3, ..base }).unwrap();
+        cpu.set_group_algorithm(0, RmsProp { lr: 1e-3, ..base }).unwrap();
     }
 }

@@ -99,7 +99,7 @@ pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
 /// clipping, whose 8-bit kernel steps the parameter with the raw gradient while the state
 /// takes the decayed and clipped one (`kOptimizerStatic8bit1StateBlockwise`), which the
 /// shared RMSprop kernel does not reproduce.
-fn rmsprop8bit_refusal(r: &crate::RmsProp, options: &crate::OptimizerOptions) -> Option<&'static str> {
+fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str> {
     if r.centered {
         Some("bitsandbytes' RMSprop8bit refuses centered RMSprop")
     } else if r.alpha == 0.0 {
@@ -108,13 +108,28 @@ fn rmsprop8bit_refusal(r: &crate::RmsProp, options: &crate::OptimizerOptions) ->
         Some("bitsandbytes' RMSprop8bit ignores momentum (its kernel has no momentum buffer); set momentum 0")
     } else if r.maximize {
         Some("bitsandbytes' RMSprop8bit has no maximize")
-    } else if r.weight_decay != 0.0 || options.grad_clip.is_some() {
+    } else if r.weight_decay != 0.0 || clipped {
         Some(
             "bitsandbytes' RMSprop8bit steps the parameter with the raw gradient but its state with the \
              decayed, clipped one; weight decay and grad_clip are not reproduced with 8-bit RMSprop state",
         )
     } else {
         None
+    }
+}
+
+/// Refuses a schedule's change of an 8-bit optimizer's group to an RMSprop that
+/// [`rmsprop8bit_refusal`] names (weight decay or `maximize` switched on; the other options
+/// change the state kept and are refused as such). `clipped`: the optimizer clips.
+pub(crate) fn check_rmsprop8bit(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
+    match algorithm {
+        crate::Algorithm::RmsProp(r) => match rmsprop8bit_refusal(r, clipped) {
+            Some(reason) => {
+                Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason })
+            }
+            None => Ok(()),
+        },
+        _ => Ok(()),
     }
 }
 
@@ -138,7 +153,7 @@ pub(crate) fn check_options(
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
             }
-            Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, options),
+            Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, options.grad_clip.is_some()),
             _ => None,
         };
         if let Some(reason) = refused {
