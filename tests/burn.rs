@@ -87,6 +87,7 @@ fn every_algorithm() -> Vec<Algorithm> {
     let mut all = adam_switch_combinations();
     all.extend(sgd_variants());
     all.extend(adagrad_variants());
+    all.extend(common::rmsprop_variants());
     all
 }
 

@@ -705,3 +705,207 @@ fn pytorchs_constructor_refusals_are_typed_errors_that_change_nothing() {
     Algorithm::from(edge).validate().unwrap();
     cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(&vec![0.25; n], DType::F32)])).unwrap();
 }
+
+/// 8-bit RMSprop (bitsandbytes' `RMSprop8bit`): tensors at and above `min_8bit_size` keep
+/// `square_avg` as codes of the signed map with one absmax per block, smaller ones in f32.
+mod q8 {
+    use super::*;
+    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim_testkit::oracle::bnb_8bit_step;
+
+    /// Two 8-bit tensors (one of whole blocks, one with a partial last block) and one below
+    /// `min_8bit_size`.
+    const LENGTHS: [usize; 3] = [5003, 4096, 300];
+    const STEPS: usize = 4;
+
+    fn algorithms() -> [Algorithm; 2] {
+        [RmsProp::default().into(), RmsProp { lr: 3e-3, alpha: 0.9, eps: 1e-6, ..RmsProp::default() }.into()]
+    }
+
+    /// Codes within 1 of the oracle's and at most 1 % different (a value near the midpoint
+    /// of two codes takes either), absmax within 1e-4; f32 states within f32's tolerance.
+    fn assert_state_follows(what: &str, got: &StoredState, want: &StoredState) {
+        match (got, want) {
+            (
+                StoredState::Q8 { codes, absmax },
+                StoredState::Q8 { codes: want_codes, absmax: want_absmax },
+            ) => {
+                let widen = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
+                let codes_match = wgpu_optim_testkit::compare_codes(&widen(codes), &widen(want_codes));
+                assert!(codes_match.passed(), "{what}: codes {codes_match}");
+                let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+                let tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
+                assert_close(&format!("{what}: absmax"), &widen(absmax), &widen(want_absmax), tolerance);
+            }
+            (StoredState::F32(values), StoredState::F32(want_values)) => {
+                let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+                assert_close(what, &widen(values), &widen(want_values), Tolerance::F32);
+            }
+            _ => panic!("{what}: stored as {got:?}, not as the oracle's"),
+        }
+    }
+
+    /// Parameters within 1e-4 of the oracle's except at most 1 % of them: a code one apart
+    /// from the oracle's changes its element's `sqrt(square_avg)`, so its step, by up to a
+    /// code's width. Every parameter stays within the largest steps RMSprop takes
+    /// (`lr / sqrt(1 - alpha)` each).
+    fn assert_params_follow(what: &str, got: &[f64], want: &[f64], algorithm: &Algorithm, steps: usize) {
+        let close = wgpu_optim_testkit::compare(got, want, Tolerance::Close { rtol: 0.0, atol: 1e-4 });
+        assert!(close.passed() || close.mismatches * 100 <= want.len(), "{what}: {close}");
+        let Algorithm::RmsProp(r) = algorithm else { unreachable!() };
+        let bound = r.lr / (1.0 - r.alpha).sqrt() * steps as f64;
+        assert_close(what, got, want, Tolerance::Close { rtol: 0.0, atol: bound });
+    }
+
+    /// The oracle's run: bitsandbytes' kernels on fresh state (all-zero codes, absmax 0).
+    struct Oracle {
+        params: Vec<Vec<f64>>,
+        states: Vec<StoredState>,
+    }
+
+    impl Oracle {
+        fn new(params: &[Vec<f64>]) -> Self {
+            let states = LENGTHS.iter().map(|&n| StoredState::zeros(n, n >= 4096)).collect();
+            Oracle { params: params.to_vec(), states }
+        }
+
+        fn step(&mut self, algorithm: &Algorithm, step: u64, grads: &[Vec<f64>]) {
+            for ((p, g), s) in self.params.iter_mut().zip(grads).zip(&mut self.states) {
+                bnb_8bit_step(algorithm, step, p, g, std::slice::from_mut(s))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn rmsprop8bit_follows_the_bitsandbytes_oracle_on_the_gpu() {
+        let ctx = ctx();
+        for (a, algorithm) in algorithms().into_iter().enumerate() {
+            let mut rng = Rng::new(900 + a as u64);
+            let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
+            let mut oracle = Oracle::new(&initial);
+            let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+            let options = Optimizer::builder().q8_states(Q8States::default());
+            let mut optimizer = options.build(&ctx, algorithm, &params).unwrap();
+            for k in 0..STEPS {
+                let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
+                let grads: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+                optimizer.step(&grads).unwrap();
+                oracle.step(&algorithm, k as u64 + 1, &g);
+                for (i, param) in params.iter().enumerate() {
+                    let what = format!("GPU {algorithm:?} step {} param[{i}]", k + 1);
+                    assert_params_follow(&what, &download(&ctx, param), &oracle.params[i], &algorithm, k + 1);
+                    let got = optimizer.q8_state(i, StateKind::SquareAvg).unwrap().expect("square_avg");
+                    assert_state_follows(&format!("{what} square_avg"), &got, &oracle.states[i]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rmsprop8bit_follows_the_bitsandbytes_oracle_on_the_cpu() {
+        for (a, algorithm) in algorithms().into_iter().enumerate() {
+            let mut rng = Rng::new(950 + a as u64);
+            let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
+            let mut oracle = Oracle::new(&initial);
+            let mut params: Vec<HostTensor> = initial.iter().map(|p| host(p, DType::F32)).collect();
+            let options = CpuOptimizer::builder().q8_states(Q8States::default());
+            let mut optimizer = options.build(algorithm, &slices(&params)).unwrap();
+            for k in 0..STEPS {
+                let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
+                let grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+                optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).unwrap();
+                oracle.step(&algorithm, k as u64 + 1, &g);
+                for (i, param) in params.iter().enumerate() {
+                    let what = format!("CPU {algorithm:?} step {} param[{i}]", k + 1);
+                    assert_params_follow(&what, &param.to_f64(), &oracle.params[i], &algorithm, k + 1);
+                    let got = optimizer.q8_state(i, StateKind::SquareAvg).expect("square_avg");
+                    assert_state_follows(&format!("{what} square_avg"), got, &oracle.states[i]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_8bit_checkpoint_keeps_bitsandbytes_names_and_moves_between_backends() {
+        let ctx = ctx();
+        let algorithm: Algorithm = RmsProp::default().into();
+        let mut rng = Rng::new(990);
+        let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
+        let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let mut gpu =
+            Optimizer::builder().q8_states(Q8States::default()).build(&ctx, algorithm, &params).unwrap();
+        for _ in 0..2 {
+            let grads: Vec<Tensor> =
+                LENGTHS.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
+            gpu.step(&grads).unwrap();
+        }
+        let bytes = gpu.save_to_bytes().unwrap();
+        let names: Vec<String> = canonical(&bytes).into_iter().map(|(name, _)| name).collect();
+        for name in ["state.0.state1", "state.0.absmax1", "qmap1"] {
+            assert!(names.iter().any(|n| n.contains(name)), "{name} among {names:?}");
+        }
+        let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
+        let cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
+        let mut cpu = CpuOptimizer::builder()
+            .q8_states(Q8States::default())
+            .build(algorithm, &slices(&cpu_params))
+            .unwrap();
+        cpu.load_from_bytes(&bytes).unwrap();
+        assert_eq!(canonical(&cpu.save_to_bytes().unwrap()), canonical(&bytes), "GPU -> CPU");
+    }
+
+    #[test]
+    fn what_bitsandbytes_refuses_or_ignores_is_refused_by_name_on_both_backends() {
+        let ctx = ctx();
+        let param = ctx.upload("param", &vec![0.5; 4096], DType::F32);
+        let cpu_params = [host(&vec![0.5; 4096], DType::F32)];
+        let base = RmsProp::default();
+        let refused = [
+            (RmsProp { centered: true, ..base }, "centered"),
+            (RmsProp { alpha: 0.0, ..base }, "alpha == 0"),
+            (RmsProp { momentum: 0.9, ..base }, "momentum"),
+            (RmsProp { maximize: true, ..base }, "maximize"),
+            (RmsProp { weight_decay: 0.01, ..base }, "weight decay"),
+        ];
+        for (config, what) in refused {
+            let gpu = Optimizer::builder().q8_states(Q8States::default()).build(
+                &ctx,
+                config,
+                std::slice::from_ref(&param),
+            );
+            let cpu =
+                CpuOptimizer::builder().q8_states(Q8States::default()).build(config, &slices(&cpu_params));
+            for err in [gpu.map(|_| ()).unwrap_err(), cpu.map(|_| ()).unwrap_err()] {
+                assert!(
+                    matches!(&err, Error::ConflictingOptions { first: "q8_states", reason, .. } if reason.contains(what)),
+                    "{what}: {err}"
+                );
+            }
+        }
+        let clipped = Optimizer::builder().q8_states(Q8States::default()).grad_clip(GradClip::l2(1.0));
+        let err = clipped.build(&ctx, base, std::slice::from_ref(&param)).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, Error::ConflictingOptions { reason, .. } if reason.contains("grad_clip")),
+            "{err}"
+        );
+        assert_eq!(download(&ctx, &param), vec![0.5; 4096]);
+        // A schedule cannot switch weight decay or maximize on either.
+        let mut gpu = Optimizer::builder()
+            .q8_states(Q8States::default())
+            .build(&ctx, base, std::slice::from_ref(&param))
+            .unwrap();
+        let mut cpu =
+            CpuOptimizer::builder().q8_states(Q8States::default()).build(base, &slices(&cpu_params)).unwrap();
+        for config in [RmsProp { weight_decay: 0.01, ..base }, RmsProp { maximize: true, ..base }] {
+            let err = gpu.set_group_algorithm(0, config).unwrap_err();
+            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            let err = cpu.set_group_algorithm(0, config).unwrap_err();
+            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+        }
+        assert_eq!(gpu.group_algorithm(0), Some(&Algorithm::from(base)));
+        assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::from(base)));
+        gpu.set_group_algorithm(0, RmsProp { lr: 1e-3, ..base }).unwrap();
+        cpu.set_group_algorithm(0, RmsProp { lr: 1e-3, ..base }).unwrap();
+    }
+}

@@ -27,7 +27,7 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// Blockwise 8-bit state for an optimizer ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
-/// `SGD8bit` keep them: 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
+/// `SGD8bit` keep them (and RMSprop's `square_avg`, as `RMSprop8bit`, with the signed map): 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
 /// and moment, instead of 4 bytes.
 ///
 /// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
@@ -93,6 +93,46 @@ pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
     }
 }
 
+/// What bitsandbytes' `RMSprop8bit` does not run as [`crate::RmsProp`] does, by name:
+/// `centered` and `alpha == 0` (its constructor refuses both), `momentum` (accepted by its
+/// constructor, ignored by its kernel), `maximize` (it has none), and weight decay or
+/// clipping, whose 8-bit kernel steps the parameter with the raw gradient while the state
+/// takes the decayed and clipped one (`kOptimizerStatic8bit1StateBlockwise`), which the
+/// shared RMSprop kernel does not reproduce.
+fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str> {
+    if r.centered {
+        Some("bitsandbytes' RMSprop8bit refuses centered RMSprop")
+    } else if r.alpha == 0.0 {
+        Some("bitsandbytes' RMSprop8bit refuses alpha == 0")
+    } else if r.momentum != 0.0 {
+        Some("bitsandbytes' RMSprop8bit ignores momentum (its kernel has no momentum buffer); set momentum 0")
+    } else if r.maximize {
+        Some("bitsandbytes' RMSprop8bit has no maximize")
+    } else if r.weight_decay != 0.0 || clipped {
+        Some(
+            "bitsandbytes' RMSprop8bit steps the parameter with the raw gradient but its state with the \
+             decayed, clipped one; weight decay and grad_clip are not reproduced with 8-bit RMSprop state",
+        )
+    } else {
+        None
+    }
+}
+
+/// Refuses a schedule's change of an 8-bit optimizer's group to an RMSprop that
+/// [`rmsprop8bit_refusal`] names (weight decay or `maximize` switched on; the other options
+/// change the state kept and are refused as such). `clipped`: the optimizer clips.
+pub(crate) fn check_rmsprop8bit(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
+    match algorithm {
+        crate::Algorithm::RmsProp(r) => match rmsprop8bit_refusal(r, clipped) {
+            Some(reason) => {
+                Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason })
+            }
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
 /// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state
 /// (AMSGrad's running maximum, Adagrad), an option that conflicts with it, or a parameter
 /// other than F32 (`dtypes` names them `params[i]`). Both backends call it before creating
@@ -120,6 +160,7 @@ pub(crate) fn check_options(
                 "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
                  keep f32, f16 or bf16 state for it",
             ),
+            Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, options.grad_clip.is_some()),
             _ => None,
         };
         if let Some(reason) = refused {

@@ -289,3 +289,13 @@ pub fn assert_f64_refused(
         other => panic!("f64 tensors without SHADER_F64: expected MissingFeature(SHADER_F64), got {other:?}"),
     }
 }
+
+/// RMSprop: PyTorch's defaults, centered with momentum, and maximize with weight decay.
+pub fn rmsprop_variants() -> Vec<wgpu_optim::Algorithm> {
+    use wgpu_optim::RmsProp;
+    vec![
+        RmsProp::default().into(),
+        RmsProp { centered: true, momentum: 0.9, ..RmsProp::default() }.into(),
+        RmsProp { alpha: 0.9, weight_decay: 0.015625, maximize: true, ..RmsProp::default() }.into(),
+    ]
+}

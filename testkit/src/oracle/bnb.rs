@@ -275,6 +275,10 @@ pub fn bnb_8bit_step(
             let config = BnbSgd { lr: s.lr, momentum: s.momentum, weight_decay: s.weight_decay };
             bnb_sgd8bit_step(&config, step, param, grad, buffer)?;
         }
+        (Algorithm::RmsProp(r), [square_avg]) if !r.centered && r.momentum == 0.0 && !r.maximize => {
+            let config = BnbRmsProp { lr: r.lr, alpha: r.alpha, eps: r.eps, weight_decay: r.weight_decay };
+            bnb_rmsprop8bit_step(&config, param, grad, square_avg)?;
+        }
         _ => {
             return Err(Error::ConflictingOptions {
                 first: "q8_states",
@@ -325,5 +329,47 @@ pub fn bnb_sgd8bit_step(
         *p += -config.lr * *b;
     }
     store(buffer, &b, &signed);
+    Ok(())
+}
+
+/// `bitsandbytes.optim.RMSprop8bit`'s hyperparameters (its constructor refuses `centered` and
+/// `alpha == 0`; its kernel ignores `momentum`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnbRmsProp {
+    /// Learning rate.
+    pub lr: f64,
+    /// Smoothing constant of `square_avg` (bitsandbytes' `beta1`).
+    pub alpha: f64,
+    /// Added to `sqrt(square_avg)`.
+    pub eps: f64,
+    /// L2 weight decay, added to the gradient of the state's update where it is > 0.
+    pub weight_decay: f64,
+}
+
+/// One step of bitsandbytes' RMSprop8bit on one tensor, transcribed from its kernels: on
+/// 8-bit state (`kOptimizerStatic8bit1StateBlockwise`) `g' = g + weight_decay * p` (where
+/// `weight_decay > 0`), `s = s * alpha + (1 - alpha) * (g' * g')` from the dequantized state,
+/// `p -= lr * g / (sqrt(s) + eps)` with the raw gradient `g`, then `s` is requantized with
+/// the signed map; on f32 state (`kOptimizer32bit1State`, tensors below `min_8bit_size`) the
+/// same with `g'` in the parameter's update too. A gradient or state of another length than
+/// `param` is refused and nothing changes.
+pub fn bnb_rmsprop8bit_step(
+    config: &BnbRmsProp,
+    param: &mut [f64],
+    grad: &[f64],
+    square_avg: &mut StoredState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    check_state(square_avg, "square_avg", param.len())?;
+    let raw_grad_step = matches!(square_avg, StoredState::Q8 { .. });
+    let signed = signed_map();
+    let mut s = load(square_avg, &signed);
+    for ((p, g), s) in param.iter_mut().zip(grad).zip(&mut s) {
+        let decayed = if config.weight_decay > 0.0 { g + *p * config.weight_decay } else { *g };
+        *s = *s * config.alpha + (1.0 - config.alpha) * (decayed * decayed);
+        let step_grad = if raw_grad_step { *g } else { decayed };
+        *p -= config.lr * (step_grad / (s.sqrt() + config.eps));
+    }
+    store(square_avg, &s, &signed);
     Ok(())
 }

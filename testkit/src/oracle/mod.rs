@@ -25,6 +25,7 @@ pub mod schedule_free;
 pub mod torch;
 
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
+pub use bnb::{bnb_rmsprop8bit_step, BnbRmsProp};
 pub use dtype::Storage;
 pub use lion::lion_step;
 pub use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum, OnnxAdamOutputs, OnnxOutputs2};
