@@ -76,6 +76,7 @@ pub mod q8;
 mod step;
 mod tensor;
 
+pub use algo::AdEMAMix;
 pub use algo::Lion;
 pub use algo::{
     Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,

@@ -1,6 +1,7 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
 use crate::step::{Family, KernelStep};
+use crate::AdEMAMix;
 use crate::Lion;
 use crate::{Adagrad, Adam, Result, Sgd};
 
@@ -18,6 +19,8 @@ pub enum Algorithm {
     Adagrad(Adagrad),
     /// Lion (lion-pytorch).
     Lion(Lion),
+    /// AdEMAMix (bitsandbytes).
+    AdEMAMix(AdEMAMix),
 }
 
 impl From<Adam> for Algorithm {
@@ -44,6 +47,12 @@ impl From<Lion> for Algorithm {
     }
 }
 
+impl From<AdEMAMix> for Algorithm {
+    fn from(config: AdEMAMix) -> Self {
+        Algorithm::AdEMAMix(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -54,6 +63,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.validate(),
             Algorithm::Adagrad(c) => c.validate(),
             Algorithm::Lion(c) => c.validate(),
+            Algorithm::AdEMAMix(c) => c.validate(),
         }
     }
 
@@ -63,6 +73,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.kernel_step(t),
             Algorithm::Adagrad(c) => c.kernel_step(t),
             Algorithm::Lion(c) => c.kernel_step(t),
+            Algorithm::AdEMAMix(c) => c.kernel_step(t),
         }
     }
 
@@ -73,6 +84,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => Family::Momentum,
             Algorithm::Adagrad(_) => Family::Adagrad,
             Algorithm::Lion(_) => Family::Lion,
+            Algorithm::AdEMAMix(_) => Family::Ademamix,
         }
     }
 
@@ -83,6 +95,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.lr,
             Algorithm::Adagrad(c) => c.lr,
             Algorithm::Lion(c) => c.lr,
+            Algorithm::AdEMAMix(c) => c.lr,
         }
     }
 
@@ -93,6 +106,7 @@ impl Algorithm {
             Algorithm::Sgd(c) => c.lr = lr,
             Algorithm::Adagrad(c) => c.lr = lr,
             Algorithm::Lion(c) => c.lr = lr,
+            Algorithm::AdEMAMix(c) => c.lr = lr,
         }
         self
     }
@@ -108,6 +122,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => &[],
             Algorithm::Adagrad(_) => &[StateKind::Sum],
             Algorithm::Lion(_) => &[StateKind::ExpAvg],
+            Algorithm::AdEMAMix(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
         }
     }
 
@@ -136,6 +151,8 @@ pub enum StateKind {
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
+    /// AdEMAMix's slow EMA of the gradient (bitsandbytes keeps it as `state1[1]`).
+    ExpAvgSlow,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -151,6 +168,7 @@ impl StateKind {
             StateKind::MaxExpAvgSq => "max_exp_avg_sq",
             StateKind::MomentumBuffer => "momentum_buffer",
             StateKind::Sum => "sum",
+            StateKind::ExpAvgSlow => "exp_avg_slow",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -165,6 +183,7 @@ impl Algorithm {
             Algorithm::Sgd(_) => "SGD",
             Algorithm::Adagrad(_) => "Adagrad",
             Algorithm::Lion(_) => "Lion",
+            Algorithm::AdEMAMix(_) => "AdEMAMix",
         }
     }
 }

@@ -11,15 +11,18 @@
 //! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
 //! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
 //! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
+//! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
 
 mod adagrad;
 mod adam;
+mod ademamix;
 mod algorithm;
 mod lion;
 mod momentum;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
+pub use ademamix::AdEMAMix;
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};

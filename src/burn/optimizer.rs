@@ -65,17 +65,27 @@ pub struct FusedState<const D: usize> {
     pub momentum_buffer: Option<BurnTensor<D>>,
     /// Adagrad's sum of squared gradients.
     pub sum: Option<BurnTensor<D>>,
+    /// AdEMAMix's slow EMA of the gradient.
+    pub exp_avg_slow: Option<BurnTensor<D>>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
 }
 
 /// The state tensors' names in Burn's records: PyTorch's.
-const STATE_NAMES: [&str; 5] = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum"];
+const STATE_NAMES: [&str; 6] =
+    ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "exp_avg_slow"];
 
 impl<const D: usize> FusedState<D> {
-    fn tensors(&self) -> [&Option<BurnTensor<D>>; 5] {
-        [&self.exp_avg, &self.exp_avg_sq, &self.max_exp_avg_sq, &self.momentum_buffer, &self.sum]
+    fn tensors(&self) -> [&Option<BurnTensor<D>>; 6] {
+        [
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            &self.max_exp_avg_sq,
+            &self.momentum_buffer,
+            &self.sum,
+            &self.exp_avg_slow,
+        ]
     }
 
     fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
@@ -84,6 +94,7 @@ impl<const D: usize> FusedState<D> {
             StateKind::ExpAvgSq => &mut self.exp_avg_sq,
             StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
             StateKind::MomentumBuffer => &mut self.momentum_buffer,
+            StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -98,6 +109,7 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: moved(self.max_exp_avg_sq),
             momentum_buffer: moved(self.momentum_buffer),
             sum: moved(self.sum),
+            exp_avg_slow: moved(self.exp_avg_slow),
             foreign: self.foreign,
         }
     }
@@ -110,6 +122,7 @@ impl<const D: usize> FusedState<D> {
             max_exp_avg_sq: None,
             momentum_buffer: None,
             sum: None,
+            exp_avg_slow: None,
             foreign: None,
         }
     }
@@ -175,6 +188,7 @@ impl<const D: usize> RecordState for FusedState<D> {
             max_exp_avg_sq: take(STATE_NAMES[2]),
             momentum_buffer: take(STATE_NAMES[3]),
             sum: take(STATE_NAMES[4]),
+            exp_avg_slow: take(STATE_NAMES[5]),
             foreign: None,
         })
     }

@@ -212,6 +212,7 @@ pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
         StateKind::MaxExpAvgSq,
         StateKind::MomentumBuffer,
         StateKind::Sum,
+        StateKind::ExpAvgSlow,
         StateKind::KahanCompensation,
     ]
     .into_iter()

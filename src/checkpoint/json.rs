@@ -1,5 +1,6 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
+use crate::AdEMAMix;
 use crate::Lion;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 
@@ -7,7 +8,7 @@ use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
 /// algorithms) so that the `checkpoint` feature alone brings in serde_json.
 impl Algorithm {
     /// The hyperparameters under PyTorch's names, as in an optimizer's `param_groups`, with
-    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`, `Lion`).
+    /// `"optimizer"` naming the class (`Adam`, `AdamW`, `SGD`, `Adagrad`, `Lion`, `AdEMAMix`).
     pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::json;
         let value = match self {
@@ -26,6 +27,10 @@ impl Algorithm {
             }),
             Algorithm::Lion(c) => json!({
                 "optimizer": "Lion", "lr": c.lr, "betas": [c.beta1, c.beta2], "weight_decay": c.weight_decay,
+            }),
+            Algorithm::AdEMAMix(c) => json!({
+                "optimizer": "AdEMAMix", "lr": c.lr, "betas": [c.beta1, c.beta2, c.beta3], "alpha": c.alpha,
+                "t_alpha": c.t_alpha, "t_beta3": c.t_beta3, "eps": c.eps, "weight_decay": c.weight_decay,
             }),
         };
         match value {
@@ -97,6 +102,28 @@ impl Algorithm {
                     lr: number("lr")?,
                     beta1,
                     beta2,
+                    weight_decay: number("weight_decay")?,
+                })
+            }
+            "AdEMAMix" => {
+                let [beta1, beta2, beta3] = numbers(map, "betas")?;
+                let steps = |key: &str| match map.get(key) {
+                    Some(serde_json::Value::Null) => Ok(None),
+                    Some(v) => v
+                        .as_u64()
+                        .map(Some)
+                        .ok_or_else(|| bad(format!("`{key}` is not null or a step count"))),
+                    None => Err(bad(format!("`{key}` is missing"))),
+                };
+                Algorithm::AdEMAMix(AdEMAMix {
+                    lr: number("lr")?,
+                    beta1,
+                    beta2,
+                    beta3,
+                    alpha: number("alpha")?,
+                    t_alpha: steps("t_alpha")?,
+                    t_beta3: steps("t_beta3")?,
+                    eps: number("eps")?,
                     weight_decay: number("weight_decay")?,
                 })
             }

@@ -90,6 +90,7 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
+                Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -105,6 +106,7 @@ impl Program {
                 Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
                 Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion_capturable.wgsl"),
+                Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -829,6 +831,7 @@ pub(crate) mod tests {
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
+    use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
 
     /// Every switch combination of every family.
@@ -859,6 +862,7 @@ pub(crate) mod tests {
             all.push(Switches::Adagrad(AdagradSwitches { maximize }));
         }
         all.push(Switches::Lion(LionSwitches));
+        all.push(Switches::Ademamix(AdemamixSwitches));
         all
     }
 
@@ -1120,6 +1124,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Lion(_), true) => {
                                     rust_members(LionUniform::FIELDS, LionUniform64::OFFSETS)
+                                }
+                                (Switches::Ademamix(_), false) => {
+                                    rust_members(AdemamixUniform::FIELDS, AdemamixUniform::OFFSETS)
+                                }
+                                (Switches::Ademamix(_), true) => {
+                                    rust_members(AdemamixUniform::FIELDS, AdemamixUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

@@ -333,6 +333,7 @@ mod tests {
             Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
             Switches::Adagrad(AdagradSwitches { maximize: false }),
             Switches::Lion(crate::step::LionSwitches),
+            Switches::Ademamix(crate::step::AdemamixSwitches),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

@@ -116,6 +116,9 @@ pub(crate) fn check_options(
             Algorithm::Lion(_) => {
                 Some("Lion has no 8-bit form yet (bitsandbytes' Lion8bit is not yet implemented)")
             }
+            Algorithm::AdEMAMix(_) => {
+                Some("AdEMAMix has no 8-bit form yet (bitsandbytes' AdEMAMix8bit is not yet implemented)")
+            }
             _ => None,
         };
         if let Some(reason) = refused {

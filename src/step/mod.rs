@@ -12,6 +12,7 @@
 
 mod adagrad;
 mod adam;
+mod ademamix;
 pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
@@ -21,6 +22,7 @@ pub(crate) mod rounding;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
+pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
@@ -38,6 +40,8 @@ pub(crate) enum Family {
     Adagrad,
     /// Lion (lion-pytorch).
     Lion,
+    /// AdEMAMix (bitsandbytes).
+    Ademamix,
 }
 
 impl Family {
@@ -47,6 +51,7 @@ impl Family {
             Family::Momentum => "momentum",
             Family::Adagrad => "adagrad",
             Family::Lion => "lion",
+            Family::Ademamix => "ademamix",
         }
     }
 
@@ -69,6 +74,14 @@ impl Family {
             }
             Family::Adagrad => &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)],
             Family::Lion => &[Param, Grad, State(StateKind::ExpAvg), State(StateKind::KahanCompensation)],
+            Family::Ademamix => &[
+                Param,
+                Grad,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSlow),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 
@@ -93,6 +106,14 @@ impl Family {
             Family::Lion => {
                 &[Param, State(StateKind::ExpAvg), ParamCopy, State(StateKind::KahanCompensation)]
             }
+            Family::Ademamix => &[
+                Param,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSlow),
+                State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -129,6 +150,7 @@ pub(crate) enum Switches {
     Momentum(MomentumSwitches),
     Adagrad(AdagradSwitches),
     Lion(LionSwitches),
+    Ademamix(AdemamixSwitches),
 }
 
 impl Switches {
@@ -138,6 +160,7 @@ impl Switches {
             Switches::Momentum(_) => Family::Momentum,
             Switches::Adagrad(_) => Family::Adagrad,
             Switches::Lion(_) => Family::Lion,
+            Switches::Ademamix(_) => Family::Ademamix,
         }
     }
 
@@ -148,6 +171,7 @@ impl Switches {
             Switches::Momentum(s) => s.overrides(),
             Switches::Adagrad(s) => s.overrides(),
             Switches::Lion(s) => s.overrides(),
+            Switches::Ademamix(s) => s.overrides(),
         }
     }
 
@@ -164,6 +188,8 @@ impl Switches {
             (Switches::Adagrad(_), true) => size_of::<AdagradUniform64>(),
             (Switches::Lion(_), false) => size_of::<LionUniform>(),
             (Switches::Lion(_), true) => size_of::<LionUniform64>(),
+            (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
+            (Switches::Ademamix(_), true) => size_of::<AdemamixUniform64>(),
         }) as u64
     }
 
@@ -174,6 +200,7 @@ impl Switches {
             Switches::Momentum(_) => MomentumUniform::wgsl("Hyper"),
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
+            Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
         }
     }
 }
@@ -185,6 +212,7 @@ pub(crate) enum KernelStep {
     Momentum(MomentumSwitches, MomentumUniform64),
     Adagrad(AdagradSwitches, AdagradUniform64),
     Lion(LionSwitches, LionUniform64),
+    Ademamix(AdemamixSwitches, AdemamixUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -195,6 +223,7 @@ const _: () = assert!(std::mem::size_of::<AdamUniform64>() as u64 <= UNIFORM_SLO
 const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -207,6 +236,7 @@ impl KernelStep {
             KernelStep::Momentum(s, _) => Switches::Momentum(*s),
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
             KernelStep::Lion(s, _) => Switches::Lion(*s),
+            KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
         }
     }
 
@@ -222,10 +252,12 @@ impl KernelStep {
             (KernelStep::Momentum(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

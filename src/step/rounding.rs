@@ -153,6 +153,7 @@ const _: () = assert!(std::mem::size_of::<super::AdamUniform64>() as u64 <= Roun
 const _: () = assert!(std::mem::size_of::<super::MomentumUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::LionUniform64>() as u64 <= RoundingHeader::OFFSET);
+const _: () = assert!(std::mem::size_of::<super::AdemamixUniform64>() as u64 <= RoundingHeader::OFFSET);
 
 /// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -196,6 +197,8 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
         Some(StateKind::MomentumBuffer) => 4,
         Some(StateKind::Sum) => 5,
         Some(StateKind::KahanCompensation) => 6,
+        // Far from the numbers other families' kinds take, so that merged lists stay distinct.
+        Some(StateKind::ExpAvgSlow) => 20,
     }
 }
 

@@ -118,6 +118,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
         Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
         Family::Lion => include_str!("../../../shaders/lion.wgsl"),
+        Family::Ademamix => include_str!("../../../shaders/ademamix.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });

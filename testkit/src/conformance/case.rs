@@ -79,7 +79,7 @@ pub struct Case {
 /// bitsandbytes' 8-bit Adam and AdamW attributes.
 const BNB_ADAM: [&str; 6] = ["lr", "betas", "eps", "weight_decay", "min_8bit_size", "block_size"];
 
-const SUPPORTED: [(&str, Kind, &[&str]); 12] = [
+const SUPPORTED: [(&str, Kind, &[&str]); 13] = [
     ("bnb.Adam8bit", Kind::Trajectory, &BNB_ADAM),
     ("bnb.AdamW8bit", Kind::Trajectory, &BNB_ADAM),
     (
@@ -121,6 +121,11 @@ const SUPPORTED: [(&str, Kind, &[&str]); 12] = [
         ],
     ),
     ("lion.Lion", Kind::Trajectory, &["lr", "betas", "weight_decay", "max_norm", "norm_type"]),
+    (
+        "bnb.AdEMAMix",
+        Kind::Trajectory,
+        &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "max_norm", "norm_type"],
+    ),
 ];
 
 impl Case {

@@ -16,12 +16,14 @@
 /// The crate under test, as the oracle's files name it.
 use wgpu_optim as api;
 
+pub mod ademamix;
 pub mod bnb;
 pub mod dtype;
 pub mod lion;
 pub mod onnx;
 pub mod torch;
 
+pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub use dtype::Storage;
 pub use lion::lion_step;

@@ -1,6 +1,7 @@
 //! PyTorch's optimizers (`_single_tensor_adam`, `_single_tensor_sgd`, `_single_tensor_adagrad`)
 //! and `clip_grad_norm_`, in f64.
 
+use super::ademamix::ademamix_step;
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
 use super::dtype::round;
 use super::lion::lion_step;
@@ -137,6 +138,8 @@ pub struct TorchState {
     adam: TorchAdamState,
     momentum_buffer: Option<Vec<f64>>,
     sum: Vec<f64>,
+    /// AdEMAMix's slow EMA (its fast one and `nu` live in `adam`).
+    exp_avg_slow: Vec<f64>,
     step: u64,
     param_dtype: DType,
     state_dtype: DType,
@@ -150,6 +153,7 @@ impl TorchState {
             Algorithm::Adagrad(c) => (false, c.initial_accumulator_value),
             Algorithm::Sgd(_) => (false, 0.0),
             Algorithm::Lion(_) => (false, 0.0),
+            Algorithm::AdEMAMix(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -157,6 +161,7 @@ impl TorchState {
             adam: TorchAdamState::zeros(len, amsgrad),
             momentum_buffer: None,
             sum: vec![initial_sum; len],
+            exp_avg_slow: vec![0.0; len],
             step: 0,
             param_dtype: DType::F64,
             state_dtype: DType::F64,
@@ -185,6 +190,11 @@ impl TorchState {
             Algorithm::Adagrad(_) => state.sum = values.next().unwrap_or_default(),
             // Lion's running average lives where Adam's first moment does.
             Algorithm::Lion(_) => state.adam.exp_avg = values.next().unwrap_or_default(),
+            Algorithm::AdEMAMix(_) => {
+                state.adam.exp_avg = values.next().unwrap_or_default();
+                state.exp_avg_slow = values.next().unwrap_or_default();
+                state.adam.exp_avg_sq = values.next().unwrap_or_default();
+            }
             other => untranscribed(&other),
         }
         state
@@ -211,13 +221,19 @@ impl TorchState {
             Algorithm::Sgd(c) => torch_sgd_step(c, param, grad, &mut self.momentum_buffer),
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
             Algorithm::Lion(c) => lion_step(c, param, grad, &mut self.adam.exp_avg),
+            Algorithm::AdEMAMix(c) => {
+                let adam = &mut self.adam;
+                let (m1, m2, nu) = (&mut adam.exp_avg, &mut self.exp_avg_slow, &mut adam.exp_avg_sq);
+                ademamix_step(c, self.step, param, grad, m1, m2, nu)
+            }
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
         param.iter_mut().for_each(|x| *x = round(p, *x));
         let state =
             [&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq, &mut self.adam.max_exp_avg_sq, &mut self.sum];
-        for tensor in state.into_iter().chain(self.momentum_buffer.as_mut()) {
+        let slow = std::iter::once(&mut self.exp_avg_slow);
+        for tensor in state.into_iter().chain(slow).chain(self.momentum_buffer.as_mut()) {
             tensor.iter_mut().for_each(|x| *x = round(s, *x));
         }
     }
@@ -238,6 +254,9 @@ impl TorchState {
             Algorithm::Sgd(_) => vec![],
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
             Algorithm::Lion(_) => vec![self.adam.exp_avg.clone()],
+            Algorithm::AdEMAMix(_) => {
+                vec![self.adam.exp_avg.clone(), self.exp_avg_slow.clone(), self.adam.exp_avg_sq.clone()]
+            }
             other => untranscribed(other),
         }
     }
