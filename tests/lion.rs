@@ -247,3 +247,58 @@ mod burn_steps {
         }
     }
 }
+
+/// bitsandbytes' `Lion8bit`: `exp_avg` in blockwise 8-bit codes under its names in
+/// checkpoints (`state1`, `absmax1`, `qmap1`), on the GPU and on the CPU backend, which load
+/// each other's files. (The `lion8bit_n700` vector checks the values on both.)
+#[test]
+fn lion8bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_cpu() {
+    use wgpu_optim::cpu::CpuOptimizer;
+    use wgpu_optim::q8::Q8States;
+    use wgpu_optim::{Optimizer, StateKind};
+    use wgpu_optim_testkit::oracle::bnb::signed_map;
+
+    let ctx = ctx();
+    let config = Q8States { min_8bit_size: 512 };
+    let lion = Lion { lr: 1e-3, weight_decay: 0.1, ..Lion::default() };
+    let mut rng = common::Rng::new(95);
+    let lens = [700usize, 5];
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<wgpu_optim::Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, lion, &params).unwrap();
+    for _ in 0..3 {
+        let g: Vec<wgpu_optim::Tensor> =
+            lens.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
+        gpu.step(&g).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let shape = |name: &str| {
+        let t = file.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (t.dtype(), t.shape().to_vec())
+    };
+    assert_eq!(shape("state.0.state1"), (safetensors::Dtype::U8, vec![700]));
+    assert_eq!(shape("state.0.absmax1"), (safetensors::Dtype::F32, vec![3]));
+    assert_eq!(shape("state.1.state1"), (safetensors::Dtype::F32, vec![5]));
+    assert_eq!(shape("qmap1"), (safetensors::Dtype::F32, vec![256]));
+    let qmap: Vec<f32> = file
+        .tensor("qmap1")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(qmap, signed_map().to_vec(), "qmap1 is bitsandbytes' signed map");
+    assert!(file.tensor("state.0.exp_avg").is_err() && file.tensor("qmap2").is_err());
+
+    let host: Vec<wgpu_optim::cpu::HostTensor> =
+        start.iter().map(|p| wgpu_optim::cpu::HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+    let views: Vec<wgpu_optim::cpu::HostSlice<'_>> = host.iter().map(|t| t.as_slice()).collect();
+    let mut cpu = CpuOptimizer::builder().q8_states(config).build(lion, &views).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap();
+    for i in 0..lens.len() {
+        let gpu_state = gpu.q8_state(i, StateKind::ExpAvg).unwrap().expect("an 8-bit state");
+        assert_eq!(cpu.q8_state(i, StateKind::ExpAvg), Some(&gpu_state), "exp_avg of param {i}");
+    }
+    assert_eq!(cpu.save_to_bytes().unwrap(), bytes, "the CPU saves the GPU's file back");
+}

@@ -94,7 +94,7 @@ pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
 }
 
 /// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state
-/// (AMSGrad's running maximum, Adagrad), an option that conflicts with it, or a parameter
+/// (AMSGrad's running maximum, Adagrad, AdEMAMix: not yet), an option that conflicts with it, or a parameter
 /// other than F32 (`dtypes` names them `params[i]`). Both backends call it before creating
 /// anything.
 pub(crate) fn check_options(
@@ -112,9 +112,6 @@ pub(crate) fn check_options(
             ),
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
-            }
-            Algorithm::Lion(_) => {
-                Some("Lion has no 8-bit form yet (bitsandbytes' Lion8bit is not yet implemented)")
             }
             Algorithm::AdEMAMix(_) => {
                 Some("AdEMAMix has no 8-bit form yet (bitsandbytes' AdEMAMix8bit is not yet implemented)")

@@ -79,7 +79,7 @@ pub struct Case {
 /// bitsandbytes' 8-bit Adam and AdamW attributes.
 const BNB_ADAM: [&str; 6] = ["lr", "betas", "eps", "weight_decay", "min_8bit_size", "block_size"];
 
-const SUPPORTED: [(&str, Kind, &[&str]); 13] = [
+const SUPPORTED: [(&str, Kind, &[&str]); 14] = [
     ("bnb.Adam8bit", Kind::Trajectory, &BNB_ADAM),
     ("bnb.AdamW8bit", Kind::Trajectory, &BNB_ADAM),
     (
@@ -121,6 +121,7 @@ const SUPPORTED: [(&str, Kind, &[&str]); 13] = [
         ],
     ),
     ("lion.Lion", Kind::Trajectory, &["lr", "betas", "weight_decay", "max_norm", "norm_type"]),
+    ("bnb.Lion8bit", Kind::Trajectory, &["lr", "betas", "weight_decay", "min_8bit_size", "block_size"]),
     (
         "bnb.AdEMAMix",
         Kind::Trajectory,

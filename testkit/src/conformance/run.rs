@@ -134,6 +134,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
             bnb_trajectory(case, backend, ctx).await?
         }
+        ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
@@ -664,7 +665,11 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
     }
     let min_8bit_size = case.attr_f64("min_8bit_size", q8::MIN_8BIT_SIZE as f64)?;
     let config = Q8States { min_8bit_size: min_8bit_size as u64 };
-    let algorithm = if case.op == "bnb.SGD8bit" {
+    let algorithm = if case.op == "bnb.Lion8bit" {
+        let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
+        let weight_decay = case.attr_f64("weight_decay", 0.0)?;
+        Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
+    } else if case.op == "bnb.SGD8bit" {
         let dampening = case.attr_f64("dampening", 0.0)?;
         if dampening != 0.0 {
             return Err(case.bad(format!("dampening {dampening}: bitsandbytes' 8-bit SGD has none")));
@@ -727,6 +732,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                             };
                             oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
                         }
+                        (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
                         _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
                     }
                 }
