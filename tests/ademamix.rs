@@ -168,3 +168,77 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
     let negative_decay = AdEMAMix { weight_decay: -0.1, ..d };
     family::a_bad_hyperparameter_is_refused_by_name(good, negative_decay.into(), "weight_decay");
 }
+
+/// Checkpoints keep bitsandbytes' names on both backends: `state.{i}.state1` of shape
+/// `[2, *shape]` (m1, then m2) and `state.{i}.state2` (nu), with the oracle's values.
+#[test]
+fn checkpoints_stack_m1_and_m2_as_bitsandbytes_state1_and_keep_nu_as_state2() {
+    use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+    use wgpu_optim::{DType, Optimizer};
+    use wgpu_optim_testkit::oracle::TorchState;
+
+    let ctx = ctx();
+    let algorithm = scheduled();
+    let shapes: Vec<Vec<usize>> = vec![vec![8, 5], vec![3]];
+    let mut rng = common::Rng::new(99);
+    let mut p: Vec<Vec<f64>> = shapes.iter().map(|s| rng.vec(s.iter().product(), 1.0)).collect();
+    let start = p.clone();
+    let params: Vec<wgpu_optim::Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let options = Optimizer::builder().param_shapes(shapes.clone());
+    let mut gpu = options.build(&ctx, algorithm, &params).unwrap();
+    let mut oracles: Vec<TorchState> = p.iter().map(|v| TorchState::new(algorithm, v.len())).collect();
+    for _ in 0..3 {
+        let g: Vec<Vec<f64>> = p.iter().map(|v| rng.vec(v.len(), 1.0)).collect();
+        let tensors: Vec<wgpu_optim::Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+        gpu.step(&tensors).unwrap();
+        for ((p, o), g) in p.iter_mut().zip(&mut oracles).zip(&g) {
+            o.step(p, g);
+        }
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |data: &[u8]| -> Vec<f64> {
+        data.chunks(4).map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect()
+    };
+    for (i, shape) in shapes.iter().enumerate() {
+        let state1 = file.tensor(&format!("state.{i}.state1")).unwrap();
+        let stacked: Vec<usize> = std::iter::once(2).chain(shape.iter().copied()).collect();
+        assert_eq!((state1.dtype(), state1.shape()), (safetensors::Dtype::F32, &stacked[..]));
+        let state2 = file.tensor(&format!("state.{i}.state2")).unwrap();
+        assert_eq!((state2.dtype(), state2.shape()), (safetensors::Dtype::F32, &shape[..]));
+        let want = oracles[i].tensors();
+        let m1m2: Vec<f64> = want[0].iter().chain(&want[1]).copied().collect();
+        common::assert_close(&format!("state.{i}.state1"), &f32s(state1.data()), &m1m2, Tolerance::F32);
+        common::assert_close(&format!("state.{i}.state2"), &f32s(state2.data()), &want[2], Tolerance::F32);
+        for name in ["exp_avg", "exp_avg_slow", "exp_avg_sq"] {
+            assert!(file.tensor(&format!("state.{i}.{name}")).is_err(), "{name} is saved as state1/state2");
+        }
+    }
+    // The CPU backend reads the stacked file into its three states and saves it back.
+    let host: Vec<HostTensor> = start.iter().map(|v| HostTensor::from_f64(DType::F32, v).unwrap()).collect();
+    let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
+    let mut cpu = CpuOptimizer::builder().param_shapes(shapes.clone()).build(algorithm, &views).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap();
+    for (i, kind) in [StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq].iter().enumerate() {
+        let got = cpu.state(0, *kind).unwrap().to_f64();
+        let want = common::download(&ctx, gpu.state(0, *kind).unwrap());
+        assert_eq!(got, want, "{kind:?} (state {i}) on the CPU");
+    }
+    assert_eq!(cpu.save_to_bytes().unwrap(), bytes, "the CPU saves the same file");
+    // A stacked tensor of the wrong shape is refused by name.
+    let mut fresh = options_gpu(&ctx, algorithm, &params, &shapes);
+    let flat_only = Optimizer::builder().param_shapes(vec![vec![40], vec![3]]);
+    let mut other = flat_only.build(&ctx, algorithm, &params).unwrap();
+    let err = other.load_from_bytes(&bytes).expect_err("another shape");
+    assert!(err.to_string().contains("state.0.state1"), "{err}");
+    fresh.load_from_bytes(&bytes).unwrap();
+}
+
+fn options_gpu(
+    ctx: &wgpu_optim::GpuContext,
+    algorithm: Algorithm,
+    params: &[wgpu_optim::Tensor],
+    shapes: &[Vec<usize>],
+) -> wgpu_optim::Optimizer {
+    wgpu_optim::Optimizer::builder().param_shapes(shapes.to_vec()).build(ctx, algorithm, params).unwrap()
+}

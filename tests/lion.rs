@@ -166,7 +166,7 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
 #[cfg(feature = "burn")]
 mod burn_steps {
     use burn::module::{Module, Param};
-    use burn::optim::{GradientsParams, Optimizer as _};
+    use burn::optim::GradientsParams;
     use burn::tensor::{Device, Tensor, TensorData};
     use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
     use wgpu_optim::Algorithm;
