@@ -242,3 +242,26 @@ fn options_gpu(
 ) -> wgpu_optim::Optimizer {
     wgpu_optim::Optimizer::builder().param_shapes(shapes.to_vec()).build(ctx, algorithm, params).unwrap()
 }
+
+/// bitsandbytes' AdEMAMix8bit is not implemented yet: 8-bit state for AdEMAMix is refused by
+/// name on both backends, before anything is built.
+#[test]
+fn eight_bit_state_for_ademamix_is_refused_by_name_for_now() {
+    use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
+    use wgpu_optim::q8::Q8States;
+    use wgpu_optim::{DType, Error, Optimizer};
+
+    let check = |err: Error, backend: &str| match err {
+        Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason } => {
+            assert!(reason.contains("AdEMAMix") && reason.contains("not yet"), "{backend}: {reason}");
+        }
+        other => panic!("{backend}: expected ConflictingOptions, got {other:?}"),
+    };
+    let ctx = ctx();
+    let param = ctx.upload("param", &vec![0.5; 1000], DType::F32);
+    let options = Optimizer::builder().q8_states(Q8States::default());
+    check(options.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"), "GPU");
+    let host = HostTensor::from_f64(DType::F32, &vec![0.5; 1000]).unwrap();
+    let cpu = CpuOptimizer::builder().q8_states(Q8States::default()).build(plain(), &[host.as_slice()]);
+    check(cpu.expect_err("CPU"), "CPU");
+}
