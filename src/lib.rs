@@ -80,6 +80,7 @@ pub mod q8;
 mod step;
 mod tensor;
 
+pub use algo::AdEMAMix;
 pub use algo::Lion;
 pub use algo::RmsProp;
 pub use algo::{

@@ -161,3 +161,144 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
         family::a_bad_hyperparameter_is_refused_by_name(good, bad.into(), name);
     }
 }
+
+/// Burn's drop-in optimizer and the whole-module step run Lion too.
+#[cfg(feature = "burn")]
+mod burn_steps {
+    use burn::module::{Module, Param};
+    use burn::optim::GradientsParams;
+    use burn::tensor::{Device, Tensor, TensorData};
+    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
+    use wgpu_optim::Algorithm;
+    use wgpu_optim_testkit::oracle::TorchState;
+
+    use crate::common::{assert_close, Rng, Tolerance};
+
+    #[derive(Module, Debug)]
+    struct Params {
+        params: Vec<Param<Tensor<1>>>,
+    }
+
+    fn tensor(values: &[f64], device: &Device) -> Tensor<1> {
+        let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+        Tensor::from_data(TensorData::new(data, [values.len()]), device)
+    }
+
+    impl Params {
+        fn new(values: &[Vec<f64>], device: &Device) -> Self {
+            Params { params: values.iter().map(|v| Param::from_tensor(tensor(v, device))).collect() }
+        }
+
+        fn grads(&self, grads: &[Vec<f64>], device: &Device) -> GradientsParams {
+            let mut out = GradientsParams::new();
+            for (p, g) in self.params.iter().zip(grads) {
+                out.register(p.id, tensor(g, device));
+            }
+            out
+        }
+
+        fn values(&self) -> Vec<Vec<f64>> {
+            self.params
+                .iter()
+                .map(|p| {
+                    p.val().into_data().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_fused_optimizer_and_the_module_step_follow_the_oracle() {
+        let shared =
+            SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"));
+        let device = shared.device().clone().autodiff();
+        let algorithm: Algorithm = super::decayed();
+        let mut rng = Rng::new(90);
+        let lens = [1000usize, 37];
+        let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+        let grads: Vec<Vec<Vec<f64>>> =
+            (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+        let mut want = initial.clone();
+        let mut states: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        for step in &grads {
+            for ((p, g), s) in want.iter_mut().zip(step).zip(&mut states) {
+                s.step(p, g);
+            }
+        }
+
+        let mut optim = FusedOptimizer::new(&shared, algorithm).unwrap().init();
+        let mut model = Params::new(&initial, &device);
+        for step in &grads {
+            let g = model.grads(step, &device);
+            model = optim.step(algorithm.lr(), model, g);
+        }
+        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
+            assert_close(&format!("FusedOptimizer Lion, parameter {i}"), got, want, Tolerance::F32);
+        }
+
+        let mut module_step = ModuleStep::builder().build(&shared, algorithm).unwrap();
+        let mut model = Params::new(&initial, &device);
+        for step in &grads {
+            let g = model.grads(step, &device);
+            model = module_step.step(algorithm.lr(), model, g).unwrap();
+        }
+        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
+            assert_close(&format!("ModuleStep Lion, parameter {i}"), got, want, Tolerance::F32);
+        }
+    }
+}
+
+/// bitsandbytes' `Lion8bit`: `exp_avg` in blockwise 8-bit codes under its names in
+/// checkpoints (`state1`, `absmax1`, `qmap1`), on the GPU and on the CPU backend, which load
+/// each other's files. (The `lion8bit_n700` vector checks the values on both.)
+#[test]
+fn lion8bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_cpu() {
+    use wgpu_optim::cpu::CpuOptimizer;
+    use wgpu_optim::q8::Q8States;
+    use wgpu_optim::{Optimizer, StateKind};
+    use wgpu_optim_testkit::oracle::bnb::signed_map;
+
+    let ctx = ctx();
+    let config = Q8States { min_8bit_size: 512 };
+    let lion = Lion { lr: 1e-3, weight_decay: 0.1, ..Lion::default() };
+    let mut rng = common::Rng::new(95);
+    let lens = [700usize, 5];
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<wgpu_optim::Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, lion, &params).unwrap();
+    for _ in 0..3 {
+        let g: Vec<wgpu_optim::Tensor> =
+            lens.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
+        gpu.step(&g).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let shape = |name: &str| {
+        let t = file.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        (t.dtype(), t.shape().to_vec())
+    };
+    assert_eq!(shape("state.0.state1"), (safetensors::Dtype::U8, vec![700]));
+    assert_eq!(shape("state.0.absmax1"), (safetensors::Dtype::F32, vec![3]));
+    assert_eq!(shape("state.1.state1"), (safetensors::Dtype::F32, vec![5]));
+    assert_eq!(shape("qmap1"), (safetensors::Dtype::F32, vec![256]));
+    let qmap: Vec<f32> = file
+        .tensor("qmap1")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(qmap, signed_map().to_vec(), "qmap1 is bitsandbytes' signed map");
+    assert!(file.tensor("state.0.exp_avg").is_err() && file.tensor("qmap2").is_err());
+
+    let host: Vec<wgpu_optim::cpu::HostTensor> =
+        start.iter().map(|p| wgpu_optim::cpu::HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+    let views: Vec<wgpu_optim::cpu::HostSlice<'_>> = host.iter().map(|t| t.as_slice()).collect();
+    let mut cpu = CpuOptimizer::builder().q8_states(config).build(lion, &views).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap();
+    for i in 0..lens.len() {
+        let gpu_state = gpu.q8_state(i, StateKind::ExpAvg).unwrap().expect("an 8-bit state");
+        assert_eq!(cpu.q8_state(i, StateKind::ExpAvg), Some(&gpu_state), "exp_avg of param {i}");
+    }
+    assert_eq!(cpu.save_to_bytes().unwrap(), bytes, "the CPU saves the GPU's file back");
+}

@@ -1,6 +1,7 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
 use crate::step::{Family, KernelStep};
+use crate::AdEMAMix;
 use crate::Lion;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
@@ -24,6 +25,8 @@ pub enum Algorithm {
     ScheduleFreeAdamW(ScheduleFreeAdamW),
     /// RMSprop, plain or centered, with or without momentum.
     RmsProp(RmsProp),
+    /// AdEMAMix (bitsandbytes).
+    AdEMAMix(AdEMAMix),
 }
 
 impl From<Adam> for Algorithm {
@@ -62,6 +65,12 @@ impl From<RmsProp> for Algorithm {
     }
 }
 
+impl From<AdEMAMix> for Algorithm {
+    fn from(config: AdEMAMix) -> Self {
+        Algorithm::AdEMAMix(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -74,6 +83,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.validate(),
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
             Algorithm::RmsProp(c) => c.validate(),
+            Algorithm::AdEMAMix(c) => c.validate(),
         }
     }
 
@@ -85,6 +95,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.kernel_step(t),
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
             Algorithm::RmsProp(c) => c.kernel_step(),
+            Algorithm::AdEMAMix(c) => c.kernel_step(t),
         }
     }
 
@@ -97,6 +108,7 @@ impl Algorithm {
             Algorithm::Lion(_) => Family::Lion,
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
             Algorithm::RmsProp(_) => Family::RmsProp,
+            Algorithm::AdEMAMix(_) => Family::Ademamix,
         }
     }
 
@@ -109,6 +121,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
             Algorithm::RmsProp(c) => c.lr,
+            Algorithm::AdEMAMix(c) => c.lr,
         }
     }
 
@@ -121,6 +134,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.lr = lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
             Algorithm::RmsProp(c) => c.lr = lr,
+            Algorithm::AdEMAMix(c) => c.lr = lr,
         }
         self
     }
@@ -143,6 +157,7 @@ impl Algorithm {
                 (false, true) => &[StateKind::SquareAvg, StateKind::GradAvg],
                 (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
             },
+            Algorithm::AdEMAMix(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
         }
     }
 
@@ -177,6 +192,8 @@ pub enum StateKind {
     SquareAvg,
     /// Centered RMSprop's running average of the gradient.
     GradAvg,
+    /// AdEMAMix's slow EMA of the gradient (bitsandbytes keeps it as `state1[1]`).
+    ExpAvgSlow,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -195,6 +212,7 @@ impl StateKind {
             StateKind::Z => "z",
             StateKind::SquareAvg => "square_avg",
             StateKind::GradAvg => "grad_avg",
+            StateKind::ExpAvgSlow => "exp_avg_slow",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -211,6 +229,7 @@ impl Algorithm {
             Algorithm::Lion(_) => "Lion",
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
             Algorithm::RmsProp(_) => "RMSprop",
+            Algorithm::AdEMAMix(_) => "AdEMAMix",
         }
     }
 }

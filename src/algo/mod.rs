@@ -13,9 +13,11 @@
 //! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
 //! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
 //! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
+//! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
 
 mod adagrad;
 mod adam;
+mod ademamix;
 mod algorithm;
 mod lion;
 mod momentum;
@@ -24,6 +26,7 @@ mod schedule_free;
 
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
+pub use ademamix::AdEMAMix;
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};

@@ -71,6 +71,8 @@ pub struct FusedState<const D: usize> {
     pub square_avg: Option<BurnTensor<D>>,
     /// Centered RMSprop's running average of the gradient.
     pub grad_avg: Option<BurnTensor<D>>,
+    /// AdEMAMix's slow EMA of the gradient.
+    pub exp_avg_slow: Option<BurnTensor<D>>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
@@ -78,8 +80,17 @@ pub struct FusedState<const D: usize> {
 
 /// The state tensors' names in Burn's records: PyTorch's.
 /// In the order of [`FusedState::tensors`].
-const STATE_NAMES: &[&str] =
-    &["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "z", "square_avg", "grad_avg"];
+const STATE_NAMES: &[&str] = &[
+    "exp_avg",
+    "exp_avg_sq",
+    "max_exp_avg_sq",
+    "momentum_buffer",
+    "sum",
+    "z",
+    "square_avg",
+    "grad_avg",
+    "exp_avg_slow",
+];
 
 impl<const D: usize> FusedState<D> {
     /// Every state slot, in the order of [`STATE_NAMES`].
@@ -93,6 +104,7 @@ impl<const D: usize> FusedState<D> {
             &self.z,
             &self.square_avg,
             &self.grad_avg,
+            &self.exp_avg_slow,
         ]
     }
 
@@ -105,6 +117,7 @@ impl<const D: usize> FusedState<D> {
             StateKind::Z => &mut self.z,
             StateKind::SquareAvg => &mut self.square_avg,
             StateKind::GradAvg => &mut self.grad_avg,
+            StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -122,6 +135,7 @@ impl<const D: usize> FusedState<D> {
             z: moved(self.z),
             square_avg: moved(self.square_avg),
             grad_avg: moved(self.grad_avg),
+            exp_avg_slow: moved(self.exp_avg_slow),
             foreign: self.foreign,
         }
     }
@@ -137,6 +151,7 @@ impl<const D: usize> FusedState<D> {
             z: None,
             square_avg: None,
             grad_avg: None,
+            exp_avg_slow: None,
             foreign: None,
         }
     }
@@ -205,6 +220,7 @@ impl<const D: usize> RecordState for FusedState<D> {
             z: take("z"),
             square_avg: take("square_avg"),
             grad_avg: take("grad_avg"),
+            exp_avg_slow: take("exp_avg_slow"),
             foreign: None,
         })
     }

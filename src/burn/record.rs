@@ -215,6 +215,7 @@ pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
         StateKind::Z,
         StateKind::SquareAvg,
         StateKind::GradAvg,
+        StateKind::ExpAvgSlow,
         StateKind::KahanCompensation,
     ]
     .into_iter()

@@ -1,5 +1,6 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
+use crate::AdEMAMix;
 use crate::Lion;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
@@ -37,6 +38,10 @@ impl Algorithm {
             Algorithm::RmsProp(c) => json!({
                 "optimizer": "RMSprop", "lr": c.lr, "alpha": c.alpha, "eps": c.eps, "weight_decay": c.weight_decay,
                 "momentum": c.momentum, "centered": c.centered, "maximize": c.maximize,
+            }),
+            Algorithm::AdEMAMix(c) => json!({
+                "optimizer": "AdEMAMix", "lr": c.lr, "betas": [c.beta1, c.beta2, c.beta3], "alpha": c.alpha,
+                "t_alpha": c.t_alpha, "t_beta3": c.t_beta3, "eps": c.eps, "weight_decay": c.weight_decay,
             }),
         };
         match value {
@@ -142,6 +147,28 @@ impl Algorithm {
                 centered: flag("centered")?,
                 maximize: flag("maximize")?,
             }),
+            "AdEMAMix" => {
+                let [beta1, beta2, beta3] = numbers(map, "betas")?;
+                let steps = |key: &str| match map.get(key) {
+                    Some(serde_json::Value::Null) => Ok(None),
+                    Some(v) => v
+                        .as_u64()
+                        .map(Some)
+                        .ok_or_else(|| bad(format!("`{key}` is not null or a step count"))),
+                    None => Err(bad(format!("`{key}` is missing"))),
+                };
+                Algorithm::AdEMAMix(AdEMAMix {
+                    lr: number("lr")?,
+                    beta1,
+                    beta2,
+                    beta3,
+                    alpha: number("alpha")?,
+                    t_alpha: steps("t_alpha")?,
+                    t_beta3: steps("t_beta3")?,
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                })
+            }
             other => return Err(bad(format!("unknown optimizer `{other}`"))),
         })
     }

@@ -90,6 +90,9 @@ pub(crate) struct Entry {
     per_element: bool,
     /// What a refusal adds to say what the tensor must be, or empty.
     note: String,
+    /// `Some(h)`: half `h` of a file tensor of shape `[2, *shape]` that stacks this state
+    /// and its neighbour under one name (bitsandbytes' `state1` of AdEMAMix: m1, then m2).
+    stack: Option<usize>,
 }
 
 /// An optimizer as its checkpoints see it.
@@ -128,12 +131,19 @@ impl Layout<'_> {
     /// 8-bit state, each state's codes before its absmax, and the maps last.
     pub(crate) fn entries(&self) -> Vec<Entry> {
         let mut entries = Vec::new();
-        for (_, range) in &self.groups {
+        for (algorithm, range) in &self.groups {
             for i in range.clone() {
                 let param = &self.params[i];
                 for (k, (kind, dtype)) in param.state.iter().enumerate() {
                     if self.q8.is_some() {
                         entries.extend(self.q8_entries(i, k));
+                        continue;
+                    }
+                    if let Some((name, stack)) = bnb_name(algorithm, *kind) {
+                        let slot = Slot::State { param: i, k };
+                        let entry =
+                            self.per_element(format!("state.{i}.{name}"), slot, i, safetensors_dtype(*dtype));
+                        entries.push(Entry { stack, ..entry });
                         continue;
                     }
                     let name = format!("state.{i}.{}", kind.torch_name());
@@ -160,6 +170,7 @@ impl Layout<'_> {
             shape: self.shape(i),
             per_element: true,
             note: String::new(),
+            stack: None,
         }
     }
 
@@ -195,6 +206,7 @@ impl Layout<'_> {
                     " (one absmax per block of {BLOCK_SIZE}: ceil({} / {BLOCK_SIZE}) = {count})",
                     param.len
                 ),
+                stack: None,
             },
         ]
     }
@@ -219,6 +231,7 @@ impl Layout<'_> {
                     shape: vec![256],
                     per_element: false,
                     note: format!(" (bitsandbytes' {signed} dynamic map, 256 codes)"),
+                    stack: None,
                 })
             })
             .collect()
@@ -233,8 +246,19 @@ impl Layout<'_> {
         // PyTorch keeps the step per parameter as an f32 scalar; the metadata keeps it exact.
         let step_bytes = (step as f32).to_le_bytes();
         let mut views = Vec::with_capacity(entries.len() + self.params.len());
-        for (entry, data) in entries.iter().zip(data) {
-            views.push(view(entry.name.clone(), entry.dtype, entry.shape.clone(), data.as_ref())?);
+        let stacked = stacked_data(&entries, data);
+        for (j, (entry, data)) in entries.iter().zip(data).enumerate() {
+            match entry.stack {
+                None => {
+                    views.push(view(entry.name.clone(), entry.dtype, entry.shape.clone(), data.as_ref())?)
+                }
+                Some(0) => {
+                    let shape = std::iter::once(2).chain(entry.shape.iter().copied()).collect();
+                    views.push(view(entry.name.clone(), entry.dtype, shape, &stacked[&j])?);
+                }
+                // The second half is in the first's tensor.
+                Some(_) => {}
+            }
         }
         for i in 0..self.params.len() {
             views.push(view(format!("state.{i}.step"), Dtype::F32, vec![], &step_bytes)?);
@@ -320,8 +344,13 @@ impl Layout<'_> {
         let mut data = Vec::with_capacity(entries.len());
         for entry in &entries {
             let view = tensor(&entry.name)?;
-            self.check_entry(entry, &view)?;
-            data.push(view.data());
+            match entry.stack {
+                None => {
+                    self.check_entry(entry, &view)?;
+                    data.push(view.data());
+                }
+                Some(half) => data.push(self.check_stacked(entry, &view, half)?),
+            }
         }
         let step = checkpoint.step;
         for i in 0..self.params.len() {
@@ -334,7 +363,8 @@ impl Layout<'_> {
                 return Err(bad(format!("`{name}` is not the f32 scalar {step}")));
             }
         }
-        let expected = entries.len() + self.params.len();
+        let halves = entries.iter().filter(|entry| entry.stack.is_some_and(|h| h > 0)).count();
+        let expected = entries.len() - halves + self.params.len();
         if file.len() != expected {
             // Every expected tensor is there, so some other one is too: name it (e.g. the
             // masters of a master-weight run, which an optimizer without keeps nowhere).
@@ -376,6 +406,29 @@ impl Layout<'_> {
             ),
         };
         Err(bad(problem))
+    }
+
+    /// Half `half` of a stacked tensor (`[2, *shape]`, or `[2, len]`, or any shape of
+    /// `2 * len` elements when the optimizer was given no shapes), refused as
+    /// [`Error::BadFile`](crate::Error::BadFile) naming it when its dtype or shape differ.
+    fn check_stacked<'f>(&self, entry: &Entry, view: &TensorView<'f>, half: usize) -> Result<&'f [u8]> {
+        let stacked: Vec<usize> = std::iter::once(2).chain(entry.shape.iter().copied()).collect();
+        let elements = view.shape().iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+        let shape_fits = view.shape() == [2, entry.len]
+            || view.shape() == stacked
+            || (self.shapes.is_empty() && elements == Some(2 * entry.len));
+        if view.dtype() != entry.dtype || !shape_fits {
+            return Err(bad(format!(
+                "`{}` is {:?} {:?}, the optimizer's is {:?} {:?} (two states stacked)",
+                entry.name,
+                view.dtype(),
+                view.shape(),
+                entry.dtype,
+                stacked,
+            )));
+        }
+        let bytes = view.data().len() / 2;
+        Ok(&view.data()[half * bytes..(half + 1) * bytes])
     }
 
     /// Refuses a tensor of the file that is not `entry`'s dtype and size, or a map that is
@@ -495,4 +548,32 @@ fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
         return Cow::Borrowed(bytemuck::cast_slice(values));
     }
     Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
+/// bitsandbytes' name of a state kept under its `state_dict` names with full-precision state
+/// too, and its half of a stacked tensor: AdEMAMix's `state1` (`[2, *shape]`: m1, then m2)
+/// and `state2` (nu). `None`: PyTorch's name ([`StateKind::torch_name`]).
+fn bnb_name(algorithm: &Algorithm, kind: StateKind) -> Option<(&'static str, Option<usize>)> {
+    match (algorithm, kind) {
+        (Algorithm::AdEMAMix(_), StateKind::ExpAvg) => Some(("state1", Some(0))),
+        (Algorithm::AdEMAMix(_), StateKind::ExpAvgSlow) => Some(("state1", Some(1))),
+        (Algorithm::AdEMAMix(_), StateKind::ExpAvgSq) => Some(("state2", None)),
+        _ => None,
+    }
+}
+
+/// The data of each stacked tensor, by the index of its first half's entry: the two halves'
+/// bytes one after the other.
+fn stacked_data(entries: &[Entry], data: &[impl AsRef<[u8]>]) -> BTreeMap<usize, Vec<u8>> {
+    let mut stacked = BTreeMap::new();
+    for (j, entry) in entries.iter().enumerate() {
+        if entry.stack == Some(0) {
+            let mut bytes = data[j].as_ref().to_vec();
+            if let Some(next) = data.get(j + 1) {
+                bytes.extend_from_slice(next.as_ref());
+            }
+            stacked.insert(j, bytes);
+        }
+    }
+    stacked
 }

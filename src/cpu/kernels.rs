@@ -12,6 +12,7 @@ use crate::step::{
     AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
     MomentumSwitches, MomentumUniform,
 };
+use crate::step::{AdemamixSwitches, AdemamixUniform};
 use crate::step::{LionSwitches, LionUniform};
 use crate::step::{RmsPropSwitches, RmsPropUniform};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
@@ -90,6 +91,7 @@ enum Update {
     Lion(LionUniform, Loops<LionUniform>),
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
+    Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
 }
 
 /// The loop of one storage type for each family's switches, so that one selection tree
@@ -105,6 +107,7 @@ pub(super) trait Leaves: Sized {
     fn lion() -> Loop<LionUniform, Self>;
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
+    fn ademamix() -> Loop<AdemamixUniform, Self>;
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
@@ -132,6 +135,9 @@ impl<T: Element> Leaves for T {
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop::<T, M, W, C, B>
     }
+    fn ademamix() -> Loop<AdemamixUniform, Self> {
+        ademamix::<T>
+    }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
@@ -158,6 +164,9 @@ impl Leaves for f16 {
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop_f16::<M, W, C, B>
+    }
+    fn ademamix() -> Loop<AdemamixUniform, Self> {
+        ademamix_f16
     }
 }
 
@@ -190,6 +199,7 @@ impl Kernel {
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
 }
@@ -231,6 +241,10 @@ impl Update {
             KernelStep::RmsProp(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))
+            }
+            KernelStep::Ademamix(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::Ademamix(u, loops!(ademamix_loop(switches, &u)))
             }
         }
     }
@@ -884,4 +898,47 @@ fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsP
         (true, false) => center::<E, true, false>(s),
         (true, true) => center::<E, true, true>(s),
     }
+}
+
+/// One element of `shaders/ademamix.wgsl`: returns `[p_new, m1, m2, nu]`.
+#[inline(always)]
+fn ademamix_element(
+    hp: &AdemamixUniform,
+    p: f32,
+    g: f32,
+    m1_prev: f32,
+    m2_prev: f32,
+    nu_prev: f32,
+) -> [f32; 4] {
+    let m1 = hp.beta1 * m1_prev + hp.one_minus_beta1 * g;
+    let m2 = hp.beta3_t * m2_prev + hp.one_minus_beta3_t * g;
+    let nu = hp.beta2 * nu_prev + hp.one_minus_beta2 * g * g;
+    let denom = nu.sqrt() / hp.sqrt_bias_correction2 + hp.eps;
+    let p_new = p * hp.decay - hp.lr * ((m1 / hp.bias_correction1 + hp.alpha_t * m2) / denom);
+    [p_new, m1, m2, nu]
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn ademamix<E: Element>(hp: &AdemamixUniform, scale: f32, o: Operands<'_, E>) {
+    let [exp_avg, exp_avg_slow, exp_avg_sq] = o.state;
+    let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_slow.iter_mut());
+    for ((((p, g), m1), m2), nu) in rows.zip(exp_avg_sq.iter_mut()) {
+        let new = ademamix_element(hp, p.widen(), g.widen() * scale, m1.widen(), m2.widen(), nu.widen());
+        (*p, *m1, *m2, *nu) = (E::narrow(new[0]), E::narrow(new[1]), E::narrow(new[2]), E::narrow(new[3]));
+    }
+}
+
+/// [`ademamix`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn ademamix_f16(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
+    let [exp_avg, exp_avg_slow, exp_avg_sq] = o.state;
+    f16_lanes::each(
+        [o.param, exp_avg, exp_avg_slow, exp_avg_sq],
+        o.grad,
+        #[inline(always)]
+        |g, [p, m1, m2, nu]| ademamix_element(hp, p, g * scale, m1, m2, nu),
+    );
+}
+
+fn ademamix_loop<E: Leaves>(_: &AdemamixSwitches, _: &AdemamixUniform) -> Loop<AdemamixUniform, E> {
+    E::ademamix()
 }

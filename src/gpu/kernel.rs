@@ -92,6 +92,7 @@ impl Program {
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
+                Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -111,6 +112,7 @@ impl Program {
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
+                Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -835,6 +837,7 @@ pub(crate) mod tests {
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
+    use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
@@ -880,6 +883,7 @@ pub(crate) mod tests {
         for swap in flags {
             all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
+        all.push(Switches::Ademamix(AdemamixSwitches));
         all
     }
 
@@ -1155,6 +1159,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::RmsProp(_), true) => {
                                     rust_members(RmsPropUniform::FIELDS, RmsPropUniform64::OFFSETS)
+                                }
+                                (Switches::Ademamix(_), false) => {
+                                    rust_members(AdemamixUniform::FIELDS, AdemamixUniform::OFFSETS)
+                                }
+                                (Switches::Ademamix(_), true) => {
+                                    rust_members(AdemamixUniform::FIELDS, AdemamixUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

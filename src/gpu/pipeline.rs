@@ -342,6 +342,7 @@ mod tests {
                 momentum: true,
                 lerp_from_grad: false,
             }),
+            Switches::Ademamix(crate::step::AdemamixSwitches),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

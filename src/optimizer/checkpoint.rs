@@ -26,6 +26,8 @@ impl Optimizer {
     ///   `[len]`, without them): `state.{i}.exp_avg`, `state.{i}.exp_avg_sq`,
     ///   `state.{i}.max_exp_avg_sq` (AMSGrad), `state.{i}.momentum_buffer` (SGD with
     ///   momentum), `state.{i}.sum` (Adagrad);
+    /// - AdEMAMix's states under bitsandbytes' names: `state.{i}.state1` of shape `[2, *shape]`
+    ///   (m1, the fast EMA, then m2, the slow one) and `state.{i}.state2` (nu);
     /// - the step count: `state.{i}.step`, an f32 scalar as PyTorch keeps it, and the exact
     ///   count in the `step` metadata (in capturable mode, the device's count: AMP skips
     ///   excluded);

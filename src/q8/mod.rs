@@ -134,7 +134,7 @@ pub(crate) fn check_rmsprop8bit(algorithm: &crate::Algorithm, clipped: bool) -> 
 }
 
 /// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state
-/// (AMSGrad's running maximum, Adagrad), an option that conflicts with it, or a parameter
+/// (AMSGrad's running maximum, Adagrad, AdEMAMix: not yet), an option that conflicts with it, or a parameter
 /// other than F32 (`dtypes` names them `params[i]`). Both backends call it before creating
 /// anything.
 pub(crate) fn check_options(
@@ -153,8 +153,8 @@ pub(crate) fn check_options(
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
             }
-            Algorithm::Lion(_) => {
-                Some("Lion has no 8-bit form yet (bitsandbytes' Lion8bit is not yet implemented)")
+            Algorithm::AdEMAMix(_) => {
+                Some("AdEMAMix has no 8-bit form yet (bitsandbytes' AdEMAMix8bit is not yet implemented)")
             }
             Algorithm::ScheduleFreeAdamW(_) => Some(
                 "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \

@@ -12,6 +12,7 @@
 
 mod adagrad;
 mod adam;
+mod ademamix;
 pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
@@ -23,6 +24,7 @@ mod schedule_free;
 
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
+pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
@@ -46,6 +48,8 @@ pub(crate) enum Family {
     ScheduleFree,
     /// RMSprop (PyTorch), plain or centered, with or without momentum.
     RmsProp,
+    /// AdEMAMix (bitsandbytes).
+    Ademamix,
 }
 
 impl Family {
@@ -57,6 +61,7 @@ impl Family {
             Family::Lion => "lion",
             Family::ScheduleFree => "schedule_free",
             Family::RmsProp => "rmsprop",
+            Family::Ademamix => "ademamix",
         }
     }
 
@@ -92,6 +97,14 @@ impl Family {
                 State(StateKind::SquareAvg),
                 State(StateKind::MomentumBuffer),
                 State(StateKind::GradAvg),
+                State(StateKind::KahanCompensation),
+            ],
+            Family::Ademamix => &[
+                Param,
+                Grad,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSlow),
+                State(StateKind::ExpAvgSq),
                 State(StateKind::KahanCompensation),
             ],
         }
@@ -133,6 +146,14 @@ impl Family {
                 ParamCopy,
                 State(StateKind::KahanCompensation),
             ],
+            Family::Ademamix => &[
+                Param,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSlow),
+                State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -171,6 +192,7 @@ pub(crate) enum Switches {
     Lion(LionSwitches),
     ScheduleFree(ScheduleFreeSwitches),
     RmsProp(RmsPropSwitches),
+    Ademamix(AdemamixSwitches),
 }
 
 impl Switches {
@@ -182,6 +204,7 @@ impl Switches {
             Switches::Lion(_) => Family::Lion,
             Switches::ScheduleFree(_) => Family::ScheduleFree,
             Switches::RmsProp(_) => Family::RmsProp,
+            Switches::Ademamix(_) => Family::Ademamix,
         }
     }
 
@@ -194,6 +217,7 @@ impl Switches {
             Switches::Lion(s) => s.overrides(),
             Switches::ScheduleFree(s) => s.overrides(),
             Switches::RmsProp(s) => s.overrides(),
+            Switches::Ademamix(s) => s.overrides(),
         }
     }
 
@@ -214,6 +238,8 @@ impl Switches {
             (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
             (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
             (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
+            (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
+            (Switches::Ademamix(_), true) => size_of::<AdemamixUniform64>(),
         }) as u64
     }
 
@@ -226,6 +252,7 @@ impl Switches {
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
             Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
+            Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
         }
     }
 }
@@ -239,6 +266,7 @@ pub(crate) enum KernelStep {
     Lion(LionSwitches, LionUniform64),
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
     RmsProp(RmsPropSwitches, RmsPropUniform64),
+    Ademamix(AdemamixSwitches, AdemamixUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -251,6 +279,7 @@ const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -265,6 +294,7 @@ impl KernelStep {
             KernelStep::Lion(s, _) => Switches::Lion(*s),
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
             KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
+            KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
         }
     }
 
@@ -282,12 +312,14 @@ impl KernelStep {
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

@@ -155,6 +155,7 @@ const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= R
 const _: () = assert!(std::mem::size_of::<super::LionUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::ScheduleFreeUniform64>() as u64 <= RoundingHeader::OFFSET);
 const _: () = assert!(std::mem::size_of::<super::RmsPropUniform64>() as u64 <= RoundingHeader::OFFSET);
+const _: () = assert!(std::mem::size_of::<super::AdemamixUniform64>() as u64 <= RoundingHeader::OFFSET);
 
 /// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -199,8 +200,9 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
         Some(StateKind::Sum) => 5,
         Some(StateKind::KahanCompensation) => 6,
         Some(StateKind::Z) => 7,
-        Some(StateKind::SquareAvg) => 7,
-        Some(StateKind::GradAvg) => 8,
+        Some(StateKind::SquareAvg) => 8,
+        Some(StateKind::GradAvg) => 9,
+        Some(StateKind::ExpAvgSlow) => 10,
     }
 }
 

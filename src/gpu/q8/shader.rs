@@ -121,6 +121,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
         // Refused with 8-bit state (`q8::check_options`); never composed.
         Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
         Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
+        Family::Ademamix => include_str!("../../../shaders/ademamix.wgsl"),
     });
     s.push_str(COMMON);
     s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });

@@ -10,6 +10,7 @@ use wgpu_optim::{
 
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::q8::{self, StoredState};
+use wgpu_optim::AdEMAMix;
 use wgpu_optim::Lion;
 use wgpu_optim::RmsProp;
 
@@ -134,12 +135,14 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         }
         ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
         ("torch.RMSprop", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
+        ("bnb.AdEMAMix", Kind::Trajectory) => ademamix_names(torch_trajectory(case, backend, ctx).await?),
         ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
             bnb_trajectory(case, backend, ctx).await?
         }
         ("schedulefree.AdamWScheduleFree", Kind::Trajectory) => {
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
+        ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
@@ -408,6 +411,7 @@ fn torch_algorithm(case: &Case) -> Result<Algorithm> {
             eps: case.attr_f64("eps", 1e-10)?,
             maximize,
         }),
+        "bnb.AdEMAMix" => Algorithm::AdEMAMix(ademamix_attributes(case)?),
         "lion.Lion" => {
             let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
             Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
@@ -678,7 +682,11 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
     }
     let min_8bit_size = case.attr_f64("min_8bit_size", q8::MIN_8BIT_SIZE as f64)?;
     let config = Q8States { min_8bit_size: min_8bit_size as u64 };
-    let algorithm = if case.op == "bnb.SGD8bit" {
+    let algorithm = if case.op == "bnb.Lion8bit" {
+        let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
+        let weight_decay = case.attr_f64("weight_decay", 0.0)?;
+        Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
+    } else if case.op == "bnb.SGD8bit" {
         let dampening = case.attr_f64("dampening", 0.0)?;
         if dampening != 0.0 {
             return Err(case.bad(format!("dampening {dampening}: bitsandbytes' 8-bit SGD has none")));
@@ -741,6 +749,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                             };
                             oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
                         }
+                        (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
                         _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
                     }
                 }
@@ -832,4 +841,60 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         outputs.push((format!("qmap{}", k + 1), map.into_iter().map(f64::from).collect()));
     }
     Ok(outputs)
+}
+
+/// bitsandbytes' AdEMAMix attributes, with its defaults: `betas` has three numbers, and
+/// `t_alpha`, `t_beta3` are `null` (no warmup) or a step count.
+fn ademamix_attributes(case: &Case) -> Result<AdEMAMix> {
+    let defaults = AdEMAMix::default();
+    let (beta1, beta2, beta3) = match case.attributes.get("betas") {
+        None => (defaults.beta1, defaults.beta2, defaults.beta3),
+        Some(v) => match v.as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect::<Vec<_>>()) {
+            Some(b) if b.len() == 3 => (b[0], b[1], b[2]),
+            _ => return Err(case.bad(format!("attribute `betas` = {v} is not three numbers"))),
+        },
+    };
+    let steps = |name: &str| match case.attributes.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(t) if t.fract() == 0.0 && t >= 0.0 => Ok(Some(t as u64)),
+            _ => Err(case.bad(format!("attribute `{name}` = {v} is not null or a step count"))),
+        },
+    };
+    Ok(AdEMAMix {
+        lr: case.attr_f64("lr", defaults.lr)?,
+        beta1,
+        beta2,
+        beta3,
+        alpha: case.attr_f64("alpha", defaults.alpha)?,
+        t_alpha: steps("t_alpha")?,
+        t_beta3: steps("t_beta3")?,
+        eps: case.attr_f64("eps", defaults.eps)?,
+        weight_decay: case.attr_f64("weight_decay", defaults.weight_decay)?,
+    })
+}
+
+/// An AdEMAMix trajectory's outputs under bitsandbytes' names: `state1.i` stacks `m1`
+/// (`exp_avg.i`) and `m2` (`exp_avg_slow.i`) as `[2, *shape]`, `state2.i` is `nu`
+/// (`exp_avg_sq.i`).
+fn ademamix_names(outputs: Outputs) -> Outputs {
+    let mut renamed: Outputs = Vec::with_capacity(outputs.len());
+    let mut slow: Vec<(String, Vec<f64>)> = Vec::new();
+    for (name, values) in outputs {
+        if let Some(i) = name.strip_prefix("exp_avg_sq.") {
+            renamed.push((format!("state2.{i}"), values));
+        } else if let Some(i) = name.strip_prefix("exp_avg_slow.") {
+            slow.push((i.to_string(), values));
+        } else if let Some(i) = name.strip_prefix("exp_avg.") {
+            renamed.push((format!("state1.{i}"), values));
+        } else {
+            renamed.push((name, values));
+        }
+    }
+    for (i, m2) in slow {
+        if let Some((_, m1)) = renamed.iter_mut().find(|(n, _)| *n == format!("state1.{i}")) {
+            m1.extend(m2);
+        }
+    }
+    renamed
 }

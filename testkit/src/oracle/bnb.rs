@@ -279,6 +279,9 @@ pub fn bnb_8bit_step(
             let config = BnbRmsProp { lr: r.lr, alpha: r.alpha, eps: r.eps, weight_decay: r.weight_decay };
             bnb_rmsprop8bit_step(&config, param, grad, square_avg)?;
         }
+        (Algorithm::Lion(l), [exp_avg]) => {
+            bnb_lion8bit_step(l, param, grad, exp_avg)?;
+        }
         _ => {
             return Err(Error::ConflictingOptions {
                 first: "q8_states",
@@ -371,5 +374,41 @@ pub fn bnb_rmsprop8bit_step(
         *p -= config.lr * (step_grad / (s.sqrt() + config.eps));
     }
     store(square_avg, &s, &signed);
+    Ok(())
+}
+
+/// Step of bitsandbytes' `Lion8bit` on one tensor, as its reference
+/// `optimizer_update_8bit_blockwise_pytorch` does it: `exp_avg` dequantized with the signed
+/// map (or kept in f32 below `min_8bit_size`), lion-pytorch's rule on it (`c = beta1 m +
+/// (1 - beta1) g`, `p *= 1 - lr weight_decay`, `p -= lr sign(c)`, `m = beta2 m + (1 - beta2) g`),
+/// then requantized block by block; the parameter rounded to f32, as it is stored. A gradient
+/// or state of another length than `param` is refused and nothing changes.
+pub fn bnb_lion8bit_step(
+    config: &super::api::Lion,
+    param: &mut [f64],
+    grad: &[f64],
+    exp_avg: &mut StoredState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    check_state(exp_avg, "exp_avg", param.len())?;
+    let map = signed_map();
+    let mut m = load(exp_avg, &map);
+    let (lr, wd, beta1, beta2) = (config.lr, config.weight_decay, config.beta1, config.beta2);
+    for ((p, &g), m) in param.iter_mut().zip(grad).zip(&mut m) {
+        *p *= 1.0 - lr * wd;
+        let c = *m * beta1 + g * (1.0 - beta1);
+        // torch.sign: 0 at 0, NaN for NaN.
+        let sign = if c > 0.0 {
+            1.0
+        } else if c < 0.0 {
+            -1.0
+        } else {
+            c * 0.0
+        };
+        *p += -lr * sign;
+        *m = *m * beta2 + g * (1.0 - beta2);
+        *p = f64::from(*p as f32);
+    }
+    store(exp_avg, &m, &map);
     Ok(())
 }

@@ -16,6 +16,7 @@
 /// The crate under test, as the oracle's files name it.
 use wgpu_optim as api;
 
+pub mod ademamix;
 pub mod bnb;
 pub mod dtype;
 pub mod lion;
@@ -24,6 +25,8 @@ pub mod rmsprop;
 pub mod schedule_free;
 pub mod torch;
 
+pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
+pub use bnb::bnb_lion8bit_step;
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub use bnb::{bnb_rmsprop8bit_step, BnbRmsProp};
 pub use dtype::Storage;

@@ -1,6 +1,7 @@
 //! PyTorch's optimizers (`_single_tensor_adam`, `_single_tensor_sgd`, `_single_tensor_adagrad`)
 //! and `clip_grad_norm_`, in f64.
 
+use super::ademamix::ademamix_step;
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
 use super::dtype::round;
 use super::lion::lion_step;
@@ -139,6 +140,8 @@ pub struct TorchState {
     momentum_buffer: Option<Vec<f64>>,
     sum: Vec<f64>,
     rmsprop: TorchRmsPropState,
+    /// AdEMAMix's slow EMA (its fast one and `nu` live in `adam`).
+    exp_avg_slow: Vec<f64>,
     step: u64,
     param_dtype: DType,
     state_dtype: DType,
@@ -153,6 +156,7 @@ impl TorchState {
             Algorithm::Sgd(_) => (false, 0.0),
             Algorithm::Lion(_) => (false, 0.0),
             Algorithm::RmsProp(_) => (false, 0.0),
+            Algorithm::AdEMAMix(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -164,6 +168,7 @@ impl TorchState {
                 Algorithm::RmsProp(c) => TorchRmsPropState::zeros(&c, len),
                 _ => TorchRmsPropState::default(),
             },
+            exp_avg_slow: vec![0.0; len],
             step: 0,
             param_dtype: DType::F64,
             state_dtype: DType::F64,
@@ -193,6 +198,11 @@ impl TorchState {
             // Lion's running average lives where Adam's first moment does.
             Algorithm::Lion(_) => state.adam.exp_avg = values.next().unwrap_or_default(),
             Algorithm::RmsProp(c) => state.rmsprop = TorchRmsPropState::from_tensors(&c, tensors),
+            Algorithm::AdEMAMix(_) => {
+                state.adam.exp_avg = values.next().unwrap_or_default();
+                state.exp_avg_slow = values.next().unwrap_or_default();
+                state.adam.exp_avg_sq = values.next().unwrap_or_default();
+            }
             other => untranscribed(&other),
         }
         state
@@ -223,6 +233,11 @@ impl TorchState {
             Algorithm::Adagrad(c) => torch_adagrad_step(c, self.step, param, grad, &mut self.sum),
             Algorithm::Lion(c) => lion_step(c, param, grad, &mut self.adam.exp_avg),
             Algorithm::RmsProp(c) => torch_rmsprop_step(c, param, grad, &mut self.rmsprop),
+            Algorithm::AdEMAMix(c) => {
+                let adam = &mut self.adam;
+                let (m1, m2, nu) = (&mut adam.exp_avg, &mut self.exp_avg_slow, &mut adam.exp_avg_sq);
+                ademamix_step(c, self.step, param, grad, m1, m2, nu)
+            }
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
@@ -230,7 +245,8 @@ impl TorchState {
         let state =
             [&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq, &mut self.adam.max_exp_avg_sq, &mut self.sum];
         let rmsprop = self.rmsprop.tensors_mut();
-        for tensor in state.into_iter().chain(self.momentum_buffer.as_mut()).chain(rmsprop) {
+        let slow = std::iter::once(&mut self.exp_avg_slow);
+        for tensor in state.into_iter().chain(slow).chain(self.momentum_buffer.as_mut()).chain(rmsprop) {
             tensor.iter_mut().for_each(|x| *x = round(s, *x));
         }
     }
@@ -252,6 +268,9 @@ impl TorchState {
             Algorithm::Adagrad(_) => vec![self.sum.clone()],
             Algorithm::Lion(_) => vec![self.adam.exp_avg.clone()],
             Algorithm::RmsProp(c) => self.rmsprop.tensors(c),
+            Algorithm::AdEMAMix(_) => {
+                vec![self.adam.exp_avg.clone(), self.exp_avg_slow.clone(), self.adam.exp_avg_sq.clone()]
+            }
             other => untranscribed(other),
         }
     }
