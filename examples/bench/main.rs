@@ -25,7 +25,8 @@ use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
-    Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd, Tensor,
+    AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
+    Tensor,
 };
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
@@ -38,6 +39,7 @@ fn algorithm(name: &str) -> Algorithm {
         "nesterov" => Sgd { lr: 1e-2, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
         "lion" => Lion::default().into(),
         "rmsprop" => RmsProp::default().into(),
+        "ademamix" => AdEMAMix::default().into(),
         "sf-adamw" => ScheduleFreeAdamW::default().into(),
         _ => Adam::default().into(),
     }

@@ -3,7 +3,7 @@
 //! passes with its own kernels, and hands the crate only its encoder and buffer ranges.
 //!
 //! ```text
-//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|sf-adamw]
+//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw]
 //!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
 //!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
 //!     [--log-every N] [--states f32|q8] [--quiet]
@@ -44,7 +44,7 @@ use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
-    Adam, Algorithm, DType, GpuContext, Lion, Optimizer, RmsProp, Rounding, ScheduleFreeAdamW, Sgd,
+    AdEMAMix, Adam, Algorithm, DType, GpuContext, Lion, Optimizer, RmsProp, Rounding, ScheduleFreeAdamW, Sgd,
 };
 
 /// Steps of the default run. Adam with PyTorch's defaults passes 95 % training accuracy
@@ -53,7 +53,7 @@ use wgpu_optim::{
 const DEFAULT_STEPS: u64 = 300;
 
 const USAGE: &str =
-    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|sf-adamw] [--lr LR] [--steps N] \
+    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
                      [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
 
@@ -77,6 +77,7 @@ enum Choice {
     Nesterov,
     Lion,
     RmsProp,
+    AdEMAMix,
     ScheduleFreeAdamW,
 }
 
@@ -90,6 +91,7 @@ impl Choice {
             "nesterov" => Choice::Nesterov,
             "lion" => Choice::Lion,
             "rmsprop" => Choice::RmsProp,
+            "ademamix" => Choice::AdEMAMix,
             "sf-adamw" => Choice::ScheduleFreeAdamW,
             other => return Err(format!("--optimizer: unknown optimizer `{other}`")),
         })
@@ -104,6 +106,7 @@ impl Choice {
             Choice::Nesterov => "nesterov",
             Choice::Lion => "lion",
             Choice::RmsProp => "rmsprop",
+            Choice::AdEMAMix => "ademamix",
             Choice::ScheduleFreeAdamW => "sf-adamw",
         }
     }
@@ -118,6 +121,7 @@ impl Choice {
             Choice::Nesterov => Sgd { nesterov: true, ..sgd }.into(),
             Choice::Lion => Lion { lr: LION_LR, ..Lion::default() }.into(),
             Choice::RmsProp => RmsProp::default().into(),
+            Choice::AdEMAMix => AdEMAMix::default().into(),
             Choice::ScheduleFreeAdamW => ScheduleFreeAdamW::default().into(),
         }
     }
