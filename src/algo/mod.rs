@@ -22,7 +22,7 @@ pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use algorithm::{Algorithm, StateKind};
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
-pub(crate) use schedule_free::{group_step, SWAP_ROUNDING_STEP};
+pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 
 use crate::{Error, Result};
