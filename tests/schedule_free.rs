@@ -593,6 +593,17 @@ fn bad_hyperparameters_are_refused_by_name() {
         assert!(matches!(built, Err(Error::BadHyperparameter { .. })), "{name}");
     }
     assert_eq!(download(&ctx, &param), vec![0.5; 4]);
+    // beta1 = 0 steps (y is z then) but has no average to evaluate: eval() is refused.
+    let no_average = ScheduleFreeAdamW { betas: (0.0, 0.999), ..base };
+    let mut gpu = Gpu::new(&ctx, &[(no_average, vec![vec![0.5; 4]])], DType::F32, DType::F32);
+    let mut cpu = Cpu::new(no_average, &[vec![0.5; 4]], DType::F32, DType::F32);
+    let backends: [&mut dyn Backend; 2] = [&mut gpu, &mut cpu];
+    for backend in backends {
+        backend.step(&[vec![0.1; 4]]).unwrap();
+        let y = backend.params();
+        assert!(matches!(backend.eval(), Err(Error::BadHyperparameter { name: "betas[0]", .. })));
+        assert_eq!((backend.params(), backend.mode()), (y, ScheduleFreeMode::Train));
+    }
     assert!(Algorithm::from(base).validate().is_ok());
     assert_eq!(Algorithm::from(base).name(), "AdamWScheduleFree");
     assert_eq!(Algorithm::from(base).state_kinds(), &KINDS);

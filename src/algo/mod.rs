@@ -31,7 +31,7 @@ pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 pub use rmsprop::RmsProp;
-pub(crate) use schedule_free::{group_step, SWAP_ROUNDING_STEP};
+pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 
 use crate::{Error, Result};

@@ -151,3 +151,14 @@ pub(crate) fn group_step(
 /// Stochastic rounding's step for the swap passes, or'ed into the step count: a stream of
 /// their own, never a step's (the device keeps the low 32 bits of a step).
 pub(crate) const SWAP_ROUNDING_STEP: u64 = 1 << 31;
+
+/// Refuses `eval()` for `config` with `beta1 = 0`: then y = z after every step and the
+/// average x cannot be recovered (the package's `1 - 1/beta1` weight makes it NaN).
+pub(crate) fn check_eval(config: &ScheduleFreeAdamW) -> Result<()> {
+    check(
+        "betas[0]",
+        config.betas.0,
+        config.betas.0 > 0.0,
+        "> 0 for eval(): with beta1 = 0, y is z and x cannot be recovered",
+    )
+}

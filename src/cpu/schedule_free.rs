@@ -73,6 +73,9 @@ impl CpuOptimizer {
         if self.mode == to {
             return Ok(());
         }
+        if to == ScheduleFreeMode::Eval {
+            crate::algo::check_eval(&config)?;
+        }
         if self.schedule_free.k > 0 {
             let kernel = Kernel::new(&config.swap_step(to == ScheduleFreeMode::Eval));
             let streams = [rounding::stream(None); MAX_STATE];

@@ -151,6 +151,13 @@ impl Optimizer {
         if schedule_free.is_empty() || self.schedule_free.mode == to {
             return Ok(());
         }
+        for &g in &schedule_free {
+            if let (Algorithm::ScheduleFreeAdamW(c), true) =
+                (&self.groups[g].algorithm, to == ScheduleFreeMode::Eval)
+            {
+                crate::algo::check_eval(c)?;
+            }
+        }
         if self.schedule_free.swap.is_none() {
             self.schedule_free.swap = Some(self.bind_swap(&schedule_free)?);
         }
