@@ -411,7 +411,8 @@ fn two_groups_keep_their_own_rates_and_running_values() {
     let first = ScheduleFreeAdamW { lr: 2e-2, warmup_steps: 2, ..ScheduleFreeAdamW::default() };
     let second = ScheduleFreeAdamW {
         lr: 5e-3,
-        betas: (0.8, 0.99),
+        beta1: 0.8,
+        beta2: 0.99,
         weight_decay: 0.1,
         weight_lr_power: 1.0,
         ..ScheduleFreeAdamW::default()
@@ -572,8 +573,8 @@ fn bad_hyperparameters_are_refused_by_name() {
     let cases: [(ScheduleFreeAdamW, &str); 8] = [
         (ScheduleFreeAdamW { lr: -1.0, ..base }, "lr"),
         (ScheduleFreeAdamW { lr: f64::NAN, ..base }, "lr"),
-        (ScheduleFreeAdamW { betas: (1.0, 0.999), ..base }, "betas[0]"),
-        (ScheduleFreeAdamW { betas: (0.9, -0.1), ..base }, "betas[1]"),
+        (ScheduleFreeAdamW { beta1: 1.0, ..base }, "beta1"),
+        (ScheduleFreeAdamW { beta2: -0.1, ..base }, "beta2"),
         (ScheduleFreeAdamW { eps: -1e-8, ..base }, "eps"),
         (ScheduleFreeAdamW { weight_decay: -0.1, ..base }, "weight_decay"),
         (ScheduleFreeAdamW { r: -1.0, ..base }, "r"),
@@ -594,14 +595,14 @@ fn bad_hyperparameters_are_refused_by_name() {
     }
     assert_eq!(download(&ctx, &param), vec![0.5; 4]);
     // beta1 = 0 steps (y is z then) but has no average to evaluate: eval() is refused.
-    let no_average = ScheduleFreeAdamW { betas: (0.0, 0.999), ..base };
+    let no_average = ScheduleFreeAdamW { beta1: 0.0, ..base };
     let mut gpu = Gpu::new(&ctx, &[(no_average, vec![vec![0.5; 4]])], DType::F32, DType::F32);
     let mut cpu = Cpu::new(no_average, &[vec![0.5; 4]], DType::F32, DType::F32);
     let backends: [&mut dyn Backend; 2] = [&mut gpu, &mut cpu];
     for backend in backends {
         backend.step(&[vec![0.1; 4]]).unwrap();
         let y = backend.params();
-        assert!(matches!(backend.eval(), Err(Error::BadHyperparameter { name: "betas[0]", .. })));
+        assert!(matches!(backend.eval(), Err(Error::BadHyperparameter { name: "beta1", .. })));
         assert_eq!((backend.params(), backend.mode()), (y, ScheduleFreeMode::Train));
     }
     assert!(Algorithm::from(base).validate().is_ok());

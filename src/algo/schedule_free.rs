@@ -16,9 +16,10 @@ use crate::Result;
 pub struct ScheduleFreeAdamW {
     /// Learning rate (default 0.0025).
     pub lr: f64,
-    /// `(beta1, beta2)` (default `(0.9, 0.999)`): beta1 interpolates between the average
-    /// `x` and `z`, beta2 is the second moment's decay.
-    pub betas: (f64, f64),
+    /// Interpolates between the average `x` and `z` (`betas[0]`, default 0.9).
+    pub beta1: f64,
+    /// The second moment's coefficient (`betas[1]`, default 0.999).
+    pub beta2: f64,
     /// Added to the bias-corrected `sqrt(exp_avg_sq)` (default 1e-8).
     pub eps: f64,
     /// Decoupled weight decay, taken at `y` (default 0).
@@ -36,7 +37,8 @@ impl Default for ScheduleFreeAdamW {
     fn default() -> Self {
         ScheduleFreeAdamW {
             lr: 0.0025,
-            betas: (0.9, 0.999),
+            beta1: 0.9,
+            beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.0,
             warmup_steps: 0,
@@ -70,8 +72,8 @@ impl ScheduleFreeAdamW {
     /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;
-        check_beta("betas[0]", self.betas.0)?;
-        check_beta("betas[1]", self.betas.1)?;
+        check_beta("beta1", self.beta1)?;
+        check_beta("beta2", self.beta2)?;
         check_rate("eps", self.eps)?;
         check_rate("weight_decay", self.weight_decay)?;
         check_rate("r", self.r)?;
@@ -90,12 +92,12 @@ impl ScheduleFreeAdamW {
         let weight_sum = scalars.weight_sum + weight;
         // The package catches the ZeroDivisionError of a zero sum (every rate 0) as ckp1 = 0.
         let ckp1 = if weight_sum == 0.0 { 0.0 } else { weight / weight_sum };
-        let beta1 = self.betas.0;
+        let beta1 = self.beta1;
         let uniform = ScheduleFreeUniform64 {
             lr,
-            beta2: self.betas.1,
-            one_minus_beta2: 1.0 - self.betas.1,
-            bias_correction2: bias_correction(self.betas.1, k + 1),
+            beta2: self.beta2,
+            one_minus_beta2: 1.0 - self.beta2,
+            bias_correction2: bias_correction(self.beta2, k + 1),
             eps: self.eps,
             weight_decay: self.weight_decay,
             ckp1,
@@ -116,7 +118,7 @@ impl ScheduleFreeAdamW {
     /// The swap pass: `param = lerp(param, z, weight)`, with `weight = 1 - 1/beta1` to go to
     /// `x` (`eval()`) and `1 - beta1` to go back to `y` (`train()`).
     pub(crate) fn swap_step(&self, to_eval: bool) -> KernelStep {
-        let beta1 = self.betas.0;
+        let beta1 = self.beta1;
         let swap_weight = if to_eval { 1.0 - 1.0 / beta1 } else { 1.0 - beta1 };
         let uniform = ScheduleFreeUniform64 { swap_weight, ..ScheduleFreeUniform64::default() };
         KernelStep::ScheduleFree(ScheduleFreeSwitches { swap: true }, uniform)
@@ -156,9 +158,9 @@ pub(crate) const SWAP_ROUNDING_STEP: u64 = 1 << 31;
 /// average x cannot be recovered (the package's `1 - 1/beta1` weight makes it NaN).
 pub(crate) fn check_eval(config: &ScheduleFreeAdamW) -> Result<()> {
     check(
-        "betas[0]",
-        config.betas.0,
-        config.betas.0 > 0.0,
+        "beta1",
+        config.beta1,
+        config.beta1 > 0.0,
         "> 0 for eval(): with beta1 = 0, y is z and x cannot be recovered",
     )
 }

@@ -31,7 +31,7 @@ impl Algorithm {
                 "optimizer": "Lion", "lr": c.lr, "betas": [c.beta1, c.beta2], "weight_decay": c.weight_decay,
             }),
             Algorithm::ScheduleFreeAdamW(c) => json!({
-                "optimizer": "AdamWScheduleFree", "lr": c.lr, "betas": [c.betas.0, c.betas.1], "eps": c.eps,
+                "optimizer": "AdamWScheduleFree", "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps,
                 "weight_decay": c.weight_decay, "warmup_steps": c.warmup_steps, "r": c.r,
                 "weight_lr_power": c.weight_lr_power,
             }),
@@ -117,20 +117,15 @@ impl Algorithm {
                 })
             }
             "AdamWScheduleFree" => {
-                let betas = map.get("betas").and_then(|v| v.as_array());
-                let beta = |k: usize| {
-                    betas
-                        .and_then(|b| b.get(k))
-                        .and_then(|v| v.as_f64())
-                        .ok_or_else(|| bad("`betas` is missing or not two numbers".into()))
-                };
+                let [beta1, beta2] = numbers(map, "betas")?;
                 let warmup_steps = map
                     .get("warmup_steps")
                     .and_then(|v| v.as_u64())
                     .ok_or_else(|| bad("`warmup_steps` is missing or not a whole number >= 0".into()))?;
                 Algorithm::ScheduleFreeAdamW(ScheduleFreeAdamW {
                     lr: number("lr")?,
-                    betas: (beta(0)?, beta(1)?),
+                    beta1,
+                    beta2,
                     eps: number("eps")?,
                     weight_decay: number("weight_decay")?,
                     warmup_steps,

@@ -25,9 +25,11 @@ fn config(case: &Case) -> Result<ScheduleFreeAdamW> {
     if warmup.fract() != 0.0 || !(0.0..9e15).contains(&warmup) {
         return Err(case.bad(format!("attribute `warmup_steps` = {warmup} is not a whole number >= 0")));
     }
+    let betas = case.attr_pair("betas", (defaults.beta1, defaults.beta2))?;
     Ok(ScheduleFreeAdamW {
         lr: case.attr_f64("lr", defaults.lr)?,
-        betas: case.attr_pair("betas", defaults.betas)?,
+        beta1: betas.0,
+        beta2: betas.1,
         eps: case.attr_f64("eps", defaults.eps)?,
         weight_decay: case.attr_f64("weight_decay", defaults.weight_decay)?,
         warmup_steps: warmup as u64,

@@ -53,7 +53,7 @@ impl ScheduleFreeOracle {
     pub fn step(&mut self, params: &mut [Vec<f64>], grads: &[Vec<f64>]) {
         assert!(self.train_mode, "the package's step() assumes train mode");
         let c = &self.config;
-        let (beta1, beta2) = c.betas;
+        let (beta1, beta2) = (c.beta1, c.beta2);
         let k = self.k;
         let sched = if k < c.warmup_steps { (k + 1) as f64 / c.warmup_steps as f64 } else { 1.0 };
         let bias_correction2 = 1.0 - beta2.powi((k + 1) as i32);
@@ -91,7 +91,7 @@ impl ScheduleFreeOracle {
     /// `eval()`: in train mode, each parameter with state becomes `lerp(y, z, 1 - 1/beta1)`.
     pub fn eval(&mut self, params: &mut [Vec<f64>]) {
         if self.train_mode {
-            let weight = 1.0 - 1.0 / self.config.betas.0;
+            let weight = 1.0 - 1.0 / self.config.beta1;
             self.swap(params, weight);
         }
         self.train_mode = false;
@@ -100,7 +100,7 @@ impl ScheduleFreeOracle {
     /// `train()`: in eval mode, each parameter with state becomes `lerp(x, z, 1 - beta1)`.
     pub fn train(&mut self, params: &mut [Vec<f64>]) {
         if !self.train_mode {
-            let weight = 1.0 - self.config.betas.0;
+            let weight = 1.0 - self.config.beta1;
             self.swap(params, weight);
         }
         self.train_mode = true;
