@@ -17,9 +17,11 @@ use wasm_bindgen_futures::JsFuture;
 use wgpu_optim::{DType, Error, GpuContext};
 use wgpu_optim_testkit::conformance::{run_case_async, Backend, Case, Outcome, Tally, ValueType, Verdict};
 
-/// Whether `case` stores any tensor in f64.
+/// Whether `case` optimizes tensors stored in f64. Scalars do not count: Schedule-Free's
+/// expected group values (`weight_sum`, `lr_max`) are f64 scalars of f32 cases, and an f64
+/// ONNX case's tensors are f64 too, not only its `R`.
 fn has_f64(case: &Case) -> bool {
-    case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F64))
+    case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F64) && !t.shape.is_empty())
 }
 
 /// Runs one parsed case on every backend that tells something about it (the CPU backend
