@@ -6,7 +6,7 @@ use super::validate::check_disjoint;
 use super::Optimizer;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
-use crate::gpu::plan::{plan, slot_args, Arg, KernelArgs, SlotArgs};
+use crate::gpu::plan::{plan, slot_args, Arg, KernelArgs, SlotArgs, TensorPlan};
 use crate::step::rounding::RoundingHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, Error, Result, Rounding, Tensor};
@@ -157,6 +157,31 @@ impl Optimizer {
         ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
     }
 
+    /// Tensor `i`'s plan in a dispatch of `program` (`grad` bound as its gradient) and the
+    /// kernel variant it needs; refused where the variant needs more storage bindings than
+    /// the device has.
+    pub(super) fn batch_item(
+        &self,
+        scalars: Scalars,
+        program: Program,
+        algorithm: &Algorithm,
+        i: usize,
+        grad: &Tensor,
+    ) -> Result<(VariantKey, TensorPlan)> {
+        let args = self.kernel_args(algorithm, i, grad);
+        let mut tensor_plan = plan(&self.ctx, program, &args)?;
+        tensor_plan.ordinal = i as u32;
+        let needed = tensor_plan.layout.bindings.len() as u32 + scalars.storage_bindings(self.clip.is_some());
+        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
+        if needed > limit {
+            return Err(Error::TooManyBindings { needed, limit });
+        }
+        let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
+            .clipped(self.clip.is_some())
+            .with_stochastic(self.rounding.stochastic());
+        Ok((key, tensor_plan))
+    }
+
     /// Makes the bind groups for `grads` the first of `bound`, building them unless they
     /// are among the sets already bound.
     pub(super) fn bind(&mut self, grads: &[Tensor]) -> Result<()> {
@@ -168,26 +193,13 @@ impl Optimizer {
         }
         self.check_grads(grads)?;
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
-        let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
-        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
-            let mut items = Vec::with_capacity(group.len);
-            for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
-                let args = self.kernel_args(&group.algorithm, i, grad);
-                let mut tensor_plan = plan(&self.ctx, program, &args)?;
-                tensor_plan.ordinal = i as u32;
-                let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
-                if needed > limit {
-                    return Err(Error::TooManyBindings { needed, limit });
-                }
-                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
-                    .clipped(self.clip.is_some())
-                    .with_stochastic(self.rounding.stochastic());
-                items.push((key, tensor_plan));
-            }
+            let items = (group.first..group.first + group.len)
+                .map(|i| self.batch_item(scalars, program, &group.algorithm, i, &grads[i]))
+                .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);

@@ -10,8 +10,7 @@ use super::record::write_rounding;
 use super::{Optimizer, OptimizerOptions, ParamGroup};
 use crate::algo::{group_step, SWAP_ROUNDING_STEP};
 use crate::gpu::dispatch::Batch;
-use crate::gpu::kernel::{Program, Scalars, VariantKey};
-use crate::gpu::plan::plan;
+use crate::gpu::kernel::{Program, Scalars};
 use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
 use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars};
 
@@ -192,28 +191,14 @@ impl Optimizer {
     /// The swap pass of each schedule-free group: its tensors as a step binds them, each
     /// parameter standing in for its own gradient.
     fn bind_swap(&self, groups: &[usize]) -> Result<Vec<(usize, Batch)>> {
-        let scalars = Scalars::Host;
-        let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
-        let scalar_bindings = scalars.storage_bindings(self.clip.is_some());
         let mut batches = Vec::with_capacity(groups.len());
         for &g in groups {
             let group = &self.groups[g];
             let Algorithm::ScheduleFreeAdamW(c) = &group.algorithm else { continue };
             let program = Program::Update(c.swap_step(true).switches());
-            let mut items = Vec::with_capacity(group.len);
-            for i in group.first..group.first + group.len {
-                let args = self.kernel_args(&group.algorithm, i, &self.params[i]);
-                let mut tensor_plan = plan(&self.ctx, program, &args)?;
-                tensor_plan.ordinal = i as u32;
-                let needed = tensor_plan.layout.bindings.len() as u32 + scalar_bindings;
-                if needed > limit {
-                    return Err(Error::TooManyBindings { needed, limit });
-                }
-                let key = VariantKey::new(scalars, program, self.math, tensor_plan.layout.clone())
-                    .clipped(self.clip.is_some())
-                    .with_stochastic(self.rounding.stochastic());
-                items.push((key, tensor_plan));
-            }
+            let items = (group.first..group.first + group.len)
+                .map(|i| self.batch_item(Scalars::Host, program, &group.algorithm, i, &self.params[i]))
+                .collect::<Result<Vec<_>>>()?;
             batches.push((g, Batch::build(&self.ctx, &items, "schedule-free swap")?));
         }
         Ok(batches)
