@@ -1,8 +1,10 @@
 //! Fused optimizer updates as WGSL compute shaders on wgpu.
 //!
 //! One dispatch reads each parameter, gradient and state element once and writes the
-//! parameter and state once. Three conventions are reproduced exactly: PyTorch's
-//! `torch.optim` ([`Adam`], AdamW, AMSGrad, [`Sgd`], [`Adagrad`]), ONNX's
+//! parameter and state once. The reproduced sources: PyTorch's `torch.optim` ([`Adam`],
+//! AdamW, AMSGrad, [`Sgd`], [`Adagrad`], [`RmsProp`]), lion-pytorch ([`Lion`]),
+//! bitsandbytes ([`AdEMAMix`] and the 8-bit states of [`q8`]), the `schedulefree` package
+//! ([`ScheduleFreeAdamW`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
 //! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
 //! `wgpu_optim_testkit::oracle`).
@@ -14,7 +16,8 @@
 //! 2. [`Tensor`]: a range of a buffer the trainer owns (a struct literal), or a new buffer
 //!    from host data ([`GpuContext::upload_f32`], [`GpuContext::upload`]).
 //! 3. [`Optimizer::builder`]: the options, then [`OptimizerBuilder::build`] over the
-//!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`]).
+//!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`], [`RmsProp`], [`Lion`],
+//!    [`AdEMAMix`], [`ScheduleFreeAdamW`]).
 //! 4. [`Optimizer::step`], or [`Optimizer::record_step`] into the trainer's own encoder.
 //!
 //! ```no_run
@@ -80,13 +83,10 @@ pub mod q8;
 mod step;
 mod tensor;
 
-pub use algo::AdEMAMix;
-pub use algo::Lion;
-pub use algo::RmsProp;
 pub use algo::{
-    Adagrad, Adam, Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, Sgd, StateKind,
+    AdEMAMix, Adagrad, Adam, Algorithm, DmlAdam, Lion, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
+    RmsProp, ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars, Sgd, StateKind,
 };
-pub use algo::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
