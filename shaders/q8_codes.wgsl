@@ -51,10 +51,10 @@ fn largest(v: R) -> u32 {
     return max(max(bits.x, bits.y), max(bits.z, bits.w));
 }
 
-// Each state's new absmax of a block from its largest magnitude's bits: 1 for an all-zero
-// block.
-fn absmax_of(largest_bits: vec2<u32>) -> vec2<f32> {
-    return select(bitcast<vec2<f32>>(largest_bits), vec2(1.0), largest_bits == vec2(0u));
+// Each state's new absmax of a block from its largest magnitude's bits (lane k: state k):
+// 1 for an all-zero block.
+fn absmax_of(largest_bits: vec4<u32>) -> vec4<f32> {
+    return select(bitcast<vec4<f32>>(largest_bits), vec4(1.0), largest_bits == vec4(0u));
 }
 
 // Loads state k's word `w` of block `b` into old_states[k].
@@ -73,29 +73,33 @@ fn store_state(k: u32, b: u32, w: u32, absmax: f32) {
     }
 }
 
-// Each state's part of a step. A variant has STATES of the MAX_STATES (2) states; the
+// Each state's part of a step. A variant has STATES of the MAX_STATES (3) states; the
 // conditions are constants, so each call below has a constant `k` once inlined, and the
 // states a variant lacks compile to nothing.
 fn load_states(b: u32, w: u32) {
     if STATES > 0u { load_state(0u, b, w); }
     if STATES > 1u { load_state(1u, b, w); }
+    if STATES > 2u { load_state(2u, b, w); }
 }
 
 // Per state, the largest finite magnitude of its new values (as bits; 0 where absent).
-fn largest_of_states() -> vec2<u32> {
-    var own = vec2(0u);
+fn largest_of_states() -> vec4<u32> {
+    var own = vec4(0u);
     if STATES > 0u { own.x = largest(new_states[0]); }
     if STATES > 1u { own.y = largest(new_states[1]); }
+    if STATES > 2u { own.z = largest(new_states[2]); }
     return own;
 }
 
-fn store_states(b: u32, w: u32, absmax: vec2<f32>) {
+fn store_states(b: u32, w: u32, absmax: vec4<f32>) {
     if STATES > 0u { store_state(0u, b, w, absmax.x); }
     if STATES > 1u { store_state(1u, b, w, absmax.y); }
+    if STATES > 2u { store_state(2u, b, w, absmax.z); }
 }
 
 // Each state's new absmax of block `b`.
-fn store_absmax(b: u32, absmax: vec2<f32>) {
+fn store_absmax(b: u32, absmax: vec4<f32>) {
     if STATES > 0u { state[seg.absmax[0] + b] = bitcast<u32>(absmax.x); }
     if STATES > 1u { state[seg.absmax[1] + b] = bitcast<u32>(absmax.y); }
+    if STATES > 2u { state[seg.absmax[2] + b] = bitcast<u32>(absmax.z); }
 }

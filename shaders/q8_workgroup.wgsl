@@ -6,7 +6,7 @@
 // `main`.
 
 // Each invocation's largest magnitudes (per state, as bits), then the fold's partials.
-var<workgroup> lanes: array<vec2<u32>, WORKGROUP>;
+var<workgroup> lanes: array<vec4<u32>, WORKGROUP>;
 // The first row of the workgroup's entry, found once.
 var<workgroup> entry: u32;
 

@@ -18,6 +18,10 @@ use crate as api;
 #[allow(dead_code)]
 mod onnx;
 
+#[path = "../testkit/src/oracle/ademamix.rs"]
+#[allow(dead_code)]
+mod ademamix;
+
 #[path = "../testkit/src/oracle/bnb.rs"]
 #[allow(dead_code)]
 pub(crate) mod bnb;

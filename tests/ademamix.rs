@@ -2,8 +2,8 @@
 //! oracle: f32 trajectories with and without the alpha and beta3 warmups, 16-bit storage and
 //! state dtypes other than the parameter's, master weights, two groups, capturable mode (the
 //! schedules computed on the device), global clipping, stochastic and Kahan rounding,
-//! checkpoints, and refusals. The public vectors (`ademamix_plain`, `ademamix_schedulers`)
-//! run in `tests/conformance.rs`.
+//! checkpoints, refusals, and 8-bit state (bitsandbytes' `AdEMAMix8bit`). The public vectors
+//! (`ademamix_plain`, `ademamix_schedulers`, `ademamix8bit_n700`) run in `tests/conformance.rs`.
 
 mod common;
 #[path = "family/mod.rs"]
@@ -243,25 +243,200 @@ fn options_gpu(
     wgpu_optim::Optimizer::builder().param_shapes(shapes.to_vec()).build(ctx, algorithm, params).unwrap()
 }
 
-/// bitsandbytes' AdEMAMix8bit is not implemented yet: 8-bit state for AdEMAMix is refused by
-/// name on both backends, before anything is built.
-#[test]
-fn eight_bit_state_for_ademamix_is_refused_by_name_for_now() {
-    use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
-    use wgpu_optim::q8::Q8States;
-    use wgpu_optim::{DType, Error, Optimizer};
+/// Lengths of the 8-bit tests: two tensors with 8-bit state (one of a partial last block)
+/// and one below `min_8bit_size` (f32 state).
+const Q8_LENGTHS: [usize; 3] = [4096, 5000, 300];
 
-    let check = |err: Error, backend: &str| match err {
-        Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason } => {
-            assert!(reason.contains("AdEMAMix") && reason.contains("not yet"), "{backend}: {reason}");
+/// Four steps of gradients (rounded to f32) for [`Q8_LENGTHS`].
+fn q8_gradients(rng: &mut common::Rng) -> Vec<Vec<Vec<f64>>> {
+    let round = |v: Vec<f64>| v.into_iter().map(|x| f64::from(x as f32)).collect::<Vec<_>>();
+    (0..4).map(|_| Q8_LENGTHS.iter().map(|&n| round(rng.vec(n, 1.0))).collect()).collect()
+}
+
+/// `got` against the oracle's state as the vectors' format compares 8-bit state: codes by
+/// `compare_codes`, absmax within 1e-4 relative; f32 state as f32 results.
+fn assert_state_follows(what: &str, got: &wgpu_optim::q8::StoredState, want: &wgpu_optim::q8::StoredState) {
+    use wgpu_optim::q8::StoredState;
+    let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+    match (got, want) {
+        (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want_codes, absmax: want_absmax }) => {
+            let bytes = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
+            let codes_match = wgpu_optim_testkit::compare_codes(&bytes(codes), &bytes(want_codes));
+            assert!(codes_match.passed(), "{what}: codes {codes_match}");
+            let tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
+            common::assert_close(&format!("{what}: absmax"), &widen(absmax), &widen(want_absmax), tolerance);
         }
-        other => panic!("{backend}: expected ConflictingOptions, got {other:?}"),
-    };
+        (StoredState::F32(values), StoredState::F32(want_values)) => {
+            common::assert_close(what, &widen(values), &widen(want_values), Tolerance::F32);
+        }
+        _ => panic!("{what}: stored as {got:?}, not as the oracle's"),
+    }
+}
+
+/// Parameters against the oracle's: within 1e-4 but for at most 1 % of them, and all within
+/// a step's size per step (a code one apart from the oracle's, which the format allows near
+/// a tie, moves its element's update by up to a code's width).
+fn assert_params_follow(what: &str, got: &[f64], want: &[f64], lr: f64, steps: usize) {
+    let close = wgpu_optim_testkit::compare(got, want, Tolerance::Close { rtol: 0.0, atol: 1e-4 });
+    assert!(close.passed() || close.mismatches * 100 <= want.len(), "{what}: {close}");
+    common::assert_close(what, got, want, Tolerance::Close { rtol: 0.0, atol: lr * steps as f64 });
+}
+
+/// bitsandbytes' AdEMAMix8bit: m1 and m2 quantized each on its own with the signed map, nu
+/// with the unsigned one, a tensor below `min_8bit_size` in f32; both backends follow the
+/// oracle's transcription of bitsandbytes' reference (with the warmups running).
+#[test]
+fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
+    use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim::{DType, Optimizer};
+    use wgpu_optim_testkit::oracle::bnb::bnb_8bit_step;
+
+    let algorithm = scheduled();
+    let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq];
+    assert_eq!(algorithm.state_kinds(), kinds);
+    let config = Q8States::default();
+    let mut rng = common::Rng::new(808);
+    let initial: Vec<Vec<f64>> = Q8_LENGTHS
+        .iter()
+        .map(|&n| rng.vec(n, 1.0).into_iter().map(|x| f64::from(x as f32)).collect())
+        .collect();
+    let grads = q8_gradients(&mut rng);
+
+    let mut want = initial.clone();
+    let mut want_states: Vec<Vec<StoredState>> = Q8_LENGTHS
+        .iter()
+        .map(|&n| kinds.iter().map(|_| StoredState::zeros(n, config.quantizes(n as u64))).collect())
+        .collect();
+    for (k, step) in grads.iter().enumerate() {
+        for ((p, g), states) in want.iter_mut().zip(step).zip(&mut want_states) {
+            bnb_8bit_step(&algorithm, k as u64 + 1, p, g, states).unwrap();
+        }
+    }
+
     let ctx = ctx();
-    let param = ctx.upload("param", &vec![0.5; 1000], DType::F32);
-    let options = Optimizer::builder().q8_states(Q8States::default());
-    check(options.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"), "GPU");
-    let host = HostTensor::from_f64(DType::F32, &vec![0.5; 1000]).unwrap();
-    let cpu = CpuOptimizer::builder().q8_states(Q8States::default()).build(plain(), &[host.as_slice()]);
-    check(cpu.expect_err("CPU"), "CPU");
+    let params: Vec<wgpu_optim::Tensor> =
+        initial.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, algorithm, &params).unwrap();
+    let mut host: Vec<Vec<f32>> = initial.iter().map(|v| common::to_f32(v)).collect();
+    let views: Vec<HostSlice<'_>> = host.iter().map(|t| HostSlice::F32(t)).collect();
+    let mut cpu = CpuOptimizer::builder().q8_states(config).build(algorithm, &views).unwrap();
+    for step in &grads {
+        let g: Vec<wgpu_optim::Tensor> = step.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+        gpu.step(&g).unwrap();
+        let g32: Vec<Vec<f32>> = step.iter().map(|g| common::to_f32(g)).collect();
+        let grad_views: Vec<HostSlice<'_>> = g32.iter().map(|g| HostSlice::F32(g)).collect();
+        let mut param_views: Vec<HostSliceMut<'_>> = host.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
+        cpu.step(&mut param_views, &grad_views).unwrap();
+    }
+    let lr = 3e-3;
+    for i in 0..Q8_LENGTHS.len() {
+        let gpu_param = common::download(&ctx, &params[i]);
+        let cpu_param: Vec<f64> = host[i].iter().map(|&v| f64::from(v)).collect();
+        assert_params_follow(&format!("GPU param {i}"), &gpu_param, &want[i], lr, grads.len());
+        assert_params_follow(&format!("CPU param {i}"), &cpu_param, &want[i], lr, grads.len());
+        for (k, kind) in kinds.iter().enumerate() {
+            let gpu_state = gpu.q8_state(i, *kind).unwrap().unwrap();
+            assert_state_follows(&format!("GPU {kind:?} {i}"), &gpu_state, &want_states[i][k]);
+            let cpu_state = cpu.q8_state(i, *kind).unwrap();
+            assert_state_follows(&format!("CPU {kind:?} {i}"), cpu_state, &want_states[i][k]);
+        }
+    }
+}
+
+/// 8-bit AdEMAMix checkpoints keep bitsandbytes' names: `state1` U8 `[2, *shape]` (m1's
+/// codes, then m2's) with `absmax1` `[2, blocks]`, `state2` U8 with `absmax2` (nu), `qmap1`
+/// (signed) and `qmap2` (unsigned); F32 `state1` `[2, *shape]` and `state2` below
+/// `min_8bit_size`. The CPU backend loads the GPU's file into the same states and saves the
+/// same bytes.
+#[test]
+fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend() {
+    use safetensors::Dtype;
+    use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim::{DType, Optimizer};
+    use wgpu_optim_testkit::oracle::bnb::{signed_map, unsigned_map};
+
+    let algorithm = scheduled();
+    let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq];
+    let shapes: Vec<Vec<usize>> = vec![vec![64, 70], vec![20, 15]];
+    let config = Q8States::default();
+    let mut rng = common::Rng::new(31);
+    let start: Vec<Vec<f64>> = shapes.iter().map(|s| rng.vec(s.iter().product(), 1.0)).collect();
+    let ctx = ctx();
+    let params: Vec<wgpu_optim::Tensor> = start.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
+    let options = Optimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let mut gpu = options.clone().build(&ctx, algorithm, &params).unwrap();
+    for _ in 0..3 {
+        let g: Vec<wgpu_optim::Tensor> =
+            start.iter().map(|v| ctx.upload("grad", &rng.vec(v.len(), 1.0), DType::F32)).collect();
+        gpu.step(&g).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |data: &[u8]| -> Vec<f32> {
+        data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    };
+    let states: Vec<Vec<StoredState>> =
+        (0..2).map(|i| kinds.iter().map(|k| gpu.q8_state(i, *k).unwrap().unwrap()).collect()).collect();
+    // Tensor 0 (4480 elements, 18 blocks) keeps 8-bit state.
+    let (n, blocks) = (4480usize, 18usize);
+    let tensor = |name: &str| file.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let state1 = tensor("state.0.state1");
+    assert_eq!((state1.dtype(), state1.shape()), (Dtype::U8, &[2, 64, 70][..]));
+    let absmax1 = tensor("state.0.absmax1");
+    assert_eq!((absmax1.dtype(), absmax1.shape()), (Dtype::F32, &[2, blocks][..]));
+    let state2 = tensor("state.0.state2");
+    assert_eq!((state2.dtype(), state2.shape()), (Dtype::U8, &[64, 70][..]));
+    let absmax2 = tensor("state.0.absmax2");
+    assert_eq!((absmax2.dtype(), absmax2.shape()), (Dtype::F32, &[blocks][..]));
+    let [StoredState::Q8 { codes: m1, absmax: a1 }, StoredState::Q8 { codes: m2, absmax: a2 }, StoredState::Q8 { codes: nu, absmax: a3 }] =
+        &states[0][..]
+    else {
+        panic!("tensor 0 keeps 8-bit state: {:?}", states[0].iter().map(StoredState::len).collect::<Vec<_>>())
+    };
+    assert_eq!((&state1.data()[..n], &state1.data()[n..]), (&m1[..], &m2[..]), "state1 = m1, then m2");
+    assert_eq!(f32s(absmax1.data()), a1.iter().chain(a2).copied().collect::<Vec<_>>(), "absmax1");
+    assert_eq!((state2.data(), f32s(absmax2.data())), (&nu[..], a3.clone()), "state2, absmax2");
+    assert_eq!(f32s(tensor("qmap1").data()), signed_map(), "qmap1 is the signed map");
+    assert_eq!(f32s(tensor("qmap2").data()), unsigned_map(), "qmap2 is the unsigned map");
+    // Tensor 1 (300 elements) keeps f32 state, stacked the same way.
+    let small1 = tensor("state.1.state1");
+    assert_eq!((small1.dtype(), small1.shape()), (Dtype::F32, &[2, 20, 15][..]));
+    let small2 = tensor("state.1.state2");
+    assert_eq!((small2.dtype(), small2.shape()), (Dtype::F32, &[20, 15][..]));
+    let [StoredState::F32(s1), StoredState::F32(s2), StoredState::F32(s3)] = &states[1][..] else {
+        panic!("tensor 1 keeps f32 state")
+    };
+    assert_eq!(f32s(small1.data()), s1.iter().chain(s2).copied().collect::<Vec<_>>());
+    assert_eq!(&f32s(small2.data()), s3);
+    for name in ["qmap3", "state.0.state3", "state.0.absmax3", "state.1.absmax1"] {
+        assert!(file.tensor(name).is_err(), "{name} is not saved");
+    }
+
+    // The CPU backend loads the file into the same states and saves the same bytes; the GPU
+    // loads the CPU's file back.
+    let host: Vec<HostTensor> = start.iter().map(|v| HostTensor::from_f64(DType::F32, v).unwrap()).collect();
+    let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
+    let cpu_options = CpuOptimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let mut cpu = cpu_options.build(algorithm, &views).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap();
+    for (i, tensor_states) in states.iter().enumerate() {
+        for (kind, want) in kinds.iter().zip(tensor_states) {
+            assert_eq!(cpu.q8_state(i, *kind), Some(want), "{kind:?} {i} on the CPU");
+        }
+    }
+    let cpu_bytes = cpu.save_to_bytes().unwrap();
+    assert_eq!(cpu_bytes, bytes, "the CPU saves the same file");
+    let mut fresh = options.build(&ctx, algorithm, &params).unwrap();
+    fresh.load_from_bytes(&cpu_bytes).unwrap();
+    for (i, tensor_states) in states.iter().enumerate() {
+        for (kind, want) in kinds.iter().zip(tensor_states) {
+            assert_eq!(
+                fresh.q8_state(i, *kind).unwrap().as_ref(),
+                Some(want),
+                "{kind:?} {i} back on the GPU"
+            );
+        }
+    }
 }

@@ -134,9 +134,11 @@ impl Layout<'_> {
         for (algorithm, range) in &self.groups {
             for i in range.clone() {
                 let param = &self.params[i];
+                if self.q8.is_some() {
+                    entries.extend(self.q8_param_entries(algorithm, i));
+                }
                 for (k, (kind, dtype)) in param.state.iter().enumerate() {
                     if self.q8.is_some() {
-                        entries.extend(self.q8_entries(i, k));
                         continue;
                     }
                     if let Some((name, stack)) = bnb_name(algorithm, *kind) {
@@ -174,14 +176,37 @@ impl Layout<'_> {
         }
     }
 
-    /// Parameter `i`'s state `k` with 8-bit state, under bitsandbytes' names: `state{k+1}`
-    /// (the codes in the parameter's shape) and `absmax{k+1}` (one per block, flat), or
-    /// `state{k+1}` alone in f32 below `min_8bit_size`, as bitsandbytes keeps small tensors.
-    fn q8_entries(&self, i: usize, k: usize) -> Vec<Entry> {
+    /// Parameter `i`'s states with 8-bit state ([`Self::q8_entries`]), in `algorithm`'s
+    /// group: a stacked pair (AdEMAMix's m1 and m2 in `state1` and `absmax1`) as its codes'
+    /// halves, then its absmax's (or its f32 values' halves below `min_8bit_size`), so that
+    /// each file tensor's halves are neighbours.
+    fn q8_param_entries(&self, algorithm: &Algorithm, i: usize) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut first_half: Option<Vec<Entry>> = None;
+        for (k, (kind, _)) in self.params[i].state.iter().enumerate() {
+            let (number, stack) = q8_number(algorithm, *kind, k);
+            let own = self.q8_entries(i, k, number, stack);
+            match (stack, first_half.take()) {
+                (Some(0), _) => first_half = Some(own),
+                (Some(_), Some(first)) => {
+                    entries.extend(first.into_iter().zip(own).flat_map(|(a, b)| [a, b]));
+                }
+                _ => entries.extend(own),
+            }
+        }
+        entries
+    }
+
+    /// Parameter `i`'s state `k` with 8-bit state, under bitsandbytes' names: `state{number}`
+    /// (the codes in the parameter's shape) and `absmax{number}` (one per block, flat), or
+    /// `state{number}` alone in f32 below `min_8bit_size`, as bitsandbytes keeps small
+    /// tensors; `stack` as [`Entry::stack`].
+    fn q8_entries(&self, i: usize, k: usize, number: usize, stack: Option<usize>) -> Vec<Entry> {
         let param = &self.params[i];
         let min = self.q8.map_or(0, |q8| q8.min_8bit_size);
-        let state = |part: Part, dtype: Dtype| {
-            self.per_element(format!("state.{i}.state{}", k + 1), Slot::Q8 { param: i, k, part }, i, dtype)
+        let state = |part: Part, dtype: Dtype| Entry {
+            stack,
+            ..self.per_element(format!("state.{i}.state{number}"), Slot::Q8 { param: i, k, part }, i, dtype)
         };
         if !param.quantized {
             return vec![Entry {
@@ -196,7 +221,7 @@ impl Layout<'_> {
                 ..state(Part::Codes, Dtype::U8)
             },
             Entry {
-                name: format!("state.{i}.absmax{}", k + 1),
+                name: format!("state.{i}.absmax{number}"),
                 slot: Slot::Q8 { param: i, k, part: Part::Absmax },
                 dtype: Dtype::F32,
                 len: count,
@@ -206,7 +231,7 @@ impl Layout<'_> {
                     " (one absmax per block of {BLOCK_SIZE}: ceil({} / {BLOCK_SIZE}) = {count})",
                     param.len
                 ),
-                stack: None,
+                stack,
             },
         ]
     }
@@ -218,13 +243,20 @@ impl Layout<'_> {
         if self.q8.is_none() {
             return Vec::new();
         }
-        let most = self.params.iter().map(|p| p.state.len()).max().unwrap_or(0);
-        (0..most)
-            .filter_map(|k| {
-                let kind = self.params.iter().filter(|p| p.quantized).find_map(|p| p.state.get(k))?.0;
+        // Each map number's first state (AdEMAMix's m1 and m2 share `qmap1`).
+        let mut maps: BTreeMap<usize, (usize, StateKind)> = BTreeMap::new();
+        for (algorithm, range) in &self.groups {
+            for param in self.params[range.clone()].iter().filter(|p| p.quantized) {
+                for (k, (kind, _)) in param.state.iter().enumerate() {
+                    maps.entry(q8_number(algorithm, *kind, k).0).or_insert((k, *kind));
+                }
+            }
+        }
+        maps.into_iter()
+            .map(|(number, (k, kind))| {
                 let signed = if crate::q8::is_signed(kind) { "signed" } else { "unsigned" };
-                Some(Entry {
-                    name: format!("qmap{}", k + 1),
+                Entry {
+                    name: format!("qmap{number}"),
                     slot: Slot::Map { k, kind },
                     dtype: Dtype::F32,
                     len: 256,
@@ -232,7 +264,7 @@ impl Layout<'_> {
                     per_element: false,
                     note: format!(" (bitsandbytes' {signed} dynamic map, 256 codes)"),
                     stack: None,
-                })
+                }
             })
             .collect()
     }
@@ -480,13 +512,15 @@ impl Layout<'_> {
             }
         }
         for (i, (param, states)) in self.params.iter().zip(&stored).enumerate() {
+            let algorithm = self.groups.iter().find(|(_, range)| range.contains(&i)).map(|(a, _)| a);
             for (k, state) in states.iter().enumerate() {
+                let number = algorithm.map_or(k + 1, |a| q8_number(a, param.state[k].0, k).0);
                 // Named as the file names it, before the state is checked whole.
                 if let StoredState::Q8 { absmax, .. } = state {
-                    check_absmax(absmax, &format!("state.{i}.absmax{}", k + 1))
+                    check_absmax(absmax, &format!("state.{i}.absmax{number}"))
                         .map_err(|e| bad(e.to_string()))?;
                 }
-                check_replacement(state, config, param.len, &format!("state.{i}.state{}", k + 1))
+                check_replacement(state, config, param.len, &format!("state.{i}.state{number}"))
                     .map_err(|e| bad(e.to_string()))?;
             }
         }
@@ -559,6 +593,17 @@ fn bnb_name(algorithm: &Algorithm, kind: StateKind) -> Option<(&'static str, Opt
         (Algorithm::AdEMAMix(_), StateKind::ExpAvgSlow) => Some(("state1", Some(1))),
         (Algorithm::AdEMAMix(_), StateKind::ExpAvgSq) => Some(("state2", None)),
         _ => None,
+    }
+}
+
+/// The number of state `k` (of `kind`) in bitsandbytes' 8-bit names (`state{number}`,
+/// `absmax{number}`, `qmap{number}`) and its half of a stacked tensor: AdEMAMix's m1 and m2
+/// are halves of `state1`, its nu is `state2`; any other state `k` is `state{k+1}`.
+fn q8_number(algorithm: &Algorithm, kind: StateKind, k: usize) -> (usize, Option<usize>) {
+    match bnb_name(algorithm, kind) {
+        Some(("state1", stack)) => (1, stack),
+        Some(("state2", stack)) => (2, stack),
+        _ => (k + 1, None),
     }
 }
 

@@ -13,8 +13,8 @@ use crate::StateKind;
 /// Blocks per work item: 128 Ki elements, as the f32 path's chunks.
 const CHUNK_BLOCKS: usize = 512;
 
-/// The most states an 8-bit optimizer keeps (Adam's two moments).
-const MAX_STATES: usize = 2;
+/// The most states an 8-bit optimizer keeps (AdEMAMix's two EMAs and its second moment).
+const MAX_STATES: usize = 3;
 
 /// One state tensor's share of a work item.
 #[derive(Default)]
@@ -86,9 +86,11 @@ pub(super) fn run<'a>(
         while rest.param.len() > chunk {
             let (param, param_rest) = rest.param.split_at_mut(chunk);
             let (grad, grad_rest) = rest.grad.split_at(chunk);
-            let [(first, first_rest), (second, second_rest)] = rest.slots.map(|s| s.split_at(chunk));
-            jobs.push(Job { param, grad, slots: [first, second] });
-            rest = Job { param: param_rest, grad: grad_rest, slots: [first_rest, second_rest] };
+            let mut split = rest.slots.map(|s| <[Slot; 2]>::from(s.split_at(chunk)));
+            let slots = std::array::from_fn(|k| std::mem::take(&mut split[k][0]));
+            let slots_rest = std::array::from_fn(|k| std::mem::take(&mut split[k][1]));
+            jobs.push(Job { param, grad, slots });
+            rest = Job { param: param_rest, grad: grad_rest, slots: slots_rest };
         }
         jobs.push(rest);
     }
@@ -98,7 +100,7 @@ pub(super) fn run<'a>(
 /// Updates a job block by block.
 fn run_job(kernel: &Kernel, job: Job<'_>) {
     let Job { param, grad, mut slots } = job;
-    let mut scratch = [[0.0f32; BLOCK_SIZE]; 2];
+    let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATES];
     for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
         let (n, at) = (param.len(), b * BLOCK_SIZE);
         update_block(kernel, &mut slots, &mut scratch, param, grad, b);
@@ -117,14 +119,13 @@ fn run_job(kernel: &Kernel, job: Job<'_>) {
 fn update_block(
     kernel: &Kernel,
     slots: &mut [Slot<'_>],
-    scratch: &mut [[f32; BLOCK_SIZE]; 2],
+    scratch: &mut [[f32; BLOCK_SIZE]; MAX_STATES],
     param: &mut [f32],
     grad: &[f32],
     b: usize,
 ) {
     let (n, at) = (param.len(), b * BLOCK_SIZE);
-    let [first, second] = scratch;
-    let mut scratch_slices = [&mut first[..n], &mut second[..n]].into_iter();
+    let mut scratch_slices = scratch.iter_mut().map(|s| &mut s[..n]);
     let mut state: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
     for (slot, out) in slots.iter_mut().zip(state.iter_mut()) {
         match slot {

@@ -27,7 +27,9 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// Blockwise 8-bit state for an optimizer ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
-/// `SGD8bit` keep them (and RMSprop's `square_avg`, as `RMSprop8bit`, with the signed map): 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
+/// `SGD8bit` keep them (and RMSprop's `square_avg`, as `RMSprop8bit`, with the signed map; Lion's `exp_avg`, as
+/// `Lion8bit`; AdEMAMix's two EMAs, each with its own absmax, and its second moment, as
+/// `AdEMAMix8bit`): 1 byte plus 1/64 of a byte (one f32 per 256 elements) per element
 /// and moment, instead of 4 bytes.
 ///
 /// Each step dequantizes, updates in f32 with the algorithm's own formula, takes each block's
@@ -134,7 +136,7 @@ pub(crate) fn check_rmsprop8bit(algorithm: &crate::Algorithm, clipped: bool) -> 
 }
 
 /// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state
-/// (AMSGrad's running maximum, Adagrad, AdEMAMix: not yet), an option that conflicts with it, or a parameter
+/// (AMSGrad's running maximum, Adagrad, Schedule-Free), an option that conflicts with it, or a parameter
 /// other than F32 (`dtypes` names them `params[i]`). Both backends call it before creating
 /// anything.
 pub(crate) fn check_options(
@@ -152,9 +154,6 @@ pub(crate) fn check_options(
             ),
             Algorithm::Adagrad(_) => {
                 Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
-            }
-            Algorithm::AdEMAMix(_) => {
-                Some("AdEMAMix has no 8-bit form yet (bitsandbytes' AdEMAMix8bit is not yet implemented)")
             }
             Algorithm::ScheduleFreeAdamW(_) => Some(
                 "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \

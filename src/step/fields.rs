@@ -94,6 +94,11 @@ impl ShaderField for [u32; 2] {
     const ALIGN: usize = 8;
 }
 
+impl ShaderField for [u32; 4] {
+    const WGSL: &'static str = "vec4<u32>";
+    const ALIGN: usize = 16;
+}
+
 /// Declares a `#[repr(C)]` Pod struct of `u32`, `f32` and `[u32; 2]` fields that host and
 /// kernels share, whole `vec4<u32>` rows of it: the multi-tensor table's head and rows, the
 /// 8-bit table's segments, and the headers of the clip, device-state and rounding buffers.
@@ -206,7 +211,13 @@ pub(crate) fn table_reader_wgsl(fn_name: &str, name: &str, types: &[&str], offse
         .zip(offsets)
         .map(|(ty, o)| {
             let lane = o % 16 / 4;
-            let width = if ty.starts_with("vec2") { 2 } else { 1 };
+            let width = if ty.starts_with("vec2") {
+                2
+            } else if ty.starts_with("vec4") {
+                4
+            } else {
+                1
+            };
             format!("r{}.{}", o / 16, &LANES[lane..lane + width])
         })
         .collect();

@@ -7,12 +7,17 @@
 
 use crate::step::fields::shader_struct;
 
-/// The most states a segment has (Adam's two moments).
-pub(crate) const MAX_STATES: usize = 2;
+/// The most states a segment has (AdEMAMix's two EMAs and its second moment).
+pub(crate) const MAX_STATES: usize = 3;
 
-// `Segment` holds the states' words as `vec2<u32>`, and shaders/q8_codes.wgsl, q8_serial.wgsl
-// and q8_f32.wgsl keep them as `vec2` pairs (`.x`, `.y`): a third state changes those too.
-const _: () = assert!(MAX_STATES == 2);
+/// Lanes of a segment's per-state words: a `vec4<u32>` row, the lanes past
+/// [`MAX_STATES`] unused.
+pub(crate) const STATE_LANES: usize = 4;
+
+// `Segment` holds the states' words as `vec4<u32>`, and shaders/q8_codes.wgsl, q8_serial.wgsl
+// and q8_f32.wgsl keep per-state values as `vec4` lanes (`.x`, `.y`, `.z`): a fourth state
+// changes those too.
+const _: () = assert!(MAX_STATES == 3 && MAX_STATES <= STATE_LANES);
 
 shader_struct! {
     /// One segment (a tensor, or a chunk of one) in a dispatch's table. Bases are relative
@@ -33,12 +38,13 @@ shader_struct! {
         /// The first gradient within the gradients' binding (or the parameters', where the
         /// gradients lie there), in elements.
         grad: u32,
-        /// Per state: its first word (codes, four to a word, or f32 values) in the arena.
-        values: [u32; MAX_STATES],
-        /// Per state: its first absmax word in the arena (8-bit states only).
-        absmax: [u32; MAX_STATES],
-        /// Pads the entry to whole `vec4<u32>` rows; always 0.
+        /// Pads `values` to its own `vec4<u32>` row; always 0.
         reserved: [u32; 2],
+        /// Per state: its first word (codes, four to a word, or f32 values) in the arena;
+        /// the lanes past [`MAX_STATES`] are 0.
+        values: [u32; STATE_LANES],
+        /// Per state: its first absmax word in the arena (8-bit states only).
+        absmax: [u32; STATE_LANES],
     }
 }
 

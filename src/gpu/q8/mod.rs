@@ -217,9 +217,9 @@ impl Pending {
                 groups,
                 param: ((segment.param_bytes.0 - self.params.0) / 4) as u32,
                 grad: ((segment.grad_bytes.0 - grads_from) / 4) as u32,
-                values: segment.state_words.map(|(values, _)| values as u32),
-                absmax: segment.state_words.map(|(_, absmax)| absmax as u32),
                 reserved: [0; 2],
+                values: std::array::from_fn(|k| segment.state_words.get(k).map_or(0, |w| w.0 as u32)),
+                absmax: std::array::from_fn(|k| segment.state_words.get(k).map_or(0, |w| w.1 as u32)),
             };
             words.extend(entry.words());
             first_group += groups;

@@ -18,7 +18,7 @@
 //!   (`dequantize`, `code`, `largest`, and each state's part of a step) and the entry point
 //!   of `q8_workgroup.wgsl` (a workgroup per block) or `q8_serial.wgsl` (an invocation).
 //!
-//! The files name states 0 and 1 (`MAX_STATES`) under conditions on the constant
+//! The files name states 0, 1 and 2 (`MAX_STATES`) under conditions on the constant
 //! `STATES` rather than looping over them: once inlined, every state index is a constant,
 //! so a CPU adapter's compiler keeps each state's values in registers.
 //!

@@ -470,8 +470,11 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
         pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
     let ctx = GpuContext::from_device(device, queue);
     assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 8);
-    let algorithms: [Algorithm; 2] =
-        [Adam::adamw().into(), Sgd { momentum: 0.9, nesterov: true, ..Sgd::default() }.into()];
+    let algorithms: [Algorithm; 3] = [
+        Adam::adamw().into(),
+        Sgd { momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
+        crate::AdEMAMix::default().into(),
+    ];
     for algorithm in algorithms {
         for (quantized, serial) in [(true, false), (true, true), (false, false)] {
             for (grad_in_params, clip) in [(false, false), (false, true), (true, true)] {
@@ -489,10 +492,11 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
     }
 }
 
-/// Every variant's `(switches, kinds)` the options allow: Adam and AdamW (two states), SGD
+/// Every variant's `(switches, kinds)` the options allow: AdEMAMix (three states), Adam and AdamW (two), SGD
 /// with momentum, Nesterov or not (one), plain SGD (none).
-fn algorithms_of_every_state_count() -> [Algorithm; 5] {
+fn algorithms_of_every_state_count() -> [Algorithm; 6] {
     [
+        crate::AdEMAMix::default().into(),
         Adam::default().into(),
         Adam::adamw().into(),
         Sgd { momentum: 0.9, ..Sgd::default() }.into(),
@@ -571,11 +575,11 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
             }
         }
     }
-    assert_eq!(checked, 4 * 3 * 4 + 4, "variants checked");
+    assert_eq!(checked, 5 * 3 * 4 + 4, "variants checked");
 }
 
 /// The WGSL reader of a segment takes each field from the lanes where `#[repr(C)]` puts it
-/// in the words the host writes: the vec2 fields from pairs of lanes.
+/// in the words the host writes: the vec2 and vec4 fields from pairs and rows of lanes.
 #[test]
 fn a_segment_is_read_from_the_rows_its_words_fill() {
     use super::layout::{Segment, ENTRY_ROWS};
@@ -586,17 +590,18 @@ fn a_segment_is_read_from_the_rows_its_words_fill() {
         groups: 4,
         param: 5,
         grad: 6,
-        values: [7, 8],
-        absmax: [9, 10],
         reserved: [0; 2],
+        values: [7, 8, 9, 0],
+        absmax: [10, 11, 12, 0],
     };
-    assert_eq!(segment.words(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0]);
-    assert_eq!(ENTRY_ROWS, 3);
+    assert_eq!(segment.words(), [1, 2, 3, 4, 5, 6, 0, 0, 7, 8, 9, 0, 10, 11, 12, 0]);
+    assert_eq!(ENTRY_ROWS, 4);
     assert_eq!(
         Segment::reader_wgsl("segment_at"),
         "fn segment_at(r: u32) -> Segment {\n    \
          let r0 = table.rows[r];\n    let r1 = table.rows[r + 1u];\n    let r2 = table.rows[r + 2u];\n    \
-         return Segment(r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.zw, r2.xy, r2.zw);\n}\n"
+         let r3 = table.rows[r + 3u];\n    \
+         return Segment(r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.zw, r2.xyzw, r3.xyzw);\n}\n"
     );
 }
 

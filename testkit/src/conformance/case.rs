@@ -137,6 +137,11 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         Kind::Trajectory,
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "max_norm", "norm_type"],
     ),
+    (
+        "bnb.AdEMAMix8bit",
+        Kind::Trajectory,
+        &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "min_8bit_size", "block_size"],
+    ),
 ];
 
 impl Case {

@@ -143,6 +143,9 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
         ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
+        ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
+            ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
+        }
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
@@ -682,7 +685,9 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
     }
     let min_8bit_size = case.attr_f64("min_8bit_size", q8::MIN_8BIT_SIZE as f64)?;
     let config = Q8States { min_8bit_size: min_8bit_size as u64 };
-    let algorithm = if case.op == "bnb.Lion8bit" {
+    let algorithm = if case.op == "bnb.AdEMAMix8bit" {
+        Algorithm::AdEMAMix(ademamix_attributes(case)?)
+    } else if case.op == "bnb.Lion8bit" {
         let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
         let weight_decay = case.attr_f64("weight_decay", 0.0)?;
         Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
@@ -750,6 +755,9 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                             oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
                         }
                         (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
+                        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => {
+                            oracle::bnb_ademamix8bit_step(&a, k as u64 + 1, &mut values, g, m1, m2, nu)?
+                        }
                         _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
                     }
                 }
@@ -893,6 +901,33 @@ fn ademamix_names(outputs: Outputs) -> Outputs {
     }
     for (i, m2) in slow {
         if let Some((_, m1)) = renamed.iter_mut().find(|(n, _)| *n == format!("state1.{i}")) {
+            m1.extend(m2);
+        }
+    }
+    renamed
+}
+
+/// An AdEMAMix8bit trajectory's outputs (states 1, 2, 3: m1, m2, nu, each with its absmax
+/// and map) under bitsandbytes' names: `state1.i` stacks m1's and m2's codes (or f32 values)
+/// as `[2, *shape]` and `absmax1.i` their absmax as `[2, blocks]`, both with `qmap1`;
+/// `state2.i`, `absmax2.i` and `qmap2` are nu's.
+fn ademamix8bit_names(outputs: Outputs) -> Outputs {
+    let mut renamed: Outputs = Vec::with_capacity(outputs.len());
+    let mut slow: Vec<(String, Vec<f64>)> = Vec::new();
+    for (name, values) in outputs {
+        let (prefix, i) = name.split_once('.').unwrap_or((name.as_str(), ""));
+        match prefix {
+            "state2" | "absmax2" => slow.push((format!("{}1.{i}", &prefix[..prefix.len() - 1]), values)),
+            "qmap2" => {}
+            "state3" | "absmax3" | "qmap3" => {
+                let name = format!("{}2", &prefix[..prefix.len() - 1]);
+                renamed.push((if i.is_empty() { name } else { format!("{name}.{i}") }, values));
+            }
+            _ => renamed.push((name, values)),
+        }
+    }
+    for (name, m2) in slow {
+        if let Some((_, m1)) = renamed.iter_mut().find(|(n, _)| *n == name) {
             m1.extend(m2);
         }
     }

@@ -282,11 +282,14 @@ pub fn bnb_8bit_step(
         (Algorithm::Lion(l), [exp_avg]) => {
             bnb_lion8bit_step(l, param, grad, exp_avg)?;
         }
+        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => {
+            bnb_ademamix8bit_step(a, step, param, grad, m1, m2, nu)?;
+        }
         _ => {
             return Err(Error::ConflictingOptions {
                 first: "q8_states",
                 second: "algorithm",
-                reason: "bitsandbytes' 8-bit optimizers are Adam, AdamW and SGD with momentum",
+                reason: "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and AdEMAMix",
             })
         }
     }
@@ -410,5 +413,33 @@ pub fn bnb_lion8bit_step(
         *p = f64::from(*p as f32);
     }
     store(exp_avg, &m, &map);
+    Ok(())
+}
+
+/// Step `step` (from 1) of bitsandbytes' `AdEMAMix8bit` on one tensor: the FORMAT.md rule of
+/// `bnb.AdEMAMix` ([`super::ademamix::ademamix_step`]) on the dequantized states, m1 and m2
+/// (the halves of bitsandbytes' `state1`, each with its own absmax) with the signed map and
+/// nu (`state2`) with the unsigned one, then each requantized block by block (or kept in f32
+/// below `min_8bit_size`). A gradient or state of another length than `param` is refused and
+/// nothing changes.
+pub fn bnb_ademamix8bit_step(
+    config: &super::api::AdEMAMix,
+    step: u64,
+    param: &mut [f64],
+    grad: &[f64],
+    m1: &mut StoredState,
+    m2: &mut StoredState,
+    nu: &mut StoredState,
+) -> Result<()> {
+    check_grad(param, grad)?;
+    check_state(m1, "exp_avg", param.len())?;
+    check_state(m2, "exp_avg_slow", param.len())?;
+    check_state(nu, "exp_avg_sq", param.len())?;
+    let (signed, unsigned) = (signed_map(), unsigned_map());
+    let (mut fast, mut slow, mut second) = (load(m1, &signed), load(m2, &signed), load(nu, &unsigned));
+    super::ademamix::ademamix_step(config, step, param, grad, &mut fast, &mut slow, &mut second);
+    store(m1, &fast, &signed);
+    store(m2, &slow, &signed);
+    store(nu, &second, &unsigned);
     Ok(())
 }

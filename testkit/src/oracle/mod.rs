@@ -26,6 +26,7 @@ pub mod schedule_free;
 pub mod torch;
 
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
+pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 pub use bnb::{bnb_rmsprop8bit_step, BnbRmsProp};
