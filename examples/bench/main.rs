@@ -467,13 +467,16 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
         flush: rooflines::CacheFlush::new(),
         rows: Vec::new(),
     };
-    // 8-bit state applies to f32 parameters of Adam, AdamW and SGD with momentum, clipped or not.
+    // 8-bit state applies to f32 parameters of the algorithms bitsandbytes has in 8 bits,
+    // clipped or not (plain RMSprop: bitsandbytes' 8-bit RMSprop refuses the rest).
     let mut runs: Vec<(String, String, String)> = Vec::new();
     for algo in &bench.options.algos {
         for dtype in &bench.options.dtypes {
             for state in &bench.options.states {
                 let unclipped = algo.trim_end_matches("+clip");
-                let q8_applies = dtype == "f32" && ["adam", "adamw", "sgdm", "nesterov"].contains(&unclipped);
+                let q8_applies = dtype == "f32"
+                    && ["adam", "adamw", "sgdm", "nesterov", "lion", "rmsprop", "ademamix"]
+                        .contains(&unclipped);
                 if state == "f32" || q8_applies {
                     runs.push((algo.clone(), dtype.clone(), state.clone()));
                 }

@@ -30,7 +30,7 @@ pub const USAGE: &str =
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
   default: --algos adam,adam+clip,sgdm --dtypes f32,f16,bf16 --states f32,q8 --sizes 4096,1048576,16777216
-           --cases single,small (q8 state runs where it applies: f32 parameters, no AMSGrad)
+           --cases single,small (q8 state runs where bitsandbytes has it: f32 parameters; Adam, SGD, Lion, RMSprop, AdEMAMix)
   --full:  every algorithm, sizes 4 Ki to 64 Mi, and GPT-2 small's 148 tensors";
 
 fn list(value: String) -> Vec<String> {
