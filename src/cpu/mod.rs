@@ -437,31 +437,15 @@ impl CpuOptimizer {
     }
 
     fn check(&self, params: &[HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
-        let count = |argument: &str, got: usize| {
-            if got == self.params.len() {
-                Ok(())
-            } else {
-                Err(Error::CountMismatch { argument: argument.into(), got, expected: self.params.len() })
-            }
-        };
-        count("params", params.len())?;
-        count("grads", grads.len())?;
-        for (i, ((param, grad), &(dtype, len))) in params.iter().zip(grads).zip(&self.params).enumerate() {
-            if param.dtype() != dtype {
-                return Err(Error::DTypeMismatch {
-                    argument: format!("params[{i}]"),
-                    got: param.dtype(),
-                    expected: format!("{dtype:?} (its dtype when the optimizer was built)"),
-                });
-            }
-            if param.len() != len {
-                return Err(Error::LengthMismatch {
-                    argument: format!("params[{i}]"),
-                    got: param.len() as u64,
-                    expected: len as u64,
-                    reference: format!("params[{i}] when the optimizer was built"),
-                });
-            }
+        self.check_params(params)?;
+        if grads.len() != self.params.len() {
+            return Err(Error::CountMismatch {
+                argument: "grads".into(),
+                got: grads.len(),
+                expected: self.params.len(),
+            });
+        }
+        for (i, (grad, &(_, len))) in grads.iter().zip(&self.params).enumerate() {
             if self.q8.is_some() && grad.dtype() != DType::F32 {
                 return Err(Error::DTypeMismatch {
                     argument: format!("grads[{i}]"),
@@ -475,6 +459,36 @@ impl CpuOptimizer {
                     got: grad.len() as u64,
                     expected: len as u64,
                     reference: format!("params[{i}]"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The parameters' count, dtypes and lengths against those the optimizer was built for.
+    fn check_params(&self, params: &[HostSliceMut<'_>]) -> Result<()> {
+        let count = |argument: &str, got: usize| {
+            if got == self.params.len() {
+                Ok(())
+            } else {
+                Err(Error::CountMismatch { argument: argument.into(), got, expected: self.params.len() })
+            }
+        };
+        count("params", params.len())?;
+        for (i, (param, &(dtype, len))) in params.iter().zip(&self.params).enumerate() {
+            if param.dtype() != dtype {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("params[{i}]"),
+                    got: param.dtype(),
+                    expected: format!("{dtype:?} (its dtype when the optimizer was built)"),
+                });
+            }
+            if param.len() != len {
+                return Err(Error::LengthMismatch {
+                    argument: format!("params[{i}]"),
+                    got: param.len() as u64,
+                    expected: len as u64,
+                    reference: format!("params[{i}] when the optimizer was built"),
                 });
             }
         }

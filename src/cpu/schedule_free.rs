@@ -64,12 +64,7 @@ impl CpuOptimizer {
 
     fn swap(&mut self, params: &mut [HostSliceMut<'_>], to: ScheduleFreeMode) -> Result<()> {
         let Algorithm::ScheduleFreeAdamW(config) = self.algorithm else { return Ok(()) };
-        // The swap reads no gradient; zeros of each parameter's dtype pass the step's checks
-        // and keep the loops on their single-dtype paths.
-        let zeros =
-            params.iter().map(|p| HostTensor::filled(p.dtype(), p.len(), 0.0)).collect::<Result<Vec<_>>>()?;
-        let grads: Vec<HostSlice<'_>> = zeros.iter().map(HostTensor::as_slice).collect();
-        self.check(params, &grads)?;
+        self.check_params(params)?;
         if self.mode == to {
             return Ok(());
         }
@@ -77,6 +72,14 @@ impl CpuOptimizer {
             crate::algo::check_eval(&config)?;
         }
         if self.schedule_free.k > 0 {
+            // The swap reads no gradient, but the step's loops take one: zeros of each
+            // parameter's dtype keep them on their single-dtype paths. Made only when a swap
+            // runs (an eval or a train that changes nothing allocates nothing).
+            let zeros = params
+                .iter()
+                .map(|p| HostTensor::filled(p.dtype(), p.len(), 0.0))
+                .collect::<Result<Vec<_>>>()?;
+            let grads: Vec<HostSlice<'_>> = zeros.iter().map(HostTensor::as_slice).collect();
             let kernel = Kernel::new(&config.swap_step(to == ScheduleFreeMode::Eval));
             let streams = [rounding::stream(None); MAX_STATE];
             let stores = Stores {
