@@ -153,6 +153,8 @@ impl Optimizer {
 
     /// Records one step and submits it.
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        // Named as the user called it, before `record_step` would name itself.
+        self.check_train_mode("step")?;
         let ctx = self.ctx.clone();
         ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
     }

@@ -596,7 +596,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
 /// Tensors of `lengths` elements of `dtype` packed one after another into one buffer, each
 /// starting one element past the previous one's end (so none starts on a word boundary of
 /// its own choosing).
-fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<Tensor> {
+pub(super) fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<Tensor> {
     let total: u64 = lengths.iter().map(|l| l + 1).sum::<u64>() + 1;
     let buffer = ctx.zeros(label, total, dtype).buffer;
     let mut offset = dtype.size();

@@ -5,11 +5,11 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
-    DType, Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind, Tensor,
+    Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind, Tensor,
 };
 
 use super::case::{Case, CaseTensor, ValueType};
-use super::run::Backend;
+use super::run::{packed, Backend};
 use crate::oracle::{ScheduleFreeOracle, Storage};
 
 type Outputs = Vec<(String, Vec<f64>)>;
@@ -169,20 +169,4 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     outputs.push(("weight_sum".into(), vec![scalars.weight_sum]));
     outputs.push(("lr_max".into(), vec![scalars.lr_max]));
     Ok(outputs)
-}
-
-/// Tensors of `lengths` elements packed one after another into one buffer, each starting
-/// one element past the previous one's end.
-fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DType) -> Vec<Tensor> {
-    let total: u64 = lengths.iter().map(|l| l + 1).sum::<u64>() + 1;
-    let buffer = ctx.zeros(label, total, dtype).buffer;
-    let mut offset = dtype.size();
-    lengths
-        .iter()
-        .map(|&len| {
-            let t = Tensor { buffer: buffer.clone(), offset, len, dtype };
-            offset += (len + 1) * dtype.size();
-            t
-        })
-        .collect()
 }
