@@ -273,7 +273,7 @@ impl CpuOptimizer {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
         if self.q8.is_some() {
-            crate::q8::check_rmsprop8bit(&algorithm, self.grad_clip.is_some())?;
+            crate::q8::check_algorithm(&algorithm, self.grad_clip.is_some())?;
         }
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
             return Err(Error::StateMismatch {

@@ -68,7 +68,7 @@ impl Optimizer {
         algorithm.validate()?;
         let groups = self.groups.len();
         if self.q8.is_some() {
-            crate::q8::check_rmsprop8bit(&algorithm, self.clip.is_some())?;
+            crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {

@@ -120,18 +120,30 @@ fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str
     }
 }
 
-/// Refuses a schedule's change of an 8-bit optimizer's group to an RMSprop that
-/// [`rmsprop8bit_refusal`] names (weight decay or `maximize` switched on; the other options
-/// change the state kept and are refused as such). `clipped`: the optimizer clips.
-pub(crate) fn check_rmsprop8bit(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
-    match algorithm {
-        crate::Algorithm::RmsProp(r) => match rmsprop8bit_refusal(r, clipped) {
-            Some(reason) => {
-                Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason })
-            }
-            None => Ok(()),
-        },
-        _ => Ok(()),
+/// Refuses an algorithm that has no 8-bit form here, or one of whose settings 8-bit state
+/// does not reproduce. Building checks every group's; a schedule's change of a group
+/// ([`crate::Optimizer::set_group_algorithm`], and the CPU backend's) checks the new one
+/// (RMSprop's weight decay or `maximize` switched on). `clipped`: the optimizer clips.
+pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
+    use crate::Algorithm;
+    let refused = match algorithm {
+        Algorithm::Adam(adam) if adam.amsgrad => Some(
+            "AMSGrad's running maximum of the second moment has no 8-bit form (bitsandbytes has none); \
+             keep f32 state for AMSGrad",
+        ),
+        Algorithm::Adagrad(_) => {
+            Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
+        }
+        Algorithm::ScheduleFreeAdamW(_) => Some(
+            "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
+             keep f32, f16 or bf16 state for it",
+        ),
+        Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
+        _ => None,
+    };
+    match refused {
+        Some(reason) => Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason }),
+        None => Ok(()),
     }
 }
 
@@ -144,27 +156,10 @@ pub(crate) fn check_options(
     options: &crate::OptimizerOptions,
     dtypes: impl Iterator<Item = crate::DType>,
 ) -> Result<()> {
-    use crate::{Algorithm, Rounding};
+    use crate::Rounding;
     let first = "q8_states";
     for algorithm in algorithms {
-        let refused = match algorithm {
-            Algorithm::Adam(adam) if adam.amsgrad => Some(
-                "AMSGrad's running maximum of the second moment has no 8-bit form (bitsandbytes has none); \
-                 keep f32 state for AMSGrad",
-            ),
-            Algorithm::Adagrad(_) => {
-                Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
-            }
-            Algorithm::ScheduleFreeAdamW(_) => Some(
-                "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
-                 keep f32, f16 or bf16 state for it",
-            ),
-            Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, options.grad_clip.is_some()),
-            _ => None,
-        };
-        if let Some(reason) = refused {
-            return Err(Error::ConflictingOptions { first, second: "algorithm", reason });
-        }
+        check_algorithm(algorithm, options.grad_clip.is_some())?;
     }
     let conflicts: [(&'static str, bool, &'static str); 5] = [
         ("state_dtype", options.state_dtype.is_some(), "8-bit state is a storage type of its own"),
