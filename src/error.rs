@@ -289,6 +289,19 @@ pub enum Error {
         /// The refused call.
         call: &'static str,
     },
+    /// A parameter's shape (from `param_shapes`) is one the algorithm cannot take, such as a
+    /// 1-D or 3-D parameter given to Muon, which orthogonalizes matrices. Nothing was changed.
+    #[error("`param_shapes[{param}]` is {shape:?}, but {algorithm} needs {expected}")]
+    BadShape {
+        /// The parameter's index (numbered across groups).
+        param: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The algorithm that refused it.
+        algorithm: &'static str,
+        /// The shapes it takes, and where the others go.
+        expected: &'static str,
+    },
 }
 
 /// Why a training step cannot be evaluated ([`Error::BadStep`]).
