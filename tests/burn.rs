@@ -11,8 +11,8 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, Sgd};
-use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
+use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, ScheduleFreeAdamW, ScheduleFreeMode, Sgd};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, TorchState};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -619,6 +619,7 @@ fn the_module_step_resumes_from_its_saved_state_bit_for_bit() {
     for algorithm in [
         Algorithm::from(Adam { amsgrad: true, ..Adam::adamw() }),
         Sgd { lr: 0.01, momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
+        schedule_free(),
     ] {
         for warm in [false, true] {
             let [straight, resumed, dropped_in] = resume(&shared, algorithm, 3, 2, warm);
@@ -817,4 +818,159 @@ fn burns_adamw_defaults_by_name_are_burns() {
         matches!(&err, Error::Burn { cause: BurnFailure::Config, detail: m } if m.contains("cautious")),
         "{err}"
     );
+}
+
+/// Schedule-Free AdamW with a warm-up, weight decay and a polynomial weight, so that every
+/// running value matters; its lr is the one the tests pass to the front ends.
+fn schedule_free() -> Algorithm {
+    ScheduleFreeAdamW {
+        lr: 1e-2,
+        warmup_steps: 3,
+        weight_decay: 0.01,
+        r: 0.5,
+        ..ScheduleFreeAdamW::default()
+    }
+    .into()
+}
+
+fn schedule_free_oracle(count: usize) -> ScheduleFreeOracle {
+    match schedule_free() {
+        Algorithm::ScheduleFreeAdamW(config) => ScheduleFreeOracle::new(config, count),
+        other => unreachable!("{other:?}"),
+    }
+}
+
+#[test]
+fn schedule_free_steps_evals_and_trains_in_both_front_ends_as_the_oracle() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(21);
+    let lens = [1000, 37];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, 5);
+    let mut oracle = schedule_free_oracle(lens.len());
+    let mut want = initial.clone();
+    for g in &grads {
+        oracle.step(&mut want, g);
+    }
+    let mut want_eval = want.clone();
+    oracle.eval(&mut want_eval);
+    let mut want_train = want_eval.clone();
+    oracle.train(&mut want_train);
+
+    let fused = FusedOptimizer::new(&shared, schedule_free()).unwrap();
+    let mut optim = fused.clone().init();
+    let mut per_tensor = Params::new(&initial, &device);
+    let mut step = ModuleStep::builder().build(&shared, schedule_free()).unwrap();
+    let mut module = Params::new(&initial, &device);
+    for g in &grads {
+        let gp = per_tensor.grads(g, &device);
+        per_tensor = optim.step(1e-2, per_tensor, gp);
+        let gm = module.grads(g, &device);
+        module = step.step(1e-2, module, gm).unwrap();
+    }
+    assert_all("FusedOptimizer's y", &per_tensor.values(), &want, Tolerance::F32);
+    assert_all("ModuleStep's y", &module.values(), &want, Tolerance::F32);
+
+    let per_tensor = fused.eval(&optim, per_tensor).unwrap();
+    let module = step.eval(module).unwrap();
+    assert_eq!((fused.mode(), step.mode()), (ScheduleFreeMode::Eval, ScheduleFreeMode::Eval));
+    assert_all("FusedOptimizer's x", &per_tensor.values(), &want_eval, Tolerance::F32);
+    assert_all("ModuleStep's x", &module.values(), &want_eval, Tolerance::F32);
+    // A second eval() is a no-op, as the package's.
+    let module = step.eval(module).unwrap();
+    assert_all("ModuleStep's x after eval() twice", &module.values(), &want_eval, Tolerance::F32);
+
+    // Steps in eval mode are refused, nothing changed.
+    let before = module.values();
+    let g = module.grads(&grads[0], &device);
+    let refused = step.step(1e-2, module, g).unwrap_err();
+    assert!(matches!(refused.error, Error::EvalMode { call: "ModuleStep::step" }), "{}", refused.error);
+    let module = refused.module;
+    assert_all("after the refused step", &module.values(), &before, exact());
+    let t: Tensor<1> = Tensor::from_data(TensorData::new(vec![1.0f32; 3], [3]), shared.device());
+    let refused = fused.try_step(1e-2, t.clone(), t, None).unwrap_err();
+    assert!(matches!(refused, Error::EvalMode { call: "FusedOptimizer::step" }), "{refused}");
+
+    let per_tensor = fused.train(&optim, per_tensor).unwrap();
+    let module = step.train(module).unwrap();
+    assert_all("FusedOptimizer's y again", &per_tensor.values(), &want_train, Tolerance::F32);
+    assert_all("ModuleStep's y again", &module.values(), &want_train, Tolerance::F32);
+    assert_eq!((fused.mode(), step.mode()), (ScheduleFreeMode::Train, ScheduleFreeMode::Train));
+    // Training goes on from y.
+    let g = module.grads(&grads[0], &device);
+    step.step(1e-2, module, g).unwrap();
+}
+
+#[test]
+fn schedule_free_keeps_each_parameters_running_values_when_the_set_with_gradients_changes() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(22);
+    let lens = [700, 50];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, 5);
+    // Parameter 1 has no gradient at steps 1 and 2: it takes 3 steps, its own running
+    // values (warm-up, weight sum) counting them.
+    let takes = |i: usize, s: usize| i == 0 || !(1..=2).contains(&s);
+    let mut oracles: Vec<ScheduleFreeOracle> = (0..2).map(|_| schedule_free_oracle(1)).collect();
+    let mut want: Vec<Vec<Vec<f64>>> = initial.iter().map(|p| vec![p.clone()]).collect();
+    let mut step = ModuleStep::builder().build(&shared, schedule_free()).unwrap();
+    let mut model = Params::new(&initial, &device);
+    for (s, g) in grads.iter().enumerate() {
+        let mut gp = GradientsParams::new();
+        for i in 0..2 {
+            if takes(i, s) {
+                oracles[i].step(&mut want[i], &g[i..=i]);
+                gp.register(model.params[i].id, tensor(&g[i], &device));
+            }
+        }
+        model = step.step(1e-2, model, gp).unwrap();
+    }
+    assert_eq!(step.param_step_count(model.params[1].id), Some(3));
+    let want: Vec<Vec<f64>> = want.into_iter().map(|mut p| p.remove(0)).collect();
+    assert_all("y", &model.values(), &want, Tolerance::F32);
+    // Both parameters in x, each from its own values, though their counts differ.
+    let model = step.eval(model).unwrap();
+    let mut want_eval: Vec<Vec<Vec<f64>>> = want.iter().map(|p| vec![p.clone()]).collect();
+    for (oracle, p) in oracles.iter_mut().zip(&mut want_eval) {
+        oracle.eval(p);
+    }
+    let want_eval: Vec<Vec<f64>> = want_eval.into_iter().map(|mut p| p.remove(0)).collect();
+    assert_all("x", &model.values(), &want_eval, Tolerance::F32);
+}
+
+#[test]
+fn a_module_step_saved_in_eval_mode_loads_in_eval_mode_and_trains_back_to_y() {
+    let shared = shared();
+    let device = shared.device().clone().autodiff();
+    let mut rng = Rng::new(23);
+    let lens = [300, 9];
+    let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = gradient_steps(&mut rng, &lens, 3);
+    let mut step = ModuleStep::builder().build(&shared, schedule_free()).unwrap();
+    let mut model = Params::new(&initial, &device);
+    for g in &grads {
+        let gm = model.grads(g, &device);
+        model = step.step(1e-2, model, gm).unwrap();
+    }
+    let y = model.values();
+    let model = step.eval(model).unwrap();
+    let bytes = step.to_bytes().unwrap();
+    // The drop-in cannot tell x from y in its per-tensor records: refused, by name.
+    let Err(refused) = FusedOptimizer::new(&shared, schedule_free()).unwrap().load_bytes(bytes.clone())
+    else {
+        panic!("a record saved in eval mode loaded into the drop-in");
+    };
+    assert!(matches!(&refused, Error::Burn { detail, .. } if detail.contains("eval mode")), "{refused}");
+    let mut loaded = ModuleStep::builder().build(&shared, schedule_free()).unwrap();
+    loaded.load_bytes(bytes).unwrap();
+    assert_eq!(loaded.mode(), ScheduleFreeMode::Eval);
+    let model = loaded.train(model).unwrap();
+    assert_all("y after train() on the loaded state", &model.values(), &y, Tolerance::F32);
+    // Another algorithm's module step refuses the record by name.
+    let mut adam = ModuleStep::builder().build(&shared, Adam::adamw()).unwrap();
+    assert!(adam.load_bytes(step.to_bytes().unwrap()).is_err());
+    let refused = adam.eval(model).unwrap_err();
+    assert!(matches!(&refused.error, Error::Burn { cause: BurnFailure::Config, .. }), "{}", refused.error);
 }

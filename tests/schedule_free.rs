@@ -730,26 +730,6 @@ fn a_checkpoint_of_another_algorithm_is_refused_and_changes_nothing() {
     assert!(matches!(adam.load_from_bytes(&sf), Err(Error::BadFile { .. })));
 }
 
-#[cfg(feature = "burn")]
-#[test]
-fn burns_front_ends_refuse_schedule_free_by_name() {
-    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-    let shared = SharedDevice::headless_blocking().unwrap();
-    let config = ScheduleFreeAdamW::default();
-    let refusals = [
-        ("FusedOptimizer", FusedOptimizer::new(&shared, config).map(|_| ()).unwrap_err()),
-        ("ModuleStep", ModuleStep::builder().build(&shared, config).map(|_| ()).unwrap_err()),
-    ];
-    for (front_end, refused) in refusals {
-        match refused {
-            Error::Burn { cause: wgpu_optim::BurnFailure::Config, detail } => {
-                assert!(detail.contains(front_end) && detail.contains("Schedule-Free"), "{detail}")
-            }
-            other => panic!("{front_end}: {other:?}"),
-        }
-    }
-}
-
 #[test]
 fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() {
     use wgpu_optim::Rounding;

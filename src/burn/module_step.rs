@@ -7,11 +7,13 @@ use ::burn::optim::GradientsParams;
 use ::burn::tensor::{Bytes, GradientCheckpointingStrategy, Tensor as BurnTensor, TensorData};
 
 use super::lease::{bindable, lease, Access, Leased};
-use super::record::{self, ParamRecord};
+use super::record::{self, ParamRecord, ScheduleFreeRecord};
+use super::schedule_free::lease_params;
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
 use crate::{
-    Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, StateKind, Tensor,
+    Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, ScheduleFreeMode,
+    ScheduleFreeScalars, StateKind, Tensor,
 };
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
@@ -70,6 +72,8 @@ pub struct ModuleStep {
     bounds: Vec<Bound>,
     /// The key of the next optimizer built.
     next_key: u64,
+    /// Schedule-Free's mode: whether the parameters with state hold y or x.
+    mode: ScheduleFreeMode,
 }
 
 /// A refused [`ModuleStep`] step: the reason, and the module handed back with its
@@ -135,6 +139,10 @@ struct Entry {
     time: u64,
     /// Its shape, for the records (empty until a step saw the parameter).
     shape: Vec<usize>,
+    /// Schedule-Free's running values after its last step (`k` is `time`): per parameter,
+    /// since parameters stepped together share an optimizer (and its group's values) only
+    /// while their histories agree.
+    schedule_free: Option<ScheduleFreeScalars>,
     home: Home,
 }
 
@@ -156,6 +164,7 @@ struct Bound {
 /// The parameters of one step with the same step count: indices into the step's lists.
 struct Cohort {
     time: u64,
+    schedule_free: Option<ScheduleFreeScalars>,
     members: Vec<usize>,
 }
 
@@ -212,7 +221,6 @@ impl ModuleStepBuilder {
     pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        super::schedule_free::refuse(&algorithm, "ModuleStep")?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }
@@ -223,6 +231,7 @@ impl ModuleStepBuilder {
             params: HashMap::new(),
             bounds: Vec::new(),
             next_key: 0,
+            mode: ScheduleFreeMode::Train,
         })
     }
 }
@@ -246,6 +255,104 @@ impl ModuleStep {
     /// the loaded record's; `None` for a parameter never stepped nor loaded.
     pub fn param_step_count(&self, id: ParamId) -> Option<u64> {
         self.params.get(&id).map(|e| e.time)
+    }
+
+    /// Schedule-Free's mode: whether the parameters hold y ([`ScheduleFreeMode::Train`],
+    /// where a module step starts) or the average x ([`Self::eval`]).
+    pub fn mode(&self) -> ScheduleFreeMode {
+        self.mode
+    }
+
+    /// Schedule-Free's `eval()`: every parameter of `module` with a stepped state becomes
+    /// the average `x = lerp(y, z, 1 - 1/beta1)`, on the device, in one submission (nothing is
+    /// read back), and steps are refused ([`Error::EvalMode`]) until [`Self::train`]. A
+    /// no-op in eval mode already, as the package's. Refused, with the module handed back
+    /// unchanged ([`StepError`]), for another algorithm, for `beta1 = 0` (x cannot be
+    /// recovered), or where a parameter cannot be bound.
+    ///
+    /// ```no_run
+    /// # fn run<M: burn::module::Module>(model: M, grads: burn::optim::GradientsParams) -> wgpu_optim::Result<M> {
+    /// use wgpu_optim::burn::{ModuleStep, SharedDevice};
+    /// use wgpu_optim::ScheduleFreeAdamW;
+    ///
+    /// let shared = SharedDevice::headless_blocking()?;
+    /// let mut step = ModuleStep::builder().build(&shared, ScheduleFreeAdamW::default())?;
+    /// let model = step.step(0.0025, model, grads)?;
+    /// let model = step.eval(model)?; // evaluate x
+    /// let model = step.train(model)?; // back to y, to train on
+    /// # Ok(model) }
+    /// ```
+    pub fn eval<M: Module>(&mut self, module: M) -> Result<M, StepError<M>> {
+        self.swap(module, ScheduleFreeMode::Eval)
+    }
+
+    /// Schedule-Free's `train()`: back from x to `y = lerp(x, z, 1 - beta1)` and train mode.
+    /// A no-op in train mode; otherwise as [`Self::eval`].
+    pub fn train<M: Module>(&mut self, module: M) -> Result<M, StepError<M>> {
+        self.swap(module, ScheduleFreeMode::Train)
+    }
+
+    fn swap<M: Module>(&mut self, module: M, to: ScheduleFreeMode) -> Result<M, StepError<M>> {
+        let checked = match self.algorithm {
+            Algorithm::ScheduleFreeAdamW(config) if to == ScheduleFreeMode::Eval => {
+                crate::algo::check_eval(&config)
+            }
+            Algorithm::ScheduleFreeAdamW(_) => Ok(()),
+            other => Err(Error::Burn {
+                cause: BurnFailure::Config,
+                detail: format!(
+                    "eval() and train() switch Schedule-Free AdamW's parameters between y and x; this \
+                     module step runs {}",
+                    other.name()
+                ),
+            }),
+        };
+        if let Err(error) = checked {
+            return Err(StepError { module, error });
+        }
+        if self.mode == to {
+            return Ok(module);
+        }
+        let params = &self.params;
+        let stepped = |id: ParamId| params.get(&id).is_some_and(|e| e.time > 0);
+        let (module, leased) = lease_params(&self.shared, module, &stepped)?;
+        match self.record_swap(&leased, to) {
+            Ok(()) => Ok(module),
+            Err(error) => Err(StepError { module, error }),
+        }
+    }
+
+    /// Records and submits the swap of the leased parameters: each cohort's optimizer found
+    /// or built (its state brought in, its mode the module step's), then its swap pass.
+    fn record_swap(&mut self, leased: &[(ParamId, Leased)], to: ScheduleFreeMode) -> Result<()> {
+        let ids: Vec<ParamId> = leased.iter().map(|(id, _)| *id).collect();
+        let shapes = ids.iter().map(|id| self.params.get(id).map(|e| e.shape.clone()).unwrap_or_default());
+        let checked = Checked { shapes: shapes.collect(), ids };
+        let cohorts = self.cohorts(&checked.ids, false)?;
+        let ctx = self.shared.context().clone();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgpu-optim swap") });
+        let mut prepared = Vec::with_capacity(cohorts.len());
+        for cohort in &cohorts {
+            let ids: Vec<ParamId> = cohort.members.iter().map(|&i| checked.ids[i]).collect();
+            let params: Vec<Tensor> = cohort.members.iter().map(|&i| leased[i].1.tensor.clone()).collect();
+            prepared.push(self.prepare(&mut encoder, ids, params, cohort)?);
+        }
+        for prepared in &mut prepared {
+            let optimizer = match prepared {
+                Prepared::Reused(k) => &mut self.bounds[*k].optimizer,
+                Prepared::Built(bound) => &mut bound.optimizer,
+            };
+            match to {
+                ScheduleFreeMode::Eval => optimizer.record_eval(&mut encoder)?,
+                ScheduleFreeMode::Train => optimizer.record_train(&mut encoder)?,
+            }
+        }
+        ctx.queue().submit([encoder.finish()]);
+        self.commit(&checked, &cohorts, prepared, false);
+        self.mode = to;
+        Ok(())
     }
 
     /// One step with learning rate `lr` of every parameter of `module` that has a gradient
@@ -289,7 +396,17 @@ impl ModuleStep {
                     rank: entry.shape.len(),
                     time: self.device_time(entry)?,
                     tensors: self.read_state(*key, *id, &entry.shape)?,
+                    schedule_free: entry.schedule_free.map(|s| ScheduleFreeRecord {
+                        weight_sum: s.weight_sum,
+                        lr_max: s.lr_max,
+                        train_mode: None,
+                    }),
                 },
+            };
+            let train_mode = Some(self.mode == ScheduleFreeMode::Train);
+            let state = ParamRecord {
+                schedule_free: state.schedule_free.map(|s| ScheduleFreeRecord { train_mode, ..s }),
+                ..state
             };
             states.insert(id.val(), state);
         }
@@ -314,15 +431,23 @@ impl ModuleStep {
         let expected = record::expected_names(&self.algorithm, self.options.rounding);
         for (id, state) in &states {
             record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
+            record::check_schedule_free(*id, state, &self.algorithm)?;
         }
+        let mode = record_mode(&states)?;
         self.bounds.clear();
         self.params = states
             .into_iter()
             .map(|(id, state)| {
-                let entry = Entry { time: state.time, shape: Vec::new(), home: Home::Loaded(state) };
+                let entry = Entry {
+                    time: state.time,
+                    shape: Vec::new(),
+                    schedule_free: state.scalars(),
+                    home: Home::Loaded(state),
+                };
                 (ParamId::from(id), entry)
             })
             .collect();
+        self.mode = mode;
         Ok(())
     }
 
@@ -376,6 +501,9 @@ impl ModuleStep {
         inv_scale: Option<BurnTensor<1>>,
     ) -> Result<M, StepError<M>> {
         // Everything that can be refused before the module is taken apart is.
+        if self.mode == ScheduleFreeMode::Eval {
+            return Err(StepError { module, error: Error::EvalMode { call: "ModuleStep::step" } });
+        }
         let checked = match self.check(lr, &module, &grads) {
             Ok(checked) => checked,
             Err(error) => return Err(StepError { module, error }),
@@ -383,7 +511,7 @@ impl ModuleStep {
         if checked.ids.is_empty() {
             return Ok(module);
         }
-        let cohorts = match self.cohorts(&checked.ids) {
+        let cohorts = match self.cohorts(&checked.ids, true) {
             Ok(cohorts) => cohorts,
             Err(error) => return Err(StepError { module, error }),
         };
@@ -424,19 +552,24 @@ impl ModuleStep {
         }
     }
 
-    /// The step's parameters grouped by step count, lowest first. Refused where the counts
-    /// differ and an option needs one optimizer over all of them.
-    fn cohorts(&mut self, ids: &[ParamId]) -> Result<Vec<Cohort>> {
+    /// The step's parameters grouped by step count (and Schedule-Free's values), lowest
+    /// first. Refused, for a step, where the counts differ and an option needs one optimizer
+    /// over all of them.
+    fn cohorts(&mut self, ids: &[ParamId], for_step: bool) -> Result<Vec<Cohort>> {
         let same_as_last = self.bounds.len() == 1 && self.bounds[0].ids == ids;
         if self.options.capturable && !same_as_last {
             self.settle_device_counts()?;
         }
-        let mut by_time: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        // Keyed by the values' bits: parameters share an optimizer only where they are equal.
+        type Key = (u64, Option<(u64, u64)>);
+        let mut by_time: BTreeMap<Key, (Option<ScheduleFreeScalars>, Vec<usize>)> = BTreeMap::new();
         for (i, id) in ids.iter().enumerate() {
-            let time = self.params.get(id).map_or(0, |e| e.time);
-            by_time.entry(time).or_default().push(i);
+            let (time, scalars) = self.params.get(id).map_or((0, None), |e| (e.time, e.schedule_free));
+            let key = (time, scalars.map(|s| (s.weight_sum.to_bits(), s.lr_max.to_bits())));
+            by_time.entry(key).or_insert_with(|| (scalars, Vec::new())).1.push(i);
         }
-        if by_time.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
+        let counts: std::collections::BTreeSet<u64> = by_time.keys().map(|(t, _)| *t).collect();
+        if for_step && counts.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
             let option = if self.options.capturable { "capturable (AMP)" } else { "grad_clip" };
             return Err(Error::Burn {
                 cause: BurnFailure::Step,
@@ -444,11 +577,16 @@ impl ModuleStep {
                     "the parameters with gradients have different step counts ({:?}) (some had no \
                  gradient in an earlier step); {option} covers one optimizer, one count, so \
                  they cannot be stepped together under it",
-                    by_time.keys().collect::<Vec<_>>()
+                    counts
                 ),
             });
         }
-        Ok(by_time.into_iter().map(|(time, members)| Cohort { time, members }).collect())
+        let cohorts = by_time.into_iter().map(|((time, _), (schedule_free, members))| Cohort {
+            time,
+            schedule_free,
+            members,
+        });
+        Ok(cohorts.collect())
     }
 
     /// Capturable mode: each parameter's count from its optimizer's device counter (AMP
@@ -495,7 +633,7 @@ impl ModuleStep {
             let ids: Vec<ParamId> = cohort.members.iter().map(|&i| checked.ids[i]).collect();
             let params: Vec<Tensor> =
                 cohort.members.iter().map(|&i| leased.params[i].tensor.clone()).collect();
-            prepared.push(self.prepare(&mut encoder, ids, params, cohort.time)?);
+            prepared.push(self.prepare(&mut encoder, ids, params, cohort)?);
         }
         for (cohort, prepared) in cohorts.iter().zip(&mut prepared) {
             let grads: Vec<Tensor> = cohort.members.iter().map(|&i| leased.grads[i].tensor.clone()).collect();
@@ -510,7 +648,7 @@ impl ModuleStep {
             optimizer.record_step(&mut encoder, &grads)?;
         }
         ctx.queue().submit([encoder.finish()]);
-        self.commit(checked, cohorts, prepared);
+        self.commit(checked, cohorts, prepared, true);
         Ok(())
     }
 
@@ -522,8 +660,9 @@ impl ModuleStep {
         encoder: &mut wgpu::CommandEncoder,
         ids: Vec<ParamId>,
         params: Vec<Tensor>,
-        time: u64,
+        cohort: &Cohort,
     ) -> Result<Prepared> {
+        let time = cohort.time;
         if let Some(k) = self.bounds.iter().position(|b| b.ids == ids && b.params == params) {
             let bound = &self.bounds[k];
             self.bring_in(encoder, &bound.optimizer, Some(bound.key), &ids)?;
@@ -532,6 +671,7 @@ impl ModuleStep {
             if !self.options.capturable && optimizer.step_count() != time {
                 optimizer.set_step_count(time)?;
             }
+            continue_schedule_free(optimizer, cohort, self.mode)?;
             return Ok(Prepared::Reused(k));
         }
         let ctx = self.shared.context();
@@ -541,6 +681,7 @@ impl ModuleStep {
         if time != 0 {
             optimizer.set_step_count(time)?;
         }
+        continue_schedule_free(&mut optimizer, cohort, self.mode)?;
         let key = self.next_key;
         self.next_key += 1;
         Ok(Prepared::Built(Box::new(Bound { key, ids, params, optimizer })))
@@ -604,24 +745,30 @@ impl ModuleStep {
         Ok(())
     }
 
-    /// After a submitted step: each stepped parameter counts it and lives in its cohort's
-    /// optimizer; this step's optimizers come first, and those holding no one's state go.
-    fn commit(&mut self, checked: &Checked, cohorts: &[Cohort], prepared: Vec<Prepared>) {
+    /// After a submitted step (or, `stepped` false, a Schedule-Free swap): each parameter
+    /// counts it and lives in its cohort's optimizer; this call's optimizers come first, and
+    /// those holding no one's state go.
+    fn commit(&mut self, checked: &Checked, cohorts: &[Cohort], prepared: Vec<Prepared>, stepped: bool) {
         let mut keys = Vec::with_capacity(cohorts.len());
         let mut built = Vec::new();
         for (cohort, prepared) in cohorts.iter().zip(prepared) {
-            let key = match prepared {
-                Prepared::Reused(k) => self.bounds[k].key,
+            let (key, optimizer) = match prepared {
+                Prepared::Reused(k) => (self.bounds[k].key, &self.bounds[k].optimizer),
                 Prepared::Built(bound) => {
-                    let key = bound.key;
                     built.push(*bound);
-                    key
+                    let bound = &built[built.len() - 1];
+                    (bound.key, &bound.optimizer)
                 }
             };
             keys.push(key);
+            let schedule_free = optimizer.schedule_free_scalars(0);
             for &i in &cohort.members {
-                let entry =
-                    Entry { time: cohort.time + 1, shape: checked.shapes[i].clone(), home: Home::Bound(key) };
+                let entry = Entry {
+                    time: cohort.time + u64::from(stepped),
+                    shape: checked.shapes[i].clone(),
+                    schedule_free,
+                    home: Home::Bound(key),
+                };
                 self.params.insert(checked.ids[i], entry);
             }
         }
@@ -633,6 +780,32 @@ impl ModuleStep {
             .collect();
         self.bounds.retain(|b| homes.contains(&b.key));
         self.bounds.sort_by_key(|b| keys.iter().position(|k| *k == b.key).unwrap_or(usize::MAX));
+    }
+}
+
+/// A cohort's optimizer set to continue Schedule-Free where its parameters left off: the
+/// cohort's values, and the module step's mode (a new optimizer starts in train mode).
+fn continue_schedule_free(optimizer: &mut Optimizer, cohort: &Cohort, mode: ScheduleFreeMode) -> Result<()> {
+    if optimizer.schedule_free_scalars(0).is_none() {
+        return Ok(());
+    }
+    optimizer.set_schedule_free_scalars(0, cohort.schedule_free.unwrap_or_default())?;
+    optimizer.set_mode_unchanged(mode);
+    Ok(())
+}
+
+/// The mode a record was saved in: train unless its Schedule-Free parameters say eval,
+/// which they all must say alike.
+fn record_mode(states: &BTreeMap<u64, ParamRecord>) -> Result<ScheduleFreeMode> {
+    let modes: std::collections::BTreeSet<bool> =
+        states.values().filter_map(|s| s.schedule_free.and_then(|sf| sf.train_mode)).collect();
+    match modes.into_iter().collect::<Vec<_>>().as_slice() {
+        [] | [true] => Ok(ScheduleFreeMode::Train),
+        [false] => Ok(ScheduleFreeMode::Eval),
+        _ => Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: "the record's parameters were saved in both train and eval mode".into(),
+        }),
     }
 }
 
@@ -739,7 +912,7 @@ impl ModuleVisitor for Check<'_> {
 }
 
 /// What Burn's own module optimizer keeps of a parameter across an update.
-struct ParamContext {
+pub(super) struct ParamContext {
     autodiff: bool,
     require_grad: bool,
     checkpointing: Option<GradientCheckpointingStrategy>,
@@ -747,7 +920,7 @@ struct ParamContext {
 }
 
 impl ParamContext {
-    fn capture<const D: usize>(tensor: &BurnTensor<D>) -> Self {
+    pub(super) fn capture<const D: usize>(tensor: &BurnTensor<D>) -> Self {
         ParamContext {
             autodiff: tensor.is_autodiff(),
             require_grad: tensor.is_require_grad(),
@@ -756,7 +929,7 @@ impl ParamContext {
         }
     }
 
-    fn restore<const D: usize>(self, inner: BurnTensor<D>, id: ParamId) -> BurnTensor<D> {
+    pub(super) fn restore<const D: usize>(self, inner: BurnTensor<D>, id: ParamId) -> BurnTensor<D> {
         if !self.autodiff {
             return inner;
         }

@@ -1,5 +1,8 @@
 //! Burn's per-tensor optimizer trait on this crate's fused kernels.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ::burn::module::Module;
 use ::burn::optim::{
     LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer, RecordState, StateSink, StateSource,
 };
@@ -7,10 +10,14 @@ use ::burn::tensor::{Bytes, Device, Tensor as BurnTensor};
 use burn_pack::Scalar;
 
 use super::lease::{lease, Access, Leased};
-use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, TIME};
-use super::SharedDevice;
+use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, LR_MAX, TIME, WEIGHT_SUM};
+use super::schedule_free::{lease_params, record_swap};
+use super::{SharedDevice, StepError};
 use crate::ops::{self, Update};
-use crate::{Algorithm, BurnFailure, Error, Result, Rounding, StateKind};
+use crate::optimizer::check_schedule_free_scalars;
+use crate::{
+    Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars, StateKind,
+};
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
 /// with standard or Nesterov momentum, Adagrad, all in PyTorch's convention) behind Burn's
@@ -40,6 +47,9 @@ use crate::{Algorithm, BurnFailure, Error, Result, Rounding, StateKind};
 pub struct FusedOptimizer {
     shared: SharedDevice,
     algorithm: Algorithm,
+    /// Schedule-Free's mode, shared by this optimizer's clones (the one inside Burn's
+    /// `ModuleOptimizer` and the one a trainer keeps to call [`Self::eval`]).
+    mode: Arc<Mutex<ScheduleFreeMode>>,
 }
 
 /// One parameter's state under [`FusedOptimizer`]: the step count and the algorithm's state
@@ -65,7 +75,7 @@ pub struct FusedState<const D: usize> {
     pub momentum_buffer: Option<BurnTensor<D>>,
     /// Adagrad's sum of squared gradients.
     pub sum: Option<BurnTensor<D>>,
-    /// Schedule-Free's z (no algorithm Burn's front ends run keeps it yet).
+    /// Schedule-Free AdamW's z.
     pub z: Option<BurnTensor<D>>,
     /// RMSprop's running average of the squared gradient.
     pub square_avg: Option<BurnTensor<D>>,
@@ -73,6 +83,11 @@ pub struct FusedState<const D: usize> {
     pub grad_avg: Option<BurnTensor<D>>,
     /// AdEMAMix's slow EMA of the gradient.
     pub exp_avg_slow: Option<BurnTensor<D>>,
+    /// Schedule-Free AdamW's running values after the last step (`k` is [`Self::time`]):
+    /// the package keeps them per group, and every tensor a Burn optimizer steps sees the
+    /// same rate sequence, so each tensor's are its group's. Burn's records hold them as
+    /// `{param}.weight_sum` and `{param}.lr_max`.
+    pub schedule_free: Option<ScheduleFreeScalars>,
     /// Set when a loaded record held another optimizer's state for this parameter (neither
     /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
     pub foreign: Option<String>,
@@ -136,6 +151,7 @@ impl<const D: usize> FusedState<D> {
             square_avg: moved(self.square_avg),
             grad_avg: moved(self.grad_avg),
             exp_avg_slow: moved(self.exp_avg_slow),
+            schedule_free: self.schedule_free,
             foreign: self.foreign,
         }
     }
@@ -152,6 +168,7 @@ impl<const D: usize> FusedState<D> {
             square_avg: None,
             grad_avg: None,
             exp_avg_slow: None,
+            schedule_free: None,
             foreign: None,
         }
     }
@@ -170,7 +187,19 @@ impl<const D: usize> FusedState<D> {
             STATE_NAMES.iter().zip(self.tensors()).filter(|(_, t)| t.is_some()).map(|(n, _)| *n).collect();
         let expected: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
         if held.iter().all(|n| expected.contains(n)) && expected.iter().all(|n| held.contains(n)) {
-            return Ok(());
+            return match (algorithm, self.schedule_free) {
+                (Algorithm::ScheduleFreeAdamW(_), None) => Err(Error::Burn {
+                    cause: BurnFailure::Record,
+                    detail: "the parameter's Schedule-Free state has no weight_sum and lr_max, which \
+                             its next step's averaging weight needs"
+                        .into(),
+                }),
+                (Algorithm::ScheduleFreeAdamW(_), Some(scalars)) => check_schedule_free_scalars(
+                    algorithm,
+                    &ScheduleFreeScalars { k: self.time as u64, ..scalars },
+                ),
+                _ => Ok(()),
+            };
         }
         Err(Error::Burn {
             cause: BurnFailure::Record,
@@ -187,6 +216,10 @@ impl<const D: usize> FusedState<D> {
 impl<const D: usize> RecordState for FusedState<D> {
     fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
         out.push_scalar(prefix, TIME, Scalar::from(self.time));
+        if let Some(scalars) = self.schedule_free {
+            out.push_scalar(prefix, WEIGHT_SUM, Scalar::from(scalars.weight_sum));
+            out.push_scalar(prefix, LR_MAX, Scalar::from(scalars.lr_max));
+        }
         for (name, tensor) in STATE_NAMES.iter().zip(self.tensors()) {
             if let Some(tensor) = tensor {
                 out.push_tensor(prefix, name, tensor.clone().into_data());
@@ -208,9 +241,17 @@ impl<const D: usize> RecordState for FusedState<D> {
             );
             return Some(FusedState { foreign: Some(foreign), ..FusedState::fresh() });
         };
+        let weight_sum = src.take_scalar(prefix, WEIGHT_SUM).and_then(|v| f64::try_from(v).ok());
+        let lr_max = src.take_scalar(prefix, LR_MAX).and_then(|v| f64::try_from(v).ok());
+        let schedule_free = weight_sum.zip(lr_max).map(|(weight_sum, lr_max)| ScheduleFreeScalars {
+            k: time as u64,
+            weight_sum,
+            lr_max,
+        });
         let mut take =
             |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
         Some(FusedState {
+            schedule_free,
             time,
             exp_avg: take("exp_avg"),
             exp_avg_sq: take("exp_avg_sq"),
@@ -247,8 +288,7 @@ impl FusedOptimizer {
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        super::schedule_free::refuse(&algorithm, "FusedOptimizer")?;
-        Ok(FusedOptimizer { shared: shared.clone(), algorithm })
+        Ok(FusedOptimizer { shared: shared.clone(), algorithm, mode: Arc::default() })
     }
 
     /// Burn's module-level optimizer around this one, as Burn's `AdamWConfig::init` gives.
@@ -275,6 +315,17 @@ impl FusedOptimizer {
         let expected = record::expected_names(&self.algorithm, Rounding::NearestEven);
         for (id, state) in &states {
             record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
+            record::check_schedule_free(*id, state, &self.algorithm)?;
+            if state.schedule_free.and_then(|sf| sf.train_mode) == Some(false) {
+                return Err(Error::Burn {
+                    cause: BurnFailure::Record,
+                    detail: format!(
+                        "parameter {id}'s Schedule-Free state was saved in eval mode (the module's \
+                         parameters held x): load it into a ModuleStep, which restores the mode, or \
+                         save it after train()"
+                    ),
+                });
+            }
         }
         self.init().from_bytes(bytes).map_err(|e| Error::Burn {
             cause: BurnFailure::Record,
@@ -293,8 +344,14 @@ impl FusedOptimizer {
     ) -> Result<(BurnTensor<D>, FusedState<D>)> {
         let algorithm = self.algorithm.with_lr(lr);
         algorithm.validate()?;
+        if self.mode() == ScheduleFreeMode::Eval {
+            return Err(Error::EvalMode { call: "FusedOptimizer::step" });
+        }
         let mut state = state.unwrap_or_else(FusedState::fresh);
         state.check(&algorithm)?;
+        let t = state.time as u64 + 1;
+        let scalars = ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
+        let (step, next) = crate::algo::group_step(&algorithm, t, &scalars);
         let kinds = algorithm.state_kinds();
         let initial = algorithm.initial_state();
         let mut states = Vec::with_capacity(kinds.len());
@@ -317,14 +374,184 @@ impl FusedOptimizer {
         let mut encoder = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgpu-optim Burn step") });
-        ops::update(ctx, &mut encoder, &algorithm, state.time as u64 + 1, &[update])?;
+        ops::record_updates(ctx, &mut encoder, &step, kinds, &[update])?;
         ctx.queue().submit([encoder.finish()]);
         for (kind, t) in kinds.iter().zip(returned) {
             *state.slot(*kind) = Some(t);
         }
         state.time += 1;
+        if let Algorithm::ScheduleFreeAdamW(_) = algorithm {
+            state.schedule_free = Some(next);
+        }
         Ok((tensor, state))
     }
+}
+
+/// Schedule-Free AdamW's modes. Burn's per-tensor trait hands a step one parameter's state
+/// at a time and gives no other access to it, so the swaps read the state through Burn's
+/// record (a copy through the host); [`ModuleStep`](super::ModuleStep) swaps on the device
+/// with nothing read back.
+impl FusedOptimizer {
+    /// Which point the parameters hold: y ([`ScheduleFreeMode::Train`], where every
+    /// optimizer starts) or the average x after [`Self::eval`]. Shared by this optimizer's
+    /// clones, the one inside Burn's `ModuleOptimizer` included.
+    pub fn mode(&self) -> ScheduleFreeMode {
+        *self.lock_mode()
+    }
+
+    /// Schedule-Free's `eval()`: every parameter of `module` that `optim` holds a stepped
+    /// state for becomes the average `x = lerp(y, z, 1 - 1/beta1)`, in one submission, and
+    /// steps are refused ([`Error::EvalMode`], a panic under Burn's trait) until
+    /// [`Self::train`]. `optim` is the `ModuleOptimizer` made from this optimizer or a clone
+    /// of it (keep a clone to call this):
+    ///
+    /// ```no_run
+    /// # fn run<M: burn::module::Module>(model: M) -> wgpu_optim::Result<M> {
+    /// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+    /// use wgpu_optim::ScheduleFreeAdamW;
+    ///
+    /// let shared = SharedDevice::headless_blocking()?;
+    /// let fused = FusedOptimizer::new(&shared, ScheduleFreeAdamW::default())?;
+    /// let mut optim = fused.clone().init();
+    /// // ... training steps: model = optim.step(lr, model, grads);
+    /// let model = fused.eval(&optim, model)?; // evaluate x
+    /// let model = fused.train(&optim, model)?; // back to y, to train on
+    /// # Ok(model) }
+    /// ```
+    ///
+    /// A no-op in eval mode already, as the package's. Refused, with the module handed back
+    /// unchanged ([`StepError`]), for another algorithm, for `beta1 = 0` (x cannot be
+    /// recovered), where `optim` clips gradients (Burn's per-group clipping is not this
+    /// optimizer's to run), or where the record or a parameter cannot be read or bound.
+    pub fn eval<M: Module>(
+        &self,
+        optim: &ModuleOptimizer,
+        module: M,
+    ) -> std::result::Result<M, StepError<M>> {
+        self.swap(optim, module, ScheduleFreeMode::Eval)
+    }
+
+    /// Schedule-Free's `train()`: back from x to `y = lerp(x, z, 1 - beta1)` and train mode.
+    /// A no-op in train mode; otherwise as [`Self::eval`].
+    pub fn train<M: Module>(
+        &self,
+        optim: &ModuleOptimizer,
+        module: M,
+    ) -> std::result::Result<M, StepError<M>> {
+        self.swap(optim, module, ScheduleFreeMode::Train)
+    }
+
+    fn lock_mode(&self) -> MutexGuard<'_, ScheduleFreeMode> {
+        // The guarded value is a plain mode, whole whatever a panicking holder did.
+        self.mode.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn swap<M: Module>(
+        &self,
+        optim: &ModuleOptimizer,
+        module: M,
+        to: ScheduleFreeMode,
+    ) -> std::result::Result<M, StepError<M>> {
+        let mut mode = self.lock_mode();
+        let config = match self.check_swap(optim, to) {
+            Ok(config) => config,
+            Err(error) => return Err(StepError { module, error }),
+        };
+        if *mode == to {
+            return Ok(module);
+        }
+        let states = match optim.into_bytes() {
+            Ok(bytes) => record::read(bytes),
+            Err(e) => Err(Error::Burn {
+                cause: BurnFailure::Record,
+                detail: format!("Burn could not write the optimizer's record: {e}"),
+            }),
+        };
+        let states = match states {
+            Ok(states) => states,
+            Err(error) => return Err(StepError { module, error }),
+        };
+        let stepped = |id: ::burn::module::ParamId| {
+            states.get(&id.val()).is_some_and(|s| s.time > 0 && s.tensors.contains_key("z"))
+        };
+        let (module, leased) = lease_params(&self.shared, module, &stepped)?;
+        let ctx = self.shared.context();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgpu-optim swap") });
+        let mut recorded = || -> Result<()> {
+            for (id, param) in &leased {
+                let state = &states[&id.val()];
+                let [z, exp_avg_sq] = ["z", "exp_avg_sq"].map(|name| {
+                    let data = state.tensors.get(name).ok_or_else(|| Error::Burn {
+                        cause: BurnFailure::Record,
+                        detail: format!("parameter {id}'s Schedule-Free state has no {name}"),
+                    })?;
+                    upload_like(ctx, &param.tensor, data, &format!("parameter {id}'s {name}"))
+                });
+                record_swap(ctx, &mut encoder, &config, to, &param.tensor, &z?, &exp_avg_sq?)?;
+            }
+            Ok(())
+        };
+        if let Err(error) = recorded() {
+            return Err(StepError { module, error });
+        }
+        ctx.queue().submit([encoder.finish()]);
+        *mode = to;
+        Ok(module)
+    }
+
+    /// The algorithm's Schedule-Free configuration, where a swap to `to` can run under `optim`.
+    fn check_swap(&self, optim: &ModuleOptimizer, to: ScheduleFreeMode) -> Result<crate::ScheduleFreeAdamW> {
+        let Algorithm::ScheduleFreeAdamW(config) = self.algorithm else {
+            return Err(Error::Burn {
+                cause: BurnFailure::Config,
+                detail: format!(
+                    "eval() and train() switch Schedule-Free AdamW's parameters between y and x; this \
+                     optimizer runs {}",
+                    self.algorithm.name()
+                ),
+            });
+        };
+        if to == ScheduleFreeMode::Eval {
+            crate::algo::check_eval(&config)?;
+        }
+        if optim.has_gradient_clipping() {
+            return Err(Error::Burn {
+                cause: BurnFailure::Config,
+                detail: "the ModuleOptimizer clips gradients; Schedule-Free's swaps under it are refused, \
+                         as a clipped step's y and z would not be the ones the swap assumes"
+                    .into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+/// A new tensor of `like`'s length and dtype holding a record tensor's values (converted
+/// where the record holds another float dtype).
+fn upload_like(
+    ctx: &crate::GpuContext,
+    like: &crate::Tensor,
+    data: &::burn::tensor::TensorData,
+    what: &str,
+) -> Result<crate::Tensor> {
+    if data.num_elements() as u64 != like.len {
+        return Err(Error::LengthMismatch {
+            argument: what.to_string(),
+            got: data.num_elements() as u64,
+            expected: like.len,
+            reference: "its parameter".into(),
+        });
+    }
+    let tensor = ctx.zeros(what, like.len, like.dtype);
+    let dtype = record::dtype_of(data)?;
+    if dtype == like.dtype {
+        ctx.write_bytes(&tensor, data.as_bytes())?;
+    } else {
+        ctx.write(&tensor, &dtype.decode(data.as_bytes()))?;
+    }
+    Ok(tensor)
 }
 
 impl BurnOptimizer for FusedOptimizer {

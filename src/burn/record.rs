@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use ::burn::tensor::{Bytes, DType as BurnDType, TensorData};
 use burn_pack::{Reader, Scalar, Writer};
 
-use crate::{Algorithm, BurnFailure, DType, Error, Result, Rounding, StateKind};
+use crate::{Algorithm, BurnFailure, DType, Error, Result, Rounding, ScheduleFreeScalars, StateKind};
 
 /// Burn's name for the scalar that holds a parameter's rank.
 const RANK: &str = "__rank";
@@ -30,12 +30,43 @@ pub(crate) const BURN_ADAM: [(&str, &str); 3] = [
 /// Burn's Adam and AdamW step count.
 pub(crate) const BURN_ADAM_TIME: &str = "momentum.time";
 
+/// Schedule-Free AdamW's running values (the `schedulefree` package's group values; the
+/// step count is `k`), kept per parameter: every tensor a Burn optimizer steps sees the
+/// same rate sequence, so its values are its group's.
+pub(crate) const WEIGHT_SUM: &str = "weight_sum";
+/// See [`WEIGHT_SUM`].
+pub(crate) const LR_MAX: &str = "lr_max";
+/// Whether the parameter held y (train mode) when the record was saved.
+pub(crate) const TRAIN_MODE: &str = "train_mode";
+
 /// One parameter's state in a record, under PyTorch's names.
 #[derive(Clone, Debug)]
 pub(crate) struct ParamRecord {
     pub rank: usize,
     pub time: u64,
     pub tensors: BTreeMap<String, TensorData>,
+    /// Schedule-Free AdamW's values, when the record has them.
+    pub schedule_free: Option<ScheduleFreeRecord>,
+}
+
+/// A parameter's Schedule-Free values in a record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ScheduleFreeRecord {
+    pub weight_sum: f64,
+    pub lr_max: f64,
+    /// `None` in records that do not say (a [`FusedOptimizer`](super::FusedOptimizer)'s).
+    pub train_mode: Option<bool>,
+}
+
+impl ParamRecord {
+    /// Schedule-Free's group values of this parameter (`k` its step count).
+    pub(crate) fn scalars(&self) -> Option<ScheduleFreeScalars> {
+        self.schedule_free.map(|r| ScheduleFreeScalars {
+            k: self.time,
+            weight_sum: r.weight_sum,
+            lr_max: r.lr_max,
+        })
+    }
 }
 
 /// Every parameter's state in `bytes`, Burn's Adam and AdamW names translated. Refused
@@ -48,11 +79,29 @@ pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
     })?;
     let mut ranks = BTreeMap::new();
     let mut times = BTreeMap::new();
+    let mut floats: BTreeMap<(u64, &str), f64> = BTreeMap::new();
+    let mut modes = BTreeMap::new();
     for (name, value) in reader.scalars() {
         let (id, leaf) = split(name)?;
         let counts = match leaf {
             RANK => &mut ranks,
             TIME | BURN_ADAM_TIME => &mut times,
+            WEIGHT_SUM | LR_MAX => {
+                let value = f64::try_from(*value).map_err(|_| Error::Burn {
+                    cause: BurnFailure::Record,
+                    detail: format!("the record's `{name}` is {value:?}, not a number"),
+                })?;
+                floats.insert((id, if leaf == WEIGHT_SUM { WEIGHT_SUM } else { LR_MAX }), value);
+                continue;
+            }
+            TRAIN_MODE => {
+                let value = bool::try_from(*value).map_err(|_| Error::Burn {
+                    cause: BurnFailure::Record,
+                    detail: format!("the record's `{name}` is {value:?}, not a boolean"),
+                })?;
+                modes.insert(id, value);
+                continue;
+            }
             other => return Err(foreign(id, other)),
         };
         let value = u64::try_from(*value).map_err(|_| Error::Burn {
@@ -77,6 +126,7 @@ pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
             rank: shape.num_dims(),
             time: 0,
             tensors: BTreeMap::new(),
+            schedule_free: None,
         });
         state.tensors.insert(ours.to_string(), TensorData::from_bytes(bytes, shape, dtype));
     }
@@ -85,14 +135,35 @@ pub(crate) fn read(bytes: Bytes) -> Result<BTreeMap<u64, ParamRecord>> {
             cause: BurnFailure::Record,
             detail: format!("parameter {id}'s rank {rank}"),
         })?;
-        states.entry(id).or_insert_with(|| ParamRecord { rank, time: 0, tensors: BTreeMap::new() }).rank =
-            rank;
+        states
+            .entry(id)
+            .or_insert_with(|| ParamRecord { rank, time: 0, tensors: BTreeMap::new(), schedule_free: None })
+            .rank = rank;
     }
     for (id, state) in &mut states {
         state.time = *times.get(id).ok_or_else(|| Error::Burn {
             cause: BurnFailure::Record,
             detail: format!("parameter {id}'s state in the record has no step count"),
         })?;
+        let (weight_sum, lr_max) = (floats.remove(&(*id, WEIGHT_SUM)), floats.remove(&(*id, LR_MAX)));
+        state.schedule_free = match (weight_sum, lr_max) {
+            (Some(weight_sum), Some(lr_max)) => {
+                Some(ScheduleFreeRecord { weight_sum, lr_max, train_mode: modes.remove(id) })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(Error::Burn {
+                    cause: BurnFailure::Record,
+                    detail: format!("parameter {id}'s state in the record has one of weight_sum and lr_max"),
+                })
+            }
+        };
+    }
+    if let Some(((id, leaf), _)) = floats.into_iter().next() {
+        return Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!("the record's `{id}.{leaf}` belongs to no parameter's state"),
+        });
     }
     Ok(states)
 }
@@ -105,6 +176,13 @@ pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
     for (id, state) in states {
         scalars.push((format!("{id}.{RANK}"), Scalar::from(state.rank)));
         scalars.push((format!("{id}.{TIME}"), Scalar::from(state.time)));
+        if let Some(sf) = state.schedule_free {
+            scalars.push((format!("{id}.{WEIGHT_SUM}"), Scalar::from(sf.weight_sum)));
+            scalars.push((format!("{id}.{LR_MAX}"), Scalar::from(sf.lr_max)));
+            if let Some(train_mode) = sf.train_mode {
+                scalars.push((format!("{id}.{TRAIN_MODE}"), Scalar::from(train_mode)));
+            }
+        }
         for (name, data) in state.tensors {
             let (bytes, shape, dtype) = data.into_parts();
             tensors.push(burn_pack::Tensor::new(format!("{id}.{name}"), dtype, shape, Some(id), bytes));
@@ -151,6 +229,34 @@ pub(crate) fn check_names<'a>(
             algorithm.name()
         ),
     })
+}
+
+/// Refused ([`Error::Burn`]) where a parameter's Schedule-Free values do not fit
+/// `algorithm`: a schedule-free state stepped at least once needs them (its next step's
+/// averaging weight depends on them), and no other algorithm keeps them.
+pub(crate) fn check_schedule_free(id: u64, state: &ParamRecord, algorithm: &Algorithm) -> Result<()> {
+    let schedule_free = matches!(algorithm, Algorithm::ScheduleFreeAdamW(_));
+    match (&state.schedule_free, schedule_free) {
+        (None, true) if state.time > 0 => Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!(
+                "parameter {id}'s state has no weight_sum and lr_max, which Schedule-Free AdamW needs                  to continue"
+            ),
+        }),
+        (Some(_), false) => Err(Error::Burn {
+            cause: BurnFailure::Record,
+            detail: format!(
+                "parameter {id}'s state has Schedule-Free's weight_sum and lr_max, but the optimizer                  runs {}",
+                algorithm.name()
+            ),
+        }),
+        (Some(sf), true) => crate::optimizer::check_schedule_free_scalars(algorithm, &ScheduleFreeScalars {
+            k: state.time,
+            weight_sum: sf.weight_sum,
+            lr_max: sf.lr_max,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// This crate's dtype of a record tensor.
@@ -277,9 +383,12 @@ mod tests {
     fn a_written_record_reads_back() {
         let mut tensors = BTreeMap::new();
         tensors.insert("exp_avg".to_string(), TensorData::new(vec![0.5f32; 6], [2, 3]));
-        let state = ParamRecord { rank: 2, time: 9, tensors };
+        let schedule_free =
+            Some(ScheduleFreeRecord { weight_sum: 0.25, lr_max: 1e-3, train_mode: Some(false) });
+        let state = ParamRecord { rank: 2, time: 9, tensors, schedule_free };
         let back = read(write(BTreeMap::from([(3, state)])).unwrap()).unwrap();
         assert_eq!((back[&3].rank, back[&3].time), (2, 9));
+        assert_eq!(back[&3].schedule_free, schedule_free);
         assert_eq!(back[&3].tensors["exp_avg"].shape().to_vec(), [2, 3]);
     }
 }

@@ -1,25 +1,103 @@
-//! Schedule-Free AdamW behind Burn's front ends: refused, by name, until they can keep what
-//! it needs.
+//! Schedule-Free AdamW's `eval()`/`train()` behind Burn's front ends: the parameters of a
+//! module that have state, leased for writing, and the swap pass over one of them.
 
-use crate::{Algorithm, BurnFailure, Error, Result};
+use ::burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use ::burn::tensor::Tensor as BurnTensor;
 
-/// Refuses Schedule-Free AdamW in `front_end`. Its step needs the group's running
-/// `weight_sum` and `lr_max` beside the state tensors, and its parameters must be swapped
-/// between y and x (`eval()`/`train()`) around evaluation: Burn's per-tensor `Optimizer`
-/// trait has no place for either, and `ModuleStep` rebuilds its optimizers (from per-tensor
-/// records that hold no group values) whenever the set of parameters with gradients
-/// changes. The crate's `Optimizer` (over the module's wgpu buffers) runs it.
-pub(super) fn refuse(algorithm: &Algorithm, front_end: &str) -> Result<()> {
-    if let Algorithm::ScheduleFreeAdamW(_) = algorithm {
-        return Err(Error::Burn {
-            cause: BurnFailure::Config,
-            detail: format!(
-                "{front_end} does not run Schedule-Free AdamW: its step needs the group's running \
-                 weight_sum and lr_max and an eval()/train() swap of the parameters, which Burn's \
-                 optimizer records and traits do not carry; step the module's buffers with \
-                 wgpu_optim::Optimizer instead"
-            ),
-        });
+use super::lease::{bindable, lease, Access, Leased};
+use super::module_step::{ParamContext, StepError};
+use super::SharedDevice;
+use crate::ops::{self, Update};
+use crate::{Error, GpuContext, Result, ScheduleFreeAdamW, ScheduleFreeMode, StateKind, Tensor};
+
+/// Parameters leased for writing, in module order.
+pub(super) type LeasedParams = Vec<(ParamId, Leased)>;
+
+/// A module's parameters that `wanted` picks, in module order, each leased for writing
+/// (copied where its storage is shared, so another holder keeps its values). Refused, with
+/// the module handed back and nothing leased, where one of them cannot be bound.
+pub(super) fn lease_params<M: Module>(
+    shared: &SharedDevice,
+    module: M,
+    wanted: &dyn Fn(ParamId) -> bool,
+) -> std::result::Result<(M, LeasedParams), StepError<M>> {
+    let mut check = Bindable { shared, wanted, error: None };
+    module.visit(&mut check);
+    if let Some(error) = check.error {
+        return Err(StepError { module, error });
     }
-    Ok(())
+    let mut take = LeaseParams { shared, wanted, leased: Vec::new(), error: None };
+    let module = module.map(&mut take);
+    match take.error {
+        Some(error) => Err(StepError { module, error }),
+        None => Ok((module, take.leased)),
+    }
+}
+
+/// Records the swap of one parameter: `param = lerp(param, z, 1 - 1/beta1)` going to
+/// `Eval` (y to the average x), `lerp(param, z, 1 - beta1)` going to `Train`. `exp_avg_sq`
+/// is bound, not changed.
+pub(super) fn record_swap(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    config: &ScheduleFreeAdamW,
+    to: ScheduleFreeMode,
+    param: &Tensor,
+    z: &Tensor,
+    exp_avg_sq: &Tensor,
+) -> Result<()> {
+    let step = config.swap_step(to == ScheduleFreeMode::Eval);
+    // The swap reads no gradient; the parameter stands in for it, as in the optimizer's pass.
+    let update = Update::in_place(param, param, &[z.clone(), exp_avg_sq.clone()]);
+    ops::record_updates(ctx, encoder, &step, &[StateKind::Z, StateKind::ExpAvgSq], &[update])
+}
+
+/// The first pass, borrowing the module: can every wanted parameter be bound?
+struct Bindable<'a> {
+    shared: &'a SharedDevice,
+    wanted: &'a dyn Fn(ParamId) -> bool,
+    error: Option<Error>,
+}
+
+impl ModuleVisitor for Bindable<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<BurnTensor<D>>) {
+        if self.error.is_none() && (self.wanted)(param.id) {
+            let id = param.id;
+            if let Err(e) = bindable(self.shared, &param.val(), &format!("parameter {id}")) {
+                self.error = Some(e);
+            }
+        }
+    }
+}
+
+/// The second pass, owning the module: each wanted parameter leased for writing.
+struct LeaseParams<'a> {
+    shared: &'a SharedDevice,
+    wanted: &'a dyn Fn(ParamId) -> bool,
+    leased: Vec<(ParamId, Leased)>,
+    error: Option<Error>,
+}
+
+impl ModuleMapper for LeaseParams<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<BurnTensor<D>>) -> Param<BurnTensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        if self.error.is_some() || !(self.wanted)(id) {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let context = ParamContext::capture(&tensor);
+        let (shape, device) = (tensor.shape(), tensor.device());
+        let tensor = match lease(self.shared, tensor, Access::Write, &format!("parameter {id}")) {
+            Ok((inner, leased)) => {
+                self.leased.push((id, leased));
+                context.restore(inner, id)
+            }
+            Err(e) => {
+                // `Bindable` checked this tensor already, so leasing it does not fail; were
+                // it to, the tensor is consumed, and zeros are all there is to give.
+                self.error = Some(e);
+                BurnTensor::zeros(shape, &device)
+            }
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }

@@ -69,8 +69,18 @@ pub fn update(
                      lr_max, which a stateless update does not keep: step it with an Optimizer",
         });
     }
-    let step = algorithm.kernel_step(t);
-    let kinds = algorithm.state_kinds();
+    record_updates(ctx, encoder, &algorithm.kernel_step(t), algorithm.state_kinds(), updates)
+}
+
+/// The updates of [`update`] with a kernel step given (Schedule-Free's, computed from values
+/// the caller keeps, or its swap), `kinds` being the state tensors' kinds in order.
+pub(crate) fn record_updates(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    step: &KernelStep,
+    kinds: &[crate::StateKind],
+    updates: &[Update],
+) -> Result<()> {
     let mut calls = Vec::with_capacity(updates.len());
     for (i, u) in updates.iter().enumerate() {
         if u.state.len() != kinds.len() {
@@ -110,7 +120,7 @@ pub fn update(
         let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
         calls.push(slot_args(step.family(), kinds, args));
     }
-    record_stateless(ctx, encoder, &step, &calls, step.family().name())
+    record_stateless(ctx, encoder, step, &calls, step.family().name())
 }
 
 /// Plans every call, then records them as one compute pass with a uniform of its own.

@@ -102,9 +102,10 @@ impl Optimizer {
         Ok(())
     }
 
-    /// Sets the mode without touching the parameters (a checkpoint saved in that mode).
-    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
-    pub(super) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
+    /// Sets the mode without touching the parameters (a checkpoint saved in that mode, or
+    /// Burn's module step moving parameters in x to a new optimizer).
+    #[cfg_attr(not(any(feature = "checkpoint", feature = "burn")), allow(dead_code))]
+    pub(crate) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
         self.schedule_free.mode = mode;
     }
 
