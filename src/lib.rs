@@ -17,7 +17,7 @@
 //!    from host data ([`GpuContext::upload_f32`], [`GpuContext::upload`]).
 //! 3. [`Optimizer::builder`]: the options, then [`OptimizerBuilder::build`] over the
 //!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`], [`RmsProp`], [`Lion`],
-//!    [`AdEMAMix`], [`ScheduleFreeAdamW`]).
+//!    [`AdEMAMix`], [`ScheduleFreeAdamW`], [`Lamb`]).
 //! 4. [`Optimizer::step`], or [`Optimizer::record_step`] into the trainer's own encoder.
 //!
 //! ```no_run
@@ -87,6 +87,7 @@ pub use algo::{
     AdEMAMix, Adagrad, Adam, Algorithm, DmlAdam, Lion, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
     RmsProp, ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars, Sgd, StateKind,
 };
+pub use algo::{Lamb, LambNorms};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;

@@ -23,6 +23,7 @@ mod capturable;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
+mod lamb;
 mod options;
 mod record;
 mod schedule_free;
