@@ -316,7 +316,7 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
     ];
     let ctx = ctx();
     let params = [ctx.upload("param", &[0.5; 8], DType::F32)];
-    let host = vec![0.5f32; 8];
+    let host = [0.5f32; 8];
     let mut optimizer = Optimizer::builder().build(&ctx, Lamb::default(), &params).unwrap();
     let mut cpu = CpuOptimizer::builder().build(Lamb::default(), &[HostSlice::from(&host[..])]).unwrap();
     for (name, config) in bad {
@@ -339,7 +339,7 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
 fn options_lamb_does_not_implement_are_refused_by_name() {
     let ctx = ctx();
     let params = [ctx.upload("param", &[0.5; 8], DType::F32)];
-    let host = vec![0.5f32; 8];
+    let host = [0.5f32; 8];
     let conflict = |e: Error, option: &str| matches!(e, Error::ConflictingOptions { first, second: "algorithm", .. } if first == option);
     let refused = Optimizer::builder().capturable(true).build(&ctx, Lamb::default(), &params).unwrap_err();
     assert!(conflict(refused, "capturable"));
