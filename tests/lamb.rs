@@ -3,6 +3,8 @@
 //! AdamW group, a zero parameter, `adam = true`, the clamp, and refusals.
 
 mod common;
+#[path = "family/mod.rs"]
+mod family;
 
 use common::{ctx, Rng};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
@@ -386,4 +388,95 @@ fn the_public_lamb_vectors_pass_on_every_backend_with_their_norms() {
     }
     assert_eq!(runs, 8);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_checkpoint_json_keeps_torch_optimizers_names() {
+    family::json_round_trips(decayed().into());
+    let config = Lamb { adam: true, clamp_value: 5.0, ..decayed() };
+    family::json_round_trips(config.into());
+    let json = Algorithm::from(config).to_json();
+    for key in ["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"] {
+        assert!(json.contains_key(key), "{key} in {json:?}");
+    }
+    assert_eq!(json["optimizer"], "Lamb");
+}
+
+#[test]
+fn a_checkpoint_of_lamb_does_not_load_into_adamw_and_adamw_not_into_lamb() {
+    // The same state names (exp_avg, exp_avg_sq): the optimizer's name tells them apart.
+    family::a_checkpoint_of_another_algorithm_is_refused(decayed().into(), Adam::adamw().into());
+    family::a_checkpoint_of_another_algorithm_is_refused(Adam::adamw().into(), decayed().into());
+}
+
+/// A GPU checkpoint (exp_avg, exp_avg_sq under PyTorch's names) loads on the CPU backend
+/// with the same bits, and the CPU's loads on the GPU; the next step on each follows the
+/// oracle resumed from the saved state.
+#[test]
+fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() {
+    let ctx = ctx();
+    let (init, grads) = data(7, &[300, 1, 64], 4, 0.5);
+    let config = decayed();
+    for state_dtype in [None, Some(DType::BF16)] {
+        let params: Vec<Tensor> = init.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let grad_tensors: Vec<Tensor> = params.iter().map(|p| ctx.zeros("grad", p.len, DType::F32)).collect();
+        let mut gpu = Optimizer::builder().state_dtype(state_dtype).build(&ctx, config, &params).unwrap();
+        for g in &grads[..3] {
+            for (t, g) in grad_tensors.iter().zip(g) {
+                ctx.write(t, g).unwrap();
+            }
+            gpu.step(&grad_tensors).unwrap();
+        }
+        let bytes = gpu.save_to_bytes().unwrap();
+        let now: Vec<Vec<f64>> = params.iter().map(|p| ctx.read(p).unwrap()).collect();
+        let mut host: Vec<HostTensor> =
+            now.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+        let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
+        let mut cpu = CpuOptimizer::builder().state_dtype(state_dtype).build(config, &views).unwrap();
+        cpu.load_from_bytes(&bytes).unwrap();
+        assert_eq!(cpu.step_count(), 3);
+        let stored = state_dtype.unwrap_or(DType::F32);
+        let mut oracle = LambOracle::new(config, init.len()).storing(DType::F32, stored);
+        oracle.step = 3;
+        for i in 0..init.len() {
+            for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
+                let on_cpu = cpu.state(i, kind).unwrap().to_f64();
+                let on_gpu = ctx.read(gpu.state(i, kind).unwrap()).unwrap();
+                assert_eq!(on_cpu, on_gpu, "{kind:?}[{i}] loaded on the CPU");
+            }
+            oracle.exp_avg[i] = cpu.state(i, StateKind::ExpAvg).unwrap().to_f64();
+            oracle.exp_avg_sq[i] = cpu.state(i, StateKind::ExpAvgSq).unwrap().to_f64();
+        }
+        // The CPU's checkpoint loads on a fresh GPU optimizer.
+        let cpu_bytes = cpu.save_to_bytes().unwrap();
+        let fresh: Vec<Tensor> = now.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let mut gpu2 = Optimizer::builder().state_dtype(state_dtype).build(&ctx, config, &fresh).unwrap();
+        gpu2.load_from_bytes(&cpu_bytes).unwrap();
+        assert_eq!(gpu2.step_count(), 3);
+        // One more step everywhere.
+        let last = &grads[3];
+        let host_grads: Vec<HostTensor> =
+            last.iter().map(|g| HostTensor::from_f64(DType::F32, g).unwrap()).collect();
+        let grad_views: Vec<HostSlice<'_>> = host_grads.iter().map(HostTensor::as_slice).collect();
+        let mut param_views: Vec<HostSliceMut<'_>> = host.iter_mut().map(HostTensor::as_mut_slice).collect();
+        cpu.step(&mut param_views, &grad_views).unwrap();
+        for (t, g) in grad_tensors.iter().zip(last) {
+            ctx.write(t, g).unwrap();
+        }
+        gpu2.step(&grad_tensors).unwrap();
+        let mut want = now.clone();
+        oracle.step(&mut want, last);
+        for i in 0..init.len() {
+            let what = format!("{state_dtype:?} param {i} after the load");
+            assert_close(&format!("cpu {what}"), &host[i].to_f64(), &want[i], DType::F32, 64.0, 1e-7);
+            assert_close(
+                &format!("gpu {what}"),
+                &ctx.read(&fresh[i]).unwrap(),
+                &want[i],
+                DType::F32,
+                64.0,
+                1e-7,
+            );
+        }
+    }
 }
