@@ -110,6 +110,11 @@ pub fn update(
         let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
         calls.push(slot_args(step.family(), kinds, args));
     }
+    if let Algorithm::Lamb(_) = algorithm {
+        // Each tensor's norms: three passes, not the elementwise kernel.
+        check_across(&calls)?;
+        return crate::optimizer::record_lamb_stateless(ctx, encoder, &step, &calls);
+    }
     record_stateless(ctx, encoder, &step, &calls, step.family().name())
 }
 

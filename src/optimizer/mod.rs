@@ -30,6 +30,7 @@ mod schedule_free;
 mod validate;
 mod written;
 
+pub(crate) use lamb::record_stateless as record_lamb_stateless;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
