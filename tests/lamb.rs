@@ -480,3 +480,28 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
         }
     }
 }
+
+/// Master-weight mode: f16 model tensors, f32 masters and state. The masters follow the
+/// f32 oracle, and the apply pass writes each model copy as its master rounded to f16.
+#[test]
+fn master_weights_step_f32_masters_and_write_the_16_bit_copies() {
+    let ctx = ctx();
+    let (init, grads) = data(8, &[300, 7], 3, 0.5);
+    let init: Vec<Vec<f64>> = init.iter().map(|p| p.iter().map(|&x| DType::F16.round(x)).collect()).collect();
+    let model: Vec<Tensor> = init.iter().map(|p| ctx.upload("model", p, DType::F16)).collect();
+    let mut optimizer = Optimizer::builder().master_weights(true).build(&ctx, decayed(), &model).unwrap();
+    let grad_tensors: Vec<Tensor> = model.iter().map(|p| ctx.zeros("grad", p.len, DType::F32)).collect();
+    for g in &grads {
+        for (t, g) in grad_tensors.iter().zip(g) {
+            ctx.write(t, g).unwrap();
+        }
+        optimizer.step(&grad_tensors).unwrap();
+    }
+    let want = oracle(decayed(), DType::F32, &init, &grads);
+    assert_finals("masters", &gpu_finals(&ctx, &optimizer, 0..2), &want, DType::F32, 64.0);
+    for (i, copy) in model.iter().enumerate() {
+        let master = ctx.read(&optimizer.params()[i]).unwrap();
+        let rounded: Vec<f64> = master.iter().map(|&x| DType::F16.round(x)).collect();
+        assert_eq!(ctx.read(copy).unwrap(), rounded, "model copy {i}");
+    }
+}
