@@ -505,3 +505,24 @@ fn master_weights_step_f32_masters_and_write_the_16_bit_copies() {
         assert_eq!(ctx.read(copy).unwrap(), rounded, "model copy {i}");
     }
 }
+
+/// The norms are deterministic: the CPU backend gives the same bits on one thread as on
+/// several (each tensor is cut into the same chunks and blocks, summed in a fixed order),
+/// and two GPU runs give the same bits (a fixed partition into workgroups, partials combined
+/// in a fixed order, no float atomics).
+#[test]
+fn the_reductions_give_the_same_bits_every_run_and_on_any_thread_count() {
+    let (init, grads) = data(9, &[300_000, 1000], 2, 0.5);
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| cpu(decayed(), DType::F32, &init, &grads))
+    };
+    let (one, two) = (on(1), on(2));
+    assert_eq!(one.params, two.params);
+    assert_eq!(one.norms, two.norms);
+    let ctx = ctx();
+    let (a, b) =
+        (gpu(&ctx, decayed(), DType::F32, &init, &grads), gpu(&ctx, decayed(), DType::F32, &init, &grads));
+    assert_eq!(a.params, b.params);
+    assert_eq!(a.norms, b.norms);
+}
