@@ -109,7 +109,7 @@ pub(crate) fn bind_passes(
     let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
     let device = ctx.device();
     let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
-    let source = combine_wgsl();
+    let (combine_layout, combine) = combine_pipeline(ctx)?;
     ctx.catch("creating the LAMB passes", || {
         use wgpu::util::DeviceExt;
         let index = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -142,14 +142,27 @@ pub(crate) fn bind_passes(
             layout: passes_layout,
             entries: &entries,
         });
-        let combine_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("wgpu-optim LAMB combine"),
-            entries: &layout_entries(true),
-        });
         let combine_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("wgpu-optim LAMB combine"),
-            layout: &combine_layout,
+            layout: combine_layout,
             entries: &entries,
+        });
+        let combine = combine.clone();
+        LambBound { first, len, moments, apply, passes_group, combine_group, combine, index, layout }
+    })
+}
+
+/// The combine pass's pipeline and its group 0 layout: compiled once per context.
+fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
+    if let Some(compiled) = ctx.inner.lamb_combine.get() {
+        return Ok(compiled);
+    }
+    let device = ctx.device();
+    let source = combine_wgsl();
+    let compiled = ctx.catch("compiling the LAMB combine pass", || {
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            entries: &layout_entries(true),
         });
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("wgpu-optim LAMB combine"),
@@ -157,10 +170,10 @@ pub(crate) fn bind_passes(
         });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("wgpu-optim LAMB combine"),
-            bind_group_layouts: &[Some(&combine_layout)],
+            bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let combine = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some("wgpu-optim LAMB combine"),
             layout: Some(&pipeline_layout),
             module: &module,
@@ -168,8 +181,10 @@ pub(crate) fn bind_passes(
             compilation_options: wgpu::PipelineCompilationOptions::default(),
             cache: None,
         });
-        LambBound { first, len, moments, apply, passes_group, combine_group, combine, index, layout }
-    })
+        (layout, pipeline)
+    })?;
+    // Two threads may both compile it; the first stored is kept.
+    Ok(ctx.inner.lamb_combine.get_or_init(|| compiled))
 }
 
 /// The stateless update (`ops::update`) of LAMB: the calls' tensors in one set of passes,
