@@ -526,3 +526,55 @@ fn the_reductions_give_the_same_bits_every_run_and_on_any_thread_count() {
     assert_eq!(a.params, b.params);
     assert_eq!(a.norms, b.norms);
 }
+
+/// The stateless update (`ops::update`, which Burn's drop-in optimizer uses): each tensor of
+/// the call gets its own norms; the parameters may go out of place, the state may not (the
+/// apply pass reads the moments where the moments pass wrote them).
+#[test]
+fn the_stateless_update_takes_each_tensors_norms_and_keeps_the_state_in_place() {
+    use wgpu_optim::ops::{update, Update};
+    let ctx = ctx();
+    let (init, grads) = data(10, &[300, 7], 1, 0.5);
+    let params: Vec<Tensor> = init.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let outs: Vec<Tensor> = init.iter().map(|p| ctx.zeros("out", p.len() as u64, DType::F32)).collect();
+    let grad_tensors: Vec<Tensor> = grads[0].iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+    let state: Vec<Vec<Tensor>> = init
+        .iter()
+        .map(|p| (0..2).map(|_| ctx.zeros("state", p.len() as u64, DType::F32)).collect())
+        .collect();
+    let calls: Vec<Update> = (0..2)
+        .map(|i| Update {
+            param_out: Some(outs[i].clone()),
+            ..Update::in_place(&params[i], &grad_tensors[i], &state[i])
+        })
+        .collect();
+    let algorithm: Algorithm = decayed().into();
+    ctx.submit("lamb", |encoder| update(&ctx, encoder, &algorithm, 1, &calls)).unwrap();
+    let want = oracle(decayed(), DType::F32, &init, &grads);
+    for i in 0..2 {
+        assert_close(
+            &format!("param_out {i}"),
+            &ctx.read(&outs[i]).unwrap(),
+            &want.params[i],
+            DType::F32,
+            64.0,
+            1e-7,
+        );
+        assert_close(
+            &format!("exp_avg {i}"),
+            &ctx.read(&state[i][0]).unwrap(),
+            &want.exp_avg[i],
+            DType::F32,
+            64.0,
+            0.0,
+        );
+        assert_eq!(ctx.read(&params[i]).unwrap(), init[i], "the input parameter {i} is unchanged");
+    }
+    let elsewhere = ctx.zeros("elsewhere", 300, DType::F32);
+    let mut refused = calls[0].clone();
+    refused.state_out = vec![Some(elsewhere.clone()), None];
+    let err =
+        ctx.submit("lamb", |encoder| update(&ctx, encoder, &algorithm, 2, &[refused.clone()])).unwrap_err();
+    assert!(matches!(err, Error::ConflictingOptions { first: "state_out", .. }), "{err:?}");
+    assert_eq!(ctx.read(&elsewhere).unwrap(), vec![0.0; 300]);
+}

@@ -198,6 +198,24 @@ pub(crate) fn record_stateless(
 ) -> Result<()> {
     ctx.check_alive()?;
     let KernelStep::Lamb(_, uniform) = step else { return Ok(()) };
+    // The moments pass reads the new moments back, and the apply pass reads them, from the
+    // state's input slots: both must be the outputs (inputs: param, grad, exp_avg,
+    // exp_avg_sq; outputs: param, exp_avg, exp_avg_sq).
+    for args in calls {
+        for (input, output) in [(2, 1), (3, 2)] {
+            let (Some(Some(i)), Some(Some(o))) = (args.inputs.get(input), args.outputs.get(output)) else {
+                continue;
+            };
+            if i.tensor != o.tensor {
+                return Err(Error::ConflictingOptions {
+                    first: "state_out",
+                    second: "algorithm",
+                    reason: "LAMB's second pass reads the moments its first pass wrote: update its \
+                             state in place (the parameters may go out of place)",
+                });
+            }
+        }
+    }
     let items = |apply: bool| -> Result<Vec<(VariantKey, TensorPlan)>> {
         let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
         let mut items = Vec::with_capacity(calls.len());
