@@ -358,6 +358,10 @@ fn options_lamb_does_not_implement_are_refused_by_name() {
     let q8 = wgpu_optim::q8::Q8States::default();
     let refused = Optimizer::builder().q8_states(q8).build(&ctx, Lamb::default(), &params).unwrap_err();
     assert!(matches!(refused, Error::ConflictingOptions { first: "q8_states", .. }), "{refused:?}");
+    // f64 parameters: LAMB's norms are summed in f32.
+    let wide = [ctx.upload("param", &[0.5; 8], DType::F64)];
+    let refused = Optimizer::builder().build(&ctx, Lamb::default(), &wide).unwrap_err();
+    assert!(matches!(refused, Error::DTypeMismatch { got: DType::F64, .. }), "{refused:?}");
     // A group switched to LAMB where the optimizer clips: refused, the group unchanged.
     let mut clipped = Optimizer::builder().grad_clip(clip).build(&ctx, Adam::default(), &params).unwrap();
     assert!(conflict(clipped.set_group_algorithm(0, Lamb::default()).unwrap_err(), "grad_clip"));
