@@ -354,10 +354,13 @@ fn cpu_step(
 }
 
 /// Whether `TorchState` runs `algorithm` one tensor at a time. Schedule-Free's oracle keeps
-/// per-group values (`k`, `weight_sum`, `lr_max`) and has no row here; LAMB's oracle is
-/// `LambOracle`, not a `TorchState`, and has none either.
+/// per-group values (`k`, `weight_sum`, `lr_max`) and has no row here.
+/// LAMB's oracle is `LambOracle`, not a `TorchState`: no row either.
 fn per_tensor_oracle(algorithm: &Algorithm) -> bool {
-    !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) && !matches!(algorithm, Algorithm::Lamb(_))
+    if matches!(algorithm, Algorithm::Lamb(_)) {
+        return false;
+    }
+    !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_))
 }
 
 fn oracle_step(job: &Job<'_>) -> Times {
