@@ -17,7 +17,7 @@
 //!    from host data ([`GpuContext::upload_f32`], [`GpuContext::upload`]).
 //! 3. [`Optimizer::builder`]: the options, then [`OptimizerBuilder::build`] over the
 //!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`], [`RmsProp`], [`Lion`],
-//!    [`AdEMAMix`], [`ScheduleFreeAdamW`], [`Lamb`]).
+//!    [`AdEMAMix`], [`ScheduleFreeAdamW`]).
 //! 4. [`Optimizer::step`], or [`Optimizer::record_step`] into the trainer's own encoder.
 //!
 //! ```no_run
