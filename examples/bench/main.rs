@@ -24,6 +24,7 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q8::Q8States;
+use wgpu_optim::Lamb;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
     Tensor,
@@ -41,6 +42,7 @@ fn algorithm(name: &str) -> Algorithm {
         "rmsprop" => RmsProp::default().into(),
         "ademamix" => AdEMAMix::default().into(),
         "sf-adamw" => ScheduleFreeAdamW::default().into(),
+        "lamb" => Lamb::default().into(),
         _ => Adam::default().into(),
     }
 }
@@ -64,6 +66,12 @@ fn dtype(name: &str) -> DType {
 /// more, for its norm.
 fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
     let states = algorithm.state_kinds().len() as u32;
+    if matches!(algorithm, Algorithm::Lamb(_)) {
+        // Two passes, since no element can change before its tensor's norms are known: the
+        // moments pass reads p, g, m, v and writes m, v; the apply pass reads p, m, v and
+        // writes p.
+        return (7, 3);
+    }
     (2 + states + u32::from(clip.is_some()), 1 + states)
 }
 
@@ -347,7 +355,11 @@ fn cpu_step(
 
 /// Whether `TorchState` runs `algorithm` one tensor at a time. Schedule-Free's oracle keeps
 /// per-group values (`k`, `weight_sum`, `lr_max`) and has no row here.
+/// LAMB's oracle is `LambOracle`, not a `TorchState`: no row either.
 fn per_tensor_oracle(algorithm: &Algorithm) -> bool {
+    if matches!(algorithm, Algorithm::Lamb(_)) {
+        return false;
+    }
     !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_))
 }
 

@@ -3,7 +3,7 @@
 //! passes with its own kernels, and hands the crate only its encoder and buffer ranges.
 //!
 //! ```text
-//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw]
+//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb]
 //!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
 //!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
 //!     [--log-every N] [--states f32|q8] [--quiet]
@@ -43,6 +43,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
 use wgpu_optim::q8::Q8States;
+use wgpu_optim::Lamb;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, Lion, Optimizer, RmsProp, Rounding, ScheduleFreeAdamW, Sgd,
 };
@@ -53,7 +54,7 @@ use wgpu_optim::{
 const DEFAULT_STEPS: u64 = 300;
 
 const USAGE: &str =
-    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw] [--lr LR] [--steps N] \
+    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
                      [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
 
@@ -65,6 +66,10 @@ pub const Q8_MIN_SIZE: u64 = 128;
 /// 1e-4, reaches 52 % here after 300 steps and 3e-4 73 %, while AdamW's own rate, 1e-3,
 /// reaches AdamW's 99.2 % (this model is small and its 300 steps few).
 const LION_LR: f64 = 1e-3;
+
+/// LAMB's rate for this model (torch-optimizer's default is 1e-3). LAMB's step moves each
+/// tensor by `lr` times its own norm (the trust ratio), so its rate is a relative one.
+const LAMB_LR: f64 = 1e-2;
 
 /// The `--optimizer` choices, each with its source's defaults (SGD: momentum 0.9; Lion:
 /// [`LION_LR`]).
@@ -79,6 +84,7 @@ enum Choice {
     RmsProp,
     AdEMAMix,
     ScheduleFreeAdamW,
+    Lamb,
 }
 
 impl Choice {
@@ -93,6 +99,7 @@ impl Choice {
             "rmsprop" => Choice::RmsProp,
             "ademamix" => Choice::AdEMAMix,
             "sf-adamw" => Choice::ScheduleFreeAdamW,
+            "lamb" => Choice::Lamb,
             other => return Err(format!("--optimizer: unknown optimizer `{other}`")),
         })
     }
@@ -108,6 +115,7 @@ impl Choice {
             Choice::RmsProp => "rmsprop",
             Choice::AdEMAMix => "ademamix",
             Choice::ScheduleFreeAdamW => "sf-adamw",
+            Choice::Lamb => "lamb",
         }
     }
 
@@ -123,6 +131,7 @@ impl Choice {
             Choice::RmsProp => RmsProp::default().into(),
             Choice::AdEMAMix => AdEMAMix::default().into(),
             Choice::ScheduleFreeAdamW => ScheduleFreeAdamW::default().into(),
+            Choice::Lamb => Lamb { lr: LAMB_LR, ..Lamb::default() }.into(),
         }
     }
 }

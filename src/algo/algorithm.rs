@@ -2,6 +2,7 @@
 
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
+use crate::Lamb;
 use crate::Lion;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
@@ -27,6 +28,8 @@ pub enum Algorithm {
     RmsProp(RmsProp),
     /// AdEMAMix (bitsandbytes).
     AdEMAMix(AdEMAMix),
+    /// LAMB (torch-optimizer's `Lamb`).
+    Lamb(Lamb),
 }
 
 impl From<Adam> for Algorithm {
@@ -71,6 +74,12 @@ impl From<AdEMAMix> for Algorithm {
     }
 }
 
+impl From<Lamb> for Algorithm {
+    fn from(config: Lamb) -> Self {
+        Algorithm::Lamb(config)
+    }
+}
+
 impl Algorithm {
     /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
     /// check them anyway; a trainer calls this to check a configuration (one read from a
@@ -84,6 +93,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
             Algorithm::RmsProp(c) => c.validate(),
             Algorithm::AdEMAMix(c) => c.validate(),
+            Algorithm::Lamb(c) => c.validate(),
         }
     }
 
@@ -96,6 +106,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
             Algorithm::RmsProp(c) => c.kernel_step(),
             Algorithm::AdEMAMix(c) => c.kernel_step(t),
+            Algorithm::Lamb(c) => c.kernel_step(t),
         }
     }
 
@@ -109,6 +120,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
             Algorithm::RmsProp(_) => Family::RmsProp,
             Algorithm::AdEMAMix(_) => Family::Ademamix,
+            Algorithm::Lamb(_) => Family::Lamb,
         }
     }
 
@@ -122,6 +134,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
             Algorithm::RmsProp(c) => c.lr,
             Algorithm::AdEMAMix(c) => c.lr,
+            Algorithm::Lamb(c) => c.lr,
         }
     }
 
@@ -135,6 +148,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
             Algorithm::RmsProp(c) => c.lr = lr,
             Algorithm::AdEMAMix(c) => c.lr = lr,
+            Algorithm::Lamb(c) => c.lr = lr,
         }
         self
     }
@@ -158,6 +172,7 @@ impl Algorithm {
                 (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
             },
             Algorithm::AdEMAMix(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
+            Algorithm::Lamb(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
         }
     }
 
@@ -230,6 +245,7 @@ impl Algorithm {
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
             Algorithm::RmsProp(_) => "RMSprop",
             Algorithm::AdEMAMix(_) => "AdEMAMix",
+            Algorithm::Lamb(_) => "Lamb",
         }
     }
 }

@@ -14,11 +14,13 @@
 //! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
 //! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
 //! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
+//! | torch-optimizer `Lamb` | 1e-6 | added to `sqrt(exp_avg_sq)`, moments never corrected | from 1; `debias` corrects the step size |
 
 mod adagrad;
 mod adam;
 mod ademamix;
 mod algorithm;
+mod lamb;
 mod lion;
 mod momentum;
 mod rmsprop;
@@ -28,6 +30,8 @@ pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use ademamix::AdEMAMix;
 pub use algorithm::{Algorithm, StateKind};
+pub(crate) use lamb::check_options as check_lamb_options;
+pub use lamb::{Lamb, LambNorms};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 pub use rmsprop::RmsProp;

@@ -1,6 +1,7 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
 use crate::AdEMAMix;
+use crate::Lamb;
 use crate::Lion;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
@@ -42,6 +43,10 @@ impl Algorithm {
             Algorithm::AdEMAMix(c) => json!({
                 "optimizer": "AdEMAMix", "lr": c.lr, "betas": [c.beta1, c.beta2, c.beta3], "alpha": c.alpha,
                 "t_alpha": c.t_alpha, "t_beta3": c.t_beta3, "eps": c.eps, "weight_decay": c.weight_decay,
+            }),
+            Algorithm::Lamb(c) => json!({
+                "optimizer": "Lamb", "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps,
+                "weight_decay": c.weight_decay, "clamp_value": c.clamp_value, "adam": c.adam, "debias": c.debias,
             }),
         };
         match value {
@@ -162,6 +167,19 @@ impl Algorithm {
                     t_beta3: steps("t_beta3")?,
                     eps: number("eps")?,
                     weight_decay: number("weight_decay")?,
+                })
+            }
+            "Lamb" => {
+                let [beta1, beta2] = numbers(map, "betas")?;
+                Algorithm::Lamb(Lamb {
+                    lr: number("lr")?,
+                    beta1,
+                    beta2,
+                    eps: number("eps")?,
+                    weight_decay: number("weight_decay")?,
+                    clamp_value: number("clamp_value")?,
+                    adam: flag("adam")?,
+                    debias: flag("debias")?,
                 })
             }
             other => return Err(bad(format!("unknown optimizer `{other}`"))),

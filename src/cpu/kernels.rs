@@ -13,6 +13,7 @@ use crate::step::{
     MomentumSwitches, MomentumUniform,
 };
 use crate::step::{AdemamixSwitches, AdemamixUniform};
+use crate::step::{LambSwitches, LambUniform};
 use crate::step::{LionSwitches, LionUniform};
 use crate::step::{RmsPropSwitches, RmsPropUniform};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
@@ -92,6 +93,7 @@ enum Update {
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
     Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
+    Lamb(LambUniform, Loops<LambUniform>),
 }
 
 /// The loop of one storage type for each family's switches, so that one selection tree
@@ -108,6 +110,7 @@ pub(super) trait Leaves: Sized {
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
     fn ademamix() -> Loop<AdemamixUniform, Self>;
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self>;
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
@@ -138,6 +141,9 @@ impl<T: Element> Leaves for T {
     fn ademamix() -> Loop<AdemamixUniform, Self> {
         ademamix::<T>
     }
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        lamb_apply::<T, W>
+    }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
@@ -167,6 +173,9 @@ impl Leaves for f16 {
     }
     fn ademamix() -> Loop<AdemamixUniform, Self> {
         ademamix_f16
+    }
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        lamb_apply_f16::<W>
     }
 }
 
@@ -200,6 +209,7 @@ impl Kernel {
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Lamb(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
     }
 }
@@ -245,6 +255,10 @@ impl Update {
             KernelStep::Ademamix(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::Ademamix(u, loops!(ademamix_loop(switches, &u)))
+            }
+            KernelStep::Lamb(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::Lamb(u, loops!(lamb_loop(switches, &u)))
             }
         }
     }
@@ -941,4 +955,49 @@ fn ademamix_f16(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
 
 fn ademamix_loop<E: Leaves>(_: &AdemamixSwitches, _: &AdemamixUniform) -> Loop<AdemamixUniform, E> {
     E::ademamix()
+}
+
+/// `lamb_direction` of `shaders/lamb.wgsl`: `m / (sqrt(v) + eps)`, plus `weight_decay p`
+/// with `WEIGHT_DECAY`.
+#[inline(always)]
+pub(super) fn lamb_direction<const WEIGHT_DECAY: bool>(hp: &LambUniform, p: f32, m: f32, v: f32) -> f32 {
+    let s = m / (v.sqrt() + hp.eps);
+    if WEIGHT_DECAY {
+        s + hp.weight_decay * p
+    } else {
+        s
+    }
+}
+
+/// The apply pass of `shaders/lamb.wgsl` on one tensor: `p -= rate s`, with `s` from the
+/// stored moments and `rate` (the uniform's `step_size`) already multiplied by the tensor's
+/// trust ratio (`cpu::lamb`). The moments pass, which also sums, is `cpu::lamb`'s own.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn lamb_apply<E: Element, const WEIGHT_DECAY: bool>(hp: &LambUniform, _scale: f32, o: Operands<'_, E>) {
+    let [exp_avg, exp_avg_sq, ..] = o.state;
+    for ((p, m), v) in o.param.iter_mut().zip(exp_avg.iter()).zip(exp_avg_sq.iter()) {
+        let p_old = p.widen();
+        let s = lamb_direction::<WEIGHT_DECAY>(hp, p_old, m.widen(), v.widen());
+        *p = E::narrow(p_old - hp.step_size * s);
+    }
+}
+
+/// [`lamb_apply`] on f16 operands, a register at a time (the moments are written back as
+/// they were: an f16 value survives the round trip through f32 exactly).
+fn lamb_apply_f16<const WEIGHT_DECAY: bool>(hp: &LambUniform, _scale: f32, o: Operands<'_, f16>) {
+    let [exp_avg, exp_avg_sq, ..] = o.state;
+    f16_lanes::each(
+        [o.param, exp_avg, exp_avg_sq],
+        o.grad,
+        #[inline(always)]
+        |_, [p, m, v]| [p - hp.step_size * lamb_direction::<WEIGHT_DECAY>(hp, p, m, v), m, v],
+    );
+}
+
+fn lamb_loop<E: Leaves>(_: &LambSwitches, u: &LambUniform) -> Loop<LambUniform, E> {
+    if u.weight_decay != 0.0 {
+        E::lamb_apply::<true>()
+    } else {
+        E::lamb_apply::<false>()
+    }
 }

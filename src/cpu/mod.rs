@@ -32,6 +32,7 @@ mod convert;
 mod f16_lanes;
 mod host;
 mod kernels;
+mod lamb;
 mod norm;
 mod q8;
 mod schedule_free;
@@ -81,6 +82,8 @@ pub struct CpuOptimizer {
     schedule_free: ScheduleFreeScalars,
     /// Which point the parameters hold (always train for other algorithms).
     mode: ScheduleFreeMode,
+    /// LAMB: each tensor's norms at the last step (empty before it).
+    lamb_norms: Vec<crate::LambNorms>,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -172,6 +175,7 @@ impl CpuOptimizer {
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
+        crate::algo::check_lamb_options(&algorithm, false, options.grad_clip.is_some(), options.rounding)?;
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
@@ -209,6 +213,7 @@ impl CpuOptimizer {
                 q8: Some((config, states)),
                 schedule_free: ScheduleFreeScalars::default(),
                 mode: ScheduleFreeMode::Train,
+                lamb_norms: Vec::new(),
             });
         }
         let initial = algorithm.initial_state();
@@ -245,6 +250,7 @@ impl CpuOptimizer {
             q8: None,
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
+            lamb_norms: Vec::new(),
         })
     }
 
@@ -275,6 +281,7 @@ impl CpuOptimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.grad_clip.is_some())?;
         }
+        crate::algo::check_lamb_options(&algorithm, false, self.grad_clip.is_some(), self.rounding)?;
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: "algorithm".into(),
@@ -430,6 +437,12 @@ impl CpuOptimizer {
             state: stochastic.state,
             streams,
         };
+        if let Algorithm::Lamb(config) = &self.algorithm {
+            let (state, compensation) = (&mut self.state, &mut self.compensation);
+            self.lamb_norms = lamb::step(config, t, &stores, params, grads, state, compensation);
+            self.step = t;
+            return Ok(());
+        }
         work::run(&kernel, &stores, params, grads, &mut self.state, &mut self.compensation);
         self.step = t;
         self.schedule_free = schedule_free;

@@ -28,6 +28,9 @@ struct Dispatch {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     dispatches: Vec<Dispatch>,
+    /// The tensor ordinal of each workgroup of all dispatches together, in slot order
+    /// (LAMB's passes find their tensor's norms by it).
+    owners: Vec<u32>,
 }
 
 impl Batch {
@@ -58,6 +61,7 @@ impl Batch {
         let pipelines =
             planned.iter().map(|(d, _)| ctx.inner.pipelines.get(ctx, &d.key)).collect::<Result<Vec<_>>>()?;
         let max_groups = limits.max_compute_workgroups_per_dimension;
+        let owners: Vec<u32> = planned.iter().flat_map(|(d, _)| d.owners()).collect();
         ctx.catch(&format!("creating the bind groups of {label}"), || {
             let tables = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
@@ -95,13 +99,18 @@ impl Batch {
                     Dispatch { pipeline, bind_group, workgroups: dispatch.workgroups().clamp(1, max_groups) }
                 })
                 .collect();
-            Batch { dispatches }
+            Batch { dispatches, owners }
         })
     }
 
     /// Workgroups of all dispatches together (the gradient-norm pass writes one partial each).
     pub(crate) fn workgroups(&self) -> u32 {
         self.dispatches.iter().map(|d| d.workgroups).sum()
+    }
+
+    /// The tensor ordinal of each workgroup (slot) of the batch.
+    pub(crate) fn owners(&self) -> &[u32] {
+        &self.owners
     }
 
     /// Records every dispatch of the batch into `pass` with `scalars` as group 0.
@@ -204,6 +213,12 @@ impl Uniforms {
             let belt = wgpu::util::StagingBelt::new(wgpu_device.clone(), initial.len().max(4) as u64);
             Uniforms { buffer, bind_groups, belt }
         })
+    }
+
+    /// The uniforms' buffer: slot `g` at `g * UNIFORM_SLOT_BYTES` (LAMB's passes bind it in
+    /// group 0 layouts of their own).
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
     }
 
     /// Records, into `encoder`, a copy of `bytes` (a whole number of slots) over the uniforms:

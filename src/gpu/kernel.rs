@@ -93,6 +93,7 @@ impl Program {
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
+                Family::Lamb => include_str!("../../shaders/lamb.wgsl"),
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -113,6 +114,9 @@ impl Program {
                 Family::ScheduleFree => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
+                // Refused in capturable mode (`optimizer::lamb::check_options`): its passes
+                // take their scalars from the host.
+                Family::Lamb => "",
             },
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
@@ -212,6 +216,9 @@ pub(crate) enum Scalars {
     /// The unscale pass that also takes partial norms: the device state, read-write, and
     /// the partials, written.
     UnscaleNorm,
+    /// LAMB's two table passes: the hyperparameter uniform, the partial sums (written) and
+    /// the index with the norms (read) (`gpu::lamb`).
+    Lamb,
 }
 
 impl Scalars {
@@ -225,6 +232,7 @@ impl Scalars {
             Scalars::Device => 2,
             Scalars::Norm | Scalars::Unscale => 1,
             Scalars::UnscaleNorm => 2,
+            Scalars::Lamb => 2,
         }
     }
 }
@@ -544,6 +552,8 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let term = if matches!(key.program, Program::UnscaleNorm(_)) { "unscale(i)" } else { "load_grad(i)" };
         let _ = writeln!(s, "fn norm_term(i: u32) -> R {{\n    return {term};\n}}");
         s.push_str(include_str!("../../shaders/entry_norm.wgsl"));
+    } else if matches!(key.program, Program::Update(Switches::Lamb(_))) {
+        s.push_str(&crate::gpu::lamb::entry_wgsl(vector, key.pairs()));
     } else if key.pairs() {
         s.push_str(include_str!("../../shaders/entry_pair.wgsl"));
     } else {
@@ -613,6 +623,10 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             s.push_str(
                 "@group(GROUP_SCALARS) @binding(BINDING_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
+        }
+        Scalars::Lamb => {
+            s.push_str(&crate::gpu::lamb::scalars_wgsl(hyper_binding));
+            prologue.push(format!("hp = {hyper};"));
         }
         Scalars::UnscaleNorm => {
             s.push_str(&DeviceHeader::wgsl_for(true));
@@ -838,6 +852,7 @@ pub(crate) mod tests {
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
+    use crate::step::{LambUniform, LambUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
@@ -973,6 +988,11 @@ pub(crate) mod tests {
             Scalars::UnscaleNorm => {
                 &[("device_state", binding::DEVICE_STATE_RW), ("partials", binding::UNSCALE_NORM_PARTIALS)]
             }
+            Scalars::Lamb => &[
+                (hyper, binding::HYPER),
+                ("lamb_partials", crate::gpu::lamb::PARTIALS),
+                ("lamb_index", crate::gpu::lamb::INDEX),
+            ],
         };
         expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (binding::GROUP_SCALARS, *b))));
         if key.clip && key.scalars == Scalars::Host {
@@ -1165,6 +1185,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Ademamix(_), true) => {
                                     rust_members(AdemamixUniform::FIELDS, AdemamixUniform64::OFFSETS)
+                                }
+                                (Switches::Lamb(_), false) => {
+                                    rust_members(LambUniform::FIELDS, LambUniform::OFFSETS)
+                                }
+                                (Switches::Lamb(_), true) => {
+                                    rust_members(LambUniform::FIELDS, LambUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

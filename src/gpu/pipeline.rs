@@ -88,6 +88,8 @@ pub(crate) struct ScalarLayouts {
     finalize: wgpu::BindGroupLayout,
     /// `finalize` with the device state (written), in capturable mode.
     finalize_capturable: wgpu::BindGroupLayout,
+    /// LAMB's table passes: the uniform, the partial sums (written), the index (read).
+    lamb: wgpu::BindGroupLayout,
 }
 
 /// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
@@ -142,6 +144,7 @@ impl ScalarLayouts {
             ),
             finalize: layout("wgpu-optim clip finalize", &finalize),
             finalize_capturable: layout("wgpu-optim clip finalize, capturable", &finalize_capturable),
+            lamb: layout("wgpu-optim LAMB passes", &crate::gpu::lamb::layout_entries(false)),
         }
     }
 
@@ -155,6 +158,7 @@ impl ScalarLayouts {
             (Scalars::Unscale, _) => &self.state,
             (Scalars::Norm, _) => &self.norm,
             (Scalars::UnscaleNorm, _) => &self.unscale_norm,
+            (Scalars::Lamb, _) => &self.lamb,
         }
     }
 

@@ -167,6 +167,16 @@ impl TableDispatch {
         self.groups().iter().sum()
     }
 
+    /// The tensor ordinal of each workgroup the dispatch launches, in workgroup order.
+    pub(crate) fn owners(&self) -> Vec<u32> {
+        let groups = self.groups();
+        self.rows
+            .iter()
+            .zip(groups)
+            .flat_map(|(row, g)| std::iter::repeat_n(row.ordinal, g as usize))
+            .collect()
+    }
+
     /// The table's words: the [`TableHead`], then per row its [`TableRow`] and the bases of
     /// every binding, relative to the dispatch's spans, four to a row, and with stochastic
     /// stores its [`RngRow`]; then the workgroup map, each workgroup's row index as a `u16`,

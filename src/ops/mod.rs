@@ -120,6 +120,11 @@ pub(crate) fn record_updates(
         let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
         calls.push(slot_args(step.family(), kinds, args));
     }
+    if step.family() == crate::step::Family::Lamb {
+        // Each tensor's norms: three passes, not the elementwise kernel.
+        check_across(&calls)?;
+        return crate::optimizer::record_lamb_stateless(ctx, encoder, step, &calls);
+    }
     record_stateless(ctx, encoder, step, &calls, step.family().name())
 }
 

@@ -70,6 +70,12 @@ impl Optimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
+        crate::algo::check_lamb_options(
+            &algorithm,
+            self.device.is_some(),
+            self.clip.is_some(),
+            self.rounding,
+        )?;
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {

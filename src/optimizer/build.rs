@@ -55,6 +55,7 @@ impl Optimizer {
             group.algorithm.validate()?;
         }
         super::schedule_free::check_options(&groups, &options)?;
+        super::lamb::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }

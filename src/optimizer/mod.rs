@@ -23,12 +23,14 @@ mod capturable;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
+mod lamb;
 mod options;
 mod record;
 mod schedule_free;
 mod validate;
 mod written;
 
+pub(crate) use lamb::record_stateless as record_lamb_stateless;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;

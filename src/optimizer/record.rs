@@ -25,6 +25,8 @@ pub(super) struct Bound {
     /// With clipping and AMP: the unscale pass that takes the norm in the same read of
     /// `grads` (f32 gradients), built at the first [`Optimizer::record_unscale`] with them.
     pub(super) unscale_norm: Option<BoundNorm>,
+    /// The passes of each LAMB group (whose entry of `batches` is empty).
+    pub(super) lamb: Vec<super::lamb::LambBound>,
 }
 
 impl Optimizer {
@@ -52,6 +54,7 @@ impl Optimizer {
                     batches: Vec::new(),
                     norm: Some(norm),
                     unscale_norm: None,
+                    lamb: Vec::new(),
                 };
                 self.bound.insert(0, bound);
             }
@@ -145,6 +148,7 @@ impl Optimizer {
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
+        super::lamb::record(&mut pass, &bound.lamb);
         drop(pass);
         self.step = t;
         self.schedule_free.commit();
@@ -200,12 +204,14 @@ impl Optimizer {
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)
+                .filter(|_| !matches!(group.algorithm, Algorithm::Lamb(_)))
                 .map(|i| self.batch_item(scalars, program, &group.algorithm, i, &grads[i]))
                 .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
+        let lamb = self.bind_lamb(grads)?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None });
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None, lamb });
         Ok(())
     }
 

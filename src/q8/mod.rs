@@ -139,6 +139,10 @@ pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Re
              keep f32, f16 or bf16 state for it",
         ),
         Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
+        Algorithm::Lamb(_) => Some(
+            "LAMB has no 8-bit form (bitsandbytes' LAMB8bit is not implemented); keep f32, f16 or bf16 \
+             state for it",
+        ),
         _ => None,
     };
     match refused {

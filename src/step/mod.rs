@@ -16,6 +16,7 @@ mod ademamix;
 pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
+mod lamb;
 mod lion;
 mod momentum;
 mod rmsprop;
@@ -26,6 +27,7 @@ pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 pub(crate) use fields::Override;
+pub(crate) use lamb::{LambSwitches, LambUniform, LambUniform64};
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
@@ -50,6 +52,8 @@ pub(crate) enum Family {
     RmsProp,
     /// AdEMAMix (bitsandbytes).
     Ademamix,
+    /// LAMB (torch-optimizer): two passes around each tensor's norms.
+    Lamb,
 }
 
 impl Family {
@@ -62,6 +66,7 @@ impl Family {
             Family::ScheduleFree => "schedule_free",
             Family::RmsProp => "rmsprop",
             Family::Ademamix => "ademamix",
+            Family::Lamb => "lamb",
         }
     }
 
@@ -104,6 +109,13 @@ impl Family {
                 Grad,
                 State(StateKind::ExpAvg),
                 State(StateKind::ExpAvgSlow),
+                State(StateKind::ExpAvgSq),
+                State(StateKind::KahanCompensation),
+            ],
+            Family::Lamb => &[
+                Param,
+                Grad,
+                State(StateKind::ExpAvg),
                 State(StateKind::ExpAvgSq),
                 State(StateKind::KahanCompensation),
             ],
@@ -154,6 +166,13 @@ impl Family {
                 ParamCopy,
                 State(StateKind::KahanCompensation),
             ],
+            Family::Lamb => &[
+                Param,
+                State(StateKind::ExpAvg),
+                State(StateKind::ExpAvgSq),
+                ParamCopy,
+                State(StateKind::KahanCompensation),
+            ],
         }
     }
 }
@@ -193,6 +212,7 @@ pub(crate) enum Switches {
     ScheduleFree(ScheduleFreeSwitches),
     RmsProp(RmsPropSwitches),
     Ademamix(AdemamixSwitches),
+    Lamb(LambSwitches),
 }
 
 impl Switches {
@@ -205,6 +225,7 @@ impl Switches {
             Switches::ScheduleFree(_) => Family::ScheduleFree,
             Switches::RmsProp(_) => Family::RmsProp,
             Switches::Ademamix(_) => Family::Ademamix,
+            Switches::Lamb(_) => Family::Lamb,
         }
     }
 
@@ -218,6 +239,7 @@ impl Switches {
             Switches::ScheduleFree(s) => s.overrides(),
             Switches::RmsProp(s) => s.overrides(),
             Switches::Ademamix(s) => s.overrides(),
+            Switches::Lamb(s) => s.overrides(),
         }
     }
 
@@ -240,6 +262,8 @@ impl Switches {
             (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
             (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
             (Switches::Ademamix(_), true) => size_of::<AdemamixUniform64>(),
+            (Switches::Lamb(_), false) => size_of::<LambUniform>(),
+            (Switches::Lamb(_), true) => size_of::<LambUniform64>(),
         }) as u64
     }
 
@@ -253,6 +277,7 @@ impl Switches {
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
             Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
             Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
+            Switches::Lamb(_) => LambUniform::wgsl("Hyper"),
         }
     }
 }
@@ -267,6 +292,7 @@ pub(crate) enum KernelStep {
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
     RmsProp(RmsPropSwitches, RmsPropUniform64),
     Ademamix(AdemamixSwitches, AdemamixUniform64),
+    Lamb(LambSwitches, LambUniform64),
 }
 
 /// Bytes reserved for one uniform: room for the largest in f64, and a multiple of every
@@ -280,6 +306,7 @@ const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLO
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<LambUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
 impl KernelStep {
     pub(crate) fn family(&self) -> Family {
@@ -295,6 +322,7 @@ impl KernelStep {
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
             KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
             KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
+            KernelStep::Lamb(s, _) => Switches::Lamb(*s),
         }
     }
 
@@ -313,6 +341,7 @@ impl KernelStep {
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Lamb(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Momentum(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
@@ -320,6 +349,7 @@ impl KernelStep {
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Lamb(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }
     }
 }

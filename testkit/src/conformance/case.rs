@@ -127,6 +127,11 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"],
     ),
     (
+        "torch_optimizer.Lamb",
+        Kind::Trajectory,
+        &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"],
+    ),
+    (
         "torch.RMSprop",
         Kind::Trajectory,
         &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize", "max_norm", "norm_type"],

@@ -63,6 +63,9 @@ impl Backend {
         if case.kind == Kind::Trajectory && case.op.starts_with("schedulefree.") {
             backends.push(Backend::Cpu);
         }
+        if case.kind == Kind::Trajectory && case.op.starts_with("torch_optimizer.") {
+            backends.push(Backend::Cpu);
+        }
         backends
     }
 
@@ -143,6 +146,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
         ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
+        ("torch_optimizer.Lamb", Kind::Trajectory) => super::lamb::trajectory(case, backend, ctx).await?,
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
         }

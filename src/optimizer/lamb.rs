@@ -1,0 +1,261 @@
+//! LAMB on the GPU optimizer: per LAMB group, the moments pass, the combine pass and the
+//! apply pass (`gpu::lamb` has the shader side), recorded into the step's compute pass after
+//! the other groups' updates. Nothing is read back: the trust ratios go from the combine
+//! pass to the apply pass through the group's index buffer, where [`Optimizer::lamb_norms`]
+//! finds the last step's norms.
+
+use super::{Optimizer, OptimizerOptions, ParamGroup};
+use crate::gpu::dispatch::{Batch, Uniforms};
+use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
+use crate::gpu::lamb::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
+use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
+use crate::gpu::GpuContext;
+use crate::step::{KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
+use crate::{Algorithm, DType, Error, Result, Tensor};
+
+/// One LAMB group's passes over one set of gradients.
+pub(super) struct LambBound {
+    /// The group's first parameter and its parameter count.
+    first: usize,
+    len: usize,
+    moments: Batch,
+    apply: Batch,
+    /// Group 0 of the moments and apply passes.
+    passes_group: wgpu::BindGroup,
+    combine_group: wgpu::BindGroup,
+    combine: wgpu::ComputePipeline,
+    /// [`IndexLayout`]: the apply pass's owners, the slot lists, the norms.
+    index: wgpu::Buffer,
+    layout: IndexLayout,
+}
+
+/// Refuses what LAMB groups do not implement: capturable mode, clipping and stochastic
+/// rounding (`algo::lamb::check_options`), and f64 parameters (the passes sum in f32 and
+/// the combine pass reads an f32 uniform).
+pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+    for group in groups {
+        let clipped = options.grad_clip.is_some();
+        crate::algo::check_lamb_options(&group.algorithm, options.capturable, clipped, options.rounding)?;
+        let lamb = matches!(group.algorithm, Algorithm::Lamb(_));
+        if let Some(p) = group.params.iter().find(|p| lamb && p.dtype == DType::F64) {
+            return Err(Error::DTypeMismatch {
+                argument: "params".into(),
+                got: p.dtype,
+                expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Optimizer {
+    /// The passes of every LAMB group over `grads` (already checked).
+    pub(super) fn bind_lamb(&self, grads: &[Tensor]) -> Result<Vec<LambBound>> {
+        let mut bound = Vec::new();
+        for (g, group) in self.groups.iter().enumerate() {
+            if matches!(group.algorithm, Algorithm::Lamb(_)) {
+                bound.push(self.bind_lamb_group(g, group.first, group.len, grads)?);
+            }
+        }
+        Ok(bound)
+    }
+
+    fn bind_lamb_group(&self, g: usize, first: usize, len: usize, grads: &[Tensor]) -> Result<LambBound> {
+        let algorithm = self.groups[g].algorithm;
+        if self.math == DType::F64 {
+            return Err(Error::DTypeMismatch {
+                argument: "params".into(),
+                got: DType::F64,
+                expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+            });
+        }
+        let items = |apply: bool| -> Result<Vec<_>> {
+            let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
+            (first..first + len)
+                .map(|i| self.batch_item(Scalars::Lamb, program, &algorithm, i, &grads[i]))
+                .collect()
+        };
+        let uniform = (self.uniforms.buffer(), g as u64 * UNIFORM_SLOT_BYTES);
+        bind_passes(&self.ctx, [items(false)?, items(true)?], first, uniform)
+    }
+
+    /// Tensor `i`'s norms at the last step, on the device: three f32 (`weight_norm`,
+    /// `adam_norm`, `trust_ratio`, as torch-optimizer keeps them in its state) to read with
+    /// [`GpuContext::read`](crate::GpuContext::read); the values change with every recorded
+    /// step, and before the first they are 0. `None` where tensor `i` is not in a LAMB group, or before the
+    /// optimizer has bound a step.
+    pub fn lamb_norms(&self, i: usize) -> Option<Tensor> {
+        let bound = self.bound.first()?.lamb.iter().find(|b| (b.first..b.first + b.len).contains(&i))?;
+        let offset = 4 * u64::from(bound.layout.norms + 4 * (i - bound.first) as u32);
+        Some(Tensor::new(&bound.index, offset, 3, DType::F32))
+    }
+}
+
+/// The three passes over the tensors of `items` (the moments pass's, then the apply pass's;
+/// their plans' ordinals count from `first`), whose uniform is the slot at `uniform`'s
+/// offset of its buffer.
+pub(crate) fn bind_passes(
+    ctx: &GpuContext,
+    items: [Vec<(VariantKey, TensorPlan)>; 2],
+    first: usize,
+    uniform: (&wgpu::Buffer, u64),
+) -> Result<LambBound> {
+    let [moment_items, apply_items] = items;
+    let len = moment_items.len();
+    let moments = Batch::build(ctx, &moment_items, "LAMB moments")?;
+    let apply = Batch::build(ctx, &apply_items, "LAMB apply")?;
+    // Ordinals are the optimizer's parameter indices; the index counts from the group's.
+    let local = |owners: &[u32]| owners.iter().map(|&o| o - first as u32).collect::<Vec<_>>();
+    let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
+    let device = ctx.device();
+    let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
+    let (combine_layout, combine) = combine_pipeline(ctx)?;
+    ctx.catch("creating the LAMB passes", || {
+        use wgpu::util::DeviceExt;
+        let index = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-optim LAMB index"),
+            contents: bytemuck::cast_slice(&words),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        });
+        // Zeroed at creation: a group without elements leaves its one slot at 0.
+        let partials = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-optim LAMB partial sums"),
+            size: 8 * u64::from(moments.workgroups().max(1)),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let hyper = wgpu::BindGroupEntry {
+            binding: binding::HYPER,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: uniform.0,
+                offset: uniform.1,
+                size: wgpu::BufferSize::new(UNIFORM_SLOT_BYTES),
+            }),
+        };
+        let entries = [
+            hyper,
+            wgpu::BindGroupEntry { binding: PARTIALS, resource: partials.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: INDEX, resource: index.as_entire_binding() },
+        ];
+        let passes_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-optim LAMB passes"),
+            layout: passes_layout,
+            entries: &entries,
+        });
+        let combine_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            layout: combine_layout,
+            entries: &entries,
+        });
+        let combine = combine.clone();
+        LambBound { first, len, moments, apply, passes_group, combine_group, combine, index, layout }
+    })
+}
+
+/// The combine pass's pipeline and its group 0 layout: compiled once per context.
+fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
+    if let Some(compiled) = ctx.inner.lamb_combine.get() {
+        return Ok(compiled);
+    }
+    let device = ctx.device();
+    let source = combine_wgsl();
+    let compiled = ctx.catch("compiling the LAMB combine pass", || {
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            entries: &layout_entries(true),
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        (layout, pipeline)
+    })?;
+    // Two threads may both compile it; the first stored is kept.
+    Ok(ctx.inner.lamb_combine.get_or_init(|| compiled))
+}
+
+/// The stateless update (`ops::update`) of LAMB: the calls' tensors in one set of passes,
+/// each call one tensor with its own norms, recorded as one compute pass with a uniform of
+/// its own.
+pub(crate) fn record_stateless(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    step: &KernelStep,
+    calls: &[KernelArgs],
+) -> Result<()> {
+    ctx.check_alive()?;
+    let KernelStep::Lamb(_, uniform) = step else { return Ok(()) };
+    // The moments pass reads the new moments back, and the apply pass reads them, from the
+    // state's input slots: both must be the outputs (inputs: param, grad, exp_avg,
+    // exp_avg_sq; outputs: param, exp_avg, exp_avg_sq).
+    for args in calls {
+        for (input, output) in [(2, 1), (3, 2)] {
+            let (Some(Some(i)), Some(Some(o))) = (args.inputs.get(input), args.outputs.get(output)) else {
+                continue;
+            };
+            if i.tensor != o.tensor {
+                return Err(Error::ConflictingOptions {
+                    first: "state_out",
+                    second: "algorithm",
+                    reason: "LAMB's second pass reads the moments its first pass wrote: update its \
+                             state in place (the parameters may go out of place)",
+                });
+            }
+        }
+    }
+    let items = |apply: bool| -> Result<Vec<(VariantKey, TensorPlan)>> {
+        let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
+        let mut items = Vec::with_capacity(calls.len());
+        for (i, args) in calls.iter().enumerate() {
+            let mut tensor_plan = plan(ctx, program, args)?;
+            let dtype = math_dtype(args);
+            if dtype == DType::F64 {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("lamb tensor {i}"),
+                    got: dtype,
+                    expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+                });
+            }
+            tensor_plan.ordinal = i as u32;
+            items.push((
+                VariantKey::new(Scalars::Lamb, program, DType::F32, tensor_plan.layout.clone()),
+                tensor_plan,
+            ));
+        }
+        Ok(items)
+    };
+    let items = [items(false)?, items(true)?];
+    let mut bytes = [0u8; UNIFORM_SLOT_BYTES as usize];
+    KernelStep::Lamb(LambSwitches { apply: false }, *uniform).write_uniform(DType::F32, &mut bytes);
+    let uniforms = Uniforms::new(ctx, &bytes, "LAMB", None, None)?;
+    let bound = bind_passes(ctx, items, 0, (uniforms.buffer(), 0))?;
+    let mut pass = encoder
+        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("LAMB"), timestamp_writes: None });
+    record(&mut pass, std::slice::from_ref(&bound));
+    Ok(())
+}
+
+/// Records every LAMB group's three passes into `pass`: each pass reads what the one before
+/// it wrote (a compute pass orders its dispatches' storage accesses).
+pub(super) fn record(pass: &mut wgpu::ComputePass<'_>, bound: &[LambBound]) {
+    for b in bound {
+        b.moments.record(pass, &b.passes_group);
+        pass.set_pipeline(&b.combine);
+        pass.set_bind_group(binding::GROUP_SCALARS, &b.combine_group, &[]);
+        pass.dispatch_workgroups(b.layout.tensors.div_ceil(WORKGROUP_SIZE).max(1), 1, 1);
+        b.apply.record(pass, &b.passes_group);
+    }
+}
