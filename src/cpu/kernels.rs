@@ -90,6 +90,8 @@ enum Update {
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
     Lion(LionUniform, Loops<LionUniform>),
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
+    /// Adafactor runs its own loops (`cpu::adafactor`): nothing elementwise to do here.
+    Adafactor,
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
     Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
 }
@@ -198,6 +200,7 @@ impl Kernel {
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Adafactor => {}
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
@@ -238,6 +241,7 @@ impl Update {
                 let u = uniform.to_f32();
                 Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
             }
+            KernelStep::Adafactor(..) => Update::Adafactor,
             KernelStep::RmsProp(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))

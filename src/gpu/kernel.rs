@@ -91,6 +91,8 @@ impl Program {
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
+                // Not elementwise: its own passes (`gpu::adafactor`), never composed here.
+                Family::Adafactor => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
             },
@@ -111,6 +113,7 @@ impl Program {
                 // Refused in capturable mode (`optimizer::validate`): its weights need the
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
+                Family::Adafactor => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
             },
@@ -840,6 +843,7 @@ pub(crate) mod tests {
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+    use crate::step::{AdafactorUniform, AdafactorUniform64};
 
     fn is_schedule_free(program: Program) -> bool {
         matches!(program, Program::Update(Switches::ScheduleFree(_)))
@@ -1153,6 +1157,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::ScheduleFree(_), true) => {
                                     rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
+                                }
+                                (Switches::Adafactor(_), false) => {
+                                    rust_members(AdafactorUniform::FIELDS, AdafactorUniform::OFFSETS)
+                                }
+                                (Switches::Adafactor(_), true) => {
+                                    rust_members(AdafactorUniform::FIELDS, AdafactorUniform64::OFFSETS)
                                 }
                                 (Switches::RmsProp(_), false) => {
                                     rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)

@@ -1,0 +1,352 @@
+//! Adafactor on the CPU backend: the passes of `shaders/adafactor.wgsl` in f32, each tensor
+//! cut into blocks of whole rows (vectors: of elements) that run in parallel.
+//!
+//! Every sum is deterministic: a block's sums are taken in a fixed order (eight lanes, then
+//! the lanes in order), and the blocks' partial sums are combined in block order. Blocks are
+//! cut by size, not by the number of threads, so the same inputs give the same bits on any
+//! pool.
+//!
+//! Passes over a matrix (batched over the leading dimensions): (1) each row's and each
+//! column's sum of `g^2` and the sum of `p^2`; then `row_var`, `col_var` and each batch's
+//! mean of `row_var` on one thread (they are small); (2) the update's sum of squares;
+//! (3) `p = p decay - scale U`. A vector: (1) `variance`, the sums of `p^2` and of `U^2`;
+//! (2) the same apply. The gradient is read three times (twice for a vector), the parameter
+//! twice and written once; the state is sublinear.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::host::{HostSlice, HostSliceMut};
+use super::CpuOptimizer;
+use crate::algo::factored_dims;
+use crate::step::AdafactorUniform;
+use crate::{Adafactor, Algorithm, DType, OptimizerOptions, Result, StateKind};
+
+/// Elements per block: rayon's per-item cost vanishes next to a block's work.
+const BLOCK: usize = 64 * 1024;
+/// Independent partial sums per block: the loops vectorize over them.
+const LANES: usize = 8;
+
+/// One tensor's Adafactor state, in f32.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct AdafactorTensor {
+    /// `(batches, rows, cols)` of a tensor of 2 or more dimensions; `None` for a vector.
+    dims: Option<(usize, usize, usize)>,
+    /// `row_var` (`batches * rows`) or, for a vector, `variance`.
+    first: Vec<f32>,
+    /// `col_var` (`batches * cols`); empty for a vector.
+    second: Vec<f32>,
+}
+
+impl AdafactorTensor {
+    fn new(shape: &[usize]) -> Self {
+        match factored_dims(shape) {
+            Some((b, r, c)) => {
+                AdafactorTensor { dims: Some((b, r, c)), first: vec![0.0; b * r], second: vec![0.0; b * c] }
+            }
+            None => {
+                AdafactorTensor { dims: None, first: vec![0.0; shape.iter().product()], second: Vec::new() }
+            }
+        }
+    }
+}
+
+/// The states of an Adafactor optimizer over parameters of `lens` (empty for another
+/// algorithm); refuses what Adafactor does not run, before anything is made.
+pub(super) fn new_states(
+    algorithm: &Algorithm,
+    options: &OptimizerOptions,
+    lens: &[usize],
+) -> Result<Vec<AdafactorTensor>> {
+    if !matches!(algorithm, Algorithm::Adafactor(_)) {
+        return Ok(Vec::new());
+    }
+    crate::algo::check_adafactor_options(true, options)?;
+    crate::algo::check_adafactor_shapes(&options.param_shapes)?;
+    debug_assert_eq!(options.param_shapes.len(), lens.len());
+    Ok(options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect())
+}
+
+/// A storage type the passes read and write.
+trait Wide: Copy + Send + Sync {
+    fn widen(self) -> f32;
+    fn narrow(x: f32) -> Self;
+}
+
+impl Wide for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> Self {
+        x
+    }
+}
+
+impl Wide for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+impl Wide for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+/// torch's `lerp` (two forms, below and above a weight of one half), in f32.
+#[inline(always)]
+pub(crate) fn lerp(start: f32, end: f32, weight: f32) -> f32 {
+    let diff = end - start;
+    if weight.abs() < 0.5 {
+        start + weight * diff
+    } else {
+        end - diff * (1.0 - weight)
+    }
+}
+
+/// The lanes of a partial sum, added in order.
+#[inline(always)]
+fn fold(lanes: [f32; LANES]) -> f32 {
+    lanes.iter().fold(0.0, |a, b| a + b)
+}
+
+/// The step's values every element shares, in f32 as the shader reads them, with `eps1`
+/// resolved for the group's first parameter's dtype.
+#[derive(Clone, Copy, Debug)]
+struct Scalars {
+    hp: AdafactorUniform,
+    eps1: f32,
+}
+
+impl CpuOptimizer {
+    /// One Adafactor step at step `t` over every tensor (already checked).
+    pub(super) fn adafactor_step(
+        &mut self,
+        config: &Adafactor,
+        params: &mut [HostSliceMut<'_>],
+        grads: &[HostSlice<'_>],
+    ) -> Result<()> {
+        let t = self.step + 1;
+        let crate::step::KernelStep::Adafactor(_, uniform) = config.kernel_step(t) else { return Ok(()) };
+        let hp = uniform.to_f32();
+        let first = self.params.first().map_or(DType::F32, |p| p.0);
+        let eps1 = config.eps1_for(first) as f32;
+        let scalars = Scalars { hp, eps1 };
+        for ((param, grad), state) in params.iter_mut().zip(grads).zip(&mut self.adafactor) {
+            use HostSlice as G;
+            use HostSliceMut as P;
+            match (param, grad) {
+                (P::F32(p), G::F32(g)) => tensor(&scalars, state, p, g),
+                (P::F32(p), G::F16(g)) => tensor(&scalars, state, p, g),
+                (P::F32(p), G::BF16(g)) => tensor(&scalars, state, p, g),
+                (P::F16(p), G::F32(g)) => tensor(&scalars, state, p, g),
+                (P::F16(p), G::F16(g)) => tensor(&scalars, state, p, g),
+                (P::F16(p), G::BF16(g)) => tensor(&scalars, state, p, g),
+                (P::BF16(p), G::F32(g)) => tensor(&scalars, state, p, g),
+                (P::BF16(p), G::F16(g)) => tensor(&scalars, state, p, g),
+                (P::BF16(p), G::BF16(g)) => tensor(&scalars, state, p, g),
+            }
+        }
+        self.step = t;
+        Ok(())
+    }
+
+    /// Parameter `index`'s Adafactor state of `kind` (`None` for another algorithm, or a
+    /// kind the tensor does not keep).
+    pub(super) fn adafactor_state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
+        let state = self.adafactor.get(index)?;
+        match (state.dims.is_some(), kind) {
+            (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(HostSlice::F32(&state.first)),
+            (true, StateKind::ColVar) => Some(HostSlice::F32(&state.second)),
+            _ => None,
+        }
+    }
+
+    /// [`Self::adafactor_state`], writable.
+    pub(super) fn adafactor_state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
+        let state = self.adafactor.get_mut(index)?;
+        match (state.dims.is_some(), kind) {
+            (true, StateKind::RowVar) | (false, StateKind::Variance) => {
+                Some(HostSliceMut::F32(&mut state.first))
+            }
+            (true, StateKind::ColVar) => Some(HostSliceMut::F32(&mut state.second)),
+            _ => None,
+        }
+    }
+}
+
+/// One tensor's step.
+fn tensor<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P], g: &[G]) {
+    let n = p.len();
+    if n == 0 {
+        return;
+    }
+    match state.dims {
+        Some((batches, rows, cols)) => matrix(s, state, p, g, (batches, rows, cols)),
+        None => vector(s, &mut state.first, p, g),
+    }
+}
+
+/// `scale = alpha / max(1, rms(U) / d)` with `alpha = max(eps2, rms(p)) rho`.
+fn step_scale(hp: &AdafactorUniform, sum_p2: f32, sum_u2: f32, n: usize) -> f32 {
+    let root_n = (n as f32).sqrt();
+    let alpha = hp.eps2.max(sum_p2.sqrt() / root_n) * hp.rho;
+    alpha / 1f32.max(sum_u2.sqrt() / (root_n * hp.d))
+}
+
+fn apply<P: Wide>(hp: &AdafactorUniform, scale: f32, p: &mut P, u: f32) {
+    *p = P::narrow(p.widen() * hp.decay - scale * u);
+}
+
+/// A vector: blocks of elements; `variance` in place.
+fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], p: &mut [P], g: &[G]) {
+    let hp = &s.hp;
+    let floor = s.eps1 * s.eps1;
+    // (1) variance, and per block the sums of p^2 and U^2.
+    let partials: Vec<(f32, f32)> = p
+        .par_chunks(BLOCK)
+        .zip(g.par_chunks(BLOCK))
+        .zip(variance.par_chunks_mut(BLOCK))
+        .map(|((p, g), v)| {
+            let (mut p2, mut u2) = ([0f32; LANES], [0f32; LANES]);
+            for (k, ((p, g), v)) in p.iter().zip(g).zip(v.iter_mut()).enumerate() {
+                let (p, g) = (p.widen(), g.widen() * hp.sign);
+                p2[k % LANES] += p * p;
+                *v = lerp(*v, g * g, hp.weight);
+                let u = g / v.max(floor).sqrt();
+                u2[k % LANES] += u * u;
+            }
+            (fold(p2), fold(u2))
+        })
+        .collect();
+    let (sum_p2, sum_u2) = partials.iter().fold((0f32, 0f32), |(a, b), (c, d)| (a + c, b + d));
+    let scale = step_scale(hp, sum_p2, sum_u2, p.len());
+    // (2) the update.
+    p.par_chunks_mut(BLOCK).zip(g.par_chunks(BLOCK)).zip(variance.par_chunks(BLOCK)).for_each(
+        |((p, g), v)| {
+            for ((p, g), v) in p.iter_mut().zip(g).zip(v) {
+                let u = g.widen() * hp.sign / v.max(floor).sqrt();
+                apply(hp, scale, p, u);
+            }
+        },
+    );
+}
+
+/// A batch of matrices `[batches, rows, cols]`: blocks of whole rows within one matrix.
+fn matrix<P: Wide, G: Wide>(
+    s: &Scalars,
+    state: &mut AdafactorTensor,
+    p: &mut [P],
+    g: &[G],
+    (batches, rows, cols): (usize, usize, usize),
+) {
+    let hp = &s.hp;
+    let floor = s.eps1 * s.eps1;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let block_rows = (BLOCK / cols).clamp(1, rows);
+    let per_matrix = rows.div_ceil(block_rows);
+    let block = block_rows * cols;
+    // Blocks never straddle two matrices: each matrix's rows are cut alike.
+    let blocks = |b: usize, k: usize| {
+        let first = b * rows + k * block_rows;
+        (first, (block_rows).min(b * rows + rows - first))
+    };
+    let order: Vec<(usize, usize)> =
+        (0..batches).flat_map(|b| (0..per_matrix).map(move |k| (b, k))).collect();
+    // (1) per block: its rows' sums of g^2, its columns' partial sums, its sum of p^2.
+    let pass1: Vec<(Vec<f32>, Vec<f32>, f32)> = order
+        .par_iter()
+        .map(|&(b, k)| {
+            let (first, count) = blocks(b, k);
+            let mut row_sums = Vec::with_capacity(count);
+            let mut col_sums = vec![0f32; cols];
+            let mut p2 = [0f32; LANES];
+            for r in first..first + count {
+                let (g, p) = (&g[r * cols..(r + 1) * cols], &p[r * cols..(r + 1) * cols]);
+                let mut lanes = [0f32; LANES];
+                for (c, ((g, p), col)) in g.iter().zip(p).zip(col_sums.iter_mut()).enumerate() {
+                    let (g, p) = (g.widen(), p.widen());
+                    let g2 = g * g;
+                    lanes[c % LANES] += g2;
+                    *col += g2;
+                    p2[c % LANES] += p * p;
+                }
+                row_sums.push(fold(lanes));
+            }
+            (row_sums, col_sums, fold(p2))
+        })
+        .collect();
+    let _ = block;
+    // The factors, on one thread: they hold rows + cols values per matrix.
+    let (row_var, col_var) = (&mut state.first, &mut state.second);
+    let mut sum_p2 = 0f32;
+    let mut col_sums = vec![0f32; batches * cols];
+    for (&(b, k), (row_sums, cols_part, p2)) in order.iter().zip(&pass1) {
+        let (first, _) = blocks(b, k);
+        for (r, sum) in row_sums.iter().enumerate() {
+            let v = &mut row_var[first + r];
+            *v = lerp(*v, sum / cols as f32, hp.weight);
+        }
+        for (total, part) in col_sums[b * cols..(b + 1) * cols].iter_mut().zip(cols_part) {
+            *total += part;
+        }
+        sum_p2 += p2;
+    }
+    for (v, sum) in col_var.iter_mut().zip(&col_sums) {
+        *v = lerp(*v, sum / rows as f32, hp.weight);
+    }
+    // Each row's factor over its matrix's clamped mean of row_var.
+    let mut row_factor = vec![0f32; batches * rows];
+    for b in 0..batches {
+        let rv = &row_var[b * rows..(b + 1) * rows];
+        let mean = rv.iter().fold(0f32, |a, v| a + v) / rows as f32;
+        let denom = mean.max(s.eps1);
+        for (f, v) in row_factor[b * rows..(b + 1) * rows].iter_mut().zip(rv) {
+            *f = v / denom;
+        }
+    }
+    let (row_factor, col_var) = (&row_factor, &*col_var);
+    let u = move |r: usize, c: usize, g: f32, b: usize| {
+        let v = row_factor[r] * col_var[b * cols + c];
+        g * hp.sign / v.max(floor).sqrt()
+    };
+    // (2) the update's sum of squares.
+    let sums: Vec<f32> = order
+        .par_iter()
+        .map(|&(b, k)| {
+            let (first, count) = blocks(b, k);
+            let mut lanes = [0f32; LANES];
+            for r in first..first + count {
+                for (c, g) in g[r * cols..(r + 1) * cols].iter().enumerate() {
+                    let u = u(r, c, g.widen(), b);
+                    lanes[c % LANES] += u * u;
+                }
+            }
+            fold(lanes)
+        })
+        .collect();
+    let sum_u2 = sums.iter().fold(0f32, |a, b| a + b);
+    let scale = step_scale(hp, sum_p2, sum_u2, p.len());
+    // (3) the update, row by row.
+    p.par_chunks_mut(cols).zip(g.par_chunks(cols)).enumerate().for_each(|(r, (p, g))| {
+        let b = r / rows;
+        for (c, (p, g)) in p.iter_mut().zip(g).enumerate() {
+            apply(hp, scale, p, u(r, c, g.widen(), b));
+        }
+    });
+}
