@@ -27,7 +27,14 @@ fn vectors_pass_on(backends: &[Backend]) {
         for &backend in backends {
             let report =
                 run_case(&case, backend, ctx.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            assert_eq!(report.outcome, Outcome::Pass, "{} on {}", case.name, backend.name());
+            assert_eq!(
+                report.outcome,
+                Outcome::Pass,
+                "{} on {} (worst {})",
+                case.name,
+                backend.name(),
+                report.worst
+            );
         }
     }
 }
@@ -40,4 +47,9 @@ fn public_vectors_pass_on_the_oracle() {
 #[test]
 fn public_vectors_pass_on_the_cpu_backend() {
     vectors_pass_on(&[Backend::Cpu]);
+}
+
+#[test]
+fn public_vectors_pass_on_the_gpu_in_place_and_out_of_place() {
+    vectors_pass_on(&[Backend::GpuInPlace, Backend::GpuOutOfPlace]);
 }

@@ -206,6 +206,12 @@ impl Uniforms {
         })
     }
 
+    /// The buffer of every slot (slot g at `g * UNIFORM_SLOT_BYTES`), for passes that bind a
+    /// group's slot themselves (Adafactor's).
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
     /// Records, into `encoder`, a copy of `bytes` (a whole number of slots) over the uniforms:
     /// dispatches recorded after it in `encoder` read the new values, those before it the old.
     ///

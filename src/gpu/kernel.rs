@@ -836,6 +836,7 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::step::device::DeviceHeader;
+    use crate::step::{AdafactorUniform, AdafactorUniform64};
     use crate::step::{
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
@@ -843,7 +844,6 @@ pub(crate) mod tests {
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
-    use crate::step::{AdafactorUniform, AdafactorUniform64};
 
     fn is_schedule_free(program: Program) -> bool {
         matches!(program, Program::Update(Switches::ScheduleFree(_)))

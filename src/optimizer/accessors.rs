@@ -71,6 +71,7 @@ impl Optimizer {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
+        crate::algo::check_adafactor_change(&group.algorithm, &algorithm)?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: format!("algorithm (for group {g})"),
@@ -119,6 +120,9 @@ impl Optimizer {
     /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
     /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+        if let Some(tensor) = self.adafactor.as_ref().and_then(|e| e.state(index, kind)) {
+            return Some(tensor);
+        }
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
         let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;
         self.state.get(index)?.get(k)
