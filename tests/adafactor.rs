@@ -53,3 +53,277 @@ fn public_vectors_pass_on_the_cpu_backend() {
 fn public_vectors_pass_on_the_gpu_in_place_and_out_of_place() {
     vectors_pass_on(&[Backend::GpuInPlace, Backend::GpuOutOfPlace]);
 }
+
+use common::{assert_close, ctx, download, Rng, Tolerance};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
+use wgpu_optim::{
+    adafactor_state_kinds, Adafactor, Adam, Algorithm, DType, Error, GradClip, Optimizer, ParamGroup,
+    Rounding, StateKind, Tensor,
+};
+use wgpu_optim_testkit::oracle::{AdafactorOracle, Storage, TorchState};
+
+/// Shapes with tails around the workgroup size, last dimensions of 1, odd sizes, a 3-D batch
+/// and a vector.
+const SHAPES: [&[usize]; 7] = [&[257], &[9, 13], &[1, 7], &[7, 1], &[3, 5, 7], &[1], &[2, 1, 1, 65]];
+
+fn host(values: &[f64], dtype: DType) -> HostTensor {
+    HostTensor::from_f64(dtype, values).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The state values of the oracle's tensor i in `adafactor_state_kinds` order.
+fn oracle_states(oracle: &AdafactorOracle, i: usize) -> Vec<Vec<f64>> {
+    let s = &oracle.state[i];
+    if oracle.shapes[i].len() >= 2 {
+        vec![s.row_var.clone(), s.col_var.clone()]
+    } else {
+        vec![s.variance.clone()]
+    }
+}
+
+/// `steps` steps of `config` over tensors of `shapes` stored as `dtype` on the oracle, the
+/// GPU and the CPU backend; parameters and states compared at the end within `tolerance`.
+fn backends_follow_the_oracle(config: Adafactor, shapes: &[&[usize]], dtype: DType, steps: usize, seed: u64) {
+    let ctx = ctx();
+    let mut rng = Rng::new(seed);
+    let round = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| dtype.round(x)).collect() };
+    let shapes: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| round(rng.vec(n, 1.0))).collect();
+    let grads: Vec<Vec<Vec<f64>>> =
+        (0..steps).map(|_| lens.iter().map(|&n| round(rng.vec(n, 1.0))).collect()).collect();
+
+    let mut oracle = AdafactorOracle::new(config, shapes.clone(), dtype);
+    let mut want = start.clone();
+    for g in &grads {
+        oracle.step(&mut want, g);
+    }
+
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, dtype)).collect();
+    let grad_tensors: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("grad", n as u64, dtype)).collect();
+    let mut gpu = Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, config, &params).unwrap();
+    let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, dtype)).collect();
+    let views: Vec<HostSlice<'_>> = cpu_params.iter().map(HostTensor::as_slice).collect();
+    let mut cpu = CpuOptimizer::builder().param_shapes(shapes.clone()).build(config, &views).unwrap();
+    for g in &grads {
+        for (t, g) in grad_tensors.iter().zip(g) {
+            ctx.write(t, g).unwrap();
+        }
+        gpu.step(&grad_tensors).unwrap();
+        let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, dtype)).collect();
+        let grad_views: Vec<HostSlice<'_>> = host_grads.iter().map(HostTensor::as_slice).collect();
+        let mut param_views: Vec<HostSliceMut<'_>> =
+            cpu_params.iter_mut().map(HostTensor::as_mut_slice).collect();
+        cpu.step(&mut param_views, &grad_views).unwrap();
+    }
+    // 16-bit stores may round an f32 result and the f64 one to neighbours, a few times over
+    // the trajectory.
+    let tolerance = match dtype {
+        DType::F16 => Tolerance::Close { rtol: 2e-3, atol: 2e-3 },
+        DType::BF16 => Tolerance::Close { rtol: 1.6e-2, atol: 1.6e-2 },
+        _ => Tolerance::Close { rtol: 2e-5, atol: 2e-6 },
+    };
+    for (i, shape) in shapes.iter().enumerate() {
+        let what = |backend: &str, name: &str| format!("{backend} {name}[{i}] {shape:?} {dtype:?}");
+        assert_close(&what("gpu", "param"), &download(&ctx, &params[i]), &want[i], tolerance);
+        assert_close(&what("cpu", "param"), &cpu_params[i].to_f64(), &want[i], tolerance);
+        for (kind, state) in adafactor_state_kinds(shape).iter().zip(oracle_states(&oracle, i)) {
+            let name = kind.torch_name();
+            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
+            let cpu_state = cpu.state(i, *kind).unwrap().to_f64();
+            // The states are f32 whatever the parameters; 16-bit gradients are exact in f32.
+            let tol = Tolerance::Close { rtol: 2e-5, atol: 1e-7 };
+            let tol = if dtype == DType::F32 { tol } else { tolerance };
+            assert_close(&what("gpu", name), &gpu_state, &state, tol);
+            assert_close(&what("cpu", name), &cpu_state, &state, tol);
+        }
+    }
+}
+
+#[test]
+fn f32_trajectories_follow_the_oracle_on_every_shape() {
+    backends_follow_the_oracle(Adafactor::default(), &SHAPES, DType::F32, 6, 1);
+}
+
+#[test]
+fn weight_decay_large_rate_eps1_and_d_follow_the_oracle() {
+    let config = Adafactor {
+        lr: 0.3,
+        weight_decay: 0.05,
+        eps1: Some(1e-4),
+        eps2: 1e-2,
+        d: 1.5,
+        ..Adafactor::default()
+    };
+    backends_follow_the_oracle(config, &SHAPES, DType::F32, 5, 2);
+}
+
+#[test]
+fn maximize_follows_the_oracle() {
+    let config = Adafactor { maximize: true, beta2_decay: -0.5, ..Adafactor::default() };
+    backends_follow_the_oracle(config, &SHAPES, DType::F32, 4, 3);
+}
+
+#[test]
+fn f16_and_bf16_parameters_follow_the_oracle_with_their_machine_epsilon() {
+    for dtype in [DType::F16, DType::BF16] {
+        backends_follow_the_oracle(Adafactor::default(), &SHAPES, dtype, 3, 4);
+    }
+}
+
+#[test]
+fn tiny_gradients_meet_the_eps1_floors() {
+    // Gradients far below eps1 = 2^-23: V and the row mean hit their floors.
+    let ctx = ctx();
+    let shapes = vec![vec![4, 6], vec![5]];
+    let config = Adafactor::default();
+    let start = [vec![0.5; 24], vec![-0.25; 5]];
+    let grad = [vec![1e-9; 24], vec![-2e-9; 5]];
+    let mut oracle = AdafactorOracle::new(config, shapes.clone(), DType::F32);
+    let mut want = start.to_vec();
+    oracle.step(&mut want, &grad);
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let grads: Vec<Tensor> = grad.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().param_shapes(shapes).build(&ctx, config, &params).unwrap();
+    gpu.step(&grads).unwrap();
+    for i in 0..2 {
+        assert_close(
+            "param",
+            &download(&ctx, &params[i]),
+            &want[i],
+            Tolerance::Close { rtol: 2e-5, atol: 2e-6 },
+        );
+    }
+}
+
+#[test]
+fn adafactor_beside_adamw_in_one_optimizer_follows_each_oracle() {
+    let ctx = ctx();
+    let mut rng = Rng::new(7);
+    // A model: two matrices under Adafactor, a bias under AdamW between them in memory order.
+    let shapes = [vec![16, 8], vec![8], vec![8, 3]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..4).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+    let adafactor = Adafactor { lr: 0.05, weight_decay: 0.1, ..Adafactor::default() };
+    let adamw = Adam { lr: 1e-2, weight_decay: 0.01, ..Adam::adamw() };
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let groups = vec![
+        ParamGroup::new(adafactor, &[params[0].clone(), params[2].clone()]),
+        ParamGroup::new(adamw, &[params[1].clone()]),
+    ];
+    // Shapes in the optimizer's parameter order (group by group).
+    let order = [0usize, 2, 1];
+    let ordered_shapes: Vec<Vec<usize>> = order.iter().map(|&i| shapes[i].clone()).collect();
+    let mut gpu = Optimizer::builder().param_shapes(ordered_shapes).build_groups(&ctx, groups).unwrap();
+    let grad_tensors: Vec<Tensor> =
+        order.iter().map(|&i| ctx.zeros("grad", lens[i] as u64, DType::F32)).collect();
+
+    let mut oracle = AdafactorOracle::new(adafactor, vec![shapes[0].clone(), shapes[2].clone()], DType::F32);
+    let mut adam = TorchState::new(adamw.into(), lens[1]);
+    let mut want = start.clone();
+    for g in &grads {
+        for (t, &i) in grad_tensors.iter().zip(&order) {
+            ctx.write(t, &g[i]).unwrap();
+        }
+        gpu.step(&grad_tensors).unwrap();
+        let mut factored = vec![want[0].clone(), want[2].clone()];
+        oracle.step(&mut factored, &[g[0].clone(), g[2].clone()]);
+        want[0] = factored[0].clone();
+        want[2] = factored[1].clone();
+        adam.step(&mut want[1], &g[1]);
+    }
+    let tolerance = Tolerance::Close { rtol: 2e-5, atol: 2e-6 };
+    for i in 0..3 {
+        assert_close(&format!("param {i}"), &download(&ctx, &params[i]), &want[i], tolerance);
+    }
+    // The AdamW parameter (optimizer index 2) keeps Adam's states, not Adafactor's.
+    assert!(gpu.state(2, StateKind::ExpAvg).is_some());
+    assert!(gpu.state(2, StateKind::RowVar).is_none());
+    assert_eq!(gpu.state(0, StateKind::RowVar).unwrap().len, 16);
+    assert_eq!(gpu.state(1, StateKind::ColVar).unwrap().len, 3);
+}
+
+#[test]
+fn the_factored_state_is_sublinear() {
+    let ctx = ctx();
+    let params = vec![ctx.zeros("w", 4096 * 1024, DType::F32)];
+    let opt = Optimizer::builder()
+        .param_shapes(vec![vec![4096, 1024]])
+        .build(&ctx, Adafactor::default(), &params)
+        .unwrap();
+    assert_eq!(opt.state(0, StateKind::RowVar).unwrap().len, 4096);
+    assert_eq!(opt.state(0, StateKind::ColVar).unwrap().len, 1024);
+    assert!(opt.state(0, StateKind::Variance).is_none());
+}
+
+#[test]
+fn refusals_name_the_problem_and_change_nothing() {
+    let ctx = ctx();
+    let params = vec![ctx.upload("w", &[0.5; 6], DType::F32)];
+    // No shapes: refused by name.
+    match Optimizer::builder().build(&ctx, Adafactor::default(), &params) {
+        Err(Error::NeedsOption { what, option: "param_shapes" }) => assert_eq!(what, "Adafactor"),
+        other => panic!("expected NeedsOption, got {other:?}"),
+    }
+    let host_params = [HostSlice::F32(&[0.5f32; 6])];
+    match CpuOptimizer::builder().build(Adafactor::default(), &host_params) {
+        Err(Error::NeedsOption { option: "param_shapes", .. }) => {}
+        other => panic!("expected NeedsOption, got {other:?}"),
+    }
+    // Shapes that do not fit the lengths.
+    assert!(matches!(
+        Optimizer::builder().param_shapes(vec![vec![4, 2]]).build(&ctx, Adafactor::default(), &params),
+        Err(Error::LengthMismatch { .. })
+    ));
+    // Hyperparameters outside torch's ranges, each by its name.
+    let bad = [
+        ("lr", Adafactor { lr: -1.0, ..Adafactor::default() }),
+        ("beta2_decay", Adafactor { beta2_decay: 0.5, ..Adafactor::default() }),
+        ("eps1", Adafactor { eps1: Some(-1e-3), ..Adafactor::default() }),
+        ("eps2", Adafactor { eps2: f64::NAN, ..Adafactor::default() }),
+        ("d", Adafactor { d: 0.5, ..Adafactor::default() }),
+        ("weight_decay", Adafactor { weight_decay: -0.1, ..Adafactor::default() }),
+    ];
+    for (name, config) in bad {
+        let shapes = vec![vec![2, 3]];
+        match Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, config, &params) {
+            Err(Error::BadHyperparameter { name: got, .. }) => assert_eq!(got, name),
+            other => panic!("{name}: expected BadHyperparameter, got {other:?}"),
+        }
+        match CpuOptimizer::builder().param_shapes(shapes).build(config, &host_params) {
+            Err(Error::BadHyperparameter { name: got, .. }) => assert_eq!(got, name),
+            other => panic!("{name}: expected BadHyperparameter, got {other:?}"),
+        }
+    }
+    // Options its passes do not implement, by name.
+    let shapes = || vec![vec![2, 3]];
+    let conflict = |r: wgpu_optim::Result<Optimizer>, option: &str| match r {
+        Err(Error::ConflictingOptions { first, .. }) => assert_eq!(first, option),
+        other => panic!("{option}: expected ConflictingOptions, got {other:?}"),
+    };
+    let b = || Optimizer::builder().param_shapes(shapes());
+    conflict(b().capturable(true).build(&ctx, Adafactor::default(), &params), "capturable");
+    conflict(b().grad_clip(GradClip::l2(1.0)).build(&ctx, Adafactor::default(), &params), "grad_clip");
+    conflict(b().master_weights(true).build(&ctx, Adafactor::default(), &params), "master_weights");
+    conflict(b().state_dtype(DType::BF16).build(&ctx, Adafactor::default(), &params), "state_dtype");
+    let half = vec![ctx.upload("w16", &[0.5; 6], DType::BF16)];
+    conflict(b().rounding(Rounding::Kahan).build(&ctx, Adafactor::default(), &half), "rounding");
+    match b().q8_states(wgpu_optim::q8::Q8States::default()).build(&ctx, Adafactor::default(), &params) {
+        Err(Error::ConflictingOptions { first: "q8_states", .. }) => {}
+        other => panic!("q8: expected ConflictingOptions, got {other:?}"),
+    }
+    // A group cannot switch to or from Adafactor; a refused change leaves it as it was.
+    let mut opt = b().build(&ctx, Adafactor::default(), &params).unwrap();
+    let sgd = wgpu_optim::Sgd { lr: 0.1, ..wgpu_optim::Sgd::default() };
+    assert!(matches!(opt.set_group_algorithm(0, sgd), Err(Error::ConflictingOptions { .. })));
+    assert_eq!(opt.group_algorithm(0), Some(&Algorithm::Adafactor(Adafactor::default())));
+    // A refused step (wrong gradient count) writes nothing.
+    let grads = [ctx.upload("g", &[1.0; 6], DType::F32)];
+    assert!(opt.step(&[grads[0].clone(), grads[0].clone()]).is_err());
+    assert_eq!(download(&ctx, &params[0]), vec![0.5; 6]);
+    assert_eq!(download(&ctx, opt.state(0, StateKind::RowVar).unwrap()), vec![0.0; 2]);
+    // The stateless operator has no Adafactor.
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let result = wgpu_optim::ops::update(&ctx, &mut encoder, &Adafactor::default().into(), 1, &[]);
+    assert!(matches!(result, Err(Error::ConflictingOptions { first: "ops::update", .. })), "{result:?}");
+}
