@@ -327,3 +327,90 @@ fn refusals_name_the_problem_and_change_nothing() {
     let result = wgpu_optim::ops::update(&ctx, &mut encoder, &Adafactor::default().into(), 1, &[]);
     assert!(matches!(result, Err(Error::ConflictingOptions { first: "ops::update", .. })), "{result:?}");
 }
+
+#[test]
+fn checkpoints_hold_torchs_names_and_shapes_and_load_into_the_other_backend() {
+    let ctx = ctx();
+    let mut rng = Rng::new(11);
+    let shapes = vec![vec![9, 13], vec![257], vec![3, 5, 7]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..5).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+    let config = Adafactor { weight_decay: 0.02, ..Adafactor::default() };
+    let mut oracle = AdafactorOracle::new(config, shapes.clone(), DType::F32);
+    let mut want = start.clone();
+    for g in &grads {
+        oracle.step(&mut want, g);
+    }
+
+    // Three steps on the GPU, saved.
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let grad_tensors: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, config, &params).unwrap();
+    for g in &grads[..3] {
+        for (t, g) in grad_tensors.iter().zip(g) {
+            ctx.write(t, g).unwrap();
+        }
+        gpu.step(&grad_tensors).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let expect = [
+        ("state.0.row_var", vec![9, 1]),
+        ("state.0.col_var", vec![1, 13]),
+        ("state.1.variance", vec![257]),
+        ("state.2.row_var", vec![3, 5, 1]),
+        ("state.2.col_var", vec![3, 1, 7]),
+        ("state.2.step", vec![]),
+    ];
+    for (name, shape) in expect {
+        let tensor = file.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(tensor.shape(), shape.as_slice(), "{name}");
+        assert_eq!(tensor.dtype(), safetensors::Dtype::F32, "{name}");
+    }
+    assert!(file.tensor("state.1.row_var").is_err());
+
+    // The CPU backend resumes from it, with the GPU's parameters, for the last two steps.
+    let mut cpu_params: Vec<HostTensor> =
+        params.iter().map(|p| host(&download(&ctx, p), DType::F32)).collect();
+    let views: Vec<HostSlice<'_>> = cpu_params.iter().map(HostTensor::as_slice).collect();
+    let mut cpu =
+        CpuOptimizer::builder().param_shapes(shapes.clone()).build(Adafactor::default(), &views).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap();
+    assert_eq!(cpu.step_count(), 3);
+    assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::Adafactor(config)));
+    for g in &grads[3..] {
+        let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+        let grad_views: Vec<HostSlice<'_>> = host_grads.iter().map(HostTensor::as_slice).collect();
+        let mut param_views: Vec<HostSliceMut<'_>> =
+            cpu_params.iter_mut().map(HostTensor::as_mut_slice).collect();
+        cpu.step(&mut param_views, &grad_views).unwrap();
+    }
+    let tolerance = Tolerance::Close { rtol: 2e-5, atol: 2e-6 };
+    for i in 0..3 {
+        assert_close(&format!("cpu param {i}"), &cpu_params[i].to_f64(), &want[i], tolerance);
+    }
+
+    // And back: the CPU's checkpoint into a fresh GPU optimizer, whose states it replaces.
+    let cpu_bytes = cpu.save_to_bytes().unwrap();
+    let mut fresh =
+        Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, Adafactor::default(), &params).unwrap();
+    fresh.load_from_bytes(&cpu_bytes).unwrap();
+    assert_eq!(fresh.step_count(), 5);
+    for (i, shape) in shapes.iter().enumerate() {
+        for (kind, state) in adafactor_state_kinds(shape).iter().zip(oracle_states(&oracle, i)) {
+            let got = download(&ctx, fresh.state(i, *kind).unwrap());
+            assert_close(&format!("loaded {} {i}", kind.torch_name()), &got, &state, tolerance);
+        }
+    }
+    // A file of another algorithm is refused, with nothing changed.
+    let adam_params = [
+        HostSlice::F32(&[0.0f32; 117][..]),
+        HostSlice::F32(&[0.0f32; 257][..]),
+        HostSlice::F32(&[0.0f32; 105][..]),
+    ];
+    let adam =
+        CpuOptimizer::builder().param_shapes(shapes.clone()).build(Adam::default(), &adam_params).unwrap();
+    assert!(fresh.load_from_bytes(&adam.save_to_bytes().unwrap()).is_err());
+    assert_eq!(fresh.step_count(), 5);
+}

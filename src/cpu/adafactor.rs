@@ -17,6 +17,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::host::{HostSlice, HostSliceMut};
+use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::algo::factored_dims;
 use crate::step::AdafactorUniform;
@@ -28,26 +29,41 @@ const BLOCK: usize = 64 * 1024;
 const LANES: usize = 8;
 
 /// One tensor's Adafactor state, in f32.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(super) struct AdafactorTensor {
     /// `(batches, rows, cols)` of a tensor of 2 or more dimensions; `None` for a vector.
     dims: Option<(usize, usize, usize)>,
-    /// `row_var` (`batches * rows`) or, for a vector, `variance`.
-    first: Vec<f32>,
+    /// `row_var` (`batches * rows`) or, for a vector, `variance`; F32.
+    first: StateTensor,
     /// `col_var` (`batches * cols`); empty for a vector.
-    second: Vec<f32>,
+    second: StateTensor,
 }
 
 impl AdafactorTensor {
-    fn new(shape: &[usize]) -> Self {
-        match factored_dims(shape) {
+    fn new(shape: &[usize]) -> Result<Self> {
+        let zeros = |len: usize| StateTensor::filled(DType::F32, len, 0.0, 0);
+        Ok(match factored_dims(shape) {
             Some((b, r, c)) => {
-                AdafactorTensor { dims: Some((b, r, c)), first: vec![0.0; b * r], second: vec![0.0; b * c] }
+                AdafactorTensor { dims: Some((b, r, c)), first: zeros(b * r)?, second: zeros(b * c)? }
             }
-            None => {
-                AdafactorTensor { dims: None, first: vec![0.0; shape.iter().product()], second: Vec::new() }
-            }
+            None => AdafactorTensor { dims: None, first: zeros(shape.iter().product())?, second: zeros(0)? },
+        })
+    }
+
+    /// Its states in `adafactor_state_kinds` order.
+    fn states(&self) -> Vec<&StateTensor> {
+        match self.dims {
+            Some(_) => vec![&self.first, &self.second],
+            None => vec![&self.first],
         }
+    }
+}
+
+/// An F32 state's values (every Adafactor state is F32).
+fn values(tensor: &mut StateTensor) -> &mut [f32] {
+    match tensor.as_mut_slice() {
+        HostSliceMut::F32(values) => values,
+        _ => &mut [],
     }
 }
 
@@ -64,7 +80,7 @@ pub(super) fn new_states(
     crate::algo::check_adafactor_options(true, options)?;
     crate::algo::check_adafactor_shapes(&options.param_shapes)?;
     debug_assert_eq!(options.param_shapes.len(), lens.len());
-    Ok(options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect())
+    options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect()
 }
 
 /// A storage type the passes read and write.
@@ -169,8 +185,8 @@ impl CpuOptimizer {
     pub(super) fn adafactor_state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
         let state = self.adafactor.get(index)?;
         match (state.dims.is_some(), kind) {
-            (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(HostSlice::F32(&state.first)),
-            (true, StateKind::ColVar) => Some(HostSlice::F32(&state.second)),
+            (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(state.first.as_slice()),
+            (true, StateKind::ColVar) => Some(state.second.as_slice()),
             _ => None,
         }
     }
@@ -179,10 +195,33 @@ impl CpuOptimizer {
     pub(super) fn adafactor_state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
         let state = self.adafactor.get_mut(index)?;
         match (state.dims.is_some(), kind) {
-            (true, StateKind::RowVar) | (false, StateKind::Variance) => {
-                Some(HostSliceMut::F32(&mut state.first))
-            }
-            (true, StateKind::ColVar) => Some(HostSliceMut::F32(&mut state.second)),
+            (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(state.first.as_mut_slice()),
+            (true, StateKind::ColVar) => Some(state.second.as_mut_slice()),
+            _ => None,
+        }
+    }
+
+    /// Checkpoints: parameter `index`'s Adafactor states' kinds and dtypes (empty for
+    /// another algorithm).
+    pub(super) fn adafactor_layout_state(&self, index: usize) -> Vec<(StateKind, DType)> {
+        if self.adafactor.get(index).is_none() {
+            return Vec::new();
+        }
+        let shape = self.shapes.get(index).map_or(&[][..], Vec::as_slice);
+        crate::adafactor_state_kinds(shape).iter().map(|kind| (*kind, DType::F32)).collect()
+    }
+
+    /// Checkpoints: parameter `index`'s Adafactor state `k` (in `adafactor_state_kinds` order).
+    pub(super) fn adafactor_tensor(&self, index: usize, k: usize) -> Option<&StateTensor> {
+        self.adafactor.get(index)?.states().get(k).copied()
+    }
+
+    /// [`Self::adafactor_tensor`], writable.
+    pub(super) fn adafactor_tensor_mut(&mut self, index: usize, k: usize) -> Option<&mut StateTensor> {
+        let state = self.adafactor.get_mut(index)?;
+        match (state.dims.is_some(), k) {
+            (_, 0) => Some(&mut state.first),
+            (true, 1) => Some(&mut state.second),
             _ => None,
         }
     }
@@ -196,7 +235,7 @@ fn tensor<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
     }
     match state.dims {
         Some((batches, rows, cols)) => matrix(s, state, p, g, (batches, rows, cols)),
-        None => vector(s, &mut state.first, p, g),
+        None => vector(s, values(&mut state.first), p, g),
     }
 }
 
@@ -293,7 +332,7 @@ fn matrix<P: Wide, G: Wide>(
         .collect();
     let _ = block;
     // The factors, on one thread: they hold rows + cols values per matrix.
-    let (row_var, col_var) = (&mut state.first, &mut state.second);
+    let (row_var, col_var) = (values(&mut state.first), values(&mut state.second));
     let mut sum_p2 = 0f32;
     let mut col_sums = vec![0f32; batches * cols];
     for (&(b, k), (row_sums, cols_part, p2)) in order.iter().zip(&pass1) {

@@ -208,6 +208,12 @@ impl AdafactorEngine {
         item.states.iter().find(|(k, _)| *k == kind).map(|(_, t)| t)
     }
 
+    /// Parameter `index`'s state `k` in `adafactor_state_kinds` order.
+    pub(crate) fn state_at(&self, index: usize, k: usize) -> Option<&Tensor> {
+        let item = self.items.iter().find(|i| i.param == index)?;
+        item.states.get(k).map(|(_, t)| t)
+    }
+
     /// Makes the bind groups of `grads` the first kept set, building them unless kept.
     /// `hyper` is the optimizer's uniform buffer (group g's values at slot g).
     pub(crate) fn bind(

@@ -65,3 +65,21 @@ impl Optimizer {
         }
     }
 }
+
+#[cfg(feature = "checkpoint")]
+impl Optimizer {
+    /// Checkpoints: parameter `i`'s Adafactor states' kinds (F32), `None` for a parameter of
+    /// another algorithm.
+    pub(super) fn adafactor_layout_state(&self, i: usize) -> Option<Vec<(crate::StateKind, DType)>> {
+        let engine = self.adafactor.as_ref()?;
+        let shape = self.shapes.get(i)?;
+        engine.state_at(i, 0)?;
+        Some(crate::adafactor_state_kinds(shape).iter().map(|kind| (*kind, DType::F32)).collect())
+    }
+
+    /// Checkpoints: the tensor of an Adafactor parameter's state slot.
+    pub(super) fn adafactor_slot(&self, slot: crate::checkpoint::layout::Slot) -> Option<&Tensor> {
+        let crate::checkpoint::layout::Slot::State { param, k } = slot else { return None };
+        self.adafactor.as_ref()?.state_at(param, k)
+    }
+}
