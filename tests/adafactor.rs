@@ -183,9 +183,23 @@ fn tiny_gradients_meet_the_eps1_floors() {
     oracle.step(&mut want, &grad);
     let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
     let grads: Vec<Tensor> = grad.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
-    let mut gpu = Optimizer::builder().param_shapes(shapes).build(&ctx, config, &params).unwrap();
+    let mut gpu = Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, config, &params).unwrap();
     gpu.step(&grads).unwrap();
+    let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
+    let views: Vec<HostSlice<'_>> = cpu_params.iter().map(HostTensor::as_slice).collect();
+    let mut cpu = CpuOptimizer::builder().param_shapes(shapes).build(config, &views).unwrap();
+    let host_grads: Vec<HostTensor> = grad.iter().map(|g| host(g, DType::F32)).collect();
+    let grad_views: Vec<HostSlice<'_>> = host_grads.iter().map(HostTensor::as_slice).collect();
+    let mut param_views: Vec<HostSliceMut<'_>> =
+        cpu_params.iter_mut().map(HostTensor::as_mut_slice).collect();
+    cpu.step(&mut param_views, &grad_views).unwrap();
     for i in 0..2 {
+        assert_close(
+            "cpu param",
+            &cpu_params[i].to_f64(),
+            &want[i],
+            Tolerance::Close { rtol: 2e-5, atol: 2e-6 },
+        );
         assert_close(
             "param",
             &download(&ctx, &params[i]),

@@ -118,6 +118,8 @@ impl<const D: usize> FusedState<D> {
             StateKind::SquareAvg => &mut self.square_avg,
             StateKind::GradAvg => &mut self.grad_avg,
             StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
+            // Adafactor is refused by the Burn front ends (`burn::adafactor`): never asked for.
+            StateKind::RowVar | StateKind::ColVar | StateKind::Variance => &mut self.sum,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -248,6 +250,7 @@ impl FusedOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         super::schedule_free::refuse(&algorithm, "FusedOptimizer")?;
+        super::adafactor::refuse(&algorithm, "FusedOptimizer")?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm })
     }
 

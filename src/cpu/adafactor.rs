@@ -285,6 +285,14 @@ fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], p: &mut [P], g: &
 }
 
 /// A batch of matrices `[batches, rows, cols]`: blocks of whole rows within one matrix.
+///
+/// The update's sum of squares needs the new `col_var`, known only after every row is read;
+/// without the `eps1^2` floor it is `sum_rc g^2 m / (R_r C_c) = m sum_c (1/C_c) T_c` with
+/// `T_c = sum_r g_rc^2 / R_r`, and `R_r` is known as soon as row r is read. So the first
+/// pass reads each row twice while it is in cache (its sum gives `R_r`, then `T` and the
+/// column sums take it), and the step reads the gradient and the parameter twice in all.
+/// Where the floor could bind (`min R min C < m eps1^2`, a zero row or column among them), a
+/// pass of its own takes the sum element by element, as torch does.
 fn matrix<P: Wide, G: Wide>(
     s: &Scalars,
     state: &mut AdafactorTensor,
@@ -299,49 +307,63 @@ fn matrix<P: Wide, G: Wide>(
     }
     let block_rows = (BLOCK / cols).clamp(1, rows);
     let per_matrix = rows.div_ceil(block_rows);
-    let block = block_rows * cols;
     // Blocks never straddle two matrices: each matrix's rows are cut alike.
-    let blocks = |b: usize, k: usize| {
-        let first = b * rows + k * block_rows;
-        (first, (block_rows).min(b * rows + rows - first))
-    };
     let order: Vec<(usize, usize)> =
         (0..batches).flat_map(|b| (0..per_matrix).map(move |k| (b, k))).collect();
-    // (1) per block: its rows' sums of g^2, its columns' partial sums, its sum of p^2.
+    let span = |b: usize, k: usize| {
+        let first = b * rows + k * block_rows;
+        (first, block_rows.min(b * rows + rows - first))
+    };
+    let row_var = values(&mut state.first);
+    // (1) per block: its rows' new row_var, its columns' partial sums of g^2 and of
+    // g^2 / R_r, its sum of p^2.
+    let mut row_chunks: Vec<&mut [f32]> = Vec::with_capacity(order.len());
+    let mut rest = &mut row_var[..];
+    for &(b, k) in &order {
+        let (_, count) = span(b, k);
+        let (head, tail) = rest.split_at_mut(count);
+        row_chunks.push(head);
+        rest = tail;
+    }
     let pass1: Vec<(Vec<f32>, Vec<f32>, f32)> = order
         .par_iter()
-        .map(|&(b, k)| {
-            let (first, count) = blocks(b, k);
-            let mut row_sums = Vec::with_capacity(count);
+        .zip(row_chunks.into_par_iter())
+        .map(|(&(b, k), row_var)| {
+            let (first, _) = span(b, k);
             let mut col_sums = vec![0f32; cols];
+            let mut col_scaled = vec![0f32; cols];
             let mut p2 = [0f32; LANES];
-            for r in first..first + count {
+            for (r, rv) in (first..).zip(row_var.iter_mut()) {
                 let (g, p) = (&g[r * cols..(r + 1) * cols], &p[r * cols..(r + 1) * cols]);
                 let mut lanes = [0f32; LANES];
-                for (c, ((g, p), col)) in g.iter().zip(p).zip(col_sums.iter_mut()).enumerate() {
+                for (c, (g, p)) in g.iter().zip(p).enumerate() {
                     let (g, p) = (g.widen(), p.widen());
-                    let g2 = g * g;
-                    lanes[c % LANES] += g2;
-                    *col += g2;
+                    lanes[c % LANES] += g * g;
                     p2[c % LANES] += p * p;
                 }
-                row_sums.push(fold(lanes));
+                *rv = lerp(*rv, fold(lanes) / cols as f32, hp.weight);
+                let inverse = 1.0 / *rv;
+                for ((g, sum), scaled) in g.iter().zip(col_sums.iter_mut()).zip(col_scaled.iter_mut()) {
+                    let g = g.widen();
+                    let g2 = g * g;
+                    *sum += g2;
+                    *scaled += g2 * inverse;
+                }
             }
-            (row_sums, col_sums, fold(p2))
+            (col_sums, col_scaled, fold(p2))
         })
         .collect();
-    let _ = block;
-    // The factors, on one thread: they hold rows + cols values per matrix.
-    let (row_var, col_var) = (values(&mut state.first), values(&mut state.second));
+    // The column factors, on one thread: they hold cols values per matrix.
+    let col_var = values(&mut state.second);
     let mut sum_p2 = 0f32;
     let mut col_sums = vec![0f32; batches * cols];
-    for (&(b, k), (row_sums, cols_part, p2)) in order.iter().zip(&pass1) {
-        let (first, _) = blocks(b, k);
-        for (r, sum) in row_sums.iter().enumerate() {
-            let v = &mut row_var[first + r];
-            *v = lerp(*v, sum / cols as f32, hp.weight);
+    let mut col_scaled = vec![0f32; batches * cols];
+    for (&(b, _), (sums, scaled, p2)) in order.iter().zip(&pass1) {
+        let at = b * cols..(b + 1) * cols;
+        for (total, part) in col_sums[at.clone()].iter_mut().zip(sums) {
+            *total += part;
         }
-        for (total, part) in col_sums[b * cols..(b + 1) * cols].iter_mut().zip(cols_part) {
+        for (total, part) in col_scaled[at].iter_mut().zip(scaled) {
             *total += part;
         }
         sum_p2 += p2;
@@ -349,43 +371,66 @@ fn matrix<P: Wide, G: Wide>(
     for (v, sum) in col_var.iter_mut().zip(&col_sums) {
         *v = lerp(*v, sum / rows as f32, hp.weight);
     }
-    // Each row's factor over its matrix's clamped mean of row_var.
-    let mut row_factor = vec![0f32; batches * rows];
+    let row_var = values(&mut state.first);
+    // Each matrix's clamped mean of row_var, and the update's sum of squares where no floor
+    // binds.
+    let mut denoms = vec![0f32; batches];
+    let mut floored = Vec::new();
+    let mut sum_u2 = 0f32;
     for b in 0..batches {
         let rv = &row_var[b * rows..(b + 1) * rows];
+        let cv = &col_var[b * cols..(b + 1) * cols];
         let mean = rv.iter().fold(0f32, |a, v| a + v) / rows as f32;
-        let denom = mean.max(s.eps1);
-        for (f, v) in row_factor[b * rows..(b + 1) * rows].iter_mut().zip(rv) {
-            *f = v / denom;
+        denoms[b] = mean.max(s.eps1);
+        let min_r = rv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
+        let min_c = cv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
+        // Also false for NaN, which the element-wise pass then carries.
+        if min_r * min_c / denoms[b] >= floor && min_r > 0.0 && min_c > 0.0 {
+            let scaled = &col_scaled[b * cols..(b + 1) * cols];
+            let sum = scaled.iter().zip(cv).fold(0f32, |a, (t, c)| a + t / c);
+            sum_u2 += denoms[b] * sum;
+        } else {
+            floored.push(b);
         }
     }
-    let (row_factor, col_var) = (&row_factor, &*col_var);
+    let (row_var, col_var, denoms) = (&*row_var, &*col_var, &denoms);
     let u = move |r: usize, c: usize, g: f32, b: usize| {
-        let v = row_factor[r] * col_var[b * cols + c];
+        let v = row_var[r] * col_var[b * cols + c] / denoms[b];
         g * hp.sign / v.max(floor).sqrt()
     };
-    // (2) the update's sum of squares.
-    let sums: Vec<f32> = order
-        .par_iter()
-        .map(|&(b, k)| {
-            let (first, count) = blocks(b, k);
-            let mut lanes = [0f32; LANES];
-            for r in first..first + count {
-                for (c, g) in g[r * cols..(r + 1) * cols].iter().enumerate() {
-                    let u = u(r, c, g.widen(), b);
-                    lanes[c % LANES] += u * u;
+    // (2) where a floor may bind, the update's sum of squares element by element.
+    if !floored.is_empty() {
+        let sums: Vec<f32> = order
+            .par_iter()
+            .filter(|(b, _)| floored.contains(b))
+            .map(|&(b, k)| {
+                let (first, count) = span(b, k);
+                let mut lanes = [0f32; LANES];
+                for r in first..first + count {
+                    for (c, g) in g[r * cols..(r + 1) * cols].iter().enumerate() {
+                        let u = u(r, c, g.widen(), b);
+                        lanes[c % LANES] += u * u;
+                    }
                 }
-            }
-            fold(lanes)
-        })
-        .collect();
-    let sum_u2 = sums.iter().fold(0f32, |a, b| a + b);
+                fold(lanes)
+            })
+            .collect();
+        sum_u2 += sums.iter().fold(0f32, |a, b| a + b);
+    }
     let scale = step_scale(hp, sum_p2, sum_u2, p.len());
-    // (3) the update, row by row.
-    p.par_chunks_mut(cols).zip(g.par_chunks(cols)).enumerate().for_each(|(r, (p, g))| {
-        let b = r / rows;
-        for (c, (p, g)) in p.iter_mut().zip(g).enumerate() {
-            apply(hp, scale, p, u(r, c, g.widen(), b));
+    // (3) the update, in blocks of rows.
+    let block = block_rows * cols;
+    p.par_chunks_mut(block).zip(g.par_chunks(block)).enumerate().for_each(|(k, (p, g))| {
+        let first = k * block_rows;
+        for (j, (p, g)) in p.chunks_mut(cols).zip(g.chunks(cols)).enumerate() {
+            let r = first + j;
+            let b = r / rows;
+            let factor = row_var[r] / denoms[b];
+            let cv = &col_var[b * cols..(b + 1) * cols];
+            for ((p, g), c) in p.iter_mut().zip(g).zip(cv) {
+                let u = g.widen() * hp.sign / (factor * c).max(floor).sqrt();
+                apply(hp, scale, p, u);
+            }
         }
     });
 }
