@@ -68,9 +68,11 @@ pub const Q8_MIN_SIZE: u64 = 128;
 const LION_LR: f64 = 1e-3;
 
 /// Adafactor's rate for this model: its step is relative, `min(lr, 1/sqrt(t))` times the
-/// tensor's RMS, and torch's default cap of 1e-2 moves this small model's weights too
-/// slowly in 300 steps.
-const ADAFACTOR_LR: f64 = 0.05;
+/// tensor's RMS, so the rate caps the first steps only (from step 25 on, 1/sqrt(t) < 0.2).
+/// With 0.2 it ends at 99.5 %, 99.5 % and 99.3 % for seeds 0 to 2 (AdamW: 99.2 %, 98.8 %,
+/// 99.2 %); torch's default cap, 1e-2, moves this small model too slowly for 300 steps
+/// (0.05: 95.7 % for seed 0; 0.1: 99.3 % for seed 0 but 94.7 % for seed 1).
+const ADAFACTOR_LR: f64 = 0.2;
 
 /// The `--optimizer` choices, each with its source's defaults (SGD: momentum 0.9; Lion:
 /// [`LION_LR`]).
