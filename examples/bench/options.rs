@@ -21,11 +21,22 @@ pub struct Options {
 }
 
 /// Every `--algos` name (`main.rs`'s `algorithm` says what each runs); `--full` runs them all.
-const ALGORITHMS: &[&str] =
-    &["adam", "adam+clip", "adamw", "amsgrad", "sgdm", "nesterov", "lion", "rmsprop", "ademamix", "sf-adamw"];
+const ALGORITHMS: &[&str] = &[
+    "adam",
+    "adam+clip",
+    "adamw",
+    "amsgrad",
+    "sgdm",
+    "nesterov",
+    "lion",
+    "rmsprop",
+    "ademamix",
+    "sf-adamw",
+    "adafactor",
+];
 
 pub const USAGE: &str =
-    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,rmsprop,ademamix,sf-adamw] [--dtypes f32,f16,bf16]
+    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,rmsprop,ademamix,sf-adamw,adafactor] [--dtypes f32,f16,bf16]
              [--states f32,q8]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
