@@ -428,3 +428,72 @@ fn checkpoints_hold_torchs_names_and_shapes_and_load_into_the_other_backend() {
     assert!(fresh.load_from_bytes(&adam.save_to_bytes().unwrap()).is_err());
     assert_eq!(fresh.step_count(), 5);
 }
+
+/// Runs 3 steps of Adafactor on the CPU backend inside `pool` and returns the parameters.
+fn cpu_run(
+    pool: &rayon::ThreadPool,
+    shapes: &[Vec<usize>],
+    start: &[Vec<f64>],
+    grads: &[Vec<Vec<f64>>],
+) -> Vec<Vec<f64>> {
+    pool.install(|| {
+        let mut params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
+        let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
+        let mut cpu = CpuOptimizer::builder()
+            .param_shapes(shapes.to_vec())
+            .build(Adafactor::default(), &views)
+            .unwrap();
+        for g in grads {
+            let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+            let grad_views: Vec<HostSlice<'_>> = host_grads.iter().map(HostTensor::as_slice).collect();
+            let mut param_views: Vec<HostSliceMut<'_>> =
+                params.iter_mut().map(HostTensor::as_mut_slice).collect();
+            cpu.step(&mut param_views, &grad_views).unwrap();
+        }
+        params.iter().map(HostTensor::to_f64).collect()
+    })
+}
+
+#[test]
+fn the_reductions_give_the_same_bits_on_every_run_and_any_thread_count() {
+    let ctx = ctx();
+    let mut rng = Rng::new(5);
+    // Large enough for many blocks of rows and many partial-sum workgroups.
+    let shapes = vec![vec![300, 700], vec![70_001], vec![3, 129, 257]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+    let gpu_run = || -> Vec<Vec<f64>> {
+        let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let grad_tensors: Vec<Tensor> =
+            lens.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
+        let mut gpu = Optimizer::builder()
+            .param_shapes(shapes.clone())
+            .build(&ctx, Adafactor::default(), &params)
+            .unwrap();
+        for g in &grads {
+            for (t, g) in grad_tensors.iter().zip(g) {
+                ctx.write(t, g).unwrap();
+            }
+            gpu.step(&grad_tensors).unwrap();
+        }
+        params.iter().map(|p| download(&ctx, p)).collect()
+    };
+    let first = gpu_run();
+    assert!(first == gpu_run(), "two GPU runs differ");
+    let pool = |n: usize| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    let one = cpu_run(&pool(1), &shapes, &start, &grads);
+    assert!(one == cpu_run(&pool(3), &shapes, &start, &grads), "1 and 3 threads differ");
+    assert!(one == cpu_run(&pool(2), &shapes, &start, &grads), "1 and 2 threads differ");
+    // And both follow the oracle.
+    let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), DType::F32);
+    let mut want = start.clone();
+    for g in &grads {
+        oracle.step(&mut want, g);
+    }
+    let tolerance = Tolerance::Close { rtol: 2e-5, atol: 2e-6 };
+    for i in 0..3 {
+        assert_close(&format!("gpu {i}"), &first[i], &want[i], tolerance);
+        assert_close(&format!("cpu {i}"), &one[i], &want[i], tolerance);
+    }
+}
