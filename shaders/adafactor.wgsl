@@ -3,7 +3,7 @@
 //   rows        each row's mean of g^2 over the last dim: row_var = lerp(row_var, mean, w)
 //   cols        each column's mean of g^2 over the second-last dim: col_var likewise
 //   psum        partial sums of p^2 (before the decay), one per workgroup
-//   vector      1-D: variance = lerp(variance, g^2, w); partial sums of U^2
+//   vector_pass 1-D: variance = lerp(variance, g^2, w); partial sums of U^2
 //   denoms      each matrix's max(mean(row_var), eps1)
 //   usum        2-D: partial sums of U^2, U = g / sqrt(max(row_var col_var / denom, eps1^2))
 //   finalize    one invocation: the partials added in order; scale = alpha / max(1, rms(U)/d)
@@ -113,7 +113,7 @@ fn update_of(i: u32) -> f32 {
 }
 
 // The invocation's index in a grid of workgroups (x up to the device's limit, then y).
-fn flat(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+fn grid_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * WG + lid;
 }
 
@@ -134,7 +134,7 @@ fn reduce_store(lid: u32, acc: f32, slot: u32) {
 
 @compute @workgroup_size(WG)
 fn rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = flat(wid, nwg, lid);
+    let r = grid_index(wid, nwg, lid);
     if r >= info.batches * info.rows {
         return;
     }
@@ -150,7 +150,7 @@ fn rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 @compute @workgroup_size(WG)
 fn cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let k = flat(wid, nwg, lid);
+    let k = grid_index(wid, nwg, lid);
     if k >= info.batches * info.cols {
         return;
     }
@@ -168,7 +168,7 @@ fn cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 @compute @workgroup_size(WG)
 fn denoms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let b = flat(wid, nwg, lid);
+    let b = grid_index(wid, nwg, lid);
     if b >= info.batches {
         return;
     }
@@ -190,7 +190,7 @@ fn psum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 @compute @workgroup_size(WG)
-fn vector(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn vector_pass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let e = eps1();
     var acc = 0.0;
     for (var i = wid.x * WG + lid; i < info.n; i += info.parts * WG) {
@@ -236,7 +236,7 @@ fn store_bits(x: f32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn apply(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let k = flat(wid, nwg, lid);
+    let k = grid_index(wid, nwg, lid);
     let scale = scratch[info.scratch_base + info.batches + 2u * info.parts];
     if info.p_dtype == 0u {
         if k >= info.n {

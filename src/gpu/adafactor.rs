@@ -395,7 +395,7 @@ fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
             cols: entry("cols"),
             denoms: entry("denoms"),
             psum: entry("psum"),
-            vector: entry("vector"),
+            vector: entry("vector_pass"),
             usum: entry("usum"),
             finalize: entry("finalize"),
             apply: entry("apply"),
