@@ -497,3 +497,55 @@ fn the_reductions_give_the_same_bits_on_every_run_and_any_thread_count() {
         assert_close(&format!("cpu {i}"), &one[i], &want[i], tolerance);
     }
 }
+
+#[test]
+fn f32_gradients_of_16_bit_parameters_at_odd_offsets_follow_the_oracle() {
+    // Parameters packed into one buffer at odd element offsets, their f32 gradients in another.
+    let ctx = ctx();
+    let mut rng = Rng::new(9);
+    let shapes = vec![vec![5, 7], vec![3], vec![2, 3, 5]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    for dtype in [DType::F16, DType::BF16] {
+        let start: Vec<Vec<f64>> =
+            lens.iter().map(|&n| rng.vec(n, 1.0).into_iter().map(|v| dtype.round(v)).collect()).collect();
+        let grads: Vec<Vec<Vec<f64>>> =
+            (0..2).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+        let total: usize = lens.iter().map(|n| n + 1).sum::<usize>() + 2;
+        let buffer = ctx.zeros("packed params", total as u64, dtype).buffer;
+        let mut at = 1u64;
+        let mut params = Vec::new();
+        for (values, &n) in start.iter().zip(&lens) {
+            let t = Tensor { buffer: buffer.clone(), offset: at * dtype.size(), len: n as u64, dtype };
+            ctx.write(&t, values).unwrap();
+            params.push(t);
+            at += n as u64 + 1;
+        }
+        let grad_tensors: Vec<Tensor> =
+            lens.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
+        let mut gpu = Optimizer::builder()
+            .param_shapes(shapes.clone())
+            .build(&ctx, Adafactor::default(), &params)
+            .unwrap();
+        let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), dtype);
+        let mut want = start.clone();
+        for g in &grads {
+            for (t, g) in grad_tensors.iter().zip(g) {
+                ctx.write(t, g).unwrap();
+            }
+            gpu.step(&grad_tensors).unwrap();
+            oracle.step(&mut want, g);
+        }
+        let tolerance = Tolerance::Close { rtol: 1.6e-2, atol: 1.6e-2 };
+        for (i, t) in params.iter().enumerate() {
+            assert_close(&format!("{dtype:?} param {i}"), &download(&ctx, t), &want[i], tolerance);
+        }
+        // The elements between the tensors are untouched.
+        let whole = Tensor { buffer: buffer.clone(), offset: 0, len: total as u64, dtype };
+        let all = download(&ctx, &whole);
+        let mut at = 0usize;
+        for &n in &lens {
+            assert_eq!(all[at], 0.0, "{dtype:?} gap before element {}", at + 1);
+            at += n + 1;
+        }
+    }
+}
