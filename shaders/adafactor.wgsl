@@ -10,33 +10,10 @@
 //   apply       p = p decay - scale U (16-bit parameters: a whole word per invocation)
 // Every sum runs in a fixed order over a fixed partition (a serial loop per row or column,
 // `info.parts` workgroups reduced as a tree, the partials added in order): no atomics, the
-// same bits on every run. The host prepends `S`, `struct Hyper` (src/step/adafactor.rs) and
-// shaders/convert.wgsl.
+// same bits on every run. The host prepends `S`, `struct Hyper` (src/step/adafactor.rs),
+// `struct Info` (src/gpu/adafactor.rs) and shaders/convert.wgsl.
 
-// Where one tensor lives, and its shape (src/gpu/adafactor.rs, `Info`).
-struct Info {
-    n: u32,
-    batches: u32,
-    rows: u32,
-    cols: u32,
-    // Element shift of the tensor in its binding, and its dtype: 0 f32, 1 f16, 2 bf16.
-    p_shift: u32,
-    g_shift: u32,
-    p_dtype: u32,
-    g_dtype: u32,
-    // f32 indices into `state`: row_var (or variance) and col_var.
-    state_a: u32,
-    state_b: u32,
-    // f32 index into `scratch`: [denoms: batches][p parts: parts][u parts: parts][scale].
-    scratch_base: u32,
-    parts: u32,
-    // 1: the gradient lies in the parameter's binding (`param_words`).
-    grad_in_param: u32,
-    factored: u32,
-    // The group's first parameter's machine epsilon (eps1 = None).
-    machine_eps: f32,
-    reserved: u32,
-}
+// `struct Info` (where one tensor lives, and its shape) is generated from src/gpu/adafactor.rs.
 
 @group(0) @binding(0) var<uniform> hp: Hyper;
 @group(0) @binding(1) var<uniform> info: Info;

@@ -9,6 +9,7 @@
 //! scratch (each matrix's clamped row mean, the partial sums, the step's scale) in another.
 
 use crate::gpu::GpuContext;
+use crate::step::fields::shader_struct;
 use crate::step::AdafactorUniform;
 use crate::{DType, Error, Result, StateKind, Tensor, TENSOR_USAGES};
 
@@ -20,26 +21,45 @@ const MAX_PARTS: u64 = 256;
 /// Elements per invocation of a partial sum, before another workgroup is added.
 const PER_INVOCATION: u64 = 16;
 
-/// One tensor's `Info` (`shaders/adafactor.wgsl`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct Info {
-    n: u32,
-    batches: u32,
-    rows: u32,
-    cols: u32,
-    p_shift: u32,
-    g_shift: u32,
-    p_dtype: u32,
-    g_dtype: u32,
-    state_a: u32,
-    state_b: u32,
-    scratch_base: u32,
-    parts: u32,
-    grad_in_param: u32,
-    factored: u32,
-    machine_eps: f32,
-    reserved: u32,
+shader_struct! {
+    /// Where one tensor of an Adafactor step lives, and its shape: `info` in
+    /// `shaders/adafactor.wgsl`, one per tensor and set of gradients.
+    #[derive(Default)]
+    Info {
+        /// Elements.
+        n: u32,
+        /// Matrices (the product of the leading dimensions); 0 for a vector.
+        batches: u32,
+        /// The second-last dimension; 0 for a vector.
+        rows: u32,
+        /// The last dimension; 0 for a vector.
+        cols: u32,
+        /// The parameter's first element within its binding.
+        p_shift: u32,
+        /// The gradient's first element within its binding (the parameter's, where
+        /// `grad_in_param` is 1).
+        g_shift: u32,
+        /// The parameter's storage: 0 f32, 1 f16, 2 bf16.
+        p_dtype: u32,
+        /// The gradient's storage, as `p_dtype`.
+        g_dtype: u32,
+        /// `row_var` (or `variance`): its first f32 in the state buffer.
+        state_a: u32,
+        /// `col_var`: its first f32 in the state buffer.
+        state_b: u32,
+        /// The tensor's scratch: `[denoms: batches][p parts: parts][u parts: parts][scale]`.
+        scratch_base: u32,
+        /// Workgroups of the partial sums.
+        parts: u32,
+        /// 1 where the gradient lies in the parameter's buffer (one binding for both).
+        grad_in_param: u32,
+        /// 1 for a tensor of 2 or more dimensions.
+        factored: u32,
+        /// The group's first parameter's machine epsilon (`eps1 = None`).
+        machine_eps: f32,
+        /// Pads the struct to whole rows; always 0.
+        reserved: u32,
+    }
 }
 
 /// One Adafactor tensor: which parameter, which group's uniform, where its states are.
@@ -344,14 +364,21 @@ impl AdafactorEngine {
     }
 }
 
-fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
-    let device = ctx.device();
-    let source = format!(
-        "alias S = f32;\n{}\n{}\n{}",
+/// The passes' WGSL: the generated structs, then `shaders/convert.wgsl` and
+/// `shaders/adafactor.wgsl`.
+fn source() -> String {
+    format!(
+        "alias S = f32;\n{}\n{}\n{}\n{}",
         AdafactorUniform::wgsl("Hyper"),
+        Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
         include_str!("../../shaders/adafactor.wgsl")
-    );
+    )
+}
+
+fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
+    let device = ctx.device();
+    let source = source();
     ctx.catch("compiling Adafactor's passes", || {
         let buffer = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
             binding,
@@ -402,4 +429,24 @@ fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
             layout,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::kernel::tests::members;
+
+    #[test]
+    fn the_passes_parse_and_their_structs_lie_where_rust_puts_them() {
+        let module = naga::front::wgsl::parse_str(&source()).unwrap_or_else(|e| panic!("{e}"));
+        let expected = |fields: &[&str], offsets: &[usize]| -> Vec<(String, u32)> {
+            fields.iter().zip(offsets).map(|(f, o)| (f.to_string(), *o as u32)).collect()
+        };
+        assert_eq!(members(&module, "Info"), expected(Info::FIELDS, Info::OFFSETS));
+        assert_eq!(members(&module, "Hyper"), expected(AdafactorUniform::FIELDS, AdafactorUniform::OFFSETS));
+        let entries: Vec<&str> = module.entry_points.iter().map(|e| e.name.as_str()).collect();
+        for name in ["rows", "cols", "denoms", "psum", "vector_pass", "usum", "finalize", "apply"] {
+            assert!(entries.contains(&name), "{name} in {entries:?}");
+        }
+    }
 }
