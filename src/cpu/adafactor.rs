@@ -133,6 +133,28 @@ pub(crate) fn lerp(start: f32, end: f32, weight: f32) -> f32 {
     }
 }
 
+/// `(sum g^2, sum p^2)` of a row, each in [`LANES`] lanes added in order: whole chunks of
+/// lanes (which the compiler vectorizes), then the tail.
+#[inline(always)]
+fn squares<P: Wide, G: Wide>(g: &[G], p: &[P]) -> (f32, f32) {
+    let (mut g2, mut p2) = ([0f32; LANES], [0f32; LANES]);
+    let (gc, pc) = (g.chunks_exact(LANES), p.chunks_exact(LANES));
+    let (g_tail, p_tail) = (gc.remainder(), pc.remainder());
+    for (g, p) in gc.zip(pc) {
+        for k in 0..LANES {
+            let (g, p) = (g[k].widen(), p[k].widen());
+            g2[k] += g * g;
+            p2[k] += p * p;
+        }
+    }
+    for (k, (g, p)) in g_tail.iter().zip(p_tail).enumerate() {
+        let (g, p) = (g.widen(), p.widen());
+        g2[k] += g * g;
+        p2[k] += p * p;
+    }
+    (fold(g2), fold(p2))
+}
+
 /// The lanes of a partial sum, added in order.
 #[inline(always)]
 fn fold(lanes: [f32; LANES]) -> f32 {
@@ -332,16 +354,12 @@ fn matrix<P: Wide, G: Wide>(
             let (first, _) = span(b, k);
             let mut col_sums = vec![0f32; cols];
             let mut col_scaled = vec![0f32; cols];
-            let mut p2 = [0f32; LANES];
+            let mut sum_p2 = 0f32;
             for (r, rv) in (first..).zip(row_var.iter_mut()) {
                 let (g, p) = (&g[r * cols..(r + 1) * cols], &p[r * cols..(r + 1) * cols]);
-                let mut lanes = [0f32; LANES];
-                for (c, (g, p)) in g.iter().zip(p).enumerate() {
-                    let (g, p) = (g.widen(), p.widen());
-                    lanes[c % LANES] += g * g;
-                    p2[c % LANES] += p * p;
-                }
-                *rv = lerp(*rv, fold(lanes) / cols as f32, hp.weight);
+                let (row_g2, row_p2) = squares(g, p);
+                sum_p2 += row_p2;
+                *rv = lerp(*rv, row_g2 / cols as f32, hp.weight);
                 let inverse = 1.0 / *rv;
                 for ((g, sum), scaled) in g.iter().zip(col_sums.iter_mut()).zip(col_scaled.iter_mut()) {
                     let g = g.widen();
@@ -350,7 +368,7 @@ fn matrix<P: Wide, G: Wide>(
                     *scaled += g2 * inverse;
                 }
             }
-            (col_sums, col_scaled, fold(p2))
+            (col_sums, col_scaled, sum_p2)
         })
         .collect();
     // The column factors, on one thread: they hold cols values per matrix.
@@ -418,18 +436,26 @@ fn matrix<P: Wide, G: Wide>(
         sum_u2 += sums.iter().fold(0f32, |a, b| a + b);
     }
     let scale = step_scale(hp, sum_p2, sum_u2, p.len());
-    // (3) the update, in blocks of rows.
+    // (3) the update, in blocks of rows. Where no floor binds, `1 / sqrt(R C / m)` is
+    // `sqrt(m / R) / sqrt(C)`: a row's factor times a column's, so the loop only multiplies.
+    let inv_cols: Vec<f32> = col_var.iter().map(|c| 1.0 / c.sqrt()).collect();
+    let (inv_cols, floored) = (&inv_cols, &floored);
     let block = block_rows * cols;
     p.par_chunks_mut(block).zip(g.par_chunks(block)).enumerate().for_each(|(k, (p, g))| {
         let first = k * block_rows;
         for (j, (p, g)) in p.chunks_mut(cols).zip(g.chunks(cols)).enumerate() {
             let r = first + j;
             let b = r / rows;
-            let factor = row_var[r] / denoms[b];
-            let cv = &col_var[b * cols..(b + 1) * cols];
-            for ((p, g), c) in p.iter_mut().zip(g).zip(cv) {
-                let u = g.widen() * hp.sign / (factor * c).max(floor).sqrt();
-                apply(hp, scale, p, u);
+            if floored.contains(&b) {
+                for (c, (p, g)) in p.iter_mut().zip(g).enumerate() {
+                    apply(hp, scale, p, u(r, c, g.widen(), b));
+                }
+                continue;
+            }
+            let row = hp.sign * (denoms[b] / row_var[r]).sqrt();
+            let inv = &inv_cols[b * cols..(b + 1) * cols];
+            for ((p, g), inv) in p.iter_mut().zip(g).zip(inv) {
+                apply(hp, scale, p, g.widen() * row * inv);
             }
         }
     });
