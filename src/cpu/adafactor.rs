@@ -135,7 +135,7 @@ pub(crate) fn lerp(start: f32, end: f32, weight: f32) -> f32 {
 
 /// `(sum g^2, sum p^2)` of a row, each in [`LANES`] lanes added in order: whole chunks of
 /// lanes (which the compiler vectorizes), then the tail.
-#[inline(always)]
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn squares<P: Wide, G: Wide>(g: &[G], p: &[P]) -> (f32, f32) {
     let (mut g2, mut p2) = ([0f32; LANES], [0f32; LANES]);
     let (gc, pc) = (g.chunks_exact(LANES), p.chunks_exact(LANES));
@@ -153,6 +153,32 @@ fn squares<P: Wide, G: Wide>(g: &[G], p: &[P]) -> (f32, f32) {
         p2[k] += p * p;
     }
     (fold(g2), fold(p2))
+}
+
+/// A row's share of the column sums: `sum += g^2`, `scaled += g^2 inverse`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn columns<G: Wide>(g: &[G], inverse: f32, sums: &mut [f32], scaled: &mut [f32]) {
+    for ((g, sum), scaled) in g.iter().zip(sums.iter_mut()).zip(scaled.iter_mut()) {
+        let g = g.widen();
+        let g2 = g * g;
+        *sum += g2;
+        *scaled += g2 * inverse;
+    }
+}
+
+/// A row's update where no floor binds: `U = g row inv_c`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn apply_row<P: Wide, G: Wide>(
+    hp: &AdafactorUniform,
+    scale: f32,
+    row: f32,
+    p: &mut [P],
+    g: &[G],
+    inv: &[f32],
+) {
+    for ((p, g), inv) in p.iter_mut().zip(g).zip(inv) {
+        apply(hp, scale, p, g.widen() * row * inv);
+    }
 }
 
 /// The lanes of a partial sum, added in order.
@@ -268,6 +294,7 @@ fn step_scale(hp: &AdafactorUniform, sum_p2: f32, sum_u2: f32, n: usize) -> f32 
     alpha / 1f32.max(sum_u2.sqrt() / (root_n * hp.d))
 }
 
+#[inline(always)]
 fn apply<P: Wide>(hp: &AdafactorUniform, scale: f32, p: &mut P, u: f32) {
     *p = P::narrow(p.widen() * hp.decay - scale * u);
 }
@@ -360,13 +387,7 @@ fn matrix<P: Wide, G: Wide>(
                 let (row_g2, row_p2) = squares(g, p);
                 sum_p2 += row_p2;
                 *rv = lerp(*rv, row_g2 / cols as f32, hp.weight);
-                let inverse = 1.0 / *rv;
-                for ((g, sum), scaled) in g.iter().zip(col_sums.iter_mut()).zip(col_scaled.iter_mut()) {
-                    let g = g.widen();
-                    let g2 = g * g;
-                    *sum += g2;
-                    *scaled += g2 * inverse;
-                }
+                columns(g, 1.0 / *rv, &mut col_sums, &mut col_scaled);
             }
             (col_sums, col_scaled, sum_p2)
         })
@@ -453,10 +474,7 @@ fn matrix<P: Wide, G: Wide>(
                 continue;
             }
             let row = hp.sign * (denoms[b] / row_var[r]).sqrt();
-            let inv = &inv_cols[b * cols..(b + 1) * cols];
-            for ((p, g), inv) in p.iter_mut().zip(g).zip(inv) {
-                apply(hp, scale, p, g.widen() * row * inv);
-            }
+            apply_row(hp, scale, row, p, g, &inv_cols[b * cols..(b + 1) * cols]);
         }
     });
 }
