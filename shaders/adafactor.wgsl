@@ -8,6 +8,7 @@
 //   usum        2-D: partial sums of U^2, U = g / sqrt(max(row_var col_var / denom, eps1^2))
 //   finalize    one invocation: the partials added in order; scale = alpha / max(1, rms(U)/d)
 //   apply       p = p decay - scale U (16-bit parameters: a whole word per invocation)
+//   apply_rows  the same for f32 matrices, a row at a time
 // Every sum runs in a fixed order over a fixed partition (a serial loop per row or column,
 // `info.parts` workgroups reduced as a tree, the partials added in order): no atomics, the
 // same bits on every run. The host prepends `S`, `struct Hyper` (src/step/adafactor.rs),
@@ -180,14 +181,43 @@ fn vector_pass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     reduce_store(lid, acc, info.scratch_base + info.batches + info.parts + wid.x);
 }
 
+// Whole rows per workgroup (rows w, w + parts, ...), its invocations striding over the
+// columns: the batch is split off once per row, never per element.
 @compute @workgroup_size(WG)
 fn usum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = eps1();
     var acc = 0.0;
-    for (var i = wid.x * WG + lid; i < info.n; i += info.parts * WG) {
-        let u = update_of(i);
-        acc += u * u;
+    for (var row = wid.x; row < info.batches * info.rows; row += info.parts) {
+        let b = row / info.rows;
+        let factor = state[info.state_a + row] / scratch[info.scratch_base + b];
+        for (var c = lid; c < info.cols; c += WG) {
+            let g = load_grad(row * info.cols + c);
+            let v = factor * state[info.state_b + b * info.cols + c];
+            let u = g / sqrt(max(v, e * e));
+            acc += u * u;
+        }
     }
     reduce_store(lid, acc, info.scratch_base + info.batches + info.parts + wid.x);
+}
+
+// f32 parameters of 2 or more dimensions: x over the columns, y (and a loop) over the rows.
+@compute @workgroup_size(WG)
+fn apply_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.x * WG + lid;
+    let scale = scratch[info.scratch_base + info.batches + 2u * info.parts];
+    let e = eps1();
+    if c >= info.cols {
+        return;
+    }
+    for (var row = wid.y; row < info.batches * info.rows; row += nwg.y) {
+        let b = row / info.rows;
+        let factor = state[info.state_a + row] / scratch[info.scratch_base + b];
+        let v = factor * state[info.state_b + b * info.cols + c];
+        let i = row * info.cols + c;
+        let u = load_grad(i) / sqrt(max(v, e * e));
+        let p = bitcast<f32>(param_words[i + info.p_shift]);
+        param_words[i + info.p_shift] = bitcast<u32>(p * hp.decay - scale * u);
+    }
 }
 
 @compute @workgroup_size(1)

@@ -75,6 +75,8 @@ struct Item {
     scratch_base: u32,
     parts: u32,
     machine_eps: f32,
+    /// The parameter's storage (f32 matrices take the row-wise apply pass).
+    dtype: DType,
     /// `row_var` and `col_var`, or `variance`, as tensors of the state buffer.
     states: Vec<(StateKind, Tensor)>,
 }
@@ -89,6 +91,7 @@ struct Pipelines {
     usum: wgpu::ComputePipeline,
     finalize: wgpu::ComputePipeline,
     apply: wgpu::ComputePipeline,
+    apply_rows: wgpu::ComputePipeline,
 }
 
 /// The bind groups of one set of gradients.
@@ -188,6 +191,7 @@ impl AdafactorEngine {
                 scratch_base,
                 parts: parts as u32,
                 machine_eps: crate::algo::machine_epsilon(*first_dtype) as f32,
+                dtype: params[*param].dtype,
                 states: Vec::new(),
             });
         }
@@ -359,7 +363,16 @@ impl AdafactorEngine {
             }
             run(&p.finalize, (1, 1));
             // An invocation per element (f32) or per word (16-bit: never more words than elements).
-            run(&p.apply, grid(item.n, max_groups));
+            match item.dims {
+                // Columns within one grid row of workgroups.
+                Some((b, r, c))
+                    if item.dtype == DType::F32 && u64::from(c).div_ceil(WG) <= u64::from(max_groups) =>
+                {
+                    let rows = (u64::from(b) * u64::from(r)).clamp(1, u64::from(max_groups));
+                    run(&p.apply_rows, (grid(u64::from(c), max_groups).0, rows as u32));
+                }
+                _ => run(&p.apply, grid(item.n, max_groups)),
+            }
         }
     }
 }
@@ -426,6 +439,7 @@ fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
             usum: entry("usum"),
             finalize: entry("finalize"),
             apply: entry("apply"),
+            apply_rows: entry("apply_rows"),
             layout,
         }
     })
@@ -445,7 +459,9 @@ mod tests {
         assert_eq!(members(&module, "Info"), expected(Info::FIELDS, Info::OFFSETS));
         assert_eq!(members(&module, "Hyper"), expected(AdafactorUniform::FIELDS, AdafactorUniform::OFFSETS));
         let entries: Vec<&str> = module.entry_points.iter().map(|e| e.name.as_str()).collect();
-        for name in ["rows", "cols", "denoms", "psum", "vector_pass", "usum", "finalize", "apply"] {
+        for name in
+            ["rows", "cols", "denoms", "psum", "vector_pass", "usum", "finalize", "apply", "apply_rows"]
+        {
             assert!(entries.contains(&name), "{name} in {entries:?}");
         }
     }
