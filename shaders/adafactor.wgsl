@@ -12,18 +12,18 @@
 // Every sum runs in a fixed order over a fixed partition (a serial loop per row or column,
 // `info.parts` workgroups reduced as a tree, the partials added in order): no atomics, the
 // same bits on every run. The host prepends `S`, `struct Hyper` (src/step/adafactor.rs),
-// `struct Info` (src/gpu/adafactor.rs) and shaders/convert.wgsl.
+// `struct Info`, `WG` and the `BINDING_*` constants (src/gpu/adafactor.rs), and
+// shaders/convert.wgsl.
 
 // `struct Info` (where one tensor lives, and its shape) is generated from src/gpu/adafactor.rs.
 
-@group(0) @binding(0) var<uniform> hp: Hyper;
-@group(0) @binding(1) var<uniform> info: Info;
-@group(0) @binding(2) var<storage, read_write> param_words: array<u32>;
-@group(0) @binding(3) var<storage, read> grad_words: array<u32>;
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;
-@group(0) @binding(5) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(BINDING_HYPER) var<uniform> hp: Hyper;
+@group(0) @binding(BINDING_INFO) var<uniform> info: Info;
+@group(0) @binding(BINDING_PARAMS) var<storage, read_write> param_words: array<u32>;
+@group(0) @binding(BINDING_GRADS) var<storage, read> grad_words: array<u32>;
+@group(0) @binding(BINDING_STATE) var<storage, read_write> state: array<f32>;
+@group(0) @binding(BINDING_SCRATCH) var<storage, read_write> scratch: array<f32>;
 
-const WG: u32 = 64u;
 var<workgroup> lanes: array<f32, WG>;
 
 fn eps1() -> f32 {

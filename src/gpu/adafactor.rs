@@ -308,19 +308,19 @@ impl AdafactorEngine {
                     let (p, g) = (&params[item.param], &grads[item.param]);
                     let slot = item.group as u64 * crate::step::UNIFORM_SLOT_BYTES;
                     let grad_entry = match g_range {
-                        Some((at, size)) => range(3, &g.buffer, *at, *size),
-                        None => range(3, &self.dummy, 0, 4),
+                        Some((at, size)) => range(GRADS, &g.buffer, *at, *size),
+                        None => range(GRADS, &self.dummy, 0, 4),
                     };
                     device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some("wgpu-optim adafactor"),
                         layout,
                         entries: &[
-                            range(0, hyper, slot, hyper_bytes),
-                            range(1, &info_buffer, uniform_align * k as u64, size_of::<Info>() as u64),
-                            range(2, &p.buffer, *p_at, *p_size),
+                            range(HYPER, hyper, slot, hyper_bytes),
+                            range(INFO, &info_buffer, uniform_align * k as u64, size_of::<Info>() as u64),
+                            range(PARAMS, &p.buffer, *p_at, *p_size),
                             grad_entry,
-                            range(4, &self.state, 0, self.state.size()),
-                            range(5, &self.scratch, 0, self.scratch.size()),
+                            range(STATE, &self.state, 0, self.state.size()),
+                            range(SCRATCH, &self.scratch, 0, self.scratch.size()),
                         ],
                     })
                 })
@@ -377,11 +377,23 @@ impl AdafactorEngine {
     }
 }
 
-/// The passes' WGSL: the generated structs, then `shaders/convert.wgsl` and
-/// `shaders/adafactor.wgsl`.
+/// The passes' bindings (group 0), declared in WGSL as `BINDING_<NAME>`.
+const BINDINGS: [(&str, u32); 6] =
+    [("HYPER", 0), ("INFO", 1), ("PARAMS", 2), ("GRADS", 3), ("STATE", 4), ("SCRATCH", 5)];
+const HYPER: u32 = BINDINGS[0].1;
+const INFO: u32 = BINDINGS[1].1;
+const PARAMS: u32 = BINDINGS[2].1;
+const GRADS: u32 = BINDINGS[3].1;
+const STATE: u32 = BINDINGS[4].1;
+const SCRATCH: u32 = BINDINGS[5].1;
+
+/// The passes' WGSL: the generated structs and binding numbers, then
+/// `shaders/convert.wgsl` and `shaders/adafactor.wgsl`.
 fn source() -> String {
+    let bindings: String =
+        BINDINGS.iter().map(|(name, b)| format!("const BINDING_{name}: u32 = {b}u;\n")).collect();
     format!(
-        "alias S = f32;\n{}\n{}\n{}\n{}",
+        "alias S = f32;\nconst WG: u32 = {WG}u;\n{bindings}{}\n{}\n{}\n{}",
         AdafactorUniform::wgsl("Hyper"),
         Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
@@ -403,12 +415,12 @@ fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("wgpu-optim adafactor"),
             entries: &[
-                buffer(0, wgpu::BufferBindingType::Uniform),
-                buffer(1, wgpu::BufferBindingType::Uniform),
-                buffer(2, storage(false)),
-                buffer(3, storage(true)),
-                buffer(4, storage(false)),
-                buffer(5, storage(false)),
+                buffer(HYPER, wgpu::BufferBindingType::Uniform),
+                buffer(INFO, wgpu::BufferBindingType::Uniform),
+                buffer(PARAMS, storage(false)),
+                buffer(GRADS, storage(true)),
+                buffer(STATE, storage(false)),
+                buffer(SCRATCH, storage(false)),
             ],
         });
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
