@@ -83,6 +83,8 @@ pub mod q8;
 mod step;
 mod tensor;
 
+pub use algo::Adafactor;
+pub use algo::{adafactor_state_kinds, adafactor_state_shapes, machine_epsilon};
 pub use algo::{
     AdEMAMix, Adagrad, Adam, Algorithm, DmlAdam, Lion, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
     RmsProp, ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars, Sgd, StateKind,

@@ -24,6 +24,7 @@ use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q8::Q8States;
+use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
@@ -43,6 +44,7 @@ fn algorithm(name: &str) -> Algorithm {
         "ademamix" => AdEMAMix::default().into(),
         "sf-adamw" => ScheduleFreeAdamW::default().into(),
         "lamb" => Lamb::default().into(),
+        "adafactor" => Adafactor::default().into(),
         _ => Adam::default().into(),
     }
 }
@@ -65,6 +67,13 @@ fn dtype(name: &str) -> DType {
 /// are read; the parameter and the state are written. Clipping reads the gradient once
 /// more, for its norm.
 fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
+    // Adafactor's states are sublinear (a row and a column per matrix); its update's scale
+    // needs the whole tensor's RMS of the parameter and of the update, so a step reads the
+    // gradient and the parameter twice (their sums, then the update) and writes the
+    // parameter once.
+    if let Algorithm::Adafactor(_) = algorithm {
+        return (4 + u32::from(clip.is_some()), 1);
+    }
     let states = algorithm.state_kinds().len() as u32;
     if matches!(algorithm, Algorithm::Lamb(_)) {
         // Two passes, since no element can change before its tensor's norms are known: the
@@ -271,6 +280,7 @@ fn gpu_step(
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
     let options = Optimizer::builder().grad_clip(clip).q8_states(q8);
+    let options = options.param_shapes(shapes::matrices(&case.sizes));
     let mut optimizer = options.build(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
     roofline.median_time(timer, 1)?;
@@ -333,7 +343,8 @@ fn cpu_step(
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let mut optimizer = CpuOptimizer::builder().grad_clip(clip).q8_states(q8).build(algorithm, &views)?;
+    let builder = CpuOptimizer::builder().grad_clip(clip).q8_states(q8);
+    let mut optimizer = builder.param_shapes(shapes::matrices(&case.sizes)).build(algorithm, &views)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
         let mut views: Vec<_> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
@@ -358,6 +369,10 @@ fn cpu_step(
 /// LAMB's oracle is `LambOracle`, not a `TorchState`: no row either.
 fn per_tensor_oracle(algorithm: &Algorithm) -> bool {
     if matches!(algorithm, Algorithm::Lamb(_)) {
+        return false;
+    }
+    // Adafactor's oracle needs shapes and keeps other states (`AdafactorOracle`).
+    if let Algorithm::Adafactor(_) = algorithm {
         return false;
     }
     !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_))

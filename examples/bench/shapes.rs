@@ -11,3 +11,20 @@ pub fn gpt2_small(scale: u64) -> Vec<u64> {
     sizes.extend([d, d]);
     sizes
 }
+
+/// Each tensor of `sizes` as a matrix where it can be one, for the algorithms that need
+/// shapes (Adafactor): rows of 1024 (GPT-2's widths: 768) where the size divides into two
+/// or more of them, a vector otherwise.
+#[allow(dead_code)]
+pub fn matrices(sizes: &[u64]) -> Vec<Vec<usize>> {
+    sizes
+        .iter()
+        .map(|&n| {
+            let n = n as usize;
+            match [1024, 768].into_iter().find(|w| n >= 2 * w && n.is_multiple_of(*w)) {
+                Some(w) => vec![n / w, w],
+                None => vec![n],
+            }
+        })
+        .collect()
+}

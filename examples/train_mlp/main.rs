@@ -3,7 +3,7 @@
 //! passes with its own kernels, and hands the crate only its encoder and buffer ranges.
 //!
 //! ```text
-//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb]
+//! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb|adafactor]
 //!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
 //!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
 //!     [--log-every N] [--states f32|q8] [--quiet]
@@ -43,6 +43,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
 use wgpu_optim::q8::Q8States;
+use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, Lion, Optimizer, RmsProp, Rounding, ScheduleFreeAdamW, Sgd,
@@ -54,7 +55,7 @@ use wgpu_optim::{
 const DEFAULT_STEPS: u64 = 300;
 
 const USAGE: &str =
-    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb] [--lr LR] [--steps N] \
+    "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb|adafactor] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
                      [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
 
@@ -71,6 +72,13 @@ const LION_LR: f64 = 1e-3;
 /// tensor by `lr` times its own norm (the trust ratio), so its rate is a relative one.
 const LAMB_LR: f64 = 1e-2;
 
+/// Adafactor's rate for this model: its step is relative, `min(lr, 1/sqrt(t))` times the
+/// tensor's RMS, so the rate caps the first steps only (from step 25 on, 1/sqrt(t) < 0.2).
+/// With 0.2 it ends at 99.5 %, 99.5 % and 99.3 % for seeds 0 to 2 (AdamW: 99.2 %, 98.8 %,
+/// 99.2 %); torch's default cap, 1e-2, moves this small model too slowly for 300 steps
+/// (0.05: 95.7 % for seed 0; 0.1: 99.3 % for seed 0 but 94.7 % for seed 1).
+const ADAFACTOR_LR: f64 = 0.2;
+
 /// The `--optimizer` choices, each with its source's defaults (SGD: momentum 0.9; Lion:
 /// [`LION_LR`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +93,7 @@ enum Choice {
     AdEMAMix,
     ScheduleFreeAdamW,
     Lamb,
+    Adafactor,
 }
 
 impl Choice {
@@ -100,6 +109,7 @@ impl Choice {
             "ademamix" => Choice::AdEMAMix,
             "sf-adamw" => Choice::ScheduleFreeAdamW,
             "lamb" => Choice::Lamb,
+            "adafactor" => Choice::Adafactor,
             other => return Err(format!("--optimizer: unknown optimizer `{other}`")),
         })
     }
@@ -116,6 +126,7 @@ impl Choice {
             Choice::AdEMAMix => "ademamix",
             Choice::ScheduleFreeAdamW => "sf-adamw",
             Choice::Lamb => "lamb",
+            Choice::Adafactor => "adafactor",
         }
     }
 
@@ -132,6 +143,7 @@ impl Choice {
             Choice::AdEMAMix => AdEMAMix::default().into(),
             Choice::ScheduleFreeAdamW => ScheduleFreeAdamW::default().into(),
             Choice::Lamb => Lamb { lr: LAMB_LR, ..Lamb::default() }.into(),
+            Choice::Adafactor => Adafactor { lr: ADAFACTOR_LR, ..Adafactor::default() }.into(),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
+use crate::Adafactor;
 use crate::Lamb;
 use crate::Lion;
 use crate::RmsProp;
@@ -24,6 +25,8 @@ pub enum Algorithm {
     Lion(Lion),
     /// Schedule-Free AdamW.
     ScheduleFreeAdamW(ScheduleFreeAdamW),
+    /// Adafactor (PyTorch's).
+    Adafactor(Adafactor),
     /// RMSprop, plain or centered, with or without momentum.
     RmsProp(RmsProp),
     /// AdEMAMix (bitsandbytes).
@@ -62,6 +65,12 @@ impl From<ScheduleFreeAdamW> for Algorithm {
     }
 }
 
+impl From<Adafactor> for Algorithm {
+    fn from(config: Adafactor) -> Self {
+        Algorithm::Adafactor(config)
+    }
+}
+
 impl From<RmsProp> for Algorithm {
     fn from(config: RmsProp) -> Self {
         Algorithm::RmsProp(config)
@@ -91,6 +100,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.validate(),
             Algorithm::Lion(c) => c.validate(),
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
+            Algorithm::Adafactor(c) => c.validate(),
             Algorithm::RmsProp(c) => c.validate(),
             Algorithm::AdEMAMix(c) => c.validate(),
             Algorithm::Lamb(c) => c.validate(),
@@ -104,6 +114,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.kernel_step(t),
             Algorithm::Lion(c) => c.kernel_step(t),
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
+            Algorithm::Adafactor(c) => c.kernel_step(t),
             Algorithm::RmsProp(c) => c.kernel_step(),
             Algorithm::AdEMAMix(c) => c.kernel_step(t),
             Algorithm::Lamb(c) => c.kernel_step(t),
@@ -118,6 +129,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => Family::Adagrad,
             Algorithm::Lion(_) => Family::Lion,
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
+            Algorithm::Adafactor(_) => Family::Adafactor,
             Algorithm::RmsProp(_) => Family::RmsProp,
             Algorithm::AdEMAMix(_) => Family::Ademamix,
             Algorithm::Lamb(_) => Family::Lamb,
@@ -132,6 +144,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr,
             Algorithm::Lion(c) => c.lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
+            Algorithm::Adafactor(c) => c.lr,
             Algorithm::RmsProp(c) => c.lr,
             Algorithm::AdEMAMix(c) => c.lr,
             Algorithm::Lamb(c) => c.lr,
@@ -146,6 +159,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr = lr,
             Algorithm::Lion(c) => c.lr = lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
+            Algorithm::Adafactor(c) => c.lr = lr,
             Algorithm::RmsProp(c) => c.lr = lr,
             Algorithm::AdEMAMix(c) => c.lr = lr,
             Algorithm::Lamb(c) => c.lr = lr,
@@ -165,6 +179,9 @@ impl Algorithm {
             Algorithm::Adagrad(_) => &[StateKind::Sum],
             Algorithm::Lion(_) => &[StateKind::ExpAvg],
             Algorithm::ScheduleFreeAdamW(_) => &[StateKind::Z, StateKind::ExpAvgSq],
+            // Its states depend on each tensor's shape (`row_var` and `col_var`, or `variance`:
+            // `adafactor_state_kinds`) and are kept apart from the elementwise ones.
+            Algorithm::Adafactor(_) => &[],
             Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
                 (false, false) => &[StateKind::SquareAvg],
                 (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
@@ -209,6 +226,13 @@ pub enum StateKind {
     GradAvg,
     /// AdEMAMix's slow EMA of the gradient (bitsandbytes keeps it as `state1[1]`).
     ExpAvgSlow,
+    /// Adafactor's row factor of the second moment (the parameter's shape, last dim 1).
+    RowVar,
+    /// Adafactor's column factor of the second moment (the parameter's shape, second-last
+    /// dim 1).
+    ColVar,
+    /// Adafactor's unfactored second moment of a vector.
+    Variance,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -228,6 +252,9 @@ impl StateKind {
             StateKind::SquareAvg => "square_avg",
             StateKind::GradAvg => "grad_avg",
             StateKind::ExpAvgSlow => "exp_avg_slow",
+            StateKind::RowVar => "row_var",
+            StateKind::ColVar => "col_var",
+            StateKind::Variance => "variance",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }
@@ -243,6 +270,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => "Adagrad",
             Algorithm::Lion(_) => "Lion",
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
+            Algorithm::Adafactor(_) => "Adafactor",
             Algorithm::RmsProp(_) => "RMSprop",
             Algorithm::AdEMAMix(_) => "AdEMAMix",
             Algorithm::Lamb(_) => "Lamb",

@@ -15,7 +15,9 @@
 //! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
 //! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
 //! | torch-optimizer `Lamb` | 1e-6 | added to `sqrt(exp_avg_sq)`, moments never corrected | from 1; `debias` corrects the step size |
+//! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
 
+mod adafactor;
 mod adagrad;
 mod adam;
 mod ademamix;
@@ -26,6 +28,14 @@ mod momentum;
 mod rmsprop;
 mod schedule_free;
 
+pub use adafactor::Adafactor;
+pub(crate) use adafactor::{check_change as check_adafactor_change, factored_dims};
+pub(crate) use adafactor::{
+    check_options as check_adafactor_options, check_shapes_given as check_adafactor_shapes,
+};
+pub use adafactor::{
+    machine_epsilon, state_kinds_for as adafactor_state_kinds, state_shapes as adafactor_state_shapes,
+};
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use ademamix::AdEMAMix;

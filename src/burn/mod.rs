@@ -38,6 +38,7 @@
 //!
 //! [`Optimizer`]: crate::Optimizer
 
+mod adafactor;
 mod config;
 mod device;
 mod lease;

@@ -221,6 +221,7 @@ impl ModuleStepBuilder {
     pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        super::adafactor::refuse(&algorithm, "ModuleStep")?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }

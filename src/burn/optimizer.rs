@@ -133,6 +133,8 @@ impl<const D: usize> FusedState<D> {
             StateKind::SquareAvg => &mut self.square_avg,
             StateKind::GradAvg => &mut self.grad_avg,
             StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
+            // Adafactor is refused by the Burn front ends (`burn::adafactor`): never asked for.
+            StateKind::RowVar | StateKind::ColVar | StateKind::Variance => &mut self.sum,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -288,6 +290,7 @@ impl FusedOptimizer {
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
+        super::adafactor::refuse(&algorithm, "FusedOptimizer")?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm, mode: Arc::default() })
     }
 

@@ -1,6 +1,7 @@
 //! Algorithms as `param_groups` entries in JSON, under PyTorch's keys.
 
 use crate::AdEMAMix;
+use crate::Adafactor;
 use crate::Lamb;
 use crate::Lion;
 use crate::RmsProp;
@@ -35,6 +36,10 @@ impl Algorithm {
                 "optimizer": "AdamWScheduleFree", "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps,
                 "weight_decay": c.weight_decay, "warmup_steps": c.warmup_steps, "r": c.r,
                 "weight_lr_power": c.weight_lr_power,
+            }),
+            Algorithm::Adafactor(c) => json!({
+                "optimizer": "Adafactor", "lr": c.lr, "beta2_decay": c.beta2_decay, "eps": [c.eps1, c.eps2],
+                "d": c.d, "weight_decay": c.weight_decay, "maximize": c.maximize,
             }),
             Algorithm::RmsProp(c) => json!({
                 "optimizer": "RMSprop", "lr": c.lr, "alpha": c.alpha, "eps": c.eps, "weight_decay": c.weight_decay,
@@ -136,6 +141,25 @@ impl Algorithm {
                     warmup_steps,
                     r: number("r")?,
                     weight_lr_power: number("weight_lr_power")?,
+                })
+            }
+            "Adafactor" => {
+                // torch's `eps` is `(eps1 or None, eps2)`.
+                let eps = map.get("eps").and_then(|v| v.as_array()).filter(|a| a.len() == 2);
+                let eps = eps.ok_or_else(|| bad("`eps` is missing or not a pair".into()))?;
+                let eps1 = match &eps[0] {
+                    serde_json::Value::Null => None,
+                    v => Some(v.as_f64().ok_or_else(|| bad("`eps[0]` is not null or a number".into()))?),
+                };
+                let eps2 = eps[1].as_f64().ok_or_else(|| bad("`eps[1]` is not a number".into()))?;
+                Algorithm::Adafactor(Adafactor {
+                    lr: number("lr")?,
+                    beta2_decay: number("beta2_decay")?,
+                    eps1,
+                    eps2,
+                    d: number("d")?,
+                    weight_decay: number("weight_decay")?,
+                    maximize: flag("maximize")?,
                 })
             }
             "RMSprop" => Algorithm::RmsProp(RmsProp {

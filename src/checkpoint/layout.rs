@@ -141,6 +141,10 @@ impl Layout<'_> {
                     if self.q8.is_some() {
                         continue;
                     }
+                    if let Some(entry) = self.adafactor_entry(i, k, *kind, *dtype) {
+                        entries.push(entry);
+                        continue;
+                    }
                     if let Some((name, stack)) = bnb_name(algorithm, *kind) {
                         let slot = Slot::State { param: i, k };
                         let entry =
@@ -174,6 +178,28 @@ impl Layout<'_> {
             note: String::new(),
             stack: None,
         }
+    }
+
+    /// Adafactor's `row_var`, `col_var` or `variance` of parameter `i` (state `k`), in
+    /// torch's shapes (`[.., rows, 1]`, `[.., 1, cols]`: sublinear, not one per element);
+    /// `None` for another kind.
+    fn adafactor_entry(&self, i: usize, k: usize, kind: StateKind, dtype: DType) -> Option<Entry> {
+        if !matches!(kind, StateKind::RowVar | StateKind::ColVar | StateKind::Variance) {
+            return None;
+        }
+        let shape = self.shape(i);
+        let at = crate::adafactor_state_kinds(&shape).iter().position(|s| *s == kind)?;
+        let state_shape = crate::adafactor_state_shapes(&shape).swap_remove(at);
+        Some(Entry {
+            name: format!("state.{i}.{}", kind.torch_name()),
+            slot: Slot::State { param: i, k },
+            dtype: safetensors_dtype(dtype),
+            len: state_shape.iter().product(),
+            shape: state_shape,
+            per_element: false,
+            note: " (Adafactor's factored state, in torch's shape)".into(),
+            stack: None,
+        })
     }
 
     /// Parameter `i`'s states with 8-bit state ([`Self::q8_entries`]), in `algorithm`'s

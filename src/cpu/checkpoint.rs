@@ -100,6 +100,7 @@ impl CpuOptimizer {
                     Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
                     None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype())).collect(),
                 };
+                tensors.extend(self.adafactor_layout_state(i));
                 if let Some(compensation) = self.compensation.get(i) {
                     tensors.push((crate::StateKind::KahanCompensation, compensation.dtype()));
                 }
@@ -125,11 +126,17 @@ impl CpuOptimizer {
     /// (which the CPU backend does not keep, so its layout lists none).
     fn tensor(&self, slot: Slot) -> Option<&StateTensor> {
         let Slot::State { param, k } = slot else { return None };
+        if let Some(tensor) = self.adafactor_tensor(param, k) {
+            return Some(tensor);
+        }
         self.state[param].get(k).or(self.compensation.get(param))
     }
 
     fn tensor_mut(&mut self, slot: Slot) -> Option<&mut StateTensor> {
         let Slot::State { param, k } = slot else { return None };
+        if !self.adafactor.is_empty() {
+            return self.adafactor_tensor_mut(param, k);
+        }
         match self.state[param].get_mut(k) {
             Some(tensor) => Some(tensor),
             None => self.compensation.get_mut(param),

@@ -91,6 +91,8 @@ enum Update {
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
     Lion(LionUniform, Loops<LionUniform>),
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
+    /// Adafactor runs its own loops (`cpu::adafactor`): nothing elementwise to do here.
+    Adafactor,
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
     Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
     Lamb(LambUniform, Loops<LambUniform>),
@@ -207,6 +209,7 @@ impl Kernel {
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Adafactor => {}
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lamb(uniform, loops) => E::pick(loops)(uniform, scale, operands),
@@ -248,6 +251,7 @@ impl Update {
                 let u = uniform.to_f32();
                 Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
             }
+            KernelStep::Adafactor(..) => Update::Adafactor,
             KernelStep::RmsProp(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))

@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod adafactor;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 mod convert;
@@ -84,6 +85,8 @@ pub struct CpuOptimizer {
     mode: ScheduleFreeMode,
     /// LAMB: each tensor's norms at the last step (empty before it).
     lamb_norms: Vec<crate::LambNorms>,
+    /// Adafactor's states, one per parameter (empty for other algorithms).
+    adafactor: Vec<adafactor::AdafactorTensor>,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -186,6 +189,8 @@ impl CpuOptimizer {
             &options.param_shapes,
             &params.iter().map(|p| p.len() as u64).collect::<Vec<_>>(),
         )?;
+        let adafactor =
+            adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
         crate::optimizer::check_rounding_dtypes(
             options.rounding,
             params.iter().map(|p| p.dtype()),
@@ -214,6 +219,7 @@ impl CpuOptimizer {
                 schedule_free: ScheduleFreeScalars::default(),
                 mode: ScheduleFreeMode::Train,
                 lamb_norms: Vec::new(),
+                adafactor,
             });
         }
         let initial = algorithm.initial_state();
@@ -251,6 +257,7 @@ impl CpuOptimizer {
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
+            adafactor,
         })
     }
 
@@ -278,6 +285,7 @@ impl CpuOptimizer {
         if g != 0 {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
+        crate::algo::check_adafactor_change(&self.algorithm, &algorithm)?;
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.grad_clip.is_some())?;
         }
@@ -331,6 +339,9 @@ impl CpuOptimizer {
     /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
     /// the parameter has one. Read those with [`Self::q8_state`].
     pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
+        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
+            return self.adafactor_state(index, kind);
+        }
         if kind == StateKind::KahanCompensation {
             return self.compensation.get(index).map(StateTensor::as_slice);
         }
@@ -381,6 +392,9 @@ impl CpuOptimizer {
 
     /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
     pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
+        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
+            return self.adafactor_state_mut(index, kind);
+        }
         if kind == StateKind::KahanCompensation {
             return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);
         }
@@ -404,6 +418,9 @@ impl CpuOptimizer {
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
         self.check(params, grads)?;
         self.check_train_mode("step")?;
+        if let Algorithm::Adafactor(config) = self.algorithm {
+            return self.adafactor_step(&config, params, grads);
+        }
         let t = self.step + 1;
         let (kernel_step, schedule_free) = crate::algo::group_step(&self.algorithm, t, &self.schedule_free);
         let mut kernel = Kernel::new(&kernel_step);

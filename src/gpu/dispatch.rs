@@ -215,8 +215,8 @@ impl Uniforms {
         })
     }
 
-    /// The uniforms' buffer: slot `g` at `g * UNIFORM_SLOT_BYTES` (LAMB's passes bind it in
-    /// group 0 layouts of their own).
+    /// The buffer of every slot (slot g at `g * UNIFORM_SLOT_BYTES`), for passes that bind a
+    /// group's slot in layouts of their own (LAMB's and Adafactor's).
     pub(crate) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }

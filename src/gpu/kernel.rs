@@ -91,6 +91,8 @@ impl Program {
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
+                // Not elementwise: its own passes (`gpu::adafactor`), never composed here.
+                Family::Adafactor => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
                 Family::Lamb => include_str!("../../shaders/lamb.wgsl"),
@@ -112,6 +114,7 @@ impl Program {
                 // Refused in capturable mode (`optimizer::validate`): its weights need the
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
+                Family::Adafactor => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
                 // Refused in capturable mode (`optimizer::lamb::check_options`): its passes
@@ -847,6 +850,7 @@ fn table_wgsl(bindings: usize, stochastic: bool) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::step::device::DeviceHeader;
+    use crate::step::{AdafactorUniform, AdafactorUniform64};
     use crate::step::{
         AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
@@ -1173,6 +1177,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::ScheduleFree(_), true) => {
                                     rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
+                                }
+                                (Switches::Adafactor(_), false) => {
+                                    rust_members(AdafactorUniform::FIELDS, AdafactorUniform::OFFSETS)
+                                }
+                                (Switches::Adafactor(_), true) => {
+                                    rust_members(AdafactorUniform::FIELDS, AdafactorUniform64::OFFSETS)
                                 }
                                 (Switches::RmsProp(_), false) => {
                                     rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)

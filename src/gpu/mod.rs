@@ -1,5 +1,6 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
 
+pub(crate) mod adafactor;
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;

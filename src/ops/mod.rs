@@ -69,6 +69,15 @@ pub fn update(
                      lr_max, which a stateless update does not keep: step it with an Optimizer",
         });
     }
+    if let Algorithm::Adafactor(_) = algorithm {
+        return Err(Error::ConflictingOptions {
+            first: "ops::update",
+            second: "algorithm",
+            reason: "Adafactor's step reduces whole tensors by their shapes (rows, columns, RMS) \
+                     into factored states, which a stateless elementwise update does not take: \
+                     step it with an Optimizer given param_shapes",
+        });
+    }
     record_updates(ctx, encoder, &algorithm.kernel_step(t), algorithm.state_kinds(), updates)
 }
 

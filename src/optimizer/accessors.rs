@@ -77,6 +77,7 @@ impl Optimizer {
             self.rounding,
         )?;
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
+        crate::algo::check_adafactor_change(&group.algorithm, &algorithm)?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: format!("algorithm (for group {g})"),
@@ -125,6 +126,9 @@ impl Optimizer {
     /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
     /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+        if let Some(tensor) = self.adafactor.as_ref().and_then(|e| e.state(index, kind)) {
+            return Some(tensor);
+        }
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;
         let k = self.state_kinds(&group.algorithm).iter().position(|s| *s == kind)?;
         self.state.get(index)?.get(k)

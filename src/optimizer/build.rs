@@ -56,6 +56,7 @@ impl Optimizer {
         }
         super::schedule_free::check_options(&groups, &options)?;
         super::lamb::check_options(&groups, &options)?;
+        super::adafactor::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
@@ -174,6 +175,7 @@ impl Optimizer {
             .transpose()?;
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
+        let adafactor = super::adafactor::engine(ctx, &kept, &params, &options.param_shapes)?;
         let kept_len = kept.len();
         let mut optimizer = Optimizer {
             ctx: ctx.clone(),
@@ -195,6 +197,7 @@ impl Optimizer {
             written: WrittenRanges::default(),
             disjoint_grads: Vec::new(),
             schedule_free: ScheduleFreeHost::new(kept_len),
+            adafactor,
         };
         optimizer.written = WrittenRanges::new(&optimizer);
         Ok(optimizer)

@@ -118,6 +118,7 @@ impl Optimizer {
                     Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
                     None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
                 };
+                let state = self.adafactor_layout_state(i).unwrap_or(state);
                 params.push(ParamLayout {
                     len,
                     state,
@@ -144,6 +145,9 @@ impl Optimizer {
     /// The buffer behind a checkpoint tensor; `None` for 8-bit state, which the engine
     /// reads and writes whole.
     fn tensor(&self, slot: Slot) -> Option<&Tensor> {
+        if let Some(tensor) = self.adafactor_slot(slot) {
+            return Some(tensor);
+        }
         match slot {
             Slot::State { param, k } => Some(&self.state[param][k]),
             // In master-weight mode the optimizer's parameters are the masters.

@@ -16,6 +16,7 @@
 //!   and the `eval()`/`train()` swap pass.
 
 mod accessors;
+mod adafactor;
 mod arena;
 mod build;
 mod capturable;
@@ -106,6 +107,8 @@ pub struct Optimizer {
     disjoint_grads: Vec<Tensor>,
     /// Schedule-Free's per-group running values, the mode and the swap pass.
     schedule_free: ScheduleFreeHost,
+    /// Adafactor's passes and states, over its groups' parameters.
+    adafactor: Option<crate::gpu::adafactor::AdafactorEngine>,
 }
 
 impl std::fmt::Debug for Optimizer {

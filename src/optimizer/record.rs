@@ -106,6 +106,7 @@ impl Optimizer {
         let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
             && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
+        self.bind_adafactor(grads)?;
         // The plain norm pass, built at the first step that needs it (with AMP and f32
         // gradients the unscale pass takes the norm instead).
         if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
@@ -149,6 +150,7 @@ impl Optimizer {
             batch.record(&mut pass, scalars);
         }
         super::lamb::record(&mut pass, &bound.lamb);
+        self.record_adafactor(&mut pass);
         drop(pass);
         self.step = t;
         self.schedule_free.commit();
@@ -201,6 +203,11 @@ impl Optimizer {
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
+            if matches!(group.algorithm, Algorithm::Adafactor(_)) {
+                // Its own passes (`bind_adafactor`).
+                batches.push(Batch::default());
+                continue;
+            }
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)

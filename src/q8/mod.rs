@@ -138,6 +138,10 @@ pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Re
             "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
              keep f32, f16 or bf16 state for it",
         ),
+        Algorithm::Adafactor(_) => Some(
+            "Adafactor has no 8-bit form here: its factored state is already sublinear in the \
+             parameter count (bitsandbytes has no Adafactor8bit)",
+        ),
         Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
         Algorithm::Lamb(_) => Some(
             "LAMB has no 8-bit form (bitsandbytes' LAMB8bit is not implemented); keep f32, f16 or bf16 \

@@ -10,6 +10,7 @@
 //! [`KernelStep::write_uniform`] (GPU) or [`AdamUniform64::to_f32`] (CPU) → `hp.<field>`
 //! in `shaders/adam.wgsl` and `cpu/kernels.rs`.
 
+mod adafactor;
 mod adagrad;
 mod adam;
 mod ademamix;
@@ -23,6 +24,7 @@ mod rmsprop;
 pub(crate) mod rounding;
 mod schedule_free;
 
+pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform, AdafactorUniform64};
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
@@ -48,6 +50,8 @@ pub(crate) enum Family {
     Lion,
     /// Schedule-Free AdamW (the `schedulefree` package).
     ScheduleFree,
+    /// Adafactor (PyTorch): not elementwise, it runs passes of its own.
+    Adafactor,
     /// RMSprop (PyTorch), plain or centered, with or without momentum.
     RmsProp,
     /// AdEMAMix (bitsandbytes).
@@ -64,6 +68,7 @@ impl Family {
             Family::Adagrad => "adagrad",
             Family::Lion => "lion",
             Family::ScheduleFree => "schedule_free",
+            Family::Adafactor => "adafactor",
             Family::RmsProp => "rmsprop",
             Family::Ademamix => "ademamix",
             Family::Lamb => "lamb",
@@ -96,6 +101,8 @@ impl Family {
                 State(StateKind::ExpAvgSq),
                 State(StateKind::KahanCompensation),
             ],
+            // Its own passes bind their tensors (`gpu::adafactor`); never an elementwise kernel.
+            Family::Adafactor => &[Param, Grad],
             Family::RmsProp => &[
                 Param,
                 Grad,
@@ -150,6 +157,7 @@ impl Family {
                 ParamCopy,
                 State(StateKind::KahanCompensation),
             ],
+            Family::Adafactor => &[Param],
             Family::RmsProp => &[
                 Param,
                 State(StateKind::SquareAvg),
@@ -210,6 +218,7 @@ pub(crate) enum Switches {
     Adagrad(AdagradSwitches),
     Lion(LionSwitches),
     ScheduleFree(ScheduleFreeSwitches),
+    Adafactor(AdafactorSwitches),
     RmsProp(RmsPropSwitches),
     Ademamix(AdemamixSwitches),
     Lamb(LambSwitches),
@@ -223,6 +232,7 @@ impl Switches {
             Switches::Adagrad(_) => Family::Adagrad,
             Switches::Lion(_) => Family::Lion,
             Switches::ScheduleFree(_) => Family::ScheduleFree,
+            Switches::Adafactor(_) => Family::Adafactor,
             Switches::RmsProp(_) => Family::RmsProp,
             Switches::Ademamix(_) => Family::Ademamix,
             Switches::Lamb(_) => Family::Lamb,
@@ -237,6 +247,7 @@ impl Switches {
             Switches::Adagrad(s) => s.overrides(),
             Switches::Lion(s) => s.overrides(),
             Switches::ScheduleFree(s) => s.overrides(),
+            Switches::Adafactor(s) => s.overrides(),
             Switches::RmsProp(s) => s.overrides(),
             Switches::Ademamix(s) => s.overrides(),
             Switches::Lamb(s) => s.overrides(),
@@ -258,6 +269,8 @@ impl Switches {
             (Switches::Lion(_), true) => size_of::<LionUniform64>(),
             (Switches::ScheduleFree(_), false) => size_of::<ScheduleFreeUniform>(),
             (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
+            (Switches::Adafactor(_), false) => size_of::<AdafactorUniform>(),
+            (Switches::Adafactor(_), true) => size_of::<AdafactorUniform64>(),
             (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
             (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
             (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
@@ -275,6 +288,7 @@ impl Switches {
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
+            Switches::Adafactor(_) => AdafactorUniform::wgsl("Hyper"),
             Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
             Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
             Switches::Lamb(_) => LambUniform::wgsl("Hyper"),
@@ -290,6 +304,7 @@ pub(crate) enum KernelStep {
     Adagrad(AdagradSwitches, AdagradUniform64),
     Lion(LionSwitches, LionUniform64),
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
+    Adafactor(AdafactorSwitches, AdafactorUniform64),
     RmsProp(RmsPropSwitches, RmsPropUniform64),
     Ademamix(AdemamixSwitches, AdemamixUniform64),
     Lamb(LambSwitches, LambUniform64),
@@ -304,6 +319,7 @@ const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<AdafactorUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LambUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
@@ -320,6 +336,7 @@ impl KernelStep {
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
             KernelStep::Lion(s, _) => Switches::Lion(*s),
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
+            KernelStep::Adafactor(s, _) => Switches::Adafactor(*s),
             KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
             KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
             KernelStep::Lamb(s, _) => Switches::Lamb(*s),
@@ -339,6 +356,7 @@ impl KernelStep {
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Adafactor(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lamb(_, u), true) => copy(out, bytemuck::bytes_of(u)),
@@ -347,6 +365,7 @@ impl KernelStep {
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Adafactor(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lamb(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),

@@ -203,6 +203,10 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
         Some(StateKind::SquareAvg) => 8,
         Some(StateKind::GradAvg) => 9,
         Some(StateKind::ExpAvgSlow) => 10,
+        // Adafactor's states are kept in f32 (never rounded); numbered apart all the same.
+        Some(StateKind::RowVar) => 20,
+        Some(StateKind::ColVar) => 21,
+        Some(StateKind::Variance) => 22,
     }
 }
 

@@ -147,6 +147,7 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         Kind::Trajectory,
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "min_8bit_size", "block_size"],
     ),
+    ("torch.Adafactor", Kind::Trajectory, &["lr", "beta2_decay", "eps", "d", "weight_decay", "maximize"]),
 ];
 
 impl Case {

@@ -145,6 +145,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("schedulefree.AdamWScheduleFree", Kind::Trajectory) => {
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
+        ("torch.Adafactor", Kind::Trajectory) => super::adafactor::trajectory(case, backend, ctx).await?,
         ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         ("torch_optimizer.Lamb", Kind::Trajectory) => super::lamb::trajectory(case, backend, ctx).await?,
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {

@@ -16,6 +16,7 @@
 /// The crate under test, as the oracle's files name it.
 use wgpu_optim as api;
 
+pub mod adafactor;
 pub mod ademamix;
 pub mod bnb;
 pub mod dtype;
@@ -26,6 +27,7 @@ pub mod rmsprop;
 pub mod schedule_free;
 pub mod torch;
 
+pub use adafactor::{AdafactorOracle, AdafactorTensorState};
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
 pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;
