@@ -5,6 +5,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod lanes;
+
 use super::kernels::{Kernel, Operands};
 use crate::q8::lut::{CodeTable, INFINITY};
 use crate::q8::{StoredState, BLOCK_SIZE};
@@ -101,23 +104,58 @@ pub(super) fn run<'a>(
 fn run_job(kernel: &Kernel, job: Job<'_>) {
     let Job { param, grad, mut slots } = job;
     let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATES];
+    let lanes = Lanes::new();
     for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
         let (n, at) = (param.len(), b * BLOCK_SIZE);
-        update_block(kernel, &mut slots, &mut scratch, param, grad, b);
+        update_block(kernel, lanes, &mut slots, &mut scratch, param, grad, b);
         let mut updated = scratch.iter();
         for slot in slots.iter_mut() {
             if let Slot::Q8 { codes, absmax, table } = slot {
                 let values = &updated.next().map(|s| &s[..n]).unwrap_or_default();
                 absmax[b] = block_absmax(values);
-                quantize(values, absmax[b], table, &mut codes[at..at + n]);
+                lanes.quantize(values, absmax[b], table, &mut codes[at..at + n]);
             }
         }
+    }
+}
+
+/// The vector loops this CPU runs, found once per job: AVX-512's, which need no gathers
+/// (`lanes`), or the portable ones.
+#[derive(Clone, Copy)]
+struct Lanes {
+    #[cfg(target_arch = "x86_64")]
+    avx512: Option<fearless_simd::Avx512>,
+}
+
+impl Lanes {
+    fn new() -> Self {
+        Lanes {
+            #[cfg(target_arch = "x86_64")]
+            avx512: lanes::level(),
+        }
+    }
+
+    fn dequantize(self, codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(level) = self.avx512 {
+            return lanes::dequantize(level, codes, absmax, map, values);
+        }
+        dequantize(codes, absmax, map, values)
+    }
+
+    fn quantize(self, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(level) = self.avx512 {
+            return lanes::quantize(level, values, absmax, table, codes);
+        }
+        quantize(values, absmax, table, codes)
     }
 }
 
 /// Block `b`'s update: its 8-bit slots dequantized into `scratch`, then the f32 loop.
 fn update_block(
     kernel: &Kernel,
+    lanes: Lanes,
     slots: &mut [Slot<'_>],
     scratch: &mut [[f32; BLOCK_SIZE]; MAX_STATES],
     param: &mut [f32],
@@ -131,7 +169,7 @@ fn update_block(
         match slot {
             Slot::Q8 { codes, absmax, table } => {
                 let values = scratch_slices.next().unwrap_or_default();
-                dequantize(&codes[at..at + n], absmax[b], table.map(), values);
+                lanes.dequantize(&codes[at..at + n], absmax[b], table.map(), values);
                 *out = values;
             }
             Slot::F32(values) => *out = &mut values[at..at + n],

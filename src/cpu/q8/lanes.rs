@@ -1,0 +1,209 @@
+//! Dequantizing and requantizing a block sixteen lanes at a time with AVX-512 and no
+//! gathers: a code's value is read from the map held in sixteen registers (`vpermt2ps` looks
+//! up 32 entries per instruction, eight of them and a select per register of codes), and a
+//! value's code is computed by [`Quantizer`]'s arithmetic, the few registers with a lane near
+//! a switch between codes taking the exact rule ([`CodeTable::code`] of the quotient). The
+//! results are the portable loops' (`super::dequantize`, `super::quantize`) bit for bit.
+
+use std::arch::x86_64::*;
+
+use fearless_simd::Avx512;
+
+use crate::q8::arith::{Quantizer, CLAMP, FIRST_BINADE, FIRST_SWITCH, NEAR, TOP_ULPS};
+use crate::q8::lut::{CodeTable, INFINITY};
+
+/// Lanes per register.
+const L: usize = 16;
+
+/// The AVX-512 level, where the CPU has it (with VBMI and the rest of Zen 4's and Ice Lake's
+/// set, which `fearless_simd`'s level requires).
+pub(super) fn level() -> Option<Avx512> {
+    fearless_simd::Level::new().as_avx512()
+}
+
+fearless_simd::kernel!(
+    /// `values[i] = map[codes[i]] * absmax`, as `super::dequantize`.
+    #[inline]
+    pub(super) fn dequantize(level: Avx512, codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
+        let table: [__m512; 16] = std::array::from_fn(|r| {
+            bytemuck::cast::<[f32; L], __m512>(map[r * L..(r + 1) * L].try_into().unwrap_or([0.0; L]))
+        });
+        let scale = _mm512_set1_ps(absmax);
+        let (whole, tail) = codes.as_chunks::<L>();
+        let (out, out_tail) = values.split_at_mut(whole.len() * L);
+        for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<L>().0) {
+            let index = _mm512_cvtepu8_epi32(bytemuck::cast::<[u8; L], __m128i>(*chunk));
+            // The 32 entries of the index's top three bits: pair 0, then each later pair
+            // over the lanes whose index reaches it.
+            let mut value = _mm512_permutex2var_ps(table[0], index, table[1]);
+            for pair in 1..8 {
+                let reaches = _mm512_cmpge_epu32_mask(index, _mm512_set1_epi32(32 * pair as i32));
+                let entry = _mm512_permutex2var_ps(table[2 * pair], index, table[2 * pair + 1]);
+                value = _mm512_mask_blend_ps(reaches, value, entry);
+            }
+            *out = bytemuck::cast::<__m512, [f32; L]>(_mm512_mul_ps(value, scale));
+        }
+        for (value, code) in out_tail.iter_mut().zip(tail) {
+            *value = map[usize::from(*code)] * absmax;
+        }
+    }
+);
+
+fearless_simd::kernel!(
+    /// `codes[i]` = the nearest code of `values[i] / absmax`, as `super::quantize`.
+    #[inline]
+    pub(super) fn quantize(level: Avx512, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+        let q: &Quantizer = table.quantizer();
+        let inverse = 1.0 / absmax;
+        if !inverse.is_normal() {
+            // A subnormal absmax (a block of subnormal values): its reciprocal overflows.
+            for (code, value) in codes.iter_mut().zip(values) {
+                *code = table.code(value / absmax);
+            }
+            return;
+        }
+        let pair = |t: &[i32; 32]| -> [__m512i; 2] {
+            [
+                bytemuck::cast::<[i32; L], __m512i>(t[..L].try_into().unwrap_or([0; L])),
+                bytemuck::cast::<[i32; L], __m512i>(t[L..].try_into().unwrap_or([0; L])),
+            ]
+        };
+        let binade_decade = pair(&q.binade_decade);
+        let binade_split = pair(&bytemuck::cast::<[f32; 32], [i32; 32]>(q.binade_split));
+        let scale_k = bytemuck::cast::<[f32; L], __m512>(q.scale);
+        let offset_k = bytemuck::cast::<[f32; L], __m512>(q.offset);
+        let base_k = bytemuck::cast::<[i32; L], __m512i>(q.base);
+        let reciprocal = _mm512_set1_ps(inverse);
+        let (abs_mask, clamp) = (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(CLAMP.to_bits() as i32));
+        let first_binade = _mm512_set1_epi32(FIRST_BINADE as i32);
+        let (one, minus_one, zero_i) = (_mm512_set1_epi32(1), _mm512_set1_epi32(-1), _mm512_setzero_si512());
+        let (first_switch, near) = (_mm512_set1_ps(FIRST_SWITCH), _mm512_set1_ps(NEAR));
+        let (top_bits, top_index) = (_mm512_set1_epi32(q.top_bits as i32), _mm512_set1_epi32(q.top_index));
+        let top_ulps = _mm512_set1_epi32(TOP_ULPS as i32);
+        let (middle, infinity) = (_mm512_set1_epi32(127), _mm512_set1_epi32(INFINITY as i32));
+        let zero_code = _mm512_set1_epi32(i32::from(q.zero));
+
+        let (whole, tail) = values.as_chunks::<L>();
+        let (out, out_tail) = codes.split_at_mut(whole.len() * L);
+        for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<L>().0) {
+            let x = _mm512_mul_ps(bytemuck::cast::<[f32; L], __m512>(*chunk), reciprocal);
+            let bits = _mm512_castps_si512(x);
+            let magnitude = _mm512_and_si512(bits, abs_mask);
+            let negative = _mm512_movepi32_mask(bits);
+            let clamped = _mm512_min_epu32(magnitude, clamp);
+            let m = _mm512_castsi512_ps(clamped);
+            // The decade: its binade's, plus one past a decade's start inside the binade.
+            let binade =
+                _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32::<23>(clamped), first_binade), zero_i);
+            let decade = _mm512_permutex2var_epi32(binade_decade[0], binade, binade_decade[1]);
+            let split =
+                _mm512_castsi512_ps(_mm512_permutex2var_epi32(binade_split[0], binade, binade_split[1]));
+            let decade =
+                _mm512_mask_add_epi32(decade, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, split), decade, one);
+            let position = _mm512_fmadd_ps(
+                m,
+                _mm512_permutexvar_ps(decade, scale_k),
+                _mm512_permutexvar_ps(decade, offset_k),
+            );
+            let floor = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(position, first_switch);
+            let j = _mm512_mask_mov_epi32(floor, below, minus_one);
+            let index = _mm512_add_epi32(_mm512_permutexvar_epi32(decade, base_k), j);
+            let top = _mm512_cmpge_epu32_mask(magnitude, top_bits) & !negative;
+            let index = _mm512_mask_mov_epi32(index, top, top_index);
+
+            let rounded = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
+            let off_switch = _mm512_abs_ps(_mm512_sub_ps(position, rounded));
+            let off_first = _mm512_abs_ps(_mm512_sub_ps(position, first_switch));
+            let off_top = _mm512_abs_epi32(_mm512_sub_epi32(magnitude, top_bits));
+            let near = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_switch, near)
+                | _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_first, near)
+                | _mm512_cmple_epu32_mask(off_top, top_ulps);
+            if near != 0 {
+                for (code, value) in out.iter_mut().zip(chunk) {
+                    *code = table.code(value / absmax);
+                }
+                continue;
+            }
+            let code = if q.signed {
+                _mm512_mask_sub_epi32(_mm512_add_epi32(middle, index), negative, middle, index)
+            } else {
+                _mm512_mask_mov_epi32(index, negative, zero_i)
+            };
+            let finite = _mm512_cmplt_epu32_mask(magnitude, infinity);
+            let code = _mm512_mask_mov_epi32(zero_code, finite, code);
+            *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
+        }
+        for (code, value) in out_tail.iter_mut().zip(tail) {
+            *code = table.code(value / absmax);
+        }
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::q8::{nearest_code, signed_map, unsigned_map};
+
+    /// Values of every kind: both signs, zeros, subnormals, NaN, the infinities, values at
+    /// and around every code and switch, and pseudo-random ones, under a few absmax values.
+    fn values(map: &[f32; 256], table: &CodeTable) -> Vec<f32> {
+        let mut values =
+            vec![0.0, -0.0, 1e-45, -1e-45, 1e-39, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0];
+        for c in map {
+            for delta in -2i32..=2 {
+                let x = f32::from_bits(c.to_bits().wrapping_add_signed(delta));
+                values.extend([x, -x]);
+            }
+        }
+        for (bucket, entry) in table.entries().iter().enumerate() {
+            use crate::q8::lut::{BUCKETS_PER_SIGN, BUCKET_SHIFT, SMALLEST};
+            let sign = if bucket >= BUCKETS_PER_SIGN { 0x8000_0000u32 } else { 0 };
+            let first = sign | (SMALLEST + (((bucket % BUCKETS_PER_SIGN) as u32) << BUCKET_SHIFT));
+            let switch = entry >> BUCKET_SHIFT;
+            for low in [0, switch.saturating_sub(1), switch, switch + 1, 0xffff] {
+                values.push(f32::from_bits(first | low.min(0xffff)));
+            }
+        }
+        let mut state = 0x9e37_79b9u32;
+        for _ in 0..100_000 {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            values.push(f32::from_bits(state & 0xbfff_ffff));
+        }
+        values
+    }
+
+    #[test]
+    fn the_lanes_give_the_portable_codes_and_values() {
+        let Some(level) = level() else {
+            eprintln!("no AVX-512 here: nothing to compare");
+            return;
+        };
+        for (map, table) in [(signed_map(), CodeTable::signed()), (unsigned_map(), CodeTable::unsigned())] {
+            let values = values(&map, table);
+            for absmax in [1.0f32, 0.75, 3.0e-5, 1.0e20, 7.0e-38, 1.0e-39, f32::MAX] {
+                let scaled: Vec<f32> = values.iter().map(|v| v * absmax).collect();
+                let mut codes = vec![0u8; scaled.len()];
+                // Block-sized calls, with a tail shorter than a register.
+                for (values, codes) in scaled.chunks(253).zip(codes.chunks_mut(253)) {
+                    quantize(level, values, absmax, table, codes);
+                }
+                for (i, (v, code)) in scaled.iter().zip(&codes).enumerate() {
+                    assert_eq!(*code, nearest_code(&map, v / absmax), "{i}: {v:e} / {absmax:e}");
+                }
+            }
+            let every: Vec<u8> = (0..=255).cycle().take(256 * 3 + 7).collect();
+            for absmax in [0.0f32, 1.0, 0.3, 1e-30, 3.0e38] {
+                let mut got = vec![0f32; every.len()];
+                dequantize(level, &every, absmax, &map, &mut got);
+                for (code, value) in every.iter().zip(&got) {
+                    assert_eq!(
+                        value.to_bits(),
+                        (map[usize::from(*code)] * absmax).to_bits(),
+                        "{code} x {absmax}"
+                    );
+                }
+            }
+        }
+    }
+}
