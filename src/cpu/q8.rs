@@ -135,12 +135,12 @@ impl Lanes {
         }
     }
 
-    fn dequantize(self, codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
+    fn dequantize(self, codes: &[u8], absmax: f32, table: &CodeTable, values: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(level) = self.avx512 {
-            return lanes::dequantize(level, codes, absmax, map, values);
+            return lanes::dequantize(level, codes, absmax, table, values);
         }
-        dequantize(codes, absmax, map, values)
+        dequantize(codes, absmax, table.map(), values)
     }
 
     fn quantize(self, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
@@ -169,7 +169,7 @@ fn update_block(
         match slot {
             Slot::Q8 { codes, absmax, table } => {
                 let values = scratch_slices.next().unwrap_or_default();
-                lanes.dequantize(&codes[at..at + n], absmax[b], table.map(), values);
+                lanes.dequantize(&codes[at..at + n], absmax[b], table, values);
                 *out = values;
             }
             Slot::F32(values) => *out = &mut values[at..at + n],

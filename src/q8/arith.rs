@@ -37,7 +37,7 @@ pub const NEAR: f32 = 1.0 / 1024.0;
 
 /// Magnitudes are clamped to this before their position is taken, so that the top decade's
 /// position stays below its count of codes (the switch to the code of 1, which lies below,
-/// is tested on the value's bits instead).
+/// is tested on the values themselves instead: [`Quantizer::top_value`]).
 pub const CLAMP: f32 = 0.999;
 
 /// A decade starts at this fraction of its power of ten (see the module docs).
@@ -72,6 +72,9 @@ pub struct Quantizer {
     pub top_bits: u32,
     /// The magnitude index of the code of 1.
     pub top_index: i32,
+    /// The map's f32 bits, byte `p` of every code in `planes[p]`: four 256-entry byte tables,
+    /// which byte permutes read 64 codes at a time.
+    pub planes: [[u8; 256]; 4],
 }
 
 impl Quantizer {
@@ -151,14 +154,32 @@ impl Quantizer {
             base,
             top_bits: hi,
             top_index: if signed { 128 } else { 255 },
+            planes: std::array::from_fn(|p| std::array::from_fn(|c| (map[c].to_bits() >> (8 * p)) as u8)),
         }
     }
 
-    /// The nearest code of `x` (or of a value a few ulps from it: see the module docs), or
-    /// `None` where `x` lies near a switch between codes and only the exact rule can tell.
-    /// Lane for lane what the CPU backend's AVX-512 loop computes, written out for the tests.
+    /// The smallest value `v` whose quotient `v / absmax` takes the code of 1 (for a normal
+    /// absmax): the switch to the code of 1 tested on the values themselves, exactly, where
+    /// the position is taken from a product by the reciprocal.
+    pub fn top_value(&self, absmax: f32) -> f32 {
+        let top = f32::from_bits(self.top_bits);
+        // The quotient is monotone in v: step from the product to the first v that reaches.
+        let mut v = top * absmax;
+        while v / absmax >= top {
+            v = v.next_down();
+        }
+        while v / absmax < top {
+            v = v.next_up();
+        }
+        v
+    }
+
+    /// The nearest code of `quotient` from `x`, a value a few ulps from it (see the module
+    /// docs), or `None` where `x` lies near a switch between codes and only the exact rule can
+    /// tell. Lane for lane what the CPU backend's AVX-512 loop computes (which tests the switch
+    /// to the code of 1 with [`Quantizer::top_value`]), written out for the tests.
     #[cfg(test)]
-    pub fn estimate(&self, x: f32) -> Option<u8> {
+    pub fn estimate(&self, x: f32, quotient: f32) -> Option<u8> {
         let bits = x.to_bits();
         let magnitude = bits & 0x7fff_ffff;
         if magnitude >= super::lut::INFINITY {
@@ -171,10 +192,10 @@ impl Quantizer {
         let k = (self.binade_decade[binade] + i32::from(m >= self.binade_split[binade])) as usize;
         let position = m.mul_add(self.scale[k], self.offset[k]);
         let j = if position < FIRST_SWITCH { -1 } else { position.floor() as i32 };
-        let index = if magnitude >= self.top_bits && !negative { self.top_index } else { self.base[k] + j };
-        let near = (position - position.round_ties_even()).abs() < NEAR
-            || (position - FIRST_SWITCH).abs() < NEAR
-            || magnitude.abs_diff(self.top_bits) <= TOP_ULPS;
+        let top = quotient >= f32::from_bits(self.top_bits);
+        let index = if top { self.top_index } else { self.base[k] + j };
+        let near =
+            (position - position.round_ties_even()).abs() < NEAR || (position - FIRST_SWITCH).abs() < NEAR;
         if near {
             return None;
         }
@@ -187,9 +208,6 @@ impl Quantizer {
         Some(code as u8)
     }
 }
-
-/// Values within this many ulps of the switch to the code of 1 are left to the exact rule.
-pub const TOP_ULPS: u32 = 8;
 
 #[cfg(test)]
 mod tests {
@@ -207,7 +225,7 @@ mod tests {
             let (mut asked, mut answered) = (0u64, 0u64);
             let mut check = |x: f32, exact: f32| {
                 asked += 1;
-                if let Some(code) = q.estimate(x) {
+                if let Some(code) = q.estimate(x, exact) {
                     answered += 1;
                     assert_eq!(
                         code,
@@ -264,6 +282,10 @@ mod tests {
                 let absmax = f32::from_bits(0x0080_0000 + next() % 0x7e00_0000);
                 let v = absmax * (f32::from_bits(next() & 0x807f_ffff | 0x3f00_0000) - 0.5) * 2.0;
                 check(v * (1.0 / absmax), v / absmax);
+                // The switch to the code of 1, in the values' domain.
+                let top = q.top_value(absmax);
+                assert!(top / absmax >= f32::from_bits(q.top_bits), "{absmax:e}");
+                assert!(top.next_down() / absmax < f32::from_bits(q.top_bits), "{absmax:e}");
             }
             assert!(answered as f64 > 0.6 * asked as f64, "{answered} of {asked} answered");
         }
@@ -278,7 +300,7 @@ mod tests {
             let q = Quantizer::new(&map);
             for bits in 0x3280_0000u32..=0x3f80_0000 {
                 for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
-                    if let Some(code) = q.estimate(x) {
+                    if let Some(code) = q.estimate(x, x) {
                         assert_eq!(code, table.code(x), "{x:e}");
                     }
                 }
