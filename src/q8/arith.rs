@@ -162,16 +162,22 @@ impl Quantizer {
     /// absmax): the switch to the code of 1 tested on the values themselves, exactly, where
     /// the position is taken from a product by the reciprocal.
     pub fn top_value(&self, absmax: f32) -> f32 {
+        // fl(v / absmax) >= top exactly where v / absmax reaches the midpoint of top and the
+        // float below it (inclusive where rounding to even picks top there): v >= absmax *
+        // midpoint, a product exact in f64 (24 + 25 significant bits).
         let top = f32::from_bits(self.top_bits);
-        // The quotient is monotone in v: step from the product to the first v that reaches.
-        let mut v = top * absmax;
-        while v / absmax >= top {
-            v = v.next_down();
+        let midpoint = (f64::from(top) + f64::from(top.next_down())) / 2.0;
+        let bound = f64::from(absmax) * midpoint;
+        let inclusive = self.top_bits & 1 == 0;
+        // The nearest f32 to the bound, or the one above it where it falls short: the float
+        // below the nearest lies more than the bound's distance below.
+        let v = bound as f32;
+        let reaches = if inclusive { f64::from(v) >= bound } else { f64::from(v) > bound };
+        if reaches {
+            v
+        } else {
+            v.next_up()
         }
-        while v / absmax < top {
-            v = v.next_up();
-        }
-        v
     }
 
     /// The nearest code of `quotient` from `x`, a value a few ulps from it (see the module
@@ -283,6 +289,11 @@ mod tests {
                 let v = absmax * (f32::from_bits(next() & 0x807f_ffff | 0x3f00_0000) - 0.5) * 2.0;
                 check(v * (1.0 / absmax), v / absmax);
                 // The switch to the code of 1, in the values' domain.
+                let top = q.top_value(absmax);
+                assert!(top / absmax >= f32::from_bits(q.top_bits), "{absmax:e}");
+                assert!(top.next_down() / absmax < f32::from_bits(q.top_bits), "{absmax:e}");
+            }
+            for absmax in [1.0, f32::MIN_POSITIVE, 1.5 * f32::MIN_POSITIVE, 1e-30, 0.3, 7.0, f32::MAX / 2.0] {
                 let top = q.top_value(absmax);
                 assert!(top / absmax >= f32::from_bits(q.top_bits), "{absmax:e}");
                 assert!(top.next_down() / absmax < f32::from_bits(q.top_bits), "{absmax:e}");
