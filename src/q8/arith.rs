@@ -9,7 +9,7 @@
 //! at position `j` (j >= 1) and the switch from the decade below (or from 0) at position
 //! [`FIRST_SWITCH`]: the code is then the decade's first magnitude index plus the floor of the
 //! position (minus one below `FIRST_SWITCH`). The positions of the real switches, which
-//! `nearest_code`'s f32 distances decide, lie within about 1e-4 of those (f32 rounding of the
+//! `nearest_code`'s f32 distances decide, lie within 2e-5 of those (f32 rounding of the
 //! codes and of the distances); a value whose position lies within [`NEAR`] of a switch is
 //! reported as near ([`Quantizer::estimate`] gives `None`) and its caller asks the exact rule.
 //! Every other value's code is the nearest code bit for bit, even from a product `v * (1 /
@@ -30,10 +30,11 @@ use super::nearest_code;
 /// the switch from the decade below lies 0.8 of a step below it.)
 pub const FIRST_SWITCH: f32 = 0.2;
 
-/// A position nearer than this to a switch is left to the exact rule: many times the 1e-4 by
-/// which positions and switches can differ, and rare enough in practice (a value lies that
-/// near a switch with odds of about 2 in 1000) to cost little.
-pub const NEAR: f32 = 1.0 / 1024.0;
+/// A position nearer than this to a switch is left to the exact rule: five times the most by
+/// which a position can miss (the switches lie within 2e-5 of their positions, the product
+/// by the reciprocal and the fused multiply-add add under 2.5e-5), and rare enough in
+/// practice (a value lies that near a switch with odds of about 1 in 1000) to cost little.
+pub const NEAR: f32 = 1.0 / 4096.0;
 
 /// Magnitudes are clamped to this before their position is taken, so that the top decade's
 /// position stays below its count of codes (the switch to the code of 1, which lies below,
@@ -299,6 +300,30 @@ mod tests {
                 assert!(top.next_down() / absmax < f32::from_bits(q.top_bits), "{absmax:e}");
             }
             assert!(answered as f64 > 0.6 * asked as f64, "{answered} of {asked} answered");
+        }
+    }
+
+    /// The margin [`NEAR`] rests on: every switch between codes below the code of 1 (the
+    /// first value of each bucket's end code, from the code table) lies within 2e-5 of its
+    /// position (an integer, or [`FIRST_SWITCH`]).
+    #[test]
+    fn every_switch_lies_near_its_position() {
+        use crate::q8::lut::{BUCKETS_PER_SIGN, BUCKET_SHIFT, SMALLEST};
+        for (map, table) in [(signed_map(), CodeTable::signed()), (unsigned_map(), CodeTable::unsigned())] {
+            let q = Quantizer::new(&map);
+            for (bucket, entry) in table.entries().iter().enumerate() {
+                let first = SMALLEST + (((bucket % BUCKETS_PER_SIGN) as u32) << BUCKET_SHIFT);
+                let at = first + (entry >> BUCKET_SHIFT);
+                if entry & 0xff == (entry >> 8) & 0xff || at >= q.top_bits {
+                    continue;
+                }
+                let m = f32::from_bits(at);
+                let binade = ((at >> 23).saturating_sub(FIRST_BINADE)) as usize;
+                let k = (q.binade_decade[binade] + i32::from(m >= q.binade_split[binade])) as usize;
+                let position = m.mul_add(q.scale[k], q.offset[k]);
+                let miss = (position - position.round_ties_even()).abs().min((position - FIRST_SWITCH).abs());
+                assert!(miss <= 2e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");
+            }
         }
     }
 

@@ -162,8 +162,9 @@ fearless_simd::kernel!(
             let near = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_switch, near)
                 | _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_first, near);
             if near != 0 {
-                for (code, value) in out.iter_mut().zip(chunk) {
-                    *code = table.code(value / absmax);
+                let quotients = bytemuck::cast::<__m512, [f32; L]>(_mm512_div_ps(v, _mm512_set1_ps(absmax)));
+                for (code, x) in out.iter_mut().zip(quotients) {
+                    *code = table.code(x);
                 }
                 continue;
             }
