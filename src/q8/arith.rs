@@ -16,9 +16,9 @@
 //! absmax)` instead of the rule's quotient `v / absmax` (a few ulps apart, far less than
 //! `NEAR`): the division, the slowest instruction of the loop, is left to the near values.
 //!
-//! The decade of `m` is the decade of its binade's start, plus one where the binade holds a
-//! decade's start (a binade spans a factor 2, so it holds at most one): two 32-entry tables
-//! indexed by the exponent, which a register permute reads. The decades' starts are put a
+//! The decade of `m` is the decade of its span's start, plus one where the span holds a
+//! decade's start (a span is two binades, a factor 4, so it holds at most one): two 16-entry
+//! tables indexed by the exponent's upper bits, which a register permute reads. The decades' starts are put a
 //! little below the powers of ten (`DECADE_START`): near a decade's start both decades give
 //! the same code (the last one of the decade below) and the position stays below the
 //! decade's count of codes.
@@ -44,9 +44,13 @@ pub const CLAMP: f32 = 0.999;
 /// A decade starts at this fraction of its power of ten (see the module docs).
 pub const DECADE_START: f64 = 0.998;
 
-/// The exponent field of the smallest binade with an entry of its own; smaller magnitudes
-/// (below 2^-24, far below the smallest codes) share its entry.
-pub const FIRST_BINADE: u32 = 103;
+/// The bits of the smallest magnitude given a position, 2^-24: smaller ones (far below the
+/// smallest codes, whose code is the code of 0 as its is) are raised to it, so that every
+/// magnitude's span (its bits shifted right by [`SPAN_SHIFT`], modulo 16) has an entry.
+pub const FLOOR: u32 = 103 << 23;
+
+/// A magnitude's bits shifted right by this, modulo 16, name its span: two binades.
+pub const SPAN_SHIFT: u32 = 24;
 
 /// Decades of a dynamic map.
 const DECADES: usize = 7;
@@ -58,11 +62,10 @@ pub struct Quantizer {
     pub signed: bool,
     /// The code of 0, which NaN and the infinities take.
     pub zero: u8,
-    /// Per binade (exponent field minus [`FIRST_BINADE`], at most 23 after the clamp): the
-    /// decade of its smallest magnitude.
-    pub binade_decade: [i32; 32],
-    /// Per binade: the start of the decade that begins inside it, or 2 (above any magnitude).
-    pub binade_split: [f32; 32],
+    /// Per span (see [`SPAN_SHIFT`]): the decade of its smallest magnitude.
+    pub span_decade: [i32; 16],
+    /// Per span: the start of the decade that begins inside it, or 2 (above any magnitude).
+    pub span_split: [f32; 16],
     /// Per decade: the position's slope.
     pub scale: [f32; 16],
     /// Per decade: the position's offset.
@@ -124,12 +127,15 @@ impl Quantizer {
         }
         assert_eq!(first, positive.len(), "codes outside the decades");
 
-        let (mut binade_decade, mut binade_split) = ([0i32; 32], [2f32; 32]);
-        for (e, (decade, split)) in binade_decade.iter_mut().zip(binade_split.iter_mut()).enumerate() {
-            let low = f32::from_bits((FIRST_BINADE + e as u32) << 23);
+        // Magnitudes from FLOOR to CLAMP lie in spans 51 to 63 (exponent fields 102 to 126),
+        // entries 3 to 15; entries 0 to 2 are never read.
+        assert!(FLOOR >> SPAN_SHIFT == 51 && CLAMP.to_bits() >> SPAN_SHIFT == 63);
+        let (mut span_decade, mut span_split) = ([0i32; 16], [2f32; 16]);
+        for (entry, (decade, split)) in span_decade.iter_mut().zip(span_split.iter_mut()).enumerate() {
+            let low = f32::from_bits((48 + entry as u32) << SPAN_SHIFT);
             let starts = (1..DECADES).map(|k| decade_start(k) as f32);
             *decade = starts.clone().filter(|&s| s <= low).count() as i32;
-            if let Some(s) = starts.clone().find(|&s| s > low && s < 2.0 * low) {
+            if let Some(s) = starts.clone().find(|&s| s > low && s < 4.0 * low) {
                 *split = s;
             }
         }
@@ -148,8 +154,8 @@ impl Quantizer {
         Quantizer {
             signed,
             zero: super::zero_code(map),
-            binade_decade,
-            binade_split,
+            span_decade,
+            span_split,
             scale,
             offset,
             base,
@@ -193,10 +199,10 @@ impl Quantizer {
             return Some(self.zero);
         }
         let negative = bits >> 31 == 1;
-        let clamped = magnitude.min(CLAMP.to_bits());
+        let clamped = magnitude.clamp(FLOOR, CLAMP.to_bits());
         let m = f32::from_bits(clamped);
-        let binade = ((clamped >> 23).saturating_sub(FIRST_BINADE)) as usize;
-        let k = (self.binade_decade[binade] + i32::from(m >= self.binade_split[binade])) as usize;
+        let span = (clamped >> SPAN_SHIFT) as usize % 16;
+        let k = (self.span_decade[span] + i32::from(m >= self.span_split[span])) as usize;
         let position = m.mul_add(self.scale[k], self.offset[k]);
         let j = if position < FIRST_SWITCH { -1 } else { position.floor() as i32 };
         let top = quotient >= f32::from_bits(self.top_bits);
@@ -318,8 +324,8 @@ mod tests {
                     continue;
                 }
                 let m = f32::from_bits(at);
-                let binade = ((at >> 23).saturating_sub(FIRST_BINADE)) as usize;
-                let k = (q.binade_decade[binade] + i32::from(m >= q.binade_split[binade])) as usize;
+                let span = (at.max(FLOOR) >> SPAN_SHIFT) as usize % 16;
+                let k = (q.span_decade[span] + i32::from(m >= q.span_split[span])) as usize;
                 let position = m.mul_add(q.scale[k], q.offset[k]);
                 let miss = (position - position.round_ties_even()).abs().min((position - FIRST_SWITCH).abs());
                 assert!(miss <= 2e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");

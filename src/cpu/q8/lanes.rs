@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use fearless_simd::Avx512;
 
-use crate::q8::arith::{Quantizer, CLAMP, FIRST_BINADE, FIRST_SWITCH, NEAR};
+use crate::q8::arith::{Quantizer, CLAMP, FIRST_SWITCH, FLOOR, NEAR, SPAN_SHIFT};
 use crate::q8::lut::{CodeTable, INFINITY};
 
 /// Lanes per register.
@@ -105,20 +105,14 @@ fearless_simd::kernel!(
             }
             return;
         }
-        let pair = |t: &[i32; 32]| -> [__m512i; 2] {
-            [
-                bytemuck::cast::<[i32; L], __m512i>(t[..L].try_into().unwrap_or([0; L])),
-                bytemuck::cast::<[i32; L], __m512i>(t[L..].try_into().unwrap_or([0; L])),
-            ]
-        };
-        let binade_decade = pair(&q.binade_decade);
-        let binade_split = pair(&bytemuck::cast::<[f32; 32], [i32; 32]>(q.binade_split));
+        let span_decade = bytemuck::cast::<[i32; L], __m512i>(q.span_decade);
+        let span_split = bytemuck::cast::<[f32; L], __m512>(q.span_split);
         let scale_k = bytemuck::cast::<[f32; L], __m512>(q.scale);
         let offset_k = bytemuck::cast::<[f32; L], __m512>(q.offset);
         let base_k = bytemuck::cast::<[i32; L], __m512i>(q.base);
         let reciprocal = _mm512_set1_ps(inverse);
         let (abs_mask, clamp) = (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(CLAMP.to_bits() as i32));
-        let first_binade = _mm512_set1_epi32(FIRST_BINADE as i32);
+        let smallest = _mm512_set1_epi32(FLOOR as i32);
         let (one, minus_one, zero_i) = (_mm512_set1_epi32(1), _mm512_set1_epi32(-1), _mm512_setzero_si512());
         let (first_switch, near) = (_mm512_set1_ps(FIRST_SWITCH), _mm512_set1_ps(NEAR));
         let (top_value, top_index) = (_mm512_set1_ps(q.top_value(absmax)), _mm512_set1_epi32(q.top_index));
@@ -133,14 +127,13 @@ fearless_simd::kernel!(
             let bits = _mm512_castps_si512(x);
             let magnitude = _mm512_and_si512(bits, abs_mask);
             let negative = _mm512_movepi32_mask(bits);
-            let clamped = _mm512_min_epu32(magnitude, clamp);
+            let clamped = _mm512_max_epu32(_mm512_min_epu32(magnitude, clamp), smallest);
             let m = _mm512_castsi512_ps(clamped);
-            // The decade: its binade's, plus one past a decade's start inside the binade.
-            let binade =
-                _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32::<23>(clamped), first_binade), zero_i);
-            let decade = _mm512_permutex2var_epi32(binade_decade[0], binade, binade_decade[1]);
-            let split =
-                _mm512_castsi512_ps(_mm512_permutex2var_epi32(binade_split[0], binade, binade_split[1]));
+            // The decade: its span's, plus one past a decade's start inside the span (the
+            // permutes read the low four bits of the span).
+            let span = _mm512_srli_epi32::<SPAN_SHIFT>(clamped);
+            let decade = _mm512_permutexvar_epi32(span, span_decade);
+            let split = _mm512_permutexvar_ps(span, span_split);
             let decade =
                 _mm512_mask_add_epi32(decade, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, split), decade, one);
             let position = _mm512_fmadd_ps(
