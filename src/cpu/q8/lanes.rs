@@ -1,9 +1,9 @@
-//! Dequantizing and requantizing a block sixteen lanes at a time with AVX-512 and no
-//! gathers: a code's value is read from the map held in sixteen registers (`vpermt2ps` looks
-//! up 32 entries per instruction, eight of them and a select per register of codes), and a
-//! value's code is computed by [`Quantizer`]'s arithmetic, the few registers with a lane near
-//! a switch between codes taking the exact rule ([`CodeTable::code`] of the quotient). The
-//! results are the portable loops' (`super::dequantize`, `super::quantize`) bit for bit.
+//! Dequantizing and requantizing a block with AVX-512 and no gathers: a code's value is read
+//! from the map's four byte planes held in registers (VBMI's `vpermt2b` looks up 128 bytes
+//! for 64 codes per instruction), and a value's code is computed sixteen lanes at a time by
+//! [`Quantizer`]'s arithmetic, the few registers with a lane near a switch between codes
+//! taking the exact rule ([`CodeTable::code`] of the quotient). The results are the portable
+//! loops' (`super::dequantize`, `super::quantize`) bit for bit.
 
 use std::arch::x86_64::*;
 
