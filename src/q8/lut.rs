@@ -37,6 +37,8 @@ pub struct CodeTable {
     /// The code of 0, which NaN and the infinities take.
     zero: u8,
     entries: Box<[u32]>,
+    /// The same codes by arithmetic, for the CPU backend's vector loops.
+    quantizer: super::arith::Quantizer,
 }
 
 /// The bucket of `x` (not NaN) and the bits of its clamped magnitude.
@@ -73,7 +75,12 @@ impl CodeTable {
             let switch = if start == end { 0 } else { hi };
             *entry = u32::from(start) | u32::from(end) << 8 | switch << BUCKET_SHIFT;
         }
-        CodeTable { map: *map, zero: super::zero_code(map), entries }
+        CodeTable {
+            map: *map,
+            zero: super::zero_code(map),
+            entries,
+            quantizer: super::arith::Quantizer::new(map),
+        }
     }
 
     /// The table of [`super::signed_map`], built once.
@@ -123,6 +130,12 @@ impl CodeTable {
         } else {
             code
         }
+    }
+
+    /// The constants that find the same codes by arithmetic on the value.
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+    pub(crate) fn quantizer(&self) -> &super::arith::Quantizer {
+        &self.quantizer
     }
 
     /// The entries, as the GPU kernels bind them.

@@ -16,6 +16,8 @@
 
 use crate::{Error, Result, StateKind};
 
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+pub(crate) mod arith;
 pub(crate) mod lut;
 
 /// Elements per block, each block with one f32 absmax.
