@@ -87,6 +87,7 @@ pub use algo::{
     AdEMAMix, Adagrad, Adam, Algorithm, DmlAdam, Lion, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
     RmsProp, ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars, Sgd, StateKind,
 };
+pub use algo::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;

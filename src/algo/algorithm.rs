@@ -3,6 +3,7 @@
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
 use crate::Lion;
+use crate::Muon;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Result, Sgd};
@@ -23,6 +24,8 @@ pub enum Algorithm {
     Lion(Lion),
     /// Schedule-Free AdamW.
     ScheduleFreeAdamW(ScheduleFreeAdamW),
+    /// Muon (2-D parameters only).
+    Muon(Muon),
     /// RMSprop, plain or centered, with or without momentum.
     RmsProp(RmsProp),
     /// AdEMAMix (bitsandbytes).
@@ -59,6 +62,12 @@ impl From<ScheduleFreeAdamW> for Algorithm {
     }
 }
 
+impl From<Muon> for Algorithm {
+    fn from(config: Muon) -> Self {
+        Algorithm::Muon(config)
+    }
+}
+
 impl From<RmsProp> for Algorithm {
     fn from(config: RmsProp) -> Self {
         Algorithm::RmsProp(config)
@@ -82,6 +91,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.validate(),
             Algorithm::Lion(c) => c.validate(),
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
+            Algorithm::Muon(c) => c.validate(),
             Algorithm::RmsProp(c) => c.validate(),
             Algorithm::AdEMAMix(c) => c.validate(),
         }
@@ -94,6 +104,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.kernel_step(t),
             Algorithm::Lion(c) => c.kernel_step(t),
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
+            Algorithm::Muon(c) => c.kernel_step(),
             Algorithm::RmsProp(c) => c.kernel_step(),
             Algorithm::AdEMAMix(c) => c.kernel_step(t),
         }
@@ -107,6 +118,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => Family::Adagrad,
             Algorithm::Lion(_) => Family::Lion,
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
+            Algorithm::Muon(_) => Family::Muon,
             Algorithm::RmsProp(_) => Family::RmsProp,
             Algorithm::AdEMAMix(_) => Family::Ademamix,
         }
@@ -120,6 +132,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr,
             Algorithm::Lion(c) => c.lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
+            Algorithm::Muon(c) => c.lr,
             Algorithm::RmsProp(c) => c.lr,
             Algorithm::AdEMAMix(c) => c.lr,
         }
@@ -133,6 +146,7 @@ impl Algorithm {
             Algorithm::Adagrad(c) => c.lr = lr,
             Algorithm::Lion(c) => c.lr = lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
+            Algorithm::Muon(c) => c.lr = lr,
             Algorithm::RmsProp(c) => c.lr = lr,
             Algorithm::AdEMAMix(c) => c.lr = lr,
         }
@@ -151,6 +165,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => &[StateKind::Sum],
             Algorithm::Lion(_) => &[StateKind::ExpAvg],
             Algorithm::ScheduleFreeAdamW(_) => &[StateKind::Z, StateKind::ExpAvgSq],
+            Algorithm::Muon(_) => &[StateKind::MomentumBuffer],
             Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
                 (false, false) => &[StateKind::SquareAvg],
                 (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
@@ -182,7 +197,7 @@ pub enum StateKind {
     ExpAvgSq,
     /// AMSGrad's running maximum of the second moment.
     MaxExpAvgSq,
-    /// SGD's momentum buffer.
+    /// SGD's momentum buffer (Muon's too).
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
@@ -228,6 +243,7 @@ impl Algorithm {
             Algorithm::Adagrad(_) => "Adagrad",
             Algorithm::Lion(_) => "Lion",
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
+            Algorithm::Muon(_) => "Muon",
             Algorithm::RmsProp(_) => "RMSprop",
             Algorithm::AdEMAMix(_) => "AdEMAMix",
         }

@@ -14,6 +14,7 @@
 //! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
 //! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
 //! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
+//! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
 
 mod adagrad;
 mod adam;
@@ -21,6 +22,7 @@ mod ademamix;
 mod algorithm;
 mod lion;
 mod momentum;
+mod muon;
 mod rmsprop;
 mod schedule_free;
 
@@ -30,6 +32,8 @@ pub use ademamix::AdEMAMix;
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub(crate) use muon::matrix_shapes;
+pub use muon::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use rmsprop::RmsProp;
 pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};

@@ -14,6 +14,7 @@ use crate::step::{
 };
 use crate::step::{AdemamixSwitches, AdemamixUniform};
 use crate::step::{LionSwitches, LionUniform};
+use crate::step::{MuonSwitches, MuonUniform};
 use crate::step::{RmsPropSwitches, RmsPropUniform};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
 
@@ -90,6 +91,7 @@ enum Update {
     Adagrad(AdagradUniform, Loops<AdagradUniform>),
     Lion(LionUniform, Loops<LionUniform>),
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
+    Muon(MuonUniform, Loops<MuonUniform>),
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
     Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
 }
@@ -106,6 +108,7 @@ pub(super) trait Leaves: Sized {
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
     fn lion() -> Loop<LionUniform, Self>;
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
+    fn muon() -> Loop<MuonUniform, Self>;
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
     fn ademamix() -> Loop<AdemamixUniform, Self>;
 }
@@ -131,6 +134,9 @@ impl<T: Element> Leaves for T {
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free::<T, S, W, F>
+    }
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon::<T>
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop::<T, M, W, C, B>
@@ -161,6 +167,9 @@ impl Leaves for f16 {
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free_f16::<S, W, F>
+    }
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon_f16
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop_f16::<M, W, C, B>
@@ -198,6 +207,7 @@ impl Kernel {
             Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
+            Update::Muon(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
         }
@@ -237,6 +247,10 @@ impl Update {
             KernelStep::ScheduleFree(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
+            }
+            KernelStep::Muon(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::Muon(u, loops!(muon_loop(switches, &u)))
             }
             KernelStep::RmsProp(switches, uniform) => {
                 let u = uniform.to_f32();
@@ -941,4 +955,32 @@ fn ademamix_f16(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
 
 fn ademamix_loop<E: Leaves>(_: &AdemamixSwitches, _: &AdemamixUniform) -> Loop<AdemamixUniform, E> {
     E::ademamix()
+}
+
+/// One element of `shaders/muon.wgsl`: the new parameter from `o`, the orthogonalized
+/// update (already scaled by the shape's ratio) that Muon's pass put in the gradient slot.
+#[inline(always)]
+fn muon_element(hp: &MuonUniform, p: f32, o: f32) -> f32 {
+    p * hp.decay - hp.lr * o
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn muon<E: Element>(hp: &MuonUniform, scale: f32, o: Operands<'_, E>) {
+    for (p, g) in o.param.iter_mut().zip(o.grad) {
+        *p = E::narrow(muon_element(hp, p.widen(), g.widen() * scale));
+    }
+}
+
+/// [`muon`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn muon_f16(hp: &MuonUniform, scale: f32, o: Operands<'_, f16>) {
+    f16_lanes::each(
+        [o.param],
+        o.grad,
+        #[inline(always)]
+        |g, [p]| [muon_element(hp, p, g * scale)],
+    );
+}
+
+fn muon_loop<E: Leaves>(_: &MuonSwitches, _: &MuonUniform) -> Loop<MuonUniform, E> {
+    E::muon()
 }

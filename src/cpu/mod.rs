@@ -32,6 +32,7 @@ mod convert;
 mod f16_lanes;
 mod host;
 mod kernels;
+mod muon;
 mod norm;
 mod q8;
 mod schedule_free;
@@ -81,6 +82,8 @@ pub struct CpuOptimizer {
     schedule_free: ScheduleFreeScalars,
     /// Which point the parameters hold (always train for other algorithms).
     mode: ScheduleFreeMode,
+    /// Muon: each parameter's (rows, cols); empty for the other algorithms.
+    muon_shapes: Vec<(usize, usize)>,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -187,6 +190,7 @@ impl CpuOptimizer {
             params.iter().map(|p| p.dtype()),
             "params",
         )?;
+        let muon_shapes = muon::check(&algorithm, &options, params.len())?;
         if let Some(config) = options.q8_states {
             crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
             let states = params
@@ -209,6 +213,7 @@ impl CpuOptimizer {
                 q8: Some((config, states)),
                 schedule_free: ScheduleFreeScalars::default(),
                 mode: ScheduleFreeMode::Train,
+                muon_shapes,
             });
         }
         let initial = algorithm.initial_state();
@@ -245,6 +250,7 @@ impl CpuOptimizer {
             q8: None,
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
+            muon_shapes,
         })
     }
 
@@ -430,6 +436,16 @@ impl CpuOptimizer {
             state: stochastic.state,
             streams,
         };
+        if let Algorithm::Muon(config) = &self.algorithm {
+            // The orthogonalized updates take the gradients' place; the elementwise loop
+            // keeps no state of its own (the momentum buffers were updated here).
+            let updates = muon::updates(config, &self.muon_shapes, grads, &mut self.state);
+            let grads: Vec<HostSlice<'_>> = updates.iter().map(|u| HostSlice::F32(u)).collect();
+            let mut no_state = vec![Vec::new(); grads.len()];
+            work::run(&kernel, &stores, params, &grads, &mut no_state, &mut self.compensation);
+            self.step = t;
+            return Ok(());
+        }
         work::run(&kernel, &stores, params, grads, &mut self.state, &mut self.compensation);
         self.step = t;
         self.schedule_free = schedule_free;

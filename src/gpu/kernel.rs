@@ -91,6 +91,7 @@ impl Program {
                 Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
                 Family::Lion => include_str!("../../shaders/lion.wgsl"),
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
+                Family::Muon => include_str!("../../shaders/muon.wgsl"),
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
             },
@@ -111,6 +112,9 @@ impl Program {
                 // Refused in capturable mode (`optimizer::validate`): its weights need the
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
+                // Refused in capturable mode (`optimizer::muon`): the orthogonalization runs on
+                // the host-mode uniforms.
+                Family::Muon => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
             },
@@ -839,6 +843,7 @@ pub(crate) mod tests {
     };
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
+    use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
     fn is_schedule_free(program: Program) -> bool {
@@ -884,6 +889,9 @@ pub(crate) mod tests {
             all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
         all.push(Switches::Ademamix(AdemamixSwitches));
+        for (momentum_pass, nesterov) in flags.iter().flat_map(|m| flags.map(move |n| (*m, n))) {
+            all.push(Switches::Muon(MuonSwitches { momentum_pass, nesterov }));
+        }
         all
     }
 
@@ -1153,6 +1161,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::ScheduleFree(_), true) => {
                                     rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
+                                }
+                                (Switches::Muon(_), false) => {
+                                    rust_members(MuonUniform::FIELDS, MuonUniform::OFFSETS)
+                                }
+                                (Switches::Muon(_), true) => {
+                                    rust_members(MuonUniform::FIELDS, MuonUniform64::OFFSETS)
                                 }
                                 (Switches::RmsProp(_), false) => {
                                     rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)

@@ -138,6 +138,10 @@ pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Re
             "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
              keep f32, f16 or bf16 state for it",
         ),
+        Algorithm::Muon(_) => Some(
+            "Muon has no 8-bit form (bitsandbytes has none; its momentum is orthogonalized as a \
+             whole matrix); keep f32, f16 or bf16 state for it",
+        ),
         Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
         _ => None,
     };

@@ -18,6 +18,7 @@ pub(crate) mod device;
 pub(crate) mod fields;
 mod lion;
 mod momentum;
+mod muon;
 mod rmsprop;
 pub(crate) mod rounding;
 mod schedule_free;
@@ -28,6 +29,7 @@ pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 pub(crate) use fields::Override;
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+pub(crate) use muon::{MuonSwitches, MuonUniform, MuonUniform64};
 pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
@@ -46,6 +48,8 @@ pub(crate) enum Family {
     Lion,
     /// Schedule-Free AdamW (the `schedulefree` package).
     ScheduleFree,
+    /// Muon's elementwise end (`torch.optim.Muon`): decay and the orthogonalized update.
+    Muon,
     /// RMSprop (PyTorch), plain or centered, with or without momentum.
     RmsProp,
     /// AdEMAMix (bitsandbytes).
@@ -60,6 +64,7 @@ impl Family {
             Family::Adagrad => "adagrad",
             Family::Lion => "lion",
             Family::ScheduleFree => "schedule_free",
+            Family::Muon => "muon",
             Family::RmsProp => "rmsprop",
             Family::Ademamix => "ademamix",
         }
@@ -91,6 +96,9 @@ impl Family {
                 State(StateKind::ExpAvgSq),
                 State(StateKind::KahanCompensation),
             ],
+            Family::Muon => {
+                &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)]
+            }
             Family::RmsProp => &[
                 Param,
                 Grad,
@@ -138,6 +146,9 @@ impl Family {
                 ParamCopy,
                 State(StateKind::KahanCompensation),
             ],
+            Family::Muon => {
+                &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)]
+            }
             Family::RmsProp => &[
                 Param,
                 State(StateKind::SquareAvg),
@@ -191,6 +202,7 @@ pub(crate) enum Switches {
     Adagrad(AdagradSwitches),
     Lion(LionSwitches),
     ScheduleFree(ScheduleFreeSwitches),
+    Muon(MuonSwitches),
     RmsProp(RmsPropSwitches),
     Ademamix(AdemamixSwitches),
 }
@@ -203,6 +215,7 @@ impl Switches {
             Switches::Adagrad(_) => Family::Adagrad,
             Switches::Lion(_) => Family::Lion,
             Switches::ScheduleFree(_) => Family::ScheduleFree,
+            Switches::Muon(_) => Family::Muon,
             Switches::RmsProp(_) => Family::RmsProp,
             Switches::Ademamix(_) => Family::Ademamix,
         }
@@ -216,6 +229,7 @@ impl Switches {
             Switches::Adagrad(s) => s.overrides(),
             Switches::Lion(s) => s.overrides(),
             Switches::ScheduleFree(s) => s.overrides(),
+            Switches::Muon(s) => s.overrides(),
             Switches::RmsProp(s) => s.overrides(),
             Switches::Ademamix(s) => s.overrides(),
         }
@@ -236,6 +250,8 @@ impl Switches {
             (Switches::Lion(_), true) => size_of::<LionUniform64>(),
             (Switches::ScheduleFree(_), false) => size_of::<ScheduleFreeUniform>(),
             (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
+            (Switches::Muon(_), false) => size_of::<MuonUniform>(),
+            (Switches::Muon(_), true) => size_of::<MuonUniform64>(),
             (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
             (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
             (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
@@ -251,6 +267,7 @@ impl Switches {
             Switches::Adagrad(_) => AdagradUniform::wgsl("Hyper"),
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
+            Switches::Muon(_) => MuonUniform::wgsl("Hyper"),
             Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
             Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
         }
@@ -265,6 +282,7 @@ pub(crate) enum KernelStep {
     Adagrad(AdagradSwitches, AdagradUniform64),
     Lion(LionSwitches, LionUniform64),
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
+    Muon(MuonSwitches, MuonUniform64),
     RmsProp(RmsPropSwitches, RmsPropUniform64),
     Ademamix(AdemamixSwitches, AdemamixUniform64),
 }
@@ -278,6 +296,7 @@ const _: () = assert!(std::mem::size_of::<MomentumUniform64>() as u64 <= UNIFORM
 const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<MuonUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 
@@ -293,6 +312,7 @@ impl KernelStep {
             KernelStep::Adagrad(s, _) => Switches::Adagrad(*s),
             KernelStep::Lion(s, _) => Switches::Lion(*s),
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
+            KernelStep::Muon(s, _) => Switches::Muon(*s),
             KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
             KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
         }
@@ -311,6 +331,7 @@ impl KernelStep {
             (KernelStep::Adagrad(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Muon(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adam(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
@@ -318,6 +339,7 @@ impl KernelStep {
             (KernelStep::Adagrad(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Muon(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
         }

@@ -120,6 +120,8 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::Lion => include_str!("../../../shaders/lion.wgsl"),
         // Refused with 8-bit state (`q8::check_options`); never composed.
         Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
+        // Refused with 8-bit state (`q8::check_algorithm`); never composed.
+        Family::Muon => include_str!("../../../shaders/muon.wgsl"),
         Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
         Family::Ademamix => include_str!("../../../shaders/ademamix.wgsl"),
     });

@@ -3,6 +3,7 @@
 //! comparing with the expected values that an independent implementation produced.
 
 mod case;
+mod muon;
 mod run;
 mod schedule_free;
 mod tally;

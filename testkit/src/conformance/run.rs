@@ -142,6 +142,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("schedulefree.AdamWScheduleFree", Kind::Trajectory) => {
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
+        ("torch.Muon", Kind::Trajectory) => super::muon::trajectory(case, backend, ctx).await?,
         ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)

@@ -20,6 +20,7 @@ pub mod ademamix;
 pub mod bnb;
 pub mod dtype;
 pub mod lion;
+pub mod muon;
 pub mod onnx;
 pub mod rmsprop;
 pub mod schedule_free;
@@ -32,6 +33,7 @@ pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSg
 pub use bnb::{bnb_rmsprop8bit_step, BnbRmsProp};
 pub use dtype::Storage;
 pub use lion::lion_step;
+pub use muon::muon_step;
 pub use onnx::{dml_adam, onnx_adagrad, onnx_adam, onnx_momentum, OnnxAdamOutputs, OnnxOutputs2};
 pub use rmsprop::{torch_rmsprop_step, TorchRmsPropState};
 pub use schedule_free::ScheduleFreeOracle;
