@@ -92,6 +92,8 @@ pub use algo::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
 pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
+/// Batched matrix products on the device (Muon's Newton-Schulz kernels), for a caller's own use.
+pub use gpu::matmul;
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
 pub(crate) use optimizer::OptimizerOptions;
 pub use optimizer::{Optimizer, OptimizerBuilder, ParamGroup};

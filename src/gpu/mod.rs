@@ -3,6 +3,7 @@
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;
+pub mod matmul;
 pub(crate) mod packing;
 pub(crate) mod pipeline;
 pub(crate) mod plan;

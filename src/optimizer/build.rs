@@ -55,6 +55,7 @@ impl Optimizer {
             group.algorithm.validate()?;
         }
         super::schedule_free::check_options(&groups, &options)?;
+        super::muon::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
@@ -174,6 +175,8 @@ impl Optimizer {
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
         let kept_len = kept.len();
+        let muon_groups: Vec<_> = kept.iter().map(|g| (g.algorithm, g.first..g.first + g.len)).collect();
+        let muon = super::muon::MuonGpu::new(ctx, &muon_groups, &options.param_shapes, params.len())?;
         let mut optimizer = Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -194,6 +197,7 @@ impl Optimizer {
             written: WrittenRanges::default(),
             disjoint_grads: Vec::new(),
             schedule_free: ScheduleFreeHost::new(kept_len),
+            muon,
         };
         optimizer.written = WrittenRanges::new(&optimizer);
         Ok(optimizer)

@@ -23,6 +23,7 @@ mod capturable;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
+mod muon;
 mod options;
 mod record;
 mod schedule_free;
@@ -104,6 +105,8 @@ pub struct Optimizer {
     disjoint_grads: Vec<Tensor>,
     /// Schedule-Free's per-group running values, the mode and the swap pass.
     schedule_free: ScheduleFreeHost,
+    /// Muon's scratch and its passes before the apply pass.
+    muon: muon::MuonGpu,
 }
 
 impl std::fmt::Debug for Optimizer {

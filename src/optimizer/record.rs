@@ -103,6 +103,7 @@ impl Optimizer {
         let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
             && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
+        self.bind_muon(grads)?;
         // The plain norm pass, built at the first step that needs it (with AMP and f32
         // gradients the unscale pass takes the norm instead).
         if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
@@ -142,6 +143,7 @@ impl Optimizer {
                 _ => {}
             }
         }
+        self.muon.record(&mut pass, &self.uniforms.bind_groups);
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
@@ -200,7 +202,15 @@ impl Optimizer {
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)
-                .map(|i| self.batch_item(scalars, program, &group.algorithm, i, &grads[i]))
+                .map(|i| {
+                    self.batch_item(
+                        scalars,
+                        program,
+                        &group.algorithm,
+                        i,
+                        self.muon.update(i).unwrap_or(&grads[i]),
+                    )
+                })
                 .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
