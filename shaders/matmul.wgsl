@@ -5,18 +5,19 @@
 // transposed operand (X^T in X X^T) or a transposed output is only other strides: no copy.
 // All operands live in the one f32 storage binding `data` (the caller's regions never
 // overlap C with A, B or D). The prelude (src/gpu/matmul.rs) declares `struct Mm`,
-// `TILE_M`, `TILE_N`, `TILE_K`, `FLAG_ADD`, `FLAG_ROUND_BF16`.
+// `TILE_M`, `TILE_N`, `TILE_K`, `MM_WG`, `BINDING_DATA`, `BINDING_PARAMS`,
+// `FLAG_ADD`, `FLAG_ROUND_BF16`.
 //
 // A workgroup of 16 x 16 invocations computes a TILE_M x TILE_N (64 x 64) block of C, each
 // invocation a 4 x 4 block, stepping through K by TILE_K with one tile of A and one of B
 // in workgroup memory (2 x 4 KiB). Sizes need not be multiples of the tiles: loads past an
 // edge read 0, stores past it are skipped.
 
-@group(0) @binding(0) var<storage, read_write> data: array<f32>;
-@group(0) @binding(1) var<uniform> mm: Mm;
+@group(0) @binding(BINDING_DATA) var<storage, read_write> data: array<f32>;
+@group(0) @binding(BINDING_PARAMS) var<uniform> mm: Mm;
 
-var<workgroup> a_tile: array<f32, 1024>; // TILE_M x TILE_K, row-major
-var<workgroup> b_tile: array<f32, 1024>; // TILE_K x TILE_N, row-major
+var<workgroup> a_tile: array<f32, TILE_M * TILE_K>; // row-major
+var<workgroup> b_tile: array<f32, TILE_K * TILE_N>; // row-major
 
 fn round_bf16(v: f32) -> f32 {
     let bits = bitcast<u32>(v);
@@ -27,7 +28,7 @@ fn round_bf16(v: f32) -> f32 {
     return bitcast<f32>(rounded & 0xffff0000u);
 }
 
-@compute @workgroup_size(16, 16, 1)
+@compute @workgroup_size(MM_WG, MM_WG, 1)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
@@ -40,8 +41,9 @@ fn main(
     let b_base = mm.b_offset + z * mm.b_batch;
     var acc: array<f32, 16>;
     for (var k0 = 0u; k0 < mm.k; k0 += TILE_K) {
-        for (var t = 0u; t < 4u; t++) {
-            let e = li + t * 256u;
+        // Each invocation loads TILE_M * TILE_K / (MM_WG * MM_WG) elements of each tile.
+        for (var t = 0u; t < TILE_M * TILE_K / (MM_WG * MM_WG); t++) {
+            let e = li + t * MM_WG * MM_WG;
             let ar = e / TILE_K;
             let ak = e % TILE_K;
             var av = 0.0;

@@ -5,12 +5,13 @@
 // workgroup's invocations and a fixed tree in workgroup memory: deterministic, no atomics.
 // With ROUND_BF16 every value is rounded to bfloat16 as torch's bfloat16 tensors are: U
 // as it is cast, the norm, eps, and the quotient. The prelude (src/gpu/matmul.rs)
-// declares `struct Norm`, `FLAG_ROUND_BF16` and `round_bf16`.
+// declares `struct Norm`, `NORM_WG` (a power of two), `BINDING_DATA`, `BINDING_PARAMS`,
+// `FLAG_ROUND_BF16` and `round_bf16`.
 
-@group(0) @binding(0) var<storage, read_write> data: array<f32>;
-@group(0) @binding(1) var<uniform> nm: Norm;
+@group(0) @binding(BINDING_DATA) var<storage, read_write> data: array<f32>;
+@group(0) @binding(BINDING_PARAMS) var<uniform> nm: Norm;
 
-var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial: array<f32, NORM_WG>;
 
 fn ns_round(v: f32) -> f32 {
     if ((nm.flags & FLAG_ROUND_BF16) != 0u) {
@@ -19,20 +20,20 @@ fn ns_round(v: f32) -> f32 {
     return v;
 }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size(NORM_WG, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let z = wg.x;
     let count = nm.rows * nm.cols;
     let u_base = nm.u_offset + z * count;
     let x_base = nm.x_offset + z * count;
     var sum = 0.0;
-    for (var e = li; e < count; e += 256u) {
+    for (var e = li; e < count; e += NORM_WG) {
         let v = ns_round(data[u_base + e]);
         sum = fma(v, v, sum);
     }
     partial[li] = sum;
     workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+    for (var stride = NORM_WG / 2u; stride > 0u; stride >>= 1u) {
         if (li < stride) {
             partial[li] += partial[li + stride];
         }
@@ -40,7 +41,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let norm = ns_round(max(ns_round(sqrt(partial[0])), ns_round(nm.eps)));
     let tall = nm.rows > nm.cols;
-    for (var e = li; e < count; e += 256u) {
+    for (var e = li; e < count; e += NORM_WG) {
         let r = e / nm.cols;
         let c = e % nm.cols;
         // X[c][r] (rows columns per row) for a tall matrix, X[r][c] otherwise.

@@ -16,6 +16,16 @@ use crate::{DType, Error, Result, Tensor};
 const TILE_M: u32 = 64;
 const TILE_N: u32 = 64;
 const TILE_K: u32 = 16;
+/// Invocations per side of a product's workgroup (each computes a 4 x 4 block).
+const MM_WG: u32 = 16;
+/// Invocations of a normalize workgroup (a power of two: its tree halves them).
+const NORM_WG: u32 = 256;
+/// The storage binding (all operands) and the uniform slot's binding.
+const BINDING_DATA: u32 = 0;
+const BINDING_PARAMS: u32 = 1;
+const _: () = assert!(TILE_M == 4 * MM_WG && TILE_N == 4 * MM_WG);
+const _: () = assert!((TILE_M * TILE_K) % (MM_WG * MM_WG) == 0 && TILE_M * TILE_K == TILE_K * TILE_N);
+const _: () = assert!(NORM_WG.is_power_of_two());
 /// `D` is added (`beta D`).
 const FLAG_ADD: u32 = 1;
 /// The result is rounded to bfloat16 before `scale`.
@@ -195,6 +205,8 @@ fn prelude() -> String {
     );
     s.push_str(&format!(
         "const TILE_M: u32 = {TILE_M}u;\nconst TILE_N: u32 = {TILE_N}u;\nconst TILE_K: u32 = {TILE_K}u;\n\
+         const MM_WG: u32 = {MM_WG}u;\nconst NORM_WG: u32 = {NORM_WG}u;\n\
+         const BINDING_DATA: u32 = {BINDING_DATA}u;\nconst BINDING_PARAMS: u32 = {BINDING_PARAMS}u;\n\
          const FLAG_ADD: u32 = {FLAG_ADD}u;\nconst FLAG_ROUND_BF16: u32 = {FLAG_ROUND_BF16}u;\n"
     ));
     s
@@ -229,7 +241,7 @@ impl MatrixKernels {
                 label: Some("wgpu-optim matmul"),
                 entries: &[
                     wgpu::BindGroupLayoutEntry {
-                        binding: 0,
+                        binding: BINDING_DATA,
                         visibility: wgpu::ShaderStages::COMPUTE,
                         ty: wgpu::BindingType::Buffer {
                             ty: wgpu::BufferBindingType::Storage { read_only: false },
@@ -239,7 +251,7 @@ impl MatrixKernels {
                         count: None,
                     },
                     wgpu::BindGroupLayoutEntry {
-                        binding: 1,
+                        binding: BINDING_PARAMS,
                         visibility: wgpu::ShaderStages::COMPUTE,
                         ty: wgpu::BindingType::Buffer {
                             ty: wgpu::BufferBindingType::Uniform,
@@ -291,9 +303,9 @@ impl MatrixKernels {
             label: Some("wgpu-optim matmul"),
             layout: &self.layout,
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: data.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: BINDING_DATA, resource: data.as_entire_binding() },
                 wgpu::BindGroupEntry {
-                    binding: 1,
+                    binding: BINDING_PARAMS,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: uniform,
                         offset: 0,
@@ -422,5 +434,47 @@ impl Matmul {
     /// The floating-point operations of one [`Self::record`].
     pub fn flops(&self) -> f64 {
         self.products.iter().map(Product::flops).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The span of struct `name` in `module`.
+    fn span(module: &naga::Module, name: &str) -> u32 {
+        module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .map(|(_, t)| match &t.inner {
+                naga::TypeInner::Struct { span, .. } => *span,
+                other => panic!("{name} is {other:?}"),
+            })
+            .unwrap_or_else(|| panic!("no struct {name}"))
+    }
+
+    #[test]
+    fn both_kernels_validate_and_their_structs_are_the_rust_ones() {
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        for source in [matmul_wgsl(), normalize_wgsl()] {
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(&source)));
+            validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
+            assert_eq!(span(&module, "Mm") as usize, std::mem::size_of::<MatmulParams>());
+            assert_eq!(span(&module, "Norm") as usize, std::mem::size_of::<NormParams>());
+        }
+    }
+
+    #[test]
+    fn a_product_past_the_data_is_refused() {
+        let view = MatrixView::row_major(0, 4, 4);
+        let product = Product::plain(4, 4, 4, view, view, MatrixView::row_major(16, 4, 4));
+        assert!(product.check(0, 32).is_ok());
+        assert!(matches!(product.check(0, 31), Err(Error::BadRange { .. })));
+        assert!(matches!(Product { batch: 0, ..product }.check(0, 32), Err(Error::BadRange { .. })));
     }
 }
