@@ -32,7 +32,7 @@ pub use ademamix::AdEMAMix;
 pub use algorithm::{Algorithm, StateKind};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
-pub(crate) use muon::matrix_shapes;
+pub(crate) use muon::{check_change as check_muon_change, matrix_shapes};
 pub use muon::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use rmsprop::RmsProp;
 pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};

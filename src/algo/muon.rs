@@ -20,7 +20,7 @@
 
 use super::{check, check_beta, check_finite, check_rate};
 use crate::step::{KernelStep, MuonSwitches, MuonUniform64};
-use crate::{Error, Result};
+use crate::{Algorithm, Error, Result};
 
 /// How the learning rate is scaled by the matrix's shape (torch's `adjust_lr_fn`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -197,4 +197,20 @@ pub(crate) fn matrix_shapes(
             }),
         })
         .collect()
+}
+
+/// Refuses a change of a group between Muon and another algorithm (the scratch and shapes
+/// are made at build time for the Muon groups only), by `set_group_algorithm` or a
+/// checkpoint's load, on both backends.
+pub(crate) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
+    let muon = |a: &Algorithm| matches!(a, Algorithm::Muon(_));
+    if muon(from) != muon(to) {
+        return Err(Error::ConflictingOptions {
+            first: "algorithm",
+            second: "set_group_algorithm",
+            reason: "a group changes between Muon and another algorithm only in a new optimizer (Muon's \
+                     scratch and shapes are made at build time)",
+        });
+    }
+    Ok(())
 }

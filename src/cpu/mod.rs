@@ -288,6 +288,7 @@ impl CpuOptimizer {
                 expected: self.algorithm.state_kinds().to_vec(),
             });
         }
+        crate::algo::check_muon_change(&self.algorithm, &algorithm)?;
         self.algorithm = algorithm;
         Ok(())
     }

@@ -1097,6 +1097,11 @@ pub(crate) mod tests {
                     })
                     // Schedule-Free has no capturable form (refused when the optimizer is built).
                     .filter(|scalars| !(is_schedule_free(program) && *scalars == Scalars::Device))
+                    // Nor has Muon (refused when the optimizer is built).
+                    .filter(|scalars| {
+                        !(matches!(program, Program::Update(Switches::Muon(_)))
+                            && *scalars == Scalars::Device)
+                    })
                     .flat_map(|scalars| {
                         let clips: &[bool] =
                             if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };

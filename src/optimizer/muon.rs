@@ -57,21 +57,6 @@ pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -
     Ok(())
 }
 
-/// Refuses a change of a group between Muon and another algorithm (the scratch and shapes
-/// are made at build time for the Muon groups only).
-pub(super) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
-    let muon = |a: &Algorithm| matches!(a, Algorithm::Muon(_));
-    if muon(from) != muon(to) {
-        return Err(Error::ConflictingOptions {
-            first: "algorithm",
-            second: "set_group_algorithm",
-            reason: "a group changes between Muon and another algorithm only in a new optimizer (Muon's \
-                     scratch and shapes are made at build time)",
-        });
-    }
-    Ok(())
-}
-
 /// One batch of Muon matrices of one shape in one group, with its scratch and dispatches.
 struct Chunk {
     group: usize,
