@@ -4,7 +4,8 @@
 //! parameter and state once. The reproduced sources: PyTorch's `torch.optim` ([`Adam`],
 //! AdamW, AMSGrad, [`Sgd`], [`Adagrad`], [`RmsProp`]), lion-pytorch ([`Lion`]),
 //! bitsandbytes ([`AdEMAMix`] and the 8-bit states of [`q8`]), the `schedulefree` package
-//! ([`ScheduleFreeAdamW`]), ONNX's
+//! ([`ScheduleFreeAdamW`]), `torch.optim.Muon` ([`Muon`], its Newton-Schulz products in
+//! [`matmul`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
 //! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
 //! `wgpu_optim_testkit::oracle`).

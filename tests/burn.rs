@@ -818,3 +818,17 @@ fn burns_adamw_defaults_by_name_are_burns() {
         "{err}"
     );
 }
+
+#[test]
+fn muon_is_refused_by_name_by_both_burn_front_ends() {
+    let shared = shared();
+    for result in [
+        FusedOptimizer::new(&shared, wgpu_optim::Muon::default()).map(|_| ()),
+        ModuleStep::builder().build(&shared, wgpu_optim::Muon::default()).map(|_| ()),
+    ] {
+        match result {
+            Err(wgpu_optim::Error::Burn { detail, .. }) => assert!(detail.contains("Muon"), "{detail}"),
+            other => panic!("expected Error::Burn naming Muon, got {other:?}"),
+        }
+    }
+}

@@ -248,6 +248,7 @@ impl FusedOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         super::schedule_free::refuse(&algorithm, "FusedOptimizer")?;
+        super::muon::refuse(&algorithm, "FusedOptimizer")?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm })
     }
 
