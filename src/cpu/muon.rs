@@ -7,6 +7,7 @@
 //! is rounded to bfloat16, as torch's bfloat16 tensors are after each op.
 
 use faer::linalg::matmul::matmul;
+use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::{Accum, MatMut, MatRef, Par};
 use half::{bf16, f16};
 
@@ -106,27 +107,24 @@ fn newton_schulz(config: &Muon, x: &mut Vec<f32>, rows: usize, cols: usize) {
     let mut n = vec![0f32; rows * rows];
     let mut next = vec![0f32; rows * cols];
     for _ in 0..config.ns_steps {
+        // M = X Xᵀ (the transpose is a view, never a copy) and N = b M + c M M are
+        // symmetric: only their lower halves are computed (half the products' work), then
+        // mirrored.
         {
-            // M = X Xᵀ: the transpose is a view, never a copy.
             let xr = MatRef::from_row_major_slice(x.as_slice(), rows, cols);
-            matmul(
-                MatMut::from_row_major_slice_mut(&mut m, rows, rows),
-                Accum::Replace,
-                xr,
-                xr.transpose(),
-                1.0,
-                par,
-            );
+            let dst = MatMut::from_row_major_slice_mut(&mut m, rows, rows);
+            lower(dst, Accum::Replace, xr, xr.transpose(), 1.0, par);
         }
+        mirror(&mut m, rows);
         round(&mut m);
-        // N = b M + c M M.
         for (n, m) in n.iter_mut().zip(&m) {
             *n = b * m;
         }
         {
             let mr = MatRef::from_row_major_slice(m.as_slice(), rows, rows);
-            matmul(MatMut::from_row_major_slice_mut(&mut n, rows, rows), Accum::Add, mr, mr, c, par);
+            lower(MatMut::from_row_major_slice_mut(&mut n, rows, rows), Accum::Add, mr, mr, c, par);
         }
+        mirror(&mut n, rows);
         round(&mut n);
         // X = a X + N X.
         for (o, v) in next.iter_mut().zip(x.iter()) {
@@ -139,6 +137,29 @@ fn newton_schulz(config: &Muon, x: &mut Vec<f32>, rows: usize, cols: usize) {
         }
         round(&mut next);
         std::mem::swap(x, &mut next);
+    }
+}
+
+/// The lower half (with the diagonal) of `dst = alpha lhs rhs` (or `+=`), for a product
+/// known to be symmetric.
+fn lower(
+    dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+    par: Par,
+) {
+    let full = BlockStructure::Rectangular;
+    triangular::matmul(dst, BlockStructure::TriangularLower, accum, lhs, full, rhs, full, alpha, par);
+}
+
+/// Copies the lower half of the `n` x `n` row-major `m` onto its upper half.
+fn mirror(m: &mut [f32], n: usize) {
+    for i in 0..n {
+        for j in i + 1..n {
+            m[i * n + j] = m[j * n + i];
+        }
     }
 }
 
