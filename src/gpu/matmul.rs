@@ -24,7 +24,7 @@ const NORM_WG: u32 = 256;
 const BINDING_DATA: u32 = 0;
 const BINDING_PARAMS: u32 = 1;
 const _: () = assert!(TILE_M == 4 * MM_WG && TILE_N == 4 * MM_WG);
-const _: () = assert!((TILE_M * TILE_K) % (MM_WG * MM_WG) == 0 && TILE_M * TILE_K == TILE_K * TILE_N);
+const _: () = assert!((TILE_M * TILE_K).is_multiple_of(MM_WG * MM_WG) && TILE_M * TILE_K == TILE_K * TILE_N);
 const _: () = assert!(NORM_WG.is_power_of_two());
 /// `D` is added (`beta D`).
 const FLAG_ADD: u32 = 1;

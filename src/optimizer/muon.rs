@@ -150,6 +150,10 @@ fn dispatches(rows: u32, cols: u32, nb: u32, config: &Muon) -> (Vec<u8>, Vec<Pro
     }
 }
 
+/// A Muon group's momentum pass for one gradient set: the group, the switches it was
+/// built for, the dispatch.
+type MomentumPass = (usize, Switches, Batch);
+
 /// The Muon part of a GPU optimizer: the kernels, every chunk's scratch, each parameter's
 /// `U` (the apply pass's gradient), and the momentum passes of recent gradient sets.
 #[derive(Default)]
@@ -159,7 +163,7 @@ pub(super) struct MuonGpu {
     /// Parameter i's `U` region (`None` outside Muon groups).
     updates: Vec<Option<Tensor>>,
     /// The momentum pass of each Muon group for a gradient set, most recent first.
-    bound: Vec<(Vec<Tensor>, Vec<(usize, Switches, Batch)>)>,
+    bound: Vec<(Vec<Tensor>, Vec<MomentumPass>)>,
 }
 
 impl MuonGpu {
@@ -177,7 +181,7 @@ impl MuonGpu {
         }
         let kernels = MatrixKernels::new(ctx)?;
         let limits = ctx.device().limits();
-        let max_elements = u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size) / 4;
+        let max_elements = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4;
         for (g, (algorithm, range)) in groups.iter().enumerate() {
             let Algorithm::Muon(config) = algorithm else { continue };
             let matrices = matrix_shapes(shapes, range.clone())?;
@@ -305,7 +309,7 @@ impl Optimizer {
             let step = config.momentum_step();
             let program = Program::Update(step.switches());
             let mut items = Vec::with_capacity(group.len);
-            for i in group.first..group.first + group.len {
+            for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
                 let Some(u) = self.muon.update(i) else { continue };
                 let u = Arg::new(format!("muon scratch[{i}]"), u);
                 let buffer = [Arg::new(format!("momentum_buffer[{i}]"), &self.state[i][0])];
@@ -314,7 +318,7 @@ impl Optimizer {
                     &[StateKind::MomentumBuffer],
                     SlotArgs {
                         param: u.clone(),
-                        grad: Arg::new(format!("grads[{i}]"), &grads[i]),
+                        grad: Arg::new(format!("grads[{i}]"), grad),
                         state: &buffer,
                         param_out: u,
                         state_out: &buffer,
