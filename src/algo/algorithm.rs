@@ -5,6 +5,7 @@ use crate::AdEMAMix;
 use crate::Adafactor;
 use crate::Lamb;
 use crate::Lion;
+use crate::Muon;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Result, Sgd};
@@ -27,6 +28,8 @@ pub enum Algorithm {
     ScheduleFreeAdamW(ScheduleFreeAdamW),
     /// Adafactor (PyTorch's).
     Adafactor(Adafactor),
+    /// Muon (2-D parameters only).
+    Muon(Muon),
     /// RMSprop, plain or centered, with or without momentum.
     RmsProp(RmsProp),
     /// AdEMAMix (bitsandbytes).
@@ -71,6 +74,12 @@ impl From<Adafactor> for Algorithm {
     }
 }
 
+impl From<Muon> for Algorithm {
+    fn from(config: Muon) -> Self {
+        Algorithm::Muon(config)
+    }
+}
+
 impl From<RmsProp> for Algorithm {
     fn from(config: RmsProp) -> Self {
         Algorithm::RmsProp(config)
@@ -101,6 +110,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.validate(),
             Algorithm::ScheduleFreeAdamW(c) => c.validate(),
             Algorithm::Adafactor(c) => c.validate(),
+            Algorithm::Muon(c) => c.validate(),
             Algorithm::RmsProp(c) => c.validate(),
             Algorithm::AdEMAMix(c) => c.validate(),
             Algorithm::Lamb(c) => c.validate(),
@@ -115,6 +125,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.kernel_step(t),
             Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
             Algorithm::Adafactor(c) => c.kernel_step(t),
+            Algorithm::Muon(c) => c.kernel_step(),
             Algorithm::RmsProp(c) => c.kernel_step(),
             Algorithm::AdEMAMix(c) => c.kernel_step(t),
             Algorithm::Lamb(c) => c.kernel_step(t),
@@ -130,6 +141,7 @@ impl Algorithm {
             Algorithm::Lion(_) => Family::Lion,
             Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
             Algorithm::Adafactor(_) => Family::Adafactor,
+            Algorithm::Muon(_) => Family::Muon,
             Algorithm::RmsProp(_) => Family::RmsProp,
             Algorithm::AdEMAMix(_) => Family::Ademamix,
             Algorithm::Lamb(_) => Family::Lamb,
@@ -145,6 +157,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr,
             Algorithm::Adafactor(c) => c.lr,
+            Algorithm::Muon(c) => c.lr,
             Algorithm::RmsProp(c) => c.lr,
             Algorithm::AdEMAMix(c) => c.lr,
             Algorithm::Lamb(c) => c.lr,
@@ -160,6 +173,7 @@ impl Algorithm {
             Algorithm::Lion(c) => c.lr = lr,
             Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
             Algorithm::Adafactor(c) => c.lr = lr,
+            Algorithm::Muon(c) => c.lr = lr,
             Algorithm::RmsProp(c) => c.lr = lr,
             Algorithm::AdEMAMix(c) => c.lr = lr,
             Algorithm::Lamb(c) => c.lr = lr,
@@ -182,6 +196,7 @@ impl Algorithm {
             // Its states depend on each tensor's shape (`row_var` and `col_var`, or `variance`:
             // `adafactor_state_kinds`) and are kept apart from the elementwise ones.
             Algorithm::Adafactor(_) => &[],
+            Algorithm::Muon(_) => &[StateKind::MomentumBuffer],
             Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
                 (false, false) => &[StateKind::SquareAvg],
                 (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
@@ -214,7 +229,7 @@ pub enum StateKind {
     ExpAvgSq,
     /// AMSGrad's running maximum of the second moment.
     MaxExpAvgSq,
-    /// SGD's momentum buffer.
+    /// SGD's momentum buffer (Muon's too).
     MomentumBuffer,
     /// Adagrad's sum of squared gradients.
     Sum,
@@ -271,6 +286,7 @@ impl Algorithm {
             Algorithm::Lion(_) => "Lion",
             Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
             Algorithm::Adafactor(_) => "Adafactor",
+            Algorithm::Muon(_) => "Muon",
             Algorithm::RmsProp(_) => "RMSprop",
             Algorithm::AdEMAMix(_) => "AdEMAMix",
             Algorithm::Lamb(_) => "Lamb",

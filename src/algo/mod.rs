@@ -16,6 +16,7 @@
 //! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
 //! | torch-optimizer `Lamb` | 1e-6 | added to `sqrt(exp_avg_sq)`, moments never corrected | from 1; `debias` corrects the step size |
 //! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
+//! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
 
 mod adafactor;
 mod adagrad;
@@ -25,6 +26,7 @@ mod algorithm;
 mod lamb;
 mod lion;
 mod momentum;
+mod muon;
 mod rmsprop;
 mod schedule_free;
 
@@ -44,6 +46,8 @@ pub(crate) use lamb::check_options as check_lamb_options;
 pub use lamb::{Lamb, LambNorms};
 pub use lion::Lion;
 pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub(crate) use muon::{check_change as check_muon_change, matrix_shapes};
+pub use muon::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use rmsprop::RmsProp;
 pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};

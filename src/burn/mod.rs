@@ -43,6 +43,7 @@ mod config;
 mod device;
 mod lease;
 mod module_step;
+mod muon;
 mod optimizer;
 mod record;
 mod schedule_free;

@@ -222,6 +222,7 @@ impl ModuleStepBuilder {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         super::adafactor::refuse(&algorithm, "ModuleStep")?;
+        super::muon::refuse(&algorithm, "ModuleStep")?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }

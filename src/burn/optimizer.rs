@@ -291,6 +291,7 @@ impl FusedOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         super::adafactor::refuse(&algorithm, "FusedOptimizer")?;
+        super::muon::refuse(&algorithm, "FusedOptimizer")?;
         Ok(FusedOptimizer { shared: shared.clone(), algorithm, mode: Arc::default() })
     }
 

@@ -7,6 +7,7 @@ use crate::Lion;
 use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Algorithm, Error, Result, Sgd};
+use crate::{Muon, MuonLrAdjust, NsPrecision};
 
 /// An optimizer's `param_groups` entry in JSON. Kept with the checkpoints (not with the
 /// algorithms) so that the `checkpoint` feature alone brings in serde_json.
@@ -40,6 +41,13 @@ impl Algorithm {
             Algorithm::Adafactor(c) => json!({
                 "optimizer": "Adafactor", "lr": c.lr, "beta2_decay": c.beta2_decay, "eps": [c.eps1, c.eps2],
                 "d": c.d, "weight_decay": c.weight_decay, "maximize": c.maximize,
+            }),
+            Algorithm::Muon(c) => json!({
+                "optimizer": "Muon", "lr": c.lr, "weight_decay": c.weight_decay, "momentum": c.momentum,
+                "nesterov": c.nesterov,
+                "ns_coefficients": [c.ns_coefficients.0, c.ns_coefficients.1, c.ns_coefficients.2],
+                "eps": c.eps, "ns_steps": c.ns_steps, "adjust_lr_fn": c.adjust_lr.torch_name(),
+                "ns_dtype": c.ns_precision.torch_name(),
             }),
             Algorithm::RmsProp(c) => json!({
                 "optimizer": "RMSprop", "lr": c.lr, "alpha": c.alpha, "eps": c.eps, "weight_decay": c.weight_decay,
@@ -160,6 +168,36 @@ impl Algorithm {
                     d: number("d")?,
                     weight_decay: number("weight_decay")?,
                     maximize: flag("maximize")?,
+                })
+            }
+            "Muon" => {
+                let [a, b, c] = numbers(map, "ns_coefficients")?;
+                let adjust_lr = match map.get("adjust_lr_fn") {
+                    None | Some(serde_json::Value::Null) => MuonLrAdjust::Original,
+                    Some(v) => v.as_str().and_then(MuonLrAdjust::from_torch_name).ok_or_else(|| {
+                        bad("`adjust_lr_fn` is not original, match_rms_adamw or spectral_unclamped".into())
+                    })?,
+                };
+                let ns_precision = match map.get("ns_dtype").and_then(|v| v.as_str()) {
+                    None | Some("bfloat16") => NsPrecision::BF16,
+                    Some("float32") => NsPrecision::F32,
+                    Some(_) => return Err(bad("`ns_dtype` is not bfloat16 or float32".into())),
+                };
+                let ns_steps = map
+                    .get("ns_steps")
+                    .and_then(|v| v.as_u64())
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| bad("`ns_steps` is missing or not a whole number >= 0".into()))?;
+                Algorithm::Muon(Muon {
+                    lr: number("lr")?,
+                    weight_decay: number("weight_decay")?,
+                    momentum: number("momentum")?,
+                    nesterov: flag("nesterov")?,
+                    ns_coefficients: (a, b, c),
+                    eps: number("eps")?,
+                    ns_steps,
+                    adjust_lr,
+                    ns_precision,
                 })
             }
             "RMSprop" => Algorithm::RmsProp(RmsProp {

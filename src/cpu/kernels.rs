@@ -15,6 +15,7 @@ use crate::step::{
 use crate::step::{AdemamixSwitches, AdemamixUniform};
 use crate::step::{LambSwitches, LambUniform};
 use crate::step::{LionSwitches, LionUniform};
+use crate::step::{MuonSwitches, MuonUniform};
 use crate::step::{RmsPropSwitches, RmsPropUniform};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
 
@@ -93,6 +94,7 @@ enum Update {
     ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
     /// Adafactor runs its own loops (`cpu::adafactor`): nothing elementwise to do here.
     Adafactor,
+    Muon(MuonUniform, Loops<MuonUniform>),
     RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
     Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
     Lamb(LambUniform, Loops<LambUniform>),
@@ -110,6 +112,7 @@ pub(super) trait Leaves: Sized {
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
     fn lion() -> Loop<LionUniform, Self>;
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
+    fn muon() -> Loop<MuonUniform, Self>;
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
     fn ademamix() -> Loop<AdemamixUniform, Self>;
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self>;
@@ -136,6 +139,9 @@ impl<T: Element> Leaves for T {
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free::<T, S, W, F>
+    }
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon::<T>
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop::<T, M, W, C, B>
@@ -169,6 +175,9 @@ impl Leaves for f16 {
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         schedule_free_f16::<S, W, F>
+    }
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon_f16
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
         rmsprop_f16::<M, W, C, B>
@@ -210,6 +219,7 @@ impl Kernel {
             Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Adafactor => {}
+            Update::Muon(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
             Update::Lamb(uniform, loops) => E::pick(loops)(uniform, scale, operands),
@@ -252,6 +262,10 @@ impl Update {
                 Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
             }
             KernelStep::Adafactor(..) => Update::Adafactor,
+            KernelStep::Muon(switches, uniform) => {
+                let u = uniform.to_f32();
+                Update::Muon(u, loops!(muon_loop(switches, &u)))
+            }
             KernelStep::RmsProp(switches, uniform) => {
                 let u = uniform.to_f32();
                 Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))
@@ -1004,4 +1018,32 @@ fn lamb_loop<E: Leaves>(_: &LambSwitches, u: &LambUniform) -> Loop<LambUniform, 
     } else {
         E::lamb_apply::<false>()
     }
+}
+
+/// One element of `shaders/muon.wgsl`: the new parameter from `o`, the orthogonalized
+/// update (already scaled by the shape's ratio) that Muon's pass put in the gradient slot.
+#[inline(always)]
+fn muon_element(hp: &MuonUniform, p: f32, o: f32) -> f32 {
+    p * hp.decay - hp.lr * o
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn muon<E: Element>(hp: &MuonUniform, scale: f32, o: Operands<'_, E>) {
+    for (p, g) in o.param.iter_mut().zip(o.grad) {
+        *p = E::narrow(muon_element(hp, p.widen(), g.widen() * scale));
+    }
+}
+
+/// [`muon`] on f16 operands, a register (sixteen or eight elements) at a time.
+fn muon_f16(hp: &MuonUniform, scale: f32, o: Operands<'_, f16>) {
+    f16_lanes::each(
+        [o.param],
+        o.grad,
+        #[inline(always)]
+        |g, [p]| [muon_element(hp, p, g * scale)],
+    );
+}
+
+fn muon_loop<E: Leaves>(_: &MuonSwitches, _: &MuonUniform) -> Loop<MuonUniform, E> {
+    E::muon()
 }

@@ -34,6 +34,7 @@ mod f16_lanes;
 mod host;
 mod kernels;
 mod lamb;
+mod muon;
 mod norm;
 mod q8;
 mod schedule_free;
@@ -87,6 +88,8 @@ pub struct CpuOptimizer {
     lamb_norms: Vec<crate::LambNorms>,
     /// Adafactor's states, one per parameter (empty for other algorithms).
     adafactor: Vec<adafactor::AdafactorTensor>,
+    /// Muon: each parameter's (rows, cols); empty for the other algorithms.
+    muon_shapes: Vec<(usize, usize)>,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -196,6 +199,7 @@ impl CpuOptimizer {
             params.iter().map(|p| p.dtype()),
             "params",
         )?;
+        let muon_shapes = muon::check(&algorithm, &options, params.len())?;
         if let Some(config) = options.q8_states {
             crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
             let states = params
@@ -220,6 +224,7 @@ impl CpuOptimizer {
                 mode: ScheduleFreeMode::Train,
                 lamb_norms: Vec::new(),
                 adafactor,
+                muon_shapes,
             });
         }
         let initial = algorithm.initial_state();
@@ -258,6 +263,7 @@ impl CpuOptimizer {
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
             adafactor,
+            muon_shapes,
         })
     }
 
@@ -297,6 +303,7 @@ impl CpuOptimizer {
                 expected: self.algorithm.state_kinds().to_vec(),
             });
         }
+        crate::algo::check_muon_change(&self.algorithm, &algorithm)?;
         self.algorithm = algorithm;
         Ok(())
     }
@@ -457,6 +464,16 @@ impl CpuOptimizer {
         if let Algorithm::Lamb(config) = &self.algorithm {
             let (state, compensation) = (&mut self.state, &mut self.compensation);
             self.lamb_norms = lamb::step(config, t, &stores, params, grads, state, compensation);
+            self.step = t;
+            return Ok(());
+        }
+        if let Algorithm::Muon(config) = &self.algorithm {
+            // The orthogonalized updates take the gradients' place; the elementwise loop
+            // keeps no state of its own (the momentum buffers were updated here).
+            let updates = muon::updates(config, &self.muon_shapes, grads, &mut self.state);
+            let grads: Vec<HostSlice<'_>> = updates.iter().map(|u| HostSlice::F32(u)).collect();
+            let mut no_state = vec![Vec::new(); grads.len()];
+            work::run(&kernel, &stores, params, &grads, &mut no_state, &mut self.compensation);
             self.step = t;
             return Ok(());
         }

@@ -93,6 +93,7 @@ impl Program {
                 Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
                 // Not elementwise: its own passes (`gpu::adafactor`), never composed here.
                 Family::Adafactor => "",
+                Family::Muon => include_str!("../../shaders/muon.wgsl"),
                 Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
                 Family::Lamb => include_str!("../../shaders/lamb.wgsl"),
@@ -115,6 +116,9 @@ impl Program {
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
                 Family::Adafactor => "",
+                // Refused in capturable mode (`optimizer::muon`): the orthogonalization runs on
+                // the host-mode uniforms.
+                Family::Muon => "",
                 Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
                 Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
                 // Refused in capturable mode (`optimizer::lamb::check_options`): its passes
@@ -858,6 +862,7 @@ pub(crate) mod tests {
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
     use crate::step::{LambUniform, LambUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
+    use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
     use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
     fn is_schedule_free(program: Program) -> bool {
@@ -903,6 +908,9 @@ pub(crate) mod tests {
             all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
         all.push(Switches::Ademamix(AdemamixSwitches));
+        for (momentum_pass, nesterov) in flags.iter().flat_map(|m| flags.map(move |n| (*m, n))) {
+            all.push(Switches::Muon(MuonSwitches { momentum_pass, nesterov }));
+        }
         all
     }
 
@@ -1113,6 +1121,11 @@ pub(crate) mod tests {
                     })
                     // Schedule-Free has no capturable form (refused when the optimizer is built).
                     .filter(|scalars| !(is_schedule_free(program) && *scalars == Scalars::Device))
+                    // Nor has Muon (refused when the optimizer is built).
+                    .filter(|scalars| {
+                        !(matches!(program, Program::Update(Switches::Muon(_)))
+                            && *scalars == Scalars::Device)
+                    })
                     .flat_map(|scalars| {
                         let clips: &[bool] =
                             if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
@@ -1183,6 +1196,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Adafactor(_), true) => {
                                     rust_members(AdafactorUniform::FIELDS, AdafactorUniform64::OFFSETS)
+                                }
+                                (Switches::Muon(_), false) => {
+                                    rust_members(MuonUniform::FIELDS, MuonUniform::OFFSETS)
+                                }
+                                (Switches::Muon(_), true) => {
+                                    rust_members(MuonUniform::FIELDS, MuonUniform64::OFFSETS)
                                 }
                                 (Switches::RmsProp(_), false) => {
                                     rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)

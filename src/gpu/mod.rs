@@ -5,6 +5,7 @@ mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;
 pub(crate) mod lamb;
+pub mod matmul;
 pub(crate) mod packing;
 pub(crate) mod pipeline;
 pub(crate) mod plan;

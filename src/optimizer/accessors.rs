@@ -85,6 +85,7 @@ impl Optimizer {
                 expected: group.algorithm.state_kinds().to_vec(),
             });
         }
+        crate::algo::check_muon_change(&group.algorithm, &algorithm)?;
         let variant_changed =
             algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();
         if let Some(device) = &self.device {

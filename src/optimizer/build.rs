@@ -57,6 +57,7 @@ impl Optimizer {
         super::schedule_free::check_options(&groups, &options)?;
         super::lamb::check_options(&groups, &options)?;
         super::adafactor::check_options(&groups, &options)?;
+        super::muon::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
@@ -177,6 +178,8 @@ impl Optimizer {
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
         let adafactor = super::adafactor::engine(ctx, &kept, &params, &options.param_shapes)?;
         let kept_len = kept.len();
+        let muon_groups: Vec<_> = kept.iter().map(|g| (g.algorithm, g.first..g.first + g.len)).collect();
+        let muon = super::muon::MuonGpu::new(ctx, &muon_groups, &options.param_shapes, params.len())?;
         let mut optimizer = Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -198,6 +201,7 @@ impl Optimizer {
             disjoint_grads: Vec::new(),
             schedule_free: ScheduleFreeHost::new(kept_len),
             adafactor,
+            muon,
         };
         optimizer.written = WrittenRanges::new(&optimizer);
         Ok(optimizer)

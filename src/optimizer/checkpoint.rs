@@ -261,6 +261,10 @@ impl Optimizer {
                 });
             }
         }
+        // A group moves between Muon and another algorithm only in a new optimizer.
+        for (group, (algorithm, _)) in self.groups.iter().zip(&checkpoint.groups) {
+            crate::algo::check_muon_change(&group.algorithm, algorithm)?;
+        }
         // Everything matches: write.
         for (_, tensor, data) in writes {
             if blocking {

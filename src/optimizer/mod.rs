@@ -25,6 +25,7 @@ mod checkpoint;
 mod clip;
 pub(crate) mod device;
 mod lamb;
+mod muon;
 mod options;
 mod record;
 mod schedule_free;
@@ -109,6 +110,8 @@ pub struct Optimizer {
     schedule_free: ScheduleFreeHost,
     /// Adafactor's passes and states, over its groups' parameters.
     adafactor: Option<crate::gpu::adafactor::AdafactorEngine>,
+    /// Muon's scratch and its passes before the apply pass.
+    muon: muon::MuonGpu,
 }
 
 impl std::fmt::Debug for Optimizer {

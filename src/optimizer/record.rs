@@ -107,6 +107,7 @@ impl Optimizer {
             && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
         self.bind_adafactor(grads)?;
+        self.bind_muon(grads)?;
         // The plain norm pass, built at the first step that needs it (with AMP and f32
         // gradients the unscale pass takes the norm instead).
         if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
@@ -146,6 +147,7 @@ impl Optimizer {
                 _ => {}
             }
         }
+        self.muon.record(&mut pass, &self.uniforms.bind_groups);
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
@@ -212,7 +214,15 @@ impl Optimizer {
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)
                 .filter(|_| !matches!(group.algorithm, Algorithm::Lamb(_)))
-                .map(|i| self.batch_item(scalars, program, &group.algorithm, i, &grads[i]))
+                .map(|i| {
+                    self.batch_item(
+                        scalars,
+                        program,
+                        &group.algorithm,
+                        i,
+                        self.muon.update(i).unwrap_or(&grads[i]),
+                    )
+                })
                 .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }

@@ -144,6 +144,10 @@ pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Re
             "Adafactor has no 8-bit form here: its factored state is already sublinear in the \
              parameter count (bitsandbytes has no Adafactor8bit)",
         ),
+        Algorithm::Muon(_) => Some(
+            "Muon has no 8-bit form (bitsandbytes has none; its momentum is orthogonalized as a \
+             whole matrix); keep f32, f16 or bf16 state for it",
+        ),
         Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
         Algorithm::Lamb(_) => Some(
             "LAMB has no 8-bit form (bitsandbytes' LAMB8bit is not implemented); keep f32, f16 or bf16 \

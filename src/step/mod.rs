@@ -20,6 +20,7 @@ pub(crate) mod fields;
 mod lamb;
 mod lion;
 mod momentum;
+mod muon;
 mod rmsprop;
 pub(crate) mod rounding;
 mod schedule_free;
@@ -32,6 +33,7 @@ pub(crate) use fields::Override;
 pub(crate) use lamb::{LambSwitches, LambUniform, LambUniform64};
 pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
 pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+pub(crate) use muon::{MuonSwitches, MuonUniform, MuonUniform64};
 pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
@@ -52,6 +54,8 @@ pub(crate) enum Family {
     ScheduleFree,
     /// Adafactor (PyTorch): not elementwise, it runs passes of its own.
     Adafactor,
+    /// Muon's elementwise end (`torch.optim.Muon`): decay and the orthogonalized update.
+    Muon,
     /// RMSprop (PyTorch), plain or centered, with or without momentum.
     RmsProp,
     /// AdEMAMix (bitsandbytes).
@@ -69,6 +73,7 @@ impl Family {
             Family::Lion => "lion",
             Family::ScheduleFree => "schedule_free",
             Family::Adafactor => "adafactor",
+            Family::Muon => "muon",
             Family::RmsProp => "rmsprop",
             Family::Ademamix => "ademamix",
             Family::Lamb => "lamb",
@@ -103,6 +108,9 @@ impl Family {
             ],
             // Its own passes bind their tensors (`gpu::adafactor`); never an elementwise kernel.
             Family::Adafactor => &[Param, Grad],
+            Family::Muon => {
+                &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)]
+            }
             Family::RmsProp => &[
                 Param,
                 Grad,
@@ -158,6 +166,9 @@ impl Family {
                 State(StateKind::KahanCompensation),
             ],
             Family::Adafactor => &[Param],
+            Family::Muon => {
+                &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)]
+            }
             Family::RmsProp => &[
                 Param,
                 State(StateKind::SquareAvg),
@@ -219,6 +230,7 @@ pub(crate) enum Switches {
     Lion(LionSwitches),
     ScheduleFree(ScheduleFreeSwitches),
     Adafactor(AdafactorSwitches),
+    Muon(MuonSwitches),
     RmsProp(RmsPropSwitches),
     Ademamix(AdemamixSwitches),
     Lamb(LambSwitches),
@@ -233,6 +245,7 @@ impl Switches {
             Switches::Lion(_) => Family::Lion,
             Switches::ScheduleFree(_) => Family::ScheduleFree,
             Switches::Adafactor(_) => Family::Adafactor,
+            Switches::Muon(_) => Family::Muon,
             Switches::RmsProp(_) => Family::RmsProp,
             Switches::Ademamix(_) => Family::Ademamix,
             Switches::Lamb(_) => Family::Lamb,
@@ -248,6 +261,7 @@ impl Switches {
             Switches::Lion(s) => s.overrides(),
             Switches::ScheduleFree(s) => s.overrides(),
             Switches::Adafactor(s) => s.overrides(),
+            Switches::Muon(s) => s.overrides(),
             Switches::RmsProp(s) => s.overrides(),
             Switches::Ademamix(s) => s.overrides(),
             Switches::Lamb(s) => s.overrides(),
@@ -271,6 +285,8 @@ impl Switches {
             (Switches::ScheduleFree(_), true) => size_of::<ScheduleFreeUniform64>(),
             (Switches::Adafactor(_), false) => size_of::<AdafactorUniform>(),
             (Switches::Adafactor(_), true) => size_of::<AdafactorUniform64>(),
+            (Switches::Muon(_), false) => size_of::<MuonUniform>(),
+            (Switches::Muon(_), true) => size_of::<MuonUniform64>(),
             (Switches::RmsProp(_), false) => size_of::<RmsPropUniform>(),
             (Switches::RmsProp(_), true) => size_of::<RmsPropUniform64>(),
             (Switches::Ademamix(_), false) => size_of::<AdemamixUniform>(),
@@ -289,6 +305,7 @@ impl Switches {
             Switches::Lion(_) => LionUniform::wgsl("Hyper"),
             Switches::ScheduleFree(_) => ScheduleFreeUniform::wgsl("Hyper"),
             Switches::Adafactor(_) => AdafactorUniform::wgsl("Hyper"),
+            Switches::Muon(_) => MuonUniform::wgsl("Hyper"),
             Switches::RmsProp(_) => RmsPropUniform::wgsl("Hyper"),
             Switches::Ademamix(_) => AdemamixUniform::wgsl("Hyper"),
             Switches::Lamb(_) => LambUniform::wgsl("Hyper"),
@@ -305,6 +322,7 @@ pub(crate) enum KernelStep {
     Lion(LionSwitches, LionUniform64),
     ScheduleFree(ScheduleFreeSwitches, ScheduleFreeUniform64),
     Adafactor(AdafactorSwitches, AdafactorUniform64),
+    Muon(MuonSwitches, MuonUniform64),
     RmsProp(RmsPropSwitches, RmsPropUniform64),
     Ademamix(AdemamixSwitches, AdemamixUniform64),
     Lamb(LambSwitches, LambUniform64),
@@ -320,6 +338,7 @@ const _: () = assert!(std::mem::size_of::<AdagradUniform64>() as u64 <= UNIFORM_
 const _: () = assert!(std::mem::size_of::<LionUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<ScheduleFreeUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdafactorUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
+const _: () = assert!(std::mem::size_of::<MuonUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<RmsPropUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<AdemamixUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
 const _: () = assert!(std::mem::size_of::<LambUniform64>() as u64 <= UNIFORM_SLOT_BYTES);
@@ -337,6 +356,7 @@ impl KernelStep {
             KernelStep::Lion(s, _) => Switches::Lion(*s),
             KernelStep::ScheduleFree(s, _) => Switches::ScheduleFree(*s),
             KernelStep::Adafactor(s, _) => Switches::Adafactor(*s),
+            KernelStep::Muon(s, _) => Switches::Muon(*s),
             KernelStep::RmsProp(s, _) => Switches::RmsProp(*s),
             KernelStep::Ademamix(s, _) => Switches::Ademamix(*s),
             KernelStep::Lamb(s, _) => Switches::Lamb(*s),
@@ -357,6 +377,7 @@ impl KernelStep {
             (KernelStep::Lion(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::ScheduleFree(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Adafactor(_, u), true) => copy(out, bytemuck::bytes_of(u)),
+            (KernelStep::Muon(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::RmsProp(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Ademamix(_, u), true) => copy(out, bytemuck::bytes_of(u)),
             (KernelStep::Lamb(_, u), true) => copy(out, bytemuck::bytes_of(u)),
@@ -366,6 +387,7 @@ impl KernelStep {
             (KernelStep::Lion(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::ScheduleFree(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Adafactor(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
+            (KernelStep::Muon(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::RmsProp(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Ademamix(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),
             (KernelStep::Lamb(_, u), false) => copy(out, bytemuck::bytes_of(&u.to_f32())),

@@ -122,6 +122,8 @@ pub(crate) fn compose(variant: &Variant) -> String {
         Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.
         Family::Adafactor => "",
+        // Refused with 8-bit state (`q8::check_algorithm`); never composed.
+        Family::Muon => include_str!("../../../shaders/muon.wgsl"),
         Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
         Family::Ademamix => include_str!("../../../shaders/ademamix.wgsl"),
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.

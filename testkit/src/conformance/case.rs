@@ -132,6 +132,21 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"],
     ),
     (
+        "torch.Muon",
+        Kind::Trajectory,
+        &[
+            "lr",
+            "weight_decay",
+            "momentum",
+            "nesterov",
+            "ns_coefficients",
+            "eps",
+            "ns_steps",
+            "adjust_lr_fn",
+            "ns_dtype",
+        ],
+    ),
+    (
         "torch.RMSprop",
         Kind::Trajectory,
         &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize", "max_norm", "norm_type"],

@@ -5,6 +5,7 @@
 mod adafactor;
 mod case;
 mod lamb;
+mod muon;
 mod run;
 mod schedule_free;
 mod tally;

@@ -146,6 +146,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             super::schedule_free::trajectory(case, backend, ctx).await?
         }
         ("torch.Adafactor", Kind::Trajectory) => super::adafactor::trajectory(case, backend, ctx).await?,
+        ("torch.Muon", Kind::Trajectory) => super::muon::trajectory(case, backend, ctx).await?,
         ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         ("torch_optimizer.Lamb", Kind::Trajectory) => super::lamb::trajectory(case, backend, ctx).await?,
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {

@@ -1,0 +1,480 @@
+//! Batched matrix products on the device (`shaders/matmul.wgsl`): tiled through workgroup
+//! memory, f32 accumulation, every operand addressed by an offset and three strides in one
+//! f32 tensor, so a transposed operand or output is indexing, never a copy; the batch index
+//! is the dispatch's z. Muon's Newton-Schulz iterations are sequences of these
+//! ([`crate::Muon`]); [`Matmul`] runs any sequence for a caller (and the tests and the bench).
+//!
+//! The per-dispatch parameters are one uniform slot each ([`MatmulParams`], [`NormParams`]),
+//! written once, and selected by a dynamic offset: recording a sequence creates nothing.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::gpu::GpuContext;
+use crate::{DType, Error, Result, Tensor};
+
+/// The output tile of one workgroup (rows x columns) and the depth of a step through K.
+const TILE_M: u32 = 64;
+const TILE_N: u32 = 64;
+const TILE_K: u32 = 16;
+/// Invocations per side of a product's workgroup (each computes a 4 x 4 block).
+const MM_WG: u32 = 16;
+/// Invocations of a normalize workgroup (a power of two: its tree halves them).
+const NORM_WG: u32 = 256;
+/// The storage binding (all operands) and the uniform slot's binding.
+const BINDING_DATA: u32 = 0;
+const BINDING_PARAMS: u32 = 1;
+const _: () = assert!(TILE_M == 4 * MM_WG && TILE_N == 4 * MM_WG);
+const _: () = assert!((TILE_M * TILE_K).is_multiple_of(MM_WG * MM_WG) && TILE_M * TILE_K == TILE_K * TILE_N);
+const _: () = assert!(NORM_WG.is_power_of_two());
+/// `D` is added (`beta D`).
+const FLAG_ADD: u32 = 1;
+/// The result is rounded to bfloat16 before `scale`.
+const FLAG_ROUND_BF16: u32 = 2;
+/// Bytes per uniform slot: WebGPU's largest `min_uniform_buffer_offset_alignment`.
+const SLOT: u64 = 256;
+
+/// Where a matrix lies in the data tensor: element `(z, r, c)` is
+/// `data[offset + z batch + r row + c col]`. A transposed view swaps `row` and `col`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatrixView {
+    /// The first element of matrix 0.
+    pub offset: u32,
+    /// Elements from one matrix of the batch to the next.
+    pub batch: u32,
+    /// Elements from one row to the next.
+    pub row: u32,
+    /// Elements from one column to the next.
+    pub col: u32,
+}
+
+impl MatrixView {
+    /// A row-major `rows` x `cols` matrix at `offset`, the batch's matrices back to back.
+    pub fn row_major(offset: u32, rows: u32, cols: u32) -> Self {
+        MatrixView { offset, batch: rows * cols, row: cols, col: 1 }
+    }
+
+    /// The same matrices transposed.
+    pub fn transposed(self) -> Self {
+        MatrixView { row: self.col, col: self.row, ..self }
+    }
+
+    /// The largest element index a `rows` x `cols` view of `batch` matrices touches.
+    fn last(&self, batch: u32, rows: u32, cols: u32) -> u64 {
+        let extent = |n: u32, stride: u32| u64::from(n.saturating_sub(1)) * u64::from(stride);
+        u64::from(self.offset) + extent(batch, self.batch) + extent(rows, self.row) + extent(cols, self.col)
+    }
+}
+
+/// One batched product `C = scale round(alpha A B + beta D)`: `A` is `m` x `k`, `B` is
+/// `k` x `n`, `C` and `D` are `m` x `n`, for `batch` matrices each.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Product {
+    /// Rows of `A` and `C`.
+    pub m: u32,
+    /// Columns of `B` and `C`.
+    pub n: u32,
+    /// Columns of `A`, rows of `B`.
+    pub k: u32,
+    /// Matrices in the batch (at most 65535, the dispatch's z).
+    pub batch: u32,
+    /// The left operand.
+    pub a: MatrixView,
+    /// The right operand.
+    pub b: MatrixView,
+    /// The output, which must not overlap `a`, `b` or `d`.
+    pub c: MatrixView,
+    /// `beta` and `D`, or nothing added.
+    pub add: Option<(f32, MatrixView)>,
+    /// The product's coefficient.
+    pub alpha: f32,
+    /// Round the result to bfloat16 (nearest even) before `scale`.
+    pub round_bf16: bool,
+    /// The factor of the (rounded) result.
+    pub scale: f32,
+}
+
+impl Product {
+    /// `C = A B` for one matrix of each, row-major, not rounded.
+    pub fn plain(m: u32, n: u32, k: u32, a: MatrixView, b: MatrixView, c: MatrixView) -> Self {
+        Product { m, n, k, batch: 1, a, b, c, add: None, alpha: 1.0, round_bf16: false, scale: 1.0 }
+    }
+
+    /// Multiply-adds of the product: `2 m n k` per matrix.
+    pub fn flops(&self) -> f64 {
+        2.0 * f64::from(self.m) * f64::from(self.n) * f64::from(self.k) * f64::from(self.batch)
+    }
+
+    pub(crate) fn params(&self) -> MatmulParams {
+        let (beta, d) = self.add.unwrap_or((0.0, MatrixView::default()));
+        let flags =
+            if self.add.is_some() { FLAG_ADD } else { 0 } | if self.round_bf16 { FLAG_ROUND_BF16 } else { 0 };
+        let [a, b, c, d] = [self.a, self.b, self.c, d].map(|v| [v.offset, v.batch, v.row, v.col]);
+        MatmulParams {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            flags,
+            a,
+            b,
+            d,
+            c,
+            alpha: self.alpha,
+            beta,
+            scale: self.scale,
+            reserved: 0,
+        }
+    }
+
+    /// Refuses a product that reads or writes past `len` elements or has an empty or too
+    /// large batch.
+    fn check(&self, index: usize, len: u64) -> Result<()> {
+        let bad = |problem: String| Error::BadRange { argument: format!("products[{index}]"), problem };
+        if self.batch == 0 || self.batch > 65535 {
+            return Err(bad(format!("batch {} is not 1 to 65535", self.batch)));
+        }
+        let mut views =
+            vec![("a", self.a, self.m, self.k), ("b", self.b, self.k, self.n), ("c", self.c, self.m, self.n)];
+        if let Some((_, d)) = self.add {
+            views.push(("d", d, self.m, self.n));
+        }
+        for (name, view, rows, cols) in views {
+            let last = view.last(self.batch, rows, cols);
+            if rows > 0 && cols > 0 && last >= len {
+                return Err(bad(format!("`{name}` reaches element {last}, past the data's {len}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn workgroups(&self) -> (u32, u32, u32) {
+        (self.n.div_ceil(TILE_N), self.m.div_ceil(TILE_M), self.batch)
+    }
+}
+
+/// `shaders/matmul.wgsl`'s `Mm`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    /// offset, batch, row, col of each operand.
+    a: [u32; 4],
+    b: [u32; 4],
+    d: [u32; 4],
+    c: [u32; 4],
+    alpha: f32,
+    beta: f32,
+    scale: f32,
+    reserved: u32,
+}
+
+/// `shaders/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` matrices at
+/// `u_offset`, normalized (transposed when tall) into `x_offset`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct NormParams {
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    pub(crate) u_offset: u32,
+    pub(crate) x_offset: u32,
+    pub(crate) flags: u32,
+    pub(crate) eps: f32,
+    pub(crate) reserved: [u32; 2],
+}
+
+impl NormParams {
+    pub(crate) const ROUND_BF16: u32 = FLAG_ROUND_BF16;
+}
+
+/// The WGSL declarations both shaders start with: the parameter structs (their fields as
+/// the Rust structs lay them out), the tile sizes and flags, `round_bf16`.
+fn prelude() -> String {
+    let mut s = String::new();
+    s.push_str("struct Mm {\n    m: u32,\n    n: u32,\n    k: u32,\n    flags: u32,\n");
+    for op in ["a", "b", "d", "c"] {
+        for field in ["offset", "batch", "row", "col"] {
+            s.push_str(&format!("    {op}_{field}: u32,\n"));
+        }
+    }
+    s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    reserved: u32,\n}\n");
+    s.push_str(
+        "struct Norm {\n    rows: u32,\n    cols: u32,\n    u_offset: u32,\n    x_offset: u32,\n    \
+         flags: u32,\n    eps: f32,\n    reserved0: u32,\n    reserved1: u32,\n}\n",
+    );
+    s.push_str(&format!(
+        "const TILE_M: u32 = {TILE_M}u;\nconst TILE_N: u32 = {TILE_N}u;\nconst TILE_K: u32 = {TILE_K}u;\n\
+         const MM_WG: u32 = {MM_WG}u;\nconst NORM_WG: u32 = {NORM_WG}u;\n\
+         const BINDING_DATA: u32 = {BINDING_DATA}u;\nconst BINDING_PARAMS: u32 = {BINDING_PARAMS}u;\n\
+         const FLAG_ADD: u32 = {FLAG_ADD}u;\nconst FLAG_ROUND_BF16: u32 = {FLAG_ROUND_BF16}u;\n"
+    ));
+    s
+}
+
+/// The full WGSL of the product kernel.
+pub(crate) fn matmul_wgsl() -> String {
+    prelude() + include_str!("../../shaders/matmul.wgsl")
+}
+
+/// The full WGSL of Muon's normalize kernel (it takes `round_bf16` from the product's file).
+pub(crate) fn normalize_wgsl() -> String {
+    let matmul = include_str!("../../shaders/matmul.wgsl");
+    let start = matmul.find("fn round_bf16").unwrap_or(0);
+    let end = matmul[start..].find("\n}\n").map_or(matmul.len(), |e| start + e + 3);
+    prelude() + &matmul[start..end] + include_str!("../../shaders/muon_normalize.wgsl")
+}
+
+/// The two pipelines and their layout: one f32 storage binding and one uniform slot
+/// selected by a dynamic offset.
+pub(crate) struct MatrixKernels {
+    layout: wgpu::BindGroupLayout,
+    matmul: wgpu::ComputePipeline,
+    normalize: wgpu::ComputePipeline,
+}
+
+impl MatrixKernels {
+    pub(crate) fn new(ctx: &GpuContext) -> Result<Self> {
+        let device = ctx.device();
+        ctx.catch("creating the matrix-product kernels", || {
+            let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("wgpu-optim matmul"),
+                entries: &[
+                    wgpu::BindGroupLayoutEntry {
+                        binding: BINDING_DATA,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: false },
+                            has_dynamic_offset: false,
+                            min_binding_size: wgpu::BufferSize::new(4),
+                        },
+                        count: None,
+                    },
+                    wgpu::BindGroupLayoutEntry {
+                        binding: BINDING_PARAMS,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Uniform,
+                            has_dynamic_offset: true,
+                            min_binding_size: wgpu::BufferSize::new(
+                                std::mem::size_of::<MatmulParams>().max(std::mem::size_of::<NormParams>())
+                                    as u64,
+                            ),
+                        },
+                        count: None,
+                    },
+                ],
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("wgpu-optim matmul"),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+            let pipeline = |label: &str, source: String| {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(label),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                });
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(label),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            };
+            MatrixKernels {
+                matmul: pipeline("wgpu-optim matmul", matmul_wgsl()),
+                normalize: pipeline("wgpu-optim muon normalize", normalize_wgsl()),
+                layout,
+            }
+        })
+    }
+
+    /// The bind group of `data` (the whole buffer) with the uniform slots in `uniform`.
+    pub(crate) fn bind(
+        &self,
+        ctx: &GpuContext,
+        data: &wgpu::Buffer,
+        uniform: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-optim matmul"),
+            layout: &self.layout,
+            entries: &[
+                wgpu::BindGroupEntry { binding: BINDING_DATA, resource: data.as_entire_binding() },
+                wgpu::BindGroupEntry {
+                    binding: BINDING_PARAMS,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: uniform,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(SLOT),
+                    }),
+                },
+            ],
+        })
+    }
+
+    /// Records `product`, whose parameters are uniform slot `slot`.
+    pub(crate) fn record_product(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &wgpu::BindGroup,
+        slot: u32,
+        product: &Product,
+    ) {
+        let (x, y, z) = product.workgroups();
+        pass.set_pipeline(&self.matmul);
+        pass.set_bind_group(0, group, &[slot * SLOT as u32]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// Records the normalize pass of `batch` matrices, whose parameters are slot `slot`.
+    pub(crate) fn record_normalize(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        group: &wgpu::BindGroup,
+        slot: u32,
+        batch: u32,
+    ) {
+        pass.set_pipeline(&self.normalize);
+        pass.set_bind_group(0, group, &[slot * SLOT as u32]);
+        pass.dispatch_workgroups(batch, 1, 1);
+    }
+}
+
+/// Uniform slots of 256 bytes, each holding one `T` (zero-padded).
+pub(crate) fn slots<T: Pod>(params: &[T]) -> Vec<u8> {
+    let mut bytes = vec![0u8; params.len().max(1) * SLOT as usize];
+    for (chunk, p) in bytes.chunks_exact_mut(SLOT as usize).zip(params) {
+        chunk[..std::mem::size_of::<T>()].copy_from_slice(bytemuck::bytes_of(p));
+    }
+    bytes
+}
+
+/// A uniform buffer holding `bytes`.
+pub(crate) fn uniform_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    use wgpu::util::DeviceExt;
+    ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(label),
+        contents: bytes,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    })
+}
+
+/// A sequence of batched products over one f32 tensor, built once and recorded any number
+/// of times into a caller's encoder (nothing is read back).
+///
+/// ```no_run
+/// # fn main() -> wgpu_optim::Result<()> {
+/// use wgpu_optim::matmul::{Matmul, MatrixView, Product};
+/// use wgpu_optim::GpuContext;
+/// let ctx = GpuContext::headless_blocking()?;
+/// // A (2 x 3), B (3 x 2) and C (2 x 2) back to back.
+/// let data = ctx.upload_f32("data", &[1., 2., 3., 4., 5., 6., 1., 0., 0., 1., 1., 1., 0., 0., 0., 0.]);
+/// let a = MatrixView::row_major(0, 2, 3);
+/// let b = MatrixView::row_major(6, 3, 2);
+/// let c = MatrixView::row_major(12, 2, 2);
+/// let matmul = Matmul::new(&ctx, &data, &[Product::plain(2, 2, 3, a, b, c)])?;
+/// ctx.submit("matmul", |encoder| {
+///     matmul.record(encoder);
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+pub struct Matmul {
+    kernels: MatrixKernels,
+    group: wgpu::BindGroup,
+    products: Vec<Product>,
+}
+
+impl Matmul {
+    /// The products, in order, over `data` (F32, on its own buffer at offset 0). Refused:
+    /// another dtype or offset ([`Error::DTypeMismatch`], [`Error::BadRange`]), or a product
+    /// that reaches past `data` or has no or too many matrices ([`Error::BadRange`]).
+    pub fn new(ctx: &GpuContext, data: &Tensor, products: &[Product]) -> Result<Self> {
+        if data.dtype != DType::F32 {
+            return Err(Error::DTypeMismatch {
+                argument: "data".into(),
+                got: data.dtype,
+                expected: "F32 (the products read and write f32)".into(),
+            });
+        }
+        if data.offset != 0 {
+            return Err(Error::BadRange {
+                argument: "data".into(),
+                problem: format!(
+                    "starts at byte {}, expected 0 (the kernel binds the whole buffer)",
+                    data.offset
+                ),
+            });
+        }
+        for (i, p) in products.iter().enumerate() {
+            p.check(i, data.len)?;
+        }
+        let kernels = MatrixKernels::new(ctx)?;
+        let params: Vec<MatmulParams> = products.iter().map(Product::params).collect();
+        let uniform = uniform_buffer(ctx, "wgpu-optim matmul params", &slots(&params));
+        let group = kernels.bind(ctx, &data.buffer, &uniform);
+        Ok(Matmul { kernels, group, products: products.to_vec() })
+    }
+
+    /// Records every product, in order, in one compute pass.
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("wgpu-optim matmul"),
+            timestamp_writes: None,
+        });
+        for (slot, product) in self.products.iter().enumerate() {
+            self.kernels.record_product(&mut pass, &self.group, slot as u32, product);
+        }
+    }
+
+    /// The floating-point operations of one [`Self::record`].
+    pub fn flops(&self) -> f64 {
+        self.products.iter().map(Product::flops).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The span of struct `name` in `module`.
+    fn span(module: &naga::Module, name: &str) -> u32 {
+        module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .map(|(_, t)| match &t.inner {
+                naga::TypeInner::Struct { span, .. } => *span,
+                other => panic!("{name} is {other:?}"),
+            })
+            .unwrap_or_else(|| panic!("no struct {name}"))
+    }
+
+    #[test]
+    fn both_kernels_validate_and_their_structs_are_the_rust_ones() {
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        );
+        for source in [matmul_wgsl(), normalize_wgsl()] {
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(&source)));
+            validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
+            assert_eq!(span(&module, "Mm") as usize, std::mem::size_of::<MatmulParams>());
+            assert_eq!(span(&module, "Norm") as usize, std::mem::size_of::<NormParams>());
+        }
+    }
+
+    #[test]
+    fn a_product_past_the_data_is_refused() {
+        let view = MatrixView::row_major(0, 4, 4);
+        let product = Product::plain(4, 4, 4, view, view, MatrixView::row_major(16, 4, 4));
+        assert!(product.check(0, 32).is_ok());
+        assert!(matches!(product.check(0, 31), Err(Error::BadRange { .. })));
+        assert!(matches!(Product { batch: 0, ..product }.check(0, 32), Err(Error::BadRange { .. })));
+    }
+}

@@ -1,0 +1,318 @@
+//! Muon (`torch.optim.Muon`): its public vectors on every backend, the refusals, 16-bit
+//! parameters and groups against the oracle, and the WGSL matrix product against an f64 one.
+
+mod common;
+
+use std::path::PathBuf;
+
+use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
+
+fn vector(name: &str) -> Case {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name);
+    Case::load(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const VECTORS: [&str; 2] = ["muon_bf16_rms.safetensors", "muon_f32_tall.safetensors"];
+
+fn passes(case: &Case, backend: Backend) {
+    let ctx = matches!(backend, Backend::GpuInPlace | Backend::GpuOutOfPlace).then(common::ctx);
+    let report = run_case(case, backend, ctx.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    match report.outcome {
+        Outcome::Pass => {}
+        other => panic!("{} on {}: {other:?}", case.name, backend.name()),
+    }
+}
+
+#[test]
+fn the_public_vectors_pass_on_the_oracle() {
+    for name in VECTORS {
+        passes(&vector(name), Backend::Oracle);
+    }
+}
+
+#[test]
+fn the_public_vectors_pass_on_the_cpu_backend() {
+    for name in VECTORS {
+        passes(&vector(name), Backend::Cpu);
+    }
+}
+
+#[test]
+fn the_public_vectors_pass_on_the_gpu_in_place_and_out_of_place() {
+    for name in VECTORS {
+        passes(&vector(name), Backend::GpuInPlace);
+        passes(&vector(name), Backend::GpuOutOfPlace);
+    }
+}
+
+/// `a` (`n` x `k`) times `b` (`k` x `m`), row-major, in f64.
+fn product_f64(a: &[f64], b: &[f64], n: usize, k: usize, m: usize) -> Vec<f64> {
+    let mut out = vec![0.0; n * m];
+    for i in 0..n {
+        for p in 0..k {
+            for j in 0..m {
+                out[i * m + j] += a[i * k + p] * b[p * m + j];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_wgsl_matmul_matches_an_f64_product_at_odd_sizes_with_a_transposed_operand() {
+    use wgpu_optim::matmul::{Matmul, MatrixView, Product};
+    let ctx = common::ctx();
+    let mut rng = common::Rng::new(31);
+    // Sizes off the 64 x 64 x 16 tiles; a batch of 2; B given as its transpose (k x n
+    // stored n x k), read through its strides; C = 0.5 A B + 2 D.
+    let (m, n, k, batch) = (67usize, 45usize, 33usize, 2usize);
+    let a = rng.vec(batch * m * k, 1.0);
+    let bt = rng.vec(batch * n * k, 1.0);
+    let d = rng.vec(batch * m * n, 1.0);
+    let round = |v: &[f64]| -> Vec<f64> { v.iter().map(|x| f64::from(*x as f32)).collect() };
+    let (a, bt, d) = (round(&a), round(&bt), round(&d));
+    let mut data = [a.clone(), bt.clone(), d.clone(), vec![0.0; batch * m * n]].concat();
+    data.push(0.0);
+    let tensor = ctx.upload("data", &data, wgpu_optim::DType::F32);
+    let (a_at, b_at, d_at, c_at) =
+        (0, batch * m * k, batch * (m * k + n * k), batch * (m * k + n * k + m * n));
+    let product = Product {
+        batch: batch as u32,
+        add: Some((2.0, MatrixView::row_major(d_at as u32, m as u32, n as u32))),
+        alpha: 0.5,
+        ..Product::plain(
+            m as u32,
+            n as u32,
+            k as u32,
+            MatrixView::row_major(a_at as u32, m as u32, k as u32),
+            MatrixView::row_major(b_at as u32, n as u32, k as u32).transposed(),
+            MatrixView::row_major(c_at as u32, m as u32, n as u32),
+        )
+    };
+    let matmul = Matmul::new(&ctx, &tensor, &[product]).unwrap();
+    ctx.submit("matmul", |encoder| {
+        matmul.record(encoder);
+        Ok(())
+    })
+    .unwrap();
+    let got = ctx.read(&tensor).unwrap();
+    for z in 0..batch {
+        let az = &a[z * m * k..(z + 1) * m * k];
+        let btz = &bt[z * n * k..(z + 1) * n * k];
+        let mut b = vec![0.0; k * n];
+        for j in 0..n {
+            for p in 0..k {
+                b[p * n + j] = btz[j * k + p];
+            }
+        }
+        let ab = product_f64(az, &b, m, k, n);
+        for e in 0..m * n {
+            let want = 0.5 * ab[e] + 2.0 * d[z * m * n + e];
+            let got = got[c_at + z * m * n + e];
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "matrix {z} element {e}: {got} != {want}"
+            );
+        }
+    }
+    // Nothing past the output was written.
+    assert_eq!(got[data.len() - 1], 0.0);
+    assert_eq!(&got[..c_at], &data[..c_at]);
+}
+
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind};
+use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, TorchAdamState};
+
+/// A GPU build with `shapes` refused as `check` expects, the parameter unchanged.
+fn gpu_refuses(algorithm: Muon, len: usize, shapes: Vec<Vec<usize>>, check: impl Fn(&Error)) {
+    let ctx = common::ctx();
+    let values = common::Rng::new(7).vec(len, 1.0);
+    let param = ctx.upload("p", &values, DType::F32);
+    let err = Optimizer::builder()
+        .param_shapes(shapes)
+        .build(&ctx, algorithm, std::slice::from_ref(&param))
+        .unwrap_err();
+    check(&err);
+    assert_eq!(ctx.read(&param).unwrap(), values, "a refused build changed the parameter");
+}
+
+/// The same on the CPU backend.
+fn cpu_refuses(algorithm: Muon, len: usize, shapes: Vec<Vec<usize>>, check: impl Fn(&Error)) {
+    let values: Vec<f32> = common::to_f32(&common::Rng::new(7).vec(len, 1.0));
+    let err = CpuOptimizer::builder()
+        .param_shapes(shapes)
+        .build(algorithm, &[HostSlice::from(&values[..])])
+        .unwrap_err();
+    check(&err);
+}
+
+fn bad_shape(expected_shape: Vec<usize>) -> impl Fn(&Error) {
+    move |err| match err {
+        Error::BadShape { param: 0, shape, algorithm: "Muon", .. } => assert_eq!(*shape, expected_shape),
+        other => panic!("expected BadShape, got {other:?}"),
+    }
+}
+
+#[test]
+fn muon_refuses_1d_and_3d_parameters_by_shape_on_both_backends() {
+    gpu_refuses(Muon::default(), 24, vec![vec![24]], bad_shape(vec![24]));
+    gpu_refuses(Muon::default(), 24, vec![vec![2, 3, 4]], bad_shape(vec![2, 3, 4]));
+    cpu_refuses(Muon::default(), 24, vec![vec![24]], bad_shape(vec![24]));
+    cpu_refuses(Muon::default(), 24, vec![vec![2, 3, 4]], bad_shape(vec![2, 3, 4]));
+}
+
+#[test]
+fn muon_without_shapes_needs_the_param_shapes_option() {
+    let needs = |err: &Error| match err {
+        Error::NeedsOption { option: "param_shapes", what } => assert_eq!(what, "Muon"),
+        other => panic!("expected NeedsOption, got {other:?}"),
+    };
+    gpu_refuses(Muon::default(), 24, Vec::new(), needs);
+    cpu_refuses(Muon::default(), 24, Vec::new(), needs);
+}
+
+#[test]
+fn muon_refuses_zero_newton_schulz_steps() {
+    let config = Muon { ns_steps: 0, ..Muon::default() };
+    let refused = |err: &Error| match err {
+        Error::BadHyperparameter { name: "ns_steps", .. } => {}
+        other => panic!("expected BadHyperparameter ns_steps, got {other:?}"),
+    };
+    gpu_refuses(config, 24, vec![vec![4, 6]], refused);
+    cpu_refuses(config, 24, vec![vec![4, 6]], refused);
+    assert!(wgpu_optim::Algorithm::from(config).validate().is_err());
+}
+
+#[test]
+fn muon_refuses_clipping_capturable_and_8bit_state() {
+    let ctx = common::ctx();
+    let param = ctx.upload("p", &[0.5; 24], DType::F32);
+    let shapes = vec![vec![4, 6]];
+    let params = std::slice::from_ref(&param);
+    let clip = wgpu_optim::GradClip::l2(1.0);
+    for builder in [
+        Optimizer::builder().param_shapes(shapes.clone()).grad_clip(clip),
+        Optimizer::builder().param_shapes(shapes.clone()).capturable(true),
+        Optimizer::builder().param_shapes(shapes.clone()).q8_states(wgpu_optim::q8::Q8States::default()),
+    ] {
+        match builder.build(&ctx, Muon::default(), params) {
+            Err(Error::ConflictingOptions { .. }) => {}
+            other => panic!("expected ConflictingOptions, got {other:?}"),
+        }
+    }
+}
+
+/// The oracle's Muon trajectory of one matrix, each step's parameter and buffer rounded to
+/// `dtype` as the optimizer stores them.
+fn oracle_trajectory(
+    config: &Muon,
+    p0: &[f64],
+    grads: &[Vec<f64>],
+    shape: (usize, usize),
+    dtype: DType,
+) -> Vec<f64> {
+    let round = |v: &mut [f64]| v.iter_mut().for_each(|x| *x = dtype.round(*x));
+    let mut p = p0.to_vec();
+    let mut buf = vec![0.0; p.len()];
+    for g in grads {
+        muon_step(config, &mut p, g, &mut buf, shape.0, shape.1);
+        round(&mut p);
+        round(&mut buf);
+    }
+    p
+}
+
+fn close(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (e, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= atol + rtol * w.abs(), "{what}: element {e}: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn muon_on_f16_and_bf16_parameters_follows_the_oracle_on_both_backends() {
+    let ctx = common::ctx();
+    let shape = (24, 10);
+    let len = shape.0 * shape.1;
+    let mut rng = common::Rng::new(11);
+    for dtype in [DType::F16, DType::BF16] {
+        for precision in [NsPrecision::BF16, NsPrecision::F32] {
+            let config = Muon { lr: 0.02, ns_precision: precision, ..Muon::default() };
+            let p0: Vec<f64> = rng.vec(len, 1.0).into_iter().map(|v| dtype.round(v)).collect();
+            let grads: Vec<Vec<f64>> =
+                (0..3).map(|_| rng.vec(len, 0.1).into_iter().map(|v| dtype.round(v)).collect()).collect();
+            let want = oracle_trajectory(&config, &p0, &grads, shape, dtype);
+            // One storage ulp of the parameter (a value near a rounding tie may land on
+            // either side) plus bfloat16 Newton-Schulz's tolerance of the vectors.
+            let (rtol, atol) = (8e-3, 2e-3);
+            let param = ctx.upload("p", &p0, dtype);
+            let grad = ctx.zeros("g", len as u64, dtype);
+            let mut opt = Optimizer::builder()
+                .param_shapes(vec![vec![shape.0, shape.1]])
+                .build(&ctx, config, std::slice::from_ref(&param))
+                .unwrap();
+            for g in &grads {
+                ctx.write(&grad, g).unwrap();
+                opt.step(std::slice::from_ref(&grad)).unwrap();
+            }
+            close(&ctx.read(&param).unwrap(), &want, rtol, atol, &format!("GPU {dtype:?} {precision:?}"));
+            let mut host = HostTensor::from_f64(dtype, &p0).unwrap();
+            let mut cpu = CpuOptimizer::builder()
+                .param_shapes(vec![vec![shape.0, shape.1]])
+                .build(config, &[host.as_slice()])
+                .unwrap();
+            for g in &grads {
+                let g = HostTensor::from_f64(dtype, g).unwrap();
+                cpu.step(&mut [host.as_mut_slice()], &[g.as_slice()]).unwrap();
+            }
+            close(&host.to_f64(), &want, rtol, atol, &format!("CPU {dtype:?} {precision:?}"));
+            assert!(cpu.state(0, StateKind::MomentumBuffer).is_some());
+        }
+    }
+}
+
+#[test]
+fn a_muon_group_beside_an_adamw_group_follows_the_oracle() {
+    let ctx = common::ctx();
+    let mut rng = common::Rng::new(5);
+    // Two matrices of one shape (one batch), one of another (tall), and a bias for AdamW.
+    let shapes = vec![vec![12, 20], vec![12, 20], vec![30, 8], vec![20]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let p0: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 0.1)).collect()).collect();
+    let muon = Muon { lr: 0.02, nesterov: false, ns_precision: NsPrecision::F32, ..Muon::default() };
+    let adamw = Adam { lr: 0.01, ..Adam::adamw() };
+    let params: Vec<_> = p0.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+    let grad_tensors: Vec<_> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
+    let mut opt = Optimizer::builder()
+        .param_shapes(shapes.clone())
+        .build_groups(&ctx, vec![ParamGroup::new(muon, &params[..3]), ParamGroup::new(adamw, &params[3..])])
+        .unwrap();
+    let mut want = p0.clone();
+    let mut buffers: Vec<Vec<f64>> = lens.iter().map(|&n| vec![0.0; n]).collect();
+    let mut adam_state =
+        TorchAdamState { exp_avg: vec![0.0; lens[3]], exp_avg_sq: vec![0.0; lens[3]], ..Default::default() };
+    for step in &grads {
+        for (t, g) in grad_tensors.iter().zip(step) {
+            ctx.write(t, g).unwrap();
+        }
+        opt.step(&grad_tensors).unwrap();
+        for i in 0..3 {
+            muon_step(&muon, &mut want[i], &step[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
+        }
+        torch_adam_step(&adamw, &mut want[3], &step[3], &mut adam_state);
+    }
+    for (i, p) in params.iter().enumerate() {
+        close(&ctx.read(p).unwrap(), &want[i], 1e-4, 1e-5, &format!("param {i}"));
+        let buffer = ctx.read(opt.state(i, StateKind::MomentumBuffer).unwrap_or(p)).unwrap();
+        if i < 3 {
+            close(&buffer, &buffers[i], 1e-5, 1e-6, &format!("momentum_buffer {i}"));
+        }
+    }
+    // A group moves between Muon and another algorithm only in a new optimizer.
+    assert!(matches!(
+        opt.set_group_algorithm(0, wgpu_optim::Sgd { momentum: 0.9, ..Default::default() }),
+        Err(Error::ConflictingOptions { .. })
+    ));
+}
