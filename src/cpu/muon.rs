@@ -102,7 +102,11 @@ fn newton_schulz(config: &Muon, x: &mut Vec<f32>, rows: usize, cols: usize) {
     round(x);
     let (a, b, c) = config.ns_coefficients;
     let (a, b, c) = (a as f32, b as f32, c as f32);
+    // rayon's pool natively; in a browser (faer built without it, no threads) one thread.
+    #[cfg(not(target_arch = "wasm32"))]
     let par = Par::rayon(0);
+    #[cfg(target_arch = "wasm32")]
+    let par = Par::Seq;
     let mut m = vec![0f32; rows * rows];
     let mut n = vec![0f32; rows * rows];
     let mut next = vec![0f32; rows * cols];
