@@ -6,6 +6,7 @@ pub(crate) mod kernel;
 pub(crate) mod packing;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod q4;
 pub(crate) mod q8;
 pub(crate) mod table;
 pub(crate) mod transfer;

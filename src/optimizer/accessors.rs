@@ -70,6 +70,9 @@ impl Optimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
+        if self.q4.is_some() {
+            crate::q4::check_algorithm(&algorithm)?;
+        }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
@@ -86,6 +89,9 @@ impl Optimizer {
             }
         }
         if let Some(engine) = &mut self.q8 {
+            engine.set_algorithm(g, &algorithm);
+        }
+        if let Some(engine) = &mut self.q4 {
             engine.set_algorithm(g, &algorithm);
         }
         group.algorithm = algorithm;

@@ -142,6 +142,7 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         Kind::Trajectory,
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "min_8bit_size", "block_size"],
     ),
+    ("torchao.AdamW4bit", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"]),
 ];
 
 impl Case {

@@ -2,6 +2,7 @@
 //! refusing what this reader does not implement, running it on the GPU or the oracle, and
 //! comparing with the expected values that an independent implementation produced.
 
+mod ao4;
 mod case;
 mod run;
 mod schedule_free;

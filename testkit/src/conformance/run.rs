@@ -63,6 +63,9 @@ impl Backend {
         if case.kind == Kind::Trajectory && case.op.starts_with("schedulefree.") {
             backends.push(Backend::Cpu);
         }
+        if case.kind == Kind::Trajectory && case.op.starts_with("torchao.") {
+            backends.push(Backend::Cpu);
+        }
         backends
     }
 
@@ -146,6 +149,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
         }
+        ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))

@@ -17,6 +17,7 @@
 use wgpu_optim as api;
 
 pub mod ademamix;
+pub mod ao4;
 pub mod bnb;
 pub mod dtype;
 pub mod lion;
@@ -26,6 +27,7 @@ pub mod schedule_free;
 pub mod torch;
 
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
+pub use ao4::ao4_adam_step;
 pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};

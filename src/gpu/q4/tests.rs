@@ -1,0 +1,1 @@
+//! The 4-bit kernels against the oracle.
