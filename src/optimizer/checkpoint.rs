@@ -86,7 +86,6 @@ impl Optimizer {
 
     /// The checkpoint's bytes, read back with blocking readbacks or awaited ones.
     async fn save_to_bytes_with(&self, blocking: bool) -> Result<Vec<u8>> {
-        self.refuse_q4("save_to_bytes")?;
         let step = match (&self.device, blocking) {
             (Some(_), true) => self.read_device_step()?,
             (Some(_), false) => self.read_device_step_async().await?,
@@ -94,11 +93,14 @@ impl Optimizer {
         };
         let layout = self.layout();
         let stored = self.q8_states(&layout, blocking).await?;
+        let stored4 = self.q4_states(&layout, blocking).await?;
+        let kind_of = |param: usize, k: usize| layout.params[param].state[k].0;
         let mut data = Vec::with_capacity(layout.entries().len());
         for entry in layout.entries() {
             data.push(match self.tensor(entry.slot) {
                 Some(tensor) if blocking => Cow::Owned(self.ctx.read_bytes(tensor)?),
                 Some(tensor) => Cow::Owned(self.ctx.read_bytes_async(tensor).await?),
+                None if matches!(entry.slot, Slot::Q4 { .. }) => entry.slot.q4_bytes(&stored4, kind_of),
                 None => entry.slot.q8_bytes(&stored),
             });
         }
@@ -109,6 +111,7 @@ impl Optimizer {
     fn layout(&self) -> Layout<'_> {
         let master = !self.model_copies.is_empty();
         let q8 = self.q8.as_ref().map(|engine| engine.config());
+        let q4 = self.q4.as_ref().map(|engine| engine.config());
         let mut params: Vec<ParamLayout> = Vec::with_capacity(self.params.len());
         for group in &self.groups {
             let kinds = self.state_kinds(&group.algorithm);
@@ -119,12 +122,18 @@ impl Optimizer {
                     Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
                     None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
                 };
+                // So do 4-bit states.
+                let state =
+                    if q4.is_some() { kinds.iter().map(|kind| (*kind, DType::F32)).collect() } else { state };
                 params.push(ParamLayout {
                     len,
                     state,
                     master: master.then_some(self.params[i].dtype),
                     quantized: q8.is_some_and(|config| config.quantizes(len as u64)),
                 });
+                if let (Some(config), Some(param)) = (q4, params.last_mut()) {
+                    param.quantized = config.quantizes(len as u64);
+                }
             }
         }
         Layout {
@@ -133,6 +142,7 @@ impl Optimizer {
             shapes: &self.shapes,
             rounding: self.rounding,
             q8,
+            q4,
             schedule_free: ScheduleFreeLayout {
                 scalars: (0..self.groups.len())
                     .map(|g| self.schedule_free_scalars(g).unwrap_or_default())
@@ -150,6 +160,7 @@ impl Optimizer {
             // In master-weight mode the optimizer's parameters are the masters.
             Slot::Master { param } => Some(&self.params[param]),
             Slot::Q8 { .. } | Slot::Map { .. } => None,
+            Slot::Q4 { .. } => None,
         }
     }
 
@@ -210,11 +221,11 @@ impl Optimizer {
 
     /// Loads checkpoint bytes with blocking writes or awaited ones.
     async fn load_from_bytes_with(&mut self, bytes: &[u8], blocking: bool) -> Result<()> {
-        self.refuse_q4("load_from_bytes")?;
         let checkpoint = Checkpoint::parse(bytes)?;
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
         let stored = layout.q8_states(&data)?;
+        let stored4 = layout.q4_states(&data)?;
         // Last, so that a file altered by hand is refused for what is wrong with its contents
         // when something is, and for its checksums otherwise.
         checkpoint.verify_checksums()?;
@@ -227,6 +238,7 @@ impl Optimizer {
                     format!("{}[{param}]", layout.params[param].state[k].0.torch_name())
                 }
                 Slot::Map { k, .. } => format!("qmap{}", k + 1),
+                Slot::Q4 { param, .. } => format!("q4 state {param}"),
             };
             writes.push((argument, tensor.clone(), data.into()));
         }
@@ -268,6 +280,7 @@ impl Optimizer {
             }
         }
         self.set_q8_states(&kinds, &stored)?;
+        self.set_q4_states(&kinds, &stored4)?;
         for (g, (algorithm, _)) in checkpoint.groups.iter().enumerate() {
             self.set_group_algorithm(g, *algorithm)?;
         }
@@ -282,20 +295,39 @@ impl Optimizer {
         self.set_step_count(step)
     }
 
-    /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for
-    /// the queue); nothing without 8-bit state.
-    /// Checkpoints do not hold 4-bit state yet: refused by name rather than saved without it.
-    fn refuse_q4(&self, what: &'static str) -> Result<()> {
-        match &self.q4 {
-            Some(_) => Err(crate::Error::ConflictingOptions {
-                first: "q4_states",
-                second: what,
-                reason: "checkpoints do not hold 4-bit state",
-            }),
-            None => Ok(()),
+    /// Every parameter's 4-bit states, `[i][k]` in the layout's order, read back (waits for
+    /// the queue); nothing without 4-bit state.
+    async fn q4_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<crate::q4::Q4State>>> {
+        let Some(engine) = &self.q4 else { return Ok(Vec::new()) };
+        let mut stored = Vec::with_capacity(layout.params.len());
+        for (i, param) in layout.params.iter().enumerate() {
+            let mut states = Vec::with_capacity(param.state.len());
+            for (kind, _) in &param.state {
+                let state = match blocking {
+                    true => engine.read(&self.ctx, i, *kind)?,
+                    false => engine.read_async(&self.ctx, i, *kind).await?,
+                };
+                states.push(state.ok_or_else(|| bad(format!("parameter {i} keeps no 4-bit {kind:?}")))?);
+            }
+            stored.push(states);
         }
+        Ok(stored)
     }
 
+    /// Writes checked 4-bit states into the engine; nothing without 4-bit state.
+    fn set_q4_states(&self, kinds: &[Vec<StateKind>], stored: &[Vec<crate::q4::Q4State>]) -> Result<()> {
+        let Some(engine) = &self.q4 else { return Ok(()) };
+        for (i, (kinds, states)) in kinds.iter().zip(stored).enumerate() {
+            for (kind, state) in kinds.iter().zip(states) {
+                // `Layout::q4_states` checked each as the engine does.
+                engine.write(&self.ctx, i, *kind, state)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for
+    /// the queue); nothing without 8-bit state.
     async fn q8_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<StoredState>>> {
         let Some(engine) = &self.q8 else { return Ok(Vec::new()) };
         let mut stored = Vec::with_capacity(layout.params.len());

@@ -35,9 +35,10 @@ pub const MIN_SCALE: f32 = 1e-12;
 /// Entries of a 4-bit map.
 pub const CODES: usize = 16;
 
-/// The largest block size the GPU kernels take: one invocation per eight codes (a `u32`
-/// word), within WebGPU's default 256 invocations per workgroup.
-pub const MAX_BLOCK_SIZE: usize = 2048;
+/// The largest block size taken: the GPU's kernel for CPU adapters keeps a block's new
+/// states in private memory until its scale is known, which larger blocks make slow to
+/// compile and run there (torchao's default is 128).
+pub const MAX_BLOCK_SIZE: usize = 256;
 
 /// Blockwise 4-bit state for Adam and AdamW
 /// ([`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states),

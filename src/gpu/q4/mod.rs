@@ -348,7 +348,7 @@ impl Q4Engine {
     }
 
     /// The 4-bit settings.
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn config(&self) -> Q4States {
         self.config
     }
