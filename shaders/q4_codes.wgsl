@@ -6,6 +6,8 @@
 //   MAP0, MAP1        state k's 16-entry map: torchao's signed qmap1 for exp_avg, its
 //                     unsigned qmap2 (k/16, no 0) for exp_avg_sq.
 //   ZERO0, ZERO1      the code a NaN or infinite value takes (that of 0; qmap2's smallest).
+//   count0, count1    the number of state k's thresholds not above x (src/q4/mod.rs's
+//                     `thresholds`): torchao's code of a finite x, without a table lookup.
 //   MIN_SCALE         the smallest scale, torchao's clip(1e-12).
 //   INFINITY          the bits of +inf.
 // This file provides map_entry, code_of, the per-state loads and stores, largest_of_states
@@ -15,29 +17,35 @@
 // element 2j in its high nibble and element 2j+1 in its low one, so the state's bytes are
 // torchao's packed codes. Half h of a word is its elements 4h..4h+3.
 
-fn map_entry(k: u32, c: u32) -> f32 {
-    if k == 0u {
-        return MAP0[c];
+// Both maps, copied from the constants once per invocation (`load_maps`): indexing a
+// constant array with a variable would copy it at every access.
+var<private> maps: array<f32, 32>;
+
+fn load_maps() {
+    for (var c = 0u; c < 16u; c++) {
+        maps[c] = MAP0[c];
+        maps[16u + c] = MAP1[c];
     }
-    return MAP1[c];
+}
+
+fn map_entry(k: u32, c: u32) -> f32 {
+    return maps[16u * k + c];
 }
 
 fn zero_code(k: u32) -> u32 {
     return select(ZERO1, ZERO0, k == 0u);
 }
 
-// torchao's quantize_4bit_with_qmap: a branchless binary search for the last entry not
-// above x (code 0 below the first), then up one where x is at least halfway to the next
-// entry (a tie goes up). NaN and the infinities take the code of 0 (see src/q4/mod.rs).
+// torchao's quantize_4bit_with_qmap (the last entry not above x, then up one where x is at
+// least halfway to the next entry, a tie going up), as a count of thresholds. NaN and the
+// infinities take the code of 0 (see src/q4/mod.rs).
 fn code_of(k: u32, x: f32) -> u32 {
-    var c = select(0u, 8u, x >= map_entry(k, 8u));
-    c += select(0u, 4u, x >= map_entry(k, c + 4u));
-    c += select(0u, 2u, x >= map_entry(k, c + 2u));
-    c += select(0u, 1u, x >= map_entry(k, c + 1u));
-    let up = min(c + 1u, 15u);
-    let down_value = map_entry(k, c);
-    let up_value = map_entry(k, up);
-    c = select(c, up, x - down_value >= (up_value - down_value) * 0.5);
+    var c: u32;
+    if k == 0u {
+        c = count0(x);
+    } else {
+        c = count1(x);
+    }
     return select(zero_code(k), c, (bitcast<u32>(x) & 0x7fffffffu) < INFINITY);
 }
 

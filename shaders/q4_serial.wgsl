@@ -12,6 +12,7 @@ var<private> kept1: array<R, KEPT>;
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_scalars();
+    load_maps();
     seg = segment_at(entry_row(wid.x));
     for (var b = (wid.x - seg.first_group) * WORKGROUP + lid; b < seg.blocks; b += seg.groups * WORKGROUP) {
         var block_max = vec4(0u);

@@ -14,6 +14,7 @@ var<workgroup> entry: u32;
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_scalars();
+    load_maps();
     if lid == 0u {
         entry = entry_row(wid.x);
     }

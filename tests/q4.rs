@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q4::{Q4State, Q4States};
-use wgpu_optim::{Adam, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
+use wgpu_optim::{Adam, DType, Error, GpuContext, GradClip, Optimizer, Sgd, StateKind, Tensor};
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
-use wgpu_optim_testkit::oracle::ao4;
+use wgpu_optim_testkit::oracle::{ao4, clip_grad_norm};
 
 /// Deterministic values in `-scale..scale` (an LCG), `seed` apart.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -70,21 +70,78 @@ fn oracle_run(
     params: &[Vec<f32>],
     grads: &[Vec<Vec<f32>>],
 ) -> Vec<(Vec<f64>, [Q4State; 2])> {
-    params
+    oracle_run_clipped(adam, config, None, params, grads)
+}
+
+/// [`oracle_run`] with every step's gradients clipped first (PyTorch's `clip_grad_norm_`
+/// over all of them).
+fn oracle_run_clipped(
+    adam: &Adam,
+    config: Q4States,
+    clip: Option<GradClip>,
+    params: &[Vec<f32>],
+    grads: &[Vec<Vec<f32>>],
+) -> Vec<(Vec<f64>, [Q4State; 2])> {
+    let mut runs: Vec<(Vec<f64>, [Q4State; 2])> = params
         .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut values: Vec<f64> = p.iter().map(|&v| f64::from(v)).collect();
+        .map(|p| {
             let zeros = || ao4::zeros(p.len(), config.block_size, config.min_size as usize);
-            let (mut m, mut v) = (zeros(), zeros());
-            for (t, step_grads) in grads.iter().enumerate() {
-                let g: Vec<f64> = step_grads[i].iter().map(|&v| f64::from(v)).collect();
-                ao4::ao4_adam_step(adam, t as u64 + 1, config.block_size, &mut values, &g, &mut m, &mut v)
-                    .unwrap_or_else(|e| panic!("{e}"));
-            }
-            (values, [m, v])
+            (f64s(p), [zeros(), zeros()])
         })
-        .collect()
+        .collect();
+    for (t, step_grads) in grads.iter().enumerate() {
+        let mut g: Vec<Vec<f64>> = step_grads.iter().map(|g| f64s(g)).collect();
+        if let Some(clip) = &clip {
+            clip_grad_norm(&mut g, clip);
+        }
+        for ((values, [m, v]), g) in runs.iter_mut().zip(&g) {
+            ao4::ao4_adam_step(adam, t as u64 + 1, config.block_size, values, g, m, v)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    runs
+}
+
+/// With global clipping, both backends scale every gradient by the coefficient of the norm
+/// over all of them (those of f32-state tensors included) before the 4-bit step.
+#[test]
+fn global_clipping_scales_the_gradients_before_the_4bit_step() {
+    let ctx = common::ctx();
+    let config = Q4States::default();
+    let clip = GradClip::l2(0.5);
+    let adamw = Adam { lr: 1e-2, ..Adam::adamw() };
+    let (params, grads) = data(3, 21);
+    let want = oracle_run_clipped(&adamw, config, Some(clip), &params, &grads);
+
+    let mut host = params.clone();
+    let views: Vec<HostSlice<'_>> = host.iter().map(|p| HostSlice::F32(p)).collect();
+    let options = CpuOptimizer::builder().q4_states(config).grad_clip(clip);
+    let mut cpu = options.build(adamw, &views).unwrap_or_else(|e| panic!("{e}"));
+    let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", &f64s(p), DType::F32)).collect();
+    let grad_tensors: Vec<Tensor> =
+        params.iter().map(|p| ctx.zeros("g", p.len() as u64, DType::F32)).collect();
+    let options = Optimizer::builder().q4_states(config).grad_clip(clip);
+    let mut gpu = options.build(&ctx, adamw, &tensors).unwrap_or_else(|e| panic!("{e}"));
+    for step_grads in &grads {
+        let g: Vec<HostSlice<'_>> = step_grads.iter().map(|g| HostSlice::F32(g)).collect();
+        let mut p: Vec<HostSliceMut<'_>> = host.iter_mut().map(|p| HostSliceMut::F32(p)).collect();
+        cpu.step(&mut p, &g).unwrap_or_else(|e| panic!("{e}"));
+        for (t, g) in grad_tensors.iter().zip(step_grads) {
+            ctx.write(t, &f64s(g)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        gpu.step(&grad_tensors).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for (i, want) in want.iter().enumerate() {
+        let state = [StateKind::ExpAvg, StateKind::ExpAvgSq]
+            .map(|k| cpu.q4_state(i, k).unwrap_or_else(|| panic!("no state")));
+        assert_follows(&format!("cpu clipped tensor {i}"), &host[i], state, want);
+        let param: Vec<f32> =
+            ctx.read(&tensors[i]).unwrap_or_else(|e| panic!("{e}")).iter().map(|&v| v as f32).collect();
+        let state = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
+            gpu.q4_state(i, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state"))
+        });
+        assert_follows(&format!("gpu clipped tensor {i}"), &param, [&state[0], &state[1]], want);
+    }
 }
 
 /// Asserts `got` follows the oracle's `want`: parameters within 1e-5 relative (+1e-6), 4-bit

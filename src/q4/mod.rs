@@ -189,6 +189,43 @@ pub fn nearest_code(map: &[f32; CODES], x: f32) -> u8 {
     }
 }
 
+/// The thresholds of [`nearest_code`]'s rounding: `thresholds(map)[j]` is the smallest f32
+/// `x` with `x - map[j] >= (map[j + 1] - map[j]) * 0.5` in f32. That test is monotone in
+/// `x`, and each threshold lies in `(map[j], map[j + 1]]`, so for a finite `x` the code
+/// torchao's search finds is the number of thresholds `<= x` ([`code_by_thresholds`]): 15
+/// comparisons with constants, no table lookup, which the kernels vectorize.
+pub(crate) fn thresholds(map: &[f32; CODES]) -> [f32; CODES - 1] {
+    // f32s in their order as integers: negatives reversed below the positives.
+    let key = |x: f32| if x.is_sign_negative() { !x.to_bits() } else { x.to_bits() | 0x8000_0000 };
+    let value = |k: u32| f32::from_bits(if k & 0x8000_0000 != 0 { k & 0x7fff_ffff } else { !k });
+    std::array::from_fn(|j| {
+        let (down, up) = (map[j], map[j + 1]);
+        let half = (up - down) * 0.5;
+        // The smallest key in (key(down), key(up)] whose value passes (key(up)'s does).
+        let (mut lo, mut hi) = (key(down), key(up));
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if value(mid) - down >= half {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        value(hi)
+    })
+}
+
+/// [`nearest_code`] from the map's [`thresholds`] and its [`zero_code`].
+#[cfg(test)]
+pub(crate) fn code_by_thresholds(thresholds: &[f32; CODES - 1], zero: u8, x: f32) -> u8 {
+    let count = thresholds.iter().map(|&t| u8::from(x >= t)).sum::<u8>();
+    if (x.to_bits() & 0x7fff_ffff) < f32::INFINITY.to_bits() {
+        count
+    } else {
+        zero
+    }
+}
+
 /// The code a NaN or infinite value takes: that of 0 in the signed map, of the smallest
 /// entry (1/16) in the unsigned one, which has no 0.
 pub fn zero_code(map: &[f32; CODES]) -> u8 {
@@ -222,9 +259,13 @@ pub(crate) fn code_at(packed: &[u8], e: usize) -> u8 {
     }
 }
 
+/// The plain form of the rule the kernels follow (`cpu/q4.rs` and the GPU's count
+/// [`thresholds`] instead of searching), for the unit tests.
+///
 /// Quantizes `values` block by block into packed `codes` (half a byte per value) and
 /// `scale` (one per block of `block_size`). The lengths have been checked: `values` is a
 /// whole number of blocks.
+#[cfg(test)]
 pub(crate) fn quantize_into(
     values: &[f32],
     map: &[f32; CODES],

@@ -155,3 +155,23 @@ fn what_4bit_state_does_not_run_is_refused_by_name() {
             .unwrap_err();
     assert!(err.to_string().contains("q8_states"), "{err}");
 }
+
+/// The kernels' form of the rounding (a count of thresholds) finds torchao's code for every
+/// value near an entry, a midpoint or a threshold, and over a sweep of magnitudes.
+#[test]
+fn counting_thresholds_finds_torchaos_code() {
+    for map in [signed_map(), unsigned_map()] {
+        let t = thresholds(&map);
+        let zero = zero_code(&map);
+        let near = |x: f32| [x, x.next_down(), x.next_up(), -x, -x.next_down(), -x.next_up()];
+        let midpoints = map.windows(2).map(|w| (w[0] + w[1]) / 2.0);
+        let sweep = (0..=1u32 << 16).map(|i| f32::from_bits(0x2000_0000 + (i << 9)));
+        let values: Vec<f32> =
+            map.iter().copied().chain(midpoints).chain(t).chain(sweep).flat_map(near).collect();
+        for x in
+            values.into_iter().chain([0.0, -0.0, 2.0, -2.0, 1e30, f32::NAN, f32::INFINITY, f32::NEG_INFINITY])
+        {
+            assert_eq!(code_by_thresholds(&t, zero, x), nearest_code(&map, x), "{x:e}");
+        }
+    }
+}

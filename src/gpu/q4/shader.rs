@@ -16,7 +16,8 @@
 //! The prelude declares what `gpu::q8::shader` documents for `q8.wgsl` (`R`, `S`, the
 //! constants, the table and `struct Segment` of [`super::layout`], the bindings, the state
 //! loads and stores, `struct Hyper`), and with 4-bit states: `MAP0`, `MAP1` (state k's map,
-//! 16 f32 each), `ZERO0`, `ZERO1` (the code a non-finite value takes), `MIN_SCALE`,
+//! 16 f32 each), `ZERO0`, `ZERO1` (the code a non-finite value takes), `count0(x)`,
+//! `count1(x)` (the number of state k's thresholds not above x: its code), `MIN_SCALE`,
 //! `INFINITY` (the bits of +inf), `BLOCKS_PER_GROUP` and `KEPT` (halves of a block).
 
 use std::fmt::Write;
@@ -24,7 +25,7 @@ use std::fmt::Write;
 use super::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use super::Variant;
 use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
-use crate::q4::{map_for, zero_code, MIN_SCALE};
+use crate::q4::{map_for, thresholds, zero_code, MIN_SCALE};
 use crate::step::clip::ClipHeader;
 use crate::step::{Family, Slot};
 use crate::DType;
@@ -136,6 +137,11 @@ pub(crate) fn prelude(variant: &Variant) -> String {
             let entries: Vec<String> = map.iter().map(|&x| literal(x)).collect();
             let _ = writeln!(s, "const MAP{k} = array<f32, 16>({});", entries.join(", "));
             let _ = writeln!(s, "const ZERO{k}: u32 = {}u;", zero_code(&map));
+            // torchao's code of a finite x: the number of thresholds not above it, 15
+            // comparisons with constants (`q4::thresholds`).
+            let counts: Vec<String> =
+                thresholds(&map).iter().map(|&t| format!("u32(x >= {})", literal(t))).collect();
+            let _ = writeln!(s, "fn count{k}(x: f32) -> u32 {{\n    return {};\n}}", counts.join(" + "));
         }
     }
     s.push_str(&nan_helpers(DType::F32, true));
