@@ -88,7 +88,7 @@ impl Q4States {
     /// Whether a tensor of `len` elements keeps 4-bit state: at least `min_size` elements
     /// in whole blocks, as torchao decides.
     pub fn quantizes(&self, len: u64) -> bool {
-        len >= self.min_size && self.block_size > 0 && len % self.block_size as u64 == 0
+        len >= self.min_size && self.block_size > 0 && len.is_multiple_of(self.block_size as u64)
     }
 
     /// Refuses a block size the kernels cannot take: not a power of two from 8 (one `u32`
@@ -252,7 +252,7 @@ pub fn unpack(packed: &[u8], len: usize) -> Vec<u8> {
 /// Element `e`'s code in packed bytes.
 pub(crate) fn code_at(packed: &[u8], e: usize) -> u8 {
     let byte = packed[e / 2];
-    if e % 2 == 0 {
+    if e.is_multiple_of(2) {
         byte >> 4
     } else {
         byte & 0xf

@@ -117,7 +117,7 @@ pub fn unpack(packed: &[u8]) -> Vec<u8> {
 /// The zero state torchao starts from: `OptimState4bit.zeros` (codes 0, scale 0) for a
 /// tensor of at least `min_size` elements in whole blocks, f32 zeros otherwise.
 pub fn zeros(len: usize, block_size: usize, min_size: usize) -> Q4State {
-    if len >= min_size && len % block_size == 0 {
+    if len >= min_size && len.is_multiple_of(block_size) {
         Q4State::Q4 { codes: vec![0; len / 2], scale: vec![0.0; len / block_size] }
     } else {
         Q4State::F32(vec![0.0; len])
