@@ -80,6 +80,7 @@ pub mod ops;
 mod optimizer;
 #[cfg(test)]
 mod oracle;
+pub mod q4;
 pub mod q8;
 mod step;
 mod tensor;

@@ -22,6 +22,10 @@ mod onnx;
 #[allow(dead_code)]
 mod ademamix;
 
+#[path = "../testkit/src/oracle/ao4.rs"]
+#[allow(dead_code)]
+pub(crate) mod ao4;
+
 #[path = "../testkit/src/oracle/bnb.rs"]
 #[allow(dead_code)]
 pub(crate) mod bnb;

@@ -23,6 +23,7 @@ use options::Options;
 use report::Row;
 use rooflines::Rooflines;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
@@ -90,6 +91,13 @@ fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
 fn q8_bytes(algorithm: &Algorithm, elements: u64) -> u64 {
     let states = algorithm.state_kinds().len() as u64;
     12 * elements + states * (2 * elements + 8 * elements.div_ceil(256))
+}
+
+/// Bytes a 4-bit-state step moves for `elements` f32 parameters: as [`q8_bytes`], with half
+/// a byte of codes per element and one scale per block of 128, each read and written.
+fn q4_bytes(algorithm: &Algorithm, elements: u64) -> u64 {
+    let states = algorithm.state_kinds().len() as u64;
+    12 * elements + states * (elements + 8 * elements.div_ceil(128))
 }
 
 /// The roofline's arrays for an 8-bit-state step: three read and two of them written back,
@@ -171,15 +179,19 @@ impl Bench {
         let clip = grad_clip(algo);
         let dtype = dtype(dtype_name);
         let q8 = (state_name == "q8").then(Q8States::default);
+        let q4 = (state_name == "q4").then(Q4States::default);
         let elements = case.elements();
         let ((reads, writes), bytes) = match q8 {
             Some(_) => (Q8_TRAFFIC, q8_bytes(&algorithm, elements)),
+            // The same 3 : 2 split of the roofline's arrays as 8-bit state's.
+            None if q4.is_some() => (Q8_TRAFFIC, q4_bytes(&algorithm, elements)),
             None => {
                 let (reads, writes) = traffic(&algorithm, clip);
                 ((reads, writes), elements * dtype.size() * u64::from(reads + writes))
             }
         };
         let state = if q8.is_some() { "q8" } else { dtype_name };
+        let state = if q4.is_some() { "q4" } else { state };
         let first_row = self.rows.len();
         let row = |backend: &str, time: Times, roofline_gbps: f64| Row {
             algo: algo.to_string(),
@@ -206,7 +218,7 @@ impl Bench {
             ..row(backend, Times::default(), f64::NAN)
         };
         let (reps, budget) = (self.options.reps, self.budget());
-        let job = Job { algorithm, clip, dtype, q8, case, reps, budget };
+        let job = Job { algorithm, clip, dtype, q8, q4, case, reps, budget };
         if let (Some(ctx), Some(timer)) = (self.ctx.clone(), self.timer.as_mut()) {
             let measured = self.rooflines.gpu(&ctx, bytes, reads, writes).and_then(|roofline| {
                 let timing = gpu_step(&ctx, timer, roofline, &job)?;
@@ -229,7 +241,11 @@ impl Bench {
                 Ok((cpu, roofline)) => {
                     let roofline_gbps = rooflines::gbps(host.bytes, roofline);
                     self.push(row("cpu", cpu, roofline_gbps));
-                    if elements <= 1 << 20 && q8.is_none() && per_tensor_oracle(&job.algorithm) {
+                    if elements <= 1 << 20
+                        && q8.is_none()
+                        && q4.is_none()
+                        && per_tensor_oracle(&job.algorithm)
+                    {
                         let oracle = oracle_step(&job);
                         self.push(row("oracle", oracle, roofline_gbps));
                     }
@@ -256,6 +272,8 @@ struct Job<'a> {
     dtype: DType,
     /// 8-bit state, or the parameter's dtype.
     q8: Option<Q8States>,
+    /// 4-bit state.
+    q4: Option<Q4States>,
     case: &'a Case,
     reps: usize,
     budget: Duration,
@@ -276,10 +294,10 @@ fn gpu_step(
     roofline: &CopyRoofline,
     job: &Job<'_>,
 ) -> wgpu_optim::Result<GpuTiming> {
-    let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, q8, q4, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let options = Optimizer::builder().grad_clip(clip).q8_states(q8);
+    let options = Optimizer::builder().grad_clip(clip).q8_states(q8).q4_states(q4);
     let options = options.param_shapes(shapes::matrices(&case.sizes));
     let mut optimizer = options.build(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
@@ -337,13 +355,13 @@ fn cpu_step(
     host: &mut rooflines::HostLoop,
     flush: &rooflines::CacheFlush,
 ) -> wgpu_optim::Result<(Times, Duration)> {
-    let Job { algorithm, clip, dtype, q8, case, reps, budget } = *job;
+    let Job { algorithm, clip, dtype, q8, q4, case, reps, budget } = *job;
     let mut params: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 0.5)).collect::<Result<_, _>>()?;
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let builder = CpuOptimizer::builder().grad_clip(clip).q8_states(q8);
+    let builder = CpuOptimizer::builder().grad_clip(clip).q8_states(q8).q4_states(q4);
     let mut optimizer = builder.param_shapes(shapes::matrices(&case.sizes)).build(algorithm, &views)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {
@@ -504,7 +522,11 @@ fn run(options: Options) -> Result<(), Box<dyn std::error::Error>> {
                 let q8_applies = dtype == "f32"
                     && ["adam", "adamw", "sgdm", "nesterov", "lion", "rmsprop", "ademamix"]
                         .contains(&unclipped);
-                if state == "f32" || q8_applies {
+                // 4-bit state is torchao's: f32 Adam and AdamW.
+                let q4_applies = dtype == "f32" && ["adam", "adamw"].contains(&algo.as_str());
+                let q8_applies = q8_applies && state == "q8";
+                let q4_applies = q4_applies && state == "q4";
+                if state == "f32" || q8_applies || q4_applies {
                     runs.push((algo.clone(), dtype.clone(), state.clone()));
                 }
             }

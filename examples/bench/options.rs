@@ -7,7 +7,8 @@ pub struct Options {
     pub algos: Vec<String>,
     pub dtypes: Vec<String>,
     /// State storage: `f32` (full precision: the parameter's dtype, as PyTorch keeps it) and
-    /// `q8` (blockwise 8-bit, for f32 Adam, AdamW and SGD with momentum).
+    /// `q8` (blockwise 8-bit, for f32 Adam, AdamW and SGD with momentum), `q4` (blockwise
+    /// 4-bit, torchao's format, for f32 Adam and AdamW).
     pub states: Vec<String>,
     pub sizes: Vec<u64>,
     pub cases: Vec<String>,
@@ -38,7 +39,7 @@ const ALGORITHMS: &[&str] = &[
 
 pub const USAGE: &str =
     "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,rmsprop,ademamix,sf-adamw,lamb,adafactor] [--dtypes f32,f16,bf16]
-             [--states f32,q8]
+             [--states f32,q8,q4]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]
   default: --algos adam,adam+clip,sgdm --dtypes f32,f16,bf16 --states f32,q8 --sizes 4096,1048576,16777216
@@ -107,7 +108,7 @@ pub fn parse() -> Result<Options, String> {
         }
     }
     for s in &options.states {
-        if !["f32", "q8"].contains(&s.as_str()) {
+        if !["f32", "q8", "q4"].contains(&s.as_str()) {
             return Err(format!("unknown state storage {s}"));
         }
     }

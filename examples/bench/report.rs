@@ -183,6 +183,7 @@ pub fn write_plot(path: &Path, adapter: &str, rows: &[Row]) -> Result<(), Box<dy
         for row in singles.iter().filter(|r| r.backend == backend) {
             let name = match row.state.as_str() {
                 "q8" => format!("{} {} q8", row.algo, row.dtype),
+                "q4" => format!("{} {} q4", row.algo, row.dtype),
                 _ => format!("{} {}", row.algo, row.dtype),
             };
             let point = ((row.elements as f64).log2(), row.fraction());

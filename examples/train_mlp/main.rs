@@ -6,7 +6,7 @@
 //! cargo run --release --example train_mlp [-- --optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb|adafactor|muon]
 //!     [--lr LR] [--steps N] [--dtype f32|f16|bf16] [--no-master-weights]
 //!     [--rounding nearest|stochastic|kahan] [--seed S] [--save DIR] [--resume DIR]
-//!     [--log-every N] [--states f32|q8] [--quiet]
+//!     [--log-every N] [--states f32|q8|q4] [--quiet]
 //! ```
 //! The model is a 2 → 64 → 64 → 3 ReLU MLP on CS231n's three spirals (600 points, full
 //! batch). Each step is one command encoder (forward, backward, the optimizer's fused
@@ -18,7 +18,9 @@
 //! says: `nearest` (even; small updates are lost), `stochastic` (parameters and state, seeded
 //! with `--seed`) or `kahan` (a 16-bit compensation per parameter). `--states q8` keeps the
 //! optimizer's state in blockwise 8 bits (bitsandbytes' format; f32 parameters, Adam, AdamW
-//! or SGD with momentum): every weight matrix's moments, the biases' in f32.
+//! or SGD with momentum): every weight matrix's moments, the biases' in f32. `--states q4`
+//! keeps Adam's or AdamW's moments in blockwise 4 bits (torchao's `AdamW4bit` format, blocks
+//! of 64 here so that every weight matrix is whole blocks; the biases' in f32).
 //!
 //! `--steps N` counts the steps of this run (default 300, enough for Adam to pass 95 %
 //! training accuracy). `--save DIR` writes `DIR/optimizer.safetensors` (the crate's
@@ -42,6 +44,7 @@ use gpu::{Gpu, Source, StepClock};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use model::{BoxError, Metrics, Mlp};
 use spirals::Spirals;
+use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
@@ -58,10 +61,14 @@ const DEFAULT_STEPS: u64 = 300;
 const USAGE: &str =
     "usage: train_mlp [--optimizer adam|adamw|amsgrad|sgd|nesterov|lion|rmsprop|ademamix|sf-adamw|lamb|adafactor|muon] [--lr LR] [--steps N] \
                      [--dtype f32|f16|bf16] [--no-master-weights] [--rounding nearest|stochastic|kahan] \
-                     [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8] [--quiet]";
+                     [--seed S] [--save DIR] [--resume DIR] [--log-every N] [--states f32|q8|q4] [--quiet]";
 
 /// `min_8bit_size` of `--states q8`: every weight matrix of the model, no bias.
 pub const Q8_MIN_SIZE: u64 = 128;
+
+/// `--states q4`: blocks of 64 (torchao's default is 128) so that every weight matrix (128,
+/// 4096 and 192 elements) is whole blocks and keeps 4-bit state; the biases (64) stay f32.
+pub const Q4_STATES: Q4States = Q4States { block_size: 64, min_size: 128 };
 
 /// Lion's rate for this model. Lion's update is a sign, every element moving by the full
 /// rate, and the paper advises a rate 3-10x smaller than AdamW's; lion-pytorch's default,
@@ -192,6 +199,8 @@ struct Options {
     log_every: u64,
     /// Blockwise 8-bit optimizer state (`--states q8`) instead of f32.
     q8_states: bool,
+    /// Blockwise 4-bit optimizer state (`--states q4`).
+    q4_states: bool,
     quiet: bool,
 }
 
@@ -212,10 +221,12 @@ fn options() -> Result<Options, String> {
             "--resume" => options.resume = Some(value()?.into()),
             "--log-every" => options.log_every = parse(&flag, &value()?)?,
             "--states" => {
-                options.q8_states = match value()?.as_str() {
-                    "f32" => false,
+                let states = value()?;
+                options.q4_states = states == "q4";
+                options.q8_states = match states.as_str() {
+                    "f32" | "q4" => false,
                     "q8" => true,
-                    other => return Err(format!("--states: `{other}` is not f32 or q8")),
+                    other => return Err(format!("--states: `{other}` is not f32, q8 or q4")),
                 }
             }
             "--quiet" | "-q" => options.quiet = true,
@@ -404,7 +415,8 @@ fn build_optimizer(
         .master_weights(master_weights)
         .rounding(rounding)
         .param_shapes(param_shapes)
-        .q8_states(q8_states);
+        .q8_states(q8_states)
+        .q4_states(options.q4_states.then_some(Q4_STATES));
     let mut optimizer = optimizer_options.build_groups(ctx, plan.choice.groups(model, &params))?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;

@@ -14,6 +14,9 @@ use super::{bad, checksum, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
 use crate::q8::{blocks, check_absmax, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
 
+mod q4;
+pub(crate) use q4::{Q4Part, Q4_BLOCK_SIZE, Q4_MIN_SIZE};
+
 /// One parameter as a checkpoint stores it.
 pub(crate) struct ParamLayout {
     /// Its number of elements.
@@ -60,6 +63,16 @@ pub(crate) enum Slot {
         k: usize,
         /// Their kind (the map is [`map_for`] it).
         kind: StateKind,
+    },
+    /// With 4-bit state: a part of parameter `param`'s state `k` (torchao's `codes`,
+    /// `scale`, `qmap`, or f32 values), which the backends keep as a `Q4State`.
+    Q4 {
+        /// The parameter, numbered across groups.
+        param: usize,
+        /// The state tensor, in [`ParamLayout::state`]'s order.
+        k: usize,
+        /// Which part of it.
+        part: Q4Part,
     },
 }
 
@@ -108,6 +121,9 @@ pub(crate) struct Layout<'a> {
     /// [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): states are saved
     /// under bitsandbytes' names (`state1`, `absmax1`, ...) instead of PyTorch's.
     pub(crate) q8: Option<Q8States>,
+    /// [`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states): states are saved
+    /// under torchao's names (`exp_avg.codes`, `exp_avg.scale`, `exp_avg.qmap`).
+    pub(crate) q4: Option<crate::q4::Q4States>,
     /// Schedule-Free groups' running values and the mode, saved in their `param_groups`.
     pub(crate) schedule_free: ScheduleFreeLayout,
 }
@@ -137,12 +153,16 @@ impl Layout<'_> {
                 if self.q8.is_some() {
                     entries.extend(self.q8_param_entries(algorithm, i));
                 }
+                entries.extend(self.q4_entries(i));
                 for (k, (kind, dtype)) in param.state.iter().enumerate() {
                     if self.q8.is_some() {
                         continue;
                     }
                     if let Some(entry) = self.adafactor_entry(i, k, *kind, *dtype) {
                         entries.push(entry);
+                        continue;
+                    }
+                    if self.q4.is_some() {
                         continue;
                     }
                     if let Some((name, stack)) = bnb_name(algorithm, *kind) {
@@ -345,6 +365,10 @@ impl Layout<'_> {
             metadata.insert(Q8_MIN_8BIT_SIZE.to_string(), q8.min_8bit_size.to_string());
             metadata.insert(Q8_BLOCK_SIZE.to_string(), BLOCK_SIZE.to_string());
         }
+        if let Some(q4) = self.q4 {
+            metadata.insert(Q4_BLOCK_SIZE.to_string(), q4.block_size.to_string());
+            metadata.insert(Q4_MIN_SIZE.to_string(), q4.min_size.to_string());
+        }
         checksum::serialize(views, metadata)
     }
 
@@ -371,6 +395,7 @@ impl Layout<'_> {
             )));
         }
         self.check_q8(checkpoint.q8_states)?;
+        self.check_q4(checkpoint.q4_states)?;
         if checkpoint.groups.len() != self.groups.len() {
             return Err(bad(format!(
                 "{} parameter groups, the optimizer has {}",
@@ -578,6 +603,7 @@ impl Slot {
             }
             Slot::Map { kind, .. } => le_bytes(&map_for(kind)).into_owned().into(),
             Slot::State { .. } | Slot::Master { .. } => Cow::Borrowed(&[]),
+            Slot::Q4 { .. } => Cow::Borrowed(&[]),
         }
     }
 }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use safetensors::SafeTensors;
 
+use super::layout::{Q4_BLOCK_SIZE, Q4_MIN_SIZE};
 use super::layout::{Q8_BLOCK_SIZE, Q8_MIN_8BIT_SIZE};
 use super::{bad, checksum, READABLE_FORMATS};
 use crate::q8::{Q8States, BLOCK_SIZE};
@@ -39,6 +40,11 @@ pub struct Checkpoint<'a> {
     ///
     /// [`OptimizerBuilder::q8_states`]: crate::OptimizerBuilder::q8_states
     pub q8_states: Option<Q8States>,
+    /// With blockwise 4-bit state ([`OptimizerBuilder::q4_states`]): its settings, from the
+    /// `q4_block_size` and `q4_min_size` metadata; `None` for a checkpoint without.
+    ///
+    /// [`OptimizerBuilder::q4_states`]: crate::OptimizerBuilder::q4_states
+    pub q4_states: Option<crate::q4::Q4States>,
     /// Each group's Schedule-Free running values (`k`, `weight_sum`, `lr_max`), `None` for
     /// groups of other algorithms.
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
@@ -98,9 +104,10 @@ impl<'a> Checkpoint<'a> {
             Some(other) => return Err(bad(format!("unknown rounding `{other}`"))),
         };
         let q8_states = q8_states(&meta)?;
+        let q4_states = q4_states(&meta)?;
         let (schedule_free, mode) = super::schedule_free::parse(&saved, &groups)?;
         let checksums = checksum::parse(meta.get(checksum::CHECKSUMS))?;
-        Ok(Checkpoint { step, groups, rounding, q8_states, schedule_free, mode, file, checksums })
+        Ok(Checkpoint { step, groups, rounding, q8_states, q4_states, schedule_free, mode, file, checksums })
     }
 
     /// Refuses a file whose tensor data does not match its checksums (a flipped bit, a
@@ -136,4 +143,24 @@ fn q8_states(meta: &HashMap<String, String>) -> Result<Option<Q8States>> {
     let min_8bit_size =
         min.parse().map_err(|e| bad(format!("`{Q8_MIN_8BIT_SIZE}` is `{min}`, not a whole number: {e}")))?;
     Ok(Some(Q8States { min_8bit_size }))
+}
+
+/// The 4-bit settings in the metadata: none, or both `q4_block_size` (a block size the
+/// crate takes) and `q4_min_size`.
+fn q4_states(meta: &HashMap<String, String>) -> Result<Option<crate::q4::Q4States>> {
+    let number = |name: &str, value: &String| {
+        value.parse::<u64>().map_err(|e| bad(format!("`{name}` is `{value}`, not a whole number: {e}")))
+    };
+    match (meta.get(Q4_BLOCK_SIZE), meta.get(Q4_MIN_SIZE)) {
+        (None, None) => Ok(None),
+        (Some(block), Some(min)) => {
+            let config = crate::q4::Q4States {
+                block_size: number(Q4_BLOCK_SIZE, block)? as usize,
+                min_size: number(Q4_MIN_SIZE, min)?,
+            };
+            config.validate().map_err(|e| bad(e.to_string()))?;
+            Ok(Some(config))
+        }
+        _ => Err(bad(format!("metadata has one of `{Q4_BLOCK_SIZE}` and `{Q4_MIN_SIZE}` but not the other"))),
+    }
 }

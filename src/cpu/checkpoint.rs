@@ -24,11 +24,14 @@ impl CpuOptimizer {
     pub fn save_to_bytes(&self) -> Result<Vec<u8>> {
         let layout = self.layout();
         let stored: &[Vec<StoredState>] = self.q8.as_ref().map_or(&[], |(_, states)| states);
+        let stored4: &[Vec<crate::q4::Q4State>] = self.q4.as_ref().map_or(&[], |(_, states)| states);
+        let kind_of = |param: usize, k: usize| layout.params[param].state[k].0;
         let data: Vec<Cow<'_, [u8]>> = layout
             .entries()
             .iter()
             .map(|entry| match self.tensor(entry.slot) {
                 Some(tensor) => little_endian(tensor.bytes(), tensor.dtype().size() as usize),
+                None if matches!(entry.slot, Slot::Q4 { .. }) => entry.slot.q4_bytes(stored4, kind_of),
                 None => entry.slot.q8_bytes(stored),
             })
             .collect();
@@ -64,6 +67,7 @@ impl CpuOptimizer {
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
         let stored = layout.q8_states(&data)?;
+        let stored4 = layout.q4_states(&data)?;
         // Last, so that a file altered by hand is refused for what is wrong with its contents
         // when something is, and for its checksums otherwise.
         checkpoint.verify_checksums()?;
@@ -79,6 +83,9 @@ impl CpuOptimizer {
         if let Some((_, states)) = &mut self.q8 {
             *states = stored;
         }
+        if let Some((_, states)) = &mut self.q4 {
+            *states = stored4;
+        }
         self.algorithm = checkpoint.groups[0].0;
         self.rounding = checkpoint.rounding;
         self.step = checkpoint.step;
@@ -91,6 +98,7 @@ impl CpuOptimizer {
     fn layout(&self) -> Layout<'_> {
         let kinds = self.algorithm.state_kinds();
         let q8 = self.q8.as_ref().map(|(config, _)| *config);
+        let q4 = self.q4.as_ref().map(|(config, _)| *config);
         let params = self
             .params
             .iter()
@@ -99,13 +107,23 @@ impl CpuOptimizer {
                 // 8-bit states are kept as codes or (small tensors) f32, not in `state`.
                 let mut tensors: Vec<_> = match q8 {
                     Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
-                    None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype())).collect(),
+                    // (4-bit: `state` is empty, and the kinds are set below.)
+                    None => kinds
+                        .iter()
+                        .zip(self.state.get(i).into_iter().flatten())
+                        .map(|(kind, t)| (*kind, t.dtype()))
+                        .collect(),
                 };
                 tensors.extend(self.adafactor_layout_state(i));
+                // So are 4-bit states.
+                if q4.is_some() {
+                    tensors = kinds.iter().map(|kind| (*kind, DType::F32)).collect();
+                }
                 if let Some(compensation) = self.compensation.get(i) {
                     tensors.push((crate::StateKind::KahanCompensation, compensation.dtype()));
                 }
                 let quantized = q8.is_some_and(|config| config.quantizes(len as u64));
+                let quantized = quantized || q4.is_some_and(|config| config.quantizes(len as u64));
                 ParamLayout { len, state: tensors, master: None, quantized }
             })
             .collect();
@@ -115,6 +133,7 @@ impl CpuOptimizer {
             shapes: &self.shapes,
             rounding: self.rounding,
             q8,
+            q4,
             schedule_free: ScheduleFreeLayout {
                 scalars: vec![self.schedule_free_scalars(0).unwrap_or_default()],
                 mode: self.mode(),

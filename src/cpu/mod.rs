@@ -36,6 +36,7 @@ mod kernels;
 mod lamb;
 mod muon;
 mod norm;
+mod q4;
 mod q8;
 mod schedule_free;
 mod state_memory;
@@ -44,6 +45,7 @@ mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 
+use crate::q4::{Q4State, Q4States};
 use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
@@ -80,6 +82,9 @@ pub struct CpuOptimizer {
     /// With [`CpuOptimizerBuilder::q8_states`]: its settings and each parameter's state (then
     /// `state` is empty).
     q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
+    /// With [`CpuOptimizerBuilder::q4_states`]: its settings and each parameter's state (then
+    /// `state` is empty).
+    q4: Option<(Q4States, Vec<Vec<Q4State>>)>,
     /// A schedule-free group's running `k`, `weight_sum` and `lr_max` (unused otherwise).
     schedule_free: ScheduleFreeScalars,
     /// Which point the parameters hold (always train for other algorithms).
@@ -155,6 +160,13 @@ impl CpuOptimizerBuilder {
         self
     }
 
+    /// Blockwise 4-bit state for Adam and AdamW, as on the GPU
+    /// ([`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states)).
+    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
+        self.options.q4_states = q4.into();
+        self
+    }
+
     /// An optimizer for parameters of the dtypes and lengths of `params`, updated by
     /// `algorithm`, with zeroed state (Adagrad: its initial accumulator value), at step 0.
     /// An empty `params` is refused ([`Error::NoParameters`]).
@@ -200,6 +212,35 @@ impl CpuOptimizer {
             "params",
         )?;
         let muon_shapes = muon::check(&algorithm, &options, params.len())?;
+        if let Some(config) = options.q4_states {
+            crate::q4::check_options(&config, &[algorithm], &options, params.iter().map(|p| p.dtype()))?;
+            let states = params
+                .iter()
+                .map(|p| {
+                    let quantized = config.quantizes(p.len() as u64);
+                    let zeros = || Q4State::zeros(p.len(), quantized, config.block_size);
+                    algorithm.state_kinds().iter().map(|_| zeros()).collect()
+                })
+                .collect();
+            return Ok(CpuOptimizer {
+                algorithm,
+                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
+                state: Vec::new(),
+                compensation: Vec::new(),
+                rounding: options.rounding,
+                step: 0,
+                grad_clip: options.grad_clip,
+                grad_norm: None,
+                shapes: options.param_shapes,
+                q8: None,
+                q4: Some((config, states)),
+                schedule_free: ScheduleFreeScalars::default(),
+                mode: ScheduleFreeMode::Train,
+                lamb_norms: Vec::new(),
+                adafactor,
+                muon_shapes,
+            });
+        }
         if let Some(config) = options.q8_states {
             crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
             let states = params
@@ -220,6 +261,7 @@ impl CpuOptimizer {
                 grad_norm: None,
                 shapes: options.param_shapes,
                 q8: Some((config, states)),
+                q4: None,
                 schedule_free: ScheduleFreeScalars::default(),
                 mode: ScheduleFreeMode::Train,
                 lamb_norms: Vec::new(),
@@ -259,6 +301,7 @@ impl CpuOptimizer {
             grad_norm: None,
             shapes: options.param_shapes,
             q8: None,
+            q4: None,
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
@@ -296,6 +339,9 @@ impl CpuOptimizer {
             crate::q8::check_algorithm(&algorithm, self.grad_clip.is_some())?;
         }
         crate::algo::check_lamb_options(&algorithm, false, self.grad_clip.is_some(), self.rounding)?;
+        if self.q4.is_some() {
+            crate::q4::check_algorithm(&algorithm)?;
+        }
         if algorithm.state_kinds() != self.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: "algorithm".into(),
@@ -359,6 +405,12 @@ impl CpuOptimizer {
                 StoredState::Q8 { .. } => None,
             };
         }
+        if let Some((_, states)) = &self.q4 {
+            return match states.get(index)?.get(k)? {
+                Q4State::F32(values) => Some(HostSlice::F32(values)),
+                Q4State::Q4 { .. } => None,
+            };
+        }
         Some(self.state.get(index)?.get(k)?.as_slice())
     }
 
@@ -397,6 +449,40 @@ impl CpuOptimizer {
         Ok(())
     }
 
+    /// With [`CpuOptimizerBuilder::q4_states`]: parameter `index`'s state of `kind` as it is
+    /// stored, packed 4-bit codes and scales, or f32 for a tensor that keeps f32 state.
+    pub fn q4_state(&self, index: usize, kind: StateKind) -> Option<&Q4State> {
+        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
+        self.q4.as_ref()?.1.get(index)?.get(k)
+    }
+
+    /// With [`CpuOptimizerBuilder::q4_states`]: replaces parameter `index`'s state of `kind`
+    /// (e.g. from a checkpoint). Refused, with nothing changed, without 4-bit state or such
+    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
+    /// stored as this tensor's is, has another length, or a scale that is NaN, infinite or
+    /// negative ([`Error::BadValue`], naming the block).
+    pub fn set_q4_state(&mut self, index: usize, kind: StateKind, state: Q4State) -> Result<()> {
+        let kinds = self.algorithm.state_kinds();
+        let (config, states) = self
+            .q4
+            .as_mut()
+            .ok_or(Error::NeedsOption { what: "set_q4_state".into(), option: "q4_states" })?;
+        let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
+            argument: format!("state kind {kind:?}"),
+            got: vec![kind],
+            expected: kinds.to_vec(),
+        })?;
+        let count = states.len();
+        let slot = states.get_mut(index).ok_or_else(|| Error::BadRange {
+            argument: format!("index {index}"),
+            problem: format!("the optimizer has {count} parameters (indices from 0)"),
+        })?;
+        let len = self.params[index].1;
+        crate::q4::check_replacement(&state, *config, len, &format!("q4 state {index} {kind:?}"))?;
+        slot[k] = state;
+        Ok(())
+    }
+
     /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
     pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
         if matches!(self.algorithm, Algorithm::Adafactor(_)) {
@@ -410,6 +496,12 @@ impl CpuOptimizer {
             return match states.get_mut(index)?.get_mut(k)? {
                 StoredState::F32(values) => Some(HostSliceMut::F32(values)),
                 StoredState::Q8 { .. } => None,
+            };
+        }
+        if let Some((_, states)) = &mut self.q4 {
+            return match states.get_mut(index)?.get_mut(k)? {
+                Q4State::F32(values) => Some(HostSliceMut::F32(values)),
+                Q4State::Q4 { .. } => None,
             };
         }
         Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
@@ -451,6 +543,21 @@ impl CpuOptimizer {
                 _ => &[],
             });
             q8::run(&kernel, self.algorithm.state_kinds(), params, grads, states);
+            self.step = t;
+            self.schedule_free = schedule_free;
+            return Ok(());
+        }
+        if let Some((config, states)) = &mut self.q4 {
+            let params = params.iter_mut().map(|p| match p {
+                HostSliceMut::F32(values) => &mut values[..],
+                // Refused by `check`; an empty slice makes the job a no-op.
+                _ => &mut [],
+            });
+            let grads = grads.iter().map(|g| match g {
+                HostSlice::F32(values) => *values,
+                _ => &[],
+            });
+            q4::run(&kernel, self.algorithm.state_kinds(), config.block_size, params, grads, states);
             self.step = t;
             self.schedule_free = schedule_free;
             return Ok(());
@@ -498,6 +605,13 @@ impl CpuOptimizer {
                     argument: format!("grads[{i}]"),
                     got: grad.dtype(),
                     expected: "F32 with q8_states".into(),
+                });
+            }
+            if self.q4.is_some() && grad.dtype() != DType::F32 {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("grads[{i}]"),
+                    got: grad.dtype(),
+                    expected: "F32 with q4_states".into(),
                 });
             }
             if grad.len() != len {

@@ -9,6 +9,7 @@ pub mod matmul;
 pub(crate) mod packing;
 pub(crate) mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod q4;
 pub(crate) mod q8;
 pub(crate) mod table;
 pub(crate) mod transfer;

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::kernel::{binding, compose, Scalars, Storage, VariantKey, TABLE_BYTES};
+use crate::gpu::q4;
 use crate::gpu::q8;
 use crate::gpu::GpuContext;
 use crate::step::clip::ClipHeader;
@@ -26,6 +27,8 @@ pub(crate) enum PipelineKey {
     Table(VariantKey),
     /// An 8-bit-state step (`gpu::q8`).
     Q8(q8::Variant),
+    /// A 4-bit-state step (`gpu::q4`).
+    Q4(q4::Variant),
 }
 
 /// Pipelines by key, one registry per device. Insertion is double-checked so two threads
@@ -49,6 +52,11 @@ impl PipelineCache {
     /// The 8-bit step of `variant`, compiled on first use.
     pub(crate) fn get_q8(&self, ctx: &GpuContext, variant: &q8::Variant) -> Result<Arc<CachedPipeline>> {
         self.get_or_compile(PipelineKey::Q8(variant.clone()), || q8::compile(ctx, variant))
+    }
+
+    /// The 4-bit step of `variant`, compiled on first use.
+    pub(crate) fn get_q4(&self, ctx: &GpuContext, variant: &q4::Variant) -> Result<Arc<CachedPipeline>> {
+        self.get_or_compile(PipelineKey::Q4(variant.clone()), || q4::compile(ctx, variant))
     }
 
     fn get_or_compile(

@@ -76,6 +76,9 @@ impl Optimizer {
             self.clip.is_some(),
             self.rounding,
         )?;
+        if self.q4.is_some() {
+            crate::q4::check_algorithm(&algorithm)?;
+        }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         crate::algo::check_adafactor_change(&group.algorithm, &algorithm)?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
@@ -94,6 +97,9 @@ impl Optimizer {
             }
         }
         if let Some(engine) = &mut self.q8 {
+            engine.set_algorithm(g, &algorithm);
+        }
+        if let Some(engine) = &mut self.q4 {
             engine.set_algorithm(g, &algorithm);
         }
         group.algorithm = algorithm;

@@ -12,6 +12,7 @@ use super::written::WrittenRanges;
 use super::{arena, Group, Optimizer, OptimizerOptions, ParamGroup};
 use crate::gpu::dispatch::{DeviceScalars, Uniforms};
 use crate::gpu::plan::{check_range, Arg};
+use crate::gpu::q4::Q4Engine;
 use crate::gpu::q8::Q8Engine;
 use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
@@ -67,6 +68,11 @@ impl Optimizer {
             let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
             crate::q8::check_options(&algorithms, &options, dtypes)?;
         }
+        if let Some(config) = &options.q4_states {
+            let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
+            let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
+            crate::q4::check_options(config, &algorithms, &options, dtypes)?;
+        }
         let (groups, options) = master_copies(ctx, groups, options, read)?;
         let params: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter().cloned()).collect();
         let math = check_params(&params, &options)?;
@@ -103,8 +109,23 @@ impl Optimizer {
             }
             None => None,
         };
+        let q4 = match options.q4_states {
+            Some(config) => {
+                let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
+                let owners: Vec<usize> = groups
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(g, group)| group.params.iter().map(move |_| g))
+                    .collect();
+                let clip = options.grad_clip.is_some();
+                Some(Q4Engine::new(ctx, config, &params, &owners, &algorithms, clip)?)
+            }
+            None => None,
+        };
         // 8-bit state lives in the engine.
         let kinds = if q8.is_some() { 0 } else { kinds };
+        // So does 4-bit state.
+        let kinds = if q4.is_some() { 0 } else { kinds };
         for k in 0..kinds {
             for group in &groups {
                 let kinds = group.algorithm.state_kinds();
@@ -138,6 +159,15 @@ impl Optimizer {
             tensors.extend(allocated.next());
         }
         if let Some(engine) = &q8 {
+            for (i, (tensors, group)) in
+                state.iter_mut().zip(groups.iter().flat_map(|g| g.params.iter().map(move |_| g))).enumerate()
+            {
+                for kind in group.algorithm.state_kinds() {
+                    tensors.extend(engine.f32_state(i, *kind));
+                }
+            }
+        }
+        if let Some(engine) = &q4 {
             for (i, (tensors, group)) in
                 state.iter_mut().zip(groups.iter().flat_map(|g| g.params.iter().map(move |_| g))).enumerate()
             {
@@ -197,6 +227,7 @@ impl Optimizer {
             norm_taken_by_unscale: false,
             rounding: options.rounding,
             q8,
+            q4,
             written: WrittenRanges::default(),
             disjoint_grads: Vec::new(),
             schedule_free: ScheduleFreeHost::new(kept_len),

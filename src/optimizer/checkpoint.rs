@@ -93,11 +93,14 @@ impl Optimizer {
         };
         let layout = self.layout();
         let stored = self.q8_states(&layout, blocking).await?;
+        let stored4 = self.q4_states(&layout, blocking).await?;
+        let kind_of = |param: usize, k: usize| layout.params[param].state[k].0;
         let mut data = Vec::with_capacity(layout.entries().len());
         for entry in layout.entries() {
             data.push(match self.tensor(entry.slot) {
                 Some(tensor) if blocking => Cow::Owned(self.ctx.read_bytes(tensor)?),
                 Some(tensor) => Cow::Owned(self.ctx.read_bytes_async(tensor).await?),
+                None if matches!(entry.slot, Slot::Q4 { .. }) => entry.slot.q4_bytes(&stored4, kind_of),
                 None => entry.slot.q8_bytes(&stored),
             });
         }
@@ -108,6 +111,7 @@ impl Optimizer {
     fn layout(&self) -> Layout<'_> {
         let master = !self.model_copies.is_empty();
         let q8 = self.q8.as_ref().map(|engine| engine.config());
+        let q4 = self.q4.as_ref().map(|engine| engine.config());
         let mut params: Vec<ParamLayout> = Vec::with_capacity(self.params.len());
         for group in &self.groups {
             let kinds = self.state_kinds(&group.algorithm);
@@ -119,12 +123,18 @@ impl Optimizer {
                     None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
                 };
                 let state = self.adafactor_layout_state(i).unwrap_or(state);
+                // So do 4-bit states.
+                let state =
+                    if q4.is_some() { kinds.iter().map(|kind| (*kind, DType::F32)).collect() } else { state };
                 params.push(ParamLayout {
                     len,
                     state,
                     master: master.then_some(self.params[i].dtype),
                     quantized: q8.is_some_and(|config| config.quantizes(len as u64)),
                 });
+                if let (Some(config), Some(param)) = (q4, params.last_mut()) {
+                    param.quantized = config.quantizes(len as u64);
+                }
             }
         }
         Layout {
@@ -133,6 +143,7 @@ impl Optimizer {
             shapes: &self.shapes,
             rounding: self.rounding,
             q8,
+            q4,
             schedule_free: ScheduleFreeLayout {
                 scalars: (0..self.groups.len())
                     .map(|g| self.schedule_free_scalars(g).unwrap_or_default())
@@ -153,6 +164,7 @@ impl Optimizer {
             // In master-weight mode the optimizer's parameters are the masters.
             Slot::Master { param } => Some(&self.params[param]),
             Slot::Q8 { .. } | Slot::Map { .. } => None,
+            Slot::Q4 { .. } => None,
         }
     }
 
@@ -217,6 +229,7 @@ impl Optimizer {
         let layout = self.layout();
         let data = layout.check(&checkpoint)?;
         let stored = layout.q8_states(&data)?;
+        let stored4 = layout.q4_states(&data)?;
         // Last, so that a file altered by hand is refused for what is wrong with its contents
         // when something is, and for its checksums otherwise.
         checkpoint.verify_checksums()?;
@@ -229,6 +242,7 @@ impl Optimizer {
                     format!("{}[{param}]", layout.params[param].state[k].0.torch_name())
                 }
                 Slot::Map { k, .. } => format!("qmap{}", k + 1),
+                Slot::Q4 { param, .. } => format!("q4 state {param}"),
             };
             writes.push((argument, tensor.clone(), data.into()));
         }
@@ -274,6 +288,7 @@ impl Optimizer {
             }
         }
         self.set_q8_states(&kinds, &stored)?;
+        self.set_q4_states(&kinds, &stored4)?;
         for (g, (algorithm, _)) in checkpoint.groups.iter().enumerate() {
             self.set_group_algorithm(g, *algorithm)?;
         }
@@ -286,6 +301,37 @@ impl Optimizer {
         }
         self.set_mode_unchanged(checkpoint.mode);
         self.set_step_count(step)
+    }
+
+    /// Every parameter's 4-bit states, `[i][k]` in the layout's order, read back (waits for
+    /// the queue); nothing without 4-bit state.
+    async fn q4_states(&self, layout: &Layout<'_>, blocking: bool) -> Result<Vec<Vec<crate::q4::Q4State>>> {
+        let Some(engine) = &self.q4 else { return Ok(Vec::new()) };
+        let mut stored = Vec::with_capacity(layout.params.len());
+        for (i, param) in layout.params.iter().enumerate() {
+            let mut states = Vec::with_capacity(param.state.len());
+            for (kind, _) in &param.state {
+                let state = match blocking {
+                    true => engine.read(&self.ctx, i, *kind)?,
+                    false => engine.read_async(&self.ctx, i, *kind).await?,
+                };
+                states.push(state.ok_or_else(|| bad(format!("parameter {i} keeps no 4-bit {kind:?}")))?);
+            }
+            stored.push(states);
+        }
+        Ok(stored)
+    }
+
+    /// Writes checked 4-bit states into the engine; nothing without 4-bit state.
+    fn set_q4_states(&self, kinds: &[Vec<StateKind>], stored: &[Vec<crate::q4::Q4State>]) -> Result<()> {
+        let Some(engine) = &self.q4 else { return Ok(()) };
+        for (i, (kinds, states)) in kinds.iter().zip(stored).enumerate() {
+            for (kind, state) in kinds.iter().zip(states) {
+                // `Layout::q4_states` checked each as the engine does.
+                engine.write(&self.ctx, i, *kind, state)?;
+            }
+        }
+        Ok(())
     }
 
     /// Every parameter's 8-bit states, `[i][k]` in the layout's order, read back (waits for

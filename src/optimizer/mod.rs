@@ -27,6 +27,7 @@ pub(crate) mod device;
 mod lamb;
 mod muon;
 mod options;
+mod q4;
 mod record;
 mod schedule_free;
 mod validate;
@@ -42,6 +43,7 @@ pub(crate) use schedule_free::check_scalars as check_schedule_free_scalars;
 pub(crate) use validate::{check_rounding_dtypes, check_shapes};
 
 use crate::gpu::dispatch::Uniforms;
+use crate::gpu::q4::Q4Engine;
 use crate::gpu::q8::Q8Engine;
 use crate::{Algorithm, DType, GpuContext, Rounding, Tensor};
 use clip::ClipPass;
@@ -101,6 +103,8 @@ pub struct Optimizer {
     /// With [`OptimizerBuilder::q8_states`]: the state and its dispatches (then `state`
     /// holds only the f32 states of tensors below `min_8bit_size`).
     q8: Option<Q8Engine>,
+    /// With [`OptimizerBuilder::q4_states`]: the 4-bit state and its dispatches.
+    q4: Option<Q4Engine>,
     /// Every range a step writes, for the check of each new set of gradients.
     written: WrittenRanges,
     /// The last gradients `record_unscale` found pairwise disjoint, so a trainer that

@@ -34,6 +34,7 @@ pub(crate) struct OptimizerOptions {
     pub rounding: Rounding,
     pub param_shapes: Vec<Vec<usize>>,
     pub q8_states: Option<Q8States>,
+    pub q4_states: Option<crate::q4::Q4States>,
 }
 
 /// How an [`Optimizer`] is built: [`Optimizer::builder`], the options chosen once (every one
@@ -157,6 +158,18 @@ impl OptimizerBuilder {
     /// [`Error::ConflictingOptions`]: crate::Error::ConflictingOptions
     pub fn q8_states(mut self, q8: impl Into<Option<Q8States>>) -> Self {
         self.options.q8_states = q8.into();
+        self
+    }
+
+    /// Blockwise 4-bit state for Adam and AdamW, torchao's `AdamW4bit` format
+    /// ([`Q4States`](crate::q4::Q4States)): each moment as half a byte per element plus one
+    /// f32 per block of `block_size` elements, for every tensor of at least `min_size`
+    /// elements in whole blocks (f32 state otherwise). Needs F32 parameters; excludes
+    /// `q8_states`, `state_dtype`, `capturable`, `master_weights`, `model_copies` and
+    /// non-default `rounding`, other algorithms than Adam, AMSGrad and `maximize`
+    /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)).
+    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
+        self.options.q4_states = q4.into();
         self
     }
 

@@ -101,6 +101,9 @@ impl Optimizer {
         if self.q8.is_some() {
             return self.record_q8_step(encoder, grads);
         }
+        if self.q4.is_some() {
+            return self.record_q4_step(encoder, grads);
+        }
         // Taken for these gradients only; the plain norm pass is right in any case, since it
         // reads the gradients the unscale pass left.
         let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)

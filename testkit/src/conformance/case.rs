@@ -163,6 +163,7 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "min_8bit_size", "block_size"],
     ),
     ("torch.Adafactor", Kind::Trajectory, &["lr", "beta2_decay", "eps", "d", "weight_decay", "maximize"]),
+    ("torchao.AdamW4bit", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"]),
 ];
 
 impl Case {

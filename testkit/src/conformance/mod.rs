@@ -3,6 +3,7 @@
 //! comparing with the expected values that an independent implementation produced.
 
 mod adafactor;
+mod ao4;
 mod case;
 mod lamb;
 mod muon;

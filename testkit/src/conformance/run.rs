@@ -66,6 +66,9 @@ impl Backend {
         if case.kind == Kind::Trajectory && case.op.starts_with("torch_optimizer.") {
             backends.push(Backend::Cpu);
         }
+        if case.kind == Kind::Trajectory && case.op.starts_with("torchao.") {
+            backends.push(Backend::Cpu);
+        }
         backends
     }
 
@@ -152,6 +155,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
         }
+        ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
@@ -176,6 +180,12 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         // 8-bit codes and their absmax compare as the format says; everything else as the case.
         let comparison = if want.dtype == ValueType::Integer && name.starts_with("state") {
             compare_codes(got, &want.values)
+        } else if want.dtype == ValueType::Integer && name.contains("_codes.") {
+            // 4-bit codes (torchao's `exp_avg_codes`, ...), by the same rule.
+            compare_codes(got, &want.values)
+        } else if name.contains("_scale.") {
+            // 4-bit scales, as absmax.
+            compare(got, &want.values, Tolerance::Close { rtol: 1e-4, atol: 0.0 })
         } else if name.starts_with("absmax") {
             compare(got, &want.values, Tolerance::Close { rtol: 1e-4, atol: 0.0 })
         } else {

@@ -18,6 +18,7 @@ use wgpu_optim as api;
 
 pub mod adafactor;
 pub mod ademamix;
+pub mod ao4;
 pub mod bnb;
 pub mod dtype;
 pub mod lamb;
@@ -30,6 +31,7 @@ pub mod torch;
 
 pub use adafactor::{AdafactorOracle, AdafactorTensorState};
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
+pub use ao4::ao4_adam_step;
 pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;
 pub use bnb::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};

@@ -1,0 +1,156 @@
+//! Running a `torchao.AdamW4bit` trajectory: `steps` steps from torchao's zero state, then
+//! the parameters (`param_out`), each tensor's states (4-bit: unpacked codes and scales
+//! under torchao's names, `exp_avg_codes`, `exp_avg_scale`, ...; f32 below `min_size` or
+//! off whole blocks: `exp_avg`, `exp_avg_sq`) and the two maps (`qmap1`, `qmap2`), on the
+//! oracle, the CPU backend or the GPU (each tensor in a buffer of its own, or all packed at
+//! odd offsets: 4-bit state has no stateless operator).
+
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+use wgpu_optim::q4::{self, Q4State, Q4States};
+use wgpu_optim::{Adam, DType, Error, GpuContext, Optimizer, Result, StateKind, Tensor};
+
+use super::case::{Case, CaseTensor};
+use super::run::{packed, Backend};
+use crate::oracle::ao4;
+
+type Outputs = Vec<(String, Vec<f64>)>;
+
+/// The case's AdamW and 4-bit settings, with torchao's defaults; AMSGrad is refused.
+fn config(case: &Case) -> Result<(Adam, Q4States)> {
+    let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.999))?;
+    if case.attr_bool("amsgrad", false)? {
+        return Err(case.bad("refused: amsgrad with 4-bit state is not implemented".into()));
+    }
+    let block_size = case.attr_f64("block_size", q4::BLOCK_SIZE as f64)?;
+    if block_size.fract() != 0.0 || !(1.0..=1e6).contains(&block_size) {
+        return Err(case.bad(format!("attribute `block_size` = {block_size} is not a block size")));
+    }
+    let adam = Adam {
+        lr: case.attr_f64("lr", 1e-3)?,
+        beta1,
+        beta2,
+        eps: case.attr_f64("eps", 1e-8)?,
+        weight_decay: case.attr_f64("weight_decay", 0.01)?,
+        decoupled_weight_decay: true,
+        amsgrad: false,
+        maximize: false,
+    };
+    Ok((adam, Q4States { block_size: block_size as usize, min_size: q4::MIN_SIZE }))
+}
+
+/// Runs the case on `backend` and names its outputs as the file does.
+pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
+    let (adam, config) = config(case)?;
+    let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
+    let (n, steps) = (case.count, case.steps);
+    let params: Vec<Vec<f64>> =
+        (0..n).map(|i| Ok(case.tensor(&format!("param.{i}"))?.values.clone())).collect::<Result<_>>()?;
+    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
+    let grad_at = |i: usize, k: usize| &grads[i].values[k * params[i].len()..(k + 1) * params[i].len()];
+    let mut finals: Vec<(Vec<f64>, Vec<Q4State>)> = Vec::with_capacity(n);
+    match (backend, ctx) {
+        (Backend::Oracle, _) => {
+            for (i, param) in params.iter().enumerate() {
+                let mut values = param.clone();
+                let zeros = || ao4::zeros(values.len(), config.block_size, config.min_size as usize);
+                let (mut m, mut v) = (zeros(), zeros());
+                for k in 0..steps {
+                    ao4::ao4_adam_step(
+                        &adam,
+                        k as u64 + 1,
+                        config.block_size,
+                        &mut values,
+                        grad_at(i, k),
+                        &mut m,
+                        &mut v,
+                    )?;
+                }
+                finals.push((values, vec![m, v]));
+            }
+        }
+        (Backend::Cpu, _) => {
+            let mut tensors: Vec<Vec<f32>> =
+                params.iter().map(|p| p.iter().map(|&v| v as f32).collect()).collect();
+            let views: Vec<HostSlice<'_>> = tensors.iter().map(|t| HostSlice::F32(t)).collect();
+            let mut optimizer = CpuOptimizer::builder().q4_states(config).build(adam, &views)?;
+            for k in 0..steps {
+                let g: Vec<Vec<f32>> =
+                    (0..n).map(|i| grad_at(i, k).iter().map(|&v| v as f32).collect()).collect();
+                let grad_views: Vec<HostSlice<'_>> = g.iter().map(|g| HostSlice::F32(g)).collect();
+                let mut param_views: Vec<HostSliceMut<'_>> =
+                    tensors.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
+                optimizer.step(&mut param_views, &grad_views)?;
+            }
+            for (i, t) in tensors.iter().enumerate() {
+                let states = kinds
+                    .iter()
+                    .map(|kind| {
+                        optimizer.q4_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                    })
+                    .collect::<Result<_>>()?;
+                finals.push((t.iter().map(|&v| f64::from(v)).collect(), states));
+            }
+        }
+        (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
+        (_, Some(ctx)) => {
+            let lengths: Vec<u64> = params.iter().map(|p| p.len() as u64).collect();
+            let (param_tensors, grad_tensors): (Vec<Tensor>, Vec<Tensor>) = if backend.in_place() {
+                let p: Vec<Tensor> = params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), p, DType::F32))
+                    .collect();
+                let g = p.iter().map(|t| ctx.zeros("grad", t.len, DType::F32)).collect();
+                (p, g)
+            } else {
+                (packed(ctx, "params", &lengths, DType::F32), packed(ctx, "grads", &lengths, DType::F32))
+            };
+            if !backend.in_place() {
+                for (t, values) in param_tensors.iter().zip(&params) {
+                    ctx.write_async(t, values).await?;
+                }
+            }
+            let mut optimizer = Optimizer::builder().q4_states(config).build(ctx, adam, &param_tensors)?;
+            for k in 0..steps {
+                for (i, t) in grad_tensors.iter().enumerate() {
+                    ctx.write_async(t, grad_at(i, k)).await?;
+                }
+                optimizer.step(&grad_tensors)?;
+            }
+            for (i, param) in param_tensors.iter().enumerate() {
+                let mut states = Vec::with_capacity(kinds.len());
+                for kind in kinds {
+                    let state = optimizer.q4_state_async(i, kind).await?;
+                    states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
+                }
+                finals.push((ctx.read_async(param).await?, states));
+            }
+        }
+    }
+    let mut outputs: Outputs = Vec::new();
+    for (i, (param, states)) in finals.into_iter().enumerate() {
+        outputs.push((format!("param_out.{i}"), param));
+        for (kind, state) in kinds.iter().zip(states) {
+            let name = kind.torch_name();
+            match state {
+                Q4State::Q4 { codes, scale } => {
+                    let codes = ao4::unpack(&codes);
+                    outputs.push((format!("{name}_codes.{i}"), codes.into_iter().map(f64::from).collect()));
+                    outputs.push((format!("{name}_scale.{i}"), scale.into_iter().map(f64::from).collect()));
+                }
+                Q4State::F32(values) => {
+                    outputs.push((format!("{name}.{i}"), values.into_iter().map(f64::from).collect()));
+                }
+            }
+        }
+    }
+    // The maps: the oracle's own, or the crate's.
+    let maps = match backend {
+        Backend::Oracle => [ao4::signed_map(), ao4::unsigned_map()],
+        _ => [q4::signed_map(), q4::unsigned_map()],
+    };
+    for (k, map) in maps.iter().enumerate() {
+        outputs.push((format!("qmap{}", k + 1), map.iter().map(|&x| f64::from(x)).collect()));
+    }
+    Ok(outputs)
+}
