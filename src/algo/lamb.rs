@@ -111,6 +111,7 @@ pub struct LambNorms {
 impl LambNorms {
     /// The norms from the sums of squares of the parameter and of the update direction,
     /// as the device's combine pass computes them (in f32).
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
     pub(crate) fn from_sums(config: &Lamb, sum_p: f32, sum_s: f32) -> Self {
         let weight_norm = sum_p.sqrt().min(config.clamp_value as f32);
         let adam_norm = sum_s.sqrt();
@@ -119,6 +120,7 @@ impl LambNorms {
     }
 
     /// The ratio the step applies: 1 with `adam`, else the trust ratio.
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
     pub(crate) fn applied(&self, config: &Lamb) -> f32 {
         if config.adam {
             1.0

@@ -233,6 +233,7 @@ impl AdafactorEngine {
     }
 
     /// Parameter `index`'s state `k` in `adafactor_state_kinds` order.
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn state_at(&self, index: usize, k: usize) -> Option<&Tensor> {
         let item = self.items.iter().find(|i| i.param == index)?;
         item.states.get(k).map(|(_, t)| t)
