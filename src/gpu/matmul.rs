@@ -4,7 +4,7 @@
 //! is the dispatch's z. Muon's Newton-Schulz iterations are sequences of these
 //! ([`crate::Muon`]); [`Matmul`] runs any sequence for a caller (and the tests and the bench).
 //!
-//! The per-dispatch parameters are one uniform slot each ([`MatmulParams`], [`NormParams`]),
+//! The per-dispatch parameters are one uniform slot each (`MatmulParams`, `NormParams`),
 //! written once, and selected by a dynamic offset: recording a sequence creates nothing.
 
 use bytemuck::{Pod, Zeroable};
