@@ -13,7 +13,7 @@
 //                         for the multi-tensor kernels): a TableHead, then vec4<u32> rows.
 //   entry_row(w)          the first row of the entry of workgroup w (a multiple of
 //                         ENTRY_ROWS, the rows of one entry).
-//   struct Segment,       a table entry (src/gpu/q8/layout.rs), and the one whose first
+//   struct Segment,       a table entry (src/gpu/blockwise/layout.rs), and the one whose first
 //   segment_at(r)         row is r, read from table.rows.
 //   params, state         the parameters' and the state arena's bindings.
 //   grad_at(j)            gradient j, from the gradients' binding or the parameters'.

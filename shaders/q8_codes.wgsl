@@ -59,7 +59,7 @@ fn absmax_of(largest_bits: vec4<u32>) -> vec4<f32> {
 
 // Loads state k's word `w` of block `b` into old_states[k].
 fn load_state(k: u32, b: u32, w: u32) {
-    let scale = bitcast<f32>(state[seg.absmax[k] + b]);
+    let scale = bitcast<f32>(state[seg.scale[k] + b]);
     let word = select(0u, state[seg.values[k] + b * BLOCK_WORDS + w], live.x);
     old_states[k] = dequantize(CODINGS[k].map, word, scale);
 }
@@ -99,7 +99,7 @@ fn store_states(b: u32, w: u32, absmax: vec4<f32>) {
 
 // Each state's new absmax of block `b`.
 fn store_absmax(b: u32, absmax: vec4<f32>) {
-    if STATES > 0u { state[seg.absmax[0] + b] = bitcast<u32>(absmax.x); }
-    if STATES > 1u { state[seg.absmax[1] + b] = bitcast<u32>(absmax.y); }
-    if STATES > 2u { state[seg.absmax[2] + b] = bitcast<u32>(absmax.z); }
+    if STATES > 0u { state[seg.scale[0] + b] = bitcast<u32>(absmax.x); }
+    if STATES > 1u { state[seg.scale[1] + b] = bitcast<u32>(absmax.y); }
+    if STATES > 2u { state[seg.scale[2] + b] = bitcast<u32>(absmax.z); }
 }

@@ -1,6 +1,7 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
 
 pub(crate) mod adafactor;
+pub(crate) mod blockwise;
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;

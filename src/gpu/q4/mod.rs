@@ -1,234 +1,75 @@
-//! Blockwise 4-bit state on the GPU ([`crate::q4`]), laid out and dispatched as
-//! `gpu::q8`'s 8-bit state is: each parameter's state at its own place in a state arena
-//! (per state: its codes, eight to a word, then one scale per block; or f32 values for a
-//! tensor that keeps f32 state), arenas as large as a storage binding allows, and one
-//! dispatch per variant and set of buffers, whose table lists the segments (tensors, or
-//! chunks of a tensor larger than a binding) it updates. Pipelines are in the context's
-//! registry (`gpu::pipeline`).
+//! Blockwise 4-bit state on the GPU ([`crate::q4`]), kept and dispatched by the engine
+//! 8-bit state shares ([`crate::gpu::blockwise`]): per state, its codes, eight to a word,
+//! then one scale per block, or f32 values for a tensor that keeps f32 state.
 //!
-//! Beside `gpu::q8`'s engine rather than one with it: the block is the configuration's
-//! (128 by default, not 256), a word holds eight codes (not four), a block's scale is at
-//! least 1e-12 (not 1 for a zero block), codes are found by torchao's search over 16
-//! entries (no code tables), and only Adam runs.
+//! What is 4-bit's own: the block is the configuration's (128 by default, not 256), a word
+//! holds eight codes (not four), a block's scale is at least 1e-12 (not 1 for a zero block),
+//! codes are found by torchao's search over 16 entries (no code tables), f32 state runs
+//! 8-bit's f32 entry point over blocks of [`shader::F32_BLOCK`], and only Adam runs.
 
-mod layout;
 mod shader;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
-use wgpu::util::DeviceExt;
-
-use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
-use crate::gpu::packing::{cover, overlap, pack_greedy};
-use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
-use crate::gpu::plan::{check_range, Arg};
-use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
+pub(crate) use crate::gpu::blockwise::Variant;
+use crate::gpu::blockwise::{Engine, Format, Stored};
+use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q4::{check_replacement, Q4State, Q4States};
-use crate::step::Switches;
-use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
+use crate::{Algorithm, Result, StateKind, Tensor};
 
-pub(crate) use shader::CODES_PER_WORD;
-
-/// What selects one compiled 4-bit pipeline.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Variant {
-    switches: Switches,
-    kinds: Vec<StateKind>,
-    quantized: bool,
-    grad_in_params: bool,
-    /// One invocation per block (CPU adapters), not a workgroup per group of blocks.
-    serial: bool,
-    /// Gradients scaled by the clip coefficient (global clipping).
-    clip: bool,
-    /// Elements per block of 4-bit state.
-    block_size: u32,
-}
-
-/// Where one state of one tensor chunk lies in its arena, in words.
-#[derive(Clone, Copy, Debug)]
-struct Placement {
-    values: u64,
-    scale: u64,
-}
-
-/// The states of a run of whole blocks of one tensor, all in one arena.
+/// 4-bit state: eight codes to a word, blocks of the configuration's size.
 #[derive(Debug)]
-struct StateChunk {
-    start: u64,
-    len: u64,
-    placements: Vec<Placement>,
-    buffer: wgpu::Buffer,
+pub(crate) struct Q4 {
+    config: Q4States,
 }
 
-/// One parameter's state.
-#[derive(Debug)]
-struct TensorState {
-    len: u64,
-    group: usize,
-    quantized: bool,
-    kinds: Vec<StateKind>,
-    /// In element order; one chunk where f32.
-    chunks: Vec<StateChunk>,
-}
+impl Format for Q4 {
+    const NAME: &'static str = "4-bit";
+    const OPTION: &'static str = "q4_states";
+    const CODES_PER_WORD: u64 = shader::CODES_PER_WORD as u64;
+    const F32_TOO_LARGE: &'static str = "f32 state is kept in one binding: lower min_size, or make it a \
+                                         whole number of blocks, so that it keeps 4-bit state";
 
-/// Words one state of `len` elements takes: its codes, eight to a word, and one scale per
-/// block where `quantized` (`len` is then a whole number of blocks, each of whole words);
-/// f32 values otherwise.
-fn state_words(len: u64, quantized: bool, block_size: u64) -> (u64, u64) {
-    if quantized {
-        (len / u64::from(CODES_PER_WORD), len / block_size)
-    } else {
-        (len, 0)
-    }
-}
-
-/// Elements per chunk of a tensor so that a chunk's `kinds` states fit an arena of
-/// `arena_cap` bytes (whole blocks of 4-bit state; f32 state is never cut). `None` where
-/// not even one block (or the f32 state) fits.
-fn chunk_elements(len: u64, kinds: u64, quantized: bool, block: u64, arena_cap: u64) -> Option<u64> {
-    let (values, scale) = state_words(len, quantized, block);
-    if 4 * kinds * (values + scale) <= arena_cap {
-        return Some(len.max(1));
-    }
-    let block_bytes = 4 * kinds * (block / u64::from(CODES_PER_WORD) + 1);
-    let blocks = arena_cap / block_bytes;
-    (quantized && blocks > 0).then_some(blocks * block)
-}
-
-/// One chunk of one state to read back: its codes (or values) and scales as one tensor, the
-/// byte where the scales start in it, and the chunk's elements.
-struct Readback {
-    both: Tensor,
-    split: usize,
-    len: usize,
-}
-
-/// One dispatch: the segments of one variant over one set of buffers.
-#[derive(Debug)]
-struct Dispatch {
-    pipeline: Arc<CachedPipeline>,
-    bind_group: wgpu::BindGroup,
-    workgroups: u32,
-    group: usize,
-}
-
-/// The dispatches for one set of gradients.
-#[derive(Debug)]
-struct Bound {
-    grads: Vec<Tensor>,
-    dispatches: Vec<Dispatch>,
-}
-
-/// One segment (a tensor, or a chunk of one) before it joins a dispatch.
-struct Segment {
-    key: DispatchKey,
-    n: u64,
-    blocks: u64,
-    param_bytes: (u64, u64),
-    grad_bytes: (u64, u64),
-    /// Per state: the first word of its codes (or f32 values), and of its scales.
-    state_words: [(u64, u64); layout::MAX_STATES],
-    wanted: u32,
-}
-
-/// What one dispatch shares: the variant, the group's scalars and the buffers.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct DispatchKey {
-    variant: Variant,
-    group: usize,
-    params: wgpu::Buffer,
-    grads: Option<wgpu::Buffer>,
-    state: wgpu::Buffer,
-}
-
-/// A dispatch being assembled (as `gpu::q8`'s `Pending`).
-struct Pending {
-    key: DispatchKey,
-    params: (u64, u64),
-    grads: (u64, u64),
-    segments: Vec<usize>,
-}
-
-impl Pending {
-    /// Adds segment `s` if the bindings stay within `max_binding`, the table has room, and
-    /// it writes no byte another segment reads or writes.
-    fn try_add(&mut self, s: usize, segments: &[Segment], align: u64, max_binding: u64) -> bool {
-        let segment = &segments[s];
-        let wanted = self.segments.iter().chain([&s]).map(|&o| u64::from(segments[o].wanted)).sum();
-        if !table_fits(self.segments.len() + 1, layout::ENTRY_ROWS, wanted) {
-            return false;
-        }
-        let params = cover(self.params, segment.param_bytes, align);
-        let params = if self.key.grads.is_none() { cover(params, segment.grad_bytes, align) } else { params };
-        let grads = cover(self.grads, segment.grad_bytes, align);
-        let fits = |(lo, hi): (u64, u64)| hi - lo <= max_binding;
-        if !fits(params) || (self.key.grads.is_some() && !fits(grads)) {
-            return false;
-        }
-        let shared = self.key.grads.is_none();
-        let races = self.segments.iter().any(|&o| {
-            let other = &segments[o];
-            overlap(segment.param_bytes, other.param_bytes)
-                || (shared && overlap(segment.param_bytes, other.grad_bytes))
-                || (shared && overlap(segment.grad_bytes, other.param_bytes))
-        });
-        if races {
-            return false;
-        }
-        self.params = params;
-        self.grads = grads;
-        self.segments.push(s);
-        true
+    fn block_size(&self) -> u64 {
+        self.config.block_size as u64
     }
 
-    fn groups(&self, segments: &[Segment]) -> Vec<u32> {
-        share_workgroups(&self.segments.iter().map(|&s| segments[s].wanted).collect::<Vec<_>>())
+    /// Whole blocks only (`len` then fills whole words), from `min_size` on.
+    fn quantizes(&self, len: u64) -> bool {
+        self.config.quantizes(len)
     }
 
-    /// The table's words: the [`TableHead`], a [`layout::Segment`] per segment, the
-    /// workgroup map.
-    fn table(&self, segments: &[Segment]) -> Vec<u32> {
-        let head = TableHead { rows: self.segments.len() as u32, ..TableHead::default() };
-        let mut words = head.words().to_vec();
-        let mut first_group = 0;
-        let groups = self.groups(segments);
-        let grads_from = if self.key.grads.is_none() { self.params.0 } else { self.grads.0 };
-        for (&s, &groups) in self.segments.iter().zip(&groups) {
-            let segment = &segments[s];
-            let entry = layout::Segment {
-                n: segment.n as u32,
-                blocks: segment.blocks as u32,
-                first_group,
-                groups,
-                param: ((segment.param_bytes.0 - self.params.0) / 4) as u32,
-                grad: ((segment.grad_bytes.0 - grads_from) / 4) as u32,
-                reserved: [0; 2],
-                values: std::array::from_fn(|k| segment.state_words.get(k).map_or(0, |w| w.0 as u32)),
-                scale: std::array::from_fn(|k| segment.state_words.get(k).map_or(0, |w| w.1 as u32)),
-            };
-            words.extend(entry.words());
-            first_group += groups;
+    /// Whole blocks of both kinds: 4-bit's, and f32's of [`shader::F32_BLOCK`].
+    fn piece_unit(&self) -> u64 {
+        self.block_size().max(u64::from(shader::F32_BLOCK))
+    }
+
+    /// f32 states: blocks of [`shader::F32_BLOCK`], a workgroup each. 4-bit states (whole
+    /// blocks): an invocation owns a block where serial, a workgroup
+    /// [`shader::blocks_per_group`] blocks otherwise.
+    fn blocks(&self, variant: &Variant, n: u64) -> (u64, u64) {
+        if !variant.quantized {
+            let blocks = n.div_ceil(u64::from(shader::F32_BLOCK));
+            return (blocks, blocks);
         }
-        words.extend(workgroup_map(&groups));
-        words
+        let block = self.block_size();
+        let per_owner =
+            if variant.serial { shader::WORKGROUP } else { shader::blocks_per_group(block as u32) };
+        (n / block, (n / block).div_ceil(u64::from(per_owner)))
+    }
+
+    fn pipeline(ctx: &GpuContext, variant: &Variant) -> Result<Arc<CachedPipeline>> {
+        ctx.inner.pipelines.get_q4(ctx, variant)
     }
 }
 
 /// The 4-bit state of an optimizer and the dispatches that update it.
-#[derive(Debug)]
-pub(crate) struct Q4Engine {
-    config: Q4States,
-    tensors: Vec<TensorState>,
-    switches: Vec<Switches>,
-    bound: Option<Bound>,
-    serial: bool,
-    clip: bool,
-}
+pub(crate) type Q4Engine = Engine<Q4>;
 
-impl Q4Engine {
+impl Engine<Q4> {
     /// Zeroed state (torchao's: codes 0 under scale 0) for `params`, parameter i in group
     /// `groups[i]` run by `algorithms[g]` (checked by [`crate::q4::check_options`]).
     pub(crate) fn new(
@@ -239,327 +80,19 @@ impl Q4Engine {
         algorithms: &[Algorithm],
         clip: bool,
     ) -> Result<Self> {
-        let limits = ctx.device().limits();
-        let max_binding = limits.max_storage_buffer_binding_size;
-        let arena_cap = max_binding.min(limits.max_buffer_size) / 4 * 4;
-        let block = config.block_size as u64;
-        let mut layouts = Vec::with_capacity(params.len());
-        let mut arenas: Vec<u64> = Vec::new();
-        for (i, (param, &group)) in params.iter().zip(groups).enumerate() {
-            let kinds = algorithms[group].state_kinds().to_vec();
-            let quantized = config.quantizes(param.len);
-            let Some(chunk) = chunk_elements(param.len, kinds.len() as u64, quantized, block, arena_cap)
-            else {
-                let (values, scale) = state_words(param.len, quantized, block);
-                let bytes = 4 * kinds.len() as u64 * (values + scale);
-                return Err(Error::BadRange {
-                    argument: format!("params[{i}]"),
-                    problem: format!(
-                        "its f32 state takes {bytes} bytes, more than the device's largest storage \
-                         binding ({max_binding} bytes, max_storage_buffer_binding_size), and f32 state \
-                         is kept in one binding: lower min_size, or make it a whole number of blocks, \
-                         so that it keeps 4-bit state"
-                    ),
-                });
-            };
-            let mut chunks = Vec::new();
-            for start in (0..param.len.max(1)).step_by(chunk as usize) {
-                let len = (param.len - start).min(chunk);
-                let (value_words, scale_words) = state_words(len, quantized, block);
-                let bytes = 4 * kinds.len() as u64 * (value_words + scale_words);
-                if arenas.last().is_none_or(|&used| used + bytes > arena_cap) {
-                    arenas.push(0);
-                }
-                let arena = arenas.len() - 1;
-                let first = arenas[arena] / 4;
-                arenas[arena] += bytes;
-                let placements: Vec<Placement> = (0..kinds.len() as u64)
-                    .map(|k| {
-                        let at = first + k * (value_words + scale_words);
-                        Placement { values: at, scale: at + value_words }
-                    })
-                    .collect();
-                chunks.push((start, len, placements, arena));
-            }
-            layouts.push((param.len, group, quantized, kinds, chunks));
-        }
-        ctx.catch("creating the 4-bit state", || {
-            let device = ctx.device();
-            // Created zeroed: codes 0 under scale 0, torchao's fresh state.
-            let buffers: Vec<wgpu::Buffer> = arenas
-                .iter()
-                .map(|&bytes| {
-                    device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("wgpu-optim 4-bit state"),
-                        size: bytes.max(4),
-                        usage: wgpu::BufferUsages::STORAGE
-                            | wgpu::BufferUsages::COPY_SRC
-                            | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })
-                })
-                .collect();
-            let tensors = layouts
-                .into_iter()
-                .map(|(len, group, quantized, kinds, chunks)| TensorState {
-                    len,
-                    group,
-                    quantized,
-                    kinds,
-                    chunks: chunks
-                        .into_iter()
-                        .map(|(start, len, placements, arena)| StateChunk {
-                            start,
-                            len,
-                            placements,
-                            buffer: buffers[arena].clone(),
-                        })
-                        .collect(),
-                })
-                .collect();
-            Q4Engine {
-                config,
-                tensors,
-                switches: algorithms.iter().map(|a| a.kernel_step(1).switches()).collect(),
-                bound: None,
-                // As 8-bit's: a CPU adapter runs a barrier as a switch through every
-                // invocation, so one invocation owns a block there.
-                serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
-                clip,
-            }
-        })
-    }
-
-    /// Chooses who owns a block (tests cover both kernels on any adapter).
-    #[cfg(test)]
-    pub(crate) fn set_serial(&mut self, serial: bool) {
-        self.serial = serial;
-        self.bound = None;
-    }
-
-    /// Group `g` now runs `algorithm` (same state kinds): its pipelines change with its
-    /// switches.
-    pub(crate) fn set_algorithm(&mut self, g: usize, algorithm: &Algorithm) {
-        let switches = algorithm.kernel_step(1).switches();
-        if self.switches[g] != switches {
-            self.switches[g] = switches;
-            self.bound = None;
-        }
+        Engine::with_format(ctx, Q4 { config }, params, groups, algorithms, clip)
     }
 
     /// The 4-bit settings.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn config(&self) -> Q4States {
-        self.config
+        self.format.config
     }
 
-    /// Builds the dispatches for `grads` unless they are the last ones bound. Refused, with
-    /// nothing recorded, for gradients that are not F32, not of their parameter's length,
-    /// not bindable, or that overlap their parameter.
-    pub(crate) fn bind(&mut self, ctx: &GpuContext, params: &[Tensor], grads: &[Tensor]) -> Result<()> {
-        if self.bound.as_ref().is_some_and(|b| b.grads == grads) {
-            return Ok(());
-        }
-        if grads.len() != params.len() {
-            return Err(Error::CountMismatch {
-                argument: "grads".into(),
-                got: grads.len(),
-                expected: params.len(),
-            });
-        }
-        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
-            let arg = Arg::new(format!("grads[{i}]"), grad);
-            check_range(&arg)?;
-            if grad.dtype != DType::F32 {
-                return Err(Error::DTypeMismatch {
-                    argument: arg.name,
-                    got: grad.dtype,
-                    expected: "F32 with q4_states".into(),
-                });
-            }
-            if grad.len != param.len {
-                return Err(Error::LengthMismatch {
-                    argument: arg.name,
-                    got: grad.len,
-                    expected: param.len,
-                    reference: format!("params[{i}]"),
-                });
-            }
-            let overlaps = grad.buffer == param.buffer
-                && grad.offset < param.offset + 4 * param.len
-                && param.offset < grad.offset + 4 * grad.len;
-            if overlaps && grad != param {
-                return Err(Error::PartialOverlap { output: format!("params[{i}]"), other: arg.name });
-            }
-        }
-        let limits = ctx.device().limits();
-        let align = u64::from(limits.min_storage_buffer_offset_alignment);
-        let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment);
-        let max_binding = limits.max_storage_buffer_binding_size;
-        let block = self.config.block_size as u64;
-        // Elements per piece: whole blocks of both kinds (4-bit, and f32's of 256) whose f32
-        // range fits a binding after alignment.
-        let unit = block.max(u64::from(shader::F32_BLOCK));
-        let chunk = ((max_binding.saturating_sub(align)) / 4 / unit * unit).max(unit);
-        let mut segments: Vec<Segment> = Vec::new();
-        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
-            let tensor = &self.tensors[i];
-            let shared = grad.buffer == param.buffer;
-            let quantized = tensor.quantized && !tensor.kinds.is_empty();
-            let variant = Variant {
-                switches: self.switches[tensor.group],
-                kinds: tensor.kinds.clone(),
-                quantized,
-                grad_in_params: shared,
-                serial: self.serial && quantized,
-                clip: self.clip,
-                block_size: self.config.block_size as u32,
-            };
-            let pieces = tensor.chunks.iter().flat_map(|state| {
-                (0..state.len).step_by(chunk as usize).map(move |at| (state, at, (state.len - at).min(chunk)))
-            });
-            for (state, at, n) in pieces {
-                let key = DispatchKey {
-                    variant: variant.clone(),
-                    group: tensor.group,
-                    params: param.buffer.clone(),
-                    grads: (!shared).then(|| grad.buffer.clone()),
-                    state: state.buffer.clone(),
-                };
-                let start = state.start + at;
-                let bytes = |t: &Tensor| (t.offset + 4 * start, t.offset + 4 * (start + n));
-                let (param_bytes, grad_bytes) = (bytes(param), bytes(grad));
-                if shared {
-                    let lo = param_bytes.0.min(grad_bytes.0) / align * align;
-                    let hi = param_bytes.1.max(grad_bytes.1);
-                    if hi - lo > max_binding {
-                        return Err(Error::BadRange {
-                            argument: format!("grads[{i}]"),
-                            problem: format!(
-                                "it shares a buffer with params[{i}] too far apart to bind both at once \
-                                 ({} bytes, more than max_storage_buffer_binding_size {max_binding}): \
-                                 put gradients in a buffer of their own",
-                                hi - lo
-                            ),
-                        });
-                    }
-                }
-                let mut state_words = [(0, 0); layout::MAX_STATES];
-                for (k, placement) in state.placements.iter().enumerate() {
-                    state_words[k] = if tensor.quantized {
-                        (placement.values + at / u64::from(CODES_PER_WORD), placement.scale + at / block)
-                    } else {
-                        (placement.values + at, 0)
-                    };
-                }
-                let (blocks, owners) = if !quantized {
-                    let blocks = n.div_ceil(u64::from(shader::F32_BLOCK));
-                    (blocks, blocks)
-                } else if variant.serial {
-                    (n / block, (n / block).div_ceil(u64::from(shader::WORKGROUP)))
-                } else {
-                    (n / block, (n / block).div_ceil(u64::from(shader::blocks_per_group(block as u32))))
-                };
-                let wanted = owners as u32;
-                segments.push(Segment { key, n, blocks, param_bytes, grad_bytes, state_words, wanted });
-            }
-        }
-        let empty = (u64::MAX, 0);
-        let pending = pack_greedy(
-            segments.iter().enumerate().map(|(s, segment)| (Some(segment.key.clone()), s)),
-            |s| {
-                let key = segments[s].key.clone();
-                let mut fresh = Pending { key, params: empty, grads: empty, segments: Vec::new() };
-                // A lone segment always fits: its ranges were checked above.
-                let added = fresh.try_add(s, &segments, align, max_binding);
-                debug_assert!(added);
-                fresh
-            },
-            |dispatch, &s| dispatch.try_add(s, &segments, align, max_binding),
-        );
-        let mut pipelines = Vec::with_capacity(pending.len());
-        for dispatch in &pending {
-            pipelines.push(ctx.inner.pipelines.get_q4(ctx, &dispatch.key.variant)?);
-        }
-        let slot = TABLE_BYTES.next_multiple_of(uniform_align);
-        let mut contents = vec![0u8; pending.len() * slot as usize];
-        for (dispatch, bytes) in pending.iter().zip(contents.chunks_exact_mut(slot as usize)) {
-            let table = dispatch.table(&segments);
-            bytes[..4 * table.len()].copy_from_slice(bytemuck::cast_slice(&table));
-        }
-        let device = ctx.device();
-        let dispatches = ctx.catch("binding the 4-bit step", || {
-            let uniforms = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("wgpu-optim 4-bit segment tables"),
-                contents: &contents,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-            let mut dispatches = Vec::with_capacity(pending.len());
-            for (d, (dispatch, pipeline)) in pending.iter().zip(pipelines).enumerate() {
-                let key = &dispatch.key;
-                let at = d as u64 * slot;
-                let mut entries = vec![
-                    buffer(binding::TABLE, &uniforms, (at, at + TABLE_BYTES)),
-                    buffer(binding::Q8_PARAMS, &key.params, dispatch.params),
-                    buffer(binding::Q8_STATE, &key.state, (0, key.state.size())),
-                ];
-                if let Some(grad_buffer) = &key.grads {
-                    entries.push(buffer(binding::Q8_GRADS, grad_buffer, dispatch.grads));
-                }
-                let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("wgpu-optim 4-bit step"),
-                    layout: &pipeline.segment_layout,
-                    entries: &entries,
-                });
-                let workgroups = dispatch.groups(&segments).iter().sum::<u32>();
-                dispatches.push(Dispatch { pipeline, bind_group, workgroups, group: key.group });
-            }
-            dispatches
-        })?;
-        self.bound = Some(Bound { grads: grads.to_vec(), dispatches });
-        Ok(())
-    }
-
-    /// Records the bound dispatches; `scalars[g]` is group g's hyperparameter bind group.
-    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
-        let Some(bound) = &self.bound else { return };
-        for dispatch in &bound.dispatches {
-            pass.set_pipeline(&dispatch.pipeline.pipeline);
-            pass.set_bind_group(binding::GROUP_SCALARS, &scalars[dispatch.group], &[]);
-            pass.set_bind_group(binding::GROUP_TABLE, &dispatch.bind_group, &[]);
-            pass.dispatch_workgroups(dispatch.workgroups, 1, 1);
-        }
-    }
-
-    /// State `kind` of parameter `i` as a tensor, where it is f32.
-    pub(crate) fn f32_state(&self, i: usize, kind: StateKind) -> Option<Tensor> {
-        let tensor = self.tensors.get(i)?;
-        let k = tensor.kinds.iter().position(|s| *s == kind)?;
-        let chunk = tensor.chunks.first().filter(|_| !tensor.quantized)?;
-        Some(Tensor::new(&chunk.buffer, 4 * chunk.placements[k].values, tensor.len, DType::F32))
-    }
-
-    /// The words of state `k` of parameter `i`, chunk by chunk: its codes (or values), and
-    /// its scales.
-    fn views(&self, i: usize, k: usize) -> impl Iterator<Item = (Tensor, Tensor)> + '_ {
-        let tensor = &self.tensors[i];
-        let block = self.config.block_size as u64;
-        tensor.chunks.iter().map(move |chunk| {
-            let placement = chunk.placements[k];
-            let (value_words, scale_words) = state_words(chunk.len, tensor.quantized, block);
-            let values = Tensor::new(&chunk.buffer, 4 * placement.values, value_words, DType::F32);
-            (values, Tensor::new(&chunk.buffer, 4 * placement.scale, scale_words, DType::F32))
-        })
-    }
-
-    /// Parameter `i`'s state of `kind`, read back (waits for the queue).
+    /// Parameter `i`'s state of `kind`, read back (waits for the queue): the codes' bytes
+    /// are torchao's packed codes as they lie in the words.
     pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<Q4State>> {
-        let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
-        let mut parts = Vec::with_capacity(views.len());
-        for view in &views {
-            parts.push(ctx.read_bytes(&view.both)?);
-        }
-        Ok(Some(self.decode(i, &views, &parts)))
+        Ok(self.read_stored(ctx, i, kind)?.map(from_stored))
     }
 
     /// [`Self::read`] without blocking (a browser's main thread).
@@ -569,105 +102,31 @@ impl Q4Engine {
         i: usize,
         kind: StateKind,
     ) -> Result<Option<Q4State>> {
-        let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
-        let mut parts = Vec::with_capacity(views.len());
-        for view in &views {
-            parts.push(ctx.read_bytes_async(&view.both).await?);
-        }
-        Ok(Some(self.decode(i, &views, &parts)))
-    }
-
-    fn readback_views(&self, i: usize, kind: StateKind) -> Option<Vec<Readback>> {
-        let tensor = self.tensors.get(i)?;
-        let k = tensor.kinds.iter().position(|s| *s == kind)?;
-        let views = self.views(i, k).zip(&tensor.chunks).map(|((values, scale), chunk)| {
-            // A state's scale words follow its codes: one readback takes both.
-            debug_assert_eq!(scale.offset, values.offset + 4 * values.len);
-            let both = Tensor::new(&values.buffer, values.offset, values.len + scale.len, DType::F32);
-            Readback { both, split: 4 * values.len as usize, len: chunk.len as usize }
-        });
-        Some(views.collect())
-    }
-
-    /// Parameter `i`'s state from the bytes of its readbacks: the codes' bytes are torchao's
-    /// packed codes as they lie in the words.
-    fn decode(&self, i: usize, views: &[Readback], parts: &[Vec<u8>]) -> Q4State {
-        let tensor = &self.tensors[i];
-        let mut codes = Vec::with_capacity(tensor.len as usize / 2);
-        let mut scale: Vec<f32> = Vec::new();
-        for (view, bytes) in views.iter().zip(parts) {
-            let (value_bytes, scale_bytes) = bytes.split_at(view.split);
-            if !tensor.quantized {
-                return Q4State::F32(bytemuck::pod_collect_to_vec(value_bytes));
-            }
-            codes.extend_from_slice(&value_bytes[..view.len / 2]);
-            scale.extend(bytemuck::pod_collect_to_vec::<u8, f32>(scale_bytes));
-        }
-        Q4State::Q4 { codes, scale }
+        Ok(self.read_stored_async(ctx, i, kind).await?.map(from_stored))
     }
 
     /// Replaces parameter `i`'s state of `kind` (queued). Refused, with nothing written,
     /// where `state` is not stored as this tensor's is or has the wrong length.
     pub(crate) fn write(&self, ctx: &GpuContext, i: usize, kind: StateKind, state: &Q4State) -> Result<()> {
-        let count = self.tensors.len();
-        let tensor = self.tensors.get(i).ok_or_else(|| Error::BadRange {
-            argument: format!("index {i}"),
-            problem: format!("the optimizer has {count} parameters (indices from 0)"),
-        })?;
-        let k = tensor.kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
-            argument: format!("state kind {kind:?}"),
-            got: vec![kind],
-            expected: tensor.kinds.clone(),
-        })?;
-        check_replacement(state, self.config, tensor.len as usize, &format!("q4 state {i} {kind:?}"))?;
-        let block = self.config.block_size;
-        for ((values, scale_view), chunk) in self.views(i, k).zip(&tensor.chunks) {
-            let (start, end) = (chunk.start as usize, (chunk.start + chunk.len) as usize);
-            match state {
-                Q4State::F32(v) => ctx.write_bytes(&values, bytemuck::cast_slice(&v[start..end]))?,
-                Q4State::Q4 { codes, scale } => {
-                    ctx.write_bytes(&values, &codes[start / 2..end / 2])?;
-                    let first = start / block;
-                    let scale = &scale[first..first + scale_view.len as usize];
-                    if !scale.is_empty() {
-                        ctx.write_bytes(&scale_view, bytemuck::cast_slice(scale))?;
-                    }
-                }
-            }
-        }
-        Ok(())
+        let len = self.state_len(i, kind)?;
+        check_replacement(state, self.format.config, len, &format!("q4 state {i} {kind:?}"))?;
+        let stored = match state {
+            Q4State::Q4 { codes, scale } => Stored::Codes { codes: &codes[..], scale: &scale[..] },
+            Q4State::F32(values) => Stored::F32(&values[..]),
+        };
+        self.write_stored(ctx, i, kind, stored)
     }
 }
 
-/// Binding `binding` of bytes `lo..hi` of `buffer`.
-fn buffer(binding: u32, buffer: &wgpu::Buffer, (lo, hi): (u64, u64)) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry {
-        binding,
-        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer,
-            offset: lo,
-            size: wgpu::BufferSize::new(hi - lo),
-        }),
+fn from_stored(stored: Stored<Vec<u8>, Vec<f32>>) -> Q4State {
+    match stored {
+        Stored::Codes { codes, scale } => Q4State::Q4 { codes, scale },
+        Stored::F32(values) => Q4State::F32(values),
     }
 }
 
-/// The pipeline of `variant`; the context's registry calls this once per variant.
+/// The pipeline of `variant`; the context's registry (`gpu::pipeline`) calls this once per
+/// variant.
 pub(crate) fn compile(ctx: &GpuContext, variant: &Variant) -> Result<CachedPipeline> {
-    let source = shader::compose(variant);
-    let overrides = variant.switches.overrides();
-    let label = format!("wgpu-optim 4-bit {} {overrides:?}", variant.switches.family().name());
-    use wgpu::BufferBindingType::{Storage, Uniform};
-    let mut entries = vec![
-        buffer_entry(binding::TABLE, Uniform, false, TABLE_BYTES),
-        buffer_entry(binding::Q8_PARAMS, Storage { read_only: false }, false, 4),
-        buffer_entry(binding::Q8_STATE, Storage { read_only: false }, false, 4),
-    ];
-    if !variant.grad_in_params {
-        entries.push(buffer_entry(binding::Q8_GRADS, Storage { read_only: true }, false, 4));
-    }
-    let group0 = ctx.inner.scalar_layouts.get(Scalars::Host, variant.clip);
-    let constants: Vec<(&str, f64)> = overrides.iter().map(|o| o.constant()).collect();
-    let (pipeline, segment_layout) = create(ctx, &label, &source, group0, &entries, &constants)?;
-    log::debug!("compiled {label}");
-    Ok(CachedPipeline { pipeline, segment_layout })
+    crate::gpu::blockwise::compile(ctx, "4-bit", variant, &shader::compose(variant), false)
 }

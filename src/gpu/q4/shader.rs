@@ -14,7 +14,7 @@
 //! block, for CPU adapters).
 //!
 //! The prelude declares what `gpu::q8::shader` documents for `q8.wgsl` (`R`, `S`, the
-//! constants, the table and `struct Segment` of [`super::layout`], the bindings, the state
+//! constants, the table and `struct Segment` of [`crate::gpu::blockwise::layout`], the bindings, the state
 //! loads and stores, `struct Hyper`), and with 4-bit states: `MAP0`, `MAP1` (state k's map,
 //! 16 f32 each), `ZERO0`, `ZERO1` (the code a non-finite value takes), `count0(x)`,
 //! `count1(x)` (the number of state k's thresholds not above x: its code), `MIN_SCALE`,
@@ -22,8 +22,8 @@
 
 use std::fmt::Write;
 
-use super::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use super::Variant;
+use crate::gpu::blockwise::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
 use crate::q4::{map_for, thresholds, zero_code, MIN_SCALE};
 use crate::step::clip::ClipHeader;

@@ -26,7 +26,7 @@
 //!
 //! - constants: `BLOCK_SIZE` ([`crate::q8::BLOCK_SIZE`]), [`CODES_PER_WORD`],
 //!   [`BLOCK_WORDS`], [`WORKGROUP`], [`FAN_IN`], `STATES` (the variant's state count),
-//!   `MAX_STATES` ([`super::layout`]), and `BINDING_<NAME>` for every constant of
+//!   `MAX_STATES` ([`crate::gpu::blockwise::layout`]), and `BINDING_<NAME>` for every constant of
 //!   `gpu::kernel::binding`; with 8-bit states also
 //!   `crate::q8::lut`'s `SMALLEST`, `ONE`, `INFINITY`, `BUCKET_SHIFT`, `BUCKETS_PER_SIGN`,
 //!   and `CODINGS`, each state's map, table and code of 0 in the code tables' binding
@@ -35,7 +35,7 @@
 //! - the multi-tensor kernels' table declarations (`gpu::kernel::table_head_wgsl`):
 //!   `struct TableHead`, `struct Table`, its binding `table`, `TABLE_ROWS`, `ENTRY_ROWS`
 //!   (the rows of one entry), `MAP_ENTRIES_PER_ROW` and `entry_row(w)`, the first row of
-//!   workgroup `w`'s entry; `struct Segment` ([`super::layout::Segment`]) and
+//!   workgroup `w`'s entry; `struct Segment` ([`crate::gpu::blockwise::layout::Segment`]) and
 //!   `segment_at(r)`, the segment whose first row is `r`;
 //! - the storage bindings `params`, `state`, with 8-bit states `tables`, and without the
 //!   gradients in the parameters' buffer `grads`, at `gpu::kernel::binding`'s `Q8_*` numbers;
@@ -49,8 +49,8 @@
 
 use std::fmt::Write;
 
-use super::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use super::Variant;
+use crate::gpu::blockwise::layout::{Segment, ENTRY_ROWS, MAX_STATES};
 use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
 use crate::q8::BLOCK_SIZE;

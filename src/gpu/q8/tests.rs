@@ -485,6 +485,7 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
                     grad_in_params,
                     serial,
                     clip,
+                    block_size: crate::q8::BLOCK_SIZE as u32,
                 };
                 compile(&ctx, &variant).unwrap_or_else(|e| panic!("{variant:?}: {e}"));
             }
@@ -511,7 +512,7 @@ fn algorithms_of_every_state_count() -> [Algorithm; 6] {
 /// `#[repr(C)]` gives it, and the table's rows right after its head.
 #[test]
 fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
-    use super::layout::Segment;
+    use crate::gpu::blockwise::layout::Segment;
     use crate::gpu::kernel::{binding, TABLE_BYTES};
     use crate::gpu::table::TableHead;
     let mut validator =
@@ -536,6 +537,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                         grad_in_params,
                         serial,
                         clip,
+                        block_size: crate::q8::BLOCK_SIZE as u32,
                     };
                     let source = super::shader::compose(&variant);
                     let module = naga::front::wgsl::parse_str(&source)
@@ -582,7 +584,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
 /// in the words the host writes: the vec2 and vec4 fields from pairs and rows of lanes.
 #[test]
 fn a_segment_is_read_from_the_rows_its_words_fill() {
-    use super::layout::{Segment, ENTRY_ROWS};
+    use crate::gpu::blockwise::layout::{Segment, ENTRY_ROWS};
     let segment = Segment {
         n: 1,
         blocks: 2,
@@ -592,7 +594,7 @@ fn a_segment_is_read_from_the_rows_its_words_fill() {
         grad: 6,
         reserved: [0; 2],
         values: [7, 8, 9, 0],
-        absmax: [10, 11, 12, 0],
+        scale: [10, 11, 12, 0],
     };
     assert_eq!(segment.words(), [1, 2, 3, 4, 5, 6, 0, 0, 7, 8, 9, 0, 10, 11, 12, 0]);
     assert_eq!(ENTRY_ROWS, 4);

@@ -1,13 +1,14 @@
-//! The host/shader contract of an 8-bit step's group 1: the dispatch's table entry as a
-//! `#[repr(C)]` Pod struct whose WGSL declaration and reader are generated from the same
-//! field list by `shader_struct!`, as the multi-tensor table's are (the layout test in
-//! `gpu::q8::tests` checks naga's offsets against Rust's). The table itself is the
-//! multi-tensor table's: a [`crate::gpu::table::TableHead`], then `vec4<u32>` rows, then the
-//! workgroup map.
+//! The host/shader contract of a low-bit step's group 1 (8-bit and 4-bit alike): the
+//! dispatch's table entry as a `#[repr(C)]` Pod struct whose WGSL declaration and reader are
+//! generated from the same field list by `shader_struct!`, as the multi-tensor table's are
+//! (the layout test in `gpu::q8::tests` checks naga's offsets against Rust's). The table
+//! itself is the multi-tensor table's: a [`crate::gpu::table::TableHead`], then `vec4<u32>`
+//! rows, then the workgroup map.
 
 use crate::step::fields::shader_struct;
 
-/// The most states a segment has (AdEMAMix's two EMAs and its second moment).
+/// The most states a segment has (AdEMAMix's two EMAs and its second moment; a 4-bit step
+/// uses two of them, Adam's moments).
 pub(crate) const MAX_STATES: usize = 3;
 
 /// Lanes of a segment's per-state words: a `vec4<u32>` row, the lanes past
@@ -27,7 +28,8 @@ shader_struct! {
     Segment {
         /// Elements.
         n: u32,
-        /// Blocks of [`crate::q8::BLOCK_SIZE`] elements (the last may be partial).
+        /// Blocks: of the format's block size with quantized states (8-bit's last may be
+        /// partial), of the f32 entry point's with f32 states.
         blocks: u32,
         /// The segment's first workgroup within the dispatch.
         first_group: u32,
@@ -40,11 +42,12 @@ shader_struct! {
         grad: u32,
         /// Pads `values` to its own `vec4<u32>` row; always 0.
         reserved: [u32; 2],
-        /// Per state: its first word (codes, four to a word, or f32 values) in the arena;
-        /// the lanes past [`MAX_STATES`] are 0.
+        /// Per state: its first word (codes, four or eight to a word, or f32 values) in the
+        /// arena; the lanes past [`MAX_STATES`] are 0.
         values: [u32; STATE_LANES],
-        /// Per state: its first absmax word in the arena (8-bit states only).
-        absmax: [u32; STATE_LANES],
+        /// Per state: its first scale word (8-bit's absmax) in the arena (quantized states
+        /// only).
+        scale: [u32; STATE_LANES],
     }
 }
 
