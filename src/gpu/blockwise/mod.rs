@@ -13,6 +13,7 @@
 //! formats' modules.
 
 pub(in crate::gpu) mod layout;
+pub(in crate::gpu) mod wgsl;
 
 use std::sync::Arc;
 

@@ -23,12 +23,10 @@
 use std::fmt::Write;
 
 use super::Variant;
-use crate::gpu::blockwise::layout::{Segment, ENTRY_ROWS, MAX_STATES};
-use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
+use crate::gpu::blockwise::layout::MAX_STATES;
+use crate::gpu::blockwise::wgsl;
 use crate::q4::{map_for, thresholds, zero_code, MIN_SCALE};
-use crate::step::clip::ClipHeader;
-use crate::step::{Family, Slot};
-use crate::DType;
+use crate::step::Family;
 
 /// Codes per `u32` word of 4-bit state.
 pub(crate) const CODES_PER_WORD: u32 = 8;
@@ -46,10 +44,8 @@ pub(crate) fn blocks_per_group(block_size: u32) -> u32 {
     (WORKGROUP / (block_size / CODES_PER_WORD)).max(1)
 }
 
-const COMMON: &str = include_str!("../../../shaders/q8.wgsl");
-const CLIPPED: &str = include_str!("../../../shaders/q8_clip.wgsl");
-const UNCLIPPED: &str = include_str!("../../../shaders/q8_unclipped.wgsl");
-const F32_ENTRY: &str = include_str!("../../../shaders/q8_f32.wgsl");
+/// 4-bit codes, and the entry points of 4-bit states (the other files are 8-bit's:
+/// `gpu::blockwise::wgsl`).
 const CODES: &str = include_str!("../../../shaders/q4_codes.wgsl");
 const WORKGROUP_ENTRY: &str = include_str!("../../../shaders/q4_workgroup.wgsl");
 const SERIAL_ENTRY: &str = include_str!("../../../shaders/q4_serial.wgsl");
@@ -59,15 +55,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
     let mut s = prelude(variant);
     // Only Adam keeps 4-bit state (`q4::check_algorithm`).
     s.push_str(include_str!("../../../shaders/adam.wgsl"));
-    s.push_str(COMMON);
-    s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });
-    match (variant.quantized, variant.serial) {
-        (false, _) => s.push_str(F32_ENTRY),
-        (true, serial) => {
-            s.push_str(CODES);
-            s.push_str(if serial { SERIAL_ENTRY } else { WORKGROUP_ENTRY });
-        }
-    }
+    wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
 }
 
@@ -109,25 +97,8 @@ pub(crate) fn prelude(variant: &Variant) -> String {
     for (name, value) in constants {
         let _ = writeln!(s, "const {name}: u32 = {value}u;");
     }
-    s.push_str(&binding_wgsl());
-    s.push_str(&table_head_wgsl(ENTRY_ROWS));
-    s.push_str(&Segment::wgsl());
-    s.push_str(&Segment::reader_wgsl("segment_at"));
-    let storage = |s: &mut String, binding: &str, access: &str, name: &str, element: &str| {
-        let _ = writeln!(
-            s,
-            "@group(GROUP_TABLE) @binding(BINDING_{binding}) var<storage, {access}> {name}: array<{element}>;"
-        );
-    };
-    // 8-bit's binding numbers: a 4-bit step binds the same three buffers (and no tables).
-    storage(&mut s, "Q8_PARAMS", "read_write", "params", "f32");
-    if variant.grad_in_params {
-        s.push_str("fn grad_at(j: u32) -> f32 {\n    return params[j];\n}\n");
-    } else {
-        storage(&mut s, "Q8_GRADS", "read", "grads", "f32");
-        s.push_str("fn grad_at(j: u32) -> f32 {\n    return grads[j];\n}\n");
-    }
-    storage(&mut s, "Q8_STATE", "read_write", "state", "u32");
+    // The engine's three buffers, at 8-bit's binding numbers (no code tables).
+    wgsl::bindings(&mut s, variant);
     if variant.quantized {
         let _ = writeln!(s, "const MIN_SCALE: f32 = {};", literal(MIN_SCALE));
         // Both maps are declared whatever the kinds, so the files may name both.
@@ -144,36 +115,6 @@ pub(crate) fn prelude(variant: &Variant) -> String {
             let _ = writeln!(s, "fn count{k}(x: f32) -> u32 {{\n    return {};\n}}", counts.join(" + "));
         }
     }
-    s.push_str(&nan_helpers(DType::F32, true));
-    for (k, kind) in kinds.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "fn load_{name}(i: u32) -> R {{\n    return old_states[{k}];\n}}\n\
-             fn store_{name}(i: u32, v: R) {{\n    new_states[{k}] = v;\n}}",
-            name = kind.torch_name()
-        );
-    }
-    let bound = |slot: &Slot| {
-        matches!(slot, Slot::Param | Slot::Grad | Slot::ParamCopy)
-            || matches!(slot, Slot::State(kind) if kinds.contains(kind))
-    };
-    for slot in family.inputs().iter().filter(|slot| !bound(slot)) {
-        let _ = writeln!(s, "fn load_{}(i: u32) -> R {{\n    return R(0.0);\n}}", slot.name());
-    }
-    for slot in family.outputs().iter().filter(|slot| !bound(slot)) {
-        let _ = writeln!(s, "fn store_{}(i: u32, v: R) {{}}", slot.name());
-    }
-    for o in variant.switches.overrides() {
-        s.push_str(&o.wgsl());
-    }
-    s.push_str(&variant.switches.uniform_wgsl());
-    let _ = writeln!(s, "@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> hp_base: Hyper;");
-    if variant.clip {
-        s.push_str(&ClipHeader::wgsl());
-        let _ = writeln!(
-            s,
-            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipHeader;"
-        );
-    }
+    wgsl::states_and_scalars(&mut s, variant);
     s
 }

@@ -22,7 +22,9 @@
 //! `STATES` rather than looping over them: once inlined, every state index is a constant,
 //! so a CPU adapter's compiler keeps each state's values in registers.
 //!
-//! The prelude ([`prelude`]) is generated from typed Rust definitions only:
+//! The prelude ([`prelude`]) is generated from typed Rust definitions only (the table, the
+//! bindings, the states' loads and stores and the scalars by `gpu::blockwise::wgsl`, as
+//! 4-bit's are):
 //!
 //! - constants: `BLOCK_SIZE` ([`crate::q8::BLOCK_SIZE`]), [`CODES_PER_WORD`],
 //!   [`BLOCK_WORDS`], [`WORKGROUP`], [`FAN_IN`], `STATES` (the variant's state count),
@@ -50,13 +52,11 @@
 use std::fmt::Write;
 
 use super::Variant;
-use crate::gpu::blockwise::layout::{Segment, ENTRY_ROWS, MAX_STATES};
-use crate::gpu::kernel::{binding_wgsl, nan_helpers, table_head_wgsl};
+use crate::gpu::blockwise::layout::MAX_STATES;
+use crate::gpu::blockwise::wgsl;
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
 use crate::q8::BLOCK_SIZE;
-use crate::step::clip::ClipHeader;
-use crate::step::{Family, Slot};
-use crate::DType;
+use crate::step::Family;
 
 /// Codes per `u32` word of 8-bit state, and elements per invocation (`R` is a `vec4`).
 pub(crate) const CODES_PER_WORD: u32 = 4;
@@ -97,13 +97,6 @@ pub(crate) fn tables_words() -> Vec<u32> {
     words
 }
 
-/// Common to every variant.
-const COMMON: &str = include_str!("../../../shaders/q8.wgsl");
-/// `clip(g)` and `load_clip()`, clipped and not.
-const CLIPPED: &str = include_str!("../../../shaders/q8_clip.wgsl");
-const UNCLIPPED: &str = include_str!("../../../shaders/q8_unclipped.wgsl");
-/// The entry point of f32 states.
-const F32_ENTRY: &str = include_str!("../../../shaders/q8_f32.wgsl");
 /// 8-bit codes, and the entry points of 8-bit states.
 const CODES: &str = include_str!("../../../shaders/q8_codes.wgsl");
 const WORKGROUP_ENTRY: &str = include_str!("../../../shaders/q8_workgroup.wgsl");
@@ -129,15 +122,7 @@ pub(crate) fn compose(variant: &Variant) -> String {
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.
         Family::Lamb => "",
     });
-    s.push_str(COMMON);
-    s.push_str(if variant.clip { CLIPPED } else { UNCLIPPED });
-    match (variant.quantized, variant.serial) {
-        (false, _) => s.push_str(F32_ENTRY),
-        (true, serial) => {
-            s.push_str(CODES);
-            s.push_str(if serial { SERIAL_ENTRY } else { WORKGROUP_ENTRY });
-        }
-    }
+    wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
 }
 
@@ -162,26 +147,9 @@ pub(crate) fn prelude(variant: &Variant) -> String {
     for (name, value) in constants {
         let _ = writeln!(s, "const {name}: u32 = {value}u;");
     }
-    s.push_str(&binding_wgsl());
-    s.push_str(&table_head_wgsl(ENTRY_ROWS));
-    s.push_str(&Segment::wgsl());
-    s.push_str(&Segment::reader_wgsl("segment_at"));
-    let storage = |s: &mut String, binding: &str, access: &str, name: &str, element: &str| {
-        let _ = writeln!(
-            s,
-            "@group(GROUP_TABLE) @binding(BINDING_{binding}) var<storage, {access}> {name}: array<{element}>;"
-        );
-    };
-    storage(&mut s, "Q8_PARAMS", "read_write", "params", "f32");
-    if variant.grad_in_params {
-        s.push_str("fn grad_at(j: u32) -> f32 {\n    return params[j];\n}\n");
-    } else {
-        storage(&mut s, "Q8_GRADS", "read", "grads", "f32");
-        s.push_str("fn grad_at(j: u32) -> f32 {\n    return grads[j];\n}\n");
-    }
-    storage(&mut s, "Q8_STATE", "read_write", "state", "u32");
+    wgsl::bindings(&mut s, variant);
     if variant.quantized {
-        storage(&mut s, "Q8_CODE_TABLES", "read", "tables", "u32");
+        wgsl::storage(&mut s, "Q8_CODE_TABLES", "read", "tables", "u32");
         let constants = [
             ("SMALLEST", SMALLEST),
             ("ONE", ONE),
@@ -205,37 +173,6 @@ pub(crate) fn prelude(variant: &Variant) -> String {
             .collect();
         let _ = writeln!(s, "const CODINGS = array<Coding, STATES>({});", codings.join(", "));
     }
-    s.push_str(&nan_helpers(DType::F32, true));
-    for (k, kind) in kinds.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "fn load_{name}(i: u32) -> R {{\n    return old_states[{k}];\n}}\n\
-             fn store_{name}(i: u32, v: R) {{\n    new_states[{k}] = v;\n}}",
-            name = kind.torch_name()
-        );
-    }
-    // Slots of the family these algorithms leave unbound.
-    let bound = |slot: &Slot| {
-        matches!(slot, Slot::Param | Slot::Grad | Slot::ParamCopy)
-            || matches!(slot, Slot::State(kind) if kinds.contains(kind))
-    };
-    for slot in family.inputs().iter().filter(|slot| !bound(slot)) {
-        let _ = writeln!(s, "fn load_{}(i: u32) -> R {{\n    return R(0.0);\n}}", slot.name());
-    }
-    for slot in family.outputs().iter().filter(|slot| !bound(slot)) {
-        let _ = writeln!(s, "fn store_{}(i: u32, v: R) {{}}", slot.name());
-    }
-    for o in variant.switches.overrides() {
-        s.push_str(&o.wgsl());
-    }
-    s.push_str(&variant.switches.uniform_wgsl());
-    let _ = writeln!(s, "@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> hp_base: Hyper;");
-    if variant.clip {
-        s.push_str(&ClipHeader::wgsl());
-        let _ = writeln!(
-            s,
-            "@group(GROUP_SCALARS) @binding(BINDING_CLIP) var<storage, read> clip_state: ClipHeader;"
-        );
-    }
+    wgsl::states_and_scalars(&mut s, variant);
     s
 }
