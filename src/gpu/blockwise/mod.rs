@@ -50,6 +50,22 @@ pub(crate) trait Format {
     fn blocks(&self, variant: &Variant, n: u64) -> (u64, u64);
     /// The pipeline of `variant` from the context's registry.
     fn pipeline(ctx: &GpuContext, variant: &Variant) -> Result<Arc<CachedPipeline>>;
+    /// The format's state as the optimizer hands it out and takes it (`q8::StoredState`,
+    /// `q4::Q4State`).
+    type State;
+    /// How errors about a replacement state name it, before its index and kind.
+    const STATE_ARGUMENT: &'static str;
+    /// A state read back, as the format's type.
+    fn to_state(stored: Stored<Vec<u8>, Vec<f32>>) -> Self::State;
+    /// `state`'s codes and scales (or f32 values), where it is stored as this format keeps
+    /// a tensor of `len` elements and has that length; refused otherwise, naming it
+    /// `argument`.
+    fn check_replacement<'a>(
+        &self,
+        state: &'a Self::State,
+        len: usize,
+        argument: &str,
+    ) -> Result<Stored<&'a [u8], &'a [f32]>>;
     /// A read-only buffer every quantized variant binds besides its three (8-bit's code
     /// tables).
     fn code_tables(&self) -> Option<&wgpu::Buffer> {
@@ -592,33 +608,28 @@ impl<F: Format> Engine<F> {
 
     /// Parameter `i`'s state of `kind`, read back (waits for the queue); `None` where there
     /// is no such state.
-    pub(in crate::gpu) fn read_stored(
-        &self,
-        ctx: &GpuContext,
-        i: usize,
-        kind: StateKind,
-    ) -> Result<Option<Stored<Vec<u8>, Vec<f32>>>> {
+    pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<F::State>> {
         let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
         let mut parts = Vec::with_capacity(views.len());
         for view in &views {
             parts.push(ctx.read_bytes(&view.both)?);
         }
-        Ok(Some(self.decode(i, &views, &parts)))
+        Ok(Some(F::to_state(self.decode(i, &views, &parts))))
     }
 
-    /// [`Self::read_stored`] without blocking (a browser's main thread).
-    pub(in crate::gpu) async fn read_stored_async(
+    /// [`Self::read`] without blocking (a browser's main thread).
+    pub(crate) async fn read_async(
         &self,
         ctx: &GpuContext,
         i: usize,
         kind: StateKind,
-    ) -> Result<Option<Stored<Vec<u8>, Vec<f32>>>> {
+    ) -> Result<Option<F::State>> {
         let Some(views) = self.readback_views(i, kind) else { return Ok(None) };
         let mut parts = Vec::with_capacity(views.len());
         for view in &views {
             parts.push(ctx.read_bytes_async(&view.both).await?);
         }
-        Ok(Some(self.decode(i, &views, &parts)))
+        Ok(Some(F::to_state(self.decode(i, &views, &parts))))
     }
 
     /// Parameter `i`'s state of `kind`, one readback per chunk; `None` where there is no
@@ -654,12 +665,8 @@ impl<F: Format> Engine<F> {
         Stored::Codes { codes, scale }
     }
 
-    /// Parameter `i`'s state of `kind`, and its length: refused where the optimizer has no
-    /// such parameter or state.
-    pub(in crate::gpu) fn state_len(&self, i: usize, kind: StateKind) -> Result<usize> {
-        self.position(i, kind).map(|(tensor, _)| tensor.len as usize)
-    }
-
+    /// Parameter `i` and the index of its state of `kind`: refused where the optimizer has
+    /// no such parameter or state.
     fn position(&self, i: usize, kind: StateKind) -> Result<(&TensorState, usize)> {
         let count = self.tensors.len();
         let tensor = self.tensors.get(i).ok_or_else(|| Error::BadRange {
@@ -675,15 +682,12 @@ impl<F: Format> Engine<F> {
     }
 
     /// Replaces parameter `i`'s state of `kind` (queued: lands before the next submitted
-    /// step) by `state`, which the format has checked against [`Self::state_len`].
-    pub(in crate::gpu) fn write_stored(
-        &self,
-        ctx: &GpuContext,
-        i: usize,
-        kind: StateKind,
-        state: Stored<&[u8], &[f32]>,
-    ) -> Result<()> {
+    /// step). Refused, with nothing written, where `state` is not stored as this tensor's is
+    /// or has the wrong length.
+    pub(crate) fn write(&self, ctx: &GpuContext, i: usize, kind: StateKind, state: &F::State) -> Result<()> {
         let (tensor, k) = self.position(i, kind)?;
+        let argument = format!("{} {i} {kind:?}", F::STATE_ARGUMENT);
+        let state = self.format.check_replacement(state, tensor.len as usize, &argument)?;
         let block = self.format.block_size() as usize;
         let code_bytes = |element: usize| element * 4 / F::CODES_PER_WORD as usize;
         for ((values, scale_view), chunk) in self.views(i, k).zip(&tensor.chunks) {

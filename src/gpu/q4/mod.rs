@@ -18,7 +18,7 @@ use crate::gpu::blockwise::{Engine, Format, Stored};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q4::{check_replacement, Q4State, Q4States};
-use crate::{Algorithm, Result, StateKind, Tensor};
+use crate::{Algorithm, Result, Tensor};
 
 /// 4-bit state: eight codes to a word, blocks of the configuration's size.
 #[derive(Debug)]
@@ -64,6 +64,30 @@ impl Format for Q4 {
     fn pipeline(ctx: &GpuContext, variant: &Variant) -> Result<Arc<CachedPipeline>> {
         ctx.inner.pipelines.get_q4(ctx, variant)
     }
+
+    type State = Q4State;
+    const STATE_ARGUMENT: &'static str = "q4 state";
+
+    /// The codes' bytes are torchao's packed codes as they lie in the words.
+    fn to_state(stored: Stored<Vec<u8>, Vec<f32>>) -> Q4State {
+        match stored {
+            Stored::Codes { codes, scale } => Q4State::Q4 { codes, scale },
+            Stored::F32(values) => Q4State::F32(values),
+        }
+    }
+
+    fn check_replacement<'a>(
+        &self,
+        state: &'a Q4State,
+        len: usize,
+        argument: &str,
+    ) -> Result<Stored<&'a [u8], &'a [f32]>> {
+        check_replacement(state, self.config, len, argument)?;
+        Ok(match state {
+            Q4State::Q4 { codes, scale } => Stored::Codes { codes, scale },
+            Q4State::F32(values) => Stored::F32(values),
+        })
+    }
 }
 
 /// The 4-bit state of an optimizer and the dispatches that update it.
@@ -87,41 +111,6 @@ impl Engine<Q4> {
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn config(&self) -> Q4States {
         self.format.config
-    }
-
-    /// Parameter `i`'s state of `kind`, read back (waits for the queue): the codes' bytes
-    /// are torchao's packed codes as they lie in the words.
-    pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<Q4State>> {
-        Ok(self.read_stored(ctx, i, kind)?.map(from_stored))
-    }
-
-    /// [`Self::read`] without blocking (a browser's main thread).
-    pub(crate) async fn read_async(
-        &self,
-        ctx: &GpuContext,
-        i: usize,
-        kind: StateKind,
-    ) -> Result<Option<Q4State>> {
-        Ok(self.read_stored_async(ctx, i, kind).await?.map(from_stored))
-    }
-
-    /// Replaces parameter `i`'s state of `kind` (queued). Refused, with nothing written,
-    /// where `state` is not stored as this tensor's is or has the wrong length.
-    pub(crate) fn write(&self, ctx: &GpuContext, i: usize, kind: StateKind, state: &Q4State) -> Result<()> {
-        let len = self.state_len(i, kind)?;
-        check_replacement(state, self.format.config, len, &format!("q4 state {i} {kind:?}"))?;
-        let stored = match state {
-            Q4State::Q4 { codes, scale } => Stored::Codes { codes: &codes[..], scale: &scale[..] },
-            Q4State::F32(values) => Stored::F32(&values[..]),
-        };
-        self.write_stored(ctx, i, kind, stored)
-    }
-}
-
-fn from_stored(stored: Stored<Vec<u8>, Vec<f32>>) -> Q4State {
-    match stored {
-        Stored::Codes { codes, scale } => Q4State::Q4 { codes, scale },
-        Stored::F32(values) => Q4State::F32(values),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::gpu::blockwise::{Engine, Format, Stored};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
-use crate::{Algorithm, Result, StateKind, Tensor};
+use crate::{Algorithm, Result, Tensor};
 
 /// 8-bit state: four codes to a word, blocks of [`BLOCK_SIZE`], and the code tables.
 #[derive(Debug)]
@@ -59,6 +59,29 @@ impl Format for Q8 {
         ctx.inner.pipelines.get_q8(ctx, variant)
     }
 
+    type State = StoredState;
+    const STATE_ARGUMENT: &'static str = "q8 state";
+
+    fn to_state(stored: Stored<Vec<u8>, Vec<f32>>) -> StoredState {
+        match stored {
+            Stored::Codes { codes, scale } => StoredState::Q8 { codes, absmax: scale },
+            Stored::F32(values) => StoredState::F32(values),
+        }
+    }
+
+    fn check_replacement<'a>(
+        &self,
+        state: &'a StoredState,
+        len: usize,
+        argument: &str,
+    ) -> Result<Stored<&'a [u8], &'a [f32]>> {
+        check_replacement(state, self.config, len, argument)?;
+        Ok(match state {
+            StoredState::Q8 { codes, absmax } => Stored::Codes { codes, scale: absmax },
+            StoredState::F32(values) => Stored::F32(values),
+        })
+    }
+
     fn code_tables(&self) -> Option<&wgpu::Buffer> {
         Some(&self.tables)
     }
@@ -94,47 +117,6 @@ impl Engine<Q8> {
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn config(&self) -> Q8States {
         self.format.config
-    }
-
-    /// Parameter `i`'s state of `kind`, read back (waits for the queue).
-    pub(crate) fn read(&self, ctx: &GpuContext, i: usize, kind: StateKind) -> Result<Option<StoredState>> {
-        Ok(self.read_stored(ctx, i, kind)?.map(from_stored))
-    }
-
-    /// [`Self::read`] without blocking (a browser's main thread).
-    pub(crate) async fn read_async(
-        &self,
-        ctx: &GpuContext,
-        i: usize,
-        kind: StateKind,
-    ) -> Result<Option<StoredState>> {
-        Ok(self.read_stored_async(ctx, i, kind).await?.map(from_stored))
-    }
-
-    /// Replaces parameter `i`'s state of `kind` (queued: lands before the next submitted
-    /// step). Refused, with nothing written, where `state` is not stored as this tensor's is
-    /// or has the wrong length.
-    pub(crate) fn write(
-        &self,
-        ctx: &GpuContext,
-        i: usize,
-        kind: StateKind,
-        state: &StoredState,
-    ) -> Result<()> {
-        let len = self.state_len(i, kind)?;
-        check_replacement(state, self.format.config, len, &format!("q8 state {i} {kind:?}"))?;
-        let stored = match state {
-            StoredState::Q8 { codes, absmax } => Stored::Codes { codes: &codes[..], scale: &absmax[..] },
-            StoredState::F32(values) => Stored::F32(&values[..]),
-        };
-        self.write_stored(ctx, i, kind, stored)
-    }
-}
-
-fn from_stored(stored: Stored<Vec<u8>, Vec<f32>>) -> StoredState {
-    match stored {
-        Stored::Codes { codes, scale } => StoredState::Q8 { codes, absmax: scale },
-        Stored::F32(values) => StoredState::F32(values),
     }
 }
 
