@@ -2,7 +2,7 @@
 //! its parameter goes non-finite as with f32 state, its state takes the code of 0 (so it
 //! restarts from zero) and its block's absmax leaves it out, so the block's other elements
 //! and the steps after it follow the oracle. (The GPU's two kernels are checked the same way
-//! in `src/gpu/q8/mod.rs`, where a test can pick the kernel.)
+//! in `src/gpu/q8/tests.rs`, where a test can pick the kernel.)
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q8::{self, Q8States, StoredState};

@@ -1,8 +1,9 @@
 //! The parts of a low-bit kernel's generated prelude that 8-bit's and 4-bit's share: the
 //! table and its `struct Segment`, the three storage bindings the engine binds, and after
 //! the format's own code declarations, each state's loads and stores, the family's unbound
-//! slots, its overrides and scalars. What each format's files read from them is documented
-//! by `gpu::q8::shader`.
+//! slots, its overrides and scalars; and the files of `shaders/` both formats run
+//! ([`push_files`]). What each file reads from the prelude is documented by
+//! `gpu::q8::shader` and the files themselves.
 
 use std::fmt::Write;
 
