@@ -433,19 +433,9 @@ impl CpuOptimizer {
             .q8
             .as_mut()
             .ok_or(Error::NeedsOption { what: "set_q8_state".into(), option: "q8_states" })?;
-        let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
-            argument: format!("state kind {kind:?}"),
-            got: vec![kind],
-            expected: kinds.to_vec(),
-        })?;
-        let count = states.len();
-        let slot = states.get_mut(index).ok_or_else(|| Error::BadRange {
-            argument: format!("index {index}"),
-            problem: format!("the optimizer has {count} parameters (indices from 0)"),
-        })?;
-        let len = slot[k].len();
-        crate::q8::check_replacement(&state, *config, len, &format!("q8 state {index} {kind:?}"))?;
-        slot[k] = state;
+        let slot = state_slot(kinds, states, index, kind)?;
+        crate::q8::check_replacement(&state, *config, slot.len(), &format!("q8 state {index} {kind:?}"))?;
+        *slot = state;
         Ok(())
     }
 
@@ -467,19 +457,10 @@ impl CpuOptimizer {
             .q4
             .as_mut()
             .ok_or(Error::NeedsOption { what: "set_q4_state".into(), option: "q4_states" })?;
-        let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
-            argument: format!("state kind {kind:?}"),
-            got: vec![kind],
-            expected: kinds.to_vec(),
-        })?;
-        let count = states.len();
-        let slot = states.get_mut(index).ok_or_else(|| Error::BadRange {
-            argument: format!("index {index}"),
-            problem: format!("the optimizer has {count} parameters (indices from 0)"),
-        })?;
+        let slot = state_slot(kinds, states, index, kind)?;
         let len = self.params[index].1;
         crate::q4::check_replacement(&state, *config, len, &format!("q4 state {index} {kind:?}"))?;
-        slot[k] = state;
+        *slot = state;
         Ok(())
     }
 
@@ -655,6 +636,27 @@ impl CpuOptimizer {
         }
         Ok(())
     }
+}
+
+/// Parameter `index`'s state of `kind` among per-parameter state lists in `kinds`' order, or
+/// the error that names which of the two the optimizer does not have.
+fn state_slot<'a, S>(
+    kinds: &[StateKind],
+    states: &'a mut [Vec<S>],
+    index: usize,
+    kind: StateKind,
+) -> Result<&'a mut S> {
+    let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
+        argument: format!("state kind {kind:?}"),
+        got: vec![kind],
+        expected: kinds.to_vec(),
+    })?;
+    let count = states.len();
+    let slots = states.get_mut(index).ok_or_else(|| Error::BadRange {
+        argument: format!("index {index}"),
+        problem: format!("the optimizer has {count} parameters (indices from 0)"),
+    })?;
+    Ok(&mut slots[k])
 }
 
 #[cfg(test)]

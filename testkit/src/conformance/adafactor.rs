@@ -2,11 +2,12 @@
 //! parameters, each tensor given its shape; the outputs are `param_out`, `step` and the
 //! states under torch's names (`row_var` and `col_var` in torch's shapes, or `variance`).
 
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{adafactor_state_kinds, Adafactor, Error, GpuContext, Optimizer, Result, Tensor};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+use wgpu_optim::{adafactor_state_kinds, Adafactor, Error, GpuContext, Optimizer, Result};
 
-use super::case::{Case, CaseTensor};
-use super::run::{packed, Backend};
+use super::case::Case;
+use super::inputs::Inputs;
+use super::run::Backend;
 use crate::oracle::{AdafactorOracle, Storage};
 
 type Outputs = Vec<(String, Vec<f64>)>;
@@ -41,35 +42,17 @@ fn config(case: &Case) -> Result<Adafactor> {
 pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let config = config(case)?;
     let (n, steps) = (case.count, case.steps);
-    let params: Vec<&CaseTensor> =
-        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    let dtype = match params.first().map(|p| p.dtype) {
-        Some(super::case::ValueType::Float(d)) => d,
-        other => return Err(case.bad(format!("param.0 is {other:?}, expected a float tensor"))),
-    };
-    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
-        if g.values.len() != steps * p.values.len() {
-            return Err(case.bad(format!("grad.{i} does not hold {steps} gradients of param.{i}")));
-        }
-    }
-    let shapes: Vec<Vec<usize>> = params.iter().map(|p| p.shape.clone()).collect();
-    let grads_at = |k: usize| -> Vec<Vec<f64>> {
-        (0..n)
-            .map(|i| {
-                let len = params[i].values.len();
-                grads[i].values[k * len..(k + 1) * len].to_vec()
-            })
-            .collect()
-    };
+    let inputs = Inputs::read(case)?;
+    let dtype = inputs.dtype;
+    let shapes = inputs.shapes();
     // Each tensor's final value and its states in `adafactor_state_kinds` order.
     let mut finals: Vec<(Vec<f64>, Vec<Vec<f64>>)> = Vec::with_capacity(n);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
             let mut oracle = AdafactorOracle::new(config, shapes.clone(), dtype);
-            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            let mut values = inputs.initial();
             for k in 0..steps {
-                oracle.step(&mut values, &grads_at(k));
+                oracle.step(&mut values, &inputs.grads_at(k));
             }
             for (value, state) in values.into_iter().zip(oracle.state) {
                 let states = if state.variance.is_empty() && !state.row_var.is_empty() {
@@ -81,17 +64,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             }
         }
         (Backend::Cpu, _) => {
-            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
-            let mut tensors: Vec<HostTensor> =
-                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().param_shapes(shapes.clone()).build(config, &views)?;
             for k in 0..steps {
-                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
             for (i, t) in tensors.iter().enumerate() {
                 let states = adafactor_state_kinds(&shapes[i])
@@ -108,28 +85,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
-            let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
-            let (param_tensors, grad_tensors) = if backend.in_place() {
-                let p: Vec<Tensor> = params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
-                    .collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
-                (p, g)
-            } else {
-                let p = packed(ctx, "params", &lengths, dtype);
-                for (t, values) in p.iter().zip(&params) {
-                    ctx.write_async(t, &values.values).await?;
-                }
-                (p, packed(ctx, "grads", &lengths, dtype))
-            };
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let mut optimizer =
                 Optimizer::builder().param_shapes(shapes.clone()).build(ctx, config, &param_tensors)?;
             for k in 0..steps {
-                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write_async(t, &g).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
             }
             for (i, t) in param_tensors.iter().enumerate() {

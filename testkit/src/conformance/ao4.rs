@@ -5,12 +5,13 @@
 //! oracle, the CPU backend or the GPU (each tensor in a buffer of its own, or all packed at
 //! odd offsets: 4-bit state has no stateless operator).
 
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
-use wgpu_optim::{Adam, DType, Error, GpuContext, Optimizer, Result, StateKind, Tensor};
+use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind};
 
-use super::case::{Case, CaseTensor};
-use super::run::{packed, Backend};
+use super::case::Case;
+use super::inputs::Inputs;
+use super::run::Backend;
 use crate::oracle::ao4;
 
 type Outputs = Vec<(String, Vec<f64>)>;
@@ -43,15 +44,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let (adam, config) = config(case)?;
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
     let (n, steps) = (case.count, case.steps);
-    let params: Vec<Vec<f64>> =
-        (0..n).map(|i| Ok(case.tensor(&format!("param.{i}"))?.values.clone())).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    let grad_at = |i: usize, k: usize| &grads[i].values[k * params[i].len()..(k + 1) * params[i].len()];
+    let inputs = Inputs::read(case)?;
     let mut finals: Vec<(Vec<f64>, Vec<Q4State>)> = Vec::with_capacity(n);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
-            for (i, param) in params.iter().enumerate() {
-                let mut values = param.clone();
+            for (i, mut values) in inputs.initial().into_iter().enumerate() {
                 let zeros = || ao4::zeros(values.len(), config.block_size, config.min_size as usize);
                 let (mut m, mut v) = (zeros(), zeros());
                 for k in 0..steps {
@@ -60,7 +57,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                         k as u64 + 1,
                         config.block_size,
                         &mut values,
-                        grad_at(i, k),
+                        inputs.grad(i, k),
                         &mut m,
                         &mut v,
                     )?;
@@ -69,17 +66,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             }
         }
         (Backend::Cpu, _) => {
-            let mut tensors: Vec<Vec<f32>> =
-                params.iter().map(|p| p.iter().map(|&v| v as f32).collect()).collect();
-            let views: Vec<HostSlice<'_>> = tensors.iter().map(|t| HostSlice::F32(t)).collect();
+            let mut tensors = inputs.host_params()?;
+            let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().q4_states(config).build(adam, &views)?;
             for k in 0..steps {
-                let g: Vec<Vec<f32>> =
-                    (0..n).map(|i| grad_at(i, k).iter().map(|&v| v as f32).collect()).collect();
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(|g| HostSlice::F32(g)).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    tensors.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
             for (i, t) in tensors.iter().enumerate() {
                 let states = kinds
@@ -88,33 +79,15 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                         optimizer.q4_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
-                finals.push((t.iter().map(|&v| f64::from(v)).collect(), states));
+                finals.push((t.to_f64(), states));
             }
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
-            let lengths: Vec<u64> = params.iter().map(|p| p.len() as u64).collect();
-            let (param_tensors, grad_tensors): (Vec<Tensor>, Vec<Tensor>) = if backend.in_place() {
-                let p: Vec<Tensor> = params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), p, DType::F32))
-                    .collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, DType::F32)).collect();
-                (p, g)
-            } else {
-                (packed(ctx, "params", &lengths, DType::F32), packed(ctx, "grads", &lengths, DType::F32))
-            };
-            if !backend.in_place() {
-                for (t, values) in param_tensors.iter().zip(&params) {
-                    ctx.write_async(t, values).await?;
-                }
-            }
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let mut optimizer = Optimizer::builder().q4_states(config).build(ctx, adam, &param_tensors)?;
             for k in 0..steps {
-                for (i, t) in grad_tensors.iter().enumerate() {
-                    ctx.write_async(t, grad_at(i, k)).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
             }
             for (i, param) in param_tensors.iter().enumerate() {

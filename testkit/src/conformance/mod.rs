@@ -5,6 +5,7 @@
 mod adafactor;
 mod ao4;
 mod case;
+mod inputs;
 mod lamb;
 mod muon;
 mod run;

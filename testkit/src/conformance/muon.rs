@@ -2,11 +2,12 @@
 //! parameters (2-D, their shapes from the file); the outputs are `param_out` and
 //! `momentum_buffer` of each tensor.
 
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, Result, StateKind, Tensor};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
+use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, Result, StateKind};
 
-use super::case::{Case, CaseTensor, ValueType};
-use super::run::{packed, Backend};
+use super::case::Case;
+use super::inputs::Inputs;
+use super::run::Backend;
 use crate::oracle::{muon_step, Storage};
 
 type Outputs = Vec<(String, Vec<f64>)>;
@@ -56,33 +57,15 @@ fn config(case: &Case) -> Result<Muon> {
 pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let config = config(case)?;
     let (n, steps) = (case.count, case.steps);
-    let params: Vec<&CaseTensor> =
-        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    let dtype = match params.first().map(|p| p.dtype) {
-        Some(ValueType::Float(d)) => d,
-        other => return Err(case.bad(format!("param.0 is {other:?}, expected a float tensor"))),
-    };
-    let shapes: Vec<Vec<usize>> = params.iter().map(|p| p.shape.clone()).collect();
-    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
-        if g.values.len() != steps * p.values.len() {
-            return Err(case.bad(format!("grad.{i} does not hold {steps} gradients of param.{i}")));
-        }
-    }
-    let grads_at = |k: usize| -> Vec<Vec<f64>> {
-        (0..n)
-            .map(|i| {
-                let len = params[i].values.len();
-                grads[i].values[k * len..(k + 1) * len].to_vec()
-            })
-            .collect()
-    };
+    let inputs = Inputs::read(case)?;
+    let dtype = inputs.dtype;
+    let shapes = inputs.shapes();
     let (finals, buffers): (Vec<Vec<f64>>, Vec<Vec<f64>>) = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            let mut values = inputs.initial();
             let mut buffers: Vec<Vec<f64>> = values.iter().map(|v| vec![0.0; v.len()]).collect();
             for k in 0..steps {
-                for (i, g) in grads_at(k).iter().enumerate() {
+                for (i, g) in inputs.grads_at(k).iter().enumerate() {
                     let (rows, cols) = match shapes[i].as_slice() {
                         &[rows, cols] => (rows, cols),
                         other => return Err(case.bad(format!("param.{i} has shape {other:?}, expected 2-D"))),
@@ -96,17 +79,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             (values, buffers)
         }
         (Backend::Cpu, _) => {
-            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
-            let mut tensors: Vec<HostTensor> =
-                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().param_shapes(shapes.clone()).build(config, &views)?;
             for k in 0..steps {
-                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
             let buffers = (0..n)
                 .map(|i| {
@@ -120,28 +97,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
-            let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
-            let (param_tensors, grad_tensors) = if backend.in_place() {
-                let p: Vec<Tensor> = params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
-                    .collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
-                (p, g)
-            } else {
-                let p = packed(ctx, "params", &lengths, dtype);
-                for (t, values) in p.iter().zip(&params) {
-                    ctx.write_async(t, &values.values).await?;
-                }
-                (p, packed(ctx, "grads", &lengths, dtype))
-            };
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let mut optimizer =
                 Optimizer::builder().param_shapes(shapes.clone()).build(ctx, config, &param_tensors)?;
             for k in 0..steps {
-                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write_async(t, &g).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
             }
             let mut finals = Vec::with_capacity(n);

@@ -1,6 +1,6 @@
 //! Running a case on a backend and comparing every expected output.
 
-use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
@@ -15,7 +15,8 @@ use wgpu_optim::Lion;
 use wgpu_optim::RmsProp;
 
 use crate::compare::{compare, compare_codes, Tolerance};
-use crate::conformance::case::{Case, CaseTensor, Kind, ValueType};
+use crate::conformance::case::{Case, Kind, ValueType};
+use crate::conformance::inputs::Inputs;
 use crate::oracle::{self, clip_grad_norm, Storage, TorchState};
 
 /// Where a case runs.
@@ -493,28 +494,9 @@ fn torch_clip(case: &Case) -> Result<Option<GradClip>> {
 async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let algorithm = torch_algorithm(case)?;
     let clip = torch_clip(case)?;
-    let (n, steps) = (case.count, case.steps);
-    let dtype = storage_dtype(case, "param.0")?;
-    let params: Vec<&CaseTensor> =
-        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
-        if g.values.len() != steps * p.values.len() {
-            return Err(case.bad(format!(
-                "grad.{i} has {} values, expected steps x param.{i} = {}",
-                g.values.len(),
-                steps * p.values.len()
-            )));
-        }
-    }
-    let grads_at = |k: usize| -> Vec<Vec<f64>> {
-        (0..n)
-            .map(|i| {
-                let len = params[i].values.len();
-                grads[i].values[k * len..(k + 1) * len].to_vec()
-            })
-            .collect()
-    };
+    let steps = case.steps;
+    let inputs = Inputs::read(case)?;
+    let dtype = inputs.dtype;
     let kinds = algorithm.state_kinds();
     let name_of = |k: usize, i: usize| match k {
         0 => format!("param_out.{i}"),
@@ -525,11 +507,11 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
     let options = Optimizer::builder().grad_clip(clip);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            let mut values = inputs.initial();
             let mut states: Vec<TorchState> =
                 values.iter().map(|p| TorchState::new(algorithm, p.len()).storing(dtype, dtype)).collect();
             for k in 0..steps {
-                let mut g = grads_at(k);
+                let mut g = inputs.grads_at(k);
                 if let Some(clip) = &clip {
                     norms.push(clip_grad_norm(&mut g, clip));
                 }
@@ -544,17 +526,11 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             }
         }
         (Backend::Cpu, _) => {
-            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
-            let mut param_tensors: Vec<HostTensor> =
-                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let mut param_tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = param_tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().grad_clip(clip).build(algorithm, &views)?;
             for k in 0..steps {
-                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    param_tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut param_tensors, k)?;
                 norms.extend(optimizer.grad_norm());
             }
             for (i, param) in param_tensors.iter().enumerate() {
@@ -567,27 +543,10 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) if backend.in_place() || clip.is_some() => {
-            let (param_tensors, grad_tensors) = if backend.in_place() {
-                let p: Vec<Tensor> = params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
-                    .collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
-                (p, g)
-            } else {
-                let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
-                let p = packed(ctx, "params", &lengths, dtype);
-                for (t, values) in p.iter().zip(&params) {
-                    ctx.write_async(t, &values.values).await?;
-                }
-                (p, packed(ctx, "grads", &lengths, dtype))
-            };
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
-                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write_async(t, &g).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
                 if clip.is_some() {
                     norms.push(optimizer.grad_norm_async().await?);
@@ -601,7 +560,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
                 }
             }
         }
-        (_, Some(ctx)) => outputs = stateless_trajectory(case, algorithm, dtype, ctx, &grads_at).await?,
+        (_, Some(ctx)) => outputs = stateless_trajectory(case, algorithm, &inputs, ctx).await?,
     }
     if clip.is_some() {
         outputs.push(("total_norm".into(), norms));
@@ -630,25 +589,27 @@ pub(super) fn packed(ctx: &GpuContext, label: &str, lengths: &[u64], dtype: DTyp
 async fn stateless_trajectory(
     case: &Case,
     algorithm: Algorithm,
-    dtype: DType,
+    inputs: &Inputs<'_>,
     ctx: &GpuContext,
-    grads_at: &dyn Fn(usize) -> Vec<Vec<f64>>,
 ) -> Result<Outputs> {
+    let dtype = inputs.dtype;
     let kinds = algorithm.state_kinds();
     let name_of = |k: usize, i: usize| match k {
         0 => format!("param_out.{i}"),
         k => format!("{}.{i}", kinds[k - 1].torch_name()),
     };
     // Per parameter: the parameter followed by its state tensors.
-    let mut current: Vec<Vec<Tensor>> = (0..case.count)
-        .map(|i| {
-            let p = case.tensor(&format!("param.{i}"))?;
+    let mut current: Vec<Vec<Tensor>> = inputs
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
             let len = p.values.len() as u64;
             let mut set = vec![ctx.upload(&format!("param.{i}"), &p.values, dtype)];
             set.extend(kinds.iter().map(|_| ctx.zeros("state", len, dtype)));
-            Ok(set)
+            set
         })
-        .collect::<Result<_>>()?;
+        .collect();
     let grad_tensors: Vec<Tensor> = current.iter().map(|s| ctx.zeros("grad", s[0].len, dtype)).collect();
     let mut other: Vec<Vec<Tensor>> =
         current.iter().map(|set| set.iter().map(|t| ctx.zeros("out", t.len, dtype)).collect()).collect();
@@ -660,9 +621,7 @@ async fn stateless_trajectory(
         }
     }
     for k in 0..case.steps {
-        for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-            ctx.write_async(t, &g).await?;
-        }
+        inputs.write_grads(ctx, &grad_tensors, k).await?;
         let updates: Vec<Update> = current
             .iter()
             .zip(&other)
@@ -736,21 +695,16 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
     let (algorithm, config) = bnb_algorithm(case)?;
     let kinds = algorithm.state_kinds();
     let (n, steps) = (case.count, case.steps);
-    let params: Vec<Vec<f64>> =
-        (0..n).map(|i| Ok(case.tensor(&format!("param.{i}"))?.values.clone())).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    // Tensor i's gradient at step k.
-    let grad_at = |i: usize, k: usize| &grads[i].values[k * params[i].len()..(k + 1) * params[i].len()];
+    let inputs = Inputs::read(case)?;
     let mut finals: Vec<(Vec<f64>, Vec<StoredState>)> = Vec::with_capacity(n);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
-            for (i, param) in params.iter().enumerate() {
-                let mut values = param.clone();
+            for (i, mut values) in inputs.initial().into_iter().enumerate() {
                 let quantized = config.quantizes(values.len() as u64);
                 let mut states: Vec<StoredState> =
                     kinds.iter().map(|_| StoredState::zeros(values.len(), quantized)).collect();
                 for k in 0..steps {
-                    let g = grad_at(i, k);
+                    let g = inputs.grad(i, k);
                     match (algorithm, &mut states[..]) {
                         (Algorithm::Adam(a), [m, v]) => {
                             let config = oracle::BnbAdam {
@@ -781,17 +735,11 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             }
         }
         (Backend::Cpu, _) => {
-            let mut tensors: Vec<Vec<f32>> =
-                params.iter().map(|p| p.iter().map(|&v| v as f32).collect()).collect();
-            let views: Vec<HostSlice<'_>> = tensors.iter().map(|t| HostSlice::F32(t)).collect();
+            let mut tensors = inputs.host_params()?;
+            let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().q8_states(config).build(algorithm, &views)?;
             for k in 0..steps {
-                let g: Vec<Vec<f32>> =
-                    (0..n).map(|i| grad_at(i, k).iter().map(|&v| v as f32).collect()).collect();
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(|g| HostSlice::F32(g)).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    tensors.iter_mut().map(|t| HostSliceMut::F32(t)).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
             for (i, t) in tensors.iter().enumerate() {
                 let states = kinds
@@ -800,32 +748,16 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                         optimizer.q8_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
-                finals.push((t.iter().map(|&v| f64::from(v)).collect(), states));
+                finals.push((t.to_f64(), states));
             }
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
-            let lengths: Vec<u64> = params.iter().map(|p| p.len() as u64).collect();
-            let (param_tensors, grad_tensors): (Vec<Tensor>, Vec<Tensor>) = if backend.in_place() {
-                let p =
-                    params.iter().enumerate().map(|(i, p)| ctx.upload(&format!("param.{i}"), p, DType::F32));
-                let p: Vec<Tensor> = p.collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, DType::F32)).collect();
-                (p, g)
-            } else {
-                (packed(ctx, "params", &lengths, DType::F32), packed(ctx, "grads", &lengths, DType::F32))
-            };
-            if !backend.in_place() {
-                for (t, values) in param_tensors.iter().zip(&params) {
-                    ctx.write_async(t, values).await?;
-                }
-            }
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let options = Optimizer::builder().q8_states(config);
             let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
-                for (i, t) in grad_tensors.iter().enumerate() {
-                    ctx.write_async(t, grad_at(i, k)).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
             }
             for (i, param) in param_tensors.iter().enumerate() {

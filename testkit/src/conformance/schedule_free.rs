@@ -4,12 +4,11 @@
 //! `lr_max`.
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{
-    Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind, Tensor,
-};
+use wgpu_optim::{Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind};
 
-use super::case::{Case, CaseTensor, ValueType};
-use super::run::{packed, Backend};
+use super::case::Case;
+use super::inputs::Inputs;
+use super::run::Backend;
 use crate::oracle::{ScheduleFreeOracle, Storage};
 
 type Outputs = Vec<(String, Vec<f64>)>;
@@ -45,33 +44,15 @@ fn config(case: &Case) -> Result<ScheduleFreeAdamW> {
 pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<Outputs> {
     let config = config(case)?;
     let (n, steps) = (case.count, case.steps);
-    let params: Vec<&CaseTensor> =
-        (0..n).map(|i| case.tensor(&format!("param.{i}"))).collect::<Result<_>>()?;
-    let grads: Vec<&CaseTensor> = (0..n).map(|i| case.tensor(&format!("grad.{i}"))).collect::<Result<_>>()?;
-    let dtype = match params.first().map(|p| p.dtype) {
-        Some(ValueType::Float(d)) => d,
-        other => return Err(case.bad(format!("param.0 is {other:?}, expected a float tensor"))),
-    };
-    for (i, (p, g)) in params.iter().zip(&grads).enumerate() {
-        if g.values.len() != steps * p.values.len() {
-            return Err(case.bad(format!("grad.{i} does not hold {steps} gradients of param.{i}")));
-        }
-    }
-    let grads_at = |k: usize| -> Vec<Vec<f64>> {
-        (0..n)
-            .map(|i| {
-                let len = params[i].values.len();
-                grads[i].values[k * len..(k + 1) * len].to_vec()
-            })
-            .collect()
-    };
+    let inputs = Inputs::read(case)?;
+    let dtype = inputs.dtype;
     // y after the steps, x after eval(), each tensor's [z, exp_avg_sq], the group's values.
     let (y, x, states, scalars): Finals = match (backend, ctx) {
         (Backend::Oracle, _) => {
             let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
-            let mut values: Vec<Vec<f64>> = params.iter().map(|p| p.values.clone()).collect();
+            let mut values = inputs.initial();
             for k in 0..steps {
-                oracle.step(&mut values, &grads_at(k));
+                oracle.step(&mut values, &inputs.grads_at(k));
             }
             let mut x = values.clone();
             oracle.eval(&mut x);
@@ -84,17 +65,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             (round(values), round(x), states, scalars)
         }
         (Backend::Cpu, _) => {
-            let host = |values: &[f64]| HostTensor::from_f64(dtype, values);
-            let mut tensors: Vec<HostTensor> =
-                params.iter().map(|p| host(&p.values)).collect::<Result<_>>()?;
+            let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
             let mut optimizer = CpuOptimizer::builder().build(config, &views)?;
             for k in 0..steps {
-                let g: Vec<HostTensor> = grads_at(k).iter().map(|g| host(g)).collect::<Result<_>>()?;
-                let grad_views: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
-                let mut param_views: Vec<HostSliceMut<'_>> =
-                    tensors.iter_mut().map(HostTensor::as_mut_slice).collect();
-                optimizer.step(&mut param_views, &grad_views)?;
+                inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
             let y = tensors.iter().map(HostTensor::to_f64).collect();
             let mut param_views: Vec<HostSliceMut<'_>> =
@@ -113,27 +88,10 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
-            let lengths: Vec<u64> = params.iter().map(|p| p.values.len() as u64).collect();
-            let (param_tensors, grad_tensors) = if backend.in_place() {
-                let p: Vec<Tensor> = params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| ctx.upload(&format!("param.{i}"), &p.values, dtype))
-                    .collect();
-                let g = p.iter().map(|t| ctx.zeros("grad", t.len, dtype)).collect();
-                (p, g)
-            } else {
-                let p = packed(ctx, "params", &lengths, dtype);
-                for (t, values) in p.iter().zip(&params) {
-                    ctx.write_async(t, &values.values).await?;
-                }
-                (p, packed(ctx, "grads", &lengths, dtype))
-            };
+            let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
             let mut optimizer = Optimizer::builder().build(ctx, config, &param_tensors)?;
             for k in 0..steps {
-                for (t, g) in grad_tensors.iter().zip(grads_at(k)) {
-                    ctx.write_async(t, &g).await?;
-                }
+                inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
             }
             let mut y = Vec::with_capacity(n);
