@@ -69,9 +69,9 @@ pub const Q8_MIN_SIZE: u64 = 128;
 
 /// `--states q4`: torchao's defaults, as `AdamW4bit(model.parameters())` takes them (blocks
 /// of 128; a tensor of at least 4096 elements in whole blocks keeps 4-bit state): the
-/// hidden 64x64 matrix, 90 % of the parameters; the other tensors keep f32 state. 4-bit
-/// moments learn slower than f32 ones on this small model whatever the blocks (README,
-/// "4-bit blockwise state", has the figures).
+/// hidden 64x64 matrix, 90 % of the parameters; the other tensors keep f32 state. It learns
+/// slower than f32 state on this small model whatever the blocks, because of torchao's
+/// linear map for `exp_avg_sq` (README, "4-bit blockwise state", has the figures).
 pub const Q4_STATES: Q4States = Q4States { block_size: BLOCK_SIZE, min_size: MIN_SIZE };
 
 /// Lion's rate for this model. Lion's update is a sign, every element moving by the full
