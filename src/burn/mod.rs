@@ -45,6 +45,7 @@ mod lease;
 mod module_step;
 mod muon;
 mod optimizer;
+mod q4;
 mod record;
 mod schedule_free;
 

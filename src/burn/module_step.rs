@@ -20,7 +20,7 @@ use crate::{
 /// one [`Optimizer`], whose multi-tensor dispatches cover all of them (one per kernel
 /// variant, not one per parameter), with the [`OptimizerBuilder`] options of this crate: global
 /// gradient clipping ([`OptimizerBuilder::grad_clip`]), AMP skipping
-/// ([`Self::step_unscaled`], with [`OptimizerBuilder::capturable`]), 16-bit or 8-bit state.
+/// ([`Self::step_unscaled`], with [`OptimizerBuilder::capturable`]), 16-bit, 8-bit or 4-bit state.
 ///
 /// Parameters are updated in their own buffers; one whose storage is shared with another
 /// tensor is copied first (see [`crate::burn`]).
@@ -215,6 +215,16 @@ impl ModuleStepBuilder {
         self
     }
 
+    /// [`OptimizerBuilder::q4_states`]: Adam's and AdamW's moments in torchao's 4-bit
+    /// format. Records ([`ModuleStep::to_bytes`]) hold them under torchao's names, as this
+    /// crate's checkpoints do: a 4-bit state as `exp_avg.codes` (U8, two codes per byte),
+    /// `exp_avg.scale` (F32, one per block) and `exp_avg.qmap` (its 16 entries); a tensor
+    /// that keeps f32 state as `exp_avg`.
+    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
+        self.options.q4_states = q4.into();
+        self
+    }
+
     /// `algorithm` over a module's parameters on `shared`'s device. The optimizers are built
     /// at the first step, when the parameters are known; the algorithm and the clip are
     /// checked here.
@@ -225,6 +235,9 @@ impl ModuleStepBuilder {
         super::muon::refuse(&algorithm, "ModuleStep")?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
+        }
+        if let Some(q4) = &self.options.q4_states {
+            q4.validate()?;
         }
         Ok(ModuleStep {
             shared: shared.clone(),
@@ -388,6 +401,7 @@ impl ModuleStep {
     /// each state tensor in its parameter's shape and its storage dtype), read back from
     /// the device: this waits for the submitted steps. Refused with 8-bit state
     /// ([`Error::ConflictingOptions`]; save the [`Self::optimizer`]'s checkpoint instead).
+    /// 4-bit states are saved under torchao's names ([`ModuleStepBuilder::q4_states`]).
     pub fn to_bytes(&self) -> Result<Bytes> {
         self.refuse_q8("ModuleStep::to_bytes")?;
         let mut states = BTreeMap::new();
@@ -432,6 +446,11 @@ impl ModuleStep {
         let states = record::read(bytes)?;
         let expected = record::expected_names(&self.algorithm, self.options.rounding);
         for (id, state) in &states {
+            if self.options.q4_states.is_some() {
+                super::q4::check_names(*id, state.tensors.keys().map(String::as_str), &self.algorithm)?;
+                record::check_schedule_free(*id, state, &self.algorithm)?;
+                continue;
+            }
             record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
             record::check_schedule_free(*id, state, &self.algorithm)?;
         }
@@ -468,6 +487,9 @@ impl ModuleStep {
     fn read_state(&self, key: u64, id: ParamId, shape: &[usize]) -> Result<BTreeMap<String, TensorData>> {
         let bound = self.bound(key)?;
         let i = bound.ids.iter().position(|p| *p == id).ok_or_else(|| lost(id))?;
+        if self.options.q4_states.is_some() {
+            return super::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
+        }
         let mut tensors = BTreeMap::new();
         for name in record::expected_names(&self.algorithm, self.options.rounding) {
             let kind = record::state_kind(name).ok_or_else(|| lost(id))?;
@@ -709,6 +731,9 @@ impl ModuleStep {
                     let j = source.ids.iter().position(|p| p == id).ok_or_else(|| lost(*id))?;
                     let q8 = self.options.q8_states.is_some();
                     copy_state(&source.optimizer, j, target, i, encoder, q8)?;
+                    if self.options.q4_states.is_some() {
+                        super::q4::copy(&self.algorithm, &source.optimizer, j, target, i)?;
+                    }
                 }
                 Some(Home::Loaded(state)) => self.write_loaded(target, i, *id, &state.tensors)?,
             }
@@ -725,6 +750,9 @@ impl ModuleStep {
         id: ParamId,
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<()> {
+        if self.options.q4_states.is_some() {
+            return super::q4::write_loaded(&self.algorithm, target, i, id.val(), tensors);
+        }
         let ctx = self.shared.context();
         for (name, data) in tensors {
             let kind = record::state_kind(name).ok_or_else(|| lost(id))?;

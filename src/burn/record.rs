@@ -296,6 +296,7 @@ fn translate(leaf: &str) -> Option<&'static str> {
     state_kind(leaf)
         .map(StateKind::torch_name)
         .or_else(|| BURN_ADAM.iter().find(|(burn, _)| *burn == leaf).map(|(_, ours)| *ours))
+        .or_else(|| super::q4::record_leaf(leaf))
 }
 
 fn foreign(id: u64, leaf: &str) -> Error {
