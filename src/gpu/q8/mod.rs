@@ -36,6 +36,8 @@ pub(crate) struct Variant {
     serial: bool,
     /// Gradients scaled by the clip coefficient (global clipping).
     clip: bool,
+    /// How codes are found (8-bit states only; `Table` otherwise).
+    requantize: shader::Requantize,
 }
 
 /// Where one state of one tensor lies in its tensor's state buffer, in words.
@@ -242,6 +244,8 @@ pub(crate) struct Q8Engine {
     /// Global clipping: the kernels scale each gradient by the coefficient in the clip
     /// buffer, which group 0 of the scalars binds.
     clip: bool,
+    /// How codes are found: by the adapter's kind, or `WGPU_OPTIM_Q8_REQUANTIZE`.
+    requantize: shader::Requantize,
 }
 
 impl Q8Engine {
@@ -350,6 +354,7 @@ impl Q8Engine {
                 // there, one invocation owns a block and needs none, which PERF.md measures.
                 serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
                 clip,
+                requantize: shader::Requantize::for_adapter(ctx.report().device_type),
             }
         })
     }
@@ -365,6 +370,13 @@ impl Q8Engine {
     #[cfg(test)]
     pub(crate) fn set_serial(&mut self, serial: bool) {
         self.serial = serial;
+        self.bound = None;
+    }
+
+    /// Chooses how codes are found, whatever the adapter, so that tests cover both.
+    #[cfg(test)]
+    pub(crate) fn set_requantize(&mut self, requantize: shader::Requantize) {
+        self.requantize = requantize;
         self.bound = None;
     }
 
@@ -438,6 +450,7 @@ impl Q8Engine {
                 grad_in_params: shared,
                 serial: self.serial && quantized,
                 clip: self.clip,
+                requantize: if quantized { self.requantize } else { shader::Requantize::Table },
             };
             // Each state chunk (one arena), cut again where its parameters outgrow a binding;
             // both cuts fall on whole blocks.
