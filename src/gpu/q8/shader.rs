@@ -21,13 +21,15 @@
 //!   invocation).
 //!
 //! Both ways of finding a code give `crate::q8::nearest_code`'s code bit for bit; which one
-//! a kernel uses ([`Requantize`]) is a matter of speed. On a CPU adapter (lavapipe) a table
-//! load per value is a gather of eight lanes from a 23 KiB table, and the arithmetic, a
-//! dozen vector instructions with no load, is faster (PERF.md measures it); on a real GPU
-//! the table lives in L1 and one load is cheap, so the table is kept there, unmeasured on
-//! real hardware. The environment variable `WGPU_OPTIM_Q8_REQUANTIZE` (`table` or
-//! `arithmetic`), read when an optimizer with 8-bit state is built, overrides the choice
-//! for measuring both on any adapter.
+//! a kernel uses ([`Requantize`]) is a matter of speed, and the table is the default on
+//! every adapter. On a CPU adapter (lavapipe) the table load is a gather of eight lanes
+//! from a 23 KiB table that stays in L1, and the arithmetic, with no load but some forty
+//! vector instructions (the decade's constants picked by comparing with each decade's
+//! start), was not faster (PERF.md); on a real GPU the table lives in L1 or workgroup
+//! memory and one load per value is cheap, which is unmeasured here. The environment
+//! variable `WGPU_OPTIM_Q8_REQUANTIZE` (`table` or `arithmetic`), read when an optimizer
+//! with 8-bit state is built, chooses for measuring both on any adapter (the bench
+//! included: `WGPU_OPTIM_Q8_REQUANTIZE=arithmetic bench --states q8`).
 //!
 //! The files name states 0, 1 and 2 (`MAX_STATES`) under conditions on the constant
 //! `STATES` rather than looping over them: once inlined, every state index is a constant,
@@ -167,26 +169,23 @@ pub(crate) enum Requantize {
     Arithmetic,
 }
 
-/// The environment variable that overrides [`Requantize::for_adapter`]'s choice: `table` or
+/// The environment variable that chooses [`Requantize`]: `table` (the default) or
 /// `arithmetic` (any other value is ignored, with a warning in the log).
 pub(crate) const REQUANTIZE_VAR: &str = "WGPU_OPTIM_Q8_REQUANTIZE";
 
 impl Requantize {
-    /// The faster way on an adapter of `device_type`, as measured (see the module's
-    /// documentation), unless [`REQUANTIZE_VAR`] names one.
-    pub(crate) fn for_adapter(device_type: wgpu::DeviceType) -> Self {
+    /// The way [`REQUANTIZE_VAR`] names, or the table (see the module's documentation for
+    /// why on every adapter).
+    pub(crate) fn chosen() -> Self {
         match std::env::var(REQUANTIZE_VAR).as_deref() {
-            Ok("table") => return Requantize::Table,
-            Ok("arithmetic") => return Requantize::Arithmetic,
+            Ok("arithmetic") => Requantize::Arithmetic,
+            Ok("table") | Err(_) => Requantize::Table,
             Ok(other) => {
-                log::warn!("{REQUANTIZE_VAR}={other:?} is neither `table` nor `arithmetic`: ignored")
+                log::warn!(
+                    "{REQUANTIZE_VAR}={other:?} is neither `table` nor `arithmetic`: the table is used"
+                );
+                Requantize::Table
             }
-            Err(_) => {}
-        }
-        if device_type == wgpu::DeviceType::Cpu {
-            Requantize::Arithmetic
-        } else {
-            Requantize::Table
         }
     }
 }
