@@ -274,24 +274,30 @@ fn coding_wgsl(signed: bool) -> String {
 }
 
 /// A kernel that writes, per `vec4<f32>` of binding 1 (`values`), the word of its four
-/// nearest codes in the signed or the unsigned map into binding 2 (`codes`), by
-/// [`Requantize::Arithmetic`]'s way; binding 0 holds [`tables_words`]. Dispatched as
-/// (x, y) workgroups of 64, value `x + 65535 * 64 * y`.
+/// nearest codes in the signed or the unsigned map into binding 2 (`codes`), found
+/// `requantize`'s way; binding 0 holds [`tables_words`]. Dispatched as (x, y) workgroups
+/// of 64, value `x + 65535 * 64 * y`.
 #[cfg(test)]
-pub(crate) fn nearest_probe(signed: bool) -> String {
+pub(crate) fn nearest_probe(signed: bool, requantize: Requantize) -> String {
     let mut s = String::from("alias R = vec4<f32>;\n");
     s.push_str("@group(0) @binding(0) var<storage, read> tables: array<u32>;\n");
     s.push_str("@group(0) @binding(1) var<storage, read> values: array<vec4<f32>>;\n");
     s.push_str("@group(0) @binding(2) var<storage, read_write> codes: array<u32>;\n");
     s.push_str(&nearest_wgsl());
     let _ = writeln!(s, "const CODING = {};", coding_wgsl(signed));
+    let _ = writeln!(s, "const ARITHMETIC: bool = {};", requantize == Requantize::Arithmetic);
     s.push_str(NEAREST);
     s.push_str(
         "@compute @workgroup_size(64)\n\
          fn main(@builtin(global_invocation_id) id: vec3<u32>) {\n    \
          let i = id.x + 65535u * 64u * id.y;\n    \
          if i < arrayLength(&values) {\n        \
-         let c = codes_arith(CODING, values[i]);\n        \
+         let v = values[i];\n        \
+         var c = vec4(code(CODING.table, CODING.zero, v.x), code(CODING.table, CODING.zero, v.y), \
+         code(CODING.table, CODING.zero, v.z), code(CODING.table, CODING.zero, v.w));\n        \
+         if ARITHMETIC {\n            \
+         c = codes_arith(CODING, v);\n        \
+         }\n        \
          codes[i] = c.x | c.y << 8u | c.z << 16u | c.w << 24u;\n    \
          }\n}\n",
     );

@@ -645,9 +645,9 @@ fn two_8bit_optimizers_on_one_context_compile_their_pipelines_once() {
 }
 
 /// The nearest codes of `values` (a multiple of four) in the signed or the unsigned map as
-/// the kernels' arithmetic finds them (`shaders/q8_nearest.wgsl`'s `codes_arith`), on the
-/// default adapter.
-fn codes_by_arithmetic(ctx: &GpuContext, signed: bool, values: &[f32]) -> Vec<u8> {
+/// the kernels find them `requantize`'s way (`shaders/q8_nearest.wgsl`'s `code` or
+/// `codes_arith`), on the default adapter.
+fn kernel_codes(ctx: &GpuContext, signed: bool, requantize: Requantize, values: &[f32]) -> Vec<u8> {
     assert_eq!(values.len() % 4, 0);
     let words = values.len() / 4;
     let tables =
@@ -659,7 +659,7 @@ fn codes_by_arithmetic(ctx: &GpuContext, signed: bool, values: &[f32]) -> Vec<u8
         .catch("compiling the probe", || {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("nearest-code probe"),
-                source: wgpu::ShaderSource::Wgsl(super::shader::nearest_probe(signed).into()),
+                source: wgpu::ShaderSource::Wgsl(super::shader::nearest_probe(signed, requantize).into()),
             });
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some("nearest-code probe"),
@@ -697,13 +697,13 @@ fn codes_by_arithmetic(ctx: &GpuContext, signed: bool, values: &[f32]) -> Vec<u8
     ctx.read_bytes(&output).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The kernels' arithmetic (with its fallback to the table near a switch) gives
-/// `nearest_code`'s code, computed on the host, for every 31st f32 bit pattern of
+/// The kernels' arithmetic (with its fallback to the table near a switch), and their table,
+/// give `nearest_code`'s code, computed on the host, for every 31st f32 bit pattern of
 /// [2^-26, 1] and their negatives (a prime stride, as `q8::arith`'s own test walks the
 /// range), for each code with its neighbours, across each decade's start, and for the
 /// special values, in both maps.
 #[test]
-fn the_kernels_arithmetic_finds_the_nearest_code_of_values_across_the_whole_range() {
+fn the_kernels_arithmetic_and_table_find_the_nearest_code_of_values_across_the_whole_range() {
     use crate::q8::{nearest_code, signed_map, unsigned_map};
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
     for (signed, map) in [(true, signed_map()), (false, unsigned_map())] {
@@ -727,15 +727,18 @@ fn the_kernels_arithmetic_finds_the_nearest_code_of_values_across_the_whole_rang
         values.extend([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 1e-30, -1e-30, f32::MIN_POSITIVE, 1e-45, -1e-45]);
         values.extend([f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN]);
         values.resize(values.len().next_multiple_of(4), 0.5);
-        let codes = codes_by_arithmetic(&ctx, signed, &values);
-        assert_eq!(codes.len(), values.len());
-        let wrong: Vec<String> = values
-            .iter()
-            .zip(&codes)
-            .filter(|&(&x, &c)| c != nearest_code(&map, x))
-            .take(10)
-            .map(|(x, c)| format!("{x:e} ({:#010x}): {c}, not {}", x.to_bits(), nearest_code(&map, *x)))
-            .collect();
-        assert!(wrong.is_empty(), "signed {signed}: {wrong:#?}");
+        let want: Vec<u8> = values.iter().map(|&x| nearest_code(&map, x)).collect();
+        for requantize in [Requantize::Arithmetic, Requantize::Table] {
+            let codes = kernel_codes(&ctx, signed, requantize, &values);
+            assert_eq!(codes.len(), values.len());
+            let wrong: Vec<String> = (0..values.len())
+                .filter(|&i| codes[i] != want[i])
+                .take(10)
+                .map(|i| {
+                    format!("{:e} ({:#010x}): {}, not {}", values[i], values[i].to_bits(), codes[i], want[i])
+                })
+                .collect();
+            assert!(wrong.is_empty(), "signed {signed}, {requantize:?}: {wrong:#?}");
+        }
     }
 }
