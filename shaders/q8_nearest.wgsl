@@ -18,7 +18,7 @@
 //                           at most CLAMP) in the signed or the unsigned map: the
 //                           crate::q8::arith::Quantizer of the map, the decade found by
 //                           comparing m with each decade's start (no table is indexed).
-// This file provides struct Coding, code and codes_arith.
+// This file provides struct Coding, code, struct Estimate, estimate and codes_arith.
 
 // Where a state's codes are decoded (`map`: the first word of its map in `tables`) and
 // found (`table`: the first word of its CodeTable), its code of 0, and the arithmetic's
@@ -44,13 +44,18 @@ fn code(table: u32, zero: u32, x: f32) -> u32 {
     return select(c, zero, (bits & 0x7fffffffu) >= INFINITY);
 }
 
+// The codes of four values by arithmetic, and which lanes' positions lie near a switch.
+struct Estimate {
+    codes: vec4<u32>,
+    near: vec4<bool>,
+}
+
 // The nearest codes of four values as `Quantizer::estimate` finds them (src/q8/arith.rs,
 // whose module docs give the reasoning): the decade of the clamped magnitude, an affine
 // position in it whose floor counts the decade's codes below, the switch to the code of 1
-// tested on the value itself. A lane whose position lies within NEAR of a switch takes
-// `code`'s answer instead (about one value in 2000; the branch is taken only when some lane
-// needs it).
-fn codes_arith(coding: Coding, x: R) -> vec4<u32> {
+// tested on the value itself. A finite lane whose position lies within NEAR of a switch
+// (about one value in 2000) is marked near: only `code` can tell its code.
+fn estimate(coding: Coding, x: R) -> Estimate {
     let bits = bitcast<vec4<u32>>(x);
     let magnitude = bits & vec4(0x7fffffffu);
     let m = bitcast<R>(clamp(magnitude, vec4(FLOOR), vec4(CLAMP)));
@@ -72,12 +77,21 @@ fn codes_arith(coding: Coding, x: R) -> vec4<u32> {
     } else {
         c = select(index, vec4(0), negative);
     }
-    let codes = select(vec4<u32>(c), vec4(coding.zero), magnitude >= vec4(INFINITY));
+    let finite = magnitude < vec4(INFINITY);
+    let codes = select(vec4(coding.zero), vec4<u32>(c), finite);
     // WGSL's round() rounds half to even, as round_ties_even on the host.
     let near = (abs(position - round(position)) < R(NEAR)) | (abs(position - R(FIRST_SWITCH)) < R(NEAR));
-    if any(near & (magnitude < vec4(INFINITY))) {
+    return Estimate(codes, near & finite);
+}
+
+// The nearest codes of four values: `estimate`'s, near lanes taking `code`'s. (A CPU
+// adapter runs the branch, masked, for every value: the serial entry point defers near
+// words to a loop of their own instead, see shaders/q8_serial.wgsl.)
+fn codes_arith(coding: Coding, x: R) -> vec4<u32> {
+    let e = estimate(coding, x);
+    if any(e.near) {
         let exact = vec4(code(coding.table, coding.zero, x.x), code(coding.table, coding.zero, x.y), code(coding.table, coding.zero, x.z), code(coding.table, coding.zero, x.w));
-        return select(codes, exact, near);
+        return select(e.codes, exact, e.near);
     }
-    return codes;
+    return e.codes;
 }

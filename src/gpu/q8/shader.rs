@@ -43,7 +43,7 @@
 //!   `gpu::kernel::binding`; with 8-bit states also
 //!   `crate::q8::lut`'s `SMALLEST`, `ONE`, `INFINITY`, `BUCKET_SHIFT`, `BUCKETS_PER_SIGN`,
 //!   `crate::q8::arith`'s `FIRST_SWITCH`, `NEAR`, `FLOOR`, `CLAMP`, `ARITHMETIC` (the
-//!   variant's [`Requantize`]), `CODINGS`, each state's map, table and code of 0 in the code
+//!   variant's [`Requantize`]), `DEFERRED` (arithmetic in the serial entry point), `CODINGS`, each state's map, table and code of 0 in the code
 //!   tables' binding ([`tables_words`]) and its map's top code, and per map the decade
 //!   constants of its `crate::q8::arith::Quantizer` (`struct Decade`, `decade_signed`,
 //!   `decade_unsigned`: [`quantizer_wgsl`]);
@@ -88,6 +88,9 @@ pub(crate) const WORKGROUP: u32 = BLOCK_WORDS;
 pub(crate) const FAN_IN: u32 = 8;
 
 const _: () = assert!(FAN_IN * FAN_IN == WORKGROUP);
+
+// shaders/q8_serial.wgsl marks a block's words in two u32.
+const _: () = assert!(BLOCK_WORDS <= 64);
 
 /// Words of one map in the code tables' binding (a code's value, as f32 bits).
 const MAP_WORDS: usize = 256;
@@ -346,7 +349,10 @@ pub(crate) fn prelude(variant: &Variant) -> String {
     if variant.quantized {
         storage(&mut s, "Q8_CODE_TABLES", "read", "tables", "u32");
         s.push_str(&nearest_wgsl());
-        let _ = writeln!(s, "const ARITHMETIC: bool = {};", variant.requantize == Requantize::Arithmetic);
+        let arithmetic = variant.requantize == Requantize::Arithmetic;
+        let _ = writeln!(s, "const ARITHMETIC: bool = {arithmetic};");
+        // The serial entry point finds the codes of words near a switch after its block's.
+        let _ = writeln!(s, "const DEFERRED: bool = {};", arithmetic && variant.serial);
         let codings: Vec<String> =
             kinds.iter().map(|kind| coding_wgsl(crate::q8::is_signed(*kind))).collect();
         let _ = writeln!(s, "const CODINGS = array<Coding, STATES>({});", codings.join(", "));

@@ -283,7 +283,9 @@ fn run_adam_8bit(
 
 /// Both owners of a block (a workgroup, one invocation), each finding codes by a table and
 /// by arithmetic, against the oracle, over a tensor that ends in a partial block and a
-/// word of fewer than four codes.
+/// word of fewer than four codes. Both ways find `nearest_code`'s codes (the probe test
+/// below checks each against it), so their states must agree bit for bit: a word with a
+/// value near a switch (a few per state here) that the arithmetic got wrong would show.
 #[test]
 fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
@@ -303,11 +305,18 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
         want = want.iter().map(|&x| f64::from(x as f32)).collect();
     }
     let ways = [Requantize::Table, Requantize::Arithmetic];
+    let mut by_table = Vec::new();
     for (serial, requantize) in [false, true].into_iter().flat_map(|s| ways.map(|r| (s, r))) {
         let what = format!("serial {serial} {requantize:?}");
         let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, (serial, requantize), &want);
         for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
             let got = opt.q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
+            match requantize {
+                Requantize::Table => by_table.push(got.clone()),
+                Requantize::Arithmetic => {
+                    assert!(by_table.remove(0) == got, "{what} {kind:?}: not the table's state")
+                }
+            }
             let (
                 Some(StoredState::Q8 { codes, absmax }),
                 StoredState::Q8 { codes: w_codes, absmax: w_absmax },
