@@ -244,7 +244,7 @@ pub(crate) struct Q8Engine {
     /// Global clipping: the kernels scale each gradient by the coefficient in the clip
     /// buffer, which group 0 of the scalars binds.
     clip: bool,
-    /// How codes are found: by a table unless `WGPU_OPTIM_Q8_REQUANTIZE` says otherwise.
+    /// How codes are found: by the adapter's kind, or as `WGPU_OPTIM_Q8_REQUANTIZE` says.
     requantize: shader::Requantize,
 }
 
@@ -354,7 +354,7 @@ impl Q8Engine {
                 // there, one invocation owns a block and needs none, which PERF.md measures.
                 serial: ctx.report().device_type == wgpu::DeviceType::Cpu,
                 clip,
-                requantize: shader::Requantize::chosen(),
+                requantize: shader::Requantize::chosen(ctx.report().device_type),
             }
         })
     }

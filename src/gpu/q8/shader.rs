@@ -21,15 +21,18 @@
 //!   invocation).
 //!
 //! Both ways of finding a code give `crate::q8::nearest_code`'s code bit for bit; which one
-//! a kernel uses ([`Requantize`]) is a matter of speed, and the table is the default on
-//! every adapter. On a CPU adapter (lavapipe) the table load is a gather of eight lanes
-//! from a 23 KiB table that stays in L1, and the arithmetic, with no load but some forty
-//! vector instructions (the decade's constants picked by comparing with each decade's
-//! start), was not faster (PERF.md); on a real GPU the table lives in L1 or workgroup
-//! memory and one load per value is cheap, which is unmeasured here. The environment
-//! variable `WGPU_OPTIM_Q8_REQUANTIZE` (`table` or `arithmetic`), read when an optimizer
-//! with 8-bit state is built, chooses for measuring both on any adapter (the bench
-//! included: `WGPU_OPTIM_Q8_REQUANTIZE=arithmetic bench --states q8`).
+//! a kernel uses ([`Requantize`]) is a matter of speed. On a CPU adapter (lavapipe) the
+//! arithmetic is faster: the table load is a gather of eight lanes, while the arithmetic
+//! takes vector instructions and no load, and its few words with a value near a switch are
+//! found again from the table after their block (`q8_serial.wgsl`, where one invocation
+//! owns a block; a CPU adapter runs an `if` masked for every invocation, so a branch per
+//! word to the table would cost its loads everywhere). PERF.md has the figures. On a real
+//! GPU the table lives in L1 or workgroup memory and one load per value is cheap, and the
+//! arithmetic's branch to the table runs per word (a workgroup owns a block): the table is
+//! kept there, unmeasured. The environment variable `WGPU_OPTIM_Q8_REQUANTIZE` (`table` or
+//! `arithmetic`), read when an optimizer with 8-bit state is built, overrides the choice,
+//! for measuring both on any adapter (the bench included:
+//! `WGPU_OPTIM_Q8_REQUANTIZE=table bench --states q8`).
 //!
 //! The files name states 0, 1 and 2 (`MAX_STATES`) under conditions on the constant
 //! `STATES` rather than looping over them: once inlined, every state index is a constant,
@@ -172,23 +175,27 @@ pub(crate) enum Requantize {
     Arithmetic,
 }
 
-/// The environment variable that chooses [`Requantize`]: `table` (the default) or
-/// `arithmetic` (any other value is ignored, with a warning in the log).
+/// The environment variable that overrides [`Requantize::chosen`]: `table` or `arithmetic`
+/// (any other value is ignored, with a warning in the log).
 pub(crate) const REQUANTIZE_VAR: &str = "WGPU_OPTIM_Q8_REQUANTIZE";
 
 impl Requantize {
-    /// The way [`REQUANTIZE_VAR`] names, or the table (see the module's documentation for
-    /// why on every adapter).
-    pub(crate) fn chosen() -> Self {
+    /// The way [`REQUANTIZE_VAR`] names, or the faster one measured on an adapter of
+    /// `device_type` (see the module's documentation): arithmetic on CPU adapters, the
+    /// table elsewhere.
+    pub(crate) fn chosen(device_type: wgpu::DeviceType) -> Self {
         match std::env::var(REQUANTIZE_VAR).as_deref() {
-            Ok("arithmetic") => Requantize::Arithmetic,
-            Ok("table") | Err(_) => Requantize::Table,
+            Ok("arithmetic") => return Requantize::Arithmetic,
+            Ok("table") => return Requantize::Table,
             Ok(other) => {
-                log::warn!(
-                    "{REQUANTIZE_VAR}={other:?} is neither `table` nor `arithmetic`: the table is used"
-                );
-                Requantize::Table
+                log::warn!("{REQUANTIZE_VAR}={other:?} is neither `table` nor `arithmetic`: ignored")
             }
+            Err(_) => {}
+        }
+        if device_type == wgpu::DeviceType::Cpu {
+            Requantize::Arithmetic
+        } else {
+            Requantize::Table
         }
     }
 }
