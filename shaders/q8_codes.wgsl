@@ -1,8 +1,8 @@
 // Blockwise 8-bit codes in an 8-bit step: dequantizing a word of four codes, finding the
 // codes of scaled values, and a block's largest finite magnitude.
 //
-// Needs shaders/q8_nearest.wgsl (struct Coding, code, codes_arith) and what its prelude
-// declares; besides what shaders/q8.wgsl lists, the generated prelude declares:
+// Needs shaders/q8_nearest.wgsl (struct Coding, code, estimate, codes_arith) and what
+// its prelude declares; besides what shaders/q8.wgsl lists, the generated prelude declares:
 //   CODINGS                 array<Coding, STATES>: state k's map and table, its code of 0
 //                           (the signed map's for first moments and momentum, the unsigned
 //                           one's for Adam's second moment) and its map's constants.

@@ -1,10 +1,11 @@
 // The entry point of an 8-bit step where one invocation owns a block, for CPU adapters
 // (which run a workgroup barrier as a switch through every invocation): the block's update
 // with its new states kept in private memory, then, their largest magnitude known, the
-// states requantized.
+// states requantized (by arithmetic, DEFERRED: then the words with a value near a switch
+// between codes are requantized again from the table).
 //
-// Needs the prelude, shaders/q8.wgsl and shaders/q8_codes.wgsl (see there); provides
-// `main`.
+// Needs the prelude, shaders/q8.wgsl, shaders/q8_nearest.wgsl and shaders/q8_codes.wgsl
+// (see there); provides `main`.
 
 // Each word's new states, per state, until the block's absmax is known.
 var<private> kept0: array<R, BLOCK_WORDS>;
