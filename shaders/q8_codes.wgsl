@@ -1,45 +1,49 @@
 // Blockwise 8-bit codes in an 8-bit step: dequantizing a word of four codes, finding the
-// code of a scaled value, and a block's largest finite magnitude.
+// codes of scaled values, and a block's largest finite magnitude.
 //
-// The generated prelude declares, besides what shaders/q8.wgsl lists:
-//   tables                  the code tables' binding: the signed map, the unsigned map
-//                           (256 f32 bits each), then the signed and the unsigned
-//                           crate::q8::lut::CodeTable entries.
-//   SMALLEST, ONE, INFINITY, BUCKET_SHIFT, BUCKETS_PER_SIGN
-//                           crate::q8::lut's constants.
-//   CODINGS                 array<Coding, STATES>: state k's map and table, and its code
-//                           of 0 (the signed map's for first moments and momentum, the
-//                           unsigned one's for Adam's second moment).
-// This file provides struct Coding, dequantize, code, largest, and the per-state steps
-// the entry points call (load_states, largest_of_states, store_states, store_absmax).
-
-// Where a state's codes are decoded (`map`: the first word of its map in `tables`) and
-// found (`table`: the first word of its CodeTable), and its code of 0.
-struct Coding {
-    map: u32,
-    table: u32,
-    zero: u32,
-}
+// Needs shaders/q8_nearest.wgsl (struct Coding, code, estimate, codes_arith) and what
+// its prelude declares; besides what shaders/q8.wgsl lists, the generated prelude declares:
+//   CODINGS                 array<Coding, STATES>: state k's map and table, its code of 0
+//                           (the signed map's for first moments and momentum, the unsigned
+//                           one's for Adam's second moment) and its map's constants.
+//   ARITHMETIC              whether codes are found by arithmetic (codes_arith) or by a
+//                           table load per value (code): the same codes, at another cost.
+//   DEFERRED                with ARITHMETIC, whether `encode` leaves a word with a value
+//                           near a switch to the entry point (the serial one), which finds
+//                           its codes again with store_states_exact.
+// This file provides dequantize, encode, largest, and the per-state steps the entry points
+// call (load_states, largest_of_states, store_states, store_states_exact, store_absmax),
+// and `redo`.
 
 // The four codes of `word` (the first in its low byte), as values of `map` times `scale`.
 fn dequantize(map: u32, word: u32, scale: f32) -> R {
     return vec4(bitcast<f32>(tables[map + (word & 0xffu)]), bitcast<f32>(tables[map + ((word >> 8u) & 0xffu)]), bitcast<f32>(tables[map + ((word >> 16u) & 0xffu)]), bitcast<f32>(tables[map + (word >> 24u)])) * scale;
 }
 
-// `CodeTable::code` (src/q8/lut.rs): the bucket of the clamped magnitude, per sign; NaN
-// and the infinities take `zero`, the code of 0. An entry is
-// `start | end << 8 | switch << 16`.
-fn code(table: u32, zero: u32, x: f32) -> u32 {
-    let bits = bitcast<u32>(x);
-    let magnitude = clamp(bits & 0x7fffffffu, SMALLEST, ONE);
-    let entry = tables[table + (bits >> 31u) * BUCKETS_PER_SIGN + ((magnitude - SMALLEST) >> BUCKET_SHIFT)];
-    let c = select(entry & 0xffu, (entry >> 8u) & 0xffu, (magnitude & ((1u << BUCKET_SHIFT) - 1u)) >= (entry >> 16u));
-    return select(c, zero, (bits & 0x7fffffffu) >= INFINITY);
+// With DEFERRED: set by `encode` where a live value lies near a switch between codes (its
+// word's code there is then an estimate, to be found again by store_states_exact).
+var<private> redo: bool;
+
+// Four codes (the live lanes; bytes past the tensor's end stay 0) in one word.
+fn pack(c: vec4<u32>) -> u32 {
+    return c.x | select(0u, c.y << 8u, live.y) | select(0u, c.z << 16u, live.z) | select(0u, c.w << 24u, live.w);
 }
 
-// The four codes of `scaled` (the live lanes; bytes past the tensor's end stay 0) in one
-// word.
+// The four codes of `scaled` in one word, found the variant's way.
 fn encode(coding: Coding, scaled: R) -> u32 {
+    if ARITHMETIC {
+        if DEFERRED {
+            let e = estimate(coding, scaled);
+            redo = redo || any(e.near & live);
+            return pack(e.codes);
+        }
+        return pack(codes_arith(coding, scaled));
+    }
+    return encode_exact(coding, scaled);
+}
+
+// The four codes of `scaled` in one word, from the table.
+fn encode_exact(coding: Coding, scaled: R) -> u32 {
     return code(coding.table, coding.zero, scaled.x) | select(0u, code(coding.table, coding.zero, scaled.y) << 8u, live.y) | select(0u, code(coding.table, coding.zero, scaled.z) << 16u, live.z) | select(0u, code(coding.table, coding.zero, scaled.w) << 24u, live.w);
 }
 
@@ -73,6 +77,14 @@ fn store_state(k: u32, b: u32, w: u32, absmax: f32) {
     }
 }
 
+// store_state with the codes from the table.
+fn store_state_exact(k: u32, b: u32, w: u32, absmax: f32) {
+    let codes = encode_exact(CODINGS[k], new_states[k] / absmax);
+    if live.x {
+        state[seg.values[k] + b * BLOCK_WORDS + w] = codes;
+    }
+}
+
 // Each state's part of a step. A variant has STATES of the MAX_STATES (3) states; the
 // conditions are constants, so each call below has a constant `k` once inlined, and the
 // states a variant lacks compile to nothing.
@@ -95,6 +107,12 @@ fn store_states(b: u32, w: u32, absmax: vec4<f32>) {
     if STATES > 0u { store_state(0u, b, w, absmax.x); }
     if STATES > 1u { store_state(1u, b, w, absmax.y); }
     if STATES > 2u { store_state(2u, b, w, absmax.z); }
+}
+
+fn store_states_exact(b: u32, w: u32, absmax: vec4<f32>) {
+    if STATES > 0u { store_state_exact(0u, b, w, absmax.x); }
+    if STATES > 1u { store_state_exact(1u, b, w, absmax.y); }
+    if STATES > 2u { store_state_exact(2u, b, w, absmax.z); }
 }
 
 // Each state's new absmax of block `b`.

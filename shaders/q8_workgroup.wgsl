@@ -2,8 +2,8 @@
 // `lid` owns word `lid` of the block (four codes per state), so no two invocations write
 // one word, and the block's new absmax is a reduction that never leaves the workgroup.
 //
-// Needs the prelude, shaders/q8.wgsl and shaders/q8_codes.wgsl (see there); provides
-// `main`.
+// Needs the prelude, shaders/q8.wgsl, shaders/q8_nearest.wgsl and shaders/q8_codes.wgsl
+// (see there); provides `main`.
 
 // Each invocation's largest magnitudes (per state, as bits), then the fold's partials.
 var<workgroup> lanes: array<vec4<u32>, WORKGROUP>;

@@ -53,7 +53,7 @@ pub const FLOOR: u32 = 103 << 23;
 pub const SPAN_SHIFT: u32 = 24;
 
 /// Decades of a dynamic map.
-const DECADES: usize = 7;
+pub const DECADES: usize = 7;
 
 /// One map's constants, derived from the map itself (see the module docs).
 #[derive(Clone, Debug)]
@@ -66,6 +66,9 @@ pub struct Quantizer {
     pub span_decade: [i32; 16],
     /// Per span: the start of the decade that begins inside it, or 2 (above any magnitude).
     pub span_split: [f32; 16],
+    /// The starts of decades 1 to 6: a magnitude's decade is the count of them it reaches
+    /// (what the span tables give; the GPU kernels compare with each instead).
+    pub starts: [f32; DECADES - 1],
     /// Per decade: the position's slope.
     pub scale: [f32; 16],
     /// Per decade: the position's offset.
@@ -130,12 +133,12 @@ impl Quantizer {
         // Magnitudes from FLOOR to CLAMP lie in spans 51 to 63 (exponent fields 102 to 126),
         // entries 3 to 15; entries 0 to 2 are never read.
         assert!(FLOOR >> SPAN_SHIFT == 51 && CLAMP.to_bits() >> SPAN_SHIFT == 63);
+        let starts: [f32; DECADES - 1] = std::array::from_fn(|i| decade_start(i + 1) as f32);
         let (mut span_decade, mut span_split) = ([0i32; 16], [2f32; 16]);
         for (entry, (decade, split)) in span_decade.iter_mut().zip(span_split.iter_mut()).enumerate() {
             let low = f32::from_bits((48 + entry as u32) << SPAN_SHIFT);
-            let starts = (1..DECADES).map(|k| decade_start(k) as f32);
-            *decade = starts.clone().filter(|&s| s <= low).count() as i32;
-            if let Some(s) = starts.clone().find(|&s| s > low && s < 4.0 * low) {
+            *decade = starts.iter().filter(|&&s| s <= low).count() as i32;
+            if let Some(&s) = starts.iter().find(|&&s| s > low && s < 4.0 * low) {
                 *split = s;
             }
         }
@@ -156,6 +159,7 @@ impl Quantizer {
             zero: super::zero_code(map),
             span_decade,
             span_split,
+            starts,
             scale,
             offset,
             base,

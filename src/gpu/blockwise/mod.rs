@@ -23,6 +23,7 @@ use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::plan::{check_range, Arg};
+use crate::gpu::q8::Requantize;
 use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
 use crate::gpu::GpuContext;
 use crate::step::Switches;
@@ -71,6 +72,10 @@ pub(crate) trait Format {
     fn code_tables(&self) -> Option<&wgpu::Buffer> {
         None
     }
+    /// How quantized variants find their codes (8-bit's choice per adapter).
+    fn requantize(&self) -> Requantize {
+        Requantize::Table
+    }
 }
 
 /// What selects one compiled low-bit pipeline (the registry keeps each format's apart).
@@ -87,6 +92,9 @@ pub(crate) struct Variant {
     pub(in crate::gpu) clip: bool,
     /// Elements per block of quantized state (8-bit's is always `q8::BLOCK_SIZE`).
     pub(in crate::gpu) block_size: u32,
+    /// How 8-bit codes are found (`Table` for f32 state and for 4-bit, which searches its
+    /// 16-entry maps).
+    pub(in crate::gpu) requantize: Requantize,
 }
 
 /// Where one state of one tensor chunk lies in its arena, in words.
@@ -427,6 +435,13 @@ impl<F: Format> Engine<F> {
         self.bound = None;
     }
 
+    /// The format's settings, to change in tests: the dispatches are bound again.
+    #[cfg(test)]
+    pub(crate) fn format_mut(&mut self) -> &mut F {
+        self.bound = None;
+        &mut self.format
+    }
+
     /// Group `g` now runs `algorithm` (same state kinds): its pipelines change with its
     /// switches.
     pub(crate) fn set_algorithm(&mut self, g: usize, algorithm: &Algorithm) {
@@ -466,6 +481,7 @@ impl<F: Format> Engine<F> {
                 serial: self.serial && quantized,
                 clip: self.clip,
                 block_size: block as u32,
+                requantize: if quantized { self.format.requantize() } else { Requantize::Table },
             };
             // Each state chunk (one arena), cut again where its parameters outgrow a binding;
             // both cuts fall on whole blocks.
@@ -757,7 +773,11 @@ fn check_grads<F: Format>(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
 }
 
 /// Binding `binding` of bytes `lo..hi` of `buffer`.
-fn buffer(binding: u32, buffer: &wgpu::Buffer, (lo, hi): (u64, u64)) -> wgpu::BindGroupEntry<'_> {
+pub(in crate::gpu) fn buffer(
+    binding: u32,
+    buffer: &wgpu::Buffer,
+    (lo, hi): (u64, u64),
+) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {

@@ -20,12 +20,15 @@ use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, Result, Tensor};
+pub(crate) use shader::Requantize;
 
 /// 8-bit state: four codes to a word, blocks of [`BLOCK_SIZE`], and the code tables.
 #[derive(Debug)]
 pub(crate) struct Q8 {
     config: Q8States,
     tables: wgpu::Buffer,
+    /// How codes are found: by the adapter's kind, or as `WGPU_OPTIM_Q8_REQUANTIZE` says.
+    requantize: Requantize,
 }
 
 impl Format for Q8 {
@@ -85,6 +88,10 @@ impl Format for Q8 {
     fn code_tables(&self) -> Option<&wgpu::Buffer> {
         Some(&self.tables)
     }
+
+    fn requantize(&self) -> Requantize {
+        self.requantize
+    }
 }
 
 /// The 8-bit state of an optimizer and the dispatches that update it.
@@ -110,7 +117,14 @@ impl Engine<Q8> {
                 usage: wgpu::BufferUsages::STORAGE,
             })
         })?;
-        Engine::with_format(ctx, Q8 { config, tables }, params, groups, algorithms, clip)
+        let requantize = Requantize::chosen(ctx.report().device_type);
+        Engine::with_format(ctx, Q8 { config, tables, requantize }, params, groups, algorithms, clip)
+    }
+
+    /// Chooses how codes are found, whatever the adapter, so that tests cover both.
+    #[cfg(test)]
+    pub(crate) fn set_requantize(&mut self, requantize: Requantize) {
+        self.format_mut().requantize = requantize;
     }
 
     /// The 8-bit settings (only checkpoints read them).

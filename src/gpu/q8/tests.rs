@@ -1,5 +1,6 @@
 //! The 8-bit path against the oracle, on the default adapter and on devices of chosen limits.
 
+use super::shader::Requantize;
 use super::{compile, Variant};
 use crate::gpu::kernel::tests::{members, resource_bindings};
 use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
@@ -249,14 +250,15 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
 }
 
 /// `algorithm` with 8-bit state over one tensor of `initial` values, stepped by `grads`
-/// with blocks owned by one invocation each (`serial`) or by a workgroup; its parameters
-/// must land within 1e-4 of the oracle's `want`. Returns the optimizer, for its state.
+/// with blocks owned by one invocation each (`serial`) or by a workgroup, codes found as
+/// `requantize` says; its parameters must land within 1e-4 of the oracle's `want`. Returns
+/// the optimizer, for its state.
 fn run_adam_8bit(
     ctx: &GpuContext,
     algorithm: Algorithm,
     initial: &[f64],
     grads: &[Vec<f64>],
-    serial: bool,
+    (serial, requantize): (bool, Requantize),
     want: &[f64],
 ) -> Optimizer {
     let p = ctx.upload("param", initial, DType::F32);
@@ -267,6 +269,7 @@ fn run_adam_8bit(
         .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
     if let Some(engine) = opt.q8_engine_mut() {
         engine.set_serial(serial);
+        engine.set_requantize(requantize);
     }
     for grad in grads {
         ctx.write(&g, grad).unwrap_or_else(|e| panic!("{e}"));
@@ -278,8 +281,11 @@ fn run_adam_8bit(
     opt
 }
 
-/// Both owners of a block (a workgroup, one invocation) against the oracle, over a
-/// tensor that ends in a partial block and a word of fewer than four codes.
+/// Both owners of a block (a workgroup, one invocation), each finding codes by a table and
+/// by arithmetic, against the oracle, over a tensor that ends in a partial block and a
+/// word of fewer than four codes. Both ways find `nearest_code`'s codes (the probe test
+/// below checks each against it), so their states must agree bit for bit: a word with a
+/// value near a switch (a few per state here) that the arithmetic got wrong would show.
 #[test]
 fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
@@ -298,25 +304,31 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
             .unwrap_or_else(|e| panic!("{e}"));
         want = want.iter().map(|&x| f64::from(x as f32)).collect();
     }
-    for serial in [false, true] {
-        let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, serial, &want);
+    let ways = [Requantize::Table, Requantize::Arithmetic];
+    let mut by_table = Vec::new();
+    for (serial, requantize) in [false, true].into_iter().flat_map(|s| ways.map(|r| (s, r))) {
+        let what = format!("serial {serial} {requantize:?}");
+        let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, (serial, requantize), &want);
         for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
             let got = opt.q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
+            match requantize {
+                Requantize::Table => by_table.push(got.clone()),
+                Requantize::Arithmetic => {
+                    assert!(by_table.remove(0) == got, "{what} {kind:?}: not the table's state")
+                }
+            }
             let (
                 Some(StoredState::Q8 { codes, absmax }),
                 StoredState::Q8 { codes: w_codes, absmax: w_absmax },
             ) = (got, want)
             else {
-                panic!("serial {serial}: {kind:?} is not 8-bit");
+                panic!("{what}: {kind:?} is not 8-bit");
             };
             let differing = codes.iter().zip(w_codes).filter(|(a, b)| a != b).count();
             let furthest = codes.iter().zip(w_codes).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
-            assert!(
-                furthest <= 1 && differing * 100 <= n,
-                "serial {serial} {kind:?}: {differing} codes differ"
-            );
+            assert!(furthest <= 1 && differing * 100 <= n, "{what} {kind:?}: {differing} codes differ");
             for (a, b) in absmax.iter().zip(w_absmax) {
-                assert!((a - b).abs() <= 1e-4 * b.abs(), "serial {serial} {kind:?}: absmax {a} against {b}");
+                assert!((a - b).abs() <= 1e-4 * b.abs(), "{what} {kind:?}: absmax {a} against {b}");
             }
         }
     }
@@ -437,8 +449,8 @@ fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
     for (k, g) in grads.iter().enumerate() {
         bnb_8bit_step(&adam, k as u64 + 1, &mut want, g, &mut states).unwrap_or_else(|e| panic!("{e}"));
     }
-    for serial in [false, true] {
-        let opt = run_adam_8bit(&ctx, adam, &initial, &grads, serial, &want);
+    for (serial, requantize) in [(false, Requantize::Table), (true, Requantize::Arithmetic)] {
+        let opt = run_adam_8bit(&ctx, adam, &initial, &grads, (serial, requantize), &want);
         for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states) {
             let got = opt.q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
             assert_state_follows(&format!("serial {serial}: {kind:?}"), got, want);
@@ -476,7 +488,7 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
         crate::AdEMAMix::default().into(),
     ];
     for algorithm in algorithms {
-        for (quantized, serial) in [(true, false), (true, true), (false, false)] {
+        for (quantized, serial, requantize) in STORED {
             for (grad_in_params, clip) in [(false, false), (false, true), (true, true)] {
                 let variant = Variant {
                     switches: algorithm.kernel_step(1).switches(),
@@ -486,12 +498,23 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
                     serial,
                     clip,
                     block_size: crate::q8::BLOCK_SIZE as u32,
+                    requantize,
                 };
                 compile(&ctx, &variant).unwrap_or_else(|e| panic!("{variant:?}: {e}"));
             }
         }
     }
 }
+
+/// The ways a state is stored and stepped: 8-bit with a workgroup or an invocation per
+/// block, each finding codes by a table or by arithmetic, and f32.
+const STORED: [(bool, bool, Requantize); 5] = [
+    (true, false, Requantize::Table),
+    (true, false, Requantize::Arithmetic),
+    (true, true, Requantize::Table),
+    (true, true, Requantize::Arithmetic),
+    (false, false, Requantize::Table),
+];
 
 /// Every variant's `(switches, kinds)` the options allow: AdEMAMix (three states), Adam and AdamW (two), SGD
 /// with momentum, Nesterov or not (one), plain SGD (none).
@@ -525,9 +548,8 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
     let mut checked = 0;
     for algorithm in algorithms_of_every_state_count() {
         let kinds = algorithm.state_kinds().to_vec();
-        let stored: &[(bool, bool)] =
-            if kinds.is_empty() { &[(false, false)] } else { &[(true, false), (true, true), (false, false)] };
-        for &(quantized, serial) in stored {
+        let stored: &[(bool, bool, Requantize)] = if kinds.is_empty() { &STORED[4..] } else { &STORED };
+        for &(quantized, serial, requantize) in stored {
             for grad_in_params in [false, true] {
                 for clip in [false, true] {
                     let variant = Variant {
@@ -538,6 +560,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                         serial,
                         clip,
                         block_size: crate::q8::BLOCK_SIZE as u32,
+                        requantize,
                     };
                     let source = super::shader::compose(&variant);
                     let module = naga::front::wgsl::parse_str(&source)
@@ -577,7 +600,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
             }
         }
     }
-    assert_eq!(checked, 5 * 3 * 4 + 4, "variants checked");
+    assert_eq!(checked, 5 * 5 * 4 + 4, "variants checked");
 }
 
 /// The WGSL reader of a segment takes each field from the lanes where `#[repr(C)]` puts it
@@ -630,4 +653,103 @@ fn two_8bit_optimizers_on_one_context_compile_their_pipelines_once() {
     }
     // One tensor of 8-bit AdamW state: one variant, compiled by the first optimizer only.
     assert_eq!(compiled, [1, 1], "pipelines after the first optimizer's step and the second's");
+}
+
+/// The nearest codes of `values` (a multiple of four) in the signed or the unsigned map as
+/// the kernels find them `requantize`'s way (`shaders/q8_nearest.wgsl`'s `code` or
+/// `codes_arith`), on the default adapter.
+fn kernel_codes(ctx: &GpuContext, signed: bool, requantize: Requantize, values: &[f32]) -> Vec<u8> {
+    assert_eq!(values.len() % 4, 0);
+    let words = values.len() / 4;
+    let tables =
+        ctx.upload_bytes("code tables", bytemuck::cast_slice(&super::shader::tables_words()), DType::F32);
+    let input = ctx.upload_f32("values", values);
+    let output = ctx.zeros("codes", words as u64, DType::F32);
+    let device = ctx.device();
+    let pipeline = ctx
+        .catch("compiling the probe", || {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("nearest-code probe"),
+                source: wgpu::ShaderSource::Wgsl(super::shader::nearest_probe(signed, requantize).into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("nearest-code probe"),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            })
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let whole = |binding: u32, t: &Tensor| (binding, t.offset, t.offset + 4 * t.len);
+    let entries = [whole(0, &tables), whole(1, &input), whole(2, &output)];
+    let buffers = [&tables.buffer, &input.buffer, &output.buffer];
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = entries
+        .iter()
+        .zip(buffers)
+        .map(|(&(binding, lo, hi), b)| crate::gpu::blockwise::buffer(binding, b, (lo, hi)))
+        .collect();
+    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("nearest-code probe"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        // Workgroups of 64 words, rows of 65535 of them (the probe's indexing).
+        let groups = words.div_ceil(64) as u32;
+        pass.dispatch_workgroups(groups.min(65_535), groups.div_ceil(65_535), 1);
+    }
+    ctx.queue().submit([encoder.finish()]);
+    ctx.read_bytes(&output).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The kernels' arithmetic (with its fallback to the table near a switch), and their table,
+/// give `nearest_code`'s code, computed on the host, for every 31st f32 bit pattern of
+/// [2^-26, 1] and their negatives (a prime stride, as `q8::arith`'s own test walks the
+/// range), for each code with its neighbours, across each decade's start, and for the
+/// special values, in both maps.
+#[test]
+fn the_kernels_arithmetic_and_table_find_the_nearest_code_of_values_across_the_whole_range() {
+    use crate::q8::{nearest_code, signed_map, unsigned_map};
+    let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+    for (signed, map) in [(true, signed_map()), (false, unsigned_map())] {
+        let mut values: Vec<f32> = Vec::new();
+        for bits in (0x3280_0000u32..=0x3f80_0000).step_by(31) {
+            values.extend([f32::from_bits(bits), -f32::from_bits(bits)]);
+        }
+        for c in map {
+            for delta in -3i32..=3 {
+                let x = f32::from_bits(c.to_bits().wrapping_add_signed(delta));
+                values.extend([x, -x]);
+            }
+        }
+        for power in -8..=0 {
+            let p = 10f32.powi(power);
+            for delta in -3000i32..=3000 {
+                let x = f32::from_bits(p.to_bits().wrapping_add_signed(delta));
+                values.extend([x, -x]);
+            }
+        }
+        values.extend([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 1e-30, -1e-30, f32::MIN_POSITIVE, 1e-45, -1e-45]);
+        values.extend([f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN]);
+        values.resize(values.len().next_multiple_of(4), 0.5);
+        let want: Vec<u8> = values.iter().map(|&x| nearest_code(&map, x)).collect();
+        for requantize in [Requantize::Arithmetic, Requantize::Table] {
+            let codes = kernel_codes(&ctx, signed, requantize, &values);
+            assert_eq!(codes.len(), values.len());
+            let wrong: Vec<String> = (0..values.len())
+                .filter(|&i| codes[i] != want[i])
+                .take(10)
+                .map(|i| {
+                    format!("{:e} ({:#010x}): {}, not {}", values[i], values[i].to_bits(), codes[i], want[i])
+                })
+                .collect();
+            assert!(wrong.is_empty(), "signed {signed}, {requantize:?}: {wrong:#?}");
+        }
+    }
 }
