@@ -264,24 +264,29 @@ fn block_sums<P: Wide, G: Wide>(
     sums.fill(0.0);
     scaled.fill(0.0);
     let mut sum_p2 = 0f32;
-    let mut row = |g: &[G], p: &[P], rv: &mut f32| {
-        let (row_g2, row_p2) = squares(g, p);
-        sum_p2 += row_p2;
-        *rv = lerp(*rv, row_g2 / cols as f32, weight);
-        1.0 / *rv
-    };
     let mut rows = g.chunks_exact(cols).zip(p.chunks_exact(cols)).zip(row_var.iter_mut());
     while let Some(((g, p), rv)) = rows.next() {
-        let inverse = row(g, p, rv);
+        let inverse = row_sums(weight, g, p, rv, &mut sum_p2);
         match rows.next() {
             Some(((g2, p2), rv2)) => {
-                let inverse2 = row(g2, p2, rv2);
+                let inverse2 = row_sums(weight, g2, p2, rv2, &mut sum_p2);
                 columns_pair(g, g2, (inverse, inverse2), sums, scaled);
             }
             None => columns(g, inverse, sums, scaled),
         }
     }
     sum_p2
+}
+
+/// A row's squares: its new `row_var` (in place), `sum_p2 += sum p^2`, and `1 / row_var`.
+/// A function rather than a closure: `multiversion` compiles a closure once, without the
+/// target features of the version it is written in.
+#[inline(always)]
+fn row_sums<P: Wide, G: Wide>(weight: f32, g: &[G], p: &[P], row_var: &mut f32, sum_p2: &mut f32) -> f32 {
+    let (row_g2, row_p2) = squares(g, p);
+    *sum_p2 += row_p2;
+    *row_var = lerp(*row_var, row_g2 / g.len() as f32, weight);
+    1.0 / *row_var
 }
 
 /// The update of a block of rows where no floor binds: `U = g row inv_c` with the row's
