@@ -570,3 +570,31 @@ fn burns_front_ends_refuse_adafactor_by_name() {
         }
     }
 }
+
+#[test]
+fn a_zero_row_sends_only_its_matrix_down_the_element_wise_path_on_every_block() {
+    // Two matrices of four blocks of rows each on the CPU backend; the second has a row of
+    // zero gradients, so its floor may bind (element by element) while the first's sum is
+    // taken from the column factors.
+    let mut rng = Rng::new(11);
+    let shapes = vec![vec![2, 300, 700]];
+    let n = 2 * 300 * 700;
+    let start = vec![rng.vec(n, 1.0)];
+    let grads: Vec<Vec<Vec<f64>>> = (0..2)
+        .map(|_| {
+            let mut g = rng.vec(n, 1.0);
+            let row = (300 + 150) * 700;
+            g[row..row + 700].fill(0.0);
+            vec![g]
+        })
+        .collect();
+    let pool = |n: usize| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    let one = cpu_run(&pool(1), &shapes, &start, &grads);
+    assert!(one == cpu_run(&pool(3), &shapes, &start, &grads), "1 and 3 threads differ");
+    let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), DType::F32);
+    let mut want = start.clone();
+    for g in &grads {
+        oracle.step(&mut want, g);
+    }
+    assert_close("cpu", &one[0], &want[0], Tolerance::Close { rtol: 2e-5, atol: 2e-6 });
+}

@@ -7,11 +7,14 @@
 //! pool.
 //!
 //! Passes over a matrix (batched over the leading dimensions): (1) each row's and each
-//! column's sum of `g^2` and the sum of `p^2`; then `row_var`, `col_var` and each batch's
-//! mean of `row_var` on one thread (they are small); (2) the update's sum of squares;
-//! (3) `p = p decay - scale U`. A vector: (1) `variance`, the sums of `p^2` and of `U^2`;
-//! (2) the same apply. The gradient is read three times (twice for a vector), the parameter
-//! twice and written once; the state is sublinear.
+//! column's sum of `g^2` and the sum of `p^2`; then `row_var`, `col_var`, each batch's
+//! mean of `row_var` and (where no floor can bind) the update's sum of squares on one
+//! thread (they are small); (2) `p = p decay - scale U`. A vector: (1) `variance`, the sums
+//! of `p^2` and of `U^2`; (2) the same apply. The gradient and the parameter are read twice
+//! and the parameter written once, the least the update allows: its scale needs the whole
+//! tensor's sums before any element changes, and the column factors need every row. The
+//! state is sublinear; the passes' partial sums live in scratch made with the state, so a
+//! step allocates nothing.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -25,6 +28,10 @@ use crate::{Adafactor, Algorithm, DType, OptimizerOptions, Result, StateKind};
 
 /// Elements per block: rayon's per-item cost vanishes next to a block's work.
 const BLOCK: usize = 64 * 1024;
+/// The most blocks a matrix is cut into (larger blocks beyond): each block keeps two partial
+/// sums per column until the whole matrix is read, so the scratch stays within
+/// `2 MAX_BLOCKS` rows per matrix and their combination, on one thread, stays short.
+const MAX_BLOCKS: usize = 64;
 /// Independent partial sums per block: the loops vectorize over them.
 const LANES: usize = 8;
 
@@ -37,16 +44,76 @@ pub(super) struct AdafactorTensor {
     first: StateTensor,
     /// `col_var` (`batches * cols`); empty for a vector.
     second: StateTensor,
+    /// The step's working memory between its passes.
+    scratch: Scratch,
+}
+
+/// How a matrix's rows are cut into blocks: by its shape alone, never by the thread count.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    batches: usize,
+    rows: usize,
+    cols: usize,
+    /// Rows per block (each matrix's last block may hold fewer).
+    block_rows: usize,
+    /// Blocks per matrix.
+    per_matrix: usize,
+}
+
+impl Layout {
+    fn new((batches, rows, cols): (usize, usize, usize)) -> Self {
+        let block_rows = (BLOCK / cols.max(1)).max(rows.div_ceil(MAX_BLOCKS)).clamp(1, rows.max(1));
+        Layout { batches, rows, cols, block_rows, per_matrix: rows.div_ceil(block_rows) }
+    }
+}
+
+/// A tensor's working memory between the passes of a step, made with its state.
+#[derive(Clone, Debug)]
+struct Scratch {
+    /// A matrix: per block, its columns' partial sums of `g^2`, then of `g^2 / R_r` (`2 cols`
+    /// values). Each matrix's first block ends up holding the matrix's totals, and its first
+    /// `cols` values then the columns' `1 / sqrt(col_var)`.
+    columns: Vec<f32>,
+    /// A matrix: per block, a partial sum (of `p^2`, then of `U^2` where a floor may bind);
+    /// a vector: two per block, of `p^2` and of `U^2`.
+    blocks: Vec<f32>,
+    /// Per matrix: the clamped mean of `row_var`.
+    denoms: Vec<f32>,
+    /// Per matrix: whether the `eps1^2` floor may bind (the element-wise path).
+    floored: Vec<bool>,
+}
+
+impl Scratch {
+    fn new(dims: Option<(usize, usize, usize)>, len: usize) -> Self {
+        match dims {
+            Some(dims) => {
+                let l = Layout::new(dims);
+                let blocks = l.batches * l.per_matrix;
+                Scratch {
+                    columns: vec![0.0; blocks * 2 * l.cols],
+                    blocks: vec![0.0; blocks],
+                    denoms: vec![0.0; l.batches],
+                    floored: vec![false; l.batches],
+                }
+            }
+            None => Scratch {
+                columns: Vec::new(),
+                blocks: vec![0.0; 2 * len.div_ceil(BLOCK)],
+                denoms: Vec::new(),
+                floored: Vec::new(),
+            },
+        }
+    }
 }
 
 impl AdafactorTensor {
     fn new(shape: &[usize]) -> Result<Self> {
         let zeros = |len: usize| StateTensor::filled(DType::F32, len, 0.0, 0);
-        Ok(match factored_dims(shape) {
-            Some((b, r, c)) => {
-                AdafactorTensor { dims: Some((b, r, c)), first: zeros(b * r)?, second: zeros(b * c)? }
-            }
-            None => AdafactorTensor { dims: None, first: zeros(shape.iter().product())?, second: zeros(0)? },
+        let (dims, len) = (factored_dims(shape), shape.iter().product());
+        let scratch = Scratch::new(dims, len);
+        Ok(match dims {
+            Some((b, r, c)) => AdafactorTensor { dims, first: zeros(b * r)?, second: zeros(b * c)?, scratch },
+            None => AdafactorTensor { dims, first: zeros(len)?, second: zeros(0)?, scratch },
         })
     }
 
@@ -135,7 +202,7 @@ pub(crate) fn lerp(start: f32, end: f32, weight: f32) -> f32 {
 
 /// `(sum g^2, sum p^2)` of a row, each in [`LANES`] lanes added in order: whole chunks of
 /// lanes (which the compiler vectorizes), then the tail.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+#[inline(always)]
 fn squares<P: Wide, G: Wide>(g: &[G], p: &[P]) -> (f32, f32) {
     let (mut g2, mut p2) = ([0f32; LANES], [0f32; LANES]);
     let (gc, pc) = (g.chunks_exact(LANES), p.chunks_exact(LANES));
@@ -156,7 +223,7 @@ fn squares<P: Wide, G: Wide>(g: &[G], p: &[P]) -> (f32, f32) {
 }
 
 /// A row's share of the column sums: `sum += g^2`, `scaled += g^2 inverse`.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+#[inline(always)]
 fn columns<G: Wide>(g: &[G], inverse: f32, sums: &mut [f32], scaled: &mut [f32]) {
     for ((g, sum), scaled) in g.iter().zip(sums.iter_mut()).zip(scaled.iter_mut()) {
         let g = g.widen();
@@ -166,18 +233,80 @@ fn columns<G: Wide>(g: &[G], inverse: f32, sums: &mut [f32], scaled: &mut [f32])
     }
 }
 
-/// A row's update where no floor binds: `U = g row inv_c`.
+/// Two rows' share of the column sums, [`columns`] of each added together: half the reads
+/// and writes of the sums, which bound the first pass once the rows are in cache.
+#[inline(always)]
+fn columns_pair<G: Wide>(a: &[G], b: &[G], (ia, ib): (f32, f32), sums: &mut [f32], scaled: &mut [f32]) {
+    for (((a, b), sum), scaled) in a.iter().zip(b).zip(sums.iter_mut()).zip(scaled.iter_mut()) {
+        let (a, b) = (a.widen(), b.widen());
+        let (a2, b2) = (a * a, b * b);
+        *sum += a2 + b2;
+        *scaled += a2 * ia + b2 * ib;
+    }
+}
+
+/// The first pass over one block of rows: its rows' new `row_var`, its columns' partial
+/// sums (`sums`, `scaled`: of `g^2` and of `g^2 / R_r`, `cols` each), and its sum of `p^2`
+/// (rows in order). A row's column sums need its `R_r`, so they are taken right after its
+/// squares, while the row is in L1, two rows at a time (the block's first and second, third
+/// and fourth, ...; an odd last row alone). (Interleaving them with the next row's squares,
+/// to keep the memory streams busy, measured slower: the compiler then spills the lanes.)
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn apply_row<P: Wide, G: Wide>(
+fn block_sums<P: Wide, G: Wide>(
+    weight: f32,
+    p: &[P],
+    g: &[G],
+    row_var: &mut [f32],
+    sums: &mut [f32],
+    scaled: &mut [f32],
+) -> f32 {
+    let cols = sums.len();
+    sums.fill(0.0);
+    scaled.fill(0.0);
+    let mut sum_p2 = 0f32;
+    let mut rows = g.chunks_exact(cols).zip(p.chunks_exact(cols)).zip(row_var.iter_mut());
+    while let Some(((g, p), rv)) = rows.next() {
+        let inverse = row_sums(weight, g, p, rv, &mut sum_p2);
+        match rows.next() {
+            Some(((g2, p2), rv2)) => {
+                let inverse2 = row_sums(weight, g2, p2, rv2, &mut sum_p2);
+                columns_pair(g, g2, (inverse, inverse2), sums, scaled);
+            }
+            None => columns(g, inverse, sums, scaled),
+        }
+    }
+    sum_p2
+}
+
+/// A row's squares: its new `row_var` (in place), `sum_p2 += sum p^2`, and `1 / row_var`.
+/// A function rather than a closure: `multiversion` compiles a closure once, without the
+/// target features of the version it is written in.
+#[inline(always)]
+fn row_sums<P: Wide, G: Wide>(weight: f32, g: &[G], p: &[P], row_var: &mut f32, sum_p2: &mut f32) -> f32 {
+    let (row_g2, row_p2) = squares(g, p);
+    *sum_p2 += row_p2;
+    *row_var = lerp(*row_var, row_g2 / g.len() as f32, weight);
+    1.0 / *row_var
+}
+
+/// The update of a block of rows where no floor binds: `U = g row inv_c` with the row's
+/// factor `row = sign sqrt(denom / R_r)` and the columns' `inv` (`cols` values).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+fn apply_block<P: Wide, G: Wide>(
     hp: &AdafactorUniform,
     scale: f32,
-    row: f32,
+    denom: f32,
     p: &mut [P],
     g: &[G],
+    row_var: &[f32],
     inv: &[f32],
 ) {
-    for ((p, g), inv) in p.iter_mut().zip(g).zip(inv) {
-        apply(hp, scale, p, g.widen() * row * inv);
+    let cols = inv.len();
+    for ((p, g), rv) in p.chunks_exact_mut(cols).zip(g.chunks_exact(cols)).zip(row_var) {
+        let row = hp.sign * (denom / rv).sqrt();
+        for ((p, g), inv) in p.iter_mut().zip(g).zip(inv) {
+            apply(hp, scale, p, g.widen() * row * inv);
+        }
     }
 }
 
@@ -277,13 +406,12 @@ impl CpuOptimizer {
 
 /// One tensor's step.
 fn tensor<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P], g: &[G]) {
-    let n = p.len();
-    if n == 0 {
+    if p.is_empty() {
         return;
     }
     match state.dims {
-        Some((batches, rows, cols)) => matrix(s, state, p, g, (batches, rows, cols)),
-        None => vector(s, values(&mut state.first), p, g),
+        Some(dims) => matrix(s, state, p, g, Layout::new(dims)),
+        None => vector(s, values(&mut state.first), &mut state.scratch.blocks, p, g),
     }
 }
 
@@ -299,16 +427,16 @@ fn apply<P: Wide>(hp: &AdafactorUniform, scale: f32, p: &mut P, u: f32) {
     *p = P::narrow(p.widen() * hp.decay - scale * u);
 }
 
-/// A vector: blocks of elements; `variance` in place.
-fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], p: &mut [P], g: &[G]) {
+/// A vector: blocks of elements; `variance` in place; `sums`: two per block.
+fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], sums: &mut [f32], p: &mut [P], g: &[G]) {
     let hp = &s.hp;
     let floor = s.eps1 * s.eps1;
     // (1) variance, and per block the sums of p^2 and U^2.
-    let partials: Vec<(f32, f32)> = p
-        .par_chunks(BLOCK)
+    p.par_chunks(BLOCK)
         .zip(g.par_chunks(BLOCK))
         .zip(variance.par_chunks_mut(BLOCK))
-        .map(|((p, g), v)| {
+        .zip(sums.par_chunks_mut(2))
+        .for_each(|(((p, g), v), sums)| {
             let (mut p2, mut u2) = ([0f32; LANES], [0f32; LANES]);
             for (k, ((p, g), v)) in p.iter().zip(g).zip(v.iter_mut()).enumerate() {
                 let (p, g) = (p.widen(), g.widen() * hp.sign);
@@ -317,10 +445,10 @@ fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], p: &mut [P], g: &
                 let u = g / v.max(floor).sqrt();
                 u2[k % LANES] += u * u;
             }
-            (fold(p2), fold(u2))
-        })
-        .collect();
-    let (sum_p2, sum_u2) = partials.iter().fold((0f32, 0f32), |(a, b), (c, d)| (a + c, b + d));
+            sums[0] = fold(p2);
+            sums[1] = fold(u2);
+        });
+    let (sum_p2, sum_u2) = sums.chunks_exact(2).fold((0f32, 0f32), |(a, b), s| (a + s[0], b + s[1]));
     let scale = step_scale(hp, sum_p2, sum_u2, p.len());
     // (2) the update.
     p.par_chunks_mut(BLOCK).zip(g.par_chunks(BLOCK)).zip(variance.par_chunks(BLOCK)).for_each(
@@ -342,139 +470,119 @@ fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], p: &mut [P], g: &
 /// column sums take it), and the step reads the gradient and the parameter twice in all.
 /// Where the floor could bind (`min R min C < m eps1^2`, a zero row or column among them), a
 /// pass of its own takes the sum element by element, as torch does.
-fn matrix<P: Wide, G: Wide>(
-    s: &Scalars,
-    state: &mut AdafactorTensor,
-    p: &mut [P],
-    g: &[G],
-    (batches, rows, cols): (usize, usize, usize),
-) {
+fn matrix<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P], g: &[G], l: Layout) {
     let hp = &s.hp;
     let floor = s.eps1 * s.eps1;
+    let Layout { batches, rows, cols, block_rows, per_matrix } = l;
     if rows == 0 || cols == 0 {
         return;
     }
-    let block_rows = (BLOCK / cols).clamp(1, rows);
-    let per_matrix = rows.div_ceil(block_rows);
+    let (matrix_len, block_len, columns_len) = (rows * cols, block_rows * cols, per_matrix * 2 * cols);
+    let scratch = &mut state.scratch;
+    let (row_var, col_var) = (values(&mut state.first), values(&mut state.second));
+    // (1) per block: its rows' new row_var, its columns' partial sums, its sum of p^2.
     // Blocks never straddle two matrices: each matrix's rows are cut alike.
-    let order: Vec<(usize, usize)> =
-        (0..batches).flat_map(|b| (0..per_matrix).map(move |k| (b, k))).collect();
-    let span = |b: usize, k: usize| {
-        let first = b * rows + k * block_rows;
-        (first, block_rows.min(b * rows + rows - first))
-    };
-    let row_var = values(&mut state.first);
-    // (1) per block: its rows' new row_var, its columns' partial sums of g^2 and of
-    // g^2 / R_r, its sum of p^2.
-    let mut row_chunks: Vec<&mut [f32]> = Vec::with_capacity(order.len());
-    let mut rest = &mut row_var[..];
-    for &(b, k) in &order {
-        let (_, count) = span(b, k);
-        let (head, tail) = rest.split_at_mut(count);
-        row_chunks.push(head);
-        rest = tail;
-    }
-    let pass1: Vec<(Vec<f32>, Vec<f32>, f32)> = order
-        .par_iter()
-        .zip(row_chunks.into_par_iter())
-        .map(|(&(b, k), row_var)| {
-            let (first, _) = span(b, k);
-            let mut col_sums = vec![0f32; cols];
-            let mut col_scaled = vec![0f32; cols];
-            let mut sum_p2 = 0f32;
-            for (r, rv) in (first..).zip(row_var.iter_mut()) {
-                let (g, p) = (&g[r * cols..(r + 1) * cols], &p[r * cols..(r + 1) * cols]);
-                let (row_g2, row_p2) = squares(g, p);
-                sum_p2 += row_p2;
-                *rv = lerp(*rv, row_g2 / cols as f32, hp.weight);
-                columns(g, 1.0 / *rv, &mut col_sums, &mut col_scaled);
-            }
-            (col_sums, col_scaled, sum_p2)
-        })
-        .collect();
-    // The column factors, on one thread: they hold cols values per matrix.
-    let col_var = values(&mut state.second);
-    let mut sum_p2 = 0f32;
-    let mut col_sums = vec![0f32; batches * cols];
-    let mut col_scaled = vec![0f32; batches * cols];
-    for (&(b, _), (sums, scaled, p2)) in order.iter().zip(&pass1) {
-        let at = b * cols..(b + 1) * cols;
-        for (total, part) in col_sums[at.clone()].iter_mut().zip(sums) {
-            *total += part;
-        }
-        for (total, part) in col_scaled[at].iter_mut().zip(scaled) {
-            *total += part;
-        }
-        sum_p2 += p2;
-    }
-    for (v, sum) in col_var.iter_mut().zip(&col_sums) {
-        *v = lerp(*v, sum / rows as f32, hp.weight);
-    }
-    let row_var = values(&mut state.first);
-    // Each matrix's clamped mean of row_var, and the update's sum of squares where no floor
-    // binds.
-    let mut denoms = vec![0f32; batches];
-    let mut floored = Vec::new();
+    p.par_chunks(matrix_len)
+        .zip(g.par_chunks(matrix_len))
+        .zip(row_var.par_chunks_mut(rows))
+        .zip(scratch.columns.par_chunks_mut(columns_len))
+        .zip(scratch.blocks.par_chunks_mut(per_matrix))
+        .for_each(|((((p, g), row_var), columns), sums)| {
+            p.par_chunks(block_len)
+                .zip(g.par_chunks(block_len))
+                .zip(row_var.par_chunks_mut(block_rows))
+                .zip(columns.par_chunks_mut(2 * cols))
+                .zip(sums.par_iter_mut())
+                .for_each(|((((p, g), row_var), columns), sum)| {
+                    let (sums, scaled) = columns.split_at_mut(cols);
+                    *sum = block_sums(hp.weight, p, g, row_var, sums, scaled);
+                });
+        });
+    let sum_p2 = scratch.blocks.iter().fold(0f32, |a, b| a + b);
+    // Each matrix's column factors, clamped mean of row_var and, where no floor binds, the
+    // update's sum of squares, on one thread: they hold a few rows' worth of values.
     let mut sum_u2 = 0f32;
     for b in 0..batches {
+        let (total, parts) = scratch.columns[b * columns_len..(b + 1) * columns_len].split_at_mut(2 * cols);
+        for part in parts.chunks_exact(2 * cols) {
+            for (total, part) in total.iter_mut().zip(part) {
+                *total += part;
+            }
+        }
+        let (sums, scaled) = total.split_at_mut(cols);
+        let cv = &mut col_var[b * cols..(b + 1) * cols];
+        for (v, sum) in cv.iter_mut().zip(sums.iter()) {
+            *v = lerp(*v, sum / rows as f32, hp.weight);
+        }
         let rv = &row_var[b * rows..(b + 1) * rows];
-        let cv = &col_var[b * cols..(b + 1) * cols];
         let mean = rv.iter().fold(0f32, |a, v| a + v) / rows as f32;
-        denoms[b] = mean.max(s.eps1);
+        let denom = mean.max(s.eps1);
+        scratch.denoms[b] = denom;
         let min_r = rv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
         let min_c = cv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
         // Also false for NaN, which the element-wise pass then carries.
-        if min_r * min_c / denoms[b] >= floor && min_r > 0.0 && min_c > 0.0 {
-            let scaled = &col_scaled[b * cols..(b + 1) * cols];
-            let sum = scaled.iter().zip(cv).fold(0f32, |a, (t, c)| a + t / c);
-            sum_u2 += denoms[b] * sum;
-        } else {
-            floored.push(b);
+        let exact = min_r * min_c / denom >= floor && min_r > 0.0 && min_c > 0.0;
+        scratch.floored[b] = !exact;
+        if exact {
+            sum_u2 += denom * scaled.iter().zip(cv.iter()).fold(0f32, |a, (t, c)| a + t / c);
+        }
+        // Where no floor binds, `1 / sqrt(R C / m)` is `sqrt(m / R) / sqrt(C)`: a row's
+        // factor times a column's, so the update's loop only multiplies.
+        for (inv, c) in sums.iter_mut().zip(cv.iter()) {
+            *inv = 1.0 / c.sqrt();
         }
     }
-    let (row_var, col_var, denoms) = (&*row_var, &*col_var, &denoms);
+    let (row_var, col_var) = (&*row_var, &*col_var);
+    let (denoms, floored) = (&scratch.denoms[..], &scratch.floored[..]);
+    // The update at `(r, c)` of matrix `b`, element by element as torch takes it.
     let u = move |r: usize, c: usize, g: f32, b: usize| {
         let v = row_var[r] * col_var[b * cols + c] / denoms[b];
         g * hp.sign / v.max(floor).sqrt()
     };
     // (2) where a floor may bind, the update's sum of squares element by element.
-    if !floored.is_empty() {
-        let sums: Vec<f32> = order
-            .par_iter()
-            .filter(|(b, _)| floored.contains(b))
-            .map(|&(b, k)| {
-                let (first, count) = span(b, k);
-                let mut lanes = [0f32; LANES];
-                for r in first..first + count {
-                    for (c, g) in g[r * cols..(r + 1) * cols].iter().enumerate() {
-                        let u = u(r, c, g.widen(), b);
-                        lanes[c % LANES] += u * u;
+    if floored.contains(&true) {
+        g.par_chunks(matrix_len).zip(scratch.blocks.par_chunks_mut(per_matrix)).enumerate().for_each(
+            |(b, (g, sums))| {
+                g.par_chunks(block_len).zip(sums.par_iter_mut()).enumerate().for_each(|(k, (g, sum))| {
+                    *sum = 0.0;
+                    if !floored[b] {
+                        return;
                     }
-                }
-                fold(lanes)
-            })
-            .collect();
-        sum_u2 += sums.iter().fold(0f32, |a, b| a + b);
+                    let first = b * rows + k * block_rows;
+                    let mut lanes = [0f32; LANES];
+                    for (j, g) in g.chunks_exact(cols).enumerate() {
+                        for (c, g) in g.iter().enumerate() {
+                            let u = u(first + j, c, g.widen(), b);
+                            lanes[c % LANES] += u * u;
+                        }
+                    }
+                    *sum = fold(lanes);
+                });
+            },
+        );
+        sum_u2 += scratch.blocks.iter().fold(0f32, |a, b| a + b);
     }
     let scale = step_scale(hp, sum_p2, sum_u2, p.len());
-    // (3) the update, in blocks of rows. Where no floor binds, `1 / sqrt(R C / m)` is
-    // `sqrt(m / R) / sqrt(C)`: a row's factor times a column's, so the loop only multiplies.
-    let inv_cols: Vec<f32> = col_var.iter().map(|c| 1.0 / c.sqrt()).collect();
-    let (inv_cols, floored) = (&inv_cols, &floored);
-    let block = block_rows * cols;
-    p.par_chunks_mut(block).zip(g.par_chunks(block)).enumerate().for_each(|(k, (p, g))| {
-        let first = k * block_rows;
-        for (j, (p, g)) in p.chunks_mut(cols).zip(g.chunks(cols)).enumerate() {
-            let r = first + j;
-            let b = r / rows;
-            if floored.contains(&b) {
-                for (c, (p, g)) in p.iter_mut().zip(g).enumerate() {
-                    apply(hp, scale, p, u(r, c, g.widen(), b));
+    // (3) the update, in blocks of rows.
+    let columns = &scratch.columns[..];
+    p.par_chunks_mut(matrix_len)
+        .zip(g.par_chunks(matrix_len))
+        .zip(row_var.par_chunks(rows))
+        .enumerate()
+        .for_each(|(b, ((p, g), row_var))| {
+            let inv = &columns[b * columns_len..b * columns_len + cols];
+            let blocks =
+                p.par_chunks_mut(block_len).zip(g.par_chunks(block_len)).zip(row_var.par_chunks(block_rows));
+            blocks.enumerate().for_each(|(k, ((p, g), row_var))| {
+                if !floored[b] {
+                    return apply_block(hp, scale, denoms[b], p, g, row_var, inv);
                 }
-                continue;
-            }
-            let row = hp.sign * (denoms[b] / row_var[r]).sqrt();
-            apply_row(hp, scale, row, p, g, &inv_cols[b * cols..(b + 1) * cols]);
-        }
-    });
+                let first = b * rows + k * block_rows;
+                for (j, (p, g)) in p.chunks_exact_mut(cols).zip(g.chunks_exact(cols)).enumerate() {
+                    for (c, (p, g)) in p.iter_mut().zip(g).enumerate() {
+                        apply(hp, scale, p, u(first + j, c, g.widen(), b));
+                    }
+                }
+            });
+        });
 }
