@@ -7,8 +7,12 @@
 //! of 1. Within decade `k` a value's magnitude `m` has an affine *position*
 //! `m * scale[k] + offset[k]` that puts the switch between the decade's codes `j - 1` and `j`
 //! at position `j` (j >= 1) and the switch from the decade below (or from 0) at position
-//! [`FIRST_SWITCH`]: the code is then the decade's first magnitude index plus the floor of the
-//! position (minus one below `FIRST_SWITCH`). The positions of the real switches, which
+//! [`FIRST_SWITCH`]. The *index position* `min(p, p * FIRST_SCALE + FIRST_OFFSET)` of a
+//! position `p` stretches `[FIRST_SWITCH, 1]` onto `[0, 1]` and leaves the positions above 1
+//! alone (the second line lies below the first exactly where `p < 1`), so that every switch
+//! lies at an integer: the code is the decade's first magnitude index plus its floor (-1,
+//! the code below the decade, under the first switch), and one distance to the nearest
+//! integer tells a value near a switch, the first switch included. The positions of the real switches, which
 //! `nearest_code`'s f32 distances decide, lie within 2e-5 of those (f32 rounding of the
 //! codes and of the distances); a value whose position lies within [`NEAR`] of a switch is
 //! reported as near ([`Quantizer::estimate`] gives `None`) and its caller asks the exact rule.
@@ -30,9 +34,17 @@ use super::nearest_code;
 /// the switch from the decade below lies 0.8 of a step below it.)
 pub const FIRST_SWITCH: f32 = 0.2;
 
-/// A position nearer than this to a switch is left to the exact rule: five times the most by
-/// which a position can miss (the switches lie within 2e-5 of their positions, the product
-/// by the reciprocal and the fused multiply-add add under 2.5e-5), and rare enough in
+/// The index position's slope below position 1: `[FIRST_SWITCH, 1]` onto `[0, 1]` (exact in
+/// f32, as is [`FIRST_OFFSET`]).
+pub const FIRST_SCALE: f32 = 1.25;
+
+/// The index position's offset below position 1.
+pub const FIRST_OFFSET: f32 = -0.25;
+
+/// An index position nearer than this to an integer is left to the exact rule: four times
+/// the most by which an index position can miss (the switches lie within 2e-5 of their
+/// positions, the product by the reciprocal and the fused multiply-add add under 2.5e-5, and
+/// the stretch below position 1 a quarter more), and rare enough in
 /// practice (a value lies that near a switch with odds of about 1 in 1000) to cost little.
 pub const NEAR: f32 = 1.0 / 4096.0;
 
@@ -203,13 +215,11 @@ impl Quantizer {
         let m = f32::from_bits(clamped);
         let span = (clamped >> SPAN_SHIFT) as usize % 16;
         let k = (self.span_decade[span] + i32::from(m >= self.span_split[span])) as usize;
-        let position = m.mul_add(self.scale[k], self.offset[k]);
-        let j = if position < FIRST_SWITCH { -1 } else { position.floor() as i32 };
+        let position = index_position(m.mul_add(self.scale[k], self.offset[k]));
+        let j = position.floor() as i32;
         let top = quotient >= f32::from_bits(self.top_bits);
         let index = if top { self.top_index } else { self.base[k] + j };
-        let near =
-            (position - position.round_ties_even()).abs() < NEAR || (position - FIRST_SWITCH).abs() < NEAR;
-        if near {
+        if (position - position.round_ties_even()).abs() < NEAR {
             return None;
         }
         let code = match (self.signed, negative) {
@@ -220,6 +230,12 @@ impl Quantizer {
         };
         Some(code as u8)
     }
+}
+
+/// The index position of a position (see the module docs), as the AVX-512 loop takes it.
+#[cfg(test)]
+fn index_position(position: f32) -> f32 {
+    position.min(position.mul_add(FIRST_SCALE, FIRST_OFFSET))
 }
 
 #[cfg(test)]
@@ -311,7 +327,8 @@ mod tests {
 
     /// The margin [`NEAR`] rests on: every switch between codes below the code of 1 (the
     /// first value of each bucket's end code, from the code table) lies within 2e-5 of its
-    /// position (an integer, or [`FIRST_SWITCH`]).
+    /// position (an integer, or [`FIRST_SWITCH`]), and its index position within 2.5e-5 of
+    /// an integer.
     #[test]
     fn every_switch_lies_near_its_position() {
         use crate::q8::lut::{BUCKETS_PER_SIGN, BUCKET_SHIFT, SMALLEST};
@@ -329,6 +346,12 @@ mod tests {
                 let position = m.mul_add(q.scale[k], q.offset[k]);
                 let miss = (position - position.round_ties_even()).abs().min((position - FIRST_SWITCH).abs());
                 assert!(miss <= 2e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");
+                let stretched = index_position(position);
+                let miss = (stretched - stretched.round_ties_even()).abs();
+                assert!(
+                    miss <= 2.5e-5,
+                    "bucket {bucket}: the switch at {m:e} lies at index position {stretched}"
+                );
             }
         }
     }
