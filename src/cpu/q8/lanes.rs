@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use fearless_simd::Avx512;
 
-use crate::q8::arith::{Quantizer, CLAMP, FIRST_OFFSET, FIRST_SCALE, FLOOR, NEAR, SPAN_SHIFT};
+use crate::q8::arith::{Quantizer, CLAMP, FLOOR, LINES, NEAR, SPAN_SHIFT};
 use crate::q8::lut::{CodeTable, INFINITY};
 
 /// Lanes per register.
@@ -105,21 +105,19 @@ fearless_simd::kernel!(
             }
             return;
         }
-        let span_decade = bytemuck::cast::<[i32; L], __m512i>(q.span_decade);
-        let span_split = bytemuck::cast::<[f32; L], __m512>(q.span_split);
-        let scale_k = bytemuck::cast::<[f32; L], __m512>(q.scale);
-        let offset_k = bytemuck::cast::<[f32; L], __m512>(q.offset);
-        // A positive value's code is its magnitude index, plus 127 in the signed map; a
-        // negative value's is 254 less that (127 less its index) in the signed map, the code
-        // of 0 in the unsigned one.
-        let middle = if q.signed { 127 } else { 0 };
-        let code_base =
-            _mm512_add_epi32(bytemuck::cast::<[i32; L], __m512i>(q.base), _mm512_set1_epi32(middle));
+        let lines: [[__m512; 2]; LINES] = std::array::from_fn(|l| {
+            [
+                bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
+                bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
+            ]
+        });
+        // A positive value's code is its code position's floor; a negative value's is 254
+        // less that in the signed map (127 less its magnitude index), the code of 0 in the
+        // unsigned one.
+        let middle = q.middle;
         let reciprocal = _mm512_set1_ps(inverse);
         let (abs_mask, clamp) = (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(CLAMP.to_bits() as i32));
         let smallest = _mm512_set1_epi32(FLOOR as i32);
-        let one = _mm512_set1_epi32(1);
-        let (first_scale, first_offset) = (_mm512_set1_ps(FIRST_SCALE), _mm512_set1_ps(FIRST_OFFSET));
         let near = _mm512_set1_ps(NEAR);
         let top_value = _mm512_set1_ps(q.top_value(absmax));
         let top_code = _mm512_set1_epi32(q.top_index + middle);
@@ -137,20 +135,13 @@ fearless_simd::kernel!(
             let negative = _mm512_movepi32_mask(bits);
             let clamped = _mm512_max_epu32(_mm512_min_epu32(magnitude, clamp), smallest);
             let m = _mm512_castsi512_ps(clamped);
-            // The decade: its span's, plus one past a decade's start inside the span (the
-            // permutes read the low four bits of the span).
+            // The code position (`Quantizer::code_position`): the least of the span's
+            // lines (the permutes read the low four bits of the span).
             let span = _mm512_srli_epi32::<SPAN_SHIFT>(clamped);
-            let decade = _mm512_permutexvar_epi32(span, span_decade);
-            let split = _mm512_permutexvar_ps(span, span_split);
-            let decade =
-                _mm512_mask_add_epi32(decade, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, split), decade, one);
-            let position = _mm512_fmadd_ps(
-                m,
-                _mm512_permutexvar_ps(decade, scale_k),
-                _mm512_permutexvar_ps(decade, offset_k),
-            );
-            // The index position (`arith`'s module docs): every switch at an integer.
-            let position = _mm512_min_ps(position, _mm512_fmadd_ps(position, first_scale, first_offset));
+            let [first, second, third] = lines.map(|[scale, offset]| {
+                _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale), _mm512_permutexvar_ps(span, offset))
+            });
+            let position = _mm512_min_ps(first, _mm512_min_ps(second, third));
             // Its distance to the nearest integer, exact (`position - round(position)`).
             let off = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
             if _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(off), near) != 0 {
@@ -160,8 +151,7 @@ fearless_simd::kernel!(
                 }
                 continue;
             }
-            let floor = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
-            let code = _mm512_add_epi32(_mm512_permutexvar_epi32(decade, code_base), floor);
+            let code = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
             // The code of 1, decided exactly on the value (not the product).
             let code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, top_value), top_code);
             let code = if q.signed {
