@@ -7,8 +7,12 @@
 //! of 1. Within decade `k` a value's magnitude `m` has an affine *position*
 //! `m * scale[k] + offset[k]` that puts the switch between the decade's codes `j - 1` and `j`
 //! at position `j` (j >= 1) and the switch from the decade below (or from 0) at position
-//! [`FIRST_SWITCH`]: the code is then the decade's first magnitude index plus the floor of the
-//! position (minus one below `FIRST_SWITCH`). The positions of the real switches, which
+//! [`FIRST_SWITCH`]. The *index position* `min(p, p * FIRST_SCALE + FIRST_OFFSET)` of a
+//! position `p` stretches `[FIRST_SWITCH, 1]` onto `[0, 1]` and leaves the positions above 1
+//! alone (the second line lies below the first exactly where `p < 1`), so that every switch
+//! lies at an integer: the code is the decade's first magnitude index plus its floor (-1,
+//! the code below the decade, under the first switch), and one distance to the nearest
+//! integer tells a value near a switch, the first switch included. The positions of the real switches, which
 //! `nearest_code`'s f32 distances decide, lie within 2e-5 of those (f32 rounding of the
 //! codes and of the distances); a value whose position lies within [`NEAR`] of a switch is
 //! reported as near ([`Quantizer::estimate`] gives `None`) and its caller asks the exact rule.
@@ -22,6 +26,14 @@
 //! little below the powers of ten (`DECADE_START`): near a decade's start both decades give
 //! the same code (the last one of the decade below) and the position stays below the
 //! decade's count of codes.
+//!
+//! The AVX-512 loop looks no decade up: each decade's position and its first code's stretch,
+//! plus the code of the decade's first code, are lines in the magnitude, and as the code
+//! rises by ever smaller steps from one line to the next, the least of the lines is the one
+//! whose range holds the magnitude; a span meets at most three ([`LINES`]), so three
+//! 16-entry tables of slopes and offsets, read by register permutes, and two minimums give
+//! the *code position*, whose floor is the code and whose distance to the nearest integer
+//! is the index position's (`Quantizer::code_position`, which the tests run).
 
 use super::nearest_code;
 
@@ -30,9 +42,18 @@ use super::nearest_code;
 /// the switch from the decade below lies 0.8 of a step below it.)
 pub const FIRST_SWITCH: f32 = 0.2;
 
-/// A position nearer than this to a switch is left to the exact rule: five times the most by
-/// which a position can miss (the switches lie within 2e-5 of their positions, the product
-/// by the reciprocal and the fused multiply-add add under 2.5e-5), and rare enough in
+/// The index position's slope below position 1: `[FIRST_SWITCH, 1]` onto `[0, 1]` (exact in
+/// f32, as is [`FIRST_OFFSET`]).
+pub const FIRST_SCALE: f32 = 1.25;
+
+/// The index position's offset below position 1.
+pub const FIRST_OFFSET: f32 = -0.25;
+
+/// A code position nearer than this to an integer is left to the exact rule: about three
+/// times the most by which a code position can miss (the switches lie within 2e-5 of their
+/// positions, the product by the reciprocal and the fused multiply-add add under 2.5e-5,
+/// the stretch below position 1 a quarter more, and the lines' f32 slopes and offsets, of
+/// codes up to 255, under 2.5e-5), and rare enough in
 /// practice (a value lies that near a switch with odds of about 1 in 1000) to cost little.
 pub const NEAR: f32 = 1.0 / 4096.0;
 
@@ -55,6 +76,9 @@ pub const SPAN_SHIFT: u32 = 24;
 /// Decades of a dynamic map.
 pub const DECADES: usize = 7;
 
+/// Lines per span (see [`Quantizer::code_position`]).
+pub const LINES: usize = 3;
+
 /// One map's constants, derived from the map itself (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Quantizer {
@@ -62,23 +86,35 @@ pub struct Quantizer {
     pub signed: bool,
     /// The code of 0, which NaN and the infinities take.
     pub zero: u8,
-    /// Per span (see [`SPAN_SHIFT`]): the decade of its smallest magnitude.
+    /// Per span (see [`SPAN_SHIFT`]): the decade of its smallest magnitude. This and the
+    /// next three locate each switch in its decade for the tests; the code positions'
+    /// lines are derived from the same positions.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub span_decade: [i32; 16],
     /// Per span: the start of the decade that begins inside it, or 2 (above any magnitude).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub span_split: [f32; 16],
     /// The starts of decades 1 to 6: a magnitude's decade is the count of them it reaches
     /// (what the span tables give; the GPU kernels compare with each instead).
     pub starts: [f32; DECADES - 1],
     /// Per decade: the position's slope.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub scale: [f32; 16],
     /// Per decade: the position's offset.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub offset: [f32; 16],
-    /// Per decade: the magnitude index of its first code (index 0 is the code of 0).
-    pub base: [i32; 16],
     /// The bits of the smallest positive value whose nearest code is the code of 1.
     pub top_bits: u32,
     /// The magnitude index of the code of 1.
     pub top_index: i32,
+    /// The code of magnitude index 0 (the code of 0): 127 in the signed map, 0 in the
+    /// unsigned one; a positive value's code is its magnitude index plus this.
+    pub middle: i32,
+    /// Per span: the slopes of the (at most) three lines whose least, floored, is the code
+    /// of a positive magnitude in the span ([`Quantizer::code_position`]).
+    pub line_scale: [[f32; 16]; LINES],
+    /// Per span: the lines' offsets.
+    pub line_offset: [[f32; 16]; LINES],
     /// The map's f32 bits, byte `p` of every code in `planes[p]`: four 256-entry byte tables,
     /// which byte permutes read 64 codes at a time.
     pub planes: [[u8; 256]; 4],
@@ -100,7 +136,11 @@ impl Quantizer {
         let power = |k: usize| 10f64.powi(k as i32 - 6);
         let decade_start = |k: usize| DECADE_START * power(k) / 10.0;
 
-        let (mut scale, mut offset, mut base) = ([0f32; 16], [0f32; 16], [0i32; 16]);
+        let (mut scale, mut offset) = ([0f32; 16], [0f32; 16]);
+        let middle = if signed { 127 } else { 0 };
+        // The code position's lines (slope, offset), two a decade: its first code's stretch
+        // below position 1, then the decade's position, both plus the decade's first code.
+        let mut lines: Vec<(f64, f64)> = Vec::new();
         let mut first = 0usize;
         for k in 0..DECADES {
             let codes: Vec<f64> = positive
@@ -123,9 +163,15 @@ impl Quantizer {
                 (decade_start(k + 1), 0.9)
             };
             let slope = (at - f64::from(FIRST_SWITCH)) / (far - first_switch);
+            let intercept = f64::from(FIRST_SWITCH) - slope * first_switch;
             scale[k] = slope as f32;
-            offset[k] = (f64::from(FIRST_SWITCH) - slope * first_switch) as f32;
-            base[k] = (first + 1) as i32;
+            offset[k] = intercept as f32;
+            // The decade's first code's magnitude index (index 0 is the code of 0).
+            let base = (first + 1) as i32;
+            let code = f64::from(base + middle);
+            let (stretch, shift) = (f64::from(FIRST_SCALE), f64::from(FIRST_OFFSET));
+            lines.push((stretch * slope, stretch * intercept + shift + code));
+            lines.push((slope, intercept + code));
             first += n;
         }
         assert_eq!(first, positive.len(), "codes outside the decades");
@@ -142,6 +188,8 @@ impl Quantizer {
                 *split = s;
             }
         }
+
+        let (line_scale, line_offset) = span_lines(&lines);
 
         // The switch to the code of 1: the first bits, above the code below it, that take it.
         let (mut lo, mut hi) = (map[254].to_bits(), 1f32.to_bits());
@@ -162,11 +210,27 @@ impl Quantizer {
             starts,
             scale,
             offset,
-            base,
             top_bits: hi,
             top_index: if signed { 128 } else { 255 },
+            middle,
+            line_scale,
+            line_offset,
             planes: std::array::from_fn(|p| std::array::from_fn(|c| (map[c].to_bits() >> (8 * p)) as u8)),
         }
+    }
+
+    /// The code position of a magnitude `m` clamped to [[`FLOOR`], [`CLAMP`]]: its span's
+    /// lines' least value, whose floor is the code of `m` (of a positive value; below the
+    /// switch to the code of 1), and whose distance to the nearest integer is that of its
+    /// index position (see the module docs): the lines are the decades' positions and the
+    /// stretches of their first codes, each plus the code of its decade's first code, and
+    /// as the code rises by ever smaller steps of the magnitude from one line to the next,
+    /// the least of them is the line whose range holds `m`. No decade is looked up.
+    #[cfg(test)]
+    pub fn code_position(&self, m: f32) -> f32 {
+        let span = (m.to_bits() >> SPAN_SHIFT) as usize % 16;
+        let line = |l: usize| m.mul_add(self.line_scale[l][span], self.line_offset[l][span]);
+        line(0).min(line(1).min(line(2)))
     }
 
     /// The smallest value `v` whose quotient `v / absmax` takes the code of 1 (for a normal
@@ -205,25 +269,79 @@ impl Quantizer {
         let negative = bits >> 31 == 1;
         let clamped = magnitude.clamp(FLOOR, CLAMP.to_bits());
         let m = f32::from_bits(clamped);
-        let span = (clamped >> SPAN_SHIFT) as usize % 16;
-        let k = (self.span_decade[span] + i32::from(m >= self.span_split[span])) as usize;
-        let position = m.mul_add(self.scale[k], self.offset[k]);
-        let j = if position < FIRST_SWITCH { -1 } else { position.floor() as i32 };
+        let position = self.code_position(m);
         let top = quotient >= f32::from_bits(self.top_bits);
-        let index = if top { self.top_index } else { self.base[k] + j };
-        let near =
-            (position - position.round_ties_even()).abs() < NEAR || (position - FIRST_SWITCH).abs() < NEAR;
-        if near {
+        let code = if top { self.top_index + self.middle } else { position.floor() as i32 };
+        if (position - position.round_ties_even()).abs() < NEAR {
             return None;
         }
         let code = match (self.signed, negative) {
-            (true, false) => 127 + index,
-            (true, true) => 127 - index,
-            (false, false) => index,
+            (true, true) => 254 - code,
             (false, true) => 0,
+            (_, false) => code,
         };
         Some(code as u8)
     }
+}
+
+/// Per span, the lines of `lines` (slope, offset; by falling slope) that are the least of
+/// them somewhere in the span, as f32 (the last repeated where fewer than [`LINES`]).
+///
+/// # Panics
+///
+/// If a span needs more than [`LINES`].
+fn span_lines(lines: &[(f64, f64)]) -> ([[f32; 16]; LINES], [[f32; 16]; LINES]) {
+    // The lower envelope over m >= 0 (slopes fall, so each line, once least, stays least
+    // until the next one takes over): the lines kept and where each stops being least.
+    let cross = |a: (f64, f64), b: (f64, f64)| (b.1 - a.1) / (a.0 - b.0);
+    let mut hull: Vec<(f64, f64)> = Vec::new();
+    for &line in lines {
+        assert!(hull.last().is_none_or(|last| last.0 > line.0), "the lines' slopes do not fall");
+        while let [.., a, b] = hull[..] {
+            if cross(a, line) <= cross(a, b) {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        while let [a] = hull[..] {
+            // A first line above the next one at 0 is never least.
+            if cross(a, line) <= 0.0 {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(line);
+    }
+    let ends: Vec<f64> = hull.windows(2).map(|w| cross(w[0], w[1])).chain([f64::INFINITY]).collect();
+    let (mut scales, mut offsets) = ([[0f32; 16]; LINES], [[0f32; 16]; LINES]);
+    for entry in 0..16 {
+        // Spans below FLOOR's (entries 0 to 2) are never read: they take FLOOR's lines.
+        let low = f64::from(f32::from_bits((48 + entry.max(3) as u32) << SPAN_SHIFT));
+        let high = 4.0 * low;
+        let mut start = 0.0;
+        let mut kept = Vec::new();
+        for (line, end) in hull.iter().zip(&ends) {
+            if start <= high && *end >= low {
+                kept.push(*line);
+            }
+            start = *end;
+        }
+        assert!(!kept.is_empty() && kept.len() <= LINES, "span {entry} needs {} lines", kept.len());
+        for l in 0..LINES {
+            let (scale, offset) = kept[l.min(kept.len() - 1)];
+            scales[l][entry] = scale as f32;
+            offsets[l][entry] = offset as f32;
+        }
+    }
+    (scales, offsets)
+}
+
+/// The index position of a position (see the module docs), as the AVX-512 loop takes it.
+#[cfg(test)]
+fn index_position(position: f32) -> f32 {
+    position.min(position.mul_add(FIRST_SCALE, FIRST_OFFSET))
 }
 
 #[cfg(test)]
@@ -315,7 +433,8 @@ mod tests {
 
     /// The margin [`NEAR`] rests on: every switch between codes below the code of 1 (the
     /// first value of each bucket's end code, from the code table) lies within 2e-5 of its
-    /// position (an integer, or [`FIRST_SWITCH`]).
+    /// position (an integer, or [`FIRST_SWITCH`]), and its index position within 2.5e-5 of
+    /// an integer.
     #[test]
     fn every_switch_lies_near_its_position() {
         use crate::q8::lut::{BUCKETS_PER_SIGN, BUCKET_SHIFT, SMALLEST};
@@ -333,6 +452,15 @@ mod tests {
                 let position = m.mul_add(q.scale[k], q.offset[k]);
                 let miss = (position - position.round_ties_even()).abs().min((position - FIRST_SWITCH).abs());
                 assert!(miss <= 2e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");
+                let stretched = index_position(position);
+                let miss = (stretched - stretched.round_ties_even()).abs();
+                assert!(
+                    miss <= 2.5e-5,
+                    "bucket {bucket}: the switch at {m:e} lies at index position {stretched}"
+                );
+                let coded = q.code_position(m);
+                let miss = (coded - coded.round_ties_even()).abs();
+                assert!(miss <= 6e-5, "bucket {bucket}: the switch at {m:e} lies at code position {coded}");
             }
         }
     }

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use fearless_simd::Avx512;
 
-use crate::q8::arith::{Quantizer, CLAMP, FIRST_SWITCH, FLOOR, NEAR, SPAN_SHIFT};
+use crate::q8::arith::{Quantizer, CLAMP, FLOOR, LINES, NEAR, SPAN_SHIFT};
 use crate::q8::lut::{CodeTable, INFINITY};
 
 /// Lanes per register.
@@ -105,18 +105,24 @@ fearless_simd::kernel!(
             }
             return;
         }
-        let span_decade = bytemuck::cast::<[i32; L], __m512i>(q.span_decade);
-        let span_split = bytemuck::cast::<[f32; L], __m512>(q.span_split);
-        let scale_k = bytemuck::cast::<[f32; L], __m512>(q.scale);
-        let offset_k = bytemuck::cast::<[f32; L], __m512>(q.offset);
-        let base_k = bytemuck::cast::<[i32; L], __m512i>(q.base);
+        let lines: [[__m512; 2]; LINES] = std::array::from_fn(|l| {
+            [
+                bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
+                bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
+            ]
+        });
+        // A positive value's code is its code position's floor; a negative value's is 254
+        // less that in the signed map (127 less its magnitude index), the code of 0 in the
+        // unsigned one.
+        let middle = q.middle;
         let reciprocal = _mm512_set1_ps(inverse);
         let (abs_mask, clamp) = (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(CLAMP.to_bits() as i32));
         let smallest = _mm512_set1_epi32(FLOOR as i32);
-        let (one, minus_one, zero_i) = (_mm512_set1_epi32(1), _mm512_set1_epi32(-1), _mm512_setzero_si512());
-        let (first_switch, near) = (_mm512_set1_ps(FIRST_SWITCH), _mm512_set1_ps(NEAR));
-        let (top_value, top_index) = (_mm512_set1_ps(q.top_value(absmax)), _mm512_set1_epi32(q.top_index));
-        let (middle, infinity) = (_mm512_set1_epi32(127), _mm512_set1_epi32(INFINITY as i32));
+        let near = _mm512_set1_ps(NEAR);
+        let top_value = _mm512_set1_ps(q.top_value(absmax));
+        let top_code = _mm512_set1_epi32(q.top_index + middle);
+        let (mirror, zero_i) = (_mm512_set1_epi32(2 * middle), _mm512_setzero_si512());
+        let infinity = _mm512_set1_epi32(INFINITY as i32);
         let zero_code = _mm512_set1_epi32(i32::from(q.zero));
 
         let (whole, tail) = values.as_chunks::<L>();
@@ -129,42 +135,29 @@ fearless_simd::kernel!(
             let negative = _mm512_movepi32_mask(bits);
             let clamped = _mm512_max_epu32(_mm512_min_epu32(magnitude, clamp), smallest);
             let m = _mm512_castsi512_ps(clamped);
-            // The decade: its span's, plus one past a decade's start inside the span (the
-            // permutes read the low four bits of the span).
+            // The code position (`Quantizer::code_position`): the least of the span's
+            // lines (the permutes read the low four bits of the span).
             let span = _mm512_srli_epi32::<SPAN_SHIFT>(clamped);
-            let decade = _mm512_permutexvar_epi32(span, span_decade);
-            let split = _mm512_permutexvar_ps(span, span_split);
-            let decade =
-                _mm512_mask_add_epi32(decade, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, split), decade, one);
-            let position = _mm512_fmadd_ps(
-                m,
-                _mm512_permutexvar_ps(decade, scale_k),
-                _mm512_permutexvar_ps(decade, offset_k),
-            );
-            let floor = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
-            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(position, first_switch);
-            let j = _mm512_mask_mov_epi32(floor, below, minus_one);
-            let index = _mm512_add_epi32(_mm512_permutexvar_epi32(decade, base_k), j);
-            // The code of 1, decided exactly on the value (not the product).
-            let top = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, top_value);
-            let index = _mm512_mask_mov_epi32(index, top, top_index);
-
-            let rounded = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
-            let off_switch = _mm512_abs_ps(_mm512_sub_ps(position, rounded));
-            let off_first = _mm512_abs_ps(_mm512_sub_ps(position, first_switch));
-            let near = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_switch, near)
-                | _mm512_cmp_ps_mask::<_CMP_LT_OQ>(off_first, near);
-            if near != 0 {
+            let [first, second, third] = lines.map(|[scale, offset]| {
+                _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale), _mm512_permutexvar_ps(span, offset))
+            });
+            let position = _mm512_min_ps(first, _mm512_min_ps(second, third));
+            // Its distance to the nearest integer, exact (`position - round(position)`).
+            let off = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
+            if _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(off), near) != 0 {
                 let quotients = bytemuck::cast::<__m512, [f32; L]>(_mm512_div_ps(v, _mm512_set1_ps(absmax)));
                 for (code, x) in out.iter_mut().zip(quotients) {
                     *code = table.code(x);
                 }
                 continue;
             }
+            let code = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
+            // The code of 1, decided exactly on the value (not the product).
+            let code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, top_value), top_code);
             let code = if q.signed {
-                _mm512_mask_sub_epi32(_mm512_add_epi32(middle, index), negative, middle, index)
+                _mm512_mask_sub_epi32(code, negative, mirror, code)
             } else {
-                _mm512_mask_mov_epi32(index, negative, zero_i)
+                _mm512_mask_mov_epi32(code, negative, zero_i)
             };
             let finite = _mm512_cmplt_epu32_mask(magnitude, infinity);
             let code = _mm512_mask_mov_epi32(zero_code, finite, code);
