@@ -97,12 +97,13 @@ pub struct Quantizer {
     /// The starts of decades 1 to 6: a magnitude's decade is the count of them it reaches
     /// (what the span tables give; the GPU kernels compare with each instead).
     pub starts: [f32; DECADES - 1],
-    /// Per decade: the position's slope.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Per decade: the position's slope (the GPU kernels' decade constants, which pick a
+    /// decade by comparing with [`starts`](Self::starts), and the tests).
     pub scale: [f32; 16],
     /// Per decade: the position's offset.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub offset: [f32; 16],
+    /// Per decade: its first code's magnitude index (index 0 is the code of 0).
+    pub base: [i32; 16],
     /// The bits of the smallest positive value whose nearest code is the code of 1.
     pub top_bits: u32,
     /// The magnitude index of the code of 1.
@@ -136,7 +137,7 @@ impl Quantizer {
         let power = |k: usize| 10f64.powi(k as i32 - 6);
         let decade_start = |k: usize| DECADE_START * power(k) / 10.0;
 
-        let (mut scale, mut offset) = ([0f32; 16], [0f32; 16]);
+        let (mut scale, mut offset, mut bases) = ([0f32; 16], [0f32; 16], [0i32; 16]);
         let middle = if signed { 127 } else { 0 };
         // The code position's lines (slope, offset), two a decade: its first code's stretch
         // below position 1, then the decade's position, both plus the decade's first code.
@@ -168,6 +169,7 @@ impl Quantizer {
             offset[k] = intercept as f32;
             // The decade's first code's magnitude index (index 0 is the code of 0).
             let base = (first + 1) as i32;
+            bases[k] = base;
             let code = f64::from(base + middle);
             let (stretch, shift) = (f64::from(FIRST_SCALE), f64::from(FIRST_OFFSET));
             lines.push((stretch * slope, stretch * intercept + shift + code));
@@ -210,6 +212,7 @@ impl Quantizer {
             starts,
             scale,
             offset,
+            base: bases,
             top_bits: hi,
             top_index: if signed { 128 } else { 255 },
             middle,
