@@ -46,7 +46,7 @@ pub(super) fn step<const D: usize>(
     let mut optimizer = Optimizer::builder().param_shapes(vec![shape.clone()]).build(
         ctx,
         algorithm,
-        &[param.tensor.clone()],
+        std::slice::from_ref(&param.tensor),
     )?;
     if state.time > 0 {
         optimizer.set_step_count(state.time as u64)?;
@@ -108,7 +108,7 @@ fn check_fits(kept: &Tensor, target: &Tensor, name: &str) -> Result<()> {
             reference: "the parameter's shape".into(),
         });
     }
-    if target.byte_len() % wgpu::COPY_BUFFER_ALIGNMENT != 0 {
+    if !target.byte_len().is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
         return Err(Error::Burn {
             cause: BurnFailure::Tensor,
             detail: format!(
