@@ -550,27 +550,6 @@ fn f32_gradients_of_16_bit_parameters_at_odd_offsets_follow_the_oracle() {
     }
 }
 
-#[cfg(feature = "burn")]
-#[test]
-fn burns_front_ends_refuse_adafactor_by_name() {
-    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-    use wgpu_optim::BurnFailure;
-    let shared =
-        SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"));
-    let refusals = [
-        FusedOptimizer::new(&shared, Adafactor::default()).err(),
-        ModuleStep::builder().build(&shared, Adafactor::default()).err(),
-    ];
-    for refusal in refusals {
-        match refusal {
-            Some(Error::Burn { cause: BurnFailure::Config, detail }) => {
-                assert!(detail.contains("Adafactor"), "{detail}")
-            }
-            other => panic!("expected Error::Burn naming Adafactor, got {other:?}"),
-        }
-    }
-}
-
 #[test]
 fn a_zero_row_sends_only_its_matrix_down_the_element_wise_path_on_every_block() {
     // Two matrices of four blocks of rows each on the CPU backend; the second has a row of

@@ -974,17 +974,3 @@ fn a_module_step_saved_in_eval_mode_loads_in_eval_mode_and_trains_back_to_y() {
     let refused = adam.eval(model).unwrap_err();
     assert!(matches!(&refused.error, Error::Burn { cause: BurnFailure::Config, .. }), "{}", refused.error);
 }
-
-#[test]
-fn muon_is_refused_by_name_by_both_burn_front_ends() {
-    let shared = shared();
-    for result in [
-        FusedOptimizer::new(&shared, wgpu_optim::Muon::default()).map(|_| ()),
-        ModuleStep::builder().build(&shared, wgpu_optim::Muon::default()).map(|_| ()),
-    ] {
-        match result {
-            Err(wgpu_optim::Error::Burn { detail, .. }) => assert!(detail.contains("Muon"), "{detail}"),
-            other => panic!("expected Error::Burn naming Muon, got {other:?}"),
-        }
-    }
-}

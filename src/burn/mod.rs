@@ -16,6 +16,9 @@
 //!   skipping available; parameters without a gradient are skipped, each parameter counts
 //!   its own steps, the state saves and loads as a Burn optimizer record, and a refused step
 //!   hands the module back ([`StepError`]).
+//! - Every algorithm of the crate runs in both front ends, Muon and Adafactor with the
+//!   shapes Burn's tensors carry; Muon's parameters that are not 2-D go to a fallback
+//!   algorithm ([`FusedOptimizer::fallback`], [`ModuleStepBuilder::fallback`]).
 //!
 //! # Ordering
 //!
@@ -38,7 +41,6 @@
 //!
 //! [`Optimizer`]: crate::Optimizer
 
-mod adafactor;
 mod config;
 mod device;
 mod lease;
@@ -48,6 +50,7 @@ mod optimizer;
 mod q4;
 mod record;
 mod schedule_free;
+mod shaped;
 
 pub use device::SharedDevice;
 pub use module_step::{ModuleStep, ModuleStepBuilder, StepError};

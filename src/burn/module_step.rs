@@ -7,13 +7,15 @@ use ::burn::optim::GradientsParams;
 use ::burn::tensor::{Bytes, GradientCheckpointingStrategy, Tensor as BurnTensor, TensorData};
 
 use super::lease::{bindable, lease, Access, Leased};
+use super::muon::{algorithm_for, in_main_group, needs_shapes, FrontEnd};
 use super::record::{self, ParamRecord, ScheduleFreeRecord};
 use super::schedule_free::lease_params;
 use super::SharedDevice;
 use crate::optimizer::device::check_inv_scale;
+use crate::ParamGroup;
 use crate::{
     Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, OptimizerOptions, Result, ScheduleFreeMode,
-    ScheduleFreeScalars, StateKind, Tensor,
+    ScheduleFreeScalars, Tensor,
 };
 
 /// A fused step over a whole Burn module: every parameter that has a gradient is updated by
@@ -38,6 +40,15 @@ use crate::{
 /// step whose parameters have different counts is refused ([`Error::Burn`]). In capturable
 /// mode the counts are the device's (AMP skips excluded), read back when the set of
 /// parameters with gradients changes.
+///
+/// # Muon and Adafactor
+///
+/// Their optimizers are built with the parameters' shapes, which Burn's tensors carry.
+/// Muon takes 2-D parameters only: [`ModuleStepBuilder::fallback`] names the algorithm of
+/// the others (AdamW typically), and each optimizer then has two groups, Muon's matrices and
+/// the fallback's other parameters, as a torch trainer builds them. Without a fallback a
+/// step over a parameter that is not 2-D is refused ([`Error::BadShape`], its place among
+/// the step's parameters in module order and its shape).
 ///
 /// # Checkpoints
 ///
@@ -65,6 +76,8 @@ use crate::{
 pub struct ModuleStep {
     shared: SharedDevice,
     algorithm: Algorithm,
+    /// Under Muon, the algorithm of the parameters that are not 2-D.
+    fallback: Option<Algorithm>,
     options: OptimizerOptions,
     /// Every parameter stepped or loaded so far.
     params: HashMap<ParamId, Entry>,
@@ -181,6 +194,7 @@ struct Cohort {
 #[must_use = "a module step builder does nothing until `build`"]
 pub struct ModuleStepBuilder {
     options: OptimizerOptions,
+    fallback: Option<Algorithm>,
 }
 
 impl ModuleStepBuilder {
@@ -225,14 +239,35 @@ impl ModuleStepBuilder {
         self
     }
 
+    /// Under Muon, `algorithm` steps the module's parameters that are not 2-D (biases,
+    /// norms), as a torch trainer puts them in an AdamW group beside the Muon group: each
+    /// step's optimizer has the two groups. Both take the step's learning rate (with
+    /// [`MuonLrAdjust::MatchRmsAdamW`](crate::MuonLrAdjust) one rate fits both). Without
+    /// it, a step with a parameter Muon cannot take is refused ([`Error::BadShape`]).
+    /// [`Self::build`] refuses it for another algorithm than Muon, or a Muon fallback
+    /// ([`Error::ConflictingOptions`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> wgpu_optim::Result<()> {
+    /// use wgpu_optim::burn::{ModuleStep, SharedDevice};
+    /// use wgpu_optim::{Adam, Muon};
+    ///
+    /// let shared = SharedDevice::headless_blocking()?;
+    /// let step = ModuleStep::builder().fallback(Adam::adamw()).build(&shared, Muon::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fallback(mut self, algorithm: impl Into<Algorithm>) -> Self {
+        self.fallback = Some(algorithm.into());
+        self
+    }
+
     /// `algorithm` over a module's parameters on `shared`'s device. The optimizers are built
-    /// at the first step, when the parameters are known; the algorithm and the clip are
-    /// checked here.
+    /// at the first step, when the parameters are known; the algorithm, the fallback and the
+    /// clip are checked here.
     pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        super::adafactor::refuse(&algorithm, "ModuleStep")?;
-        super::muon::refuse(&algorithm, "ModuleStep")?;
+        super::muon::check_fallback(&algorithm, self.fallback.as_ref())?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }
@@ -242,6 +277,7 @@ impl ModuleStepBuilder {
         Ok(ModuleStep {
             shared: shared.clone(),
             algorithm,
+            fallback: self.fallback,
             options: self.options,
             params: HashMap::new(),
             bounds: Vec::new(),
@@ -255,7 +291,7 @@ impl ModuleStep {
     /// The one way to build a module step: options first, then the device and the algorithm
     /// ([`ModuleStepBuilder::build`]).
     pub fn builder() -> ModuleStepBuilder {
-        ModuleStepBuilder { options: OptimizerOptions::default() }
+        ModuleStepBuilder { options: OptimizerOptions::default(), fallback: None }
     }
 
     /// The optimizer that stepped the last step's parameters (the one over those with the
@@ -343,7 +379,7 @@ impl ModuleStep {
         let ids: Vec<ParamId> = leased.iter().map(|(id, _)| *id).collect();
         let shapes = ids.iter().map(|id| self.params.get(id).map(|e| e.shape.clone()).unwrap_or_default());
         let checked = Checked { shapes: shapes.collect(), ids };
-        let cohorts = self.cohorts(&checked.ids, false)?;
+        let cohorts = self.cohorts(&checked.ids, &checked.shapes, false)?;
         let ctx = self.shared.context().clone();
         let mut encoder = ctx
             .device()
@@ -352,7 +388,8 @@ impl ModuleStep {
         for cohort in &cohorts {
             let ids: Vec<ParamId> = cohort.members.iter().map(|&i| checked.ids[i]).collect();
             let params: Vec<Tensor> = cohort.members.iter().map(|&i| leased[i].1.tensor.clone()).collect();
-            prepared.push(self.prepare(&mut encoder, ids, params, cohort)?);
+            let shapes = cohort.members.iter().map(|&i| checked.shapes[i].clone()).collect();
+            prepared.push(self.prepare(&mut encoder, ids, params, shapes, cohort)?);
         }
         for prepared in &mut prepared {
             let optimizer = match prepared {
@@ -444,15 +481,16 @@ impl ModuleStep {
     pub fn load_bytes(&mut self, bytes: Bytes) -> Result<()> {
         self.refuse_q8("ModuleStep::load_bytes")?;
         let states = record::read(bytes)?;
-        let expected = record::expected_names(&self.algorithm, self.options.rounding);
         for (id, state) in &states {
             if self.options.q4_states.is_some() {
                 super::q4::check_names(*id, state.tensors.keys().map(String::as_str), &self.algorithm)?;
                 record::check_schedule_free(*id, state, &self.algorithm)?;
                 continue;
             }
-            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
-            record::check_schedule_free(*id, state, &self.algorithm)?;
+            let algorithm = self.algorithm_of_rank(state.rank);
+            let expected = record::param_names(&algorithm, state.rank, self.options.rounding);
+            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &algorithm)?;
+            record::check_schedule_free(*id, state, &algorithm)?;
         }
         let mode = record_mode(&states)?;
         self.bounds.clear();
@@ -483,7 +521,9 @@ impl ModuleStep {
         Ok(())
     }
 
-    /// Parameter `id`'s state tensors in the optimizer `key`, as record tensors.
+    /// Parameter `id`'s state tensors in the optimizer `key`, as record tensors: every
+    /// state the optimizer keeps for it (its group's algorithm's, Adafactor's in their own
+    /// shapes, the Kahan compensation).
     fn read_state(&self, key: u64, id: ParamId, shape: &[usize]) -> Result<BTreeMap<String, TensorData>> {
         let bound = self.bound(key)?;
         let i = bound.ids.iter().position(|p| *p == id).ok_or_else(|| lost(id))?;
@@ -491,12 +531,12 @@ impl ModuleStep {
             return super::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
         }
         let mut tensors = BTreeMap::new();
-        for name in record::expected_names(&self.algorithm, self.options.rounding) {
-            let kind = record::state_kind(name).ok_or_else(|| lost(id))?;
-            let tensor = bound.optimizer.state(i, kind).ok_or_else(|| lost(id))?;
+        for kind in record::ALL_KINDS {
+            let Some(tensor) = bound.optimizer.state(i, kind) else { continue };
             let bytes = self.shared.context().read_bytes(tensor)?;
-            let data = TensorData::from_bytes_vec(bytes, shape.to_vec(), record::burn_dtype(tensor.dtype));
-            tensors.insert(name.to_string(), data);
+            let shape = record::state_shape(kind, shape);
+            let data = TensorData::from_bytes_vec(bytes, shape, record::burn_dtype(tensor.dtype));
+            tensors.insert(kind.torch_name().to_string(), data);
         }
         Ok(tensors)
     }
@@ -535,7 +575,7 @@ impl ModuleStep {
         if checked.ids.is_empty() {
             return Ok(module);
         }
-        let cohorts = match self.cohorts(&checked.ids, true) {
+        let cohorts = match self.cohorts(&checked.ids, &checked.shapes, true) {
             Ok(cohorts) => cohorts,
             Err(error) => return Err(StepError { module, error }),
         };
@@ -567,19 +607,29 @@ impl ModuleStep {
     /// order, their shapes, and whether each of them (and its gradient) can be stepped.
     fn check<M: Module>(&self, lr: f64, module: &M, grads: &GradientsParams) -> Result<Checked> {
         self.algorithm.with_lr(lr).validate()?;
+        if let Some(fallback) = &self.fallback {
+            fallback.with_lr(lr).validate()?;
+        }
         let mut check =
             Check { shared: &self.shared, grads, ids: Vec::new(), shapes: Vec::new(), error: None };
         module.visit(&mut check);
-        match check.error {
-            Some(error) => Err(error),
-            None => Ok(Checked { ids: check.ids, shapes: check.shapes }),
+        if let Some(error) = check.error {
+            return Err(error);
         }
+        // Muon without a fallback: a parameter it cannot take, by its place among the step's
+        // parameters (module order) and its shape.
+        let fallback = self.fallback.as_ref();
+        for (i, shape) in check.shapes.iter().enumerate() {
+            algorithm_for(&self.algorithm, fallback, shape, i, FrontEnd::ModuleStep)?;
+        }
+        Ok(Checked { ids: check.ids, shapes: check.shapes })
     }
 
     /// The step's parameters grouped by step count (and Schedule-Free's values), lowest
-    /// first. Refused, for a step, where the counts differ and an option needs one optimizer
-    /// over all of them.
-    fn cohorts(&mut self, ids: &[ParamId], for_step: bool) -> Result<Vec<Cohort>> {
+    /// first; in each, the main algorithm's parameters (of `shapes`) before the fallback's.
+    /// Refused, for a step, where the counts differ and an option needs one optimizer over
+    /// all of them.
+    fn cohorts(&mut self, ids: &[ParamId], shapes: &[Vec<usize>], for_step: bool) -> Result<Vec<Cohort>> {
         let same_as_last = self.bounds.len() == 1 && self.bounds[0].ids == ids;
         if self.options.capturable && !same_as_last {
             self.settle_device_counts()?;
@@ -605,10 +655,12 @@ impl ModuleStep {
                 ),
             });
         }
-        let cohorts = by_time.into_iter().map(|((time, _), (schedule_free, members))| Cohort {
-            time,
-            schedule_free,
-            members,
+        let (algorithm, fallback) = (self.algorithm, self.fallback);
+        let main = |i: &usize| in_main_group(&algorithm, fallback.as_ref(), &shapes[*i]);
+        let cohorts = by_time.into_iter().map(|((time, _), (schedule_free, mut members))| {
+            // Stable: module order within each group.
+            members.sort_by_key(|i| !main(i));
+            Cohort { time, schedule_free, members }
         });
         Ok(cohorts.collect())
     }
@@ -657,7 +709,8 @@ impl ModuleStep {
             let ids: Vec<ParamId> = cohort.members.iter().map(|&i| checked.ids[i]).collect();
             let params: Vec<Tensor> =
                 cohort.members.iter().map(|&i| leased.params[i].tensor.clone()).collect();
-            prepared.push(self.prepare(&mut encoder, ids, params, cohort)?);
+            let shapes = cohort.members.iter().map(|&i| checked.shapes[i].clone()).collect();
+            prepared.push(self.prepare(&mut encoder, ids, params, shapes, cohort)?);
         }
         for (cohort, prepared) in cohorts.iter().zip(&mut prepared) {
             let grads: Vec<Tensor> = cohort.members.iter().map(|&i| leased.grads[i].tensor.clone()).collect();
@@ -678,12 +731,14 @@ impl ModuleStep {
 
     /// The optimizer for one cohort: the one that stepped exactly these parameters in these
     /// buffers before, or a new one; either way with every parameter's state brought in
-    /// (copies recorded into `encoder`) and the cohort's step count.
+    /// (copies recorded into `encoder`) and the cohort's step count. `shapes` are the
+    /// parameters', for the algorithms that need them.
     fn prepare(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         ids: Vec<ParamId>,
         params: Vec<Tensor>,
+        shapes: Vec<Vec<usize>>,
         cohort: &Cohort,
     ) -> Result<Prepared> {
         let time = cohort.time;
@@ -698,9 +753,7 @@ impl ModuleStep {
             continue_schedule_free(optimizer, cohort, self.mode)?;
             return Ok(Prepared::Reused(k));
         }
-        let ctx = self.shared.context();
-        let mut optimizer =
-            OptimizerBuilder { options: self.options.clone() }.build(ctx, self.algorithm, &params)?;
+        let mut optimizer = self.build_optimizer(&params, shapes)?;
         self.bring_in(encoder, &optimizer, None, &ids)?;
         if time != 0 {
             optimizer.set_step_count(time)?;
@@ -709,6 +762,32 @@ impl ModuleStep {
         let key = self.next_key;
         self.next_key += 1;
         Ok(Prepared::Built(Box::new(Bound { key, ids, params, optimizer })))
+    }
+
+    /// A new optimizer over one cohort's `params` (of `shapes`, the main algorithm's first:
+    /// [`Self::cohorts`] orders them so): one group, or under Muon with a fallback, the
+    /// 2-D parameters' Muon group and the others' fallback group (either may be empty).
+    fn build_optimizer(&self, params: &[Tensor], shapes: Vec<Vec<usize>>) -> Result<Optimizer> {
+        let fallback = self.fallback.as_ref();
+        let main = shapes.iter().take_while(|s| in_main_group(&self.algorithm, fallback, s)).count();
+        let mut groups = vec![ParamGroup::new(self.algorithm, &params[..main])];
+        if let Some(fallback) = fallback {
+            groups.push(ParamGroup::new(*fallback, &params[main..]));
+        }
+        let mut options = self.options.clone();
+        if needs_shapes(&self.algorithm) || fallback.is_some_and(needs_shapes) {
+            options.param_shapes = shapes;
+        }
+        OptimizerBuilder { options }.build_groups(self.shared.context(), groups)
+    }
+
+    /// The algorithm that steps a parameter of rank `rank` (of a record, whose shape it does
+    /// not keep): under Muon, the fallback below or above 2. Where Muon would refuse it, Muon,
+    /// whose step refuses it.
+    fn algorithm_of_rank(&self, rank: usize) -> Algorithm {
+        let shape = vec![2; rank];
+        algorithm_for(&self.algorithm, self.fallback.as_ref(), &shape, 0, FrontEnd::ModuleStep)
+            .unwrap_or(self.algorithm)
     }
 
     /// Brings each of `ids`' state into `target` (whose parameter `i` is `ids[i]`; `key`
@@ -877,8 +956,9 @@ fn copy_state(
     encoder: &mut wgpu::CommandEncoder,
     q8: bool,
 ) -> Result<()> {
-    let kinds = from.group_algorithm(0).map_or(&[][..], |a| a.state_kinds());
-    for &kind in kinds.iter().chain(&[StateKind::KahanCompensation]) {
+    // 8-bit state is its algorithm's (never Adafactor's nor the Kahan compensation).
+    let q8_kinds = if q8 { param_algorithm(from, j).map_or(&[][..], |a| a.state_kinds()) } else { &[] };
+    for kind in record::ALL_KINDS {
         match (from.state(j, kind), to.state(i, kind)) {
             (Some(src), Some(dst)) => encoder.copy_buffer_to_buffer(
                 &src.buffer,
@@ -888,7 +968,7 @@ fn copy_state(
                 src.byte_len(),
             ),
             // 8-bit state has no `state()` tensor: it moves through the host.
-            _ if q8 && kind != StateKind::KahanCompensation => {
+            _ if q8_kinds.contains(&kind) => {
                 if let Some(state) = from.q8_state(j, kind)? {
                     to.set_q8_state(i, kind, &state)?;
                 }
@@ -897,6 +977,19 @@ fn copy_state(
         }
     }
     Ok(())
+}
+
+/// The algorithm of `optimizer`'s parameter `j`: its group's.
+fn param_algorithm(optimizer: &Optimizer, j: usize) -> Option<&Algorithm> {
+    let mut first = 0;
+    for g in 0..optimizer.group_count() {
+        let len = optimizer.group_params(g)?.len();
+        if j < first + len {
+            return optimizer.group_algorithm(g);
+        }
+        first += len;
+    }
+    None
 }
 
 /// The first pass, borrowing the module: which parameters have gradients, their shapes,

@@ -1,23 +1,82 @@
-//! Muon behind Burn's front ends: refused, by name, until they carry what it needs.
+//! Muon behind Burn's front ends: which algorithm steps each parameter.
+//!
+//! Muon orthogonalizes matrices, so it takes 2-D parameters only; a trainer puts the others
+//! (biases, norms, embeddings if it likes) in a group of another algorithm, AdamW typically,
+//! as torch users do. Both front ends take that algorithm as their *fallback*: a 2-D
+//! parameter gets Muon, any other the fallback, and without one a parameter that is not 2-D
+//! is refused by name and shape ([`Error::BadShape`]).
 
-use crate::{Algorithm, BurnFailure, Error, Result};
+use crate::{Algorithm, Error, Result};
 
-/// Refuses Muon in `front_end`. Muon takes only 2-D parameters (a module's biases go to
-/// another algorithm's group) and keeps Newton-Schulz scratch per matrix shape; Burn's
-/// per-tensor `Optimizer` trait and `ModuleStep`'s one algorithm for every parameter have
-/// no place for a second group. The crate's `Optimizer` over the module's wgpu buffers,
-/// with a Muon group and an AdamW group, runs it.
-pub(super) fn refuse(algorithm: &Algorithm, front_end: &str) -> Result<()> {
-    if let Algorithm::Muon(_) = algorithm {
-        return Err(Error::Burn {
-            cause: BurnFailure::Config,
-            detail: format!(
-                "{front_end} does not run Muon: it takes 2-D parameters only, with the others in \
-                 an AdamW group, which one algorithm per optimizer cannot express; step the \
-                 module's buffers with wgpu_optim::Optimizer and a Muon group beside an AdamW \
-                 group instead"
-            ),
+/// What [`Error::BadShape`] says Muon expects, for `front_end`'s setter.
+const EXPECTED_MODULE_STEP: &str =
+    "a 2-D parameter (ModuleStepBuilder::fallback names the algorithm of the others, AdamW typically)";
+const EXPECTED_DROP_IN: &str =
+    "a 2-D parameter (FusedOptimizer::fallback names the algorithm of the others, AdamW typically)";
+
+/// Which front end asks: the setter an error points to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FrontEnd {
+    DropIn,
+    ModuleStep,
+}
+
+/// Refuses a fallback that cannot be one: only Muon leaves parameters to another algorithm,
+/// and the fallback takes the parameters Muon does not, so it is not Muon itself.
+pub(super) fn check_fallback(algorithm: &Algorithm, fallback: Option<&Algorithm>) -> Result<()> {
+    let Some(fallback) = fallback else { return Ok(()) };
+    if !matches!(algorithm, Algorithm::Muon(_)) {
+        return Err(Error::ConflictingOptions {
+            first: "fallback",
+            second: "algorithm",
+            reason: "only Muon leaves parameters (those that are not 2-D) to a fallback algorithm; \
+                     every other algorithm steps every parameter",
         });
     }
-    Ok(())
+    if matches!(fallback, Algorithm::Muon(_)) {
+        return Err(Error::ConflictingOptions {
+            first: "fallback",
+            second: "algorithm",
+            reason: "the fallback steps the parameters Muon does not take (those that are not 2-D), \
+                     so it cannot be Muon",
+        });
+    }
+    fallback.validate()
+}
+
+/// Whether a parameter of `shape` is stepped by the main algorithm (`true`) or the fallback.
+pub(super) fn in_main_group(algorithm: &Algorithm, fallback: Option<&Algorithm>, shape: &[usize]) -> bool {
+    !(matches!(algorithm, Algorithm::Muon(_)) && fallback.is_some() && shape.len() != 2)
+}
+
+/// The algorithm that steps a parameter of `shape`, the `param`-th of its step: Muon's
+/// 2-D ones Muon, the others the fallback. Refused ([`Error::BadShape`]) for a parameter
+/// Muon cannot take where there is no fallback.
+pub(super) fn algorithm_for(
+    algorithm: &Algorithm,
+    fallback: Option<&Algorithm>,
+    shape: &[usize],
+    param: usize,
+    front_end: FrontEnd,
+) -> Result<Algorithm> {
+    match (algorithm, fallback) {
+        (Algorithm::Muon(_), _) if shape.len() == 2 => Ok(*algorithm),
+        (Algorithm::Muon(_), Some(fallback)) => Ok(*fallback),
+        (Algorithm::Muon(_), None) => Err(Error::BadShape {
+            param,
+            shape: shape.to_vec(),
+            algorithm: "Muon",
+            expected: match front_end {
+                FrontEnd::DropIn => EXPECTED_DROP_IN,
+                FrontEnd::ModuleStep => EXPECTED_MODULE_STEP,
+            },
+        }),
+        _ => Ok(*algorithm),
+    }
+}
+
+/// Whether `algorithm` needs each parameter's shape (and so an optimizer of its own, not the
+/// elementwise update): Muon's matrices and Adafactor's factored states.
+pub(super) fn needs_shapes(algorithm: &Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Muon(_) | Algorithm::Adafactor(_))
 }

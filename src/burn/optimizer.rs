@@ -10,6 +10,7 @@ use ::burn::tensor::{Bytes, Device, Tensor as BurnTensor};
 use burn_pack::Scalar;
 
 use super::lease::{lease, Access, Leased};
+use super::muon::{algorithm_for, needs_shapes, FrontEnd};
 use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, LR_MAX, TIME, WEIGHT_SUM};
 use super::schedule_free::{lease_params, record_swap};
 use super::{SharedDevice, StepError};
@@ -20,9 +21,19 @@ use crate::{
 };
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
-/// with standard or Nesterov momentum, Adagrad, all in PyTorch's convention) behind Burn's
-/// per-tensor [`Optimizer`](::burn::optim::Optimizer) trait. Each parameter's step is one
-/// fused kernel (Burn's own AdamW runs about fifteen elementwise kernels per parameter).
+/// with standard or Nesterov momentum, Adagrad, RMSprop, Lion, AdEMAMix, Schedule-Free AdamW,
+/// LAMB, Adafactor, Muon, all in PyTorch's convention) behind Burn's per-tensor
+/// [`Optimizer`](::burn::optim::Optimizer) trait. Each parameter's step of an elementwise
+/// algorithm is one fused kernel (Burn's own AdamW runs about fifteen elementwise kernels
+/// per parameter).
+///
+/// Muon and Adafactor look at each tensor by its shape (Burn's tensors carry it): their step
+/// builds a one-parameter [`Optimizer`](crate::Optimizer) over the tensor, with the state
+/// copied in and out of the Burn tensors that keep it, so it allocates per step;
+/// [`ModuleStep`](super::ModuleStep) keeps its optimizers. Muon takes 2-D parameters only:
+/// [`Self::fallback`] names the algorithm of the others (AdamW typically, as torch users
+/// put biases and norms in an AdamW group); without one, a step on another shape is
+/// refused ([`Error::BadShape`]).
 ///
 /// The learning rate is Burn's (the algorithm's `lr` is ignored). State lives in Burn
 /// tensors ([`FusedState`]), so Burn's optimizer records save and load it.
@@ -47,6 +58,8 @@ use crate::{
 pub struct FusedOptimizer {
     shared: SharedDevice,
     algorithm: Algorithm,
+    /// Under Muon, the algorithm of the parameters that are not 2-D.
+    fallback: Option<Algorithm>,
     /// Schedule-Free's mode, shared by this optimizer's clones (the one inside Burn's
     /// `ModuleOptimizer` and the one a trainer keeps to call [`Self::eval`]).
     mode: Arc<Mutex<ScheduleFreeMode>>,
@@ -83,6 +96,13 @@ pub struct FusedState<const D: usize> {
     pub grad_avg: Option<BurnTensor<D>>,
     /// AdEMAMix's slow EMA of the gradient.
     pub exp_avg_slow: Option<BurnTensor<D>>,
+    /// Adafactor's factored second moment over rows (the parameter's shape with its last
+    /// dimension 1), for parameters of 2 or more dimensions.
+    pub row_var: Option<BurnTensor<D>>,
+    /// Adafactor's factored second moment over columns (the second-last dimension 1).
+    pub col_var: Option<BurnTensor<D>>,
+    /// Adafactor's unfactored second moment, for vectors.
+    pub variance: Option<BurnTensor<D>>,
     /// Schedule-Free AdamW's running values after the last step (`k` is [`Self::time`]):
     /// the package keeps them per group, and every tensor a Burn optimizer steps sees the
     /// same rate sequence, so each tensor's are its group's. Burn's records hold them as
@@ -105,6 +125,9 @@ const STATE_NAMES: &[&str] = &[
     "square_avg",
     "grad_avg",
     "exp_avg_slow",
+    "row_var",
+    "col_var",
+    "variance",
 ];
 
 impl<const D: usize> FusedState<D> {
@@ -120,10 +143,13 @@ impl<const D: usize> FusedState<D> {
             &self.square_avg,
             &self.grad_avg,
             &self.exp_avg_slow,
+            &self.row_var,
+            &self.col_var,
+            &self.variance,
         ]
     }
 
-    fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
+    pub(super) fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
         match kind {
             StateKind::ExpAvg => &mut self.exp_avg,
             StateKind::ExpAvgSq => &mut self.exp_avg_sq,
@@ -133,8 +159,9 @@ impl<const D: usize> FusedState<D> {
             StateKind::SquareAvg => &mut self.square_avg,
             StateKind::GradAvg => &mut self.grad_avg,
             StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
-            // Adafactor is refused by the Burn front ends (`burn::adafactor`): never asked for.
-            StateKind::RowVar | StateKind::ColVar | StateKind::Variance => &mut self.sum,
+            StateKind::RowVar => &mut self.row_var,
+            StateKind::ColVar => &mut self.col_var,
+            StateKind::Variance => &mut self.variance,
             // No algorithm keeps a Kahan compensation; only the rounding mode does.
             StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
         }
@@ -153,6 +180,9 @@ impl<const D: usize> FusedState<D> {
             square_avg: moved(self.square_avg),
             grad_avg: moved(self.grad_avg),
             exp_avg_slow: moved(self.exp_avg_slow),
+            row_var: moved(self.row_var),
+            col_var: moved(self.col_var),
+            variance: moved(self.variance),
             schedule_free: self.schedule_free,
             foreign: self.foreign,
         }
@@ -170,15 +200,19 @@ impl<const D: usize> FusedState<D> {
             square_avg: None,
             grad_avg: None,
             exp_avg_slow: None,
+            row_var: None,
+            col_var: None,
+            variance: None,
             schedule_free: None,
             foreign: None,
         }
     }
 
-    /// Refused ([`Error::Burn`]) where this state cannot be continued by `algorithm`: a
-    /// foreign record's, or one whose tensors are not the algorithm's (another algorithm's
-    /// record would otherwise lose its state, or restart missing moments from zero).
-    fn check(&self, algorithm: &Algorithm) -> Result<()> {
+    /// Refused ([`Error::Burn`]) where this state cannot be continued by `algorithm`, which
+    /// keeps `kinds` for this parameter: a foreign record's, or one whose tensors are not
+    /// those (another algorithm's record would otherwise lose its state, or restart missing
+    /// moments from zero).
+    fn check(&self, algorithm: &Algorithm, kinds: &[StateKind]) -> Result<()> {
         if let Some(foreign) = &self.foreign {
             return Err(Error::Burn { cause: BurnFailure::Record, detail: foreign.clone() });
         }
@@ -187,7 +221,7 @@ impl<const D: usize> FusedState<D> {
         }
         let held: Vec<&str> =
             STATE_NAMES.iter().zip(self.tensors()).filter(|(_, t)| t.is_some()).map(|(n, _)| *n).collect();
-        let expected: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
+        let expected: Vec<&str> = kinds.iter().map(|k| k.torch_name()).collect();
         if held.iter().all(|n| expected.contains(n)) && expected.iter().all(|n| held.contains(n)) {
             return match (algorithm, self.schedule_free) {
                 (Algorithm::ScheduleFreeAdamW(_), None) => Err(Error::Burn {
@@ -264,6 +298,9 @@ impl<const D: usize> RecordState for FusedState<D> {
             square_avg: take("square_avg"),
             grad_avg: take("grad_avg"),
             exp_avg_slow: take("exp_avg_slow"),
+            row_var: take("row_var"),
+            col_var: take("col_var"),
+            variance: take("variance"),
             foreign: None,
         })
     }
@@ -290,9 +327,33 @@ impl FusedOptimizer {
     pub fn new(shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        super::adafactor::refuse(&algorithm, "FusedOptimizer")?;
-        super::muon::refuse(&algorithm, "FusedOptimizer")?;
-        Ok(FusedOptimizer { shared: shared.clone(), algorithm, mode: Arc::default() })
+        Ok(FusedOptimizer { shared: shared.clone(), algorithm, fallback: None, mode: Arc::default() })
+    }
+
+    /// Under Muon, `algorithm` steps the parameters that are not 2-D (biases, norms), as a
+    /// torch trainer puts them in an AdamW group beside the Muon group; both take Burn's
+    /// learning rate (with [`MuonLrAdjust::MatchRmsAdamW`](crate::MuonLrAdjust) one rate fits
+    /// both). Refused ([`Error::ConflictingOptions`]) for another algorithm than Muon, or a
+    /// Muon fallback, and where `algorithm`'s hyperparameters are invalid.
+    ///
+    /// ```no_run
+    /// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+    /// use wgpu_optim::{Adam, Muon};
+    ///
+    /// let shared = SharedDevice::headless_blocking()?;
+    /// let optim = FusedOptimizer::new(&shared, Muon::default())?.fallback(Adam::adamw())?.init();
+    /// # Ok::<(), wgpu_optim::Error>(())
+    /// ```
+    pub fn fallback(mut self, algorithm: impl Into<Algorithm>) -> Result<Self> {
+        let fallback = algorithm.into();
+        super::muon::check_fallback(&self.algorithm, Some(&fallback))?;
+        self.fallback = Some(fallback);
+        Ok(self)
+    }
+
+    /// The algorithm of the parameters Muon does not take, where [`Self::fallback`] set one.
+    pub fn fallback_algorithm(&self) -> Option<&Algorithm> {
+        self.fallback.as_ref()
     }
 
     /// Burn's module-level optimizer around this one, as Burn's `AdamWConfig::init` gives.
@@ -316,10 +377,16 @@ impl FusedOptimizer {
     /// [`ModuleStep`]: super::ModuleStep
     pub fn load_bytes(self, bytes: Bytes) -> Result<ModuleOptimizer> {
         let states = record::read(bytes.clone())?;
-        let expected = record::expected_names(&self.algorithm, Rounding::NearestEven);
         for (id, state) in &states {
-            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &self.algorithm)?;
-            record::check_schedule_free(*id, state, &self.algorithm)?;
+            let shape = vec![2; state.rank];
+            let fallback = self.fallback.as_ref();
+            // Which algorithm the parameter's rank gives it; a rank Muon refuses without a
+            // fallback is refused at the parameter's step, as a fresh one would be.
+            let algorithm = algorithm_for(&self.algorithm, fallback, &shape, 0, FrontEnd::DropIn)
+                .unwrap_or(self.algorithm);
+            let expected = record::param_names(&algorithm, state.rank, Rounding::NearestEven);
+            record::check_names(*id, state.tensors.keys().map(String::as_str), &expected, &algorithm)?;
+            record::check_schedule_free(*id, state, &algorithm)?;
             if state.schedule_free.and_then(|sf| sf.train_mode) == Some(false) {
                 return Err(Error::Burn {
                     cause: BurnFailure::Record,
@@ -346,13 +413,20 @@ impl FusedOptimizer {
         grad: BurnTensor<D>,
         state: Option<FusedState<D>>,
     ) -> Result<(BurnTensor<D>, FusedState<D>)> {
-        let algorithm = self.algorithm.with_lr(lr);
+        let shape = tensor.shape().to_vec();
+        let fallback = self.fallback.as_ref();
+        let algorithm = algorithm_for(&self.algorithm, fallback, &shape, 0, FrontEnd::DropIn)?.with_lr(lr);
         algorithm.validate()?;
         if self.mode() == ScheduleFreeMode::Eval {
             return Err(Error::EvalMode { call: "FusedOptimizer::step" });
         }
         let mut state = state.unwrap_or_else(FusedState::fresh);
-        state.check(&algorithm)?;
+        state.check(&algorithm, super::shaped::state_kinds(&algorithm, &shape))?;
+        if needs_shapes(&algorithm) {
+            let tensor = super::shaped::step(&self.shared, algorithm, tensor, grad, &mut state)?;
+            state.time += 1;
+            return Ok((tensor, state));
+        }
         let t = state.time as u64 + 1;
         let scalars = ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
         let (step, next) = crate::algo::group_step(&algorithm, t, &scalars);

@@ -197,13 +197,60 @@ pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
         .map_err(|e| Error::Burn { cause: BurnFailure::Record, detail: format!("writing the record: {e}") })
 }
 
-/// The state tensors a parameter of `algorithm` keeps, by PyTorch's name.
+/// The state tensors a parameter of `algorithm` keeps, by PyTorch's name. Adafactor's
+/// depend on the parameter's shape: [`param_names`] gives them.
 pub(crate) fn expected_names(algorithm: &Algorithm, rounding: Rounding) -> Vec<&'static str> {
     let mut names: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
     if rounding == Rounding::Kahan {
         names.push(StateKind::KahanCompensation.torch_name());
     }
     names
+}
+
+/// The state tensors a parameter of rank `rank` keeps under `algorithm` (the one that steps
+/// it: [`super::muon::algorithm_for`]), by PyTorch's name: Adafactor's factored `row_var`
+/// and `col_var` from rank 2 on, its `variance` below; the others' as
+/// [`expected_names`].
+pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding) -> Vec<&'static str> {
+    match algorithm {
+        Algorithm::Adafactor(_) => {
+            // Only the rank decides which of the two forms; the lengths are checked at the
+            // parameter's step.
+            let shape = vec![1; rank];
+            crate::adafactor_state_kinds(&shape).iter().map(|k| k.torch_name()).collect()
+        }
+        _ => expected_names(algorithm, rounding),
+    }
+}
+
+/// Every state kind a parameter may keep, for the front ends that look a parameter's states
+/// up by kind (its algorithm's, Adafactor's shape-dependent ones, the Kahan compensation).
+pub(crate) const ALL_KINDS: [StateKind; 13] = [
+    StateKind::ExpAvg,
+    StateKind::ExpAvgSq,
+    StateKind::MaxExpAvgSq,
+    StateKind::MomentumBuffer,
+    StateKind::Sum,
+    StateKind::Z,
+    StateKind::SquareAvg,
+    StateKind::GradAvg,
+    StateKind::ExpAvgSlow,
+    StateKind::KahanCompensation,
+    StateKind::RowVar,
+    StateKind::ColVar,
+    StateKind::Variance,
+];
+
+/// The shape a state tensor of `kind` has in the record for a parameter of `shape`:
+/// Adafactor's factored states have their own ([`crate::adafactor_state_shapes`]), every other
+/// state the parameter's.
+pub(crate) fn state_shape(kind: StateKind, shape: &[usize]) -> Vec<usize> {
+    let shapes = crate::adafactor_state_shapes(shape);
+    match kind {
+        StateKind::RowVar if shapes.len() == 2 => shapes[0].clone(),
+        StateKind::ColVar if shapes.len() == 2 => shapes[1].clone(),
+        _ => shape.to_vec(),
+    }
 }
 
 /// Refused ([`Error::Burn`]) where `state` does not hold exactly the tensors `expected`
@@ -313,20 +360,7 @@ fn foreign(id: u64, leaf: &str) -> Error {
 
 /// The state kind PyTorch names `name`.
 pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
-    [
-        StateKind::ExpAvg,
-        StateKind::ExpAvgSq,
-        StateKind::MaxExpAvgSq,
-        StateKind::MomentumBuffer,
-        StateKind::Sum,
-        StateKind::Z,
-        StateKind::SquareAvg,
-        StateKind::GradAvg,
-        StateKind::ExpAvgSlow,
-        StateKind::KahanCompensation,
-    ]
-    .into_iter()
-    .find(|k| k.torch_name() == name)
+    ALL_KINDS.into_iter().find(|k| k.torch_name() == name)
 }
 
 #[cfg(test)]
