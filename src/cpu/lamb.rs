@@ -19,6 +19,7 @@ use super::host::{HostElement, HostSlice, HostSliceMut};
 use super::kernels::{lamb_direction, Element, Kernel};
 use super::state_memory::StateTensor;
 use super::storage::{self, Job, Stores};
+use super::work;
 use super::CpuOptimizer;
 use crate::step::{KernelStep, LambSwitches, LambUniform};
 use crate::{Algorithm, Lamb, LambNorms};
@@ -33,9 +34,6 @@ impl CpuOptimizer {
         }
     }
 }
-
-/// Elements per work item, as `super::work`'s (and so the same partition of every tensor).
-const CHUNK: usize = 128 * 1024;
 
 /// Elements per block of the moments pass: the f32 scratch of the blocked path stays in L1.
 const BLOCK: usize = 512;
@@ -58,9 +56,10 @@ pub(super) fn step(
 ) -> Vec<LambNorms> {
     let mut uniform = config.uniform(t).to_f32();
     // The moments pass: per chunk, its two sums, in chunk order.
-    let sums: Vec<(usize, [f64; 2])> = jobs(params, grads, state, &mut [])
+    // Chunked as every family's pass (`work::jobs`), so each tensor's partition is the same.
+    let sums: Vec<(usize, [f64; 2])> = work::jobs(params, grads.iter().copied(), slices(state), &mut [])
         .into_par_iter()
-        .map(|(i, job)| (i, moments(&uniform, job)))
+        .map(|job| (job.ordinal as usize, moments(&uniform, job)))
         .collect();
     let mut totals = vec![[0f64; 2]; params.len()];
     for (i, [p, s]) in sums {
@@ -81,38 +80,15 @@ pub(super) fn step(
             Kernel::new(&KernelStep::Lamb(LambSwitches { apply: true }, wide))
         })
         .collect();
-    jobs(params, grads, state, compensation)
+    work::jobs(params, grads.iter().copied(), slices(state), compensation)
         .into_par_iter()
-        .for_each(|(i, job)| storage::run(&kernels[i], stores, job));
+        .for_each(|job| storage::run(&kernels[job.ordinal as usize], stores, job));
     norms
 }
 
-/// Every tensor cut into chunks, each with its tensor's index.
-fn jobs<'a>(
-    params: &'a mut [HostSliceMut<'_>],
-    grads: &'a [HostSlice<'_>],
-    state: &'a mut [Vec<StateTensor>],
-    compensation: &'a mut [StateTensor],
-) -> Vec<(usize, Job<'a>)> {
-    let mut jobs = Vec::new();
-    let mut compensation = compensation.iter_mut();
-    for (i, ((param, grad), state)) in params.iter_mut().zip(grads).zip(state).enumerate() {
-        let mut slots = state.iter_mut().map(StateTensor::as_mut_slice);
-        let mut rest = Job {
-            param: param.reborrow(),
-            grad: *grad,
-            state: std::array::from_fn(|_| slots.next().unwrap_or_default()),
-            compensation: compensation.next().map(StateTensor::as_mut_slice).unwrap_or_default(),
-            ordinal: i as u32,
-            first: 0,
-        };
-        while !rest.is_empty() {
-            let (chunk, tail) = rest.split_at(CHUNK);
-            jobs.push((i, chunk));
-            rest = tail;
-        }
-    }
-    jobs
+/// Each tensor's state list as a slice.
+fn slices(state: &mut [Vec<StateTensor>]) -> impl Iterator<Item = &mut [StateTensor]> {
+    state.iter_mut().map(Vec::as_mut_slice)
 }
 
 /// The moments pass over one chunk: its sums of `p^2` and `s^2`.

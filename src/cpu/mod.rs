@@ -95,6 +95,8 @@ pub struct CpuOptimizer {
     adafactor: Vec<adafactor::AdafactorTensor>,
     /// Muon: each parameter's (rows, cols); empty for the other algorithms.
     muon_shapes: Vec<(usize, usize)>,
+    /// Muon: the updates and Newton-Schulz operands every step reuses.
+    muon: muon::Scratch,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -238,6 +240,7 @@ impl CpuOptimizer {
                 mode: ScheduleFreeMode::Train,
                 lamb_norms: Vec::new(),
                 adafactor,
+                muon: muon::Scratch::new(&muon_shapes),
                 muon_shapes,
             });
         }
@@ -266,6 +269,7 @@ impl CpuOptimizer {
                 mode: ScheduleFreeMode::Train,
                 lamb_norms: Vec::new(),
                 adafactor,
+                muon: muon::Scratch::new(&muon_shapes),
                 muon_shapes,
             });
         }
@@ -306,6 +310,7 @@ impl CpuOptimizer {
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
             adafactor,
+            muon: muon::Scratch::new(&muon_shapes),
             muon_shapes,
         })
     }
@@ -558,10 +563,10 @@ impl CpuOptimizer {
         if let Algorithm::Muon(config) = &self.algorithm {
             // The orthogonalized updates take the gradients' place; the elementwise loop
             // keeps no state of its own (the momentum buffers were updated here).
-            let updates = muon::updates(config, &self.muon_shapes, grads, &mut self.state);
-            let grads: Vec<HostSlice<'_>> = updates.iter().map(|u| HostSlice::F32(u)).collect();
-            let mut no_state = vec![Vec::new(); grads.len()];
-            work::run(&kernel, &stores, params, &grads, &mut no_state, &mut self.compensation);
+            muon::updates(config, &self.muon_shapes, grads, &mut self.state, &mut self.muon);
+            let grads = self.muon.updates.iter().map(|u| HostSlice::F32(u));
+            let no_state = std::iter::repeat_with(|| &mut [][..]);
+            work::run_jobs(&kernel, &stores, work::jobs(params, grads, no_state, &mut self.compensation));
             self.step = t;
             return Ok(());
         }

@@ -11,6 +11,7 @@ use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::{Accum, MatMut, MatRef, Par};
 use half::{bf16, f16};
 
+use super::convert::{bf16_to_f32, f16_to_f32};
 use super::host::{HostSlice, HostSliceMut};
 use super::state_memory::StateTensor;
 use crate::{Algorithm, Error, Muon, NsPrecision, OptimizerOptions, Result};
@@ -22,20 +23,55 @@ fn round_bf16(values: &mut [f32]) {
     }
 }
 
-/// The gradient widened to f32.
-fn widen(grad: HostSlice<'_>) -> Vec<f32> {
-    match grad {
-        HostSlice::F32(v) => v.to_vec(),
-        HostSlice::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        HostSlice::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+/// The memory of a Muon step, made at build and reused by every step: each matrix's
+/// update, and the Newton-Schulz operands sized for the largest matrix.
+#[derive(Clone, Default)]
+pub(super) struct Scratch {
+    /// Each parameter's update `ratio O`, in its layout: the elementwise pass's gradient.
+    pub(super) updates: Vec<Vec<f32>>,
+    /// X and the next X (min x max).
+    x: Vec<f32>,
+    next: Vec<f32>,
+    /// M and N (min x min).
+    m: Vec<f32>,
+    n: Vec<f32>,
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("matrices", &self.updates.len()).finish()
+    }
+}
+
+impl Scratch {
+    /// The scratch of matrices of `shapes` (none for another algorithm).
+    pub(super) fn new(shapes: &[(usize, usize)]) -> Self {
+        let (mut len, mut square) = (0, 0);
+        for &(rows, cols) in shapes {
+            len = len.max(rows * cols);
+            square = square.max(rows.min(cols).pow(2));
+        }
+        Scratch {
+            updates: shapes.iter().map(|(rows, cols)| vec![0f32; rows * cols]).collect(),
+            x: vec![0f32; len],
+            next: vec![0f32; len],
+            m: vec![0f32; square],
+            n: vec![0f32; square],
+        }
     }
 }
 
 /// `buffer = lerp(buffer, g, 1 - momentum)` in place (stored in the buffer's dtype), and
-/// the matrix to orthogonalize: `lerp(g, buffer, momentum)` with Nesterov, else the buffer.
-/// torch's `lerp` takes `end - (end - start) (1 - w)` for `w >= 0.5`, else
-/// `start + w (end - start)`; the formulas here are those.
-fn momentum(config: &Muon, grad: &[f32], buffer: HostSliceMut<'_>) -> Vec<f32> {
+/// into `u` (of the gradient's length) the matrix to orthogonalize: `lerp(g, buffer,
+/// momentum)` with Nesterov, else the buffer. torch's `lerp` takes `end - (end - start)
+/// (1 - w)` for `w >= 0.5`, else `start + w (end - start)`; the formulas here are those.
+fn momentum(config: &Muon, grad: HostSlice<'_>, buffer: HostSliceMut<'_>, u: &mut [f32]) {
+    // The gradient widened to f32 (exactly), in `u` until each element is replaced.
+    match grad {
+        HostSlice::F32(v) => u.copy_from_slice(v),
+        HostSlice::F16(v) => f16_to_f32(v, u),
+        HostSlice::BF16(v) => bf16_to_f32(v, u),
+    }
     let mu = config.momentum as f32;
     let w = 1.0 - mu;
     let lerp = |start: f32, end: f32, w: f32| {
@@ -45,57 +81,55 @@ fn momentum(config: &Muon, grad: &[f32], buffer: HostSliceMut<'_>) -> Vec<f32> {
             end - (end - start) * (1.0 - w)
         }
     };
-    let step = |b: f32, g: f32| lerp(b, g, w);
-    // The buffer as stored after the EMA (rounded to its dtype), as torch's next line reads it.
-    let stored: Vec<f32> = match buffer {
-        HostSliceMut::F32(b) => b
-            .iter_mut()
-            .zip(grad)
-            .map(|(b, &g)| {
-                *b = step(*b, g);
-                *b
-            })
-            .collect(),
-        HostSliceMut::F16(b) => b
-            .iter_mut()
-            .zip(grad)
-            .map(|(b, &g)| {
-                *b = f16::from_f32(step(b.to_f32(), g));
-                b.to_f32()
-            })
-            .collect(),
-        HostSliceMut::BF16(b) => b
-            .iter_mut()
-            .zip(grad)
-            .map(|(b, &g)| {
-                *b = bf16::from_f32(step(b.to_f32(), g));
-                b.to_f32()
-            })
-            .collect(),
-    };
-    if config.nesterov {
-        grad.iter().zip(&stored).map(|(&g, &b)| lerp(g, b, mu)).collect()
-    } else {
-        stored
+    // `g` and the buffer as stored after the EMA (rounded to its dtype), as torch's next
+    // line reads it.
+    let out = |g: f32, stored: f32| if config.nesterov { lerp(g, stored, mu) } else { stored };
+    match buffer {
+        HostSliceMut::F32(b) => {
+            for (b, u) in b.iter_mut().zip(u) {
+                *b = lerp(*b, *u, w);
+                *u = out(*u, *b);
+            }
+        }
+        HostSliceMut::F16(b) => {
+            for (b, u) in b.iter_mut().zip(u) {
+                *b = f16::from_f32(lerp(b.to_f32(), *u, w));
+                *u = out(*u, b.to_f32());
+            }
+        }
+        HostSliceMut::BF16(b) => {
+            for (b, u) in b.iter_mut().zip(u) {
+                *b = bf16::from_f32(lerp(b.to_f32(), *u, w));
+                *u = out(*u, b.to_f32());
+            }
+        }
     }
 }
 
-/// Newton-Schulz on `x` (`rows` x `cols`, row-major, `rows <= cols`), in place.
-fn newton_schulz(config: &Muon, x: &mut Vec<f32>, rows: usize, cols: usize) {
+/// Newton-Schulz on `x` (`rows` x `cols`, row-major, `rows <= cols`), with `next` of its
+/// length and `m`, `n` of `rows * rows` as scratch: the slice (`x` or `next`) that holds
+/// the result.
+fn newton_schulz<'a>(
+    config: &Muon,
+    mut x: &'a mut [f32],
+    mut next: &'a mut [f32],
+    m: &mut [f32],
+    n: &mut [f32],
+    rows: usize,
+    cols: usize,
+) -> &'a mut [f32] {
     let bf16 = config.ns_precision == NsPrecision::BF16;
     let round = |v: &mut [f32]| {
         if bf16 {
             round_bf16(v)
         }
     };
+    let round_one = |v: f32| if bf16 { bf16::from_f32(v).to_f32() } else { v };
     round(x);
     // The norm in f64 (torch accumulates bfloat16 norms in f32; either is exact enough),
     // then rounded to the iteration's precision, as torch's 0-d result is.
-    let mut norm = vec![x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt() as f32];
-    round(&mut norm);
-    let mut eps = vec![config.eps as f32];
-    round(&mut eps);
-    let norm = norm[0].max(eps[0]);
+    let norm = round_one(x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt() as f32);
+    let norm = norm.max(round_one(config.eps as f32));
     for v in x.iter_mut() {
         *v /= norm;
     }
@@ -107,41 +141,40 @@ fn newton_schulz(config: &Muon, x: &mut Vec<f32>, rows: usize, cols: usize) {
     let par = Par::rayon(0);
     #[cfg(target_arch = "wasm32")]
     let par = Par::Seq;
-    let mut m = vec![0f32; rows * rows];
-    let mut n = vec![0f32; rows * rows];
-    let mut next = vec![0f32; rows * cols];
+    // Every element of `m`, `n` and `next` is written before it is read.
     for _ in 0..config.ns_steps {
         // M = X Xᵀ (the transpose is a view, never a copy) and N = b M + c M M are
         // symmetric: only their lower halves are computed (half the products' work), then
         // mirrored.
         {
-            let xr = MatRef::from_row_major_slice(x.as_slice(), rows, cols);
-            let dst = MatMut::from_row_major_slice_mut(&mut m, rows, rows);
+            let xr = MatRef::from_row_major_slice(&*x, rows, cols);
+            let dst = MatMut::from_row_major_slice_mut(&mut *m, rows, rows);
             lower(dst, Accum::Replace, xr, xr.transpose(), 1.0, par);
         }
-        mirror(&mut m, rows);
-        round(&mut m);
-        for (n, m) in n.iter_mut().zip(&m) {
+        mirror(m, rows);
+        round(m);
+        for (n, m) in n.iter_mut().zip(m.iter()) {
             *n = b * m;
         }
         {
-            let mr = MatRef::from_row_major_slice(m.as_slice(), rows, rows);
-            lower(MatMut::from_row_major_slice_mut(&mut n, rows, rows), Accum::Add, mr, mr, c, par);
+            let mr = MatRef::from_row_major_slice(&*m, rows, rows);
+            lower(MatMut::from_row_major_slice_mut(&mut *n, rows, rows), Accum::Add, mr, mr, c, par);
         }
-        mirror(&mut n, rows);
-        round(&mut n);
+        mirror(n, rows);
+        round(n);
         // X = a X + N X.
         for (o, v) in next.iter_mut().zip(x.iter()) {
             *o = a * v;
         }
         {
-            let nr = MatRef::from_row_major_slice(n.as_slice(), rows, rows);
-            let xr = MatRef::from_row_major_slice(x.as_slice(), rows, cols);
-            matmul(MatMut::from_row_major_slice_mut(&mut next, rows, cols), Accum::Add, nr, xr, 1.0, par);
+            let nr = MatRef::from_row_major_slice(&*n, rows, rows);
+            let xr = MatRef::from_row_major_slice(&*x, rows, cols);
+            matmul(MatMut::from_row_major_slice_mut(&mut *next, rows, cols), Accum::Add, nr, xr, 1.0, par);
         }
-        round(&mut next);
-        std::mem::swap(x, &mut next);
+        round(next);
+        std::mem::swap(&mut x, &mut next);
     }
+    x
 }
 
 /// The lower half (with the diagonal) of `dst = alpha lhs rhs` (or `+=`), for a product
@@ -167,38 +200,48 @@ fn mirror(m: &mut [f32], n: usize) {
     }
 }
 
-/// One Muon matrix: updates its momentum `buffer` from `grad` and returns
-/// `ratio NS(u)` in the parameter's layout (`shape` = (A, B), row-major).
-pub(super) fn update(
+/// One Muon matrix: updates its momentum `buffer` from `grad` and writes `ratio NS(u)`
+/// into `out`, in the parameter's layout (`shape` = (A, B), row-major).
+fn update(
     config: &Muon,
     shape: (usize, usize),
     grad: HostSlice<'_>,
     buffer: &mut StateTensor,
-) -> Vec<f32> {
+    out: &mut [f32],
+    scratch: (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
+) {
     let (rows, cols) = shape;
-    let u = momentum(config, &widen(grad), buffer.as_mut_slice());
     let ratio = config.adjust_lr.ratio(rows, cols) as f32;
     let tall = rows > cols;
     // X is (min, max): the transpose of a tall matrix.
     let (r, k) = if tall { (cols, rows) } else { (rows, cols) };
-    let mut x = if tall { transpose(&u, rows, cols) } else { u };
-    newton_schulz(config, &mut x, r, k);
-    let mut out = if tall { transpose(&x, r, k) } else { x };
-    for v in &mut out {
+    let (x, next, m, n) = scratch;
+    let (x, next, m, n) = (&mut x[..r * k], &mut next[..r * k], &mut m[..r * r], &mut n[..r * r]);
+    // `u` goes straight into X, or into `out` (overwritten below) to be transposed.
+    if tall {
+        momentum(config, grad, buffer.as_mut_slice(), out);
+        transpose(out, rows, cols, x);
+    } else {
+        momentum(config, grad, buffer.as_mut_slice(), x);
+    }
+    let o = newton_schulz(config, x, next, m, n, r, k);
+    if tall {
+        transpose(o, r, k, out);
+    } else {
+        out.copy_from_slice(o);
+    }
+    for v in out.iter_mut() {
         *v *= ratio;
     }
-    out
 }
 
-/// `values` (`rows` x `cols`, row-major) transposed.
-fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; values.len()];
+/// `values` (`rows` x `cols`, row-major) transposed into `out` (of the same length).
+fn transpose(values: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     for (i, row) in values.chunks_exact(cols.max(1)).enumerate().take(rows) {
         for (j, v) in row.iter().enumerate() {
             out[j * rows + i] = *v;
         }
     }
-    out
 }
 
 /// The matrix shapes of a Muon optimizer's `count` parameters, checked at build: shapes
@@ -225,17 +268,17 @@ pub(super) fn check(
     crate::algo::matrix_shapes(&options.param_shapes, 0..count)
 }
 
-/// Every matrix's update `ratio O` (and its momentum buffer, `state[i][0]`, updated).
+/// Every matrix's update `ratio O` into `scratch.updates` (and its momentum buffer,
+/// `state[i][0]`, updated).
 pub(super) fn updates(
     config: &Muon,
     shapes: &[(usize, usize)],
     grads: &[HostSlice<'_>],
     state: &mut [Vec<StateTensor>],
-) -> Vec<Vec<f32>> {
-    shapes
-        .iter()
-        .zip(grads)
-        .zip(state)
-        .map(|((shape, grad), state)| update(config, *shape, *grad, &mut state[0]))
-        .collect()
+    scratch: &mut Scratch,
+) {
+    let Scratch { updates, x, next, m, n } = scratch;
+    for (((shape, grad), state), out) in shapes.iter().zip(grads).zip(state).zip(updates) {
+        update(config, *shape, *grad, &mut state[0], out, (x, next, m, n));
+    }
 }

@@ -25,6 +25,24 @@ pub(super) fn run(
     state: &mut [Vec<StateTensor>],
     compensation: &mut [StateTensor],
 ) {
+    let state = state.iter_mut().map(Vec::as_mut_slice);
+    run_jobs(kernel, stores, jobs(params, grads.iter().copied(), state, compensation));
+}
+
+/// Runs `kernel` over `jobs` in one parallel iteration.
+pub(super) fn run_jobs(kernel: &Kernel, stores: &Stores, jobs: Vec<Job<'_>>) {
+    jobs.into_par_iter().for_each(|job| storage::run(kernel, stores, job));
+}
+
+/// Every tensor cut into chunks of [`CHUNK`] elements, each job naming its tensor by its
+/// ordinal. `grads` and `state` give one entry per parameter (iterators, so that a family
+/// whose gradients or state are made per step, as Muon's, needs no list of them).
+pub(super) fn jobs<'a>(
+    params: &'a mut [HostSliceMut<'_>],
+    grads: impl IntoIterator<Item = HostSlice<'a>>,
+    state: impl IntoIterator<Item = &'a mut [StateTensor]>,
+    compensation: &'a mut [StateTensor],
+) -> Vec<Job<'a>> {
     let items: usize = params.iter().map(|p| p.len().div_ceil(CHUNK)).sum();
     let mut jobs = Vec::with_capacity(items);
     let mut compensation = compensation.iter_mut();
@@ -32,7 +50,7 @@ pub(super) fn run(
         let mut slots = state.iter_mut().map(StateTensor::as_mut_slice);
         let mut rest = Job {
             param: param.reborrow(),
-            grad: *grad,
+            grad,
             state: std::array::from_fn(|_| slots.next().unwrap_or_default()),
             compensation: compensation.next().map(StateTensor::as_mut_slice).unwrap_or_default(),
             ordinal: i as u32,
@@ -44,5 +62,5 @@ pub(super) fn run(
             rest = tail;
         }
     }
-    jobs.into_par_iter().for_each(|job| storage::run(kernel, stores, job));
+    jobs
 }
