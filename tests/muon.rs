@@ -316,3 +316,46 @@ fn a_muon_group_beside_an_adamw_group_follows_the_oracle() {
         Err(Error::ConflictingOptions { .. })
     ));
 }
+
+/// Matrices larger than the CPU backend's matrix products' blocks, wide and tall: the
+/// bfloat16 Newton-Schulz follows the oracle within the vectors' tolerance, and gives the
+/// same bits on 1, 2 and 3 threads (the products' order of sums does not depend on them).
+#[test]
+fn cpu_muon_on_matrices_of_several_blocks_follows_the_oracle_on_any_thread_count() {
+    let shapes = [(200, 300), (520, 136)];
+    let mut rng = common::Rng::new(17);
+    let p0: Vec<Vec<f64>> = shapes.iter().map(|&(a, b)| rng.vec(a * b, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> =
+        (0..2).map(|_| shapes.iter().map(|&(a, b)| rng.vec(a * b, 0.1)).collect()).collect();
+    let config = Muon { lr: 0.02, ..Muon::default() };
+    assert_eq!(config.ns_precision, NsPrecision::BF16);
+    let run = |threads: usize| -> Vec<Vec<f64>> {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut hosts: Vec<HostTensor> =
+                p0.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+            let views: Vec<HostSlice<'_>> = hosts.iter().map(HostTensor::as_slice).collect();
+            let mut cpu = CpuOptimizer::builder()
+                .param_shapes(shapes.iter().map(|&(a, b)| vec![a, b]).collect())
+                .build(config, &views)
+                .unwrap();
+            for step in &grads {
+                let g: Vec<HostTensor> =
+                    step.iter().map(|g| HostTensor::from_f64(DType::F32, g).unwrap()).collect();
+                let g: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+                let mut p: Vec<_> = hosts.iter_mut().map(HostTensor::as_mut_slice).collect();
+                cpu.step(&mut p, &g).unwrap();
+            }
+            hosts.iter().map(HostTensor::to_f64).collect()
+        })
+    };
+    let one = run(1);
+    for (i, &shape) in shapes.iter().enumerate() {
+        let steps: Vec<Vec<f64>> = grads.iter().map(|step| step[i].clone()).collect();
+        let want = oracle_trajectory(&config, &p0[i], &steps, shape, DType::F32);
+        close(&one[i], &want, 4e-3, 1e-3, &format!("CPU {shape:?}"));
+    }
+    for threads in [2, 3] {
+        assert!(run(threads) == one, "{threads} threads differ from one");
+    }
+}
