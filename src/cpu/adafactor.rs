@@ -118,6 +118,7 @@ impl AdafactorTensor {
     }
 
     /// Its states in `adafactor_state_kinds` order.
+    #[cfg(feature = "checkpoint")]
     fn states(&self) -> Vec<&StateTensor> {
         match self.dims {
             Some(_) => vec![&self.first, &self.second],
@@ -380,6 +381,7 @@ impl CpuOptimizer {
 
     /// Checkpoints: parameter `index`'s Adafactor states' kinds and dtypes (empty for
     /// another algorithm).
+    #[cfg(feature = "checkpoint")]
     pub(super) fn adafactor_layout_state(&self, index: usize) -> Vec<(StateKind, DType)> {
         if self.adafactor.get(index).is_none() {
             return Vec::new();
@@ -389,11 +391,13 @@ impl CpuOptimizer {
     }
 
     /// Checkpoints: parameter `index`'s Adafactor state `k` (in `adafactor_state_kinds` order).
+    #[cfg(feature = "checkpoint")]
     pub(super) fn adafactor_tensor(&self, index: usize, k: usize) -> Option<&StateTensor> {
         self.adafactor.get(index)?.states().get(k).copied()
     }
 
     /// [`Self::adafactor_tensor`], writable.
+    #[cfg(feature = "checkpoint")]
     pub(super) fn adafactor_tensor_mut(&mut self, index: usize, k: usize) -> Option<&mut StateTensor> {
         let state = self.adafactor.get_mut(index)?;
         match (state.dims.is_some(), k) {

@@ -35,6 +35,7 @@ impl CpuOptimizer {
 
     /// Sets the mode the parameters are in without touching them (a checkpoint's
     /// `train_mode`, loaded with parameters saved in that mode).
+    #[cfg(feature = "checkpoint")]
     pub(crate) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
         self.mode = mode;
     }

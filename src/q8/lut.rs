@@ -95,7 +95,9 @@ impl CodeTable {
         TABLE.get_or_init(|| CodeTable::build(&super::unsigned_map()))
     }
 
-    /// The table of the map a state of `kind` is quantized with.
+    /// The table of the map a state of `kind` is quantized with (the CPU backend's lookup;
+    /// the GPU kernels name the maps' tables by their place in the code tables' binding).
+    #[cfg(feature = "cpu")]
     pub fn for_kind(kind: crate::StateKind) -> &'static CodeTable {
         if super::is_signed(kind) {
             Self::signed()
