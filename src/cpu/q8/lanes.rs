@@ -92,81 +92,181 @@ fearless_simd::kernel!(
     }
 );
 
+/// Values the requantizing loop takes per iteration: four registers, whose codes one byte
+/// pack and one permute put in order (a register's own narrowing store is two shuffles).
+const Q: usize = 4 * L;
+
+/// The dword order that puts the packed codes of four registers back in place: the packs
+/// work within each 128-bit lane, leaving in dword `4 * lane + r` the codes of register `r`'s
+/// lanes `4 * lane` to `4 * lane + 3`.
+const PACKED_ORDER: [u32; L] = {
+    let mut order = [0u32; L];
+    let mut at = 0;
+    while at < L {
+        let (r, lane) = (at / 4, at % 4);
+        order[at] = (4 * lane + r) as u32;
+        at += 1;
+    }
+    order
+};
+
+/// `codes[i]` = the nearest code of `values[i] / absmax`, as `super::quantize`.
+#[inline]
+pub(super) fn quantize(level: Avx512, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+    if table.quantizer().signed {
+        quantize_signed(level, values, absmax, table, codes)
+    } else {
+        quantize_unsigned(level, values, absmax, table, codes)
+    }
+}
+
+/// The constants of one block's requantizing loop.
+struct Constants {
+    lines: [[__m512; 2]; LINES],
+    reciprocal: __m512,
+    abs_mask: __m512i,
+    clamp: __m512i,
+    smallest: __m512i,
+    near: __m512,
+    top_value: __m512,
+    top_code: __m512i,
+    mirror: __m512i,
+    infinity: __m512i,
+    zero_code: __m512i,
+}
+
 fearless_simd::kernel!(
-    /// `codes[i]` = the nearest code of `values[i] / absmax`, as `super::quantize`.
+    /// One register's codes as i32 lanes, and the lanes whose position lies near a switch
+    /// (their codes are left to the exact rule).
     #[inline]
-    pub(super) fn quantize(level: Avx512, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
-        let q: &Quantizer = table.quantizer();
-        let inverse = 1.0 / absmax;
-        if !inverse.is_normal() {
-            // A subnormal absmax (a block of subnormal values): its reciprocal overflows.
-            for (code, value) in codes.iter_mut().zip(values) {
-                *code = table.code(value / absmax);
-            }
-            return;
-        }
-        let lines: [[__m512; 2]; LINES] = std::array::from_fn(|l| {
-            [
-                bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
-                bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
-            ]
-        });
+    fn register_codes(level: Avx512, c: &Constants, v: __m512, signed: bool) -> (__m512i, __mmask16) {
+        let x = _mm512_mul_ps(v, c.reciprocal);
+        let bits = _mm512_castps_si512(x);
+        let magnitude = _mm512_and_si512(bits, c.abs_mask);
+        let negative = _mm512_movepi32_mask(bits);
+        let clamped = _mm512_max_epu32(_mm512_min_epu32(magnitude, c.clamp), c.smallest);
+        let m = _mm512_castsi512_ps(clamped);
+        // The code position (`Quantizer::code_position`): the least of the span's lines
+        // (the permutes read the low four bits of the span).
+        let span = _mm512_srli_epi32::<SPAN_SHIFT>(clamped);
+        let [[scale0, offset0], [scale1, offset1], [scale2, offset2]] = c.lines;
+        let first =
+            _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale0), _mm512_permutexvar_ps(span, offset0));
+        let second =
+            _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale1), _mm512_permutexvar_ps(span, offset1));
+        let third =
+            _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale2), _mm512_permutexvar_ps(span, offset2));
+        let position = _mm512_min_ps(first, _mm512_min_ps(second, third));
+        // Its distance to the nearest integer, exact (`position - round(position)`).
+        let off = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
+        let near = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(off), c.near);
+        let code = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
+        // The code of 1, decided exactly on the value (not the product).
+        let code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, c.top_value), c.top_code);
         // A positive value's code is its code position's floor; a negative value's is 254
         // less that in the signed map (127 less its magnitude index), the code of 0 in the
         // unsigned one.
-        let middle = q.middle;
-        let reciprocal = _mm512_set1_ps(inverse);
-        let (abs_mask, clamp) = (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(CLAMP.to_bits() as i32));
-        let smallest = _mm512_set1_epi32(FLOOR as i32);
-        let near = _mm512_set1_ps(NEAR);
-        let top_value = _mm512_set1_ps(q.top_value(absmax));
-        let top_code = _mm512_set1_epi32(q.top_index + middle);
-        let (mirror, zero_i) = (_mm512_set1_epi32(2 * middle), _mm512_setzero_si512());
-        let infinity = _mm512_set1_epi32(INFINITY as i32);
-        let zero_code = _mm512_set1_epi32(i32::from(q.zero));
-
-        let (whole, tail) = values.as_chunks::<L>();
-        let (out, out_tail) = codes.split_at_mut(whole.len() * L);
-        for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<L>().0) {
-            let v = bytemuck::cast::<[f32; L], __m512>(*chunk);
-            let x = _mm512_mul_ps(v, reciprocal);
-            let bits = _mm512_castps_si512(x);
-            let magnitude = _mm512_and_si512(bits, abs_mask);
-            let negative = _mm512_movepi32_mask(bits);
-            let clamped = _mm512_max_epu32(_mm512_min_epu32(magnitude, clamp), smallest);
-            let m = _mm512_castsi512_ps(clamped);
-            // The code position (`Quantizer::code_position`): the least of the span's
-            // lines (the permutes read the low four bits of the span).
-            let span = _mm512_srli_epi32::<SPAN_SHIFT>(clamped);
-            let [first, second, third] = lines.map(|[scale, offset]| {
-                _mm512_fmadd_ps(m, _mm512_permutexvar_ps(span, scale), _mm512_permutexvar_ps(span, offset))
-            });
-            let position = _mm512_min_ps(first, _mm512_min_ps(second, third));
-            // Its distance to the nearest integer, exact (`position - round(position)`).
-            let off = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(position);
-            if _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_abs_ps(off), near) != 0 {
-                let quotients = bytemuck::cast::<__m512, [f32; L]>(_mm512_div_ps(v, _mm512_set1_ps(absmax)));
-                for (code, x) in out.iter_mut().zip(quotients) {
-                    *code = table.code(x);
-                }
-                continue;
-            }
-            let code = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(position);
-            // The code of 1, decided exactly on the value (not the product).
-            let code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, top_value), top_code);
-            let code = if q.signed {
-                _mm512_mask_sub_epi32(code, negative, mirror, code)
-            } else {
-                _mm512_mask_mov_epi32(code, negative, zero_i)
-            };
-            let finite = _mm512_cmplt_epu32_mask(magnitude, infinity);
-            let code = _mm512_mask_mov_epi32(zero_code, finite, code);
-            *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
-        }
-        for (code, value) in out_tail.iter_mut().zip(tail) {
-            *code = table.code(value / absmax);
-        }
+        let code = if signed {
+            _mm512_mask_sub_epi32(code, negative, c.mirror, code)
+        } else {
+            _mm512_maskz_mov_epi32(!negative, code)
+        };
+        let finite = _mm512_cmplt_epu32_mask(magnitude, c.infinity);
+        (_mm512_mask_mov_epi32(c.zero_code, finite, code), near)
     }
+);
+
+/// The requantizing loop of one map's sign (`$signed`, a constant in each loop): four
+/// registers an iteration.
+macro_rules! quantize_map {
+    ($(#[$doc:meta])* $name:ident, $signed:literal) => {
+        fearless_simd::kernel!(
+            $(#[$doc])*
+            fn $name(
+                level: Avx512,
+                values: &[f32],
+                absmax: f32,
+                table: &CodeTable,
+                codes: &mut [u8],
+            ) {
+                let signed = $signed;
+                let q: &Quantizer = table.quantizer();
+                let inverse = 1.0 / absmax;
+                if !inverse.is_normal() {
+                    // A subnormal absmax (a block of subnormal values): its reciprocal overflows.
+                    for (code, value) in codes.iter_mut().zip(values) {
+                        *code = table.code(value / absmax);
+                    }
+                    return;
+                }
+                let c = Constants {
+                    lines: std::array::from_fn(|l| {
+                        [
+                            bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
+                            bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
+                        ]
+                    }),
+                    reciprocal: _mm512_set1_ps(inverse),
+                    abs_mask: _mm512_set1_epi32(0x7fff_ffff),
+                    clamp: _mm512_set1_epi32(CLAMP.to_bits() as i32),
+                    smallest: _mm512_set1_epi32(FLOOR as i32),
+                    near: _mm512_set1_ps(NEAR),
+                    top_value: _mm512_set1_ps(q.top_value(absmax)),
+                    top_code: _mm512_set1_epi32(q.top_index + q.middle),
+                    mirror: _mm512_set1_epi32(2 * q.middle),
+                    infinity: _mm512_set1_epi32(INFINITY as i32),
+                    zero_code: _mm512_set1_epi32(i32::from(q.zero)),
+                };
+                let order = bytemuck::cast::<[u32; L], __m512i>(PACKED_ORDER);
+                let exact = |values: &[f32], codes: &mut [u8]| {
+                    for (code, value) in codes.iter_mut().zip(values) {
+                        *code = table.code(value / absmax);
+                    }
+                };
+
+                let (whole, tail) = values.as_chunks::<Q>();
+                let (out, out_tail) = codes.split_at_mut(whole.len() * Q);
+                for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<Q>().0) {
+                    let [r0, r1, r2, r3] = bytemuck::cast::<[f32; Q], [__m512; 4]>(*chunk);
+                    let (codes0, near0) = register_codes(level, &c, r0, signed);
+                    let (codes1, near1) = register_codes(level, &c, r1, signed);
+                    let (codes2, near2) = register_codes(level, &c, r2, signed);
+                    let (codes3, near3) = register_codes(level, &c, r3, signed);
+                    if near0 | near1 | near2 | near3 != 0 {
+                        // Rare (a lane near a switch): the exact rule for all four registers.
+                        exact(chunk, out);
+                        continue;
+                    }
+                    // Codes are 0 to 255, so the saturating packs keep them.
+                    let low = _mm512_packus_epi32(codes0, codes1);
+                    let packed = _mm512_packus_epi16(low, _mm512_packus_epi32(codes2, codes3));
+                    *out = bytemuck::cast::<__m512i, [u8; Q]>(_mm512_permutexvar_epi32(order, packed));
+                }
+                let (registers, rest) = tail.as_chunks::<L>();
+                let (out, out_rest) = out_tail.split_at_mut(registers.len() * L);
+                for (register, out) in registers.iter().zip(out.as_chunks_mut::<L>().0) {
+                    let (code, near) = register_codes(level, &c, bytemuck::cast::<[f32; L], __m512>(*register), signed);
+                    if near != 0 {
+                        exact(register, out);
+                    } else {
+                        *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
+                    }
+                }
+                exact(rest, out_rest);
+            }
+        );
+    };
+}
+
+quantize_map!(
+    /// [`quantize`] for the signed map.
+    quantize_signed,
+    true
+);
+quantize_map!(
+    /// [`quantize`] for the unsigned map.
+    quantize_unsigned,
+    false
 );
 
 #[cfg(test)]
