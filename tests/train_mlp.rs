@@ -154,31 +154,33 @@ fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
     assert!(q8_accuracy >= f32_accuracy - 0.01, "f32 state {f32_accuracy}, q8 state {q8_accuracy}");
 }
 
-/// `train_mlp --states q4 --steps 600`, with every weight matrix's moments in blockwise 4
-/// bits (torchao's format, blocks of 64 and `min_size` 128: more of the model than the
-/// example's torchao defaults, which keep only the 64x64 matrix's) reaches f32 state's
-/// accuracy within 1 point after 600 steps (99.0 % against 99.7 %). It learns slower early
-/// on: after 100 steps 63 % against 85 %, after 300 (the example's default) 96.8 % against
-/// 99.2 % (README, "4-bit blockwise state").
+/// `train_mlp --states q4` (torchao's defaults, blocks of 128 and `min_size` 4096: the 64x64
+/// matrix's moments in 4 bits, the other tensors' in f32; the example's `Q4_LR`, twice Adam's
+/// rate) reaches the accuracy of f32 state at Adam's own rate within 1 point in the
+/// example's 300 steps (99.5 % against 99.2 % for seed 0). At Adam's rate 4-bit state learns
+/// slower (97.7 %), and at the same 2e-3 f32 state reaches 99.7 % (README, "4-bit blockwise
+/// state").
 #[test]
-fn q4_state_training_reaches_the_accuracy_of_f32_state_within_one_point_in_600_steps() {
-    const Q4_STEPS: u64 = 600;
-    let (_, f32_state) = train_steps_with(DType::F32, Optimizer::builder(), Q4_STEPS);
-    let q4 = Optimizer::builder().q4_states(wgpu_optim::q4::Q4States { block_size: 64, min_size: 128 });
-    let (initial, q4_state) = train_steps_with(DType::F32, q4, Q4_STEPS);
+fn q4_state_training_at_its_rate_reaches_the_accuracy_of_f32_state_within_one_point() {
+    const Q4_STEPS: u64 = 300;
+    const Q4_LR: f64 = 2e-3;
+    let (_, f32_state) = train_steps_with(DType::F32, Optimizer::builder(), Adam::default(), Q4_STEPS);
+    let q4 = Optimizer::builder().q4_states(wgpu_optim::q4::Q4States::default());
+    let adam = Adam { lr: Q4_LR, ..Adam::default() };
+    let (initial, q4_state) = train_steps_with(DType::F32, q4, adam, Q4_STEPS);
     assert_learned(DType::F32, (initial, q4_state));
     let (f32_accuracy, q4_accuracy) = (f32_state.accuracy(), q4_state.accuracy());
     println!("accuracy after {Q4_STEPS} steps: f32 state {f32_accuracy:.4}, q4 state {q4_accuracy:.4}");
     assert!(q4_accuracy >= f32_accuracy - 0.01, "f32 state {f32_accuracy}, q4 state {q4_accuracy}");
 }
 
-/// As [`train_with`], for `steps` steps.
-fn train_steps_with(dtype: DType, options: OptimizerBuilder, steps: u64) -> (Metrics, Metrics) {
+/// As [`train_with`], with `adam`'s hyperparameters, for `steps` steps.
+fn train_steps_with(dtype: DType, options: OptimizerBuilder, adam: Adam, steps: u64) -> (Metrics, Metrics) {
     let gpu = open();
     let data = Spirals::generate(0);
     let model = Mlp::new(&gpu.device, &gpu.queue, &data, dtype, 0).expect("model");
     let ctx = context(&gpu);
-    let mut optimizer = options.build(&ctx, Adam::default(), &model.param_tensors()).expect("optimizer");
+    let mut optimizer = options.build(&ctx, adam, &model.param_tensors()).expect("optimizer");
     let grads = model.grad_tensors();
     let initial = model.evaluate().expect("initial metrics");
     for _ in 0..steps {

@@ -20,7 +20,8 @@
 //! optimizer's state in blockwise 8 bits (bitsandbytes' format; f32 parameters, Adam, AdamW
 //! or SGD with momentum): every weight matrix's moments, the biases' in f32. `--states q4`
 //! keeps Adam's or AdamW's moments in blockwise 4 bits (torchao's `AdamW4bit` format with its
-//! defaults: the 64x64 matrix's; the smaller tensors' in f32).
+//! defaults: the 64x64 matrix's; the smaller tensors' in f32), at twice Adam's rate unless
+//! `--lr` is given (`Q4_LR`).
 //!
 //! `--steps N` counts the steps of this run (default 300, enough for Adam to pass 95 %
 //! training accuracy). `--save DIR` writes `DIR/optimizer.safetensors` (the crate's
@@ -69,10 +70,16 @@ pub const Q8_MIN_SIZE: u64 = 128;
 
 /// `--states q4`: torchao's defaults, as `AdamW4bit(model.parameters())` takes them (blocks
 /// of 128; a tensor of at least 4096 elements in whole blocks keeps 4-bit state): the
-/// hidden 64x64 matrix, 90 % of the parameters; the other tensors keep f32 state. It learns
-/// slower than f32 state on this small model whatever the blocks, because of torchao's
-/// linear map for `exp_avg_sq` (README, "4-bit blockwise state", has the figures).
+/// hidden 64x64 matrix, 90 % of the parameters; the other tensors keep f32 state.
 pub const Q4_STATES: Q4States = Q4States { block_size: BLOCK_SIZE, min_size: MIN_SIZE };
+
+/// `--states q4`'s rate (unless `--lr` says otherwise): twice Adam's. torchao's linear map
+/// for `exp_avg_sq` stores a second moment below a sixteenth of its block's largest as that
+/// sixteenth, so the elements with small moments take smaller steps than with f32 state; at
+/// Adam's own 1e-3 this model reaches 97.7 % in 300 steps (seeds 0 to 4: 96.7 to 98.3 %)
+/// against f32 state's 99.1 %. At 2e-3 it reaches 99.4 % (99.2 to 99.5 %), and f32 state at
+/// the same rate 99.7 % (README, "4-bit blockwise state").
+pub const Q4_LR: f64 = 2e-3;
 
 /// Lion's rate for this model. Lion's update is a sign, every element moving by the full
 /// rate, and the paper advises a rate 3-10x smaller than AdamW's; lion-pytorch's default,
@@ -426,7 +433,9 @@ fn build_optimizer(
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;
         checkpoint::check_step(&optimizer, &plan.state)?;
     }
-    if let Some(lr) = options.lr {
+    // A resumed run keeps its checkpoint's rate unless `--lr` is given.
+    let q4_lr = (options.q4_states && options.resume.is_none()).then_some(Q4_LR);
+    if let Some(lr) = options.lr.or(q4_lr) {
         optimizer.set_lr(lr)?;
     }
     Ok(optimizer)
