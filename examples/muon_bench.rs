@@ -3,11 +3,17 @@
 //! matrix on the adapter and on the CPU backend.
 //!
 //! ```text
-//! cargo run --release --example muon_bench [-- --reps N] [--gpu-step]
+//! cargo run --release --example muon_bench [-- --reps N] [--gpu-step] [--cpu-step-only]
 //! ```
 //!
 //! `--gpu-step` times the Muon step on the adapter too (about 130 GFLOP in bfloat16 mode's
 //! 15 products: minutes on a CPU adapter such as lavapipe, milliseconds on a GPU).
+//! `--cpu-step-only` times only the CPU backend's step (to alternate run by run with a
+//! peer's, such as PyTorch's `torch.optim.Muon` on the same threads).
+//!
+//! The WGSL products run twice: with f32 operands, and with every operand stored as bfloat16
+//! (as Muon's Newton-Schulz scratch is in bfloat16 mode; half the bytes, the same f32
+//! accumulation).
 //!
 //! A product `m x k` times `k x n` is `2 m n k` floating-point operations; "4096x1024" is a
 //! 4096x1024 matrix times a 1024x1024 one. The Muon step is torch's defaults (Newton-Schulz
@@ -33,51 +39,40 @@ fn gflops(flops: f64, time: Duration) -> f64 {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: muon_bench [--reps N] [--gpu-step]");
+    eprintln!("usage: muon_bench [--reps N] [--gpu-step] [--cpu-step-only]");
     std::process::exit(2);
 }
 
-fn main() -> wgpu_optim::Result<()> {
-    let mut reps = 5;
-    let mut gpu_step = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        match flag.as_str() {
-            "--gpu-step" => gpu_step = true,
-            "--reps" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(n) => reps = n,
-                None => usage(),
-            },
-            _ => usage(),
-        }
-    }
-    let ctx = GpuContext::headless_blocking()?;
-    let mut timer = GpuTimer::new(&ctx);
-    println!("adapter: {:?}; CPU threads: {}", ctx.report(), rayon::current_num_threads());
-    println!("| product | WGSL GFLOP/s | CPU backend (faer) GFLOP/s |");
-    println!("|---|---|---|");
+/// The WGSL product's GFLOP/s (f32 operands, then bfloat16 ones) beside faer's.
+fn product_table(ctx: &GpuContext, timer: &mut GpuTimer, reps: usize) -> wgpu_optim::Result<()> {
+    println!(
+        "| product | WGSL GFLOP/s, f32 operands | WGSL GFLOP/s, bf16 operands | CPU backend (faer) GFLOP/s |"
+    );
+    println!("|---|---|---|---|");
     for (m, n, k) in [(1024u32, 1024u32, 1024u32), (4096, 1024, 1024)] {
         let (a_len, b_len, c_len) = (m * k, k * n, m * n);
         let values: Vec<f64> = (0..a_len + b_len + c_len).map(|i| ((i % 7) as f64 - 3.0) / 8.0).collect();
-        let data = ctx.upload("data", &values, DType::F32);
-        let product = Product::plain(
-            m,
-            n,
-            k,
-            MatrixView::row_major(0, m, k),
-            MatrixView::row_major(a_len, k, n),
-            MatrixView::row_major(a_len + b_len, m, n),
-        );
-        let gpu = Matmul::new(&ctx, &data, &[product])?;
-        let gpu_time = fastest(reps, || {
-            let timing = timer
-                .time(|encoder| {
-                    gpu.record(encoder);
-                    Ok(())
-                })
-                .expect("a timed product");
-            timing.gpu.unwrap_or(timing.wall)
-        });
+        let mut gpu_gflops = Vec::new();
+        for storage in [DType::F32, DType::BF16] {
+            let data = ctx.upload("data", &values, DType::F32);
+            let view = |offset: u32, rows: u32, cols: u32| {
+                MatrixView::row_major(offset, rows, cols).stored_as(storage)
+            };
+            let product =
+                Product::plain(m, n, k, view(0, m, k), view(a_len, k, n), view(a_len + b_len, m, n));
+            let gpu = Matmul::new(ctx, &data, &[product])?;
+            let gpu_time = fastest(reps, || {
+                let timing = timer
+                    .time(|encoder| {
+                        gpu.record(encoder);
+                        Ok(())
+                    })
+                    .expect("a timed product");
+                timing.gpu.unwrap_or(timing.wall)
+            });
+            gpu_gflops.push(gflops(gpu.flops(), gpu_time));
+        }
+        let flops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k);
         let (m, n, k) = (m as usize, n as usize, k as usize);
         let a: Vec<f32> = values[..m * k].iter().map(|v| *v as f32).collect();
         let b: Vec<f32> = values[m * k..m * k + k * n].iter().map(|v| *v as f32).collect();
@@ -95,10 +90,36 @@ fn main() -> wgpu_optim::Result<()> {
             start.elapsed()
         });
         println!(
-            "| {m}x{k} x {k}x{n} | {:.1} | {:.1} |",
-            gflops(gpu.flops(), gpu_time),
-            gflops(product.flops(), cpu_time)
+            "| {m}x{k} x {k}x{n} | {:.1} | {:.1} | {:.1} |",
+            gpu_gflops[0],
+            gpu_gflops[1],
+            gflops(flops, cpu_time)
         );
+    }
+    Ok(())
+}
+
+fn main() -> wgpu_optim::Result<()> {
+    let mut reps = 5;
+    let mut gpu_step = false;
+    let mut products = true;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--gpu-step" => gpu_step = true,
+            "--cpu-step-only" => products = false,
+            "--reps" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(n) => reps = n,
+                None => usage(),
+            },
+            _ => usage(),
+        }
+    }
+    let ctx = GpuContext::headless_blocking()?;
+    let mut timer = GpuTimer::new(&ctx);
+    if products {
+        println!("adapter: {:?}; CPU threads: {}", ctx.report(), rayon::current_num_threads());
+        product_table(&ctx, &mut timer, reps)?;
     }
 
     let (rows, cols) = (4096usize, 1024usize);
@@ -117,7 +138,9 @@ fn main() -> wgpu_optim::Result<()> {
         cpu.step(&mut [HostSliceMut::from(&mut host[..])], &[HostSlice::from(&host_grad[..])])?;
         cpu_step = cpu_step.min(start.elapsed());
     }
-    println!();
+    if products {
+        println!();
+    }
     println!("| Muon step, {rows}x{cols} f32, torch's defaults | ms |");
     println!("|---|---|");
     println!("| CPU backend | {:.1} |", cpu_step.as_secs_f64() * 1e3);

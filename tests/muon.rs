@@ -15,7 +15,9 @@ fn vector(name: &str) -> Case {
 const VECTORS: [&str; 2] = ["muon_bf16_rms.safetensors", "muon_f32_tall.safetensors"];
 
 fn passes(case: &Case, backend: Backend) {
-    let ctx = matches!(backend, Backend::GpuInPlace | Backend::GpuOutOfPlace).then(common::ctx);
+    let gpu = matches!(backend, Backend::GpuInPlace | Backend::GpuOutOfPlace);
+    let _turn = gpu.then(common::gpu_turn);
+    let ctx = gpu.then(common::ctx);
     let report = run_case(case, backend, ctx.as_ref()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
     match report.outcome {
         Outcome::Pass => {}
@@ -61,6 +63,7 @@ fn product_f64(a: &[f64], b: &[f64], n: usize, k: usize, m: usize) -> Vec<f64> {
 #[test]
 fn the_wgsl_matmul_matches_an_f64_product_at_odd_sizes_with_a_transposed_operand() {
     use wgpu_optim::matmul::{Matmul, MatrixView, Product};
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let mut rng = common::Rng::new(31);
     // Sizes off the 64 x 64 x 16 tiles; a batch of 2; B given as its transpose (k x n
@@ -120,12 +123,97 @@ fn the_wgsl_matmul_matches_an_f64_product_at_odd_sizes_with_a_transposed_operand
     assert_eq!(&got[..c_at], &data[..c_at]);
 }
 
+/// Operands stored as bfloat16 or f16 give the products of the same values stored as f32,
+/// bit for bit (the kernel widens them exactly and accumulates in f32 alike), a 16-bit
+/// output rounded to nearest even: at sizes off the tiles, with a transposed operand, an
+/// added D and a batch of two.
+#[test]
+fn sixteen_bit_operands_give_the_products_of_f32_operands_bit_for_bit() {
+    use half::{bf16, f16};
+    use wgpu_optim::matmul::{Matmul, MatrixView, Product};
+    use wgpu_optim::DType;
+    let _turn = common::gpu_turn();
+    let ctx = common::ctx();
+    let (m, n, k, batch) = (67u32, 46u32, 33u32, 2u32);
+    let sizes = [batch * m * k, batch * n * k, batch * m * n, batch * m * n];
+    for (dtype, round_bf16) in [(DType::BF16, true), (DType::BF16, false), (DType::F16, false)] {
+        let mut rng = common::Rng::new(47);
+        // Values the 16-bit type holds exactly, so that both storages hold the same ones.
+        let exact = |x: f64| match dtype {
+            DType::BF16 => bf16::from_f64(x).to_f32(),
+            _ => f16::from_f64(x).to_f32(),
+        };
+        let [a, bt, d, _] =
+            sizes.map(|len| rng.vec(len as usize, 1.0).into_iter().map(exact).collect::<Vec<_>>());
+        // A, Bᵀ, D, C back to back, in f32 or in `dtype`.
+        let offsets = [0, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2]];
+        let product = |storage: DType| Product {
+            batch,
+            add: Some((2.0, MatrixView::row_major(offsets[2], m, n).stored_as(storage))),
+            alpha: 0.5,
+            round_bf16,
+            ..Product::plain(
+                m,
+                n,
+                k,
+                MatrixView::row_major(offsets[0], m, k).stored_as(storage),
+                MatrixView::row_major(offsets[1], n, k).transposed().stored_as(storage),
+                MatrixView::row_major(offsets[3], m, n).stored_as(storage),
+            )
+        };
+        let c_len = sizes[3] as usize;
+        let run = |storage: DType, bytes: Vec<u8>| -> Vec<u8> {
+            let data = ctx.upload_bytes("data", &bytes, DType::F32);
+            let matmul = Matmul::new(&ctx, &data, &[product(storage)]).unwrap();
+            ctx.submit("matmul", |encoder| {
+                matmul.record(encoder);
+                Ok(())
+            })
+            .unwrap();
+            let got = ctx.read_bytes(&data).unwrap();
+            let at = offsets[3] as usize * storage.size() as usize;
+            got[at..at + c_len * storage.size() as usize].to_vec()
+        };
+        let values = [a.clone(), bt.clone(), d.clone(), vec![0.0; c_len]].concat();
+        let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let half_bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| match dtype {
+                DType::BF16 => bf16::from_f32(v).to_le_bytes(),
+                _ => f16::from_f32(v).to_le_bytes(),
+            })
+            .collect();
+        let wide: Vec<f32> = run(DType::F32, f32_bytes)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let narrow = run(dtype, half_bytes);
+        for (e, (got, want)) in narrow.chunks_exact(2).zip(&wide).enumerate() {
+            let want = match dtype {
+                DType::BF16 => bf16::from_f32(*want).to_bits(),
+                _ => f16::from_f32(*want).to_bits(),
+            };
+            assert_eq!(u16::from_le_bytes([got[0], got[1]]), want, "{dtype:?} element {e} ({round_bf16})");
+        }
+        // The f32 run itself against f64 (the products are the earlier test's, in f32).
+        let first = (0..k as usize).map(|p| f64::from(a[p]) * f64::from(bt[p])).sum::<f64>();
+        let first = 0.5 * first + 2.0 * f64::from(d[0]);
+        let tolerance = if round_bf16 { 1e-2 } else { 1e-5 };
+        assert!(
+            (f64::from(wide[0]) - first).abs() <= tolerance * (1.0 + first.abs()),
+            "{} != {first}",
+            wide[0]
+        );
+    }
+}
+
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind};
 use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, TorchAdamState};
 
 /// A GPU build with `shapes` refused as `check` expects, the parameter unchanged.
 fn gpu_refuses(algorithm: Muon, len: usize, shapes: Vec<Vec<usize>>, check: impl Fn(&Error)) {
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let values = common::Rng::new(7).vec(len, 1.0);
     let param = ctx.upload("p", &values, DType::F32);
@@ -186,6 +274,7 @@ fn muon_refuses_zero_newton_schulz_steps() {
 
 #[test]
 fn muon_refuses_clipping_capturable_and_8bit_state() {
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let param = ctx.upload("p", &[0.5; 24], DType::F32);
     let shapes = vec![vec![4, 6]];
@@ -230,13 +319,15 @@ fn close(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
     }
 }
 
+/// 16-bit parameters with either Newton-Schulz precision: a matrix of even sides (whose X, M
+/// and N the GPU keeps in bfloat16 in bfloat16 mode) and one of odd sides (kept in f32).
 #[test]
 fn muon_on_f16_and_bf16_parameters_follows_the_oracle_on_both_backends() {
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
-    let shape = (24, 10);
-    let len = shape.0 * shape.1;
     let mut rng = common::Rng::new(11);
-    for dtype in [DType::F16, DType::BF16] {
+    for (dtype, shape) in [(DType::F16, (24, 10)), (DType::BF16, (24, 10)), (DType::BF16, (9, 17))] {
+        let len = shape.0 * shape.1;
         for precision in [NsPrecision::BF16, NsPrecision::F32] {
             let config = Muon { lr: 0.02, ns_precision: precision, ..Muon::default() };
             let p0: Vec<f64> = rng.vec(len, 1.0).into_iter().map(|v| dtype.round(v)).collect();
@@ -274,6 +365,7 @@ fn muon_on_f16_and_bf16_parameters_follows_the_oracle_on_both_backends() {
 
 #[test]
 fn a_muon_group_beside_an_adamw_group_follows_the_oracle() {
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let mut rng = common::Rng::new(5);
     // Two matrices of one shape (one batch), one of another (tall), and a bias for AdamW.

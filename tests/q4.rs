@@ -23,14 +23,6 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// One GPU test of this file at a time: on GL (llvmpipe) a thread that waits for the
-/// adapter's context while others compile 4-bit pipelines gives up after a timeout
-/// ("Could not lock adapter context").
-fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
-    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn f64s(values: &[f32]) -> Vec<f64> {
     values.iter().map(|&v| f64::from(v)).collect()
 }
@@ -48,7 +40,7 @@ fn vector(name: &str) -> PathBuf {
 
 #[test]
 fn torchaos_vectors_pass_on_the_oracle_the_cpu_backend_and_the_gpu() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let mut failures = Vec::new();
     let mut runs = 0;
@@ -115,7 +107,7 @@ fn oracle_run_clipped(
 /// over all of them (those of f32-state tensors included) before the 4-bit step.
 #[test]
 fn global_clipping_scales_the_gradients_before_the_4bit_step() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let config = Q4States::default();
     let clip = GradClip::l2(0.5);
@@ -206,7 +198,7 @@ fn data(steps: usize, seed: u64) -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>) {
 /// backends follow the oracle.
 #[test]
 fn adam_and_adamw_follow_the_oracle_on_both_backends() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let adamw = Adam { lr: 1e-2, weight_decay: 0.05, ..Adam::adamw() };
     let adam = Adam { lr: 1e-2, weight_decay: 0.05, ..Adam::default() };
@@ -265,7 +257,7 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
 /// codes are torchao's bytes.
 #[test]
 fn a_state_moves_between_backends() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let config = Q4States::default();
     let (params, grads) = data(2, 7);
@@ -293,7 +285,7 @@ fn a_state_moves_between_backends() {
 
 #[test]
 fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx = common::ctx();
     let weights = vec![0.5f32; 4096];
     let build = |options: wgpu_optim::cpu::CpuOptimizerBuilder, algorithm: wgpu_optim::Algorithm| {
@@ -345,7 +337,7 @@ fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
 /// backends, as the oracle does.
 #[test]
 fn a_non_finite_gradient_spoils_its_own_element_only() {
-    let _turn = gpu_turn();
+    let _turn = common::gpu_turn();
     let ctx: GpuContext = common::ctx();
     let config = Q4States::default();
     let params = vec![values(4096, 3, 1.0)];

@@ -1,7 +1,8 @@
 //! Batched matrix products on the device (`shaders/matmul.wgsl`): tiled through workgroup
 //! memory, f32 accumulation, every operand addressed by an offset and three strides in one
-//! f32 tensor, so a transposed operand or output is indexing, never a copy; the batch index
-//! is the dispatch's z. Muon's Newton-Schulz iterations are sequences of these
+//! buffer and stored as f32, bfloat16 or f16 ([`MatrixView::dtype`]), so a transposed
+//! operand or output is indexing, never a copy, and 16-bit operands move half the bytes; the
+//! batch index is the dispatch's z. Muon's Newton-Schulz iterations are sequences of these
 //! ([`crate::Muon`]); [`Matmul`] runs any sequence for a caller (and the tests and the bench).
 //!
 //! The per-dispatch parameters are one uniform slot each (`MatmulParams`, `NormParams`),
@@ -30,12 +31,23 @@ const _: () = assert!(NORM_WG.is_power_of_two());
 const FLAG_ADD: u32 = 1;
 /// The result is rounded to bfloat16 before `scale`.
 const FLAG_ROUND_BF16: u32 = 2;
+/// An operand's storage type in `MatmulParams::storage` (and `NormParams::x_storage`).
+const STORAGE_F32: u32 = 0;
+const STORAGE_BF16: u32 = 1;
+const STORAGE_F16: u32 = 2;
+/// Where each operand's two storage bits lie in `MatmulParams::storage`.
+const SHIFT_A: u32 = 0;
+const SHIFT_B: u32 = 2;
+const SHIFT_D: u32 = 4;
+const SHIFT_C: u32 = 6;
 /// Bytes per uniform slot: WebGPU's largest `min_uniform_buffer_offset_alignment`.
 const SLOT: u64 = 256;
 
-/// Where a matrix lies in the data tensor: element `(z, r, c)` is
-/// `data[offset + z batch + r row + c col]`. A transposed view swaps `row` and `col`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where a matrix lies in the data buffer and how it is stored: element `(z, r, c)` is
+/// element `offset + z batch + r row + c col` of the buffer seen as an array of `dtype`
+/// (for a 16-bit dtype, the low half of a 4-byte word is the even element). A transposed
+/// view swaps `row` and `col`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatrixView {
     /// The first element of matrix 0.
     pub offset: u32,
@@ -45,12 +57,21 @@ pub struct MatrixView {
     pub row: u32,
     /// Elements from one column to the next.
     pub col: u32,
+    /// `F32`, `BF16` or `F16`: the products accumulate in f32 whatever the operands' storage,
+    /// and a 16-bit output is rounded to nearest even.
+    pub dtype: DType,
+}
+
+impl Default for MatrixView {
+    fn default() -> Self {
+        MatrixView { offset: 0, batch: 0, row: 0, col: 0, dtype: DType::F32 }
+    }
 }
 
 impl MatrixView {
-    /// A row-major `rows` x `cols` matrix at `offset`, the batch's matrices back to back.
+    /// A row-major `rows` x `cols` f32 matrix at `offset`, the batch's matrices back to back.
     pub fn row_major(offset: u32, rows: u32, cols: u32) -> Self {
-        MatrixView { offset, batch: rows * cols, row: cols, col: 1 }
+        MatrixView { offset, batch: rows * cols, row: cols, col: 1, dtype: DType::F32 }
     }
 
     /// The same matrices transposed.
@@ -58,10 +79,25 @@ impl MatrixView {
         MatrixView { row: self.col, col: self.row, ..self }
     }
 
+    /// The same layout stored as `dtype` (its offset and strides counted in `dtype`'s
+    /// elements).
+    pub fn stored_as(self, dtype: DType) -> Self {
+        MatrixView { dtype, ..self }
+    }
+
     /// The largest element index a `rows` x `cols` view of `batch` matrices touches.
     fn last(&self, batch: u32, rows: u32, cols: u32) -> u64 {
         let extent = |n: u32, stride: u32| u64::from(n.saturating_sub(1)) * u64::from(stride);
         u64::from(self.offset) + extent(batch, self.batch) + extent(rows, self.row) + extent(cols, self.col)
+    }
+
+    /// The kernels' storage code of this view's dtype.
+    fn storage(&self) -> u32 {
+        match self.dtype {
+            DType::BF16 => STORAGE_BF16,
+            DType::F16 => STORAGE_F16,
+            _ => STORAGE_F32,
+        }
     }
 }
 
@@ -108,6 +144,10 @@ impl Product {
         let (beta, d) = self.add.unwrap_or((0.0, MatrixView::default()));
         let flags =
             if self.add.is_some() { FLAG_ADD } else { 0 } | if self.round_bf16 { FLAG_ROUND_BF16 } else { 0 };
+        let storage = self.a.storage() << SHIFT_A
+            | self.b.storage() << SHIFT_B
+            | d.storage() << SHIFT_D
+            | self.c.storage() << SHIFT_C;
         let [a, b, c, d] = [self.a, self.b, self.c, d].map(|v| [v.offset, v.batch, v.row, v.col]);
         MatmulParams {
             m: self.m,
@@ -121,13 +161,14 @@ impl Product {
             alpha: self.alpha,
             beta,
             scale: self.scale,
-            reserved: 0,
+            storage,
         }
     }
 
-    /// Refuses a product that reads or writes past `len` elements or has an empty or too
-    /// large batch.
-    fn check(&self, index: usize, len: u64) -> Result<()> {
+    /// Refuses a product that reads or writes past `bytes`, has an empty or too large batch,
+    /// an operand of another dtype than F32, BF16 and F16, or a 16-bit output whose words
+    /// two invocations would share.
+    fn check(&self, index: usize, bytes: u64) -> Result<()> {
         let bad = |problem: String| Error::BadRange { argument: format!("products[{index}]"), problem };
         if self.batch == 0 || self.batch > 65535 {
             return Err(bad(format!("batch {} is not 1 to 65535", self.batch)));
@@ -138,10 +179,32 @@ impl Product {
             views.push(("d", d, self.m, self.n));
         }
         for (name, view, rows, cols) in views {
-            let last = view.last(self.batch, rows, cols);
-            if rows > 0 && cols > 0 && last >= len {
-                return Err(bad(format!("`{name}` reaches element {last}, past the data's {len}")));
+            if !matches!(view.dtype, DType::F32 | DType::BF16 | DType::F16) {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("products[{index}].{name}"),
+                    got: view.dtype,
+                    expected: "F32, BF16 or F16".into(),
+                });
             }
+            let last = view.last(self.batch, rows, cols);
+            let len = bytes / view.dtype.size();
+            if rows > 0 && cols > 0 && last >= len {
+                return Err(bad(format!(
+                    "`{name}` reaches {:?} element {last}, past the data's {len}",
+                    view.dtype
+                )));
+            }
+        }
+        // A 16-bit output is stored a word (two adjacent columns) at a time.
+        let c = self.c;
+        let even = |x: u32| x.is_multiple_of(2);
+        let words_whole = c.col == 1 && even(c.offset) && even(c.row) && (self.batch == 1 || even(c.batch));
+        if c.dtype != DType::F32 && !(words_whole && even(self.n)) {
+            return Err(bad(format!(
+                "a {:?} output needs adjacent columns (col stride 1), an even offset, row stride \
+                 and batch stride, and an even column count; got offset {}, strides {}/{}/{}, n {}",
+                c.dtype, c.offset, c.batch, c.row, c.col, self.n
+            )));
         }
         Ok(())
     }
@@ -167,11 +230,13 @@ pub(crate) struct MatmulParams {
     alpha: f32,
     beta: f32,
     scale: f32,
-    reserved: u32,
+    /// Each operand's `STORAGE_*`, two bits at its `SHIFT_*`.
+    storage: u32,
 }
 
-/// `shaders/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` matrices at
-/// `u_offset`, normalized (transposed when tall) into `x_offset`.
+/// `shaders/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` f32 matrices at
+/// `u_offset`, normalized (transposed when tall) into `x_offset`, counted in elements of
+/// `x_storage` (a 16-bit X needs an even offset and an even element count).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct NormParams {
@@ -181,11 +246,17 @@ pub(crate) struct NormParams {
     pub(crate) x_offset: u32,
     pub(crate) flags: u32,
     pub(crate) eps: f32,
-    pub(crate) reserved: [u32; 2],
+    pub(crate) x_storage: u32,
+    pub(crate) reserved: u32,
 }
 
 impl NormParams {
     pub(crate) const ROUND_BF16: u32 = FLAG_ROUND_BF16;
+
+    /// The storage code of an X stored as `dtype`.
+    pub(crate) fn storage(dtype: DType) -> u32 {
+        MatrixView::row_major(0, 0, 0).stored_as(dtype).storage()
+    }
 }
 
 /// The WGSL declarations both shaders start with: the parameter structs (their fields as
@@ -198,17 +269,22 @@ fn prelude() -> String {
             s.push_str(&format!("    {op}_{field}: u32,\n"));
         }
     }
-    s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    reserved: u32,\n}\n");
+    s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    storage: u32,\n}\n");
     s.push_str(
         "struct Norm {\n    rows: u32,\n    cols: u32,\n    u_offset: u32,\n    x_offset: u32,\n    \
-         flags: u32,\n    eps: f32,\n    reserved0: u32,\n    reserved1: u32,\n}\n",
+         flags: u32,\n    eps: f32,\n    x_storage: u32,\n    reserved: u32,\n}\n",
     );
     s.push_str(&format!(
         "const TILE_M: u32 = {TILE_M}u;\nconst TILE_N: u32 = {TILE_N}u;\nconst TILE_K: u32 = {TILE_K}u;\n\
          const MM_WG: u32 = {MM_WG}u;\nconst NORM_WG: u32 = {NORM_WG}u;\n\
          const BINDING_DATA: u32 = {BINDING_DATA}u;\nconst BINDING_PARAMS: u32 = {BINDING_PARAMS}u;\n\
-         const FLAG_ADD: u32 = {FLAG_ADD}u;\nconst FLAG_ROUND_BF16: u32 = {FLAG_ROUND_BF16}u;\n"
+         const FLAG_ADD: u32 = {FLAG_ADD}u;\nconst FLAG_ROUND_BF16: u32 = {FLAG_ROUND_BF16}u;\n\
+         const STORAGE_F32: u32 = {STORAGE_F32}u;\nconst STORAGE_BF16: u32 = {STORAGE_BF16}u;\n\
+         const STORAGE_F16: u32 = {STORAGE_F16}u;\nconst SHIFT_A: u32 = {SHIFT_A}u;\n\
+         const SHIFT_B: u32 = {SHIFT_B}u;\nconst SHIFT_D: u32 = {SHIFT_D}u;\nconst SHIFT_C: u32 = {SHIFT_C}u;\n"
     ));
+    s.push_str(include_str!("../../shaders/convert.wgsl"));
+    s.push_str(include_str!("../../shaders/matrix_common.wgsl"));
     s
 }
 
@@ -217,12 +293,9 @@ pub(crate) fn matmul_wgsl() -> String {
     prelude() + include_str!("../../shaders/matmul.wgsl")
 }
 
-/// The full WGSL of Muon's normalize kernel (it takes `round_bf16` from the product's file).
+/// The full WGSL of Muon's normalize kernel.
 pub(crate) fn normalize_wgsl() -> String {
-    let matmul = include_str!("../../shaders/matmul.wgsl");
-    let start = matmul.find("fn round_bf16").unwrap_or(0);
-    let end = matmul[start..].find("\n}\n").map_or(matmul.len(), |e| start + e + 3);
-    prelude() + &matmul[start..end] + include_str!("../../shaders/muon_normalize.wgsl")
+    prelude() + include_str!("../../shaders/muon_normalize.wgsl")
 }
 
 /// The two pipelines and their layout: one f32 storage binding and one uniform slot
@@ -363,7 +436,7 @@ pub(crate) fn uniform_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgp
     })
 }
 
-/// A sequence of batched products over one f32 tensor, built once and recorded any number
+/// A sequence of batched products over one buffer, built once and recorded any number
 /// of times into a caller's encoder (nothing is read back).
 ///
 /// ```no_run
@@ -390,17 +463,12 @@ pub struct Matmul {
 }
 
 impl Matmul {
-    /// The products, in order, over `data` (F32, on its own buffer at offset 0). Refused:
-    /// another dtype or offset ([`Error::DTypeMismatch`], [`Error::BadRange`]), or a product
-    /// that reaches past `data` or has no or too many matrices ([`Error::BadRange`]).
+    /// The products, in order, over `data` (its whole buffer, from offset 0; each operand's
+    /// [`MatrixView::dtype`] says how it is stored there, whatever `data`'s dtype). Refused:
+    /// another offset, or a product that reaches past `data`, has no or too many matrices,
+    /// or a 16-bit output that is not laid out in whole words ([`Error::BadRange`]); an
+    /// operand of another dtype than F32, BF16 and F16 ([`Error::DTypeMismatch`]).
     pub fn new(ctx: &GpuContext, data: &Tensor, products: &[Product]) -> Result<Self> {
-        if data.dtype != DType::F32 {
-            return Err(Error::DTypeMismatch {
-                argument: "data".into(),
-                got: data.dtype,
-                expected: "F32 (the products read and write f32)".into(),
-            });
-        }
         if data.offset != 0 {
             return Err(Error::BadRange {
                 argument: "data".into(),
@@ -411,7 +479,7 @@ impl Matmul {
             });
         }
         for (i, p) in products.iter().enumerate() {
-            p.check(i, data.len)?;
+            p.check(i, data.len * data.dtype.size())?;
         }
         let kernels = MatrixKernels::new(ctx)?;
         let params: Vec<MatmulParams> = products.iter().map(Product::params).collect();
@@ -473,8 +541,31 @@ mod tests {
     fn a_product_past_the_data_is_refused() {
         let view = MatrixView::row_major(0, 4, 4);
         let product = Product::plain(4, 4, 4, view, view, MatrixView::row_major(16, 4, 4));
-        assert!(product.check(0, 32).is_ok());
-        assert!(matches!(product.check(0, 31), Err(Error::BadRange { .. })));
-        assert!(matches!(Product { batch: 0, ..product }.check(0, 32), Err(Error::BadRange { .. })));
+        assert!(product.check(0, 32 * 4).is_ok());
+        assert!(matches!(product.check(0, 31 * 4), Err(Error::BadRange { .. })));
+        assert!(matches!(Product { batch: 0, ..product }.check(0, 32 * 4), Err(Error::BadRange { .. })));
+        // The same views in bfloat16 need half the bytes.
+        let half = |v: MatrixView| v.stored_as(DType::BF16);
+        let product = Product { a: half(view), b: half(view), c: half(product.c), ..product };
+        assert!(product.check(0, 32 * 2).is_ok());
+        assert!(matches!(product.check(0, 31 * 2), Err(Error::BadRange { .. })));
+    }
+
+    #[test]
+    fn a_16_bit_output_that_would_share_words_between_invocations_is_refused() {
+        let a = MatrixView::row_major(0, 4, 4);
+        let c = MatrixView::row_major(16, 4, 4).stored_as(DType::F16);
+        let product = Product::plain(4, 4, 4, a, a, c);
+        assert!(product.check(0, 1024).is_ok());
+        for bad in [
+            Product { c: c.transposed(), ..product },
+            Product { c: MatrixView { offset: 17, ..c }, ..product },
+            Product { c: MatrixView::row_major(16, 4, 3).stored_as(DType::F16), n: 3, ..product },
+            Product { c: MatrixView { batch: 17, ..c }, batch: 2, ..product },
+        ] {
+            assert!(matches!(bad.check(0, 1024), Err(Error::BadRange { .. })), "{bad:?}");
+        }
+        let f64_view = Product { a: a.stored_as(DType::F64), ..product };
+        assert!(matches!(f64_view.check(0, 1024), Err(Error::DTypeMismatch { .. })));
     }
 }

@@ -15,7 +15,9 @@
 //!    (the ordinary update batch of the group, [`Optimizer::bind`]).
 //!
 //! The scratch buffers and every dispatch's parameters are made at build time; in
-//! [`NsPrecision::BF16`] every Newton-Schulz result is rounded to bfloat16 (kept in f32).
+//! [`NsPrecision::BF16`] every Newton-Schulz result is rounded to bfloat16 and X, M and N
+//! are stored as bfloat16 (in f32 where a side of the matrix is odd, so that no word of a
+//! 16-bit region is shared by two matrices' rows).
 
 use super::record::BOUND_GRADIENT_SETS;
 use super::{Optimizer, OptimizerOptions, ParamGroup};
@@ -72,11 +74,22 @@ struct Chunk {
     bind_group: wgpu::BindGroup,
 }
 
-/// Elements of scratch per matrix of `rows` x `cols`: U (its layout), two X (min x max)
-/// and M, N (min x min).
+/// Elements (f32) of scratch per matrix of `rows` x `cols`: U (its layout), two X (min x
+/// max) and M, N (min x min). In bfloat16 mode X, M and N take half of their part.
 fn scratch_per_matrix(rows: u32, cols: u32) -> u64 {
     let (r, k) = (u64::from(rows.min(cols)), u64::from(rows.max(cols)));
     3 * r * k + 2 * r * r
+}
+
+/// How a chunk's X, M and N are stored: bfloat16 in bfloat16 mode (torch's dtype; half the
+/// bytes each product moves) where every region is whole words (both sides even), else f32.
+fn ns_storage(rows: u32, cols: u32, config: &Muon) -> DType {
+    let even = rows.is_multiple_of(2) && cols.is_multiple_of(2);
+    if config.ns_precision == NsPrecision::BF16 && even {
+        DType::BF16
+    } else {
+        DType::F32
+    }
 }
 
 /// The normalize pass's and the products' uniform slots for `nb` matrices of `rows` x
@@ -84,9 +97,11 @@ fn scratch_per_matrix(rows: u32, cols: u32) -> u64 {
 fn dispatches(rows: u32, cols: u32, nb: u32, config: &Muon) -> (Vec<u8>, Vec<Product>) {
     {
         let (r, k) = (rows.min(cols), rows.max(cols));
-        // Regions: U, X0, X1, M, N.
+        // Regions: U (f32), then X0, X1, M, N in `storage`'s elements.
         let u = 0;
-        let x = [nb * rows * cols, nb * rows * cols + nb * r * k];
+        let storage = ns_storage(rows, cols, config);
+        let start = nb * rows * cols * (4 / storage.size() as u32);
+        let x = [start, start + nb * r * k];
         let m = x[1] + nb * r * k;
         let n = m + nb * r * r;
         let round_bf16 = config.ns_precision == NsPrecision::BF16;
@@ -97,14 +112,15 @@ fn dispatches(rows: u32, cols: u32, nb: u32, config: &Muon) -> (Vec<u8>, Vec<Pro
             x_offset: x[0],
             flags: if round_bf16 { NormParams::ROUND_BF16 } else { 0 },
             eps: config.eps as f32,
-            reserved: [0; 2],
+            x_storage: NormParams::storage(storage),
+            reserved: 0,
         };
         let (ca, cb, cc) = config.ns_coefficients;
         let ratio = config.adjust_lr.ratio(rows as usize, cols as usize) as f32;
         let mut products = Vec::with_capacity(3 * config.ns_steps as usize);
-        let xv = |i: usize| MatrixView::row_major(x[i], r, k);
-        let mv = MatrixView::row_major(m, r, r);
-        let nv = MatrixView::row_major(n, r, r);
+        let xv = |i: usize| MatrixView::row_major(x[i], r, k).stored_as(storage);
+        let mv = MatrixView::row_major(m, r, r).stored_as(storage);
+        let nv = MatrixView::row_major(n, r, r).stored_as(storage);
         let base = Product { batch: nb, round_bf16, ..Product::plain(r, r, k, xv(0), xv(0), mv) };
         for t in 0..config.ns_steps as usize {
             let (cur, next) = (t % 2, 1 - t % 2);

@@ -17,6 +17,14 @@ pub fn ctx() -> GpuContext {
     .clone()
 }
 
+/// One GPU test of a file at a time, for files whose tests compile many pipelines: on GL
+/// (llvmpipe) a thread that waits for the adapter's context while others compile gives up
+/// after a timeout ("Could not lock adapter context"), more often on a loaded machine.
+pub fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A context of its own (its own pipeline cache), for tests that count compiled pipelines
 /// while other tests compile theirs on the shared one.
 /// The compute pipelines alive on `ctx`'s device, by wgpu's own counters: on a device of
