@@ -27,6 +27,7 @@ use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
+use wgpu_optim::Muon;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
     Tensor,
@@ -46,6 +47,7 @@ fn algorithm(name: &str) -> Algorithm {
         "sf-adamw" => ScheduleFreeAdamW::default().into(),
         "lamb" => Lamb::default().into(),
         "adafactor" => Adafactor::default().into(),
+        "muon" => Muon::default().into(),
         _ => Adam::default().into(),
     }
 }
@@ -75,6 +77,12 @@ fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
     if let Algorithm::Adafactor(_) = algorithm {
         return (4 + u32::from(clip.is_some()), 1);
     }
+    if let Algorithm::Muon(_) = algorithm {
+        // The elementwise passes around Newton-Schulz: the momentum pass reads g and the
+        // buffer and writes the buffer and the update U; the apply pass reads p and U and
+        // writes p. (Muon's rows report the products' GFLOP/s, not this traffic's fraction.)
+        return (4, 3);
+    }
     let states = algorithm.state_kinds().len() as u32;
     if matches!(algorithm, Algorithm::Lamb(_)) {
         // Two passes, since no element can change before its tensor's norms are known: the
@@ -83,6 +91,22 @@ fn traffic(algorithm: &Algorithm, clip: Option<GradClip>) -> (u32, u32) {
         return (7, 3);
     }
     (2 + states + u32::from(clip.is_some()), 1 + states)
+}
+
+/// Floating-point operations of Muon's Newton-Schulz products over `shapes` (each `A x B`,
+/// `r = min(A, B)`, `k = max(A, B)`): per iteration `X Xᵀ` and `N X` (`2 r r k` each) and
+/// `M M` (`2 r r r`).
+fn muon_flops(algorithm: &Algorithm, shapes: &[Vec<usize>]) -> Option<f64> {
+    let Algorithm::Muon(config) = algorithm else { return None };
+    let per_iteration: f64 = shapes
+        .iter()
+        .map(|shape| {
+            let (r, k) =
+                (shape[0].min(shape[shape.len() - 1]) as f64, shape[0].max(shape[shape.len() - 1]) as f64);
+            4.0 * r * r * k + 2.0 * r * r * r
+        })
+        .sum();
+    Some(per_iteration * f64::from(config.ns_steps))
 }
 
 /// Bytes an 8-bit-state step moves for `elements` f32 parameters: the parameter read and
@@ -207,6 +231,8 @@ impl Bench {
             gbps: bytes as f64 / time.median.as_secs_f64() / 1e9,
             roofline_gbps,
             refused: None,
+            gflops: muon_flops(&algorithm, &shapes::matrices(&case.sizes))
+                .map(|f| f / time.median.as_secs_f64() / 1e9),
         };
         // A backend that refuses the case (a limit of the device, say) is a row of the table,
         // and the run goes on.
@@ -215,6 +241,7 @@ impl Bench {
             ms_fastest: f64::NAN,
             gbps: f64::NAN,
             refused: Some(e.to_string()),
+            gflops: None,
             ..row(backend, Times::default(), f64::NAN)
         };
         let (reps, budget) = (self.options.reps, self.budget());
@@ -389,8 +416,8 @@ fn per_tensor_oracle(algorithm: &Algorithm) -> bool {
     if matches!(algorithm, Algorithm::Lamb(_)) {
         return false;
     }
-    // Adafactor's oracle needs shapes and keeps other states (`AdafactorOracle`).
-    if let Algorithm::Adafactor(_) = algorithm {
+    // Adafactor's and Muon's oracles need shapes (`AdafactorOracle`, `muon_step`).
+    if let Algorithm::Adafactor(_) | Algorithm::Muon(_) = algorithm {
         return false;
     }
     !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_))

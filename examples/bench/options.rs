@@ -35,10 +35,11 @@ const ALGORITHMS: &[&str] = &[
     "sf-adamw",
     "lamb",
     "adafactor",
+    "muon",
 ];
 
 pub const USAGE: &str =
-    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,rmsprop,ademamix,sf-adamw,lamb,adafactor] [--dtypes f32,f16,bf16]
+    "usage: bench [--full] [--algos adam,adam+clip,adamw,amsgrad,sgdm,nesterov,lion,rmsprop,ademamix,sf-adamw,lamb,adafactor,muon] [--dtypes f32,f16,bf16]
              [--states f32,q8,q4]
              [--sizes 4096,65536,1048576,16777216,67108864] [--cases single,gpt2,small]
              [--reps N] [--budget SECONDS] [--json FILE] [--plot FILE.svg] [--no-gpu] [--no-cpu]

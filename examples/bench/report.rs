@@ -31,6 +31,9 @@ pub struct Row {
     pub speedup: Option<f64>,
     /// Why the backend refused the case, which then has no times (NaN).
     pub refused: Option<String>,
+    /// Muon: the Newton-Schulz products' GFLOP/s at the median, shown in place of the
+    /// roofline fraction (its step is bound by the products, not by memory).
+    pub gflops: Option<f64>,
 }
 
 impl Row {
@@ -46,16 +49,17 @@ impl Row {
             "ms_fastest": self.ms_fastest,
             "gbps": self.gbps, "roofline_gbps": self.roofline_gbps, "fraction": self.fraction(),
             "suspect_roofline": self.fraction() > SUSPECT_FRACTION, "speedup": self.speedup,
-            "refused": self.refused,
+            "refused": self.refused, "gflops": self.gflops,
         })
     }
 }
 
-/// `12 %`, or a flag where the fraction cannot be right.
+/// `12 %`, or a flag where the fraction cannot be right, or a Muon row's `GFLOP/s`.
 fn fraction_cell(row: Option<&Row>) -> String {
     match row {
         None => "-".into(),
         Some(r) if r.refused.is_some() => "-".into(),
+        Some(Row { gflops: Some(gflops), .. }) => format!("{gflops:.1} GF/s"),
         Some(r) if r.fraction() > SUSPECT_FRACTION => format!("{:.0} % !", 100.0 * r.fraction()),
         Some(r) => format!("{:.0} %", 100.0 * r.fraction()),
     }
@@ -108,7 +112,7 @@ pub fn summary(rows: &[Row]) -> String {
             Some(r) => format!("{:.3}", r.ms_median),
         };
         let speedup = gpu.and_then(|g| g.speedup).map_or("-".into(), |s| format!("{s:.2}x"));
-        suspect |= [gpu, cpu].iter().flatten().any(|r| r.fraction() > SUSPECT_FRACTION);
+        suspect |= [gpu, cpu].iter().flatten().any(|r| r.gflops.is_none() && r.fraction() > SUSPECT_FRACTION);
         out.push_str(&format!(
             "{algo:<9} {dtype:<5} {state:<5} {case:<10} {:>11} {:>11} {speedup:>9} {:>9} {:>9}\n",
             ms(gpu),
@@ -120,7 +124,8 @@ pub fn summary(rows: &[Row]) -> String {
     out.push_str(
         "GPU/CPU: the CPU backend's time over the GPU's (above 1: the GPU is faster); ms are medians.\n\
          roof: the fastest step's bandwidth as a fraction of the fastest pass of a kernel with the update's\n\
-         reads and writes in place, timed between the repetitions.\n",
+         reads and writes in place, timed between the repetitions; for Muon, whose step is bound by its\n\
+         Newton-Schulz products, their GFLOP/s (GF/s) at the median step instead.\n",
     );
     for r in rows {
         if let Some(reason) = &r.refused {

@@ -106,6 +106,10 @@ fn momentum(config: &Muon, grad: HostSlice<'_>, buffer: HostSliceMut<'_>, u: &mu
     }
 }
 
+/// Multiply-adds of `X Xᵀ` from which a matrix's products run on rayon's threads.
+#[cfg(not(target_arch = "wasm32"))]
+const PARALLEL_WORK: usize = 1 << 18;
+
 /// Newton-Schulz on `x` (`rows` x `cols`, row-major, `rows <= cols`), with `next` of its
 /// length and `m`, `n` of `rows * rows` as scratch: the slice (`x` or `next`) that holds
 /// the result.
@@ -136,9 +140,12 @@ fn newton_schulz<'a>(
     round(x);
     let (a, b, c) = config.ns_coefficients;
     let (a, b, c) = (a as f32, b as f32, c as f32);
-    // rayon's pool natively; in a browser (faer built without it, no threads) one thread.
+    // rayon's pool natively, for products large enough to share (a few hundred thousand
+    // multiply-adds: below that, handing out the work costs more than it saves; a step of
+    // 200 matrices of 4 x 1024 took 2.1 times as long on two threads as on one); in a
+    // browser (faer built without it, no threads) one thread.
     #[cfg(not(target_arch = "wasm32"))]
-    let par = Par::rayon(0);
+    let par = if rows * rows * cols >= PARALLEL_WORK { Par::rayon(0) } else { Par::Seq };
     #[cfg(target_arch = "wasm32")]
     let par = Par::Seq;
     // Every element of `m`, `n` and `next` is written before it is read.
