@@ -6,7 +6,7 @@
 // strides: no copy. All operands live in the one storage binding `data` (the caller's
 // regions never overlap C with A, B or D), held as bits, so that no 16-bit pair passes
 // through an f32 value whose NaN pattern an implementation may change: an f32 operand's
-// element e is word e, a 16-bit one's (bfloat16 or f16, `STORAGE_*` in `mm.storage`, two
+// element e is word e, a 16-bit one's (bfloat16 or f16, `STORAGE_*` in `mm.dtypes`, two
 // bits per operand) is half e % 2 of word e / 2, the low half first. A 16-bit C is written
 // a word (two columns) at a time by the invocation that owns both columns, so no two
 // invocations write one word (the host checks the layout: columns adjacent, even offset,
@@ -25,21 +25,21 @@
 var<workgroup> a_tile: array<f32, TILE_M * TILE_K>; // row-major
 var<workgroup> b_tile: array<f32, TILE_K * TILE_N>; // row-major
 
-// The storage type of the operand at `shift` in `storage`.
-fn storage_of(storage: u32, shift: u32) -> u32 {
-    return (storage >> shift) & 3u;
+// The storage type of the operand at `shift` in `dtypes`.
+fn operand_dtype(dtypes: u32, shift: u32) -> u32 {
+    return (dtypes >> shift) & 3u;
 }
 
-// Element `e` of an operand stored as `storage`.
-fn load_element(e: u32, storage: u32) -> f32 {
-    if (storage == STORAGE_F32) {
+// Element `e` of an operand stored as `dtype`.
+fn load_element(e: u32, dtype: u32) -> f32 {
+    if (dtype == STORAGE_F32) {
         return bitcast<f32>(data[e]);
     }
-    let half = (data[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
-    if (storage == STORAGE_BF16) {
-        return bf16_value(half);
+    let bits16 = (data[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
+    if (dtype == STORAGE_BF16) {
+        return bf16_value(bits16);
     }
-    return f16_value(half);
+    return f16_value(bits16);
 }
 
 @compute @workgroup_size(MM_WG, MM_WG, 1)
@@ -53,8 +53,8 @@ fn main(
     let col0 = wg.x * TILE_N;
     let a_base = mm.a_offset + z * mm.a_batch;
     let b_base = mm.b_offset + z * mm.b_batch;
-    let a_storage = storage_of(mm.storage, SHIFT_A);
-    let b_storage = storage_of(mm.storage, SHIFT_B);
+    let a_storage = operand_dtype(mm.dtypes, SHIFT_A);
+    let b_storage = operand_dtype(mm.dtypes, SHIFT_B);
     var acc: array<f32, 16>;
     for (var k0 = 0u; k0 < mm.k; k0 += TILE_K) {
         // Each invocation loads TILE_M * TILE_K / (MM_WG * MM_WG) elements of each tile.
@@ -93,11 +93,11 @@ fn main(
     }
     let d_base = mm.d_offset + z * mm.d_batch;
     let c_base = mm.c_offset + z * mm.c_batch;
-    let d_storage = storage_of(mm.storage, SHIFT_D);
-    let c_storage = storage_of(mm.storage, SHIFT_C);
+    let d_storage = operand_dtype(mm.dtypes, SHIFT_D);
+    let c_storage = operand_dtype(mm.dtypes, SHIFT_C);
     for (var i = 0u; i < 4u; i++) {
         let r = row0 + lid.y * 4u + i;
-        var out: array<f32, 4>;
+        var results: array<f32, 4>;
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + lid.x * 4u + j;
             if (r < mm.m && c < mm.n) {
@@ -108,9 +108,9 @@ fn main(
                 if ((mm.flags & FLAG_ROUND_BF16) != 0u) {
                     v = round_bf16(v);
                 }
-                out[j] = mm.scale * v;
+                results[j] = mm.scale * v;
                 if (c_storage == STORAGE_F32) {
-                    data[c_base + r * mm.c_row + c * mm.c_col] = bitcast<u32>(out[j]);
+                    data[c_base + r * mm.c_row + c * mm.c_col] = bitcast<u32>(results[j]);
                 }
             }
         }
@@ -120,7 +120,7 @@ fn main(
             for (var j = 0u; j < 4u; j += 2u) {
                 let c = col0 + lid.x * 4u + j;
                 if (c < mm.n) {
-                    let word = half_bits(out[j], c_storage) | (half_bits(out[j + 1u], c_storage) << 16u);
+                    let word = half_bits(results[j], c_storage) | (half_bits(results[j + 1u], c_storage) << 16u);
                     data[(c_base + r * mm.c_row + c) >> 1u] = word;
                 }
             }

@@ -11,9 +11,9 @@ fn round_bf16(v: f32) -> f32 {
     return bitcast<f32>(rounded & 0xffff0000u);
 }
 
-// The 16-bit bits of `v` stored as `storage` (bfloat16 or f16), rounded to nearest even.
-fn half_bits(v: f32, storage: u32) -> u32 {
-    if (storage == STORAGE_BF16) {
+// The 16-bit bits of `v` stored as `dtype` (bfloat16 or f16), rounded to nearest even.
+fn half_bits(v: f32, dtype: u32) -> u32 {
+    if (dtype == STORAGE_BF16) {
         return bf16_bits(v);
     }
     return f16_bits(v);

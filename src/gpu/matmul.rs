@@ -31,11 +31,11 @@ const _: () = assert!(NORM_WG.is_power_of_two());
 const FLAG_ADD: u32 = 1;
 /// The result is rounded to bfloat16 before `scale`.
 const FLAG_ROUND_BF16: u32 = 2;
-/// An operand's storage type in `MatmulParams::storage` (and `NormParams::x_storage`).
+/// An operand's storage type in `MatmulParams::dtypes` (and `NormParams::x_storage`).
 const STORAGE_F32: u32 = 0;
 const STORAGE_BF16: u32 = 1;
 const STORAGE_F16: u32 = 2;
-/// Where each operand's two storage bits lie in `MatmulParams::storage`.
+/// Where each operand's two storage bits lie in `MatmulParams::dtypes`.
 const SHIFT_A: u32 = 0;
 const SHIFT_B: u32 = 2;
 const SHIFT_D: u32 = 4;
@@ -144,7 +144,7 @@ impl Product {
         let (beta, d) = self.add.unwrap_or((0.0, MatrixView::default()));
         let flags =
             if self.add.is_some() { FLAG_ADD } else { 0 } | if self.round_bf16 { FLAG_ROUND_BF16 } else { 0 };
-        let storage = self.a.storage() << SHIFT_A
+        let dtypes = self.a.storage() << SHIFT_A
             | self.b.storage() << SHIFT_B
             | d.storage() << SHIFT_D
             | self.c.storage() << SHIFT_C;
@@ -161,7 +161,7 @@ impl Product {
             alpha: self.alpha,
             beta,
             scale: self.scale,
-            storage,
+            dtypes,
         }
     }
 
@@ -231,7 +231,7 @@ pub(crate) struct MatmulParams {
     beta: f32,
     scale: f32,
     /// Each operand's `STORAGE_*`, two bits at its `SHIFT_*`.
-    storage: u32,
+    dtypes: u32,
 }
 
 /// `shaders/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` f32 matrices at
@@ -269,7 +269,7 @@ fn prelude() -> String {
             s.push_str(&format!("    {op}_{field}: u32,\n"));
         }
     }
-    s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    storage: u32,\n}\n");
+    s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    dtypes: u32,\n}\n");
     s.push_str(
         "struct Norm {\n    rows: u32,\n    cols: u32,\n    u_offset: u32,\n    x_offset: u32,\n    \
          flags: u32,\n    eps: f32,\n    x_storage: u32,\n    reserved: u32,\n}\n",
