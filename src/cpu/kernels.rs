@@ -8,6 +8,7 @@ use half::{bf16, f16};
 
 use super::convert::bf16_bits;
 use super::f16_lanes;
+use super::q8;
 use crate::step::{
     AdagradSwitches, AdagradUniform, AdamSwitches, AdamUniform, EpsPlacement, FirstMoment, KernelStep,
     MomentumSwitches, MomentumUniform,
@@ -26,7 +27,7 @@ pub(super) const MAX_STATE: usize = 3;
 /// integer operations the compiler vectorizes with the update, so a bf16 step is one pass
 /// (f16 converts a register of elements per instruction, `super::f16_lanes`; mixed storage goes
 /// through f32 blocks, `super::storage`).
-pub(super) trait Element: Copy + Send + Sync {
+pub(super) trait Element: Copy + Send + Sync + 'static {
     /// This type's loop among a family's `loops`.
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
     fn widen(self) -> f32;
@@ -76,13 +77,14 @@ pub(super) struct Operands<'a, E = f32> {
 }
 
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
-pub(super) type Loop<U, E = f32> = fn(&U, f32, Operands<'_, E>);
+pub(super) type Loop<U, E = f32> = for<'a> fn(&U, f32, <E as Leaves>::Operands<'a>);
 
 /// A family's loop compiled for its switches, for each storage type the loops take directly.
 pub(super) struct Loops<U> {
     f32: Loop<U>,
     bf16: Loop<U, bf16>,
     f16: Loop<U, f16>,
+    q8: Loop<U, Q8>,
 }
 
 /// One step of one family: the f32 uniform the GPU kernel would read, and its loops.
@@ -103,6 +105,8 @@ enum Update {
 /// The loop of one storage type for each family's switches, so that one selection tree
 /// per family serves every storage type.
 pub(super) trait Leaves: Sized {
+    /// What a loop of this storage type updates.
+    type Operands<'a>;
     /// This storage type's loop among a family's `loops`.
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
     fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
@@ -120,6 +124,7 @@ pub(super) trait Leaves: Sized {
 
 /// f32 and bf16: the loops that convert each element in registers.
 impl<T: Element> Leaves for T {
+    type Operands<'a> = Operands<'a, T>;
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
         T::pick(loops)
     }
@@ -156,6 +161,7 @@ impl<T: Element> Leaves for T {
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
 impl Leaves for f16 {
+    type Operands<'a> = Operands<'a, f16>;
     fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
         loops.f16
     }
@@ -190,6 +196,47 @@ impl Leaves for f16 {
     }
 }
 
+/// Blockwise 8-bit state (`super::q8`) beside f32 parameters and gradients: Adam's and
+/// momentum's loops run in one pass per block ([`q8::each`]); the other families' f32
+/// loops run on each block's dequantized state ([`q8::blocked`]).
+pub(super) enum Q8 {}
+
+impl Leaves for Q8 {
+    type Operands<'a> = q8::Job<'a>;
+    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
+        loops.q8
+    }
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
+        adam_q8::<A, E, M, D, F>
+    }
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum_q8::<M, W, V, N, R>
+    }
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| adagrad::<f32, M, W>(hp, scale, o))
+    }
+    fn lion() -> Loop<LionUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| lion::<f32>(hp, scale, o))
+    }
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
+    }
+    fn muon() -> Loop<MuonUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| muon::<f32>(hp, scale, o))
+    }
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| rmsprop::<f32, M, W, C, B>(hp, scale, o))
+    }
+    fn ademamix() -> Loop<AdemamixUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| ademamix::<f32>(hp, scale, o))
+    }
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        |hp, scale, job| q8::blocked(job, |o| lamb_apply::<f32, W>(hp, scale, o))
+    }
+}
+
 /// One step's update, with the coefficient every gradient is multiplied by as it is loaded
 /// (gradient clipping's; 1 otherwise, which changes no bit), as the GPU kernels load it.
 pub(super) struct Kernel {
@@ -210,7 +257,7 @@ impl Kernel {
 
     /// Updates every element of `operands`, all stored as `E`. For f16 only where
     /// `f16_lanes::available()`; elsewhere the blocked path is faster.
-    pub(super) fn run<E: Leaves>(&self, operands: Operands<'_, E>) {
+    pub(super) fn run<E: Leaves>(&self, operands: E::Operands<'_>) {
         let scale = self.grad_scale;
         match &self.update {
             Update::Adam(uniform, loops) => E::pick(loops)(uniform, scale, operands),
@@ -231,9 +278,10 @@ impl Kernel {
 macro_rules! loops {
     ($select:ident($switches:expr, $uniform:expr)) => {
         Loops {
-            f32: $select($switches, $uniform),
-            bf16: $select($switches, $uniform),
-            f16: $select($switches, $uniform),
+            f32: $select::<f32>($switches, $uniform),
+            bf16: $select::<bf16>($switches, $uniform),
+            f16: $select::<f16>($switches, $uniform),
+            q8: $select::<Q8>($switches, $uniform),
         }
     };
 }
@@ -407,6 +455,45 @@ fn adam_f16<
     }
 }
 
+/// [`adam`] over 8-bit state, one pass per block.
+fn adam_q8<
+    const AMSGRAD: bool,
+    const EPS_AFTER_CORRECTION: bool,
+    const MAXIMIZE: bool,
+    const DECAY: u8,
+    const MOMENT: u32,
+>(
+    hp: &AdamUniform,
+    scale: f32,
+    job: q8::Job<'_>,
+) {
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
+    let blocked = |o: Operands<'_, f32>| {
+        adam::<f32, AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>(hp, scale, o)
+    };
+    if AMSGRAD {
+        q8::each(
+            job,
+            #[inline(always)]
+            |g, p, [m, v, v_max]| {
+                let new = update(hp, p, g * scale, m, v, v_max);
+                (new.0, [new.1, new.2, new.3])
+            },
+            blocked,
+        );
+    } else {
+        q8::each(
+            job,
+            #[inline(always)]
+            |g, p, [m, v]| {
+                let new = update(hp, p, g * scale, m, v, 0.0);
+                (new.0, [new.1, new.2])
+            },
+            blocked,
+        );
+    }
+}
+
 fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
     fn moment<T: Leaves, const A: bool, const E: bool, const M: bool, const D: u8>(
         s: &AdamSwitches,
@@ -507,6 +594,30 @@ fn momentum<
             *p = E::narrow(update(hp, p.widen(), g.widen() * scale, 0.0).0);
         }
     }
+}
+
+/// [`momentum`] over 8-bit state, one pass per block.
+fn momentum_q8<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    scale: f32,
+    job: q8::Job<'_>,
+) {
+    let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    q8::each(
+        job,
+        #[inline(always)]
+        |g, p, [v]| {
+            let (p, v) = update(hp, p, g * scale, v);
+            (p, [v])
+        },
+        |o| momentum::<f32, MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>(hp, scale, o),
+    );
 }
 
 /// [`momentum`] on f16 operands, a register (sixteen or eight elements) at a time.

@@ -97,19 +97,19 @@ impl<'a> Job<'a> {
 pub(super) fn run(kernel: &Kernel, stores: &Stores, mut job: Job<'_>) {
     // f32 throughout: no store rounds.
     if let Some(operands) = job.operands::<f32>() {
-        return kernel.run(operands);
+        return kernel.run::<f32>(operands);
     }
     // bf16 throughout, rounded to nearest: one pass, converting in registers (faster than
     // the blocked path, PERF.md).
     if stores.stochastic.is_none() {
         if let Some(operands) = job.operands::<bf16>() {
-            return kernel.run(operands);
+            return kernel.run::<bf16>(operands);
         }
         // f16 throughout: one pass too, a register per conversion, F16C's eight lanes or
         // AVX-512's sixteen (each faster than the one before, PERF.md).
         if f16_lanes::available() {
             if let Some(operands) = job.operands::<f16>() {
-                return kernel.run(operands);
+                return kernel.run::<f16>(operands);
             }
         }
     }
@@ -164,7 +164,7 @@ impl Scratch {
                     load(b2, n2.as_slice(), s2),
                 ],
             };
-            kernel.run(operands);
+            kernel.run::<f32>(operands);
             if !block.compensation.is_empty() {
                 store_kahan(
                     &mut block.param,

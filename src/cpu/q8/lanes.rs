@@ -22,7 +22,7 @@ pub(super) fn level() -> Option<Avx512> {
 }
 
 /// Codes per iteration of the dequantizing loop: one register of bytes.
-const B: usize = 64;
+pub(super) const B: usize = 64;
 
 /// The order the dequantizing loop puts a register of codes in first, so that the byte and
 /// word interleaves (which work within each 128-bit lane) leave the values in order: byte
@@ -39,62 +39,92 @@ const INTERLEAVE: [u8; B] = {
 };
 
 fearless_simd::kernel!(
-    /// `values[i] = map[codes[i]] * absmax` with the map of `table`, as `super::dequantize`:
-    /// each byte of the 64 values' f32 bits looked up in a 256-byte table (two 128-entry
-    /// `vpermt2b` and a select on the code's top bit), the four bytes interleaved into f32
-    /// lanes: 22 instructions for 64 values.
+    /// `values[i] = map[codes[i]] * absmax` with the map of `table`, as `super::dequantize`.
     #[inline]
     pub(super) fn dequantize(
         level: Avx512,
         codes: &[u8],
         absmax: f32,
-        table: &CodeTable,
+        table: &'static CodeTable,
         values: &mut [f32],
     ) {
-        let map = table.map();
-        let planes: [[__m512i; 4]; 4] = std::array::from_fn(|p| {
-            let plane = &table.quantizer().planes[p];
-            std::array::from_fn(|r| {
-                bytemuck::cast::<[u8; B], __m512i>(plane[r * B..(r + 1) * B].try_into().unwrap_or([0; B]))
-            })
-        });
-        let order = bytemuck::cast::<[u8; B], __m512i>(INTERLEAVE);
-        let scale = _mm512_set1_ps(absmax);
+        let dequantizer = Dequantizer::new(level, table);
         let (whole, tail) = codes.as_chunks::<B>();
         let (out, out_tail) = values.split_at_mut(whole.len() * B);
         for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<B>().0) {
-            let index = _mm512_permutexvar_epi8(order, bytemuck::cast::<[u8; B], __m512i>(*chunk));
-            let high = _mm512_movepi8_mask(index);
-            let byte: [__m512i; 4] = std::array::from_fn(|p| {
-                let [a, b, c, d] = planes[p];
-                let low_half = _mm512_permutex2var_epi8(a, index, b);
-                let high_half = _mm512_permutex2var_epi8(c, index, d);
-                _mm512_mask_blend_epi8(high, low_half, high_half)
-            });
-            let (low01, high01) =
-                (_mm512_unpacklo_epi8(byte[0], byte[1]), _mm512_unpackhi_epi8(byte[0], byte[1]));
-            let (low23, high23) =
-                (_mm512_unpacklo_epi8(byte[2], byte[3]), _mm512_unpackhi_epi8(byte[2], byte[3]));
-            let words = [
-                _mm512_unpacklo_epi16(low01, low23),
-                _mm512_unpackhi_epi16(low01, low23),
-                _mm512_unpacklo_epi16(high01, high23),
-                _mm512_unpackhi_epi16(high01, high23),
-            ];
-            let out: &mut [[f32; L]; 4] = bytemuck::cast_mut(out);
-            for (out, word) in out.iter_mut().zip(words) {
-                *out = bytemuck::cast::<__m512, [f32; L]>(_mm512_mul_ps(_mm512_castsi512_ps(word), scale));
-            }
+            dequantize_chunk(level, &dequantizer, chunk, absmax, out);
         }
+        let map = table.map();
         for (value, code) in out_tail.iter_mut().zip(tail) {
             *value = map[usize::from(*code)] * absmax;
         }
     }
 );
 
+/// One map's dequantizing loop with its registers loaded once, for a caller that
+/// dequantizes chunk after chunk.
+pub(super) struct Dequantizer {
+    /// The map's four byte planes, 64 entries a register.
+    planes: [[__m512i; 4]; 4],
+    order: __m512i,
+}
+
+impl Dequantizer {
+    #[inline]
+    pub(super) fn new(_level: Avx512, table: &'static CodeTable) -> Self {
+        Dequantizer {
+            planes: std::array::from_fn(|p| {
+                let plane = &table.quantizer().planes[p];
+                std::array::from_fn(|r| {
+                    bytemuck::cast::<[u8; B], __m512i>(plane[r * B..(r + 1) * B].try_into().unwrap_or([0; B]))
+                })
+            }),
+            order: bytemuck::cast::<[u8; B], __m512i>(INTERLEAVE),
+        }
+    }
+
+    /// One register of codes' values.
+    #[inline]
+    pub(super) fn chunk(&self, level: Avx512, codes: &[u8; B], absmax: f32, values: &mut [f32; B]) {
+        dequantize_chunk(level, self, codes, absmax, values)
+    }
+}
+
+fearless_simd::kernel!(
+    /// Each byte of the 64 values' f32 bits looked up in a 256-byte table (two 128-entry
+    /// `vpermt2b` and a select on the code's top bit), the four bytes interleaved into f32
+    /// lanes: 22 instructions for 64 values.
+    #[inline]
+    fn dequantize_chunk(level: Avx512, d: &Dequantizer, codes: &[u8; B], absmax: f32, values: &mut [f32; B]) {
+        let scale = _mm512_set1_ps(absmax);
+        let index = _mm512_permutexvar_epi8(d.order, bytemuck::cast::<[u8; B], __m512i>(*codes));
+        let high = _mm512_movepi8_mask(index);
+        let byte: [__m512i; 4] = std::array::from_fn(|p| {
+            let [a, b, c, e] = d.planes[p];
+            let low_half = _mm512_permutex2var_epi8(a, index, b);
+            let high_half = _mm512_permutex2var_epi8(c, index, e);
+            _mm512_mask_blend_epi8(high, low_half, high_half)
+        });
+        let (low01, high01) =
+            (_mm512_unpacklo_epi8(byte[0], byte[1]), _mm512_unpackhi_epi8(byte[0], byte[1]));
+        let (low23, high23) =
+            (_mm512_unpacklo_epi8(byte[2], byte[3]), _mm512_unpackhi_epi8(byte[2], byte[3]));
+        let words = [
+            _mm512_unpacklo_epi16(low01, low23),
+            _mm512_unpackhi_epi16(low01, low23),
+            _mm512_unpacklo_epi16(high01, high23),
+            _mm512_unpackhi_epi16(high01, high23),
+        ];
+        let out: &mut [[f32; L]; 4] = bytemuck::cast_mut(values);
+        for (out, word) in out.iter_mut().zip(words) {
+            *out = bytemuck::cast::<__m512, [f32; L]>(_mm512_mul_ps(_mm512_castsi512_ps(word), scale));
+        }
+    }
+);
+
 /// Values the requantizing loop takes per iteration: four registers, whose codes one byte
 /// pack and one permute put in order (a register's own narrowing store is two shuffles).
-const Q: usize = 4 * L;
+pub(super) const Q: usize = 4 * L;
 
 /// The dword order that puts the packed codes of four registers back in place: the packs
 /// work within each 128-bit lane, leaving in dword `4 * lane + r` the codes of register `r`'s
@@ -112,15 +142,67 @@ const PACKED_ORDER: [u32; L] = {
 
 /// `codes[i]` = the nearest code of `values[i] / absmax`, as `super::quantize`.
 #[inline]
-pub(super) fn quantize(level: Avx512, values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
-    if table.quantizer().signed {
-        quantize_signed(level, values, absmax, table, codes)
-    } else {
-        quantize_unsigned(level, values, absmax, table, codes)
+pub(super) fn quantize(
+    level: Avx512,
+    values: &[f32],
+    absmax: f32,
+    table: &'static CodeTable,
+    codes: &mut [u8],
+) {
+    Requantizer::new(level, table).quantize(level, values, absmax, codes)
+}
+
+/// One map's requantizing loop with its constants built once, for a caller that requantizes
+/// block after block: only the absmax's two constants change from one block to the next.
+pub(super) struct Requantizer {
+    table: &'static CodeTable,
+    constants: Constants,
+}
+
+impl Requantizer {
+    #[inline]
+    pub(super) fn new(level: Avx512, table: &'static CodeTable) -> Self {
+        Requantizer { table, constants: constants(level, table) }
+    }
+
+    /// `codes[i]` = the nearest code of `values[i] / absmax`, as `super::quantize`.
+    #[inline]
+    pub(super) fn quantize(&mut self, level: Avx512, values: &[f32], absmax: f32, codes: &mut [u8]) {
+        let table = self.table;
+        if !self.set_absmax(level, absmax) {
+            return exact(values, absmax, table, codes);
+        }
+        if table.quantizer().signed {
+            quantize_signed(level, &self.constants, values, absmax, table, codes)
+        } else {
+            quantize_unsigned(level, &self.constants, values, absmax, table, codes)
+        }
+    }
+
+    /// Takes `absmax` as the scale of the chunks that follow; false where the arithmetic
+    /// cannot (a subnormal absmax, whose reciprocal overflows): then only the exact rule can.
+    #[inline]
+    pub(super) fn set_absmax(&mut self, level: Avx512, absmax: f32) -> bool {
+        let inverse = 1.0 / absmax;
+        if inverse.is_normal() {
+            set_scale(level, &mut self.constants, inverse, self.table.quantizer().top_value(absmax));
+        }
+        inverse.is_normal()
+    }
+
+    /// Four registers' codes under the absmax last set, which the arithmetic takes.
+    #[inline]
+    pub(super) fn quantize_chunk(&self, level: Avx512, values: &[f32; Q], absmax: f32, codes: &mut [u8; Q]) {
+        if self.table.quantizer().signed {
+            quantize_chunk_signed(level, &self.constants, values, absmax, self.table, codes)
+        } else {
+            quantize_chunk_unsigned(level, &self.constants, values, absmax, self.table, codes)
+        }
     }
 }
 
-/// The constants of one block's requantizing loop.
+/// The constants of one map's requantizing loop; `reciprocal` and `top_value` are the
+/// block's (`set_scale`).
 struct Constants {
     lines: [[__m512; 2]; LINES],
     reciprocal: __m512,
@@ -134,6 +216,41 @@ struct Constants {
     infinity: __m512i,
     zero_code: __m512i,
 }
+
+fearless_simd::kernel!(
+    /// The constants of `table`'s map, for an absmax of 1 until `set_scale`.
+    #[inline]
+    fn constants(level: Avx512, table: &CodeTable) -> Constants {
+        let q: &Quantizer = table.quantizer();
+        Constants {
+            lines: std::array::from_fn(|l| {
+                [
+                    bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
+                    bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
+                ]
+            }),
+            reciprocal: _mm512_set1_ps(1.0),
+            abs_mask: _mm512_set1_epi32(0x7fff_ffff),
+            clamp: _mm512_set1_epi32(CLAMP.to_bits() as i32),
+            smallest: _mm512_set1_epi32(FLOOR as i32),
+            near: _mm512_set1_ps(NEAR),
+            top_value: _mm512_set1_ps(q.top_value(1.0)),
+            top_code: _mm512_set1_epi32(q.top_index + q.middle),
+            mirror: _mm512_set1_epi32(2 * q.middle),
+            infinity: _mm512_set1_epi32(INFINITY as i32),
+            zero_code: _mm512_set1_epi32(i32::from(q.zero)),
+        }
+    }
+);
+
+fearless_simd::kernel!(
+    /// A block's constants: `1 / absmax`, and the least value that takes the top code.
+    #[inline]
+    fn set_scale(level: Avx512, c: &mut Constants, reciprocal: f32, top_value: f32) {
+        c.reciprocal = _mm512_set1_ps(reciprocal);
+        c.top_value = _mm512_set1_ps(top_value);
+    }
+);
 
 fearless_simd::kernel!(
     /// One register's codes as i32 lanes, and the lanes whose position lies near a switch
@@ -176,96 +293,90 @@ fearless_simd::kernel!(
     }
 );
 
-/// The requantizing loop of one map's sign (`$signed`, a constant in each loop): four
-/// registers an iteration.
+/// The requantizing loops of one map's sign (`$signed`, a constant in each): `$chunk`, four
+/// registers' codes, and `$name`, a slice's.
 macro_rules! quantize_map {
-    ($(#[$doc:meta])* $name:ident, $signed:literal) => {
+    ($(#[$doc:meta])* $name:ident, $chunk:ident, $signed:literal) => {
+        fearless_simd::kernel!(
+            /// Four registers' codes: one byte pack and one permute put them in order (a
+            /// register's own narrowing store is two shuffles).
+            #[inline]
+            fn $chunk(
+                level: Avx512,
+                c: &Constants,
+                chunk: &[f32; Q],
+                absmax: f32,
+                table: &CodeTable,
+                out: &mut [u8; Q],
+            ) {
+                let signed = $signed;
+                let [r0, r1, r2, r3] = bytemuck::cast::<[f32; Q], [__m512; 4]>(*chunk);
+                let (codes0, near0) = register_codes(level, c, r0, signed);
+                let (codes1, near1) = register_codes(level, c, r1, signed);
+                let (codes2, near2) = register_codes(level, c, r2, signed);
+                let (codes3, near3) = register_codes(level, c, r3, signed);
+                if near0 | near1 | near2 | near3 != 0 {
+                    // Rare (a lane near a switch): the exact rule for all four registers.
+                    exact(chunk, absmax, table, out);
+                    return;
+                }
+                // Codes are 0 to 255, so the saturating packs keep them.
+                let order = bytemuck::cast::<[u32; L], __m512i>(PACKED_ORDER);
+                let low = _mm512_packus_epi32(codes0, codes1);
+                let packed = _mm512_packus_epi16(low, _mm512_packus_epi32(codes2, codes3));
+                *out = bytemuck::cast::<__m512i, [u8; Q]>(_mm512_permutexvar_epi32(order, packed));
+            }
+        );
+
         fearless_simd::kernel!(
             $(#[$doc])*
             fn $name(
                 level: Avx512,
+                c: &Constants,
                 values: &[f32],
                 absmax: f32,
                 table: &CodeTable,
                 codes: &mut [u8],
             ) {
                 let signed = $signed;
-                let q: &Quantizer = table.quantizer();
-                let inverse = 1.0 / absmax;
-                if !inverse.is_normal() {
-                    // A subnormal absmax (a block of subnormal values): its reciprocal overflows.
-                    for (code, value) in codes.iter_mut().zip(values) {
-                        *code = table.code(value / absmax);
-                    }
-                    return;
-                }
-                let c = Constants {
-                    lines: std::array::from_fn(|l| {
-                        [
-                            bytemuck::cast::<[f32; L], __m512>(q.line_scale[l]),
-                            bytemuck::cast::<[f32; L], __m512>(q.line_offset[l]),
-                        ]
-                    }),
-                    reciprocal: _mm512_set1_ps(inverse),
-                    abs_mask: _mm512_set1_epi32(0x7fff_ffff),
-                    clamp: _mm512_set1_epi32(CLAMP.to_bits() as i32),
-                    smallest: _mm512_set1_epi32(FLOOR as i32),
-                    near: _mm512_set1_ps(NEAR),
-                    top_value: _mm512_set1_ps(q.top_value(absmax)),
-                    top_code: _mm512_set1_epi32(q.top_index + q.middle),
-                    mirror: _mm512_set1_epi32(2 * q.middle),
-                    infinity: _mm512_set1_epi32(INFINITY as i32),
-                    zero_code: _mm512_set1_epi32(i32::from(q.zero)),
-                };
-                let order = bytemuck::cast::<[u32; L], __m512i>(PACKED_ORDER);
-                let exact = |values: &[f32], codes: &mut [u8]| {
-                    for (code, value) in codes.iter_mut().zip(values) {
-                        *code = table.code(value / absmax);
-                    }
-                };
-
                 let (whole, tail) = values.as_chunks::<Q>();
                 let (out, out_tail) = codes.split_at_mut(whole.len() * Q);
                 for (chunk, out) in whole.iter().zip(out.as_chunks_mut::<Q>().0) {
-                    let [r0, r1, r2, r3] = bytemuck::cast::<[f32; Q], [__m512; 4]>(*chunk);
-                    let (codes0, near0) = register_codes(level, &c, r0, signed);
-                    let (codes1, near1) = register_codes(level, &c, r1, signed);
-                    let (codes2, near2) = register_codes(level, &c, r2, signed);
-                    let (codes3, near3) = register_codes(level, &c, r3, signed);
-                    if near0 | near1 | near2 | near3 != 0 {
-                        // Rare (a lane near a switch): the exact rule for all four registers.
-                        exact(chunk, out);
-                        continue;
-                    }
-                    // Codes are 0 to 255, so the saturating packs keep them.
-                    let low = _mm512_packus_epi32(codes0, codes1);
-                    let packed = _mm512_packus_epi16(low, _mm512_packus_epi32(codes2, codes3));
-                    *out = bytemuck::cast::<__m512i, [u8; Q]>(_mm512_permutexvar_epi32(order, packed));
+                    $chunk(level, c, chunk, absmax, table, out);
                 }
                 let (registers, rest) = tail.as_chunks::<L>();
                 let (out, out_rest) = out_tail.split_at_mut(registers.len() * L);
                 for (register, out) in registers.iter().zip(out.as_chunks_mut::<L>().0) {
-                    let (code, near) = register_codes(level, &c, bytemuck::cast::<[f32; L], __m512>(*register), signed);
+                    let (code, near) = register_codes(level, c, bytemuck::cast::<[f32; L], __m512>(*register), signed);
                     if near != 0 {
-                        exact(register, out);
+                        exact(register, absmax, table, out);
                     } else {
                         *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
                     }
                 }
-                exact(rest, out_rest);
+                exact(rest, absmax, table, out_rest);
             }
         );
     };
 }
 
+/// The exact rule (`CodeTable::code` of the quotient), for lanes the arithmetic leaves to it.
+fn exact(values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+    for (code, value) in codes.iter_mut().zip(values) {
+        *code = table.code(value / absmax);
+    }
+}
+
 quantize_map!(
     /// [`quantize`] for the signed map.
     quantize_signed,
+    quantize_chunk_signed,
     true
 );
 quantize_map!(
     /// [`quantize`] for the unsigned map.
     quantize_unsigned,
+    quantize_chunk_unsigned,
     false
 );
 

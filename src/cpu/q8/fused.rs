@@ -1,0 +1,212 @@
+//! One pass over 8-bit state with AVX-512: a chunk of four registers of each state's codes
+//! dequantized (`lanes::Dequantizer`), the family's element update run on those registers
+//! and the parameters' and gradients', each state's new absmax raised as the values are
+//! made, and the previous block's same chunk requantized under its absmax, known by then
+//! (`lanes::Requantizer`). Everything runs inside one function compiled for AVX-512, each
+//! map's registers built once per call rather than once per block, so the update is inlined
+//! and vectorized between the code loops. The results are the blocked path's
+//! (`super::blocked`) bit for bit: the same element function, the same absmax rule, the
+//! same codes.
+
+use fearless_simd::{Avx512, Simd};
+
+use super::lanes::{self, Dequantizer, Requantizer, B, Q};
+use crate::q8::lut::{CodeTable, INFINITY};
+use crate::q8::BLOCK_SIZE;
+
+/// Lanes per register.
+const L: usize = 16;
+
+/// Registers per block.
+const REGISTERS: usize = BLOCK_SIZE / L;
+
+/// One 8-bit state tensor's share of the elements `each` updates.
+pub(super) struct Slot<'a> {
+    pub(super) codes: &'a mut [u8],
+    pub(super) absmax: &'a mut [f32],
+    pub(super) table: &'static CodeTable,
+}
+
+/// An empty slot, which `each` is never given (its caller checks every slot is 8-bit).
+impl Default for Slot<'_> {
+    fn default() -> Self {
+        Slot { codes: &mut [], absmax: &mut [], table: CodeTable::signed() }
+    }
+}
+
+/// Runs `update(grad, param, states) -> (param, states)` on every element of `param` and
+/// `grad` (whole blocks and a last partial one), with the `S` states held in `slots`.
+///
+/// Block `b` is updated a chunk of four registers at a time, and after each chunk the same
+/// chunk of block `b - 1`, whose absmax is known by then, is requantized: the update's
+/// divisions and square roots and the requantizing's permutes take different ports, and
+/// interleaved they run side by side instead of one after the other.
+#[inline(always)]
+pub(super) fn each<const S: usize>(
+    level: Avx512,
+    param: &mut [f32],
+    grad: &[f32],
+    mut slots: [Slot<'_>; S],
+    update: impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
+) {
+    level.vectorize(
+        #[inline(always)]
+        || {
+            let mut requantizers = slots.each_ref().map(|slot| Requantizer::new(level, slot.table));
+            let dequantizers = slots.each_ref().map(|slot| Dequantizer::new(level, slot.table));
+            // The new states of the block being updated and of the one before it.
+            let mut scratch = [[[0f32; BLOCK_SIZE]; S]; 2];
+            // The block before's absmax, and whether the arithmetic can requantize under it.
+            let mut previous = [(0f32, false); S];
+            let (params, param_tail) = param.as_chunks_mut::<BLOCK_SIZE>();
+            let (grads, grad_tail) = grad.as_chunks::<BLOCK_SIZE>();
+            for (b, (param, grad)) in params.iter_mut().zip(grads).enumerate() {
+                let (first, second) = scratch.split_at_mut(1);
+                let (fresh, done) =
+                    if b % 2 == 0 { (&mut first[0], &second[0]) } else { (&mut second[0], &first[0]) };
+                let mut keys = [[SHIFT as i32; L]; S];
+                for c in 0..BLOCK_SIZE / Q {
+                    let chunk = b * BLOCK_SIZE + c * Q..b * BLOCK_SIZE + (c + 1) * Q;
+                    for ((slot, dequantizer), values) in slots.iter().zip(&dequantizers).zip(fresh.iter_mut())
+                    {
+                        let codes = <&[u8; B]>::try_from(&slot.codes[chunk.clone()]);
+                        let values = <&mut [f32; B]>::try_from(&mut values[c * Q..(c + 1) * Q]);
+                        if let (Ok(codes), Ok(values)) = (codes, values) {
+                            dequantizer.chunk(level, codes, slot.absmax[b], values);
+                        }
+                    }
+                    update_registers(&update, param, grad, fresh, c * Q / L..(c + 1) * Q / L, &mut keys);
+                    if b > 0 {
+                        let before = chunk.start - BLOCK_SIZE..chunk.end - BLOCK_SIZE;
+                        for ((slot, requantizer), (values, (absmax, arithmetic))) in
+                            slots.iter_mut().zip(&mut requantizers).zip(done.iter().zip(previous))
+                        {
+                            let values = &values[c * Q..(c + 1) * Q];
+                            let codes = &mut slot.codes[before.clone()];
+                            match (<&[f32; Q]>::try_from(values), <&mut [u8; Q]>::try_from(codes)) {
+                                (Ok(values), Ok(codes)) if arithmetic => {
+                                    requantizer.quantize_chunk(level, values, absmax, codes)
+                                }
+                                (values, codes) => {
+                                    let (values, codes) =
+                                        (values.map_or(&[][..], |v| v), codes.map_or(&mut [][..], |c| c));
+                                    requantizer.quantize(level, values, absmax, codes)
+                                }
+                            }
+                        }
+                    }
+                }
+                for ((slot, requantizer), (key, previous)) in
+                    slots.iter_mut().zip(&mut requantizers).zip(keys.into_iter().zip(previous.iter_mut()))
+                {
+                    let absmax = absmax_of(key);
+                    slot.absmax[b] = absmax;
+                    *previous = (absmax, requantizer.set_absmax(level, absmax));
+                }
+            }
+            if let Some(b) = params.len().checked_sub(1) {
+                let done = &scratch[b % 2];
+                for ((slot, requantizer), (values, (absmax, _))) in
+                    slots.iter_mut().zip(&mut requantizers).zip(done.iter().zip(previous))
+                {
+                    requantizer.quantize(
+                        level,
+                        values,
+                        absmax,
+                        &mut slot.codes[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE],
+                    );
+                }
+            }
+            if !param_tail.is_empty() {
+                // The last partial block, padded with zeros that nothing reads back: its
+                // absmax is taken over its own elements only.
+                let (n, b) = (param_tail.len(), params.len());
+                let codes = b * BLOCK_SIZE..b * BLOCK_SIZE + n;
+                let (mut param, mut grad) = ([0f32; BLOCK_SIZE], [0f32; BLOCK_SIZE]);
+                param[..n].copy_from_slice(param_tail);
+                grad[..n].copy_from_slice(grad_tail);
+                let values = &mut scratch[0];
+                for (slot, values) in slots.iter().zip(values.iter_mut()) {
+                    values.fill(0.0);
+                    lanes::dequantize(
+                        level,
+                        &slot.codes[codes.clone()],
+                        slot.absmax[b],
+                        slot.table,
+                        &mut values[..n],
+                    );
+                }
+                let mut keys = [[SHIFT as i32; L]; S];
+                update_registers(&update, &mut param, &grad, values, 0..REGISTERS, &mut keys);
+                param_tail.copy_from_slice(&param[..n]);
+                for ((slot, requantizer), values) in
+                    slots.iter_mut().zip(&mut requantizers).zip(values.iter())
+                {
+                    let absmax = super::block_absmax(&values[..n]);
+                    slot.absmax[b] = absmax;
+                    requantizer.quantize(level, &values[..n], absmax, &mut slot.codes[codes.clone()]);
+                }
+            }
+        },
+    )
+}
+
+/// A magnitude's key for the absmax: its bits shifted so that every finite magnitude is a
+/// non-negative i32 and infinity and NaN wrap to negative ones, which a signed max leaves
+/// out (as `super::block_absmax`).
+const SHIFT: u32 = (1 << 31) - INFINITY;
+
+/// Registers `registers` of one block through `update`: `states` holds the states in and
+/// out, and each state's absmax key is raised lane by lane in `keys`.
+#[inline(always)]
+fn update_registers<const S: usize>(
+    update: &impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
+    param: &mut [f32; BLOCK_SIZE],
+    grad: &[f32; BLOCK_SIZE],
+    states: &mut [[f32; BLOCK_SIZE]; S],
+    registers: std::ops::Range<usize>,
+    keys: &mut [[i32; L]; S],
+) {
+    let params: &mut [[f32; L]; REGISTERS] = bytemuck::cast_mut(param);
+    let grads: &[[f32; L]; REGISTERS] = bytemuck::cast_ref(grad);
+    for r in registers {
+        let (grad, mut param) = (grads[r], params[r]);
+        let mut state: [[f32; L]; S] = std::array::from_fn(|s| *register(&states[s], r));
+        for lane in 0..L {
+            let (p, new) = update(grad[lane], param[lane], std::array::from_fn(|s| state[s][lane]));
+            param[lane] = p;
+            for (state, value) in state.iter_mut().zip(new) {
+                state[lane] = value;
+            }
+        }
+        params[r] = param;
+        for s in 0..S {
+            *register_mut(&mut states[s], r) = state[s];
+            for lane in 0..L {
+                let key = ((state[s][lane].to_bits() & 0x7fff_ffff).wrapping_add(SHIFT)) as i32;
+                keys[s][lane] = keys[s][lane].max(key);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn register(block: &[f32; BLOCK_SIZE], r: usize) -> &[f32; L] {
+    &bytemuck::cast_ref::<[f32; BLOCK_SIZE], [[f32; L]; REGISTERS]>(block)[r]
+}
+
+#[inline(always)]
+fn register_mut(block: &mut [f32; BLOCK_SIZE], r: usize) -> &mut [f32; L] {
+    &mut bytemuck::cast_mut::<[f32; BLOCK_SIZE], [[f32; L]; REGISTERS]>(block)[r]
+}
+
+/// The absmax whose lanes' keys are `key`: 1 where no value was finite and non-zero.
+#[inline(always)]
+fn absmax_of(key: [i32; L]) -> f32 {
+    let largest = key.into_iter().fold(SHIFT as i32, i32::max) as u32 - SHIFT;
+    if largest == 0 {
+        1.0
+    } else {
+        f32::from_bits(largest)
+    }
+}
