@@ -227,13 +227,29 @@ fn dequantize(codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
 /// of 0, and the block's other values keep their scale.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn block_absmax(values: &[f32]) -> f32 {
-    // Bits of magnitudes order as the magnitudes do, infinity and NaN (from `INFINITY` up)
-    // above every finite one. Shifted up by `SHIFT`, the finite ones stay below 2^31 and the
-    // others wrap to negative i32s, which a signed max leaves out: a plain max, which
-    // vectorizes (a max of a select does not).
-    const SHIFT: u32 = (1 << 31) - INFINITY;
-    let key = values.iter().fold(SHIFT as i32, |m, v| m.max(((v.to_bits() & 0x7fff_ffff) + SHIFT) as i32));
-    let largest = key as u32 - SHIFT;
+    absmax_of_key(values.iter().fold(NO_KEY, |m, v| m.max(absmax_key(*v))))
+}
+
+/// Bits of magnitudes order as the magnitudes do, infinity and NaN (from `INFINITY` up)
+/// above every finite one. Shifted up by `KEY_SHIFT`, the finite ones stay below 2^31 and
+/// the others wrap to negative i32s, which a signed max leaves out: a plain max, which
+/// vectorizes (a max of a select does not).
+const KEY_SHIFT: u32 = (1 << 31) - INFINITY;
+
+/// The key of a block with no finite non-zero value yet.
+const NO_KEY: i32 = KEY_SHIFT as i32;
+
+/// `value`'s key for the absmax: the largest key is the largest finite magnitude's.
+#[inline(always)]
+fn absmax_key(value: f32) -> i32 {
+    (value.to_bits() & 0x7fff_ffff).wrapping_add(KEY_SHIFT) as i32
+}
+
+/// The absmax of a block whose largest key is `key`: 1 where no value was finite and
+/// non-zero.
+#[inline(always)]
+fn absmax_of_key(key: i32) -> f32 {
+    let largest = (key as u32).wrapping_sub(KEY_SHIFT);
     if largest == 0 {
         1.0
     } else {

@@ -11,7 +11,8 @@
 use fearless_simd::{Avx512, Simd};
 
 use super::lanes::{self, Dequantizer, Requantizer, B, Q};
-use crate::q8::lut::{CodeTable, INFINITY};
+use super::{absmax_key, absmax_of_key, NO_KEY};
+use crate::q8::lut::CodeTable;
 use crate::q8::BLOCK_SIZE;
 
 /// Lanes per register.
@@ -64,7 +65,7 @@ pub(super) fn each<const S: usize>(
                 let (first, second) = scratch.split_at_mut(1);
                 let (fresh, done) =
                     if b % 2 == 0 { (&mut first[0], &second[0]) } else { (&mut second[0], &first[0]) };
-                let mut keys = [[SHIFT as i32; L]; S];
+                let mut keys = [[NO_KEY; L]; S];
                 for c in 0..BLOCK_SIZE / Q {
                     let chunk = b * BLOCK_SIZE + c * Q..b * BLOCK_SIZE + (c + 1) * Q;
                     for ((slot, dequantizer), values) in slots.iter().zip(&dequantizers).zip(fresh.iter_mut())
@@ -87,11 +88,10 @@ pub(super) fn each<const S: usize>(
                                 (Ok(values), Ok(codes)) if arithmetic => {
                                     requantizer.quantize_chunk(level, values, absmax, codes)
                                 }
-                                (values, codes) => {
-                                    let (values, codes) =
-                                        (values.map_or(&[][..], |v| v), codes.map_or(&mut [][..], |c| c));
-                                    requantizer.quantize(level, values, absmax, codes)
-                                }
+                                // A subnormal absmax: the exact rule, which `quantize` takes.
+                                (Ok(values), Ok(codes)) => requantizer.quantize(level, values, absmax, codes),
+                                // Unreachable: a whole block's chunk is `Q` long.
+                                _ => {}
                             }
                         }
                     }
@@ -136,7 +136,7 @@ pub(super) fn each<const S: usize>(
                         &mut values[..n],
                     );
                 }
-                let mut keys = [[SHIFT as i32; L]; S];
+                let mut keys = [[NO_KEY; L]; S];
                 update_registers(&update, &mut param, &grad, values, 0..REGISTERS, &mut keys);
                 param_tail.copy_from_slice(&param[..n]);
                 for ((slot, requantizer), values) in
@@ -150,11 +150,6 @@ pub(super) fn each<const S: usize>(
         },
     )
 }
-
-/// A magnitude's key for the absmax: its bits shifted so that every finite magnitude is a
-/// non-negative i32 and infinity and NaN wrap to negative ones, which a signed max leaves
-/// out (as `super::block_absmax`).
-const SHIFT: u32 = (1 << 31) - INFINITY;
 
 /// Registers `registers` of one block through `update`: `states` holds the states in and
 /// out, and each state's absmax key is raised lane by lane in `keys`.
@@ -183,8 +178,7 @@ fn update_registers<const S: usize>(
         for s in 0..S {
             *register_mut(&mut states[s], r) = state[s];
             for lane in 0..L {
-                let key = ((state[s][lane].to_bits() & 0x7fff_ffff).wrapping_add(SHIFT)) as i32;
-                keys[s][lane] = keys[s][lane].max(key);
+                keys[s][lane] = keys[s][lane].max(absmax_key(state[s][lane]));
             }
         }
     }
@@ -200,13 +194,8 @@ fn register_mut(block: &mut [f32; BLOCK_SIZE], r: usize) -> &mut [f32; L] {
     &mut bytemuck::cast_mut::<[f32; BLOCK_SIZE], [[f32; L]; REGISTERS]>(block)[r]
 }
 
-/// The absmax whose lanes' keys are `key`: 1 where no value was finite and non-zero.
+/// The absmax whose lanes' keys are `key`.
 #[inline(always)]
 fn absmax_of(key: [i32; L]) -> f32 {
-    let largest = key.into_iter().fold(SHIFT as i32, i32::max) as u32 - SHIFT;
-    if largest == 0 {
-        1.0
-    } else {
-        f32::from_bits(largest)
-    }
+    absmax_of_key(key.into_iter().fold(NO_KEY, i32::max))
 }
