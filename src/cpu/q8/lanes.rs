@@ -1,8 +1,8 @@
 //! Dequantizing and requantizing a block with AVX-512 and no gathers: a code's value is read
 //! from the map's four byte planes held in registers (VBMI's `vpermt2b` looks up 128 bytes
 //! for 64 codes per instruction), and a value's code is computed sixteen lanes at a time by
-//! [`Quantizer`]'s arithmetic, the few registers with a lane near a switch between codes
-//! taking the exact rule ([`CodeTable::code`] of the quotient). The results are the portable
+//! [`Quantizer`]'s arithmetic, the few lanes near a switch between codes taking the
+//! exact rule ([`CodeTable::code`] of the quotient). The results are the portable
 //! loops' (`super::dequantize`, `super::quantize`) bit for bit.
 
 use std::arch::x86_64::*;
@@ -201,6 +201,19 @@ impl Requantizer {
     }
 }
 
+fearless_simd::kernel!(
+    /// Four registers' codes (0 to 255, which the saturating packs keep) as bytes in order:
+    /// one byte pack and one permute (a register's own narrowing store is two shuffles).
+    #[inline]
+    fn pack(level: Avx512, codes: [__m512i; 4]) -> [u8; Q] {
+        let [codes0, codes1, codes2, codes3] = codes;
+        let order = bytemuck::cast::<[u32; L], __m512i>(PACKED_ORDER);
+        let low = _mm512_packus_epi32(codes0, codes1);
+        let packed = _mm512_packus_epi16(low, _mm512_packus_epi32(codes2, codes3));
+        bytemuck::cast::<__m512i, [u8; Q]>(_mm512_permutexvar_epi32(order, packed))
+    }
+);
+
 /// The constants of one map's requantizing loop; `reciprocal` and `top_value` are the
 /// block's (`set_scale`).
 struct Constants {
@@ -298,8 +311,7 @@ fearless_simd::kernel!(
 macro_rules! quantize_map {
     ($(#[$doc:meta])* $name:ident, $chunk:ident, $signed:literal) => {
         fearless_simd::kernel!(
-            /// Four registers' codes: one byte pack and one permute put them in order (a
-            /// register's own narrowing store is two shuffles).
+            /// Four registers' codes.
             #[inline]
             fn $chunk(
                 level: Avx512,
@@ -315,16 +327,15 @@ macro_rules! quantize_map {
                 let (codes1, near1) = register_codes(level, c, r1, signed);
                 let (codes2, near2) = register_codes(level, c, r2, signed);
                 let (codes3, near3) = register_codes(level, c, r3, signed);
-                if near0 | near1 | near2 | near3 != 0 {
-                    // Rare (a lane near a switch): the exact rule for all four registers.
-                    exact(chunk, absmax, table, out);
-                    return;
+                *out = pack(level, [codes0, codes1, codes2, codes3]);
+                let near = u64::from(near0)
+                    | u64::from(near1) << L
+                    | u64::from(near2) << (2 * L)
+                    | u64::from(near3) << (3 * L);
+                if near != 0 {
+                    // Rare (one value in some two thousand): the exact rule for those lanes.
+                    exact_lanes(chunk, near, absmax, table, out);
                 }
-                // Codes are 0 to 255, so the saturating packs keep them.
-                let order = bytemuck::cast::<[u32; L], __m512i>(PACKED_ORDER);
-                let low = _mm512_packus_epi32(codes0, codes1);
-                let packed = _mm512_packus_epi16(low, _mm512_packus_epi32(codes2, codes3));
-                *out = bytemuck::cast::<__m512i, [u8; Q]>(_mm512_permutexvar_epi32(order, packed));
             }
         );
 
@@ -348,10 +359,9 @@ macro_rules! quantize_map {
                 let (out, out_rest) = out_tail.split_at_mut(registers.len() * L);
                 for (register, out) in registers.iter().zip(out.as_chunks_mut::<L>().0) {
                     let (code, near) = register_codes(level, c, bytemuck::cast::<[f32; L], __m512>(*register), signed);
+                    *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
                     if near != 0 {
-                        exact(register, absmax, table, out);
-                    } else {
-                        *out = bytemuck::cast::<__m128i, [u8; L]>(_mm512_cvtepi32_epi8(code));
+                        exact_lanes(register, u64::from(near), absmax, table, out);
                     }
                 }
                 exact(rest, absmax, table, out_rest);
@@ -364,6 +374,18 @@ macro_rules! quantize_map {
 fn exact(values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
     for (code, value) in codes.iter_mut().zip(values) {
         *code = table.code(value / absmax);
+    }
+}
+
+/// The exact rule for the lanes set in `lanes` only, the others' codes left as they are.
+#[cold]
+fn exact_lanes(values: &[f32], mut lanes: u64, absmax: f32, table: &CodeTable, codes: &mut [u8]) {
+    while lanes != 0 {
+        let i = lanes.trailing_zeros() as usize;
+        lanes &= lanes - 1;
+        if let (Some(code), Some(value)) = (codes.get_mut(i), values.get(i)) {
+            *code = table.code(value / absmax);
+        }
     }
 }
 
