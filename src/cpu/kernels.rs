@@ -196,9 +196,10 @@ impl Leaves for f16 {
     }
 }
 
-/// Blockwise 8-bit state (`super::q8`) beside f32 parameters and gradients: Adam's and
-/// momentum's loops run in one pass per block ([`q8::each`]); the other families' f32
-/// loops run on each block's dequantized state ([`q8::blocked`]).
+/// Blockwise 8-bit state (`super::q8`) beside f32 parameters and gradients: the loops of
+/// the families that have an 8-bit form (Adam, momentum, Lion, uncentered RMSprop without
+/// momentum, AdEMAMix) run in one pass per block ([`q8::each`]); the others' f32 loops run
+/// on each block's dequantized state ([`q8::blocked`]).
 pub(super) enum Q8 {}
 
 impl Leaves for Q8 {
@@ -218,7 +219,7 @@ impl Leaves for Q8 {
         |hp, scale, job| q8::blocked(job, |o| adagrad::<f32, M, W>(hp, scale, o))
     }
     fn lion() -> Loop<LionUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| lion::<f32>(hp, scale, o))
+        lion_q8
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
         |hp, scale, job| q8::blocked(job, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
@@ -227,10 +228,10 @@ impl Leaves for Q8 {
         |hp, scale, job| q8::blocked(job, |o| muon::<f32>(hp, scale, o))
     }
     fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| rmsprop::<f32, M, W, C, B>(hp, scale, o))
+        rmsprop_q8::<M, W, C, B>
     }
     fn ademamix() -> Loop<AdemamixUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| ademamix::<f32>(hp, scale, o))
+        ademamix_q8
     }
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
         |hp, scale, job| q8::blocked(job, |o| lamb_apply::<f32, W>(hp, scale, o))
@@ -797,6 +798,19 @@ fn lion_f16(hp: &LionUniform, scale: f32, o: Operands<'_, f16>) {
     );
 }
 
+/// [`lion`] over 8-bit state, one pass per block.
+fn lion_q8(hp: &LionUniform, scale: f32, job: q8::Job<'_>) {
+    q8::each(
+        job,
+        #[inline(always)]
+        |g, p, [m]| {
+            let (p, m) = lion_element(hp, p, g * scale, m);
+            (p, [m])
+        },
+        |o| lion::<f32>(hp, scale, o),
+    );
+}
+
 fn lion_loop<E: Leaves>(_: &LionSwitches, _: &LionUniform) -> Loop<LionUniform, E> {
     E::lion()
 }
@@ -1016,6 +1030,30 @@ fn rmsprop_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8,
     }
 }
 
+/// [`rmsprop`] over 8-bit state: bitsandbytes' one 8-bit form (one state, uncentered,
+/// without momentum) in one pass per block, the others block by block.
+fn rmsprop_q8<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    job: q8::Job<'_>,
+) {
+    let blocked =
+        |o: Operands<'_, f32>| rmsprop::<f32, MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>(hp, scale, o);
+    if MOMENTUM || CENTER != UNCENTERED {
+        return q8::blocked(job, blocked);
+    }
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    q8::each(
+        job,
+        #[inline(always)]
+        |g, p, [s]| {
+            let new = update(hp, p, g * scale, s, 0.0, 0.0);
+            (new.0, [new.1])
+        },
+        blocked,
+    );
+}
+
 fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsPropUniform, E> {
     // The shader's run-time test of a zero L2 coefficient is the same for every element:
     // here it picks the loop.
@@ -1079,6 +1117,19 @@ fn ademamix_f16(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
         o.grad,
         #[inline(always)]
         |g, [p, m1, m2, nu]| ademamix_element(hp, p, g * scale, m1, m2, nu),
+    );
+}
+
+/// [`ademamix`] over 8-bit state, one pass per block.
+fn ademamix_q8(hp: &AdemamixUniform, scale: f32, job: q8::Job<'_>) {
+    q8::each(
+        job,
+        #[inline(always)]
+        |g, p, [m1, m2, nu]| {
+            let [p, m1, m2, nu] = ademamix_element(hp, p, g * scale, m1, m2, nu);
+            (p, [m1, m2, nu])
+        },
+        |o| ademamix::<f32>(hp, scale, o),
     );
 }
 

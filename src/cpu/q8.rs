@@ -2,9 +2,10 @@
 //! block of 256 elements is dequantized, updated by the same f32 element function as f32
 //! state, and requantized under its new absmax, so every state byte is read once and written
 //! once and the update formula is the one every other storage type runs. Where the CPU has
-//! AVX-512, Adam's and momentum's steps do all three in one pass per block ([`each`],
-//! `fused`); elsewhere, and for the other families, each block's state goes through f32
-//! scratch and the family's f32 loop ([`blocked`]).
+//! AVX-512, the steps of every family with an 8-bit form (Adam, momentum, Lion, RMSprop,
+//! AdEMAMix) do all three in one pass per block ([`each`], `fused`); elsewhere, and for
+//! the rest, each block's state goes through f32 scratch and the family's f32 loop
+//! ([`blocked`]).
 
 use rayon::prelude::*;
 
@@ -268,14 +269,14 @@ fn quantize(values: &[f32], absmax: f32, table: &CodeTable, codes: &mut [u8]) {
 mod tests {
     use super::*;
 
-    /// Where the CPU has AVX-512, Adam's and momentum's one-pass loops ([`each`]) leave the
-    /// parameters, codes and absmax of the blocked path bit for bit, for every switch each
-    /// family has: whole blocks, a partial last block, a block whose new absmax is
+    /// Where the CPU has AVX-512, the one-pass loops ([`each`]) of Adam, momentum, Lion,
+    /// RMSprop and AdEMAMix leave the parameters, codes and absmax of the blocked path bit
+    /// for bit, for every switch each family has: whole blocks, a partial last block, a block whose new absmax is
     /// subnormal (which only the exact rule requantizes) and one of zeros. (Elsewhere both
     /// runs take the blocked path.)
     #[test]
     fn the_one_pass_loops_and_the_blocked_path_agree_bit_for_bit() {
-        use crate::{Adam, DmlAdam, OnnxAdam, Sgd};
+        use crate::{AdEMAMix, Adam, DmlAdam, Lion, OnnxAdam, RmsProp, Sgd};
         let adam = |kind: &Adam| {
             let mut kinds = vec![StateKind::ExpAvg, StateKind::ExpAvgSq];
             if kind.amsgrad {
@@ -327,6 +328,24 @@ mod tests {
                         ));
                     }
                 }
+            }
+        }
+        for weight_decay in [0.0, 0.1] {
+            let lion = Lion { lr: 0.01, weight_decay, ..Lion::default() };
+            steps.push((format!("{lion:?}"), lion.kernel_step(2), vec![StateKind::ExpAvg]));
+        }
+        for alpha in [0.99, 0.5] {
+            let rmsprop = RmsProp { alpha, ..RmsProp::default() };
+            steps.push((format!("{rmsprop:?}"), rmsprop.kernel_step(), vec![StateKind::SquareAvg]));
+        }
+        for (t_alpha, weight_decay) in [(None, 0.0), (Some(10), 0.01)] {
+            let ademamix = AdEMAMix { t_alpha, t_beta3: t_alpha, weight_decay, ..AdEMAMix::default() };
+            for t in [1, 4] {
+                steps.push((
+                    format!("{ademamix:?} t {t}"),
+                    ademamix.kernel_step(t),
+                    vec![StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
+                ));
             }
         }
 
