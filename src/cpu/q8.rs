@@ -271,9 +271,9 @@ mod tests {
 
     /// Where the CPU has AVX-512, the one-pass loops ([`each`]) of Adam, momentum, Lion,
     /// RMSprop and AdEMAMix leave the parameters, codes and absmax of the blocked path bit
-    /// for bit, for every switch each family has: whole blocks, a partial last block, a block whose new absmax is
-    /// subnormal (which only the exact rule requantizes) and one of zeros. (Elsewhere both
-    /// runs take the blocked path.)
+    /// for bit, for every switch each family has: whole blocks, a partial last block, a
+    /// block whose new absmax is subnormal (which only the exact rule requantizes) and one
+    /// of zeros. (Elsewhere both runs take the blocked path.)
     #[test]
     fn the_one_pass_loops_and_the_blocked_path_agree_bit_for_bit() {
         use crate::{AdEMAMix, Adam, DmlAdam, Lion, OnnxAdam, RmsProp, Sgd};
