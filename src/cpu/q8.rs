@@ -361,6 +361,11 @@ mod tests {
         // Block 1 keeps tiny states and gets no gradient: its new absmax is subnormal.
         // Block 2's states are zero and so is its gradient.
         grad[BLOCK_SIZE..3 * BLOCK_SIZE].fill(0.0);
+        // Block 3 gets a NaN and both infinities: its absmax is the largest finite magnitude,
+        // and the lanes beside those values' still take the arithmetic.
+        grad[3 * BLOCK_SIZE + 5] = f32::NAN;
+        grad[3 * BLOCK_SIZE + 70] = f32::INFINITY;
+        grad[3 * BLOCK_SIZE + 200] = f32::NEG_INFINITY;
         let codes: Vec<u8> = (0..n).map(|_| (next() >> 24) as u8).collect();
         let mut absmax: Vec<f32> =
             (0..n.div_ceil(BLOCK_SIZE)).map(|_| 0.01 + (next() >> 20) as f32 / 4096.0).collect();
