@@ -272,8 +272,9 @@ mod tests {
     /// Where the CPU has AVX-512, the one-pass loops ([`each`]) of Adam, momentum, Lion,
     /// RMSprop and AdEMAMix leave the parameters, codes and absmax of the blocked path bit
     /// for bit, for every switch each family has: whole blocks, a partial last block, a
-    /// block whose new absmax is subnormal (which only the exact rule requantizes) and one
-    /// of zeros. (Elsewhere both runs take the blocked path.)
+    /// block whose new absmax is subnormal (which only the exact rule requantizes), one of
+    /// zeros and one with NaN and infinite gradients. (Elsewhere both runs take the
+    /// blocked path.)
     #[test]
     fn the_one_pass_loops_and_the_blocked_path_agree_bit_for_bit() {
         use crate::{AdEMAMix, Adam, DmlAdam, Lion, OnnxAdam, RmsProp, Sgd};
@@ -361,8 +362,8 @@ mod tests {
         // Block 1 keeps tiny states and gets no gradient: its new absmax is subnormal.
         // Block 2's states are zero and so is its gradient.
         grad[BLOCK_SIZE..3 * BLOCK_SIZE].fill(0.0);
-        // Block 3 gets a NaN and both infinities: its absmax is the largest finite magnitude,
-        // and the lanes beside those values' still take the arithmetic.
+        // Block 3 gets a NaN and both infinities: its absmax is its largest finite
+        // magnitude, so the block still takes the arithmetic, NaN and infinite states too.
         grad[3 * BLOCK_SIZE + 5] = f32::NAN;
         grad[3 * BLOCK_SIZE + 70] = f32::INFINITY;
         grad[3 * BLOCK_SIZE + 200] = f32::NEG_INFINITY;
