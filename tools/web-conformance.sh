@@ -16,7 +16,11 @@ dir=$(cd "$1" && pwd)
 cd "$(dirname "$0")/.."
 source tools/web-env.sh
 
-web_cargo build -p wgpu-optim-web --lib
+# With the browser test target in the same build, the dependencies are built as
+# tools/web-test.sh builds them (its dev-dependencies widen serde's and num-traits'
+# features, and -Zbuild-std adds std's test crate), so after it only this crate compiles:
+# the library built alone recompiled the whole tree (3 minutes in CI).
+web_cargo build -p wgpu-optim-web --lib --test browser
 serve=$(mktemp -d)
 server=""
 cleanup() {

@@ -80,11 +80,15 @@ pub const DECADES: usize = 7;
 pub const LINES: usize = 3;
 
 /// One map's constants, derived from the map itself (see the module docs).
+// The fields and method marked `allow(dead_code)` off x86-64 serve only the CPU backend's
+// AVX-512 loops (`cpu/q8/lanes.rs`); wasm32 and aarch64 builds compile the rest.
 #[derive(Clone, Debug)]
 pub struct Quantizer {
     /// Whether the map has negative codes (the code of 0 in its middle).
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub signed: bool,
     /// The code of 0, which NaN and the infinities take.
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub zero: u8,
     /// Per span (see [`SPAN_SHIFT`]): the decade of its smallest magnitude. This and the
     /// next three locate each switch in its decade for the tests; the code positions'
@@ -110,14 +114,18 @@ pub struct Quantizer {
     pub top_index: i32,
     /// The code of magnitude index 0 (the code of 0): 127 in the signed map, 0 in the
     /// unsigned one; a positive value's code is its magnitude index plus this.
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub middle: i32,
     /// Per span: the slopes of the (at most) three lines whose least, floored, is the code
     /// of a positive magnitude in the span ([`Quantizer::code_position`]).
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub line_scale: [[f32; 16]; LINES],
     /// Per span: the lines' offsets.
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub line_offset: [[f32; 16]; LINES],
     /// The map's f32 bits, byte `p` of every code in `planes[p]`: four 256-entry byte tables,
     /// which byte permutes read 64 codes at a time.
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub planes: [[u8; 256]; 4],
 }
 
@@ -239,6 +247,7 @@ impl Quantizer {
     /// The smallest value `v` whose quotient `v / absmax` takes the code of 1 (for a normal
     /// absmax): the switch to the code of 1 tested on the values themselves, exactly, where
     /// the position is taken from a product by the reciprocal.
+    #[cfg_attr(not(all(feature = "cpu", target_arch = "x86_64")), allow(dead_code))]
     pub fn top_value(&self, absmax: f32) -> f32 {
         // fl(v / absmax) >= top exactly where v / absmax reaches the midpoint of top and the
         // float below it (inclusive where rounding to even picks top there): v >= absmax *
