@@ -5,14 +5,15 @@
 //! ```
 //! Reads the `*.safetensors` files directly in the directory (not its subdirectories).
 //! Prints one line per case and backend, or one `refused` line for a case whose op or
-//! attributes the reader does not implement, then `N cases: P passed, F failed, R refused` (a case counts once, as its worst backend); exits
-//! non-zero when anything failed or was refused.
+//! attributes the reader does not implement, then `N cases: P passed, F failed, R refused` (a
+//! case counts once, as its worst backend); exits non-zero when anything failed or was
+//! refused, and with status 2, running nothing, when the directory holds no vector file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use wgpu_optim::GpuContext;
-use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome, Tally, Verdict};
+use wgpu_optim_testkit::conformance::{run_case, vector_files, Backend, Case, Outcome, Tally, Verdict};
 
 fn main() -> ExitCode {
     env_logger::init();
@@ -20,17 +21,13 @@ fn main() -> ExitCode {
         eprintln!("usage: conformance DIR   (a directory of *.safetensors vector files)");
         return ExitCode::from(2);
     };
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect(),
+    let files = match vector_files(&dir) {
+        Ok(files) => files,
         Err(e) => {
-            eprintln!("cannot read {}: {e}", dir.display());
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    files.sort();
     let ctx = match GpuContext::headless_blocking() {
         Ok(ctx) => ctx,
         Err(e) => {

@@ -9,24 +9,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use wgpu_optim::Error;
-use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
+use wgpu_optim_testkit::conformance::{self, run_case, Backend, Case, Outcome};
 
 fn vectors() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors")
 }
 
-/// The `*.safetensors` files directly in `dir`, sorted.
-fn vector_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    files
+/// The public vector files, sorted.
+fn vector_files() -> Vec<PathBuf> {
+    conformance::vector_files(&vectors()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn problem(err: &Error) -> &str {
@@ -38,7 +32,7 @@ fn problem(err: &Error) -> &str {
 
 #[test]
 fn every_public_vector_passes_on_the_oracle_the_gpu_and_the_cpu_backend() {
-    let files = vector_files(&vectors());
+    let files = vector_files();
     assert!(files.len() >= 44, "expected the 44 public vectors in {}", vectors().display());
     let ctx = common::ctx();
     let mut failures = Vec::new();
@@ -60,7 +54,7 @@ fn every_public_vector_passes_on_the_oracle_the_gpu_and_the_cpu_backend() {
 
 #[test]
 fn a_truncated_vector_file_is_a_bad_file_error() {
-    let file = &vector_files(&vectors())[0];
+    let file = &vector_files()[0];
     let bytes = std::fs::read(file).unwrap();
     for cut in [0, 7, 8, 100, bytes.len() / 2, bytes.len() - 1] {
         match Case::parse("truncated", &bytes[..cut]) {

@@ -35,6 +35,8 @@ ln -s "$dir" "$serve/vectors"
 python3 - "$dir" "$serve/index.json" <<'PY'
 import json, os, sys
 names = sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".safetensors"))
+if not names:
+    sys.exit(f"{sys.argv[1]} holds no *.safetensors vector file: a run would check nothing")
 json.dump(names, open(sys.argv[2], "w"))
 PY
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -117,7 +117,8 @@ fn print_line(line: &str) {
 /// each file from `dir` (a URL prefix ending in `/`), runs it on the page's WebGPU adapter
 /// and prints one line per case and backend into `#log`, then the native runner's closing
 /// line. Resolves to the number of failures; rejects, with the reason printed, when there is
-/// no WebGPU adapter or the index cannot be read (nothing hangs).
+/// no WebGPU adapter, or the index cannot be read or lists no file (nothing hangs, and a run
+/// that checks nothing never reads as a pass).
 #[wasm_bindgen]
 pub async fn run_conformance(index: String, dir: String) -> Result<u32, JsValue> {
     let fail = |message: String| {
@@ -127,6 +128,10 @@ pub async fn run_conformance(index: String, dir: String) -> Result<u32, JsValue>
     let listing = fetch_bytes(&index).await.map_err(fail)?;
     let names: Vec<String> = serde_json::from_slice(&listing)
         .map_err(|e| fail(format!("{index}: not a JSON array of file names: {e}")))?;
+    if names.is_empty() {
+        // A run that checks nothing must not read as a pass.
+        return Err(fail(format!("{index} lists no vector file: a run would check nothing")));
+    }
     let ctx = GpuContext::headless().await.map_err(|e| fail(format!("no WebGPU device: {e}")))?;
     print_line(&format!("adapter: {}", ctx.report()));
     let mut tally = Tally::default();

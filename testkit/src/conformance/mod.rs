@@ -5,6 +5,7 @@
 mod adafactor;
 mod ao4;
 mod case;
+mod files;
 mod inputs;
 mod lamb;
 mod muon;
@@ -13,5 +14,6 @@ mod schedule_free;
 mod tally;
 
 pub use case::{Case, CaseTensor, Kind, ValueType};
+pub use files::{vector_files, VectorDirError};
 pub use run::{run_case, run_case_async, Backend, CaseReport, Outcome};
 pub use tally::{Tally, Verdict};
