@@ -11,7 +11,7 @@ use safetensors::SafeTensors;
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
 use wgpu_optim::{Adam, Algorithm, Checkpoint, DType, Error, Optimizer, OptimizerBuilder, Tensor};
 
-const CASES: [&str; 8] = [
+const CASES: [&str; 10] = [
     "adam",
     "adamw",
     "amsgrad",
@@ -20,6 +20,8 @@ const CASES: [&str; 8] = [
     "adagrad",
     "rmsprop",
     "rmsprop_centered_momentum",
+    "adafactor",
+    "adafactor_eps1_maximize",
 ];
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch");
 /// Steps PyTorch took after the checkpoint.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the PyTorch resume fixtures of tests/torch_checkpoint.rs.
 
-    python3 tools/make_torch_fixture.py tests/fixtures/torch
+    python3 tools/make_torch_fixture.py tests/fixtures/torch [CASE...]
 
 For each case, PyTorch's optimizer runs 5 steps on three f32 parameters of shapes (8, 5),
 (5,) and (3, 4, 2) with fixed gradients; its state_dict is converted with
@@ -34,6 +34,9 @@ CASES = [
     ("rmsprop", 1006, lambda p: torch.optim.RMSprop(p, lr=1e-2, weight_decay=0.01)),
     ("rmsprop_centered_momentum", 1007, lambda p: torch.optim.RMSprop(
         p, lr=1e-2, alpha=0.9, eps=1e-6, momentum=0.9, centered=True, maximize=True)),
+    ("adafactor", 1008, lambda p: torch.optim.Adafactor(p, lr=1e-2, weight_decay=0.01)),
+    ("adafactor_eps1_maximize", 1009, lambda p: torch.optim.Adafactor(
+        p, lr=1e-2, beta2_decay=-0.5, eps=(1e-3, 1e-3), d=2.0, maximize=True)),
 ]
 
 
@@ -41,9 +44,14 @@ def gradients(generator):
     return [torch.randn(shape, generator=generator) * 0.5 for shape in SHAPES]
 
 
-def main(directory):
+def main(directory, only):
+    unknown = set(only) - {name for name, _, _ in CASES}
+    if unknown:
+        sys.exit(f"make_torch_fixture: no case {sorted(unknown)}")
     os.makedirs(directory, exist_ok=True)
     for name, seed, make in CASES:
+        if only and name not in only:
+            continue
         generator = torch.Generator().manual_seed(seed)
         params = [torch.randn(shape, generator=generator).requires_grad_() for shape in SHAPES]
         optimizer = make(params)
@@ -71,4 +79,6 @@ def main(directory):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="where to write the fixtures (tests/fixtures/torch)")
-    main(parser.parse_args().directory)
+    parser.add_argument("cases", nargs="*", help="the cases to write (all where none is named)")
+    args = parser.parse_args()
+    main(args.directory, args.cases)

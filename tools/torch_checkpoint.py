@@ -6,7 +6,7 @@
 
 `to-torch` writes a `torch.optim` state_dict: `torch.load(OUT.pt)` gives a dict that
 `optimizer.load_state_dict` accepts for an optimizer of the saved class (Adam, AdamW, SGD,
-Adagrad or RMSprop) over parameters of the saved shapes, in the saved order (parameters are numbered
+Adagrad, RMSprop or Adafactor) over parameters of the saved shapes, in the saved order (parameters are numbered
 across groups, as PyTorch numbers them). The state tensors keep the shapes the file holds:
 build the wgpu-optim optimizer with `OptimizerOptions::param_shapes` for parameters that are
 not 1-D, or PyTorch's step fails on the flat states. Group keys that wgpu-optim does not
@@ -38,7 +38,7 @@ from safetensors.torch import safe_open, save_file
 # version 2 adds; the crate loads both.
 FORMAT = "wgpu-optim-checkpoint/1"
 READABLE_FORMATS = (FORMAT, "wgpu-optim-checkpoint/2")
-CLASSES = ["Adam", "AdamW", "SGD", "Adagrad", "RMSprop"]
+CLASSES = ["Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adafactor"]
 
 # wgpu-optim's hyperparameters of each class besides `lr`: the keys `Algorithm::from_json`
 # reads, under PyTorch's names.
@@ -48,7 +48,12 @@ OUR_KEYS = {
     "SGD": ["momentum", "dampening", "weight_decay", "nesterov", "maximize"],
     "Adagrad": ["lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"],
     "RMSprop": ["alpha", "eps", "weight_decay", "momentum", "centered", "maximize"],
+    "Adafactor": ["beta2_decay", "eps", "d", "weight_decay", "maximize"],
 }
+
+# Adafactor's state of a parameter of two or more dimensions (factored), and of a vector.
+FACTORED = ["row_var", "col_var"]
+UNFACTORED = ["variance"]
 
 
 def fail(message):
@@ -69,8 +74,11 @@ def default_group(name):
     return group
 
 
-def state_names(name, group):
-    """The state tensors a parameter of this group keeps after a step, in wgpu-optim's order."""
+def state_names(name, group, held):
+    """The state tensors a parameter of this group keeps after a step, in wgpu-optim's order;
+    `held` (the names the file holds for it) tells Adafactor's factored state from a vector's."""
+    if name == "Adafactor":
+        return FACTORED if set(FACTORED) & set(held) else UNFACTORED
     if name in ("Adam", "AdamW"):
         return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
     if name == "SGD":
@@ -102,7 +110,9 @@ def to_torch(source, target):
         params = group.pop("params")
         torch_group = default_group(name)
         for key in ["lr"] + OUR_KEYS[name]:
-            torch_group[key] = tuple(group[key]) if key == "betas" else group[key]
+            # torch keeps Adam's betas and Adafactor's (eps1 or None, eps2) as tuples.
+            pair = key == "betas" or (name == "Adafactor" and key == "eps")
+            torch_group[key] = tuple(group[key]) if pair else group[key]
         if name == "AdamW" and "decoupled_weight_decay" in torch_group:
             torch_group["decoupled_weight_decay"] = True
         torch_group["params"] = params
@@ -112,7 +122,8 @@ def to_torch(source, target):
             # first step sets the buffer to the gradient, which a zero buffer would not).
             entry = {} if name == "SGD" else {"step": torch.tensor(float(step), dtype=torch.float32)}
             if name != "SGD" or step > 0:
-                for state_name in state_names(name, group):
+                held = [key.split(".", 2)[2] for key in tensors if key.startswith(f"state.{i}.")]
+                for state_name in state_names(name, group, held):
                     entry[state_name] = tensors[f"state.{i}.{state_name}"]
             if entry:
                 state[i] = entry
@@ -122,7 +133,7 @@ def to_torch(source, target):
 def infer_class(group):
     """The supported class whose group has exactly these keys (older PyTorch: a subset)."""
     keys = set(group) - {"params"}
-    for name in ("Adam", "SGD", "Adagrad", "RMSprop"):
+    for name in ("Adam", "SGD", "Adagrad", "RMSprop", "Adafactor"):
         if set(["lr"] + OUR_KEYS[name]) <= keys <= set(default_group(name)):
             return "AdamW" if name == "Adam" and group.get("decoupled_weight_decay") else name
     fail(f"a param group with keys {sorted(keys)} is none of {', '.join(CLASSES)}; "
@@ -140,12 +151,16 @@ def from_torch(source, target, forced, step=None):
             value = group.get(key)
             if value is None:
                 fail(f"param_groups[{g}] ({name}) has no `{key}`")
-            ours[key] = [float(b) for b in value] if key == "betas" else value
+            if key == "betas":
+                value = [float(b) for b in value]
+            elif name == "Adafactor" and key == "eps":
+                value = [None if e is None else float(e) for e in value]
+            ours[key] = value
         ours["params"] = list(group["params"])
         our_groups.append(ours)
-        expected = state_names(name, ours)
         for i in group["params"]:
             entry = saved["state"].get(i, {})
+            expected = state_names(name, ours, entry)
             if not entry and expected:
                 fail(f"parameter {i} has no state: PyTorch creates it at the first step that gives "
                      "the parameter a gradient; convert after a step that updated every parameter")
