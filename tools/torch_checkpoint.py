@@ -6,13 +6,13 @@
 
 `to-torch` writes a `torch.optim` state_dict: `torch.load(OUT.pt)` gives a dict that
 `optimizer.load_state_dict` accepts for an optimizer of the saved class (Adam, AdamW, SGD,
-Adagrad, RMSprop or Adafactor) over parameters of the saved shapes, in the saved order (parameters are numbered
-across groups, as PyTorch numbers them). The state tensors keep the shapes the file holds:
-build the wgpu-optim optimizer with `OptimizerOptions::param_shapes` for parameters that are
-not 1-D, or PyTorch's step fails on the flat states. Group keys that wgpu-optim does not
-have (`foreach`, `fused`, `capturable`, `differentiable`, ...) get the running PyTorch's
-defaults. Checkpoints with master weights, Kahan compensation or stochastic rounding have
-no PyTorch counterpart and are refused.
+Adagrad, RMSprop or Adafactor) over parameters of the saved shapes, in the saved order
+(parameters are numbered across groups, as PyTorch numbers them). The state tensors keep the
+shapes the file holds: build the wgpu-optim optimizer with `OptimizerOptions::param_shapes`
+for parameters that are not 1-D, or PyTorch's step fails on the flat states. Group keys that
+wgpu-optim does not have (`foreach`, `fused`, `capturable`, `differentiable`, ...) get the
+running PyTorch's defaults. Checkpoints with master weights, Kahan compensation or
+stochastic rounding have no PyTorch counterpart and are refused.
 
 `from-torch` writes the reverse: a wgpu-optim checkpoint (`Optimizer::load` and
 `CpuOptimizer::load` read it) from a PyTorch state_dict saved with
