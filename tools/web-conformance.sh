@@ -34,7 +34,9 @@ cp web/www/conformance.html "$serve/index.html"
 ln -s "$dir" "$serve/vectors"
 python3 - "$dir" "$serve/index.json" <<'PY'
 import json, os, sys
-names = sorted(n for n in os.listdir(sys.argv[1]) if n.endswith(".safetensors"))
+# As the native runners list them (the testkit's `vector_files`): files only, directly in DIR.
+names = sorted(n for n in os.listdir(sys.argv[1])
+               if n.endswith(".safetensors") and os.path.isfile(os.path.join(sys.argv[1], n)))
 if not names:
     sys.exit(f"{sys.argv[1]} holds no *.safetensors vector file: a run would check nothing")
 json.dump(names, open(sys.argv[2], "w"))
