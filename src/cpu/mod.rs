@@ -34,6 +34,7 @@ mod f16_lanes;
 mod host;
 mod kernels;
 mod lamb;
+mod magnitude_key;
 mod muon;
 mod norm;
 mod q4;

@@ -2,10 +2,16 @@
 //! block is dequantized into scratch, updated by the same f32 loop as f32 state
 //! ([`Kernel`]; the parameter takes the unquantized new moments, as torchao's step does),
 //! and requantized under its new scale, so every state byte is read once and written once.
+//! Where the CPU has AVX-512 the codes are read and found in registers (`lanes`), without
+//! gathers; elsewhere by the portable loops here. Both give the same codes bit for bit.
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod lanes;
+
 use super::kernels::{Kernel, Operands, MAX_STATE};
+use super::magnitude_key::{key, largest_finite, NO_KEY};
 use crate::q4::{self, Q4State, CODES, MAX_BLOCK_SIZE, MIN_SCALE};
 use crate::StateKind;
 
@@ -23,8 +29,45 @@ struct Coding {
 
 impl Coding {
     fn of(kind: StateKind) -> Self {
-        let map = q4::map_for(kind);
+        Coding::from_map(q4::map_for(kind))
+    }
+
+    fn from_map(map: [f32; CODES]) -> Self {
         Coding { map, thresholds: q4::thresholds(&map), zero: q4::zero_code(&map) }
+    }
+}
+
+/// One state's coding with the vector loops this CPU runs, found once per work item:
+/// AVX-512's, with the coding's registers, or the portable ones.
+struct Codec {
+    coding: Coding,
+    #[cfg(target_arch = "x86_64")]
+    avx512: Option<(fearless_simd::Avx512, lanes::Registers)>,
+}
+
+impl Codec {
+    fn new(coding: Coding) -> Self {
+        Codec {
+            coding,
+            #[cfg(target_arch = "x86_64")]
+            avx512: lanes::level().map(|level| (level, lanes::registers(level, &coding))),
+        }
+    }
+
+    fn dequantize(&self, codes: &[u8], scale: f32, values: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some((level, registers)) = &self.avx512 {
+            return lanes::dequantize(*level, registers, codes, scale, &self.coding.map, values);
+        }
+        dequantize(codes, scale, &self.coding.map, values)
+    }
+
+    fn quantize(&self, values: &[f32], scale: f32, codes: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some((level, registers)) = &self.avx512 {
+            return lanes::quantize(*level, registers, values, scale, &self.coding, codes);
+        }
+        quantize(values, scale, &self.coding, codes)
     }
 }
 
@@ -120,23 +163,29 @@ fn run_job(kernel: &Kernel, block_size: usize, job: Job<'_>) {
         kernel.run::<f32>(Operands { param, grad, state });
         return;
     }
+    let codecs = slots.each_ref().map(|slot| match slot {
+        Slot::Q4 { coding, .. } => Some(Codec::new(*coding)),
+        _ => None,
+    });
     let mut scratch = [[0.0f32; MAX_BLOCK_SIZE]; MAX_STATE];
     for (b, (param, grad)) in param.chunks_mut(block_size).zip(grad.chunks(block_size)).enumerate() {
         let bytes = b * block_size / 2..(b + 1) * block_size / 2;
         let mut state: [&mut [f32]; MAX_STATE] = [&mut [], &mut [], &mut []];
-        for ((slot, out), scratch) in slots.iter_mut().zip(state.iter_mut()).zip(scratch.iter_mut()) {
-            if let Slot::Q4 { codes, scale, coding } = slot {
+        for (((slot, codec), out), scratch) in
+            slots.iter_mut().zip(&codecs).zip(state.iter_mut()).zip(scratch.iter_mut())
+        {
+            if let (Slot::Q4 { codes, scale, .. }, Some(codec)) = (slot, codec) {
                 let values = &mut scratch[..block_size];
-                dequantize(&codes[bytes.clone()], scale[b], &coding.map, values);
+                codec.dequantize(&codes[bytes.clone()], scale[b], values);
                 *out = values;
             }
         }
         kernel.run::<f32>(Operands { param, grad, state });
-        for (slot, scratch) in slots.iter_mut().zip(scratch.iter()) {
-            if let Slot::Q4 { codes, scale, coding } = slot {
+        for ((slot, codec), scratch) in slots.iter_mut().zip(&codecs).zip(scratch.iter()) {
+            if let (Slot::Q4 { codes, scale, .. }, Some(codec)) = (slot, codec) {
                 let values = &scratch[..block_size];
                 scale[b] = block_scale(values);
-                quantize(values, scale[b], coding, &mut codes[bytes.clone()]);
+                codec.quantize(values, scale[b], &mut codes[bytes.clone()]);
             }
         }
     }
@@ -150,17 +199,12 @@ fn dequantize(codes: &[u8], scale: f32, map: &[f32; CODES], values: &mut [f32]) 
     }
 }
 
-/// The block's largest finite magnitude, at least [`MIN_SCALE`] (`q4::block_scale`): a max
-/// over the magnitudes' bits (which order as the magnitudes do), the non-finite ones counted
-/// as 0, which vectorizes where a float max does not.
+/// The block's largest finite magnitude, at least [`MIN_SCALE`] (`q4::block_scale`), as a
+/// max of integer keys (`magnitude_key`), which vectorizes where a float max or a max of a
+/// select does not.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn block_scale(values: &[f32]) -> f32 {
-    const INFINITY: u32 = 0x7f80_0000;
-    let largest = values.iter().fold(0u32, |m, v| {
-        let bits = v.to_bits() & 0x7fff_ffff;
-        m.max(if bits < INFINITY { bits } else { 0 })
-    });
-    f32::from_bits(largest).max(MIN_SCALE)
+    largest_finite(values.iter().fold(NO_KEY, |m, v| m.max(key(*v)))).max(MIN_SCALE)
 }
 
 /// Each value's code under `scale` (`q4::code_by_thresholds`, torchao's code), packed two

@@ -15,7 +15,8 @@ mod fused;
 mod lanes;
 
 use super::kernels::{Kernel, Operands, Q8};
-use crate::q8::lut::{CodeTable, INFINITY};
+use super::magnitude_key::{key as absmax_key, largest_finite, NO_KEY};
+use crate::q8::lut::CodeTable;
 use crate::q8::{StoredState, BLOCK_SIZE};
 use crate::StateKind;
 
@@ -231,30 +232,15 @@ fn block_absmax(values: &[f32]) -> f32 {
     absmax_of_key(values.iter().fold(NO_KEY, |m, v| m.max(absmax_key(*v))))
 }
 
-/// Bits of magnitudes order as the magnitudes do, infinity and NaN (from `INFINITY` up)
-/// above every finite one. Shifted up by `KEY_SHIFT`, the finite ones stay below 2^31 and
-/// the others wrap to negative i32s, which a signed max leaves out: a plain max, which
-/// vectorizes (a max of a select does not).
-const KEY_SHIFT: u32 = (1 << 31) - INFINITY;
-
-/// The key of a block with no finite non-zero value yet.
-const NO_KEY: i32 = KEY_SHIFT as i32;
-
-/// `value`'s key for the absmax: the largest key is the largest finite magnitude's.
-#[inline(always)]
-fn absmax_key(value: f32) -> i32 {
-    (value.to_bits() & 0x7fff_ffff).wrapping_add(KEY_SHIFT) as i32
-}
-
 /// The absmax of a block whose largest key is `key`: 1 where no value was finite and
 /// non-zero.
 #[inline(always)]
 fn absmax_of_key(key: i32) -> f32 {
-    let largest = (key as u32).wrapping_sub(KEY_SHIFT);
-    if largest == 0 {
+    let largest = largest_finite(key);
+    if largest == 0.0 {
         1.0
     } else {
-        f32::from_bits(largest)
+        largest
     }
 }
 
@@ -391,7 +377,11 @@ mod tests {
                 } else {
                     blocked(job, |o| kernel.run::<f32>(o));
                 }
-                let bits: Vec<u32> = param.iter().map(|p| p.to_bits()).collect();
+                // Bit for bit, NaN for NaN: which NaN operand an operation passes on, and
+                // so a NaN's sign, IEEE 754 leaves open, and an optimized build's vector
+                // loop may order an operation's operands otherwise than the scalar one.
+                let bits: Vec<u32> =
+                    param.iter().map(|p| if p.is_nan() { f32::NAN.to_bits() } else { p.to_bits() }).collect();
                 let state: Vec<(Vec<u8>, Vec<u32>)> =
                     state.into_iter().map(|(c, a)| (c, a.iter().map(|x| x.to_bits()).collect())).collect();
                 (bits, state)
