@@ -18,8 +18,8 @@ use crate::StateKind;
 /// Elements per work item (whole blocks of every allowed size): as the f32 path's chunks.
 const CHUNK: usize = 128 * 1024;
 
-/// Elements the f32 update takes per call (whole blocks of every allowed size): called
-/// once per block of 128, its setup took a third of a 4-bit step in L2.
+/// Elements the f32 update takes per call (whole blocks of every allowed size): a call per
+/// block of 128 made a 16 Mi-element 4-bit Adam step about 6 % slower.
 const GROUP: usize = 4 * MAX_BLOCK_SIZE;
 
 /// How a state's values become codes and back: its map, the map's thresholds
