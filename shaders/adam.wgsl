@@ -19,6 +19,8 @@
 //   EPS_AFTER_CORRECTION   true: eps is added after dividing sqrt(v) by sqrt(1 - beta2^t)
 //                          (PyTorch). false: eps is added to sqrt(v) itself and the bias
 //                          correction is in step_size (ONNX, DirectML).
+//   DECAY_AFTER_UPDATE     with DECOUPLED_WEIGHT_DECAY: `p *= decay` after the update
+//                          instead of before it (bitsandbytes' Adam kernels, 8-bit state).
 //   AMSGRAD                keep the running maximum of the second moment and divide by it.
 //   FIRST_MOMENT           one of the constants the prelude declares with it (from the
 //                          Rust enum `FirstMoment`):
@@ -44,7 +46,9 @@ fn update(i: u32) {
         g = -g;
     }
     if DECOUPLED_WEIGHT_DECAY {
-        p = p * hp.decay;
+        if !DECAY_AFTER_UPDATE {
+            p = p * hp.decay;
+        }
     } else if hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
@@ -70,7 +74,10 @@ fn update(i: u32) {
     }
 
     // PyTorch's addcdiv and ONNX both divide first: p - step_size * (m / denom).
-    let p_new = (p - hp.step_size * (m / denom)) * hp.post_scale;
+    var p_new = (p - hp.step_size * (m / denom)) * hp.post_scale;
+    if DECOUPLED_WEIGHT_DECAY && DECAY_AFTER_UPDATE {
+        p_new = p_new * hp.decay;
+    }
     store_param(i, p_new);
     store_param_copy(i, p_new);
     store_exp_avg(i, m);

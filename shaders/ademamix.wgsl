@@ -3,6 +3,8 @@
 //   m2' = beta3_t * m2 + (1 - beta3_t) * g          the slow EMA (beta3 warmed up by the host)
 //   nu' = beta2 * nu + (1 - beta2) * g * g
 //   p'  = p * decay - lr * ((m1' / (1 - beta1^t) + alpha_t * m2') / (sqrt(nu') / sqrt(1 - beta2^t) + eps))
+// or, with the override DECAY_AFTER_UPDATE (bitsandbytes' kernels, 8-bit state),
+//   p'  = (p - lr * (...)) * decay.
 // The prelude declares `struct Hyper` from the step contract (src/step/ademamix.rs); the
 // host fills the step's schedules and bias corrections (capturable: ademamix_capturable.wgsl).
 
@@ -20,7 +22,13 @@ fn update(i: u32) {
     let m2 = hp.beta3_t * m2_prev + hp.one_minus_beta3_t * g;
     let nu = hp.beta2 * nu_prev + hp.one_minus_beta2 * g * g;
     let denom = sqrt(nu) / hp.sqrt_bias_correction2 + hp.eps;
-    let p_new = p * hp.decay - hp.lr * ((m1 / hp.bias_correction1 + hp.alpha_t * m2) / denom);
+    let u = (m1 / hp.bias_correction1 + hp.alpha_t * m2) / denom;
+    var p_new: R;
+    if DECAY_AFTER_UPDATE {
+        p_new = (p - hp.lr * u) * hp.decay;
+    } else {
+        p_new = p * hp.decay - hp.lr * u;
+    }
     store_param(i, p_new);
     store_param_copy(i, p_new);
     store_exp_avg(i, m1);

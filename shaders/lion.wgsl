@@ -15,9 +15,10 @@ fn update(i: u32) {
 
     let c = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
     // lion-pytorch: p.mul_(1 - lr * wd), then p.add_(sign(c), alpha=-lr).
-    // sign(c) with sign(0) = 0 and a NaN passed on, as torch.sign: WGSL's sign leaves NaN to
-    // the implementation.
-    let direction = select(select(select(R(0), R(-1), c < R(0)), R(1), c > R(0)), c, is_nan(c));
+    // sign(c) as torch.sign and bitsandbytes' `sgn`, `(0 < c) - (c < 0)`: 0 for 0 and for NaN,
+    // so a NaN gradient leaves its parameter to the decay (WGSL's sign leaves NaN to the
+    // implementation).
+    let direction = select(select(R(0), R(-1), c < R(0)), R(1), c > R(0));
     let p_new = p * hp.decay - hp.lr * direction;
     let m = hp.beta2 * m_prev + hp.one_minus_beta2 * g;
     store_param(i, p_new);

@@ -19,6 +19,9 @@
 //   grad_at(j)            gradient j, from the gradients' binding or the parameters'.
 //   clip(g), load_clip()  the gradient as the step sees it, and the clip coefficient's
 //                         private copy (shaders/q8_clip.wgsl or q8_unclipped.wgsl).
+//   RESTART_NON_FINITE    whether a non-finite gradient leaves its parameter as loaded and
+//                         restarts its states from 0 (store_<state> stores 0 where
+//                         `restart`, which this file sets).
 //   is_nan, max_propagating_nan
 //   load_<state>, store_<state>
 //                         state k of the variant as old_states[k] and new_states[k];
@@ -27,7 +30,14 @@
 // The family's body (shaders/adam.wgsl, momentum.wgsl) provides `update`.
 //
 // This file provides: the private `seg`, `first`, `live`, `old_states`, `new_states`,
-// `hp`; load_param, load_grad, store_param, store_param_copy; load_scalars.
+// `hp`, `param_loaded`, `restart`; load_param, load_grad, store_param, store_param_copy;
+// load_scalars.
+
+// With RESTART_NON_FINITE (bitsandbytes' 2-state kernel): the four parameters as loaded, and
+// the lanes whose gradient is NaN or infinite, whose parameter is stored as it was loaded
+// and whose states restart from 0 (the prelude's store_<state> select them).
+var<private> param_loaded: R;
+var<private> restart: vec4<bool>;
 
 // The invocation's segment, its first element within the segment, and which of its four
 // elements exist.
@@ -53,7 +63,8 @@ fn load_scalars() {
 fn load_param(i: u32) -> R {
     let at = seg.param + first;
     let last = seg.param + seg.n - 1u;
-    return vec4(params[min(at, last)], params[min(at + 1u, last)], params[min(at + 2u, last)], params[min(at + 3u, last)]);
+    param_loaded = vec4(params[min(at, last)], params[min(at + 1u, last)], params[min(at + 2u, last)], params[min(at + 3u, last)]);
+    return param_loaded;
 }
 
 // With clipping the gradient as stored is scaled as it is loaded, as PyTorch scales the
@@ -61,10 +72,14 @@ fn load_param(i: u32) -> R {
 fn load_grad(i: u32) -> R {
     let at = seg.grad + first;
     let last = seg.grad + seg.n - 1u;
-    return clip(vec4(grad_at(min(at, last)), grad_at(min(at + 1u, last)), grad_at(min(at + 2u, last)), grad_at(min(at + 3u, last))));
+    let g = vec4(grad_at(min(at, last)), grad_at(min(at + 1u, last)), grad_at(min(at + 2u, last)), grad_at(min(at + 3u, last)));
+    // The gradient as stored is what bitsandbytes tests (before its `gnorm_scale`).
+    restart = vec4(RESTART_NON_FINITE) & ((bitcast<vec4<u32>>(g) & vec4(0x7fffffffu)) >= vec4(0x7f800000u));
+    return clip(g);
 }
 
-fn store_param(i: u32, v: R) {
+fn store_param(i: u32, p: R) {
+    let v = select(p, param_loaded, restart);
     let at = seg.param + first;
     if live.x { params[at] = v.x; }
     if live.y { params[at + 1u] = v.y; }

@@ -55,10 +55,16 @@ fn largest(v: R) -> u32 {
     return max(max(bits.x, bits.y), max(bits.z, bits.w));
 }
 
+// Per state (lane k: state k), whether the block `absmax_of` last scaled holds no finite
+// value but 0: its codes are all the code of 0, -0.0's too (crate::q8::quantize), where the
+// sign rule would give -0.0 the code below.
+var<private> zero_block: vec4<bool>;
+
 // Each state's new absmax of a block from its largest magnitude's bits (lane k: state k):
 // 1 for an all-zero block.
 fn absmax_of(largest_bits: vec4<u32>) -> vec4<f32> {
-    return select(bitcast<vec4<f32>>(largest_bits), vec4(1.0), largest_bits == vec4(0u));
+    zero_block = largest_bits == vec4(0u);
+    return select(bitcast<vec4<f32>>(largest_bits), vec4(1.0), zero_block);
 }
 
 // Loads state k's word `w` of block `b` into old_states[k].
@@ -71,7 +77,10 @@ fn load_state(k: u32, b: u32, w: u32) {
 // Stores new_states[k], scaled by the block's new `absmax`, as state k's word `w` of
 // block `b`.
 fn store_state(k: u32, b: u32, w: u32, absmax: f32) {
-    let codes = encode(CODINGS[k], new_states[k] / absmax);
+    var codes = encode(CODINGS[k], new_states[k] / absmax);
+    if zero_block[k] {
+        codes = pack(vec4(CODINGS[k].zero));
+    }
     if live.x {
         state[seg.values[k] + b * BLOCK_WORDS + w] = codes;
     }
@@ -79,7 +88,10 @@ fn store_state(k: u32, b: u32, w: u32, absmax: f32) {
 
 // store_state with the codes from the table.
 fn store_state_exact(k: u32, b: u32, w: u32, absmax: f32) {
-    let codes = encode_exact(CODINGS[k], new_states[k] / absmax);
+    var codes = encode_exact(CODINGS[k], new_states[k] / absmax);
+    if zero_block[k] {
+        codes = pack(vec4(CODINGS[k].zero));
+    }
     if live.x {
         state[seg.values[k] + b * BLOCK_WORDS + w] = codes;
     }

@@ -1,5 +1,6 @@
-// The nearest 8-bit code of a value, two ways that give the same code bit for bit
-// (crate::q8::nearest_code's): a load from the value's bucket of a CodeTable
+// The 8-bit code of a value, two ways that give the same code bit for bit
+// (crate::q8::nearest_code's, bitsandbytes' CUDA kernels' rule with its sign rule): a load
+// from the value's bucket of a CodeTable
 // (src/q8/lut.rs), or arithmetic on the value (src/q8/arith.rs), which asks the table only
 // for the few values near a switch between codes.
 //
@@ -73,7 +74,9 @@ fn estimate(coding: Coding, x: R) -> Estimate {
     let negative = bits >= vec4(0x80000000u);
     var c: vec4<i32>;
     if coding.signed {
-        c = select(127 + index, 127 - index, negative);
+        // A negative value (-0.0 too) never takes the code of 0, index 0: the sign rule of
+        // crate::q8::nearest_code keeps it one code below.
+        c = select(127 + index, 127 - max(index, vec4(1)), negative);
     } else {
         c = select(index, vec4(0), negative);
     }

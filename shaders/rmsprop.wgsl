@@ -5,13 +5,15 @@
 //             avg = sqrt(s' - a' * a') + eps                 square_avg.addcmul(a, a, value=-1).sqrt_().add_(eps)
 //   else:     avg = sqrt(s') + eps
 //   MOMENTUM: b' = b * momentum + g' / avg,  p' = p - lr * b'
-//   else:     p' = p - lr * (g' / avg)
+//   else:     p' = p - lr * (g' / avg), or with STEP_WITH_RAW_GRAD (bitsandbytes' 8-bit
+//             kernel) p' = p - lr * (g / avg): the state takes the decayed gradient, the
+//             parameter the gradient as loaded.
 
-// The prelude declares MAXIMIZE, CENTERED, MOMENTUM, LERP_FROM_GRAD and `struct Hyper` from
-// the step contract (src/step/rmsprop.rs). LERP_FROM_GRAD picks the form ATen's lerp takes
-// for weights of 0.5 and more. L2 weight decay is skipped at run time when its coefficient
-// is 0. The absent slots (grad_avg when not centered, momentum_buffer without momentum) load
-// 0 and are never stored.
+// The prelude declares MAXIMIZE, CENTERED, MOMENTUM, LERP_FROM_GRAD, STEP_WITH_RAW_GRAD and
+// `struct Hyper` from the step contract (src/step/rmsprop.rs). LERP_FROM_GRAD picks the form
+// ATen's lerp takes for weights of 0.5 and more. L2 weight decay is skipped at run time when
+// its coefficient is 0. The absent slots (grad_avg when not centered, momentum_buffer without
+// momentum) load 0 and are never stored.
 
 // Updates element i. The entry point calls it for every element of the segment. (The whole
 // prelude interface: the module doc of src/gpu/kernel.rs.)
@@ -19,6 +21,8 @@ fn update(i: u32) {
     // Every input is loaded before any output is stored: an output may alias any input.
     let p = load_param(i);
     var g = load_grad(i);
+    // bitsandbytes' 8-bit kernel steps the parameter with the gradient as loaded.
+    let g_loaded = g;
     let s_prev = load_square_avg(i);
     let b_prev = load_momentum_buffer(i);
     let a_prev = load_grad_avg(i);
@@ -51,7 +55,11 @@ fn update(i: u32) {
         p_new = p - hp.lr * b;
     } else {
         // PyTorch's addcdiv divides first.
-        p_new = p - hp.lr * (g / avg);
+        var step_grad = g;
+        if STEP_WITH_RAW_GRAD {
+            step_grad = g_loaded;
+        }
+        p_new = p - hp.lr * (step_grad / avg);
     }
     store_square_avg(i, s);
     store_param(i, p_new);

@@ -26,6 +26,10 @@ mod ademamix;
 #[allow(dead_code)]
 pub(crate) mod ao4;
 
+#[path = "../testkit/src/oracle/lion.rs"]
+#[allow(dead_code)]
+mod lion;
+
 #[path = "../testkit/src/oracle/bnb.rs"]
 #[allow(dead_code)]
 pub(crate) mod bnb;

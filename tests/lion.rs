@@ -146,6 +146,70 @@ fn the_checkpoint_json_keeps_lion_pytorchs_names() {
     assert_eq!(json["betas"], serde_json::json!([0.8, 0.95]));
 }
 
+/// lion-pytorch's and bitsandbytes' sign is `torch.sign`'s (`(0 < c) - (c < 0)`), whose sign
+/// of NaN is 0: a NaN gradient element only decays its parameter, step after step (its
+/// `exp_avg` stays NaN; with 8-bit state it restarts as the code of 0). On both backends with
+/// f32, bf16 and f16 parameters and state and with 8-bit state; the GPU and the CPU store the
+/// same bits, and every other element stays finite.
+#[test]
+fn a_nan_gradient_element_only_decays_its_parameter() {
+    use family::{host, slices, slices_mut};
+    use wgpu_optim::cpu::CpuOptimizer;
+    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim::{Optimizer, StateKind};
+    let ctx = ctx();
+    let config = Lion { lr: 1e-2, weight_decay: 0.5, ..Lion::default() };
+    let (n, bad) = (300usize, [7usize, 260]);
+    let mut rng = common::Rng::new(77);
+    let start = rng.vec(n, 1.0);
+    // A clean step, then two with NaN at `bad`.
+    let grads: Vec<Vec<f64>> = (0..3)
+        .map(|k| {
+            let mut g = rng.vec(n, 1.0);
+            if k > 0 {
+                bad.iter().for_each(|&b| g[b] = f64::NAN);
+            }
+            g
+        })
+        .collect();
+    let q8 = Q8States { min_8bit_size: 256 };
+    for (dtype, q8) in [(DType::F32, None), (DType::BF16, None), (DType::F16, None), (DType::F32, Some(q8))] {
+        let what = format!("{dtype:?}, 8-bit {}", q8.is_some());
+        let params = [ctx.upload("param", &start, dtype)];
+        let mut gpu = Optimizer::builder().q8_states(q8).build(&ctx, config, &params).unwrap();
+        let mut cpu_params = [host(&start, dtype)];
+        let mut cpu = CpuOptimizer::builder().q8_states(q8).build(config, &slices(&cpu_params)).unwrap();
+        // The parameter after the clean step, then decayed in f32 and stored in `dtype`.
+        let mut want = Vec::new();
+        for (k, g) in grads.iter().enumerate() {
+            let grad = [ctx.upload("grad", g, dtype)];
+            gpu.step(&grad).unwrap();
+            cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(g, dtype)])).unwrap();
+            let (got, cpu_got) = (common::download(&ctx, &params[0]), cpu_params[0].to_f64());
+            family::assert_bits_eq(&format!("{what}: step {}", k + 1), &got, &cpu_got);
+            if k == 0 {
+                want = bad.iter().map(|&b| got[b]).collect();
+                continue;
+            }
+            let decay = (1.0 - config.lr * config.weight_decay) as f32;
+            for (w, &b) in want.iter_mut().zip(&bad) {
+                *w = dtype.round(f64::from(*w as f32 * decay));
+                assert_eq!(got[b], *w, "{what}: step {}: parameter {b} only decays", k + 1);
+            }
+            assert!(got.iter().all(|p| p.is_finite()), "{what}: step {}", k + 1);
+        }
+        match cpu.q8_state(0, StateKind::ExpAvg) {
+            Some(StoredState::Q8 { codes, .. }) => assert!(bad.iter().all(|&b| codes[b] == 127), "{what}"),
+            Some(StoredState::F32(_)) => panic!("{what}: 300 elements keep 8-bit state"),
+            None => {
+                let state = cpu.state(0, StateKind::ExpAvg).map(|s| s.to_f64());
+                let state = state.unwrap_or_else(|| panic!("{what}: no exp_avg"));
+                assert!(bad.iter().all(|&b| state[b].is_nan()), "{what}: exp_avg stays NaN");
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
     let good = decayed();

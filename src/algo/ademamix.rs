@@ -124,6 +124,6 @@ impl AdEMAMix {
             t_alpha: self.t_alpha.map_or(0.0, |t| t as f64),
             t_beta3: self.t_beta3.map_or(0.0, |t| t as f64),
         };
-        KernelStep::Ademamix(AdemamixSwitches, uniform)
+        KernelStep::Ademamix(AdemamixSwitches { decay_after_update: false }, uniform)
     }
 }

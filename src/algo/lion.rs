@@ -8,7 +8,9 @@ use crate::Result;
 /// lion-pytorch's `Lion`. `Lion::default()` is its defaults.
 ///
 /// Each step, per element: `c = beta1 m + (1 - beta1) g`; `p *= 1 - lr weight_decay`;
-/// `p -= lr sign(c)` (`sign(0) = 0`); `m = beta2 m + (1 - beta2) g`. The update has the same
+/// `p -= lr sign(c)`; `m = beta2 m + (1 - beta2) g`. `sign` is `torch.sign`'s (and
+/// bitsandbytes' `sgn`): 0 for 0 and for NaN, so a NaN gradient only decays its parameter
+/// (its `m` goes NaN, and with 8-bit state restarts from 0). The update has the same
 /// magnitude everywhere, so Lion's rate is usually 3 to 10 times smaller than AdamW's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Lion {

@@ -70,6 +70,7 @@ impl RmsProp {
             momentum: self.keeps_buffer(),
             // ATen's lerp takes another form for weights of 0.5 and more.
             lerp_from_grad: one_minus_alpha.abs() >= 0.5,
+            step_with_raw_grad: false,
         };
         let uniform = RmsPropUniform64 {
             lr: self.lr,

@@ -117,8 +117,9 @@ pub(super) trait Leaves: Sized {
     fn lion() -> Loop<LionUniform, Self>;
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
     fn muon() -> Loop<MuonUniform, Self>;
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self>;
-    fn ademamix() -> Loop<AdemamixUniform, Self>;
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self>;
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self>;
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self>;
 }
 
@@ -148,11 +149,12 @@ impl<T: Element> Leaves for T {
     fn muon() -> Loop<MuonUniform, Self> {
         muon::<T>
     }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
-        rmsprop::<T, M, W, C, B>
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop::<T, M, W, C, B, R>
     }
-    fn ademamix() -> Loop<AdemamixUniform, Self> {
-        ademamix::<T>
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix::<T, A>
     }
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
         lamb_apply::<T, W>
@@ -185,11 +187,12 @@ impl Leaves for f16 {
     fn muon() -> Loop<MuonUniform, Self> {
         muon_f16
     }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
-        rmsprop_f16::<M, W, C, B>
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop_f16::<M, W, C, B, R>
     }
-    fn ademamix() -> Loop<AdemamixUniform, Self> {
-        ademamix_f16
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix_f16::<A>
     }
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
         lamb_apply_f16::<W>
@@ -216,25 +219,28 @@ impl Leaves for Q8 {
         momentum_q8::<M, W, V, N, R>
     }
     fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| adagrad::<f32, M, W>(hp, scale, o))
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| adagrad::<f32, M, W>(hp, scale, o))
     }
     fn lion() -> Loop<LionUniform, Self> {
         lion_q8
     }
     fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
+        |hp, scale, job| {
+            q8::blocked(job, q8::NonFinite::Update, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
+        }
     }
     fn muon() -> Loop<MuonUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| muon::<f32>(hp, scale, o))
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| muon::<f32>(hp, scale, o))
     }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool>() -> Loop<RmsPropUniform, Self> {
-        rmsprop_q8::<M, W, C, B>
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop_q8::<M, W, C, B, R>
     }
-    fn ademamix() -> Loop<AdemamixUniform, Self> {
-        ademamix_q8
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix_q8::<A>
     }
     fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
-        |hp, scale, job| q8::blocked(job, |o| lamb_apply::<f32, W>(hp, scale, o))
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| lamb_apply::<f32, W>(hp, scale, o))
     }
 }
 
@@ -336,6 +342,8 @@ impl Update {
 const NO_DECAY: u8 = 0;
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
+/// Decoupled decay after the update (bitsandbytes' kernels: `AdamSwitches::decay_after_update`).
+const DECOUPLED_AFTER: u8 = 3;
 
 // The forms of the first moment, `FirstMoment` as a const generic (the shader's values).
 const LINEAR: u32 = FirstMoment::Linear.code();
@@ -386,6 +394,7 @@ fn adam_element<
         v_hat.sqrt() + hp.eps
     };
     let p_new = (p - hp.step_size * (m / denom)) * hp.post_scale;
+    let p_new = if DECAY == DECOUPLED_AFTER { p_new * hp.decay } else { p_new };
     (p_new, m, v, v_hat)
 }
 
@@ -475,6 +484,7 @@ fn adam_q8<
     if AMSGRAD {
         q8::each(
             job,
+            q8::NonFinite::Restart,
             #[inline(always)]
             |g, p, [m, v, v_max]| {
                 let new = update(hp, p, g * scale, m, v, v_max);
@@ -485,6 +495,7 @@ fn adam_q8<
     } else {
         q8::each(
             job,
+            q8::NonFinite::Restart,
             #[inline(always)]
             |g, p, [m, v]| {
                 let new = update(hp, p, g * scale, m, v, 0.0);
@@ -533,7 +544,22 @@ fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, 
             EpsPlacement::OnRoot => maximize::<T, A, false>(s, u),
         }
     }
-    if s.amsgrad {
+    // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its few
+    // loops alone, rather than every other switch's loops once more.
+    fn bitsandbytes<T: Leaves>(s: &AdamSwitches) -> Loop<AdamUniform, T> {
+        debug_assert!(!s.amsgrad && s.first_moment == FirstMoment::Linear, "{s:?}");
+        match (s.eps, s.maximize) {
+            (EpsPlacement::AfterCorrection, false) => {
+                T::adam::<false, true, false, DECOUPLED_AFTER, LINEAR>()
+            }
+            (EpsPlacement::AfterCorrection, true) => T::adam::<false, true, true, DECOUPLED_AFTER, LINEAR>(),
+            (EpsPlacement::OnRoot, false) => T::adam::<false, false, false, DECOUPLED_AFTER, LINEAR>(),
+            (EpsPlacement::OnRoot, true) => T::adam::<false, false, true, DECOUPLED_AFTER, LINEAR>(),
+        }
+    }
+    if s.decoupled_weight_decay && s.decay_after_update {
+        bitsandbytes::<T>(s)
+    } else if s.amsgrad {
         eps::<T, true>(s, u)
     } else {
         eps::<T, false>(s, u)
@@ -612,6 +638,7 @@ fn momentum_q8<
     let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
     q8::each(
         job,
+        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [v]| {
             let (p, v) = update(hp, p, g * scale, v);
@@ -760,13 +787,12 @@ fn adagrad_loop<E: Leaves>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<Adag
 #[inline(always)]
 fn lion_element(hp: &LionUniform, p: f32, g: f32, m_prev: f32) -> (f32, f32) {
     let c = hp.beta1 * m_prev + hp.one_minus_beta1 * g;
-    // torch.sign: sign(0) = 0 (f32::signum gives 1) and a NaN stays NaN.
+    // torch.sign and bitsandbytes' `sgn`, `(0 < c) - (c < 0)`: 0 for 0 (f32::signum gives 1)
+    // and for NaN, so a NaN gradient leaves its parameter to the decay.
     let direction = if c > 0.0 {
         1.0
     } else if c < 0.0 {
         -1.0
-    } else if c.is_nan() {
-        c
     } else {
         0.0
     };
@@ -802,6 +828,7 @@ fn lion_f16(hp: &LionUniform, scale: f32, o: Operands<'_, f16>) {
 fn lion_q8(hp: &LionUniform, scale: f32, job: q8::Job<'_>) {
     q8::each(
         job,
+        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [m]| {
             let (p, m) = lion_element(hp, p, g * scale, m);
@@ -900,9 +927,16 @@ const CENTERED_LERP_FROM_AVG: u8 = 1;
 const CENTERED_LERP_FROM_GRAD: u8 = 2;
 
 /// One element of `shaders/rmsprop.wgsl`: returns `(p_new, square_avg, momentum_buffer,
-/// grad_avg)`.
+/// grad_avg)`. `RAW`: the parameter steps with the gradient as given, the state with the
+/// decayed one (`RmsPropSwitches::step_with_raw_grad`).
 #[inline(always)]
-fn rmsprop_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+fn rmsprop_element<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
     hp: &RmsPropUniform,
     p: f32,
     mut g: f32,
@@ -910,6 +944,7 @@ fn rmsprop_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER:
     b_prev: f32,
     a_prev: f32,
 ) -> (f32, f32, f32, f32) {
+    let loaded = g;
     if MAXIMIZE {
         g = -g;
     }
@@ -933,7 +968,8 @@ fn rmsprop_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER:
         let b = b_prev * hp.momentum + g / avg;
         (p - hp.lr * b, s, b, a)
     } else {
-        (p - hp.lr * (g / avg), s, b_prev, a)
+        let step_grad = if RAW { loaded } else { g };
+        (p - hp.lr * (step_grad / avg), s, b_prev, a)
     }
 }
 
@@ -944,12 +980,13 @@ fn rmsprop<
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
+    const RAW: bool,
 >(
     hp: &RmsPropUniform,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
     // is kept, then grad_avg where it is kept.
     let [square_avg, second, third] = o.state;
@@ -983,12 +1020,18 @@ fn rmsprop<
 }
 
 /// [`rmsprop`] on f16 operands, a register (sixteen or eight elements) at a time.
-fn rmsprop_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+fn rmsprop_f16<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
     hp: &RmsPropUniform,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     let [square_avg, second, third] = o.state;
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => f16_lanes::each(
@@ -1032,19 +1075,26 @@ fn rmsprop_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8,
 
 /// [`rmsprop`] over 8-bit state: bitsandbytes' one 8-bit form (one state, uncentered,
 /// without momentum) in one pass per block, the others block by block.
-fn rmsprop_q8<const MAXIMIZE: bool, const WEIGHT_DECAY: bool, const CENTER: u8, const MOMENTUM: bool>(
+fn rmsprop_q8<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
     hp: &RmsPropUniform,
     scale: f32,
     job: q8::Job<'_>,
 ) {
     let blocked =
-        |o: Operands<'_, f32>| rmsprop::<f32, MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>(hp, scale, o);
+        |o: Operands<'_, f32>| rmsprop::<f32, MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>(hp, scale, o);
     if MOMENTUM || CENTER != UNCENTERED {
-        return q8::blocked(job, blocked);
+        return q8::blocked(job, q8::NonFinite::Update, blocked);
     }
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM>;
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     q8::each(
         job,
+        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [s]| {
             let new = update(hp, p, g * scale, s, 0.0, 0.0);
@@ -1061,9 +1111,9 @@ fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsP
         s: &RmsPropSwitches,
     ) -> Loop<RmsPropUniform, E> {
         if s.momentum {
-            E::rmsprop::<M, W, C, true>()
+            E::rmsprop::<M, W, C, true, false>()
         } else {
-            E::rmsprop::<M, W, C, false>()
+            E::rmsprop::<M, W, C, false, false>()
         }
     }
     fn center<E: Leaves, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
@@ -1073,6 +1123,15 @@ fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsP
             (true, true) => momentum::<E, M, W, CENTERED_LERP_FROM_GRAD>(s),
         }
     }
+    // bitsandbytes' 8-bit form (`q8::kernel_step`) is plain RMSprop: its loops alone.
+    if s.step_with_raw_grad {
+        debug_assert!(!s.maximize && !s.centered && !s.momentum, "{s:?}");
+        return if u.weight_decay != 0.0 {
+            E::rmsprop::<false, true, UNCENTERED, false, true>()
+        } else {
+            E::rmsprop::<false, false, UNCENTERED, false, true>()
+        };
+    }
     match (s.maximize, u.weight_decay != 0.0) {
         (false, false) => center::<E, false, false>(s),
         (false, true) => center::<E, false, true>(s),
@@ -1081,9 +1140,10 @@ fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsP
     }
 }
 
-/// One element of `shaders/ademamix.wgsl`: returns `[p_new, m1, m2, nu]`.
+/// One element of `shaders/ademamix.wgsl`: returns `[p_new, m1, m2, nu]`. `DECAY_AFTER`:
+/// the decay after the update (`AdemamixSwitches::decay_after_update`).
 #[inline(always)]
-fn ademamix_element(
+fn ademamix_element<const DECAY_AFTER: bool>(
     hp: &AdemamixUniform,
     p: f32,
     g: f32,
@@ -1095,46 +1155,60 @@ fn ademamix_element(
     let m2 = hp.beta3_t * m2_prev + hp.one_minus_beta3_t * g;
     let nu = hp.beta2 * nu_prev + hp.one_minus_beta2 * g * g;
     let denom = nu.sqrt() / hp.sqrt_bias_correction2 + hp.eps;
-    let p_new = p * hp.decay - hp.lr * ((m1 / hp.bias_correction1 + hp.alpha_t * m2) / denom);
+    let u = (m1 / hp.bias_correction1 + hp.alpha_t * m2) / denom;
+    let p_new = if DECAY_AFTER { (p - hp.lr * u) * hp.decay } else { p * hp.decay - hp.lr * u };
     [p_new, m1, m2, nu]
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn ademamix<E: Element>(hp: &AdemamixUniform, scale: f32, o: Operands<'_, E>) {
+fn ademamix<E: Element, const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, o: Operands<'_, E>) {
     let [exp_avg, exp_avg_slow, exp_avg_sq] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_slow.iter_mut());
     for ((((p, g), m1), m2), nu) in rows.zip(exp_avg_sq.iter_mut()) {
-        let new = ademamix_element(hp, p.widen(), g.widen() * scale, m1.widen(), m2.widen(), nu.widen());
+        let new = ademamix_element::<DECAY_AFTER>(
+            hp,
+            p.widen(),
+            g.widen() * scale,
+            m1.widen(),
+            m2.widen(),
+            nu.widen(),
+        );
         (*p, *m1, *m2, *nu) = (E::narrow(new[0]), E::narrow(new[1]), E::narrow(new[2]), E::narrow(new[3]));
     }
 }
 
 /// [`ademamix`] on f16 operands, a register (sixteen or eight elements) at a time.
-fn ademamix_f16(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
+fn ademamix_f16<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
     let [exp_avg, exp_avg_slow, exp_avg_sq] = o.state;
     f16_lanes::each(
         [o.param, exp_avg, exp_avg_slow, exp_avg_sq],
         o.grad,
         #[inline(always)]
-        |g, [p, m1, m2, nu]| ademamix_element(hp, p, g * scale, m1, m2, nu),
+        |g, [p, m1, m2, nu]| ademamix_element::<DECAY_AFTER>(hp, p, g * scale, m1, m2, nu),
     );
 }
 
-/// [`ademamix`] over 8-bit state, one pass per block.
-fn ademamix_q8(hp: &AdemamixUniform, scale: f32, job: q8::Job<'_>) {
+/// [`ademamix`] over 8-bit state, one pass per block; a non-finite gradient restarts its
+/// element, as bitsandbytes' 2-state kernel does ([`q8::NonFinite::Restart`]).
+fn ademamix_q8<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, job: q8::Job<'_>) {
     q8::each(
         job,
+        q8::NonFinite::Restart,
         #[inline(always)]
         |g, p, [m1, m2, nu]| {
-            let [p, m1, m2, nu] = ademamix_element(hp, p, g * scale, m1, m2, nu);
+            let [p, m1, m2, nu] = ademamix_element::<DECAY_AFTER>(hp, p, g * scale, m1, m2, nu);
             (p, [m1, m2, nu])
         },
-        |o| ademamix::<f32>(hp, scale, o),
+        |o| ademamix::<f32, DECAY_AFTER>(hp, scale, o),
     );
 }
 
-fn ademamix_loop<E: Leaves>(_: &AdemamixSwitches, _: &AdemamixUniform) -> Loop<AdemamixUniform, E> {
-    E::ademamix()
+fn ademamix_loop<E: Leaves>(s: &AdemamixSwitches, _: &AdemamixUniform) -> Loop<AdemamixUniform, E> {
+    if s.decay_after_update {
+        E::ademamix::<true>()
+    } else {
+        E::ademamix::<false>()
+    }
 }
 
 /// `lamb_direction` of `shaders/lamb.wgsl`: `m / (sqrt(v) + eps)`, plus `weight_decay p`

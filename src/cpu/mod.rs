@@ -508,11 +508,18 @@ impl CpuOptimizer {
             return self.adafactor_step(&config, params, grads);
         }
         let t = self.step + 1;
-        let (kernel_step, schedule_free) = crate::algo::group_step(&self.algorithm, t, &self.schedule_free);
+        let (mut kernel_step, schedule_free) =
+            crate::algo::group_step(&self.algorithm, t, &self.schedule_free);
+        if self.q8.is_some() {
+            // bitsandbytes' 8-bit kernels' form of the step.
+            kernel_step = crate::q8::kernel_step(&self.algorithm, t);
+        }
         let mut kernel = Kernel::new(&kernel_step);
+        let mut grad_scale = 1.0;
         if let Some(clip) = &self.grad_clip {
             let total_norm = norm::global_norm(grads, clip.norm_type);
-            kernel = kernel.with_grad_scale(clip_coefficient(total_norm, clip.max_norm as f32));
+            grad_scale = clip_coefficient(total_norm, clip.max_norm as f32);
+            kernel = kernel.with_grad_scale(grad_scale);
             self.grad_norm = Some(total_norm);
         }
         let mut streams = [0; MAX_STATE];
@@ -529,7 +536,8 @@ impl CpuOptimizer {
                 HostSlice::F32(values) => *values,
                 _ => &[],
             });
-            q8::run(&kernel, self.algorithm.state_kinds(), params, grads, states);
+            let f32_kernel = Kernel::new(&crate::q8::f32_state_step(kernel_step)).with_grad_scale(grad_scale);
+            q8::run(&kernel, &f32_kernel, self.algorithm.state_kinds(), params, grads, states);
             self.step = t;
             self.schedule_free = schedule_free;
             return Ok(());

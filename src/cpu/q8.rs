@@ -69,6 +69,18 @@ impl<'a> Slot<'a> {
     }
 }
 
+/// What a non-finite gradient does to its element on 8-bit state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NonFinite {
+    /// The update runs on it as on any gradient (a NaN or infinite state it makes is stored
+    /// as the code of 0: `crate::q8::nearest_code`).
+    Update,
+    /// The element's parameter is left as it was and its states restart from 0, as
+    /// bitsandbytes' 2-state kernel (Adam, AdEMAMix) does. Where the state is f32 (a tensor
+    /// below `min_8bit_size`: bitsandbytes' 32-bit kernel) the update runs as `Update`.
+    Restart,
+}
+
 /// A run of whole blocks of one tensor (the last may be partial): what a family's 8-bit
 /// loop updates.
 pub(super) struct Job<'a> {
@@ -77,11 +89,14 @@ pub(super) struct Job<'a> {
     slots: [Slot<'a>; MAX_STATES],
 }
 
-/// Runs `kernel` over every tensor: `states[i]` holds tensor i's state in the kernel's slot
+/// Runs `kernel` over every tensor with 8-bit state and `f32_kernel` over those below
+/// `min_8bit_size` (bitsandbytes' 32-bit kernel, which differs in places:
+/// `crate::q8::f32_state_step`): `states[i]` holds tensor i's state in the kernels' slot
 /// order (`kinds`). The lengths have been checked. The one allocation is the list of work
 /// items, as the f32 path's.
 pub(super) fn run<'a>(
     kernel: &Kernel,
+    f32_kernel: &Kernel,
     kinds: &[StateKind],
     params: impl Iterator<Item = &'a mut [f32]>,
     grads: impl Iterator<Item = &'a [f32]>,
@@ -105,15 +120,23 @@ pub(super) fn run<'a>(
         }
         jobs.push(rest);
     }
-    jobs.into_par_iter().for_each(|job| kernel.run::<Q8>(job));
+    jobs.into_par_iter().for_each(|job| {
+        if matches!(job.slots[0], Slot::F32(_)) {
+            f32_kernel.run::<Q8>(job)
+        } else {
+            kernel.run::<Q8>(job)
+        }
+    });
 }
 
 /// Runs `update(grad, param, states) -> (param, states)` on every element of `job` in one
 /// pass per block, where the CPU has AVX-512 and the job's first `S` states are 8-bit and
 /// it keeps no others; otherwise [`blocked`] with `f32_loop`, the same update's f32 loop.
+/// `non_finite` says what a non-finite gradient does on 8-bit state.
 #[inline(always)]
 pub(super) fn each<const S: usize>(
     job: Job<'_>,
+    non_finite: NonFinite,
     update: impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
     f32_loop: impl Fn(Operands<'_, f32>),
 ) {
@@ -130,31 +153,74 @@ pub(super) fn each<const S: usize>(
                 _ => None,
             });
             let slots = std::array::from_fn(|_| slots.next().unwrap_or_default());
-            return fused::each(level, param, grad, slots, update);
+            let restart = non_finite == NonFinite::Restart;
+            return fused::each(
+                level,
+                param,
+                grad,
+                slots,
+                #[inline(always)]
+                |g, p, states| {
+                    let (new_p, new_states) = update(g, p, states);
+                    if restart && !g.is_finite() {
+                        (p, [0.0; S])
+                    } else {
+                        (new_p, new_states)
+                    }
+                },
+            );
         }
     }
     let _ = update;
-    blocked(job, f32_loop)
+    blocked(job, non_finite, f32_loop)
 }
 
 /// Updates `job` block by block: each block's 8-bit states dequantized into f32 scratch,
-/// `f32_loop` on the block, the new states requantized.
-pub(super) fn blocked(job: Job<'_>, f32_loop: impl Fn(Operands<'_, f32>)) {
+/// `f32_loop` on the block, the new states requantized. `non_finite` says what a non-finite
+/// gradient does on 8-bit state.
+pub(super) fn blocked(job: Job<'_>, non_finite: NonFinite, f32_loop: impl Fn(Operands<'_, f32>)) {
     let Job { param, grad, mut slots } = job;
+    let restart = non_finite == NonFinite::Restart && matches!(slots[0], Slot::Q8 { .. });
     let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATES];
+    let mut kept = [0.0f32; BLOCK_SIZE];
     let lanes = Lanes::new();
     for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
         let (n, at) = (param.len(), b * BLOCK_SIZE);
+        // The parameters a non-finite gradient leaves as they were (rare: kept only then).
+        let restarts = restart && grad.iter().any(|g| !g.is_finite());
+        if restarts {
+            kept[..n].copy_from_slice(param);
+        }
         update_block(&f32_loop, lanes, &mut slots, &mut scratch, param, grad, b);
+        if restarts {
+            for (j, _) in grad.iter().enumerate().filter(|(_, g)| !g.is_finite()) {
+                param[j] = kept[j];
+                for state in scratch.iter_mut() {
+                    state[j] = 0.0;
+                }
+            }
+        }
         let mut updated = scratch.iter();
         for slot in slots.iter_mut() {
             if let Slot::Q8 { codes, absmax, table } = slot {
                 let values = &updated.next().map(|s| &s[..n]).unwrap_or_default();
-                absmax[b] = block_absmax(values);
-                lanes.quantize(values, absmax[b], table, &mut codes[at..at + n]);
+                absmax[b] = requantize(lanes, values, table, &mut codes[at..at + n]);
             }
         }
     }
+}
+
+/// `values`' codes under their block's absmax, which it returns: the largest finite
+/// magnitude, or 1 with every code the code of 0 for a block without a finite value but 0
+/// (its -0.0 too, which the sign rule would store one code below: `crate::q8::quantize`).
+fn requantize(lanes: Lanes, values: &[f32], table: &'static CodeTable, codes: &mut [u8]) -> f32 {
+    let largest = largest_finite(block_key(values));
+    if largest == 0.0 {
+        codes.fill(table.zero());
+        return 1.0;
+    }
+    lanes.quantize(values, largest, table, codes);
+    largest
 }
 
 /// The vector loops this CPU runs, found once per job: AVX-512's, which need no gathers
@@ -224,24 +290,12 @@ fn dequantize(codes: &[u8], absmax: f32, map: &[f32; 256], values: &mut [f32]) {
     }
 }
 
-/// The block's largest finite magnitude, 1 for a block without one (all zero, or all NaN or
-/// infinite). A non-finite value is left out, as `q8::quantize` leaves it: it takes the code
-/// of 0, and the block's other values keep their scale.
+/// The largest key of the block's values ([`absmax_key`]): its largest finite magnitude's. A
+/// non-finite value is left out, as `q8::quantize` leaves it: it takes the code of 0, and
+/// the block's other values keep their scale.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn block_absmax(values: &[f32]) -> f32 {
-    absmax_of_key(values.iter().fold(NO_KEY, |m, v| m.max(absmax_key(*v))))
-}
-
-/// The absmax of a block whose largest key is `key`: 1 where no value was finite and
-/// non-zero.
-#[inline(always)]
-fn absmax_of_key(key: i32) -> f32 {
-    let largest = largest_finite(key);
-    if largest == 0.0 {
-        1.0
-    } else {
-        largest
-    }
+fn block_key(values: &[f32]) -> i32 {
+    values.iter().fold(NO_KEY, |m, v| m.max(absmax_key(*v)))
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
@@ -257,10 +311,10 @@ mod tests {
 
     /// Where the CPU has AVX-512, the one-pass loops ([`each`]) of Adam, momentum, Lion,
     /// RMSprop and AdEMAMix leave the parameters, codes and absmax of the blocked path bit
-    /// for bit, for every switch each family has: whole blocks, a partial last block, a
-    /// block whose new absmax is subnormal (which only the exact rule requantizes), one of
-    /// zeros and one with NaN and infinite gradients. (Elsewhere both runs take the
-    /// blocked path.)
+    /// for bit, for every switch each family has and bitsandbytes' forms: whole blocks, a
+    /// partial last block, a block whose new absmax is subnormal (which only the exact rule
+    /// requantizes), one of zeros, one of zeros and -0.0, one with NaN and infinite
+    /// gradients, and tiny negative gradients. (Elsewhere both runs take the blocked path.)
     #[test]
     fn the_one_pass_loops_and_the_blocked_path_agree_bit_for_bit() {
         use crate::{AdEMAMix, Adam, DmlAdam, Lion, OnnxAdam, RmsProp, Sgd};
@@ -286,6 +340,10 @@ mod tests {
                         };
                         for t in [1, 6] {
                             steps.push((format!("{a:?} t {t}"), a.kernel_step(t), adam(&a)));
+                            if !amsgrad {
+                                let bnb = crate::q8::kernel_step(&a.into(), t);
+                                steps.push((format!("bitsandbytes' {a:?} t {t}"), bnb, adam(&a)));
+                            }
                         }
                     }
                 }
@@ -324,15 +382,17 @@ mod tests {
         for alpha in [0.99, 0.5] {
             let rmsprop = RmsProp { alpha, ..RmsProp::default() };
             steps.push((format!("{rmsprop:?}"), rmsprop.kernel_step(), vec![StateKind::SquareAvg]));
+            let rmsprop = RmsProp { alpha, weight_decay: 0.1, ..RmsProp::default() };
+            let bnb = crate::q8::kernel_step(&rmsprop.into(), 1);
+            steps.push((format!("bitsandbytes' {rmsprop:?}"), bnb, vec![StateKind::SquareAvg]));
         }
         for (t_alpha, weight_decay) in [(None, 0.0), (Some(10), 0.01)] {
             let ademamix = AdEMAMix { t_alpha, t_beta3: t_alpha, weight_decay, ..AdEMAMix::default() };
             for t in [1, 4] {
-                steps.push((
-                    format!("{ademamix:?} t {t}"),
-                    ademamix.kernel_step(t),
-                    vec![StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
-                ));
+                let kinds = vec![StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq];
+                steps.push((format!("{ademamix:?} t {t}"), ademamix.kernel_step(t), kinds.clone()));
+                let bnb = crate::q8::kernel_step(&ademamix.into(), t);
+                steps.push((format!("bitsandbytes' {ademamix:?} t {t}"), bnb, kinds));
             }
         }
 
@@ -353,14 +413,28 @@ mod tests {
         grad[3 * BLOCK_SIZE + 5] = f32::NAN;
         grad[3 * BLOCK_SIZE + 70] = f32::INFINITY;
         grad[3 * BLOCK_SIZE + 200] = f32::NEG_INFINITY;
+        // Block 4's states are zero and its gradient -0.0: a block of zeros, some of them
+        // -0.0, which store the code of 0 (the sign rule would move them below it).
+        grad[4 * BLOCK_SIZE..5 * BLOCK_SIZE].fill(-0.0);
+        // Block 0 has tiny negative gradients, whose first moments the sign rule stores
+        // below the code of 0.
+        for j in [3, 40, 41, 200] {
+            grad[j] = -1e-12;
+        }
         let codes: Vec<u8> = (0..n).map(|_| (next() >> 24) as u8).collect();
         let mut absmax: Vec<f32> =
             (0..n.div_ceil(BLOCK_SIZE)).map(|_| 0.01 + (next() >> 20) as f32 / 4096.0).collect();
         absmax[1] = 1e-39;
         absmax[2] = 0.0;
+        absmax[4] = 0.0;
 
         for (name, step, kinds) in &steps {
             let kernel = Kernel::new(step);
+            let non_finite = if crate::q8::restarts_non_finite(&step.switches()) {
+                NonFinite::Restart
+            } else {
+                NonFinite::Update
+            };
             let run = |one_pass: bool| {
                 let mut param = param.clone();
                 let mut state: Vec<(Vec<u8>, Vec<f32>)> =
@@ -375,7 +449,7 @@ mod tests {
                 if one_pass {
                     kernel.run::<Q8>(job);
                 } else {
-                    blocked(job, |o| kernel.run::<f32>(o));
+                    blocked(job, non_finite, |o| kernel.run::<f32>(o));
                 }
                 // Bit for bit, NaN for NaN: which NaN operand an operation passes on, and
                 // so a NaN's sign, IEEE 754 leaves open, and an optimized build's vector
@@ -419,7 +493,10 @@ mod tests {
         }
         for table in [CodeTable::signed(), CodeTable::unsigned()] {
             for block in values.chunks(BLOCK_SIZE) {
-                let absmax = block_absmax(block);
+                let absmax = match largest_finite(block_key(block)) {
+                    0.0 => 1.0,
+                    largest => largest,
+                };
                 let (mut a, mut b) = (vec![0u8; block.len()], vec![1u8; block.len()]);
                 portable.quantize(block, absmax, table, &mut a);
                 chosen.quantize(block, absmax, table, &mut b);

@@ -887,6 +887,7 @@ pub(crate) mod tests {
                         maximize,
                         decoupled_weight_decay,
                         first_moment,
+                        decay_after_update: decoupled_weight_decay && !amsgrad,
                     }));
                 }
             }
@@ -901,13 +902,16 @@ pub(crate) mod tests {
                 centered: amsgrad,
                 momentum: decoupled_weight_decay,
                 lerp_from_grad: maximize != amsgrad,
+                step_with_raw_grad: !maximize && !amsgrad && !decoupled_weight_decay,
             }));
         }
         all.push(Switches::Lion(LionSwitches));
         for swap in flags {
             all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
-        all.push(Switches::Ademamix(AdemamixSwitches));
+        for decay_after_update in flags {
+            all.push(Switches::Ademamix(AdemamixSwitches { decay_after_update }));
+        }
         for (momentum_pass, nesterov) in flags.iter().flat_map(|m| flags.map(move |n| (*m, n))) {
             all.push(Switches::Muon(MuonSwitches { momentum_pass, nesterov }));
         }

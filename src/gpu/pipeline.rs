@@ -343,6 +343,7 @@ mod tests {
                 maximize: false,
                 decoupled_weight_decay: true,
                 first_moment: FirstMoment::LerpFromGrad,
+                decay_after_update: false,
             }),
             Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
             Switches::Adagrad(AdagradSwitches { maximize: false }),
@@ -353,8 +354,9 @@ mod tests {
                 centered: true,
                 momentum: true,
                 lerp_from_grad: false,
+                step_with_raw_grad: false,
             }),
-            Switches::Ademamix(crate::step::AdemamixSwitches),
+            Switches::Ademamix(crate::step::AdemamixSwitches { decay_after_update: true }),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),

@@ -62,7 +62,8 @@ impl Optimizer {
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
         for (group, bytes) in self.groups.iter_mut().zip(slots) {
-            group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
+            // bitsandbytes' 8-bit kernels' form of the step.
+            crate::q8::kernel_step(&group.algorithm, t).write_uniform(self.math, bytes);
             group.dirty = false;
         }
         self.uniforms.record_write(encoder, &self.uniform_bytes)?;

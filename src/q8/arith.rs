@@ -13,8 +13,8 @@
 //! lies at an integer: the code is the decade's first magnitude index plus its floor (-1,
 //! the code below the decade, under the first switch), and one distance to the nearest
 //! integer tells a value near a switch, the first switch included. The positions of the real switches, which
-//! `nearest_code`'s f32 distances decide, lie within 2e-5 of those (f32 rounding of the
-//! codes and of the distances); a value whose position lies within [`NEAR`] of a switch is
+//! `nearest_code`'s f32 midpoints decide, lie within 2.5e-5 of those (f32 rounding of the
+//! codes and of their midpoints); a value whose position lies within [`NEAR`] of a switch is
 //! reported as near ([`Quantizer::estimate`] gives `None`) and its caller asks the exact rule.
 //! Every other value's code is the nearest code bit for bit, even from a product `v * (1 /
 //! absmax)` instead of the rule's quotient `v / absmax` (a few ulps apart, far less than
@@ -50,7 +50,7 @@ pub const FIRST_SCALE: f32 = 1.25;
 pub const FIRST_OFFSET: f32 = -0.25;
 
 /// A code position nearer than this to an integer is left to the exact rule: about three
-/// times the most by which a code position can miss (the switches lie within 2e-5 of their
+/// times the most by which a code position can miss (the switches lie within 2.5e-5 of their
 /// positions, the product by the reciprocal and the fused multiply-add add under 2.5e-5,
 /// the stretch below position 1 a quarter more, and the lines' f32 slopes and offsets, of
 /// codes up to 255, under 2.5e-5), and rare enough in
@@ -287,8 +287,11 @@ impl Quantizer {
         if (position - position.round_ties_even()).abs() < NEAR {
             return None;
         }
+        // A negative value's code mirrors its magnitude's in the signed map (127 less its
+        // magnitude index), and never reaches the code of 0: the sign rule keeps the code
+        // below it (`nearest_code`). The unsigned map has only the code of 0 for it.
         let code = match (self.signed, negative) {
-            (true, true) => 254 - code,
+            (true, true) => 254 - code.max(self.middle + 1),
             (false, true) => 0,
             (_, false) => code,
         };
@@ -444,7 +447,7 @@ mod tests {
     }
 
     /// The margin [`NEAR`] rests on: every switch between codes below the code of 1 (the
-    /// first value of each bucket's end code, from the code table) lies within 2e-5 of its
+    /// first value of each bucket's end code, from the code table) lies within 2.5e-5 of its
     /// position (an integer, or [`FIRST_SWITCH`]), and its index position within 2.5e-5 of
     /// an integer.
     #[test]
@@ -463,7 +466,7 @@ mod tests {
                 let k = (q.span_decade[span] + i32::from(m >= q.span_split[span])) as usize;
                 let position = m.mul_add(q.scale[k], q.offset[k]);
                 let miss = (position - position.round_ties_even()).abs().min((position - FIRST_SWITCH).abs());
-                assert!(miss <= 2e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");
+                assert!(miss <= 2.5e-5, "bucket {bucket}: the switch at {m:e} lies at position {position}");
                 let stretched = index_position(position);
                 let miss = (stretched - stretched.round_ties_even()).abs();
                 assert!(

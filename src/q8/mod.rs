@@ -10,10 +10,18 @@
 //! Adam's second moment its unsigned one (`qmap2`).
 //!
 //! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
-//! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit; the
-//! quantization rounds as its reference implementation does (the nearest code by f32
-//! distance, the lower code on a tie).
+//! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit. Codes
+//! are found as bitsandbytes' CUDA kernels find them, the format its users' checkpoints hold
+//! ([`nearest_code`]: the midpoints' rule, exact ties to the even code, and the sign rule that
+//! keeps a tiny negative signed state negative), which its pure-PyTorch reference
+//! (`optimizer_update_8bit_blockwise_pytorch`: the nearest code by f32 distance, the lower one
+//! on a tie, no sign rule) does not follow. A block of zeros stores the code of 0 throughout,
+//! -0.0 included: the kernel stores such a block under absmax 0, so every value reads back 0.
 
+use crate::step::{
+    AdamSwitches, AdamUniform64, AdemamixSwitches, EpsPlacement, FirstMoment, KernelStep, RmsPropSwitches,
+    Switches,
+};
 use crate::{Error, Result, StateKind};
 
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -99,10 +107,10 @@ pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
 
 /// What bitsandbytes' `RMSprop8bit` does not run as [`crate::RmsProp`] does, by name:
 /// `centered` and `alpha == 0` (its constructor refuses both), `momentum` (accepted by its
-/// constructor, ignored by its kernel), `maximize` (it has none), and weight decay or
-/// clipping, whose 8-bit kernel steps the parameter with the raw gradient while the state
-/// takes the decayed and clipped one (`kOptimizerStatic8bit1StateBlockwise`), which the
-/// shared RMSprop kernel does not reproduce.
+/// constructor, ignored by its kernel), `maximize` (it has none), and clipping, whose 8-bit
+/// kernel steps the parameter with the raw, unclipped gradient while the state takes the
+/// clipped one (`kOptimizerStatic8bit1StateBlockwise`), which the crate's clipped gradient
+/// loads do not reproduce. Weight decay runs as that kernel runs it ([`kernel_step`]).
 fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str> {
     if r.centered {
         Some("bitsandbytes' RMSprop8bit refuses centered RMSprop")
@@ -112,14 +120,91 @@ fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str
         Some("bitsandbytes' RMSprop8bit ignores momentum (its kernel has no momentum buffer); set momentum 0")
     } else if r.maximize {
         Some("bitsandbytes' RMSprop8bit has no maximize")
-    } else if r.weight_decay != 0.0 || clipped {
+    } else if clipped {
         Some(
             "bitsandbytes' RMSprop8bit steps the parameter with the raw gradient but its state with the \
-             decayed, clipped one; weight decay and grad_clip are not reproduced with 8-bit RMSprop state",
+             clipped one; grad_clip is not reproduced with 8-bit RMSprop state",
         )
     } else {
         None
     }
+}
+
+/// The step of `algorithm` at `t` (from 1) as bitsandbytes' 8-bit kernels run it
+/// (`kOptimizerStatic8bit2StateBlockwise` and `kOptimizerStatic8bit1StateBlockwise`,
+/// `csrc/kernels.cu`, 0.50.x), where they differ from the algorithm's own form:
+///
+/// - Adam: the first moment as `beta1 m + (1 - beta1) g` (not PyTorch's lerp), the update
+///   `p - lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + sqrt(1 - beta2^t) eps)`, and
+///   decoupled decay after the update (`p += step; p *= 1 - lr wd`);
+/// - AdEMAMix: decoupled decay after the update;
+/// - RMSprop: the parameter steps with the gradient as loaded, the state with the decayed one.
+///
+/// The 32-bit kernels that bitsandbytes runs for tensors below `min_8bit_size` share these
+/// but RMSprop's ([`f32_state_step`]). The other families run their own step. A non-finite
+/// gradient in the 2-state kernel is the storage's concern ([`restarts_non_finite`]).
+pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> KernelStep {
+    match algorithm.kernel_step(t) {
+        KernelStep::Adam(switches, uniform) if switches.eps == EpsPlacement::AfterCorrection => {
+            let switches = AdamSwitches {
+                first_moment: FirstMoment::Linear,
+                eps: EpsPlacement::OnRoot,
+                decay_after_update: switches.decoupled_weight_decay,
+                ..switches
+            };
+            // step_size = -lr * correction2 / correction1; eps next to sqrt(v), times
+            // correction2 (the kernel's `sqrtf(s2) + correction2 * eps`).
+            let correction2 = uniform.sqrt_bias_correction2;
+            let uniform = AdamUniform64 {
+                step_size: uniform.step_size * correction2,
+                eps: uniform.eps * correction2,
+                ..uniform
+            };
+            KernelStep::Adam(switches, uniform)
+        }
+        KernelStep::Ademamix(_, uniform) => {
+            KernelStep::Ademamix(AdemamixSwitches { decay_after_update: true }, uniform)
+        }
+        KernelStep::RmsProp(switches, uniform) => {
+            KernelStep::RmsProp(RmsPropSwitches { step_with_raw_grad: true, ..switches }, uniform)
+        }
+        step => step,
+    }
+}
+
+/// [`kernel_step`] as bitsandbytes' 32-bit kernels run it, for the tensors below
+/// `min_8bit_size`: RMSprop's parameter steps with the decayed gradient there
+/// (`kOptimizer32bit1State`), as PyTorch's does.
+pub(crate) fn f32_state_step(step: KernelStep) -> KernelStep {
+    match step {
+        KernelStep::RmsProp(switches, uniform) => KernelStep::RmsProp(f32_state_rmsprop(switches), uniform),
+        step => step,
+    }
+}
+
+/// [`f32_state_step`]'s switches: those of `switches`' kernel for a tensor below
+/// `min_8bit_size`.
+pub(crate) fn f32_state_switches(switches: Switches) -> Switches {
+    match switches {
+        Switches::RmsProp(s) => Switches::RmsProp(f32_state_rmsprop(s)),
+        switches => switches,
+    }
+}
+
+fn f32_state_rmsprop(switches: RmsPropSwitches) -> RmsPropSwitches {
+    RmsPropSwitches { step_with_raw_grad: false, ..switches }
+}
+
+/// Whether a non-finite gradient leaves its parameter as it was (no decay either) and
+/// restarts its element's 8-bit states from 0: bitsandbytes' 2-state kernel (Adam and
+/// AdEMAMix) tests every gradient (`!isnan && !isinf`) before its update. Its 1-state kernel
+/// (SGD with momentum, Lion, RMSprop) has no such test and lets a NaN or infinite state
+/// spoil its whole block for good; there the update runs on the gradient, and a non-finite
+/// state it makes is stored as the code of 0 ([`nearest_code`]), which confines it to its
+/// element. Neither applies to f32 state below `min_8bit_size` (bitsandbytes' 32-bit
+/// kernels have no test either).
+pub(crate) fn restarts_non_finite(switches: &Switches) -> bool {
+    matches!(switches, Switches::Adam(_) | Switches::Ademamix(_))
 }
 
 /// Refuses an algorithm that has no 8-bit form here, or one of whose settings 8-bit state
@@ -382,22 +467,54 @@ fn linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The index of the code of `map` (sorted, as the maps above are) nearest to `x`, the lower
-/// one on a tie, an end code beyond the map's ends. NaN and the infinities take the code of
-/// 0 ([`zero_code`]): a non-finite state value is not kept, and its element's state
-/// restarts from zero.
+/// The code bitsandbytes' CUDA kernels store for `x`, a value already divided by its block's
+/// absmax (`quantize_2D` and the sign fix after it in `kOptimizerStatic8bit1StateBlockwise`
+/// and `kOptimizerStatic8bit2StateBlockwise`, `csrc/kernels.cu`, 0.50.x):
+///
+/// - **the nearest code by the midpoints**: `x` takes the upper of its two neighbouring codes
+///   `a < b` above their f32 midpoint `(a + b) * 0.5` and the lower one below it, an end code
+///   beyond the map's ends;
+/// - **ties**: a value exactly at a midpoint takes the even code of the two (the kernel's
+///   binary search ends on an even pivot, and keeps it on a tie);
+/// - **the sign rule**, in the signed map only: a value whose sign differs from its code's
+///   (a negative value whose nearest code is the code of 0, and -0.0) moves one code toward
+///   its sign, so it is stored as the code below the code of 0 ("make sure state1 term has
+///   still the same sign after quantization").
+///
+/// NaN and the infinities take the code of 0 ([`zero_code`]): a non-finite state value is not
+/// kept, and its element's state restarts from zero (the kernels' own result there depends on
+/// the NaN's sign bit, or spoils the block).
 pub(crate) fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
     if !x.is_finite() {
         return zero_code(map);
     }
-    // Beyond the map's ends the end code is nearest; clamping first keeps f32 rounding of
-    // huge distances (where |x - c| of neighbouring codes round alike) from picking another,
-    // so the code is monotone in x. (A quantized x = value / absmax lies in [-1, 1] anyway.)
+    // Beyond the map's ends the end code is nearest. (A quantized x = value / absmax lies in
+    // [-1, 1] anyway.)
     let x = x.clamp(map[0], map[255]);
     // The first code not below x, and its lower neighbour.
     let above = map.partition_point(|&c| c < x).min(255);
-    let below = above.saturating_sub(1);
-    let code = if (x - map[below]).abs() <= (x - map[above]).abs() { below } else { above };
+    let code = match above.checked_sub(1) {
+        // x is the lowest code itself.
+        None => 0,
+        Some(below) => {
+            let midpoint = (map[below] + map[above]) * 0.5;
+            if x > midpoint {
+                above
+            } else if x < midpoint || below % 2 == 0 {
+                below
+            } else {
+                above
+            }
+        }
+    };
+    let signed = map[0] < 0.0;
+    if signed && map[code].is_sign_negative() != x.is_sign_negative() {
+        // Only a negative value (or -0.0) can reach the code of 0 (+0.0) from the other side:
+        // a positive value's nearest code is never negative.
+        // (The kernel's own `c += 1` / `c -= 1` on an unsigned char.)
+        let code = code as u8;
+        return if x > 0.0 { code.wrapping_add(1) } else { code.wrapping_sub(1) };
+    }
     code as u8
 }
 
@@ -424,7 +541,8 @@ pub(crate) fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absma
         let largest = block.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
         *block_absmax = if largest == 0.0 { 1.0 } else { largest };
         for (code, v) in block_codes.iter_mut().zip(block) {
-            *code = nearest_code(map, v / *block_absmax);
+            // A block of zeros reads back 0 everywhere: its -0.0 keeps the code of 0 too.
+            *code = if largest == 0.0 { zero_code(map) } else { nearest_code(map, v / *block_absmax) };
         }
     }
     Ok(())
@@ -470,122 +588,4 @@ pub(crate) fn blocks(len: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_maps_are_sorted_and_span_minus_one_to_one() {
-        // The signed map's lowest code is the negated midpoint below 1 of a 65-point grid over
-        // [0.1, 1]: -(1 - 0.9 / 128), rounded as bitsandbytes rounds it.
-        let lowest_signed = f32::from_bits(0xbf7e_3333);
-        for (map, lowest) in [(signed_map(), lowest_signed), (unsigned_map(), 0.0)] {
-            assert!(map.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
-            assert_eq!(map[0], lowest);
-            assert_eq!(map[255], 1.0);
-        }
-    }
-
-    #[test]
-    fn a_value_takes_the_nearest_code_and_the_lower_one_on_a_tie() {
-        let map = unsigned_map();
-        assert_eq!(nearest_code(&map, 1.0), 255);
-        assert_eq!(nearest_code(&map, 2.0), 255);
-        assert_eq!(nearest_code(&map, -1.0), 0);
-        assert_eq!(nearest_code(&map, map[100]), 100);
-        let midpoint = (map[100] + map[101]) / 2.0;
-        let expected = if midpoint - map[100] <= map[101] - midpoint { 100 } else { 101 };
-        assert_eq!(nearest_code(&map, midpoint), expected);
-        assert_eq!(nearest_code(&map, f32::NAN), 0);
-    }
-
-    #[test]
-    fn quantizing_scales_by_each_blocks_largest_magnitude() {
-        let map = signed_map();
-        let mut values = vec![0.0f32; BLOCK_SIZE + 3];
-        values[5] = -4.0;
-        values[7] = 2.0;
-        values[BLOCK_SIZE + 1] = 0.5;
-        let (mut codes, mut absmax) = (vec![0u8; values.len()], vec![0.0f32; blocks(values.len())]);
-        quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(absmax, [4.0, 0.5]);
-        let mut back = vec![0.0f32; values.len()];
-        dequantize(&codes, &absmax, &map, &mut back).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(back[BLOCK_SIZE + 1], 0.5);
-        // -1 is not a code of the signed map: the nearest is its lowest code.
-        assert_eq!(back[5], map[0] * 4.0);
-        assert!((back[7] - 2.0).abs() < 0.02, "{}", back[7]);
-        assert_eq!(back[0], 0.0);
-
-        // An all-zero block keeps absmax 1.
-        let mut absmax = [0.0f32];
-        quantize(&[0.0; 4], &map, &mut [0u8; 4], &mut absmax).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(absmax, [1.0]);
-    }
-
-    #[test]
-    fn mismatched_lengths_are_refused_by_name_and_change_nothing() {
-        let map = signed_map();
-        let (mut codes, mut absmax) = ([7u8; 300], [3.0f32; 2]);
-        let err = quantize(&[0.5; 299], &map, &mut codes, &mut absmax).unwrap_err();
-        assert!(err.to_string().contains("codes"), "{err}");
-        let err = quantize(&[0.5; 300], &map, &mut codes, &mut [3.0f32; 1]).unwrap_err();
-        assert!(err.to_string().contains("absmax"), "{err}");
-        assert_eq!((codes, absmax), ([7u8; 300], [3.0f32; 2]));
-        let mut values = [9.0f32; 300];
-        assert!(dequantize(&codes, &[1.0; 3], &map, &mut values).is_err());
-        assert_eq!(values, [9.0f32; 300]);
-    }
-
-    #[test]
-    fn a_non_finite_value_is_left_out_of_its_blocks_absmax_and_stored_as_zero() {
-        for map in [signed_map(), unsigned_map()] {
-            let zero = map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0")) as u8;
-            assert_eq!(zero_code(&map), zero);
-            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-                assert_eq!(nearest_code(&map, bad), zero, "{bad}");
-                let mut values = vec![0.25f32; 300];
-                values[5] = bad;
-                values[260] = bad;
-                let (mut codes, mut absmax) = (vec![7u8; 300], vec![0.0f32; 2]);
-                quantize(&values, &map, &mut codes, &mut absmax).unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(absmax, [0.25, 0.25], "{bad}");
-                assert_eq!((codes[5], codes[260]), (zero, zero), "{bad}");
-                assert_eq!(codes[4], 255, "{bad}: a finite value keeps its code");
-                // A block of nothing finite has no scale: absmax 1, as an all-zero block.
-                quantize(&[bad; 3], &map, &mut [7u8; 3], &mut absmax[..1]).unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(absmax[0], 1.0, "{bad}");
-            }
-        }
-    }
-
-    /// The oracle's maps and its nearest code (a scan of all 256 codes, written apart from
-    /// this module) agree with these, so the code table that `lut` derives from
-    /// [`nearest_code`] rests on an independent reference too.
-    #[test]
-    fn the_maps_and_nearest_codes_equal_the_oracles() {
-        use crate::oracle::bnb;
-        assert_eq!(signed_map(), bnb::signed_map());
-        assert_eq!(unsigned_map(), bnb::unsigned_map());
-        for map in [signed_map(), unsigned_map()] {
-            let midpoints = map.windows(2).map(|w| (w[0] + w[1]) / 2.0);
-            let neighbours = map.iter().flat_map(|&c| [c, c.next_down(), c.next_up()]);
-            let sweep = (0..=1u32 << 16).map(|i| f32::from_bits(0x3000_0000 + (i << 8)));
-            let values: Vec<f32> = midpoints.chain(neighbours).chain(sweep.flat_map(|x| [x, -x])).collect();
-            for x in values.into_iter().chain([0.0, 2.0, -2.0, f32::NAN, f32::INFINITY]) {
-                assert_eq!(nearest_code(&map, x), bnb::nearest_code(&map, x), "{x:e}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_state_reads_back_through_the_map_of_its_kind() {
-        assert_eq!(map_for(StateKind::ExpAvg), signed_map());
-        assert_eq!(map_for(StateKind::MomentumBuffer), signed_map());
-        assert_eq!(map_for(StateKind::ExpAvgSq), unsigned_map());
-        let every_code = StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] };
-        for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-            let values = every_code.values(kind).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(values, map_for(kind), "{kind:?}");
-        }
-    }
-}
+mod tests;

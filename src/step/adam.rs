@@ -85,6 +85,10 @@ pub(crate) struct AdamSwitches {
     /// the coefficient is not 0.
     pub(crate) decoupled_weight_decay: bool,
     pub(crate) first_moment: FirstMoment,
+    /// With decoupled weight decay, `p *= decay` after the update instead of before it, as
+    /// bitsandbytes' Adam kernels do (`crate::q8::kernel_step`). The CPU backend runs it with
+    /// the linear first moment and without AMSGrad only, the form those kernels have.
+    pub(crate) decay_after_update: bool,
 }
 
 impl AdamSwitches {
@@ -96,6 +100,7 @@ impl AdamSwitches {
             Override::Bool("MAXIMIZE", self.maximize),
             Override::Bool("DECOUPLED_WEIGHT_DECAY", self.decoupled_weight_decay),
             Override::Choice("FIRST_MOMENT", self.first_moment.code(), FirstMoment::CHOICES),
+            Override::Bool("DECAY_AFTER_UPDATE", self.decay_after_update),
         ]
     }
 }
@@ -112,6 +117,7 @@ mod tests {
             maximize: false,
             decoupled_weight_decay: false,
             first_moment: FirstMoment::LerpFromGrad,
+            decay_after_update: false,
         };
         let wgsl: String = switches.overrides().iter().map(|o| o.wgsl()).collect();
         for line in [

@@ -38,14 +38,18 @@ uniform! {
     }
 }
 
-/// The AdEMAMix family's compile-time switches: none (bitsandbytes' AdEMAMix has one weight
-/// decay mode and no `maximize`).
+/// The AdEMAMix family's compile-time switches (bitsandbytes' AdEMAMix has one weight decay
+/// mode and no `maximize`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct AdemamixSwitches;
+pub(crate) struct AdemamixSwitches {
+    /// `p *= decay` after the update instead of before it, as bitsandbytes' AdEMAMix kernels
+    /// do (`crate::q8::kernel_step`).
+    pub(crate) decay_after_update: bool,
+}
 
 impl AdemamixSwitches {
-    /// The shader's override constants: none.
+    /// The shader's override constants.
     pub(crate) fn overrides(&self) -> Vec<Override> {
-        Vec::new()
+        vec![Override::Bool("DECAY_AFTER_UPDATE", self.decay_after_update)]
     }
 }

@@ -31,6 +31,10 @@ pub(crate) struct RmsPropSwitches {
     /// `grad_avg.lerp_(grad, w)` in ATen's form for weights `w >= 0.5`:
     /// `g - (g - grad_avg) * (1 - w)`; otherwise `grad_avg + w * (g - grad_avg)`.
     pub(crate) lerp_from_grad: bool,
+    /// The parameter steps with the gradient as loaded, the state alone with the decayed one:
+    /// bitsandbytes' 8-bit RMSprop kernel (`crate::q8::kernel_step`). The CPU backend runs
+    /// it uncentered, without momentum and without `maximize` only, as bitsandbytes does.
+    pub(crate) step_with_raw_grad: bool,
 }
 
 impl RmsPropSwitches {
@@ -41,6 +45,7 @@ impl RmsPropSwitches {
             Override::Bool("CENTERED", self.centered),
             Override::Bool("MOMENTUM", self.momentum),
             Override::Bool("LERP_FROM_GRAD", self.lerp_from_grad),
+            Override::Bool("STEP_WITH_RAW_GRAD", self.step_with_raw_grad),
         ]
     }
 }

@@ -11,7 +11,7 @@
 use fearless_simd::{Avx512, Simd};
 
 use super::lanes::{self, Dequantizer, Requantizer, B, Q};
-use super::{absmax_key, absmax_of_key, NO_KEY};
+use super::{absmax_key, largest_finite, NO_KEY};
 use crate::q8::lut::CodeTable;
 use crate::q8::BLOCK_SIZE;
 
@@ -26,6 +26,44 @@ pub(super) struct Slot<'a> {
     pub(super) codes: &'a mut [u8],
     pub(super) absmax: &'a mut [f32],
     pub(super) table: &'static CodeTable,
+}
+
+/// How a block's values are requantized once its absmax is known.
+#[derive(Clone, Copy)]
+enum Scale {
+    /// By the arithmetic, under this absmax.
+    Arithmetic(f32),
+    /// By the exact rule alone: an absmax whose reciprocal the arithmetic cannot take.
+    Exact(f32),
+    /// A block without a finite value but 0 (absmax 1): every code the code of 0, -0.0's too
+    /// (`crate::q8::quantize`).
+    Zero,
+}
+
+impl Scale {
+    /// The scale of a block whose largest finite magnitude is `largest`, which `requantizer`
+    /// now takes; and the absmax stored.
+    #[inline(always)]
+    fn of(level: Avx512, requantizer: &mut Requantizer, largest: f32) -> (Self, f32) {
+        if largest == 0.0 {
+            (Scale::Zero, 1.0)
+        } else if requantizer.set_absmax(level, largest) {
+            (Scale::Arithmetic(largest), largest)
+        } else {
+            (Scale::Exact(largest), largest)
+        }
+    }
+
+    /// `values`' codes under this scale.
+    #[inline(always)]
+    fn requantize(self, level: Avx512, requantizer: &mut Requantizer, values: &[f32], codes: &mut [u8]) {
+        match self {
+            Scale::Arithmetic(absmax) | Scale::Exact(absmax) => {
+                requantizer.quantize(level, values, absmax, codes)
+            }
+            Scale::Zero => codes.fill(requantizer.zero()),
+        }
+    }
 }
 
 /// An empty slot, which `each` is never given (its caller checks every slot is 8-bit).
@@ -57,8 +95,8 @@ pub(super) fn each<const S: usize>(
             let dequantizers = slots.each_ref().map(|slot| Dequantizer::new(level, slot.table));
             // The new states of the block being updated and of the one before it.
             let mut scratch = [[[0f32; BLOCK_SIZE]; S]; 2];
-            // The block before's absmax, and whether the arithmetic can requantize under it.
-            let mut previous = [(0f32, false); S];
+            // How the block before is requantized.
+            let mut previous = [Scale::Zero; S];
             let (params, param_tail) = param.as_chunks_mut::<BLOCK_SIZE>();
             let (grads, grad_tail) = grad.as_chunks::<BLOCK_SIZE>();
             for (b, (param, grad)) in params.iter_mut().zip(grads).enumerate() {
@@ -79,17 +117,20 @@ pub(super) fn each<const S: usize>(
                     update_registers(&update, param, grad, fresh, c * Q / L..(c + 1) * Q / L, &mut keys);
                     if b > 0 {
                         let before = chunk.start - BLOCK_SIZE..chunk.end - BLOCK_SIZE;
-                        for ((slot, requantizer), (values, (absmax, arithmetic))) in
+                        for ((slot, requantizer), (values, scale)) in
                             slots.iter_mut().zip(&mut requantizers).zip(done.iter().zip(previous))
                         {
                             let values = &values[c * Q..(c + 1) * Q];
                             let codes = &mut slot.codes[before.clone()];
-                            match (<&[f32; Q]>::try_from(values), <&mut [u8; Q]>::try_from(codes)) {
-                                (Ok(values), Ok(codes)) if arithmetic => {
+                            match (<&[f32; Q]>::try_from(values), <&mut [u8; Q]>::try_from(codes), scale) {
+                                (Ok(values), Ok(codes), Scale::Arithmetic(absmax)) => {
                                     requantizer.quantize_chunk(level, values, absmax, codes)
                                 }
-                                // A subnormal absmax: the exact rule, which `quantize` takes.
-                                (Ok(values), Ok(codes)) => requantizer.quantize(level, values, absmax, codes),
+                                // A subnormal absmax (the exact rule, which `quantize` takes) or
+                                // a block of zeros.
+                                (Ok(values), Ok(codes), scale) => {
+                                    scale.requantize(level, requantizer, values, codes)
+                                }
                                 // Unreachable: a whole block's chunk is `Q` long.
                                 _ => {}
                             }
@@ -99,22 +140,18 @@ pub(super) fn each<const S: usize>(
                 for ((slot, requantizer), (key, previous)) in
                     slots.iter_mut().zip(&mut requantizers).zip(keys.into_iter().zip(previous.iter_mut()))
                 {
-                    let absmax = absmax_of(key);
+                    let (scale, absmax) = Scale::of(level, requantizer, largest(key));
                     slot.absmax[b] = absmax;
-                    *previous = (absmax, requantizer.set_absmax(level, absmax));
+                    *previous = scale;
                 }
             }
             if let Some(b) = params.len().checked_sub(1) {
                 let done = &scratch[b % 2];
-                for ((slot, requantizer), (values, (absmax, _))) in
+                for ((slot, requantizer), (values, scale)) in
                     slots.iter_mut().zip(&mut requantizers).zip(done.iter().zip(previous))
                 {
-                    requantizer.quantize(
-                        level,
-                        values,
-                        absmax,
-                        &mut slot.codes[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE],
-                    );
+                    let codes = &mut slot.codes[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE];
+                    scale.requantize(level, requantizer, values, codes);
                 }
             }
             if !param_tail.is_empty() {
@@ -142,9 +179,11 @@ pub(super) fn each<const S: usize>(
                 for ((slot, requantizer), values) in
                     slots.iter_mut().zip(&mut requantizers).zip(values.iter())
                 {
-                    let absmax = super::block_absmax(&values[..n]);
+                    // Over the block's own elements, not the padding's.
+                    let (scale, absmax) =
+                        Scale::of(level, requantizer, largest_finite(super::block_key(&values[..n])));
                     slot.absmax[b] = absmax;
-                    requantizer.quantize(level, &values[..n], absmax, &mut slot.codes[codes.clone()]);
+                    scale.requantize(level, requantizer, &values[..n], &mut slot.codes[codes.clone()]);
                 }
             }
         },
@@ -194,8 +233,9 @@ fn register_mut(block: &mut [f32; BLOCK_SIZE], r: usize) -> &mut [f32; L] {
     &mut bytemuck::cast_mut::<[f32; BLOCK_SIZE], [[f32; L]; REGISTERS]>(block)[r]
 }
 
-/// The absmax whose lanes' keys are `key`.
+/// The largest finite magnitude whose lanes' keys are `key` (0 where none is finite and
+/// non-zero).
 #[inline(always)]
-fn absmax_of(key: [i32; L]) -> f32 {
-    absmax_of_key(key.into_iter().fold(NO_KEY, i32::max))
+fn largest(key: [i32; L]) -> f32 {
+    largest_finite(key.into_iter().fold(NO_KEY, i32::max))
 }

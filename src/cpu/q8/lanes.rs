@@ -179,6 +179,12 @@ impl Requantizer {
         }
     }
 
+    /// The code of 0 of the map.
+    #[inline]
+    pub(super) fn zero(&self) -> u8 {
+        self.table.zero()
+    }
+
     /// Takes `absmax` as the scale of the chunks that follow; false where the arithmetic
     /// cannot (a subnormal absmax, whose reciprocal overflows): then only the exact rule can.
     #[inline]
@@ -226,6 +232,9 @@ struct Constants {
     top_value: __m512,
     top_code: __m512i,
     mirror: __m512i,
+    /// The code above the code of 0 (128, signed): a negative value's code mirrors at least
+    /// it, so no negative value takes the code of 0.
+    first_positive: __m512i,
     infinity: __m512i,
     zero_code: __m512i,
 }
@@ -250,6 +259,7 @@ fearless_simd::kernel!(
             top_value: _mm512_set1_ps(q.top_value(1.0)),
             top_code: _mm512_set1_epi32(q.top_index + q.middle),
             mirror: _mm512_set1_epi32(2 * q.middle),
+            first_positive: _mm512_set1_epi32(q.middle + 1),
             infinity: _mm512_set1_epi32(INFINITY as i32),
             zero_code: _mm512_set1_epi32(i32::from(q.zero)),
         }
@@ -294,9 +304,11 @@ fearless_simd::kernel!(
         // The code of 1, decided exactly on the value (not the product).
         let code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, c.top_value), c.top_code);
         // A positive value's code is its code position's floor; a negative value's is 254
-        // less that in the signed map (127 less its magnitude index), the code of 0 in the
+        // less that in the signed map (127 less its magnitude index, and at least 1 below the
+        // code of 0: the sign rule of `nearest_code`, -0.0 included), the code of 0 in the
         // unsigned one.
         let code = if signed {
+            let code = _mm512_mask_max_epi32(code, negative, code, c.first_positive);
             _mm512_mask_sub_epi32(code, negative, c.mirror, code)
         } else {
             _mm512_maskz_mov_epi32(!negative, code)
@@ -407,8 +419,9 @@ mod tests {
     use super::*;
     use crate::q8::{nearest_code, signed_map, unsigned_map};
 
-    /// Values of every kind: both signs, zeros, subnormals, NaN, the infinities, values at
-    /// and around every code and switch, and pseudo-random ones, under a few absmax values.
+    /// Values of every kind: both signs, zeros (-0.0 too), subnormals, NaN, the infinities,
+    /// values at and around every code, midpoint and switch, and pseudo-random ones, under a
+    /// few absmax values.
     fn values(map: &[f32; 256], table: &CodeTable) -> Vec<f32> {
         let mut values =
             vec![0.0, -0.0, 1e-45, -1e-45, 1e-39, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0];
@@ -418,6 +431,16 @@ mod tests {
                 values.extend([x, -x]);
             }
         }
+        // Every midpoint of neighbouring codes (an exact tie takes the even code, and below
+        // the code of 0 the sign rule's threshold lies there) with its neighbours.
+        for pair in map.windows(2) {
+            let midpoint = (pair[0] + pair[1]) * 0.5;
+            for delta in -2i32..=2 {
+                let x = f32::from_bits(midpoint.to_bits().wrapping_add_signed(delta));
+                values.extend([x, -x]);
+            }
+        }
+        values.extend([-1e-30, -1e-10, -2.7e-7, -f32::MIN_POSITIVE]);
         for (bucket, entry) in table.entries().iter().enumerate() {
             use crate::q8::lut::{BUCKETS_PER_SIGN, BUCKET_SHIFT, SMALLEST};
             let sign = if bucket >= BUCKETS_PER_SIGN { 0x8000_0000u32 } else { 0 };

@@ -26,7 +26,7 @@ use crate::gpu::plan::{check_range, Arg};
 use crate::gpu::q8::Requantize;
 use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
 use crate::gpu::GpuContext;
-use crate::step::Switches;
+use crate::step::{KernelStep, Switches};
 use crate::{Algorithm, DType, Error, Result, StateKind, Tensor};
 
 /// What a format of blockwise state brings to the shared [`Engine`].
@@ -76,6 +76,23 @@ pub(crate) trait Format {
     fn requantize(&self) -> Requantize {
         Requantize::Table
     }
+    /// The step of `algorithm` at `t` (from 1) as the format runs it (8-bit:
+    /// bitsandbytes' kernels' form, `crate::q8::kernel_step`).
+    fn kernel_step(algorithm: &Algorithm, t: u64) -> KernelStep {
+        algorithm.kernel_step(t)
+    }
+    /// The switches of a tensor's kernel in a group whose step has `switches`: those where
+    /// its state is `quantized`, the format's f32 kernel's otherwise.
+    fn tensor_switches(switches: Switches, quantized: bool) -> Switches {
+        let _ = quantized;
+        switches
+    }
+    /// Whether a non-finite gradient leaves its parameter as it was and restarts its
+    /// element's quantized states from 0, in a group whose step has `switches`.
+    fn restarts_non_finite(switches: &Switches) -> bool {
+        let _ = switches;
+        false
+    }
 }
 
 /// What selects one compiled low-bit pipeline (the registry keeps each format's apart).
@@ -95,6 +112,9 @@ pub(crate) struct Variant {
     /// How 8-bit codes are found (`Table` for f32 state and for 4-bit, which searches its
     /// 16-entry maps).
     pub(in crate::gpu) requantize: Requantize,
+    /// A non-finite gradient leaves its parameter as it was and restarts its element's
+    /// quantized states from 0 ([`Format::restarts_non_finite`]).
+    pub(in crate::gpu) restart_non_finite: bool,
 }
 
 /// Where one state of one tensor chunk lies in its arena, in words.
@@ -411,7 +431,7 @@ impl<F: Format> Engine<F> {
             Engine {
                 format,
                 tensors,
-                switches: algorithms.iter().map(|a| a.kernel_step(1).switches()).collect(),
+                switches: algorithms.iter().map(|a| F::kernel_step(a, 1).switches()).collect(),
                 bound: None,
                 // A CPU adapter runs a workgroup barrier as a switch through every invocation:
                 // there, one invocation owns a block and needs none, which PERF.md measures.
@@ -445,7 +465,7 @@ impl<F: Format> Engine<F> {
     /// Group `g` now runs `algorithm` (same state kinds): its pipelines change with its
     /// switches.
     pub(crate) fn set_algorithm(&mut self, g: usize, algorithm: &Algorithm) {
-        let switches = algorithm.kernel_step(1).switches();
+        let switches = F::kernel_step(algorithm, 1).switches();
         if self.switches[g] != switches {
             self.switches[g] = switches;
             self.bound = None;
@@ -473,8 +493,9 @@ impl<F: Format> Engine<F> {
             let tensor = &self.tensors[i];
             let shared = grad.buffer == param.buffer;
             let quantized = tensor.quantized && !tensor.kinds.is_empty();
+            let switches = self.switches[tensor.group];
             let variant = Variant {
-                switches: self.switches[tensor.group],
+                switches: F::tensor_switches(switches, quantized),
                 kinds: tensor.kinds.clone(),
                 quantized,
                 grad_in_params: shared,
@@ -482,6 +503,7 @@ impl<F: Format> Engine<F> {
                 clip: self.clip,
                 block_size: block as u32,
                 requantize: if quantized { self.format.requantize() } else { Requantize::Table },
+                restart_non_finite: quantized && F::restarts_non_finite(&switches),
             };
             // Each state chunk (one arena), cut again where its parameters outgrow a binding;
             // both cuts fall on whole blocks.

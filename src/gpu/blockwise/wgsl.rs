@@ -50,11 +50,15 @@ pub(in crate::gpu) fn states_and_scalars(s: &mut String, variant: &Variant) {
     let kinds = &variant.kinds;
     let family = variant.switches.family();
     s.push_str(&nan_helpers(DType::F32, true));
+    // shaders/q8.wgsl's stores keep a restarted element's parameter; its states are zeroed
+    // here.
+    let _ = writeln!(s, "const RESTART_NON_FINITE: bool = {};", variant.restart_non_finite);
+    let stored = if variant.restart_non_finite { "select(v, R(0.0), restart)" } else { "v" };
     for (k, kind) in kinds.iter().enumerate() {
         let _ = writeln!(
             s,
             "fn load_{name}(i: u32) -> R {{\n    return old_states[{k}];\n}}\n\
-             fn store_{name}(i: u32, v: R) {{\n    new_states[{k}] = v;\n}}",
+             fn store_{name}(i: u32, v: R) {{\n    new_states[{k}] = {stored};\n}}",
             name = kind.torch_name()
         );
     }

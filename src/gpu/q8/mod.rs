@@ -19,6 +19,7 @@ use crate::gpu::blockwise::{Engine, Format, Stored};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
+use crate::step::{KernelStep, Switches};
 use crate::{Algorithm, Result, Tensor};
 pub(crate) use shader::Requantize;
 
@@ -91,6 +92,25 @@ impl Format for Q8 {
 
     fn requantize(&self) -> Requantize {
         self.requantize
+    }
+
+    /// bitsandbytes' 8-bit kernels' form of the step.
+    fn kernel_step(algorithm: &Algorithm, t: u64) -> KernelStep {
+        crate::q8::kernel_step(algorithm, t)
+    }
+
+    /// Below `min_8bit_size`, bitsandbytes' 32-bit kernels' form.
+    fn tensor_switches(switches: Switches, quantized: bool) -> Switches {
+        if quantized {
+            switches
+        } else {
+            crate::q8::f32_state_switches(switches)
+        }
+    }
+
+    /// bitsandbytes' 2-state kernel (Adam, AdEMAMix).
+    fn restarts_non_finite(switches: &Switches) -> bool {
+        crate::q8::restarts_non_finite(switches)
     }
 }
 

@@ -340,21 +340,27 @@ fn zero_code(kind: StateKind) -> u8 {
     map.iter().position(|&c| c == 0.0).unwrap_or_else(|| panic!("no 0 in the map")) as u8
 }
 
-/// One NaN or infinite gradient element with 8-bit state: its parameter goes non-finite
-/// as with f32 state, its state takes the code of 0 and its block's absmax leaves it out,
-/// so the block's 255 other elements and the next step follow the oracle; for every
-/// 8-bit algorithm, NaN, +inf and -inf, and both owners of a block.
+/// One NaN or infinite gradient element with 8-bit state changes its own element only: Adam
+/// and AdEMAMix (bitsandbytes' 2-state kernel) leave its parameter as it was and restart
+/// its states from 0; SGD with momentum, Lion and RMSprop step it (its parameter goes
+/// non-finite as with f32 state, but Lion's, whose sign of NaN is 0) and store its
+/// non-finite states as the code of 0, which its block's absmax leaves out. So the block's
+/// 255 other elements and the next step follow the oracle; for every 8-bit algorithm, NaN,
+/// +inf and -inf, and both owners of a block.
 #[test]
-fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
+fn a_non_finite_gradient_element_changes_only_its_own_element() {
     use wgpu_optim_testkit::compare::{assert_close, compare_codes, Tolerance};
     let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
     // Four blocks, the last partial; the bad element in the second.
     let (n, bad) = (1000usize, 300usize);
     let config = Q8States { min_8bit_size: 256 };
-    let algorithms: [Algorithm; 3] = [
+    let algorithms: [Algorithm; 6] = [
         Adam { lr: 1e-2, ..Adam::default() }.into(),
         Adam { lr: 1e-2, weight_decay: 0.1, decoupled_weight_decay: true, ..Adam::default() }.into(),
         Sgd { lr: 1e-2, momentum: 0.9, ..Sgd::default() }.into(),
+        crate::Lion { lr: 1e-3, weight_decay: 0.1, ..crate::Lion::default() }.into(),
+        crate::RmsProp { lr: 1e-3, ..crate::RmsProp::default() }.into(),
+        crate::AdEMAMix { weight_decay: 0.1, ..crate::AdEMAMix::default() }.into(),
     ];
     let initial: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
     for algorithm in algorithms {
@@ -397,8 +403,14 @@ fn a_non_finite_gradient_element_makes_only_its_own_parameter_non_finite() {
                     opt.step(std::slice::from_ref(&g)).unwrap_or_else(|e| panic!("{e}"));
                     let got = ctx.read(&p).unwrap_or_else(|e| panic!("{e}"));
                     let non_finite: Vec<usize> = (0..n).filter(|&i| !got[i].is_finite()).collect();
-                    let expected: &[usize] = if k == 0 { &[] } else { &[bad] };
+                    let expected: Vec<usize> = (0..n).filter(|&i| !want[i].is_finite()).collect();
                     assert_eq!(non_finite, expected, "{what}: non-finite parameters");
+                    assert!(expected.iter().all(|&i| i == bad), "{what}: the oracle's {expected:?}");
+                    if k == 1
+                        && crate::q8::restarts_non_finite(&crate::q8::kernel_step(&algorithm, 1).switches())
+                    {
+                        assert_eq!(got[bad], after[0].0[bad] as f32 as f64, "{what}: the parameter kept");
+                    }
                     let tolerance = Tolerance::Close { rtol: 0.0, atol: 1e-4 };
                     assert_close(&format!("{what}: parameters"), &got, want, tolerance);
                     for (kind, want) in kinds.iter().zip(want_states) {
@@ -490,8 +502,9 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
     for algorithm in algorithms {
         for (quantized, serial, requantize) in STORED {
             for (grad_in_params, clip) in [(false, false), (false, true), (true, true)] {
+                let switches = crate::q8::kernel_step(&algorithm, 1).switches();
                 let variant = Variant {
-                    switches: algorithm.kernel_step(1).switches(),
+                    switches,
                     kinds: algorithm.state_kinds().to_vec(),
                     quantized,
                     grad_in_params,
@@ -499,6 +512,7 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
                     clip,
                     block_size: crate::q8::BLOCK_SIZE as u32,
                     requantize,
+                    restart_non_finite: quantized && crate::q8::restarts_non_finite(&switches),
                 };
                 compile(&ctx, &variant).unwrap_or_else(|e| panic!("{variant:?}: {e}"));
             }
@@ -552,8 +566,9 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
         for &(quantized, serial, requantize) in stored {
             for grad_in_params in [false, true] {
                 for clip in [false, true] {
+                    let switches = crate::q8::kernel_step(&algorithm, 1).switches();
                     let variant = Variant {
-                        switches: algorithm.kernel_step(1).switches(),
+                        switches,
                         kinds: kinds.clone(),
                         quantized,
                         grad_in_params,
@@ -561,6 +576,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
                         clip,
                         block_size: crate::q8::BLOCK_SIZE as u32,
                         requantize,
+                        restart_non_finite: quantized && crate::q8::restarts_non_finite(&switches),
                     };
                     let source = super::shader::compose(&variant);
                     let module = naga::front::wgsl::parse_str(&source)
@@ -711,8 +727,9 @@ fn kernel_codes(ctx: &GpuContext, signed: bool, requantize: Requantize, values: 
 /// The kernels' arithmetic (with its fallback to the table near a switch), and their table,
 /// give `nearest_code`'s code, computed on the host, for every 31st f32 bit pattern of
 /// [2^-26, 1] and their negatives (a prime stride, as `q8::arith`'s own test walks the
-/// range), for each code with its neighbours, across each decade's start, and for the
-/// special values, in both maps.
+/// range), for each code and each midpoint between codes with its neighbours (ties, and the
+/// sign rule's threshold below the code of 0), across each decade's start, and for the
+/// special values (-0.0 and tiny negative values among them), in both maps.
 #[test]
 fn the_kernels_arithmetic_and_table_find_the_nearest_code_of_values_across_the_whole_range() {
     use crate::q8::{nearest_code, signed_map, unsigned_map};
@@ -725,6 +742,15 @@ fn the_kernels_arithmetic_and_table_find_the_nearest_code_of_values_across_the_w
         for c in map {
             for delta in -3i32..=3 {
                 let x = f32::from_bits(c.to_bits().wrapping_add_signed(delta));
+                values.extend([x, -x]);
+            }
+        }
+        // Every midpoint of neighbouring codes (an exact tie takes the even code) and the
+        // sign rule's threshold, each with the values two ulps either side.
+        for pair in map.windows(2) {
+            let midpoint = (pair[0] + pair[1]) * 0.5;
+            for delta in -2i32..=2 {
+                let x = f32::from_bits(midpoint.to_bits().wrapping_add_signed(delta));
                 values.extend([x, -x]);
             }
         }

@@ -153,6 +153,11 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
     ),
     ("bnb.Lion8bit", Kind::Trajectory, &["lr", "betas", "weight_decay", "min_8bit_size", "block_size"]),
     (
+        "bnb.RMSprop8bit",
+        Kind::Trajectory,
+        &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "min_8bit_size", "block_size"],
+    ),
+    (
         "bnb.AdEMAMix",
         Kind::Trajectory,
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "max_norm", "norm_type"],

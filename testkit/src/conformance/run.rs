@@ -151,7 +151,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         }
         ("torch.Adafactor", Kind::Trajectory) => super::adafactor::trajectory(case, backend, ctx).await?,
         ("torch.Muon", Kind::Trajectory) => super::muon::trajectory(case, backend, ctx).await?,
-        ("bnb.Lion8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
+        ("bnb.Lion8bit" | "bnb.RMSprop8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
         ("torch_optimizer.Lamb", Kind::Trajectory) => super::lamb::trajectory(case, backend, ctx).await?,
         ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
@@ -666,6 +666,25 @@ fn bnb_algorithm(case: &Case) -> Result<(Algorithm, Q8States)> {
         let (beta1, beta2) = case.attr_pair("betas", (0.9, 0.99))?;
         let weight_decay = case.attr_f64("weight_decay", 0.0)?;
         Algorithm::Lion(Lion { lr: case.attr_f64("lr", 1e-4)?, beta1, beta2, weight_decay })
+    } else if case.op == "bnb.RMSprop8bit" {
+        // bitsandbytes' constructor refuses centered RMSprop and alpha 0; its kernels take
+        // `momentum` as their `beta2` and never read it, so it is run as 0.
+        let defaults = RmsProp { lr: 1e-2, ..RmsProp::default() };
+        if case.attr_bool("centered", false)? {
+            return Err(case.bad("centered: bitsandbytes' RMSprop8bit refuses centered RMSprop".into()));
+        }
+        let alpha = case.attr_f64("alpha", defaults.alpha)?;
+        if alpha == 0.0 {
+            return Err(case.bad("alpha 0: bitsandbytes' RMSprop8bit refuses it".into()));
+        }
+        let _ignored = case.attr_f64("momentum", 0.0)?;
+        Algorithm::RmsProp(RmsProp {
+            lr: case.attr_f64("lr", defaults.lr)?,
+            alpha,
+            eps: case.attr_f64("eps", defaults.eps)?,
+            weight_decay: case.attr_f64("weight_decay", 0.0)?,
+            ..defaults
+        })
     } else if case.op == "bnb.SGD8bit" {
         let dampening = case.attr_f64("dampening", 0.0)?;
         if dampening != 0.0 {
@@ -725,6 +744,15 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                             oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
                         }
                         (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
+                        (Algorithm::RmsProp(r), [s]) => {
+                            let config = oracle::BnbRmsProp {
+                                lr: r.lr,
+                                alpha: r.alpha,
+                                eps: r.eps,
+                                weight_decay: r.weight_decay,
+                            };
+                            oracle::bnb_rmsprop8bit_step(&config, &mut values, g, s)?
+                        }
                         (Algorithm::AdEMAMix(a), [m1, m2, nu]) => {
                             oracle::bnb_ademamix8bit_step(&a, k as u64 + 1, &mut values, g, m1, m2, nu)?
                         }

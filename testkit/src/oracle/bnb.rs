@@ -1,8 +1,27 @@
-//! bitsandbytes' blockwise 8-bit optimizers (Dettmers et al. 2022) as its reference
-//! implementation runs them, with the dynamic maps built from bitsandbytes'
-//! `create_dynamic_map` and the quantization its reference does (the nearest code by f32
-//! distance), written here apart from wgpu-optim's own `q8` module so that the tests compare
-//! two implementations.
+//! bitsandbytes' blockwise 8-bit optimizers (Dettmers et al. 2022) as its CUDA kernels run
+//! them (`kOptimizerStatic8bit2StateBlockwise`, `kOptimizerStatic8bit1StateBlockwise` and
+//! `quantize_2D` in `csrc/kernels.cu`, bitsandbytes 0.50.x; tensors below `min_8bit_size`
+//! as `kOptimizer32bit2State` and `kOptimizer32bit1State`), with the dynamic maps built from
+//! bitsandbytes' `create_dynamic_map`. The update runs in f64; the states are narrowed to f32
+//! and quantized as the kernels quantize (the binary search of `quantize_2D`, transcribed
+//! line for line, then the sign fix). Written here apart from wgpu-optim's own `q8` module
+//! (which finds codes through thresholds and tables) so that the tests compare two
+//! implementations.
+//!
+//! Where the kernels differ from bitsandbytes' pure-PyTorch reference
+//! (`optimizer_update_8bit_blockwise_pytorch`): the sign fix, exact ties to the even code,
+//! decoupled decay after the update in the 2-state kernel, and a non-finite gradient there
+//! leaving its parameter untouched and restarting its states from 0. Line numbers below are
+//! `csrc/kernels.cu`'s on bitsandbytes' main branch of 2026-08-19 (0.50.x): `quantize_2D`
+//! 221-262; the 2-state kernel's gradient test 1017 and 1092, its states' restart 1035, its
+//! decay after the update 1103-1104, its sign fix 1118-1125 (and AdEMAMix's slow EMA's
+//! 1127-1133); the 1-state kernel's decay 1226-1236, its RMSprop 1254 and 1290-1292 (the
+//! parameter's step takes `g_vals[j]`, the raw gradient), its sign fix 1311-1318; the
+//! 32-bit kernels' decay 865 (1-state) and 696 and 708 (2-state, after the update).
+//!
+//! Two rules are wgpu-optim's, not the kernels': a non-finite state value is stored as the
+//! code of 0 and left out of its block's absmax (the 1-state kernel lets it spoil its block),
+//! and an all-zero block stores absmax 1 (the kernel's absmax 0 reads back the same zeros).
 
 use super::api::q8::StoredState;
 use super::api::{Algorithm, Error, Result, StateKind};
@@ -81,24 +100,71 @@ fn torch_linspace(start: f32, end: f32, steps: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The index of the code of `map` nearest to `x` by f32 distance, the lower one on a tie
-/// (bitsandbytes' reference takes the first minimum), by looking at every code. A value
-/// beyond the map's ends takes the end code; NaN and the infinities take the code of 0 (a
-/// non-finite state value restarts from zero, as wgpu-optim documents for its 8-bit state).
-pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
-    if !x.is_finite() {
+/// `quantize_2D<SIGNED>` of `csrc/kernels.cu`, line for line: a binary search for `x` over
+/// the 256 codes from pivot 127 in steps of 64, 32, ..., 1 (the kernel reads the first two
+/// levels' codes from `quadrants`, which hold `map[63]`, `map[127]` and `map[191]`: the same
+/// values), then the midpoint test against the last codes above and below, in f32. A value
+/// exactly at a midpoint keeps the final pivot, which is always even.
+pub fn quantize_2d(map: &[f32; 256], signed: bool, x: f32) -> u8 {
+    let mut pivot: i32 = 127;
+    let mut upper_pivot: i32 = 255;
+    let mut lower_pivot: i32 = 0;
+    let mut lower: f32 = if signed { -1.0 } else { 0.0 };
+    let mut upper: f32 = 1.0;
+    let mut val = map[127];
+    let mut i = 64;
+    while i > 0 {
+        if x > val {
+            lower_pivot = pivot;
+            lower = val;
+            pivot += i;
+        } else {
+            upper_pivot = pivot;
+            upper = val;
+            pivot -= i;
+        }
+        val = map[pivot as usize];
+        i >>= 1;
+    }
+    let code = if x > val {
+        let midpoint = (upper + val) * 0.5;
+        if x > midpoint {
+            upper_pivot
+        } else {
+            pivot
+        }
+    } else {
+        let midpoint = (lower + val) * 0.5;
+        if x < midpoint {
+            lower_pivot
+        } else {
+            pivot
+        }
+    };
+    code as u8
+}
+
+/// The code the kernels store for the state value `s` under `absmax` with `map`:
+/// [`quantize_2d`] of `s / absmax`, then, for the signed map, the kernels' sign fix ("make
+/// sure state1 term has still the same sign after quantization"): where the code's sign bit
+/// differs from `s`'s, one code up for a positive `s`, one down otherwise (on an unsigned
+/// char). The unsigned map's state (Adam's second moment) gets no fix, as in the kernel. NaN
+/// and the infinities take the code of 0 (wgpu-optim's rule, see the module docs).
+pub fn kernel_code(map: &[f32; 256], s: f32, absmax: f32) -> u8 {
+    if !s.is_finite() {
         return zero_code(map);
     }
-    // Beyond the ends the end code is nearest; clamping keeps f32 rounding of huge
-    // distances from making two codes equally near.
-    let x = x.clamp(map[0], map[255]);
-    let mut best = 0;
-    for (code, c) in map.iter().enumerate() {
-        if (x - c).abs() < (x - map[best]).abs() {
-            best = code;
-        }
+    let signed = map[0] < 0.0;
+    let code = quantize_2d(map, signed, s / absmax);
+    if signed && map[usize::from(code)].is_sign_negative() != s.is_sign_negative() {
+        return if s > 0.0 { code.wrapping_add(1) } else { code.wrapping_sub(1) };
     }
-    best as u8
+    code
+}
+
+/// The code of a value `x` already divided by its absmax: [`kernel_code`] under absmax 1.
+pub fn nearest_code(map: &[f32; 256], x: f32) -> u8 {
+    kernel_code(map, x, 1.0)
 }
 
 /// The index of the code of 0 in `map`.
@@ -107,9 +173,10 @@ pub fn zero_code(map: &[f32; 256]) -> u8 {
 }
 
 /// Quantizes `values` block by block: each block's absmax is its largest finite magnitude
-/// (1 where there is none or it is 0, so that a step never divides by 0), each value the
-/// [`nearest_code`] of `value / absmax`. `codes` holds one code per value, `absmax` one
-/// entry per block (the last block possibly partial).
+/// (1 where there is none or it is 0, so that a step never divides by 0), each value its
+/// [`kernel_code`] under it, and every value of a block without a finite non-zero one the
+/// code of 0 (-0.0 included: the kernel's block of zeros reads back zeros). `codes` holds
+/// one code per value, `absmax` one entry per block (the last block possibly partial).
 ///
 /// # Panics
 ///
@@ -121,7 +188,8 @@ pub fn quantize(values: &[f32], map: &[f32; 256], codes: &mut [u8], absmax: &mut
         let largest = block.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
         absmax[b] = if largest == 0.0 { 1.0 } else { largest };
         for (j, v) in block.iter().enumerate() {
-            codes[b * BLOCK_SIZE + j] = nearest_code(map, v / absmax[b]);
+            codes[b * BLOCK_SIZE + j] =
+                if largest == 0.0 { zero_code(map) } else { kernel_code(map, *v, absmax[b]) };
         }
     }
 }
@@ -206,11 +274,16 @@ pub struct BnbAdam {
     pub weight_decay: f64,
 }
 
-/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise Adam on one tensor, as its reference
-/// `optimizer_update_8bit_blockwise_pytorch` does it: dequantize both moments, update them and
-/// the parameter from the dequantized values, then requantize each moment (first with the
-/// signed map, second with the unsigned one). Tensors kept in f32 take the same update.
-/// A gradient or state of another length than `param` is refused and nothing changes.
+/// Step `step` (from 1) of bitsandbytes' 8-bit blockwise Adam on one tensor, as
+/// `kOptimizerStatic8bit2StateBlockwise<ADAM>` runs it (`kOptimizer32bit2State<ADAM>` for a
+/// tensor kept in f32): dequantize both moments; per element, where the gradient is finite,
+/// `m = m beta1 + (1 - beta1) g`, `v = v beta2 + (1 - beta2) g^2`, then the parameter steps
+/// by `-lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + sqrt(1 - beta2^t) eps)` and
+/// only then decays (`p *= 1 - lr weight_decay`); requantize each moment (first with the
+/// signed map and the sign fix, second with the unsigned one). On 8-bit state a non-finite
+/// gradient leaves its parameter untouched (no decay either) and restarts both its moments
+/// from 0; the 32-bit kernel has no such test. A gradient or state of another length than
+/// `param` is refused and nothing changes.
 pub fn bnb_adam8bit_step(
     config: &BnbAdam,
     step: u64,
@@ -222,22 +295,29 @@ pub fn bnb_adam8bit_step(
     check_grad(param, grad)?;
     check_state(exp_avg, "exp_avg", param.len())?;
     check_state(exp_avg_sq, "exp_avg_sq", param.len())?;
+    let restarts = matches!(exp_avg, StoredState::Q8 { .. });
     let (signed, unsigned) = (signed_map(), unsigned_map());
     let (mut m, mut v) = (load(exp_avg, &signed), load(exp_avg_sq, &unsigned));
-    let bias_correction1 = one_minus_pow(config.beta1, step);
-    let bias_correction2 = one_minus_pow(config.beta2, step);
+    // correction1 = 1 - beta1^step; correction2 = sqrt(1 - beta2^step);
+    // step_size = -lr * correction2 / correction1
+    let correction1 = one_minus_pow(config.beta1, step);
+    let correction2 = one_minus_pow(config.beta2, step).sqrt();
+    let step_size = -config.lr * correction2 / correction1;
     for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut m).zip(&mut v) {
-        // state1.mul_(beta1).add_(grad, alpha=1 - beta1)
-        *m = *m * config.beta1 + (1.0 - config.beta1) * g;
-        // state2.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        if restarts && !g.is_finite() {
+            // s1_vals[j] = 0.0f; s2_vals[j] = 0.0f; and the parameter is not written.
+            (*m, *v) = (0.0, 0.0);
+            continue;
+        }
+        // s2 = (s2 * beta2) + ((1.0f - beta2) * g * g); s1 = (s1 * beta1) + ((1.0f - beta1) * g)
         *v = *v * config.beta2 + (1.0 - config.beta2) * g * g;
-        // denom = (state2.sqrt() / sqrt(bias_correction2)).add_(eps)
-        let denom = v.sqrt() / bias_correction2.sqrt() + config.eps;
+        *m = *m * config.beta1 + (1.0 - config.beta1) * g;
+        // p + step_size * (s1 / (sqrt(s2) + correction2 * eps))
+        *p += step_size * (*m / (v.sqrt() + correction2 * config.eps));
+        // if (weight_decay > 0.0f) p *= (1.0f - lr * weight_decay), after the update.
         if config.weight_decay > 0.0 {
             *p *= 1.0 - config.lr * config.weight_decay;
         }
-        // p.addcdiv_(state1, denom, value=-lr / bias_correction1)
-        *p += -config.lr / bias_correction1 * (*m / denom);
     }
     store(exp_avg, &m, &signed);
     store(exp_avg_sq, &v, &unsigned);
@@ -246,9 +326,11 @@ pub fn bnb_adam8bit_step(
 
 /// Step `step` of `algorithm` as bitsandbytes' 8-bit optimizers run it, over `states` in
 /// the algorithm's state order ([`Algorithm::state_kinds`]): Adam and AdamW as
-/// [`bnb_adam8bit_step`] (decoupled decay), SGD with momentum as [`bnb_sgd8bit_step`]; then
-/// the parameters rounded to f32, as an optimizer with 8-bit state stores them. Another
-/// algorithm, or a count of states other than its own, is refused and nothing changes.
+/// [`bnb_adam8bit_step`] (decoupled decay), SGD with momentum as [`bnb_sgd8bit_step`],
+/// RMSprop, Lion and AdEMAMix as their own steps below; then the parameters rounded to f32,
+/// as an optimizer with 8-bit state stores them. An algorithm or a setting bitsandbytes has
+/// no 8-bit form of (AMSGrad, `maximize`, Adam's L2 decay, Nesterov, dampening), or a count
+/// of states other than the algorithm's own, is refused and nothing changes.
 pub fn bnb_8bit_step(
     algorithm: &Algorithm,
     step: u64,
@@ -261,7 +343,9 @@ pub fn bnb_8bit_step(
         return Err(Error::CountMismatch { argument: "states".into(), got: states.len(), expected: kept });
     }
     match (algorithm, states) {
-        (Algorithm::Adam(a), [m, v]) if !a.amsgrad => {
+        (Algorithm::Adam(a), [m, v])
+            if !a.amsgrad && !a.maximize && (a.decoupled_weight_decay || a.weight_decay == 0.0) =>
+        {
             let config = BnbAdam {
                 lr: a.lr,
                 beta1: a.beta1,
@@ -271,7 +355,7 @@ pub fn bnb_8bit_step(
             };
             bnb_adam8bit_step(&config, step, param, grad, m, v)?;
         }
-        (Algorithm::Sgd(s), [buffer]) => {
+        (Algorithm::Sgd(s), [buffer]) if !s.nesterov && s.dampening == 0.0 && !s.maximize => {
             let config = BnbSgd { lr: s.lr, momentum: s.momentum, weight_decay: s.weight_decay };
             bnb_sgd8bit_step(&config, step, param, grad, buffer)?;
         }
@@ -289,7 +373,9 @@ pub fn bnb_8bit_step(
             return Err(Error::ConflictingOptions {
                 first: "q8_states",
                 second: "algorithm",
-                reason: "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and AdEMAMix",
+                reason:
+                    "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and \
+                         AdEMAMix, without AMSGrad, maximize, L2 decay in Adam, Nesterov or dampening",
             })
         }
     }
@@ -380,12 +466,14 @@ pub fn bnb_rmsprop8bit_step(
     Ok(())
 }
 
-/// Step of bitsandbytes' `Lion8bit` on one tensor, as its reference
-/// `optimizer_update_8bit_blockwise_pytorch` does it: `exp_avg` dequantized with the signed
-/// map (or kept in f32 below `min_8bit_size`), lion-pytorch's rule on it (`c = beta1 m +
-/// (1 - beta1) g`, `p *= 1 - lr weight_decay`, `p -= lr sign(c)`, `m = beta2 m + (1 - beta2) g`),
-/// then requantized block by block; the parameter rounded to f32, as it is stored. A gradient
-/// or state of another length than `param` is refused and nothing changes.
+/// Step of bitsandbytes' `Lion8bit` on one tensor, as `kOptimizerStatic8bit1StateBlockwise<LION>`
+/// runs it: `exp_avg` dequantized with the signed map (or kept in f32 below
+/// `min_8bit_size`), lion-pytorch's rule on it (`p *= 1 - lr weight_decay`,
+/// `p -= lr sgn(beta1 m + (1 - beta1) g)`, `m = beta2 m + (1 - beta2) g`), then requantized
+/// block by block; the parameter rounded to f32, as it is stored. The kernel's `sgn` is
+/// `(0 < x) - (x < 0)`, as `torch.sign`: 0 for 0 and for NaN, so a NaN gradient only decays
+/// its parameter. A gradient or state of another length than `param` is refused and nothing
+/// changes.
 pub fn bnb_lion8bit_step(
     config: &super::api::Lion,
     param: &mut [f64],
@@ -400,15 +488,7 @@ pub fn bnb_lion8bit_step(
     for ((p, &g), m) in param.iter_mut().zip(grad).zip(&mut m) {
         *p *= 1.0 - lr * wd;
         let c = *m * beta1 + g * (1.0 - beta1);
-        // torch.sign: 0 at 0, NaN for NaN.
-        let sign = if c > 0.0 {
-            1.0
-        } else if c < 0.0 {
-            -1.0
-        } else {
-            c * 0.0
-        };
-        *p += -lr * sign;
+        *p += -lr * super::lion::sign(c);
         *m = *m * beta2 + g * (1.0 - beta2);
         *p = f64::from(*p as f32);
     }
@@ -416,11 +496,16 @@ pub fn bnb_lion8bit_step(
     Ok(())
 }
 
-/// Step `step` (from 1) of bitsandbytes' `AdEMAMix8bit` on one tensor: the FORMAT.md rule of
-/// `bnb.AdEMAMix` ([`super::ademamix::ademamix_step`]) on the dequantized states, m1 and m2
-/// (the halves of bitsandbytes' `state1`, each with its own absmax) with the signed map and
-/// nu (`state2`) with the unsigned one, then each requantized block by block (or kept in f32
-/// below `min_8bit_size`). A gradient or state of another length than `param` is refused and
+/// Step `step` (from 1) of bitsandbytes' `AdEMAMix8bit` on one tensor, as
+/// `kOptimizerStatic8bit2StateBlockwise<ADEMAMIX>` runs it (`kOptimizer32bit2State` for a
+/// tensor kept in f32) with the schedules of FORMAT.md's `bnb.AdEMAMix` rule: m1 and m2 (the
+/// halves of bitsandbytes' `state1`, each with its own absmax) dequantized with the signed
+/// map, nu (`state2`) with the unsigned one; per element `m1 = beta1 m1 + (1 - beta1) g`,
+/// `m2 = beta3_t m2 + (1 - beta3_t) g`, `nu = beta2 nu + (1 - beta2) g^2`,
+/// `p -= lr (m1 / (1 - beta1^t) + alpha_t m2) / (sqrt(nu) / sqrt(1 - beta2^t) + eps)`, and only
+/// then the decay `p *= 1 - lr weight_decay`; each state requantized block by block. On 8-bit
+/// state a non-finite gradient leaves its parameter untouched (no decay either) and restarts
+/// all three states from 0. A gradient or state of another length than `param` is refused and
 /// nothing changes.
 pub fn bnb_ademamix8bit_step(
     config: &super::api::AdEMAMix,
@@ -431,13 +516,34 @@ pub fn bnb_ademamix8bit_step(
     m2: &mut StoredState,
     nu: &mut StoredState,
 ) -> Result<()> {
+    use super::ademamix::{ademamix_alpha, ademamix_beta3};
     check_grad(param, grad)?;
     check_state(m1, "exp_avg", param.len())?;
     check_state(m2, "exp_avg_slow", param.len())?;
     check_state(nu, "exp_avg_sq", param.len())?;
+    let restarts = matches!(m1, StoredState::Q8 { .. });
     let (signed, unsigned) = (signed_map(), unsigned_map());
     let (mut fast, mut slow, mut second) = (load(m1, &signed), load(m2, &signed), load(nu, &unsigned));
-    super::ademamix::ademamix_step(config, step, param, grad, &mut fast, &mut slow, &mut second);
+    let (beta1, beta2) = (config.beta1, config.beta2);
+    let (alpha, beta3) = (ademamix_alpha(config, step), ademamix_beta3(config, step));
+    let correction1 = one_minus_pow(beta1, step);
+    let correction2 = one_minus_pow(beta2, step).sqrt();
+    for i in 0..param.len() {
+        let g = grad[i];
+        if restarts && !g.is_finite() {
+            (fast[i], slow[i], second[i]) = (0.0, 0.0, 0.0);
+            continue;
+        }
+        second[i] = second[i] * beta2 + (1.0 - beta2) * g * g;
+        fast[i] = fast[i] * beta1 + (1.0 - beta1) * g;
+        slow[i] = slow[i] * beta3 + (1.0 - beta3) * g;
+        let update =
+            (fast[i] / correction1 + alpha * slow[i]) / (second[i].sqrt() / correction2 + config.eps);
+        param[i] -= config.lr * update;
+        if config.weight_decay > 0.0 {
+            param[i] *= 1.0 - config.lr * config.weight_decay;
+        }
+    }
     store(m1, &fast, &signed);
     store(m2, &slow, &signed);
     store(nu, &second, &unsigned);

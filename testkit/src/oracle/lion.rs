@@ -3,14 +3,15 @@
 
 use super::api::Lion;
 
-/// torch.sign: -1, 0 or 1, and NaN for NaN.
-fn sign(x: f64) -> f64 {
+/// `torch.sign`: -1, 0 or 1, and 0 for NaN (ATen computes `(0 < x) - (x < 0)`, as
+/// bitsandbytes' `sgn` does), so a NaN direction leaves the parameter to its decay.
+pub(super) fn sign(x: f64) -> f64 {
     if x > 0.0 {
         1.0
     } else if x < 0.0 {
         -1.0
     } else {
-        x * 0.0
+        0.0
     }
 }
 
