@@ -451,3 +451,87 @@ fn cpu_muon_on_matrices_of_several_blocks_follows_the_oracle_on_any_thread_count
         assert!(run(threads) == one, "{threads} threads differ from one");
     }
 }
+
+/// A context of its own whose uncaptured-error handler records every error instead of
+/// logging it: the crate's calls must catch each of theirs, so a test asserts it saw none.
+fn watched_ctx() -> (wgpu_optim::GpuContext, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let ctx = common::fresh_ctx();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    ctx.device().on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| {
+        sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+    }));
+    (ctx, seen)
+}
+
+/// A Muon group with empty matrices (`[0, 16]`, `[16, 0]`) first, in the middle, last, or
+/// only: the GPU runs it as the CPU backend does (within the tolerance of the other
+/// two-backend tests), each against the oracle, the empty ones untouched, and no error
+/// reaches the device's handler.
+#[test]
+fn gpu_muon_skips_empty_matrices_in_any_position_as_the_cpu_backend_does() {
+    let _turn = common::gpu_turn();
+    let (ctx, seen) = watched_ctx();
+    let layouts: [&[(usize, usize)]; 6] = [
+        &[(0, 16), (32, 48), (64, 16)],
+        &[(32, 48), (0, 16), (64, 16)],
+        &[(32, 48), (64, 16), (0, 16)],
+        &[(32, 48), (16, 0), (64, 16), (0, 16)],
+        &[(0, 16), (16, 0)],
+        &[(0, 16), (0, 16), (32, 48)],
+    ];
+    for (l, layout) in layouts.iter().enumerate() {
+        for precision in [NsPrecision::F32, NsPrecision::BF16] {
+            let what = format!("layout {l} {layout:?} {precision:?}");
+            let config = Muon { lr: 0.02, ns_precision: precision, ..Muon::default() };
+            let shapes: Vec<Vec<usize>> = layout.iter().map(|&(a, b)| vec![a, b]).collect();
+            let lens: Vec<usize> = layout.iter().map(|&(a, b)| a * b).collect();
+            let mut rng = common::Rng::new(23 + l as u64);
+            let p0: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+            let grads: Vec<Vec<Vec<f64>>> =
+                (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 0.1)).collect()).collect();
+            let params: Vec<_> = p0.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+            let grad_tensors: Vec<_> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
+            let mut opt = Optimizer::builder()
+                .param_shapes(shapes.clone())
+                .build(&ctx, config, &params)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mut hosts: Vec<HostTensor> =
+                p0.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+            let views: Vec<HostSlice<'_>> = hosts.iter().map(HostTensor::as_slice).collect();
+            let mut cpu = CpuOptimizer::builder().param_shapes(shapes).build(config, &views).unwrap();
+            for step in &grads {
+                for (t, g) in grad_tensors.iter().zip(step) {
+                    ctx.write(t, g).unwrap();
+                }
+                opt.step(&grad_tensors).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let g: Vec<HostTensor> =
+                    step.iter().map(|g| HostTensor::from_f64(DType::F32, g).unwrap()).collect();
+                let g: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+                let mut p: Vec<_> = hosts.iter_mut().map(HostTensor::as_mut_slice).collect();
+                cpu.step(&mut p, &g).unwrap();
+            }
+            assert_eq!(opt.step_count(), 3, "{what}");
+            let (rtol, atol) = match precision {
+                NsPrecision::F32 => (1e-4, 1e-5),
+                _ => (8e-3, 2e-3),
+            };
+            for (i, &shape) in layout.iter().enumerate() {
+                let gpu = ctx.read(&params[i]).unwrap();
+                let host = hosts[i].to_f64();
+                close(&gpu, &host, rtol, atol, &format!("{what}: param {i} against the CPU backend"));
+                let steps: Vec<Vec<f64>> = grads.iter().map(|s| s[i].clone()).collect();
+                let want = oracle_trajectory(&config, &p0[i], &steps, shape, DType::F32);
+                close(&gpu, &want, rtol, atol, &format!("{what}: param {i} against the oracle"));
+                let buffer = ctx.read(opt.state(i, StateKind::MomentumBuffer).unwrap()).unwrap();
+                let cpu_buffer = match cpu.state(i, StateKind::MomentumBuffer).unwrap() {
+                    HostSlice::F32(v) => v.iter().map(|x| f64::from(*x)).collect::<Vec<_>>(),
+                    other => panic!("{what}: an f32 buffer expected, got {other:?}"),
+                };
+                close(&buffer, &cpu_buffer, 1e-5, 1e-6, &format!("{what}: momentum_buffer {i}"));
+            }
+        }
+    }
+    let seen = seen.lock().unwrap();
+    assert!(seen.is_empty(), "errors reached the device's handler: {seen:?}");
+}
