@@ -53,6 +53,11 @@ impl ScheduleFreeHost {
         }
     }
 
+    /// Drops the values of a step that was not committed (it failed).
+    pub(super) fn discard(&mut self) {
+        self.pending = false;
+    }
+
     /// Refuses `call` in eval mode ([`Error::EvalMode`]).
     pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
         match self.mode {
