@@ -3,7 +3,7 @@
 //! that changes nothing: not the step count (the host's, or the device's in capturable
 //! mode), not a parameter, not a state, not Schedule-Free's values or mode; no error reaches
 //! the device's uncaptured-error handler; and the next step runs as the CPU backend's
-//! second.
+//! second. The same for `eval()`, whose swap pass fails to submit.
 
 mod common;
 
@@ -12,7 +12,7 @@ use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
     Adafactor, Adam, Algorithm, DType, Error, GpuContext, Lamb, Optimizer, OptimizerBuilder,
-    ScheduleFreeAdamW, StateKind, Tensor,
+    ScheduleFreeAdamW, ScheduleFreeMode, StateKind, Tensor,
 };
 
 /// Every state kind the cases below keep.
@@ -154,4 +154,31 @@ fn refused_lamb_adafactor_and_schedule_free_steps_change_nothing() {
     a_refused_step_changes_nothing(adafactor, Optimizer::builder(), CpuOptimizer::builder(), 1e-5);
     let schedule_free = ScheduleFreeAdamW { lr: 1e-2, ..ScheduleFreeAdamW::default() };
     a_refused_step_changes_nothing(schedule_free, Optimizer::builder(), CpuOptimizer::builder(), 1e-5);
+}
+
+/// An `eval()` whose swap pass wgpu refuses (a parameter destroyed after the pass was
+/// built) is an error, with the mode, the other parameter and the running values as they
+/// were and nothing at the device's handler.
+#[test]
+fn a_refused_eval_leaves_the_mode_and_the_parameters() {
+    let _turn = common::gpu_turn();
+    let (ctx, seen) = common::watched_ctx();
+    let mut rng = common::Rng::new(9);
+    let params: Vec<Tensor> = (0..2).map(|_| ctx.upload("p", &rng.vec(256, 1.0), DType::F32)).collect();
+    let grads: Vec<Tensor> = (0..2).map(|_| ctx.upload("g", &rng.vec(256, 0.1), DType::F32)).collect();
+    let config = ScheduleFreeAdamW { lr: 1e-2, ..ScheduleFreeAdamW::default() };
+    let mut opt = Optimizer::builder().build(&ctx, config, &params).unwrap();
+    opt.step(&grads).unwrap();
+    // The first eval builds the swap pass; the next one only records it.
+    opt.eval().unwrap();
+    opt.train().unwrap();
+    let kept = (ctx.read(&params[0]).unwrap(), opt.schedule_free_scalars(0), opt.step_count());
+    params[1].buffer.destroy();
+    match opt.eval() {
+        Err(Error::Gpu { .. }) => {}
+        other => panic!("expected a GPU error from a destroyed parameter, got {other:?}"),
+    }
+    assert_eq!(opt.mode(), ScheduleFreeMode::Train, "a refused eval changed the mode");
+    assert_eq!((ctx.read(&params[0]).unwrap(), opt.schedule_free_scalars(0), opt.step_count()), kept);
+    common::assert_no_uncaptured(&seen);
 }
