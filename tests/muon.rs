@@ -451,3 +451,129 @@ fn cpu_muon_on_matrices_of_several_blocks_follows_the_oracle_on_any_thread_count
         assert!(run(threads) == one, "{threads} threads differ from one");
     }
 }
+
+/// A Muon group with empty matrices (`[0, 16]`, `[16, 0]`) first, in the middle, last, or
+/// only: the GPU runs it as the CPU backend does (within the tolerance of the other
+/// two-backend tests), each against the oracle, the empty ones untouched, and no error
+/// reaches the device's handler.
+#[test]
+fn gpu_muon_skips_empty_matrices_in_any_position_as_the_cpu_backend_does() {
+    let _turn = common::gpu_turn();
+    let (ctx, seen) = common::watched_ctx();
+    let layouts: [&[(usize, usize)]; 6] = [
+        &[(0, 16), (32, 48), (64, 16)],
+        &[(32, 48), (0, 16), (64, 16)],
+        &[(32, 48), (64, 16), (0, 16)],
+        &[(32, 48), (16, 0), (64, 16), (0, 16)],
+        &[(0, 16), (16, 0)],
+        &[(0, 16), (0, 16), (32, 48)],
+    ];
+    for (l, layout) in layouts.iter().enumerate() {
+        for precision in [NsPrecision::F32, NsPrecision::BF16] {
+            let what = format!("layout {l} {layout:?} {precision:?}");
+            let config = Muon { lr: 0.02, ns_precision: precision, ..Muon::default() };
+            let shapes: Vec<Vec<usize>> = layout.iter().map(|&(a, b)| vec![a, b]).collect();
+            let lens: Vec<usize> = layout.iter().map(|&(a, b)| a * b).collect();
+            let mut rng = common::Rng::new(23 + l as u64);
+            let p0: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+            let grads: Vec<Vec<Vec<f64>>> =
+                (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 0.1)).collect()).collect();
+            let params: Vec<_> = p0.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+            let grad_tensors: Vec<_> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
+            let mut opt = Optimizer::builder()
+                .param_shapes(shapes.clone())
+                .build(&ctx, config, &params)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mut hosts: Vec<HostTensor> =
+                p0.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+            let views: Vec<HostSlice<'_>> = hosts.iter().map(HostTensor::as_slice).collect();
+            let mut cpu = CpuOptimizer::builder().param_shapes(shapes).build(config, &views).unwrap();
+            for step in &grads {
+                for (t, g) in grad_tensors.iter().zip(step) {
+                    ctx.write(t, g).unwrap();
+                }
+                opt.step(&grad_tensors).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let g: Vec<HostTensor> =
+                    step.iter().map(|g| HostTensor::from_f64(DType::F32, g).unwrap()).collect();
+                let g: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+                let mut p: Vec<_> = hosts.iter_mut().map(HostTensor::as_mut_slice).collect();
+                cpu.step(&mut p, &g).unwrap();
+            }
+            assert_eq!(opt.step_count(), 3, "{what}");
+            let (rtol, atol) = match precision {
+                NsPrecision::F32 => (1e-4, 1e-5),
+                _ => (8e-3, 2e-3),
+            };
+            for (i, &shape) in layout.iter().enumerate() {
+                let gpu = ctx.read(&params[i]).unwrap();
+                let host = hosts[i].to_f64();
+                close(&gpu, &host, rtol, atol, &format!("{what}: param {i} against the CPU backend"));
+                let steps: Vec<Vec<f64>> = grads.iter().map(|s| s[i].clone()).collect();
+                let want = oracle_trajectory(&config, &p0[i], &steps, shape, DType::F32);
+                close(&gpu, &want, rtol, atol, &format!("{what}: param {i} against the oracle"));
+                let buffer = ctx.read(opt.state(i, StateKind::MomentumBuffer).unwrap()).unwrap();
+                let cpu_buffer = match cpu.state(i, StateKind::MomentumBuffer).unwrap() {
+                    HostSlice::F32(v) => v.iter().map(|x| f64::from(*x)).collect::<Vec<_>>(),
+                    other => panic!("{what}: an f32 buffer expected, got {other:?}"),
+                };
+                close(&buffer, &cpu_buffer, 1e-5, 1e-6, &format!("{what}: momentum_buffer {i}"));
+            }
+        }
+    }
+    common::assert_no_uncaptured(&seen);
+}
+
+/// A Muon step whose submission wgpu refuses (a gradient buffer destroyed after the step
+/// that bound it) is an error, with the step count, the parameters and the momentum buffers
+/// as they were and nothing at the device's handler; the next step runs as the CPU
+/// backend's second.
+#[test]
+fn a_refused_gpu_muon_step_changes_nothing_and_is_not_counted() {
+    let _turn = common::gpu_turn();
+    let (ctx, seen) = common::watched_ctx();
+    let layout = [(32usize, 48usize), (0, 16), (64, 16)];
+    let shapes: Vec<Vec<usize>> = layout.iter().map(|&(a, b)| vec![a, b]).collect();
+    let lens: Vec<usize> = layout.iter().map(|&(a, b)| a * b).collect();
+    let config = Muon { lr: 0.02, ns_precision: NsPrecision::F32, ..Muon::default() };
+    let mut rng = common::Rng::new(41);
+    let p0: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> = (0..2).map(|_| lens.iter().map(|&n| rng.vec(n, 0.1)).collect()).collect();
+    let params: Vec<_> = p0.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+    let upload =
+        |step: &[Vec<f64>]| -> Vec<_> { step.iter().map(|g| ctx.upload("g", g, DType::F32)).collect() };
+    let (first, second) = (upload(&grads[0]), upload(&grads[1]));
+    let mut opt = Optimizer::builder().param_shapes(shapes.clone()).build(&ctx, config, &params).unwrap();
+    opt.step(&first).unwrap();
+    let read_all = |opt: &Optimizer| -> Vec<Vec<f64>> {
+        (0..params.len())
+            .flat_map(|i| [&params[i], opt.state(i, StateKind::MomentumBuffer).unwrap()])
+            .map(|t| ctx.read(t).unwrap())
+            .collect()
+    };
+    let before = read_all(&opt);
+    first[0].buffer.destroy();
+    for _ in 0..2 {
+        match opt.step(&first) {
+            Err(Error::Gpu { .. }) => {}
+            other => panic!("expected a GPU error from a destroyed gradient, got {other:?}"),
+        }
+        assert_eq!(opt.step_count(), 1, "a refused step was counted");
+        assert!(read_all(&opt) == before, "a refused step changed a parameter or a buffer");
+    }
+    opt.step(&second).unwrap();
+    assert_eq!(opt.step_count(), 2);
+    let mut hosts: Vec<HostTensor> =
+        p0.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
+    let views: Vec<HostSlice<'_>> = hosts.iter().map(HostTensor::as_slice).collect();
+    let mut cpu = CpuOptimizer::builder().param_shapes(shapes).build(config, &views).unwrap();
+    for step in &grads {
+        let g: Vec<HostTensor> = step.iter().map(|g| HostTensor::from_f64(DType::F32, g).unwrap()).collect();
+        let g: Vec<HostSlice<'_>> = g.iter().map(HostTensor::as_slice).collect();
+        let mut p: Vec<_> = hosts.iter_mut().map(HostTensor::as_mut_slice).collect();
+        cpu.step(&mut p, &g).unwrap();
+    }
+    for (i, host) in hosts.iter().enumerate() {
+        close(&ctx.read(&params[i]).unwrap(), &host.to_f64(), 1e-4, 1e-5, &format!("param {i}"));
+    }
+    common::assert_no_uncaptured(&seen);
+}

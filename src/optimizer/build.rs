@@ -139,7 +139,11 @@ impl Optimizer {
         for group in groups.iter().filter(|_| kahan) {
             requests.extend(group.params.iter().map(|p| (p, p.dtype)));
         }
-        let mut allocated = arena::allocate(ctx, "optimizer state", &requests).into_iter();
+        // In error scopes: a state buffer the device cannot make (out of memory) is this
+        // build's error, not one for the device's uncaptured-error handler.
+        let mut allocated = ctx
+            .catch("creating the optimizer state", || arena::allocate(ctx, "optimizer state", &requests))?
+            .into_iter();
         let mut state: Vec<Vec<Tensor>> = groups
             .iter()
             .flat_map(|g| g.params.iter().map(|_| Vec::with_capacity(g.algorithm.state_kinds().len())))

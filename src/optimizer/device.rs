@@ -117,10 +117,15 @@ impl DeviceState {
 
     /// Before a step's pass: a step without a preceding unscale must not be skipped by a
     /// flag left from an earlier step, so the flag is cleared.
-    pub(super) fn prepare_step(&mut self, encoder: &mut wgpu::CommandEncoder) {
+    pub(super) fn prepare_step(&self, encoder: &mut wgpu::CommandEncoder) {
         if !self.unscaled {
             encoder.clear_buffer(&self.buffer, DeviceHeader::FOUND_INF, Some(4));
         }
+    }
+
+    /// The step after an unscale was recorded or submitted: the next step clears the flag
+    /// again unless another unscale comes first.
+    pub(super) fn stepped(&mut self) {
         self.unscaled = false;
     }
 

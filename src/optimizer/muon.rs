@@ -201,9 +201,12 @@ impl MuonGpu {
         for (g, (algorithm, range)) in groups.iter().enumerate() {
             let Algorithm::Muon(config) = algorithm else { continue };
             let matrices = matrix_shapes(shapes, range.clone())?;
-            // Matrices of one shape together, in parameter order.
+            // Matrices of one shape together, in parameter order. An empty matrix is not
+            // updated (as an empty tensor of any family): it gets no scratch, whose empty
+            // binding a bind group refuses, and no `U`, so its apply pass binds its own empty
+            // gradient and dispatches nothing.
             let mut by_shape: Vec<((usize, usize), Vec<usize>)> = Vec::new();
-            for (i, shape) in range.clone().zip(matrices) {
+            for (i, shape) in range.clone().zip(matrices).filter(|(_, (rows, cols))| rows * cols > 0) {
                 match by_shape.iter_mut().find(|(s, _)| *s == shape) {
                     Some((_, list)) => list.push(i),
                     None => by_shape.push((shape, vec![i])),
@@ -228,7 +231,9 @@ impl MuonGpu {
                 }
                 for part in list.chunks(fit) {
                     let batch = part.len() as u32;
-                    let scratch = ctx.zeros("muon scratch", per * u64::from(batch), DType::F32);
+                    let scratch = ctx.catch("creating Muon's scratch", || {
+                        ctx.zeros("muon scratch", per * u64::from(batch), DType::F32)
+                    })?;
                     for (z, &i) in part.iter().enumerate() {
                         let len = u64::from(rows) * u64::from(cols);
                         muon.updates[i] = Some(Tensor {
@@ -239,8 +244,11 @@ impl MuonGpu {
                         });
                     }
                     let (bytes, products) = dispatches(rows, cols, batch, config);
-                    let uniform = uniform_buffer(ctx, "wgpu-optim muon params", &bytes);
-                    let bind_group = kernels.bind(ctx, &scratch.buffer, &uniform);
+                    let (uniform, bind_group) = ctx.catch("creating Muon's bind groups", || {
+                        let uniform = uniform_buffer(ctx, "wgpu-optim muon params", &bytes);
+                        let bind_group = kernels.bind(ctx, &scratch.buffer, &uniform);
+                        (uniform, bind_group)
+                    })?;
                     muon.chunks.push(Chunk {
                         group: g,
                         rows,
@@ -301,8 +309,14 @@ impl Optimizer {
                     // The slots grow only with ns_steps; a larger count needs a larger buffer.
                     let (bytes, products) = dispatches(chunk.rows, chunk.cols, chunk.batch, &config);
                     if bytes.len() as u64 > chunk.uniform.size() {
-                        chunk.uniform = uniform_buffer(&self.ctx, "wgpu-optim muon params", &bytes);
-                        chunk.bind_group = kernels.bind(&self.ctx, &chunk.scratch, &chunk.uniform);
+                        let ctx = &self.ctx;
+                        let (uniform, bind_group) = ctx.catch("creating Muon's bind groups", || {
+                            let uniform = uniform_buffer(ctx, "wgpu-optim muon params", &bytes);
+                            let bind_group = kernels.bind(ctx, &chunk.scratch, &uniform);
+                            (uniform, bind_group)
+                        })?;
+                        chunk.uniform = uniform;
+                        chunk.bind_group = bind_group;
                     } else {
                         self.ctx.queue().write_buffer(&chunk.uniform, 0, &bytes);
                     }

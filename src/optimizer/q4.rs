@@ -40,9 +40,8 @@ impl Optimizer {
         }
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-        for (group, bytes) in self.groups.iter_mut().zip(slots) {
+        for (group, bytes) in self.groups.iter().zip(slots) {
             group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
-            group.dirty = false;
         }
         self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -53,8 +52,6 @@ impl Optimizer {
             clip.record(&mut pass, norm);
         }
         engine.record(&mut pass, &self.uniforms.bind_groups);
-        drop(pass);
-        self.step = t;
         Ok(())
     }
 

@@ -61,10 +61,9 @@ impl Optimizer {
         }
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-        for (group, bytes) in self.groups.iter_mut().zip(slots) {
+        for (group, bytes) in self.groups.iter().zip(slots) {
             // bitsandbytes' 8-bit kernels' form of the step.
             crate::q8::kernel_step(&group.algorithm, t).write_uniform(self.math, bytes);
-            group.dirty = false;
         }
         self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -75,8 +74,6 @@ impl Optimizer {
             clip.record(&mut pass, norm);
         }
         engine.record(&mut pass, &self.uniforms.bind_groups);
-        drop(pass);
-        self.step = t;
         Ok(())
     }
 
@@ -97,8 +94,34 @@ impl Optimizer {
     /// ([`Error::OverlapsWritten`], naming both): the step updates every tensor in one pass,
     /// so it would read values already updated.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+        self.record_uncommitted(encoder, grads)?;
+        self.commit_step();
+        Ok(())
+    }
+
+    /// Records one step and submits it. On error (a refused step, or a submission wgpu
+    /// refuses) the step count, the parameters and the state are as they were: the host's
+    /// step values are committed only once the submission is accepted, and a refused
+    /// submission runs none of the step's commands.
+    pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        // Named as the user called it, before `record_step` would name itself.
+        self.check_train_mode("step")?;
+        let ctx = self.ctx.clone();
+        ctx.submit("wgpu-optim step", |encoder| self.record_uncommitted(encoder, grads))?;
+        self.commit_step();
+        Ok(())
+    }
+
+    /// Records a step without changing what the host keeps of the step count (the count,
+    /// the groups' dirty flags, Schedule-Free's running values, the AMP flags): those change
+    /// in [`Self::commit_step`], once the step is recorded ([`Self::record_step`]) or
+    /// submitted ([`Self::step`]), so that a step that fails at either leaves them as they
+    /// were. What it caches (bind groups, rewritten Muon slots) is right whatever happens.
+    fn record_uncommitted(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
         self.ctx.check_alive()?;
         self.check_train_mode("record_step")?;
+        // Values of an earlier step that failed before its commit are not this step's.
+        self.schedule_free.discard();
         if self.q8.is_some() {
             return self.record_q8_step(encoder, grads);
         }
@@ -107,8 +130,7 @@ impl Optimizer {
         }
         // Taken for these gradients only; the plain norm pass is right in any case, since it
         // reads the gradients the unscale pass left.
-        let norm_taken = std::mem::take(&mut self.norm_taken_by_unscale)
-            && self.bound.first().is_some_and(|b| b.grads == grads);
+        let norm_taken = self.norm_taken_by_unscale && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
         self.bind_adafactor(grads)?;
         self.bind_muon(grads)?;
@@ -125,15 +147,14 @@ impl Optimizer {
         let capturable = self.device.is_some();
         if !capturable || self.groups.iter().any(|g| g.dirty) {
             let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-            for (g, (group, bytes)) in self.groups.iter_mut().zip(slots).enumerate() {
+            for (g, (group, bytes)) in self.groups.iter().zip(slots).enumerate() {
                 let at = if capturable { 1 } else { t };
                 self.schedule_free.kernel_step(g, &group.algorithm, at).write_uniform(self.math, bytes);
                 write_rounding(self.rounding, at, bytes);
-                group.dirty = false;
             }
             self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         }
-        if let Some(device) = &mut self.device {
+        if let Some(device) = &self.device {
             device.prepare_step(encoder);
         }
         let bound = &self.bound[0];
@@ -157,18 +178,22 @@ impl Optimizer {
         }
         super::lamb::record(&mut pass, &bound.lamb);
         self.record_adafactor(&mut pass);
-        drop(pass);
-        self.step = t;
-        self.schedule_free.commit();
         Ok(())
     }
 
-    /// Records one step and submits it.
-    pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
-        // Named as the user called it, before `record_step` would name itself.
-        self.check_train_mode("step")?;
-        let ctx = self.ctx.clone();
-        ctx.submit("wgpu-optim step", |encoder| self.record_step(encoder, grads)).map(|_| ())
+    /// The host's part of a step recorded by [`Self::record_uncommitted`]: the count
+    /// advances, every group's uniform is current (it was written in the step), Schedule-Free
+    /// takes its values after the step, and the AMP flags of the step's unscale are spent.
+    fn commit_step(&mut self) {
+        self.step += 1;
+        for group in &mut self.groups {
+            group.dirty = false;
+        }
+        self.schedule_free.commit();
+        self.norm_taken_by_unscale = false;
+        if let Some(device) = &mut self.device {
+            device.stepped();
+        }
     }
 
     /// Tensor `i`'s plan in a dispatch of `program` (`grad` bound as its gradient) and the

@@ -53,6 +53,11 @@ impl ScheduleFreeHost {
         }
     }
 
+    /// Drops the values of a step that was not committed (it failed).
+    pub(super) fn discard(&mut self) {
+        self.pending = false;
+    }
+
     /// Refuses `call` in eval mode ([`Error::EvalMode`]).
     pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
         match self.mode {
@@ -122,34 +127,57 @@ impl Optimizer {
     /// (they stay in train mode). The mode changes when the pass is recorded; on error
     /// nothing is recorded and the mode is unchanged.
     pub fn record_eval(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        self.record_swap(encoder, ScheduleFreeMode::Eval)
+        if self.record_swap(encoder, ScheduleFreeMode::Eval)? {
+            self.schedule_free.mode = ScheduleFreeMode::Eval;
+        }
+        Ok(())
     }
 
     /// Records Schedule-Free's `train()`: back from x to `y = lerp(x, z, 1 - beta1)` and
     /// train mode. A no-op in train mode; otherwise as [`Self::record_eval`].
     pub fn record_train(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        self.record_swap(encoder, ScheduleFreeMode::Train)
+        if self.record_swap(encoder, ScheduleFreeMode::Train)? {
+            self.schedule_free.mode = ScheduleFreeMode::Train;
+        }
+        Ok(())
     }
 
-    /// [`Self::record_eval`], submitted.
+    /// [`Self::record_eval`], submitted; on error (a refused submission too) the parameters
+    /// and the mode are as they were.
     pub fn eval(&mut self) -> Result<()> {
-        let ctx = self.ctx.clone();
-        ctx.submit("wgpu-optim eval", |encoder| self.record_eval(encoder)).map(|_| ())
+        self.swap(ScheduleFreeMode::Eval, "wgpu-optim eval")
     }
 
-    /// [`Self::record_train`], submitted.
+    /// [`Self::record_train`], submitted; on error the parameters and the mode are as they
+    /// were.
     pub fn train(&mut self) -> Result<()> {
-        let ctx = self.ctx.clone();
-        ctx.submit("wgpu-optim train", |encoder| self.record_train(encoder)).map(|_| ())
+        self.swap(ScheduleFreeMode::Train, "wgpu-optim train")
     }
 
-    fn record_swap(&mut self, encoder: &mut wgpu::CommandEncoder, to: ScheduleFreeMode) -> Result<()> {
+    /// The swap to `to`, submitted, and the mode changed once the submission is accepted.
+    fn swap(&mut self, to: ScheduleFreeMode, label: &str) -> Result<()> {
+        let ctx = self.ctx.clone();
+        let mut changes = false;
+        ctx.submit(label, |encoder| {
+            changes = self.record_swap(encoder, to)?;
+            Ok(())
+        })?;
+        if changes {
+            self.schedule_free.mode = to;
+        }
+        Ok(())
+    }
+
+    /// Records the swap pass to `to` and says whether the mode changes to `to` (not when the
+    /// optimizer is in `to` already or has no schedule-free group); the caller changes it
+    /// once the pass is recorded or submitted.
+    fn record_swap(&mut self, encoder: &mut wgpu::CommandEncoder, to: ScheduleFreeMode) -> Result<bool> {
         self.ctx.check_alive()?;
         let schedule_free: Vec<usize> = (0..self.groups.len())
             .filter(|&g| matches!(self.groups[g].algorithm, Algorithm::ScheduleFreeAdamW(_)))
             .collect();
         if schedule_free.is_empty() || self.schedule_free.mode == to {
-            return Ok(());
+            return Ok(false);
         }
         for &g in &schedule_free {
             if let (Algorithm::ScheduleFreeAdamW(c), true) =
@@ -185,8 +213,7 @@ impl Optimizer {
                 }
             }
         }
-        self.schedule_free.mode = to;
-        Ok(())
+        Ok(true)
     }
 
     /// The swap pass of each schedule-free group: its tensors as a step binds them, each

@@ -38,6 +38,26 @@ pub fn fresh_ctx() -> GpuContext {
     GpuContext::headless_blocking().unwrap_or_else(|e| panic!("GPU tests need an adapter: {e}"))
 }
 
+/// A context of its own whose uncaptured-error handler records every error instead of
+/// logging it: the crate's calls must catch each of theirs, so a test asserts it saw none
+/// ([`assert_no_uncaptured`]).
+pub fn watched_ctx() -> (GpuContext, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let ctx = fresh_ctx();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    ctx.device().on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| {
+        sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+    }));
+    (ctx, seen)
+}
+
+/// Fails with the errors that reached a [`watched_ctx`]'s handler, if any did.
+#[track_caller]
+pub fn assert_no_uncaptured(seen: &std::sync::Mutex<Vec<String>>) {
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    assert!(seen.is_empty(), "errors reached the device's uncaptured-error handler: {seen:?}");
+}
+
 /// A context on a device created with exactly `limits` (on the adapter wgpu picks, as
 /// `ctx`), to check what the crate does within a smaller device than the adapter offers.
 pub fn ctx_with_limits(limits: wgpu::Limits) -> GpuContext {
