@@ -232,6 +232,11 @@ impl AdafactorEngine {
         item.states.iter().find(|(k, _)| *k == kind).map(|(_, t)| t)
     }
 
+    /// Every Adafactor parameter's states: `(parameter, kind, tensor)`.
+    pub(crate) fn states(&self) -> impl Iterator<Item = (usize, StateKind, &Tensor)> {
+        self.items.iter().flat_map(|item| item.states.iter().map(|(kind, t)| (item.param, *kind, t)))
+    }
+
     /// Parameter `index`'s state `k` in `adafactor_state_kinds` order.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn state_at(&self, index: usize, k: usize) -> Option<&Tensor> {
