@@ -394,15 +394,17 @@ const STATE: u32 = BINDINGS[4].1;
 const SCRATCH: u32 = BINDINGS[5].1;
 
 /// The passes' WGSL: the generated structs and binding numbers, then
-/// `shaders/convert.wgsl` and `shaders/adafactor.wgsl`.
+/// `shaders/convert.wgsl`, `shaders/nan_bits.wgsl` and `shaders/adafactor.wgsl`.
 fn source() -> String {
     let bindings: String =
         BINDINGS.iter().map(|(name, b)| format!("const BINDING_{name}: u32 = {b}u;\n")).collect();
     format!(
-        "alias S = f32;\nconst WG: u32 = {WG}u;\n{bindings}{}\n{}\n{}\n{}",
+        "alias S = f32;\nalias R = f32;\nalias NanBits = u32;\nalias NanMask = bool;\nconst WG: u32 = {WG}u;\n\
+         {bindings}{}\n{}\n{}\n{}\n{}",
         AdafactorUniform::wgsl("Hyper"),
         Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
+        include_str!("../../shaders/nan_bits.wgsl"),
         include_str!("../../shaders/adafactor.wgsl")
     )
 }
