@@ -56,9 +56,10 @@ impl Optimizer {
     /// read past the gradient), f64, or memory shared with its parameter other than exactly
     /// it (the passes would read elements already updated). `grads` has one per parameter.
     pub(super) fn check_adafactor_grads(&self, group: &Group, grads: &[Tensor]) -> Result<()> {
-        for i in group.first..group.first + group.len {
-            let param = Arg::new(format!("params[{i}]"), &self.params[i]);
-            let grad = Arg::new(format!("grads[{i}]"), &grads[i]);
+        let members = self.params.iter().zip(grads).enumerate().skip(group.first).take(group.len);
+        for (i, (param, grad)) in members {
+            let (param, grad) =
+                (Arg::new(format!("params[{i}]"), param), Arg::new(format!("grads[{i}]"), grad));
             check_like(&grad, &param)?;
             if grad.tensor.overlaps(&param.tensor) && grad.tensor != param.tensor {
                 return Err(Error::PartialOverlap { output: param.name, other: grad.name });
