@@ -542,8 +542,8 @@ fn matrix<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
         let min_r = rv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
         let min_c = cv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
         let exact = finite && min_r * min_c / denom >= floor && min_r > 0.0 && min_c > 0.0;
-        // Non-finite states (a NaN or infinite gradient) take the element-wise pass, which
-        // carries them as torch does; `nonfinite` marks them for now.
+        // Non-finite states (from a NaN or infinite gradient) take the element-wise pass,
+        // which carries them as torch does.
         scratch.floored[b] = !exact;
         scratch.nonfinite[b] = !finite;
         // Where no floor binds, `1 / sqrt(R C / m)` is `sqrt(m / R) / sqrt(C)`: a row's
@@ -552,9 +552,10 @@ fn matrix<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
             *inv = 1.0 / c.sqrt();
         }
     }
-    // A non-finite matrix makes the update's norm NaN, so the step's scale is torch's
-    // `alpha / max(1, NaN) = alpha` for every matrix of the tensor: then each takes the
-    // element-wise pass, the device's formula, and both backends give the same bits.
+    // A matrix that saw a NaN or infinite gradient makes the update's norm NaN, so the
+    // step's scale is torch's `alpha / max(1, NaN) = alpha` for every matrix of the tensor:
+    // then each takes the element-wise pass, the device's formula, and both backends give
+    // the same bits.
     if scratch.nonfinite.contains(&true) {
         scratch.floored.fill(true);
     }
