@@ -5,15 +5,17 @@
 //   psum        partial sums of p^2 (before the decay), one per workgroup
 //   vector_pass 1-D: variance = lerp(variance, g^2, w); partial sums of U^2
 //   denoms      each matrix's max(mean(row_var), eps1)
-//   usum        2-D: partial sums of U^2, U = g / sqrt(max(row_var col_var / denom, eps1^2))
+//   usum        2-D: partial sums of U^2, U = g / sqrt(max((row_var / denom) col_var, eps1^2))
 //   finalize    one invocation: the partials added in order; scale = alpha / max(1, rms(U)/d)
+// Non-finite values follow torch: its clamps (the max of denoms and of V) keep a NaN, the
+// host's Python max (alpha's, the scale's) drops one; `is_nan` tests the bits.
 //   apply       p = p decay - scale U (16-bit parameters: a whole word per invocation)
 //   apply_rows  the same for f32 matrices, a row at a time
 // Every sum runs in a fixed order over a fixed partition (a serial loop per row or column,
 // `info.parts` workgroups reduced as a tree, the partials added in order): no atomics, the
 // same bits on every run. The host prepends `S`, `struct Hyper` (src/step/adafactor.rs),
-// `struct Info`, `WG` and the `BINDING_*` constants (src/gpu/adafactor.rs), and
-// shaders/convert.wgsl.
+// `struct Info`, `WG` and the `BINDING_*` constants (src/gpu/adafactor.rs),
+// shaders/convert.wgsl and shaders/nan_bits.wgsl.
 
 // `struct Info` (where one tensor lives, and its shape) is generated from src/gpu/adafactor.rs.
 
@@ -59,6 +61,17 @@ fn load_param(i: u32) -> f32 {
     return decode(param_words[word_of(j, info.p_dtype)], j & 1u, info.p_dtype);
 }
 
+// torch.clamp(x, min=lo): a NaN stays NaN (WGSL leaves max's result for a NaN open).
+fn clamp_min(x: f32, lo: f32) -> f32 {
+    return select(max(x, lo), x, is_nan(x));
+}
+
+// Python's max(a, x), which torch takes on the host for alpha and the clipping denominator:
+// a NaN x gives a.
+fn py_max(a: f32, x: f32) -> f32 {
+    return select(max(a, x), a, is_nan(x));
+}
+
 // The gradient, its sign flipped with maximize.
 fn load_grad(i: u32) -> f32 {
     let j = i + info.g_shift;
@@ -77,7 +90,7 @@ fn update_of(i: u32) -> f32 {
     let e = eps1();
     let g = load_grad(i);
     if info.factored == 0u {
-        return g / sqrt(max(state[info.state_a + i], e * e));
+        return g / sqrt(clamp_min(state[info.state_a + i], e * e));
     }
     let rc = info.rows * info.cols;
     let b = i / rc;
@@ -86,8 +99,8 @@ fn update_of(i: u32) -> f32 {
     let c = within - r * info.cols;
     let row = state[info.state_a + b * info.rows + r];
     let col = state[info.state_b + b * info.cols + c];
-    let v = row * col / scratch[info.scratch_base + b];
-    return g / sqrt(max(v, e * e));
+    let v = row / scratch[info.scratch_base + b] * col;
+    return g / sqrt(clamp_min(v, e * e));
 }
 
 // The invocation's index in a grid of workgroups (x up to the device's limit, then y).
@@ -154,7 +167,7 @@ fn denoms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     for (var r = 0u; r < info.rows; r++) {
         sum += state[info.state_a + b * info.rows + r];
     }
-    scratch[info.scratch_base + b] = max(sum / f32(info.rows), eps1());
+    scratch[info.scratch_base + b] = clamp_min(sum / f32(info.rows), eps1());
 }
 
 @compute @workgroup_size(WG)
@@ -175,7 +188,7 @@ fn vector_pass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         let g = load_grad(i);
         let v = lerp_t(state[info.state_a + i], g * g, hp.weight);
         state[info.state_a + i] = v;
-        let u = g / sqrt(max(v, e * e));
+        let u = g / sqrt(clamp_min(v, e * e));
         acc += u * u;
     }
     reduce_store(lid, acc, info.scratch_base + info.batches + info.parts + wid.x);
@@ -193,7 +206,7 @@ fn usum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c = lid; c < info.cols; c += WG) {
             let g = load_grad(row * info.cols + c);
             let v = factor * state[info.state_b + b * info.cols + c];
-            let u = g / sqrt(max(v, e * e));
+            let u = g / sqrt(clamp_min(v, e * e));
             acc += u * u;
         }
     }
@@ -214,7 +227,7 @@ fn apply_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         let factor = state[info.state_a + row] / scratch[info.scratch_base + b];
         let v = factor * state[info.state_b + b * info.cols + c];
         let i = row * info.cols + c;
-        let u = load_grad(i) / sqrt(max(v, e * e));
+        let u = load_grad(i) / sqrt(clamp_min(v, e * e));
         let p = bitcast<f32>(param_words[i + info.p_shift]);
         param_words[i + info.p_shift] = bitcast<u32>(p * hp.decay - scale * u);
     }
@@ -230,8 +243,8 @@ fn finalize() {
         u2 += scratch[base + info.parts + k];
     }
     let root_n = sqrt(f32(info.n));
-    let alpha = max(hp.eps2, sqrt(p2) / root_n) * hp.rho;
-    scratch[base + 2u * info.parts] = alpha / max(1.0, sqrt(u2) / (root_n * hp.d));
+    let alpha = py_max(hp.eps2, sqrt(p2) / root_n) * hp.rho;
+    scratch[base + 2u * info.parts] = alpha / py_max(1.0, sqrt(u2) / (root_n * hp.d));
 }
 
 fn store_bits(x: f32) -> u32 {

@@ -1,9 +1,14 @@
 //! Adafactor (`torch.optim.Adafactor`) on the GPU and the CPU backend against the f64
 //! oracle (`wgpu_optim_testkit::oracle::AdafactorOracle`) and the public vectors: each
 //! backend on its own, 16-bit parameters, groups beside AdamW, maximize, shapes whose last
-//! dimensions are 1 or odd, and refusals (nothing created or changed).
+//! dimensions are 1 or odd, and refusals (nothing created or changed). `nonfinite`: NaN and
+//! infinite gradients; `grads`: the gradients a step refuses.
 
 mod common;
+#[path = "adafactor/grads.rs"]
+mod grads;
+#[path = "adafactor/nonfinite.rs"]
+mod nonfinite;
 
 use std::path::PathBuf;
 

@@ -23,6 +23,14 @@ use crate::{DType, Result};
 /// `variance = lerp(variance, g^2, w)`, `V = variance`. Then `U = g / sqrt(max(V, eps1^2))`
 /// and `p -= alpha / max(1, rms(U) / d) U`.
 ///
+/// Non-finite values follow torch's IEEE arithmetic (its clamps keep a NaN, the host's Python
+/// `max` of `alpha` and of the clipping denominator drops one): a NaN or infinite gradient
+/// element makes its matrix (of a batch, that matrix alone) or its vector element NaN, and
+/// the states of its row and column, or of its element, NaN for good (an infinity at a step
+/// with `w < 1/2` leaves them +inf and its row and column NaN, the rest of the matrix a step
+/// of `alpha g / eps1`, for one step), while the tensor's other elements keep stepping,
+/// unclipped, with `alpha = eps2 rho` once the parameter holds a NaN.
+///
 /// Tensors need their shapes ([`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes)).
 /// The states are kept in f32 whatever the parameters' dtype (the factored ones are small).
 #[derive(Clone, Copy, Debug, PartialEq)]

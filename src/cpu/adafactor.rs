@@ -81,6 +81,8 @@ struct Scratch {
     denoms: Vec<f32>,
     /// Per matrix: whether the `eps1^2` floor may bind (the element-wise path).
     floored: Vec<bool>,
+    /// Per matrix: whether its states are NaN or infinite.
+    nonfinite: Vec<bool>,
 }
 
 impl Scratch {
@@ -94,6 +96,7 @@ impl Scratch {
                     blocks: vec![0.0; blocks],
                     denoms: vec![0.0; l.batches],
                     floored: vec![false; l.batches],
+                    nonfinite: vec![false; l.batches],
                 }
             }
             None => Scratch {
@@ -101,6 +104,7 @@ impl Scratch {
                 blocks: vec![0.0; 2 * len.div_ceil(BLOCK)],
                 denoms: Vec::new(),
                 floored: Vec::new(),
+                nonfinite: Vec::new(),
             },
         }
     }
@@ -419,7 +423,19 @@ fn tensor<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
     }
 }
 
-/// `scale = alpha / max(1, rms(U) / d)` with `alpha = max(eps2, rms(p)) rho`.
+/// `torch.clamp(x, min=lo)`: a NaN stays NaN (`f32::max` would return `lo`).
+#[inline(always)]
+fn clamp_min(x: f32, lo: f32) -> f32 {
+    if x.is_nan() {
+        x
+    } else {
+        x.max(lo)
+    }
+}
+
+/// `scale = alpha / max(1, rms(U) / d)` with `alpha = max(eps2, rms(p)) rho`. torch takes
+/// both maxima with Python's `max` on the host, which drops a NaN second operand, as
+/// `f32::max` does: a NaN parameter gives `alpha = eps2 rho`, a NaN update a scale of `alpha`.
 fn step_scale(hp: &AdafactorUniform, sum_p2: f32, sum_u2: f32, n: usize) -> f32 {
     let root_n = (n as f32).sqrt();
     let alpha = hp.eps2.max(sum_p2.sqrt() / root_n) * hp.rho;
@@ -446,7 +462,7 @@ fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], sums: &mut [f32],
                 let (p, g) = (p.widen(), g.widen() * hp.sign);
                 p2[k % LANES] += p * p;
                 *v = lerp(*v, g * g, hp.weight);
-                let u = g / v.max(floor).sqrt();
+                let u = g / clamp_min(*v, floor).sqrt();
                 u2[k % LANES] += u * u;
             }
             sums[0] = fold(p2);
@@ -458,7 +474,7 @@ fn vector<P: Wide, G: Wide>(s: &Scalars, variance: &mut [f32], sums: &mut [f32],
     p.par_chunks_mut(BLOCK).zip(g.par_chunks(BLOCK)).zip(variance.par_chunks(BLOCK)).for_each(
         |((p, g), v)| {
             for ((p, g), v) in p.iter_mut().zip(g).zip(v) {
-                let u = g.widen() * hp.sign / v.max(floor).sqrt();
+                let u = g.widen() * hp.sign / clamp_min(*v, floor).sqrt();
                 apply(hp, scale, p, u);
             }
         },
@@ -505,7 +521,6 @@ fn matrix<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
     let sum_p2 = scratch.blocks.iter().fold(0f32, |a, b| a + b);
     // Each matrix's column factors, clamped mean of row_var and, where no floor binds, the
     // update's sum of squares, on one thread: they hold a few rows' worth of values.
-    let mut sum_u2 = 0f32;
     for b in 0..batches {
         let (total, parts) = scratch.columns[b * columns_len..(b + 1) * columns_len].split_at_mut(2 * cols);
         for part in parts.chunks_exact(2 * cols) {
@@ -513,35 +528,50 @@ fn matrix<P: Wide, G: Wide>(s: &Scalars, state: &mut AdafactorTensor, p: &mut [P
                 *total += part;
             }
         }
-        let (sums, scaled) = total.split_at_mut(cols);
+        let (sums, _) = total.split_at_mut(cols);
         let cv = &mut col_var[b * cols..(b + 1) * cols];
         for (v, sum) in cv.iter_mut().zip(sums.iter()) {
             *v = lerp(*v, sum / rows as f32, hp.weight);
         }
         let rv = &row_var[b * rows..(b + 1) * rows];
         let mean = rv.iter().fold(0f32, |a, v| a + v) / rows as f32;
-        let denom = mean.max(s.eps1);
+        let denom = clamp_min(mean, s.eps1);
         scratch.denoms[b] = denom;
+        // A finite mean means every `row_var` is finite.
+        let finite = denom.is_finite() && cv.iter().all(|c| c.is_finite());
         let min_r = rv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
         let min_c = cv.iter().fold(f32::INFINITY, |a, v| a.min(*v));
-        // Also false for NaN, which the element-wise pass then carries.
-        let exact = min_r * min_c / denom >= floor && min_r > 0.0 && min_c > 0.0;
+        let exact = finite && min_r * min_c / denom >= floor && min_r > 0.0 && min_c > 0.0;
+        // Non-finite states (from a NaN or infinite gradient) take the element-wise pass,
+        // which carries them as torch does.
         scratch.floored[b] = !exact;
-        if exact {
-            sum_u2 += denom * scaled.iter().zip(cv.iter()).fold(0f32, |a, (t, c)| a + t / c);
-        }
+        scratch.nonfinite[b] = !finite;
         // Where no floor binds, `1 / sqrt(R C / m)` is `sqrt(m / R) / sqrt(C)`: a row's
         // factor times a column's, so the update's loop only multiplies.
         for (inv, c) in sums.iter_mut().zip(cv.iter()) {
             *inv = 1.0 / c.sqrt();
         }
     }
+    // A matrix that saw a NaN or infinite gradient makes the update's norm NaN, so the
+    // step's scale is torch's `alpha / max(1, NaN) = alpha` for every matrix of the tensor:
+    // then each takes the element-wise pass, the device's formula, and both backends give
+    // the same bits.
+    if scratch.nonfinite.contains(&true) {
+        scratch.floored.fill(true);
+    }
+    let mut sum_u2 = 0f32;
+    for b in (0..batches).filter(|&b| !scratch.floored[b]) {
+        let total = &scratch.columns[b * columns_len..b * columns_len + 2 * cols];
+        let (cv, scaled) = (&col_var[b * cols..(b + 1) * cols], &total[cols..]);
+        sum_u2 += scratch.denoms[b] * scaled.iter().zip(cv.iter()).fold(0f32, |a, (t, c)| a + t / c);
+    }
     let (row_var, col_var) = (&*row_var, &*col_var);
     let (denoms, floored) = (&scratch.denoms[..], &scratch.floored[..]);
     // The update at `(r, c)` of matrix `b`, element by element as torch takes it.
+    // `R / m` first, as the device's passes take it, so both give the same bits here.
     let u = move |r: usize, c: usize, g: f32, b: usize| {
-        let v = row_var[r] * col_var[b * cols + c] / denoms[b];
-        g * hp.sign / v.max(floor).sqrt()
+        let v = row_var[r] / denoms[b] * col_var[b * cols + c];
+        g * hp.sign / clamp_min(v, floor).sqrt()
     };
     // (2) where a floor may bind, the update's sum of squares element by element.
     if floored.contains(&true) {

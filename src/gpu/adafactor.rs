@@ -232,6 +232,11 @@ impl AdafactorEngine {
         item.states.iter().find(|(k, _)| *k == kind).map(|(_, t)| t)
     }
 
+    /// Every Adafactor parameter's states: `(parameter, kind, tensor)`.
+    pub(crate) fn states(&self) -> impl Iterator<Item = (usize, StateKind, &Tensor)> {
+        self.items.iter().flat_map(|item| item.states.iter().map(|(kind, t)| (item.param, *kind, t)))
+    }
+
     /// Parameter `index`'s state `k` in `adafactor_state_kinds` order.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn state_at(&self, index: usize, k: usize) -> Option<&Tensor> {
@@ -389,15 +394,17 @@ const STATE: u32 = BINDINGS[4].1;
 const SCRATCH: u32 = BINDINGS[5].1;
 
 /// The passes' WGSL: the generated structs and binding numbers, then
-/// `shaders/convert.wgsl` and `shaders/adafactor.wgsl`.
+/// `shaders/convert.wgsl`, `shaders/nan_bits.wgsl` and `shaders/adafactor.wgsl`.
 fn source() -> String {
     let bindings: String =
         BINDINGS.iter().map(|(name, b)| format!("const BINDING_{name}: u32 = {b}u;\n")).collect();
     format!(
-        "alias S = f32;\nconst WG: u32 = {WG}u;\n{bindings}{}\n{}\n{}\n{}",
+        "alias S = f32;\nalias R = f32;\nalias NanBits = u32;\nalias NanMask = bool;\nconst WG: u32 = {WG}u;\n\
+         {bindings}{}\n{}\n{}\n{}\n{}",
         AdafactorUniform::wgsl("Hyper"),
         Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
+        include_str!("../../shaders/nan_bits.wgsl"),
         include_str!("../../shaders/adafactor.wgsl")
     )
 }

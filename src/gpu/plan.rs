@@ -122,6 +122,33 @@ pub(crate) fn check_extent(arg: &Arg) -> Result<()> {
     }
 }
 
+/// Checks that `arg` is a usable range ([`check_range`]) of `reference`'s length, and f64
+/// exactly where `reference` is.
+pub(crate) fn check_like(arg: &Arg, reference: &Arg) -> Result<()> {
+    check_range(arg)?;
+    if arg.tensor.len != reference.tensor.len {
+        return Err(Error::LengthMismatch {
+            argument: arg.name.clone(),
+            got: arg.tensor.len,
+            expected: reference.tensor.len,
+            reference: reference.name.clone(),
+        });
+    }
+    let f64_call = reference.tensor.dtype == DType::F64;
+    if (arg.tensor.dtype == DType::F64) != f64_call {
+        return Err(Error::DTypeMismatch {
+            argument: arg.name.clone(),
+            got: arg.tensor.dtype,
+            expected: if f64_call {
+                format!("F64 like `{}` (double math needs double tensors)", reference.name)
+            } else {
+                format!("F32, F16 or BF16 (`{}` is {:?})", reference.name, reference.tensor.dtype)
+            },
+        });
+    }
+    Ok(())
+}
+
 /// Validates `args` and maps them onto bindings and segments.
 pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs) -> Result<TensorPlan> {
     debug_assert_eq!(args.inputs.len(), program.inputs().len());
@@ -135,27 +162,7 @@ pub(crate) fn plan<'a>(ctx: &GpuContext, program: Program, args: &'a KernelArgs)
         });
     };
     for arg in &present {
-        check_range(arg)?;
-        if arg.tensor.len != reference.tensor.len {
-            return Err(Error::LengthMismatch {
-                argument: arg.name.clone(),
-                got: arg.tensor.len,
-                expected: reference.tensor.len,
-                reference: reference.name.clone(),
-            });
-        }
-        let f64_call = reference.tensor.dtype == DType::F64;
-        if (arg.tensor.dtype == DType::F64) != f64_call {
-            return Err(Error::DTypeMismatch {
-                argument: arg.name.clone(),
-                got: arg.tensor.dtype,
-                expected: if f64_call {
-                    format!("F64 like `{}` (double math needs double tensors)", reference.name)
-                } else {
-                    format!("F32, F16 or BF16 (`{}` is {:?})", reference.name, reference.tensor.dtype)
-                },
-            });
-        }
+        check_like(arg, reference)?;
     }
     check_output_dtypes(program, args)?;
     check_aliasing(args)?;

@@ -3,6 +3,7 @@
 
 use super::{Group, Optimizer, OptimizerOptions, ParamGroup};
 use crate::gpu::adafactor::AdafactorEngine;
+use crate::gpu::plan::{check_like, Arg};
 use crate::{Algorithm, DType, Error, GpuContext, Result, Tensor};
 
 /// Refuses, before anything is created, what Adafactor groups cannot run: the options its
@@ -50,6 +51,23 @@ pub(super) fn engine(
 }
 
 impl Optimizer {
+    /// Refuses `group`'s gradients as the elementwise families' plans do (`gpu::plan`): a
+    /// range its buffer cannot bind, a length other than its parameter's (the passes would
+    /// read past the gradient), f64, or memory shared with its parameter other than exactly
+    /// it (the passes would read elements already updated). `grads` has one per parameter.
+    pub(super) fn check_adafactor_grads(&self, group: &Group, grads: &[Tensor]) -> Result<()> {
+        let members = self.params.iter().zip(grads).enumerate().skip(group.first).take(group.len);
+        for (i, (param, grad)) in members {
+            let (param, grad) =
+                (Arg::new(format!("params[{i}]"), param), Arg::new(format!("grads[{i}]"), grad));
+            check_like(&grad, &param)?;
+            if grad.tensor.overlaps(&param.tensor) && grad.tensor != param.tensor {
+                return Err(Error::PartialOverlap { output: param.name, other: grad.name });
+            }
+        }
+        Ok(())
+    }
+
     /// Binds the Adafactor passes to `grads` (checked already by `bind`).
     pub(super) fn bind_adafactor(&mut self, grads: &[Tensor]) -> Result<()> {
         match &mut self.adafactor {

@@ -235,7 +235,9 @@ impl Optimizer {
         let mut batches = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
             if matches!(group.algorithm, Algorithm::Adafactor(_)) {
-                // Its own passes (`bind_adafactor`).
+                // Its own passes (`bind_adafactor`), its gradients checked here as a plan
+                // checks the others', before this set is kept.
+                self.check_adafactor_grads(group, grads)?;
                 batches.push(Batch::default());
                 continue;
             }

@@ -23,8 +23,9 @@ pub(super) struct WrittenRanges(Vec<Written>);
 
 impl WrittenRanges {
     /// The ranges `optimizer`'s steps write: its parameters (in master-weight mode the
-    /// masters), model copies, and state tensors (Kahan compensations and the f32 states of
-    /// small tensors with 8-bit state included; 8-bit states live in buffers no tensor names).
+    /// masters), model copies, and state tensors (Kahan compensations, Adafactor's states and
+    /// the f32 states of small tensors with 8-bit state included; 8-bit states live in
+    /// buffers no tensor names).
     pub(super) fn new(optimizer: &Optimizer) -> Self {
         let mut written = Vec::new();
         let mut push = |name: String, tensor: &Tensor, param: Option<usize>| {
@@ -45,6 +46,10 @@ impl WrittenRanges {
                     push(format!("{}[{i}]", kind.torch_name()), t, None);
                 }
             }
+        }
+        // Adafactor's states live in its engine's buffer, not in `state`.
+        for (i, kind, t) in optimizer.adafactor.iter().flat_map(|engine| engine.states()) {
+            push(format!("{}[{i}]", kind.torch_name()), t, None);
         }
         written.sort_by(|a, b| {
             let (a, b) = (&a.arg.tensor, &b.arg.tensor);

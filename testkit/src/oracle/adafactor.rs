@@ -1,6 +1,9 @@
 //! `torch.optim.Adafactor` (Shazeer & Stern 2018, as torch 2.15's `_single_tensor_adafactor`
 //! runs it), in f64, for one parameter group: transcribed from the source and the rules of
 //! `tests/vectors/FORMAT.md`, not from the kernels.
+//!
+//! Non-finite values go through IEEE arithmetic as in torch: its `clamp` keeps a NaN, while
+//! the host's Python `max` (of `alpha` and of the clipping denominator) drops one.
 
 use super::api::{Adafactor, DType};
 use super::dtype::round;
@@ -40,6 +43,26 @@ fn lerp(start: f64, end: f64, weight: f64) -> f64 {
         start + weight * (end - start)
     } else {
         end - (end - start) * (1.0 - weight)
+    }
+}
+
+/// `torch.clamp(x, min=lo)`: a NaN stays NaN, as torch's clamp keeps it (`f64::max` would
+/// return `lo`).
+fn clamp_min(x: f64, lo: f64) -> f64 {
+    if x.is_nan() {
+        x
+    } else {
+        x.max(lo)
+    }
+}
+
+/// Python's `max(a, b)` of two floats, which torch takes on the host for `alpha` and the
+/// clipping denominator: `b` only where `b > a`, so a NaN `b` gives `a`.
+fn py_max(a: f64, b: f64) -> f64 {
+    if b > a {
+        b
+    } else {
+        a
     }
 }
 
@@ -89,7 +112,7 @@ impl AdafactorOracle {
             let rho_t = c.lr.min(1.0 / t.sqrt());
             let n = param.len() as f64;
             let norm_p = param.iter().map(|p| p * p).sum::<f64>().sqrt();
-            let alpha = c.eps2.max(norm_p / n.sqrt()) * rho_t;
+            let alpha = py_max(c.eps2, norm_p / n.sqrt()) * rho_t;
             if c.weight_decay != 0.0 {
                 for p in param.iter_mut() {
                     *p *= 1.0 - c.lr * c.weight_decay;
@@ -114,7 +137,7 @@ impl AdafactorOracle {
                     }
                     // var_estimate = row_var @ col_var / row_var.mean(dim=-2).clamp(min=eps1)
                     let row_mean = state.row_var[b * rows..(b + 1) * rows].iter().sum::<f64>() / rows as f64;
-                    let denom = row_mean.max(eps1);
+                    let denom = clamp_min(row_mean, eps1);
                     for r in 0..rows {
                         for col in 0..cols {
                             v[(b * rows + r) * cols + col] =
@@ -131,9 +154,9 @@ impl AdafactorOracle {
             };
             // update = var_estimate.clamp(min=eps1 * eps1).rsqrt() * grad
             let update: Vec<f64> =
-                var_estimate.iter().zip(&grad).map(|(v, g)| g / v.max(eps1 * eps1).sqrt()).collect();
+                var_estimate.iter().zip(&grad).map(|(v, g)| g / clamp_min(*v, eps1 * eps1).sqrt()).collect();
             let norm_u = update.iter().map(|u| u * u).sum::<f64>().sqrt();
-            let denom = 1.0f64.max(norm_u / (n.sqrt() * c.d));
+            let denom = py_max(1.0, norm_u / (n.sqrt() * c.d));
             for (p, u) in param.iter_mut().zip(&update) {
                 *p = round(self.param_dtype, *p - alpha / denom * u);
             }
