@@ -482,9 +482,8 @@ fn adam_q8<
         adam::<f32, AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>(hp, scale, o)
     };
     if AMSGRAD {
-        q8::each(
+        q8::each::<_, true>(
             job,
-            q8::NonFinite::Restart,
             #[inline(always)]
             |g, p, [m, v, v_max]| {
                 let new = update(hp, p, g * scale, m, v, v_max);
@@ -493,9 +492,8 @@ fn adam_q8<
             blocked,
         );
     } else {
-        q8::each(
+        q8::each::<_, true>(
             job,
-            q8::NonFinite::Restart,
             #[inline(always)]
             |g, p, [m, v]| {
                 let new = update(hp, p, g * scale, m, v, 0.0);
@@ -636,9 +634,8 @@ fn momentum_q8<
     job: q8::Job<'_>,
 ) {
     let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
-    q8::each(
+    q8::each::<_, false>(
         job,
-        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [v]| {
             let (p, v) = update(hp, p, g * scale, v);
@@ -826,9 +823,8 @@ fn lion_f16(hp: &LionUniform, scale: f32, o: Operands<'_, f16>) {
 
 /// [`lion`] over 8-bit state, one pass per block.
 fn lion_q8(hp: &LionUniform, scale: f32, job: q8::Job<'_>) {
-    q8::each(
+    q8::each::<_, false>(
         job,
-        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [m]| {
             let (p, m) = lion_element(hp, p, g * scale, m);
@@ -1092,9 +1088,8 @@ fn rmsprop_q8<
         return q8::blocked(job, q8::NonFinite::Update, blocked);
     }
     let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
-    q8::each(
+    q8::each::<_, false>(
         job,
-        q8::NonFinite::Update,
         #[inline(always)]
         |g, p, [s]| {
             let new = update(hp, p, g * scale, s, 0.0, 0.0);
@@ -1191,9 +1186,8 @@ fn ademamix_f16<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, o: Op
 /// [`ademamix`] over 8-bit state, one pass per block; a non-finite gradient restarts its
 /// element, as bitsandbytes' 2-state kernel does ([`q8::NonFinite::Restart`]).
 fn ademamix_q8<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, job: q8::Job<'_>) {
-    q8::each(
+    q8::each::<_, true>(
         job,
-        q8::NonFinite::Restart,
         #[inline(always)]
         |g, p, [m1, m2, nu]| {
             let [p, m1, m2, nu] = ademamix_element::<DECAY_AFTER>(hp, p, g * scale, m1, m2, nu);

@@ -132,14 +132,15 @@ pub(super) fn run<'a>(
 /// Runs `update(grad, param, states) -> (param, states)` on every element of `job` in one
 /// pass per block, where the CPU has AVX-512 and the job's first `S` states are 8-bit and
 /// it keeps no others; otherwise [`blocked`] with `f32_loop`, the same update's f32 loop.
-/// `non_finite` says what a non-finite gradient does on 8-bit state.
+/// `RESTART`: a non-finite gradient leaves its parameter and restarts its 8-bit states
+/// ([`NonFinite::Restart`]), a constant so that the other families' loops stay the same.
 #[inline(always)]
-pub(super) fn each<const S: usize>(
+pub(super) fn each<const S: usize, const RESTART: bool>(
     job: Job<'_>,
-    non_finite: NonFinite,
     update: impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
     f32_loop: impl Fn(Operands<'_, f32>),
 ) {
+    let non_finite = if RESTART { NonFinite::Restart } else { NonFinite::Update };
     #[cfg(target_arch = "x86_64")]
     if let Some(level) = lanes::level() {
         let (kept, absent) = job.slots.split_at(S.min(MAX_STATES));
@@ -153,22 +154,7 @@ pub(super) fn each<const S: usize>(
                 _ => None,
             });
             let slots = std::array::from_fn(|_| slots.next().unwrap_or_default());
-            let restart = non_finite == NonFinite::Restart;
-            return fused::each(
-                level,
-                param,
-                grad,
-                slots,
-                #[inline(always)]
-                |g, p, states| {
-                    let (new_p, new_states) = update(g, p, states);
-                    if restart && !g.is_finite() {
-                        (p, [0.0; S])
-                    } else {
-                        (new_p, new_states)
-                    }
-                },
-            );
+            return fused::each::<S, RESTART>(level, param, grad, slots, update);
         }
     }
     let _ = update;

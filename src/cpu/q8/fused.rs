@@ -75,13 +75,15 @@ impl Default for Slot<'_> {
 
 /// Runs `update(grad, param, states) -> (param, states)` on every element of `param` and
 /// `grad` (whole blocks and a last partial one), with the `S` states held in `slots`.
+/// `RESTART`: an element whose gradient is NaN or infinite keeps its parameter and its
+/// states restart from 0 (`super::NonFinite::Restart`).
 ///
 /// Block `b` is updated a chunk of four registers at a time, and after each chunk the same
 /// chunk of block `b - 1`, whose absmax is known by then, is requantized: the update's
 /// divisions and square roots and the requantizing's permutes take different ports, and
 /// interleaved they run side by side instead of one after the other.
 #[inline(always)]
-pub(super) fn each<const S: usize>(
+pub(super) fn each<const S: usize, const RESTART: bool>(
     level: Avx512,
     param: &mut [f32],
     grad: &[f32],
@@ -114,7 +116,14 @@ pub(super) fn each<const S: usize>(
                             dequantizer.chunk(level, codes, slot.absmax[b], values);
                         }
                     }
-                    update_registers(&update, param, grad, fresh, c * Q / L..(c + 1) * Q / L, &mut keys);
+                    update_chunk::<S, RESTART>(
+                        &update,
+                        param,
+                        grad,
+                        fresh,
+                        c * Q / L..(c + 1) * Q / L,
+                        &mut keys,
+                    );
                     if b > 0 {
                         let before = chunk.start - BLOCK_SIZE..chunk.end - BLOCK_SIZE;
                         for ((slot, requantizer), (values, scale)) in
@@ -174,7 +183,7 @@ pub(super) fn each<const S: usize>(
                     );
                 }
                 let mut keys = [[NO_KEY; L]; S];
-                update_registers(&update, &mut param, &grad, values, 0..REGISTERS, &mut keys);
+                update_chunk::<S, RESTART>(&update, &mut param, &grad, values, 0..REGISTERS, &mut keys);
                 param_tail.copy_from_slice(&param[..n]);
                 for ((slot, requantizer), values) in
                     slots.iter_mut().zip(&mut requantizers).zip(values.iter())
@@ -188,6 +197,53 @@ pub(super) fn each<const S: usize>(
             }
         },
     )
+}
+
+/// [`update_registers`], and with `RESTART` (see [`each`]) the chunk's gradients tested at
+/// once: a chunk with one that is not finite (rare) takes [`restart_chunk`], so the
+/// update's loop has no per-lane select.
+#[inline(always)]
+fn update_chunk<const S: usize, const RESTART: bool>(
+    update: &impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
+    param: &mut [f32; BLOCK_SIZE],
+    grad: &[f32; BLOCK_SIZE],
+    states: &mut [[f32; BLOCK_SIZE]; S],
+    registers: std::ops::Range<usize>,
+    keys: &mut [[i32; L]; S],
+) {
+    let elements = registers.start * L..registers.end * L;
+    if RESTART && grad[elements].iter().fold(false, |bad, g| bad | !g.is_finite()) {
+        return restart_chunk(update, param, grad, states, registers, keys);
+    }
+    update_registers(update, param, grad, states, registers, keys)
+}
+
+/// [`update_registers`] on a chunk with a non-finite gradient: that element keeps its
+/// parameter and its states restart from 0, and the absmax keys are raised from the states
+/// as they are then.
+#[cold]
+fn restart_chunk<const S: usize>(
+    update: &impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
+    param: &mut [f32; BLOCK_SIZE],
+    grad: &[f32; BLOCK_SIZE],
+    states: &mut [[f32; BLOCK_SIZE]; S],
+    registers: std::ops::Range<usize>,
+    keys: &mut [[i32; L]; S],
+) {
+    let before = *param;
+    let mut unused = [[NO_KEY; L]; S];
+    update_registers(update, param, grad, states, registers.clone(), &mut unused);
+    for j in registers.start * L..registers.end * L {
+        if !grad[j].is_finite() {
+            param[j] = before[j];
+            for state in states.iter_mut() {
+                state[j] = 0.0;
+            }
+        }
+        for (state, keys) in states.iter().zip(keys.iter_mut()) {
+            keys[j % L] = keys[j % L].max(absmax_key(state[j]));
+        }
+    }
 }
 
 /// Registers `registers` of one block through `update`: `states` holds the states in and
