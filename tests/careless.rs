@@ -1,0 +1,10 @@
+//! Careless input on every family and storage, on both backends: the steps the backends
+//! refuse, a gradient of the wrong length among them (`refusals`). The GPU runs share one
+//! context whose uncaptured-error handler records every error, and each test asserts that
+//! none reached it.
+
+#[path = "careless/cases.rs"]
+mod cases;
+mod common;
+#[path = "careless/refusals.rs"]
+mod refusals;
