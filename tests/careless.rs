@@ -1,10 +1,12 @@
 //! Careless input on every family and storage, on both backends: the steps the backends
-//! refuse, a gradient of the wrong length among them (`refusals`). The GPU runs share one
-//! context whose uncaptured-error handler records every error, and each test asserts that
-//! none reached it.
+//! refuse, a gradient of the wrong length among them (`refusals`); zero-size tensors
+//! anywhere (`empty`). The GPU runs share one context whose uncaptured-error handler
+//! records every error, and each test asserts that none reached it.
 
 #[path = "careless/cases.rs"]
 mod cases;
 mod common;
+#[path = "careless/empty.rs"]
+mod empty;
 #[path = "careless/refusals.rs"]
 mod refusals;
