@@ -21,6 +21,9 @@
 //                          correction is in step_size (ONNX, DirectML).
 //   DECAY_AFTER_UPDATE     with DECOUPLED_WEIGHT_DECAY: `p *= decay` after the update
 //                          instead of before it (bitsandbytes' Adam kernels, 8-bit state).
+//   L2_AT_ZERO             without DECOUPLED_WEIGHT_DECAY: `g += weight_decay * p` at a
+//                          coefficient of 0 too (torchao's 4-bit Adam, where a NaN or
+//                          infinite p makes g NaN).
 //   AMSGRAD                keep the running maximum of the second moment and divide by it.
 //   FIRST_MOMENT           one of the constants the prelude declares with it (from the
 //                          Rust enum `FirstMoment`):
@@ -49,7 +52,7 @@ fn update(i: u32) {
         if !DECAY_AFTER_UPDATE {
             p = p * hp.decay;
         }
-    } else if hp.weight_decay != S(0) {
+    } else if L2_AT_ZERO || hp.weight_decay != S(0) {
         g = g + hp.weight_decay * p;
     }
     var m: R;

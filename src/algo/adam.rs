@@ -84,6 +84,7 @@ impl Adam {
             decoupled_weight_decay: self.decoupled_weight_decay,
             first_moment: FirstMoment::lerp(self.beta1),
             decay_after_update: false,
+            l2_at_zero: false,
         };
         let decay = if self.decoupled_weight_decay { 1.0 - self.lr * self.weight_decay } else { 1.0 };
         let uniform = AdamUniform64 {
@@ -207,6 +208,7 @@ const ROOT_EPS_LINEAR_MOMENT: AdamSwitches = AdamSwitches {
     decoupled_weight_decay: false,
     first_moment: FirstMoment::Linear,
     decay_after_update: false,
+    l2_at_zero: false,
 };
 
 /// The uniform's moment coefficients; the rest neutral (no decay, no correction, scale 1).

@@ -520,7 +520,7 @@ fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, 
     ) -> Loop<AdamUniform, T> {
         if s.decoupled_weight_decay {
             moment::<T, A, E, M, DECOUPLED>(s)
-        } else if u.weight_decay != 0.0 {
+        } else if u.weight_decay != 0.0 || s.l2_at_zero {
             moment::<T, A, E, M, L2>(s)
         } else {
             moment::<T, A, E, M, NO_DECAY>(s)

@@ -514,6 +514,10 @@ impl CpuOptimizer {
             // bitsandbytes' 8-bit kernels' form of the step.
             kernel_step = crate::q8::kernel_step(&self.algorithm, t);
         }
+        if self.q4.is_some() {
+            // torchao's form of the step.
+            kernel_step = crate::q4::kernel_step(&self.algorithm, t);
+        }
         let mut kernel = Kernel::new(&kernel_step);
         let mut grad_scale = 1.0;
         if let Some(clip) = &self.grad_clip {

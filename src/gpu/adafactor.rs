@@ -97,8 +97,9 @@ struct Pipelines {
 /// The bind groups of one set of gradients.
 struct BoundSet {
     grads: Vec<Tensor>,
-    /// One per item.
-    groups: Vec<wgpu::BindGroup>,
+    /// One per item; none for an empty tensor, which is not updated (as every family skips
+    /// one) and whose empty range a bind group would refuse.
+    groups: Vec<Option<wgpu::BindGroup>>,
 }
 
 /// Gradient sets whose bind groups are kept (as the optimizer's own).
@@ -311,13 +312,16 @@ impl AdafactorEngine {
                 .zip(&ranges)
                 .enumerate()
                 .map(|(k, (item, ((p_at, p_size), g_range)))| {
+                    if item.n == 0 {
+                        return None;
+                    }
                     let (p, g) = (&params[item.param], &grads[item.param]);
                     let slot = item.group as u64 * crate::step::UNIFORM_SLOT_BYTES;
                     let grad_entry = match g_range {
                         Some((at, size)) => range(GRADS, &g.buffer, *at, *size),
                         None => range(GRADS, &self.dummy, 0, 4),
                     };
-                    device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    Some(device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some("wgpu-optim adafactor"),
                         layout,
                         entries: &[
@@ -328,7 +332,7 @@ impl AdafactorEngine {
                             range(STATE, &self.state, 0, self.state.size()),
                             range(SCRATCH, &self.scratch, 0, self.scratch.size()),
                         ],
-                    })
+                    }))
                 })
                 .collect();
             BoundSet { grads: grads.to_vec(), groups }
@@ -344,9 +348,7 @@ impl AdafactorEngine {
         let Some(set) = self.bound.first() else { return };
         let p = &self.pipelines;
         for (item, group) in self.items.iter().zip(&set.groups) {
-            if item.n == 0 {
-                continue;
-            }
+            let Some(group) = group else { continue };
             pass.set_bind_group(0, group, &[]);
             let mut run = |pipeline: &wgpu::ComputePipeline, (x, y): (u32, u32)| {
                 pass.set_pipeline(pipeline);

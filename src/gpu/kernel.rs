@@ -888,6 +888,7 @@ pub(crate) mod tests {
                         decoupled_weight_decay,
                         first_moment,
                         decay_after_update: decoupled_weight_decay && !amsgrad,
+                        l2_at_zero: !decoupled_weight_decay && !amsgrad,
                     }));
                 }
             }

@@ -344,6 +344,7 @@ mod tests {
                 decoupled_weight_decay: true,
                 first_moment: FirstMoment::LerpFromGrad,
                 decay_after_update: false,
+                l2_at_zero: false,
             }),
             Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
             Switches::Adagrad(AdagradSwitches { maximize: false }),

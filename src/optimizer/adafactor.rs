@@ -55,7 +55,9 @@ impl Optimizer {
     /// range its buffer cannot bind, a length other than its parameter's (the passes would
     /// read past the gradient), f64, or memory shared with its parameter other than exactly
     /// it (the passes would read elements already updated). `grads` has one per parameter.
-    pub(super) fn check_adafactor_grads(&self, group: &Group, grads: &[Tensor]) -> Result<()> {
+    /// For the groups whose passes do not bind a gradient beside its parameter: Adafactor's,
+    /// and Muon's (its momentum pass binds the gradient beside Muon's scratch).
+    pub(super) fn check_grads_against_params(&self, group: &Group, grads: &[Tensor]) -> Result<()> {
         let members = self.params.iter().zip(grads).enumerate().skip(group.first).take(group.len);
         for (i, (param, grad)) in members {
             let (param, grad) =

@@ -41,7 +41,7 @@ impl Optimizer {
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
         for (group, bytes) in self.groups.iter().zip(slots) {
-            group.algorithm.kernel_step(t).write_uniform(self.math, bytes);
+            crate::q4::kernel_step(&group.algorithm, t).write_uniform(self.math, bytes);
         }
         self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {

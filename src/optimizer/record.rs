@@ -237,9 +237,14 @@ impl Optimizer {
             if matches!(group.algorithm, Algorithm::Adafactor(_)) {
                 // Its own passes (`bind_adafactor`), its gradients checked here as a plan
                 // checks the others', before this set is kept.
-                self.check_adafactor_grads(group, grads)?;
+                self.check_grads_against_params(group, grads)?;
                 batches.push(Batch::default());
                 continue;
+            }
+            if matches!(group.algorithm, Algorithm::Muon(_)) {
+                // The apply pass below binds Muon's update, not the gradient: the gradient
+                // is checked against its parameter here, not against Muon's scratch later.
+                self.check_grads_against_params(group, grads)?;
             }
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());

@@ -416,6 +416,20 @@ pub(crate) fn check_scale(scale: &[f32], argument: &str) -> Result<()> {
 
 /// Refuses an algorithm that has no 4-bit form here: anything but Adam/AdamW, AMSGrad and
 /// `maximize`. Building checks every group's, a schedule's change of a group the new one.
+/// The step of `algorithm` at `t` (from 1) as torchao's `single_param_adam` runs it: Adam's
+/// L2 term `g + weight_decay p` is there at a coefficient of 0 too (PyTorch's Adam skips
+/// it), so that a NaN or infinite parameter's states go NaN and are stored as the code of 0,
+/// out of their block's scale, as torchao stores them.
+pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> crate::step::KernelStep {
+    use crate::step::KernelStep;
+    match algorithm.kernel_step(t) {
+        KernelStep::Adam(switches, uniform) if !switches.decoupled_weight_decay => {
+            KernelStep::Adam(crate::step::AdamSwitches { l2_at_zero: true, ..switches }, uniform)
+        }
+        step => step,
+    }
+}
+
 pub(crate) fn check_algorithm(algorithm: &crate::Algorithm) -> Result<()> {
     use crate::Algorithm;
     let refused = match algorithm {

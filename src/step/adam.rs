@@ -89,6 +89,10 @@ pub(crate) struct AdamSwitches {
     /// bitsandbytes' Adam kernels do (`crate::q8::kernel_step`). The CPU backend runs it with
     /// the linear first moment and without AMSGrad only, the form those kernels have.
     pub(crate) decay_after_update: bool,
+    /// Without decoupled weight decay, `g += weight_decay * p` where the coefficient is 0 as
+    /// well, as torchao's 4-bit Adam does (`crate::q4::kernel_step`): a NaN or infinite
+    /// parameter then makes its gradient NaN.
+    pub(crate) l2_at_zero: bool,
 }
 
 impl AdamSwitches {
@@ -101,6 +105,7 @@ impl AdamSwitches {
             Override::Bool("DECOUPLED_WEIGHT_DECAY", self.decoupled_weight_decay),
             Override::Choice("FIRST_MOMENT", self.first_moment.code(), FirstMoment::CHOICES),
             Override::Bool("DECAY_AFTER_UPDATE", self.decay_after_update),
+            Override::Bool("L2_AT_ZERO", self.l2_at_zero),
         ]
     }
 }
@@ -118,6 +123,7 @@ mod tests {
             decoupled_weight_decay: false,
             first_moment: FirstMoment::LerpFromGrad,
             decay_after_update: false,
+            l2_at_zero: false,
         };
         let wgsl: String = switches.overrides().iter().map(|o| o.wgsl()).collect();
         for line in [

@@ -18,6 +18,7 @@ use crate::gpu::blockwise::{Engine, Format, Stored};
 use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::GpuContext;
 use crate::q4::{check_replacement, Q4State, Q4States};
+use crate::step::KernelStep;
 use crate::{Algorithm, Result, Tensor};
 
 /// 4-bit state: eight codes to a word, blocks of the configuration's size.
@@ -35,6 +36,11 @@ impl Format for Q4 {
 
     fn block_size(&self) -> u64 {
         self.config.block_size as u64
+    }
+
+    /// torchao's form of the step (Adam's L2 term at a coefficient of 0 too).
+    fn kernel_step(algorithm: &Algorithm, t: u64) -> KernelStep {
+        crate::q4::kernel_step(algorithm, t)
     }
 
     /// Whole blocks only (`len` then fills whole words), from `min_size` on.
