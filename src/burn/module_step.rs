@@ -401,7 +401,8 @@ impl ModuleStep {
                 ScheduleFreeMode::Train => optimizer.record_train(&mut encoder)?,
             }
         }
-        ctx.queue().submit([encoder.finish()]);
+        // A refused submission comes back as an error, not to Burn's device's handler.
+        ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
         self.commit(&checked, &cohorts, prepared, false);
         self.mode = to;
         Ok(())
@@ -724,7 +725,8 @@ impl ModuleStep {
             }
             optimizer.record_step(&mut encoder, &grads)?;
         }
-        ctx.queue().submit([encoder.finish()]);
+        // A refused submission comes back as an error, not to Burn's device's handler.
+        ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
         self.commit(checked, cohorts, prepared, true);
         Ok(())
     }

@@ -453,7 +453,8 @@ impl FusedOptimizer {
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgpu-optim Burn step") });
         ops::record_updates(ctx, &mut encoder, &step, kinds, &[update])?;
-        ctx.queue().submit([encoder.finish()]);
+        // A refused submission comes back as an error, not to Burn's device's handler.
+        ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
         for (kind, t) in kinds.iter().zip(returned) {
             *state.slot(*kind) = Some(t);
         }
@@ -574,7 +575,13 @@ impl FusedOptimizer {
         if let Err(error) = recorded() {
             return Err(StepError { module, error });
         }
-        ctx.queue().submit([encoder.finish()]);
+        // A refused submission comes back as an error, not to Burn's device's handler, and
+        // leaves the mode as it was.
+        if let Err(error) =
+            ctx.catch("submitting a Schedule-Free swap", || ctx.queue().submit([encoder.finish()]))
+        {
+            return Err(StepError { module, error });
+        }
         *mode = to;
         Ok(module)
     }

@@ -82,7 +82,8 @@ pub(super) fn step<const D: usize>(
     for (_, leased, target) in &held {
         copy(&mut encoder, target, &leased.tensor);
     }
-    ctx.queue().submit([encoder.finish()]);
+    // A refused submission comes back as an error, not to Burn's device's handler.
+    ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
     for (&kind, (burn, _, _)) in kinds.iter().zip(held) {
         *state.slot(kind) = Some(burn);
     }
