@@ -175,6 +175,7 @@ pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> KernelStep {
 /// [`kernel_step`] as bitsandbytes' 32-bit kernels run it, for the tensors below
 /// `min_8bit_size`: RMSprop's parameter steps with the decayed gradient there
 /// (`kOptimizer32bit1State`), as PyTorch's does.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 pub(crate) fn f32_state_step(step: KernelStep) -> KernelStep {
     match step {
         KernelStep::RmsProp(switches, uniform) => KernelStep::RmsProp(f32_state_rmsprop(switches), uniform),
