@@ -27,7 +27,7 @@
 //                         state k of the variant as old_states[k] and new_states[k];
 //                         every other slot of the family reads 0 and stores nothing.
 //   struct Hyper, hp_base the family's uniform and its binding; the override constants.
-// The family's body (shaders/adam.wgsl, momentum.wgsl) provides `update`.
+// The family's body (src/family/adam/adam.wgsl, momentum.wgsl) provides `update`.
 //
 // This file provides: the private `seg`, `first`, `live`, `old_states`, `new_states`,
 // `hp`, `param_loaded`, `restart`; load_param, load_grad, store_param, store_param_copy;

@@ -75,6 +75,7 @@ mod checkpoint;
 pub mod cpu;
 mod dtype;
 mod error;
+mod family;
 mod gpu;
 pub mod ops;
 mod optimizer;

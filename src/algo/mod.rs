@@ -1,5 +1,7 @@
 //! Algorithm configurations: plain data with each convention's documented defaults, their
-//! validation, and their translation into one step of a fused kernel.
+//! validation, and their translation into one step of a fused kernel. Each family's lives in
+//! its folder (`crate::family::<name>::config`); this module gathers them, with
+//! [`Algorithm`] and the checks they share.
 //!
 //! | convention | eps default | where eps goes | step counting |
 //! |---|---|---|---|
@@ -18,17 +20,17 @@
 //! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
 //! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
 
-mod adafactor;
-mod adagrad;
-mod adam;
-mod ademamix;
+use crate::family::adafactor::config as adafactor;
+use crate::family::adagrad::config as adagrad;
+use crate::family::adam::config as adam;
+use crate::family::ademamix::config as ademamix;
 mod algorithm;
-mod lamb;
-mod lion;
-mod momentum;
-mod muon;
-mod rmsprop;
-mod schedule_free;
+use crate::family::lamb::config as lamb;
+use crate::family::lion::config as lion;
+use crate::family::momentum::config as momentum;
+use crate::family::muon::config as muon;
+use crate::family::rmsprop::config as rmsprop;
+use crate::family::schedule_free::config as schedule_free;
 
 pub use adafactor::Adafactor;
 pub(crate) use adafactor::{check_change as check_adafactor_change, factored_dims};
@@ -62,7 +64,7 @@ pub(crate) fn bias_correction(beta: f64, t: u64) -> f64 {
     -f64::exp_m1(t as f64 * beta.ln())
 }
 
-fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
+pub(crate) fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
     if ok {
         Ok(())
     } else {
@@ -70,15 +72,15 @@ fn check(name: &'static str, value: f64, ok: bool, expected: &'static str) -> Re
     }
 }
 
-fn check_rate(name: &'static str, value: f64) -> Result<()> {
+pub(crate) fn check_rate(name: &'static str, value: f64) -> Result<()> {
     check(name, value, value.is_finite() && value >= 0.0, "a finite number >= 0")
 }
 
-fn check_finite(name: &'static str, value: f64) -> Result<()> {
+pub(crate) fn check_finite(name: &'static str, value: f64) -> Result<()> {
     check(name, value, value.is_finite(), "a finite number")
 }
 
-fn check_beta(name: &'static str, value: f64) -> Result<()> {
+pub(crate) fn check_beta(name: &'static str, value: f64) -> Result<()> {
     check(name, value, (0.0..1.0).contains(&value), "0 <= beta < 1")
 }
 

@@ -1,4 +1,4 @@
-//! Adafactor on the CPU backend: the passes of `shaders/adafactor.wgsl` in f32, each tensor
+//! Adafactor on the CPU backend: the passes of `src/family/adafactor/adafactor.wgsl` in f32, each tensor
 //! cut into blocks of whole rows (vectors: of elements) that run in parallel.
 //!
 //! Every sum is deterministic: a block's sums are taken in a fixed order (eight lanes, then

@@ -27,7 +27,7 @@ pub(super) fn available() -> bool {
 /// (widened), which it replaces with its results (narrowed). Every slice has the
 /// gradient's length.
 #[inline(always)]
-pub(super) fn each<const N: usize>(
+pub(crate) fn each<const N: usize>(
     rows: [&mut [f16]; N],
     grad: &[f16],
     update: impl Fn(f32, [f32; N]) -> [f32; N],
@@ -122,7 +122,7 @@ pub(super) mod registers {
     /// left out of `vectorize`'s function is compiled for baseline x86-64, where the
     /// conversions stay calls and the lanes stay scalar (a step took 5x as long).
     #[inline(always)]
-    pub(super) fn each<W: Width<L>, const L: usize, const N: usize>(
+    pub(crate) fn each<W: Width<L>, const L: usize, const N: usize>(
         level: W,
         rows: [&mut [f16]; N],
         grad: &[f16],

@@ -16,11 +16,12 @@ use rayon::prelude::*;
 
 use super::convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use super::host::{HostElement, HostSlice, HostSliceMut};
-use super::kernels::{lamb_direction, Element, Kernel};
+use super::kernels::{Element, Kernel};
 use super::state_memory::StateTensor;
 use super::storage::{self, Job, Stores};
 use super::work;
 use super::CpuOptimizer;
+use crate::family::lamb::cpu::lamb_direction;
 use crate::step::{KernelStep, LambSwitches, LambUniform};
 use crate::{Algorithm, Lamb, LambNorms};
 

@@ -30,15 +30,15 @@ mod adafactor;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 mod convert;
-mod f16_lanes;
+pub(crate) mod f16_lanes;
 mod host;
-mod kernels;
+pub(crate) mod kernels;
 mod lamb;
 mod magnitude_key;
 mod muon;
 mod norm;
 mod q4;
-mod q8;
+pub(crate) mod q8;
 mod schedule_free;
 mod state_memory;
 mod storage;

@@ -71,7 +71,7 @@ impl<'a> Slot<'a> {
 
 /// What a non-finite gradient does to its element on 8-bit state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum NonFinite {
+pub(crate) enum NonFinite {
     /// The update runs on it as on any gradient (a NaN or infinite state it makes is stored
     /// as the code of 0: `crate::q8::nearest_code`).
     Update,
@@ -83,7 +83,7 @@ pub(super) enum NonFinite {
 
 /// A run of whole blocks of one tensor (the last may be partial): what a family's 8-bit
 /// loop updates.
-pub(super) struct Job<'a> {
+pub(crate) struct Job<'a> {
     param: &'a mut [f32],
     grad: &'a [f32],
     slots: [Slot<'a>; MAX_STATES],
@@ -135,7 +135,7 @@ pub(super) fn run<'a>(
 /// `RESTART`: a non-finite gradient leaves its parameter and restarts its 8-bit states
 /// ([`NonFinite::Restart`]), a constant so that the other families' loops stay the same.
 #[inline(always)]
-pub(super) fn each<const S: usize, const RESTART: bool>(
+pub(crate) fn each<const S: usize, const RESTART: bool>(
     job: Job<'_>,
     update: impl Fn(f32, f32, [f32; S]) -> (f32, [f32; S]),
     f32_loop: impl Fn(Operands<'_, f32>),
@@ -164,7 +164,7 @@ pub(super) fn each<const S: usize, const RESTART: bool>(
 /// Updates `job` block by block: each block's 8-bit states dequantized into f32 scratch,
 /// `f32_loop` on the block, the new states requantized. `non_finite` says what a non-finite
 /// gradient does on 8-bit state.
-pub(super) fn blocked(job: Job<'_>, non_finite: NonFinite, f32_loop: impl Fn(Operands<'_, f32>)) {
+pub(crate) fn blocked(job: Job<'_>, non_finite: NonFinite, f32_loop: impl Fn(Operands<'_, f32>)) {
     let Job { param, grad, mut slots } = job;
     let restart = non_finite == NonFinite::Restart && matches!(slots[0], Slot::Q8 { .. });
     let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATES];

@@ -1,4 +1,4 @@
-//! Adafactor's passes on the device (`shaders/adafactor.wgsl`): one bind group per tensor and
+//! Adafactor's passes on the device (`src/family/adafactor/adafactor.wgsl`): one bind group per tensor and
 //! set of gradients, the dispatches of a step recorded into the trainer's compute pass,
 //! nothing read back.
 //!
@@ -13,7 +13,7 @@ use crate::step::fields::shader_struct;
 use crate::step::AdafactorUniform;
 use crate::{DType, Error, Result, StateKind, Tensor, TENSOR_USAGES};
 
-/// The shader's workgroup size (`WG` in `shaders/adafactor.wgsl`).
+/// The shader's workgroup size (`WG` in `src/family/adafactor/adafactor.wgsl`).
 const WG: u64 = 64;
 /// At most this many workgroups take a tensor's partial sums: a fixed partition, set by the
 /// tensor's length alone, so the sums round alike on every device.
@@ -23,7 +23,7 @@ const PER_INVOCATION: u64 = 16;
 
 shader_struct! {
     /// Where one tensor of an Adafactor step lives, and its shape: `info` in
-    /// `shaders/adafactor.wgsl`, one per tensor and set of gradients.
+    /// `src/family/adafactor/adafactor.wgsl`, one per tensor and set of gradients.
     #[derive(Default)]
     Info {
         /// Elements.
@@ -396,7 +396,7 @@ const STATE: u32 = BINDINGS[4].1;
 const SCRATCH: u32 = BINDINGS[5].1;
 
 /// The passes' WGSL: the generated structs and binding numbers, then
-/// `shaders/convert.wgsl`, `shaders/nan_bits.wgsl` and `shaders/adafactor.wgsl`.
+/// `shaders/convert.wgsl`, `shaders/nan_bits.wgsl` and `src/family/adafactor/adafactor.wgsl`.
 fn source() -> String {
     let bindings: String =
         BINDINGS.iter().map(|(name, b)| format!("const BINDING_{name}: u32 = {b}u;\n")).collect();
@@ -407,7 +407,7 @@ fn source() -> String {
         Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
         include_str!("../../shaders/nan_bits.wgsl"),
-        include_str!("../../shaders/adafactor.wgsl")
+        crate::family::adafactor::WGSL
     )
 }
 

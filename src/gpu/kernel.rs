@@ -86,17 +86,17 @@ impl Program {
     fn source(self) -> &'static str {
         match self {
             Program::Update(s) => match s.family() {
-                Family::Adam => include_str!("../../shaders/adam.wgsl"),
-                Family::Momentum => include_str!("../../shaders/momentum.wgsl"),
-                Family::Adagrad => include_str!("../../shaders/adagrad.wgsl"),
-                Family::Lion => include_str!("../../shaders/lion.wgsl"),
-                Family::ScheduleFree => include_str!("../../shaders/schedule_free.wgsl"),
+                Family::Adam => crate::family::adam::WGSL,
+                Family::Momentum => crate::family::momentum::WGSL,
+                Family::Adagrad => crate::family::adagrad::WGSL,
+                Family::Lion => crate::family::lion::WGSL,
+                Family::ScheduleFree => crate::family::schedule_free::WGSL,
                 // Not elementwise: its own passes (`gpu::adafactor`), never composed here.
                 Family::Adafactor => "",
-                Family::Muon => include_str!("../../shaders/muon.wgsl"),
-                Family::RmsProp => include_str!("../../shaders/rmsprop.wgsl"),
-                Family::Ademamix => include_str!("../../shaders/ademamix.wgsl"),
-                Family::Lamb => include_str!("../../shaders/lamb.wgsl"),
+                Family::Muon => crate::family::muon::WGSL,
+                Family::RmsProp => crate::family::rmsprop::WGSL,
+                Family::Ademamix => crate::family::ademamix::WGSL,
+                Family::Lamb => crate::family::lamb::WGSL,
             },
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
@@ -108,10 +108,10 @@ impl Program {
     fn capturable_source(self) -> &'static str {
         match self {
             Program::Update(s) => match s.family() {
-                Family::Adam => include_str!("../../shaders/adam_capturable.wgsl"),
-                Family::Momentum => include_str!("../../shaders/momentum_capturable.wgsl"),
-                Family::Adagrad => include_str!("../../shaders/adagrad_capturable.wgsl"),
-                Family::Lion => include_str!("../../shaders/lion_capturable.wgsl"),
+                Family::Adam => crate::family::adam::CAPTURABLE_WGSL,
+                Family::Momentum => crate::family::momentum::CAPTURABLE_WGSL,
+                Family::Adagrad => crate::family::adagrad::CAPTURABLE_WGSL,
+                Family::Lion => crate::family::lion::CAPTURABLE_WGSL,
                 // Refused in capturable mode (`optimizer::validate`): its weights need the
                 // host's running `lr_max` and `weight_sum`.
                 Family::ScheduleFree => "",
@@ -119,8 +119,8 @@ impl Program {
                 // Refused in capturable mode (`optimizer::muon`): the orthogonalization runs on
                 // the host-mode uniforms.
                 Family::Muon => "",
-                Family::RmsProp => include_str!("../../shaders/rmsprop_capturable.wgsl"),
-                Family::Ademamix => include_str!("../../shaders/ademamix_capturable.wgsl"),
+                Family::RmsProp => crate::family::rmsprop::CAPTURABLE_WGSL,
+                Family::Ademamix => crate::family::ademamix::CAPTURABLE_WGSL,
                 // Refused in capturable mode (`optimizer::lamb::check_options`): its passes
                 // take their scalars from the host.
                 Family::Lamb => "",
@@ -1072,14 +1072,21 @@ pub(crate) mod tests {
         );
     }
 
-    /// No file of `shaders/` writes a binding number or a workgroup size as a literal: each
-    /// comes from a constant the prelude generates.
+    /// No WGSL file (of `shaders/` and of each family's folder) writes a binding number or a
+    /// workgroup size as a literal: each comes from a constant the prelude generates.
     #[test]
     fn shader_files_bind_and_size_workgroups_by_name() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+        let root = env!("CARGO_MANIFEST_DIR");
+        let read = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+            let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir:?}: {e}"));
+            entries.map(|e| e.unwrap_or_else(|e| panic!("{e}")).path()).collect()
+        };
+        let mut paths = read(&std::path::Path::new(root).join("shaders"));
+        for family in read(&std::path::Path::new(root).join("src/family")).iter().filter(|p| p.is_dir()) {
+            paths.extend(read(family).into_iter().filter(|p| p.extension().is_some_and(|e| e == "wgsl")));
+        }
         let mut files = 0;
-        for file in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
-            let path = file.unwrap_or_else(|e| panic!("{e}")).path();
+        for path in paths {
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
             for attribute in ["@binding(", "@workgroup_size("] {
                 for (at, _) in text.match_indices(attribute) {

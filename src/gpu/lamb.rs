@@ -1,5 +1,5 @@
 //! LAMB's shader pieces: the group-0 declarations of its two table passes, their entry
-//! point (`shaders/lamb_entry.wgsl`), and the combine pass (`shaders/lamb_combine.wgsl`),
+//! point (`src/family/lamb/lamb_entry.wgsl`), and the combine pass (`src/family/lamb/lamb_combine.wgsl`),
 //! with the layout of the index buffer they share ([`IndexLayout`]).
 //!
 //! The passes run in the multi-tensor machinery of every update (`gpu::table`,
@@ -94,24 +94,24 @@ pub(crate) fn scalars_wgsl(hyper_binding: &str) -> String {
 
 /// The entry point of the two table passes: `sum_squares` for `vector` (vec4) or scalar
 /// accesses, `PAIRS` (packed outputs one aligned pair at a time, as `entry_pair.wgsl`),
-/// `LAMB_FOLD`, and `shaders/lamb_entry.wgsl`.
+/// `LAMB_FOLD`, and `src/family/lamb/lamb_entry.wgsl`.
 pub(crate) fn entry_wgsl(vector: bool, pairs: bool) -> String {
     let mut s = String::new();
     let sum = if vector { "dot(x, x)" } else { "x * x" };
     let _ = writeln!(s, "fn sum_squares(x: R) -> f32 {{ return f32({sum}); }}");
     let _ = writeln!(s, "const PAIRS: bool = {pairs};");
     let _ = writeln!(s, "const LAMB_FOLD: u32 = {FOLD}u;");
-    s + include_str!("../../shaders/lamb_entry.wgsl")
+    s + crate::family::lamb::ENTRY_WGSL
 }
 
 /// The combine pass's WGSL: its prelude (`WG`, the binding constants, `struct Hyper` in f32)
-/// and `shaders/lamb_combine.wgsl`.
+/// and `src/family/lamb/lamb_combine.wgsl`.
 pub(crate) fn combine_wgsl() -> String {
     let mut s = format!("const WG: u32 = {WORKGROUP_SIZE}u;\nalias S = f32;\n");
     s += &binding_wgsl();
     s += &binding_constants();
     s += &LambUniform::wgsl("Hyper");
-    s + include_str!("../../shaders/lamb_combine.wgsl")
+    s + crate::family::lamb::COMBINE_WGSL
 }
 
 /// Group 0's layout entries: the uniform, the partials and the index; `combine` flips

@@ -234,7 +234,7 @@ pub(crate) struct MatmulParams {
     dtypes: u32,
 }
 
-/// `shaders/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` f32 matrices at
+/// `src/family/muon/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` f32 matrices at
 /// `u_offset`, normalized (transposed when tall) into `x_offset`, counted in elements of
 /// `x_storage` (a 16-bit X needs an even offset and an even element count).
 #[repr(C)]
@@ -295,7 +295,7 @@ pub(crate) fn matmul_wgsl() -> String {
 
 /// The full WGSL of Muon's normalize kernel.
 pub(crate) fn normalize_wgsl() -> String {
-    prelude() + include_str!("../../shaders/muon_normalize.wgsl")
+    prelude() + crate::family::muon::NORMALIZE_WGSL
 }
 
 /// The two pipelines and their layout: one f32 storage binding and one uniform slot

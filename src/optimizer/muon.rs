@@ -6,7 +6,7 @@
 //!    EMA, and `u` (Nesterov's blend or the buffer) into the f32 scratch region `U` of its
 //!    matrix, in the parameter's layout;
 //! 2. per batch of matrices of one shape (a [`Chunk`]): `X = U / max(‖U‖_F, eps)`, transposed
-//!    when tall (`shaders/muon_normalize.wgsl`, one workgroup per matrix, a deterministic
+//!    when tall (`src/family/muon/muon_normalize.wgsl`, one workgroup per matrix, a deterministic
 //!    tree);
 //! 3. `ns_steps` times `M = X Xᵀ`, `N = b M + c M M`, `X = a X + N X`
 //!    (`shaders/matmul.wgsl`, the batch in the dispatch's z), the last product writing

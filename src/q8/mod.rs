@@ -12,8 +12,8 @@
 //! The maps are built here the way bitsandbytes builds them (`create_dynamic_map`), float
 //! operation for float operation, so they equal its `qmap1` and `qmap2` bit for bit. Codes
 //! are found as bitsandbytes' CUDA kernels find them, the format its users' checkpoints hold
-//! ([`nearest_code`]: the midpoints' rule, exact ties to the even code, and the sign rule that
-//! keeps a tiny negative signed state negative), which its pure-PyTorch reference
+//! (the midpoints' rule, exact ties to the even code, and the sign rule that keeps a tiny
+//! negative signed state negative), which its pure-PyTorch reference
 //! (`optimizer_update_8bit_blockwise_pytorch`: the nearest code by f32 distance, the lower one
 //! on a tie, no sign rule) does not follow. A block of zeros stores the code of 0 throughout,
 //! -0.0 included: the kernel stores such a block under absmax 0, so every value reads back 0.

@@ -6,24 +6,26 @@
 //! whose bytes the GPU uploads and whose fields the CPU loops read). The WGSL declarations
 //! of both are generated from the Rust definitions, so a field cannot move on one side only.
 //!
-//! Path of a hyperparameter: `algo::Adam::kernel_step` fills [`AdamUniform64`] in f64 →
-//! [`KernelStep::write_uniform`] (GPU) or [`AdamUniform64::to_f32`] (CPU) → `hp.<field>`
-//! in `shaders/adam.wgsl` and `cpu/kernels.rs`.
+//! Each family's own contract lives in its folder (`crate::family::<name>::contract`); this
+//! module gathers them. Path of a hyperparameter: `Adam::kernel_step` fills
+//! [`AdamUniform64`] in f64 → [`KernelStep::write_uniform`] (GPU) or
+//! [`AdamUniform64::to_f32`] (CPU) → `hp.<field>` in `src/family/adam/adam.wgsl` and
+//! `src/family/adam/cpu.rs`.
 
-mod adafactor;
-mod adagrad;
-mod adam;
-mod ademamix;
+use crate::family::adafactor::contract as adafactor;
+use crate::family::adagrad::contract as adagrad;
+use crate::family::adam::contract as adam;
+use crate::family::ademamix::contract as ademamix;
 pub(crate) mod clip;
 pub(crate) mod device;
 pub(crate) mod fields;
-mod lamb;
-mod lion;
-mod momentum;
-mod muon;
-mod rmsprop;
+use crate::family::lamb::contract as lamb;
+use crate::family::lion::contract as lion;
+use crate::family::momentum::contract as momentum;
+use crate::family::muon::contract as muon;
+use crate::family::rmsprop::contract as rmsprop;
 pub(crate) mod rounding;
-mod schedule_free;
+use crate::family::schedule_free::contract as schedule_free;
 
 pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform, AdafactorUniform64};
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};

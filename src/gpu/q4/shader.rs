@@ -1,4 +1,4 @@
-//! The WGSL of a 4-bit-state step: Adam's body (`shaders/adam.wgsl`), run four elements per
+//! The WGSL of a 4-bit-state step: Adam's body (`src/family/adam/adam.wgsl`), run four elements per
 //! call of `update`, between loads that dequantize half a word of each state's codes (a
 //! `u32` word holds eight 4-bit codes, two per byte, element 2j in the high nibble, so the
 //! buffer's bytes are torchao's packed codes) and stores that take the block's new scale
@@ -54,7 +54,7 @@ const SERIAL_ENTRY: &str = include_str!("../../../shaders/q4_serial.wgsl");
 pub(crate) fn compose(variant: &Variant) -> String {
     let mut s = prelude(variant);
     // Only Adam keeps 4-bit state (`q4::check_algorithm`).
-    s.push_str(include_str!("../../../shaders/adam.wgsl"));
+    s.push_str(crate::family::adam::WGSL);
     wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
 }

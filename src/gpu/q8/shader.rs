@@ -1,4 +1,4 @@
-//! The WGSL of an 8-bit-state step: the family's own body (`shaders/adam.wgsl`,
+//! The WGSL of an 8-bit-state step: the family's own body (`src/family/adam/adam.wgsl`,
 //! `momentum.wgsl`), run four elements per invocation, between loads that dequantize one
 //! word of each state's codes and stores that take the block's new absmax (a workgroup
 //! reduction) and requantize. One workgroup owns one block at a time, so the reduction
@@ -134,18 +134,18 @@ const SERIAL_ENTRY: &str = include_str!("../../../shaders/q8_serial.wgsl");
 pub(crate) fn compose(variant: &Variant) -> String {
     let mut s = prelude(variant);
     s.push_str(match variant.switches.family() {
-        Family::Adam => include_str!("../../../shaders/adam.wgsl"),
-        Family::Momentum => include_str!("../../../shaders/momentum.wgsl"),
-        Family::Adagrad => include_str!("../../../shaders/adagrad.wgsl"),
-        Family::Lion => include_str!("../../../shaders/lion.wgsl"),
+        Family::Adam => crate::family::adam::WGSL,
+        Family::Momentum => crate::family::momentum::WGSL,
+        Family::Adagrad => crate::family::adagrad::WGSL,
+        Family::Lion => crate::family::lion::WGSL,
         // Refused with 8-bit state (`q8::check_options`); never composed.
-        Family::ScheduleFree => include_str!("../../../shaders/schedule_free.wgsl"),
+        Family::ScheduleFree => crate::family::schedule_free::WGSL,
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.
         Family::Adafactor => "",
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.
-        Family::Muon => include_str!("../../../shaders/muon.wgsl"),
-        Family::RmsProp => include_str!("../../../shaders/rmsprop.wgsl"),
-        Family::Ademamix => include_str!("../../../shaders/ademamix.wgsl"),
+        Family::Muon => crate::family::muon::WGSL,
+        Family::RmsProp => crate::family::rmsprop::WGSL,
+        Family::Ademamix => crate::family::ademamix::WGSL,
         // Refused with 8-bit state (`q8::check_algorithm`); never composed.
         Family::Lamb => "",
     });

@@ -1,0 +1,39 @@
+//! The Adafactor passes' per-step values: `src/family/adafactor/adafactor.wgsl` and the CPU backend's
+//! Adafactor loops. Adafactor is not an elementwise family (its passes reduce rows, columns
+//! and whole tensors), but its per-step values travel in the group's uniform slot as every
+//! family's do.
+
+use crate::step::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of Adafactor (`Hyper` in `src/family/adafactor/adafactor.wgsl`).
+    AdafactorUniform, AdafactorUniform64 {
+        /// `t^beta2_decay`: the new value's weight in the running means (`lerp`'s weight).
+        weight,
+        /// The relative step size `min(lr, 1/sqrt(t))`.
+        rho,
+        /// `eps[0]` as given (unused when `eps1_from_dtype` is 1).
+        eps1,
+        /// `eps[1]`: the floor of the parameter's RMS.
+        eps2,
+        /// The clipping threshold of the update's RMS.
+        d,
+        /// Decoupled weight decay: `p *= decay` (`1 - lr weight_decay`).
+        decay,
+        /// -1 with `maximize`, else 1: the gradient's sign.
+        sign,
+        /// 1 where `eps[0]` is `None`: the group's first parameter's machine epsilon.
+        eps1_from_dtype,
+    }
+}
+
+/// Adafactor's compile-time switches: none (maximize is the uniform's `sign`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct AdafactorSwitches;
+
+impl AdafactorSwitches {
+    /// The shader's override constants: none.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        Vec::new()
+    }
+}

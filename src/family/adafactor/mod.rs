@@ -1,0 +1,8 @@
+//! Adafactor (PyTorch): its configuration (`config`), its step contract with the kernels
+//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+
+pub(crate) mod config;
+pub(crate) mod contract;
+
+/// The update's body (`update`), which the generated prelude precedes.
+pub(crate) const WGSL: &str = include_str!("adafactor.wgsl");

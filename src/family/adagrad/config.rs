@@ -1,0 +1,94 @@
+//! Adagrad: PyTorch's `torch.optim.Adagrad` and ONNX Adagrad.
+
+use crate::algo::{check, check_finite, check_rate};
+use crate::step::{AdagradSwitches, AdagradUniform64, KernelStep};
+use crate::Result;
+
+/// PyTorch's `torch.optim.Adagrad`. `Adagrad::default()` is its defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adagrad {
+    /// Learning rate (default 1e-2).
+    pub lr: f64,
+    /// The rate at step t is `lr / (1 + (t - 1) * lr_decay)` (default 0).
+    pub lr_decay: f64,
+    /// L2 weight decay added to the gradient (default 0).
+    pub weight_decay: f64,
+    /// The value the sum of squares starts from (default 0).
+    pub initial_accumulator_value: f64,
+    /// Added to `sqrt(sum)` (default 1e-10).
+    pub eps: f64,
+    /// Ascend instead of descend.
+    pub maximize: bool,
+}
+
+impl Default for Adagrad {
+    fn default() -> Self {
+        Adagrad {
+            lr: 1e-2,
+            lr_decay: 0.0,
+            weight_decay: 0.0,
+            initial_accumulator_value: 0.0,
+            eps: 1e-10,
+            maximize: false,
+        }
+    }
+}
+
+impl Adagrad {
+    /// Checks the hyperparameters as PyTorch's constructor does.
+    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
+    pub fn validate(&self) -> Result<()> {
+        check_rate("lr", self.lr)?;
+        check_rate("lr_decay", self.lr_decay)?;
+        check_rate("weight_decay", self.weight_decay)?;
+        check_rate("initial_accumulator_value", self.initial_accumulator_value)?;
+        check_rate("eps", self.eps)
+    }
+
+    /// The kernel step for step `t` (from 1).
+    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+        let lr = self.lr / (1.0 + t.saturating_sub(1) as f64 * self.lr_decay);
+        adagrad_step(self.maximize, self.weight_decay, lr, self.eps, self.lr_decay)
+    }
+}
+
+/// Attributes of ONNX `ai.onnx.preview.training.Adagrad` (opset 1), with the schema defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OnnxAdagrad {
+    /// The rate at step T is `R / (1 + T * decay_factor)` (default 0).
+    pub decay_factor: f64,
+    /// Added to `sqrt(H)` (default 1e-6).
+    pub epsilon: f64,
+    /// L2 coefficient added to the gradient (default 0).
+    pub norm_coefficient: f64,
+}
+
+impl Default for OnnxAdagrad {
+    fn default() -> Self {
+        OnnxAdagrad { decay_factor: 0.0, epsilon: 1e-6, norm_coefficient: 0.0 }
+    }
+}
+
+impl OnnxAdagrad {
+    /// Checks the attributes and the inputs `R` and `T`.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
+    pub fn validate(&self, r: f64, t: u64) -> Result<()> {
+        check_finite("R", r)?;
+        check_finite("decay_factor", self.decay_factor)?;
+        let denominator = 1.0 + t as f64 * self.decay_factor;
+        check("decay_factor", self.decay_factor, denominator != 0.0, "1 + T * decay_factor != 0")?;
+        check_rate("epsilon", self.epsilon)?;
+        check_finite("norm_coefficient", self.norm_coefficient)
+    }
+
+    /// The kernel step for the inputs `R` and `T`.
+    pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
+        let lr = r / (1.0 + t as f64 * self.decay_factor);
+        adagrad_step(false, self.norm_coefficient, lr, self.epsilon, 0.0)
+    }
+}
+
+fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64, lr_decay: f64) -> KernelStep {
+    KernelStep::Adagrad(AdagradSwitches { maximize }, AdagradUniform64 { lr, weight_decay, eps, lr_decay })
+}

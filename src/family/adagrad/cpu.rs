@@ -1,0 +1,69 @@
+//! Adagrad's CPU loops: the update of `adagrad.wgsl` in f32, operation for operation, so the
+//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+
+use half::f16;
+
+use crate::cpu::f16_lanes;
+use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::step::{AdagradSwitches, AdagradUniform};
+
+/// One element of `src/family/adagrad/adagrad.wgsl`: returns `(p_new, h)`.
+#[inline(always)]
+pub(crate) fn adagrad_element<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
+    hp: &AdagradUniform,
+    p: f32,
+    mut g: f32,
+    h_prev: f32,
+) -> (f32, f32) {
+    if MAXIMIZE {
+        g = -g;
+    }
+    if WEIGHT_DECAY {
+        g += hp.weight_decay * p;
+    }
+    let h = h_prev + g * g;
+    let p_new = p - hp.lr * (g / (h.sqrt() + hp.eps));
+    (p_new, h)
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn adagrad<E: Element, const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
+    hp: &AdagradUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
+    let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
+    let [sum, ..] = o.state;
+    for ((p, g), h) in o.param.iter_mut().zip(o.grad).zip(sum.iter_mut()) {
+        let (new_p, new_h) = update(hp, p.widen(), g.widen() * scale, h.widen());
+        (*p, *h) = (E::narrow(new_p), E::narrow(new_h));
+    }
+}
+
+/// [`adagrad`] on f16 operands, a register (sixteen or eight elements) at a time.
+pub(crate) fn adagrad_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
+    hp: &AdagradUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = adagrad_element::<MAXIMIZE, WEIGHT_DECAY>;
+    let [sum, ..] = o.state;
+    f16_lanes::each(
+        [o.param, sum],
+        o.grad,
+        #[inline(always)]
+        |g, [p, h]| {
+            let (p, h) = update(hp, p, g * scale, h);
+            [p, h]
+        },
+    );
+}
+
+pub(crate) fn adagrad_loop<E: Leaves>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform, E> {
+    match (s.maximize, u.weight_decay != 0.0) {
+        (false, false) => E::adagrad::<false, false>(),
+        (false, true) => E::adagrad::<false, true>(),
+        (true, false) => E::adagrad::<true, false>(),
+        (true, true) => E::adagrad::<true, true>(),
+    }
+}

@@ -1,0 +1,12 @@
+//! Adam, AdamW and AMSGrad in the PyTorch, ONNX and DirectML conventions: its configuration (`config`), its step contract with the kernels
+//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+
+pub(crate) mod config;
+pub(crate) mod contract;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu;
+
+/// The update's body (`update`), which the generated prelude precedes.
+pub(crate) const WGSL: &str = include_str!("adam.wgsl");
+/// Capturable mode's derivation of the step's values on the device.
+pub(crate) const CAPTURABLE_WGSL: &str = include_str!("adam_capturable.wgsl");

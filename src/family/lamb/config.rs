@@ -1,0 +1,165 @@
+//! LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), as the
+//! `torch-optimizer` package's `Lamb` (0.3.0) runs it.
+//!
+//! Each step, per tensor: `exp_avg`, `exp_avg_sq` as Adam's, never bias-corrected;
+//! `s = exp_avg / (sqrt(exp_avg_sq) + eps) + weight_decay p`; `weight_norm =
+//! min(norm(p), clamp_value)`, `adam_norm = norm(s)` (L2 over the whole tensor);
+//! `trust_ratio = weight_norm / adam_norm`, or 1 where either norm is 0;
+//! `p -= step_size trust_ratio s`. Unlike the elementwise families, a step needs each
+//! tensor's two norms before it can change any element: two passes over each tensor.
+
+use crate::algo::{bias_correction, check, check_beta, check_rate};
+use crate::step::{KernelStep, LambSwitches, LambUniform64};
+use crate::Result;
+
+/// `torch_optimizer.Lamb`. `Lamb::default()` is its defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lamb {
+    /// Learning rate (`lr`, default 1e-3).
+    pub lr: f64,
+    /// The first moment's coefficient (`betas[0]`, default 0.9).
+    pub beta1: f64,
+    /// The second moment's coefficient (`betas[1]`, default 0.999).
+    pub beta2: f64,
+    /// Added to `sqrt(exp_avg_sq)` (default 1e-6).
+    pub eps: f64,
+    /// Added to the update as `weight_decay p`, inside the trust ratio (default 0).
+    pub weight_decay: f64,
+    /// The parameter norm is clamped to at most this (`clamp_value`, default 10).
+    pub clamp_value: f64,
+    /// `adam = True`: the trust ratio is computed but the step uses 1 (default false).
+    pub adam: bool,
+    /// `debias = True`: the step size is `lr sqrt(1 - beta2^t) / (1 - beta1^t)` (default
+    /// false: `lr`).
+    pub debias: bool,
+}
+
+impl Default for Lamb {
+    fn default() -> Self {
+        Lamb {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-6,
+            weight_decay: 0.0,
+            clamp_value: 10.0,
+            adam: false,
+            debias: false,
+        }
+    }
+}
+
+impl Lamb {
+    /// Checks the hyperparameters as torch-optimizer's constructor does (`lr > 0`,
+    /// `eps >= 0`, `0 <= beta < 1`, `weight_decay >= 0`, `clamp_value >= 0`), every value
+    /// finite. ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer
+    /// calls it.)
+    pub fn validate(&self) -> Result<()> {
+        check("lr", self.lr, self.lr.is_finite() && self.lr > 0.0, "a finite number > 0")?;
+        check_rate("eps", self.eps)?;
+        check_beta("beta1", self.beta1)?;
+        check_beta("beta2", self.beta2)?;
+        check_rate("weight_decay", self.weight_decay)?;
+        check_rate("clamp_value", self.clamp_value)
+    }
+
+    /// The step size of step `t` (from 1).
+    pub(crate) fn step_size(&self, t: u64) -> f64 {
+        if self.debias {
+            self.lr * bias_correction(self.beta2, t).sqrt() / bias_correction(self.beta1, t)
+        } else {
+            self.lr
+        }
+    }
+
+    /// The kernel step of step `t` (the moments pass; the apply pass differs only in its
+    /// switch).
+    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+        KernelStep::Lamb(LambSwitches { apply: false }, self.uniform(t))
+    }
+
+    /// The uniform of step `t`, both passes.
+    pub(crate) fn uniform(&self, t: u64) -> LambUniform64 {
+        LambUniform64 {
+            beta1: self.beta1,
+            one_minus_beta1: 1.0 - self.beta1,
+            beta2: self.beta2,
+            one_minus_beta2: 1.0 - self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            step_size: self.step_size(t),
+            clamp_value: self.clamp_value,
+            adam: u32::from(self.adam),
+            reserved: 0,
+        }
+    }
+}
+
+/// A tensor's norms at its last LAMB step, as torch-optimizer keeps them in its state
+/// (`weight_norm`, `adam_norm`, `trust_ratio`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LambNorms {
+    /// `min(norm(p), clamp_value)`, of the parameter before the step.
+    pub weight_norm: f32,
+    /// `norm(s)`, of the update direction before the trust ratio.
+    pub adam_norm: f32,
+    /// `weight_norm / adam_norm`, or 1 where either is 0; as computed, also where `adam`
+    /// makes the step use 1.
+    pub trust_ratio: f32,
+}
+
+impl LambNorms {
+    /// The norms from the sums of squares of the parameter and of the update direction,
+    /// as the device's combine pass computes them (in f32).
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+    pub(crate) fn from_sums(config: &Lamb, sum_p: f32, sum_s: f32) -> Self {
+        let weight_norm = sum_p.sqrt().min(config.clamp_value as f32);
+        let adam_norm = sum_s.sqrt();
+        let trust_ratio = if weight_norm == 0.0 || adam_norm == 0.0 { 1.0 } else { weight_norm / adam_norm };
+        LambNorms { weight_norm, adam_norm, trust_ratio }
+    }
+
+    /// The ratio the step applies: 1 with `adam`, else the trust ratio.
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+    pub(crate) fn applied(&self, config: &Lamb) -> f32 {
+        if config.adam {
+            1.0
+        } else {
+            self.trust_ratio
+        }
+    }
+}
+
+/// Refuses the options LAMB does not implement, for `algorithm` when it is LAMB:
+/// capturable mode (and so AMP), global gradient clipping and stochastic rounding.
+pub(crate) fn check_options(
+    algorithm: &crate::Algorithm,
+    capturable: bool,
+    clipped: bool,
+    rounding: crate::Rounding,
+) -> Result<()> {
+    if !matches!(algorithm, crate::Algorithm::Lamb(_)) {
+        return Ok(());
+    }
+    let refuse = |first, reason| Err(crate::Error::ConflictingOptions { first, second: "algorithm", reason });
+    if capturable {
+        return refuse(
+            "capturable",
+            "LAMB's two passes take their scalars from the host; a captured LAMB step is not implemented",
+        );
+    }
+    if clipped {
+        return refuse(
+            "grad_clip",
+            "global gradient clipping before a LAMB step is not implemented (LAMB's trust ratio \
+             already bounds each tensor's step)",
+        );
+    }
+    if rounding.seed().is_some() {
+        return refuse(
+            "rounding",
+            "stochastic rounding of LAMB's stores is not implemented; use nearest-even or Kahan rounding",
+        );
+    }
+    Ok(())
+}

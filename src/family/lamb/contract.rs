@@ -1,0 +1,46 @@
+//! The LAMB kernels' contract: `src/family/lamb/lamb.wgsl` (both passes, [`LambSwitches`]) and the
+//! CPU backend's LAMB loops.
+
+use crate::step::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the LAMB family (`Hyper` in `src/family/lamb/lamb.wgsl`).
+    LambUniform, LambUniform64 {
+        beta1,
+        one_minus_beta1,
+        beta2,
+        one_minus_beta2,
+        /// Added to `sqrt(exp_avg_sq)`.
+        eps,
+        /// The decay added to the update inside the trust ratio (`s += weight_decay p`);
+        /// skipped when 0.
+        weight_decay,
+        /// `lr`, or with `debias` `lr sqrt(1 - beta2^t) / (1 - beta1^t)`. The CPU backend's
+        /// apply loop reads the step size already multiplied by the tensor's trust ratio.
+        step_size,
+        /// The parameter norm's upper bound.
+        clamp_value,
+    }
+    flags {
+        /// 1: the trust ratio is computed (and kept) but the step uses 1 (`adam = True`).
+        adam,
+        /// Pads the flags to a pair.
+        reserved,
+    }
+}
+
+/// The LAMB family's compile-time switches: which of the two passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LambSwitches {
+    /// false: the moments pass (the moments updated, each workgroup's partial sums of `p^2`
+    /// and `s^2` written); true: the apply pass (`p -= step_size trust_ratio s`, `s`
+    /// recomputed from the stored moments).
+    pub(crate) apply: bool,
+}
+
+impl LambSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![Override::Bool("APPLY", self.apply)]
+    }
+}

@@ -1,0 +1,57 @@
+//! LAMB's apply pass's CPU loops: the update of `lamb.wgsl` in f32, operation for operation, so the
+//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+
+use half::f16;
+
+use crate::cpu::f16_lanes;
+use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::step::{LambSwitches, LambUniform};
+
+/// `lamb_direction` of `src/family/lamb/lamb.wgsl`: `m / (sqrt(v) + eps)`, plus `weight_decay p`
+/// with `WEIGHT_DECAY`.
+#[inline(always)]
+pub(crate) fn lamb_direction<const WEIGHT_DECAY: bool>(hp: &LambUniform, p: f32, m: f32, v: f32) -> f32 {
+    let s = m / (v.sqrt() + hp.eps);
+    if WEIGHT_DECAY {
+        s + hp.weight_decay * p
+    } else {
+        s
+    }
+}
+
+/// The apply pass of `src/family/lamb/lamb.wgsl` on one tensor: `p -= rate s`, with `s` from the
+/// stored moments and `rate` (the uniform's `step_size`) already multiplied by the tensor's
+/// trust ratio (`cpu::lamb`). The moments pass, which also sums, is `cpu::lamb`'s own.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn lamb_apply<E: Element, const WEIGHT_DECAY: bool>(
+    hp: &LambUniform,
+    _scale: f32,
+    o: Operands<'_, E>,
+) {
+    let [exp_avg, exp_avg_sq, ..] = o.state;
+    for ((p, m), v) in o.param.iter_mut().zip(exp_avg.iter()).zip(exp_avg_sq.iter()) {
+        let p_old = p.widen();
+        let s = lamb_direction::<WEIGHT_DECAY>(hp, p_old, m.widen(), v.widen());
+        *p = E::narrow(p_old - hp.step_size * s);
+    }
+}
+
+/// [`lamb_apply`] on f16 operands, a register at a time (the moments are written back as
+/// they were: an f16 value survives the round trip through f32 exactly).
+pub(crate) fn lamb_apply_f16<const WEIGHT_DECAY: bool>(hp: &LambUniform, _scale: f32, o: Operands<'_, f16>) {
+    let [exp_avg, exp_avg_sq, ..] = o.state;
+    f16_lanes::each(
+        [o.param, exp_avg, exp_avg_sq],
+        o.grad,
+        #[inline(always)]
+        |_, [p, m, v]| [p - hp.step_size * lamb_direction::<WEIGHT_DECAY>(hp, p, m, v), m, v],
+    );
+}
+
+pub(crate) fn lamb_loop<E: Leaves>(_: &LambSwitches, u: &LambUniform) -> Loop<LambUniform, E> {
+    if u.weight_decay != 0.0 {
+        E::lamb_apply::<true>()
+    } else {
+        E::lamb_apply::<false>()
+    }
+}

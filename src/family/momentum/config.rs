@@ -1,0 +1,119 @@
+//! The momentum family: PyTorch's SGD (plain, momentum, Nesterov) and ONNX Momentum.
+
+use crate::algo::{check, check_finite, check_rate};
+use crate::step::{KernelStep, MomentumSwitches, MomentumUniform64};
+use crate::Result;
+
+/// PyTorch's `torch.optim.SGD`. `Sgd::default()` is its defaults (lr 1e-3, no momentum).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sgd {
+    /// Learning rate (default 1e-3).
+    pub lr: f64,
+    /// Momentum factor (default 0: no buffer is kept at all).
+    pub momentum: f64,
+    /// Dampening of the gradient's contribution to the buffer (default 0).
+    pub dampening: f64,
+    /// L2 weight decay added to the gradient (default 0).
+    pub weight_decay: f64,
+    /// Nesterov momentum; needs `momentum > 0` and `dampening == 0`.
+    pub nesterov: bool,
+    /// Ascend instead of descend.
+    pub maximize: bool,
+}
+
+impl Default for Sgd {
+    fn default() -> Self {
+        Sgd { lr: 1e-3, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false, maximize: false }
+    }
+}
+
+impl Sgd {
+    /// Checks the hyperparameters as PyTorch's constructor does.
+    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
+    pub fn validate(&self) -> Result<()> {
+        check_rate("lr", self.lr)?;
+        check_rate("momentum", self.momentum)?;
+        check_finite("dampening", self.dampening)?;
+        check_rate("weight_decay", self.weight_decay)?;
+        if self.nesterov {
+            check("momentum", self.momentum, self.momentum > 0.0, "momentum > 0 with nesterov")?;
+            check("dampening", self.dampening, self.dampening == 0.0, "dampening = 0 with nesterov")?;
+        }
+        Ok(())
+    }
+
+    /// Whether a momentum buffer is kept (PyTorch keeps none when `momentum == 0`).
+    pub fn keeps_buffer(&self) -> bool {
+        self.momentum != 0.0
+    }
+
+    /// The kernel step for step `t` (from 1): on step 1 PyTorch sets the buffer to the gradient.
+    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+        let velocity = self.keeps_buffer();
+        let switches =
+            MomentumSwitches { maximize: self.maximize, nesterov: velocity && self.nesterov, velocity };
+        let uniform = MomentumUniform64 {
+            velocity_decay: self.momentum,
+            grad_scale: 1.0 - self.dampening,
+            weight_decay: self.weight_decay,
+            lr: self.lr,
+            nesterov_scale: self.momentum,
+            restart: u32::from(t <= 1),
+            reserved: 0,
+        };
+        KernelStep::Momentum(switches, uniform)
+    }
+}
+
+/// ONNX Momentum's `mode` attribute. Exhaustive: the operator's specification fixes the set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MomentumMode {
+    /// `X_new = X - R * V_new`.
+    Standard,
+    /// `X_new = X - R * (G_regularized + alpha * V_new)`.
+    Nesterov,
+}
+
+/// Attributes of ONNX `ai.onnx.preview.training.Momentum` (opset 1; all are required).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OnnxMomentum {
+    /// Coefficient of the previous velocity.
+    pub alpha: f64,
+    /// Coefficient of the gradient; replaced by 1 when `T = 0`.
+    pub beta: f64,
+    /// Standard or Nesterov.
+    pub mode: MomentumMode,
+    /// L2 coefficient added to the gradient.
+    pub norm_coefficient: f64,
+}
+
+impl OnnxMomentum {
+    /// Checks the attributes and the learning rate `R`.
+    /// The operator in [`crate::ops`] checks them before it records; a caller checks
+    /// them earlier, before any device exists.
+    pub fn validate(&self, r: f64) -> Result<()> {
+        check_finite("R", r)?;
+        check_finite("alpha", self.alpha)?;
+        check_finite("beta", self.beta)?;
+        check_finite("norm_coefficient", self.norm_coefficient)
+    }
+
+    /// The kernel step for the inputs `R` and `T` (`beta_adjusted = T > 0 ? beta : 1`).
+    pub(crate) fn kernel_step(&self, r: f64, t: u64) -> KernelStep {
+        let switches = MomentumSwitches {
+            maximize: false,
+            nesterov: self.mode == MomentumMode::Nesterov,
+            velocity: true,
+        };
+        let uniform = MomentumUniform64 {
+            velocity_decay: self.alpha,
+            grad_scale: if t > 0 { self.beta } else { 1.0 },
+            weight_decay: self.norm_coefficient,
+            lr: r,
+            nesterov_scale: self.alpha,
+            restart: 0,
+            reserved: 0,
+        };
+        KernelStep::Momentum(switches, uniform)
+    }
+}

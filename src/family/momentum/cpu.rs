@@ -1,0 +1,166 @@
+//! SGD (momentum)'s CPU loops: the update of `momentum.wgsl` in f32, operation for operation, so the
+//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+
+use half::f16;
+
+use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{MomentumSwitches, MomentumUniform};
+
+/// One element of `src/family/momentum/momentum.wgsl`: returns `(p_new, v)`.
+#[inline(always)]
+pub(crate) fn momentum_element<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    p: f32,
+    mut g: f32,
+    v_prev: f32,
+) -> (f32, f32) {
+    if MAXIMIZE {
+        g = -g;
+    }
+    if WEIGHT_DECAY {
+        g += hp.weight_decay * p;
+    }
+    let mut direction = g;
+    let mut v = v_prev;
+    if VELOCITY {
+        v = if RESTART { g } else { hp.velocity_decay * v_prev + hp.grad_scale * g };
+        direction = if NESTEROV { g + hp.nesterov_scale * v } else { v };
+    }
+    (p - hp.lr * direction, v)
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn momentum<
+    E: Element,
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
+    let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let [buffer, ..] = o.state;
+    if VELOCITY {
+        for ((p, g), v) in o.param.iter_mut().zip(o.grad).zip(buffer.iter_mut()) {
+            let (new_p, new_v) = update(hp, p.widen(), g.widen() * scale, v.widen());
+            (*p, *v) = (E::narrow(new_p), E::narrow(new_v));
+        }
+    } else {
+        // Plain SGD keeps no buffer (PyTorch's momentum = 0).
+        for (p, g) in o.param.iter_mut().zip(o.grad) {
+            *p = E::narrow(update(hp, p.widen(), g.widen() * scale, 0.0).0);
+        }
+    }
+}
+
+/// [`momentum`] over 8-bit state, one pass per block.
+pub(crate) fn momentum_q8<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    scale: f32,
+    job: q8::Job<'_>,
+) {
+    let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    q8::each::<_, false>(
+        job,
+        #[inline(always)]
+        |g, p, [v]| {
+            let (p, v) = update(hp, p, g * scale, v);
+            (p, [v])
+        },
+        |o| momentum::<f32, MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>(hp, scale, o),
+    );
+}
+
+/// [`momentum`] on f16 operands, a register (sixteen or eight elements) at a time.
+pub(crate) fn momentum_f16<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const VELOCITY: bool,
+    const NESTEROV: bool,
+    const RESTART: bool,
+>(
+    hp: &MomentumUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = momentum_element::<MAXIMIZE, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let [buffer, ..] = o.state;
+    if VELOCITY {
+        f16_lanes::each(
+            [o.param, buffer],
+            o.grad,
+            #[inline(always)]
+            |g, [p, v]| {
+                let (p, v) = update(hp, p, g * scale, v);
+                [p, v]
+            },
+        );
+    } else {
+        f16_lanes::each(
+            [o.param],
+            o.grad,
+            #[inline(always)]
+            |g, [p]| [update(hp, p, g * scale, 0.0).0],
+        );
+    }
+}
+
+pub(crate) fn momentum_loop<E: Leaves>(
+    s: &MomentumSwitches,
+    u: &MomentumUniform,
+) -> Loop<MomentumUniform, E> {
+    // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
+    // same for every element: here they pick the loop.
+    fn restart<E: Leaves, const M: bool, const W: bool, const N: bool>(
+        restart: bool,
+    ) -> Loop<MomentumUniform, E> {
+        if restart {
+            E::momentum::<M, W, true, N, true>()
+        } else {
+            E::momentum::<M, W, true, N, false>()
+        }
+    }
+    fn velocity<E: Leaves, const M: bool, const W: bool>(
+        s: &MomentumSwitches,
+        u: &MomentumUniform,
+    ) -> Loop<MomentumUniform, E> {
+        match (s.velocity, s.nesterov) {
+            (true, true) => restart::<E, M, W, true>(u.restart != 0),
+            (true, false) => restart::<E, M, W, false>(u.restart != 0),
+            // Without a buffer neither Nesterov nor the restart has any effect.
+            (false, _) => E::momentum::<M, W, false, false, false>(),
+        }
+    }
+    fn weight_decay<E: Leaves, const M: bool>(
+        s: &MomentumSwitches,
+        u: &MomentumUniform,
+    ) -> Loop<MomentumUniform, E> {
+        if u.weight_decay != 0.0 {
+            velocity::<E, M, true>(s, u)
+        } else {
+            velocity::<E, M, false>(s, u)
+        }
+    }
+    if s.maximize {
+        weight_decay::<E, true>(s, u)
+    } else {
+        weight_decay::<E, false>(s, u)
+    }
+}

@@ -1,0 +1,39 @@
+//! The Muon family's contract: `src/family/muon/muon.wgsl` and the CPU backend's Muon loop. Two
+//! elementwise passes of one Muon step (the Newton-Schulz products between them are the
+//! matrix kernels of `gpu::matmul`):
+//!
+//! - the momentum pass (`MOMENTUM_PASS`): the buffer's EMA, and the matrix to orthogonalize
+//!   written in the parameter slot, which is then bound to an f32 scratch tensor;
+//! - the apply pass: `p = p decay - lr O`, with `O` (already scaled by the shape's
+//!   learning-rate ratio) in the gradient slot.
+
+use crate::step::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the Muon family (`Hyper` in `src/family/muon/muon.wgsl`).
+    MuonUniform, MuonUniform64 {
+        lr,
+        /// Decoupled weight decay: `p *= decay` before the update (`1 - lr * weight_decay`).
+        decay,
+        /// The EMA's weight of the new gradient, `1 - momentum` (torch's `lerp` weight).
+        one_minus_momentum,
+        /// `momentum`, the Nesterov blend's weight of the buffer.
+        momentum,
+    }
+}
+
+/// The Muon family's compile-time switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MuonSwitches {
+    /// The momentum pass (else the apply pass).
+    pub(crate) momentum_pass: bool,
+    /// Orthogonalize `lerp(g, buffer, momentum)` rather than the buffer.
+    pub(crate) nesterov: bool,
+}
+
+impl MuonSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![Override::Bool("MOMENTUM_PASS", self.momentum_pass), Override::Bool("NESTEROV", self.nesterov)]
+    }
+}

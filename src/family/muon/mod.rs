@@ -1,0 +1,12 @@
+//! Muon (`torch.optim.Muon`): the elementwise end of its step and Newton-Schulz's normalization: its configuration (`config`), its step contract with the kernels
+//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+
+pub(crate) mod config;
+pub(crate) mod contract;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu;
+
+/// The update's body (`update`), which the generated prelude precedes.
+pub(crate) const WGSL: &str = include_str!("muon.wgsl");
+/// Newton-Schulz's first normalization (the Frobenius norm's pass).
+pub(crate) const NORMALIZE_WGSL: &str = include_str!("muon_normalize.wgsl");

@@ -1,0 +1,51 @@
+//! The RMSprop kernel's contract: `src/family/rmsprop/rmsprop.wgsl` and the CPU backend's RMSprop loop.
+
+use crate::step::fields::{uniform, Override};
+
+uniform! {
+    /// The per-step values of the RMSprop family (`Hyper` in `src/family/rmsprop/rmsprop.wgsl`).
+    RmsPropUniform, RmsPropUniform64 {
+        lr,
+        /// The previous averages' coefficient.
+        alpha,
+        /// `1 - alpha`, computed in f64 as PyTorch computes it in Python.
+        one_minus_alpha,
+        /// Added to the root of the (centered) second moment.
+        eps,
+        /// L2 coefficient, skipped when 0.
+        weight_decay,
+        /// The momentum buffer's coefficient.
+        momentum,
+    }
+}
+
+/// The RMSprop family's compile-time switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RmsPropSwitches {
+    /// Negate the gradient.
+    pub(crate) maximize: bool,
+    /// Keep `grad_avg` and divide by the root of the variance estimate.
+    pub(crate) centered: bool,
+    /// Keep a momentum buffer (PyTorch keeps none at momentum 0).
+    pub(crate) momentum: bool,
+    /// `grad_avg.lerp_(grad, w)` in ATen's form for weights `w >= 0.5`:
+    /// `g - (g - grad_avg) * (1 - w)`; otherwise `grad_avg + w * (g - grad_avg)`.
+    pub(crate) lerp_from_grad: bool,
+    /// The parameter steps with the gradient as loaded, the state alone with the decayed one:
+    /// bitsandbytes' 8-bit RMSprop kernel (`crate::q8::kernel_step`). The CPU backend runs
+    /// it uncentered, without momentum and without `maximize` only, as bitsandbytes does.
+    pub(crate) step_with_raw_grad: bool,
+}
+
+impl RmsPropSwitches {
+    /// The shader's override constants.
+    pub(crate) fn overrides(&self) -> Vec<Override> {
+        vec![
+            Override::Bool("MAXIMIZE", self.maximize),
+            Override::Bool("CENTERED", self.centered),
+            Override::Bool("MOMENTUM", self.momentum),
+            Override::Bool("LERP_FROM_GRAD", self.lerp_from_grad),
+            Override::Bool("STEP_WITH_RAW_GRAD", self.step_with_raw_grad),
+        ]
+    }
+}

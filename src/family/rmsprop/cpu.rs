@@ -1,0 +1,227 @@
+//! RMSprop's CPU loops: the update of `rmsprop.wgsl` in f32, operation for operation, so the
+//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+
+use half::f16;
+
+use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{RmsPropSwitches, RmsPropUniform};
+
+// How RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or updated in
+// one of the two forms of ATen's lerp (`RmsPropSwitches::lerp_from_grad`).
+const UNCENTERED: u8 = 0;
+const CENTERED_LERP_FROM_AVG: u8 = 1;
+const CENTERED_LERP_FROM_GRAD: u8 = 2;
+
+/// One element of `src/family/rmsprop/rmsprop.wgsl`: returns `(p_new, square_avg, momentum_buffer,
+/// grad_avg)`. `RAW`: the parameter steps with the gradient as given, the state with the
+/// decayed one (`RmsPropSwitches::step_with_raw_grad`).
+#[inline(always)]
+pub(crate) fn rmsprop_element<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
+    hp: &RmsPropUniform,
+    p: f32,
+    mut g: f32,
+    s_prev: f32,
+    b_prev: f32,
+    a_prev: f32,
+) -> (f32, f32, f32, f32) {
+    let loaded = g;
+    if MAXIMIZE {
+        g = -g;
+    }
+    if WEIGHT_DECAY {
+        g += hp.weight_decay * p;
+    }
+    let s = s_prev * hp.alpha + hp.one_minus_alpha * g * g;
+    let (a, root) = match CENTER {
+        CENTERED_LERP_FROM_AVG => {
+            let a = a_prev + hp.one_minus_alpha * (g - a_prev);
+            (a, (s - a * a).sqrt())
+        }
+        CENTERED_LERP_FROM_GRAD => {
+            let a = g - (g - a_prev) * (1.0 - hp.one_minus_alpha);
+            (a, (s - a * a).sqrt())
+        }
+        _ => (a_prev, s.sqrt()),
+    };
+    let avg = root + hp.eps;
+    if MOMENTUM {
+        let b = b_prev * hp.momentum + g / avg;
+        (p - hp.lr * b, s, b, a)
+    } else {
+        let step_grad = if RAW { loaded } else { g };
+        (p - hp.lr * (step_grad / avg), s, b_prev, a)
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn rmsprop<
+    E: Element,
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    o: Operands<'_, E>,
+) {
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
+    // is kept, then grad_avg where it is kept.
+    let [square_avg, second, third] = o.state;
+    let rows = o.param.iter_mut().zip(o.grad).zip(square_avg.iter_mut());
+    match (MOMENTUM, CENTER != UNCENTERED) {
+        (true, true) => {
+            for ((((p, g), s), b), a) in rows.zip(second.iter_mut()).zip(third.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), b.widen(), a.widen());
+                (*p, *s, *b, *a) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2), E::narrow(new.3));
+            }
+        }
+        (true, false) => {
+            for (((p, g), s), b) in rows.zip(second.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), b.widen(), 0.0);
+                (*p, *s, *b) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.2));
+            }
+        }
+        (false, true) => {
+            for (((p, g), s), a) in rows.zip(second.iter_mut()) {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), 0.0, a.widen());
+                (*p, *s, *a) = (E::narrow(new.0), E::narrow(new.1), E::narrow(new.3));
+            }
+        }
+        (false, false) => {
+            for ((p, g), s) in rows {
+                let new = update(hp, p.widen(), g.widen() * scale, s.widen(), 0.0, 0.0);
+                (*p, *s) = (E::narrow(new.0), E::narrow(new.1));
+            }
+        }
+    }
+}
+
+/// [`rmsprop`] on f16 operands, a register (sixteen or eight elements) at a time.
+pub(crate) fn rmsprop_f16<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    o: Operands<'_, f16>,
+) {
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let [square_avg, second, third] = o.state;
+    match (MOMENTUM, CENTER != UNCENTERED) {
+        (true, true) => f16_lanes::each(
+            [o.param, square_avg, second, third],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, b, a]| {
+                let new = update(hp, p, g * scale, s, b, a);
+                [new.0, new.1, new.2, new.3]
+            },
+        ),
+        (true, false) => f16_lanes::each(
+            [o.param, square_avg, second],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, b]| {
+                let new = update(hp, p, g * scale, s, b, 0.0);
+                [new.0, new.1, new.2]
+            },
+        ),
+        (false, true) => f16_lanes::each(
+            [o.param, square_avg, second],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s, a]| {
+                let new = update(hp, p, g * scale, s, 0.0, a);
+                [new.0, new.1, new.3]
+            },
+        ),
+        (false, false) => f16_lanes::each(
+            [o.param, square_avg],
+            o.grad,
+            #[inline(always)]
+            |g, [p, s]| {
+                let new = update(hp, p, g * scale, s, 0.0, 0.0);
+                [new.0, new.1]
+            },
+        ),
+    }
+}
+
+/// [`rmsprop`] over 8-bit state: bitsandbytes' one 8-bit form (one state, uncentered,
+/// without momentum) in one pass per block, the others block by block.
+pub(crate) fn rmsprop_q8<
+    const MAXIMIZE: bool,
+    const WEIGHT_DECAY: bool,
+    const CENTER: u8,
+    const MOMENTUM: bool,
+    const RAW: bool,
+>(
+    hp: &RmsPropUniform,
+    scale: f32,
+    job: q8::Job<'_>,
+) {
+    let blocked =
+        |o: Operands<'_, f32>| rmsprop::<f32, MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>(hp, scale, o);
+    if MOMENTUM || CENTER != UNCENTERED {
+        return q8::blocked(job, q8::NonFinite::Update, blocked);
+    }
+    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    q8::each::<_, false>(
+        job,
+        #[inline(always)]
+        |g, p, [s]| {
+            let new = update(hp, p, g * scale, s, 0.0, 0.0);
+            (new.0, [new.1])
+        },
+        blocked,
+    );
+}
+
+pub(crate) fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsPropUniform, E> {
+    // The shader's run-time test of a zero L2 coefficient is the same for every element:
+    // here it picks the loop.
+    fn momentum<E: Leaves, const M: bool, const W: bool, const C: u8>(
+        s: &RmsPropSwitches,
+    ) -> Loop<RmsPropUniform, E> {
+        if s.momentum {
+            E::rmsprop::<M, W, C, true, false>()
+        } else {
+            E::rmsprop::<M, W, C, false, false>()
+        }
+    }
+    fn center<E: Leaves, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
+        match (s.centered, s.lerp_from_grad) {
+            (false, _) => momentum::<E, M, W, UNCENTERED>(s),
+            (true, false) => momentum::<E, M, W, CENTERED_LERP_FROM_AVG>(s),
+            (true, true) => momentum::<E, M, W, CENTERED_LERP_FROM_GRAD>(s),
+        }
+    }
+    // bitsandbytes' 8-bit form (`q8::kernel_step`) is plain RMSprop: its loops alone.
+    if s.step_with_raw_grad {
+        debug_assert!(!s.maximize && !s.centered && !s.momentum, "{s:?}");
+        return if u.weight_decay != 0.0 {
+            E::rmsprop::<false, true, UNCENTERED, false, true>()
+        } else {
+            E::rmsprop::<false, false, UNCENTERED, false, true>()
+        };
+    }
+    match (s.maximize, u.weight_decay != 0.0) {
+        (false, false) => center::<E, false, false>(s),
+        (false, true) => center::<E, false, true>(s),
+        (true, false) => center::<E, true, false>(s),
+        (true, true) => center::<E, true, true>(s),
+    }
+}

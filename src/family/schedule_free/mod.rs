@@ -1,0 +1,10 @@
+//! Schedule-Free AdamW (the `schedulefree` package): its configuration (`config`), its step contract with the kernels
+//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+
+pub(crate) mod config;
+pub(crate) mod contract;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu;
+
+/// The update's body (`update`), which the generated prelude precedes.
+pub(crate) const WGSL: &str = include_str!("schedule_free.wgsl");
