@@ -407,7 +407,7 @@ fn source() -> String {
         Info::wgsl(),
         include_str!("../../shaders/convert.wgsl"),
         include_str!("../../shaders/nan_bits.wgsl"),
-        crate::family::adafactor::WGSL
+        crate::family::adafactor::PASSES_WGSL
     )
 }
 

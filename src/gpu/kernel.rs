@@ -54,7 +54,7 @@ use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::{ClipHeader, NormType};
 use crate::step::device::DeviceHeader;
 use crate::step::rounding::{self, RoundingHeader, Stochastic};
-use crate::step::{Family, Override, Slot, Switches};
+use crate::step::{Override, Slot, Switches};
 use crate::{DType, StateKind};
 
 /// What a compiled kernel computes.
@@ -85,19 +85,8 @@ impl Program {
     /// The WGSL body, embedded at build time.
     fn source(self) -> &'static str {
         match self {
-            Program::Update(s) => match s.family() {
-                Family::Adam => crate::family::adam::WGSL,
-                Family::Momentum => crate::family::momentum::WGSL,
-                Family::Adagrad => crate::family::adagrad::WGSL,
-                Family::Lion => crate::family::lion::WGSL,
-                Family::ScheduleFree => crate::family::schedule_free::WGSL,
-                // Not elementwise: its own passes (`gpu::adafactor`), never composed here.
-                Family::Adafactor => "",
-                Family::Muon => crate::family::muon::WGSL,
-                Family::RmsProp => crate::family::rmsprop::WGSL,
-                Family::Ademamix => crate::family::ademamix::WGSL,
-                Family::Lamb => crate::family::lamb::WGSL,
-            },
+            // Adafactor's is "": not elementwise, its own passes (`gpu::adafactor`) run it.
+            Program::Update(s) => s.family().update_wgsl(),
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",
         }
@@ -107,24 +96,8 @@ impl Program {
     /// device's step counter and learning rate (capturable mode).
     fn capturable_source(self) -> &'static str {
         match self {
-            Program::Update(s) => match s.family() {
-                Family::Adam => crate::family::adam::CAPTURABLE_WGSL,
-                Family::Momentum => crate::family::momentum::CAPTURABLE_WGSL,
-                Family::Adagrad => crate::family::adagrad::CAPTURABLE_WGSL,
-                Family::Lion => crate::family::lion::CAPTURABLE_WGSL,
-                // Refused in capturable mode (`optimizer::validate`): its weights need the
-                // host's running `lr_max` and `weight_sum`.
-                Family::ScheduleFree => "",
-                Family::Adafactor => "",
-                // Refused in capturable mode (`optimizer::muon`): the orthogonalization runs on
-                // the host-mode uniforms.
-                Family::Muon => "",
-                Family::RmsProp => crate::family::rmsprop::CAPTURABLE_WGSL,
-                Family::Ademamix => crate::family::ademamix::CAPTURABLE_WGSL,
-                // Refused in capturable mode (`optimizer::lamb::check_options`): its passes
-                // take their scalars from the host.
-                Family::Lamb => "",
-            },
+            // "" for the families capturable mode refuses (each folder says why).
+            Program::Update(s) => s.family().capturable_wgsl(),
             Program::Unscale | Program::GradNorm(_) | Program::UnscaleNorm(_) => "",
         }
     }

@@ -4,6 +4,7 @@
 //! family's do.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
 
 uniform! {
     /// The per-step values of Adafactor (`Hyper` in `src/family/adafactor/adafactor.wgsl`).
@@ -37,3 +38,18 @@ impl AdafactorSwitches {
         Vec::new()
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = AdafactorSwitches;
+pub(crate) type Uniform = AdafactorUniform;
+pub(crate) type Uniform64 = AdafactorUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+// Its own passes bind their tensors (`gpu::adafactor`); never an elementwise kernel.
+pub(crate) const INPUTS: &[Slot] = &[Param, Grad];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] = &[Param];

@@ -1,8 +1,15 @@
 //! Adafactor (PyTorch): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! (`contract`) and its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
+//! `cpu::adafactor`'s).
 
 pub(crate) mod config;
 pub(crate) mod contract;
 
-/// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("adafactor.wgsl");
+/// Its passes (the factors' sums and the update), `gpu::adafactor`'s.
+pub(crate) const PASSES_WGSL: &str = include_str!("adafactor.wgsl");
+/// No elementwise update: its own passes run it (`gpu::adafactor`).
+pub(crate) const UPDATE_WGSL: &str = "";
+/// Capturable mode's step values on the device: none. Adafactor has no elementwise update.
+pub(crate) const CAPTURABLE_WGSL: &str = "";
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "adafactor";

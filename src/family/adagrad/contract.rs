@@ -1,6 +1,8 @@
 //! The Adagrad kernel's contract: `src/family/adagrad/adagrad.wgsl` and the CPU backend's Adagrad loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the Adagrad family (`Hyper` in `src/family/adagrad/adagrad.wgsl`).
@@ -28,3 +30,18 @@ impl AdagradSwitches {
         vec![Override::Bool("MAXIMIZE", self.maximize)]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = AdagradSwitches;
+pub(crate) type Uniform = AdagradUniform;
+pub(crate) type Uniform64 = AdagradUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] = &[Param, Grad, State(StateKind::Sum), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] =
+    &[Param, State(StateKind::Sum), ParamCopy, State(StateKind::KahanCompensation)];

@@ -1,6 +1,8 @@
 //! The Adam kernel's contract: `src/family/adam/adam.wgsl` and the CPU backend's Adam loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the Adam family (`Hyper` in `src/family/adam/adam.wgsl`).
@@ -109,6 +111,34 @@ impl AdamSwitches {
         ]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = AdamSwitches;
+pub(crate) type Uniform = AdamUniform;
+pub(crate) type Uniform64 = AdamUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] = &[
+    Param,
+    Grad,
+    State(StateKind::ExpAvg),
+    State(StateKind::ExpAvgSq),
+    State(StateKind::MaxExpAvgSq),
+    State(StateKind::KahanCompensation),
+];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] = &[
+    Param,
+    State(StateKind::ExpAvg),
+    State(StateKind::ExpAvgSq),
+    State(StateKind::MaxExpAvgSq),
+    ParamCopy,
+    State(StateKind::KahanCompensation),
+];
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
 //! The AdEMAMix kernel's contract: `src/family/ademamix/ademamix.wgsl` and the CPU backend's AdEMAMix loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the AdEMAMix family (`Hyper` in `src/family/ademamix/ademamix.wgsl`).
@@ -53,3 +55,31 @@ impl AdemamixSwitches {
         vec![Override::Bool("DECAY_AFTER_UPDATE", self.decay_after_update)]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = AdemamixSwitches;
+pub(crate) type Uniform = AdemamixUniform;
+pub(crate) type Uniform64 = AdemamixUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] = &[
+    Param,
+    Grad,
+    State(StateKind::ExpAvg),
+    State(StateKind::ExpAvgSlow),
+    State(StateKind::ExpAvgSq),
+    State(StateKind::KahanCompensation),
+];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] = &[
+    Param,
+    State(StateKind::ExpAvg),
+    State(StateKind::ExpAvgSlow),
+    State(StateKind::ExpAvgSq),
+    ParamCopy,
+    State(StateKind::KahanCompensation),
+];

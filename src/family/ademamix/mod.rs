@@ -7,6 +7,8 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 
 /// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("ademamix.wgsl");
+pub(crate) const UPDATE_WGSL: &str = include_str!("ademamix.wgsl");
 /// Capturable mode's derivation of the step's values on the device.
 pub(crate) const CAPTURABLE_WGSL: &str = include_str!("ademamix_capturable.wgsl");
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "ademamix";

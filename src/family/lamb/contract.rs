@@ -2,6 +2,8 @@
 //! CPU backend's LAMB loops.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the LAMB family (`Hyper` in `src/family/lamb/lamb.wgsl`).
@@ -44,3 +46,24 @@ impl LambSwitches {
         vec![Override::Bool("APPLY", self.apply)]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = LambSwitches;
+pub(crate) type Uniform = LambUniform;
+pub(crate) type Uniform64 = LambUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] =
+    &[Param, Grad, State(StateKind::ExpAvg), State(StateKind::ExpAvgSq), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] = &[
+    Param,
+    State(StateKind::ExpAvg),
+    State(StateKind::ExpAvgSq),
+    ParamCopy,
+    State(StateKind::KahanCompensation),
+];

@@ -7,8 +7,13 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 
 /// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("lamb.wgsl");
+pub(crate) const UPDATE_WGSL: &str = include_str!("lamb.wgsl");
 /// The pass that combines each tensor's partial norms into its trust ratio.
 pub(crate) const COMBINE_WGSL: &str = include_str!("lamb_combine.wgsl");
 /// The entry points of LAMB's passes.
 pub(crate) const ENTRY_WGSL: &str = include_str!("lamb_entry.wgsl");
+/// Capturable mode's step values on the device: none. Refused in capturable mode
+/// (`optimizer::lamb::check_options`): its passes take their scalars from the host.
+pub(crate) const CAPTURABLE_WGSL: &str = "";
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "lamb";

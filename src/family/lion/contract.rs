@@ -1,6 +1,8 @@
 //! The Lion kernel's contract: `src/family/lion/lion.wgsl` and the CPU backend's Lion loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the Lion family (`Hyper` in `src/family/lion/lion.wgsl`).
@@ -31,3 +33,19 @@ impl LionSwitches {
         Vec::new()
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = LionSwitches;
+pub(crate) type Uniform = LionUniform;
+pub(crate) type Uniform64 = LionUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] =
+    &[Param, Grad, State(StateKind::ExpAvg), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] =
+    &[Param, State(StateKind::ExpAvg), ParamCopy, State(StateKind::KahanCompensation)];

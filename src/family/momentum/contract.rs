@@ -1,6 +1,8 @@
 //! The momentum kernel's contract: `src/family/momentum/momentum.wgsl` and the CPU backend's SGD loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the momentum family (`Hyper` in `src/family/momentum/momentum.wgsl`).
@@ -44,6 +46,22 @@ impl MomentumSwitches {
         ]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = MomentumSwitches;
+pub(crate) type Uniform = MomentumUniform;
+pub(crate) type Uniform64 = MomentumUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] =
+    &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] =
+    &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)];
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
-//! SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum): its
+//! configuration (`config`), its step contract with the kernels (`contract`), its WGSL and,
+//! with the `cpu` feature, its CPU loops (`cpu`).
 
 pub(crate) mod config;
 pub(crate) mod contract;
@@ -7,6 +8,8 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 
 /// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("momentum.wgsl");
+pub(crate) const UPDATE_WGSL: &str = include_str!("momentum.wgsl");
 /// Capturable mode's derivation of the step's values on the device.
 pub(crate) const CAPTURABLE_WGSL: &str = include_str!("momentum_capturable.wgsl");
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "momentum";

@@ -8,6 +8,8 @@
 //!   learning-rate ratio) in the gradient slot.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the Muon family (`Hyper` in `src/family/muon/muon.wgsl`).
@@ -37,3 +39,19 @@ impl MuonSwitches {
         vec![Override::Bool("MOMENTUM_PASS", self.momentum_pass), Override::Bool("NESTEROV", self.nesterov)]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = MuonSwitches;
+pub(crate) type Uniform = MuonUniform;
+pub(crate) type Uniform64 = MuonUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] =
+    &[Param, Grad, State(StateKind::MomentumBuffer), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] =
+    &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)];

@@ -1,4 +1,5 @@
-//! Muon (`torch.optim.Muon`): the elementwise end of its step and Newton-Schulz's normalization: its configuration (`config`), its step contract with the kernels
+//! Muon (`torch.optim.Muon`): the elementwise end of its step and Newton-Schulz's
+//! normalization: its configuration (`config`), its step contract with the kernels
 //! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
 
 pub(crate) mod config;
@@ -7,6 +8,11 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 
 /// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("muon.wgsl");
+pub(crate) const UPDATE_WGSL: &str = include_str!("muon.wgsl");
 /// Newton-Schulz's first normalization (the Frobenius norm's pass).
 pub(crate) const NORMALIZE_WGSL: &str = include_str!("muon_normalize.wgsl");
+/// Capturable mode's step values on the device: none. Refused in capturable mode
+/// (`optimizer::muon`): the orthogonalization runs on the host-mode uniforms.
+pub(crate) const CAPTURABLE_WGSL: &str = "";
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "muon";

@@ -1,6 +1,8 @@
 //! The RMSprop kernel's contract: `src/family/rmsprop/rmsprop.wgsl` and the CPU backend's RMSprop loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the RMSprop family (`Hyper` in `src/family/rmsprop/rmsprop.wgsl`).
@@ -49,3 +51,31 @@ impl RmsPropSwitches {
         ]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = RmsPropSwitches;
+pub(crate) type Uniform = RmsPropUniform;
+pub(crate) type Uniform64 = RmsPropUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] = &[
+    Param,
+    Grad,
+    State(StateKind::SquareAvg),
+    State(StateKind::MomentumBuffer),
+    State(StateKind::GradAvg),
+    State(StateKind::KahanCompensation),
+];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] = &[
+    Param,
+    State(StateKind::SquareAvg),
+    State(StateKind::MomentumBuffer),
+    State(StateKind::GradAvg),
+    ParamCopy,
+    State(StateKind::KahanCompensation),
+];

@@ -2,6 +2,8 @@
 //! backend's schedule-free loop.
 
 use crate::step::fields::{uniform, Override};
+use crate::step::Slot::{self, *};
+use crate::StateKind;
 
 uniform! {
     /// The per-step values of the schedule-free family (`Hyper` in
@@ -41,3 +43,19 @@ impl ScheduleFreeSwitches {
         vec![Override::Bool("SWAP", self.swap)]
     }
 }
+
+/// The registry's names for the family's switches, uniform and the uniform's f64 form
+/// (`crate::step`).
+pub(crate) type Switches = ScheduleFreeSwitches;
+pub(crate) type Uniform = ScheduleFreeUniform;
+pub(crate) type Uniform64 = ScheduleFreeUniform64;
+
+/// The slots the update reads, in the order its arguments are given. The Kahan compensation
+/// is last: the body never names it, the generated `store_param` reads and writes it where
+/// it is bound.
+pub(crate) const INPUTS: &[Slot] =
+    &[Param, Grad, State(StateKind::Z), State(StateKind::ExpAvgSq), State(StateKind::KahanCompensation)];
+
+/// The slots the update writes, in the order its arguments are given.
+pub(crate) const OUTPUTS: &[Slot] =
+    &[Param, State(StateKind::Z), State(StateKind::ExpAvgSq), ParamCopy, State(StateKind::KahanCompensation)];

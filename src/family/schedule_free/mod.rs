@@ -1,5 +1,6 @@
-//! Schedule-Free AdamW (the `schedulefree` package): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! Schedule-Free AdamW (the `schedulefree` package): its configuration (`config`), its step
+//! contract with the kernels (`contract`), its WGSL and, with the `cpu` feature, its CPU
+//! loops (`cpu`).
 
 pub(crate) mod config;
 pub(crate) mod contract;
@@ -7,4 +8,9 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 
 /// The update's body (`update`), which the generated prelude precedes.
-pub(crate) const WGSL: &str = include_str!("schedule_free.wgsl");
+pub(crate) const UPDATE_WGSL: &str = include_str!("schedule_free.wgsl");
+/// Capturable mode's step values on the device: none. Refused in capturable mode
+/// (`optimizer::validate`): its weights need the host's running `lr_max` and `weight_sum`.
+pub(crate) const CAPTURABLE_WGSL: &str = "";
+/// The family's name in labels and pipeline keys.
+pub(crate) const NAME: &str = "schedule_free";

@@ -54,7 +54,7 @@ const SERIAL_ENTRY: &str = include_str!("../../../shaders/q4_serial.wgsl");
 pub(crate) fn compose(variant: &Variant) -> String {
     let mut s = prelude(variant);
     // Only Adam keeps 4-bit state (`q4::check_algorithm`).
-    s.push_str(crate::family::adam::WGSL);
+    s.push_str(variant.switches.family().update_wgsl());
     wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
 }

@@ -75,7 +75,6 @@ use crate::gpu::blockwise::layout::MAX_STATES;
 use crate::gpu::blockwise::wgsl;
 use crate::q8::lut::{CodeTable, BUCKETS, BUCKETS_PER_SIGN, BUCKET_SHIFT, INFINITY, ONE, SMALLEST};
 use crate::q8::BLOCK_SIZE;
-use crate::step::Family;
 
 /// Codes per `u32` word of 8-bit state, and elements per invocation (`R` is a `vec4`).
 pub(crate) const CODES_PER_WORD: u32 = 4;
@@ -133,22 +132,9 @@ const SERIAL_ENTRY: &str = include_str!("../../../shaders/q8_serial.wgsl");
 /// the module's documentation).
 pub(crate) fn compose(variant: &Variant) -> String {
     let mut s = prelude(variant);
-    s.push_str(match variant.switches.family() {
-        Family::Adam => crate::family::adam::WGSL,
-        Family::Momentum => crate::family::momentum::WGSL,
-        Family::Adagrad => crate::family::adagrad::WGSL,
-        Family::Lion => crate::family::lion::WGSL,
-        // Refused with 8-bit state (`q8::check_options`); never composed.
-        Family::ScheduleFree => crate::family::schedule_free::WGSL,
-        // Refused with 8-bit state (`q8::check_algorithm`); never composed.
-        Family::Adafactor => "",
-        // Refused with 8-bit state (`q8::check_algorithm`); never composed.
-        Family::Muon => crate::family::muon::WGSL,
-        Family::RmsProp => crate::family::rmsprop::WGSL,
-        Family::Ademamix => crate::family::ademamix::WGSL,
-        // Refused with 8-bit state (`q8::check_algorithm`); never composed.
-        Family::Lamb => "",
-    });
+    // Families without an 8-bit form are refused before any variant is composed
+    // (`q8::check_algorithm`).
+    s.push_str(variant.switches.family().update_wgsl());
     wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
 }
