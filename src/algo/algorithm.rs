@@ -10,12 +10,112 @@ use crate::RmsProp;
 use crate::ScheduleFreeAdamW;
 use crate::{Adagrad, Adam, Result, Sgd};
 
-/// The algorithms the stateful optimizer runs, in PyTorch's conventions.
-///
-/// `#[non_exhaustive]`: new algorithms add variants, so a `match` needs a `_` arm.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum Algorithm {
+/// What [`Algorithm`] reads of a family's configuration, implemented in the family's folder
+/// (`crate::family::<name>::config`), so that no method of `Algorithm` matches on families
+/// by hand: the `algorithms!` line of each generates its arm.
+pub(crate) trait FamilyConfig: Copy {
+    /// The family of kernels that runs it.
+    const FAMILY: Family;
+    /// The class name PyTorch would use.
+    fn torch_class(&self) -> &'static str;
+    /// Checks the hyperparameters.
+    fn validate(&self) -> Result<()>;
+    /// The kernel step for step `t` (counted from 1).
+    fn kernel_step(&self, t: u64) -> KernelStep;
+    /// The learning rate.
+    fn lr(&self) -> f64;
+    /// Sets the learning rate.
+    fn set_lr(&mut self, lr: f64);
+    /// The state tensors it keeps per parameter, in PyTorch's order.
+    fn state_kinds(&self) -> &'static [StateKind];
+    /// The value a state tensor starts from.
+    fn initial_state(&self) -> f64 {
+        0.0
+    }
+}
+
+/// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
+/// conversions and every method that dispatches to the configuration ([`FamilyConfig`]).
+macro_rules! algorithms {
+    ($($(#[$doc:meta])* $variant:ident($config:ident),)*) => {
+        /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
+        ///
+        /// `#[non_exhaustive]`: new algorithms add variants, so a `match` needs a `_` arm.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[non_exhaustive]
+        pub enum Algorithm {
+            $($(#[$doc])* $variant($config),)*
+        }
+
+        $(impl From<$config> for Algorithm {
+            fn from(config: $config) -> Self {
+                Algorithm::$variant(config)
+            }
+        })*
+
+        impl Algorithm {
+            /// Checks the hyperparameters. Building an optimizer and changing a group's
+            /// algorithm check them anyway; a trainer calls this to check a configuration
+            /// (one read from a file, say) before any device exists.
+            pub fn validate(&self) -> Result<()> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::validate(c),)*
+                }
+            }
+
+            pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::kernel_step(c, t),)*
+                }
+            }
+
+            /// The family of kernels that runs it.
+            pub(crate) fn family(&self) -> Family {
+                match self {
+                    $(Algorithm::$variant(_) => <$config as FamilyConfig>::FAMILY,)*
+                }
+            }
+
+            /// The learning rate.
+            pub fn lr(&self) -> f64 {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::lr(c),)*
+                }
+            }
+
+            /// The same algorithm with learning rate `lr`.
+            pub fn with_lr(mut self, lr: f64) -> Self {
+                match &mut self {
+                    $(Algorithm::$variant(c) => FamilyConfig::set_lr(c, lr),)*
+                }
+                self
+            }
+
+            /// The state tensors this algorithm keeps per parameter, in PyTorch's order.
+            pub fn state_kinds(&self) -> &'static [StateKind] {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::state_kinds(c),)*
+                }
+            }
+
+            /// The value a state tensor starts from.
+            pub(crate) fn initial_state(&self) -> f64 {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::initial_state(c),)*
+                }
+            }
+
+            /// The class name PyTorch would use.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::torch_class(c),)*
+                }
+            }
+        }
+    };
+}
+
+algorithms! {
     /// Adam, AdamW or AMSGrad.
     Adam(Adam),
     /// SGD, with standard or Nesterov momentum or none.
@@ -36,185 +136,6 @@ pub enum Algorithm {
     AdEMAMix(AdEMAMix),
     /// LAMB (torch-optimizer's `Lamb`).
     Lamb(Lamb),
-}
-
-impl From<Adam> for Algorithm {
-    fn from(config: Adam) -> Self {
-        Algorithm::Adam(config)
-    }
-}
-
-impl From<Sgd> for Algorithm {
-    fn from(config: Sgd) -> Self {
-        Algorithm::Sgd(config)
-    }
-}
-
-impl From<Adagrad> for Algorithm {
-    fn from(config: Adagrad) -> Self {
-        Algorithm::Adagrad(config)
-    }
-}
-
-impl From<Lion> for Algorithm {
-    fn from(config: Lion) -> Self {
-        Algorithm::Lion(config)
-    }
-}
-
-impl From<ScheduleFreeAdamW> for Algorithm {
-    fn from(config: ScheduleFreeAdamW) -> Self {
-        Algorithm::ScheduleFreeAdamW(config)
-    }
-}
-
-impl From<Adafactor> for Algorithm {
-    fn from(config: Adafactor) -> Self {
-        Algorithm::Adafactor(config)
-    }
-}
-
-impl From<Muon> for Algorithm {
-    fn from(config: Muon) -> Self {
-        Algorithm::Muon(config)
-    }
-}
-
-impl From<RmsProp> for Algorithm {
-    fn from(config: RmsProp) -> Self {
-        Algorithm::RmsProp(config)
-    }
-}
-
-impl From<AdEMAMix> for Algorithm {
-    fn from(config: AdEMAMix) -> Self {
-        Algorithm::AdEMAMix(config)
-    }
-}
-
-impl From<Lamb> for Algorithm {
-    fn from(config: Lamb) -> Self {
-        Algorithm::Lamb(config)
-    }
-}
-
-impl Algorithm {
-    /// Checks the hyperparameters. Building an optimizer and changing a group's algorithm
-    /// check them anyway; a trainer calls this to check a configuration (one read from a
-    /// file, say) before any device exists.
-    pub fn validate(&self) -> Result<()> {
-        match self {
-            Algorithm::Adam(c) => c.validate(),
-            Algorithm::Sgd(c) => c.validate(),
-            Algorithm::Adagrad(c) => c.validate(),
-            Algorithm::Lion(c) => c.validate(),
-            Algorithm::ScheduleFreeAdamW(c) => c.validate(),
-            Algorithm::Adafactor(c) => c.validate(),
-            Algorithm::Muon(c) => c.validate(),
-            Algorithm::RmsProp(c) => c.validate(),
-            Algorithm::AdEMAMix(c) => c.validate(),
-            Algorithm::Lamb(c) => c.validate(),
-        }
-    }
-
-    pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
-        match self {
-            Algorithm::Adam(c) => c.kernel_step(t),
-            Algorithm::Sgd(c) => c.kernel_step(t),
-            Algorithm::Adagrad(c) => c.kernel_step(t),
-            Algorithm::Lion(c) => c.kernel_step(t),
-            Algorithm::ScheduleFreeAdamW(c) => c.kernel_step(),
-            Algorithm::Adafactor(c) => c.kernel_step(t),
-            Algorithm::Muon(c) => c.kernel_step(),
-            Algorithm::RmsProp(c) => c.kernel_step(),
-            Algorithm::AdEMAMix(c) => c.kernel_step(t),
-            Algorithm::Lamb(c) => c.kernel_step(t),
-        }
-    }
-
-    /// The family of kernels that runs it.
-    pub(crate) fn family(&self) -> Family {
-        match self {
-            Algorithm::Adam(_) => Family::Adam,
-            Algorithm::Sgd(_) => Family::Momentum,
-            Algorithm::Adagrad(_) => Family::Adagrad,
-            Algorithm::Lion(_) => Family::Lion,
-            Algorithm::ScheduleFreeAdamW(_) => Family::ScheduleFree,
-            Algorithm::Adafactor(_) => Family::Adafactor,
-            Algorithm::Muon(_) => Family::Muon,
-            Algorithm::RmsProp(_) => Family::RmsProp,
-            Algorithm::AdEMAMix(_) => Family::Ademamix,
-            Algorithm::Lamb(_) => Family::Lamb,
-        }
-    }
-
-    /// The learning rate.
-    pub fn lr(&self) -> f64 {
-        match self {
-            Algorithm::Adam(c) => c.lr,
-            Algorithm::Sgd(c) => c.lr,
-            Algorithm::Adagrad(c) => c.lr,
-            Algorithm::Lion(c) => c.lr,
-            Algorithm::ScheduleFreeAdamW(c) => c.lr,
-            Algorithm::Adafactor(c) => c.lr,
-            Algorithm::Muon(c) => c.lr,
-            Algorithm::RmsProp(c) => c.lr,
-            Algorithm::AdEMAMix(c) => c.lr,
-            Algorithm::Lamb(c) => c.lr,
-        }
-    }
-
-    /// The same algorithm with learning rate `lr`.
-    pub fn with_lr(mut self, lr: f64) -> Self {
-        match &mut self {
-            Algorithm::Adam(c) => c.lr = lr,
-            Algorithm::Sgd(c) => c.lr = lr,
-            Algorithm::Adagrad(c) => c.lr = lr,
-            Algorithm::Lion(c) => c.lr = lr,
-            Algorithm::ScheduleFreeAdamW(c) => c.lr = lr,
-            Algorithm::Adafactor(c) => c.lr = lr,
-            Algorithm::Muon(c) => c.lr = lr,
-            Algorithm::RmsProp(c) => c.lr = lr,
-            Algorithm::AdEMAMix(c) => c.lr = lr,
-            Algorithm::Lamb(c) => c.lr = lr,
-        }
-        self
-    }
-
-    /// The state tensors this algorithm keeps per parameter, in PyTorch's order.
-    pub fn state_kinds(&self) -> &'static [StateKind] {
-        match self {
-            Algorithm::Adam(c) if c.amsgrad => {
-                &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq]
-            }
-            Algorithm::Adam(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
-            Algorithm::Sgd(c) if c.keeps_buffer() => &[StateKind::MomentumBuffer],
-            Algorithm::Sgd(_) => &[],
-            Algorithm::Adagrad(_) => &[StateKind::Sum],
-            Algorithm::Lion(_) => &[StateKind::ExpAvg],
-            Algorithm::ScheduleFreeAdamW(_) => &[StateKind::Z, StateKind::ExpAvgSq],
-            // Its states depend on each tensor's shape (`row_var` and `col_var`, or `variance`:
-            // `adafactor_state_kinds`) and are kept apart from the elementwise ones.
-            Algorithm::Adafactor(_) => &[],
-            Algorithm::Muon(_) => &[StateKind::MomentumBuffer],
-            Algorithm::RmsProp(c) => match (c.keeps_buffer(), c.centered) {
-                (false, false) => &[StateKind::SquareAvg],
-                (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
-                (false, true) => &[StateKind::SquareAvg, StateKind::GradAvg],
-                (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
-            },
-            Algorithm::AdEMAMix(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq],
-            Algorithm::Lamb(_) => &[StateKind::ExpAvg, StateKind::ExpAvgSq],
-        }
-    }
-
-    /// The value a state tensor starts from.
-    pub(crate) fn initial_state(&self) -> f64 {
-        match self {
-            Algorithm::Adagrad(c) => c.initial_accumulator_value,
-            _ => 0.0,
-        }
-    }
 }
 
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
@@ -271,25 +192,6 @@ impl StateKind {
             StateKind::ColVar => "col_var",
             StateKind::Variance => "variance",
             StateKind::KahanCompensation => "kahan_comp",
-        }
-    }
-}
-
-impl Algorithm {
-    /// The class name PyTorch would use.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::Adam(c) if c.decoupled_weight_decay => "AdamW",
-            Algorithm::Adam(_) => "Adam",
-            Algorithm::Sgd(_) => "SGD",
-            Algorithm::Adagrad(_) => "Adagrad",
-            Algorithm::Lion(_) => "Lion",
-            Algorithm::ScheduleFreeAdamW(_) => "AdamWScheduleFree",
-            Algorithm::Adafactor(_) => "Adafactor",
-            Algorithm::Muon(_) => "Muon",
-            Algorithm::RmsProp(_) => "RMSprop",
-            Algorithm::AdEMAMix(_) => "AdEMAMix",
-            Algorithm::Lamb(_) => "Lamb",
         }
     }
 }

@@ -43,6 +43,7 @@ pub use adafactor::{
 pub use adagrad::{Adagrad, OnnxAdagrad};
 pub use adam::{Adam, DmlAdam, OnnxAdam};
 pub use ademamix::AdEMAMix;
+pub(crate) use algorithm::FamilyConfig;
 pub use algorithm::{Algorithm, StateKind};
 pub(crate) use lamb::check_options as check_lamb_options;
 pub use lamb::{Lamb, LambNorms};

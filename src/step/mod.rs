@@ -28,17 +28,25 @@ use crate::family::muon::contract as muon;
 use crate::family::rmsprop::contract as rmsprop;
 use crate::family::schedule_free::contract as schedule_free;
 
-pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform, AdafactorUniform64};
-pub(crate) use adagrad::{AdagradSwitches, AdagradUniform, AdagradUniform64};
-pub(crate) use adam::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
-pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
+pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform64};
+pub(crate) use adagrad::{AdagradSwitches, AdagradUniform64};
+pub(crate) use adam::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
+pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform64};
 pub(crate) use fields::Override;
-pub(crate) use lamb::{LambSwitches, LambUniform, LambUniform64};
-pub(crate) use lion::{LionSwitches, LionUniform, LionUniform64};
-pub(crate) use momentum::{MomentumSwitches, MomentumUniform, MomentumUniform64};
-pub(crate) use muon::{MuonSwitches, MuonUniform, MuonUniform64};
-pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
-pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+pub(crate) use lamb::{LambSwitches, LambUniform64};
+pub(crate) use lion::{LionSwitches, LionUniform64};
+pub(crate) use momentum::{MomentumSwitches, MomentumUniform64};
+pub(crate) use muon::{MuonSwitches, MuonUniform64};
+pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform64};
+pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform64};
+// The f32 uniforms by name, for the CPU loops and the layout tests (the GPU uploads the
+// bytes `KernelStep::write_uniform` makes).
+#[cfg_attr(not(any(feature = "cpu", test)), allow(unused_imports))]
+pub(crate) use {
+    adafactor::AdafactorUniform, adagrad::AdagradUniform, adam::AdamUniform, ademamix::AdemamixUniform,
+    lamb::LambUniform, lion::LionUniform, momentum::MomentumUniform, muon::MuonUniform,
+    rmsprop::RmsPropUniform, schedule_free::ScheduleFreeUniform,
+};
 
 use crate::{DType, StateKind};
 

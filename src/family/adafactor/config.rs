@@ -10,7 +10,7 @@
 
 use crate::algo::{check, check_rate};
 use crate::step::{AdafactorSwitches, AdafactorUniform64, KernelStep};
-use crate::{DType, Result};
+use crate::{DType, Result, StateKind};
 
 /// `torch.optim.Adafactor`. `Adafactor::default()` is its defaults.
 ///
@@ -220,4 +220,35 @@ pub(crate) fn check_change(from: &crate::Algorithm, to: &crate::Algorithm) -> Re
         });
     }
     Ok(())
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Adafactor {
+    const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
+
+    fn torch_class(&self) -> &'static str {
+        "Adafactor"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Adafactor::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Adafactor::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        // Its states depend on each tensor's shape (`row_var` and `col_var`, or `variance`:
+        // `adafactor_state_kinds`) and are kept apart from the elementwise ones.
+        &[]
+    }
 }

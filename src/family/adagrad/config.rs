@@ -3,6 +3,7 @@
 use crate::algo::{check, check_finite, check_rate};
 use crate::step::{AdagradSwitches, AdagradUniform64, KernelStep};
 use crate::Result;
+use crate::StateKind;
 
 /// PyTorch's `torch.optim.Adagrad`. `Adagrad::default()` is its defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,4 +92,36 @@ impl OnnxAdagrad {
 
 fn adagrad_step(maximize: bool, weight_decay: f64, lr: f64, eps: f64, lr_decay: f64) -> KernelStep {
     KernelStep::Adagrad(AdagradSwitches { maximize }, AdagradUniform64 { lr, weight_decay, eps, lr_decay })
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Adagrad {
+    const FAMILY: crate::step::Family = crate::step::Family::Adagrad;
+
+    fn torch_class(&self) -> &'static str {
+        "Adagrad"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Adagrad::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Adagrad::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::Sum]
+    }
+    fn initial_state(&self) -> f64 {
+        self.initial_accumulator_value
+    }
 }

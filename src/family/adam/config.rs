@@ -2,6 +2,7 @@
 
 use crate::algo::{bias_correction, check, check_beta, check_finite, check_rate};
 use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
+use crate::StateKind;
 use crate::{Error, Result, StepProblem};
 
 /// PyTorch's `torch.optim.Adam` and `torch.optim.AdamW` (and AMSGrad through `amsgrad`).
@@ -226,5 +227,42 @@ fn moments(beta1: f64, beta2: f64) -> AdamUniform64 {
         post_scale: 1.0,
         ln_beta1: beta1.ln(),
         ln_beta2: beta2.ln(),
+    }
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Adam {
+    const FAMILY: crate::step::Family = crate::step::Family::Adam;
+
+    fn torch_class(&self) -> &'static str {
+        if self.decoupled_weight_decay {
+            "AdamW"
+        } else {
+            "Adam"
+        }
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Adam::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Adam::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        if self.amsgrad {
+            &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::MaxExpAvgSq]
+        } else {
+            &[StateKind::ExpAvg, StateKind::ExpAvgSq]
+        }
     }
 }

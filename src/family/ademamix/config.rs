@@ -4,6 +4,7 @@
 use crate::algo::{bias_correction, check, check_beta, check_rate};
 use crate::step::{AdemamixSwitches, AdemamixUniform64, KernelStep};
 use crate::Result;
+use crate::StateKind;
 
 /// bitsandbytes' `bnb.optim.AdEMAMix` (32-bit states). `AdEMAMix::default()` is its defaults.
 ///
@@ -125,5 +126,34 @@ impl AdEMAMix {
             t_beta3: self.t_beta3.map_or(0.0, |t| t as f64),
         };
         KernelStep::Ademamix(AdemamixSwitches { decay_after_update: false }, uniform)
+    }
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for AdEMAMix {
+    const FAMILY: crate::step::Family = crate::step::Family::Ademamix;
+
+    fn torch_class(&self) -> &'static str {
+        "AdEMAMix"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        AdEMAMix::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        AdEMAMix::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq]
     }
 }

@@ -11,6 +11,7 @@
 use crate::algo::{bias_correction, check, check_beta, check_rate};
 use crate::step::{KernelStep, LambSwitches, LambUniform64};
 use crate::Result;
+use crate::StateKind;
 
 /// `torch_optimizer.Lamb`. `Lamb::default()` is its defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -162,4 +163,33 @@ pub(crate) fn check_options(
         );
     }
     Ok(())
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Lamb {
+    const FAMILY: crate::step::Family = crate::step::Family::Lamb;
+
+    fn torch_class(&self) -> &'static str {
+        "Lamb"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Lamb::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Lamb::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::ExpAvg, StateKind::ExpAvgSq]
+    }
 }

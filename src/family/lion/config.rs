@@ -4,6 +4,7 @@
 use crate::algo::{check_beta, check_rate};
 use crate::step::{KernelStep, LionSwitches, LionUniform64};
 use crate::Result;
+use crate::StateKind;
 
 /// lion-pytorch's `Lion`. `Lion::default()` is its defaults.
 ///
@@ -52,5 +53,34 @@ impl Lion {
             decay: 1.0 - self.lr * self.weight_decay,
         };
         KernelStep::Lion(LionSwitches, uniform)
+    }
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Lion {
+    const FAMILY: crate::step::Family = crate::step::Family::Lion;
+
+    fn torch_class(&self) -> &'static str {
+        "Lion"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Lion::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Lion::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::ExpAvg]
     }
 }

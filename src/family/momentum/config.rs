@@ -3,6 +3,7 @@
 use crate::algo::{check, check_finite, check_rate};
 use crate::step::{KernelStep, MomentumSwitches, MomentumUniform64};
 use crate::Result;
+use crate::StateKind;
 
 /// PyTorch's `torch.optim.SGD`. `Sgd::default()` is its defaults (lr 1e-3, no momentum).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -115,5 +116,38 @@ impl OnnxMomentum {
             reserved: 0,
         };
         KernelStep::Momentum(switches, uniform)
+    }
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Sgd {
+    const FAMILY: crate::step::Family = crate::step::Family::Momentum;
+
+    fn torch_class(&self) -> &'static str {
+        "SGD"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Sgd::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        Sgd::kernel_step(self, t)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        if self.keeps_buffer() {
+            &[StateKind::MomentumBuffer]
+        } else {
+            &[]
+        }
     }
 }

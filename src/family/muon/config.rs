@@ -20,6 +20,7 @@
 
 use crate::algo::{check, check_beta, check_finite, check_rate};
 use crate::step::{KernelStep, MuonSwitches, MuonUniform64};
+use crate::StateKind;
 use crate::{Algorithm, Error, Result};
 
 /// How the learning rate is scaled by the matrix's shape (torch's `adjust_lr_fn`).
@@ -213,4 +214,35 @@ pub(crate) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for Muon {
+    const FAMILY: crate::step::Family = crate::step::Family::Muon;
+
+    fn torch_class(&self) -> &'static str {
+        "Muon"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        Muon::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        // Muon's update does not depend on the step count.
+        let _ = t;
+        Muon::kernel_step(self)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::MomentumBuffer]
+    }
 }

@@ -3,6 +3,7 @@
 use crate::algo::check_rate;
 use crate::step::{KernelStep, RmsPropSwitches, RmsPropUniform64};
 use crate::Result;
+use crate::StateKind;
 
 /// PyTorch's `torch.optim.RMSprop`. `RmsProp::default()` is its defaults.
 ///
@@ -81,5 +82,41 @@ impl RmsProp {
             momentum: self.momentum,
         };
         KernelStep::RmsProp(switches, uniform)
+    }
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for RmsProp {
+    const FAMILY: crate::step::Family = crate::step::Family::RmsProp;
+
+    fn torch_class(&self) -> &'static str {
+        "RMSprop"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        RmsProp::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        // RMSprop's update does not depend on the step count.
+        let _ = t;
+        RmsProp::kernel_step(self)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        match (self.keeps_buffer(), self.centered) {
+            (false, false) => &[StateKind::SquareAvg],
+            (true, false) => &[StateKind::SquareAvg, StateKind::MomentumBuffer],
+            (false, true) => &[StateKind::SquareAvg, StateKind::GradAvg],
+            (true, true) => &[StateKind::SquareAvg, StateKind::MomentumBuffer, StateKind::GradAvg],
+        }
     }
 }

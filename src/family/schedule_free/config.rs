@@ -9,6 +9,7 @@
 use crate::algo::{bias_correction, check, check_beta, check_rate};
 use crate::step::{KernelStep, ScheduleFreeSwitches, ScheduleFreeUniform64};
 use crate::Result;
+use crate::StateKind;
 
 /// The `schedulefree` package's `AdamWScheduleFree`. `ScheduleFreeAdamW::default()` is its
 /// defaults.
@@ -163,4 +164,35 @@ pub(crate) fn check_eval(config: &ScheduleFreeAdamW) -> Result<()> {
         config.beta1 > 0.0,
         "> 0 for eval(): with beta1 = 0, y is z and x cannot be recovered",
     )
+}
+
+/// The registry's view of the configuration (`crate::algo::FamilyConfig`).
+impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
+    const FAMILY: crate::step::Family = crate::step::Family::ScheduleFree;
+
+    fn torch_class(&self) -> &'static str {
+        "AdamWScheduleFree"
+    }
+
+    fn validate(&self) -> crate::Result<()> {
+        ScheduleFreeAdamW::validate(self)
+    }
+
+    fn kernel_step(&self, t: u64) -> KernelStep {
+        // Its step counter is the group's `k` (`ScheduleFreeScalars`), not `t`.
+        let _ = t;
+        ScheduleFreeAdamW::kernel_step(self)
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_kinds(&self) -> &'static [StateKind] {
+        &[StateKind::Z, StateKind::ExpAvgSq]
+    }
 }
