@@ -85,6 +85,7 @@ pub mod q4;
 pub mod q8;
 mod step;
 mod tensor;
+mod validate;
 
 pub use algo::Adafactor;
 pub use algo::{adafactor_state_kinds, adafactor_state_shapes, machine_epsilon};

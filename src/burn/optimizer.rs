@@ -14,8 +14,8 @@ use super::muon::{algorithm_for, needs_shapes, FrontEnd};
 use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, LR_MAX, TIME, WEIGHT_SUM};
 use super::schedule_free::{lease_params, record_swap};
 use super::{SharedDevice, StepError};
+use crate::family::schedule_free::scalars::check_scalars as check_schedule_free_scalars;
 use crate::ops::{self, Update};
-use crate::optimizer::check_schedule_free_scalars;
 use crate::{
     Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars, StateKind,
 };

@@ -297,7 +297,7 @@ pub(crate) fn check_schedule_free(id: u64, state: &ParamRecord, algorithm: &Algo
                 algorithm.name()
             ),
         }),
-        (Some(sf), true) => crate::optimizer::check_schedule_free_scalars(algorithm, &ScheduleFreeScalars {
+        (Some(sf), true) => crate::family::schedule_free::scalars::check_scalars(algorithm, &ScheduleFreeScalars {
             k: state.time,
             weight_sum: sf.weight_sum,
             lr_max: sf.lr_max,

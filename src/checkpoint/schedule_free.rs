@@ -57,7 +57,7 @@ pub(crate) fn parse(
             .as_u64()
             .ok_or_else(|| bad(format!("param_groups[{g}].k is not a whole number >= 0")))?;
         let saved = ScheduleFreeScalars { k, weight_sum: number("weight_sum")?, lr_max: number("lr_max")? };
-        crate::optimizer::check_schedule_free_scalars(algorithm, &saved)
+        crate::family::schedule_free::scalars::check_scalars(algorithm, &saved)
             .map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
         let train = field("train_mode")?
             .as_bool()

@@ -203,17 +203,13 @@ impl CpuOptimizer {
         if options.state_dtype == Some(DType::F64) {
             return Err(host::not_f64("options.state_dtype"));
         }
-        crate::optimizer::check_shapes(
+        crate::validate::check_shapes(
             &options.param_shapes,
             &params.iter().map(|p| p.len() as u64).collect::<Vec<_>>(),
         )?;
         let adafactor =
             adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
-        crate::optimizer::check_rounding_dtypes(
-            options.rounding,
-            params.iter().map(|p| p.dtype()),
-            "params",
-        )?;
+        crate::validate::check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype()), "params")?;
         let muon_shapes = muon::check(&algorithm, &options, params.len())?;
         if let Some(config) = options.q4_states {
             crate::q4::check_options(&config, &[algorithm], &options, params.iter().map(|p| p.dtype()))?;

@@ -28,7 +28,7 @@ impl CpuOptimizer {
         if g != 0 {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
-        crate::optimizer::check_schedule_free_scalars(&self.algorithm, &scalars)?;
+        crate::family::schedule_free::scalars::check_scalars(&self.algorithm, &scalars)?;
         self.schedule_free = scalars;
         Ok(())
     }

@@ -5,9 +5,7 @@ use super::clip::ClipPass;
 use super::device::DeviceState;
 use super::record::write_rounding;
 use super::schedule_free::ScheduleFreeHost;
-use super::validate::{
-    check_disjoint, check_params, check_rounding_dtypes, check_rounding_options, check_shapes,
-};
+use super::validate::{check_disjoint, check_params, check_rounding_options};
 use super::written::WrittenRanges;
 use super::{arena, Group, Optimizer, OptimizerOptions, ParamGroup};
 use crate::gpu::dispatch::{DeviceScalars, Uniforms};
@@ -16,6 +14,7 @@ use crate::gpu::q4::Q4Engine;
 use crate::gpu::q8::Q8Engine;
 use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
+use crate::validate::{check_rounding_dtypes, check_shapes};
 use crate::{Algorithm, DType, Error, GpuContext, Result, Rounding, Tensor};
 
 impl Optimizer {

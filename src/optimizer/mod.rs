@@ -37,10 +37,6 @@ pub(crate) use lamb::record_stateless as record_lamb_stateless;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
-#[cfg(any(feature = "cpu", feature = "checkpoint"))]
-pub(crate) use schedule_free::check_scalars as check_schedule_free_scalars;
-#[cfg(feature = "cpu")]
-pub(crate) use validate::{check_rounding_dtypes, check_shapes};
 
 use crate::gpu::dispatch::Uniforms;
 use crate::gpu::q4::Q4Engine;

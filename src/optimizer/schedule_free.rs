@@ -9,6 +9,7 @@
 use super::record::write_rounding;
 use super::{Optimizer, OptimizerOptions, ParamGroup};
 use crate::algo::{group_step, SWAP_ROUNDING_STEP};
+use crate::family::schedule_free::scalars::check_scalars;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars};
 use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
@@ -231,24 +232,4 @@ impl Optimizer {
         }
         Ok(batches)
     }
-}
-
-/// Group values that fit `algorithm`: a schedule-free one, finite sums, and the initial
-/// values at `k = 0`.
-pub(crate) fn check_scalars(algorithm: &Algorithm, scalars: &ScheduleFreeScalars) -> Result<()> {
-    if !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
-        return Err(Error::BadValue {
-            argument: "schedule-free group values".into(),
-            problem: format!("the group runs {}, not AdamWScheduleFree", algorithm.name()),
-        });
-    }
-    let fresh = ScheduleFreeScalars::default();
-    if !scalars.weight_sum.is_finite() || !scalars.lr_max.is_finite() || (scalars.k == 0 && *scalars != fresh)
-    {
-        return Err(Error::BadValue {
-            argument: "schedule-free group values".into(),
-            problem: format!("{scalars:?}: expected finite values, and the initial ones at k = 0"),
-        });
-    }
-    Ok(())
 }
