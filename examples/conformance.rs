@@ -8,6 +8,8 @@
 //! attributes the reader does not implement, then `N cases: P passed, F failed, R refused` (a
 //! case counts once, as its worst backend); exits non-zero when anything failed or was
 //! refused, and with status 2, running nothing, when the directory holds no vector file.
+//! A case of an op the crate does not implement yet runs on the oracle alone, against the
+//! independent source, and says `oracle-checked only` on a line of its own and at the end.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     };
     println!("adapter: {}", ctx.report());
     let mut tally = Tally::default();
+    let mut oracle_only = Vec::new();
     for file in &files {
         let case = match Case::read(file) {
             Ok(case) => case,
@@ -82,9 +85,21 @@ fn main() -> ExitCode {
                 }
             }
         }
+        if case.oracle_only() {
+            // The oracle alone ran: say so on the case's own line, not only in the totals.
+            oracle_only.push(case.name.clone());
+            println!("{name:<52} {:<18} oracle-checked only: no crate implementation yet", "gpu, cpu");
+        }
         tally.add(verdict);
     }
     println!("{}", tally.closing_line());
+    if !oracle_only.is_empty() {
+        println!(
+            "{} of them oracle-checked only (no crate implementation yet): {}",
+            oracle_only.len(),
+            oracle_only.join(", ")
+        );
+    }
     if tally.failed > 0 || tally.refused > 0 {
         ExitCode::FAILURE
     } else {

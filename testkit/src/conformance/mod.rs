@@ -3,6 +3,8 @@
 //! comparing with the expected values that an independent implementation produced.
 
 mod adafactor;
+mod adan;
+mod adopt;
 mod ao4;
 mod case;
 mod files;

@@ -51,8 +51,12 @@ impl Backend {
 
     /// The backends that tell something about `case`: the packed-f16 ones only where the
     /// case has f16 tensors, the CPU backend for PyTorch trajectories (it has no stateless
-    /// operators).
+    /// operators), the oracle alone for an op the crate does not implement yet
+    /// ([`Case::oracle_only`]).
     pub fn all_for(case: &Case) -> Vec<Backend> {
+        if case.oracle_only() {
+            return vec![Backend::Oracle];
+        }
         let mut backends = vec![Backend::Oracle, Backend::GpuInPlace, Backend::GpuOutOfPlace];
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
@@ -107,7 +111,8 @@ pub struct CaseReport {
 type Outputs = Vec<(String, Vec<f64>)>;
 
 /// Runs `case` on `backend` (`ctx` is needed for the GPU backends) and compares; a case
-/// that [`Case::check_supported`] refuses is not run and reported as [`Outcome::Refused`].
+/// that [`Case::check_supported`] refuses is not run and reported as [`Outcome::Refused`],
+/// and so is an [oracle-only](Case::oracle_only) case on any backend but the oracle.
 /// Blocks on the GPU's readbacks: natively only (a browser uses [`run_case_async`]).
 pub fn run_case(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Result<CaseReport> {
     pollster::block_on(run_case_async(case, backend, ctx))
@@ -119,6 +124,10 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
     if let Err(refusal) = case.check_supported() {
         return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
+    }
+    if case.oracle_only() && backend != Backend::Oracle {
+        let reason = format!("oracle-checked only: no crate implementation of `{}` yet", case.op);
+        return Ok(report(Outcome::Refused(reason), 0.0));
     }
     let chosen;
     let ctx = match (backend, ctx) {
@@ -157,6 +166,8 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
         }
         ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
+        ("adan.Adan", Kind::Trajectory) => super::adan::oracle_trajectory(case)?,
+        ("adopt.ADOPT", Kind::Trajectory) => super::adopt::oracle_trajectory(case)?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))

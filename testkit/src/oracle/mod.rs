@@ -5,7 +5,8 @@
 //! It sees wgpu-optim's public API only (the configurations it reads, [`StoredState`] for
 //! 8-bit state) and computes everything else itself: the bitsandbytes maps and
 //! quantization ([`bnb`]), the rounding of stores to a dtype ([`dtype`]), so that it does not
-//! share the code it checks.
+//! share the code it checks. Families the crate does not implement yet ([`adan`], [`adopt`])
+//! bring their own hyperparameters, under their sources' names and defaults.
 //!
 //! wgpu-optim's own unit tests compile [`onnx`] and [`bnb`] inside the crate (through
 //! `#[path]`), where `api` names the crate itself: the files name every item of the
@@ -17,7 +18,9 @@
 use wgpu_optim as api;
 
 pub mod adafactor;
+pub mod adan;
 pub mod ademamix;
+pub mod adopt;
 pub mod ao4;
 pub mod bnb;
 pub mod dtype;
@@ -30,7 +33,9 @@ pub mod schedule_free;
 pub mod torch;
 
 pub use adafactor::{AdafactorOracle, AdafactorTensorState};
+pub use adan::{AdanHyperparameters, AdanOracle};
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
+pub use adopt::{AdoptHyperparameters, AdoptOracle};
 pub use ao4::ao4_adam_step;
 pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;
