@@ -84,6 +84,12 @@ pub async fn run_parsed(case: &Case, ctx: &GpuContext, print: &mut dyn FnMut(Str
             }
         }
     }
+    if case.oracle_only() {
+        print(format!(
+            "{name:<52} {:<18} oracle-checked only: the crate has no implementation of it yet",
+            "-"
+        ));
+    }
     verdict
 }
 
