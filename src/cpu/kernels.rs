@@ -1,8 +1,9 @@
 //! The CPU kernels' machinery: the storage leaves a family's loops are written for (f32 and
-//! bf16 elements, f16 registers, 8-bit blocks), and the kernel that picks a family's loop
-//! once per step ([`Kernel::new`]). Each family's loops, the update of its WGSL in f32
+//! bf16 elements, f16 registers, 8-bit blocks), and the kernel that runs a family's loops,
+//! picked once per step ([`Kernel::new`]). Each family's loops, the update of its WGSL in f32
 //! operation for operation so that the CPU rounds where the GPU does, live in its folder
-//! (`crate::family::<name>::cpu`).
+//! (`crate::family::<name>::cpu`) with its selection tree and its `loops`, which the family
+//! registry (`crate::step`) calls for a step of that family.
 //!
 //! Every switch is a const generic: each combination is its own loop with no branch per
 //! element, which the compiler vectorizes.
@@ -11,18 +12,7 @@ use half::{bf16, f16};
 
 use super::convert::bf16_bits;
 use super::q8;
-use crate::family::adagrad::cpu::{adagrad, adagrad_f16, adagrad_loop};
-use crate::family::adam::cpu::{adam, adam_f16, adam_loop, adam_q8};
-use crate::family::ademamix::cpu::{ademamix, ademamix_f16, ademamix_loop, ademamix_q8};
-use crate::family::lamb::cpu::{lamb_apply, lamb_apply_f16, lamb_loop};
-use crate::family::lion::cpu::{lion, lion_f16, lion_loop, lion_q8};
-use crate::family::momentum::cpu::{momentum, momentum_f16, momentum_loop, momentum_q8};
-use crate::family::muon::cpu::{muon, muon_f16, muon_loop};
-use crate::family::rmsprop::cpu::{rmsprop, rmsprop_f16, rmsprop_loop, rmsprop_q8};
-use crate::family::schedule_free::cpu::{schedule_free, schedule_free_f16, schedule_free_loop};
-use crate::step::{AdagradUniform, AdamUniform, KernelStep, MomentumUniform};
-use crate::step::{AdemamixUniform, LambUniform, LionUniform, MuonUniform};
-use crate::step::{RmsPropUniform, ScheduleFreeUniform};
+use crate::step::KernelStep;
 
 /// The most state tensors any family keeps (AMSGrad's three).
 pub(crate) const MAX_STATE: usize = 3;
@@ -32,16 +22,16 @@ pub(crate) const MAX_STATE: usize = 3;
 /// (f16 converts a register of elements per instruction, `super::f16_lanes`; mixed storage goes
 /// through f32 blocks, `super::storage`).
 pub(crate) trait Element: Copy + Send + Sync + 'static {
-    /// This type's loop among a family's `loops`.
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
+    /// Runs this type's loop of `update`.
+    fn run(update: &dyn Update, scale: f32, operands: Operands<'_, Self>);
     fn widen(self) -> f32;
     /// Rounded to nearest even, as `shaders/convert.wgsl` stores it.
     fn narrow(x: f32) -> Self;
 }
 
 impl Element for f32 {
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
-        loops.f32
+    fn run(update: &dyn Update, scale: f32, operands: Operands<'_, Self>) {
+        update.run_f32(scale, operands)
     }
 
     #[inline(always)]
@@ -56,8 +46,8 @@ impl Element for f32 {
 }
 
 impl Element for bf16 {
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
-        loops.bf16
+    fn run(update: &dyn Update, scale: f32, operands: Operands<'_, Self>) {
+        update.run_bf16(scale, operands)
     }
 
     #[inline(always)]
@@ -81,184 +71,122 @@ pub(crate) struct Operands<'a, E = f32> {
 }
 
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
-pub(crate) type Loop<U, E = f32> = for<'a> fn(&U, f32, <E as Leaves>::Operands<'a>);
+pub(crate) type Loop<U, E = f32> = for<'a> fn(&U, f32, <E as Leaf>::Operands<'a>);
 
 /// A family's loop compiled for its switches, for each storage type the loops take directly.
 pub(crate) struct Loops<U> {
-    f32: Loop<U>,
-    bf16: Loop<U, bf16>,
-    f16: Loop<U, f16>,
-    q8: Loop<U, Q8>,
+    pub(crate) f32: Loop<U>,
+    pub(crate) bf16: Loop<U, bf16>,
+    pub(crate) f16: Loop<U, f16>,
+    pub(crate) q8: Loop<U, Q8>,
 }
 
-/// One step of one family: the f32 uniform the GPU kernel would read, and its loops.
-enum Update {
-    Adam(AdamUniform, Loops<AdamUniform>),
-    Momentum(MomentumUniform, Loops<MomentumUniform>),
-    Adagrad(AdagradUniform, Loops<AdagradUniform>),
-    Lion(LionUniform, Loops<LionUniform>),
-    ScheduleFree(ScheduleFreeUniform, Loops<ScheduleFreeUniform>),
-    /// Adafactor runs its own loops (`cpu::adafactor`): nothing elementwise to do here.
-    Adafactor,
-    Muon(MuonUniform, Loops<MuonUniform>),
-    RmsProp(RmsPropUniform, Loops<RmsPropUniform>),
-    Ademamix(AdemamixUniform, Loops<AdemamixUniform>),
-    Lamb(LambUniform, Loops<LambUniform>),
+impl<U: Send + Sync + 'static> Loops<U> {
+    /// One step's update: these loops with the uniform they read.
+    pub(crate) fn with_uniform(self, uniform: U) -> Box<dyn Update> {
+        Box::new(Bound { uniform, loops: self })
+    }
 }
 
-/// The loop of one storage type for each family's switches, so that one selection tree
-/// per family serves every storage type.
-pub(crate) trait Leaves: Sized {
+/// A family's loops for every storage type (a [`Loops`]), from its selection tree `select`,
+/// generic over the storage leaf and called with `args`.
+macro_rules! every_storage {
+    ($select:ident($($args:expr),*)) => {
+        $crate::cpu::kernels::Loops {
+            f32: $select::<f32>($($args),*),
+            bf16: $select::<half::bf16>($($args),*),
+            f16: $select::<half::f16>($($args),*),
+            q8: $select::<$crate::cpu::kernels::Q8>($($args),*),
+        }
+    };
+}
+pub(crate) use every_storage;
+
+/// One step's update of one family for each storage type: its loops with their uniform. The
+/// family is erased here, so that the kernel and everything that runs it know no family: the
+/// cost is a dynamic call per run of elements, never per element (the loops themselves are
+/// each family's own, monomorphized for its switches).
+pub(crate) trait Update: Send + Sync {
+    fn run_f32(&self, scale: f32, operands: Operands<'_, f32>);
+    fn run_bf16(&self, scale: f32, operands: Operands<'_, bf16>);
+    fn run_f16(&self, scale: f32, operands: Operands<'_, f16>);
+    fn run_q8(&self, scale: f32, job: q8::Job<'_>);
+}
+
+/// A family's loops and the uniform they read.
+struct Bound<U> {
+    uniform: U,
+    loops: Loops<U>,
+}
+
+impl<U: Send + Sync> Update for Bound<U> {
+    fn run_f32(&self, scale: f32, operands: Operands<'_, f32>) {
+        (self.loops.f32)(&self.uniform, scale, operands)
+    }
+
+    fn run_bf16(&self, scale: f32, operands: Operands<'_, bf16>) {
+        (self.loops.bf16)(&self.uniform, scale, operands)
+    }
+
+    fn run_f16(&self, scale: f32, operands: Operands<'_, f16>) {
+        (self.loops.f16)(&self.uniform, scale, operands)
+    }
+
+    fn run_q8(&self, scale: f32, job: q8::Job<'_>) {
+        (self.loops.q8)(&self.uniform, scale, job)
+    }
+}
+
+/// A storage type a kernel runs on: what its loops update, and which of a step's loops is
+/// its own. Each family's leaf trait (`AdamLeaf`, ...) gives every leaf's loop for each of the
+/// family's switches, so that one selection tree per family serves every storage type.
+pub(crate) trait Leaf: Sized {
     /// What a loop of this storage type updates.
     type Operands<'a>;
-    /// This storage type's loop among a family's `loops`.
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self>;
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self>;
-    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
-    ) -> Loop<MomentumUniform, Self>;
-    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
-    fn lion() -> Loop<LionUniform, Self>;
-    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
-    fn muon() -> Loop<MuonUniform, Self>;
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self>;
-    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self>;
-    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self>;
+    /// Runs this storage type's loop of `update`.
+    fn run(update: &dyn Update, scale: f32, operands: Self::Operands<'_>);
 }
 
 /// f32 and bf16: the loops that convert each element in registers.
-impl<T: Element> Leaves for T {
+impl<T: Element> Leaf for T {
     type Operands<'a> = Operands<'a, T>;
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
-        T::pick(loops)
-    }
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam::<T, A, E, M, D, F>
-    }
-    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
-    ) -> Loop<MomentumUniform, Self> {
-        momentum::<T, M, W, V, N, R>
-    }
-    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
-        adagrad::<T, M, W>
-    }
-    fn lion() -> Loop<LionUniform, Self> {
-        lion::<T>
-    }
-    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
-        schedule_free::<T, S, W, F>
-    }
-    fn muon() -> Loop<MuonUniform, Self> {
-        muon::<T>
-    }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop::<T, M, W, C, B, R>
-    }
-    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
-        ademamix::<T, A>
-    }
-    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
-        lamb_apply::<T, W>
+    fn run(update: &dyn Update, scale: f32, operands: Self::Operands<'_>) {
+        T::run(update, scale, operands)
     }
 }
 
 /// f16: the loops that convert a register of elements at a time (`f16_lanes`).
-impl Leaves for f16 {
+impl Leaf for f16 {
     type Operands<'a> = Operands<'a, f16>;
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
-        loops.f16
-    }
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam_f16::<A, E, M, D, F>
-    }
-    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
-    ) -> Loop<MomentumUniform, Self> {
-        momentum_f16::<M, W, V, N, R>
-    }
-    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
-        adagrad_f16::<M, W>
-    }
-    fn lion() -> Loop<LionUniform, Self> {
-        lion_f16
-    }
-    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
-        schedule_free_f16::<S, W, F>
-    }
-    fn muon() -> Loop<MuonUniform, Self> {
-        muon_f16
-    }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop_f16::<M, W, C, B, R>
-    }
-    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
-        ademamix_f16::<A>
-    }
-    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
-        lamb_apply_f16::<W>
+    fn run(update: &dyn Update, scale: f32, operands: Self::Operands<'_>) {
+        update.run_f16(scale, operands)
     }
 }
 
 /// Blockwise 8-bit state (`super::q8`) beside f32 parameters and gradients: the loops of
-/// the families that have an 8-bit form (Adam, momentum, Lion, uncentered RMSprop without
-/// momentum, AdEMAMix) run in one pass per block ([`q8::each`]); the others' f32 loops run
-/// on each block's dequantized state ([`q8::blocked`]).
+/// the families that have an 8-bit form run in one pass per block ([`q8::each`]); the
+/// others' f32 loops run on each block's dequantized state ([`q8::blocked`]). Which is which
+/// is each family's leaf impl for `Q8`.
 pub(crate) enum Q8 {}
 
-impl Leaves for Q8 {
+impl Leaf for Q8 {
     type Operands<'a> = q8::Job<'a>;
-    fn pick<U>(loops: &Loops<U>) -> Loop<U, Self> {
-        loops.q8
-    }
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam_q8::<A, E, M, D, F>
-    }
-    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
-    ) -> Loop<MomentumUniform, Self> {
-        momentum_q8::<M, W, V, N, R>
-    }
-    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
-        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| adagrad::<f32, M, W>(hp, scale, o))
-    }
-    fn lion() -> Loop<LionUniform, Self> {
-        lion_q8
-    }
-    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
-        |hp, scale, job| {
-            q8::blocked(job, q8::NonFinite::Update, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
-        }
-    }
-    fn muon() -> Loop<MuonUniform, Self> {
-        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| muon::<f32>(hp, scale, o))
-    }
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop_q8::<M, W, C, B, R>
-    }
-    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
-        ademamix_q8::<A>
-    }
-    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
-        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| lamb_apply::<f32, W>(hp, scale, o))
+    fn run(update: &dyn Update, scale: f32, job: Self::Operands<'_>) {
+        update.run_q8(scale, job)
     }
 }
 
 /// One step's update, with the coefficient every gradient is multiplied by as it is loaded
 /// (gradient clipping's; 1 otherwise, which changes no bit), as the GPU kernels load it.
 pub(crate) struct Kernel {
-    update: Update,
+    update: Box<dyn Update>,
     grad_scale: f32,
 }
 
 impl Kernel {
-    /// The loop and uniform for `step`, gradients unscaled.
+    /// The loops and uniform for `step`, gradients unscaled.
     pub(crate) fn new(step: &KernelStep) -> Self {
-        Kernel { update: Update::new(step), grad_scale: 1.0 }
+        Kernel { update: step.cpu_update(), grad_scale: 1.0 }
     }
 
     /// This kernel with every gradient multiplied by `grad_scale`.
@@ -268,75 +196,7 @@ impl Kernel {
 
     /// Updates every element of `operands`, all stored as `E`. For f16 only where
     /// `f16_lanes::available()`; elsewhere the blocked path is faster.
-    pub(crate) fn run<E: Leaves>(&self, operands: E::Operands<'_>) {
-        let scale = self.grad_scale;
-        match &self.update {
-            Update::Adam(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Momentum(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Adagrad(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Lion(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::ScheduleFree(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Adafactor => {}
-            Update::Muon(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::RmsProp(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Ademamix(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-            Update::Lamb(uniform, loops) => E::pick(loops)(uniform, scale, operands),
-        }
-    }
-}
-
-/// A family's loops for every storage type, from its selection tree `select`.
-macro_rules! loops {
-    ($select:ident($switches:expr, $uniform:expr)) => {
-        Loops {
-            f32: $select::<f32>($switches, $uniform),
-            bf16: $select::<bf16>($switches, $uniform),
-            f16: $select::<f16>($switches, $uniform),
-            q8: $select::<Q8>($switches, $uniform),
-        }
-    };
-}
-
-impl Update {
-    fn new(step: &KernelStep) -> Self {
-        match step {
-            KernelStep::Adam(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Adam(u, loops!(adam_loop(switches, &u)))
-            }
-            KernelStep::Momentum(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Momentum(u, loops!(momentum_loop(switches, &u)))
-            }
-            KernelStep::Adagrad(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Adagrad(u, loops!(adagrad_loop(switches, &u)))
-            }
-            KernelStep::Lion(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Lion(u, loops!(lion_loop(switches, &u)))
-            }
-            KernelStep::ScheduleFree(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::ScheduleFree(u, loops!(schedule_free_loop(switches, &u)))
-            }
-            KernelStep::Adafactor(..) => Update::Adafactor,
-            KernelStep::Muon(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Muon(u, loops!(muon_loop(switches, &u)))
-            }
-            KernelStep::RmsProp(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::RmsProp(u, loops!(rmsprop_loop(switches, &u)))
-            }
-            KernelStep::Ademamix(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Ademamix(u, loops!(ademamix_loop(switches, &u)))
-            }
-            KernelStep::Lamb(switches, uniform) => {
-                let u = uniform.to_f32();
-                Update::Lamb(u, loops!(lamb_loop(switches, &u)))
-            }
-        }
+    pub(crate) fn run<E: Leaf>(&self, operands: E::Operands<'_>) {
+        E::run(&*self.update, self.grad_scale, operands)
     }
 }

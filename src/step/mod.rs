@@ -179,6 +179,21 @@ macro_rules! families {
                 }
             }
         }
+
+        // The CPU backend: each family's folder gives, in its `cpu`,
+        // `loops(&Switches, &Uniform64)`, its loops for a step.
+        #[cfg(feature = "cpu")]
+        impl KernelStep {
+            /// The CPU backend's update for this step: the family's loops for its switches,
+            /// for every storage type, with its uniform in f32.
+            pub(crate) fn cpu_update(&self) -> Box<dyn crate::cpu::kernels::Update> {
+                match self {
+                    $(KernelStep::$variant(switches, uniform) => {
+                        crate::family::$folder::cpu::loops(switches, uniform)
+                    })*
+                }
+            }
+        }
     };
 }
 

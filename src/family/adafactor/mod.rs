@@ -1,9 +1,12 @@
 //! Adafactor (PyTorch): its configuration (`config`), its step contract with the kernels
-//! (`contract`) and its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
-//! `cpu::adafactor`'s).
+//! (`contract`), its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
+//! `cpu::adafactor`'s) and, with the `cpu` feature, its elementwise CPU update, which does
+//! nothing (`cpu`).
 
 pub(crate) mod config;
 pub(crate) mod contract;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu;
 
 /// Its passes (the factors' sums and the update), `gpu::adafactor`'s.
 pub(crate) const PASSES_WGSL: &str = include_str!("adafactor.wgsl");

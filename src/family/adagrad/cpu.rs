@@ -1,11 +1,12 @@
 //! Adagrad's CPU loops: the update of `adagrad.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`AdagradLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::f16_lanes;
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
-use crate::step::{AdagradSwitches, AdagradUniform};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 
 /// One element of `src/family/adagrad/adagrad.wgsl`: returns `(p_new, h)`.
 #[inline(always)]
@@ -59,11 +60,45 @@ pub(crate) fn adagrad_f16<const MAXIMIZE: bool, const WEIGHT_DECAY: bool>(
     );
 }
 
-pub(crate) fn adagrad_loop<E: Leaves>(s: &AdagradSwitches, u: &AdagradUniform) -> Loop<AdagradUniform, E> {
+pub(crate) fn adagrad_loop<E: AdagradLeaf>(
+    s: &AdagradSwitches,
+    u: &AdagradUniform,
+) -> Loop<AdagradUniform, E> {
     match (s.maximize, u.weight_decay != 0.0) {
         (false, false) => E::adagrad::<false, false>(),
         (false, true) => E::adagrad::<false, true>(),
         (true, false) => E::adagrad::<true, false>(),
         (true, true) => E::adagrad::<true, true>(),
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`adagrad_loop`]) serves every storage type.
+pub(crate) trait AdagradLeaf: Leaf {
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self>;
+}
+
+impl<T: Element> AdagradLeaf for T {
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        adagrad::<T, M, W>
+    }
+}
+
+impl AdagradLeaf for f16 {
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        adagrad_f16::<M, W>
+    }
+}
+
+impl AdagradLeaf for Q8 {
+    fn adagrad<const M: bool, const W: bool>() -> Loop<AdagradUniform, Self> {
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| adagrad::<f32, M, W>(hp, scale, o))
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &AdagradSwitches, uniform: &AdagradUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(adagrad_loop(switches, &uniform)).with_uniform(uniform)
 }

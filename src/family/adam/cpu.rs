@@ -1,11 +1,12 @@
 //! Adam's CPU loops: the update of `adam.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`AdamLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdamSwitches, AdamUniform, EpsPlacement, FirstMoment};
+use crate::step::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 
 // How weight decay enters an Adam update (a const generic cannot be an enum). The shader
 // tests the L2 coefficient against 0 at run time; here that test picks the loop.
@@ -174,8 +175,8 @@ pub(crate) fn adam_q8<
     }
 }
 
-pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
-    fn moment<T: Leaves, const A: bool, const E: bool, const M: bool, const D: u8>(
+pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn moment<T: AdamLeaf, const A: bool, const E: bool, const M: bool, const D: u8>(
         s: &AdamSwitches,
     ) -> Loop<AdamUniform, T> {
         match s.first_moment {
@@ -184,7 +185,7 @@ pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Ad
             FirstMoment::LerpFromGrad => T::adam::<A, E, M, D, LERP_FROM_GRAD>(),
         }
     }
-    fn decay<T: Leaves, const A: bool, const E: bool, const M: bool>(
+    fn decay<T: AdamLeaf, const A: bool, const E: bool, const M: bool>(
         s: &AdamSwitches,
         u: &AdamUniform,
     ) -> Loop<AdamUniform, T> {
@@ -196,7 +197,7 @@ pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Ad
             moment::<T, A, E, M, NO_DECAY>(s)
         }
     }
-    fn maximize<T: Leaves, const A: bool, const E: bool>(
+    fn maximize<T: AdamLeaf, const A: bool, const E: bool>(
         s: &AdamSwitches,
         u: &AdamUniform,
     ) -> Loop<AdamUniform, T> {
@@ -206,7 +207,7 @@ pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Ad
             decay::<T, A, E, false>(s, u)
         }
     }
-    fn eps<T: Leaves, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn eps<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
         match s.eps {
             EpsPlacement::AfterCorrection => maximize::<T, A, true>(s, u),
             EpsPlacement::OnRoot => maximize::<T, A, false>(s, u),
@@ -214,7 +215,7 @@ pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Ad
     }
     // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its few
     // loops alone, rather than every other switch's loops once more.
-    fn bitsandbytes<T: Leaves>(s: &AdamSwitches) -> Loop<AdamUniform, T> {
+    fn bitsandbytes<T: AdamLeaf>(s: &AdamSwitches) -> Loop<AdamUniform, T> {
         debug_assert!(!s.amsgrad && s.first_moment == FirstMoment::Linear, "{s:?}");
         match (s.eps, s.maximize) {
             (EpsPlacement::AfterCorrection, false) => {
@@ -232,4 +233,39 @@ pub(crate) fn adam_loop<T: Leaves>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Ad
     } else {
         eps::<T, false>(s, u)
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`adam_loop`]) serves every storage type.
+pub(crate) trait AdamLeaf: Leaf {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self>;
+}
+
+impl<T: Element> AdamLeaf for T {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
+        adam::<T, A, E, M, D, F>
+    }
+}
+
+impl AdamLeaf for f16 {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
+        adam_f16::<A, E, M, D, F>
+    }
+}
+
+impl AdamLeaf for Q8 {
+    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
+    ) -> Loop<AdamUniform, Self> {
+        adam_q8::<A, E, M, D, F>
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(adam_loop(switches, &uniform)).with_uniform(uniform)
 }

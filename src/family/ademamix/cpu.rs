@@ -1,11 +1,12 @@
 //! AdEMAMix's CPU loops: the update of `ademamix.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`AdemamixLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdemamixSwitches, AdemamixUniform};
+use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 
 /// One element of `src/family/ademamix/ademamix.wgsl`: returns `[p_new, m1, m2, nu]`. `DECAY_AFTER`:
 /// the decay after the update (`AdemamixSwitches::decay_after_update`).
@@ -73,7 +74,7 @@ pub(crate) fn ademamix_q8<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: 
     );
 }
 
-pub(crate) fn ademamix_loop<E: Leaves>(
+pub(crate) fn ademamix_loop<E: AdemamixLeaf>(
     s: &AdemamixSwitches,
     _: &AdemamixUniform,
 ) -> Loop<AdemamixUniform, E> {
@@ -82,4 +83,35 @@ pub(crate) fn ademamix_loop<E: Leaves>(
     } else {
         E::ademamix::<false>()
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`ademamix_loop`]) serves every storage type.
+pub(crate) trait AdemamixLeaf: Leaf {
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self>;
+}
+
+impl<T: Element> AdemamixLeaf for T {
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix::<T, A>
+    }
+}
+
+impl AdemamixLeaf for f16 {
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix_f16::<A>
+    }
+}
+
+impl AdemamixLeaf for Q8 {
+    fn ademamix<const A: bool>() -> Loop<AdemamixUniform, Self> {
+        ademamix_q8::<A>
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &AdemamixSwitches, uniform: &AdemamixUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(ademamix_loop(switches, &uniform)).with_uniform(uniform)
 }

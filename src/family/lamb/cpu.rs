@@ -1,11 +1,12 @@
 //! LAMB's apply pass's CPU loops: the update of `lamb.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`LambLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::f16_lanes;
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
-use crate::step::{LambSwitches, LambUniform};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{LambSwitches, LambUniform, LambUniform64};
 
 /// `lamb_direction` of `src/family/lamb/lamb.wgsl`: `m / (sqrt(v) + eps)`, plus `weight_decay p`
 /// with `WEIGHT_DECAY`.
@@ -48,10 +49,41 @@ pub(crate) fn lamb_apply_f16<const WEIGHT_DECAY: bool>(hp: &LambUniform, _scale:
     );
 }
 
-pub(crate) fn lamb_loop<E: Leaves>(_: &LambSwitches, u: &LambUniform) -> Loop<LambUniform, E> {
+pub(crate) fn lamb_loop<E: LambLeaf>(_: &LambSwitches, u: &LambUniform) -> Loop<LambUniform, E> {
     if u.weight_decay != 0.0 {
         E::lamb_apply::<true>()
     } else {
         E::lamb_apply::<false>()
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`lamb_loop`]) serves every storage type.
+pub(crate) trait LambLeaf: Leaf {
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self>;
+}
+
+impl<T: Element> LambLeaf for T {
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        lamb_apply::<T, W>
+    }
+}
+
+impl LambLeaf for f16 {
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        lamb_apply_f16::<W>
+    }
+}
+
+impl LambLeaf for Q8 {
+    fn lamb_apply<const W: bool>() -> Loop<LambUniform, Self> {
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| lamb_apply::<f32, W>(hp, scale, o))
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &LambSwitches, uniform: &LambUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(lamb_loop(switches, &uniform)).with_uniform(uniform)
 }

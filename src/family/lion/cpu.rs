@@ -1,11 +1,12 @@
 //! Lion's CPU loops: the update of `lion.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`LionLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{LionSwitches, LionUniform};
+use crate::step::{LionSwitches, LionUniform, LionUniform64};
 
 /// One element of `src/family/lion/lion.wgsl`: returns `(p_new, m)`.
 #[inline(always)]
@@ -61,6 +62,37 @@ pub(crate) fn lion_q8(hp: &LionUniform, scale: f32, job: q8::Job<'_>) {
     );
 }
 
-pub(crate) fn lion_loop<E: Leaves>(_: &LionSwitches, _: &LionUniform) -> Loop<LionUniform, E> {
+pub(crate) fn lion_loop<E: LionLeaf>(_: &LionSwitches, _: &LionUniform) -> Loop<LionUniform, E> {
     E::lion()
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`lion_loop`]) serves every storage type.
+pub(crate) trait LionLeaf: Leaf {
+    fn lion() -> Loop<LionUniform, Self>;
+}
+
+impl<T: Element> LionLeaf for T {
+    fn lion() -> Loop<LionUniform, Self> {
+        lion::<T>
+    }
+}
+
+impl LionLeaf for f16 {
+    fn lion() -> Loop<LionUniform, Self> {
+        lion_f16
+    }
+}
+
+impl LionLeaf for Q8 {
+    fn lion() -> Loop<LionUniform, Self> {
+        lion_q8
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &LionSwitches, uniform: &LionUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(lion_loop(switches, &uniform)).with_uniform(uniform)
 }

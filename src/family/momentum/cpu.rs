@@ -1,11 +1,12 @@
 //! SGD (momentum)'s CPU loops: the update of `momentum.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`MomentumLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{MomentumSwitches, MomentumUniform};
+use crate::step::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 
 /// One element of `src/family/momentum/momentum.wgsl`: returns `(p_new, v)`.
 #[inline(always)]
@@ -122,13 +123,13 @@ pub(crate) fn momentum_f16<
     }
 }
 
-pub(crate) fn momentum_loop<E: Leaves>(
+pub(crate) fn momentum_loop<E: MomentumLeaf>(
     s: &MomentumSwitches,
     u: &MomentumUniform,
 ) -> Loop<MomentumUniform, E> {
     // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
     // same for every element: here they pick the loop.
-    fn restart<E: Leaves, const M: bool, const W: bool, const N: bool>(
+    fn restart<E: MomentumLeaf, const M: bool, const W: bool, const N: bool>(
         restart: bool,
     ) -> Loop<MomentumUniform, E> {
         if restart {
@@ -137,7 +138,7 @@ pub(crate) fn momentum_loop<E: Leaves>(
             E::momentum::<M, W, true, N, false>()
         }
     }
-    fn velocity<E: Leaves, const M: bool, const W: bool>(
+    fn velocity<E: MomentumLeaf, const M: bool, const W: bool>(
         s: &MomentumSwitches,
         u: &MomentumUniform,
     ) -> Loop<MomentumUniform, E> {
@@ -148,7 +149,7 @@ pub(crate) fn momentum_loop<E: Leaves>(
             (false, _) => E::momentum::<M, W, false, false, false>(),
         }
     }
-    fn weight_decay<E: Leaves, const M: bool>(
+    fn weight_decay<E: MomentumLeaf, const M: bool>(
         s: &MomentumSwitches,
         u: &MomentumUniform,
     ) -> Loop<MomentumUniform, E> {
@@ -163,4 +164,39 @@ pub(crate) fn momentum_loop<E: Leaves>(
     } else {
         weight_decay::<E, false>(s, u)
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`momentum_loop`]) serves every storage type.
+pub(crate) trait MomentumLeaf: Leaf {
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self>;
+}
+
+impl<T: Element> MomentumLeaf for T {
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum::<T, M, W, V, N, R>
+    }
+}
+
+impl MomentumLeaf for f16 {
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum_f16::<M, W, V, N, R>
+    }
+}
+
+impl MomentumLeaf for Q8 {
+    fn momentum<const M: bool, const W: bool, const V: bool, const N: bool, const R: bool>(
+    ) -> Loop<MomentumUniform, Self> {
+        momentum_q8::<M, W, V, N, R>
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &MomentumSwitches, uniform: &MomentumUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(momentum_loop(switches, &uniform)).with_uniform(uniform)
 }

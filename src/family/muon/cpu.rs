@@ -1,11 +1,12 @@
 //! Muon's elementwise end's CPU loops: the update of `muon.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`MuonLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::f16_lanes;
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
-use crate::step::{MuonSwitches, MuonUniform};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
 
 /// One element of `src/family/muon/muon.wgsl`: the new parameter from `o`, the orthogonalized
 /// update (already scaled by the shape's ratio) that Muon's pass put in the gradient slot.
@@ -31,6 +32,37 @@ pub(crate) fn muon_f16(hp: &MuonUniform, scale: f32, o: Operands<'_, f16>) {
     );
 }
 
-pub(crate) fn muon_loop<E: Leaves>(_: &MuonSwitches, _: &MuonUniform) -> Loop<MuonUniform, E> {
+pub(crate) fn muon_loop<E: MuonLeaf>(_: &MuonSwitches, _: &MuonUniform) -> Loop<MuonUniform, E> {
     E::muon()
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`muon_loop`]) serves every storage type.
+pub(crate) trait MuonLeaf: Leaf {
+    fn muon() -> Loop<MuonUniform, Self>;
+}
+
+impl<T: Element> MuonLeaf for T {
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon::<T>
+    }
+}
+
+impl MuonLeaf for f16 {
+    fn muon() -> Loop<MuonUniform, Self> {
+        muon_f16
+    }
+}
+
+impl MuonLeaf for Q8 {
+    fn muon() -> Loop<MuonUniform, Self> {
+        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| muon::<f32>(hp, scale, o))
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &MuonSwitches, uniform: &MuonUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(muon_loop(switches, &uniform)).with_uniform(uniform)
 }

@@ -1,11 +1,12 @@
 //! RMSprop's CPU loops: the update of `rmsprop.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`RmsPropLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{RmsPropSwitches, RmsPropUniform};
+use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
 // How RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or updated in
 // one of the two forms of ATen's lerp (`RmsPropSwitches::lerp_from_grad`).
@@ -190,10 +191,13 @@ pub(crate) fn rmsprop_q8<
     );
 }
 
-pub(crate) fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -> Loop<RmsPropUniform, E> {
+pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(
+    s: &RmsPropSwitches,
+    u: &RmsPropUniform,
+) -> Loop<RmsPropUniform, E> {
     // The shader's run-time test of a zero L2 coefficient is the same for every element:
     // here it picks the loop.
-    fn momentum<E: Leaves, const M: bool, const W: bool, const C: u8>(
+    fn momentum<E: RmsPropLeaf, const M: bool, const W: bool, const C: u8>(
         s: &RmsPropSwitches,
     ) -> Loop<RmsPropUniform, E> {
         if s.momentum {
@@ -202,7 +206,7 @@ pub(crate) fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -
             E::rmsprop::<M, W, C, false, false>()
         }
     }
-    fn center<E: Leaves, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
+    fn center<E: RmsPropLeaf, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
         match (s.centered, s.lerp_from_grad) {
             (false, _) => momentum::<E, M, W, UNCENTERED>(s),
             (true, false) => momentum::<E, M, W, CENTERED_LERP_FROM_AVG>(s),
@@ -224,4 +228,39 @@ pub(crate) fn rmsprop_loop<E: Leaves>(s: &RmsPropSwitches, u: &RmsPropUniform) -
         (true, false) => center::<E, true, false>(s),
         (true, true) => center::<E, true, true>(s),
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`rmsprop_loop`]) serves every storage type.
+pub(crate) trait RmsPropLeaf: Leaf {
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self>;
+}
+
+impl<T: Element> RmsPropLeaf for T {
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop::<T, M, W, C, B, R>
+    }
+}
+
+impl RmsPropLeaf for f16 {
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop_f16::<M, W, C, B, R>
+    }
+}
+
+impl RmsPropLeaf for Q8 {
+    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<RmsPropUniform, Self> {
+        rmsprop_q8::<M, W, C, B, R>
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &RmsPropSwitches, uniform: &RmsPropUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(uniform)
 }

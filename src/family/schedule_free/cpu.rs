@@ -1,11 +1,12 @@
 //! Schedule-Free AdamW's CPU loops: the update of `schedule_free.wgsl` in f32, operation for operation, so the
-//! CPU rounds where the GPU does, for each storage leaf (`crate::cpu::kernels::Leaves`).
+//! CPU rounds where the GPU does, for each storage leaf ([`ScheduleFreeLeaf`]), and the
+//! family's CPU update for a step ([`loops`]).
 
 use half::f16;
 
-use crate::cpu::f16_lanes;
-use crate::cpu::kernels::{Element, Leaves, Loop, Operands};
-use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform};
+use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::{f16_lanes, q8};
+use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
 /// One element of `src/family/schedule_free/schedule_free.wgsl`: returns `(y_new, z_new, v)`. The swap pass
 /// (`SWAP`) returns `lerp(y, z, swap_weight)` and the state as it was.
@@ -72,7 +73,7 @@ pub(crate) fn schedule_free_f16<const SWAP: bool, const WEIGHT_DECAY: bool, cons
     );
 }
 
-pub(crate) fn schedule_free_loop<E: Leaves>(
+pub(crate) fn schedule_free_loop<E: ScheduleFreeLeaf>(
     s: &ScheduleFreeSwitches,
     u: &ScheduleFreeUniform,
 ) -> Loop<ScheduleFreeUniform, E> {
@@ -83,4 +84,37 @@ pub(crate) fn schedule_free_loop<E: Leaves>(
         (false, true, false) => E::schedule_free::<false, true, false>(),
         (false, true, true) => E::schedule_free::<false, true, true>(),
     }
+}
+
+/// The loop of one storage leaf for each of the family's switches, so that one selection
+/// tree ([`schedule_free_loop`]) serves every storage type.
+pub(crate) trait ScheduleFreeLeaf: Leaf {
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self>;
+}
+
+impl<T: Element> ScheduleFreeLeaf for T {
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        schedule_free::<T, S, W, F>
+    }
+}
+
+impl ScheduleFreeLeaf for f16 {
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        schedule_free_f16::<S, W, F>
+    }
+}
+
+impl ScheduleFreeLeaf for Q8 {
+    fn schedule_free<const S: bool, const W: bool, const F: bool>() -> Loop<ScheduleFreeUniform, Self> {
+        |hp, scale, job| {
+            q8::blocked(job, q8::NonFinite::Update, |o| schedule_free::<f32, S, W, F>(hp, scale, o))
+        }
+    }
+}
+
+/// The family's CPU update for a step: the loops its switches and uniform select, for every
+/// storage type, with the uniform in f32.
+pub(crate) fn loops(switches: &ScheduleFreeSwitches, uniform: &ScheduleFreeUniform64) -> Box<dyn Update> {
+    let uniform = uniform.to_f32();
+    every_storage!(schedule_free_loop(switches, &uniform)).with_uniform(uniform)
 }
