@@ -5,7 +5,7 @@
 //! its norms and trust ratio; the apply pass recomputes `s` from the stored moments and
 //! writes `p -= step_size trust_ratio s` through the storage layer every family uses
 //! (`super::storage`: 16-bit and mixed storage, Kahan compensation), with the family's apply
-//! loop (`kernels::lamb_apply`).
+//! loop (`crate::family::lamb::cpu::lamb_apply`).
 //!
 //! The sums are deterministic: each tensor is cut into the same chunks and blocks whatever
 //! the thread count; a block sums in [`LANES`] f32 lanes (which the compiler vectorizes),

@@ -1,6 +1,6 @@
 //! Muon on the CPU backend: each matrix's momentum EMA and Newton-Schulz orthogonalization,
 //! producing the update `ratio O` in the parameter's layout that the Muon family's
-//! elementwise loop (`kernels::muon`) applies with the decay.
+//! elementwise loop (`crate::family::muon::cpu::muon`) applies with the decay.
 //!
 //! The matrix products are faer's (`gemm`'s blocked SIMD kernels, on rayon's pool), f32
 //! in and out with f32 accumulation. In [`NsPrecision::BF16`] every Newton-Schulz result
