@@ -1,5 +1,7 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
+#[cfg(feature = "checkpoint")]
+use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
 use crate::Adafactor;
@@ -109,6 +111,33 @@ macro_rules! algorithms {
             pub fn name(&self) -> &'static str {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::torch_class(c),)*
+                }
+            }
+        }
+
+        #[cfg(feature = "checkpoint")]
+        impl Algorithm {
+            /// The `param_groups` entry its family writes (`FamilyCheckpoint::to_json`).
+            pub(crate) fn family_json(&self) -> serde_json::Value {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::to_json(c),)*
+                }
+            }
+
+            /// The algorithm of the family whose class `class` is, read from `fields`;
+            /// `None`: no family's.
+            pub(crate) fn from_class_json(class: &str, fields: &JsonFields<'_>) -> Option<Result<Self>> {
+                $(if <$config as FamilyCheckpoint>::CLASSES.contains(&class) {
+                    return Some(<$config as FamilyCheckpoint>::from_json(class, fields).map(Algorithm::$variant));
+                })*
+                None
+            }
+
+            /// bitsandbytes' file name of a state of `kind` and its half of a stacked tensor,
+            /// where the family keeps such names (`FamilyCheckpoint::bnb_state_name`).
+            pub(crate) fn bnb_state_name(&self, kind: StateKind) -> Option<(&'static str, Option<usize>)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::bnb_state_name(c, kind),)*
                 }
             }
         }

@@ -2,6 +2,8 @@
 //! (`contract`) and its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
 //! `cpu::adafactor`'s).
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod contract;
 

@@ -2,6 +2,8 @@
 //! configuration (`config`), its step contract with the kernels (`contract`), its WGSL and,
 //! with the `cpu` feature, its CPU loops (`cpu`).
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
