@@ -1,5 +1,6 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
+use super::FamilyLowBit;
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
@@ -111,6 +112,36 @@ macro_rules! algorithms {
             pub fn name(&self) -> &'static str {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::torch_class(c),)*
+                }
+            }
+
+            /// Why 8-bit state cannot run it (`FamilyLowBit::q8_refusal`).
+            pub(crate) fn q8_refusal(&self, clipped: bool) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q8_refusal(c, clipped),)*
+                }
+            }
+
+            /// The step at `t` as bitsandbytes' 8-bit kernels run it
+            /// (`FamilyLowBit::q8_kernel_step`).
+            pub(crate) fn q8_kernel_step(&self, t: u64) -> KernelStep {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q8_kernel_step(c, t),)*
+                }
+            }
+
+            /// Why 4-bit state cannot run it (`FamilyLowBit::q4_refusal`).
+            pub(crate) fn q4_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q4_refusal(c),)*
+                }
+            }
+
+            /// The step at `t` as torchao's 4-bit optimizers run it
+            /// (`FamilyLowBit::q4_kernel_step`).
+            pub(crate) fn q4_kernel_step(&self, t: u64) -> KernelStep {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q4_kernel_step(c, t),)*
                 }
             }
         }

@@ -6,6 +6,7 @@
 mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod contract;
+mod low_bit;
 
 /// Its passes (the factors' sums and the update), `gpu::adafactor`'s.
 pub(crate) const PASSES_WGSL: &str = include_str!("adafactor.wgsl");

@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+mod low_bit;
 
 /// The update's body (`update`), which the generated prelude precedes.
 pub(crate) const UPDATE_WGSL: &str = include_str!("momentum.wgsl");
