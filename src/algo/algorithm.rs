@@ -35,6 +35,11 @@ pub(crate) trait FamilyConfig: Copy {
     fn initial_state(&self) -> f64 {
         0.0
     }
+    /// Why a stateless update ([`crate::ops::update`]) cannot run it (a step that needs what
+    /// only an optimizer keeps); `None` (most families): it can.
+    fn stateless_refusal(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
@@ -112,6 +117,13 @@ macro_rules! algorithms {
             pub fn name(&self) -> &'static str {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::torch_class(c),)*
+                }
+            }
+
+            /// Why a stateless update cannot run it (`FamilyConfig::stateless_refusal`).
+            pub(crate) fn stateless_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::stateless_refusal(c),)*
                 }
             }
 
