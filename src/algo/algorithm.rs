@@ -183,6 +183,19 @@ macro_rules! algorithms {
                     $(Algorithm::$variant(c) => FamilyCheckpoint::bnb_state_name(c, kind),)*
                 }
             }
+
+            /// The shape in files of a state of `kind` of a parameter of `shape`, and its
+            /// note, where the family keeps it in a shape of its own
+            /// (`FamilyCheckpoint::state_shape`).
+            pub(crate) fn checkpoint_state_shape(
+                &self,
+                kind: StateKind,
+                shape: &[usize],
+            ) -> Option<(Vec<usize>, &'static str)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::state_shape(c, kind, shape),)*
+                }
+            }
         }
     };
 }

@@ -25,6 +25,14 @@ pub(crate) trait FamilyCheckpoint: Sized {
     fn bnb_state_name(&self, _kind: StateKind) -> Option<(&'static str, Option<usize>)> {
         None
     }
+
+    /// The shape in files of a state of `kind` of a parameter of `shape` where the family
+    /// keeps it in a shape of its own (not one element per parameter element), and the note
+    /// that describes it in refusals. `None` (most families): one per element, in the
+    /// parameter's shape.
+    fn state_shape(&self, _kind: StateKind, _shape: &[usize]) -> Option<(Vec<usize>, &'static str)> {
+        None
+    }
 }
 
 /// A `param_groups` entry's fields, read with refusals that name the field.

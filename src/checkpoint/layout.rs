@@ -158,7 +158,7 @@ impl Layout<'_> {
                     if self.q8.is_some() {
                         continue;
                     }
-                    if let Some(entry) = self.adafactor_entry(i, k, *kind, *dtype) {
+                    if let Some(entry) = self.sublinear_entry(algorithm, i, k, *kind, *dtype) {
                         entries.push(entry);
                         continue;
                     }
@@ -200,16 +200,19 @@ impl Layout<'_> {
         }
     }
 
-    /// Adafactor's `row_var`, `col_var` or `variance` of parameter `i` (state `k`), in
-    /// torch's shapes (`[.., rows, 1]`, `[.., 1, cols]`: sublinear, not one per element);
-    /// `None` for another kind.
-    fn adafactor_entry(&self, i: usize, k: usize, kind: StateKind, dtype: DType) -> Option<Entry> {
-        if !matches!(kind, StateKind::RowVar | StateKind::ColVar | StateKind::Variance) {
-            return None;
-        }
-        let shape = self.shape(i);
-        let at = crate::adafactor_state_kinds(&shape).iter().position(|s| *s == kind)?;
-        let state_shape = crate::adafactor_state_shapes(&shape).swap_remove(at);
+    /// Parameter `i`'s state `k` (of `kind`) where `algorithm`'s family keeps it in a shape
+    /// of its own in files ([`Algorithm::checkpoint_state_shape`]: Adafactor's `row_var` and
+    /// `col_var`, in torch's shapes `[.., rows, 1]` and `[.., 1, cols]`, sublinear, not one
+    /// per element); `None` for a state kept one per element.
+    fn sublinear_entry(
+        &self,
+        algorithm: &Algorithm,
+        i: usize,
+        k: usize,
+        kind: StateKind,
+        dtype: DType,
+    ) -> Option<Entry> {
+        let (state_shape, note) = algorithm.checkpoint_state_shape(kind, &self.shape(i))?;
         Some(Entry {
             name: format!("state.{i}.{}", kind.torch_name()),
             slot: Slot::State { param: i, k },
@@ -217,7 +220,7 @@ impl Layout<'_> {
             len: state_shape.iter().product(),
             shape: state_shape,
             per_element: false,
-            note: " (Adafactor's factored state, in torch's shape)".into(),
+            note: note.into(),
             stack: None,
         })
     }

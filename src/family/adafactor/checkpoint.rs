@@ -1,8 +1,9 @@
-//! Adafactor's `param_groups` entry in checkpoints, under PyTorch's keys.
+//! Adafactor in checkpoints: its `param_groups` entry under PyTorch's keys, and its factored
+//! states in torch's shapes.
 
-use super::config::Adafactor;
+use super::config::{state_kinds_for, state_shapes, Adafactor};
 use crate::checkpoint::{bad_json, FamilyCheckpoint, JsonFields};
-use crate::Result;
+use crate::{Result, StateKind};
 
 impl FamilyCheckpoint for Adafactor {
     const CLASSES: &'static [&'static str] = &["Adafactor"];
@@ -33,5 +34,12 @@ impl FamilyCheckpoint for Adafactor {
             weight_decay: fields.number("weight_decay")?,
             maximize: fields.flag("maximize")?,
         })
+    }
+
+    /// `row_var` and `col_var` in torch's shapes (`[.., rows, 1]`, `[.., 1, cols]`), or
+    /// `variance` for a vector.
+    fn state_shape(&self, kind: StateKind, shape: &[usize]) -> Option<(Vec<usize>, &'static str)> {
+        let at = state_kinds_for(shape).iter().position(|s| *s == kind)?;
+        Some((state_shapes(shape).swap_remove(at), " (Adafactor's factored state, in torch's shape)"))
     }
 }
