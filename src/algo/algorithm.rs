@@ -1,5 +1,8 @@
 //! The algorithms the stateful optimizer runs, and the state tensors each keeps.
 
+use super::FamilyLowBit;
+#[cfg(feature = "checkpoint")]
+use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
 use crate::Adafactor;
@@ -31,6 +34,11 @@ pub(crate) trait FamilyConfig: Copy {
     /// The value a state tensor starts from.
     fn initial_state(&self) -> f64 {
         0.0
+    }
+    /// Why a stateless update ([`crate::ops::update`]) cannot run it (a step that needs what
+    /// only an optimizer keeps); `None` (most families): it can.
+    fn stateless_refusal(&self) -> Option<&'static str> {
+        None
     }
 }
 
@@ -109,6 +117,83 @@ macro_rules! algorithms {
             pub fn name(&self) -> &'static str {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::torch_class(c),)*
+                }
+            }
+
+            /// Why a stateless update cannot run it (`FamilyConfig::stateless_refusal`).
+            pub(crate) fn stateless_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::stateless_refusal(c),)*
+                }
+            }
+
+            /// Why 8-bit state cannot run it (`FamilyLowBit::q8_refusal`).
+            pub(crate) fn q8_refusal(&self, clipped: bool) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q8_refusal(c, clipped),)*
+                }
+            }
+
+            /// The step at `t` as bitsandbytes' 8-bit kernels run it
+            /// (`FamilyLowBit::q8_kernel_step`).
+            pub(crate) fn q8_kernel_step(&self, t: u64) -> KernelStep {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q8_kernel_step(c, t),)*
+                }
+            }
+
+            /// Why 4-bit state cannot run it (`FamilyLowBit::q4_refusal`).
+            pub(crate) fn q4_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q4_refusal(c),)*
+                }
+            }
+
+            /// The step at `t` as torchao's 4-bit optimizers run it
+            /// (`FamilyLowBit::q4_kernel_step`).
+            pub(crate) fn q4_kernel_step(&self, t: u64) -> KernelStep {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyLowBit::q4_kernel_step(c, t),)*
+                }
+            }
+        }
+
+        #[cfg(feature = "checkpoint")]
+        impl Algorithm {
+            /// The `param_groups` entry its family writes (`FamilyCheckpoint::to_json`).
+            pub(crate) fn family_json(&self) -> serde_json::Value {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::to_json(c),)*
+                }
+            }
+
+            /// The algorithm of the family whose class `class` is, read from `fields`;
+            /// `None`: no family's.
+            pub(crate) fn from_class_json(class: &str, fields: &JsonFields<'_>) -> Option<Result<Self>> {
+                $(if <$config as FamilyCheckpoint>::CLASSES.contains(&class) {
+                    return Some(<$config as FamilyCheckpoint>::from_json(class, fields).map(Algorithm::$variant));
+                })*
+                None
+            }
+
+            /// bitsandbytes' file name of a state of `kind` and its half of a stacked tensor,
+            /// where the family keeps such names (`FamilyCheckpoint::bnb_state_name`).
+            pub(crate) fn bnb_state_name(&self, kind: StateKind) -> Option<(&'static str, Option<usize>)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::bnb_state_name(c, kind),)*
+                }
+            }
+
+            /// The shape in files of a state of `kind` of a parameter of `shape`, and its
+            /// note, where the family keeps it in a shape of its own
+            /// (`FamilyCheckpoint::state_shape`).
+            pub(crate) fn checkpoint_state_shape(
+                &self,
+                kind: StateKind,
+                shape: &[usize],
+            ) -> Option<(Vec<usize>, &'static str)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::state_shape(c, kind, shape),)*
                 }
             }
         }

@@ -158,14 +158,14 @@ impl Layout<'_> {
                     if self.q8.is_some() {
                         continue;
                     }
-                    if let Some(entry) = self.adafactor_entry(i, k, *kind, *dtype) {
+                    if let Some(entry) = self.sublinear_entry(algorithm, i, k, *kind, *dtype) {
                         entries.push(entry);
                         continue;
                     }
                     if self.q4.is_some() {
                         continue;
                     }
-                    if let Some((name, stack)) = bnb_name(algorithm, *kind) {
+                    if let Some((name, stack)) = algorithm.bnb_state_name(*kind) {
                         let slot = Slot::State { param: i, k };
                         let entry =
                             self.per_element(format!("state.{i}.{name}"), slot, i, safetensors_dtype(*dtype));
@@ -200,16 +200,19 @@ impl Layout<'_> {
         }
     }
 
-    /// Adafactor's `row_var`, `col_var` or `variance` of parameter `i` (state `k`), in
-    /// torch's shapes (`[.., rows, 1]`, `[.., 1, cols]`: sublinear, not one per element);
-    /// `None` for another kind.
-    fn adafactor_entry(&self, i: usize, k: usize, kind: StateKind, dtype: DType) -> Option<Entry> {
-        if !matches!(kind, StateKind::RowVar | StateKind::ColVar | StateKind::Variance) {
-            return None;
-        }
-        let shape = self.shape(i);
-        let at = crate::adafactor_state_kinds(&shape).iter().position(|s| *s == kind)?;
-        let state_shape = crate::adafactor_state_shapes(&shape).swap_remove(at);
+    /// Parameter `i`'s state `k` (of `kind`) where `algorithm`'s family keeps it in a shape
+    /// of its own in files ([`Algorithm::checkpoint_state_shape`]: Adafactor's `row_var` and
+    /// `col_var`, in torch's shapes `[.., rows, 1]` and `[.., 1, cols]`, sublinear, not one
+    /// per element); `None` for a state kept one per element.
+    fn sublinear_entry(
+        &self,
+        algorithm: &Algorithm,
+        i: usize,
+        k: usize,
+        kind: StateKind,
+        dtype: DType,
+    ) -> Option<Entry> {
+        let (state_shape, note) = algorithm.checkpoint_state_shape(kind, &self.shape(i))?;
         Some(Entry {
             name: format!("state.{i}.{}", kind.torch_name()),
             slot: Slot::State { param: i, k },
@@ -217,7 +220,7 @@ impl Layout<'_> {
             len: state_shape.iter().product(),
             shape: state_shape,
             per_element: false,
-            note: " (Adafactor's factored state, in torch's shape)".into(),
+            note: note.into(),
             stack: None,
         })
     }
@@ -636,23 +639,12 @@ fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
     Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
-/// bitsandbytes' name of a state kept under its `state_dict` names with full-precision state
-/// too, and its half of a stacked tensor: AdEMAMix's `state1` (`[2, *shape]`: m1, then m2)
-/// and `state2` (nu). `None`: PyTorch's name ([`StateKind::torch_name`]).
-fn bnb_name(algorithm: &Algorithm, kind: StateKind) -> Option<(&'static str, Option<usize>)> {
-    match (algorithm, kind) {
-        (Algorithm::AdEMAMix(_), StateKind::ExpAvg) => Some(("state1", Some(0))),
-        (Algorithm::AdEMAMix(_), StateKind::ExpAvgSlow) => Some(("state1", Some(1))),
-        (Algorithm::AdEMAMix(_), StateKind::ExpAvgSq) => Some(("state2", None)),
-        _ => None,
-    }
-}
-
 /// The number of state `k` (of `kind`) in bitsandbytes' 8-bit names (`state{number}`,
-/// `absmax{number}`, `qmap{number}`) and its half of a stacked tensor: AdEMAMix's m1 and m2
-/// are halves of `state1`, its nu is `state2`; any other state `k` is `state{k+1}`.
+/// `absmax{number}`, `qmap{number}`) and its half of a stacked tensor: a state the family
+/// names ([`Algorithm::bnb_state_name`]: AdEMAMix's m1 and m2 are halves of `state1`, its nu
+/// is `state2`) keeps its name's number; any other state `k` is `state{k+1}`.
 fn q8_number(algorithm: &Algorithm, kind: StateKind, k: usize) -> (usize, Option<usize>) {
-    match bnb_name(algorithm, kind) {
+    match algorithm.bnb_state_name(kind) {
         Some(("state1", stack)) => (1, stack),
         Some(("state2", stack)) => (2, stack),
         _ => (k + 1, None),

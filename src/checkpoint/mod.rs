@@ -8,6 +8,7 @@
 //! and writes its own memory.
 
 mod checksum;
+mod family;
 mod json;
 pub(crate) mod layout;
 mod parse;
@@ -18,6 +19,7 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
+pub(crate) use family::{bad_json, FamilyCheckpoint, JsonFields};
 pub use parse::Checkpoint;
 
 use crate::{DType, Error, Result};

@@ -61,22 +61,8 @@ pub fn update(
     if t == 0 {
         return Err(Error::BadStep { argument: "step", step: 0.0, problem: StepProblem::Zero });
     }
-    if let Algorithm::ScheduleFreeAdamW(_) = algorithm {
-        return Err(Error::ConflictingOptions {
-            first: "ops::update",
-            second: "algorithm",
-            reason: "Schedule-Free AdamW's step depends on its group's running k, weight_sum and \
-                     lr_max, which a stateless update does not keep: step it with an Optimizer",
-        });
-    }
-    if let Algorithm::Adafactor(_) = algorithm {
-        return Err(Error::ConflictingOptions {
-            first: "ops::update",
-            second: "algorithm",
-            reason: "Adafactor's step reduces whole tensors by their shapes (rows, columns, RMS) \
-                     into factored states, which a stateless elementwise update does not take: \
-                     step it with an Optimizer given param_shapes",
-        });
+    if let Some(reason) = algorithm.stateless_refusal() {
+        return Err(Error::ConflictingOptions { first: "ops::update", second: "algorithm", reason });
     }
     record_updates(ctx, encoder, &algorithm.kernel_step(t), algorithm.state_kinds(), updates)
 }

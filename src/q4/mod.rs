@@ -414,33 +414,17 @@ pub(crate) fn check_scale(scale: &[f32], argument: &str) -> Result<()> {
     }
 }
 
-/// Refuses an algorithm that has no 4-bit form here: anything but Adam/AdamW, AMSGrad and
-/// `maximize`. Building checks every group's, a schedule's change of a group the new one.
-/// The step of `algorithm` at `t` (from 1) as torchao's `single_param_adam` runs it: Adam's
-/// L2 term `g + weight_decay p` is there at a coefficient of 0 too (PyTorch's Adam skips
-/// it), so that a NaN or infinite parameter's states go NaN and are stored as the code of 0,
-/// out of their block's scale, as torchao stores them.
+/// The step of `algorithm` at `t` (from 1) as torchao's `single_param_adam` runs it (each
+/// family gives its own: `FamilyLowBit::q4_kernel_step`, in its folder).
 pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> crate::step::KernelStep {
-    use crate::step::KernelStep;
-    match algorithm.kernel_step(t) {
-        KernelStep::Adam(switches, uniform) if !switches.decoupled_weight_decay => {
-            KernelStep::Adam(crate::step::AdamSwitches { l2_at_zero: true, ..switches }, uniform)
-        }
-        step => step,
-    }
+    algorithm.q4_kernel_step(t)
 }
 
+/// Refuses an algorithm that has no 4-bit form here: anything but Adam/AdamW, AMSGrad and
+/// `maximize` (each family says which: `FamilyLowBit::q4_refusal`, in its folder). Building
+/// checks every group's, a schedule's change of a group the new one.
 pub(crate) fn check_algorithm(algorithm: &crate::Algorithm) -> Result<()> {
-    use crate::Algorithm;
-    let refused = match algorithm {
-        Algorithm::Adam(adam) if adam.amsgrad => {
-            Some("AMSGrad's 4-bit max_exp_avg_sq (torchao's) is not implemented; keep f32 or 8-bit state for AMSGrad")
-        }
-        Algorithm::Adam(adam) if adam.maximize => Some("torchao's Adam4bit and AdamW4bit have no maximize"),
-        Algorithm::Adam(_) => None,
-        _ => Some("4-bit state is torchao's Adam4bit/AdamW4bit: only Adam and AdamW keep it"),
-    };
-    match refused {
+    match algorithm.q4_refusal() {
         Some(reason) => Err(Error::ConflictingOptions { first: "q4_states", second: "algorithm", reason }),
         None => Ok(()),
     }

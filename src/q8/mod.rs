@@ -18,10 +18,7 @@
 //! on a tie, no sign rule) does not follow. A block of zeros stores the code of 0 throughout,
 //! -0.0 included: the kernel stores such a block under absmax 0, so every value reads back 0.
 
-use crate::step::{
-    AdamSwitches, AdamUniform64, AdemamixSwitches, EpsPlacement, FirstMoment, KernelStep, RmsPropSwitches,
-    Switches,
-};
+use crate::step::{KernelStep, RmsPropSwitches, Switches};
 use crate::{Error, Result, StateKind};
 
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -105,31 +102,6 @@ pub(crate) fn map_for(kind: StateKind) -> [f32; 256] {
     }
 }
 
-/// What bitsandbytes' `RMSprop8bit` does not run as [`crate::RmsProp`] does, by name:
-/// `centered` and `alpha == 0` (its constructor refuses both), `momentum` (accepted by its
-/// constructor, ignored by its kernel), `maximize` (it has none), and clipping, whose 8-bit
-/// kernel steps the parameter with the raw, unclipped gradient while the state takes the
-/// clipped one (`kOptimizerStatic8bit1StateBlockwise`), which the crate's clipped gradient
-/// loads do not reproduce. Weight decay runs as that kernel runs it ([`kernel_step`]).
-fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str> {
-    if r.centered {
-        Some("bitsandbytes' RMSprop8bit refuses centered RMSprop")
-    } else if r.alpha == 0.0 {
-        Some("bitsandbytes' RMSprop8bit refuses alpha == 0")
-    } else if r.momentum != 0.0 {
-        Some("bitsandbytes' RMSprop8bit ignores momentum (its kernel has no momentum buffer); set momentum 0")
-    } else if r.maximize {
-        Some("bitsandbytes' RMSprop8bit has no maximize")
-    } else if clipped {
-        Some(
-            "bitsandbytes' RMSprop8bit steps the parameter with the raw gradient but its state with the \
-             clipped one; grad_clip is not reproduced with 8-bit RMSprop state",
-        )
-    } else {
-        None
-    }
-}
-
 /// The step of `algorithm` at `t` (from 1) as bitsandbytes' 8-bit kernels run it
 /// (`kOptimizerStatic8bit2StateBlockwise` and `kOptimizerStatic8bit1StateBlockwise`,
 /// `csrc/kernels.cu`, 0.50.x), where they differ from the algorithm's own form:
@@ -142,34 +114,10 @@ fn rmsprop8bit_refusal(r: &crate::RmsProp, clipped: bool) -> Option<&'static str
 ///
 /// The 32-bit kernels that bitsandbytes runs for tensors below `min_8bit_size` share these
 /// but RMSprop's ([`f32_state_step`]). The other families run their own step. A non-finite
-/// gradient in the 2-state kernel is the storage's concern ([`restarts_non_finite`]).
+/// gradient in the 2-state kernel is the storage's concern ([`restarts_non_finite`]). Each
+/// family gives its own (`FamilyLowBit::q8_kernel_step`, in its folder).
 pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> KernelStep {
-    match algorithm.kernel_step(t) {
-        KernelStep::Adam(switches, uniform) if switches.eps == EpsPlacement::AfterCorrection => {
-            let switches = AdamSwitches {
-                first_moment: FirstMoment::Linear,
-                eps: EpsPlacement::OnRoot,
-                decay_after_update: switches.decoupled_weight_decay,
-                ..switches
-            };
-            // step_size = -lr * correction2 / correction1; eps next to sqrt(v), times
-            // correction2 (the kernel's `sqrtf(s2) + correction2 * eps`).
-            let correction2 = uniform.sqrt_bias_correction2;
-            let uniform = AdamUniform64 {
-                step_size: uniform.step_size * correction2,
-                eps: uniform.eps * correction2,
-                ..uniform
-            };
-            KernelStep::Adam(switches, uniform)
-        }
-        KernelStep::Ademamix(_, uniform) => {
-            KernelStep::Ademamix(AdemamixSwitches { decay_after_update: true }, uniform)
-        }
-        KernelStep::RmsProp(switches, uniform) => {
-            KernelStep::RmsProp(RmsPropSwitches { step_with_raw_grad: true, ..switches }, uniform)
-        }
-        step => step,
-    }
+    algorithm.q8_kernel_step(t)
 }
 
 /// [`kernel_step`] as bitsandbytes' 32-bit kernels run it, for the tensors below
@@ -209,39 +157,12 @@ pub(crate) fn restarts_non_finite(switches: &Switches) -> bool {
 }
 
 /// Refuses an algorithm that has no 8-bit form here, or one of whose settings 8-bit state
-/// does not reproduce. Building checks every group's; a schedule's change of a group
+/// does not reproduce (each family says which: `FamilyLowBit::q8_refusal`, in its folder).
+/// Building checks every group's; a schedule's change of a group
 /// ([`crate::Optimizer::set_group_algorithm`], and the CPU backend's) checks the new one
 /// (RMSprop's weight decay or `maximize` switched on). `clipped`: the optimizer clips.
 pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
-    use crate::Algorithm;
-    let refused = match algorithm {
-        Algorithm::Adam(adam) if adam.amsgrad => Some(
-            "AMSGrad's running maximum of the second moment has no 8-bit form (bitsandbytes has none); \
-             keep f32 state for AMSGrad",
-        ),
-        Algorithm::Adagrad(_) => {
-            Some("Adagrad has no 8-bit form here (bitsandbytes' Adagrad8bit is not implemented)")
-        }
-        Algorithm::ScheduleFreeAdamW(_) => Some(
-            "Schedule-Free AdamW has no 8-bit form (bitsandbytes has no schedule-free optimizer); \
-             keep f32, f16 or bf16 state for it",
-        ),
-        Algorithm::Adafactor(_) => Some(
-            "Adafactor has no 8-bit form here: its factored state is already sublinear in the \
-             parameter count (bitsandbytes has no Adafactor8bit)",
-        ),
-        Algorithm::Muon(_) => Some(
-            "Muon has no 8-bit form (bitsandbytes has none; its momentum is orthogonalized as a \
-             whole matrix); keep f32, f16 or bf16 state for it",
-        ),
-        Algorithm::RmsProp(r) => rmsprop8bit_refusal(r, clipped),
-        Algorithm::Lamb(_) => Some(
-            "LAMB has no 8-bit form (bitsandbytes' LAMB8bit is not implemented); keep f32, f16 or bf16 \
-             state for it",
-        ),
-        _ => None,
-    };
-    match refused {
+    match algorithm.q8_refusal(clipped) {
         Some(reason) => Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason }),
         None => Ok(()),
     }

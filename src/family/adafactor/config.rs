@@ -251,4 +251,12 @@ impl crate::algo::FamilyConfig for Adafactor {
         // `adafactor_state_kinds`) and are kept apart from the elementwise ones.
         &[]
     }
+
+    fn stateless_refusal(&self) -> Option<&'static str> {
+        Some(
+            "Adafactor's step reduces whole tensors by their shapes (rows, columns, RMS) \
+             into factored states, which a stateless elementwise update does not take: \
+             step it with an Optimizer given param_shapes",
+        )
+    }
 }

@@ -3,10 +3,13 @@
 //! `cpu::adafactor`'s) and, with the `cpu` feature, its elementwise CPU update, which does
 //! nothing (`cpu`).
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+mod low_bit;
 
 /// Its passes (the factors' sums and the update), `gpu::adafactor`'s.
 pub(crate) const PASSES_WGSL: &str = include_str!("adafactor.wgsl");

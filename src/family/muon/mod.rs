@@ -2,10 +2,13 @@
 //! normalization: its configuration (`config`), its step contract with the kernels
 //! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+mod low_bit;
 
 /// The update's body (`update`), which the generated prelude precedes.
 pub(crate) const UPDATE_WGSL: &str = include_str!("muon.wgsl");

@@ -195,4 +195,11 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
     fn state_kinds(&self) -> &'static [StateKind] {
         &[StateKind::Z, StateKind::ExpAvgSq]
     }
+
+    fn stateless_refusal(&self) -> Option<&'static str> {
+        Some(
+            "Schedule-Free AdamW's step depends on its group's running k, weight_sum and \
+             lr_max, which a stateless update does not keep: step it with an Optimizer",
+        )
+    }
 }

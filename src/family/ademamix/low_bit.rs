@@ -1,0 +1,18 @@
+//! AdEMAMix with low-bit state: bitsandbytes' `AdEMAMix8bit`, as its kernels run it; torchao
+//! has no 4-bit AdEMAMix.
+
+use super::config::AdEMAMix;
+use crate::algo::{FamilyConfig, FamilyLowBit};
+use crate::step::{AdemamixSwitches, KernelStep};
+
+impl FamilyLowBit for AdEMAMix {
+    /// bitsandbytes' 2-state 8-bit kernel: decoupled decay after the update.
+    fn q8_kernel_step(&self, t: u64) -> KernelStep {
+        match FamilyConfig::kernel_step(self, t) {
+            KernelStep::Ademamix(_, uniform) => {
+                KernelStep::Ademamix(AdemamixSwitches { decay_after_update: true }, uniform)
+            }
+            step => step,
+        }
+    }
+}

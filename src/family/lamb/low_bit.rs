@@ -1,0 +1,13 @@
+//! LAMB with low-bit state: neither bitsandbytes' nor torchao's form is implemented.
+
+use super::config::Lamb;
+use crate::algo::FamilyLowBit;
+
+impl FamilyLowBit for Lamb {
+    fn q8_refusal(&self, _clipped: bool) -> Option<&'static str> {
+        Some(
+            "LAMB has no 8-bit form (bitsandbytes' LAMB8bit is not implemented); keep f32, f16 or bf16 \
+             state for it",
+        )
+    }
+}
