@@ -3,71 +3,8 @@ use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::NormType;
 use crate::step::device::DeviceHeader;
 use crate::step::rounding::{RoundingHeader, Stochastic};
-use crate::step::{AdafactorUniform, AdafactorUniform64};
-use crate::step::{
-    AdagradSwitches, AdagradUniform, AdagradUniform64, AdamSwitches, AdamUniform, AdamUniform64,
-    EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
-};
-use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
-use crate::step::{LambUniform, LambUniform64};
-use crate::step::{LionSwitches, LionUniform, LionUniform64};
-use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
-use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
-use crate::step::{Slot, Switches};
+use crate::step::{Override, Slot, Switches};
 use crate::{DType, StateKind};
-
-fn is_schedule_free(program: Program) -> bool {
-    matches!(program, Program::Update(Switches::ScheduleFree(_)))
-}
-use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
-
-/// Every switch combination of every family.
-fn all_switches() -> Vec<Switches> {
-    let flags = [false, true];
-    let mut all = Vec::new();
-    for (amsgrad, maximize, decoupled_weight_decay) in
-        flags.iter().flat_map(|a| flags.iter().flat_map(move |m| flags.map(move |d| (*a, *m, d))))
-    {
-        for eps in [EpsPlacement::AfterCorrection, EpsPlacement::OnRoot] {
-            for first_moment in [FirstMoment::Linear, FirstMoment::LerpFromMoment, FirstMoment::LerpFromGrad]
-            {
-                all.push(Switches::Adam(AdamSwitches {
-                    amsgrad,
-                    eps,
-                    maximize,
-                    decoupled_weight_decay,
-                    first_moment,
-                    decay_after_update: decoupled_weight_decay && !amsgrad,
-                    l2_at_zero: !decoupled_weight_decay && !amsgrad,
-                }));
-            }
-        }
-        all.push(Switches::Momentum(MomentumSwitches {
-            maximize,
-            nesterov: amsgrad,
-            velocity: decoupled_weight_decay,
-        }));
-        all.push(Switches::Adagrad(AdagradSwitches { maximize }));
-        all.push(Switches::RmsProp(RmsPropSwitches {
-            maximize,
-            centered: amsgrad,
-            momentum: decoupled_weight_decay,
-            lerp_from_grad: maximize != amsgrad,
-            step_with_raw_grad: !maximize && !amsgrad && !decoupled_weight_decay,
-        }));
-    }
-    all.push(Switches::Lion(LionSwitches));
-    for swap in flags {
-        all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
-    }
-    for decay_after_update in flags {
-        all.push(Switches::Ademamix(AdemamixSwitches { decay_after_update }));
-    }
-    for (momentum_pass, nesterov) in flags.iter().flat_map(|m| flags.map(move |n| (*m, n))) {
-        all.push(Switches::Muon(MuonSwitches { momentum_pass, nesterov }));
-    }
-    all
-}
 
 /// Every slot bound, in place, each state in a binding of its own, the model copy too;
 /// the Kahan compensation only with `kahan`.
@@ -251,7 +188,7 @@ fn shader_files_bind_and_size_workgroups_by_name() {
 fn every_variant_validates_and_its_structs_lay_out_as_the_rust_ones() {
     let mut validator =
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-    let mut programs: Vec<Program> = all_switches().into_iter().map(Program::Update).collect();
+    let mut programs: Vec<Program> = Switches::every().into_iter().map(Program::Update).collect();
     programs.extend([
         Program::Unscale,
         Program::GradNorm(NormType::L2),
@@ -275,12 +212,9 @@ fn every_variant_validates_and_its_structs_lay_out_as_the_rust_ones() {
                     Program::GradNorm(_) => *scalars == Scalars::Norm,
                     Program::UnscaleNorm(_) => *scalars == Scalars::UnscaleNorm,
                 })
-                // Schedule-Free has no capturable form (refused when the optimizer is built).
-                .filter(|scalars| !(is_schedule_free(program) && *scalars == Scalars::Device))
-                // Nor has Muon (refused when the optimizer is built).
-                .filter(|scalars| {
-                    !(matches!(program, Program::Update(Switches::Muon(_))) && *scalars == Scalars::Device)
-                })
+                // Schedule-Free, Muon (refused when the optimizer is built), and the families
+                // without an elementwise update have no capturable form.
+                .filter(|scalars| !(program.capturable_source().is_empty() && *scalars == Scalars::Device))
                 .flat_map(|scalars| {
                     let clips: &[bool] =
                         if matches!(program, Program::Update(_)) { &[false, true] } else { &[false] };
@@ -313,75 +247,17 @@ fn every_variant_validates_and_its_structs_lay_out_as_the_rust_ones() {
                     let module = naga::front::wgsl::parse_str(&source)
                         .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
                     validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
-                    let wide = math == DType::F64;
                     if let Program::Update(switches) = program {
-                        let expected = match (switches, wide) {
-                            (Switches::Adam(_), false) => {
-                                rust_members(AdamUniform::FIELDS, AdamUniform::OFFSETS)
-                            }
-                            (Switches::Adam(_), true) => {
-                                rust_members(AdamUniform::FIELDS, AdamUniform64::OFFSETS)
-                            }
-                            (Switches::Momentum(_), false) => {
-                                rust_members(MomentumUniform::FIELDS, MomentumUniform::OFFSETS)
-                            }
-                            (Switches::Momentum(_), true) => {
-                                rust_members(MomentumUniform::FIELDS, MomentumUniform64::OFFSETS)
-                            }
-                            (Switches::Adagrad(_), false) => {
-                                rust_members(AdagradUniform::FIELDS, AdagradUniform::OFFSETS)
-                            }
-                            (Switches::Adagrad(_), true) => {
-                                rust_members(AdagradUniform::FIELDS, AdagradUniform64::OFFSETS)
-                            }
-                            (Switches::Lion(_), false) => {
-                                rust_members(LionUniform::FIELDS, LionUniform::OFFSETS)
-                            }
-                            (Switches::Lion(_), true) => {
-                                rust_members(LionUniform::FIELDS, LionUniform64::OFFSETS)
-                            }
-                            (Switches::ScheduleFree(_), false) => {
-                                rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform::OFFSETS)
-                            }
-                            (Switches::ScheduleFree(_), true) => {
-                                rust_members(ScheduleFreeUniform::FIELDS, ScheduleFreeUniform64::OFFSETS)
-                            }
-                            (Switches::Adafactor(_), false) => {
-                                rust_members(AdafactorUniform::FIELDS, AdafactorUniform::OFFSETS)
-                            }
-                            (Switches::Adafactor(_), true) => {
-                                rust_members(AdafactorUniform::FIELDS, AdafactorUniform64::OFFSETS)
-                            }
-                            (Switches::Muon(_), false) => {
-                                rust_members(MuonUniform::FIELDS, MuonUniform::OFFSETS)
-                            }
-                            (Switches::Muon(_), true) => {
-                                rust_members(MuonUniform::FIELDS, MuonUniform64::OFFSETS)
-                            }
-                            (Switches::RmsProp(_), false) => {
-                                rust_members(RmsPropUniform::FIELDS, RmsPropUniform::OFFSETS)
-                            }
-                            (Switches::RmsProp(_), true) => {
-                                rust_members(RmsPropUniform::FIELDS, RmsPropUniform64::OFFSETS)
-                            }
-                            (Switches::Ademamix(_), false) => {
-                                rust_members(AdemamixUniform::FIELDS, AdemamixUniform::OFFSETS)
-                            }
-                            (Switches::Ademamix(_), true) => {
-                                rust_members(AdemamixUniform::FIELDS, AdemamixUniform64::OFFSETS)
-                            }
-                            (Switches::Lamb(_), false) => {
-                                rust_members(LambUniform::FIELDS, LambUniform::OFFSETS)
-                            }
-                            (Switches::Lamb(_), true) => {
-                                rust_members(LambUniform::FIELDS, LambUniform64::OFFSETS)
-                            }
-                        };
+                        let (fields, offsets) = switches.uniform_layout(math);
+                        let expected = rust_members(fields, offsets);
                         assert_eq!(members(&module, "Hyper"), expected, "{key:?}");
                     }
                     assert_eq!(resource_bindings(&module), expected_bindings(&key), "{key:?}");
-                    if let Program::Update(Switches::Adam(_)) = program {
-                        for (name, value) in FirstMoment::CHOICES {
+                    for choices in program.overrides().into_iter().filter_map(|o| match o {
+                        Override::Choice(_, _, choices) => Some(choices),
+                        Override::Bool(..) => None,
+                    }) {
+                        for (name, value) in choices {
                             assert_eq!(u32_constant(&module, name), Some(*value), "{key:?}");
                         }
                     }
