@@ -266,11 +266,7 @@ mod tests {
     use crate::gpu::GpuContext;
     use crate::step::clip::NormType;
     use crate::step::rounding::Stochastic;
-    use crate::step::RmsPropSwitches;
-    use crate::step::ScheduleFreeSwitches;
-    use crate::step::{
-        AdagradSwitches, AdamSwitches, EpsPlacement, FirstMoment, MomentumSwitches, Slot, Switches,
-    };
+    use crate::step::{Slot, Switches};
     use crate::{DType, StateKind};
 
     /// A device with exactly WebGPU's default limits (and the adapter's 16- and 64-bit
@@ -336,29 +332,7 @@ mod tests {
         let native_f16 = ctx.has_feature(wgpu::Features::SHADER_F16);
         let f64 = ctx.has_feature(wgpu::Features::SHADER_F64);
         // Each family with the switches that bind the most state.
-        let updates = [
-            Switches::Adam(AdamSwitches {
-                amsgrad: true,
-                eps: EpsPlacement::AfterCorrection,
-                maximize: false,
-                decoupled_weight_decay: true,
-                first_moment: FirstMoment::LerpFromGrad,
-                decay_after_update: false,
-                l2_at_zero: false,
-            }),
-            Switches::Momentum(MomentumSwitches { maximize: false, nesterov: true, velocity: true }),
-            Switches::Adagrad(AdagradSwitches { maximize: false }),
-            Switches::Lion(crate::step::LionSwitches),
-            Switches::ScheduleFree(ScheduleFreeSwitches { swap: false }),
-            Switches::RmsProp(RmsPropSwitches {
-                maximize: false,
-                centered: true,
-                momentum: true,
-                lerp_from_grad: false,
-                step_with_raw_grad: false,
-            }),
-            Switches::Ademamix(crate::step::AdemamixSwitches { decay_after_update: true }),
-        ];
+        let updates = Switches::widest();
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),
             (DType::F32, Storage::Packed(DType::F16)),
@@ -384,8 +358,8 @@ mod tests {
                     if math == DType::F64 && scalars == Scalars::Device {
                         continue;
                     }
-                    // Schedule-Free has no capturable form.
-                    if matches!(switches, Switches::ScheduleFree(_)) && scalars == Scalars::Device {
+                    // Schedule-Free and Muon have no capturable form.
+                    if switches.family().capturable_wgsl().is_empty() && scalars == Scalars::Device {
                         continue;
                     }
                     let half = storage.dtype().size() == 2;

@@ -194,6 +194,46 @@ macro_rules! families {
                 }
             }
         }
+
+        // What the tests read from each family's contract: its switch combinations, its
+        // widest switches and its uniform's Rust layout.
+        #[cfg(test)]
+        impl Switches {
+            /// Every switch combination of every family (each folder's
+            /// `contract::every_switches`).
+            pub(crate) fn every() -> Vec<Switches> {
+                let mut all = Vec::new();
+                $(all.extend(
+                    crate::family::$folder::contract::every_switches().into_iter().map(Switches::$variant),
+                );)*
+                all
+            }
+
+            /// Each family's switches that bind the most state (`contract::WIDEST_SWITCHES`),
+            /// where it has them.
+            pub(crate) fn widest() -> Vec<Switches> {
+                [$(crate::family::$folder::contract::WIDEST_SWITCHES.map(Switches::$variant),)*]
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            }
+
+            /// The names and byte offsets of the fields of the family's uniform in a kernel
+            /// whose math runs in `math`: the Rust layout WGSL's `struct Hyper` must match.
+            pub(crate) fn uniform_layout(&self, math: DType) -> (&'static [&'static str], &'static [usize]) {
+                let wide = math == DType::F64;
+                match self {
+                    $(Switches::$variant(_) if wide => (
+                        crate::family::$folder::contract::Uniform::FIELDS,
+                        crate::family::$folder::contract::Uniform64::OFFSETS,
+                    ),
+                    Switches::$variant(_) => (
+                        crate::family::$folder::contract::Uniform::FIELDS,
+                        crate::family::$folder::contract::Uniform::OFFSETS,
+                    ),)*
+                }
+            }
+        }
     };
 }
 

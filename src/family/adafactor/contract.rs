@@ -53,3 +53,16 @@ pub(crate) const INPUTS: &[Slot] = &[Param, Grad];
 
 /// The slots the update writes, in the order its arguments are given.
 pub(crate) const OUTPUTS: &[Slot] = &[Param];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    // Not elementwise: its own passes (`gpu::adafactor`) run it, and their tests cover them.
+    Vec::new()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+/// None: not elementwise, it runs passes of its own (`gpu::adafactor`).
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = None;

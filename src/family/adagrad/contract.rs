@@ -45,3 +45,14 @@ pub(crate) const INPUTS: &[Slot] = &[Param, Grad, State(StateKind::Sum), State(S
 /// The slots the update writes, in the order its arguments are given.
 pub(crate) const OUTPUTS: &[Slot] =
     &[Param, State(StateKind::Sum), ParamCopy, State(StateKind::KahanCompensation)];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    [false, true].map(|maximize| AdagradSwitches { maximize }).to_vec()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = Some(AdagradSwitches { maximize: false });

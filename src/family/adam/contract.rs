@@ -140,6 +140,45 @@ pub(crate) const OUTPUTS: &[Slot] = &[
     State(StateKind::KahanCompensation),
 ];
 
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    let flags = [false, true];
+    let mut all = Vec::new();
+    for (amsgrad, maximize, decoupled_weight_decay) in
+        flags.iter().flat_map(|a| flags.iter().flat_map(move |m| flags.map(move |d| (*a, *m, d))))
+    {
+        for eps in [EpsPlacement::AfterCorrection, EpsPlacement::OnRoot] {
+            for first_moment in [FirstMoment::Linear, FirstMoment::LerpFromMoment, FirstMoment::LerpFromGrad]
+            {
+                all.push(AdamSwitches {
+                    amsgrad,
+                    eps,
+                    maximize,
+                    decoupled_weight_decay,
+                    first_moment,
+                    decay_after_update: decoupled_weight_decay && !amsgrad,
+                    l2_at_zero: !decoupled_weight_decay && !amsgrad,
+                });
+            }
+        }
+    }
+    all
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = Some(AdamSwitches {
+    amsgrad: true,
+    eps: EpsPlacement::AfterCorrection,
+    maximize: false,
+    decoupled_weight_decay: true,
+    first_moment: FirstMoment::LerpFromGrad,
+    decay_after_update: false,
+    l2_at_zero: false,
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,3 +83,14 @@ pub(crate) const OUTPUTS: &[Slot] = &[
     ParamCopy,
     State(StateKind::KahanCompensation),
 ];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    [false, true].map(|decay_after_update| AdemamixSwitches { decay_after_update }).to_vec()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = Some(AdemamixSwitches { decay_after_update: true });

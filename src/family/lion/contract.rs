@@ -49,3 +49,14 @@ pub(crate) const INPUTS: &[Slot] =
 /// The slots the update writes, in the order its arguments are given.
 pub(crate) const OUTPUTS: &[Slot] =
     &[Param, State(StateKind::ExpAvg), ParamCopy, State(StateKind::KahanCompensation)];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    vec![LionSwitches]
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = Some(LionSwitches);

@@ -63,6 +63,20 @@ pub(crate) const INPUTS: &[Slot] =
 pub(crate) const OUTPUTS: &[Slot] =
     &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)];
 
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    let flags = [false, true];
+    let triples = flags.iter().flat_map(|a| flags.iter().flat_map(move |m| flags.map(move |d| (*a, *m, d))));
+    triples.map(|(nesterov, maximize, velocity)| MomentumSwitches { maximize, nesterov, velocity }).collect()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> =
+    Some(MomentumSwitches { maximize: false, nesterov: true, velocity: true });
+
 #[cfg(test)]
 mod tests {
     use super::*;

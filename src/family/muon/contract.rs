@@ -55,3 +55,16 @@ pub(crate) const INPUTS: &[Slot] =
 /// The slots the update writes, in the order its arguments are given.
 pub(crate) const OUTPUTS: &[Slot] =
     &[Param, State(StateKind::MomentumBuffer), ParamCopy, State(StateKind::KahanCompensation)];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    let flags = [false, true];
+    flags.iter().flat_map(|m| flags.map(move |n| MuonSwitches { momentum_pass: *m, nesterov: n })).collect()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> =
+    Some(MuonSwitches { momentum_pass: true, nesterov: true });

@@ -79,3 +79,30 @@ pub(crate) const OUTPUTS: &[Slot] = &[
     ParamCopy,
     State(StateKind::KahanCompensation),
 ];
+
+/// Every combination of the switches, which the kernel tests validate one by one.
+#[cfg(test)]
+pub(crate) fn every_switches() -> Vec<Switches> {
+    let flags = [false, true];
+    let triples = flags.iter().flat_map(|a| flags.iter().flat_map(move |m| flags.map(move |d| (*a, *m, d))));
+    triples
+        .map(|(centered, maximize, momentum)| RmsPropSwitches {
+            maximize,
+            centered,
+            momentum,
+            lerp_from_grad: maximize != centered,
+            step_with_raw_grad: !maximize && !centered && !momentum,
+        })
+        .collect()
+}
+
+/// The switches whose variant binds the most state, which the pipeline test compiles within
+/// WebGPU's default limits.
+#[cfg(test)]
+pub(crate) const WIDEST_SWITCHES: Option<Switches> = Some(RmsPropSwitches {
+    maximize: false,
+    centered: true,
+    momentum: true,
+    lerp_from_grad: false,
+    step_with_raw_grad: false,
+});

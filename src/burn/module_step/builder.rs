@@ -1,0 +1,121 @@
+//! The module step's builder: the options a module step honours and its checks.
+
+use std::collections::HashMap;
+
+use super::ModuleStep;
+use crate::burn::SharedDevice;
+use crate::{Algorithm, OptimizerOptions, Result, ScheduleFreeMode};
+
+/// How a [`ModuleStep`] is built: [`ModuleStep::builder`], the options a module step
+/// honours (every one off by default), then [`Self::build`]. They are
+/// [`OptimizerBuilder`]'s, less those a Burn module decides itself (its parameters' dtypes,
+/// copies and shapes: master weights, model copies, parameter shapes), which have no setter
+/// here:
+///
+/// ```compile_fail
+/// let builder = wgpu_optim::burn::ModuleStep::builder().master_weights(true);
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "a module step builder does nothing until `build`"]
+pub struct ModuleStepBuilder {
+    options: OptimizerOptions,
+    fallback: Option<Algorithm>,
+}
+
+impl ModuleStepBuilder {
+    /// [`OptimizerBuilder::state_dtype`].
+    pub fn state_dtype(mut self, dtype: impl Into<Option<crate::DType>>) -> Self {
+        self.options.state_dtype = dtype.into();
+        self
+    }
+
+    /// [`OptimizerBuilder::capturable`]: needed by [`ModuleStep::step_unscaled`].
+    pub fn capturable(mut self, on: bool) -> Self {
+        self.options.capturable = on;
+        self
+    }
+
+    /// [`OptimizerBuilder::grad_clip`], over the parameters of one step that share a step
+    /// count.
+    pub fn grad_clip(mut self, clip: impl Into<Option<crate::GradClip>>) -> Self {
+        self.options.grad_clip = clip.into();
+        self
+    }
+
+    /// [`OptimizerBuilder::rounding`].
+    pub fn rounding(mut self, rounding: crate::Rounding) -> Self {
+        self.options.rounding = rounding;
+        self
+    }
+
+    /// [`OptimizerBuilder::q8_states`].
+    pub fn q8_states(mut self, q8: impl Into<Option<crate::q8::Q8States>>) -> Self {
+        self.options.q8_states = q8.into();
+        self
+    }
+
+    /// [`OptimizerBuilder::q4_states`]: Adam's and AdamW's moments in torchao's 4-bit
+    /// format. Records ([`ModuleStep::to_bytes`]) hold them under torchao's names, as this
+    /// crate's checkpoints do: a 4-bit state as `exp_avg.codes` (U8, two codes per byte),
+    /// `exp_avg.scale` (F32, one per block) and `exp_avg.qmap` (its 16 entries); a tensor
+    /// that keeps f32 state as `exp_avg`.
+    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
+        self.options.q4_states = q4.into();
+        self
+    }
+
+    /// Under Muon, `algorithm` steps the module's parameters that are not 2-D (biases,
+    /// norms), as a torch trainer puts them in an AdamW group beside the Muon group: each
+    /// step's optimizer has the two groups. Both take the step's learning rate (with
+    /// [`MuonLrAdjust::MatchRmsAdamW`](crate::MuonLrAdjust) one rate fits both). Without
+    /// it, a step with a parameter Muon cannot take is refused ([`Error::BadShape`]).
+    /// [`Self::build`] refuses it for another algorithm than Muon, or a Muon fallback
+    /// ([`Error::ConflictingOptions`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> wgpu_optim::Result<()> {
+    /// use wgpu_optim::burn::{ModuleStep, SharedDevice};
+    /// use wgpu_optim::{Adam, Muon};
+    ///
+    /// let shared = SharedDevice::headless_blocking()?;
+    /// let step = ModuleStep::builder().fallback(Adam::adamw()).build(&shared, Muon::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fallback(mut self, algorithm: impl Into<Algorithm>) -> Self {
+        self.fallback = Some(algorithm.into());
+        self
+    }
+
+    /// `algorithm` over a module's parameters on `shared`'s device. The optimizers are built
+    /// at the first step, when the parameters are known; the algorithm, the fallback and the
+    /// clip are checked here.
+    pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
+        let algorithm = algorithm.into();
+        algorithm.validate()?;
+        crate::burn::muon::check_fallback(&algorithm, self.fallback.as_ref())?;
+        if let Some(clip) = &self.options.grad_clip {
+            clip.validate()?;
+        }
+        if let Some(q4) = &self.options.q4_states {
+            q4.validate()?;
+        }
+        Ok(ModuleStep {
+            shared: shared.clone(),
+            algorithm,
+            fallback: self.fallback,
+            options: self.options,
+            params: HashMap::new(),
+            bounds: Vec::new(),
+            next_key: 0,
+            mode: ScheduleFreeMode::Train,
+        })
+    }
+}
+
+impl ModuleStep {
+    /// The one way to build a module step: options first, then the device and the algorithm
+    /// ([`ModuleStepBuilder::build`]).
+    pub fn builder() -> ModuleStepBuilder {
+        ModuleStepBuilder { options: OptimizerOptions::default(), fallback: None }
+    }
+}
