@@ -25,3 +25,7 @@ mod timer;
 pub use compare::{assert_close, compare, compare_codes, Comparison, Tolerance};
 pub use roofline::CopyRoofline;
 pub use timer::{GpuTimer, Timing};
+/// The library as the testkit links it: a build of its own, whose types wgpu-optim's unit
+/// tests (the crate built for testing, other types) convert their values into before they
+/// hand them to the [`oracle`].
+pub use wgpu_optim as library;

@@ -8,9 +8,8 @@
 //! share the code it checks. Families the crate does not implement yet ([`adan`], [`adopt`])
 //! bring their own hyperparameters, under their sources' names and defaults.
 //!
-//! wgpu-optim's own unit tests compile [`onnx`] and [`bnb`] inside the crate (through
-//! `#[path]`), where `api` names the crate itself: the files name every item of the
-//! crate they use through `super::api`.
+//! wgpu-optim's own unit tests reach it as a dev-dependency, through the testkit's build of
+//! the library ([`crate::library`]), converting their values into its types.
 //!
 //! [`StoredState`]: wgpu_optim::q8::StoredState
 
