@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{binding, compose, Scalars, Storage, VariantKey, TABLE_BYTES};
+use crate::gpu::kernel::{binding, compose, lamb, Scalars, Storage, VariantKey, TABLE_BYTES};
 use crate::gpu::q4;
 use crate::gpu::q8;
 use crate::gpu::GpuContext;
@@ -120,6 +120,17 @@ pub(crate) fn buffer_entry(
     }
 }
 
+/// Group 0's layout entries of LAMB's passes (`gpu::lamb`): the uniform, the partials and the
+/// index; `combine` flips which of the two buffers is written.
+pub(crate) fn lamb_layout_entries(combine: bool) -> [wgpu::BindGroupLayoutEntry; 3] {
+    use wgpu::BufferBindingType::{Storage, Uniform};
+    [
+        buffer_entry(binding::HYPER, Uniform, false, UNIFORM_SLOT_BYTES),
+        buffer_entry(lamb::PARTIALS, Storage { read_only: combine }, false, 8),
+        buffer_entry(lamb::INDEX, Storage { read_only: !combine }, false, 16),
+    ]
+}
+
 impl ScalarLayouts {
     pub(crate) fn new(device: &wgpu::Device) -> Self {
         use wgpu::BufferBindingType::{Storage, Uniform};
@@ -152,7 +163,7 @@ impl ScalarLayouts {
             ),
             finalize: layout("wgpu-optim clip finalize", &finalize),
             finalize_capturable: layout("wgpu-optim clip finalize, capturable", &finalize_capturable),
-            lamb: layout("wgpu-optim LAMB passes", &crate::gpu::lamb::layout_entries(false)),
+            lamb: layout("wgpu-optim LAMB passes", &lamb_layout_entries(false)),
         }
     }
 
