@@ -19,8 +19,8 @@ pub(in crate::gpu) mod wgsl;
 
 use std::sync::Arc;
 
+use crate::gpu::compile::{buffer_entry, create, CachedPipeline};
 use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
-use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
 use crate::gpu::GpuContext;
 use crate::step::{KernelStep, Switches};
 use crate::{Algorithm, Error, Result, StateKind, Tensor};
