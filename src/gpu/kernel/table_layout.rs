@@ -92,7 +92,7 @@ pub(crate) fn map_rows(workgroups: usize) -> usize {
 
 /// What every multi-tensor table declares, whatever its entries hold: `struct TableHead`,
 /// `struct Table` (the head, then [`TABLE_ROWS`] `vec4<u32>` rows), `table` at
-/// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`]), `TABLE_ROWS`, `ENTRY_ROWS`
+/// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`](super::binding_wgsl)), `TABLE_ROWS`, `ENTRY_ROWS`
 /// (`per_entry`, the rows of one entry), `MAP_ENTRIES_PER_ROW`, and `entry_row(w)`, the first
 /// row of workgroup `w`'s entry.
 pub(crate) fn table_head_wgsl(per_entry: usize) -> String {
