@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
+use crate::gpu::compile::CachedPipeline;
 use crate::gpu::kernel::{binding, Scalars, VariantKey, TABLE_BYTES};
-use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::TensorPlan;
 use crate::gpu::table;
 use crate::gpu::GpuContext;

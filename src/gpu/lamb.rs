@@ -1,6 +1,6 @@
-//! LAMB's shader pieces: the group-0 declarations of its two table passes, their entry
-//! point (`src/family/lamb/lamb_entry.wgsl`), and the combine pass (`src/family/lamb/lamb_combine.wgsl`),
-//! with the layout of the index buffer they share ([`IndexLayout`]).
+//! LAMB's passes on the GPU: the combine pass (`src/family/lamb/lamb_combine.wgsl`) and the
+//! layout of the index buffer the passes share ([`IndexLayout`]); the group-0 declarations
+//! and the entry point of its two table passes are the kernel prelude's (`gpu::kernel::lamb`).
 //!
 //! The passes run in the multi-tensor machinery of every update (`gpu::table`,
 //! `gpu::dispatch`), as the gradient norm does: the moments pass writes one partial pair
@@ -9,23 +9,13 @@
 //! listed in ascending order, in that order (no float atomics: the same inputs give the same
 //! bits); the apply pass finds its workgroup's tensor from its slot.
 
-use std::fmt::Write;
-
+use crate::gpu::kernel::lamb::binding_constants;
 use crate::gpu::kernel::{binding_wgsl, WORKGROUP_SIZE};
-use crate::gpu::pipeline::buffer_entry;
-use crate::step::{LambUniform, UNIFORM_SLOT_BYTES};
+use crate::step::LambUniform;
 
-/// Group 0 of LAMB's passes: the moments pass's partial sums, one `vec2<f32>` per
-/// workgroup (written by the moments pass, read by the combine pass).
-pub(crate) const PARTIALS: u32 = 4;
-/// Group 0 of LAMB's passes: the index buffer ([`IndexLayout`]), read by the table passes,
-/// its norms written by the combine pass.
-pub(crate) const INDEX: u32 = 5;
-
-/// NORM_FOLD of `shaders/grad_norm.wgsl`: the workgroup's values folded in groups of this
-/// many, then the groups' sums (short loops after each barrier on a CPU adapter).
-const FOLD: u32 = 16;
-const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(FOLD));
+// The passes' recording (`optimizer::lamb`) finds every GPU piece of LAMB's here.
+pub(crate) use crate::gpu::kernel::lamb::{INDEX, PARTIALS};
+pub(crate) use crate::gpu::pipeline::lamb_layout_entries as layout_entries;
 
 /// Words (`u32`) of the index buffer of a group of `tensors` tensors whose moments pass has
 /// `moment_slots` workgroups and whose apply pass has `apply_slots`:
@@ -74,36 +64,6 @@ impl IndexLayout {
     }
 }
 
-/// `const BINDING_LAMB_*` for the shader files.
-fn binding_constants() -> String {
-    format!("const BINDING_LAMB_PARTIALS: u32 = {PARTIALS}u;\nconst BINDING_LAMB_INDEX: u32 = {INDEX}u;\n")
-}
-
-/// Group 0's declarations of the two table passes (after the prelude's binding constants):
-/// the uniform (`hyper_binding`, as the host-scalar updates declare it), the private `hp`,
-/// the partials (written) and the index (read).
-pub(crate) fn scalars_wgsl(hyper_binding: &str) -> String {
-    binding_constants()
-        + &format!(
-            "@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
-             var<private> hp: Hyper;\n\
-             @group(GROUP_SCALARS) @binding(BINDING_LAMB_PARTIALS) var<storage, read_write> lamb_partials: array<vec2<f32>>;\n\
-             @group(GROUP_SCALARS) @binding(BINDING_LAMB_INDEX) var<storage, read> lamb_index: array<u32>;\n"
-        )
-}
-
-/// The entry point of the two table passes: `sum_squares` for `vector` (vec4) or scalar
-/// accesses, `PAIRS` (packed outputs one aligned pair at a time, as `entry_pair.wgsl`),
-/// `LAMB_FOLD`, and `src/family/lamb/lamb_entry.wgsl`.
-pub(crate) fn entry_wgsl(vector: bool, pairs: bool) -> String {
-    let mut s = String::new();
-    let sum = if vector { "dot(x, x)" } else { "x * x" };
-    let _ = writeln!(s, "fn sum_squares(x: R) -> f32 {{ return f32({sum}); }}");
-    let _ = writeln!(s, "const PAIRS: bool = {pairs};");
-    let _ = writeln!(s, "const LAMB_FOLD: u32 = {FOLD}u;");
-    s + crate::family::lamb::ENTRY_WGSL
-}
-
 /// The combine pass's WGSL: its prelude (`WG`, the binding constants, `struct Hyper` in f32)
 /// and `src/family/lamb/lamb_combine.wgsl`.
 pub(crate) fn combine_wgsl() -> String {
@@ -112,18 +72,6 @@ pub(crate) fn combine_wgsl() -> String {
     s += &binding_constants();
     s += &LambUniform::wgsl("Hyper");
     s + crate::family::lamb::COMBINE_WGSL
-}
-
-/// Group 0's layout entries: the uniform, the partials and the index; `combine` flips
-/// which of the two buffers is written.
-pub(crate) fn layout_entries(combine: bool) -> [wgpu::BindGroupLayoutEntry; 3] {
-    use crate::gpu::kernel::binding;
-    use wgpu::BufferBindingType::{Storage, Uniform};
-    [
-        buffer_entry(binding::HYPER, Uniform, false, UNIFORM_SLOT_BYTES),
-        buffer_entry(PARTIALS, Storage { read_only: combine }, false, 8),
-        buffer_entry(INDEX, Storage { read_only: !combine }, false, 16),
-    ]
 }
 
 #[cfg(test)]

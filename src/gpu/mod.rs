@@ -2,6 +2,7 @@
 
 pub(crate) mod adafactor;
 pub(crate) mod blockwise;
+pub(crate) mod compile;
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;

@@ -4,21 +4,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::kernel::{binding, compose, Scalars, Storage, VariantKey, TABLE_BYTES};
-use crate::gpu::q4;
-use crate::gpu::q8;
+use crate::gpu::blockwise;
+use crate::gpu::compile::{buffer_entry, create, CachedPipeline};
+use crate::gpu::kernel::{binding, compose, lamb, Scalars, Storage, VariantKey, TABLE_BYTES};
 use crate::gpu::GpuContext;
 use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{DType, Error, Result};
-
-/// A compiled variant and the layout its per-segment bind groups must follow.
-#[derive(Debug)]
-pub(crate) struct CachedPipeline {
-    pub(crate) pipeline: wgpu::ComputePipeline,
-    pub(crate) segment_layout: wgpu::BindGroupLayout,
-}
 
 /// What selects one compiled pipeline, whichever kind of kernel it is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -26,9 +19,9 @@ pub(crate) enum PipelineKey {
     /// A multi-tensor kernel (`gpu::kernel`).
     Table(VariantKey),
     /// An 8-bit-state step (`gpu::q8`).
-    Q8(q8::Variant),
+    Q8(blockwise::Variant),
     /// A 4-bit-state step (`gpu::q4`).
-    Q4(q4::Variant),
+    Q4(blockwise::Variant),
 }
 
 /// Pipelines by key, one registry per device. Insertion is double-checked so two threads
@@ -49,17 +42,9 @@ impl PipelineCache {
         self.get_or_compile(PipelineKey::Table(key.clone()), || compile(ctx, key))
     }
 
-    /// The 8-bit step of `variant`, compiled on first use.
-    pub(crate) fn get_q8(&self, ctx: &GpuContext, variant: &q8::Variant) -> Result<Arc<CachedPipeline>> {
-        self.get_or_compile(PipelineKey::Q8(variant.clone()), || q8::compile(ctx, variant))
-    }
-
-    /// The 4-bit step of `variant`, compiled on first use.
-    pub(crate) fn get_q4(&self, ctx: &GpuContext, variant: &q4::Variant) -> Result<Arc<CachedPipeline>> {
-        self.get_or_compile(PipelineKey::Q4(variant.clone()), || q4::compile(ctx, variant))
-    }
-
-    fn get_or_compile(
+    /// The pipeline of `key`, compiled by `compile` on first use: the low-bit formats
+    /// (`gpu::q8`, `gpu::q4`) compile their own variants.
+    pub(crate) fn get_or_compile(
         &self,
         key: PipelineKey,
         compile: impl FnOnce() -> Result<CachedPipeline>,
@@ -100,24 +85,15 @@ pub(crate) struct ScalarLayouts {
     lamb: wgpu::BindGroupLayout,
 }
 
-/// A compute-visible buffer entry. `min_size` is the least the shader reads, so wgpu checks
-/// each binding's size once, when its bind group is created, not at every dispatch.
-pub(crate) fn buffer_entry(
-    binding: u32,
-    ty: wgpu::BufferBindingType,
-    has_dynamic_offset: bool,
-    min_size: u64,
-) -> wgpu::BindGroupLayoutEntry {
-    wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset,
-            min_binding_size: wgpu::BufferSize::new(min_size),
-        },
-        count: None,
-    }
+/// Group 0's layout entries of LAMB's passes (`gpu::lamb`): the uniform, the partials and the
+/// index; `combine` flips which of the two buffers is written.
+pub(crate) fn lamb_layout_entries(combine: bool) -> [wgpu::BindGroupLayoutEntry; 3] {
+    use wgpu::BufferBindingType::{Storage, Uniform};
+    [
+        buffer_entry(binding::HYPER, Uniform, false, UNIFORM_SLOT_BYTES),
+        buffer_entry(lamb::PARTIALS, Storage { read_only: combine }, false, 8),
+        buffer_entry(lamb::INDEX, Storage { read_only: !combine }, false, 16),
+    ]
 }
 
 impl ScalarLayouts {
@@ -152,7 +128,7 @@ impl ScalarLayouts {
             ),
             finalize: layout("wgpu-optim clip finalize", &finalize),
             finalize_capturable: layout("wgpu-optim clip finalize, capturable", &finalize_capturable),
-            lamb: layout("wgpu-optim LAMB passes", &crate::gpu::lamb::layout_entries(false)),
+            lamb: layout("wgpu-optim LAMB passes", &lamb_layout_entries(false)),
         }
     }
 
@@ -183,49 +159,6 @@ impl ScalarLayouts {
     pub(crate) fn state(&self) -> &wgpu::BindGroupLayout {
         &self.state
     }
-}
-
-/// A compute pipeline of `source` (entry point `main`, override `constants`) whose group 0
-/// is `group0` and whose group 1 has `entries`, returned with group 1's layout. The shader
-/// is logged when wgpu refuses it.
-pub(crate) fn create(
-    ctx: &GpuContext,
-    label: &str,
-    source: &str,
-    group0: &wgpu::BindGroupLayout,
-    entries: &[wgpu::BindGroupLayoutEntry],
-    constants: &[(&str, f64)],
-) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
-    let device = ctx.device();
-    let result = ctx.catch(&format!("compiling {label}"), || {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let layout =
-            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries });
-        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(label),
-            bind_group_layouts: &[Some(group0), Some(&layout)],
-            immediate_size: 0,
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        (pipeline, layout)
-    });
-    if result.is_err() {
-        log::error!("generated WGSL of {label}:\n{source}");
-    }
-    result
 }
 
 fn compile(ctx: &GpuContext, key: &VariantKey) -> Result<CachedPipeline> {

@@ -10,70 +10,21 @@
 //! workgroup map ([`workgroup_map`]), which lists every workgroup's row.
 //!
 //! The table's fixed-size parts are the Pod structs [`TableHead`], [`TableRow`] and
-//! [`RngRow`], whose WGSL declarations are generated from the same definitions; the bases
-//! and the workgroup map are `vec4<u32>` rows at offsets the prelude names
-//! (`ENTRY_BASES`, `ENTRY_RNG`, `MAP_ENTRIES_PER_ROW`).
+//! [`RngRow`] (`gpu::kernel`, beside the WGSL that reads them), whose WGSL declarations are
+//! generated from the same definitions; the bases and the workgroup map are `vec4<u32>` rows
+//! at offsets the prelude names (`ENTRY_BASES`, `ENTRY_RNG`, `MAP_ENTRIES_PER_ROW`).
 //!
 //! Path of a table field: [`TableDispatch::table`] fills [`TableRow::groups`] → the
-//! generated `struct TableRow` and its reader `table_row` (`gpu/kernel.rs`) → `row.groups` in
-//! `shaders/entry_element.wgsl`. The naga test in `gpu/kernel.rs` checks that WGSL lays out
-//! every such struct as `#[repr(C)]` does.
+//! generated `struct TableRow` and its reader `table_row` (`gpu/kernel/table_layout.rs`) →
+//! `row.groups` in `shaders/entry_element.wgsl`. The naga test in `gpu/kernel/tests.rs`
+//! checks that WGSL lays out every such struct as `#[repr(C)]` does.
 
 use crate::gpu::kernel::{
-    map_rows, rows_per_entry, Program, Storage, VariantKey, MAP_ENTRIES_PER_ROW, MAP_ENTRIES_PER_WORD,
-    MAP_ENTRY_BITS, MAX_WORKGROUPS, TABLE_ROWS, WORDS_PER_ROW, WORKGROUP_SIZE,
+    map_rows, rows_per_entry, Program, RngRow, Storage, TableHead, TableRow, VariantKey, MAP_ENTRIES_PER_ROW,
+    MAP_ENTRIES_PER_WORD, MAP_ENTRY_BITS, MAX_WORKGROUPS, TABLE_ROWS, WORDS_PER_ROW, WORKGROUP_SIZE,
 };
 use crate::gpu::packing::{cover, overlap, pack_greedy};
 use crate::gpu::plan::{SegmentPlan, TensorPlan};
-use crate::step::fields::shader_struct;
-
-shader_struct! {
-    /// The head of a dispatch's table (`table.head` in WGSL).
-    #[derive(Default, Eq)]
-    TableHead {
-        /// Entries (rows of segments) in the table.
-        rows: u32,
-        /// Pair mode's first pair of each invocation's stride: 0, or the phase (0 or 1).
-        pair_first: u32,
-        /// Pair mode's stride between an invocation's pairs, in units of the stride: 1, or 2
-        /// when even and odd pairs run in two phases.
-        pair_step: u32,
-        /// Workgroups of the batch's earlier dispatches: where the gradient-norm pass puts
-        /// this dispatch's first partial.
-        first_workgroup: u32,
-    }
-}
-
-shader_struct! {
-    /// The first row of a table entry (`table_row(e)` in WGSL).
-    #[derive(Default, Eq)]
-    TableRow {
-        /// Accesses (elements, or vec4s) in the segment.
-        n: u32,
-        /// Pair mode: 1 where the segment starts on the odd half of a packed word.
-        pair_shift: u32,
-        /// The entry's first workgroup within the dispatch.
-        first_group: u32,
-        /// The entry's workgroups: the stride of its grid-stride loop.
-        groups: u32,
-    }
-}
-
-shader_struct! {
-    /// The last row of a table entry with stochastic stores: what the rounding hash takes
-    /// from the segment (`rng_row(...)` in WGSL).
-    #[derive(Default, Eq)]
-    RngRow {
-        /// The tensor's ordinal.
-        ordinal: u32,
-        /// The segment's first element in its tensor, low 32 bits.
-        first_lo: u32,
-        /// The segment's first element in its tensor, high 32 bits.
-        first_hi: u32,
-        /// 0.
-        reserved: u32,
-    }
-}
 
 /// One binding of a dispatch: a byte range of a buffer.
 #[derive(Clone, Debug)]

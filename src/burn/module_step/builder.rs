@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use super::ModuleStep;
 use crate::burn::SharedDevice;
 use crate::{Algorithm, OptimizerOptions, Result, ScheduleFreeMode};
+#[cfg(doc)]
+use crate::{Error, OptimizerBuilder};
 
 /// How a [`ModuleStep`] is built: [`ModuleStep::builder`], the options a module step
 /// honours (every one off by default), then [`Self::build`]. They are

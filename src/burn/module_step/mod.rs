@@ -15,6 +15,8 @@ use ::burn::module::ParamId;
 use super::lease::Leased;
 use super::record::ParamRecord;
 use super::SharedDevice;
+#[cfg(doc)]
+use crate::OptimizerBuilder;
 use crate::{
     Algorithm, BurnFailure, Error, Optimizer, OptimizerOptions, Result, ScheduleFreeMode,
     ScheduleFreeScalars, Tensor,

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use ::burn::module::ParamId;
 use ::burn::tensor::{Bytes, TensorData};
 
+#[cfg(doc)]
+use super::ModuleStepBuilder;
 use super::{lost, Entry, Home, ModuleStep};
 use crate::burn::record::{self, ParamRecord, ScheduleFreeRecord};
 use crate::{BurnFailure, Error, Result, ScheduleFreeMode};

@@ -1,5 +1,7 @@
 //! A refused step: its reason, and the module handed back.
 
+#[cfg(doc)]
+use super::ModuleStep;
 use crate::Error;
 
 /// A refused [`ModuleStep`] step: the reason, and the module handed back with its

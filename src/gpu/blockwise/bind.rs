@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
-use super::{buffer, layout, Engine, Format, Variant};
+use super::{buffer, layout, Engine, Format, Requantize, Variant};
+use crate::gpu::compile::CachedPipeline;
+use crate::gpu::kernel::TableHead;
 use crate::gpu::kernel::{binding, TABLE_BYTES};
 use crate::gpu::packing::{cover, overlap, pack_greedy};
-use crate::gpu::pipeline::CachedPipeline;
 use crate::gpu::plan::{check_range, Arg};
-use crate::gpu::q8::Requantize;
-use crate::gpu::table::{share_workgroups, table_fits, workgroup_map, TableHead};
+use crate::gpu::table::{share_workgroups, table_fits, workgroup_map};
 use crate::gpu::GpuContext;
 use crate::{DType, Error, Result, Tensor};
 

@@ -2,7 +2,7 @@
 //! dispatch's table entry as a `#[repr(C)]` Pod struct whose WGSL declaration and reader are
 //! generated from the same field list by `shader_struct!`, as the multi-tensor table's are
 //! (the layout test in `gpu::q8::tests` checks naga's offsets against Rust's). The table
-//! itself is the multi-tensor table's: a [`crate::gpu::table::TableHead`], then `vec4<u32>`
+//! itself is the multi-tensor table's: a [`crate::gpu::kernel::TableHead`], then `vec4<u32>`
 //! rows, then the workgroup map.
 
 use crate::step::fields::shader_struct;

@@ -19,9 +19,8 @@ pub(in crate::gpu) mod wgsl;
 
 use std::sync::Arc;
 
+use crate::gpu::compile::{buffer_entry, create, CachedPipeline};
 use crate::gpu::kernel::{binding, Scalars, TABLE_BYTES};
-use crate::gpu::pipeline::{buffer_entry, create, CachedPipeline};
-use crate::gpu::q8::Requantize;
 use crate::gpu::GpuContext;
 use crate::step::{KernelStep, Switches};
 use crate::{Algorithm, Error, Result, StateKind, Tensor};
@@ -91,6 +90,16 @@ pub(crate) trait Format {
         let _ = switches;
         false
     }
+}
+
+/// How an 8-bit kernel finds the nearest code of a value (`gpu::q8::shader` explains both,
+/// and chooses one per adapter): both ways give the same code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Requantize {
+    /// One load from the value's bucket of a code table (`crate::q8::lut::CodeTable`).
+    Table,
+    /// Arithmetic on the value (`crate::q8::arith`), a table load for values near a switch.
+    Arithmetic,
 }
 
 /// What selects one compiled low-bit pipeline (the registry keeps each format's apart).

@@ -5,7 +5,7 @@
 //! the generated prelude maps each slot to a storage binding (shared when tensors alias)
 //! with the element shift of the current segment, or to a stub when the slot is absent. The
 //! override constants and the uniform struct are declared from the step contract
-//! ([`crate::step`]), the table's structs from [`crate::gpu::table`], the binding numbers
+//! ([`crate::step`]), the table's structs from [`table_layout`], the binding numbers
 //! from [`binding`]: never written by hand. No kernel source is edited as text: [`compose`]
 //! concatenates the generated declarations and the `shaders/` files.
 //!
@@ -62,6 +62,7 @@
 /// clip_state`. The naga tests check every resource's number against these constants.
 pub(crate) mod binding;
 mod key;
+pub(crate) mod lamb;
 mod passes;
 mod prelude;
 mod program;
@@ -75,8 +76,8 @@ pub(crate) use passes::{advance_wgsl, clip_finalize_wgsl};
 pub(crate) use prelude::{compose, nan_helpers};
 pub(crate) use program::Program;
 pub(crate) use table_layout::{
-    map_rows, rows_per_entry, table_head_wgsl, MAP_ENTRIES_PER_ROW, MAP_ENTRIES_PER_WORD, MAP_ENTRY_BITS,
-    TABLE_BYTES, TABLE_ROWS, WORDS_PER_ROW,
+    map_rows, rows_per_entry, table_head_wgsl, RngRow, TableHead, TableRow, MAP_ENTRIES_PER_ROW,
+    MAP_ENTRIES_PER_WORD, MAP_ENTRY_BITS, TABLE_BYTES, TABLE_ROWS, WORDS_PER_ROW,
 };
 
 /// Invocations per workgroup. 256 is WebGPU's default `max_compute_invocations_per_workgroup`.

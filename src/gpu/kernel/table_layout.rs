@@ -1,9 +1,57 @@
-//! The dispatch table's layout (its rows, entries and workgroup map) and the WGSL that
-//! declares and reads it.
+//! The dispatch table's layout (its head, its entries' rows and its workgroup map) and the
+//! WGSL that declares and reads it; `gpu::table` fills it.
 
 use std::fmt::Write;
 
-use crate::gpu::table::{RngRow, TableHead, TableRow};
+use crate::step::fields::shader_struct;
+
+shader_struct! {
+    /// The head of a dispatch's table (`table.head` in WGSL).
+    #[derive(Default, Eq)]
+    TableHead {
+        /// Entries (rows of segments) in the table.
+        rows: u32,
+        /// Pair mode's first pair of each invocation's stride: 0, or the phase (0 or 1).
+        pair_first: u32,
+        /// Pair mode's stride between an invocation's pairs, in units of the stride: 1, or 2
+        /// when even and odd pairs run in two phases.
+        pair_step: u32,
+        /// Workgroups of the batch's earlier dispatches: where the gradient-norm pass puts
+        /// this dispatch's first partial.
+        first_workgroup: u32,
+    }
+}
+
+shader_struct! {
+    /// The first row of a table entry (`table_row(e)` in WGSL).
+    #[derive(Default, Eq)]
+    TableRow {
+        /// Accesses (elements, or vec4s) in the segment.
+        n: u32,
+        /// Pair mode: 1 where the segment starts on the odd half of a packed word.
+        pair_shift: u32,
+        /// The entry's first workgroup within the dispatch.
+        first_group: u32,
+        /// The entry's workgroups: the stride of its grid-stride loop.
+        groups: u32,
+    }
+}
+
+shader_struct! {
+    /// The last row of a table entry with stochastic stores: what the rounding hash takes
+    /// from the segment (`rng_row(...)` in WGSL).
+    #[derive(Default, Eq)]
+    RngRow {
+        /// The tensor's ordinal.
+        ordinal: u32,
+        /// The segment's first element in its tensor, low 32 bits.
+        first_lo: u32,
+        /// The segment's first element in its tensor, high 32 bits.
+        first_hi: u32,
+        /// 0.
+        reserved: u32,
+    }
+}
 
 /// `vec4<u32>` rows of a dispatch's table after its [`TableHead`]: each entry's rows, then
 /// the workgroup map. The table is one uniform binding of 16 KiB, which every adapter allows
@@ -44,7 +92,7 @@ pub(crate) fn map_rows(workgroups: usize) -> usize {
 
 /// What every multi-tensor table declares, whatever its entries hold: `struct TableHead`,
 /// `struct Table` (the head, then [`TABLE_ROWS`] `vec4<u32>` rows), `table` at
-/// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`]), `TABLE_ROWS`, `ENTRY_ROWS`
+/// `BINDING_TABLE` of group 1 (so after [`binding_wgsl`](super::binding_wgsl)), `TABLE_ROWS`, `ENTRY_ROWS`
 /// (`per_entry`, the rows of one entry), `MAP_ENTRIES_PER_ROW`, and `entry_row(w)`, the first
 /// row of workgroup `w`'s entry.
 pub(crate) fn table_head_wgsl(per_entry: usize) -> String {

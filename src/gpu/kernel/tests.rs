@@ -1,5 +1,4 @@
 use super::*;
-use crate::gpu::table::{RngRow, TableHead, TableRow};
 use crate::step::clip::NormType;
 use crate::step::device::DeviceHeader;
 use crate::step::rounding::{RoundingHeader, Stochastic};
@@ -94,8 +93,8 @@ fn expected_bindings(key: &VariantKey) -> Vec<(String, (u32, u32))> {
         }
         Scalars::Lamb => &[
             (hyper, binding::HYPER),
-            ("lamb_partials", crate::gpu::lamb::PARTIALS),
-            ("lamb_index", crate::gpu::lamb::INDEX),
+            ("lamb_partials", super::lamb::PARTIALS),
+            ("lamb_index", super::lamb::INDEX),
         ],
     };
     expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (binding::GROUP_SCALARS, *b))));

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 pub(crate) use crate::gpu::blockwise::Variant;
 use crate::gpu::blockwise::{Engine, Format, Stored};
-use crate::gpu::pipeline::CachedPipeline;
+use crate::gpu::compile::CachedPipeline;
+use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::GpuContext;
 use crate::q4::{check_replacement, Q4State, Q4States};
 use crate::step::KernelStep;
@@ -68,7 +69,7 @@ impl Format for Q4 {
     }
 
     fn pipeline(ctx: &GpuContext, variant: &Variant) -> Result<Arc<CachedPipeline>> {
-        ctx.inner.pipelines.get_q4(ctx, variant)
+        ctx.inner.pipelines.get_or_compile(PipelineKey::Q4(variant.clone()), || compile(ctx, variant))
     }
 
     type State = Q4State;

@@ -16,7 +16,8 @@ use wgpu::util::DeviceExt;
 
 pub(crate) use crate::gpu::blockwise::Variant;
 use crate::gpu::blockwise::{Engine, Format, Stored};
-use crate::gpu::pipeline::CachedPipeline;
+use crate::gpu::compile::CachedPipeline;
+use crate::gpu::pipeline::PipelineKey;
 use crate::gpu::GpuContext;
 use crate::q8::{blocks, check_replacement, Q8States, StoredState, BLOCK_SIZE};
 use crate::step::{KernelStep, Switches};
@@ -60,7 +61,7 @@ impl Format for Q8 {
     }
 
     fn pipeline(ctx: &GpuContext, variant: &Variant) -> Result<Arc<CachedPipeline>> {
-        ctx.inner.pipelines.get_q8(ctx, variant)
+        ctx.inner.pipelines.get_or_compile(PipelineKey::Q8(variant.clone()), || compile(ctx, variant))
     }
 
     type State = StoredState;

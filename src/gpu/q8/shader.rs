@@ -70,6 +70,8 @@
 
 use std::fmt::Write;
 
+pub(crate) use crate::gpu::blockwise::Requantize;
+
 use super::Variant;
 use crate::gpu::blockwise::layout::MAX_STATES;
 use crate::gpu::blockwise::wgsl;
@@ -137,16 +139,6 @@ pub(crate) fn compose(variant: &Variant) -> String {
     s.push_str(variant.switches.family().update_wgsl());
     wgsl::push_files(&mut s, variant, CODES, SERIAL_ENTRY, WORKGROUP_ENTRY);
     s
-}
-
-/// How an 8-bit kernel finds the nearest code of a value (see the module's documentation):
-/// both ways give the same code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Requantize {
-    /// One load from the value's bucket of a [`CodeTable`].
-    Table,
-    /// Arithmetic on the value (`crate::q8::arith`), a table load for values near a switch.
-    Arithmetic,
 }
 
 /// The environment variable that overrides [`Requantize::chosen`]: `table` or `arithmetic`

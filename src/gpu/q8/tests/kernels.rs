@@ -78,8 +78,8 @@ fn algorithms_of_every_state_count() -> [Algorithm; 6] {
 #[test]
 fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
     use crate::gpu::blockwise::layout::Segment;
+    use crate::gpu::kernel::TableHead;
     use crate::gpu::kernel::{binding, TABLE_BYTES};
-    use crate::gpu::table::TableHead;
     let mut validator =
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
     let rust_members = |fields: &[&str], offsets: &[usize]| -> Vec<(String, u32)> {
