@@ -1,7 +1,7 @@
 // Gradient clipping's second pass, one workgroup: combines the partials of grad_norm.wgsl
 // in a fixed order into the global norm and writes it with PyTorch's coefficient,
 // min(1, max_norm / (total_norm + 1e-6)) (NaN stays NaN), into the clip buffer, where the
-// update kernels read it. The prelude (src/gpu/kernel.rs's clip_finalize_wgsl) declares WG
+// update kernels read it. The prelude (src/gpu/kernel/passes.rs's clip_finalize_wgsl) declares WG
 // (the workgroup size, a power of two), the BINDING_* constants, `struct ClipHeader`,
 // NORM_INF, norm_combine.wgsl's `combine`, and `publish`, which in capturable mode also
 // writes the coefficient into the device state, where capturable update kernels read it.

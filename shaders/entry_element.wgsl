@@ -2,7 +2,7 @@
 // element, or four with vec4 math) per iteration: the entry's workgroups stride over its
 // accesses.
 //
-// The generated prelude (src/gpu/kernel.rs) supplies:
+// The generated prelude (src/gpu/kernel/prelude.rs) supplies:
 //   WG                      the workgroup size (a const).
 //   table, table_row(r)     the dispatch's table and its row r as a `TableRow` (n, pair_shift,
 //                           first_group, groups).

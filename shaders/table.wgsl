@@ -1,5 +1,5 @@
 // The table of a multi-tensor dispatch (src/gpu/table.rs), as both table kernels read it:
-// the update, unscale and norm kernels (src/gpu/kernel.rs) and the 8-bit kernels
+// the update, unscale and norm kernels (src/gpu/kernel/) and the 8-bit kernels
 // (src/gpu/q8/shader.rs).
 //
 // The generated prelude supplies, before this file:

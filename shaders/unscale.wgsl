@@ -1,7 +1,7 @@
 // AMP: PyTorch's _amp_foreach_non_finite_check_and_unscale_, one element at a time. A
 // non-finite gradient (checked before scaling) sets the device's found_inf flag, which the
 // optimizer step reads to skip itself. The generated prelude declares `device_state`,
-// `load_grad` and `store_grad` (the whole interface: the module doc of src/gpu/kernel.rs).
+// `load_grad` and `store_grad` (the whole interface: the module doc of src/gpu/kernel/mod.rs).
 // The unscale pass runs `update` (shaders/entry_element.wgsl); the pass that also takes the
 // gradient norm folds `unscale`'s result into its partial norm (`norm_term`,
 // shaders/entry_norm.wgsl).

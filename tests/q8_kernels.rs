@@ -5,7 +5,7 @@
 //! non-finite gradient restarting its element in the 2-state kernel (and staying in its
 //! element in the 1-state one), RMSprop8bit's weight decay, and a block of zeros with -0.0
 //! in it. (The GPU kernels' variants, which a unit test can pick, are checked the same way in
-//! `src/gpu/q8/tests.rs`; the codes themselves in `src/q8/tests.rs`.)
+//! `src/gpu/q8/tests/`; the codes themselves in `src/q8/tests.rs`.)
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q8::{Q8States, StoredState};

@@ -9,7 +9,7 @@
 // (src/family/adagrad/contract.rs). L2 weight decay is skipped at run time when its coefficient is 0.
 
 // Updates element i. The entry point calls it for every element of the segment. (The whole
-// prelude interface: the module doc of src/gpu/kernel.rs.)
+// prelude interface: the module doc of src/gpu/kernel/mod.rs.)
 fn update(i: u32) {
     let p = load_param(i);
     var g = load_grad(i);

@@ -28,7 +28,7 @@ fn lamb_direction(p: R, m: R, v: R) -> R {
 }
 
 // Updates element i (or four). The entry point calls it for every element of the segment.
-// (The whole prelude interface: the module doc of src/gpu/kernel.rs.)
+// (The whole prelude interface: the module doc of src/gpu/kernel/mod.rs.)
 fn update(i: u32) {
     let p = load_param(i);
     if APPLY {

@@ -16,7 +16,7 @@
 // (src/family/schedule_free/contract.rs).
 
 // Updates element i. The entry point calls it for every element of the segment. (The whole
-// prelude interface: the module doc of src/gpu/kernel.rs.)
+// prelude interface: the module doc of src/gpu/kernel/mod.rs.)
 fn update(i: u32) {
     let y = load_param(i);
     var z = load_z(i);
