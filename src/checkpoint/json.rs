@@ -57,6 +57,7 @@ impl Algorithm {
                 "optimizer": "AdEMAMix", "lr": c.lr, "betas": [c.beta1, c.beta2, c.beta3], "alpha": c.alpha,
                 "t_alpha": c.t_alpha, "t_beta3": c.t_beta3, "eps": c.eps, "weight_decay": c.weight_decay,
             }),
+            Algorithm::Adopt(c) => crate::family::adopt::checkpoint::to_json(c),
             Algorithm::Lamb(c) => json!({
                 "optimizer": "Lamb", "lr": c.lr, "betas": [c.beta1, c.beta2], "eps": c.eps,
                 "weight_decay": c.weight_decay, "clamp_value": c.clamp_value, "adam": c.adam, "debias": c.debias,
@@ -244,6 +245,7 @@ impl Algorithm {
                     debias: flag("debias")?,
                 })
             }
+            "ADOPT" => Algorithm::Adopt(crate::family::adopt::checkpoint::from_json(map)?),
             other => return Err(bad(format!("unknown optimizer `{other}`"))),
         })
     }

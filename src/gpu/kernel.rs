@@ -833,6 +833,7 @@ pub(crate) mod tests {
         EpsPlacement, FirstMoment, MomentumSwitches, MomentumUniform, MomentumUniform64,
     };
     use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
+    use crate::step::{AdoptSwitches, AdoptUniform, AdoptUniform64};
     use crate::step::{LambUniform, LambUniform64};
     use crate::step::{LionSwitches, LionUniform, LionUniform64};
     use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
@@ -880,6 +881,7 @@ pub(crate) mod tests {
             }));
         }
         all.push(Switches::Lion(LionSwitches));
+        all.push(Switches::Adopt(AdoptSwitches));
         for swap in flags {
             all.push(Switches::ScheduleFree(ScheduleFreeSwitches { swap }));
         }
@@ -1205,6 +1207,12 @@ pub(crate) mod tests {
                                 }
                                 (Switches::Lamb(_), true) => {
                                     rust_members(LambUniform::FIELDS, LambUniform64::OFFSETS)
+                                }
+                                (Switches::Adopt(_), false) => {
+                                    rust_members(AdoptUniform::FIELDS, AdoptUniform::OFFSETS)
+                                }
+                                (Switches::Adopt(_), true) => {
+                                    rust_members(AdoptUniform::FIELDS, AdoptUniform64::OFFSETS)
                                 }
                             };
                             assert_eq!(members(&module, "Hyper"), expected, "{key:?}");

@@ -358,6 +358,7 @@ mod tests {
                 step_with_raw_grad: false,
             }),
             Switches::Ademamix(crate::step::AdemamixSwitches { decay_after_update: true }),
+            Switches::Adopt(crate::step::AdoptSwitches),
         ];
         let mut storages = vec![
             (DType::F32, Storage::Native(DType::F32)),
