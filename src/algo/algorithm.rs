@@ -6,6 +6,7 @@ use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
 use crate::Adafactor;
+use crate::Adopt;
 use crate::Lamb;
 use crate::Lion;
 use crate::Muon;
@@ -221,6 +222,8 @@ algorithms! {
     AdEMAMix(AdEMAMix),
     /// LAMB (torch-optimizer's `Lamb`).
     Lamb(Lamb),
+    /// ADOPT (the official `adopt.ADOPT`).
+    Adopt(Adopt),
 }
 
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.

@@ -5,6 +5,7 @@ pub(crate) mod adafactor;
 pub(crate) mod adagrad;
 pub(crate) mod adam;
 pub(crate) mod ademamix;
+pub(crate) mod adopt;
 pub(crate) mod lamb;
 pub(crate) mod lion;
 pub(crate) mod momentum;

@@ -21,6 +21,7 @@ use crate::family::adafactor::contract as adafactor;
 use crate::family::adagrad::contract as adagrad;
 use crate::family::adam::contract as adam;
 use crate::family::ademamix::contract as ademamix;
+use crate::family::adopt::contract as adopt;
 use crate::family::lamb::contract as lamb;
 use crate::family::lion::contract as lion;
 use crate::family::momentum::contract as momentum;
@@ -32,6 +33,7 @@ pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform64};
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
 pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform64};
+pub(crate) use adopt::{AdoptSwitches, AdoptUniform64};
 pub(crate) use fields::Override;
 pub(crate) use lamb::{LambSwitches, LambUniform64};
 pub(crate) use lion::{LionSwitches, LionUniform64};
@@ -44,7 +46,7 @@ pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform64};
 #[cfg_attr(not(any(feature = "cpu", test)), allow(unused_imports))]
 pub(crate) use {
     adafactor::AdafactorUniform, adagrad::AdagradUniform, adam::AdamUniform, ademamix::AdemamixUniform,
-    lamb::LambUniform, lion::LionUniform, momentum::MomentumUniform, muon::MuonUniform,
+    adopt::AdoptUniform, lamb::LambUniform, lion::LionUniform, momentum::MomentumUniform, muon::MuonUniform,
     rmsprop::RmsPropUniform, schedule_free::ScheduleFreeUniform,
 };
 
@@ -258,6 +260,8 @@ families! {
     Ademamix => ademamix,
     /// LAMB (torch-optimizer): two passes around each tensor's norms.
     Lamb => lamb,
+    /// ADOPT (the official `adopt.ADOPT`).
+    Adopt => adopt,
 }
 
 /// A tensor role in a kernel: what `load_<slot>`/`store_<slot>` read and write.

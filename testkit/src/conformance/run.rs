@@ -50,7 +50,7 @@ impl Backend {
     }
 
     /// The backends that tell something about `case`: the packed-f16 ones only where the
-    /// case has f16 tensors, the CPU backend for PyTorch trajectories (it has no stateless
+    /// case has f16 tensors, the CPU backend for trajectories (it has no stateless
     /// operators), the oracle alone for an op the crate does not implement yet
     /// ([`Case::oracle_only`]).
     pub fn all_for(case: &Case) -> Vec<Backend> {
@@ -61,7 +61,8 @@ impl Backend {
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
         }
-        let cpu_trajectory = ["torch.", "bnb.", "lion."].iter().any(|source| case.op.starts_with(source));
+        let cpu_trajectory =
+            ["torch.", "bnb.", "lion.", "adopt."].iter().any(|source| case.op.starts_with(source));
         if case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
@@ -167,7 +168,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         }
         ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
         ("adan.Adan", Kind::Trajectory) => super::adan::oracle_trajectory(case)?,
-        ("adopt.ADOPT", Kind::Trajectory) => super::adopt::oracle_trajectory(case)?,
+        ("adopt.ADOPT", Kind::Trajectory) => super::adopt::trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(
                 case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))

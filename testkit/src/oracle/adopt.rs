@@ -112,11 +112,7 @@ impl AdoptOracle {
 
     /// `step()`: every tensor of the group takes its gradient.
     pub fn step(&mut self, params: &mut [Vec<f64>], grads: &[Vec<f64>]) {
-        let c = self.config;
-        // step = _get_value(step_t), read before `step_t += 1` (lines 287, 303, 321)
-        let step = self.step;
-        let bound = AdoptOracle::clip_bound(&c, step);
-        let (pd, sd) = (self.param_dtype, self.state_dtype);
+        let storing = (self.param_dtype, self.state_dtype);
         for (i, (p, grad)) in params.iter_mut().zip(grads).enumerate() {
             if self.exp_avg[i].is_empty() {
                 // state['exp_avg'], state['exp_avg_sq'] = zeros (_init_group)
@@ -124,41 +120,78 @@ impl AdoptOracle {
                 self.exp_avg_sq[i] = vec![0.0; p.len()];
             }
             let (m, v) = (&mut self.exp_avg[i], &mut self.exp_avg_sq[i]);
-            for e in 0..p.len() {
-                // grad = grads[i] if not maximize else -grads[i] (line 274)
-                let mut g = if c.maximize { -grad[e] } else { grad[e] };
-                if c.weight_decay != 0.0 && !c.decouple {
-                    // grad = grad.add(param, alpha=weight_decay) (lines 289-290), step 1 too
-                    g += c.weight_decay * p[e];
-                }
-                if step == 0 {
-                    // exp_avg_sq.addcmul_(grad, grad.conj()); continue (lines 300-304)
-                    v[e] = round(sd, v[e] + g * g);
-                    continue;
-                }
-                let mut x = p[e];
-                if c.weight_decay != 0.0 && c.decouple {
-                    // param.add_(param, alpha=-lr*weight_decay) (lines 306-307)
-                    x += -c.lr * c.weight_decay * x;
-                }
-                // denom = torch.clamp(exp_avg_sq.sqrt(), eps) (line 309)
-                let denom = v[e].sqrt().max(c.eps);
-                // normed_grad = grad.div(denom) (line 310)
-                let mut normed = g / denom;
-                if let Some(bound) = bound {
-                    // normed_grad.clamp_(-clip, clip) (lines 311-313)
-                    normed = clamp_symmetric(normed, bound);
-                }
-                // exp_avg.lerp_(normed_grad, 1 - beta1) (line 315)
-                m[e] = round(sd, lerp(m[e], normed, 1.0 - c.beta1));
-                // param.add_(exp_avg, alpha=-lr) (line 317)
-                p[e] = round(pd, x + -c.lr * m[e]);
-                // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2) (line 318)
-                v[e] = round(sd, v[e] * c.beta2 + (1.0 - c.beta2) * g * g);
-            }
+            adopt_step(&self.config, self.step, p, grad, m, v, storing);
         }
         // step_t += 1 (lines 303, 321)
         self.step += 1;
+    }
+}
+
+impl From<&super::api::Adopt> for AdoptHyperparameters {
+    /// The crate's configuration under the official names.
+    fn from(c: &super::api::Adopt) -> Self {
+        AdoptHyperparameters {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            clip_lambda: c.clip_exponent,
+            weight_decay: c.weight_decay,
+            decouple: c.decouple,
+            maximize: c.maximize,
+        }
+    }
+}
+
+/// One tensor's update in `_single_tensor_adopt` after `step` earlier steps (the official
+/// `step`, read before its increment), rounding as it stores the parameter to `storing.0` and each
+/// state to `storing.1` (`DType::F64`: no rounding).
+pub fn adopt_step(
+    config: &AdoptHyperparameters,
+    step: u64,
+    p: &mut [f64],
+    grad: &[f64],
+    m: &mut [f64],
+    v: &mut [f64],
+    storing: (DType, DType),
+) {
+    // step = _get_value(step_t), read before `step_t += 1` (lines 287, 303, 321)
+    let c = *config;
+    let bound = AdoptOracle::clip_bound(&c, step);
+    let (pd, sd) = storing;
+    for e in 0..p.len() {
+        // grad = grads[i] if not maximize else -grads[i] (line 274)
+        let mut g = if c.maximize { -grad[e] } else { grad[e] };
+        if c.weight_decay != 0.0 && !c.decouple {
+            // grad = grad.add(param, alpha=weight_decay) (lines 289-290), step 1 too
+            g += c.weight_decay * p[e];
+        }
+        if step == 0 {
+            // exp_avg_sq.addcmul_(grad, grad.conj()); continue (lines 300-304)
+            v[e] = round(sd, v[e] + g * g);
+            continue;
+        }
+        let mut x = p[e];
+        if c.weight_decay != 0.0 && c.decouple {
+            // param.add_(param, alpha=-lr*weight_decay) (lines 306-307)
+            x += -c.lr * c.weight_decay * x;
+        }
+        // denom = torch.clamp(exp_avg_sq.sqrt(), eps) (line 309); clamp keeps a NaN
+        // root, which f64::max would drop.
+        let root = v[e].sqrt();
+        let denom = if root.is_nan() { root } else { root.max(c.eps) };
+        // normed_grad = grad.div(denom) (line 310)
+        let mut normed = g / denom;
+        if let Some(bound) = bound {
+            // normed_grad.clamp_(-clip, clip) (lines 311-313)
+            normed = clamp_symmetric(normed, bound);
+        }
+        // exp_avg.lerp_(normed_grad, 1 - beta1) (line 315)
+        m[e] = round(sd, lerp(m[e], normed, 1.0 - c.beta1));
+        // param.add_(exp_avg, alpha=-lr) (line 317)
+        p[e] = round(pd, x + -c.lr * m[e]);
+        // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2) (line 318)
+        v[e] = round(sd, v[e] * c.beta2 + (1.0 - c.beta2) * g * g);
     }
 }
 

@@ -5,8 +5,9 @@
 //! It sees wgpu-optim's public API only (the configurations it reads, [`StoredState`] for
 //! 8-bit state) and computes everything else itself: the bitsandbytes maps and
 //! quantization ([`bnb`]), the rounding of stores to a dtype ([`dtype`]), so that it does not
-//! share the code it checks. Families the crate does not implement yet ([`adan`], [`adopt`])
-//! bring their own hyperparameters, under their sources' names and defaults.
+//! share the code it checks. Families the crate does not implement ([`adan`]), or did not when
+//! their oracle was written ([`adopt`]), bring their own hyperparameters, under their sources'
+//! names and defaults.
 //!
 //! wgpu-optim's own unit tests reach it as a dev-dependency, through the testkit's build of
 //! the library ([`crate::library`]), converting their values into its types.
@@ -34,7 +35,7 @@ pub mod torch;
 pub use adafactor::{AdafactorOracle, AdafactorTensorState};
 pub use adan::{AdanHyperparameters, AdanOracle};
 pub use ademamix::{ademamix_alpha, ademamix_beta3, ademamix_step};
-pub use adopt::{AdoptHyperparameters, AdoptOracle};
+pub use adopt::{adopt_step, AdoptHyperparameters, AdoptOracle};
 pub use ao4::ao4_adam_step;
 pub use bnb::bnb_ademamix8bit_step;
 pub use bnb::bnb_lion8bit_step;

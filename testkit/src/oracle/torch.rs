@@ -2,6 +2,7 @@
 //! and `clip_grad_norm_`, in f64.
 
 use super::ademamix::ademamix_step;
+use super::adopt::{adopt_step, AdoptHyperparameters};
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
 use super::dtype::round;
 use super::lion::lion_step;
@@ -156,7 +157,7 @@ impl TorchState {
             Algorithm::Sgd(_) => (false, 0.0),
             Algorithm::Lion(_) => (false, 0.0),
             Algorithm::RmsProp(_) => (false, 0.0),
-            Algorithm::AdEMAMix(_) => (false, 0.0),
+            Algorithm::AdEMAMix(_) | Algorithm::Adopt(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -203,6 +204,11 @@ impl TorchState {
                 state.exp_avg_slow = values.next().unwrap_or_default();
                 state.adam.exp_avg_sq = values.next().unwrap_or_default();
             }
+            // ADOPT's two moments live where Adam's do.
+            Algorithm::Adopt(_) => {
+                state.adam.exp_avg = values.next().unwrap_or_default();
+                state.adam.exp_avg_sq = values.next().unwrap_or_default();
+            }
             other => untranscribed(&other),
         }
         state
@@ -238,6 +244,11 @@ impl TorchState {
                 let (m1, m2, nu) = (&mut adam.exp_avg, &mut self.exp_avg_slow, &mut adam.exp_avg_sq);
                 ademamix_step(c, self.step, param, grad, m1, m2, nu)
             }
+            Algorithm::Adopt(c) => {
+                let (m, v) = (&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq);
+                let unrounded = (DType::F64, DType::F64);
+                adopt_step(&AdoptHyperparameters::from(c), self.step - 1, param, grad, m, v, unrounded)
+            }
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
@@ -271,6 +282,7 @@ impl TorchState {
             Algorithm::AdEMAMix(_) => {
                 vec![self.adam.exp_avg.clone(), self.exp_avg_slow.clone(), self.adam.exp_avg_sq.clone()]
             }
+            Algorithm::Adopt(_) => vec![self.adam.exp_avg.clone(), self.adam.exp_avg_sq.clone()],
             other => untranscribed(other),
         }
     }
