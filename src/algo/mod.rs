@@ -19,6 +19,7 @@
 //! | torch-optimizer `Lamb` | 1e-6 | added to `sqrt(exp_avg_sq)`, moments never corrected | from 1; `debias` corrects the step size |
 //! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
 //! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
+//! | official `ADOPT` | 1e-6 | a floor: `g / max(sqrt(v), eps)` | step 1 only sets `v`; the clip bound is `(t - 1)^q` |
 
 use crate::family::adafactor::config as adafactor;
 use crate::family::adagrad::config as adagrad;
