@@ -11,7 +11,7 @@
 // ADOPT has no override constants: its modes are uniform values, tested at run time.
 
 // Updates element i. The entry point calls it for every element of the segment. (The whole
-// prelude interface: the module doc of src/gpu/kernel.rs.)
+// prelude interface: the module doc of src/gpu/kernel/mod.rs.)
 fn update(i: u32) {
     // Every input is loaded before any output is stored: an output may alias any input.
     let p = load_param(i);
