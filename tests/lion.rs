@@ -228,88 +228,9 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
 
 /// Burn's drop-in optimizer and the whole-module step run Lion too.
 #[cfg(feature = "burn")]
-mod burn_steps {
-    use burn::module::{Module, Param};
-    use burn::optim::GradientsParams;
-    use burn::tensor::{Device, Tensor, TensorData};
-    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-    use wgpu_optim::Algorithm;
-    use wgpu_optim_testkit::oracle::TorchState;
-
-    use crate::common::{assert_close, Rng, Tolerance};
-
-    #[derive(Module, Debug)]
-    struct Params {
-        params: Vec<Param<Tensor<1>>>,
-    }
-
-    fn tensor(values: &[f64], device: &Device) -> Tensor<1> {
-        let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
-        Tensor::from_data(TensorData::new(data, [values.len()]), device)
-    }
-
-    impl Params {
-        fn new(values: &[Vec<f64>], device: &Device) -> Self {
-            Params { params: values.iter().map(|v| Param::from_tensor(tensor(v, device))).collect() }
-        }
-
-        fn grads(&self, grads: &[Vec<f64>], device: &Device) -> GradientsParams {
-            let mut out = GradientsParams::new();
-            for (p, g) in self.params.iter().zip(grads) {
-                out.register(p.id, tensor(g, device));
-            }
-            out
-        }
-
-        fn values(&self) -> Vec<Vec<f64>> {
-            self.params
-                .iter()
-                .map(|p| {
-                    p.val().into_data().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
-                })
-                .collect()
-        }
-    }
-
-    #[test]
-    fn the_fused_optimizer_and_the_module_step_follow_the_oracle() {
-        let shared =
-            SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"));
-        let device = shared.device().clone().autodiff();
-        let algorithm: Algorithm = super::decayed();
-        let mut rng = Rng::new(90);
-        let lens = [1000usize, 37];
-        let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
-        let grads: Vec<Vec<Vec<f64>>> =
-            (0..3).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
-        let mut want = initial.clone();
-        let mut states: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
-        for step in &grads {
-            for ((p, g), s) in want.iter_mut().zip(step).zip(&mut states) {
-                s.step(p, g);
-            }
-        }
-
-        let mut optim = FusedOptimizer::new(&shared, algorithm).unwrap().init();
-        let mut model = Params::new(&initial, &device);
-        for step in &grads {
-            let g = model.grads(step, &device);
-            model = optim.step(algorithm.lr(), model, g);
-        }
-        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
-            assert_close(&format!("FusedOptimizer Lion, parameter {i}"), got, want, Tolerance::F32);
-        }
-
-        let mut module_step = ModuleStep::builder().build(&shared, algorithm).unwrap();
-        let mut model = Params::new(&initial, &device);
-        for step in &grads {
-            let g = model.grads(step, &device);
-            model = module_step.step(algorithm.lr(), model, g).unwrap();
-        }
-        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
-            assert_close(&format!("ModuleStep Lion, parameter {i}"), got, want, Tolerance::F32);
-        }
-    }
+#[test]
+fn burn_steps_follow_the_oracle() {
+    family::burn::the_fused_optimizer_and_the_module_step_follow_the_oracle(decayed(), "Lion", 3);
 }
 
 /// bitsandbytes' `Lion8bit`: `exp_avg` in blockwise 8-bit codes under its names in

@@ -8,6 +8,9 @@
 //! configurations.
 #![allow(dead_code)]
 
+#[cfg(feature = "burn")]
+pub mod burn;
+
 use crate::common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, Tensor};
