@@ -26,9 +26,9 @@ pub(crate) fn adan_element<const FIRST: bool>(
     let n = n_prev * hp.beta3 + hp.one_minus_beta3 * z * z;
     let denom = n.sqrt() / hp.sqrt_bias_correction3 + hp.eps;
     let mut p_new = p * hp.decay;
-    p_new = p_new - hp.step_size * (m / denom);
-    p_new = p_new - hp.step_size_diff * (v / denom);
-    p_new = p_new / hp.prox_divisor;
+    p_new -= hp.step_size * (m / denom);
+    p_new -= hp.step_size_diff * (v / denom);
+    p_new /= hp.prox_divisor;
     [p_new, m, n, v, -g]
 }
 
