@@ -4,8 +4,8 @@
 //! parameter and state once. The reproduced sources: PyTorch's `torch.optim` ([`Adam`],
 //! AdamW, AMSGrad, [`Sgd`], [`Adagrad`], [`RmsProp`]), lion-pytorch ([`Lion`]),
 //! bitsandbytes ([`AdEMAMix`] and the 8-bit states of [`q8`]), the `schedulefree` package
-//! ([`ScheduleFreeAdamW`]), the official ADOPT ([`Adopt`]), `torch.optim.Muon` ([`Muon`],
-//! its Newton-Schulz products in [`matmul`]), ONNX's
+//! ([`ScheduleFreeAdamW`]), the official ADOPT ([`Adopt`]), the official Adan ([`Adan`]),
+//! `torch.optim.Muon` ([`Muon`], its Newton-Schulz products in [`matmul`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
 //! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
 //! `wgpu_optim_testkit::oracle`).
@@ -99,6 +99,7 @@ pub use algo::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
 pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
+pub use family::adan::config::Adan;
 pub use family::adopt::config::Adopt;
 /// Batched matrix products on the device (Muon's Newton-Schulz kernels), for a caller's own use.
 pub use gpu::matmul;

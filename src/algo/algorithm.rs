@@ -6,6 +6,7 @@ use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
 use crate::AdEMAMix;
 use crate::Adafactor;
+use crate::Adan;
 use crate::Adopt;
 use crate::Lamb;
 use crate::Lion;
@@ -224,6 +225,8 @@ algorithms! {
     Lamb(Lamb),
     /// ADOPT (the official `adopt.ADOPT`).
     Adopt(Adopt),
+    /// Adan (the official `adan.Adan`).
+    Adan(Adan),
 }
 
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
@@ -257,6 +260,10 @@ pub enum StateKind {
     ColVar,
     /// Adafactor's unfactored second moment of a vector.
     Variance,
+    /// Adan's moment of gradient differences.
+    ExpAvgDiff,
+    /// Adan's negated previous gradient, from which the next step's difference is formed.
+    NegPreGrad,
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
@@ -279,6 +286,8 @@ impl StateKind {
             StateKind::RowVar => "row_var",
             StateKind::ColVar => "col_var",
             StateKind::Variance => "variance",
+            StateKind::ExpAvgDiff => "exp_avg_diff",
+            StateKind::NegPreGrad => "neg_pre_grad",
             StateKind::KahanCompensation => "kahan_comp",
         }
     }

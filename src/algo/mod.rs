@@ -20,6 +20,7 @@
 //! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
 //! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
 //! | official `ADOPT` | 1e-6 | a floor: `g / max(sqrt(v), eps)` | step 1 only sets `v`; the clip bound is `(t - 1)^q` |
+//! | official `Adan` | 1e-8 | after dividing `sqrt(n)` by `sqrt(1 - beta3^t)` | from 1; step 1's difference is 0 |
 
 use crate::family::adafactor::config as adafactor;
 use crate::family::adagrad::config as adagrad;

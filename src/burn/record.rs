@@ -225,7 +225,7 @@ pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding
 
 /// Every state kind a parameter may keep, for the front ends that look a parameter's states
 /// up by kind (its algorithm's, Adafactor's shape-dependent ones, the Kahan compensation).
-pub(crate) const ALL_KINDS: [StateKind; 13] = [
+pub(crate) const ALL_KINDS: [StateKind; 15] = [
     StateKind::ExpAvg,
     StateKind::ExpAvgSq,
     StateKind::MaxExpAvgSq,
@@ -235,6 +235,8 @@ pub(crate) const ALL_KINDS: [StateKind; 13] = [
     StateKind::SquareAvg,
     StateKind::GradAvg,
     StateKind::ExpAvgSlow,
+    StateKind::ExpAvgDiff,
+    StateKind::NegPreGrad,
     StateKind::KahanCompensation,
     StateKind::RowVar,
     StateKind::ColVar,

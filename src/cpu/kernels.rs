@@ -14,8 +14,8 @@ use super::convert::bf16_bits;
 use super::q8;
 use crate::step::KernelStep;
 
-/// The most state tensors any family keeps (AMSGrad's three).
-pub(crate) const MAX_STATE: usize = 3;
+/// The most state tensors any family keeps (Adan's four).
+pub(crate) const MAX_STATE: usize = 4;
 
 /// A storage type the loops read and write directly: f32, or bf16, whose conversions are
 /// integer operations the compiler vectorizes with the update, so a bf16 step is one pass

@@ -106,7 +106,7 @@ fn moments(hp: &LambUniform, mut job: Job<'_>) -> [f64; 2] {
 
 /// The pass on operands all stored as `E`, where they lie; `None` where they are not.
 fn direct<E: Element + HostElement>(hp: &LambUniform, decay: bool, job: &mut Job<'_>) -> Option<[f64; 2]> {
-    let [m, v, _] = &mut job.state;
+    let [m, v, ..] = &mut job.state;
     let (p, g) = (E::of(job.param.as_slice())?, E::of(job.grad)?);
     let (m, v) = (E::of_mut(m)?, E::of_mut(v)?);
     let mut total = [0f64; 2];
@@ -181,7 +181,7 @@ fn blocked(hp: &LambUniform, decay: bool, job: Job<'_>) -> [f64; 2] {
         let (p, g, m, v) = (&mut p[..n], &mut g[..n], &mut m[..n], &mut v[..n]);
         widen(part.param.as_slice(), p);
         widen(part.grad, g);
-        let [ms, vs, _] = &mut part.state;
+        let [ms, vs, ..] = &mut part.state;
         widen(ms.as_slice(), m);
         widen(vs.as_slice(), v);
         // Updates m and v in f32; its sums are of the unrounded moments, so not used.

@@ -158,7 +158,7 @@ pub(super) fn run<'a>(
 fn run_job(kernel: &Kernel, block_size: usize, job: Job<'_>) {
     let Job { param, grad, mut slots } = job;
     if !slots.iter().any(|s| matches!(s, Slot::Q4 { .. })) {
-        let mut state: [&mut [f32]; MAX_STATE] = [&mut [], &mut [], &mut []];
+        let mut state: [&mut [f32]; MAX_STATE] = Default::default();
         for (slot, out) in slots.iter_mut().zip(state.iter_mut()) {
             if let Slot::F32(values) = slot {
                 *out = values;
@@ -176,7 +176,7 @@ fn run_job(kernel: &Kernel, block_size: usize, job: Job<'_>) {
         // A job is whole blocks, so a group is too, its last one included.
         let (n, first_block) = (param.len(), g * GROUP / block_size);
         let bytes = g * GROUP / 2..g * GROUP / 2 + n / 2;
-        let mut state: [&mut [f32]; MAX_STATE] = [&mut [], &mut [], &mut []];
+        let mut state: [&mut [f32]; MAX_STATE] = Default::default();
         for (((slot, codec), out), scratch) in
             slots.iter_mut().zip(&codecs).zip(state.iter_mut()).zip(scratch.iter_mut())
         {

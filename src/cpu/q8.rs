@@ -14,7 +14,7 @@ mod fused;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 
-use super::kernels::{Kernel, Operands, Q8};
+use super::kernels::{Kernel, Operands, MAX_STATE, Q8};
 use super::magnitude_key::{key as absmax_key, largest_finite, NO_KEY};
 use crate::q8::lut::CodeTable;
 use crate::q8::{StoredState, BLOCK_SIZE};
@@ -254,7 +254,7 @@ fn update_block(
 ) {
     let (n, at) = (param.len(), b * BLOCK_SIZE);
     let mut scratch_slices = scratch.iter_mut().map(|s| &mut s[..n]);
-    let mut state: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
+    let mut state: [&mut [f32]; MAX_STATE] = Default::default();
     for (slot, out) in slots.iter_mut().zip(state.iter_mut()) {
         match slot {
             Slot::Q8 { codes, absmax, table } => {

@@ -62,16 +62,16 @@ impl<'a> Job<'a> {
     pub(super) fn split_at(self, mid: usize) -> (Self, Self) {
         let (param, param_rest) = self.param.split_at(mid);
         let (grad, grad_rest) = self.grad.split_at(mid);
-        let [(s0, r0), (s1, r1), (s2, r2)] = self.state.map(|s| s.split_at(mid));
+        let [(s0, r0), (s1, r1), (s2, r2), (s3, r3)] = self.state.map(|s| s.split_at(mid));
         let (compensation, compensation_rest) = self.compensation.split_at(mid);
         let (ordinal, first) = (self.ordinal, self.first);
         let rest_first = first + mid.min(param.len()) as u64;
         (
-            Job { param, grad, state: [s0, s1, s2], compensation, ordinal, first },
+            Job { param, grad, state: [s0, s1, s2, s3], compensation, ordinal, first },
             Job {
                 param: param_rest,
                 grad: grad_rest,
-                state: [r0, r1, r2],
+                state: [r0, r1, r2, r3],
                 compensation: compensation_rest,
                 ordinal,
                 first: rest_first,
@@ -152,9 +152,9 @@ impl Scratch {
         let mut rest = job;
         while !rest.is_empty() {
             let (mut block, tail) = rest.split_at(BLOCK);
-            let [s0, s1, s2] = &mut self.state;
-            let [b0, b1, b2] = &mut block.state;
-            let [n0, n1, n2] = &tail.state;
+            let [s0, s1, s2, s3] = &mut self.state;
+            let [b0, b1, b2, b3] = &mut block.state;
+            let [n0, n1, n2, n3] = &tail.state;
             let operands = Operands {
                 param: load(&mut block.param, tail.param.as_slice(), &mut self.param),
                 grad: load_grad(block.grad, tail.grad, &mut self.grad),
@@ -162,6 +162,7 @@ impl Scratch {
                     load(b0, n0.as_slice(), s0),
                     load(b1, n1.as_slice(), s1),
                     load(b2, n2.as_slice(), s2),
+                    load(b3, n3.as_slice(), s3),
                 ],
             };
             kernel.run::<f32>(operands);

@@ -4,6 +4,7 @@
 pub(crate) mod adafactor;
 pub(crate) mod adagrad;
 pub(crate) mod adam;
+pub(crate) mod adan;
 pub(crate) mod ademamix;
 pub(crate) mod adopt;
 pub(crate) mod lamb;

@@ -346,9 +346,23 @@ mod tests {
             DType::F32,
             widest_layout(unscale, Storage::Native(DType::F32), false, false),
         ));
+        // Capturable Adan with master weights or Kahan compensation binds nine (its four
+        // states, and the device state and learning rate): a device with the default limits
+        // refuses it when the optimizer binds it (`Error::TooManyBindings`).
+        let needed =
+            |key: &VariantKey| key.layout.bindings.len() as u32 + key.scalars.storage_bindings(key.clip);
+        let capturable_adan = |key: &VariantKey| {
+            matches!(key.program, Program::Update(Switches::Adan(_))) && key.scalars == Scalars::Device
+        };
+        let (beyond, keys): (Vec<VariantKey>, Vec<VariantKey>) =
+            keys.into_iter().partition(|key| capturable_adan(key) && needed(key) > limit);
+        assert!(!beyond.is_empty());
+        for key in &beyond {
+            assert_eq!(needed(key), limit + 1, "{key:?}");
+        }
         let mut widest = 0;
         for key in &keys {
-            let needed = key.layout.bindings.len() as u32 + key.scalars.storage_bindings(key.clip);
+            let needed = needed(key);
             assert!(needed <= limit, "{key:?} binds {needed} storage buffers");
             widest = widest.max(needed);
             ctx.inner.pipelines.get(&ctx, key).unwrap_or_else(|e| panic!("{key:?}: {e:#}"));

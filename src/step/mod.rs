@@ -20,6 +20,7 @@ pub(crate) mod rounding;
 use crate::family::adafactor::contract as adafactor;
 use crate::family::adagrad::contract as adagrad;
 use crate::family::adam::contract as adam;
+use crate::family::adan::contract as adan;
 use crate::family::ademamix::contract as ademamix;
 use crate::family::adopt::contract as adopt;
 use crate::family::lamb::contract as lamb;
@@ -32,6 +33,7 @@ use crate::family::schedule_free::contract as schedule_free;
 pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform64};
 pub(crate) use adagrad::{AdagradSwitches, AdagradUniform64};
 pub(crate) use adam::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
+pub(crate) use adan::{AdanSwitches, AdanUniform64};
 pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform64};
 pub(crate) use adopt::{AdoptSwitches, AdoptUniform64};
 pub(crate) use fields::Override;
@@ -45,9 +47,10 @@ pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform64};
 // bytes `KernelStep::write_uniform` makes).
 #[cfg_attr(not(any(feature = "cpu", test)), allow(unused_imports))]
 pub(crate) use {
-    adafactor::AdafactorUniform, adagrad::AdagradUniform, adam::AdamUniform, ademamix::AdemamixUniform,
-    adopt::AdoptUniform, lamb::LambUniform, lion::LionUniform, momentum::MomentumUniform, muon::MuonUniform,
-    rmsprop::RmsPropUniform, schedule_free::ScheduleFreeUniform,
+    adafactor::AdafactorUniform, adagrad::AdagradUniform, adam::AdamUniform, adan::AdanUniform,
+    ademamix::AdemamixUniform, adopt::AdoptUniform, lamb::LambUniform, lion::LionUniform,
+    momentum::MomentumUniform, muon::MuonUniform, rmsprop::RmsPropUniform,
+    schedule_free::ScheduleFreeUniform,
 };
 
 use crate::{DType, StateKind};
@@ -262,6 +265,8 @@ families! {
     Lamb => lamb,
     /// ADOPT (the official `adopt.ADOPT`).
     Adopt => adopt,
+    /// Adan (the official `adan.Adan`).
+    Adan => adan,
 }
 
 /// A tensor role in a kernel: what `load_<slot>`/`store_<slot>` read and write.

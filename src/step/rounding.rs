@@ -203,6 +203,8 @@ pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
         Some(StateKind::SquareAvg) => 8,
         Some(StateKind::GradAvg) => 9,
         Some(StateKind::ExpAvgSlow) => 10,
+        Some(StateKind::ExpAvgDiff) => 11,
+        Some(StateKind::NegPreGrad) => 12,
         // Adafactor's states are kept in f32 (never rounded); numbered apart all the same.
         Some(StateKind::RowVar) => 20,
         Some(StateKind::ColVar) => 21,

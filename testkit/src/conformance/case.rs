@@ -180,7 +180,7 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
 /// The ops of [`SUPPORTED`] that the crate does not implement yet: their cases run on the
 /// oracle only, which checks the oracle against the independent source until the crate
 /// has them, and the runners say so on every case.
-const ORACLE_ONLY: &[&str] = &["adan.Adan"];
+const ORACLE_ONLY: &[&str] = &[];
 
 impl Case {
     /// Reads a case file and refuses what this reader does not implement: a malformed

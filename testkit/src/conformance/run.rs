@@ -62,7 +62,7 @@ impl Backend {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
         }
         let cpu_trajectory =
-            ["torch.", "bnb.", "lion.", "adopt."].iter().any(|source| case.op.starts_with(source));
+            ["torch.", "bnb.", "lion.", "adopt.", "adan."].iter().any(|source| case.op.starts_with(source));
         if case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
@@ -167,7 +167,7 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
             ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
         }
         ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
-        ("adan.Adan", Kind::Trajectory) => super::adan::oracle_trajectory(case)?,
+        ("adan.Adan", Kind::Trajectory) => super::adan::trajectory(case, backend, ctx).await?,
         ("adopt.ADOPT", Kind::Trajectory) => super::adopt::trajectory(case, backend, ctx).await?,
         (op, kind) => {
             return Err(

@@ -176,6 +176,22 @@ impl AdanOracle {
     }
 }
 
+impl From<&super::api::Adan> for AdanHyperparameters {
+    /// The crate's configuration under the official names.
+    fn from(c: &super::api::Adan) -> Self {
+        AdanHyperparameters {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            beta3: c.beta3,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+            max_grad_norm: c.max_grad_norm,
+            no_prox: c.no_prox,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

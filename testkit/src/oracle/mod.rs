@@ -5,9 +5,9 @@
 //! It sees wgpu-optim's public API only (the configurations it reads, [`StoredState`] for
 //! 8-bit state) and computes everything else itself: the bitsandbytes maps and
 //! quantization ([`bnb`]), the rounding of stores to a dtype ([`dtype`]), so that it does not
-//! share the code it checks. Families the crate does not implement ([`adan`]), or did not when
-//! their oracle was written ([`adopt`]), bring their own hyperparameters, under their sources'
-//! names and defaults.
+//! share the code it checks. Families the crate did not implement when their oracle was
+//! written ([`adan`], [`adopt`]) bring their own hyperparameters, under their sources' names
+//! and defaults.
 //!
 //! wgpu-optim's own unit tests reach it as a dev-dependency, through the testkit's build of
 //! the library ([`crate::library`]), converting their values into its types.

@@ -1,6 +1,7 @@
 //! PyTorch's optimizers (`_single_tensor_adam`, `_single_tensor_sgd`, `_single_tensor_adagrad`)
 //! and `clip_grad_norm_`, in f64.
 
+use super::adan::AdanOracle;
 use super::ademamix::ademamix_step;
 use super::adopt::{adopt_step, AdoptHyperparameters};
 use super::api::{Adagrad, Adam, Algorithm, DType, GradClip, NormType, Sgd};
@@ -143,6 +144,8 @@ pub struct TorchState {
     rmsprop: TorchRmsPropState,
     /// AdEMAMix's slow EMA (its fast one and `nu` live in `adam`).
     exp_avg_slow: Vec<f64>,
+    /// Adan's group of this one parameter (its four states under the official names).
+    adan: Option<AdanOracle>,
     step: u64,
     param_dtype: DType,
     state_dtype: DType,
@@ -157,7 +160,7 @@ impl TorchState {
             Algorithm::Sgd(_) => (false, 0.0),
             Algorithm::Lion(_) => (false, 0.0),
             Algorithm::RmsProp(_) => (false, 0.0),
-            Algorithm::AdEMAMix(_) | Algorithm::Adopt(_) => (false, 0.0),
+            Algorithm::AdEMAMix(_) | Algorithm::Adopt(_) | Algorithm::Adan(_) => (false, 0.0),
             other => untranscribed(&other),
         };
         TorchState {
@@ -170,6 +173,10 @@ impl TorchState {
                 _ => TorchRmsPropState::default(),
             },
             exp_avg_slow: vec![0.0; len],
+            adan: match algorithm {
+                Algorithm::Adan(c) => Some(AdanOracle::new((&c).into(), 1)),
+                _ => None,
+            },
             step: 0,
             param_dtype: DType::F64,
             state_dtype: DType::F64,
@@ -208,6 +215,15 @@ impl TorchState {
             Algorithm::Adopt(_) => {
                 state.adam.exp_avg = values.next().unwrap_or_default();
                 state.adam.exp_avg_sq = values.next().unwrap_or_default();
+            }
+            Algorithm::Adan(_) => {
+                if let Some(adan) = state.adan.as_mut() {
+                    adan.step = step;
+                    for tensor in [&mut adan.exp_avg, &mut adan.exp_avg_sq, &mut adan.exp_avg_diff] {
+                        tensor[0] = values.next().unwrap_or_default();
+                    }
+                    adan.neg_pre_grad[0] = values.next().unwrap_or_default();
+                }
             }
             other => untranscribed(&other),
         }
@@ -249,6 +265,13 @@ impl TorchState {
                 let unrounded = (DType::F64, DType::F64);
                 adopt_step(&AdoptHyperparameters::from(c), self.step - 1, param, grad, m, v, unrounded)
             }
+            Algorithm::Adan(c) => {
+                let adan = self.adan.get_or_insert_with(|| AdanOracle::new(c.into(), 1));
+                adan.config = c.into();
+                let mut params = [param.to_vec()];
+                adan.step(&mut params, &[grad.to_vec()]);
+                param.copy_from_slice(&params[0]);
+            }
             other => untranscribed(other),
         }
         let (p, s) = (self.param_dtype, self.state_dtype);
@@ -257,7 +280,11 @@ impl TorchState {
             [&mut self.adam.exp_avg, &mut self.adam.exp_avg_sq, &mut self.adam.max_exp_avg_sq, &mut self.sum];
         let rmsprop = self.rmsprop.tensors_mut();
         let slow = std::iter::once(&mut self.exp_avg_slow);
-        for tensor in state.into_iter().chain(slow).chain(self.momentum_buffer.as_mut()).chain(rmsprop) {
+        let adan = self.adan.iter_mut().flat_map(|a| {
+            [&mut a.exp_avg[0], &mut a.exp_avg_sq[0], &mut a.exp_avg_diff[0], &mut a.neg_pre_grad[0]]
+        });
+        let tensors = state.into_iter().chain(slow).chain(self.momentum_buffer.as_mut()).chain(rmsprop);
+        for tensor in tensors.chain(adan) {
             tensor.iter_mut().for_each(|x| *x = round(s, *x));
         }
     }
@@ -283,6 +310,14 @@ impl TorchState {
                 vec![self.adam.exp_avg.clone(), self.exp_avg_slow.clone(), self.adam.exp_avg_sq.clone()]
             }
             Algorithm::Adopt(_) => vec![self.adam.exp_avg.clone(), self.adam.exp_avg_sq.clone()],
+            Algorithm::Adan(_) => self.adan.as_ref().map_or_else(Vec::new, |a| {
+                vec![
+                    a.exp_avg[0].clone(),
+                    a.exp_avg_sq[0].clone(),
+                    a.exp_avg_diff[0].clone(),
+                    a.neg_pre_grad[0].clone(),
+                ]
+            }),
             other => untranscribed(other),
         }
     }

@@ -1,0 +1,447 @@
+//! Adan (the official `adan.Adan`) on the GPU and the CPU backend against the f64 oracle:
+//! f32 trajectories (proximal and `no_prox` decay, other betas), 16-bit storage and state
+//! dtypes other than the parameter's, master weights, two groups, capturable mode (the bias
+//! corrections and the first step from the device's step), the optimizer's global clipping,
+//! stochastic and Kahan rounding, the first step's zero difference, NaN gradients,
+//! checkpoints, refusals (Adan's own `max_grad_norm`, 8-bit and 4-bit state). The public
+//! vectors (`adan_plain`, `adan_wd_prox`) run in `tests/conformance.rs`.
+
+mod common;
+#[path = "family/mod.rs"]
+mod family;
+
+use common::{assert_close, ctx, download, Rng, Tolerance};
+use family::{host, slices, slices_mut, SIZES};
+use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
+use wgpu_optim::{Adam, Adan, Algorithm, DType, Error, Optimizer, StateKind, Tensor};
+use wgpu_optim_testkit::oracle::TorchState;
+
+fn plain() -> Algorithm {
+    Adan { lr: 1e-2, ..Adan::default() }.into()
+}
+
+/// The proximal decay (the default) with other betas and eps.
+fn proximal() -> Algorithm {
+    Adan { lr: 3e-3, beta1: 0.9, beta2: 0.7, beta3: 0.999, eps: 1e-6, weight_decay: 0.5, ..Adan::default() }
+        .into()
+}
+
+/// The decay before the update (`no_prox`).
+fn no_prox() -> Algorithm {
+    Adan { lr: 2e-3, weight_decay: 0.25, no_prox: true, ..Adan::default() }.into()
+}
+
+#[test]
+fn defaults_and_state_are_the_official_ones() {
+    let d = Adan::default();
+    assert_eq!((d.lr, d.beta1, d.beta2, d.beta3, d.eps), (1e-3, 0.98, 0.92, 0.99, 1e-8));
+    assert_eq!((d.weight_decay, d.max_grad_norm, d.no_prox), (0.0, 0.0, false));
+    let a: Algorithm = d.into();
+    assert_eq!(a.name(), "Adan");
+    let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::ExpAvgDiff, StateKind::NegPreGrad];
+    assert_eq!(a.state_kinds(), &kinds);
+    let names: Vec<&str> = kinds.iter().map(|k| k.torch_name()).collect();
+    assert_eq!(names, ["exp_avg", "exp_avg_sq", "exp_avg_diff", "neg_pre_grad"]);
+}
+
+#[test]
+fn f32_trajectories_follow_the_oracle_on_the_gpu_and_the_cpu() {
+    family::f32_trajectories_follow_the_oracle(plain(), 12, 1);
+    family::f32_trajectories_follow_the_oracle(proximal(), 12, 2);
+    family::f32_trajectories_follow_the_oracle(no_prox(), 12, 3);
+}
+
+#[test]
+fn sixteen_bit_storage_and_other_state_dtypes_match_the_oracle_natively() {
+    let ctx = ctx().with_packed_f16(false);
+    // Only GL may lack SHADER_F16; its run leaves the native path to the Vulkan run.
+    if !common::has_feature_unless_gl(&ctx, wgpu::Features::SHADER_F16, "SHADER_F16") {
+        return;
+    }
+    family::mixes_match_the_oracle_step_by_step(&ctx, proximal(), &family::no_ties, 6, 10);
+}
+
+#[test]
+fn sixteen_bit_storage_and_other_state_dtypes_match_the_oracle_packed() {
+    let ctx = ctx().with_packed_f16(true);
+    family::mixes_match_the_oracle_step_by_step(&ctx, no_prox(), &family::no_ties, 6, 20);
+}
+
+#[test]
+fn master_weights_follow_the_oracle_and_round_the_model_copy_once() {
+    family::master_weights_follow_the_oracle(proximal(), 30);
+}
+
+#[test]
+fn two_groups_keep_their_own_hyperparameters() {
+    family::two_groups_follow_their_own_oracles(plain(), no_prox(), 40);
+}
+
+#[test]
+fn capturable_mode_takes_the_bias_corrections_and_the_first_step_from_the_device() {
+    // The bias corrections are f32 on the device (the host's are f64).
+    let tolerance = Tolerance::Close { rtol: 1e-5, atol: 1e-6 };
+    let schedule = |t: u64| 1e-2 / (1.0 + 0.1 * t as f64);
+    family::capturable_follows_the_oracle(proximal(), 0, 8, schedule, tolerance, 50);
+    family::capturable_follows_the_oracle(no_prox(), 0, 5, |_| 1e-2, tolerance, 51);
+    // From a later step: the first step's flag comes from the device's step, not the host's.
+    family::capturable_follows_the_oracle(plain(), 3, 3, |_| 1e-3, tolerance, 52);
+}
+
+#[test]
+fn global_clipping_scales_the_gradients_before_the_update() {
+    family::clipped_steps_follow_the_oracle(proximal(), 60);
+    family::clipped_steps_follow_the_oracle(no_prox(), 61);
+}
+
+#[test]
+fn stochastic_and_kahan_rounding_store_the_same_bits_on_the_gpu_and_the_cpu() {
+    let adan: Algorithm = Adan { lr: 1.0 / 8192.0, weight_decay: 0.5, ..Adan::default() }.into();
+    let mut rng = Rng::new(70);
+    let sizes = [300usize, 7];
+    let start: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> =
+        (0..24).map(|_| sizes.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+    family::rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(adan, &start, &grads);
+}
+
+/// `steps` steps of `algorithm` with `grads` on both backends from `start` (f32): the
+/// parameters and each state, GPU then CPU.
+fn run_both(algorithm: Algorithm, start: &[f64], grads: &[Vec<f64>]) -> [(Vec<f64>, Vec<Vec<f64>>); 2] {
+    let ctx = ctx();
+    let param = ctx.upload("param", start, DType::F32);
+    let mut gpu = Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
+    let mut cpu_params = vec![host(start, DType::F32)];
+    let mut cpu = CpuOptimizer::builder().build(algorithm, &slices(&cpu_params)).unwrap();
+    for g in grads {
+        gpu.step(&[ctx.upload("grad", g, DType::F32)]).unwrap();
+        cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(g, DType::F32)])).unwrap();
+    }
+    let kinds = algorithm.state_kinds();
+    let gpu_state = kinds.iter().map(|k| download(&ctx, gpu.state(0, *k).unwrap())).collect();
+    let cpu_state = kinds.iter().map(|k| cpu.state(0, *k).unwrap().to_f64()).collect();
+    [(download(&ctx, &param), gpu_state), (cpu_params[0].to_f64(), cpu_state)]
+}
+
+#[test]
+fn the_first_difference_is_zero_and_neg_pre_grad_is_minus_the_gradient_on_both_backends() {
+    let mut rng = Rng::new(90);
+    let start = rng.vec(257, 1.0);
+    let g: Vec<f64> = rng.vec(257, 1.0).iter().map(|g| f64::from(*g as f32)).collect();
+    let second: Vec<f64> = rng.vec(257, 1.0).iter().map(|g| f64::from(*g as f32)).collect();
+    for config in [proximal(), no_prox()] {
+        let mut want = start.clone();
+        let mut oracle = TorchState::new(config, start.len());
+        oracle.step(&mut want, &g);
+        let minus_g: Vec<f64> = g.iter().map(|g| -g).collect();
+        let [gpu, cpu] = run_both(config, &start, std::slice::from_ref(&g));
+        for (backend, (param, state)) in [("GPU", gpu), ("CPU", cpu)] {
+            let what = format!("{backend} {config:?}");
+            assert_close(&what, &param, &want, Tolerance::F32);
+            assert!(state[2].iter().all(|v| *v == 0.0), "{what}: exp_avg_diff moved on the first step");
+            assert_eq!(state[3], minus_g, "{what}: neg_pre_grad");
+        }
+        // The second step's difference is the gradients' difference.
+        let mut want = start.clone();
+        let mut oracle = TorchState::new(config, start.len());
+        oracle.step(&mut want, &g);
+        oracle.step(&mut want, &second);
+        let [gpu, cpu] = run_both(config, &start, &[g.clone(), second.clone()]);
+        for (backend, (param, state)) in [("GPU", gpu), ("CPU", cpu)] {
+            let what = format!("{backend} {config:?} step 2");
+            assert_close(&what, &param, &want, Tolerance::F32);
+            for (k, (got, want)) in state.iter().zip(oracle.tensors()).enumerate() {
+                assert_close(&format!("{what} state {k}"), got, &want, Tolerance::F32);
+            }
+        }
+    }
+}
+
+/// As the official code: a NaN gradient makes its element's moments NaN for good (and its
+/// parameter), and the next step's difference too; the other elements stay finite.
+#[test]
+fn a_nan_gradient_spoils_its_element_as_in_the_official_code() {
+    let mut rng = Rng::new(91);
+    let n = 300;
+    let start = rng.vec(n, 1.0);
+    let (nan_first, nan_later) = (5usize, 200usize);
+    let grads: Vec<Vec<f64>> = (0..4)
+        .map(|k| {
+            let mut g = rng.vec(n, 1.0);
+            if k == 0 {
+                g[nan_first] = f64::NAN;
+            }
+            if k == 2 {
+                g[nan_later] = f64::NAN;
+            }
+            g
+        })
+        .collect();
+    for config in [plain(), proximal()] {
+        let mut want = start.clone();
+        let mut oracle = TorchState::new(config, n);
+        for g in &grads {
+            oracle.step(&mut want, g);
+        }
+        assert!(want[nan_first].is_nan() && want[nan_later].is_nan());
+        assert_eq!(want.iter().filter(|p| p.is_nan()).count(), 2, "{config:?}: the oracle");
+        for (backend, (param, state)) in ["GPU", "CPU"].into_iter().zip(run_both(config, &start, &grads)) {
+            let what = format!("{backend} {config:?}");
+            assert_close(&what, &param, &want, Tolerance::F32);
+            for (kind, (got, want)) in config.state_kinds().iter().zip(state.iter().zip(oracle.tensors())) {
+                assert_close(&format!("{what} {kind:?}"), got, &want, Tolerance::F32);
+            }
+        }
+    }
+}
+
+/// Saving after `saved_after` steps and loading into a fresh optimizer continues the very
+/// trajectory of an uninterrupted run, bit for bit, on each backend. Saving after the first
+/// step checks that the step count and `neg_pre_grad` come back (the next step is not a
+/// first step).
+#[test]
+fn a_loaded_checkpoint_continues_the_same_trajectory_on_both_backends() {
+    let ctx = ctx();
+    let mut rng = Rng::new(92);
+    let start: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads: Vec<Vec<Vec<f64>>> =
+        (0..5).map(|_| SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+    for algorithm in [proximal(), no_prox()] {
+        for saved_after in [1, 3] {
+            let gpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
+                let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+                let mut opt = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
+                for (k, g) in grads.iter().enumerate() {
+                    if interrupt && k == saved_after {
+                        let bytes = opt.save_to_bytes().unwrap();
+                        opt = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
+                        opt.load_from_bytes(&bytes).unwrap();
+                        assert_eq!(opt.step_count(), saved_after as u64);
+                    }
+                    let g: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+                    opt.step(&g).unwrap();
+                }
+                let kinds = algorithm.state_kinds();
+                let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
+                let states: Vec<Vec<f64>> =
+                    states.map(|(i, k)| download(&ctx, opt.state(i, k).unwrap())).collect();
+                params.iter().map(|p| download(&ctx, p)).chain(states).collect()
+            };
+            let cpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
+                let mut params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
+                let mut opt = CpuOptimizer::builder().build(algorithm, &slices(&params)).unwrap();
+                for (k, g) in grads.iter().enumerate() {
+                    if interrupt && k == saved_after {
+                        let bytes = opt.save_to_bytes().unwrap();
+                        opt = CpuOptimizer::builder().build(algorithm, &slices(&params)).unwrap();
+                        opt.load_from_bytes(&bytes).unwrap();
+                        assert_eq!(opt.step_count(), saved_after as u64);
+                    }
+                    let g: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+                    opt.step(&mut slices_mut(&mut params), &slices(&g)).unwrap();
+                }
+                let kinds = algorithm.state_kinds();
+                let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
+                let states: Vec<Vec<f64>> = states.map(|(i, k)| opt.state(i, k).unwrap().to_f64()).collect();
+                params.iter().map(HostTensor::to_f64).chain(states).collect()
+            };
+            for (backend, resumed, whole) in
+                [("GPU", gpu_run(true), gpu_run(false)), ("CPU", cpu_run(true), cpu_run(false))]
+            {
+                for (k, (got, want)) in resumed.iter().zip(&whole).enumerate() {
+                    let what = format!("{backend} {algorithm:?} saved after {saved_after}: tensor {k}");
+                    family::assert_bits_eq(&what, got, want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gpu_checkpoint_continues_on_the_cpu_backend() {
+    family::a_gpu_checkpoint_continues_on_the_cpu(proximal(), 80);
+    family::a_gpu_checkpoint_continues_on_the_cpu(no_prox(), 81);
+}
+
+#[test]
+fn a_checkpoint_of_adan_does_not_load_into_adam_and_adam_not_into_adan() {
+    family::a_checkpoint_of_another_algorithm_is_refused(proximal(), Adam::default().into());
+    family::a_checkpoint_of_another_algorithm_is_refused(Adam::adamw().into(), plain());
+}
+
+#[test]
+fn the_checkpoint_json_keeps_the_official_names() {
+    family::json_round_trips(plain());
+    family::json_round_trips(proximal());
+    family::json_round_trips(no_prox());
+    let json = proximal().to_json();
+    assert_eq!(json["optimizer"], serde_json::json!("Adan"));
+    assert_eq!(json["betas"], serde_json::json!([0.9, 0.7, 0.999]));
+    assert_eq!(json["no_prox"], serde_json::json!(false));
+    assert_eq!(json["max_grad_norm"], serde_json::json!(0.0));
+    assert_eq!(no_prox().to_json()["no_prox"], serde_json::json!(true));
+    let mut two_betas = json.clone();
+    two_betas.insert("betas".into(), serde_json::json!([0.9, 0.7]));
+    assert!(matches!(Algorithm::from_json(&two_betas), Err(Error::BadJson { .. })));
+}
+
+#[test]
+fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
+    let good = proximal();
+    let d = Adan::default();
+    let cases: [(Adan, &str); 9] = [
+        (Adan { lr: -1e-3, ..d }, "lr"),
+        (Adan { lr: f64::NAN, ..d }, "lr"),
+        (Adan { eps: -1e-8, ..d }, "eps"),
+        (Adan { beta1: 1.0, ..d }, "beta1"),
+        (Adan { beta2: -0.1, ..d }, "beta2"),
+        (Adan { beta3: 1.0, ..d }, "beta3"),
+        (Adan { weight_decay: -0.1, ..d }, "weight_decay"),
+        (Adan { max_grad_norm: 1.0, ..d }, "max_grad_norm"),
+        (Adan { max_grad_norm: f64::NAN, ..d }, "max_grad_norm"),
+    ];
+    for (bad, name) in cases {
+        family::a_bad_hyperparameter_is_refused_by_name(good, bad.into(), name);
+    }
+}
+
+/// Adan's own clipping adds its `eps` to the global norm where `grad_clip` adds 1e-6: it is
+/// refused, and the refusal names the option that clips instead.
+#[test]
+fn adans_own_clipping_is_refused_in_favour_of_grad_clip() {
+    let clipped = Adan { max_grad_norm: 1.0, ..Adan::default() };
+    match Algorithm::from(clipped).validate() {
+        Err(Error::BadHyperparameter { name: "max_grad_norm", expected, .. }) => {
+            assert!(expected.contains("grad_clip") && expected.contains("1e-6"), "{expected}");
+        }
+        other => panic!("expected BadHyperparameter for max_grad_norm, got {other:?}"),
+    }
+    let ctx = ctx();
+    let param = ctx.upload("param", &[0.5; 64], DType::F32);
+    let gpu = Optimizer::builder().build(&ctx, clipped, std::slice::from_ref(&param));
+    assert!(matches!(gpu, Err(Error::BadHyperparameter { name: "max_grad_norm", .. })));
+    let cpu_param = host(&[0.5; 64], DType::F32);
+    let cpu = CpuOptimizer::builder().build(clipped, &[cpu_param.as_slice()]);
+    assert!(matches!(cpu, Err(Error::BadHyperparameter { name: "max_grad_norm", .. })));
+}
+
+#[test]
+fn low_bit_state_is_refused() {
+    use wgpu_optim::q4::Q4States;
+    use wgpu_optim::q8::Q8States;
+    let ctx = ctx();
+    let values = vec![0.5; 4096];
+    let param = ctx.upload("param", &values, DType::F32);
+    let cpu_param = host(&values, DType::F32);
+    let refused = |err: Error, option: &str, backend: &str, reason_names: &str| match err {
+        Error::ConflictingOptions { first, second: "algorithm", reason } if first == option => {
+            assert!(reason.contains(reason_names), "{backend} {option}: {reason}");
+        }
+        other => panic!("{backend} {option}: expected ConflictingOptions, got {other:?}"),
+    };
+    let gpu = Optimizer::builder().q8_states(Q8States::default());
+    refused(
+        gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
+        "q8_states",
+        "GPU",
+        "Adan",
+    );
+    let cpu = CpuOptimizer::builder().q8_states(Q8States::default());
+    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "q8_states", "CPU", "Adan");
+    let gpu = Optimizer::builder().q4_states(Q4States::default());
+    refused(
+        gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
+        "q4_states",
+        "GPU",
+        "Adam",
+    );
+    let cpu = CpuOptimizer::builder().q4_states(Q4States::default());
+    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "q4_states", "CPU", "Adam");
+}
+
+/// Burn's drop-in optimizers run Adan through the generic path (its two new states travel in
+/// the fused state under their official names).
+#[cfg(feature = "burn")]
+mod burn_steps {
+    use burn::module::{Module, Param};
+    use burn::optim::GradientsParams;
+    use burn::tensor::{Device, Tensor, TensorData};
+    use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
+    use wgpu_optim::Algorithm;
+    use wgpu_optim_testkit::oracle::TorchState;
+
+    use crate::common::{assert_close, Rng, Tolerance};
+
+    #[derive(Module, Debug)]
+    struct Params {
+        params: Vec<Param<Tensor<1>>>,
+    }
+
+    fn tensor(values: &[f64], device: &Device) -> Tensor<1> {
+        let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+        Tensor::from_data(TensorData::new(data, [values.len()]), device)
+    }
+
+    impl Params {
+        fn new(values: &[Vec<f64>], device: &Device) -> Self {
+            Params { params: values.iter().map(|v| Param::from_tensor(tensor(v, device))).collect() }
+        }
+
+        fn grads(&self, grads: &[Vec<f64>], device: &Device) -> GradientsParams {
+            let mut out = GradientsParams::new();
+            for (p, g) in self.params.iter().zip(grads) {
+                out.register(p.id, tensor(g, device));
+            }
+            out
+        }
+
+        fn values(&self) -> Vec<Vec<f64>> {
+            self.params
+                .iter()
+                .map(|p| {
+                    p.val().into_data().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_fused_optimizer_and_the_module_step_follow_the_oracle() {
+        let shared =
+            SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"));
+        let device = shared.device().clone().autodiff();
+        let algorithm: Algorithm = super::proximal();
+        let mut rng = Rng::new(90);
+        let lens = [1000usize, 37];
+        let initial: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+        let grads: Vec<Vec<Vec<f64>>> =
+            (0..4).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
+        let mut want = initial.clone();
+        let mut states: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        for step in &grads {
+            for ((p, g), s) in want.iter_mut().zip(step).zip(&mut states) {
+                s.step(p, g);
+            }
+        }
+
+        let mut optim = FusedOptimizer::new(&shared, algorithm).unwrap().init();
+        let mut model = Params::new(&initial, &device);
+        for step in &grads {
+            let g = model.grads(step, &device);
+            model = optim.step(algorithm.lr(), model, g);
+        }
+        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
+            assert_close(&format!("FusedOptimizer Adan, parameter {i}"), got, want, Tolerance::F32);
+        }
+
+        let mut module_step = ModuleStep::builder().build(&shared, algorithm).unwrap();
+        let mut model = Params::new(&initial, &device);
+        for step in &grads {
+            let g = model.grads(step, &device);
+            model = module_step.step(algorithm.lr(), model, g).unwrap();
+        }
+        for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
+            assert_close(&format!("ModuleStep Adan, parameter {i}"), got, want, Tolerance::F32);
+        }
+    }
+}
