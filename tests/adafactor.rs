@@ -63,7 +63,7 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     adafactor_state_kinds, Adafactor, Adam, Algorithm, DType, Error, GradClip, Optimizer, ParamGroup,
-    Rounding, StateKind, Tensor,
+    Rounding, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{AdafactorOracle, Storage, TorchState};
 
@@ -324,11 +324,18 @@ fn refusals_name_the_problem_and_change_nothing() {
     conflict(b().capturable(true).build(&ctx, Adafactor::default(), &params), "capturable");
     conflict(b().grad_clip(GradClip::l2(1.0)).build(&ctx, Adafactor::default(), &params), "grad_clip");
     conflict(b().master_weights(true).build(&ctx, Adafactor::default(), &params), "master_weights");
-    conflict(b().state_dtype(DType::BF16).build(&ctx, Adafactor::default(), &params), "state_dtype");
+    conflict(
+        b().state_storage(StateStorage::Dtype(DType::BF16)).build(&ctx, Adafactor::default(), &params),
+        "state_storage",
+    );
     let half = vec![ctx.upload("w16", &[0.5; 6], DType::BF16)];
     conflict(b().rounding(Rounding::Kahan).build(&ctx, Adafactor::default(), &half), "rounding");
-    match b().q8_states(wgpu_optim::q8::Q8States::default()).build(&ctx, Adafactor::default(), &params) {
-        Err(Error::ConflictingOptions { first: "q8_states", .. }) => {}
+    match b().state_storage(StateStorage::Q8(wgpu_optim::q8::Q8States::default())).build(
+        &ctx,
+        Adafactor::default(),
+        &params,
+    ) {
+        Err(Error::ConflictingOptions { first: "state_storage", .. }) => {}
         other => panic!("q8: expected ConflictingOptions, got {other:?}"),
     }
     // A group cannot switch to or from Adafactor; a refused change leaves it as it was.

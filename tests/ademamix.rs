@@ -10,7 +10,7 @@ mod common;
 mod family;
 
 use common::{ctx, Tolerance};
-use wgpu_optim::{AdEMAMix, Adam, Algorithm, StateKind};
+use wgpu_optim::{AdEMAMix, Adam, Algorithm, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{ademamix_alpha, ademamix_beta3};
 
 fn plain() -> Algorithm {
@@ -317,10 +317,12 @@ fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
     let ctx = ctx();
     let params: Vec<wgpu_optim::Tensor> =
         initial.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
-    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, algorithm, &params).unwrap();
+    let mut gpu =
+        Optimizer::builder().state_storage(StateStorage::Q8(config)).build(&ctx, algorithm, &params).unwrap();
     let mut host: Vec<Vec<f32>> = initial.iter().map(|v| common::to_f32(v)).collect();
     let views: Vec<HostSlice<'_>> = host.iter().map(|t| HostSlice::F32(t)).collect();
-    let mut cpu = CpuOptimizer::builder().q8_states(config).build(algorithm, &views).unwrap();
+    let mut cpu =
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).build(algorithm, &views).unwrap();
     for step in &grads {
         let g: Vec<wgpu_optim::Tensor> = step.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
         gpu.step(&g).unwrap();
@@ -365,7 +367,7 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     let start: Vec<Vec<f64>> = shapes.iter().map(|s| rng.vec(s.iter().product(), 1.0)).collect();
     let ctx = ctx();
     let params: Vec<wgpu_optim::Tensor> = start.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
-    let options = Optimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(config)).param_shapes(shapes.clone());
     let mut gpu = options.clone().build(&ctx, algorithm, &params).unwrap();
     for _ in 0..3 {
         let g: Vec<wgpu_optim::Tensor> =
@@ -418,7 +420,8 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     // loads the CPU's file back.
     let host: Vec<HostTensor> = start.iter().map(|v| HostTensor::from_f64(DType::F32, v).unwrap()).collect();
     let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
-    let cpu_options = CpuOptimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let cpu_options =
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).param_shapes(shapes.clone());
     let mut cpu = cpu_options.build(algorithm, &views).unwrap();
     cpu.load_from_bytes(&bytes).unwrap();
     for (i, tensor_states) in states.iter().enumerate() {

@@ -8,7 +8,7 @@ use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
+use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::{self, torch_adam_step, TorchAdamState};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
@@ -302,7 +302,7 @@ fn a_gradient_inside_another_parameter_is_refused_with_8bit_state() {
     let mut rng = Rng::new(32);
     let flat = ctx.upload_f32("params", &to_f32(&rng.vec(3 * n, 1.0)));
     let params = [flat.slice(0, 2 * n as u64), flat.slice(2 * n as u64, n as u64)];
-    let options = Optimizer::builder().q8_states(Q8States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     let mut optimizer = options.build(&ctx, Adam::adamw(), &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(2 * n, 1.0)));
     optimizer.step(&[g0.clone(), ctx.upload_f32("g1", &to_f32(&rng.vec(n, 1.0)))]).unwrap();

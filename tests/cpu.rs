@@ -7,7 +7,7 @@ mod common;
 
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// Around the GPU's workgroup size, with vector-loop tails.
@@ -98,7 +98,8 @@ struct Spec {
 fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>, steps: u64, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut params: Vec<HostTensor> = specs.iter().map(|s| host(&rng.vec(s.len, 1.0), s.param)).collect();
-    let options = CpuOptimizer::builder().state_dtype(state_dtype);
+    let options = CpuOptimizer::builder()
+        .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype));
     let mut optimizer = options.build(algorithm, &slices(&params)).expect("optimizer");
     let kinds = algorithm.state_kinds();
     for (i, spec) in specs.iter().enumerate() {
@@ -204,8 +205,9 @@ fn adagrad_starts_from_its_initial_accumulator_rounded_to_the_state_dtype() {
     let algorithm = Adagrad { initial_accumulator_value: 0.1, ..Adagrad::default() };
     let params = [host(&[0.5; 5], DType::F32)];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let optimizer =
-            (CpuOptimizer::builder().state_dtype(dtype)).build(algorithm, &slices(&params)).unwrap();
+        let optimizer = (CpuOptimizer::builder().state_storage(StateStorage::Dtype(dtype)))
+            .build(algorithm, &slices(&params))
+            .unwrap();
         let sum = optimizer.state(0, StateKind::Sum).unwrap();
         assert_eq!(sum.dtype(), dtype);
         assert_eq!(sum.to_f64(), vec![dtype.round(0.1); 5], "{dtype:?}");
@@ -253,7 +255,7 @@ fn resuming_from_loaded_state_continues_the_trajectory() {
     let algorithm: Algorithm = Adam { lr: 1e-2, amsgrad: true, ..Adam::default() }.into();
     let mut rng = Rng::new(6);
     let mut params = vec![host(&rng.vec(300, 1.0), DType::BF16)];
-    let options = CpuOptimizer::builder().state_dtype(DType::F32);
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F32));
     let mut first = options.clone().build(algorithm, &slices(&params)).unwrap();
     let grads: Vec<HostTensor> = (0..6).map(|_| host(&rng.vec(300, 1.0), DType::BF16)).collect();
     for g in &grads[..3] {
@@ -394,10 +396,10 @@ fn missing_groups_are_refused_with_typed_errors() {
 #[test]
 fn f64_and_invalid_hyperparameters_are_refused_with_typed_errors() {
     let params = [host(&[0.5; 4], DType::F32)];
-    let options = CpuOptimizer::builder().state_dtype(DType::F64);
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F64));
     let err = options.build(Adam::default(), &slices(&params)).unwrap_err();
     assert!(
-        matches!(&err, Error::DTypeMismatch { argument, got: DType::F64, .. } if argument == "options.state_dtype"),
+        matches!(&err, Error::DTypeMismatch { argument, got: DType::F64, .. } if argument == "options.state_storage"),
         "{err}"
     );
     let err = HostTensor::from_f64(DType::F64, &[1.0]).unwrap_err();

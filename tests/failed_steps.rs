@@ -12,7 +12,7 @@ use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
     Adafactor, Adam, Algorithm, DType, Error, GpuContext, Lamb, Optimizer, OptimizerBuilder,
-    ScheduleFreeAdamW, ScheduleFreeMode, StateKind, Tensor,
+    ScheduleFreeAdamW, ScheduleFreeMode, StateKind, StateStorage, Tensor,
 };
 
 /// Every state kind the cases below keep.
@@ -135,14 +135,20 @@ fn a_refused_capturable_step_leaves_the_device_step_counter_too() {
 #[test]
 fn a_refused_8bit_step_changes_nothing_and_is_not_counted() {
     let q8 = Q8States::default();
-    let (gpu, cpu) = (Optimizer::builder().q8_states(q8), CpuOptimizer::builder().q8_states(q8));
+    let (gpu, cpu) = (
+        Optimizer::builder().state_storage(StateStorage::Q8(q8)),
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(q8)),
+    );
     a_refused_step_changes_nothing(adam(), gpu, cpu, 1e-5);
 }
 
 #[test]
 fn a_refused_4bit_step_changes_nothing_and_is_not_counted() {
     let q4 = Q4States::default();
-    let (gpu, cpu) = (Optimizer::builder().q4_states(q4), CpuOptimizer::builder().q4_states(q4));
+    let (gpu, cpu) = (
+        Optimizer::builder().state_storage(StateStorage::Q4(q4)),
+        CpuOptimizer::builder().state_storage(StateStorage::Q4(q4)),
+    );
     a_refused_step_changes_nothing(adam(), gpu, cpu, 1e-5);
 }
 

@@ -208,7 +208,7 @@ fn sixteen_bit_operands_give_the_products_of_f32_operands_bit_for_bit() {
 }
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
-use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind};
+use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, TorchAdamState};
 
 /// A GPU build with `shapes` refused as `check` expects, the parameter unchanged.
@@ -283,7 +283,9 @@ fn muon_refuses_clipping_capturable_and_8bit_state() {
     for builder in [
         Optimizer::builder().param_shapes(shapes.clone()).grad_clip(clip),
         Optimizer::builder().param_shapes(shapes.clone()).capturable(true),
-        Optimizer::builder().param_shapes(shapes.clone()).q8_states(wgpu_optim::q8::Q8States::default()),
+        Optimizer::builder()
+            .param_shapes(shapes.clone())
+            .state_storage(StateStorage::Q8(wgpu_optim::q8::Q8States::default())),
     ] {
         match builder.build(&ctx, Muon::default(), params) {
             Err(Error::ConflictingOptions { .. }) => {}

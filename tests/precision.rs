@@ -14,7 +14,7 @@ mod common;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
@@ -79,7 +79,7 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-    let options = Optimizer::builder().state_dtype(mix.state);
+    let options = Optimizer::builder().state_storage(StateStorage::Dtype(mix.state));
     let mut optimizer = options.build(ctx, algorithm, &params).unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=steps {

@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, Tensor};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn cases() -> u32 {
@@ -115,7 +115,7 @@ proptest! {
         let mut rng = Rng::new(setup.seed);
         let params = packed(&ctx, &setup.tensors, setup.param, &mut rng);
         let grads = packed(&ctx, &setup.tensors, setup.grad, &mut rng);
-        let options = Optimizer::builder().state_dtype(setup.state);
+        let options = Optimizer::builder().state_storage(StateStorage::Dtype(setup.state));
         let mut optimizer = options.build(&ctx, setup.algorithm, &params).unwrap();
         let kinds = setup.algorithm.state_kinds();
         for t in 1..=setup.steps {

@@ -6,7 +6,7 @@ mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q4::{Q4State, Q4States};
-use wgpu_optim::{Adam, Checkpoint, DType, Error, Optimizer, StateKind, Tensor};
+use wgpu_optim::{Adam, Checkpoint, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::ao4;
 
 const SIZES: [usize; 2] = [4096, 300];
@@ -30,7 +30,7 @@ fn stepped_cpu(config: Q4States) -> (CpuOptimizer, Vec<Vec<f32>>) {
     let mut params: Vec<Vec<f32>> = SIZES.iter().map(|&n| values(n, n as u64, 1.0)).collect();
     let views: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::F32(p)).collect();
     let mut opt = CpuOptimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(Adam::adamw(), &views)
         .unwrap_or_else(|e| panic!("{e}"));
     for t in 0..2 {
@@ -75,7 +75,7 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     // Into the GPU: the same states, and the next step agrees with the CPU's.
     let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", &f64s(p), DType::F32)).collect();
     let mut gpu = Optimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(&ctx, Adam::adamw(), &tensors)
         .unwrap_or_else(|e| panic!("{e}"));
     gpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));

@@ -22,7 +22,9 @@ mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, StateKind};
+use wgpu_optim::{
+    Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, StateKind, StateStorage,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
@@ -227,11 +229,11 @@ fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
 }
 
 fn q8_options() -> OptimizerBuilder {
-    Optimizer::builder().q8_states(Q8States::default())
+    Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()))
 }
 
 fn cpu_q8_options() -> CpuOptimizerBuilder {
-    CpuOptimizer::builder().q8_states(Q8States::default())
+    CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()))
 }
 
 /// What 8-bit state cannot run is refused at construction by both backends, by name.
@@ -244,12 +246,6 @@ fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backen
     let cases: Vec<(wgpu_optim::Algorithm, OptimizerBuilder, CpuOptimizerBuilder, &str)> = vec![
         (amsgrad.into(), q8_options(), cpu_q8_options(), "AMSGrad"),
         (Adagrad::default().into(), q8_options(), cpu_q8_options(), "Adagrad"),
-        (
-            Adam::default().into(),
-            q8_options().state_dtype(DType::BF16),
-            cpu_q8_options().state_dtype(DType::BF16),
-            "state_dtype",
-        ),
     ];
     for (algorithm, options, cpu_options, named) in cases {
         let err = options.build(&ctx, algorithm, std::slice::from_ref(&f32_param)).unwrap_err();

@@ -14,7 +14,8 @@ use safetensors::{Dtype, SafeTensors};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::q8::{self, Q8States, StoredState};
 use wgpu_optim::{
-    Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, Sgd, StateKind, Tensor,
+    Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, Sgd, StateKind, StateStorage,
+    Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::bnb;
@@ -43,7 +44,7 @@ impl Setup {
 
     fn options(&self) -> OptimizerBuilder {
         Optimizer::builder()
-            .q8_states(Q8States { min_8bit_size: self.min_8bit_size })
+            .state_storage(StateStorage::Q8(Q8States { min_8bit_size: self.min_8bit_size }))
             .param_shapes(self.shapes())
     }
 
@@ -58,7 +59,7 @@ impl Setup {
     fn cpu(&self, params: &[HostTensor]) -> CpuOptimizer {
         let params: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
         CpuOptimizer::builder()
-            .q8_states(Q8States { min_8bit_size: self.min_8bit_size })
+            .state_storage(StateStorage::Q8(Q8States { min_8bit_size: self.min_8bit_size }))
             .param_shapes(self.shapes())
             .build(self.algorithm, &params)
             .unwrap()
@@ -479,7 +480,13 @@ fn mismatched_8bit_files_are_refused_by_the_gpu_backend_and_change_nothing() {
     // (from 100 on, params[1] keeps 8-bit state too).
     let mut plain = shaped().build(&ctx, adam(), &params).unwrap();
     gpu_steps(&ctx, &mut plain, &mut rng, 1);
-    assert_gpu_refuses(&ctx, &mut plain, &good, "8-bit into full precision", "OptimizerBuilder::q8_states");
+    assert_gpu_refuses(
+        &ctx,
+        &mut plain,
+        &good,
+        "8-bit into full precision",
+        "OptimizerBuilder::state_storage",
+    );
     let full = plain.save_to_bytes().unwrap();
     assert_gpu_refuses(&ctx, &mut target, &full, "full precision into 8-bit", "blockwise 8-bit state");
     let mut smaller = Setup { min_8bit_size: 100, ..setup }.gpu(&ctx, &params);
@@ -509,7 +516,7 @@ fn mismatched_8bit_files_are_refused_by_the_cpu_backend_and_change_nothing() {
     let mut smaller = Setup { min_8bit_size: 100, ..setup }.cpu(&params);
     cpu_steps(&mut plain, &mut params, &mut rng, 1);
     cpu_steps(&mut smaller, &mut params, &mut rng, 1);
-    assert_cpu_refuses(&mut plain, &good, "8-bit into full precision", "OptimizerBuilder::q8_states");
+    assert_cpu_refuses(&mut plain, &good, "8-bit into full precision", "OptimizerBuilder::state_storage");
     let full = plain.save_to_bytes().unwrap();
     assert_cpu_refuses(&mut target, &full, "full precision into 8-bit", "blockwise 8-bit state");
     assert_cpu_refuses(&mut smaller, &good, "another min_8bit_size", "min_8bit_size 4096");

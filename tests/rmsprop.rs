@@ -11,7 +11,7 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup, RmsProp, Rounding,
-    StateKind, Tensor,
+    StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
@@ -178,7 +178,10 @@ fn gpu_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, seed:
     let params: Vec<Tensor> =
         LENGTHS.iter().map(|&n| ctx.upload("param", &rng.vec(n, 1.0), mix.param)).collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-    let mut optimizer = Optimizer::builder().state_dtype(mix.state).build(ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder()
+        .state_storage(StateStorage::Dtype(mix.state))
+        .build(ctx, algorithm, &params)
+        .unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=steps {
         for (g, &n) in grads.iter().zip(&LENGTHS) {
@@ -231,7 +234,7 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
             let mut rng = Rng::new((2000 + 10 * a + m) as u64);
             let mut params: Vec<HostTensor> =
                 LENGTHS.iter().map(|&n| host(&rng.vec(n, 1.0), mix.param)).collect();
-            let options = CpuOptimizer::builder().state_dtype(mix.state);
+            let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(mix.state));
             let mut optimizer = options.build(algorithm, &slices(&params)).unwrap();
             let kinds = algorithm.state_kinds();
             for t in 1..=3 {
@@ -785,7 +788,7 @@ mod q8 {
             let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let mut oracle = Oracle::new(&initial);
             let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-            let options = Optimizer::builder().q8_states(Q8States::default());
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut optimizer = options.build(&ctx, algorithm, &params).unwrap();
             for k in 0..STEPS {
                 let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -809,7 +812,7 @@ mod q8 {
             let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let mut oracle = Oracle::new(&initial);
             let mut params: Vec<HostTensor> = initial.iter().map(|p| host(p, DType::F32)).collect();
-            let options = CpuOptimizer::builder().q8_states(Q8States::default());
+            let options = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut optimizer = options.build(algorithm, &slices(&params)).unwrap();
             for k in 0..STEPS {
                 let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -833,8 +836,10 @@ mod q8 {
         let mut rng = Rng::new(990);
         let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-        let mut gpu =
-            Optimizer::builder().q8_states(Q8States::default()).build(&ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .build(&ctx, algorithm, &params)
+            .unwrap();
         for _ in 0..2 {
             let grads: Vec<Tensor> =
                 LENGTHS.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
@@ -848,7 +853,7 @@ mod q8 {
         let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
         let cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
         let mut cpu = CpuOptimizer::builder()
-            .q8_states(Q8States::default())
+            .state_storage(StateStorage::Q8(Q8States::default()))
             .build(algorithm, &slices(&cpu_params))
             .unwrap();
         cpu.load_from_bytes(&bytes).unwrap();
@@ -868,21 +873,24 @@ mod q8 {
             (RmsProp { maximize: true, ..base }, "maximize"),
         ];
         for (config, what) in refused {
-            let gpu = Optimizer::builder().q8_states(Q8States::default()).build(
+            let gpu = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default())).build(
                 &ctx,
                 config,
                 std::slice::from_ref(&param),
             );
-            let cpu =
-                CpuOptimizer::builder().q8_states(Q8States::default()).build(config, &slices(&cpu_params));
+            let cpu = CpuOptimizer::builder()
+                .state_storage(StateStorage::Q8(Q8States::default()))
+                .build(config, &slices(&cpu_params));
             for err in [gpu.map(|_| ()).unwrap_err(), cpu.map(|_| ()).unwrap_err()] {
                 assert!(
-                    matches!(&err, Error::ConflictingOptions { first: "q8_states", reason, .. } if reason.contains(what)),
+                    matches!(&err, Error::ConflictingOptions { first: "state_storage", reason, .. } if reason.contains(what)),
                     "{what}: {err}"
                 );
             }
         }
-        let clipped = Optimizer::builder().q8_states(Q8States::default()).grad_clip(GradClip::l2(1.0));
+        let clipped = Optimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .grad_clip(GradClip::l2(1.0));
         let err = clipped.build(&ctx, base, std::slice::from_ref(&param)).map(|_| ()).unwrap_err();
         assert!(
             matches!(&err, Error::ConflictingOptions { reason, .. } if reason.contains("grad_clip")),
@@ -892,16 +900,18 @@ mod q8 {
         // A schedule cannot switch maximize on either; weight decay runs as bitsandbytes'
         // kernel runs it (`tests/q8_kernels.rs`).
         let mut gpu = Optimizer::builder()
-            .q8_states(Q8States::default())
+            .state_storage(StateStorage::Q8(Q8States::default()))
             .build(&ctx, base, std::slice::from_ref(&param))
             .unwrap();
-        let mut cpu =
-            CpuOptimizer::builder().q8_states(Q8States::default()).build(base, &slices(&cpu_params)).unwrap();
+        let mut cpu = CpuOptimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .build(base, &slices(&cpu_params))
+            .unwrap();
         for config in [RmsProp { maximize: true, ..base }, RmsProp { momentum: 0.9, ..base }] {
             let err = gpu.set_group_algorithm(0, config).unwrap_err();
-            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            assert!(matches!(&err, Error::ConflictingOptions { first: "state_storage", .. }), "{err}");
             let err = cpu.set_group_algorithm(0, config).unwrap_err();
-            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            assert!(matches!(&err, Error::ConflictingOptions { first: "state_storage", .. }), "{err}");
         }
         assert_eq!(gpu.group_algorithm(0), Some(&Algorithm::from(base)));
         assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::from(base)));

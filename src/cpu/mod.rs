@@ -50,7 +50,7 @@ use crate::q4::{Q4State, Q4States};
 use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
-use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
+use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind, StateStorage};
 use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 use kernels::{Kernel, MAX_STATE};
 use state_memory::StateTensor;
@@ -80,10 +80,10 @@ pub struct CpuOptimizer {
     /// checkpoints read them).
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     shapes: Vec<Vec<usize>>,
-    /// With [`CpuOptimizerBuilder::q8_states`]: its settings and each parameter's state (then
+    /// With 8-bit [`CpuOptimizerBuilder::state_storage`]: its settings and each parameter's state (then
     /// `state` is empty).
     q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
-    /// With [`CpuOptimizerBuilder::q4_states`]: its settings and each parameter's state (then
+    /// With 4-bit [`CpuOptimizerBuilder::state_storage`]: its settings and each parameter's state (then
     /// `state` is empty).
     q4: Option<(Q4States, Vec<Vec<Q4State>>)>,
     /// A schedule-free group's running `k`, `weight_sum` and `lr_max` (unused otherwise).
@@ -124,10 +124,12 @@ pub struct CpuOptimizerBuilder {
 }
 
 impl CpuOptimizerBuilder {
-    /// The storage dtype of every state tensor (F32, F16 or BF16; F64 is refused with
-    /// [`Error::DTypeMismatch`]); unset (the default) keeps each parameter's dtype.
-    pub fn state_dtype(mut self, dtype: impl Into<Option<DType>>) -> Self {
-        self.options.state_dtype = dtype.into();
+    /// How every state tensor is stored, as on the GPU
+    /// ([`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage)): each
+    /// parameter's dtype (the default), one dtype (F32, F16 or BF16; F64 is refused with
+    /// [`Error::DTypeMismatch`]), or blockwise 8-bit or 4-bit state.
+    pub fn state_storage(mut self, storage: StateStorage) -> Self {
+        self.options.state_storage = storage;
         self
     }
 
@@ -153,20 +155,6 @@ impl CpuOptimizerBuilder {
     /// by the GPU optimizer when the shapes do not fit the parameters).
     pub fn param_shapes(mut self, shapes: Vec<Vec<usize>>) -> Self {
         self.options.param_shapes = shapes;
-        self
-    }
-
-    /// Blockwise 8-bit state, as on the GPU
-    /// ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)).
-    pub fn q8_states(mut self, q8: impl Into<Option<Q8States>>) -> Self {
-        self.options.q8_states = q8.into();
-        self
-    }
-
-    /// Blockwise 4-bit state for Adam and AdamW, as on the GPU
-    /// ([`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states)).
-    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
-        self.options.q4_states = q4.into();
         self
     }
 
@@ -200,8 +188,8 @@ impl CpuOptimizer {
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
-        if options.state_dtype == Some(DType::F64) {
-            return Err(host::not_f64("options.state_dtype"));
+        if options.state_storage.dtype() == Some(DType::F64) {
+            return Err(host::not_f64("options.state_storage"));
         }
         crate::validate::check_shapes(
             &options.param_shapes,
@@ -211,7 +199,7 @@ impl CpuOptimizer {
             adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
         crate::validate::check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype()), "params")?;
         let muon_shapes = muon::check(&algorithm, &options, params.len())?;
-        if let Some(config) = options.q4_states {
+        if let Some(config) = options.state_storage.q4() {
             crate::q4::check_options(&config, &[algorithm], &options, params.iter().map(|p| p.dtype()))?;
             let states = params
                 .iter()
@@ -241,7 +229,7 @@ impl CpuOptimizer {
                 muon_shapes,
             });
         }
-        if let Some(config) = options.q8_states {
+        if let Some(config) = options.state_storage.q8() {
             crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
             let states = params
                 .iter()
@@ -274,7 +262,7 @@ impl CpuOptimizer {
         let state = params
             .iter()
             .map(|p| {
-                let dtype = options.state_dtype.unwrap_or(p.dtype());
+                let dtype = options.state_storage.dtype().unwrap_or(p.dtype());
                 let kinds = algorithm.state_kinds();
                 let phase = p.address();
                 kinds
@@ -599,14 +587,14 @@ impl CpuOptimizer {
                 return Err(Error::DTypeMismatch {
                     argument: format!("grads[{i}]"),
                     got: grad.dtype(),
-                    expected: "F32 with q8_states".into(),
+                    expected: "F32 with 8-bit state_storage".into(),
                 });
             }
             if self.q4.is_some() && grad.dtype() != DType::F32 {
                 return Err(Error::DTypeMismatch {
                     argument: format!("grads[{i}]"),
                     got: grad.dtype(),
-                    expected: "F32 with q4_states".into(),
+                    expected: "F32 with 4-bit state_storage".into(),
                 });
             }
             if grad.len() != len {

@@ -9,7 +9,8 @@ use wgpu_optim::q4::{Q4State, Q4States};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
     adafactor_state_kinds, AdEMAMix, Adafactor, Adagrad, Adam, Algorithm, DType, GpuContext, Lamb, Lion,
-    Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind, Tensor,
+    Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind, StateStorage,
+    Tensor,
 };
 use wgpu_optim_testkit::oracle::{ao4, bnb};
 
@@ -56,8 +57,8 @@ impl Case {
         let builder = Optimizer::builder().param_shapes(shapes.to_vec());
         match self.storage {
             Storage::F32 => builder,
-            Storage::Q8 => builder.q8_states(Q8),
-            Storage::Q4 => builder.q4_states(Q4),
+            Storage::Q8 => builder.state_storage(StateStorage::Q8(Q8)),
+            Storage::Q4 => builder.state_storage(StateStorage::Q4(Q4)),
         }
     }
 
@@ -65,8 +66,8 @@ impl Case {
         let builder = CpuOptimizer::builder().param_shapes(shapes.to_vec());
         match self.storage {
             Storage::F32 => builder,
-            Storage::Q8 => builder.q8_states(Q8),
-            Storage::Q4 => builder.q4_states(Q4),
+            Storage::Q8 => builder.state_storage(StateStorage::Q8(Q8)),
+            Storage::Q4 => builder.state_storage(StateStorage::Q4(Q4)),
         }
     }
 }

@@ -10,7 +10,9 @@
 
 use crate::common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, Tensor};
+use wgpu_optim::{
+    Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, StateStorage, Tensor,
+};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
 
 /// Around the GPU's workgroup size and its four-wide loads, with tails.
@@ -109,9 +111,12 @@ pub fn mixes_match_the_oracle_step_by_step(
         let start: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, mix.param)).collect();
         let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-        let mut gpu = Optimizer::builder().state_dtype(mix.state).build(ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(StateStorage::Dtype(mix.state))
+            .build(ctx, algorithm, &params)
+            .unwrap();
         let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, mix.param)).collect();
-        let options = CpuOptimizer::builder().state_dtype(mix.state);
+        let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(mix.state));
         let mut cpu = options.build(algorithm, &slices(&cpu_params)).unwrap();
         for i in 0..SIZES.len() {
             for kind in kinds {
@@ -402,7 +407,10 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         let mut rng = Rng::new(seed);
         let start: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-        let mut gpu = Optimizer::builder().state_dtype(state_dtype).build(&ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .build(&ctx, algorithm, &params)
+            .unwrap();
         for _ in 0..3 {
             let g: Vec<Tensor> =
                 SIZES.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
@@ -411,7 +419,8 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         let bytes = gpu.save_to_bytes().unwrap();
         let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
         let mut cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
-        let options = CpuOptimizer::builder().state_dtype(state_dtype);
+        let options = CpuOptimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype));
         let mut cpu = options.build(algorithm, &slices(&cpu_params)).unwrap();
         cpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{algorithm:?}: {e}"));
         assert_eq!(cpu.step_count(), 3);

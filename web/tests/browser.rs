@@ -13,7 +13,7 @@ use wgpu_optim::ops::{self, Update};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup, Rounding,
-    Sgd, StateKind, Tensor,
+    Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
 use wgpu_optim_testkit::oracle::{self, clip_grad_norm, Storage, TorchState};
@@ -106,7 +106,7 @@ async fn check_in_place(
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, gd)).collect();
-    let options = Optimizer::builder().state_dtype(sd);
+    let options = Optimizer::builder().state_storage(StateStorage::Dtype(sd));
     let mut optimizer = options.build(ctx, algorithm, &params).unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=3u64 {
@@ -497,7 +497,7 @@ async fn q8_adam_matches_the_bitsandbytes_oracle() {
     let mut values: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let params: Vec<Tensor> = values.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
-    let options = Optimizer::builder().q8_states(config);
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
     let mut optimizer = options.build(&ctx, adam, &params).unwrap();
     let mut states: Vec<[StoredState; 2]> = lens
         .iter()

@@ -29,9 +29,9 @@ impl ModuleStep {
                 Some(Home::Bound(home)) => {
                     let source = self.bound(*home)?;
                     let j = source.ids.iter().position(|p| p == id).ok_or_else(|| lost(*id))?;
-                    let q8 = self.options.q8_states.is_some();
+                    let q8 = self.options.state_storage.q8().is_some();
                     copy_state(&source.optimizer, j, target, i, encoder, q8)?;
-                    if self.options.q4_states.is_some() {
+                    if self.options.state_storage.q4().is_some() {
                         crate::burn::q4::copy(&self.algorithm, &source.optimizer, j, target, i)?;
                     }
                 }
@@ -50,7 +50,7 @@ impl ModuleStep {
         id: ParamId,
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<()> {
-        if self.options.q4_states.is_some() {
+        if self.options.state_storage.q4().is_some() {
             return crate::burn::q4::write_loaded(&self.algorithm, target, i, id.val(), tensors);
         }
         let ctx = self.shared.context();

@@ -4,7 +4,7 @@
 
 use crate::oracle::ao4;
 use crate::q4::{Q4State, Q4States};
-use crate::{Adam, DType, GpuContext, Optimizer, StateKind, Tensor};
+use crate::{Adam, DType, GpuContext, Optimizer, StateKind, StateStorage, Tensor};
 
 fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
@@ -25,8 +25,10 @@ fn check(ctx: &GpuContext, serial: bool, block_size: usize, sizes: &[usize]) {
     let params: Vec<Vec<f64>> = sizes.iter().enumerate().map(|(i, &n)| values(n, i as u64, 1.0)).collect();
     let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", p, DType::F32)).collect();
     let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
-    let mut opt =
-        Optimizer::builder().q4_states(config).build(ctx, adamw, &tensors).unwrap_or_else(|e| panic!("{e}"));
+    let mut opt = Optimizer::builder()
+        .state_storage(StateStorage::Q4(config))
+        .build(ctx, adamw, &tensors)
+        .unwrap_or_else(|e| panic!("{e}"));
     opt.q4_engine_mut().unwrap_or_else(|| panic!("no engine")).set_serial(serial);
     let mut want: Vec<(Vec<f64>, Q4State, Q4State)> = params
         .iter()

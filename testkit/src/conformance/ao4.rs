@@ -7,7 +7,7 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
-use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind};
+use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage};
 
 use super::case::Case;
 use super::inputs::Inputs;
@@ -68,7 +68,8 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::builder().q4_states(config).build(adam, &views)?;
+            let mut optimizer =
+                CpuOptimizer::builder().state_storage(StateStorage::Q4(config)).build(adam, &views)?;
             for k in 0..steps {
                 inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
@@ -85,7 +86,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
             let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
-            let mut optimizer = Optimizer::builder().q4_states(config).build(ctx, adam, &param_tensors)?;
+            let mut optimizer = Optimizer::builder().state_storage(StateStorage::Q4(config)).build(
+                ctx,
+                adam,
+                &param_tensors,
+            )?;
             for k in 0..steps {
                 inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;

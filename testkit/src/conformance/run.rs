@@ -5,7 +5,7 @@ use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, GradClip, MomentumMode, NormType,
-    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, Tensor,
+    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, StateStorage, Tensor,
 };
 
 use wgpu_optim::q8::Q8States;
@@ -776,7 +776,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::builder().q8_states(config).build(algorithm, &views)?;
+            let mut optimizer =
+                CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).build(algorithm, &views)?;
             for k in 0..steps {
                 inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
@@ -793,7 +794,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
             let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
-            let options = Optimizer::builder().q8_states(config);
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
             let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
                 inputs.write_grads(ctx, &grad_tensors, k).await?;

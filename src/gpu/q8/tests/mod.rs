@@ -5,7 +5,9 @@ mod kernels;
 use crate::gpu::q8::shader::Requantize;
 use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 use crate::q8::{Q8States, StoredState};
-use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
+use crate::{
+    Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, StateStorage, Tensor,
+};
 
 /// Asserts that `got` (read back) follows the oracle's 8-bit state `want` as FORMAT.md
 /// compares them: codes within 1 and at most 1 % differing, absmax within 1e-4 relative;
@@ -84,7 +86,7 @@ fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() 
             |b: &Tensor, t: usize| Tensor::new(&b.buffer, 4 * at[t] as u64, sizes[t] as u64, DType::F32);
         let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
         let grad_tensors: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
-        let options = Optimizer::builder().q8_states(Q8States::default());
+        let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
         let mut opt = options.build(&ctx, adam, &params).unwrap_or_else(|e| panic!("{e}"));
         if let Some(engine) = opt.q8_engine_mut() {
             engine.set_serial(serial);
@@ -210,7 +212,7 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
                 ParamGroup::new(adam, &params[3..5]),
                 ParamGroup::new(sgd, &params[5..]),
             ];
-            let options = Optimizer::builder().q8_states(Q8States::default());
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut opt = options.build_groups(&ctx, groups).unwrap_or_else(|e| panic!("{e}"));
             if let Some(engine) = opt.q8_engine_mut() {
                 engine.set_serial(serial);
@@ -263,7 +265,7 @@ fn run_adam_8bit(
 ) -> Optimizer {
     let p = ctx.upload("param", initial, DType::F32);
     let g = ctx.zeros("grad", initial.len() as u64, DType::F32);
-    let options = Optimizer::builder().q8_states(Q8States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     let mut opt = options
         .build(ctx, algorithm, std::slice::from_ref(&p))
         .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
@@ -390,7 +392,7 @@ fn a_non_finite_gradient_element_changes_only_its_own_element() {
                 let what = format!("{algorithm:?}, gradient {bad_value}, serial {serial}");
                 let p = ctx.upload("param", &initial, DType::F32);
                 let g = ctx.zeros("grad", n as u64, DType::F32);
-                let options = Optimizer::builder().q8_states(config);
+                let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
                 let mut opt = options
                     .build(&ctx, algorithm, std::slice::from_ref(&p))
                     .unwrap_or_else(|e| panic!("{e}"));
