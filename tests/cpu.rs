@@ -50,7 +50,7 @@ fn check_trajectory(algorithm: Algorithm, sizes: &[usize], seed: u64) {
         let what = format!("{algorithm:?} param[{i}] (n = {n})");
         assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
         for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-            let got = optimizer.state(i, *kind).expect("state").to_f64();
+            let got = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").to_f64();
             assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::F32);
         }
     }
@@ -104,7 +104,7 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
     let kinds = algorithm.state_kinds();
     for (i, spec) in specs.iter().enumerate() {
         for kind in kinds {
-            let dtype = optimizer.state(i, *kind).expect("state").dtype();
+            let dtype = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").dtype();
             assert_eq!(dtype, state_dtype.unwrap_or(spec.param), "{kind:?} of param[{i}]");
         }
     }
@@ -113,7 +113,10 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
         type Before = (Vec<f64>, Vec<Vec<f64>>);
         let before: Vec<Before> = (0..specs.len())
             .map(|i| {
-                let state = kinds.iter().map(|k| optimizer.state(i, *k).expect("state").to_f64()).collect();
+                let state = kinds
+                    .iter()
+                    .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).expect("state").to_f64())
+                    .collect();
                 (params[i].to_f64(), state)
             })
             .collect();
@@ -125,7 +128,7 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
             let what = format!("{algorithm:?} {spec:?} state {stored_state:?} step {t} param[{i}]");
             assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(spec.param));
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = optimizer.state(i, *kind).expect("state").to_f64();
+                let got = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::stored(stored_state));
             }
         }
@@ -208,7 +211,7 @@ fn adagrad_starts_from_its_initial_accumulator_rounded_to_the_state_dtype() {
         let optimizer = (CpuOptimizer::builder().state_storage(StateStorage::Dtype(dtype)))
             .build(algorithm, &slices(&params))
             .unwrap();
-        let sum = optimizer.state(0, StateKind::Sum).unwrap();
+        let sum = optimizer.state(0, StateKind::Sum).and_then(|s| s.dense()).unwrap();
         assert_eq!(sum.dtype(), dtype);
         assert_eq!(sum.to_f64(), vec![dtype.round(0.1); 5], "{dtype:?}");
     }
@@ -264,7 +267,7 @@ fn resuming_from_loaded_state_continues_the_trajectory() {
     let mut resumed = options.build(algorithm, &slices(&params)).unwrap();
     resumed.set_step_count(first.step_count()).unwrap();
     for kind in algorithm.state_kinds() {
-        let saved = first.state(0, *kind).unwrap().to_f64();
+        let saved = first.state(0, *kind).and_then(|s| s.dense()).unwrap().to_f64();
         match resumed.state_mut(0, *kind).unwrap() {
             HostSliceMut::F32(values) => values.iter_mut().zip(&saved).for_each(|(v, s)| *v = *s as f32),
             other => panic!("state stored as {:?}", other.dtype()),
@@ -300,7 +303,9 @@ fn nan_and_infinite_gradients_propagate_through_16_bit_storage() {
 fn snapshot(optimizer: &CpuOptimizer, params: &[HostTensor]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>, u64) {
     let kinds = optimizer.group_algorithm(0).unwrap().state_kinds();
     let state = (0..params.len())
-        .flat_map(|i| kinds.iter().map(move |k| optimizer.state(i, *k).unwrap().to_f64()))
+        .flat_map(|i| {
+            kinds.iter().map(move |k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+        })
         .collect();
     (params.iter().map(HostTensor::to_f64).collect(), state, optimizer.step_count())
 }
@@ -360,8 +365,10 @@ fn mismatched_inputs_are_typed_errors_that_change_nothing() {
     let kinds = algorithm.state_kinds();
     let mut oracles: Vec<(Vec<f64>, TorchState)> = (0..2)
         .map(|i| {
-            let state: Vec<Vec<f64>> =
-                kinds.iter().map(|k| optimizer.state(i, *k).unwrap().to_f64()).collect();
+            let state: Vec<Vec<f64>> = kinds
+                .iter()
+                .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                .collect();
             let dtype = params[i].dtype();
             (params[i].to_f64(), TorchState::resume(algorithm, 1, &state).storing(dtype, dtype))
         })

@@ -43,13 +43,13 @@ fn snapshot(ctx: &GpuContext, opt: &Optimizer, params: &[Tensor]) -> String {
     for (i, param) in params.iter().enumerate() {
         out += &format!("param {i}: {:?}\n", ctx.read(param).unwrap());
         for kind in KINDS {
-            if let Some(t) = opt.state(i, kind) {
+            if let Some(t) = opt.state(i, kind).unwrap().and_then(|s| s.dense()) {
                 out += &format!("{kind:?} {i}: {:?}\n", ctx.read(t).unwrap());
             }
-            if let Ok(Some(q)) = opt.q8_state(i, kind) {
+            if let Ok(Some(q)) = opt.state(i, kind).map(|s| s.and_then(|v| v.q8())) {
                 out += &format!("8-bit {kind:?} {i}: {q:?}\n");
             }
-            if let Ok(Some(q)) = opt.q4_state(i, kind) {
+            if let Ok(Some(q)) = opt.state(i, kind).map(|s| s.and_then(|v| v.q4())) {
                 out += &format!("4-bit {kind:?} {i}: {q:?}\n");
             }
         }

@@ -55,7 +55,7 @@ fn gpu(ctx: &GpuContext, config: Lamb, dtype: DType, init: &[Vec<f64>], grads: &
 
 fn gpu_finals(ctx: &GpuContext, optimizer: &Optimizer, tensors: std::ops::Range<usize>) -> Finals {
     let read = |t: &Tensor| ctx.read(t).unwrap();
-    let state = |i, kind| read(optimizer.state(i, kind).unwrap());
+    let state = |i, kind| read(optimizer.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap());
     Finals {
         params: tensors.clone().map(|i| read(&optimizer.params()[i])).collect(),
         exp_avg: tensors.clone().map(|i| state(i, StateKind::ExpAvg)).collect(),
@@ -81,7 +81,7 @@ fn cpu(config: Lamb, dtype: DType, init: &[Vec<f64>], grads: &Grads) -> Finals {
         optimizer.step(&mut param_views, &grad_views).unwrap();
     }
     let n = tensors.len();
-    let state = |i, kind| optimizer.state(i, kind).unwrap().to_f64();
+    let state = |i, kind| optimizer.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64();
     Finals {
         params: tensors.iter().map(HostTensor::to_f64).collect(),
         exp_avg: (0..n).map(|i| state(i, StateKind::ExpAvg)).collect(),
@@ -453,12 +453,13 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
         oracle.step = 3;
         for i in 0..init.len() {
             for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-                let on_cpu = cpu.state(i, kind).unwrap().to_f64();
-                let on_gpu = ctx.read(gpu.state(i, kind).unwrap()).unwrap();
+                let on_cpu = cpu.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64();
+                let on_gpu = ctx.read(gpu.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap()).unwrap();
                 assert_eq!(on_cpu, on_gpu, "{kind:?}[{i}] loaded on the CPU");
             }
-            oracle.exp_avg[i] = cpu.state(i, StateKind::ExpAvg).unwrap().to_f64();
-            oracle.exp_avg_sq[i] = cpu.state(i, StateKind::ExpAvgSq).unwrap().to_f64();
+            oracle.exp_avg[i] = cpu.state(i, StateKind::ExpAvg).and_then(|s| s.dense()).unwrap().to_f64();
+            oracle.exp_avg_sq[i] =
+                cpu.state(i, StateKind::ExpAvgSq).and_then(|s| s.dense()).unwrap().to_f64();
         }
         // The CPU's checkpoint loads on a fresh GPU optimizer.
         let cpu_bytes = cpu.save_to_bytes().unwrap();

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q4::{Q4State, Q4States};
-use wgpu_optim::{Adam, DType, Error, GpuContext, GradClip, Optimizer, Sgd, StateKind, StateStorage, Tensor};
+use wgpu_optim::{
+    Adam, DType, Error, GpuContext, GradClip, Optimizer, QuantizedState, Sgd, StateKind, StateStorage, Tensor,
+};
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
 use wgpu_optim_testkit::oracle::{ao4, clip_grad_norm};
 
@@ -135,12 +137,15 @@ fn global_clipping_scales_the_gradients_before_the_4bit_step() {
     }
     for (i, want) in want.iter().enumerate() {
         let state = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-            .map(|k| cpu.q4_state(i, k).unwrap_or_else(|| panic!("no state")));
+            .map(|k| cpu.state(i, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
         assert_follows(&format!("cpu clipped tensor {i}"), &host[i], state, want);
         let param: Vec<f32> =
             ctx.read(&tensors[i]).unwrap_or_else(|e| panic!("{e}")).iter().map(|&v| v as f32).collect();
         let state = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
-            gpu.q4_state(i, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state"))
+            gpu.state(i, k)
+                .map(|s| s.and_then(|v| v.q4()))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("no state"))
         });
         assert_follows(&format!("gpu clipped tensor {i}"), &param, [&state[0], &state[1]], want);
     }
@@ -220,7 +225,7 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
         }
         for (i, want) in want.iter().enumerate() {
             let state = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-                .map(|k| cpu.q4_state(i, k).unwrap_or_else(|| panic!("no state")));
+                .map(|k| cpu.state(i, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
             assert_follows(&format!("cpu block {block_size} tensor {i}"), &host[i], state, want);
         }
 
@@ -241,7 +246,10 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
             let param: Vec<f32> =
                 ctx.read(&tensors[i]).unwrap_or_else(|e| panic!("{e}")).iter().map(|&v| v as f32).collect();
             let state = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
-                gpu.q4_state(i, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state"))
+                gpu.state(i, k)
+                    .map(|s| s.and_then(|v| v.q4()))
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|| panic!("no state"))
             });
             assert_follows(
                 &format!("gpu block {block_size} tensor {i}"),
@@ -279,9 +287,9 @@ fn a_state_moves_between_backends() {
         .unwrap_or_else(|e| panic!("{e}"));
     for i in 0..SIZES.len() {
         for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-            let state = cpu.q4_state(i, kind).unwrap_or_else(|| panic!("no state")).clone();
-            gpu.set_q4_state(i, kind, &state).unwrap_or_else(|e| panic!("{e}"));
-            let back = gpu.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = cpu.state(i, kind).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")).clone();
+            gpu.set_state(i, kind, &QuantizedState::Q4(state.clone())).unwrap_or_else(|e| panic!("{e}"));
+            let back = gpu.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(back.as_ref(), Some(&state), "tensor {i} {kind:?}");
         }
     }
@@ -328,11 +336,11 @@ fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
     // A schedule cannot switch AMSGrad on; a bad replacement state changes nothing.
     let mut cpu = q4().build(Adam::adamw(), &[HostSlice::F32(&weights)]).unwrap_or_else(|e| panic!("{e}"));
     assert!(cpu.set_group_algorithm(0, Adam { maximize: true, ..Adam::adamw() }).is_err());
-    let before = cpu.q4_state(0, StateKind::ExpAvg).cloned();
+    let before = cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned();
     let bad = Q4State::Q4 { codes: vec![0x77; 2048], scale: vec![-1.0; 32] };
-    let err = cpu.set_q4_state(0, StateKind::ExpAvg, bad).unwrap_err();
+    let err = cpu.set_state(0, StateKind::ExpAvg, QuantizedState::Q4(bad)).unwrap_err();
     assert!(err.to_string().contains("scale[0]"), "{err}");
-    assert_eq!(cpu.q4_state(0, StateKind::ExpAvg).cloned(), before);
+    assert_eq!(cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned(), before);
 }
 
 /// A non-finite gradient spoils its own element only: its states take the code of 0 (of
@@ -385,10 +393,14 @@ fn a_non_finite_gradient_spoils_its_own_element_only() {
             );
         }
     }
-    let gpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-        .map(|k| gpu.q4_state(0, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state")));
+    let gpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
+        gpu.state(0, k)
+            .map(|s| s.and_then(|v| v.q4()))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no state"))
+    });
     let cpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-        .map(|k| cpu.q4_state(0, k).unwrap_or_else(|| panic!("no state")));
+        .map(|k| cpu.state(0, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
     // The parameters' NaNs are in the oracle too; compare states only.
     let no_param =
         (want[0].0.iter().map(|v| if v.is_nan() { 0.0 } else { *v }).collect::<Vec<_>>(), want[0].1.clone());

@@ -56,7 +56,8 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
     let codes = file.tensor("state.0.exp_avg.codes").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((codes.dtype(), codes.shape()), (safetensors::Dtype::U8, &[2048usize][..]));
-    let Some(Q4State::Q4 { codes: held, scale }) = cpu.q4_state(0, StateKind::ExpAvg) else {
+    let Some(Q4State::Q4 { codes: held, scale }) = cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4())
+    else {
         panic!("4-bit")
     };
     assert_eq!(codes.data(), &held[..]);
@@ -82,8 +83,8 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     assert_eq!(gpu.step_count(), 2);
     for i in 0..SIZES.len() {
         for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-            let got = gpu.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(got.as_ref(), cpu.q4_state(i, kind), "tensor {i} {kind:?}");
+            let got = gpu.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.as_ref(), cpu.state(i, kind).and_then(|s| s.q4()), "tensor {i} {kind:?}");
         }
     }
     // And back: the GPU's checkpoint is the CPU's byte for byte.
@@ -92,7 +93,7 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     other.set_step_count(0).unwrap_or_else(|e| panic!("{e}"));
     other.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
     for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-        assert_eq!(other.q4_state(0, kind), cpu.q4_state(0, kind));
+        assert_eq!(other.state(0, kind).and_then(|s| s.q4()), cpu.state(0, kind).and_then(|s| s.q4()));
     }
 }
 
@@ -101,10 +102,10 @@ fn a_checkpoint_of_other_settings_is_refused_and_changes_nothing() {
     let (cpu, _) = stepped_cpu(Q4States::default());
     let bytes = cpu.save_to_bytes().unwrap_or_else(|e| panic!("{e}"));
     let (mut other, _) = stepped_cpu(Q4States { block_size: 64, ..Q4States::default() });
-    let before = other.q4_state(0, StateKind::ExpAvg).cloned();
+    let before = other.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned();
     let err = other.load_from_bytes(&bytes).unwrap_err();
     assert!(matches!(err, Error::BadFile { .. }) && err.to_string().contains("block_size"), "{err}");
-    assert_eq!(other.q4_state(0, StateKind::ExpAvg).cloned(), before);
+    assert_eq!(other.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned(), before);
 
     let weights: Vec<Vec<f32>> = SIZES.iter().map(|&n| vec![0.0; n]).collect();
     let views: Vec<HostSlice<'_>> = weights.iter().map(|p| HostSlice::F32(p)).collect();

@@ -76,7 +76,9 @@ fn gpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
     }
     let states = (0..params.len())
         .map(|i| {
-            let state = |kind: &StateKind| opt.q8_state(i, *kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = |kind: &StateKind| {
+                opt.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"))
+            };
             algorithm
                 .state_kinds()
                 .iter()
@@ -102,8 +104,9 @@ fn cpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
     }
     let states = (0..params.len())
         .map(|i| {
-            let state =
-                |kind: &StateKind| opt.q8_state(i, *kind).cloned().unwrap_or_else(|| panic!("no state"));
+            let state = |kind: &StateKind| {
+                opt.state(i, *kind).and_then(|s| s.q8()).cloned().unwrap_or_else(|| panic!("no state"))
+            };
             algorithm.state_kinds().iter().map(state).collect()
         })
         .collect();

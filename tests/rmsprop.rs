@@ -106,7 +106,7 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_gpu() {
             let what = format!("GPU {algorithm:?} param[{i}] (n = {n})");
             assert_close(&what, &download(&ctx, &params[i]), &want[i], Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-                let got = download(&ctx, optimizer.state(i, *kind).unwrap());
+                let got = download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, DType::F32));
             }
         }
@@ -134,7 +134,7 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_cpu() {
             let what = format!("CPU {algorithm:?} param[{i}] (n = {n})");
             assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-                let got = optimizer.state(i, *kind).unwrap().to_f64();
+                let got = optimizer.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, DType::F32));
             }
         }
@@ -190,21 +190,28 @@ fn gpu_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, seed:
         type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
         let before: Vec<Before> = (0..LENGTHS.len())
             .map(|i| {
-                let state = kinds.iter().map(|k| download(ctx, optimizer.state(i, *k).unwrap())).collect();
+                let state = kinds
+                    .iter()
+                    .map(|k| download(ctx, optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+                    .collect();
                 (download(ctx, &params[i]), state, download(ctx, &grads[i]))
             })
             .collect();
         optimizer.step(&grads).unwrap();
         for (i, (mut p, state, g)) in before.into_iter().enumerate() {
             for k in kinds {
-                assert_eq!(optimizer.state(i, *k).unwrap().dtype, mix.state, "{k:?}");
+                assert_eq!(
+                    optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+                    mix.state,
+                    "{k:?}"
+                );
             }
             let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
             oracle.step(&mut p, &g);
             let what = format!("GPU {algorithm:?} {mix:?} step {t} param[{i}]");
             assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = download(ctx, optimizer.state(i, *kind).unwrap());
+                let got = download(ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, mix.state));
             }
         }
@@ -243,7 +250,10 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
                 type Before = (Vec<f64>, Vec<Vec<f64>>);
                 let before: Vec<Before> = (0..LENGTHS.len())
                     .map(|i| {
-                        let state = kinds.iter().map(|k| optimizer.state(i, *k).unwrap().to_f64()).collect();
+                        let state = kinds
+                            .iter()
+                            .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                            .collect();
                         (params[i].to_f64(), state)
                     })
                     .collect();
@@ -255,7 +265,7 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
                     let what = format!("CPU {algorithm:?} {mix:?} step {t} param[{i}]");
                     assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(mix.param));
                     for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                        let got = optimizer.state(i, *kind).unwrap();
+                        let got = optimizer.state(i, *kind).and_then(|s| s.dense()).unwrap();
                         assert_eq!(got.dtype(), mix.state, "{what} {kind:?}");
                         assert_close(
                             &format!("{what} {kind:?}"),
@@ -285,7 +295,10 @@ fn master_weights_update_f32_masters_and_write_the_model_copy() {
             .unwrap();
         let master = optimizer.params()[0].clone();
         assert_eq!(master.dtype, DType::F32);
-        assert_eq!(optimizer.state(0, StateKind::GradAvg).unwrap().dtype, DType::F32);
+        assert_eq!(
+            optimizer.state(0, StateKind::GradAvg).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+            DType::F32
+        );
         let mut p = download(&ctx, &model);
         let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
         let grad = ctx.zeros("grad", n as u64, DType::F32);
@@ -340,16 +353,16 @@ fn two_groups_with_different_hyperparameters_each_follow_their_own_oracle() {
         for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
             assert_close(
                 &format!("{what} {kind:?}"),
-                &download(&ctx, optimizer.state(i, *kind).unwrap()),
+                &download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap()),
                 &want,
                 state_tolerance(*kind, DType::F32),
             );
         }
     }
     // The second group keeps a momentum buffer, the first does not.
-    assert!(optimizer.state(0, StateKind::MomentumBuffer).is_none());
-    assert!(optimizer.state(2, StateKind::MomentumBuffer).is_some());
-    assert!(optimizer.state(2, StateKind::GradAvg).is_none());
+    assert!(optimizer.state(0, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).is_none());
+    assert!(optimizer.state(2, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).is_some());
+    assert!(optimizer.state(2, StateKind::GradAvg).unwrap().and_then(|s| s.dense()).is_none());
 }
 
 #[test]
@@ -386,7 +399,7 @@ fn capturable_mode_reads_the_learning_rate_from_the_device() {
         for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
             assert_close(
                 &format!("{what} {kind:?}"),
-                &download(&ctx, optimizer.state(0, *kind).unwrap()),
+                &download(&ctx, optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap()),
                 &want,
                 state_tolerance(*kind, DType::F32),
             );
@@ -519,7 +532,10 @@ fn stochastic_rounding_stores_a_neighbour_of_the_oracles_value_and_the_same_bits
     for t in 1..=4 {
         let g = rng.vec(n, 1.0);
         let mut p = download(&ctx, &param);
-        let state: Vec<Vec<f64>> = kinds.iter().map(|k| download(&ctx, gpu.state(0, *k).unwrap())).collect();
+        let state: Vec<Vec<f64>> = kinds
+            .iter()
+            .map(|k| download(&ctx, gpu.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+            .collect();
         ctx.write(&grad, &g).unwrap();
         gpu.step(std::slice::from_ref(&grad)).unwrap();
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(&g, DType::F32)])).unwrap();
@@ -530,9 +546,13 @@ fn stochastic_rounding_stores_a_neighbour_of_the_oracles_value_and_the_same_bits
         assert_neighbours(&format!("{what} param"), &got, &p);
         assert_eq!(cpu_params[0].to_f64(), got, "{what}: CPU and GPU parameters");
         for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-            let got = download(&ctx, gpu.state(0, *kind).unwrap());
+            let got = download(&ctx, gpu.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_neighbours(&format!("{what} {kind:?}"), &got, &want);
-            assert_eq!(cpu.state(0, *kind).unwrap().to_f64(), got, "{what} {kind:?}: CPU and GPU");
+            assert_eq!(
+                cpu.state(0, *kind).and_then(|s| s.dense()).unwrap().to_f64(),
+                got,
+                "{what} {kind:?}: CPU and GPU"
+            );
         }
     }
 }
@@ -798,7 +818,11 @@ mod q8 {
                 for (i, param) in params.iter().enumerate() {
                     let what = format!("GPU {algorithm:?} step {} param[{i}]", k + 1);
                     assert_params_follow(&what, &download(&ctx, param), &oracle.params[i], &algorithm, k + 1);
-                    let got = optimizer.q8_state(i, StateKind::SquareAvg).unwrap().expect("square_avg");
+                    let got = optimizer
+                        .state(i, StateKind::SquareAvg)
+                        .map(|s| s.and_then(|v| v.q8()))
+                        .unwrap()
+                        .expect("square_avg");
                     assert_state_follows(&format!("{what} square_avg"), &got, &oracle.states[i]);
                 }
             }
@@ -822,7 +846,8 @@ mod q8 {
                 for (i, param) in params.iter().enumerate() {
                     let what = format!("CPU {algorithm:?} step {} param[{i}]", k + 1);
                     assert_params_follow(&what, &param.to_f64(), &oracle.params[i], &algorithm, k + 1);
-                    let got = optimizer.q8_state(i, StateKind::SquareAvg).expect("square_avg");
+                    let got =
+                        optimizer.state(i, StateKind::SquareAvg).and_then(|s| s.q8()).expect("square_avg");
                     assert_state_follows(&format!("{what} square_avg"), got, &oracle.states[i]);
                 }
             }

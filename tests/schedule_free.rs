@@ -81,7 +81,7 @@ impl Backend for Gpu {
         self.params.iter().map(|p| download(&self.ctx, p)).collect()
     }
     fn state(&self, i: usize, kind: StateKind) -> Vec<f64> {
-        download(&self.ctx, self.optimizer.state(i, kind).unwrap())
+        download(&self.ctx, self.optimizer.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap())
     }
     fn scalars(&self, g: usize) -> ScheduleFreeScalars {
         self.optimizer.schedule_free_scalars(g).unwrap()
@@ -136,7 +136,7 @@ impl Backend for Cpu {
         self.params.iter().map(HostTensor::to_f64).collect()
     }
     fn state(&self, i: usize, kind: StateKind) -> Vec<f64> {
-        self.optimizer.state(i, kind).unwrap().to_f64()
+        self.optimizer.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64()
     }
     fn scalars(&self, g: usize) -> ScheduleFreeScalars {
         self.optimizer.schedule_free_scalars(g).unwrap()

@@ -40,17 +40,19 @@ mod norm;
 mod q4;
 pub(crate) mod q8;
 mod schedule_free;
+mod state_access;
 mod state_memory;
 mod storage;
 mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
+pub use state_access::StateView;
 
 use crate::q4::{Q4State, Q4States};
 use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
-use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind, StateStorage};
+use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateStorage};
 use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 use kernels::{Kernel, MAX_STATE};
 use state_memory::StateTensor;
@@ -376,108 +378,6 @@ impl CpuOptimizer {
         Ok(())
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
-    ///
-    /// With [`CpuOptimizerBuilder::q8_states`] only the f32 states of tensors below
-    /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
-    /// the parameter has one. Read those with [`Self::q8_state`].
-    pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state(index, kind);
-        }
-        if kind == StateKind::KahanCompensation {
-            return self.compensation.get(index).map(StateTensor::as_slice);
-        }
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        if let Some((_, states)) = &self.q8 {
-            return match states.get(index)?.get(k)? {
-                StoredState::F32(values) => Some(HostSlice::F32(values)),
-                StoredState::Q8 { .. } => None,
-            };
-        }
-        if let Some((_, states)) = &self.q4 {
-            return match states.get(index)?.get(k)? {
-                Q4State::F32(values) => Some(HostSlice::F32(values)),
-                Q4State::Q4 { .. } => None,
-            };
-        }
-        Some(self.state.get(index)?.get(k)?.as_slice())
-    }
-
-    /// With [`CpuOptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as it is
-    /// stored, 8-bit codes and absmax, or f32 for a tensor below `min_8bit_size`.
-    pub fn q8_state(&self, index: usize, kind: StateKind) -> Option<&StoredState> {
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        self.q8.as_ref()?.1.get(index)?.get(k)
-    }
-
-    /// With [`CpuOptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
-    /// (e.g. from a checkpoint). Refused, with nothing changed, without 8-bit state or such
-    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
-    /// stored as this tensor's is (8-bit at and above `min_8bit_size`, f32 below), has
-    /// another length than the parameter, codes without one absmax per block, or an absmax
-    /// that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
-    pub fn set_q8_state(&mut self, index: usize, kind: StateKind, state: StoredState) -> Result<()> {
-        let kinds = self.algorithm.state_kinds();
-        let (config, states) = self
-            .q8
-            .as_mut()
-            .ok_or(Error::NeedsOption { what: "set_q8_state".into(), option: "q8_states" })?;
-        let slot = state_slot(kinds, states, index, kind)?;
-        crate::q8::check_replacement(&state, *config, slot.len(), &format!("q8 state {index} {kind:?}"))?;
-        *slot = state;
-        Ok(())
-    }
-
-    /// With [`CpuOptimizerBuilder::q4_states`]: parameter `index`'s state of `kind` as it is
-    /// stored, packed 4-bit codes and scales, or f32 for a tensor that keeps f32 state.
-    pub fn q4_state(&self, index: usize, kind: StateKind) -> Option<&Q4State> {
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        self.q4.as_ref()?.1.get(index)?.get(k)
-    }
-
-    /// With [`CpuOptimizerBuilder::q4_states`]: replaces parameter `index`'s state of `kind`
-    /// (e.g. from a checkpoint). Refused, with nothing changed, without 4-bit state or such
-    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
-    /// stored as this tensor's is, has another length, or a scale that is NaN, infinite or
-    /// negative ([`Error::BadValue`], naming the block).
-    pub fn set_q4_state(&mut self, index: usize, kind: StateKind, state: Q4State) -> Result<()> {
-        let kinds = self.algorithm.state_kinds();
-        let (config, states) = self
-            .q4
-            .as_mut()
-            .ok_or(Error::NeedsOption { what: "set_q4_state".into(), option: "q4_states" })?;
-        let slot = state_slot(kinds, states, index, kind)?;
-        let len = self.params[index].1;
-        crate::q4::check_replacement(&state, *config, len, &format!("q4 state {index} {kind:?}"))?;
-        *slot = state;
-        Ok(())
-    }
-
-    /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
-    pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state_mut(index, kind);
-        }
-        if kind == StateKind::KahanCompensation {
-            return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);
-        }
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        if let Some((_, states)) = &mut self.q8 {
-            return match states.get_mut(index)?.get_mut(k)? {
-                StoredState::F32(values) => Some(HostSliceMut::F32(values)),
-                StoredState::Q8 { .. } => None,
-            };
-        }
-        if let Some((_, states)) = &mut self.q4 {
-            return match states.get_mut(index)?.get_mut(k)? {
-                Q4State::F32(values) => Some(HostSliceMut::F32(values)),
-                Q4State::Q4 { .. } => None,
-            };
-        }
-        Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
-    }
-
     /// One step: updates `params` in place from `grads` (one per parameter, in order) and
     /// the optimizer's state.
     ///
@@ -638,27 +538,6 @@ impl CpuOptimizer {
         }
         Ok(())
     }
-}
-
-/// Parameter `index`'s state of `kind` among per-parameter state lists in `kinds`' order, or
-/// the error that names which of the two the optimizer does not have.
-fn state_slot<'a, S>(
-    kinds: &[StateKind],
-    states: &'a mut [Vec<S>],
-    index: usize,
-    kind: StateKind,
-) -> Result<&'a mut S> {
-    let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
-        argument: format!("state kind {kind:?}"),
-        got: vec![kind],
-        expected: kinds.to_vec(),
-    })?;
-    let count = states.len();
-    let slots = states.get_mut(index).ok_or_else(|| Error::BadRange {
-        argument: format!("index {index}"),
-        problem: format!("the optimizer has {count} parameters (indices from 0)"),
-    })?;
-    Ok(&mut slots[k])
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ pub const MAX_BLOCK_SIZE: usize = 256;
 ///
 /// ```
 /// # fn main() -> wgpu_optim::Result<()> {
-/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, StateView};
 /// use wgpu_optim::q4::{Q4State, Q4States};
 /// use wgpu_optim::{Adam, StateKind, StateStorage};
 ///
@@ -64,7 +64,7 @@ pub const MAX_BLOCK_SIZE: usize = 256;
 /// let options = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
 /// let mut opt = options.build(Adam::adamw(), &[HostSlice::F32(&weights)])?;
 /// opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(&grads)])?;
-/// let Some(Q4State::Q4 { codes, scale }) = opt.q4_state(0, StateKind::ExpAvg) else { unreachable!() };
+/// let Some(StateView::Q4(Q4State::Q4 { codes, scale })) = opt.state(0, StateKind::ExpAvg) else { unreachable!() };
 /// assert_eq!((codes.len(), scale.len()), (4096, 64));
 /// # Ok(()) }
 /// ```

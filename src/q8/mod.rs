@@ -49,13 +49,14 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// spoils its own parameter only. A tensor whose 8-bit states outgrow a storage binding is
 /// cut into chunks of whole blocks on the GPU. AMSGrad and Adagrad are refused, as are
 /// `capturable`, `master_weights`, `model_copies` and a rounding other than
-/// nearest. The 8-bit states are read and replaced as [`StoredState`]s
-/// (`Optimizer::q8_state`, `CpuOptimizer::q8_state`); `state()` gives only the f32
-/// states of tensors below `min_8bit_size`.
+/// nearest. The 8-bit states are read as [`StoredState`]s (`state()` of either backend,
+/// f32 values below `min_8bit_size`) and replaced as [`QuantizedState::Q8`]s (`set_state()`).
+///
+/// [`QuantizedState::Q8`]: crate::QuantizedState::Q8
 ///
 /// ```
 /// # fn main() -> wgpu_optim::Result<()> {
-/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, StateView};
 /// use wgpu_optim::q8::{Q8States, StoredState};
 /// use wgpu_optim::{Adam, StateKind, StateStorage};
 ///
@@ -63,7 +64,7 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// let options = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
 /// let mut opt = options.build(Adam::adamw(), &[HostSlice::F32(&weights)])?;
 /// opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(&grads)])?;
-/// let Some(StoredState::Q8 { codes, absmax }) = opt.q8_state(0, StateKind::ExpAvg) else { unreachable!() };
+/// let Some(StateView::Q8(StoredState::Q8 { codes, absmax })) = opt.state(0, StateKind::ExpAvg) else { unreachable!() };
 /// assert_eq!((codes.len(), absmax.len()), (8192, 32));
 /// # Ok(()) }
 /// ```

@@ -264,15 +264,26 @@ impl Gpu {
                 for &kind in self.case.kinds(&self.shapes[i]) {
                     let name = state_name(kind, i);
                     arrays.push(match self.case.storage {
-                        Storage::F32 => f32_array(name.clone(), read(self.opt.state(i, kind).unwrap())),
+                        Storage::F32 => f32_array(
+                            name.clone(),
+                            read(self.opt.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap()),
+                        ),
                         Storage::Q8 => {
-                            let state =
-                                self.opt.q8_state(i, kind).unwrap_or_else(|e| panic!("{name}: {e}")).unwrap();
+                            let state = self
+                                .opt
+                                .state(i, kind)
+                                .map(|s| s.and_then(|v| v.q8()))
+                                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                                .unwrap();
                             q8_array(name, kind, &state)
                         }
                         Storage::Q4 => {
-                            let state =
-                                self.opt.q4_state(i, kind).unwrap_or_else(|e| panic!("{name}: {e}")).unwrap();
+                            let state = self
+                                .opt
+                                .state(i, kind)
+                                .map(|s| s.and_then(|v| v.q4()))
+                                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                                .unwrap();
                             q4_array(name, kind, &state)
                         }
                     });
@@ -319,12 +330,16 @@ impl Cpu {
                 for &kind in self.case.kinds(&self.shapes[i]) {
                     let name = state_name(kind, i);
                     arrays.push(match self.case.storage {
-                        Storage::F32 => match self.opt.state(i, kind).unwrap() {
+                        Storage::F32 => match self.opt.state(i, kind).and_then(|s| s.dense()).unwrap() {
                             HostSlice::F32(values) => f32_array(name, values.to_vec()),
                             other => panic!("{name}: f32 state expected, got {:?}", other.dtype()),
                         },
-                        Storage::Q8 => q8_array(name, kind, self.opt.q8_state(i, kind).unwrap()),
-                        Storage::Q4 => q4_array(name, kind, self.opt.q4_state(i, kind).unwrap()),
+                        Storage::Q8 => {
+                            q8_array(name, kind, self.opt.state(i, kind).and_then(|s| s.q8()).unwrap())
+                        }
+                        Storage::Q4 => {
+                            q4_array(name, kind, self.opt.state(i, kind).and_then(|s| s.q4()).unwrap())
+                        }
                     });
                 }
                 arrays

@@ -65,9 +65,9 @@ pub fn f32_trajectories_follow_the_oracle(algorithm: Algorithm, steps: usize, se
         assert_close(&format!("GPU {what}"), &download(&ctx, &params[i]), &want[i], Tolerance::F32);
         assert_close(&format!("CPU {what}"), &cpu_params[i].to_f64(), &want[i], Tolerance::F32);
         for (kind, want) in kinds.iter().zip(oracles[i].tensors()) {
-            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
+            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_close(&format!("GPU {what} {kind:?}"), &gpu_state, &want, Tolerance::F32);
-            let cpu_state = cpu.state(i, *kind).unwrap().to_f64();
+            let cpu_state = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
             assert_close(&format!("CPU {what} {kind:?}"), &cpu_state, &want, Tolerance::F32);
         }
     }
@@ -120,8 +120,16 @@ pub fn mixes_match_the_oracle_step_by_step(
         let mut cpu = options.build(algorithm, &slices(&cpu_params)).unwrap();
         for i in 0..SIZES.len() {
             for kind in kinds {
-                assert_eq!(gpu.state(i, *kind).unwrap().dtype, mix.state, "{kind:?} of param[{i}]");
-                assert_eq!(cpu.state(i, *kind).unwrap().dtype(), mix.state, "{kind:?} of param[{i}]");
+                assert_eq!(
+                    gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+                    mix.state,
+                    "{kind:?} of param[{i}]"
+                );
+                assert_eq!(
+                    cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().dtype(),
+                    mix.state,
+                    "{kind:?} of param[{i}]"
+                );
             }
         }
         for t in 1..=steps {
@@ -129,13 +137,19 @@ pub fn mixes_match_the_oracle_step_by_step(
             type Before = (Vec<f64>, Vec<Vec<f64>>);
             let gpu_before: Vec<Before> = (0..SIZES.len())
                 .map(|i| {
-                    let state = kinds.iter().map(|k| download(ctx, gpu.state(i, *k).unwrap())).collect();
+                    let state = kinds
+                        .iter()
+                        .map(|k| download(ctx, gpu.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+                        .collect();
                     (download(ctx, &params[i]), state)
                 })
                 .collect();
             let cpu_before: Vec<Before> = (0..SIZES.len())
                 .map(|i| {
-                    let state = kinds.iter().map(|k| cpu.state(i, *k).unwrap().to_f64()).collect();
+                    let state = kinds
+                        .iter()
+                        .map(|k| cpu.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                        .collect();
                     (cpu_params[i].to_f64(), state)
                 })
                 .collect();
@@ -163,8 +177,11 @@ pub fn mixes_match_the_oracle_step_by_step(
                     assert_close(&what, &got, &p, Tolerance::stored(mix.param));
                     for (k, want) in oracle.tensors().iter().enumerate() {
                         let got = match backend {
-                            "GPU" => download(ctx, gpu.state(i, kinds[k]).unwrap()),
-                            _ => cpu.state(i, kinds[k]).unwrap().to_f64(),
+                            "GPU" => download(
+                                ctx,
+                                gpu.state(i, kinds[k]).unwrap().and_then(|s| s.dense()).unwrap(),
+                            ),
+                            _ => cpu.state(i, kinds[k]).and_then(|s| s.dense()).unwrap().to_f64(),
                         };
                         let what = format!("{what} {:?}", kinds[k]);
                         assert_close(&what, &got, want, Tolerance::stored(mix.state));
@@ -199,7 +216,7 @@ pub fn master_weights_follow_the_oracle(algorithm: Algorithm, seed: u64) {
             let masters = download(&ctx, &master);
             assert_close(&format!("{algorithm:?} {dtype:?} masters"), &masters, &p, Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
-                let state = optimizer.state(0, *kind).unwrap();
+                let state = optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap();
                 assert_eq!(state.dtype, DType::F32, "{kind:?}");
                 assert_close(&format!("{dtype:?} {kind:?}"), &download(&ctx, state), &want, Tolerance::F32);
             }
@@ -235,7 +252,7 @@ pub fn two_groups_follow_their_own_oracles(first: Algorithm, second: Algorithm, 
         let what = format!("{:?} param[{i}]", configs[i]);
         assert_close(&what, &download(&ctx, param), &p[i], Tolerance::F32);
         for (kind, want) in configs[i].state_kinds().iter().zip(oracles[i].tensors()) {
-            let got = download(&ctx, optimizer.state(i, *kind).unwrap());
+            let got = download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::F32);
         }
     }
@@ -278,7 +295,7 @@ pub fn capturable_follows_the_oracle(
     let what = format!("capturable {algorithm:?} from step {start}");
     assert_close(&what, &download(&ctx, &param), &p, tolerance);
     for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
-        let got = download(&ctx, optimizer.state(0, *kind).unwrap());
+        let got = download(&ctx, optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap());
         assert_close(&format!("{what} {kind:?}"), &got, &want, tolerance);
     }
 }
@@ -358,7 +375,7 @@ pub fn rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(
             }
             let state: Vec<Vec<f64>> = (0..start.len())
                 .flat_map(|i| kinds.iter().map(move |k| (i, *k)))
-                .map(|(i, k)| opt.state(i, k).unwrap().to_f64())
+                .map(|(i, k)| opt.state(i, k).and_then(|s| s.dense()).unwrap().to_f64())
                 .collect();
             (params.iter().map(HostTensor::to_f64).collect::<Vec<_>>(), state)
         };
@@ -383,7 +400,7 @@ pub fn rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(
                 }
                 let gpu_state: Vec<Vec<f64>> = (0..start.len())
                     .flat_map(|i| kinds.iter().map(move |k| (i, *k)))
-                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap()))
+                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap().and_then(|s| s.dense()).unwrap()))
                     .collect();
                 for (k, (got, want)) in gpu_state.iter().zip(&cpu_state).enumerate() {
                     assert_bits_eq(&format!("{what}: state {k}"), got, want);
@@ -427,9 +444,10 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         let stored = state_dtype.unwrap_or(DType::F32);
         let mut before = Vec::new();
         for i in 0..SIZES.len() {
-            let state: Vec<Vec<f64>> = kinds.iter().map(|k| cpu.state(i, *k).unwrap().to_f64()).collect();
+            let state: Vec<Vec<f64>> =
+                kinds.iter().map(|k| cpu.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
             for (k, kind) in kinds.iter().enumerate() {
-                let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
+                let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_bits_eq(&format!("{algorithm:?} {kind:?}[{i}] on the CPU"), &state[k], &gpu_state);
             }
             before.push(state);
@@ -450,7 +468,7 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
             let what = format!("{algorithm:?} state {stored:?} param[{i}] after the load");
             assert_close(&what, &cpu_params[i].to_f64(), &p, Tolerance::F32);
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = cpu.state(i, *kind).unwrap().to_f64();
+                let got = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::stored(stored));
             }
         }

@@ -108,7 +108,7 @@ impl ModuleStep {
         }
         let mut tensors = BTreeMap::new();
         for kind in record::ALL_KINDS {
-            let Some(tensor) = bound.optimizer.state(i, kind) else { continue };
+            let Some(tensor) = bound.optimizer.tensor_state(i, kind) else { continue };
             let bytes = self.shared.context().read_bytes(tensor)?;
             let shape = record::state_shape(kind, shape);
             let data = TensorData::from_bytes_vec(bytes, shape, record::burn_dtype(tensor.dtype));

@@ -54,7 +54,7 @@ fn check(ctx: &GpuContext, serial: bool, block_size: usize, sizes: &[usize]) {
             assert!((a - b).abs() <= 1e-6 + 1e-5 * b.abs(), "{what} tensor {i} param[{j}]: {a} against {b}");
         }
         for (kind, want) in [(StateKind::ExpAvg, m), (StateKind::ExpAvgSq, v)] {
-            let state = opt.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = opt.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
             match (state, want) {
                 (Some(Q4State::Q4 { codes, scale }), Q4State::Q4 { codes: w_codes, scale: w_scale }) => {
                     let (codes, w_codes) = (ao4::unpack(&codes), ao4::unpack(w_codes));

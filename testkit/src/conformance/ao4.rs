@@ -7,7 +7,7 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
-use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage};
+use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage, StateView};
 
 use super::case::Case;
 use super::inputs::Inputs;
@@ -77,7 +77,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 let states = kinds
                     .iter()
                     .map(|kind| {
-                        optimizer.q4_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                        optimizer
+                            .state(i, *kind)
+                            .and_then(|s| s.q4())
+                            .cloned()
+                            .ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
                 finals.push((t.to_f64(), states));
@@ -98,7 +102,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, param) in param_tensors.iter().enumerate() {
                 let mut states = Vec::with_capacity(kinds.len());
                 for kind in kinds {
-                    let state = optimizer.q4_state_async(i, kind).await?;
+                    let state = optimizer.state_async(i, kind).await?.and_then(StateView::q4);
                     states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
                 }
                 finals.push((ctx.read_async(param).await?, states));

@@ -13,6 +13,7 @@ use wgpu_optim::q8::{self, StoredState};
 use wgpu_optim::AdEMAMix;
 use wgpu_optim::Lion;
 use wgpu_optim::RmsProp;
+use wgpu_optim::StateView;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, Kind, ValueType};
@@ -547,7 +548,10 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             for (i, param) in param_tensors.iter().enumerate() {
                 outputs.push((name_of(0, i), param.to_f64()));
                 for (k, kind) in kinds.iter().enumerate() {
-                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state(i, *kind)
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     outputs.push((name_of(k + 1, i), state.to_f64()));
                 }
             }
@@ -566,7 +570,11 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             for (i, param) in param_tensors.iter().enumerate() {
                 outputs.push((name_of(0, i), ctx.read_async(param).await?));
                 for (k, kind) in kinds.iter().enumerate() {
-                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state_async(i, *kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     outputs.push((name_of(k + 1, i), ctx.read_async(state).await?));
                 }
             }
@@ -785,7 +793,11 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                 let states = kinds
                     .iter()
                     .map(|kind| {
-                        optimizer.q8_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                        optimizer
+                            .state(i, *kind)
+                            .and_then(|s| s.q8())
+                            .cloned()
+                            .ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
                 finals.push((t.to_f64(), states));
@@ -803,7 +815,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             for (i, param) in param_tensors.iter().enumerate() {
                 let mut states = Vec::with_capacity(kinds.len());
                 for kind in kinds.iter() {
-                    let state = optimizer.q8_state_async(i, *kind).await?;
+                    let state = optimizer.state_async(i, *kind).await?.and_then(StateView::q8);
                     states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
                 }
                 finals.push((ctx.read_async(param).await?, states));
