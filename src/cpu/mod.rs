@@ -201,78 +201,39 @@ impl CpuOptimizer {
             adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
         crate::validate::check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype()), "params")?;
         let muon_shapes = muon::check(&algorithm, &options, params.len())?;
-        if let Some(config) = options.state_storage.q4() {
-            crate::q4::check_options(&config, &[algorithm], &options, params.iter().map(|p| p.dtype()))?;
-            let states = params
-                .iter()
-                .map(|p| {
-                    let quantized = config.quantizes(p.len() as u64);
-                    let zeros = || Q4State::zeros(p.len(), quantized, config.block_size);
-                    algorithm.state_kinds().iter().map(|_| zeros()).collect()
-                })
-                .collect();
-            return Ok(CpuOptimizer {
-                algorithm,
-                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
-                state: Vec::new(),
-                compensation: Vec::new(),
-                rounding: options.rounding,
-                step: 0,
-                grad_clip: options.grad_clip,
-                grad_norm: None,
-                shapes: options.param_shapes,
-                q8: None,
-                q4: Some((config, states)),
-                schedule_free: ScheduleFreeScalars::default(),
-                mode: ScheduleFreeMode::Train,
-                lamb_norms: Vec::new(),
-                adafactor,
-                muon: muon::Scratch::new(&muon_shapes),
-                muon_shapes,
-            });
-        }
-        if let Some(config) = options.state_storage.q8() {
-            crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
-            let states = params
-                .iter()
-                .map(|p| {
-                    let quantized = config.quantizes(p.len() as u64);
-                    algorithm.state_kinds().iter().map(|_| StoredState::zeros(p.len(), quantized)).collect()
-                })
-                .collect();
-            return Ok(CpuOptimizer {
-                algorithm,
-                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
-                state: Vec::new(),
-                compensation: Vec::new(),
-                rounding: options.rounding,
-                step: 0,
-                grad_clip: options.grad_clip,
-                grad_norm: None,
-                shapes: options.param_shapes,
-                q8: Some((config, states)),
-                q4: None,
-                schedule_free: ScheduleFreeScalars::default(),
-                mode: ScheduleFreeMode::Train,
-                lamb_norms: Vec::new(),
-                adafactor,
-                muon: muon::Scratch::new(&muon_shapes),
-                muon_shapes,
-            });
-        }
+        // Low-bit storage keeps each parameter's states in its format, zeroed, and no dense
+        // state.
+        let dtypes = || params.iter().map(|p| p.dtype());
+        let lens = || params.iter().map(|p| p.len());
+        let kinds = algorithm.state_kinds();
+        let (q8, q4) = match options.state_storage {
+            StateStorage::Q8(config) => {
+                crate::q8::check_options(&[algorithm], &options, dtypes())?;
+                let zeros = |len: usize| StoredState::zeros(len, config.quantizes(len as u64));
+                let states = lens().map(|len| kinds.iter().map(|_| zeros(len)).collect()).collect();
+                (Some((config, states)), None)
+            }
+            StateStorage::Q4(config) => {
+                crate::q4::check_options(&config, &[algorithm], &options, dtypes())?;
+                let zeros = |len: usize| Q4State::zeros(len, config.quantizes(len as u64), config.block_size);
+                let states = lens().map(|len| kinds.iter().map(|_| zeros(len)).collect()).collect();
+                (None, Some((config, states)))
+            }
+            StateStorage::ParamDtype | StateStorage::Dtype(_) => (None, None),
+        };
         let initial = algorithm.initial_state();
-        let state = params
-            .iter()
-            .map(|p| {
-                let dtype = options.state_storage.dtype().unwrap_or(p.dtype());
-                let kinds = algorithm.state_kinds();
-                let phase = p.address();
-                kinds
-                    .iter()
-                    .map(|_| StateTensor::filled(dtype, p.len(), initial, phase))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let dense = |p: &HostSlice<'_>| {
+            let dtype = options.state_storage.dtype().unwrap_or(p.dtype());
+            let phase = p.address();
+            kinds
+                .iter()
+                .map(|_| StateTensor::filled(dtype, p.len(), initial, phase))
+                .collect::<Result<Vec<_>>>()
+        };
+        let state = match q8.is_some() || q4.is_some() {
+            true => Vec::new(),
+            false => params.iter().map(dense).collect::<Result<Vec<_>>>()?,
+        };
         let compensation = match options.rounding {
             Rounding::Kahan => params
                 .iter()
@@ -291,8 +252,8 @@ impl CpuOptimizer {
             grad_clip: options.grad_clip,
             grad_norm: None,
             shapes: options.param_shapes,
-            q8: None,
-            q4: None,
+            q8,
+            q4,
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
@@ -483,18 +444,16 @@ impl CpuOptimizer {
             });
         }
         for (i, (grad, &(_, len))) in grads.iter().zip(&self.params).enumerate() {
-            if self.q8.is_some() && grad.dtype() != DType::F32 {
+            let low_bit = match (&self.q8, &self.q4) {
+                (Some(_), _) => Some("8-bit"),
+                (None, Some(_)) => Some("4-bit"),
+                (None, None) => None,
+            };
+            if let Some(format) = low_bit.filter(|_| grad.dtype() != DType::F32) {
                 return Err(Error::DTypeMismatch {
                     argument: format!("grads[{i}]"),
                     got: grad.dtype(),
-                    expected: "F32 with 8-bit state_storage".into(),
-                });
-            }
-            if self.q4.is_some() && grad.dtype() != DType::F32 {
-                return Err(Error::DTypeMismatch {
-                    argument: format!("grads[{i}]"),
-                    got: grad.dtype(),
-                    expected: "F32 with 4-bit state_storage".into(),
+                    expected: format!("F32 with {format} state_storage"),
                 });
             }
             if grad.len() != len {

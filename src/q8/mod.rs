@@ -180,34 +180,10 @@ pub(crate) fn check_options(
     options: &crate::OptimizerOptions,
     dtypes: impl Iterator<Item = crate::DType>,
 ) -> Result<()> {
-    use crate::Rounding;
-    let first = "state_storage";
     for algorithm in algorithms {
         check_algorithm(algorithm, options.grad_clip.is_some())?;
     }
-    let conflicts: [(&'static str, bool, &'static str); 4] = [
-        ("capturable", options.capturable, "8-bit steps take their bias corrections from the host"),
-        ("master_weights", options.master_weights, "8-bit state keeps f32 parameters, which are the masters"),
-        ("model_copies", !options.model_copies.is_empty(), "8-bit state keeps f32 parameters only"),
-        (
-            "rounding",
-            options.rounding != Rounding::NearestEven,
-            "8-bit state keeps f32 parameters, whose stores do not round",
-        ),
-    ];
-    if let Some((second, _, reason)) = conflicts.iter().find(|(_, set, _)| *set) {
-        return Err(Error::ConflictingOptions { first, second, reason });
-    }
-    for (i, dtype) in dtypes.enumerate() {
-        if dtype != crate::DType::F32 {
-            return Err(Error::DTypeMismatch {
-                argument: format!("params[{i}]"),
-                got: dtype,
-                expected: "F32 with 8-bit state_storage (8-bit state is kept for f32 parameters)".into(),
-            });
-        }
-    }
-    Ok(())
+    crate::state_storage::check_low_bit_options(crate::state_storage::LowBit::Q8, options, dtypes)
 }
 
 /// Refuses, naming it `argument`, a `state` that cannot replace the state of a tensor of
