@@ -63,7 +63,7 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     adafactor_state_kinds, Adafactor, Adam, Algorithm, DType, Error, GradClip, Optimizer, ParamGroup,
-    Rounding, StateKind, Tensor,
+    Rounding, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{AdafactorOracle, Storage, TorchState};
 
@@ -133,8 +133,8 @@ fn backends_follow_the_oracle(config: Adafactor, shapes: &[&[usize]], dtype: DTy
         assert_close(&what("cpu", "param"), &cpu_params[i].to_f64(), &want[i], tolerance);
         for (kind, state) in adafactor_state_kinds(shape).iter().zip(oracle_states(&oracle, i)) {
             let name = kind.torch_name();
-            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
-            let cpu_state = cpu.state(i, *kind).unwrap().to_f64();
+            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
+            let cpu_state = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
             // The states are f32 whatever the parameters; 16-bit gradients are exact in f32.
             let tol = Tolerance::Close { rtol: 2e-5, atol: 1e-7 };
             let tol = if dtype == DType::F32 { tol } else { tolerance };
@@ -256,10 +256,10 @@ fn adafactor_beside_adamw_in_one_optimizer_follows_each_oracle() {
         assert_close(&format!("param {i}"), &download(&ctx, &params[i]), &want[i], tolerance);
     }
     // The AdamW parameter (optimizer index 2) keeps Adam's states, not Adafactor's.
-    assert!(gpu.state(2, StateKind::ExpAvg).is_some());
-    assert!(gpu.state(2, StateKind::RowVar).is_none());
-    assert_eq!(gpu.state(0, StateKind::RowVar).unwrap().len, 16);
-    assert_eq!(gpu.state(1, StateKind::ColVar).unwrap().len, 3);
+    assert!(gpu.state(2, StateKind::ExpAvg).unwrap().and_then(|s| s.dense()).is_some());
+    assert!(gpu.state(2, StateKind::RowVar).unwrap().and_then(|s| s.dense()).is_none());
+    assert_eq!(gpu.state(0, StateKind::RowVar).unwrap().and_then(|s| s.dense()).unwrap().len, 16);
+    assert_eq!(gpu.state(1, StateKind::ColVar).unwrap().and_then(|s| s.dense()).unwrap().len, 3);
 }
 
 #[test]
@@ -270,9 +270,9 @@ fn the_factored_state_is_sublinear() {
         .param_shapes(vec![vec![4096, 1024]])
         .build(&ctx, Adafactor::default(), &params)
         .unwrap();
-    assert_eq!(opt.state(0, StateKind::RowVar).unwrap().len, 4096);
-    assert_eq!(opt.state(0, StateKind::ColVar).unwrap().len, 1024);
-    assert!(opt.state(0, StateKind::Variance).is_none());
+    assert_eq!(opt.state(0, StateKind::RowVar).unwrap().and_then(|s| s.dense()).unwrap().len, 4096);
+    assert_eq!(opt.state(0, StateKind::ColVar).unwrap().and_then(|s| s.dense()).unwrap().len, 1024);
+    assert!(opt.state(0, StateKind::Variance).unwrap().and_then(|s| s.dense()).is_none());
 }
 
 #[test]
@@ -324,11 +324,18 @@ fn refusals_name_the_problem_and_change_nothing() {
     conflict(b().capturable(true).build(&ctx, Adafactor::default(), &params), "capturable");
     conflict(b().grad_clip(GradClip::l2(1.0)).build(&ctx, Adafactor::default(), &params), "grad_clip");
     conflict(b().master_weights(true).build(&ctx, Adafactor::default(), &params), "master_weights");
-    conflict(b().state_dtype(DType::BF16).build(&ctx, Adafactor::default(), &params), "state_dtype");
+    conflict(
+        b().state_storage(StateStorage::Dtype(DType::BF16)).build(&ctx, Adafactor::default(), &params),
+        "state_storage",
+    );
     let half = vec![ctx.upload("w16", &[0.5; 6], DType::BF16)];
     conflict(b().rounding(Rounding::Kahan).build(&ctx, Adafactor::default(), &half), "rounding");
-    match b().q8_states(wgpu_optim::q8::Q8States::default()).build(&ctx, Adafactor::default(), &params) {
-        Err(Error::ConflictingOptions { first: "q8_states", .. }) => {}
+    match b().state_storage(StateStorage::Q8(wgpu_optim::q8::Q8States::default())).build(
+        &ctx,
+        Adafactor::default(),
+        &params,
+    ) {
+        Err(Error::ConflictingOptions { first: "state_storage", .. }) => {}
         other => panic!("q8: expected ConflictingOptions, got {other:?}"),
     }
     // A group cannot switch to or from Adafactor; a refused change leaves it as it was.
@@ -340,7 +347,10 @@ fn refusals_name_the_problem_and_change_nothing() {
     let grads = [ctx.upload("g", &[1.0; 6], DType::F32)];
     assert!(opt.step(&[grads[0].clone(), grads[0].clone()]).is_err());
     assert_eq!(download(&ctx, &params[0]), vec![0.5; 6]);
-    assert_eq!(download(&ctx, opt.state(0, StateKind::RowVar).unwrap()), vec![0.0; 2]);
+    assert_eq!(
+        download(&ctx, opt.state(0, StateKind::RowVar).unwrap().and_then(|s| s.dense()).unwrap()),
+        vec![0.0; 2]
+    );
     // The stateless operator has no Adafactor.
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let result = wgpu_optim::ops::update(&ctx, &mut encoder, &Adafactor::default().into(), 1, &[]);
@@ -418,7 +428,7 @@ fn checkpoints_hold_torchs_names_and_shapes_and_load_into_the_other_backend() {
     assert_eq!(fresh.step_count(), 5);
     for (i, shape) in shapes.iter().enumerate() {
         for (kind, state) in adafactor_state_kinds(shape).iter().zip(oracle_states(&oracle, i)) {
-            let got = download(&ctx, fresh.state(i, *kind).unwrap());
+            let got = download(&ctx, fresh.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_close(&format!("loaded {} {i}", kind.torch_name()), &got, &state, tolerance);
         }
     }

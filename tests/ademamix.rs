@@ -10,7 +10,7 @@ mod common;
 mod family;
 
 use common::{ctx, Tolerance};
-use wgpu_optim::{AdEMAMix, Adam, Algorithm, StateKind};
+use wgpu_optim::{AdEMAMix, Adam, Algorithm, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{ademamix_alpha, ademamix_beta3};
 
 fn plain() -> Algorithm {
@@ -220,8 +220,8 @@ fn checkpoints_stack_m1_and_m2_as_bitsandbytes_state1_and_keep_nu_as_state2() {
     let mut cpu = CpuOptimizer::builder().param_shapes(shapes.clone()).build(algorithm, &views).unwrap();
     cpu.load_from_bytes(&bytes).unwrap();
     for (i, kind) in [StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq].iter().enumerate() {
-        let got = cpu.state(0, *kind).unwrap().to_f64();
-        let want = common::download(&ctx, gpu.state(0, *kind).unwrap());
+        let got = cpu.state(0, *kind).and_then(|s| s.dense()).unwrap().to_f64();
+        let want = common::download(&ctx, gpu.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap());
         assert_eq!(got, want, "{kind:?} (state {i}) on the CPU");
     }
     assert_eq!(cpu.save_to_bytes().unwrap(), bytes, "the CPU saves the same file");
@@ -317,10 +317,12 @@ fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
     let ctx = ctx();
     let params: Vec<wgpu_optim::Tensor> =
         initial.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
-    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, algorithm, &params).unwrap();
+    let mut gpu =
+        Optimizer::builder().state_storage(StateStorage::Q8(config)).build(&ctx, algorithm, &params).unwrap();
     let mut host: Vec<Vec<f32>> = initial.iter().map(|v| common::to_f32(v)).collect();
     let views: Vec<HostSlice<'_>> = host.iter().map(|t| HostSlice::F32(t)).collect();
-    let mut cpu = CpuOptimizer::builder().q8_states(config).build(algorithm, &views).unwrap();
+    let mut cpu =
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).build(algorithm, &views).unwrap();
     for step in &grads {
         let g: Vec<wgpu_optim::Tensor> = step.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
         gpu.step(&g).unwrap();
@@ -336,9 +338,9 @@ fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
         assert_params_follow(&format!("GPU param {i}"), &gpu_param, &want[i], lr, grads.len());
         assert_params_follow(&format!("CPU param {i}"), &cpu_param, &want[i], lr, grads.len());
         for (k, kind) in kinds.iter().enumerate() {
-            let gpu_state = gpu.q8_state(i, *kind).unwrap().unwrap();
+            let gpu_state = gpu.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap().unwrap();
             assert_state_follows(&format!("GPU {kind:?} {i}"), &gpu_state, &want_states[i][k]);
-            let cpu_state = cpu.q8_state(i, *kind).unwrap();
+            let cpu_state = cpu.state(i, *kind).and_then(|s| s.q8()).unwrap();
             assert_state_follows(&format!("CPU {kind:?} {i}"), cpu_state, &want_states[i][k]);
         }
     }
@@ -365,7 +367,7 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     let start: Vec<Vec<f64>> = shapes.iter().map(|s| rng.vec(s.iter().product(), 1.0)).collect();
     let ctx = ctx();
     let params: Vec<wgpu_optim::Tensor> = start.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
-    let options = Optimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(config)).param_shapes(shapes.clone());
     let mut gpu = options.clone().build(&ctx, algorithm, &params).unwrap();
     for _ in 0..3 {
         let g: Vec<wgpu_optim::Tensor> =
@@ -377,8 +379,11 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     let f32s = |data: &[u8]| -> Vec<f32> {
         data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     };
-    let states: Vec<Vec<StoredState>> =
-        (0..2).map(|i| kinds.iter().map(|k| gpu.q8_state(i, *k).unwrap().unwrap()).collect()).collect();
+    let states: Vec<Vec<StoredState>> = (0..2)
+        .map(|i| {
+            kinds.iter().map(|k| gpu.state(i, *k).map(|s| s.and_then(|v| v.q8())).unwrap().unwrap()).collect()
+        })
+        .collect();
     // Tensor 0 (4480 elements, 18 blocks) keeps 8-bit state.
     let (n, blocks) = (4480usize, 18usize);
     let tensor = |name: &str| file.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -418,12 +423,13 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     // loads the CPU's file back.
     let host: Vec<HostTensor> = start.iter().map(|v| HostTensor::from_f64(DType::F32, v).unwrap()).collect();
     let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
-    let cpu_options = CpuOptimizer::builder().q8_states(config).param_shapes(shapes.clone());
+    let cpu_options =
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).param_shapes(shapes.clone());
     let mut cpu = cpu_options.build(algorithm, &views).unwrap();
     cpu.load_from_bytes(&bytes).unwrap();
     for (i, tensor_states) in states.iter().enumerate() {
         for (kind, want) in kinds.iter().zip(tensor_states) {
-            assert_eq!(cpu.q8_state(i, *kind), Some(want), "{kind:?} {i} on the CPU");
+            assert_eq!(cpu.state(i, *kind).and_then(|s| s.q8()), Some(want), "{kind:?} {i} on the CPU");
         }
     }
     let cpu_bytes = cpu.save_to_bytes().unwrap();
@@ -433,7 +439,7 @@ fn eight_bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_other_backend()
     for (i, tensor_states) in states.iter().enumerate() {
         for (kind, want) in kinds.iter().zip(tensor_states) {
             assert_eq!(
-                fresh.q8_state(i, *kind).unwrap().as_ref(),
+                fresh.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap().as_ref(),
                 Some(want),
                 "{kind:?} {i} back on the GPU"
             );

@@ -8,7 +8,7 @@ use common::{assert_tensor, ctx, to_f32, Rng};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, Tensor};
+use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::{self, torch_adam_step, TorchAdamState};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
@@ -193,7 +193,12 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
         torch_adam_step(&config, &mut p, &g, &mut state);
     }
     assert_tensor(&ctx, "packed param", &param, &p);
-    assert_tensor(&ctx, "exp_avg", optimizer.state(0, StateKind::ExpAvg).unwrap(), &state.exp_avg);
+    assert_tensor(
+        &ctx,
+        "exp_avg",
+        optimizer.state(0, StateKind::ExpAvg).unwrap().and_then(|s| s.dense()).unwrap(),
+        &state.exp_avg,
+    );
     let untouched = Tensor { buffer: buffer.buffer.clone(), offset: 0, len: 7, dtype: DType::F32 };
     assert_tensor(&ctx, "elements before the parameters", &untouched, &[0.0; 7]);
 }
@@ -270,7 +275,7 @@ fn a_gradient_inside_another_parameter_is_refused_and_changes_nothing() {
     let config = Adam { lr: 0.01, ..Adam::default() };
     let mut optimizer = Optimizer::builder().build(&ctx, config, &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(n, 1.0)));
-    let exp_avg = optimizer.state(0, StateKind::ExpAvg).unwrap().clone();
+    let exp_avg = optimizer.state(0, StateKind::ExpAvg).unwrap().and_then(|s| s.dense()).unwrap().clone();
     let watched = [&flat, &g0, &exp_avg];
     let inside = [g0.clone(), params[0].clone()];
     assert_grads_refused(&ctx, &mut optimizer, &inside, &watched, ("grads[1]", "params[0]"));
@@ -302,12 +307,15 @@ fn a_gradient_inside_another_parameter_is_refused_with_8bit_state() {
     let mut rng = Rng::new(32);
     let flat = ctx.upload_f32("params", &to_f32(&rng.vec(3 * n, 1.0)));
     let params = [flat.slice(0, 2 * n as u64), flat.slice(2 * n as u64, n as u64)];
-    let options = Optimizer::builder().q8_states(Q8States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     let mut optimizer = options.build(&ctx, Adam::adamw(), &params).unwrap();
     let g0 = ctx.upload_f32("g0", &to_f32(&rng.vec(2 * n, 1.0)));
     optimizer.step(&[g0.clone(), ctx.upload_f32("g1", &to_f32(&rng.vec(n, 1.0)))]).unwrap();
-    let states =
-        |o: &Optimizer| (0..2).map(|i| o.q8_state(i, StateKind::ExpAvg).unwrap()).collect::<Vec<_>>();
+    let states = |o: &Optimizer| {
+        (0..2)
+            .map(|i| o.state(i, StateKind::ExpAvg).map(|s| s.and_then(|v| v.q8())).unwrap())
+            .collect::<Vec<_>>()
+    };
     let before = states(&optimizer);
     // grads[1] inside params[0], clear of params[1].
     let grads = [g0.clone(), flat.slice(100, n as u64)];

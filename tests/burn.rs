@@ -11,7 +11,9 @@ use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData}
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, Algorithm, BurnFailure, Error, GradClip, ScheduleFreeAdamW, ScheduleFreeMode, Sgd};
+use wgpu_optim::{
+    Adam, Algorithm, BurnFailure, Error, GradClip, ScheduleFreeAdamW, ScheduleFreeMode, Sgd, StateStorage,
+};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, TorchState};
 
 fn shared() -> SharedDevice {
@@ -463,7 +465,7 @@ fn what_cannot_be_stepped_is_refused_with_nothing_written() {
     let mut g = GradientsParams::new();
     g.register(model.params[0].id, tensor(&rng.vec(256, 1.0), &device).cast(BurnDType::F16));
     let err = ModuleStep::builder()
-        .q8_states(Q8States::default())
+        .state_storage(StateStorage::Q8(Q8States::default()))
         .build(&shared, algorithm)
         .unwrap()
         .step(1e-3, model, g)

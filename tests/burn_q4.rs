@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use burn_pack::Reader;
 use wgpu_optim::burn::{ModuleStep, SharedDevice};
 use wgpu_optim::q4::{map_for, Q4State, Q4States};
-use wgpu_optim::{Adam, BurnFailure, Error, StateKind};
+use wgpu_optim::{Adam, BurnFailure, Error, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::ao4;
 
 fn shared() -> SharedDevice {
@@ -155,7 +155,10 @@ fn the_module_step_with_4bit_state_follows_torchaos_oracle_when_a_parameter_skip
     // Parameter 1 has no gradient in step 2: from step 3 on the two count differently, so
     // each is stepped by an optimizer of its own, its 4-bit state moved into it.
     let with: [&[usize]; 4] = [&[0, 1], &[0], &[0, 1], &[0, 1]];
-    let mut step = ModuleStep::builder().q4_states(Q4States::default()).build(&shared, adamw()).unwrap();
+    let mut step = ModuleStep::builder()
+        .state_storage(StateStorage::Q4(Q4States::default()))
+        .build(&shared, adamw())
+        .unwrap();
     let model = step_all(&mut step, Params::new(&initial, &device), &grads, &with, &device);
     let want = oracle(&initial, &grads, &with);
     assert_eq!(
@@ -168,8 +171,11 @@ fn the_module_step_with_4bit_state_follows_torchaos_oracle_when_a_parameter_skip
     // The optimizer of the lowest count holds parameter 1's state.
     let optimizer = step.optimizer().unwrap_or_else(|| panic!("no optimizer"));
     for (k, kind) in [StateKind::ExpAvg, StateKind::ExpAvgSq].into_iter().enumerate() {
-        let got =
-            optimizer.q4_state(0, kind).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("none"));
+        let got = optimizer
+            .state(0, kind)
+            .map(|s| s.and_then(|v| v.q4()))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("none"));
         assert_state(&format!("parameter 1 state {k}"), &got, &want[1].1[k]);
     }
 }
@@ -197,7 +203,7 @@ fn a_4bit_record_holds_torchaos_names_and_resumes_bit_for_bit() {
     let device = shared.device().clone().autodiff();
     let (initial, grads) = (initial(), grads(4));
     let both: [&[usize]; 4] = [&[0, 1]; 4];
-    let q4 = || ModuleStep::builder().q4_states(Q4States::default());
+    let q4 = || ModuleStep::builder().state_storage(StateStorage::Q4(Q4States::default()));
     let mut straight = q4().build(&shared, adamw()).unwrap();
     let straight = step_all(&mut straight, Params::new(&initial, &device), &grads, &both, &device);
 
@@ -261,6 +267,6 @@ fn a_4bit_record_holds_torchaos_names_and_resumes_bit_for_bit() {
 fn a_bad_block_size_is_refused_when_the_module_step_is_built() {
     let shared = shared();
     let config = Q4States { block_size: 100, ..Q4States::default() };
-    let err = ModuleStep::builder().q4_states(config).build(&shared, adamw()).err();
+    let err = ModuleStep::builder().state_storage(StateStorage::Q4(config)).build(&shared, adamw()).err();
     assert!(matches!(err, Some(Error::BadRange { .. } | Error::BadValue { .. })), "{err:?}");
 }

@@ -6,7 +6,8 @@ mod common;
 
 use common::{ctx, Rng};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Sgd, Tensor,
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Sgd,
+    StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::Storage;
@@ -44,7 +45,9 @@ impl Setup {
         }
         let groups =
             self.groups.iter().map(|(a, range)| ParamGroup::new(*a, &params[range.clone()])).collect();
-        let options = Optimizer::builder().state_dtype(self.state_dtype).capturable(self.capturable);
+        let options = Optimizer::builder()
+            .state_storage(self.state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .capturable(self.capturable);
         (params.clone(), options.build_groups(ctx, groups).unwrap())
     }
 }
@@ -130,7 +133,7 @@ fn save_load_continue_is_bit_identical_to_an_uninterrupted_run() {
 fn tensor_names_and_dtypes_follow_pytorchs_state_dict() {
     let ctx = ctx();
     let params = vec![ctx.upload("p", &[0.5; 10], DType::F16)];
-    let options = Optimizer::builder().state_dtype(DType::F32);
+    let options = Optimizer::builder().state_storage(StateStorage::Dtype(DType::F32));
     let mut optimizer = options.build(&ctx, Adam { amsgrad: true, ..Adam::default() }, &params).unwrap();
     optimizer.step(&[ctx.upload("g", &[0.1; 10], DType::F16)]).unwrap();
     let bytes = optimizer.save_to_bytes().unwrap();

@@ -96,7 +96,9 @@ fn snapshot(ctx: &wgpu_optim::GpuContext, optimizer: &Optimizer) -> Vec<u8> {
     for (i, param) in optimizer.params().iter().enumerate() {
         bytes.extend(ctx.read_bytes(param).unwrap());
         for kind in [wgpu_optim::StateKind::ExpAvg, wgpu_optim::StateKind::ExpAvgSq] {
-            bytes.extend(ctx.read_bytes(optimizer.state(i, kind).unwrap()).unwrap());
+            bytes.extend(
+                ctx.read_bytes(optimizer.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap()).unwrap(),
+            );
         }
     }
     bytes.extend(optimizer.grad_norm().unwrap().to_le_bytes());

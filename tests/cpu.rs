@@ -7,7 +7,7 @@ mod common;
 
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 /// Around the GPU's workgroup size, with vector-loop tails.
@@ -50,7 +50,7 @@ fn check_trajectory(algorithm: Algorithm, sizes: &[usize], seed: u64) {
         let what = format!("{algorithm:?} param[{i}] (n = {n})");
         assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
         for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-            let got = optimizer.state(i, *kind).expect("state").to_f64();
+            let got = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").to_f64();
             assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::F32);
         }
     }
@@ -98,12 +98,13 @@ struct Spec {
 fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>, steps: u64, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut params: Vec<HostTensor> = specs.iter().map(|s| host(&rng.vec(s.len, 1.0), s.param)).collect();
-    let options = CpuOptimizer::builder().state_dtype(state_dtype);
+    let options = CpuOptimizer::builder()
+        .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype));
     let mut optimizer = options.build(algorithm, &slices(&params)).expect("optimizer");
     let kinds = algorithm.state_kinds();
     for (i, spec) in specs.iter().enumerate() {
         for kind in kinds {
-            let dtype = optimizer.state(i, *kind).expect("state").dtype();
+            let dtype = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").dtype();
             assert_eq!(dtype, state_dtype.unwrap_or(spec.param), "{kind:?} of param[{i}]");
         }
     }
@@ -112,7 +113,10 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
         type Before = (Vec<f64>, Vec<Vec<f64>>);
         let before: Vec<Before> = (0..specs.len())
             .map(|i| {
-                let state = kinds.iter().map(|k| optimizer.state(i, *k).expect("state").to_f64()).collect();
+                let state = kinds
+                    .iter()
+                    .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).expect("state").to_f64())
+                    .collect();
                 (params[i].to_f64(), state)
             })
             .collect();
@@ -124,7 +128,7 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
             let what = format!("{algorithm:?} {spec:?} state {stored_state:?} step {t} param[{i}]");
             assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(spec.param));
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = optimizer.state(i, *kind).expect("state").to_f64();
+                let got = optimizer.state(i, *kind).and_then(|s| s.dense()).expect("state").to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::stored(stored_state));
             }
         }
@@ -204,9 +208,10 @@ fn adagrad_starts_from_its_initial_accumulator_rounded_to_the_state_dtype() {
     let algorithm = Adagrad { initial_accumulator_value: 0.1, ..Adagrad::default() };
     let params = [host(&[0.5; 5], DType::F32)];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let optimizer =
-            (CpuOptimizer::builder().state_dtype(dtype)).build(algorithm, &slices(&params)).unwrap();
-        let sum = optimizer.state(0, StateKind::Sum).unwrap();
+        let optimizer = (CpuOptimizer::builder().state_storage(StateStorage::Dtype(dtype)))
+            .build(algorithm, &slices(&params))
+            .unwrap();
+        let sum = optimizer.state(0, StateKind::Sum).and_then(|s| s.dense()).unwrap();
         assert_eq!(sum.dtype(), dtype);
         assert_eq!(sum.to_f64(), vec![dtype.round(0.1); 5], "{dtype:?}");
     }
@@ -253,7 +258,7 @@ fn resuming_from_loaded_state_continues_the_trajectory() {
     let algorithm: Algorithm = Adam { lr: 1e-2, amsgrad: true, ..Adam::default() }.into();
     let mut rng = Rng::new(6);
     let mut params = vec![host(&rng.vec(300, 1.0), DType::BF16)];
-    let options = CpuOptimizer::builder().state_dtype(DType::F32);
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F32));
     let mut first = options.clone().build(algorithm, &slices(&params)).unwrap();
     let grads: Vec<HostTensor> = (0..6).map(|_| host(&rng.vec(300, 1.0), DType::BF16)).collect();
     for g in &grads[..3] {
@@ -262,7 +267,7 @@ fn resuming_from_loaded_state_continues_the_trajectory() {
     let mut resumed = options.build(algorithm, &slices(&params)).unwrap();
     resumed.set_step_count(first.step_count()).unwrap();
     for kind in algorithm.state_kinds() {
-        let saved = first.state(0, *kind).unwrap().to_f64();
+        let saved = first.state(0, *kind).and_then(|s| s.dense()).unwrap().to_f64();
         match resumed.state_mut(0, *kind).unwrap() {
             HostSliceMut::F32(values) => values.iter_mut().zip(&saved).for_each(|(v, s)| *v = *s as f32),
             other => panic!("state stored as {:?}", other.dtype()),
@@ -298,7 +303,9 @@ fn nan_and_infinite_gradients_propagate_through_16_bit_storage() {
 fn snapshot(optimizer: &CpuOptimizer, params: &[HostTensor]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>, u64) {
     let kinds = optimizer.group_algorithm(0).unwrap().state_kinds();
     let state = (0..params.len())
-        .flat_map(|i| kinds.iter().map(move |k| optimizer.state(i, *k).unwrap().to_f64()))
+        .flat_map(|i| {
+            kinds.iter().map(move |k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+        })
         .collect();
     (params.iter().map(HostTensor::to_f64).collect(), state, optimizer.step_count())
 }
@@ -358,8 +365,10 @@ fn mismatched_inputs_are_typed_errors_that_change_nothing() {
     let kinds = algorithm.state_kinds();
     let mut oracles: Vec<(Vec<f64>, TorchState)> = (0..2)
         .map(|i| {
-            let state: Vec<Vec<f64>> =
-                kinds.iter().map(|k| optimizer.state(i, *k).unwrap().to_f64()).collect();
+            let state: Vec<Vec<f64>> = kinds
+                .iter()
+                .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                .collect();
             let dtype = params[i].dtype();
             (params[i].to_f64(), TorchState::resume(algorithm, 1, &state).storing(dtype, dtype))
         })
@@ -394,10 +403,10 @@ fn missing_groups_are_refused_with_typed_errors() {
 #[test]
 fn f64_and_invalid_hyperparameters_are_refused_with_typed_errors() {
     let params = [host(&[0.5; 4], DType::F32)];
-    let options = CpuOptimizer::builder().state_dtype(DType::F64);
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F64));
     let err = options.build(Adam::default(), &slices(&params)).unwrap_err();
     assert!(
-        matches!(&err, Error::DTypeMismatch { argument, got: DType::F64, .. } if argument == "options.state_dtype"),
+        matches!(&err, Error::DTypeMismatch { argument, got: DType::F64, .. } if argument == "options.state_storage"),
         "{err}"
     );
     let err = HostTensor::from_f64(DType::F64, &[1.0]).unwrap_err();

@@ -9,7 +9,7 @@ use common::{assert_close, ctx, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Rounding,
-    Sgd, Tensor,
+    Sgd, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 
@@ -37,14 +37,14 @@ impl Setup {
 
     fn options(&self) -> OptimizerBuilder {
         Optimizer::builder()
-            .state_dtype(self.state_dtype)
+            .state_storage(self.state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
             .rounding(self.rounding)
             .param_shapes(SHAPES.iter().map(|s| s.to_vec()).collect())
     }
 
     fn cpu(&self, params: &[HostTensor]) -> CpuOptimizer {
         CpuOptimizer::builder()
-            .state_dtype(self.state_dtype)
+            .state_storage(self.state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
             .rounding(self.rounding)
             .param_shapes(SHAPES.iter().map(|s| s.to_vec()).collect())
             .build(self.algorithm, &slices(params))

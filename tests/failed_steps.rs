@@ -12,7 +12,7 @@ use wgpu_optim::q4::Q4States;
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
     Adafactor, Adam, Algorithm, DType, Error, GpuContext, Lamb, Optimizer, OptimizerBuilder,
-    ScheduleFreeAdamW, ScheduleFreeMode, StateKind, Tensor,
+    ScheduleFreeAdamW, ScheduleFreeMode, StateKind, StateStorage, Tensor,
 };
 
 /// Every state kind the cases below keep.
@@ -43,13 +43,13 @@ fn snapshot(ctx: &GpuContext, opt: &Optimizer, params: &[Tensor]) -> String {
     for (i, param) in params.iter().enumerate() {
         out += &format!("param {i}: {:?}\n", ctx.read(param).unwrap());
         for kind in KINDS {
-            if let Some(t) = opt.state(i, kind) {
+            if let Some(t) = opt.state(i, kind).unwrap().and_then(|s| s.dense()) {
                 out += &format!("{kind:?} {i}: {:?}\n", ctx.read(t).unwrap());
             }
-            if let Ok(Some(q)) = opt.q8_state(i, kind) {
+            if let Ok(Some(q)) = opt.state(i, kind).map(|s| s.and_then(|v| v.q8())) {
                 out += &format!("8-bit {kind:?} {i}: {q:?}\n");
             }
-            if let Ok(Some(q)) = opt.q4_state(i, kind) {
+            if let Ok(Some(q)) = opt.state(i, kind).map(|s| s.and_then(|v| v.q4())) {
                 out += &format!("4-bit {kind:?} {i}: {q:?}\n");
             }
         }
@@ -135,14 +135,20 @@ fn a_refused_capturable_step_leaves_the_device_step_counter_too() {
 #[test]
 fn a_refused_8bit_step_changes_nothing_and_is_not_counted() {
     let q8 = Q8States::default();
-    let (gpu, cpu) = (Optimizer::builder().q8_states(q8), CpuOptimizer::builder().q8_states(q8));
+    let (gpu, cpu) = (
+        Optimizer::builder().state_storage(StateStorage::Q8(q8)),
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(q8)),
+    );
     a_refused_step_changes_nothing(adam(), gpu, cpu, 1e-5);
 }
 
 #[test]
 fn a_refused_4bit_step_changes_nothing_and_is_not_counted() {
     let q4 = Q4States::default();
-    let (gpu, cpu) = (Optimizer::builder().q4_states(q4), CpuOptimizer::builder().q4_states(q4));
+    let (gpu, cpu) = (
+        Optimizer::builder().state_storage(StateStorage::Q4(q4)),
+        CpuOptimizer::builder().state_storage(StateStorage::Q4(q4)),
+    );
     a_refused_step_changes_nothing(adam(), gpu, cpu, 1e-5);
 }
 

@@ -10,7 +10,7 @@ use common::{ctx, Rng};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, GradClip, Lamb, Optimizer, ParamGroup, Rounding, StateKind,
-    Tensor,
+    StateStorage, Tensor,
 };
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
 use wgpu_optim_testkit::oracle::{torch_adam_step, LambOracle, Storage, TorchAdamState};
@@ -55,7 +55,7 @@ fn gpu(ctx: &GpuContext, config: Lamb, dtype: DType, init: &[Vec<f64>], grads: &
 
 fn gpu_finals(ctx: &GpuContext, optimizer: &Optimizer, tensors: std::ops::Range<usize>) -> Finals {
     let read = |t: &Tensor| ctx.read(t).unwrap();
-    let state = |i, kind| read(optimizer.state(i, kind).unwrap());
+    let state = |i, kind| read(optimizer.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap());
     Finals {
         params: tensors.clone().map(|i| read(&optimizer.params()[i])).collect(),
         exp_avg: tensors.clone().map(|i| state(i, StateKind::ExpAvg)).collect(),
@@ -81,7 +81,7 @@ fn cpu(config: Lamb, dtype: DType, init: &[Vec<f64>], grads: &Grads) -> Finals {
         optimizer.step(&mut param_views, &grad_views).unwrap();
     }
     let n = tensors.len();
-    let state = |i, kind| optimizer.state(i, kind).unwrap().to_f64();
+    let state = |i, kind| optimizer.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64();
     Finals {
         params: tensors.iter().map(HostTensor::to_f64).collect(),
         exp_avg: (0..n).map(|i| state(i, StateKind::ExpAvg)).collect(),
@@ -356,8 +356,11 @@ fn options_lamb_does_not_implement_are_refused_by_name() {
         Optimizer::builder().rounding(stochastic).build(&ctx, Lamb::default(), &params).unwrap_err();
     assert!(conflict(refused, "rounding"),);
     let q8 = wgpu_optim::q8::Q8States::default();
-    let refused = Optimizer::builder().q8_states(q8).build(&ctx, Lamb::default(), &params).unwrap_err();
-    assert!(matches!(refused, Error::ConflictingOptions { first: "q8_states", .. }), "{refused:?}");
+    let refused = Optimizer::builder()
+        .state_storage(StateStorage::Q8(q8))
+        .build(&ctx, Lamb::default(), &params)
+        .unwrap_err();
+    assert!(matches!(refused, Error::ConflictingOptions { first: "state_storage", .. }), "{refused:?}");
     // f64 parameters: LAMB's norms are summed in f32.
     let wide = [ctx.upload("param", &[0.5; 8], DType::F64)];
     let refused = Optimizer::builder().build(&ctx, Lamb::default(), &wide).unwrap_err();
@@ -424,7 +427,10 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
     for state_dtype in [None, Some(DType::BF16)] {
         let params: Vec<Tensor> = init.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
         let grad_tensors: Vec<Tensor> = params.iter().map(|p| ctx.zeros("grad", p.len, DType::F32)).collect();
-        let mut gpu = Optimizer::builder().state_dtype(state_dtype).build(&ctx, config, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .build(&ctx, config, &params)
+            .unwrap();
         for g in &grads[..3] {
             for (t, g) in grad_tensors.iter().zip(g) {
                 ctx.write(t, g).unwrap();
@@ -436,7 +442,10 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
         let mut host: Vec<HostTensor> =
             now.iter().map(|p| HostTensor::from_f64(DType::F32, p).unwrap()).collect();
         let views: Vec<HostSlice<'_>> = host.iter().map(HostTensor::as_slice).collect();
-        let mut cpu = CpuOptimizer::builder().state_dtype(state_dtype).build(config, &views).unwrap();
+        let mut cpu = CpuOptimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .build(config, &views)
+            .unwrap();
         cpu.load_from_bytes(&bytes).unwrap();
         assert_eq!(cpu.step_count(), 3);
         let stored = state_dtype.unwrap_or(DType::F32);
@@ -444,17 +453,21 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
         oracle.step = 3;
         for i in 0..init.len() {
             for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-                let on_cpu = cpu.state(i, kind).unwrap().to_f64();
-                let on_gpu = ctx.read(gpu.state(i, kind).unwrap()).unwrap();
+                let on_cpu = cpu.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64();
+                let on_gpu = ctx.read(gpu.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap()).unwrap();
                 assert_eq!(on_cpu, on_gpu, "{kind:?}[{i}] loaded on the CPU");
             }
-            oracle.exp_avg[i] = cpu.state(i, StateKind::ExpAvg).unwrap().to_f64();
-            oracle.exp_avg_sq[i] = cpu.state(i, StateKind::ExpAvgSq).unwrap().to_f64();
+            oracle.exp_avg[i] = cpu.state(i, StateKind::ExpAvg).and_then(|s| s.dense()).unwrap().to_f64();
+            oracle.exp_avg_sq[i] =
+                cpu.state(i, StateKind::ExpAvgSq).and_then(|s| s.dense()).unwrap().to_f64();
         }
         // The CPU's checkpoint loads on a fresh GPU optimizer.
         let cpu_bytes = cpu.save_to_bytes().unwrap();
         let fresh: Vec<Tensor> = now.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-        let mut gpu2 = Optimizer::builder().state_dtype(state_dtype).build(&ctx, config, &fresh).unwrap();
+        let mut gpu2 = Optimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .build(&ctx, config, &fresh)
+            .unwrap();
         gpu2.load_from_bytes(&cpu_bytes).unwrap();
         assert_eq!(gpu2.step_count(), 3);
         // One more step everywhere.

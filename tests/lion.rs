@@ -9,7 +9,7 @@ mod common;
 mod family;
 
 use common::{ctx, Tolerance};
-use wgpu_optim::{Adam, Algorithm, DType, Lion, Sgd};
+use wgpu_optim::{Adam, Algorithm, DType, Lion, Sgd, StateStorage};
 use wgpu_optim_testkit::oracle::Storage;
 
 /// The data keep every direction `c = beta1 m + (1 - beta1) g` at least 1e-3 (relative to
@@ -176,9 +176,15 @@ fn a_nan_gradient_element_only_decays_its_parameter() {
     for (dtype, q8) in [(DType::F32, None), (DType::BF16, None), (DType::F16, None), (DType::F32, Some(q8))] {
         let what = format!("{dtype:?}, 8-bit {}", q8.is_some());
         let params = [ctx.upload("param", &start, dtype)];
-        let mut gpu = Optimizer::builder().q8_states(q8).build(&ctx, config, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(q8.map_or(StateStorage::ParamDtype, StateStorage::Q8))
+            .build(&ctx, config, &params)
+            .unwrap();
         let mut cpu_params = [host(&start, dtype)];
-        let mut cpu = CpuOptimizer::builder().q8_states(q8).build(config, &slices(&cpu_params)).unwrap();
+        let mut cpu = CpuOptimizer::builder()
+            .state_storage(q8.map_or(StateStorage::ParamDtype, StateStorage::Q8))
+            .build(config, &slices(&cpu_params))
+            .unwrap();
         // The parameter after the clean step, then decayed in f32 and stored in `dtype`.
         let mut want = Vec::new();
         for (k, g) in grads.iter().enumerate() {
@@ -198,11 +204,11 @@ fn a_nan_gradient_element_only_decays_its_parameter() {
             }
             assert!(got.iter().all(|p| p.is_finite()), "{what}: step {}", k + 1);
         }
-        match cpu.q8_state(0, StateKind::ExpAvg) {
+        match cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q8()) {
             Some(StoredState::Q8 { codes, .. }) => assert!(bad.iter().all(|&b| codes[b] == 127), "{what}"),
             Some(StoredState::F32(_)) => panic!("{what}: 300 elements keep 8-bit state"),
             None => {
-                let state = cpu.state(0, StateKind::ExpAvg).map(|s| s.to_f64());
+                let state = cpu.state(0, StateKind::ExpAvg).and_then(|s| s.dense()).map(|s| s.to_f64());
                 let state = state.unwrap_or_else(|| panic!("{what}: no exp_avg"));
                 assert!(bad.iter().all(|&b| state[b].is_nan()), "{what}: exp_avg stays NaN");
             }
@@ -250,7 +256,8 @@ fn lion8bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_cpu() {
     let lens = [700usize, 5];
     let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let params: Vec<wgpu_optim::Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, lion, &params).unwrap();
+    let mut gpu =
+        Optimizer::builder().state_storage(StateStorage::Q8(config)).build(&ctx, lion, &params).unwrap();
     for _ in 0..3 {
         let g: Vec<wgpu_optim::Tensor> =
             lens.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
@@ -279,11 +286,17 @@ fn lion8bit_checkpoints_keep_bitsandbytes_names_and_load_on_the_cpu() {
     let host: Vec<wgpu_optim::cpu::HostTensor> =
         start.iter().map(|p| wgpu_optim::cpu::HostTensor::from_f64(DType::F32, p).unwrap()).collect();
     let views: Vec<wgpu_optim::cpu::HostSlice<'_>> = host.iter().map(|t| t.as_slice()).collect();
-    let mut cpu = CpuOptimizer::builder().q8_states(config).build(lion, &views).unwrap();
+    let mut cpu =
+        CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).build(lion, &views).unwrap();
     cpu.load_from_bytes(&bytes).unwrap();
     for i in 0..lens.len() {
-        let gpu_state = gpu.q8_state(i, StateKind::ExpAvg).unwrap().expect("an 8-bit state");
-        assert_eq!(cpu.q8_state(i, StateKind::ExpAvg), Some(&gpu_state), "exp_avg of param {i}");
+        let gpu_state =
+            gpu.state(i, StateKind::ExpAvg).map(|s| s.and_then(|v| v.q8())).unwrap().expect("an 8-bit state");
+        assert_eq!(
+            cpu.state(i, StateKind::ExpAvg).and_then(|s| s.q8()),
+            Some(&gpu_state),
+            "exp_avg of param {i}"
+        );
     }
     assert_eq!(cpu.save_to_bytes().unwrap(), bytes, "the CPU saves the GPU's file back");
 }

@@ -208,7 +208,7 @@ fn sixteen_bit_operands_give_the_products_of_f32_operands_bit_for_bit() {
 }
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
-use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind};
+use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, TorchAdamState};
 
 /// A GPU build with `shapes` refused as `check` expects, the parameter unchanged.
@@ -283,7 +283,9 @@ fn muon_refuses_clipping_capturable_and_8bit_state() {
     for builder in [
         Optimizer::builder().param_shapes(shapes.clone()).grad_clip(clip),
         Optimizer::builder().param_shapes(shapes.clone()).capturable(true),
-        Optimizer::builder().param_shapes(shapes.clone()).q8_states(wgpu_optim::q8::Q8States::default()),
+        Optimizer::builder()
+            .param_shapes(shapes.clone())
+            .state_storage(StateStorage::Q8(wgpu_optim::q8::Q8States::default())),
     ] {
         match builder.build(&ctx, Muon::default(), params) {
             Err(Error::ConflictingOptions { .. }) => {}
@@ -397,7 +399,9 @@ fn a_muon_group_beside_an_adamw_group_follows_the_oracle() {
     }
     for (i, p) in params.iter().enumerate() {
         close(&ctx.read(p).unwrap(), &want[i], 1e-4, 1e-5, &format!("param {i}"));
-        let buffer = ctx.read(opt.state(i, StateKind::MomentumBuffer).unwrap_or(p)).unwrap();
+        let buffer = ctx
+            .read(opt.state(i, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap_or(p))
+            .unwrap();
         if i < 3 {
             close(&buffer, &buffers[i], 1e-5, 1e-6, &format!("momentum_buffer {i}"));
         }
@@ -511,11 +515,14 @@ fn gpu_muon_skips_empty_matrices_in_any_position_as_the_cpu_backend_does() {
                 let steps: Vec<Vec<f64>> = grads.iter().map(|s| s[i].clone()).collect();
                 let want = oracle_trajectory(&config, &p0[i], &steps, shape, DType::F32);
                 close(&gpu, &want, rtol, atol, &format!("{what}: param {i} against the oracle"));
-                let buffer = ctx.read(opt.state(i, StateKind::MomentumBuffer).unwrap()).unwrap();
-                let cpu_buffer = match cpu.state(i, StateKind::MomentumBuffer).unwrap() {
-                    HostSlice::F32(v) => v.iter().map(|x| f64::from(*x)).collect::<Vec<_>>(),
-                    other => panic!("{what}: an f32 buffer expected, got {other:?}"),
-                };
+                let buffer = ctx
+                    .read(opt.state(i, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap())
+                    .unwrap();
+                let cpu_buffer =
+                    match cpu.state(i, StateKind::MomentumBuffer).and_then(|s| s.dense()).unwrap() {
+                        HostSlice::F32(v) => v.iter().map(|x| f64::from(*x)).collect::<Vec<_>>(),
+                        other => panic!("{what}: an f32 buffer expected, got {other:?}"),
+                    };
                 close(&buffer, &cpu_buffer, 1e-5, 1e-6, &format!("{what}: momentum_buffer {i}"));
             }
         }
@@ -546,7 +553,12 @@ fn a_refused_gpu_muon_step_changes_nothing_and_is_not_counted() {
     opt.step(&first).unwrap();
     let read_all = |opt: &Optimizer| -> Vec<Vec<f64>> {
         (0..params.len())
-            .flat_map(|i| [&params[i], opt.state(i, StateKind::MomentumBuffer).unwrap()])
+            .flat_map(|i| {
+                [
+                    &params[i],
+                    opt.state(i, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap(),
+                ]
+            })
             .map(|t| ctx.read(t).unwrap())
             .collect()
     };

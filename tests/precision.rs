@@ -14,7 +14,7 @@ mod common;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
@@ -79,7 +79,7 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-    let options = Optimizer::builder().state_dtype(mix.state);
+    let options = Optimizer::builder().state_storage(StateStorage::Dtype(mix.state));
     let mut optimizer = options.build(ctx, algorithm, &params).unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=steps {
@@ -90,7 +90,10 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
         type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
         let before: Vec<Before> = (0..LENGTHS.len())
             .map(|i| {
-                let state = kinds.iter().map(|k| download(ctx, optimizer.state(i, *k).unwrap())).collect();
+                let state = kinds
+                    .iter()
+                    .map(|k| download(ctx, optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+                    .collect();
                 (download(ctx, &params[i]), state, download(ctx, &grads[i]))
             })
             .collect();
@@ -101,7 +104,8 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             let what = format!("{algorithm:?} {mix:?} step {t} param[{i}] (n = {})", LENGTHS[i]);
             assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
             for (k, want) in oracle.tensors().iter().enumerate() {
-                let got = download(ctx, optimizer.state(i, kinds[k]).unwrap());
+                let got =
+                    download(ctx, optimizer.state(i, kinds[k]).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_close(&format!("{what} {:?}", kinds[k]), &got, want, Tolerance::stored(mix.state));
             }
         }
@@ -327,7 +331,10 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
                 .unwrap();
             let master = optimizer.params()[0].clone();
             assert_eq!(master.dtype, DType::F32);
-            assert_eq!(optimizer.state(0, StateKind::ExpAvg).unwrap().dtype, DType::F32);
+            assert_eq!(
+                optimizer.state(0, StateKind::ExpAvg).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+                DType::F32
+            );
             let mut p = download(&ctx, &model);
             let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
             let grad = ctx.zeros("grad", n as u64, DType::F32);
@@ -369,7 +376,10 @@ fn master_weights_compose_with_groups_and_capturable_mode() {
     let mut optimizer = options.build_groups(&ctx, groups(&model)).unwrap();
     assert_eq!(optimizer.model_copies(), &model[..]);
     assert!(optimizer.params().iter().all(|m| m.dtype == DType::F32));
-    assert_eq!(optimizer.state(2, StateKind::MomentumBuffer).unwrap().dtype, DType::F32);
+    assert_eq!(
+        optimizer.state(2, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+        DType::F32
+    );
     // The same run on f32 parameters holding the model's initial values.
     let reference: Vec<Tensor> = initial.iter().map(|v| ctx.upload("reference", v, DType::F32)).collect();
     let options = Optimizer::builder().capturable(true);
@@ -417,7 +427,7 @@ fn epsilon_is_applied_in_f32_so_1e_8_survives_f16_storage() {
         oracle.step(&mut p, &g);
     }
     assert_eq!(
-        download(&ctx, optimizer.state(0, StateKind::ExpAvgSq).unwrap()),
+        download(&ctx, optimizer.state(0, StateKind::ExpAvgSq).unwrap().and_then(|s| s.dense()).unwrap()),
         vec![0.0; n],
         "v underflows in f16"
     );

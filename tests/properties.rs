@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, Tensor};
+use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::{Storage, TorchState};
 
 fn cases() -> u32 {
@@ -115,7 +115,7 @@ proptest! {
         let mut rng = Rng::new(setup.seed);
         let params = packed(&ctx, &setup.tensors, setup.param, &mut rng);
         let grads = packed(&ctx, &setup.tensors, setup.grad, &mut rng);
-        let options = Optimizer::builder().state_dtype(setup.state);
+        let options = Optimizer::builder().state_storage(StateStorage::Dtype(setup.state));
         let mut optimizer = options.build(&ctx, setup.algorithm, &params).unwrap();
         let kinds = setup.algorithm.state_kinds();
         for t in 1..=setup.steps {
@@ -126,7 +126,7 @@ proptest! {
             type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
             let before: Vec<Before> = (0..params.len())
                 .map(|i| {
-                    let state = kinds.iter().map(|k| download(&ctx, optimizer.state(i, *k).unwrap())).collect();
+                    let state = kinds.iter().map(|k| download(&ctx, optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap())).collect();
                     (download(&ctx, &params[i]), state, download(&ctx, &grads[i]))
                 })
                 .collect();
@@ -137,7 +137,7 @@ proptest! {
                 let got = download(&ctx, &params[i]);
                 assert_close(&format!("step {t} param[{i}]"), &got, &p, Tolerance::stored(setup.param));
                 for (k, want) in oracle.tensors().iter().enumerate() {
-                    let got = download(&ctx, optimizer.state(i, kinds[k]).unwrap());
+                    let got = download(&ctx, optimizer.state(i, kinds[k]).unwrap().and_then(|s| s.dense()).unwrap());
                     let what = format!("step {t} {:?}[{i}]", kinds[k]);
                     assert_close(&what, &got, want, Tolerance::stored(setup.state));
                 }

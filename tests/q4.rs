@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q4::{Q4State, Q4States};
-use wgpu_optim::{Adam, DType, Error, GpuContext, GradClip, Optimizer, Sgd, StateKind, Tensor};
+use wgpu_optim::{
+    Adam, DType, Error, GpuContext, GradClip, Optimizer, QuantizedState, Sgd, StateKind, StateStorage, Tensor,
+};
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
 use wgpu_optim_testkit::oracle::{ao4, clip_grad_norm};
 
@@ -117,12 +119,12 @@ fn global_clipping_scales_the_gradients_before_the_4bit_step() {
 
     let mut host = params.clone();
     let views: Vec<HostSlice<'_>> = host.iter().map(|p| HostSlice::F32(p)).collect();
-    let options = CpuOptimizer::builder().q4_states(config).grad_clip(clip);
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Q4(config)).grad_clip(clip);
     let mut cpu = options.build(adamw, &views).unwrap_or_else(|e| panic!("{e}"));
     let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", &f64s(p), DType::F32)).collect();
     let grad_tensors: Vec<Tensor> =
         params.iter().map(|p| ctx.zeros("g", p.len() as u64, DType::F32)).collect();
-    let options = Optimizer::builder().q4_states(config).grad_clip(clip);
+    let options = Optimizer::builder().state_storage(StateStorage::Q4(config)).grad_clip(clip);
     let mut gpu = options.build(&ctx, adamw, &tensors).unwrap_or_else(|e| panic!("{e}"));
     for step_grads in &grads {
         let g: Vec<HostSlice<'_>> = step_grads.iter().map(|g| HostSlice::F32(g)).collect();
@@ -135,12 +137,15 @@ fn global_clipping_scales_the_gradients_before_the_4bit_step() {
     }
     for (i, want) in want.iter().enumerate() {
         let state = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-            .map(|k| cpu.q4_state(i, k).unwrap_or_else(|| panic!("no state")));
+            .map(|k| cpu.state(i, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
         assert_follows(&format!("cpu clipped tensor {i}"), &host[i], state, want);
         let param: Vec<f32> =
             ctx.read(&tensors[i]).unwrap_or_else(|e| panic!("{e}")).iter().map(|&v| v as f32).collect();
         let state = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
-            gpu.q4_state(i, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state"))
+            gpu.state(i, k)
+                .map(|s| s.and_then(|v| v.q4()))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("no state"))
         });
         assert_follows(&format!("gpu clipped tensor {i}"), &param, [&state[0], &state[1]], want);
     }
@@ -210,7 +215,7 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
         let mut host = params.clone();
         let views: Vec<HostSlice<'_>> = host.iter().map(|p| HostSlice::F32(p)).collect();
         let mut cpu = CpuOptimizer::builder()
-            .q4_states(config)
+            .state_storage(StateStorage::Q4(config))
             .build(algorithm, &views)
             .unwrap_or_else(|e| panic!("{e}"));
         for step_grads in &grads {
@@ -220,7 +225,7 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
         }
         for (i, want) in want.iter().enumerate() {
             let state = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-                .map(|k| cpu.q4_state(i, k).unwrap_or_else(|| panic!("no state")));
+                .map(|k| cpu.state(i, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
             assert_follows(&format!("cpu block {block_size} tensor {i}"), &host[i], state, want);
         }
 
@@ -228,7 +233,7 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
         let grad_tensors: Vec<Tensor> =
             params.iter().map(|p| ctx.zeros("g", p.len() as u64, DType::F32)).collect();
         let mut gpu = Optimizer::builder()
-            .q4_states(config)
+            .state_storage(StateStorage::Q4(config))
             .build(&ctx, algorithm, &tensors)
             .unwrap_or_else(|e| panic!("{e}"));
         for step_grads in &grads {
@@ -241,7 +246,10 @@ fn adam_and_adamw_follow_the_oracle_on_both_backends() {
             let param: Vec<f32> =
                 ctx.read(&tensors[i]).unwrap_or_else(|e| panic!("{e}")).iter().map(|&v| v as f32).collect();
             let state = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
-                gpu.q4_state(i, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state"))
+                gpu.state(i, k)
+                    .map(|s| s.and_then(|v| v.q4()))
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|| panic!("no state"))
             });
             assert_follows(
                 &format!("gpu block {block_size} tensor {i}"),
@@ -264,20 +272,24 @@ fn a_state_moves_between_backends() {
     let adamw = Adam::adamw();
     let mut host = params.clone();
     let views: Vec<HostSlice<'_>> = host.iter().map(|p| HostSlice::F32(p)).collect();
-    let mut cpu =
-        CpuOptimizer::builder().q4_states(config).build(adamw, &views).unwrap_or_else(|e| panic!("{e}"));
+    let mut cpu = CpuOptimizer::builder()
+        .state_storage(StateStorage::Q4(config))
+        .build(adamw, &views)
+        .unwrap_or_else(|e| panic!("{e}"));
     let g: Vec<HostSlice<'_>> = grads[0].iter().map(|g| HostSlice::F32(g)).collect();
     let mut p: Vec<HostSliceMut<'_>> = host.iter_mut().map(|p| HostSliceMut::F32(p)).collect();
     cpu.step(&mut p, &g).unwrap_or_else(|e| panic!("{e}"));
 
     let tensors: Vec<Tensor> = host.iter().map(|p| ctx.upload("p", &f64s(p), DType::F32)).collect();
-    let gpu =
-        Optimizer::builder().q4_states(config).build(&ctx, adamw, &tensors).unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Optimizer::builder()
+        .state_storage(StateStorage::Q4(config))
+        .build(&ctx, adamw, &tensors)
+        .unwrap_or_else(|e| panic!("{e}"));
     for i in 0..SIZES.len() {
         for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-            let state = cpu.q4_state(i, kind).unwrap_or_else(|| panic!("no state")).clone();
-            gpu.set_q4_state(i, kind, &state).unwrap_or_else(|e| panic!("{e}"));
-            let back = gpu.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = cpu.state(i, kind).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")).clone();
+            gpu.set_state(i, kind, &QuantizedState::Q4(state.clone())).unwrap_or_else(|e| panic!("{e}"));
+            let back = gpu.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(back.as_ref(), Some(&state), "tensor {i} {kind:?}");
         }
     }
@@ -291,15 +303,14 @@ fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
     let build = |options: wgpu_optim::cpu::CpuOptimizerBuilder, algorithm: wgpu_optim::Algorithm| {
         options.build(algorithm, &[HostSlice::F32(&weights)]).map(|_| ()).unwrap_err()
     };
-    let q4 = || CpuOptimizer::builder().q4_states(Q4States::default());
-    let cases: [(wgpu_optim::cpu::CpuOptimizerBuilder, wgpu_optim::Algorithm, &str); 6] = [
+    let q4 = || CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
+    let cases: [(wgpu_optim::cpu::CpuOptimizerBuilder, wgpu_optim::Algorithm, &str); 4] = [
         (q4(), Adam { amsgrad: true, ..Adam::adamw() }.into(), "AMSGrad"),
         (q4(), Adam { maximize: true, ..Adam::adamw() }.into(), "maximize"),
         (q4(), Sgd::default().into(), "Adam"),
-        (q4().q8_states(wgpu_optim::q8::Q8States::default()), Adam::adamw().into(), "q8_states"),
-        (q4().state_dtype(DType::BF16), Adam::adamw().into(), "state_dtype"),
         (
-            CpuOptimizer::builder().q4_states(Q4States { block_size: 100, ..Q4States::default() }),
+            CpuOptimizer::builder()
+                .state_storage(StateStorage::Q4(Q4States { block_size: 100, ..Q4States::default() })),
             Adam::adamw().into(),
             "block_size",
         ),
@@ -311,12 +322,12 @@ fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
     // The GPU builder refuses the same.
     let tensor = ctx.upload("w", &[0.5; 4096], DType::F32);
     let err = Optimizer::builder()
-        .q4_states(Q4States::default())
+        .state_storage(StateStorage::Q4(Q4States::default()))
         .build(&ctx, Adam { amsgrad: true, ..Adam::adamw() }, std::slice::from_ref(&tensor))
         .unwrap_err();
-    assert!(matches!(err, Error::ConflictingOptions { first: "q4_states", .. }), "{err}");
+    assert!(matches!(err, Error::ConflictingOptions { first: "state_storage", .. }), "{err}");
     let err = Optimizer::builder()
-        .q4_states(Q4States::default())
+        .state_storage(StateStorage::Q4(Q4States::default()))
         .master_weights(true)
         .build(&ctx, Adam::adamw(), &[tensor])
         .unwrap_err();
@@ -325,11 +336,11 @@ fn what_4bit_state_does_not_run_is_refused_by_name_and_nothing_changes() {
     // A schedule cannot switch AMSGrad on; a bad replacement state changes nothing.
     let mut cpu = q4().build(Adam::adamw(), &[HostSlice::F32(&weights)]).unwrap_or_else(|e| panic!("{e}"));
     assert!(cpu.set_group_algorithm(0, Adam { maximize: true, ..Adam::adamw() }).is_err());
-    let before = cpu.q4_state(0, StateKind::ExpAvg).cloned();
+    let before = cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned();
     let bad = Q4State::Q4 { codes: vec![0x77; 2048], scale: vec![-1.0; 32] };
-    let err = cpu.set_q4_state(0, StateKind::ExpAvg, bad).unwrap_err();
+    let err = cpu.set_state(0, StateKind::ExpAvg, QuantizedState::Q4(bad)).unwrap_err();
     assert!(err.to_string().contains("scale[0]"), "{err}");
-    assert_eq!(cpu.q4_state(0, StateKind::ExpAvg).cloned(), before);
+    assert_eq!(cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned(), before);
 }
 
 /// A non-finite gradient spoils its own element only: its states take the code of 0 (of
@@ -352,13 +363,13 @@ fn a_non_finite_gradient_spoils_its_own_element_only() {
 
     let mut host = params.clone();
     let mut cpu = CpuOptimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(adamw, &[HostSlice::F32(&host[0])])
         .unwrap_or_else(|e| panic!("{e}"));
     let tensor = ctx.upload("p", &f64s(&params[0]), DType::F32);
     let grad = ctx.zeros("g", 4096, DType::F32);
     let mut gpu = Optimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(&ctx, adamw, std::slice::from_ref(&tensor))
         .unwrap_or_else(|e| panic!("{e}"));
     for step_grads in &grads {
@@ -382,10 +393,14 @@ fn a_non_finite_gradient_spoils_its_own_element_only() {
             );
         }
     }
-    let gpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-        .map(|k| gpu.q4_state(0, k).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no state")));
+    let gpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| {
+        gpu.state(0, k)
+            .map(|s| s.and_then(|v| v.q4()))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no state"))
+    });
     let cpu_states = [StateKind::ExpAvg, StateKind::ExpAvgSq]
-        .map(|k| cpu.q4_state(0, k).unwrap_or_else(|| panic!("no state")));
+        .map(|k| cpu.state(0, k).and_then(|s| s.q4()).unwrap_or_else(|| panic!("no state")));
     // The parameters' NaNs are in the oracle too; compare states only.
     let no_param =
         (want[0].0.iter().map(|v| if v.is_nan() { 0.0 } else { *v }).collect::<Vec<_>>(), want[0].1.clone());

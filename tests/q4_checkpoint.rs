@@ -6,7 +6,7 @@ mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q4::{Q4State, Q4States};
-use wgpu_optim::{Adam, Checkpoint, DType, Error, Optimizer, StateKind, Tensor};
+use wgpu_optim::{Adam, Checkpoint, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::ao4;
 
 const SIZES: [usize; 2] = [4096, 300];
@@ -30,7 +30,7 @@ fn stepped_cpu(config: Q4States) -> (CpuOptimizer, Vec<Vec<f32>>) {
     let mut params: Vec<Vec<f32>> = SIZES.iter().map(|&n| values(n, n as u64, 1.0)).collect();
     let views: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::F32(p)).collect();
     let mut opt = CpuOptimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(Adam::adamw(), &views)
         .unwrap_or_else(|e| panic!("{e}"));
     for t in 0..2 {
@@ -56,7 +56,8 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{e}"));
     let codes = file.tensor("state.0.exp_avg.codes").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((codes.dtype(), codes.shape()), (safetensors::Dtype::U8, &[2048usize][..]));
-    let Some(Q4State::Q4 { codes: held, scale }) = cpu.q4_state(0, StateKind::ExpAvg) else {
+    let Some(Q4State::Q4 { codes: held, scale }) = cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q4())
+    else {
         panic!("4-bit")
     };
     assert_eq!(codes.data(), &held[..]);
@@ -75,15 +76,15 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     // Into the GPU: the same states, and the next step agrees with the CPU's.
     let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", &f64s(p), DType::F32)).collect();
     let mut gpu = Optimizer::builder()
-        .q4_states(config)
+        .state_storage(StateStorage::Q4(config))
         .build(&ctx, Adam::adamw(), &tensors)
         .unwrap_or_else(|e| panic!("{e}"));
     gpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(gpu.step_count(), 2);
     for i in 0..SIZES.len() {
         for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-            let got = gpu.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(got.as_ref(), cpu.q4_state(i, kind), "tensor {i} {kind:?}");
+            let got = gpu.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.as_ref(), cpu.state(i, kind).and_then(|s| s.q4()), "tensor {i} {kind:?}");
         }
     }
     // And back: the GPU's checkpoint is the CPU's byte for byte.
@@ -92,7 +93,7 @@ fn a_checkpoint_holds_torchaos_names_and_loads_into_the_other_backend() {
     other.set_step_count(0).unwrap_or_else(|e| panic!("{e}"));
     other.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
     for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
-        assert_eq!(other.q4_state(0, kind), cpu.q4_state(0, kind));
+        assert_eq!(other.state(0, kind).and_then(|s| s.q4()), cpu.state(0, kind).and_then(|s| s.q4()));
     }
 }
 
@@ -101,10 +102,10 @@ fn a_checkpoint_of_other_settings_is_refused_and_changes_nothing() {
     let (cpu, _) = stepped_cpu(Q4States::default());
     let bytes = cpu.save_to_bytes().unwrap_or_else(|e| panic!("{e}"));
     let (mut other, _) = stepped_cpu(Q4States { block_size: 64, ..Q4States::default() });
-    let before = other.q4_state(0, StateKind::ExpAvg).cloned();
+    let before = other.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned();
     let err = other.load_from_bytes(&bytes).unwrap_err();
     assert!(matches!(err, Error::BadFile { .. }) && err.to_string().contains("block_size"), "{err}");
-    assert_eq!(other.q4_state(0, StateKind::ExpAvg).cloned(), before);
+    assert_eq!(other.state(0, StateKind::ExpAvg).and_then(|s| s.q4()).cloned(), before);
 
     let weights: Vec<Vec<f32>> = SIZES.iter().map(|&n| vec![0.0; n]).collect();
     let views: Vec<HostSlice<'_>> = weights.iter().map(|p| HostSlice::F32(p)).collect();

@@ -22,7 +22,10 @@ mod common;
 
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut};
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, StateKind};
+use wgpu_optim::{
+    Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, QuantizedState, StateKind,
+    StateStorage,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
@@ -227,11 +230,11 @@ fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
 }
 
 fn q8_options() -> OptimizerBuilder {
-    Optimizer::builder().q8_states(Q8States::default())
+    Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()))
 }
 
 fn cpu_q8_options() -> CpuOptimizerBuilder {
-    CpuOptimizer::builder().q8_states(Q8States::default())
+    CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()))
 }
 
 /// What 8-bit state cannot run is refused at construction by both backends, by name.
@@ -244,12 +247,6 @@ fn algorithms_options_and_dtypes_without_an_8bit_form_are_refused_by_both_backen
     let cases: Vec<(wgpu_optim::Algorithm, OptimizerBuilder, CpuOptimizerBuilder, &str)> = vec![
         (amsgrad.into(), q8_options(), cpu_q8_options(), "AMSGrad"),
         (Adagrad::default().into(), q8_options(), cpu_q8_options(), "Adagrad"),
-        (
-            Adam::default().into(),
-            q8_options().state_dtype(DType::BF16),
-            cpu_q8_options().state_dtype(DType::BF16),
-            "state_dtype",
-        ),
     ];
     for (algorithm, options, cpu_options, named) in cases {
         let err = options.build(&ctx, algorithm, std::slice::from_ref(&f32_param)).unwrap_err();
@@ -310,17 +307,20 @@ fn a_replacement_state_of_the_wrong_form_is_refused_by_both_backends() {
         (StoredState::Q8 { codes: vec![1; 5000], absmax: vec![1.0; 19] }, "absmax"),
     ];
     for (state, named) in wrong {
-        let err = gpu.set_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
+        let err = gpu.set_state(0, StateKind::ExpAvg, &QuantizedState::Q8(state.clone())).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
-        let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
+        let err = cpu.set_state(0, StateKind::ExpAvg, QuantizedState::Q8(state)).unwrap_err();
         assert!(err.to_string().contains(named), "{err}");
     }
     let zeros = StoredState::zeros(5000, true);
-    assert_eq!(gpu.q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}")), Some(zeros.clone()));
-    assert_eq!(cpu.q8_state(0, StateKind::ExpAvg), Some(&zeros));
+    assert_eq!(
+        gpu.state(0, StateKind::ExpAvg).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}")),
+        Some(zeros.clone())
+    );
+    assert_eq!(cpu.state(0, StateKind::ExpAvg).and_then(|s| s.q8()), Some(&zeros));
     let plain = Optimizer::builder().build(&ctx, Adam::default(), &[param]).unwrap_or_else(|e| panic!("{e}"));
-    let err = plain.q8_state(0, StateKind::ExpAvg).unwrap_err();
-    assert!(matches!(err, Error::NeedsOption { option: "q8_states", .. }), "{err}");
+    let err = plain.set_state(0, StateKind::ExpAvg, &QuantizedState::Q8(zeros)).unwrap_err();
+    assert!(matches!(err, Error::NeedsOption { option: "state_storage", .. }), "{err}");
 }
 
 /// `got` (read back) against the oracle's state as the vectors' format compares 8-bit
@@ -449,7 +449,8 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
             let got = ctx.read(param).unwrap_or_else(|e| panic!("{e}"));
             assert_params_follow(&what, &got, &oracle.params[t], k + 1);
             for (kind, want) in algorithms[t].state_kinds().iter().zip(&oracle.states[t]) {
-                let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                let got =
+                    opt.state(t, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
                 let got = got.unwrap_or_else(|| panic!("{what}: no {kind:?}"));
                 assert_state_follows(&format!("{what} {kind:?}"), &got, want);
             }
@@ -491,7 +492,10 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
                 let got: Vec<f64> = w.iter().map(|&x| f64::from(x)).collect();
                 assert_params_follow(&what, &got, &oracle.params[t], k + 1);
                 for (kind, want) in algorithm.state_kinds().iter().zip(&oracle.states[t]) {
-                    let got = opt.q8_state(t, *kind).unwrap_or_else(|| panic!("{what}: no {kind:?}"));
+                    let got = opt
+                        .state(t, *kind)
+                        .and_then(|s| s.q8())
+                        .unwrap_or_else(|| panic!("{what}: no {kind:?}"));
                     assert_state_follows(&format!("{what} {kind:?}"), got, want);
                 }
             }

@@ -14,7 +14,8 @@ use safetensors::{Dtype, SafeTensors};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::q8::{self, Q8States, StoredState};
 use wgpu_optim::{
-    Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, Sgd, StateKind, Tensor,
+    Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, QuantizedState, Sgd, StateKind,
+    StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::bnb;
@@ -43,7 +44,7 @@ impl Setup {
 
     fn options(&self) -> OptimizerBuilder {
         Optimizer::builder()
-            .q8_states(Q8States { min_8bit_size: self.min_8bit_size })
+            .state_storage(StateStorage::Q8(Q8States { min_8bit_size: self.min_8bit_size }))
             .param_shapes(self.shapes())
     }
 
@@ -58,7 +59,7 @@ impl Setup {
     fn cpu(&self, params: &[HostTensor]) -> CpuOptimizer {
         let params: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
         CpuOptimizer::builder()
-            .q8_states(Q8States { min_8bit_size: self.min_8bit_size })
+            .state_storage(StateStorage::Q8(Q8States { min_8bit_size: self.min_8bit_size }))
             .param_shapes(self.shapes())
             .build(self.algorithm, &params)
             .unwrap()
@@ -206,8 +207,8 @@ fn a_gpu_8bit_checkpoint_resumed_continues_bit_identically_to_an_uninterrupted_r
         }
         for (i, kind) in (0..2).flat_map(|i| setup.algorithm.state_kinds().iter().map(move |k| (i, *k))) {
             assert_eq!(
-                first.q8_state(i, kind).unwrap(),
-                resumed.q8_state(i, kind).unwrap(),
+                first.state(i, kind).map(|s| s.and_then(|v| v.q8())).unwrap(),
+                resumed.state(i, kind).map(|s| s.and_then(|v| v.q8())).unwrap(),
                 "{setup:?}: state {i} {kind:?}"
             );
         }
@@ -240,7 +241,11 @@ fn a_cpu_8bit_checkpoint_resumed_continues_bit_identically_to_an_uninterrupted_r
         cpu_steps(&mut resumed, &mut resumed_params, &mut rng_resumed, 3);
         assert_eq!(params, resumed_params, "{setup:?}");
         for (i, kind) in (0..2).flat_map(|i| setup.algorithm.state_kinds().iter().map(move |k| (i, *k))) {
-            assert_eq!(first.q8_state(i, kind), resumed.q8_state(i, kind), "{setup:?}: state {i} {kind:?}");
+            assert_eq!(
+                first.state(i, kind).and_then(|s| s.q8()),
+                resumed.state(i, kind).and_then(|s| s.q8()),
+                "{setup:?}: state {i} {kind:?}"
+            );
         }
     }
 }
@@ -279,7 +284,9 @@ fn states_are_saved_under_bitsandbytes_names_as_u8_codes_with_f32_absmax() {
 
         let codes_shape = if setup.shaped { SHAPES[0].to_vec() } else { vec![lens[0]] };
         for (k, kind) in setup.algorithm.state_kinds().iter().enumerate() {
-            let Some(StoredState::Q8 { codes, absmax }) = optimizer.q8_state(0, *kind).unwrap() else {
+            let Some(StoredState::Q8 { codes, absmax }) =
+                optimizer.state(0, *kind).map(|s| s.and_then(|v| v.q8())).unwrap()
+            else {
                 panic!("{setup:?}: params[0] keeps no 8-bit {kind:?}")
             };
             let state = file.tensor(&format!("state.0.state{}", k + 1)).unwrap();
@@ -291,7 +298,9 @@ fn states_are_saved_under_bitsandbytes_names_as_u8_codes_with_f32_absmax() {
             assert_eq!(f32s(saved.data()), absmax, "{setup:?}: absmax of {kind:?}");
             assert!(absmax.iter().all(|a| *a > 0.0), "{setup:?}: a stepped state has nonzero blocks");
 
-            let Some(StoredState::F32(values)) = optimizer.q8_state(1, *kind).unwrap() else {
+            let Some(StoredState::F32(values)) =
+                optimizer.state(1, *kind).map(|s| s.and_then(|v| v.q8())).unwrap()
+            else {
                 panic!("{setup:?}: params[1] keeps no f32 {kind:?}")
             };
             let small = file.tensor(&format!("state.1.state{}", k + 1)).unwrap();
@@ -328,8 +337,12 @@ fn an_8bit_gpu_checkpoint_loads_on_the_cpu_and_a_cpu_checkpoint_on_the_gpu_bit_f
         cpu.load_from_bytes(&from_gpu).unwrap_or_else(|e| panic!("{setup:?}: {e}"));
         assert_eq!(cpu.step_count(), 3);
         for (i, kind) in (0..2).flat_map(|i| setup.algorithm.state_kinds().iter().map(move |k| (i, *k))) {
-            let on_gpu = gpu.q8_state(i, kind).unwrap();
-            assert_eq!(cpu.q8_state(i, kind), on_gpu.as_ref(), "{setup:?}: state {i} {kind:?} GPU -> CPU");
+            let on_gpu = gpu.state(i, kind).map(|s| s.and_then(|v| v.q8())).unwrap();
+            assert_eq!(
+                cpu.state(i, kind).and_then(|s| s.q8()),
+                on_gpu.as_ref(),
+                "{setup:?}: state {i} {kind:?} GPU -> CPU"
+            );
         }
         assert!(canonical(&cpu.save_to_bytes().unwrap()) == canonical(&from_gpu), "{setup:?}: GPU -> CPU");
 
@@ -355,8 +368,12 @@ fn an_8bit_gpu_checkpoint_loads_on_the_cpu_and_a_cpu_checkpoint_on_the_gpu_bit_f
         back.load_from_bytes(&from_cpu).unwrap_or_else(|e| panic!("{setup:?}: {e}"));
         assert_eq!(back.step_count(), 4);
         for (i, kind) in (0..2).flat_map(|i| setup.algorithm.state_kinds().iter().map(move |k| (i, *k))) {
-            let on_gpu = back.q8_state(i, kind).unwrap();
-            assert_eq!(cpu.q8_state(i, kind), on_gpu.as_ref(), "{setup:?}: state {i} {kind:?} CPU -> GPU");
+            let on_gpu = back.state(i, kind).map(|s| s.and_then(|v| v.q8())).unwrap();
+            assert_eq!(
+                cpu.state(i, kind).and_then(|s| s.q8()),
+                on_gpu.as_ref(),
+                "{setup:?}: state {i} {kind:?} CPU -> GPU"
+            );
         }
         assert!(canonical(&back.save_to_bytes().unwrap()) == canonical(&from_cpu), "{setup:?}: CPU -> GPU");
     }
@@ -420,12 +437,16 @@ fn bad_files(good: &[u8]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
 /// The 8-bit states of both parameters as read back (`None` where there is none).
 fn gpu_states(optimizer: &Optimizer) -> Vec<Option<StoredState>> {
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
-    (0..2).flat_map(|i| kinds.map(|kind| optimizer.q8_state(i, kind).ok().flatten())).collect()
+    (0..2)
+        .flat_map(|i| {
+            kinds.map(|kind| optimizer.state(i, kind).map(|s| s.and_then(|v| v.q8())).ok().flatten())
+        })
+        .collect()
 }
 
 fn cpu_states(optimizer: &CpuOptimizer) -> Vec<Option<StoredState>> {
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
-    (0..2).flat_map(|i| kinds.map(|kind| optimizer.q8_state(i, kind).cloned())).collect()
+    (0..2).flat_map(|i| kinds.map(|kind| optimizer.state(i, kind).and_then(|s| s.q8()).cloned())).collect()
 }
 
 /// Checks that loading `bytes` fails with [`Error::BadFile`] whose message holds `says`, and
@@ -479,7 +500,13 @@ fn mismatched_8bit_files_are_refused_by_the_gpu_backend_and_change_nothing() {
     // (from 100 on, params[1] keeps 8-bit state too).
     let mut plain = shaped().build(&ctx, adam(), &params).unwrap();
     gpu_steps(&ctx, &mut plain, &mut rng, 1);
-    assert_gpu_refuses(&ctx, &mut plain, &good, "8-bit into full precision", "OptimizerBuilder::q8_states");
+    assert_gpu_refuses(
+        &ctx,
+        &mut plain,
+        &good,
+        "8-bit into full precision",
+        "OptimizerBuilder::state_storage",
+    );
     let full = plain.save_to_bytes().unwrap();
     assert_gpu_refuses(&ctx, &mut target, &full, "full precision into 8-bit", "blockwise 8-bit state");
     let mut smaller = Setup { min_8bit_size: 100, ..setup }.gpu(&ctx, &params);
@@ -509,7 +536,7 @@ fn mismatched_8bit_files_are_refused_by_the_cpu_backend_and_change_nothing() {
     let mut smaller = Setup { min_8bit_size: 100, ..setup }.cpu(&params);
     cpu_steps(&mut plain, &mut params, &mut rng, 1);
     cpu_steps(&mut smaller, &mut params, &mut rng, 1);
-    assert_cpu_refuses(&mut plain, &good, "8-bit into full precision", "OptimizerBuilder::q8_states");
+    assert_cpu_refuses(&mut plain, &good, "8-bit into full precision", "OptimizerBuilder::state_storage");
     let full = plain.save_to_bytes().unwrap();
     assert_cpu_refuses(&mut target, &full, "full precision into 8-bit", "blockwise 8-bit state");
     assert_cpu_refuses(&mut smaller, &good, "another min_8bit_size", "min_8bit_size 4096");
@@ -594,8 +621,8 @@ fn invalid_8bit_state_in_a_checkpoint_is_refused_by_name_and_changes_nothing() {
     cpu.load_from_bytes(&unchecked).unwrap();
     let saved = File::parse(&good);
     for (i, kind) in (0..2).flat_map(|i| [StateKind::ExpAvg, StateKind::ExpAvgSq].map(|k| (i, k))) {
-        let on_gpu = gpu.q8_state(i, kind).unwrap();
-        assert_eq!(cpu.q8_state(i, kind), on_gpu.as_ref(), "state {i} {kind:?}");
+        let on_gpu = gpu.state(i, kind).map(|s| s.and_then(|v| v.q8())).unwrap();
+        assert_eq!(cpu.state(i, kind).and_then(|s| s.q8()), on_gpu.as_ref(), "state {i} {kind:?}");
         let k = usize::from(kind == StateKind::ExpAvgSq) + 1;
         let want = match on_gpu {
             Some(StoredState::Q8 { codes, .. }) => codes,
@@ -621,7 +648,9 @@ fn writing_an_invalid_absmax_is_refused_and_changes_nothing() {
     let mut host_params = host(&initial);
     let mut cpu = setup.cpu(&host_params);
     cpu_steps(&mut cpu, &mut host_params, &mut rng, 2);
-    let Some(StoredState::Q8 { codes, absmax }) = gpu.q8_state(0, StateKind::ExpAvg).unwrap() else {
+    let Some(StoredState::Q8 { codes, absmax }) =
+        gpu.state(0, StateKind::ExpAvg).map(|s| s.and_then(|v| v.q8())).unwrap()
+    else {
         panic!("params[0] keeps 8-bit state")
     };
     for bad in [f32::NAN, -0.5, f32::NEG_INFINITY] {
@@ -629,9 +658,9 @@ fn writing_an_invalid_absmax_is_refused_and_changes_nothing() {
         scales[5] = bad;
         let state = StoredState::Q8 { codes: codes.clone(), absmax: scales };
         let before = (gpu_states(&gpu), cpu_states(&cpu));
-        let err = gpu.set_q8_state(0, StateKind::ExpAvg, &state).unwrap_err();
+        let err = gpu.set_state(0, StateKind::ExpAvg, &QuantizedState::Q8(state.clone())).unwrap_err();
         assert!(matches!(&err, Error::BadValue { argument, .. } if argument.ends_with("absmax[5]")), "{err}");
-        let err = cpu.set_q8_state(0, StateKind::ExpAvg, state).unwrap_err();
+        let err = cpu.set_state(0, StateKind::ExpAvg, QuantizedState::Q8(state)).unwrap_err();
         assert!(matches!(&err, Error::BadValue { argument, .. } if argument.ends_with("absmax[5]")), "{err}");
         assert!((gpu_states(&gpu), cpu_states(&cpu)) == before, "a refused write of {bad} changed a state");
     }

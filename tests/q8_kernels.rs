@@ -9,7 +9,7 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q8::{Q8States, StoredState};
-use wgpu_optim::{AdEMAMix, Adam, Algorithm, Lion, Optimizer, RmsProp, Sgd, StateKind};
+use wgpu_optim::{AdEMAMix, Adam, Algorithm, Lion, Optimizer, RmsProp, Sgd, StateKind, StateStorage};
 use wgpu_optim_testkit::oracle::bnb::{self, bnb_8bit_step};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
@@ -67,7 +67,7 @@ fn gpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
     let ctx = common::ctx();
     let params: Vec<_> = initial.iter().map(|p| ctx.upload_f32("param", p)).collect();
     let mut opt = Optimizer::builder()
-        .q8_states(config)
+        .state_storage(StateStorage::Q8(config))
         .build(&ctx, algorithm, &params)
         .unwrap_or_else(|e| panic!("{e}"));
     for grads in steps {
@@ -76,7 +76,9 @@ fn gpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
     }
     let states = (0..params.len())
         .map(|i| {
-            let state = |kind: &StateKind| opt.q8_state(i, *kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = |kind: &StateKind| {
+                opt.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"))
+            };
             algorithm
                 .state_kinds()
                 .iter()
@@ -91,8 +93,10 @@ fn gpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
 fn cpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: &Steps) -> Run {
     let mut params = initial.to_vec();
     let views: Vec<_> = params.iter().map(|p| HostSlice::F32(p)).collect();
-    let mut opt =
-        CpuOptimizer::builder().q8_states(config).build(algorithm, &views).unwrap_or_else(|e| panic!("{e}"));
+    let mut opt = CpuOptimizer::builder()
+        .state_storage(StateStorage::Q8(config))
+        .build(algorithm, &views)
+        .unwrap_or_else(|e| panic!("{e}"));
     for grads in steps {
         let mut views: Vec<_> = params.iter_mut().map(|p| HostSliceMut::F32(p)).collect();
         let grads: Vec<_> = grads.iter().map(|g| HostSlice::F32(g)).collect();
@@ -100,8 +104,9 @@ fn cpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
     }
     let states = (0..params.len())
         .map(|i| {
-            let state =
-                |kind: &StateKind| opt.q8_state(i, *kind).cloned().unwrap_or_else(|| panic!("no state"));
+            let state = |kind: &StateKind| {
+                opt.state(i, *kind).and_then(|s| s.q8()).cloned().unwrap_or_else(|| panic!("no state"))
+            };
             algorithm.state_kinds().iter().map(state).collect()
         })
         .collect();

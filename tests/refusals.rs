@@ -12,7 +12,7 @@ use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
     Adagrad, Adam, DType, DmlAdam, Error, GpuContext, MomentumMode, OnnxAdam, OnnxMomentum, Optimizer,
-    ParamGroup, Sgd, Tensor, TENSOR_USAGES,
+    ParamGroup, Sgd, StateStorage, Tensor, TENSOR_USAGES,
 };
 
 /// The name of an error's variant, for the tally (its `Debug` name, so that a new variant
@@ -153,8 +153,8 @@ fn every_bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
             )
         })
     });
-    w.refuse("DTypeMismatch", "state_dtype", |w| {
-        let options = Optimizer::builder().state_dtype(DType::F64);
+    w.refuse("DTypeMismatch", "state_storage", |w| {
+        let options = Optimizer::builder().state_storage(StateStorage::Dtype(DType::F64));
         options.build(&w.ctx, Adam::default(), &w.params).map(drop)
     });
 

@@ -11,7 +11,7 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup, RmsProp, Rounding,
-    StateKind, Tensor,
+    StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
 use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
@@ -106,7 +106,7 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_gpu() {
             let what = format!("GPU {algorithm:?} param[{i}] (n = {n})");
             assert_close(&what, &download(&ctx, &params[i]), &want[i], Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-                let got = download(&ctx, optimizer.state(i, *kind).unwrap());
+                let got = download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, DType::F32));
             }
         }
@@ -134,7 +134,7 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_cpu() {
             let what = format!("CPU {algorithm:?} param[{i}] (n = {n})");
             assert_close(&what, &params[i].to_f64(), &want[i], Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
-                let got = optimizer.state(i, *kind).unwrap().to_f64();
+                let got = optimizer.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, DType::F32));
             }
         }
@@ -178,7 +178,10 @@ fn gpu_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, seed:
     let params: Vec<Tensor> =
         LENGTHS.iter().map(|&n| ctx.upload("param", &rng.vec(n, 1.0), mix.param)).collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-    let mut optimizer = Optimizer::builder().state_dtype(mix.state).build(ctx, algorithm, &params).unwrap();
+    let mut optimizer = Optimizer::builder()
+        .state_storage(StateStorage::Dtype(mix.state))
+        .build(ctx, algorithm, &params)
+        .unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=steps {
         for (g, &n) in grads.iter().zip(&LENGTHS) {
@@ -187,21 +190,28 @@ fn gpu_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, seed:
         type Before = (Vec<f64>, Vec<Vec<f64>>, Vec<f64>);
         let before: Vec<Before> = (0..LENGTHS.len())
             .map(|i| {
-                let state = kinds.iter().map(|k| download(ctx, optimizer.state(i, *k).unwrap())).collect();
+                let state = kinds
+                    .iter()
+                    .map(|k| download(ctx, optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+                    .collect();
                 (download(ctx, &params[i]), state, download(ctx, &grads[i]))
             })
             .collect();
         optimizer.step(&grads).unwrap();
         for (i, (mut p, state, g)) in before.into_iter().enumerate() {
             for k in kinds {
-                assert_eq!(optimizer.state(i, *k).unwrap().dtype, mix.state, "{k:?}");
+                assert_eq!(
+                    optimizer.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+                    mix.state,
+                    "{k:?}"
+                );
             }
             let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
             oracle.step(&mut p, &g);
             let what = format!("GPU {algorithm:?} {mix:?} step {t} param[{i}]");
             assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = download(ctx, optimizer.state(i, *kind).unwrap());
+                let got = download(ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_close(&format!("{what} {kind:?}"), &got, &want, state_tolerance(*kind, mix.state));
             }
         }
@@ -231,7 +241,7 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
             let mut rng = Rng::new((2000 + 10 * a + m) as u64);
             let mut params: Vec<HostTensor> =
                 LENGTHS.iter().map(|&n| host(&rng.vec(n, 1.0), mix.param)).collect();
-            let options = CpuOptimizer::builder().state_dtype(mix.state);
+            let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(mix.state));
             let mut optimizer = options.build(algorithm, &slices(&params)).unwrap();
             let kinds = algorithm.state_kinds();
             for t in 1..=3 {
@@ -240,7 +250,10 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
                 type Before = (Vec<f64>, Vec<Vec<f64>>);
                 let before: Vec<Before> = (0..LENGTHS.len())
                     .map(|i| {
-                        let state = kinds.iter().map(|k| optimizer.state(i, *k).unwrap().to_f64()).collect();
+                        let state = kinds
+                            .iter()
+                            .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                            .collect();
                         (params[i].to_f64(), state)
                     })
                     .collect();
@@ -252,7 +265,7 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
                     let what = format!("CPU {algorithm:?} {mix:?} step {t} param[{i}]");
                     assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(mix.param));
                     for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                        let got = optimizer.state(i, *kind).unwrap();
+                        let got = optimizer.state(i, *kind).and_then(|s| s.dense()).unwrap();
                         assert_eq!(got.dtype(), mix.state, "{what} {kind:?}");
                         assert_close(
                             &format!("{what} {kind:?}"),
@@ -282,7 +295,10 @@ fn master_weights_update_f32_masters_and_write_the_model_copy() {
             .unwrap();
         let master = optimizer.params()[0].clone();
         assert_eq!(master.dtype, DType::F32);
-        assert_eq!(optimizer.state(0, StateKind::GradAvg).unwrap().dtype, DType::F32);
+        assert_eq!(
+            optimizer.state(0, StateKind::GradAvg).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+            DType::F32
+        );
         let mut p = download(&ctx, &model);
         let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
         let grad = ctx.zeros("grad", n as u64, DType::F32);
@@ -337,16 +353,16 @@ fn two_groups_with_different_hyperparameters_each_follow_their_own_oracle() {
         for (kind, want) in algorithm.state_kinds().iter().zip(oracles[i].tensors()) {
             assert_close(
                 &format!("{what} {kind:?}"),
-                &download(&ctx, optimizer.state(i, *kind).unwrap()),
+                &download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap()),
                 &want,
                 state_tolerance(*kind, DType::F32),
             );
         }
     }
     // The second group keeps a momentum buffer, the first does not.
-    assert!(optimizer.state(0, StateKind::MomentumBuffer).is_none());
-    assert!(optimizer.state(2, StateKind::MomentumBuffer).is_some());
-    assert!(optimizer.state(2, StateKind::GradAvg).is_none());
+    assert!(optimizer.state(0, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).is_none());
+    assert!(optimizer.state(2, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).is_some());
+    assert!(optimizer.state(2, StateKind::GradAvg).unwrap().and_then(|s| s.dense()).is_none());
 }
 
 #[test]
@@ -383,7 +399,7 @@ fn capturable_mode_reads_the_learning_rate_from_the_device() {
         for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
             assert_close(
                 &format!("{what} {kind:?}"),
-                &download(&ctx, optimizer.state(0, *kind).unwrap()),
+                &download(&ctx, optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap()),
                 &want,
                 state_tolerance(*kind, DType::F32),
             );
@@ -516,7 +532,10 @@ fn stochastic_rounding_stores_a_neighbour_of_the_oracles_value_and_the_same_bits
     for t in 1..=4 {
         let g = rng.vec(n, 1.0);
         let mut p = download(&ctx, &param);
-        let state: Vec<Vec<f64>> = kinds.iter().map(|k| download(&ctx, gpu.state(0, *k).unwrap())).collect();
+        let state: Vec<Vec<f64>> = kinds
+            .iter()
+            .map(|k| download(&ctx, gpu.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+            .collect();
         ctx.write(&grad, &g).unwrap();
         gpu.step(std::slice::from_ref(&grad)).unwrap();
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(&g, DType::F32)])).unwrap();
@@ -527,9 +546,13 @@ fn stochastic_rounding_stores_a_neighbour_of_the_oracles_value_and_the_same_bits
         assert_neighbours(&format!("{what} param"), &got, &p);
         assert_eq!(cpu_params[0].to_f64(), got, "{what}: CPU and GPU parameters");
         for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-            let got = download(&ctx, gpu.state(0, *kind).unwrap());
+            let got = download(&ctx, gpu.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_neighbours(&format!("{what} {kind:?}"), &got, &want);
-            assert_eq!(cpu.state(0, *kind).unwrap().to_f64(), got, "{what} {kind:?}: CPU and GPU");
+            assert_eq!(
+                cpu.state(0, *kind).and_then(|s| s.dense()).unwrap().to_f64(),
+                got,
+                "{what} {kind:?}: CPU and GPU"
+            );
         }
     }
 }
@@ -785,7 +808,7 @@ mod q8 {
             let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let mut oracle = Oracle::new(&initial);
             let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-            let options = Optimizer::builder().q8_states(Q8States::default());
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut optimizer = options.build(&ctx, algorithm, &params).unwrap();
             for k in 0..STEPS {
                 let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -795,7 +818,11 @@ mod q8 {
                 for (i, param) in params.iter().enumerate() {
                     let what = format!("GPU {algorithm:?} step {} param[{i}]", k + 1);
                     assert_params_follow(&what, &download(&ctx, param), &oracle.params[i], &algorithm, k + 1);
-                    let got = optimizer.q8_state(i, StateKind::SquareAvg).unwrap().expect("square_avg");
+                    let got = optimizer
+                        .state(i, StateKind::SquareAvg)
+                        .map(|s| s.and_then(|v| v.q8()))
+                        .unwrap()
+                        .expect("square_avg");
                     assert_state_follows(&format!("{what} square_avg"), &got, &oracle.states[i]);
                 }
             }
@@ -809,7 +836,7 @@ mod q8 {
             let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let mut oracle = Oracle::new(&initial);
             let mut params: Vec<HostTensor> = initial.iter().map(|p| host(p, DType::F32)).collect();
-            let options = CpuOptimizer::builder().q8_states(Q8States::default());
+            let options = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut optimizer = options.build(algorithm, &slices(&params)).unwrap();
             for k in 0..STEPS {
                 let g: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
@@ -819,7 +846,8 @@ mod q8 {
                 for (i, param) in params.iter().enumerate() {
                     let what = format!("CPU {algorithm:?} step {} param[{i}]", k + 1);
                     assert_params_follow(&what, &param.to_f64(), &oracle.params[i], &algorithm, k + 1);
-                    let got = optimizer.q8_state(i, StateKind::SquareAvg).expect("square_avg");
+                    let got =
+                        optimizer.state(i, StateKind::SquareAvg).and_then(|s| s.q8()).expect("square_avg");
                     assert_state_follows(&format!("{what} square_avg"), got, &oracle.states[i]);
                 }
             }
@@ -833,8 +861,10 @@ mod q8 {
         let mut rng = Rng::new(990);
         let initial: Vec<Vec<f64>> = LENGTHS.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = initial.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-        let mut gpu =
-            Optimizer::builder().q8_states(Q8States::default()).build(&ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .build(&ctx, algorithm, &params)
+            .unwrap();
         for _ in 0..2 {
             let grads: Vec<Tensor> =
                 LENGTHS.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
@@ -848,7 +878,7 @@ mod q8 {
         let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
         let cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
         let mut cpu = CpuOptimizer::builder()
-            .q8_states(Q8States::default())
+            .state_storage(StateStorage::Q8(Q8States::default()))
             .build(algorithm, &slices(&cpu_params))
             .unwrap();
         cpu.load_from_bytes(&bytes).unwrap();
@@ -868,21 +898,24 @@ mod q8 {
             (RmsProp { maximize: true, ..base }, "maximize"),
         ];
         for (config, what) in refused {
-            let gpu = Optimizer::builder().q8_states(Q8States::default()).build(
+            let gpu = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default())).build(
                 &ctx,
                 config,
                 std::slice::from_ref(&param),
             );
-            let cpu =
-                CpuOptimizer::builder().q8_states(Q8States::default()).build(config, &slices(&cpu_params));
+            let cpu = CpuOptimizer::builder()
+                .state_storage(StateStorage::Q8(Q8States::default()))
+                .build(config, &slices(&cpu_params));
             for err in [gpu.map(|_| ()).unwrap_err(), cpu.map(|_| ()).unwrap_err()] {
                 assert!(
-                    matches!(&err, Error::ConflictingOptions { first: "q8_states", reason, .. } if reason.contains(what)),
+                    matches!(&err, Error::ConflictingOptions { first: "state_storage", reason, .. } if reason.contains(what)),
                     "{what}: {err}"
                 );
             }
         }
-        let clipped = Optimizer::builder().q8_states(Q8States::default()).grad_clip(GradClip::l2(1.0));
+        let clipped = Optimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .grad_clip(GradClip::l2(1.0));
         let err = clipped.build(&ctx, base, std::slice::from_ref(&param)).map(|_| ()).unwrap_err();
         assert!(
             matches!(&err, Error::ConflictingOptions { reason, .. } if reason.contains("grad_clip")),
@@ -892,16 +925,18 @@ mod q8 {
         // A schedule cannot switch maximize on either; weight decay runs as bitsandbytes'
         // kernel runs it (`tests/q8_kernels.rs`).
         let mut gpu = Optimizer::builder()
-            .q8_states(Q8States::default())
+            .state_storage(StateStorage::Q8(Q8States::default()))
             .build(&ctx, base, std::slice::from_ref(&param))
             .unwrap();
-        let mut cpu =
-            CpuOptimizer::builder().q8_states(Q8States::default()).build(base, &slices(&cpu_params)).unwrap();
+        let mut cpu = CpuOptimizer::builder()
+            .state_storage(StateStorage::Q8(Q8States::default()))
+            .build(base, &slices(&cpu_params))
+            .unwrap();
         for config in [RmsProp { maximize: true, ..base }, RmsProp { momentum: 0.9, ..base }] {
             let err = gpu.set_group_algorithm(0, config).unwrap_err();
-            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            assert!(matches!(&err, Error::ConflictingOptions { first: "state_storage", .. }), "{err}");
             let err = cpu.set_group_algorithm(0, config).unwrap_err();
-            assert!(matches!(&err, Error::ConflictingOptions { first: "q8_states", .. }), "{err}");
+            assert!(matches!(&err, Error::ConflictingOptions { first: "state_storage", .. }), "{err}");
         }
         assert_eq!(gpu.group_algorithm(0), Some(&Algorithm::from(base)));
         assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::from(base)));

@@ -333,7 +333,9 @@ fn gpu_run(
         opt.step(g).unwrap();
     }
     let read = |t: &Tensor| ctx.read(t).unwrap();
-    let state = (0..count).map(|i| read(opt.state(i, StateKind::MomentumBuffer).unwrap())).collect();
+    let state = (0..count)
+        .map(|i| read(opt.state(i, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap()))
+        .collect();
     (params.iter().map(read).collect(), state)
 }
 
@@ -347,8 +349,9 @@ fn cpu_run(dtype: DType, rounding: Rounding, data: &Data, steps: usize) -> (Vec<
         let mut slices: Vec<HostSliceMut<'_>> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
         opt.step(&mut slices, &grads).unwrap();
     }
-    let state =
-        (0..params.len()).map(|i| opt.state(i, StateKind::MomentumBuffer).unwrap().to_f64()).collect();
+    let state = (0..params.len())
+        .map(|i| opt.state(i, StateKind::MomentumBuffer).and_then(|s| s.dense()).unwrap().to_f64())
+        .collect();
     (params.iter().map(HostTensor::to_f64).collect(), state)
 }
 
@@ -485,7 +488,7 @@ fn nan_and_infinity_store_as_with_nearest_rounding() {
                     || (a.is_finite() && b.is_finite());
                 assert!(same, "{rounding:?} {dtype:?} [{k}]: got {a}, nearest rounding {b}");
             }
-            if let Some(c) = opt.state(0, StateKind::KahanCompensation) {
+            if let Some(c) = opt.state(0, StateKind::KahanCompensation).unwrap().and_then(|s| s.dense()) {
                 let c = ctx.read(c).unwrap();
                 assert!(c[..4].iter().all(|v| *v == 0.0), "{dtype:?}: compensation {c:?}");
             }
@@ -536,7 +539,7 @@ fn bad_rounding_options_are_typed_errors_that_change_nothing() {
     assert_eq!(ctx.read(&f32s).unwrap(), values);
     // Nearest rounding takes any dtype, and keeps no compensation.
     let opt = options(Rounding::NearestEven).build(&ctx, sgd, &[f32s]).unwrap();
-    assert!(opt.state(0, StateKind::KahanCompensation).is_none());
+    assert!(opt.state(0, StateKind::KahanCompensation).unwrap().and_then(|s| s.dense()).is_none());
 }
 
 /// Save after 3 steps, load into a fresh optimizer (for stochastic rounding one built with
@@ -557,7 +560,12 @@ fn a_resumed_run_is_bit_identical_to_an_uninterrupted_one() {
     let snapshot = |opt: &Optimizer, params: &[Tensor]| -> Vec<Vec<f64>> {
         let mut all: Vec<Vec<f64>> = params.iter().map(|p| ctx.read(p).unwrap()).collect();
         for i in 0..params.len() {
-            all.extend(kinds.iter().filter_map(|k| opt.state(i, *k)).map(|t| ctx.read(t).unwrap()));
+            all.extend(
+                kinds
+                    .iter()
+                    .filter_map(|k| opt.state(i, *k).unwrap().and_then(|s| s.dense()))
+                    .map(|t| ctx.read(t).unwrap()),
+            );
         }
         all
     };
@@ -621,11 +629,17 @@ fn a_checkpoint_of_another_rounding_mode_is_refused() {
     for rounding in [Rounding::NearestEven, Rounding::Stochastic { seed: 2, state: false }] {
         let mut opt = options(rounding).build(&ctx, sgd, std::slice::from_ref(&q)).unwrap();
         opt.step(std::slice::from_ref(&g)).unwrap();
-        let before = ctx.read(opt.state(0, StateKind::MomentumBuffer).unwrap()).unwrap();
+        let before = ctx
+            .read(opt.state(0, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap())
+            .unwrap();
         let err = opt.load_from_bytes(&bytes).unwrap_err();
         assert!(matches!(&err, Error::BadFile { problem, .. } if problem.contains("rounding")), "{err}");
         assert_eq!(opt.step_count(), 1);
         assert_eq!(opt.rounding(), rounding);
-        assert_eq!(ctx.read(opt.state(0, StateKind::MomentumBuffer).unwrap()).unwrap(), before);
+        assert_eq!(
+            ctx.read(opt.state(0, StateKind::MomentumBuffer).unwrap().and_then(|s| s.dense()).unwrap())
+                .unwrap(),
+            before
+        );
     }
 }

@@ -8,7 +8,7 @@ use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, ScheduleFreeAdamW,
-    ScheduleFreeMode, ScheduleFreeScalars, StateKind, Tensor,
+    ScheduleFreeMode, ScheduleFreeScalars, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, Storage};
 
@@ -54,7 +54,7 @@ impl Gpu {
         dtype: DType,
         state: DType,
     ) -> Self {
-        Self::with(ctx, groups, dtype, Optimizer::builder().state_dtype(state))
+        Self::with(ctx, groups, dtype, Optimizer::builder().state_storage(StateStorage::Dtype(state)))
     }
 
     fn with(
@@ -81,7 +81,7 @@ impl Backend for Gpu {
         self.params.iter().map(|p| download(&self.ctx, p)).collect()
     }
     fn state(&self, i: usize, kind: StateKind) -> Vec<f64> {
-        download(&self.ctx, self.optimizer.state(i, kind).unwrap())
+        download(&self.ctx, self.optimizer.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap())
     }
     fn scalars(&self, g: usize) -> ScheduleFreeScalars {
         self.optimizer.schedule_free_scalars(g).unwrap()
@@ -110,7 +110,7 @@ struct Cpu {
 
 impl Cpu {
     fn new(config: ScheduleFreeAdamW, values: &[Vec<f64>], dtype: DType, state: DType) -> Self {
-        Self::with(config, values, dtype, CpuOptimizer::builder().state_dtype(state))
+        Self::with(config, values, dtype, CpuOptimizer::builder().state_storage(StateStorage::Dtype(state)))
     }
 
     fn with(
@@ -136,7 +136,7 @@ impl Backend for Cpu {
         self.params.iter().map(HostTensor::to_f64).collect()
     }
     fn state(&self, i: usize, kind: StateKind) -> Vec<f64> {
-        self.optimizer.state(i, kind).unwrap().to_f64()
+        self.optimizer.state(i, kind).and_then(|s| s.dense()).unwrap().to_f64()
     }
     fn scalars(&self, g: usize) -> ScheduleFreeScalars {
         self.optimizer.schedule_free_scalars(g).unwrap()
@@ -622,18 +622,22 @@ fn capturable_mode_and_8_bit_state_are_refused_by_name() {
         }
         other => panic!("{other:?}"),
     }
-    let q8 =
-        Optimizer::builder().q8_states(Q8States::default()).build(&ctx, config, std::slice::from_ref(&param));
+    let q8 = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default())).build(
+        &ctx,
+        config,
+        std::slice::from_ref(&param),
+    );
     match q8 {
-        Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason }) => {
+        Err(Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason }) => {
             assert!(reason.contains("Schedule-Free"), "{reason}")
         }
         other => panic!("{other:?}"),
     }
     let values = vec![0.5f32; 4096];
-    let cpu =
-        CpuOptimizer::builder().q8_states(Q8States::default()).build(config, &[HostSlice::from(&values[..])]);
-    assert!(matches!(cpu, Err(Error::ConflictingOptions { first: "q8_states", .. })), "{cpu:?}");
+    let cpu = CpuOptimizer::builder()
+        .state_storage(StateStorage::Q8(Q8States::default()))
+        .build(config, &[HostSlice::from(&values[..])]);
+    assert!(matches!(cpu, Err(Error::ConflictingOptions { first: "state_storage", .. })), "{cpu:?}");
 }
 
 #[test]
@@ -748,9 +752,11 @@ fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() 
         }
         let mut x = y.clone();
         oracle.eval(&mut x);
-        let gpu_options = Optimizer::builder().state_dtype(DType::F32).rounding(rounding);
+        let gpu_options =
+            Optimizer::builder().state_storage(StateStorage::Dtype(DType::F32)).rounding(rounding);
         let gpu = Gpu::with(&ctx(), &[(config, start.clone())], DType::BF16, gpu_options);
-        let cpu_options = CpuOptimizer::builder().state_dtype(DType::F32).rounding(rounding);
+        let cpu_options =
+            CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F32)).rounding(rounding);
         let cpu = Cpu::with(config, &start, DType::BF16, cpu_options);
         // Values near 0 come from O(1) values that cancel: their error is an O(1) value's
         // rounding (half a bf16 ulp at 1), not their own ulps.

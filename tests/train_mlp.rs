@@ -29,7 +29,7 @@ use gpu::{Gpu, Source, StepClock};
 use model::{Metrics, Mlp, WIDTHS};
 use spirals::Spirals;
 use wgpu_optim::q8::Q8States;
-use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerBuilder, Rounding};
+use wgpu_optim::{Adam, DType, GpuContext, Optimizer, OptimizerBuilder, Rounding, StateStorage};
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
 /// Enough steps for Adam's loss to fall well below 0.9 of its start (it is about 0.4 of it
@@ -146,7 +146,7 @@ fn an_f16_model_is_refused_naming_shader_f16_without_it() {
 #[test]
 fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
     let (_, f32_state) = train(DType::F32);
-    let q8 = Optimizer::builder().q8_states(Q8States { min_8bit_size: 128 });
+    let q8 = Optimizer::builder().state_storage(StateStorage::Q8(Q8States { min_8bit_size: 128 }));
     let (initial, q8_state) = train_with(DType::F32, q8);
     assert_learned(DType::F32, (initial, q8_state));
     let (f32_accuracy, q8_accuracy) = (f32_state.accuracy(), q8_state.accuracy());
@@ -165,7 +165,7 @@ fn q4_state_training_at_its_rate_reaches_the_accuracy_of_f32_state_within_one_po
     const Q4_STEPS: u64 = 300;
     const Q4_LR: f64 = 2e-3;
     let (_, f32_state) = train_steps_with(DType::F32, Optimizer::builder(), Adam::default(), Q4_STEPS);
-    let q4 = Optimizer::builder().q4_states(wgpu_optim::q4::Q4States::default());
+    let q4 = Optimizer::builder().state_storage(StateStorage::Q4(wgpu_optim::q4::Q4States::default()));
     let adam = Adam { lr: Q4_LR, ..Adam::default() };
     let (initial, q4_state) = train_steps_with(DType::F32, q4, adam, Q4_STEPS);
     assert_learned(DType::F32, (initial, q4_state));

@@ -30,7 +30,7 @@ use wgpu_optim::Lamb;
 use wgpu_optim::Muon;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
-    Tensor,
+    StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
@@ -324,7 +324,7 @@ fn gpu_step(
     let Job { algorithm, clip, dtype, q8, q4, case, reps, budget } = *job;
     let params = flat(ctx, "params", &case.sizes, dtype);
     let grads = flat(ctx, "grads", &case.sizes, dtype);
-    let options = Optimizer::builder().grad_clip(clip).q8_states(q8).q4_states(q4);
+    let options = Optimizer::builder().grad_clip(clip).state_storage(state_storage(q8, q4));
     let options = options.param_shapes(shapes::matrices(&case.sizes));
     let mut optimizer = options.build(ctx, algorithm, &params)?;
     timer.time(|encoder| optimizer.record_step(encoder, &grads))?; // pipelines, bind groups, first touch
@@ -343,6 +343,16 @@ fn gpu_step(
 /// Tensors of `sizes` elements packed into as few buffers as the adapter's largest storage
 /// binding allows, each at a 256-byte boundary: a trainer's flat parameter (or gradient)
 /// buffer, which lets the optimizer update many tensors in one dispatch.
+/// The storage a job's optimizer keeps its state in: 8-bit or 4-bit when the job asks for
+/// it (never both), each parameter's dtype otherwise.
+fn state_storage(q8: Option<Q8States>, q4: Option<Q4States>) -> StateStorage {
+    match (q8, q4) {
+        (Some(q8), _) => StateStorage::Q8(q8),
+        (None, Some(q4)) => StateStorage::Q4(q4),
+        (None, None) => StateStorage::ParamDtype,
+    }
+}
+
 fn flat(ctx: &GpuContext, label: &str, sizes: &[u64], dtype: DType) -> Vec<Tensor> {
     let limit = ctx.device().limits().max_storage_buffer_binding_size;
     let mut groups: Vec<Vec<(u64, u64)>> = Vec::new();
@@ -388,7 +398,7 @@ fn cpu_step(
     let grads: Vec<HostTensor> =
         case.sizes.iter().map(|&n| HostTensor::filled(dtype, n as usize, 1e-3)).collect::<Result<_, _>>()?;
     let views: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-    let builder = CpuOptimizer::builder().grad_clip(clip).q8_states(q8).q4_states(q4);
+    let builder = CpuOptimizer::builder().grad_clip(clip).state_storage(state_storage(q8, q4));
     let mut optimizer = builder.param_shapes(shapes::matrices(&case.sizes)).build(algorithm, &views)?;
     let grad_views: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
     let mut step = |params: &mut Vec<HostTensor>| -> wgpu_optim::Result<Duration> {

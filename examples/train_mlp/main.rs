@@ -52,6 +52,7 @@ use wgpu_optim::Adafactor;
 use wgpu_optim::Lamb;
 use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, Lion, Optimizer, RmsProp, Rounding, ScheduleFreeAdamW, Sgd,
+    StateStorage,
 };
 use wgpu_optim::{Muon, ParamGroup};
 
@@ -421,13 +422,18 @@ fn build_optimizer(
     let param_shapes = model.layout().iter().map(|spec| spec.shape.clone()).collect();
     // This model's weight matrices are small (2x64 to 64x64): `--states q8` quantizes
     // every one of them (the smallest has 128 elements) and leaves the biases in f32.
-    let q8_states = options.q8_states.then_some(Q8States { min_8bit_size: Q8_MIN_SIZE });
+    let state_storage = if options.q8_states {
+        StateStorage::Q8(Q8States { min_8bit_size: Q8_MIN_SIZE })
+    } else if options.q4_states {
+        StateStorage::Q4(Q4_STATES)
+    } else {
+        StateStorage::ParamDtype
+    };
     let optimizer_options = Optimizer::builder()
         .master_weights(master_weights)
         .rounding(rounding)
         .param_shapes(param_shapes)
-        .q8_states(q8_states)
-        .q4_states(options.q4_states.then_some(Q4_STATES));
+        .state_storage(state_storage);
     let mut optimizer = optimizer_options.build_groups(ctx, plan.choice.groups(model, &params))?;
     if let Some(dir) = &options.resume {
         optimizer.load(dir.join(checkpoint::OPTIMIZER_FILE))?;

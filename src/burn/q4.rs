@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use ::burn::tensor::{DType as BurnDType, TensorData};
 
 use crate::q4::{map_for, Q4State};
-use crate::{Algorithm, BurnFailure, Error, Optimizer, Result, StateKind};
+use crate::{Algorithm, BurnFailure, Error, Optimizer, QuantizedState, Result, StateKind, StateView};
 
 /// The record names of the parts of a 4-bit state: `{state}.{part}`.
 const PARTS: [&str; 3] = ["codes", "scale", "qmap"];
@@ -44,8 +44,8 @@ pub(super) fn copy(
     i: usize,
 ) -> Result<()> {
     for &kind in algorithm.state_kinds() {
-        if let Some(state) = from.q4_state(j, kind)? {
-            to.set_q4_state(i, kind, &state)?;
+        if let Some(state) = from.state(j, kind)?.and_then(StateView::quantized) {
+            to.set_state(i, kind, &state)?;
         }
     }
     Ok(())
@@ -63,7 +63,8 @@ pub(super) fn read_state(
     let mut tensors = BTreeMap::new();
     for &kind in algorithm.state_kinds() {
         let name = kind.torch_name();
-        match optimizer.q4_state(i, kind)?.ok_or_else(&lost)? {
+        let Some(StateView::Q4(state)) = optimizer.state(i, kind)? else { return Err(lost()) };
+        match state {
             Q4State::F32(values) => {
                 tensors.insert(name.to_string(), TensorData::new(values, shape.to_vec()));
             }
@@ -131,7 +132,7 @@ pub(super) fn check_names<'a>(
 }
 
 /// A loaded record's states into `target`'s parameter `i` (whose storage, 4-bit or f32, the
-/// optimizer's settings decide; [`Optimizer::set_q4_state`] refuses the other one and a
+/// optimizer's settings decide; [`Optimizer::set_state`] refuses the other one and a
 /// wrong length). Refused ([`Error::Burn`]) where a part has the wrong dtype or a map is not
 /// torchao's.
 pub(super) fn write_loaded(
@@ -168,7 +169,7 @@ pub(super) fn write_loaded(
                 Q4State::Q4 { codes, scale }
             }
         };
-        target.set_q4_state(i, kind, &state)?;
+        target.set_state(i, kind, &QuantizedState::Q4(state))?;
     }
     Ok(())
 }

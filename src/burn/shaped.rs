@@ -55,7 +55,7 @@ pub(super) fn step<const D: usize>(
     // copy after the step fills it), leased beside the optimizer's.
     let mut held: Vec<(BurnTensor<D>, Leased, Tensor)> = Vec::with_capacity(kinds.len());
     for &kind in kinds {
-        let target = optimizer.state(0, kind).ok_or_else(|| internal(kind))?.clone();
+        let target = optimizer.tensor_state(0, kind).ok_or_else(|| internal(kind))?.clone();
         let name = kind.torch_name();
         let burn = match state.slot(kind).take() {
             Some(t) => t,

@@ -118,10 +118,10 @@ pub(crate) struct Layout<'a> {
     /// each parameter's shape (checked against its length when the optimizer was built).
     pub(crate) shapes: &'a [Vec<usize>],
     pub(crate) rounding: Rounding,
-    /// [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states): states are saved
+    /// 8-bit [`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage): states are saved
     /// under bitsandbytes' names (`state1`, `absmax1`, ...) instead of PyTorch's.
     pub(crate) q8: Option<Q8States>,
-    /// [`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states): states are saved
+    /// 4-bit [`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage): states are saved
     /// under torchao's names (`exp_avg.codes`, `exp_avg.scale`, `exp_avg.qmap`).
     pub(crate) q4: Option<crate::q4::Q4States>,
     /// Schedule-Free groups' running values and the mode, saved in their `param_groups`.
@@ -477,12 +477,12 @@ impl Layout<'_> {
             (Some(file), Some(ours)) if file == ours => return Ok(()),
             (Some(file), None) => format!(
                 "holds blockwise 8-bit state (min_8bit_size {}), the optimizer keeps full-precision \
-                 state: build it with OptimizerBuilder::q8_states",
+                 state: build it with OptimizerBuilder::state_storage(StateStorage::Q8(..))",
                 file.min_8bit_size
             ),
             (None, Some(ours)) => format!(
                 "holds full-precision state, the optimizer keeps blockwise 8-bit state \
-                 (q8_states with min_8bit_size {})",
+                 (StateStorage::Q8 with min_8bit_size {})",
                 ours.min_8bit_size
             ),
             (Some(file), Some(ours)) => format!(

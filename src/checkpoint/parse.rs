@@ -34,16 +34,16 @@ pub struct Checkpoint<'a> {
     /// The rounding of 16-bit stores, with stochastic rounding's seed; checkpoints written
     /// before rounding modes existed read as [`Rounding::NearestEven`].
     pub rounding: Rounding,
-    /// With blockwise 8-bit state ([`OptimizerBuilder::q8_states`]): its settings, from the
+    /// With blockwise 8-bit state ([`StateStorage::Q8`]): its settings, from the
     /// `q8_min_8bit_size` metadata (with `q8_block_size`, which must be 256); `None` for a
     /// checkpoint of full-precision state.
     ///
-    /// [`OptimizerBuilder::q8_states`]: crate::OptimizerBuilder::q8_states
+    /// [`StateStorage::Q8`]: crate::StateStorage::Q8
     pub q8_states: Option<Q8States>,
-    /// With blockwise 4-bit state ([`OptimizerBuilder::q4_states`]): its settings, from the
+    /// With blockwise 4-bit state ([`StateStorage::Q4`]): its settings, from the
     /// `q4_block_size` and `q4_min_size` metadata; `None` for a checkpoint without.
     ///
-    /// [`OptimizerBuilder::q4_states`]: crate::OptimizerBuilder::q4_states
+    /// [`StateStorage::Q4`]: crate::StateStorage::Q4
     pub q4_states: Option<crate::q4::Q4States>,
     /// Each group's Schedule-Free running values (`k`, `weight_sum`, `lr_max`), `None` for
     /// groups of other algorithms.

@@ -40,17 +40,19 @@ mod norm;
 mod q4;
 pub(crate) mod q8;
 mod schedule_free;
+mod state_access;
 mod state_memory;
 mod storage;
 mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
+pub use state_access::StateView;
 
 use crate::q4::{Q4State, Q4States};
 use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
-use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateKind};
+use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateStorage};
 use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 use kernels::{Kernel, MAX_STATE};
 use state_memory::StateTensor;
@@ -80,10 +82,10 @@ pub struct CpuOptimizer {
     /// checkpoints read them).
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     shapes: Vec<Vec<usize>>,
-    /// With [`CpuOptimizerBuilder::q8_states`]: its settings and each parameter's state (then
+    /// With 8-bit [`CpuOptimizerBuilder::state_storage`]: its settings and each parameter's state (then
     /// `state` is empty).
     q8: Option<(Q8States, Vec<Vec<StoredState>>)>,
-    /// With [`CpuOptimizerBuilder::q4_states`]: its settings and each parameter's state (then
+    /// With 4-bit [`CpuOptimizerBuilder::state_storage`]: its settings and each parameter's state (then
     /// `state` is empty).
     q4: Option<(Q4States, Vec<Vec<Q4State>>)>,
     /// A schedule-free group's running `k`, `weight_sum` and `lr_max` (unused otherwise).
@@ -124,10 +126,12 @@ pub struct CpuOptimizerBuilder {
 }
 
 impl CpuOptimizerBuilder {
-    /// The storage dtype of every state tensor (F32, F16 or BF16; F64 is refused with
-    /// [`Error::DTypeMismatch`]); unset (the default) keeps each parameter's dtype.
-    pub fn state_dtype(mut self, dtype: impl Into<Option<DType>>) -> Self {
-        self.options.state_dtype = dtype.into();
+    /// How every state tensor is stored, as on the GPU
+    /// ([`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage)): each
+    /// parameter's dtype (the default), one dtype (F32, F16 or BF16; F64 is refused with
+    /// [`Error::DTypeMismatch`]), or blockwise 8-bit or 4-bit state.
+    pub fn state_storage(mut self, storage: StateStorage) -> Self {
+        self.options.state_storage = storage;
         self
     }
 
@@ -153,20 +157,6 @@ impl CpuOptimizerBuilder {
     /// by the GPU optimizer when the shapes do not fit the parameters).
     pub fn param_shapes(mut self, shapes: Vec<Vec<usize>>) -> Self {
         self.options.param_shapes = shapes;
-        self
-    }
-
-    /// Blockwise 8-bit state, as on the GPU
-    /// ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)).
-    pub fn q8_states(mut self, q8: impl Into<Option<Q8States>>) -> Self {
-        self.options.q8_states = q8.into();
-        self
-    }
-
-    /// Blockwise 4-bit state for Adam and AdamW, as on the GPU
-    /// ([`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states)).
-    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
-        self.options.q4_states = q4.into();
         self
     }
 
@@ -200,8 +190,8 @@ impl CpuOptimizer {
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
-        if options.state_dtype == Some(DType::F64) {
-            return Err(host::not_f64("options.state_dtype"));
+        if options.state_storage.dtype() == Some(DType::F64) {
+            return Err(host::not_f64("options.state_storage"));
         }
         crate::validate::check_shapes(
             &options.param_shapes,
@@ -211,78 +201,39 @@ impl CpuOptimizer {
             adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
         crate::validate::check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype()), "params")?;
         let muon_shapes = muon::check(&algorithm, &options, params.len())?;
-        if let Some(config) = options.q4_states {
-            crate::q4::check_options(&config, &[algorithm], &options, params.iter().map(|p| p.dtype()))?;
-            let states = params
-                .iter()
-                .map(|p| {
-                    let quantized = config.quantizes(p.len() as u64);
-                    let zeros = || Q4State::zeros(p.len(), quantized, config.block_size);
-                    algorithm.state_kinds().iter().map(|_| zeros()).collect()
-                })
-                .collect();
-            return Ok(CpuOptimizer {
-                algorithm,
-                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
-                state: Vec::new(),
-                compensation: Vec::new(),
-                rounding: options.rounding,
-                step: 0,
-                grad_clip: options.grad_clip,
-                grad_norm: None,
-                shapes: options.param_shapes,
-                q8: None,
-                q4: Some((config, states)),
-                schedule_free: ScheduleFreeScalars::default(),
-                mode: ScheduleFreeMode::Train,
-                lamb_norms: Vec::new(),
-                adafactor,
-                muon: muon::Scratch::new(&muon_shapes),
-                muon_shapes,
-            });
-        }
-        if let Some(config) = options.q8_states {
-            crate::q8::check_options(&[algorithm], &options, params.iter().map(|p| p.dtype()))?;
-            let states = params
-                .iter()
-                .map(|p| {
-                    let quantized = config.quantizes(p.len() as u64);
-                    algorithm.state_kinds().iter().map(|_| StoredState::zeros(p.len(), quantized)).collect()
-                })
-                .collect();
-            return Ok(CpuOptimizer {
-                algorithm,
-                params: params.iter().map(|p| (p.dtype(), p.len())).collect(),
-                state: Vec::new(),
-                compensation: Vec::new(),
-                rounding: options.rounding,
-                step: 0,
-                grad_clip: options.grad_clip,
-                grad_norm: None,
-                shapes: options.param_shapes,
-                q8: Some((config, states)),
-                q4: None,
-                schedule_free: ScheduleFreeScalars::default(),
-                mode: ScheduleFreeMode::Train,
-                lamb_norms: Vec::new(),
-                adafactor,
-                muon: muon::Scratch::new(&muon_shapes),
-                muon_shapes,
-            });
-        }
+        // Low-bit storage keeps each parameter's states in its format, zeroed, and no dense
+        // state.
+        let dtypes = || params.iter().map(|p| p.dtype());
+        let lens = || params.iter().map(|p| p.len());
+        let kinds = algorithm.state_kinds();
+        let (q8, q4) = match options.state_storage {
+            StateStorage::Q8(config) => {
+                crate::q8::check_options(&[algorithm], &options, dtypes())?;
+                let zeros = |len: usize| StoredState::zeros(len, config.quantizes(len as u64));
+                let states = lens().map(|len| kinds.iter().map(|_| zeros(len)).collect()).collect();
+                (Some((config, states)), None)
+            }
+            StateStorage::Q4(config) => {
+                crate::q4::check_options(&config, &[algorithm], &options, dtypes())?;
+                let zeros = |len: usize| Q4State::zeros(len, config.quantizes(len as u64), config.block_size);
+                let states = lens().map(|len| kinds.iter().map(|_| zeros(len)).collect()).collect();
+                (None, Some((config, states)))
+            }
+            StateStorage::ParamDtype | StateStorage::Dtype(_) => (None, None),
+        };
         let initial = algorithm.initial_state();
-        let state = params
-            .iter()
-            .map(|p| {
-                let dtype = options.state_dtype.unwrap_or(p.dtype());
-                let kinds = algorithm.state_kinds();
-                let phase = p.address();
-                kinds
-                    .iter()
-                    .map(|_| StateTensor::filled(dtype, p.len(), initial, phase))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let dense = |p: &HostSlice<'_>| {
+            let dtype = options.state_storage.dtype().unwrap_or(p.dtype());
+            let phase = p.address();
+            kinds
+                .iter()
+                .map(|_| StateTensor::filled(dtype, p.len(), initial, phase))
+                .collect::<Result<Vec<_>>>()
+        };
+        let state = match q8.is_some() || q4.is_some() {
+            true => Vec::new(),
+            false => params.iter().map(dense).collect::<Result<Vec<_>>>()?,
+        };
         let compensation = match options.rounding {
             Rounding::Kahan => params
                 .iter()
@@ -301,8 +252,8 @@ impl CpuOptimizer {
             grad_clip: options.grad_clip,
             grad_norm: None,
             shapes: options.param_shapes,
-            q8: None,
-            q4: None,
+            q8,
+            q4,
             schedule_free: ScheduleFreeScalars::default(),
             mode: ScheduleFreeMode::Train,
             lamb_norms: Vec::new(),
@@ -386,108 +337,6 @@ impl CpuOptimizer {
     pub fn set_step_count(&mut self, step: u64) -> Result<()> {
         self.step = step;
         Ok(())
-    }
-
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
-    ///
-    /// With [`CpuOptimizerBuilder::q8_states`] only the f32 states of tensors below
-    /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
-    /// the parameter has one. Read those with [`Self::q8_state`].
-    pub fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state(index, kind);
-        }
-        if kind == StateKind::KahanCompensation {
-            return self.compensation.get(index).map(StateTensor::as_slice);
-        }
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        if let Some((_, states)) = &self.q8 {
-            return match states.get(index)?.get(k)? {
-                StoredState::F32(values) => Some(HostSlice::F32(values)),
-                StoredState::Q8 { .. } => None,
-            };
-        }
-        if let Some((_, states)) = &self.q4 {
-            return match states.get(index)?.get(k)? {
-                Q4State::F32(values) => Some(HostSlice::F32(values)),
-                Q4State::Q4 { .. } => None,
-            };
-        }
-        Some(self.state.get(index)?.get(k)?.as_slice())
-    }
-
-    /// With [`CpuOptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as it is
-    /// stored, 8-bit codes and absmax, or f32 for a tensor below `min_8bit_size`.
-    pub fn q8_state(&self, index: usize, kind: StateKind) -> Option<&StoredState> {
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        self.q8.as_ref()?.1.get(index)?.get(k)
-    }
-
-    /// With [`CpuOptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
-    /// (e.g. from a checkpoint). Refused, with nothing changed, without 8-bit state or such
-    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
-    /// stored as this tensor's is (8-bit at and above `min_8bit_size`, f32 below), has
-    /// another length than the parameter, codes without one absmax per block, or an absmax
-    /// that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
-    pub fn set_q8_state(&mut self, index: usize, kind: StateKind, state: StoredState) -> Result<()> {
-        let kinds = self.algorithm.state_kinds();
-        let (config, states) = self
-            .q8
-            .as_mut()
-            .ok_or(Error::NeedsOption { what: "set_q8_state".into(), option: "q8_states" })?;
-        let slot = state_slot(kinds, states, index, kind)?;
-        crate::q8::check_replacement(&state, *config, slot.len(), &format!("q8 state {index} {kind:?}"))?;
-        *slot = state;
-        Ok(())
-    }
-
-    /// With [`CpuOptimizerBuilder::q4_states`]: parameter `index`'s state of `kind` as it is
-    /// stored, packed 4-bit codes and scales, or f32 for a tensor that keeps f32 state.
-    pub fn q4_state(&self, index: usize, kind: StateKind) -> Option<&Q4State> {
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        self.q4.as_ref()?.1.get(index)?.get(k)
-    }
-
-    /// With [`CpuOptimizerBuilder::q4_states`]: replaces parameter `index`'s state of `kind`
-    /// (e.g. from a checkpoint). Refused, with nothing changed, without 4-bit state or such
-    /// a state ([`Error::NeedsOption`], [`Error::StateMismatch`]), or when `state` is not
-    /// stored as this tensor's is, has another length, or a scale that is NaN, infinite or
-    /// negative ([`Error::BadValue`], naming the block).
-    pub fn set_q4_state(&mut self, index: usize, kind: StateKind, state: Q4State) -> Result<()> {
-        let kinds = self.algorithm.state_kinds();
-        let (config, states) = self
-            .q4
-            .as_mut()
-            .ok_or(Error::NeedsOption { what: "set_q4_state".into(), option: "q4_states" })?;
-        let slot = state_slot(kinds, states, index, kind)?;
-        let len = self.params[index].1;
-        crate::q4::check_replacement(&state, *config, len, &format!("q4 state {index} {kind:?}"))?;
-        *slot = state;
-        Ok(())
-    }
-
-    /// Parameter `index`'s state tensor of `kind`, writable (e.g. to load a checkpoint).
-    pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state_mut(index, kind);
-        }
-        if kind == StateKind::KahanCompensation {
-            return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);
-        }
-        let k = self.algorithm.state_kinds().iter().position(|s| *s == kind)?;
-        if let Some((_, states)) = &mut self.q8 {
-            return match states.get_mut(index)?.get_mut(k)? {
-                StoredState::F32(values) => Some(HostSliceMut::F32(values)),
-                StoredState::Q8 { .. } => None,
-            };
-        }
-        if let Some((_, states)) = &mut self.q4 {
-            return match states.get_mut(index)?.get_mut(k)? {
-                Q4State::F32(values) => Some(HostSliceMut::F32(values)),
-                Q4State::Q4 { .. } => None,
-            };
-        }
-        Some(self.state.get_mut(index)?.get_mut(k)?.as_mut_slice())
     }
 
     /// One step: updates `params` in place from `grads` (one per parameter, in order) and
@@ -595,18 +444,16 @@ impl CpuOptimizer {
             });
         }
         for (i, (grad, &(_, len))) in grads.iter().zip(&self.params).enumerate() {
-            if self.q8.is_some() && grad.dtype() != DType::F32 {
+            let low_bit = match (&self.q8, &self.q4) {
+                (Some(_), _) => Some("8-bit"),
+                (None, Some(_)) => Some("4-bit"),
+                (None, None) => None,
+            };
+            if let Some(format) = low_bit.filter(|_| grad.dtype() != DType::F32) {
                 return Err(Error::DTypeMismatch {
                     argument: format!("grads[{i}]"),
                     got: grad.dtype(),
-                    expected: "F32 with q8_states".into(),
-                });
-            }
-            if self.q4.is_some() && grad.dtype() != DType::F32 {
-                return Err(Error::DTypeMismatch {
-                    argument: format!("grads[{i}]"),
-                    got: grad.dtype(),
-                    expected: "F32 with q4_states".into(),
+                    expected: format!("F32 with {format} state_storage"),
                 });
             }
             if grad.len() != len {
@@ -650,27 +497,6 @@ impl CpuOptimizer {
         }
         Ok(())
     }
-}
-
-/// Parameter `index`'s state of `kind` among per-parameter state lists in `kinds`' order, or
-/// the error that names which of the two the optimizer does not have.
-fn state_slot<'a, S>(
-    kinds: &[StateKind],
-    states: &'a mut [Vec<S>],
-    index: usize,
-    kind: StateKind,
-) -> Result<&'a mut S> {
-    let k = kinds.iter().position(|s| *s == kind).ok_or_else(|| Error::StateMismatch {
-        argument: format!("state kind {kind:?}"),
-        got: vec![kind],
-        expected: kinds.to_vec(),
-    })?;
-    let count = states.len();
-    let slots = states.get_mut(index).ok_or_else(|| Error::BadRange {
-        argument: format!("index {index}"),
-        problem: format!("the optimizer has {count} parameters (indices from 0)"),
-    })?;
-    Ok(&mut slots[k])
 }
 
 #[cfg(test)]

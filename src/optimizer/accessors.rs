@@ -1,10 +1,10 @@
 //! What a trainer reads and changes between steps: groups, hyperparameters, parameters,
-//! state tensors and 8-bit state.
+//! and parameter state, whatever its storage.
 
 use super::Optimizer;
 #[cfg(doc)]
 use super::OptimizerBuilder;
-use crate::{Algorithm, Error, Result, Rounding, StateKind, Tensor};
+use crate::{Algorithm, Error, QuantizedState, Result, Rounding, StateKind, StateView, Tensor};
 
 impl Optimizer {
     /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`]).
@@ -126,13 +126,42 @@ impl Optimizer {
         self.step
     }
 
-    /// Parameter `index`'s state tensor of `kind`, if its algorithm keeps one.
+    /// Parameter `index`'s state of `kind` as it is stored, if its algorithm keeps one:
+    /// dense state as its tensor on the device, 8-bit and 4-bit state
+    /// ([`StateStorage::Q8`], [`StateStorage::Q4`]) read back after every submitted step, as
+    /// codes and scales (or f32 values where a tensor keeps f32 state). `None` for an index
+    /// past the parameters or a kind the parameter does not keep. Reading low-bit state
+    /// blocks: in wasm32 builds that returns [`Error::Readback`]; use [`Self::state_async`].
     ///
-    /// With [`OptimizerBuilder::q8_states`] only the f32 states of tensors below
-    /// `min_8bit_size` are tensors: for a state kept in 8 bits this returns `None`, though
-    /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
-    /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
-    pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+    /// The same name as [`CpuOptimizer::state`](crate::cpu::CpuOptimizer::state) for the
+    /// same state; this one returns a `Result`, since low-bit state is read from the device.
+    ///
+    /// [`StateStorage::Q8`]: crate::StateStorage::Q8
+    /// [`StateStorage::Q4`]: crate::StateStorage::Q4
+    pub fn state(&self, index: usize, kind: StateKind) -> Result<Option<StateView<'_>>> {
+        if let Some(engine) = &self.q8 {
+            return Ok(engine.read(&self.ctx, index, kind)?.map(StateView::Q8));
+        }
+        if let Some(engine) = &self.q4 {
+            return Ok(engine.read(&self.ctx, index, kind)?.map(StateView::Q4));
+        }
+        Ok(self.tensor_state(index, kind).map(StateView::Tensor))
+    }
+
+    /// [`Self::state`] as a future, for callers that must not block (a browser's main
+    /// thread).
+    pub async fn state_async(&self, index: usize, kind: StateKind) -> Result<Option<StateView<'_>>> {
+        if let Some(engine) = &self.q8 {
+            return Ok(engine.read_async(&self.ctx, index, kind).await?.map(StateView::Q8));
+        }
+        if let Some(engine) = &self.q4 {
+            return Ok(engine.read_async(&self.ctx, index, kind).await?.map(StateView::Q4));
+        }
+        Ok(self.tensor_state(index, kind).map(StateView::Tensor))
+    }
+
+    /// Parameter `index`'s dense state tensor of `kind`; `None` with low-bit storage.
+    pub(crate) fn tensor_state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         if let Some(tensor) = self.adafactor.as_ref().and_then(|e| e.state(index, kind)) {
             return Some(tensor);
         }
@@ -141,42 +170,22 @@ impl Optimizer {
         self.state.get(index)?.get(k)
     }
 
-    /// With [`OptimizerBuilder::q8_states`]: parameter `index`'s state of `kind` as stored,
-    /// 8-bit codes and absmax (or f32 values below `min_8bit_size`), read back after every
-    /// submitted step; `None` where the parameter keeps no such state. Refused without
-    /// 8-bit state ([`Error::NeedsOption`]).
+    /// Replaces parameter `index`'s low-bit state of `kind` (queued, so it lands before the
+    /// next submitted step). Refused, with nothing written, when `state` is not of the
+    /// optimizer's storage ([`Error::NeedsOption`], naming `state_storage`), for a parameter
+    /// or kind the optimizer does not have, or when `state` is not stored as this tensor's
+    /// is (low-bit at and above the storage's minimum size, f32 below), has another length,
+    /// lacks one scale per block, or has a scale that is NaN, infinite or negative
+    /// ([`Error::BadValue`], naming the block). Dense state is written through its tensor.
     ///
-    /// The same name as [`CpuOptimizer::q8_state`](crate::cpu::CpuOptimizer::q8_state) for
-    /// the same state; this one returns an owned copy in a `Result`, since the state lives on
-    /// the device and is read back, where the CPU's lends its own.
-    pub fn q8_state(&self, index: usize, kind: StateKind) -> Result<Option<crate::q8::StoredState>> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("q8_state"))?;
-        engine.read(&self.ctx, index, kind)
-    }
-
-    /// [`Self::q8_state`] as a future, for callers that must not block (a browser's
-    /// main thread, where the blocking form returns [`Error::Readback`]).
-    pub async fn q8_state_async(
-        &self,
-        index: usize,
-        kind: StateKind,
-    ) -> Result<Option<crate::q8::StoredState>> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("q8_state"))?;
-        engine.read_async(&self.ctx, index, kind).await
-    }
-
-    /// With [`OptimizerBuilder::q8_states`]: replaces parameter `index`'s state of `kind`
-    /// (queued, so it lands before the next submitted step). Refused, with nothing written,
-    /// without 8-bit state ([`Error::NeedsOption`]), for a parameter or kind the optimizer
-    /// does not have, or when `state` is not stored as this tensor's is (8-bit at and above
-    /// `min_8bit_size`, f32 below), has another length, lacks one absmax per block, or has
-    /// an absmax that is NaN, infinite or negative ([`Error::BadValue`], naming the block).
-    ///
-    /// The same name as [`CpuOptimizer::set_q8_state`](crate::cpu::CpuOptimizer::set_q8_state);
+    /// The same name as [`CpuOptimizer::set_state`](crate::cpu::CpuOptimizer::set_state);
     /// this one borrows `state` and takes `&self`, since it only queues a copy to the device.
-    pub fn set_q8_state(&self, index: usize, kind: StateKind, state: &crate::q8::StoredState) -> Result<()> {
-        let engine = self.q8.as_ref().ok_or_else(|| needs_q8("set_q8_state"))?;
-        engine.write(&self.ctx, index, kind, state)
+    pub fn set_state(&self, index: usize, kind: StateKind, state: &QuantizedState) -> Result<()> {
+        match (state, &self.q8, &self.q4) {
+            (QuantizedState::Q8(state), Some(engine), _) => engine.write(&self.ctx, index, kind, state),
+            (QuantizedState::Q4(state), _, Some(engine)) => engine.write(&self.ctx, index, kind, state),
+            (state, _, _) => Err(state.wrong_storage()),
+        }
     }
 
     /// The 8-bit state's engine, for tests that pick its kernel.
@@ -184,9 +193,4 @@ impl Optimizer {
     pub(crate) fn q8_engine_mut(&mut self) -> Option<&mut crate::gpu::q8::Q8Engine> {
         self.q8.as_mut()
     }
-}
-
-/// The error of an 8-bit-state method called without [`OptimizerBuilder::q8_states`].
-pub(super) fn needs_q8(what: &str) -> Error {
-    Error::NeedsOption { what: format!("`{what}`"), option: "q8_states" }
 }

@@ -15,7 +15,7 @@ use crate::gpu::q8::Q8Engine;
 use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::validate::{check_rounding_dtypes, check_shapes};
-use crate::{Algorithm, DType, Error, GpuContext, Result, Rounding, Tensor};
+use crate::{Algorithm, DType, Error, GpuContext, Result, Rounding, StateStorage, Tensor};
 
 impl Optimizer {
     /// [`OptimizerBuilder::build_groups_async`](super::OptimizerBuilder::build_groups_async):
@@ -62,12 +62,12 @@ impl Optimizer {
             clip.validate()?;
         }
         check_rounding_options(&options)?;
-        if options.q8_states.is_some() {
+        if options.state_storage.q8().is_some() {
             let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
             let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
             crate::q8::check_options(&algorithms, &options, dtypes)?;
         }
-        if let Some(config) = &options.q4_states {
+        if let Some(config) = &options.state_storage.q4() {
             let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
             let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
             crate::q4::check_options(config, &algorithms, &options, dtypes)?;
@@ -95,7 +95,7 @@ impl Optimizer {
         // together in the shared buffers.
         let kinds = groups.iter().map(|g| g.algorithm.state_kinds().len()).max().unwrap_or(0);
         let mut requests = Vec::new();
-        let q8 = match options.q8_states {
+        let q8 = match options.state_storage.q8() {
             Some(config) => {
                 let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
                 let owners: Vec<usize> = groups
@@ -108,7 +108,7 @@ impl Optimizer {
             }
             None => None,
         };
-        let q4 = match options.q4_states {
+        let q4 = match options.state_storage.q4() {
             Some(config) => {
                 let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
                 let owners: Vec<usize> = groups
@@ -129,7 +129,7 @@ impl Optimizer {
             for group in &groups {
                 let kinds = group.algorithm.state_kinds();
                 for p in group.params.iter().filter(|_| k < kinds.len()) {
-                    requests.push((p, options.state_dtype.unwrap_or(p.dtype)));
+                    requests.push((p, options.state_storage.dtype().unwrap_or(p.dtype)));
                 }
             }
         }
@@ -298,7 +298,9 @@ pub(super) fn master_copies(
         masters.push(ParamGroup { algorithm: group.algorithm, params });
     }
     options.model_copies = model.into_iter().map(|arg| arg.tensor).collect();
-    options.state_dtype.get_or_insert(DType::F32);
+    if options.state_storage == StateStorage::ParamDtype {
+        options.state_storage = StateStorage::Dtype(DType::F32);
+    }
     options.master_weights = false;
     Ok((masters, options))
 }

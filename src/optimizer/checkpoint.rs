@@ -53,7 +53,7 @@ impl Optimizer {
     /// tensors in a fixed order, so saving the same state twice, or on the CPU backend, gives
     /// the same bytes.
     ///
-    /// With [`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states) the states
+    /// With 8-bit [`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage) the states
     /// are kept under bitsandbytes' `state_dict` names instead: for state `k` (1 for
     /// `exp_avg` or `momentum_buffer`, 2 for `exp_avg_sq`) of a parameter of at least
     /// `min_8bit_size` elements, `state.{i}.state{k}` (U8 codes, one per element, in the

@@ -25,9 +25,9 @@ mod checkpoint;
 mod clip;
 pub(crate) mod device;
 mod lamb;
+mod low_bit;
 mod muon;
 mod options;
-mod q4;
 mod record;
 mod schedule_free;
 mod validate;
@@ -96,10 +96,10 @@ pub struct Optimizer {
     /// step after it only finalizes the norm.
     norm_taken_by_unscale: bool,
     rounding: Rounding,
-    /// With [`OptimizerBuilder::q8_states`]: the state and its dispatches (then `state`
-    /// holds only the f32 states of tensors below `min_8bit_size`).
+    /// With 8-bit [`OptimizerBuilder::state_storage`]: the state and its dispatches (then
+    /// `state` holds only the f32 states of tensors below `min_8bit_size`).
     q8: Option<Q8Engine>,
-    /// With [`OptimizerBuilder::q4_states`]: the 4-bit state and its dispatches.
+    /// With 4-bit [`OptimizerBuilder::state_storage`]: the state and its dispatches.
     q4: Option<Q4Engine>,
     /// Every range a step writes, for the check of each new set of gradients.
     written: WrittenRanges,

@@ -1,8 +1,7 @@
 //! What a trainer chooses when it builds an optimizer: parameter groups and options.
 
 use super::Optimizer;
-use crate::q8::Q8States;
-use crate::{Algorithm, DType, GpuContext, GradClip, Result, Rounding, Tensor};
+use crate::{Algorithm, GpuContext, GradClip, Result, Rounding, StateStorage, Tensor};
 
 /// Parameters that share hyperparameters, as in PyTorch's `param_groups` (e.g. no weight
 /// decay on biases and norms).
@@ -26,15 +25,13 @@ impl ParamGroup {
 /// builder's setters document each field).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct OptimizerOptions {
-    pub state_dtype: Option<DType>,
+    pub state_storage: StateStorage,
     pub model_copies: Vec<Tensor>,
     pub master_weights: bool,
     pub capturable: bool,
     pub grad_clip: Option<GradClip>,
     pub rounding: Rounding,
     pub param_shapes: Vec<Vec<usize>>,
-    pub q8_states: Option<Q8States>,
-    pub q4_states: Option<crate::q4::Q4States>,
 }
 
 /// How an [`Optimizer`] is built: [`Optimizer::builder`], the options chosen once (every one
@@ -67,11 +64,29 @@ impl Optimizer {
 }
 
 impl OptimizerBuilder {
-    /// The storage dtype of every state tensor; unset (the default) keeps each parameter's
-    /// dtype, as PyTorch does. f32 state for f16 or bf16 parameters is the common mix; all
-    /// math is f32 either way and each store rounds once to nearest even.
-    pub fn state_dtype(mut self, dtype: impl Into<Option<DType>>) -> Self {
-        self.options.state_dtype = dtype.into();
+    /// How every state tensor is stored ([`StateStorage`]): in each parameter's dtype (the
+    /// default, as PyTorch does), in one dtype, or blockwise quantized.
+    ///
+    /// [`StateStorage::Q8`], bitsandbytes' format ([`Q8States`](crate::q8::Q8States)):
+    /// Adam's moments or SGD's momentum as one byte per element plus one f32 per block of
+    /// [`BLOCK_SIZE`](crate::q8::BLOCK_SIZE) elements, for every tensor of at least
+    /// `min_8bit_size` elements (f32 state below).
+    ///
+    /// [`StateStorage::Q4`], torchao's `AdamW4bit` format ([`Q4States`](crate::q4::Q4States)),
+    /// for Adam and AdamW: each moment as half a byte per element plus one f32 per block of
+    /// `block_size` elements, for every tensor of at least `min_size` elements in whole
+    /// blocks (f32 state otherwise).
+    ///
+    /// Both low-bit storages need F32 parameters ([`Error::DTypeMismatch`]) and exclude
+    /// `capturable`, `master_weights`, `model_copies`, non-default `rounding` and the
+    /// algorithms (or settings) they have no form for ([`Error::ConflictingOptions`], first
+    /// `state_storage`): 8-bit state AMSGrad and Adagrad, 4-bit state anything but Adam and
+    /// AdamW without AMSGrad and `maximize`.
+    ///
+    /// [`Error::DTypeMismatch`]: crate::Error::DTypeMismatch
+    /// [`Error::ConflictingOptions`]: crate::Error::ConflictingOptions
+    pub fn state_storage(mut self, storage: StateStorage) -> Self {
+        self.options.state_storage = storage;
         self
     }
 
@@ -86,7 +101,7 @@ impl OptimizerBuilder {
 
     /// Master-weight mode: the parameters given (in every group) are the model's, usually
     /// f16 or bf16; the optimizer keeps f32 masters of them (read once, so the model's
-    /// buffers need `COPY_SRC`), f32 state unless [`Self::state_dtype`] says otherwise, and
+    /// buffers need `COPY_SRC`), f32 state unless [`Self::state_storage`] says otherwise, and
     /// writes the rounded new values into the model's tensors in the same dispatch as the
     /// update. [`Optimizer::params`] are then the masters and [`Optimizer::model_copies`]
     /// the model's tensors; construction errors name the latter `model_params[i]`.
@@ -145,31 +160,6 @@ impl OptimizerBuilder {
     /// [`Error::LengthMismatch`]: crate::Error::LengthMismatch
     pub fn param_shapes(mut self, shapes: Vec<Vec<usize>>) -> Self {
         self.options.param_shapes = shapes;
-        self
-    }
-
-    /// Blockwise 8-bit state, bitsandbytes' format ([`Q8States`]): Adam's moments or SGD's
-    /// momentum as one byte per element plus one f32 per block of
-    /// [`BLOCK_SIZE`](crate::q8::BLOCK_SIZE) elements, for every tensor of
-    /// at least `min_8bit_size` elements (f32 state below). Needs F32 parameters; excludes
-    /// `state_dtype`, `capturable`, `master_weights`, `model_copies` and non-default
-    /// `rounding` ([`Error::ConflictingOptions`]), AMSGrad and Adagrad.
-    ///
-    /// [`Error::ConflictingOptions`]: crate::Error::ConflictingOptions
-    pub fn q8_states(mut self, q8: impl Into<Option<Q8States>>) -> Self {
-        self.options.q8_states = q8.into();
-        self
-    }
-
-    /// Blockwise 4-bit state for Adam and AdamW, torchao's `AdamW4bit` format
-    /// ([`Q4States`](crate::q4::Q4States)): each moment as half a byte per element plus one
-    /// f32 per block of `block_size` elements, for every tensor of at least `min_size`
-    /// elements in whole blocks (f32 state otherwise). Needs F32 parameters; excludes
-    /// `q8_states`, `state_dtype`, `capturable`, `master_weights`, `model_copies` and
-    /// non-default `rounding`, other algorithms than Adam, AMSGrad and `maximize`
-    /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)).
-    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
-        self.options.q4_states = q4.into();
         self
     }
 

@@ -30,53 +30,6 @@ pub(super) struct Bound {
 }
 
 impl Optimizer {
-    /// With 8-bit state: the step, one dispatch per variant, group and set of buffers, after
-    /// the norm pass when clipping.
-    pub(super) fn record_q8_step(
-        &mut self,
-        encoder: &mut wgpu::CommandEncoder,
-        grads: &[Tensor],
-    ) -> Result<()> {
-        self.check_grads(grads)?;
-        let Some(engine) = &mut self.q8 else { return Ok(()) };
-        engine.bind(&self.ctx, &self.params, grads)?;
-        // With 8-bit state `bound` holds only the norm passes: the engine holds the update's
-        // dispatches.
-        if let Some(clip) = &self.clip {
-            if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
-                let hit = self.bound.remove(k);
-                self.bound.insert(0, hit);
-            } else {
-                let norm = clip.bind(&self.ctx, grads, None)?;
-                self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-                let bound = Bound {
-                    grads: grads.to_vec(),
-                    batches: Vec::new(),
-                    norm: Some(norm),
-                    unscale_norm: None,
-                    lamb: Vec::new(),
-                };
-                self.bound.insert(0, bound);
-            }
-        }
-        let t = self.step + 1;
-        let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-        for (group, bytes) in self.groups.iter().zip(slots) {
-            // bitsandbytes' 8-bit kernels' form of the step.
-            crate::q8::kernel_step(&group.algorithm, t).write_uniform(self.math, bytes);
-        }
-        self.uniforms.record_write(encoder, &self.uniform_bytes)?;
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("wgpu-optim 8-bit step"),
-            timestamp_writes: None,
-        });
-        if let (Some(clip), Some(norm)) = (&self.clip, self.bound.first().and_then(|b| b.norm.as_ref())) {
-            clip.record(&mut pass, norm);
-        }
-        engine.record(&mut pass, &self.uniforms.bind_groups);
-        Ok(())
-    }
-
     /// Records one step into the caller's encoder; nothing is submitted. Any number of steps
     /// may be recorded before the encoders are submitted: each step's hyperparameters are
     /// copied into place by a command recorded with it, so they land in recording order.
@@ -122,11 +75,8 @@ impl Optimizer {
         self.check_train_mode("record_step")?;
         // Values of an earlier step that failed before its commit are not this step's.
         self.schedule_free.discard();
-        if self.q8.is_some() {
-            return self.record_q8_step(encoder, grads);
-        }
-        if self.q4.is_some() {
-            return self.record_q4_step(encoder, grads);
+        if self.q8.is_some() || self.q4.is_some() {
+            return self.record_low_bit_step(encoder, grads);
         }
         // Taken for these gradients only; the plain norm pass is right in any case, since it
         // reads the gradients the unscale pass left.

@@ -67,10 +67,10 @@ pub(super) fn check_params(params: &[Tensor], options: &OptimizerOptions) -> Res
             });
         }
     }
-    if let Some(dtype) = options.state_dtype {
+    if let Some(dtype) = options.state_storage.dtype() {
         if (dtype == DType::F64) != double {
             return Err(Error::DTypeMismatch {
-                argument: "options.state_dtype".into(),
+                argument: "options.state_storage".into(),
                 got: dtype,
                 expected: if double { "F64 for F64 parameters".into() } else { "F32, F16 or BF16".into() },
             });

@@ -41,8 +41,7 @@ pub const CODES: usize = 16;
 pub const MAX_BLOCK_SIZE: usize = 256;
 
 /// Blockwise 4-bit state for Adam and AdamW
-/// ([`OptimizerBuilder::q4_states`](crate::OptimizerBuilder::q4_states),
-/// [`CpuOptimizerBuilder::q4_states`](crate::cpu::CpuOptimizerBuilder::q4_states)), as
+/// ([`StateStorage::Q4`](crate::StateStorage::Q4)), as
 /// torchao's `Adam4bit`/`AdamW4bit` keep it: half a byte plus 4/`block_size` bytes per
 /// element and moment (0.53 bytes at the default 128), instead of 4.
 ///
@@ -51,21 +50,21 @@ pub const MAX_BLOCK_SIZE: usize = 256;
 /// does), takes each moment's new scale and requantizes, in one pass. Parameters and
 /// gradients stay f32. Refused by name ([`Error::ConflictingOptions`]): every algorithm but
 /// Adam, AMSGrad (torchao's 4-bit `max_exp_avg_sq` is not implemented here), `maximize`
-/// (torchao has none), 8-bit state together with it, `state_dtype`, `capturable`,
+/// (torchao has none), `capturable`,
 /// `master_weights`, `model_copies` and a rounding other than nearest; parameters other
 /// than F32 ([`Error::DTypeMismatch`]).
 ///
 /// ```
 /// # fn main() -> wgpu_optim::Result<()> {
-/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, StateView};
 /// use wgpu_optim::q4::{Q4State, Q4States};
-/// use wgpu_optim::{Adam, StateKind};
+/// use wgpu_optim::{Adam, StateKind, StateStorage};
 ///
 /// let (mut weights, grads) = (vec![0.5f32; 8192], vec![0.01f32; 8192]);
-/// let options = CpuOptimizer::builder().q4_states(Q4States::default());
+/// let options = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
 /// let mut opt = options.build(Adam::adamw(), &[HostSlice::F32(&weights)])?;
 /// opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(&grads)])?;
-/// let Some(Q4State::Q4 { codes, scale }) = opt.q4_state(0, StateKind::ExpAvg) else { unreachable!() };
+/// let Some(StateView::Q4(Q4State::Q4 { codes, scale })) = opt.state(0, StateKind::ExpAvg) else { unreachable!() };
 /// assert_eq!((codes.len(), scale.len()), (4096, 64));
 /// # Ok(()) }
 /// ```
@@ -97,7 +96,7 @@ impl Q4States {
         let b = self.block_size;
         if !b.is_power_of_two() || !(8..=MAX_BLOCK_SIZE).contains(&b) {
             return Err(Error::BadValue {
-                argument: "q4_states.block_size".into(),
+                argument: "state_storage.block_size".into(),
                 problem: format!("is {b}; expected a power of two from 8 to {MAX_BLOCK_SIZE}"),
             });
         }
@@ -425,7 +424,9 @@ pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> crate::step::
 /// checks every group's, a schedule's change of a group the new one.
 pub(crate) fn check_algorithm(algorithm: &crate::Algorithm) -> Result<()> {
     match algorithm.q4_refusal() {
-        Some(reason) => Err(Error::ConflictingOptions { first: "q4_states", second: "algorithm", reason }),
+        Some(reason) => {
+            Err(Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason })
+        }
         None => Ok(()),
     }
 }
@@ -438,37 +439,11 @@ pub(crate) fn check_options(
     options: &crate::OptimizerOptions,
     dtypes: impl Iterator<Item = crate::DType>,
 ) -> Result<()> {
-    use crate::Rounding;
     config.validate()?;
     for algorithm in algorithms {
         check_algorithm(algorithm)?;
     }
-    let first = "q4_states";
-    let conflicts: [(&'static str, bool, &'static str); 6] = [
-        ("q8_states", options.q8_states.is_some(), "a state is kept in 4 bits or in 8, not both"),
-        ("state_dtype", options.state_dtype.is_some(), "4-bit state is a storage type of its own"),
-        ("capturable", options.capturable, "4-bit steps take their bias corrections from the host"),
-        ("master_weights", options.master_weights, "4-bit state keeps f32 parameters, which are the masters"),
-        ("model_copies", !options.model_copies.is_empty(), "4-bit state keeps f32 parameters only"),
-        (
-            "rounding",
-            options.rounding != Rounding::NearestEven,
-            "4-bit state keeps f32 parameters, whose stores do not round",
-        ),
-    ];
-    if let Some((second, _, reason)) = conflicts.iter().find(|(_, set, _)| *set) {
-        return Err(Error::ConflictingOptions { first, second, reason });
-    }
-    for (i, dtype) in dtypes.enumerate() {
-        if dtype != crate::DType::F32 {
-            return Err(Error::DTypeMismatch {
-                argument: format!("params[{i}]"),
-                got: dtype,
-                expected: "F32 with q4_states (4-bit state is kept for f32 parameters)".into(),
-            });
-        }
-    }
-    Ok(())
+    crate::state_storage::check_low_bit_options(crate::state_storage::LowBit::Q4, options, dtypes)
 }
 
 #[cfg(test)]

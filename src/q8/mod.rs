@@ -31,7 +31,7 @@ pub const BLOCK_SIZE: usize = 256;
 /// bitsandbytes' default `min_8bit_size`: smaller tensors keep f32 state.
 pub const MIN_8BIT_SIZE: u64 = 4096;
 
-/// Blockwise 8-bit state for an optimizer ([`OptimizerBuilder::q8_states`](crate::OptimizerBuilder::q8_states)): Adam's
+/// Blockwise 8-bit state for an optimizer ([`StateStorage::Q8`](crate::StateStorage::Q8)): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
 /// `SGD8bit` keep them (and RMSprop's `square_avg`, as `RMSprop8bit`, with the signed map; Lion's `exp_avg`, as
@@ -48,22 +48,23 @@ pub const MIN_8BIT_SIZE: u64 = 4096;
 /// non-finite gradient) is left out of its block's absmax and stored as the code of 0, so it
 /// spoils its own parameter only. A tensor whose 8-bit states outgrow a storage binding is
 /// cut into chunks of whole blocks on the GPU. AMSGrad and Adagrad are refused, as are
-/// `capturable`, `master_weights`, `model_copies`, a `state_dtype` and a rounding other than
-/// nearest. The 8-bit states are read and replaced as [`StoredState`]s
-/// (`Optimizer::q8_state`, `CpuOptimizer::q8_state`); `state()` gives only the f32
-/// states of tensors below `min_8bit_size`.
+/// `capturable`, `master_weights`, `model_copies` and a rounding other than
+/// nearest. The 8-bit states are read as [`StoredState`]s (`state()` of either backend,
+/// f32 values below `min_8bit_size`) and replaced as [`QuantizedState::Q8`]s (`set_state()`).
+///
+/// [`QuantizedState::Q8`]: crate::QuantizedState::Q8
 ///
 /// ```
 /// # fn main() -> wgpu_optim::Result<()> {
-/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, StateView};
 /// use wgpu_optim::q8::{Q8States, StoredState};
-/// use wgpu_optim::{Adam, StateKind};
+/// use wgpu_optim::{Adam, StateKind, StateStorage};
 ///
 /// let (mut weights, grads) = (vec![0.5f32; 8192], vec![0.01f32; 8192]);
-/// let options = CpuOptimizer::builder().q8_states(Q8States::default());
+/// let options = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
 /// let mut opt = options.build(Adam::adamw(), &[HostSlice::F32(&weights)])?;
 /// opt.step(&mut [HostSliceMut::F32(&mut weights)], &[HostSlice::F32(&grads)])?;
-/// let Some(StoredState::Q8 { codes, absmax }) = opt.q8_state(0, StateKind::ExpAvg) else { unreachable!() };
+/// let Some(StateView::Q8(StoredState::Q8 { codes, absmax })) = opt.state(0, StateKind::ExpAvg) else { unreachable!() };
 /// assert_eq!((codes.len(), absmax.len()), (8192, 32));
 /// # Ok(()) }
 /// ```
@@ -163,7 +164,9 @@ pub(crate) fn restarts_non_finite(switches: &Switches) -> bool {
 /// (RMSprop's weight decay or `maximize` switched on). `clipped`: the optimizer clips.
 pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Result<()> {
     match algorithm.q8_refusal(clipped) {
-        Some(reason) => Err(Error::ConflictingOptions { first: "q8_states", second: "algorithm", reason }),
+        Some(reason) => {
+            Err(Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason })
+        }
         None => Ok(()),
     }
 }
@@ -177,35 +180,10 @@ pub(crate) fn check_options(
     options: &crate::OptimizerOptions,
     dtypes: impl Iterator<Item = crate::DType>,
 ) -> Result<()> {
-    use crate::Rounding;
-    let first = "q8_states";
     for algorithm in algorithms {
         check_algorithm(algorithm, options.grad_clip.is_some())?;
     }
-    let conflicts: [(&'static str, bool, &'static str); 5] = [
-        ("state_dtype", options.state_dtype.is_some(), "8-bit state is a storage type of its own"),
-        ("capturable", options.capturable, "8-bit steps take their bias corrections from the host"),
-        ("master_weights", options.master_weights, "8-bit state keeps f32 parameters, which are the masters"),
-        ("model_copies", !options.model_copies.is_empty(), "8-bit state keeps f32 parameters only"),
-        (
-            "rounding",
-            options.rounding != Rounding::NearestEven,
-            "8-bit state keeps f32 parameters, whose stores do not round",
-        ),
-    ];
-    if let Some((second, _, reason)) = conflicts.iter().find(|(_, set, _)| *set) {
-        return Err(Error::ConflictingOptions { first, second, reason });
-    }
-    for (i, dtype) in dtypes.enumerate() {
-        if dtype != crate::DType::F32 {
-            return Err(Error::DTypeMismatch {
-                argument: format!("params[{i}]"),
-                got: dtype,
-                expected: "F32 with q8_states (8-bit state is kept for f32 parameters)".into(),
-            });
-        }
-    }
-    Ok(())
+    crate::state_storage::check_low_bit_options(crate::state_storage::LowBit::Q8, options, dtypes)
 }
 
 /// Refuses, naming it `argument`, a `state` that cannot replace the state of a tensor of

@@ -78,8 +78,8 @@ fn run(bad: f64, at: usize, steps: usize, seed: u64) -> [Trajectory; 3] {
             gp.push(download(&ctx, &params[i]));
             c.push(cpu_params[i].to_f64());
             for kind in adafactor_state_kinds(shape) {
-                gp.push(download(&ctx, gpu.state(i, *kind).unwrap()));
-                c.push(cpu.state(i, *kind).unwrap().to_f64());
+                gp.push(download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap()));
+                c.push(cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64());
             }
         }
         trajectories[0].push(o);

@@ -9,7 +9,8 @@ use wgpu_optim::q4::{Q4State, Q4States};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
     adafactor_state_kinds, AdEMAMix, Adafactor, Adagrad, Adam, Algorithm, DType, GpuContext, Lamb, Lion,
-    Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind, Tensor,
+    Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind, StateStorage,
+    Tensor,
 };
 use wgpu_optim_testkit::oracle::{ao4, bnb};
 
@@ -56,8 +57,8 @@ impl Case {
         let builder = Optimizer::builder().param_shapes(shapes.to_vec());
         match self.storage {
             Storage::F32 => builder,
-            Storage::Q8 => builder.q8_states(Q8),
-            Storage::Q4 => builder.q4_states(Q4),
+            Storage::Q8 => builder.state_storage(StateStorage::Q8(Q8)),
+            Storage::Q4 => builder.state_storage(StateStorage::Q4(Q4)),
         }
     }
 
@@ -65,8 +66,8 @@ impl Case {
         let builder = CpuOptimizer::builder().param_shapes(shapes.to_vec());
         match self.storage {
             Storage::F32 => builder,
-            Storage::Q8 => builder.q8_states(Q8),
-            Storage::Q4 => builder.q4_states(Q4),
+            Storage::Q8 => builder.state_storage(StateStorage::Q8(Q8)),
+            Storage::Q4 => builder.state_storage(StateStorage::Q4(Q4)),
         }
     }
 }
@@ -263,15 +264,26 @@ impl Gpu {
                 for &kind in self.case.kinds(&self.shapes[i]) {
                     let name = state_name(kind, i);
                     arrays.push(match self.case.storage {
-                        Storage::F32 => f32_array(name.clone(), read(self.opt.state(i, kind).unwrap())),
+                        Storage::F32 => f32_array(
+                            name.clone(),
+                            read(self.opt.state(i, kind).unwrap().and_then(|s| s.dense()).unwrap()),
+                        ),
                         Storage::Q8 => {
-                            let state =
-                                self.opt.q8_state(i, kind).unwrap_or_else(|e| panic!("{name}: {e}")).unwrap();
+                            let state = self
+                                .opt
+                                .state(i, kind)
+                                .map(|s| s.and_then(|v| v.q8()))
+                                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                                .unwrap();
                             q8_array(name, kind, &state)
                         }
                         Storage::Q4 => {
-                            let state =
-                                self.opt.q4_state(i, kind).unwrap_or_else(|e| panic!("{name}: {e}")).unwrap();
+                            let state = self
+                                .opt
+                                .state(i, kind)
+                                .map(|s| s.and_then(|v| v.q4()))
+                                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                                .unwrap();
                             q4_array(name, kind, &state)
                         }
                     });
@@ -318,12 +330,16 @@ impl Cpu {
                 for &kind in self.case.kinds(&self.shapes[i]) {
                     let name = state_name(kind, i);
                     arrays.push(match self.case.storage {
-                        Storage::F32 => match self.opt.state(i, kind).unwrap() {
+                        Storage::F32 => match self.opt.state(i, kind).and_then(|s| s.dense()).unwrap() {
                             HostSlice::F32(values) => f32_array(name, values.to_vec()),
                             other => panic!("{name}: f32 state expected, got {:?}", other.dtype()),
                         },
-                        Storage::Q8 => q8_array(name, kind, self.opt.q8_state(i, kind).unwrap()),
-                        Storage::Q4 => q4_array(name, kind, self.opt.q4_state(i, kind).unwrap()),
+                        Storage::Q8 => {
+                            q8_array(name, kind, self.opt.state(i, kind).and_then(|s| s.q8()).unwrap())
+                        }
+                        Storage::Q4 => {
+                            q4_array(name, kind, self.opt.state(i, kind).and_then(|s| s.q4()).unwrap())
+                        }
                     });
                 }
                 arrays

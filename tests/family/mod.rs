@@ -13,7 +13,9 @@ pub mod burn;
 
 use crate::common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::{Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, Tensor};
+use wgpu_optim::{
+    Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, StateStorage, Tensor,
+};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
 
 /// Around the GPU's workgroup size and its four-wide loads, with tails.
@@ -66,9 +68,9 @@ pub fn f32_trajectories_follow_the_oracle(algorithm: Algorithm, steps: usize, se
         assert_close(&format!("GPU {what}"), &download(&ctx, &params[i]), &want[i], Tolerance::F32);
         assert_close(&format!("CPU {what}"), &cpu_params[i].to_f64(), &want[i], Tolerance::F32);
         for (kind, want) in kinds.iter().zip(oracles[i].tensors()) {
-            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
+            let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_close(&format!("GPU {what} {kind:?}"), &gpu_state, &want, Tolerance::F32);
-            let cpu_state = cpu.state(i, *kind).unwrap().to_f64();
+            let cpu_state = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
             assert_close(&format!("CPU {what} {kind:?}"), &cpu_state, &want, Tolerance::F32);
         }
     }
@@ -112,14 +114,25 @@ pub fn mixes_match_the_oracle_step_by_step(
         let start: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, mix.param)).collect();
         let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, mix.grad)).collect();
-        let mut gpu = Optimizer::builder().state_dtype(mix.state).build(ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(StateStorage::Dtype(mix.state))
+            .build(ctx, algorithm, &params)
+            .unwrap();
         let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, mix.param)).collect();
-        let options = CpuOptimizer::builder().state_dtype(mix.state);
+        let options = CpuOptimizer::builder().state_storage(StateStorage::Dtype(mix.state));
         let mut cpu = options.build(algorithm, &slices(&cpu_params)).unwrap();
         for i in 0..SIZES.len() {
             for kind in kinds {
-                assert_eq!(gpu.state(i, *kind).unwrap().dtype, mix.state, "{kind:?} of param[{i}]");
-                assert_eq!(cpu.state(i, *kind).unwrap().dtype(), mix.state, "{kind:?} of param[{i}]");
+                assert_eq!(
+                    gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap().dtype,
+                    mix.state,
+                    "{kind:?} of param[{i}]"
+                );
+                assert_eq!(
+                    cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().dtype(),
+                    mix.state,
+                    "{kind:?} of param[{i}]"
+                );
             }
         }
         for t in 1..=steps {
@@ -127,13 +140,19 @@ pub fn mixes_match_the_oracle_step_by_step(
             type Before = (Vec<f64>, Vec<Vec<f64>>);
             let gpu_before: Vec<Before> = (0..SIZES.len())
                 .map(|i| {
-                    let state = kinds.iter().map(|k| download(ctx, gpu.state(i, *k).unwrap())).collect();
+                    let state = kinds
+                        .iter()
+                        .map(|k| download(ctx, gpu.state(i, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+                        .collect();
                     (download(ctx, &params[i]), state)
                 })
                 .collect();
             let cpu_before: Vec<Before> = (0..SIZES.len())
                 .map(|i| {
-                    let state = kinds.iter().map(|k| cpu.state(i, *k).unwrap().to_f64()).collect();
+                    let state = kinds
+                        .iter()
+                        .map(|k| cpu.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
+                        .collect();
                     (cpu_params[i].to_f64(), state)
                 })
                 .collect();
@@ -161,8 +180,11 @@ pub fn mixes_match_the_oracle_step_by_step(
                     assert_close(&what, &got, &p, Tolerance::stored(mix.param));
                     for (k, want) in oracle.tensors().iter().enumerate() {
                         let got = match backend {
-                            "GPU" => download(ctx, gpu.state(i, kinds[k]).unwrap()),
-                            _ => cpu.state(i, kinds[k]).unwrap().to_f64(),
+                            "GPU" => download(
+                                ctx,
+                                gpu.state(i, kinds[k]).unwrap().and_then(|s| s.dense()).unwrap(),
+                            ),
+                            _ => cpu.state(i, kinds[k]).and_then(|s| s.dense()).unwrap().to_f64(),
                         };
                         let what = format!("{what} {:?}", kinds[k]);
                         assert_close(&what, &got, want, Tolerance::stored(mix.state));
@@ -197,7 +219,7 @@ pub fn master_weights_follow_the_oracle(algorithm: Algorithm, seed: u64) {
             let masters = download(&ctx, &master);
             assert_close(&format!("{algorithm:?} {dtype:?} masters"), &masters, &p, Tolerance::F32);
             for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
-                let state = optimizer.state(0, *kind).unwrap();
+                let state = optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap();
                 assert_eq!(state.dtype, DType::F32, "{kind:?}");
                 assert_close(&format!("{dtype:?} {kind:?}"), &download(&ctx, state), &want, Tolerance::F32);
             }
@@ -233,7 +255,7 @@ pub fn two_groups_follow_their_own_oracles(first: Algorithm, second: Algorithm, 
         let what = format!("{:?} param[{i}]", configs[i]);
         assert_close(&what, &download(&ctx, param), &p[i], Tolerance::F32);
         for (kind, want) in configs[i].state_kinds().iter().zip(oracles[i].tensors()) {
-            let got = download(&ctx, optimizer.state(i, *kind).unwrap());
+            let got = download(&ctx, optimizer.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
             assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::F32);
         }
     }
@@ -276,7 +298,7 @@ pub fn capturable_follows_the_oracle(
     let what = format!("capturable {algorithm:?} from step {start}");
     assert_close(&what, &download(&ctx, &param), &p, tolerance);
     for (kind, want) in algorithm.state_kinds().iter().zip(oracle.tensors()) {
-        let got = download(&ctx, optimizer.state(0, *kind).unwrap());
+        let got = download(&ctx, optimizer.state(0, *kind).unwrap().and_then(|s| s.dense()).unwrap());
         assert_close(&format!("{what} {kind:?}"), &got, &want, tolerance);
     }
 }
@@ -356,7 +378,7 @@ pub fn rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(
             }
             let state: Vec<Vec<f64>> = (0..start.len())
                 .flat_map(|i| kinds.iter().map(move |k| (i, *k)))
-                .map(|(i, k)| opt.state(i, k).unwrap().to_f64())
+                .map(|(i, k)| opt.state(i, k).and_then(|s| s.dense()).unwrap().to_f64())
                 .collect();
             (params.iter().map(HostTensor::to_f64).collect::<Vec<_>>(), state)
         };
@@ -381,7 +403,7 @@ pub fn rounding_stores_the_same_bits_on_the_gpu_and_the_cpu(
                 }
                 let gpu_state: Vec<Vec<f64>> = (0..start.len())
                     .flat_map(|i| kinds.iter().map(move |k| (i, *k)))
-                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap()))
+                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap().and_then(|s| s.dense()).unwrap()))
                     .collect();
                 for (k, (got, want)) in gpu_state.iter().zip(&cpu_state).enumerate() {
                     assert_bits_eq(&format!("{what}: state {k}"), got, want);
@@ -405,7 +427,10 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         let mut rng = Rng::new(seed);
         let start: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-        let mut gpu = Optimizer::builder().state_dtype(state_dtype).build(&ctx, algorithm, &params).unwrap();
+        let mut gpu = Optimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype))
+            .build(&ctx, algorithm, &params)
+            .unwrap();
         for _ in 0..3 {
             let g: Vec<Tensor> =
                 SIZES.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
@@ -414,16 +439,18 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         let bytes = gpu.save_to_bytes().unwrap();
         let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
         let mut cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
-        let options = CpuOptimizer::builder().state_dtype(state_dtype);
+        let options = CpuOptimizer::builder()
+            .state_storage(state_dtype.map_or(StateStorage::ParamDtype, StateStorage::Dtype));
         let mut cpu = options.build(algorithm, &slices(&cpu_params)).unwrap();
         cpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{algorithm:?}: {e}"));
         assert_eq!(cpu.step_count(), 3);
         let stored = state_dtype.unwrap_or(DType::F32);
         let mut before = Vec::new();
         for i in 0..SIZES.len() {
-            let state: Vec<Vec<f64>> = kinds.iter().map(|k| cpu.state(i, *k).unwrap().to_f64()).collect();
+            let state: Vec<Vec<f64>> =
+                kinds.iter().map(|k| cpu.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
             for (k, kind) in kinds.iter().enumerate() {
-                let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap());
+                let gpu_state = download(&ctx, gpu.state(i, *kind).unwrap().and_then(|s| s.dense()).unwrap());
                 assert_bits_eq(&format!("{algorithm:?} {kind:?}[{i}] on the CPU"), &state[k], &gpu_state);
             }
             before.push(state);
@@ -444,7 +471,7 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
             let what = format!("{algorithm:?} state {stored:?} param[{i}] after the load");
             assert_close(&what, &cpu_params[i].to_f64(), &p, Tolerance::F32);
             for (kind, want) in kinds.iter().zip(oracle.tensors()) {
-                let got = cpu.state(i, *kind).unwrap().to_f64();
+                let got = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
                 assert_close(&format!("{what} {kind:?}"), &got, &want, Tolerance::stored(stored));
             }
         }

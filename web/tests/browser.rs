@@ -12,8 +12,8 @@ use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
-    Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup, Rounding,
-    Sgd, StateKind, Tensor,
+    Adagrad, Adam, Algorithm, DType, Error, GpuContext, GradClip, NormType, Optimizer, ParamGroup,
+    QuantizedState, Rounding, Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
 use wgpu_optim_testkit::oracle::{self, clip_grad_norm, Storage, TorchState};
@@ -106,7 +106,7 @@ async fn check_in_place(
         })
         .collect();
     let grads: Vec<Tensor> = LENGTHS.iter().map(|&n| ctx.zeros("grad", n as u64, gd)).collect();
-    let options = Optimizer::builder().state_dtype(sd);
+    let options = Optimizer::builder().state_storage(StateStorage::Dtype(sd));
     let mut optimizer = options.build(ctx, algorithm, &params).unwrap();
     let kinds = algorithm.state_kinds();
     for t in 1..=3u64 {
@@ -497,7 +497,7 @@ async fn q8_adam_matches_the_bitsandbytes_oracle() {
     let mut values: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let params: Vec<Tensor> = values.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
-    let options = Optimizer::builder().q8_states(config);
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
     let mut optimizer = options.build(&ctx, adam, &params).unwrap();
     let mut states: Vec<[StoredState; 2]> = lens
         .iter()
@@ -530,7 +530,12 @@ async fn q8_adam_matches_the_bitsandbytes_oracle() {
             Tolerance::Close { rtol: 1e-5, atol: 1e-6 },
         );
         for (k, kind) in [StateKind::ExpAvg, StateKind::ExpAvgSq].into_iter().enumerate() {
-            let got = optimizer.q8_state_async(i, kind).await.unwrap().expect("a state");
+            let got = optimizer
+                .state_async(i, kind)
+                .await
+                .map(|s| s.and_then(|v| v.q8()))
+                .unwrap()
+                .expect("a state");
             match (&got, &states[i][k]) {
                 (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want, absmax: want_absmax }) => {
                     let far = codes.iter().zip(want).filter(|(a, b)| a.abs_diff(**b) > 1).count();
@@ -683,7 +688,8 @@ async fn refusals_are_typed_and_change_nothing() {
     // Options that need another option.
     assert!(matches!(optimizer.grad_norm_async().await, Err(Error::NeedsOption { .. })));
     assert!(matches!(optimizer.read_device_step_async().await, Err(Error::NeedsOption { .. })));
-    assert!(matches!(optimizer.q8_state_async(0, StateKind::ExpAvg).await, Err(Error::NeedsOption { .. })));
+    let eight_bit = QuantizedState::Q8(StoredState::zeros(16, false));
+    assert!(matches!(optimizer.set_state(0, StateKind::ExpAvg, &eight_bit), Err(Error::NeedsOption { .. })));
 }
 
 /// Master weights over an f16 model, made without blocking: f32 masters step as the oracle

@@ -25,9 +25,13 @@ pub struct ModuleStepBuilder {
 }
 
 impl ModuleStepBuilder {
-    /// [`OptimizerBuilder::state_dtype`].
-    pub fn state_dtype(mut self, dtype: impl Into<Option<crate::DType>>) -> Self {
-        self.options.state_dtype = dtype.into();
+    /// [`OptimizerBuilder::state_storage`]. With 4-bit state, records
+    /// ([`ModuleStep::to_bytes`]) hold it under torchao's names, as this crate's checkpoints
+    /// do: a 4-bit state as `exp_avg.codes` (U8, two codes per byte), `exp_avg.scale` (F32,
+    /// one per block) and `exp_avg.qmap` (its 16 entries); a tensor that keeps f32 state as
+    /// `exp_avg`.
+    pub fn state_storage(mut self, storage: crate::StateStorage) -> Self {
+        self.options.state_storage = storage;
         self
     }
 
@@ -47,22 +51,6 @@ impl ModuleStepBuilder {
     /// [`OptimizerBuilder::rounding`].
     pub fn rounding(mut self, rounding: crate::Rounding) -> Self {
         self.options.rounding = rounding;
-        self
-    }
-
-    /// [`OptimizerBuilder::q8_states`].
-    pub fn q8_states(mut self, q8: impl Into<Option<crate::q8::Q8States>>) -> Self {
-        self.options.q8_states = q8.into();
-        self
-    }
-
-    /// [`OptimizerBuilder::q4_states`]: Adam's and AdamW's moments in torchao's 4-bit
-    /// format. Records ([`ModuleStep::to_bytes`]) hold them under torchao's names, as this
-    /// crate's checkpoints do: a 4-bit state as `exp_avg.codes` (U8, two codes per byte),
-    /// `exp_avg.scale` (F32, one per block) and `exp_avg.qmap` (its 16 entries); a tensor
-    /// that keeps f32 state as `exp_avg`.
-    pub fn q4_states(mut self, q4: impl Into<Option<crate::q4::Q4States>>) -> Self {
-        self.options.q4_states = q4.into();
         self
     }
 
@@ -98,7 +86,7 @@ impl ModuleStepBuilder {
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }
-        if let Some(q4) = &self.options.q4_states {
+        if let Some(q4) = &self.options.state_storage.q4() {
             q4.validate()?;
         }
         Ok(ModuleStep {

@@ -16,7 +16,7 @@ impl ModuleStep {
     /// each state tensor in its parameter's shape and its storage dtype), read back from
     /// the device: this waits for the submitted steps. Refused with 8-bit state
     /// ([`Error::ConflictingOptions`]; save the [`Self::optimizer`]'s checkpoint instead).
-    /// 4-bit states are saved under torchao's names ([`ModuleStepBuilder::q4_states`]).
+    /// 4-bit states are saved under torchao's names ([`ModuleStepBuilder::state_storage`]).
     pub fn to_bytes(&self) -> Result<Bytes> {
         self.refuse_q8("ModuleStep::to_bytes")?;
         let mut states = BTreeMap::new();
@@ -60,7 +60,7 @@ impl ModuleStep {
         self.refuse_q8("ModuleStep::load_bytes")?;
         let states = record::read(bytes)?;
         for (id, state) in &states {
-            if self.options.q4_states.is_some() {
+            if self.options.state_storage.q4().is_some() {
                 crate::burn::q4::check_names(*id, state.tensors.keys().map(String::as_str), &self.algorithm)?;
                 record::check_schedule_free(*id, state, &self.algorithm)?;
                 continue;
@@ -89,10 +89,10 @@ impl ModuleStep {
     }
 
     fn refuse_q8(&self, what: &'static str) -> Result<()> {
-        if self.options.q8_states.is_some() {
+        if self.options.state_storage.q8().is_some() {
             return Err(Error::ConflictingOptions {
                 first: what,
-                second: "q8_states",
+                second: "state_storage",
                 reason: "a Burn record holds f32 state; save the optimizer's own checkpoint",
             });
         }
@@ -105,12 +105,12 @@ impl ModuleStep {
     fn read_state(&self, key: u64, id: ParamId, shape: &[usize]) -> Result<BTreeMap<String, TensorData>> {
         let bound = self.bound(key)?;
         let i = bound.ids.iter().position(|p| *p == id).ok_or_else(|| lost(id))?;
-        if self.options.q4_states.is_some() {
+        if self.options.state_storage.q4().is_some() {
             return crate::burn::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
         }
         let mut tensors = BTreeMap::new();
         for kind in record::ALL_KINDS {
-            let Some(tensor) = bound.optimizer.state(i, kind) else { continue };
+            let Some(tensor) = bound.optimizer.tensor_state(i, kind) else { continue };
             let bytes = self.shared.context().read_bytes(tensor)?;
             let shape = record::state_shape(kind, shape);
             let data = TensorData::from_bytes_vec(bytes, shape, record::burn_dtype(tensor.dtype));

@@ -8,7 +8,7 @@ use ::burn::tensor::TensorData;
 
 use super::{lost, Home, ModuleStep};
 use crate::burn::record;
-use crate::{Algorithm, Error, Optimizer, Result};
+use crate::{Algorithm, Error, Optimizer, Result, StateView};
 
 impl ModuleStep {
     /// Brings each of `ids`' state into `target` (whose parameter `i` is `ids[i]`; `key`
@@ -29,9 +29,9 @@ impl ModuleStep {
                 Some(Home::Bound(home)) => {
                     let source = self.bound(*home)?;
                     let j = source.ids.iter().position(|p| p == id).ok_or_else(|| lost(*id))?;
-                    let q8 = self.options.q8_states.is_some();
+                    let q8 = self.options.state_storage.q8().is_some();
                     copy_state(&source.optimizer, j, target, i, encoder, q8)?;
-                    if self.options.q4_states.is_some() {
+                    if self.options.state_storage.q4().is_some() {
                         crate::burn::q4::copy(&self.algorithm, &source.optimizer, j, target, i)?;
                     }
                 }
@@ -50,13 +50,13 @@ impl ModuleStep {
         id: ParamId,
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<()> {
-        if self.options.q4_states.is_some() {
+        if self.options.state_storage.q4().is_some() {
             return crate::burn::q4::write_loaded(&self.algorithm, target, i, id.val(), tensors);
         }
         let ctx = self.shared.context();
         for (name, data) in tensors {
             let kind = record::state_kind(name).ok_or_else(|| lost(id))?;
-            let tensor = target.state(i, kind).ok_or_else(|| lost(id))?;
+            let tensor = target.tensor_state(i, kind).ok_or_else(|| lost(id))?;
             if data.num_elements() as u64 != tensor.len {
                 return Err(Error::LengthMismatch {
                     argument: format!("the loaded {name} of parameter {id}"),
@@ -89,7 +89,7 @@ fn copy_state(
     // 8-bit state is its algorithm's (never Adafactor's nor the Kahan compensation).
     let q8_kinds = if q8 { param_algorithm(from, j).map_or(&[][..], |a| a.state_kinds()) } else { &[] };
     for kind in record::ALL_KINDS {
-        match (from.state(j, kind), to.state(i, kind)) {
+        match (from.tensor_state(j, kind), to.tensor_state(i, kind)) {
             (Some(src), Some(dst)) => encoder.copy_buffer_to_buffer(
                 &src.buffer,
                 src.offset,
@@ -97,10 +97,10 @@ fn copy_state(
                 dst.offset,
                 src.byte_len(),
             ),
-            // 8-bit state has no `state()` tensor: it moves through the host.
+            // 8-bit state has no tensor: it moves through the host.
             _ if q8_kinds.contains(&kind) => {
-                if let Some(state) = from.q8_state(j, kind)? {
-                    to.set_q8_state(i, kind, &state)?;
+                if let Some(state) = from.state(j, kind)?.and_then(StateView::quantized) {
+                    to.set_state(i, kind, &state)?;
                 }
             }
             _ => {}

@@ -97,7 +97,7 @@ impl Layout<'_> {
             Some(c) => format!("4-bit state with block_size {} and min_size {}", c.block_size, c.min_size),
         };
         Err(bad(format!(
-            "was saved with {}, the optimizer keeps {}: build it with the same q4_states",
+            "was saved with {}, the optimizer keeps {}: build it with the same StateStorage::Q4",
             describe(file),
             describe(self.q4)
         )))

@@ -186,8 +186,8 @@ pub(crate) fn check_options(adafactor: bool, options: &crate::OptimizerOptions) 
              applied by its passes",
         ),
         (
-            "state_dtype",
-            options.state_dtype.is_some_and(|d| d != DType::F32),
+            "state_storage",
+            options.state_storage.dtype().is_some_and(|d| d != DType::F32),
             "Adafactor keeps its states in f32 (the factored ones are sublinear in size)",
         ),
     ];

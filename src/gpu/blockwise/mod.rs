@@ -167,8 +167,8 @@ fn state_words<F: Format>(format: &F, len: u64, quantized: bool) -> (u64, u64) {
 
 /// Elements per chunk of a tensor of `len` elements whose `kinds` states are `quantized`, so
 /// that a chunk's states fit an arena of `arena_cap` bytes: whole blocks of quantized state,
-/// the whole tensor where it fits (f32 state is never cut: `Optimizer::state` hands it out
-/// as one tensor). `None` where not even one block (or the f32 state) fits.
+/// the whole tensor where it fits (f32 state is never cut: the optimizer keeps it as one
+/// tensor beside its dense states). `None` where not even one block (or the f32 state) fits.
 fn chunk_elements<F: Format>(
     format: &F,
     len: u64,

@@ -30,7 +30,7 @@ pub(crate) struct Q4 {
 
 impl Format for Q4 {
     const NAME: &'static str = "4-bit";
-    const OPTION: &'static str = "q4_states";
+    const OPTION: &'static str = "4-bit state_storage";
     const CODES_PER_WORD: u64 = shader::CODES_PER_WORD as u64;
     const F32_TOO_LARGE: &'static str = "f32 state is kept in one binding: lower min_size, or make it a \
                                          whole number of blocks, so that it keeps 4-bit state";

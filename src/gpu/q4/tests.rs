@@ -4,7 +4,7 @@
 
 use crate::oracle::ao4;
 use crate::q4::{Q4State, Q4States};
-use crate::{Adam, DType, GpuContext, Optimizer, StateKind, Tensor};
+use crate::{Adam, DType, GpuContext, Optimizer, StateKind, StateStorage, Tensor};
 
 fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
@@ -25,8 +25,10 @@ fn check(ctx: &GpuContext, serial: bool, block_size: usize, sizes: &[usize]) {
     let params: Vec<Vec<f64>> = sizes.iter().enumerate().map(|(i, &n)| values(n, i as u64, 1.0)).collect();
     let tensors: Vec<Tensor> = params.iter().map(|p| ctx.upload("p", p, DType::F32)).collect();
     let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
-    let mut opt =
-        Optimizer::builder().q4_states(config).build(ctx, adamw, &tensors).unwrap_or_else(|e| panic!("{e}"));
+    let mut opt = Optimizer::builder()
+        .state_storage(StateStorage::Q4(config))
+        .build(ctx, adamw, &tensors)
+        .unwrap_or_else(|e| panic!("{e}"));
     opt.q4_engine_mut().unwrap_or_else(|| panic!("no engine")).set_serial(serial);
     let mut want: Vec<(Vec<f64>, Q4State, Q4State)> = params
         .iter()
@@ -52,7 +54,7 @@ fn check(ctx: &GpuContext, serial: bool, block_size: usize, sizes: &[usize]) {
             assert!((a - b).abs() <= 1e-6 + 1e-5 * b.abs(), "{what} tensor {i} param[{j}]: {a} against {b}");
         }
         for (kind, want) in [(StateKind::ExpAvg, m), (StateKind::ExpAvgSq, v)] {
-            let state = opt.q4_state(i, kind).unwrap_or_else(|e| panic!("{e}"));
+            let state = opt.state(i, kind).map(|s| s.and_then(|v| v.q4())).unwrap_or_else(|e| panic!("{e}"));
             match (state, want) {
                 (Some(Q4State::Q4 { codes, scale }), Q4State::Q4 { codes: w_codes, scale: w_scale }) => {
                     let (codes, w_codes) = (ao4::unpack(&codes), ao4::unpack(w_codes));

@@ -35,7 +35,7 @@ pub(crate) struct Q8 {
 
 impl Format for Q8 {
     const NAME: &'static str = "8-bit";
-    const OPTION: &'static str = "q8_states";
+    const OPTION: &'static str = "8-bit state_storage";
     const CODES_PER_WORD: u64 = 4;
     const F32_TOO_LARGE: &'static str = "the f32 state of a tensor below min_8bit_size is kept in \
                                          one binding: lower min_8bit_size so that it keeps 8-bit state";

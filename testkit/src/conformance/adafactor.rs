@@ -76,6 +76,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                     .map(|kind| {
                         Ok(optimizer
                             .state(i, *kind)
+                            .and_then(|s| s.dense())
                             .ok_or_else(|| case.bad("missing state".into()))?
                             .to_f64())
                     })
@@ -95,7 +96,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, t) in param_tensors.iter().enumerate() {
                 let mut states = Vec::new();
                 for kind in adafactor_state_kinds(&shapes[i]) {
-                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state_async(i, *kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     states.push(ctx.read_async(state).await?);
                 }
                 finals.push((ctx.read_async(t).await?, states));

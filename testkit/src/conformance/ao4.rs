@@ -7,7 +7,7 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
-use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind};
+use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage, StateView};
 
 use super::case::Case;
 use super::inputs::Inputs;
@@ -68,7 +68,8 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::builder().q4_states(config).build(adam, &views)?;
+            let mut optimizer =
+                CpuOptimizer::builder().state_storage(StateStorage::Q4(config)).build(adam, &views)?;
             for k in 0..steps {
                 inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
@@ -76,7 +77,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 let states = kinds
                     .iter()
                     .map(|kind| {
-                        optimizer.q4_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                        optimizer
+                            .state(i, *kind)
+                            .and_then(|s| s.q4())
+                            .cloned()
+                            .ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
                 finals.push((t.to_f64(), states));
@@ -85,7 +90,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
             let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
-            let mut optimizer = Optimizer::builder().q4_states(config).build(ctx, adam, &param_tensors)?;
+            let mut optimizer = Optimizer::builder().state_storage(StateStorage::Q4(config)).build(
+                ctx,
+                adam,
+                &param_tensors,
+            )?;
             for k in 0..steps {
                 inputs.write_grads(ctx, &grad_tensors, k).await?;
                 optimizer.step(&grad_tensors)?;
@@ -93,7 +102,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, param) in param_tensors.iter().enumerate() {
                 let mut states = Vec::with_capacity(kinds.len());
                 for kind in kinds {
-                    let state = optimizer.q4_state_async(i, kind).await?;
+                    let state = optimizer.state_async(i, kind).await?.and_then(StateView::q4);
                     states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
                 }
                 finals.push((ctx.read_async(param).await?, states));

@@ -89,6 +89,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 .map(|i| {
                     Ok(optimizer
                         .state(i, StateKind::MomentumBuffer)
+                        .and_then(|s| s.dense())
                         .ok_or_else(|| case.bad("missing state".into()))?
                         .to_f64())
                 })
@@ -109,7 +110,9 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, t) in param_tensors.iter().enumerate() {
                 finals.push(ctx.read_async(t).await?);
                 let state = optimizer
-                    .state(i, StateKind::MomentumBuffer)
+                    .state_async(i, StateKind::MomentumBuffer)
+                    .await?
+                    .and_then(|s| s.dense())
                     .ok_or_else(|| case.bad("missing state".into()))?;
                 buffers.push(ctx.read_async(state).await?);
             }

@@ -5,7 +5,7 @@ use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, DmlAdam, Error, GpuContext, GradClip, MomentumMode, NormType,
-    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, Tensor,
+    OnnxAdagrad, OnnxAdam, OnnxMomentum, Optimizer, Result, Sgd, StateStorage, Tensor,
 };
 
 use wgpu_optim::q8::Q8States;
@@ -13,6 +13,7 @@ use wgpu_optim::q8::{self, StoredState};
 use wgpu_optim::AdEMAMix;
 use wgpu_optim::Lion;
 use wgpu_optim::RmsProp;
+use wgpu_optim::StateView;
 
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, Kind, ValueType};
@@ -548,7 +549,10 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             for (i, param) in param_tensors.iter().enumerate() {
                 outputs.push((name_of(0, i), param.to_f64()));
                 for (k, kind) in kinds.iter().enumerate() {
-                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state(i, *kind)
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     outputs.push((name_of(k + 1, i), state.to_f64()));
                 }
             }
@@ -567,7 +571,11 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
             for (i, param) in param_tensors.iter().enumerate() {
                 outputs.push((name_of(0, i), ctx.read_async(param).await?));
                 for (k, kind) in kinds.iter().enumerate() {
-                    let state = optimizer.state(i, *kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state_async(i, *kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     outputs.push((name_of(k + 1, i), ctx.read_async(state).await?));
                 }
             }
@@ -777,7 +785,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
-            let mut optimizer = CpuOptimizer::builder().q8_states(config).build(algorithm, &views)?;
+            let mut optimizer =
+                CpuOptimizer::builder().state_storage(StateStorage::Q8(config)).build(algorithm, &views)?;
             for k in 0..steps {
                 inputs.cpu_step(&mut optimizer, &mut tensors, k)?;
             }
@@ -785,7 +794,11 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                 let states = kinds
                     .iter()
                     .map(|kind| {
-                        optimizer.q8_state(i, *kind).cloned().ok_or_else(|| case.bad("missing state".into()))
+                        optimizer
+                            .state(i, *kind)
+                            .and_then(|s| s.q8())
+                            .cloned()
+                            .ok_or_else(|| case.bad("missing state".into()))
                     })
                     .collect::<Result<_>>()?;
                 finals.push((t.to_f64(), states));
@@ -794,7 +807,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
         (_, Some(ctx)) => {
             let (param_tensors, grad_tensors) = inputs.gpu_tensors(ctx, backend.in_place()).await?;
-            let options = Optimizer::builder().q8_states(config);
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
             let mut optimizer = options.build(ctx, algorithm, &param_tensors)?;
             for k in 0..steps {
                 inputs.write_grads(ctx, &grad_tensors, k).await?;
@@ -803,7 +816,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
             for (i, param) in param_tensors.iter().enumerate() {
                 let mut states = Vec::with_capacity(kinds.len());
                 for kind in kinds.iter() {
-                    let state = optimizer.q8_state_async(i, *kind).await?;
+                    let state = optimizer.state_async(i, *kind).await?.and_then(StateView::q8);
                     states.push(state.ok_or_else(|| case.bad("missing state".into()))?);
                 }
                 finals.push((ctx.read_async(param).await?, states));

@@ -77,7 +77,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             optimizer.eval(&mut param_views)?;
             let x = tensors.iter().map(HostTensor::to_f64).collect();
             let state = |i: usize, kind: StateKind| -> Result<Vec<f64>> {
-                Ok(optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64())
+                Ok(optimizer
+                    .state(i, kind)
+                    .and_then(|s| s.dense())
+                    .ok_or_else(|| case.bad("missing state".into()))?
+                    .to_f64())
             };
             let states = (0..n)
                 .map(|i| Ok([state(i, StateKind::Z)?, state(i, StateKind::ExpAvgSq)?]))
@@ -105,7 +109,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 x.push(ctx.read_async(t).await?);
                 let mut pair = Vec::with_capacity(2);
                 for kind in [StateKind::Z, StateKind::ExpAvgSq] {
-                    let state = optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state_async(i, kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     pair.push(ctx.read_async(state).await?);
                 }
                 let exp_avg_sq = pair.pop().unwrap_or_default();

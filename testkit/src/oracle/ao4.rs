@@ -162,7 +162,7 @@ pub fn ao4_adam_step(
 ) -> Result<()> {
     if config.amsgrad || config.maximize {
         return Err(Error::ConflictingOptions {
-            first: "q4_states",
+            first: "state_storage",
             second: "algorithm",
             reason: "the oracle runs torchao's 4-bit Adam without AMSGrad or maximize",
         });

@@ -371,7 +371,7 @@ pub fn bnb_8bit_step(
         }
         _ => {
             return Err(Error::ConflictingOptions {
-                first: "q8_states",
+                first: "state_storage",
                 second: "algorithm",
                 reason:
                     "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and \

@@ -6,7 +6,7 @@ use crate::gpu::kernel::tests::{members, resource_bindings};
 use crate::gpu::q8::shader::Requantize;
 use crate::gpu::q8::{compile, Variant};
 use crate::q8::Q8States;
-use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd, Tensor};
+use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, Sgd, StateStorage, Tensor};
 
 /// Every 8-bit kernel variant, clipped or not, is created on a device with exactly
 /// WebGPU's default limits: its storage bindings (parameters, gradients, the state arena,
@@ -183,7 +183,7 @@ fn two_8bit_optimizers_on_one_context_compile_their_pipelines_once() {
     assert_eq!(ctx.compiled_pipelines(), 0);
     let n = 5000u64;
     let initial: Vec<f64> = (0..n).map(|i| (i % 100) as f64 * 1e-2 - 0.5).collect();
-    let options = Optimizer::builder().q8_states(Q8States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     let mut compiled = Vec::new();
     for _ in 0..2 {
         let p = ctx.upload("param", &initial, DType::F32);

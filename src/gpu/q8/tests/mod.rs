@@ -5,7 +5,10 @@ mod kernels;
 use crate::gpu::q8::shader::Requantize;
 use crate::oracle::{bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd};
 use crate::q8::{Q8States, StoredState};
-use crate::{Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
+use crate::{
+    Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, QuantizedState, Sgd, StateKind, StateStorage,
+    Tensor,
+};
 
 /// Asserts that `got` (read back) follows the oracle's 8-bit state `want` as FORMAT.md
 /// compares them: codes within 1 and at most 1 % differing, absmax within 1e-4 relative;
@@ -84,7 +87,7 @@ fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() 
             |b: &Tensor, t: usize| Tensor::new(&b.buffer, 4 * at[t] as u64, sizes[t] as u64, DType::F32);
         let params: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat, t)).collect();
         let grad_tensors: Vec<Tensor> = (0..sizes.len()).map(|t| view(&flat_grads, t)).collect();
-        let options = Optimizer::builder().q8_states(Q8States::default());
+        let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
         let mut opt = options.build(&ctx, adam, &params).unwrap_or_else(|e| panic!("{e}"));
         if let Some(engine) = opt.q8_engine_mut() {
             engine.set_serial(serial);
@@ -100,7 +103,8 @@ fn tensors_past_a_small_binding_limit_split_into_chunks_arenas_and_dispatches() 
             let worst = got.iter().zip(&want[t]).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(worst < 1e-4, "serial {serial}: params[{t}] {worst} from the oracle's");
             for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states[t]) {
-                let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                let got =
+                    opt.state(t, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
                 assert_state_follows(&format!("serial {serial}: params[{t}] {kind:?}"), got, want);
             }
         }
@@ -210,7 +214,7 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
                 ParamGroup::new(adam, &params[3..5]),
                 ParamGroup::new(sgd, &params[5..]),
             ];
-            let options = Optimizer::builder().q8_states(Q8States::default());
+            let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
             let mut opt = options.build_groups(&ctx, groups).unwrap_or_else(|e| panic!("{e}"));
             if let Some(engine) = opt.q8_engine_mut() {
                 engine.set_serial(serial);
@@ -234,7 +238,8 @@ fn tensors_in_shared_buffers_step_in_one_dispatch_per_variant_and_follow_the_ora
                     &[StateKind::ExpAvg, StateKind::ExpAvgSq]
                 };
                 for (kind, want) in kinds.iter().zip(&states[t]) {
-                    let got = opt.q8_state(t, *kind).unwrap_or_else(|e| panic!("{e}"));
+                    let got =
+                        opt.state(t, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
                     assert_state_follows(&format!("{what}: params[{t}] {kind:?}"), got, want);
                 }
             }
@@ -263,7 +268,7 @@ fn run_adam_8bit(
 ) -> Optimizer {
     let p = ctx.upload("param", initial, DType::F32);
     let g = ctx.zeros("grad", initial.len() as u64, DType::F32);
-    let options = Optimizer::builder().q8_states(Q8States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     let mut opt = options
         .build(ctx, algorithm, std::slice::from_ref(&p))
         .unwrap_or_else(|e| panic!("serial {serial}: {e}"));
@@ -310,7 +315,7 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
         let what = format!("serial {serial} {requantize:?}");
         let opt = run_adam_8bit(&ctx, adam.into(), &param, &grads, (serial, requantize), &want);
         for (kind, want) in [(StateKind::ExpAvg, &m), (StateKind::ExpAvgSq, &v)] {
-            let got = opt.q8_state(0, kind).unwrap_or_else(|e| panic!("{e}"));
+            let got = opt.state(0, kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
             match requantize {
                 Requantize::Table => by_table.push(got.clone()),
                 Requantize::Arithmetic => {
@@ -390,7 +395,7 @@ fn a_non_finite_gradient_element_changes_only_its_own_element() {
                 let what = format!("{algorithm:?}, gradient {bad_value}, serial {serial}");
                 let p = ctx.upload("param", &initial, DType::F32);
                 let g = ctx.zeros("grad", n as u64, DType::F32);
-                let options = Optimizer::builder().q8_states(config);
+                let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
                 let mut opt = options
                     .build(&ctx, algorithm, std::slice::from_ref(&p))
                     .unwrap_or_else(|e| panic!("{e}"));
@@ -415,8 +420,10 @@ fn a_non_finite_gradient_element_changes_only_its_own_element() {
                     assert_close(&format!("{what}: parameters"), &got, want, tolerance);
                     for (kind, want) in kinds.iter().zip(want_states) {
                         let what = format!("{what}: {kind:?}");
-                        let Some(StoredState::Q8 { codes, absmax }) =
-                            opt.q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"))
+                        let Some(StoredState::Q8 { codes, absmax }) = opt
+                            .state(0, *kind)
+                            .map(|s| s.and_then(|v| v.q8()))
+                            .unwrap_or_else(|e| panic!("{e}"))
                         else {
                             panic!("{what} is not 8-bit");
                         };
@@ -442,7 +449,7 @@ fn a_non_finite_gradient_element_changes_only_its_own_element() {
 
 /// An 8-bit Adam state larger than a storage binding (64 KiB here; 40000 elements keep
 /// 81 KB of codes and absmax) is cut into chunks of whole blocks, each in an arena of its
-/// own: the tensor steps as the oracle does, and `q8_state` and `set_q8_state` see
+/// own: the tensor steps as the oracle does, and `state` and `set_state` see
 /// the whole tensor's state across the chunks.
 #[test]
 fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
@@ -464,7 +471,7 @@ fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
     for (serial, requantize) in [(false, Requantize::Table), (true, Requantize::Arithmetic)] {
         let opt = run_adam_8bit(&ctx, adam, &initial, &grads, (serial, requantize), &want);
         for (kind, want) in [StateKind::ExpAvg, StateKind::ExpAvgSq].iter().zip(&states) {
-            let got = opt.q8_state(0, *kind).unwrap_or_else(|e| panic!("{e}"));
+            let got = opt.state(0, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
             assert_state_follows(&format!("serial {serial}: {kind:?}"), got, want);
         }
         // A state of distinct codes and absmax, written and read back whole.
@@ -472,10 +479,15 @@ fn an_8bit_state_larger_than_a_binding_is_cut_into_chunks() {
             codes: (0..n).map(|i| (i * 7 % 256) as u8).collect(),
             absmax: (0..crate::q8::blocks(n)).map(|b| b as f32 + 0.5).collect(),
         };
-        opt.set_q8_state(0, StateKind::ExpAvgSq, &written).unwrap_or_else(|e| panic!("{e}"));
-        let back = opt.q8_state(0, StateKind::ExpAvgSq).unwrap_or_else(|e| panic!("{e}"));
+        opt.set_state(0, StateKind::ExpAvgSq, &QuantizedState::Q8(written.clone()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let back = opt
+            .state(0, StateKind::ExpAvgSq)
+            .map(|s| s.and_then(|v| v.q8()))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back.as_ref(), Some(&written), "serial {serial}: the state written, read back");
-        let other = opt.q8_state(0, StateKind::ExpAvg).unwrap_or_else(|e| panic!("{e}"));
+        let other =
+            opt.state(0, StateKind::ExpAvg).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
         assert_state_follows(&format!("serial {serial}: ExpAvg after the write"), other, &states[0]);
     }
 }
