@@ -13,7 +13,7 @@ mod family;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use family::{host, slices, slices_mut, SIZES};
 use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
-use wgpu_optim::{Adam, Adan, Algorithm, DType, Error, Optimizer, StateKind, Tensor};
+use wgpu_optim::{Adam, Adan, Algorithm, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::TorchState;
 
 fn plain() -> Algorithm {
@@ -118,8 +118,12 @@ fn run_both(algorithm: Algorithm, start: &[f64], grads: &[Vec<f64>]) -> [(Vec<f6
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(g, DType::F32)])).unwrap();
     }
     let kinds = algorithm.state_kinds();
-    let gpu_state = kinds.iter().map(|k| download(&ctx, gpu.state(0, *k).unwrap())).collect();
-    let cpu_state = kinds.iter().map(|k| cpu.state(0, *k).unwrap().to_f64()).collect();
+    let gpu_state = kinds
+        .iter()
+        .map(|k| download(&ctx, gpu.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+        .collect();
+    let cpu_state =
+        kinds.iter().map(|k| cpu.state(0, *k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
     [(download(&ctx, &param), gpu_state), (cpu_params[0].to_f64(), cpu_state)]
 }
 
@@ -223,8 +227,9 @@ fn a_loaded_checkpoint_continues_the_same_trajectory_on_both_backends() {
                 }
                 let kinds = algorithm.state_kinds();
                 let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
-                let states: Vec<Vec<f64>> =
-                    states.map(|(i, k)| download(&ctx, opt.state(i, k).unwrap())).collect();
+                let states: Vec<Vec<f64>> = states
+                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap().and_then(|s| s.dense()).unwrap()))
+                    .collect();
                 params.iter().map(|p| download(&ctx, p)).chain(states).collect()
             };
             let cpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
@@ -242,7 +247,8 @@ fn a_loaded_checkpoint_continues_the_same_trajectory_on_both_backends() {
                 }
                 let kinds = algorithm.state_kinds();
                 let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
-                let states: Vec<Vec<f64>> = states.map(|(i, k)| opt.state(i, k).unwrap().to_f64()).collect();
+                let states: Vec<Vec<f64>> =
+                    states.map(|(i, k)| opt.state(i, k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
                 params.iter().map(HostTensor::to_f64).chain(states).collect()
             };
             for (backend, resumed, whole) in
@@ -339,24 +345,24 @@ fn low_bit_state_is_refused() {
         }
         other => panic!("{backend} {option}: expected ConflictingOptions, got {other:?}"),
     };
-    let gpu = Optimizer::builder().q8_states(Q8States::default());
+    let gpu = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
     refused(
         gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
-        "q8_states",
+        "state_storage",
         "GPU",
         "Adan",
     );
-    let cpu = CpuOptimizer::builder().q8_states(Q8States::default());
-    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "q8_states", "CPU", "Adan");
-    let gpu = Optimizer::builder().q4_states(Q4States::default());
+    let cpu = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
+    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "state_storage", "CPU", "Adan");
+    let gpu = Optimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
     refused(
         gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
-        "q4_states",
+        "state_storage",
         "GPU",
         "Adam",
     );
-    let cpu = CpuOptimizer::builder().q4_states(Q4States::default());
-    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "q4_states", "CPU", "Adam");
+    let cpu = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
+    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "state_storage", "CPU", "Adam");
 }
 
 /// Burn's drop-in optimizers run Adan through the generic path (its two new states travel in

@@ -13,7 +13,8 @@ mod family;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use family::{host, slices, slices_mut, SIZES};
 use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
-use wgpu_optim::{Adam, Adopt, Algorithm, DType, Error, Optimizer, StateKind, Tensor};
+use wgpu_optim::q8::StoredState;
+use wgpu_optim::{Adam, Adopt, Algorithm, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
 use wgpu_optim_testkit::oracle::TorchState;
 
 fn plain() -> Algorithm {
@@ -147,8 +148,12 @@ fn run_both(algorithm: Algorithm, start: &[f64], grads: &[Vec<f64>]) -> [(Vec<f6
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(g, DType::F32)])).unwrap();
     }
     let kinds = algorithm.state_kinds();
-    let gpu_state = kinds.iter().map(|k| download(&ctx, gpu.state(0, *k).unwrap())).collect();
-    let cpu_state = kinds.iter().map(|k| cpu.state(0, *k).unwrap().to_f64()).collect();
+    let gpu_state = kinds
+        .iter()
+        .map(|k| download(&ctx, gpu.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()))
+        .collect();
+    let cpu_state =
+        kinds.iter().map(|k| cpu.state(0, *k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
     [(download(&ctx, &param), gpu_state), (cpu_params[0].to_f64(), cpu_state)]
 }
 
@@ -245,8 +250,9 @@ fn a_loaded_checkpoint_continues_the_same_trajectory_on_both_backends() {
                 }
                 let kinds = algorithm.state_kinds();
                 let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
-                let states: Vec<Vec<f64>> =
-                    states.map(|(i, k)| download(&ctx, opt.state(i, k).unwrap())).collect();
+                let states: Vec<Vec<f64>> = states
+                    .map(|(i, k)| download(&ctx, opt.state(i, k).unwrap().and_then(|s| s.dense()).unwrap()))
+                    .collect();
                 params.iter().map(|p| download(&ctx, p)).chain(states).collect()
             };
             let cpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
@@ -264,7 +270,8 @@ fn a_loaded_checkpoint_continues_the_same_trajectory_on_both_backends() {
                 }
                 let kinds = algorithm.state_kinds();
                 let states = (0..SIZES.len()).flat_map(|i| kinds.iter().map(move |k| (i, *k)));
-                let states: Vec<Vec<f64>> = states.map(|(i, k)| opt.state(i, k).unwrap().to_f64()).collect();
+                let states: Vec<Vec<f64>> =
+                    states.map(|(i, k)| opt.state(i, k).and_then(|s| s.dense()).unwrap().to_f64()).collect();
                 params.iter().map(HostTensor::to_f64).chain(states).collect()
             };
             for (backend, resumed, whole) in
@@ -346,9 +353,13 @@ fn eight_bit_state_follows_f32_adopt_loosely_and_the_gpu_matches_the_cpu() {
         .collect();
     let config = Q8States::default();
     let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
-    let mut gpu = Optimizer::builder().q8_states(config).build(&ctx, algorithm, &params).unwrap();
+    let mut gpu =
+        Optimizer::builder().state_storage(StateStorage::Q8(config)).build(&ctx, algorithm, &params).unwrap();
     let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
-    let mut cpu = CpuOptimizer::builder().q8_states(config).build(algorithm, &slices(&cpu_params)).unwrap();
+    let mut cpu = CpuOptimizer::builder()
+        .state_storage(StateStorage::Q8(config))
+        .build(algorithm, &slices(&cpu_params))
+        .unwrap();
     let mut want = start.clone();
     let mut oracles: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
     for g in &grads {
@@ -370,18 +381,23 @@ fn eight_bit_state_follows_f32_adopt_loosely_and_the_gpu_matches_the_cpu() {
         }
         assert_close(&format!("GPU against CPU param[{i}]"), &gpu_p, &cpu_p, Tolerance::F32);
         for kind in algorithm.state_kinds() {
-            let cpu_state = cpu.q8_state(i, *kind);
-            if lens[i] >= config.min_8bit_size as usize {
-                let gpu_state = gpu.q8_state(i, *kind).unwrap();
-                assert_eq!(gpu_state.as_ref(), cpu_state, "{kind:?} of param[{i}]");
-            } else {
-                let got = download(&ctx, gpu.state(i, *kind).unwrap());
-                assert_close(
-                    &format!("f32 {kind:?}[{i}]"),
-                    &got,
-                    &cpu.state(i, *kind).unwrap().to_f64(),
-                    Tolerance::F32,
-                );
+            let gpu_state = gpu.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap();
+            let cpu_state = cpu.state(i, *kind).and_then(|s| s.q8());
+            match (gpu_state, cpu_state) {
+                (Some(gpu_state @ StoredState::Q8 { .. }), Some(cpu_state)) => {
+                    assert!(
+                        lens[i] >= config.min_8bit_size as usize,
+                        "param[{i}] quantized below the minimum"
+                    );
+                    assert_eq!(&gpu_state, cpu_state, "{kind:?} of param[{i}]");
+                }
+                (Some(StoredState::F32(got)), Some(StoredState::F32(want))) => {
+                    assert!(lens[i] < config.min_8bit_size as usize, "param[{i}] kept f32 state");
+                    let (got, want): (Vec<f64>, Vec<f64>) =
+                        (got.iter().map(|&x| x.into()).collect(), want.iter().map(|&x| x.into()).collect());
+                    assert_close(&format!("f32 {kind:?}[{i}]"), &got, &want, Tolerance::F32);
+                }
+                other => panic!("{kind:?} of param[{i}]: GPU and CPU keep other forms: {other:?}"),
             }
         }
     }
@@ -394,15 +410,15 @@ fn four_bit_state_is_refused_as_torchaos_adam_only() {
     let values = vec![0.5; 4096];
     let param = ctx.upload("param", &values, DType::F32);
     let refused = |err: Error, backend: &str| match err {
-        Error::ConflictingOptions { first: "q4_states", second: "algorithm", reason } => {
+        Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason } => {
             assert!(reason.contains("Adam"), "{backend}: {reason}");
         }
         other => panic!("{backend}: expected ConflictingOptions, got {other:?}"),
     };
-    let options = Optimizer::builder().q4_states(Q4States::default());
+    let options = Optimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
     refused(options.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"), "GPU");
     let cpu_param = host(&values, DType::F32);
-    let options = CpuOptimizer::builder().q4_states(Q4States::default());
+    let options = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
     refused(options.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "CPU");
 }
 

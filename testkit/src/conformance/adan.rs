@@ -93,8 +93,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, t) in tensors.iter().enumerate() {
                 let mut states: [Vec<f64>; 4] = Default::default();
                 for (state, kind) in states.iter_mut().zip(KINDS) {
-                    *state =
-                        optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64();
+                    *state = optimizer
+                        .state(i, kind)
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?
+                        .to_f64();
                 }
                 finals.push((t.to_f64(), states));
             }
@@ -112,7 +115,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, t) in param_tensors.iter().enumerate() {
                 let mut states: [Vec<f64>; 4] = Default::default();
                 for (state, kind) in states.iter_mut().zip(KINDS) {
-                    let tensor = optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let tensor = optimizer
+                        .state_async(i, kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     *state = ctx.read_async(tensor).await?;
                 }
                 finals.push((ctx.read_async(t).await?, states));

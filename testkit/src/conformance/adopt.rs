@@ -70,7 +70,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             let mut finals = Vec::with_capacity(n);
             for (i, t) in tensors.iter().enumerate() {
                 let state = |kind: StateKind| -> Result<Vec<f64>> {
-                    Ok(optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?.to_f64())
+                    Ok(optimizer
+                        .state(i, kind)
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?
+                        .to_f64())
                 };
                 finals.push((t.to_f64(), [state(kinds[0])?, state(kinds[1])?]));
             }
@@ -88,7 +92,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             for (i, t) in param_tensors.iter().enumerate() {
                 let mut pair = Vec::with_capacity(2);
                 for kind in kinds {
-                    let state = optimizer.state(i, kind).ok_or_else(|| case.bad("missing state".into()))?;
+                    let state = optimizer
+                        .state_async(i, kind)
+                        .await?
+                        .and_then(|s| s.dense())
+                        .ok_or_else(|| case.bad("missing state".into()))?;
                     pair.push(ctx.read_async(state).await?);
                 }
                 let exp_avg_sq = pair.pop().unwrap_or_default();
