@@ -1,6 +1,6 @@
 //! Adafactor (PyTorch): its configuration (`config`), its step contract with the kernels
 //! (`contract`), its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
-//! `cpu::adafactor`'s) and, with the `cpu` feature, its elementwise CPU update, which does
+//! `cpu_passes`'s) and, with the `cpu` feature, its elementwise CPU update, which does
 //! nothing (`cpu`).
 
 #[cfg(feature = "checkpoint")]
@@ -9,6 +9,8 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu_passes;
 mod low_bit;
 
 /// Its passes (the factors' sums and the update), `gpu::adafactor`'s.

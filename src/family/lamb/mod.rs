@@ -7,6 +7,8 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu_passes;
 mod low_bit;
 
 /// The update's body (`update`), which the generated prelude precedes.

@@ -202,4 +202,14 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
              lr_max, which a stateless update does not keep: step it with an Optimizer",
         )
     }
+
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        let _ = (options, lens);
+        Ok(Some(Box::new(super::cpu_passes::ScheduleFreePasses::new())))
+    }
 }
