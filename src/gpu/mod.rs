@@ -1,11 +1,12 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
+//! The passes of the algorithms that are not elementwise live in their family folders
+//! (`crate::family::<name>::gpu_passes`); [`matmul`] is a generic batched matrix product
+//! (Muon's Newton-Schulz iterations use it, but it knows no algorithm).
 
-pub(crate) mod adafactor;
 pub(crate) mod blockwise;
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;
-pub(crate) mod lamb;
 pub mod matmul;
 pub(crate) mod packing;
 pub(crate) mod pipeline;

@@ -133,7 +133,7 @@ impl Optimizer {
     /// the parameter has one. Read those with [`Self::q8_state`] (codes and absmax, or
     /// the values through [`StoredState::values`](crate::q8::StoredState::values)).
     pub fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
-        if let Some(tensor) = self.adafactor.as_ref().and_then(|e| e.state(index, kind)) {
+        if let Some(tensor) = self.passes.iter().find_map(|p| p.state(index, kind)) {
             return Some(tensor);
         }
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;

@@ -1,13 +1,13 @@
 //! LAMB on the GPU optimizer: per LAMB group, the moments pass, the combine pass and the
-//! apply pass (`gpu::lamb` has the shader side), recorded into the step's compute pass after
+//! apply pass (`family::lamb::gpu_passes` has the shader side), recorded into the step's compute pass after
 //! the other groups' updates. Nothing is read back: the trust ratios go from the combine
 //! pass to the apply pass through the group's index buffer, where [`Optimizer::lamb_norms`]
 //! finds the last step's norms.
 
 use super::{Optimizer, OptimizerOptions, ParamGroup};
+use crate::family::lamb::gpu_passes::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
-use crate::gpu::lamb::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
 use crate::gpu::GpuContext;
 use crate::step::{KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};

@@ -5,7 +5,7 @@
 //!
 //! The step looks at whole tensors (row and column means, the parameter's and the update's
 //! RMS), so it is not an elementwise family: the GPU runs its own passes
-//! (`gpu::adafactor`), the CPU backend its own loops (`cpu_passes`). What every element
+//! (`family::adafactor::gpu_passes`), the CPU backend its own loops (`cpu_passes`). What every element
 //! of a step shares, the host computes here ([`Adafactor::kernel_step`]).
 
 use crate::algo::{check, check_rate};

@@ -1,5 +1,6 @@
 //! LAMB (torch-optimizer): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! (`contract`), its WGSL with the shader pieces of its passes on the device (`gpu_passes`)
+//! and, with the `cpu` feature, its CPU loops (`cpu`) and passes (`cpu_passes`).
 
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
@@ -9,6 +10,7 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu_passes;
+pub(crate) mod gpu_passes;
 mod low_bit;
 
 /// The update's body (`update`), which the generated prelude precedes.

@@ -86,7 +86,9 @@ impl CpuPasses for ScheduleFreePasses {
 
     /// The step of the group's `k`, not of the optimizer's count.
     fn kernel_step(&mut self, algorithm: &Algorithm, t: u64) -> Option<KernelStep> {
-        let (step, next) = crate::algo::group_step(algorithm, t, &self.scalars);
+        let _ = t;
+        let Algorithm::ScheduleFreeAdamW(config) = algorithm else { return None };
+        let (step, next) = config.advance(&self.scalars);
         self.next = next;
         Some(step)
     }

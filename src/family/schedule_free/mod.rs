@@ -1,6 +1,6 @@
 //! Schedule-Free AdamW (the `schedulefree` package): its configuration (`config`), its step
 //! contract with the kernels (`contract`), its WGSL and, with the `cpu` feature, its CPU
-//! loops (`cpu`).
+//! loops (`cpu`) and its passes there (`cpu_passes`: the running values, the mode, the swap).
 
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
@@ -10,6 +10,7 @@ pub(crate) mod contract;
 pub(crate) mod cpu;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu_passes;
+pub(crate) mod gpu_passes;
 mod low_bit;
 pub(crate) mod scalars;
 
