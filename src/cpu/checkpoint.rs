@@ -8,8 +8,8 @@ use std::path::Path;
 use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{load_file, write_atomically, Checkpoint};
+use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
 use crate::q8::StoredState;
 use crate::{DType, Result};
 

@@ -152,7 +152,7 @@ impl ScalarLayouts {
             ),
             finalize: layout("wgpu-optim clip finalize", &finalize),
             finalize_capturable: layout("wgpu-optim clip finalize, capturable", &finalize_capturable),
-            lamb: layout("wgpu-optim LAMB passes", &crate::family::lamb::gpu_passes::layout_entries(false)),
+            lamb: layout("wgpu-optim LAMB passes", &crate::family::lamb::shader::layout_entries(false)),
         }
     }
 

@@ -54,7 +54,7 @@ impl Optimizer {
             group.algorithm.validate()?;
         }
         super::schedule_free::check_options(&groups, &options)?;
-        super::lamb::check_options(&groups, &options)?;
+        crate::family::lamb::gpu_passes::check_options(&groups, &options)?;
         crate::family::adafactor::gpu_passes::check_options(&groups, &options)?;
         crate::family::muon::gpu_passes::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {

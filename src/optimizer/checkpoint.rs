@@ -8,8 +8,8 @@ use std::path::Path;
 
 use super::Optimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint};
+use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
 use crate::q8::StoredState;

@@ -25,7 +25,6 @@ mod capturable;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
-mod lamb;
 mod options;
 pub(crate) mod passes;
 mod q4;
@@ -34,7 +33,7 @@ mod schedule_free;
 mod validate;
 mod written;
 
-pub(crate) use lamb::record_stateless as record_lamb_stateless;
+pub(crate) use crate::family::lamb::gpu_passes::record_stateless as record_lamb_stateless;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;

@@ -8,12 +8,16 @@
 use std::any::Any;
 
 use super::{Group, Optimizer};
+use crate::family::lamb::gpu_passes::LambPasses;
 use crate::gpu::dispatch::Uniforms;
-use crate::step::KernelStep;
+use crate::step::{Family, KernelStep};
 use crate::{Algorithm, DType, GpuContext, Result, Rounding, StateKind, Tensor};
 
 /// What the passes read of the optimizer when they bind a gradient set.
 pub(crate) struct PassView<'a> {
+    /// The optimizer itself, for the plans of the updates the passes dispatch
+    /// (`Optimizer::batch_item`).
+    pub(crate) optimizer: &'a Optimizer,
     pub(crate) ctx: &'a GpuContext,
     pub(crate) groups: &'a [Group],
     pub(crate) params: &'a [Tensor],
@@ -32,6 +36,8 @@ pub(crate) trait GroupPasses: Any {
     fn as_any(&self) -> &dyn Any;
     /// [`Self::as_any`], writable.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The family whose passes these are.
+    fn family(&self) -> Family;
 
     /// Group `g`'s kernel step where the family derives it from values of its own
     /// (Schedule-Free: the group's running `k`); those values advance at [`Self::commit`].
@@ -65,9 +71,10 @@ pub(crate) trait GroupPasses: Any {
         let _ = (pass, ctx);
     }
 
-    /// Whether the passes run group `g`'s whole step (then it has no elementwise update).
-    fn runs_group(&self, g: usize) -> bool {
-        let _ = g;
+    /// Whether the passes run group `g`'s whole step (then it has no elementwise update);
+    /// `algorithm` is the group's now.
+    fn runs_group(&self, g: usize, algorithm: &Algorithm) -> bool {
+        let _ = (g, algorithm);
         false
     }
 
@@ -118,10 +125,11 @@ pub(crate) trait GroupPasses: Any {
 type Build = fn(&GpuContext, &[Group], &[Tensor], &[Vec<usize>]) -> Result<Option<Box<dyn GroupPasses>>>;
 
 /// The families with passes, in the order a step binds and records them.
-const FAMILIES: [Build; 3] = [
-    crate::family::schedule_free::gpu_passes::build,
-    crate::family::adafactor::gpu_passes::build,
-    crate::family::muon::gpu_passes::build,
+const FAMILIES: [(Family, Build); 4] = [
+    (Family::ScheduleFree, crate::family::schedule_free::gpu_passes::build),
+    (Family::Lamb, crate::family::lamb::gpu_passes::build),
+    (Family::Adafactor, crate::family::adafactor::gpu_passes::build),
+    (Family::Muon, crate::family::muon::gpu_passes::build),
 ];
 
 /// The passes of the families among `groups` (parameter i's shape is `shapes[i]`).
@@ -132,7 +140,7 @@ pub(super) fn build(
     shapes: &[Vec<usize>],
 ) -> Result<Vec<Box<dyn GroupPasses>>> {
     let mut passes = Vec::new();
-    for build in FAMILIES {
+    for (_, build) in FAMILIES {
         passes.extend(build(ctx, groups, params, shapes)?);
     }
     Ok(passes)
@@ -154,6 +162,7 @@ impl Optimizer {
         // Taken out while they bind, so that they read the rest of the optimizer.
         let mut passes = std::mem::take(&mut self.passes);
         let view = PassView {
+            optimizer: self,
             ctx: &self.ctx,
             groups: &self.groups,
             params: &self.params,
@@ -186,6 +195,29 @@ impl Optimizer {
 
     /// Whether a family's passes run group `g`'s whole step.
     pub(super) fn passes_run_group(&self, g: usize) -> bool {
-        self.passes.iter().any(|p| p.runs_group(g))
+        self.passes.iter().any(|p| p.runs_group(g, &self.groups[g].algorithm))
+    }
+
+    /// After group `g` changed family (between Adam and LAMB, which share their states): the
+    /// passes of its new family, if it has passes and no group ran it before. Passes kept for
+    /// a family no group runs any more are idle: they bind and record nothing.
+    pub(super) fn add_family_passes(&mut self, g: usize) -> Result<()> {
+        let family = self.groups[g].algorithm.family();
+        if self.passes.iter().any(|p| p.family() == family) {
+            return Ok(());
+        }
+        let Some((_, build)) = FAMILIES.iter().find(|(f, _)| *f == family) else { return Ok(()) };
+        let built = build(&self.ctx, &self.groups, &self.params, &self.shapes)?;
+        self.passes.extend(built);
+        Ok(())
+    }
+
+    /// Tensor `i`'s norms at the last step, on the device: three f32 (`weight_norm`,
+    /// `adam_norm`, `trust_ratio`, as torch-optimizer keeps them in its state) to read with
+    /// [`GpuContext::read`](crate::GpuContext::read); the values change with every recorded
+    /// step, and before the first they are 0. `None` where tensor `i` is not in a LAMB group,
+    /// or before the optimizer has bound a step.
+    pub fn lamb_norms(&self, i: usize) -> Option<Tensor> {
+        self.passes_of::<LambPasses>()?.norms(i)
     }
 }

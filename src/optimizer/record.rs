@@ -25,8 +25,6 @@ pub(super) struct Bound {
     /// With clipping and AMP: the unscale pass that takes the norm in the same read of
     /// `grads` (f32 gradients), built at the first [`Optimizer::record_unscale`] with them.
     pub(super) unscale_norm: Option<BoundNorm>,
-    /// The passes of each LAMB group (whose entry of `batches` is empty).
-    pub(super) lamb: Vec<super::lamb::LambBound>,
 }
 
 impl Optimizer {
@@ -54,7 +52,6 @@ impl Optimizer {
                     batches: Vec::new(),
                     norm: Some(norm),
                     unscale_norm: None,
-                    lamb: Vec::new(),
                 };
                 self.bound.insert(0, bound);
             }
@@ -181,7 +178,6 @@ impl Optimizer {
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
-        super::lamb::record(&mut pass, &bound.lamb);
         for passes in &self.passes {
             passes.record_after(&mut pass, &self.ctx);
         }
@@ -208,7 +204,7 @@ impl Optimizer {
     /// Tensor `i`'s plan in a dispatch of `program` (`grad` bound as its gradient) and the
     /// kernel variant it needs; refused where the variant needs more storage bindings than
     /// the device has.
-    pub(super) fn batch_item(
+    pub(crate) fn batch_item(
         &self,
         scalars: Scalars,
         program: Program,
@@ -256,16 +252,14 @@ impl Optimizer {
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)
-                .filter(|_| !matches!(group.algorithm, Algorithm::Lamb(_)))
                 .map(|i| {
                     self.batch_item(scalars, program, &group.algorithm, i, self.update_gradient(i, &grads[i]))
                 })
                 .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
-        let lamb = self.bind_lamb(grads)?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None, lamb });
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None });
         Ok(())
     }
 

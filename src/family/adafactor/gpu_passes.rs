@@ -538,6 +538,10 @@ impl GroupPasses for AdafactorPasses {
         self
     }
 
+    fn family(&self) -> crate::step::Family {
+        crate::step::Family::Adafactor
+    }
+
     fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
         match &mut self.engine {
             Some(engine) => engine.bind(view.ctx, view.params, grads, view.uniforms.buffer()),
@@ -552,7 +556,7 @@ impl GroupPasses for AdafactorPasses {
         }
     }
 
-    fn runs_group(&self, g: usize) -> bool {
+    fn runs_group(&self, g: usize, _: &Algorithm) -> bool {
         self.groups.contains(&g)
     }
 

@@ -1,222 +1,313 @@
-//! LAMB's shader pieces: the group-0 declarations of its two table passes, their entry
-//! point (`src/family/lamb/lamb_entry.wgsl`), and the combine pass (`src/family/lamb/lamb_combine.wgsl`),
-//! with the layout of the index buffer they share ([`IndexLayout`]).
-//!
-//! The passes run in the multi-tensor machinery of every update (`gpu::table`,
-//! `gpu::dispatch`), as the gradient norm does: the moments pass writes one partial pair
-//! (the sums of `p^2` and `s^2`) per workgroup, at the workgroup's slot
-//! (`table.head.first_workgroup` plus its index); the combine pass sums each tensor's slots,
-//! listed in ascending order, in that order (no float atomics: the same inputs give the same
-//! bits); the apply pass finds its workgroup's tensor from its slot.
+//! LAMB on the GPU optimizer: per LAMB group, the moments pass, the combine pass and the
+//! apply pass (`family::lamb::shader` has the shader side), recorded into the step's compute pass after
+//! the other groups' updates. Nothing is read back: the trust ratios go from the combine
+//! pass to the apply pass through the group's index buffer, where `Optimizer::lamb_norms`
+//! finds the last step's norms.
 
-use std::fmt::Write;
+use std::any::Any;
 
-use crate::gpu::kernel::{binding_wgsl, WORKGROUP_SIZE};
-use crate::gpu::pipeline::buffer_entry;
-use crate::step::{LambUniform, UNIFORM_SLOT_BYTES};
+use crate::family::lamb::shader::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
+use crate::gpu::dispatch::{Batch, Uniforms};
+use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
+use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
+use crate::gpu::GpuContext;
+use crate::optimizer::passes::{GroupPasses, PassView};
+use crate::optimizer::{Group, OptimizerOptions, ParamGroup, BOUND_GRADIENT_SETS};
+use crate::step::{Family, KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
+use crate::{Algorithm, DType, Error, Result, Tensor};
 
-/// Group 0 of LAMB's passes: the moments pass's partial sums, one `vec2<f32>` per
-/// workgroup (written by the moments pass, read by the combine pass).
-pub(crate) const PARTIALS: u32 = 4;
-/// Group 0 of LAMB's passes: the index buffer ([`IndexLayout`]), read by the table passes,
-/// its norms written by the combine pass.
-pub(crate) const INDEX: u32 = 5;
-
-/// NORM_FOLD of `shaders/grad_norm.wgsl`: the workgroup's values folded in groups of this
-/// many, then the groups' sums (short loops after each barrier on a CPU adapter).
-const FOLD: u32 = 16;
-const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(FOLD));
-
-/// Words (`u32`) of the index buffer of a group of `tensors` tensors whose moments pass has
-/// `moment_slots` workgroups and whose apply pass has `apply_slots`:
-///
-/// - `[0]` tensors, `[1]` where the slot lists start (`csr`), `[2]` where the norms start,
-///   `[3]` the moments slots;
-/// - from 4: the tensor (0-based in the group) of each apply-pass workgroup;
-/// - from `csr`: `tensors + 1` offsets, then the moments pass's slots of each tensor in
-///   ascending order (tensor t's are entries `offsets[t] .. offsets[t + 1]`);
-/// - from `norms`: per tensor `weight_norm`, `adam_norm`, `trust_ratio` and the ratio the
-///   step applies (1 with `adam`), as f32 bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IndexLayout {
-    pub(crate) tensors: u32,
-    pub(crate) csr: u32,
-    pub(crate) norms: u32,
-    pub(crate) words: u32,
+/// One LAMB group's passes over one set of gradients.
+pub(crate) struct LambBound {
+    /// The group's first parameter and its parameter count.
+    first: usize,
+    len: usize,
+    moments: Batch,
+    apply: Batch,
+    /// Group 0 of the moments and apply passes.
+    passes_group: wgpu::BindGroup,
+    combine_group: wgpu::BindGroup,
+    combine: wgpu::ComputePipeline,
+    /// [`IndexLayout`]: the apply pass's owners, the slot lists, the norms.
+    index: wgpu::Buffer,
+    layout: IndexLayout,
 }
 
-impl IndexLayout {
-    /// The words of the index buffer, from each moments slot's tensor and each apply slot's
-    /// tensor; the norms start at 0.
-    pub(crate) fn build(tensors: u32, moment_owners: &[u32], apply_owners: &[u32]) -> (Self, Vec<u32>) {
-        let csr = 4 + apply_owners.len() as u32;
-        let norms = csr + tensors + 1 + moment_owners.len() as u32;
-        let words = norms + 4 * tensors;
-        let mut index = vec![tensors, csr, norms, moment_owners.len() as u32];
-        index.extend_from_slice(apply_owners);
-        let mut offsets = vec![0u32; tensors as usize + 1];
-        for &t in moment_owners {
-            offsets[t as usize + 1] += 1;
+/// Refuses what LAMB groups do not implement: capturable mode, clipping and stochastic
+/// rounding (`algo::lamb::check_options`), and f64 parameters (the passes sum in f32 and
+/// the combine pass reads an f32 uniform).
+pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+    for group in groups {
+        let clipped = options.grad_clip.is_some();
+        crate::algo::check_lamb_options(&group.algorithm, options.capturable, clipped, options.rounding)?;
+        let lamb = matches!(group.algorithm, Algorithm::Lamb(_));
+        if let Some(p) = group.params.iter().find(|p| lamb && p.dtype == DType::F64) {
+            return Err(Error::DTypeMismatch {
+                argument: "params".into(),
+                got: p.dtype,
+                expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+            });
         }
-        for t in 0..tensors as usize {
-            offsets[t + 1] += offsets[t];
-        }
-        let mut slots = vec![0u32; moment_owners.len()];
-        let mut next = offsets.clone();
-        for (slot, &t) in moment_owners.iter().enumerate() {
-            slots[next[t as usize] as usize] = slot as u32;
-            next[t as usize] += 1;
-        }
-        index.extend(offsets);
-        index.extend(slots);
-        index.resize(words as usize, 0);
-        (IndexLayout { tensors, csr, norms, words }, index)
+    }
+    Ok(())
+}
+
+/// LAMB's part of the GPU optimizer: the passes of its groups for the most recent gradient
+/// sets, most recent first, each with the groups they were bound for (a group may change
+/// between Adam and LAMB, which share their states).
+#[derive(Default)]
+pub(crate) struct LambPasses {
+    bound: Vec<(Vec<Tensor>, Vec<usize>, Vec<LambBound>)>,
+}
+
+/// The passes of an optimizer over `groups` with a LAMB group; `None` without one.
+pub(crate) fn build(
+    _: &GpuContext,
+    groups: &[Group],
+    _: &[Tensor],
+    _: &[Vec<usize>],
+) -> Result<Option<Box<dyn GroupPasses>>> {
+    let lamb = groups.iter().any(|g| matches!(g.algorithm, Algorithm::Lamb(_)));
+    Ok(lamb.then(|| Box::<LambPasses>::default() as Box<dyn GroupPasses>))
+}
+
+impl LambPasses {
+    /// Tensor `i`'s norms at the last step (`Optimizer::lamb_norms`).
+    pub(crate) fn norms(&self, i: usize) -> Option<Tensor> {
+        let (_, _, groups) = self.bound.first()?;
+        let bound = groups.iter().find(|b| (b.first..b.first + b.len).contains(&i))?;
+        let offset = 4 * u64::from(bound.layout.norms + 4 * (i - bound.first) as u32);
+        Some(Tensor::new(&bound.index, offset, 3, DType::F32))
     }
 }
 
-/// `const BINDING_LAMB_*` for the shader files.
-fn binding_constants() -> String {
-    format!("const BINDING_LAMB_PARTIALS: u32 = {PARTIALS}u;\nconst BINDING_LAMB_INDEX: u32 = {INDEX}u;\n")
-}
-
-/// Group 0's declarations of the two table passes (after the prelude's binding constants):
-/// the uniform (`hyper_binding`, as the host-scalar updates declare it), the private `hp`,
-/// the partials (written) and the index (read).
-pub(crate) fn scalars_wgsl(hyper_binding: &str) -> String {
-    binding_constants()
-        + &format!(
-            "@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
-             var<private> hp: Hyper;\n\
-             @group(GROUP_SCALARS) @binding(BINDING_LAMB_PARTIALS) var<storage, read_write> lamb_partials: array<vec2<f32>>;\n\
-             @group(GROUP_SCALARS) @binding(BINDING_LAMB_INDEX) var<storage, read> lamb_index: array<u32>;\n"
-        )
-}
-
-/// The entry point of the two table passes: `sum_squares` for `vector` (vec4) or scalar
-/// accesses, `PAIRS` (packed outputs one aligned pair at a time, as `entry_pair.wgsl`),
-/// `LAMB_FOLD`, and `src/family/lamb/lamb_entry.wgsl`.
-pub(crate) fn entry_wgsl(vector: bool, pairs: bool) -> String {
-    let mut s = String::new();
-    let sum = if vector { "dot(x, x)" } else { "x * x" };
-    let _ = writeln!(s, "fn sum_squares(x: R) -> f32 {{ return f32({sum}); }}");
-    let _ = writeln!(s, "const PAIRS: bool = {pairs};");
-    let _ = writeln!(s, "const LAMB_FOLD: u32 = {FOLD}u;");
-    s + crate::family::lamb::ENTRY_WGSL
-}
-
-/// The combine pass's WGSL: its prelude (`WG`, the binding constants, `struct Hyper` in f32)
-/// and `src/family/lamb/lamb_combine.wgsl`.
-pub(crate) fn combine_wgsl() -> String {
-    let mut s = format!("const WG: u32 = {WORKGROUP_SIZE}u;\nalias S = f32;\n");
-    s += &binding_wgsl();
-    s += &binding_constants();
-    s += &LambUniform::wgsl("Hyper");
-    s + crate::family::lamb::COMBINE_WGSL
-}
-
-/// Group 0's layout entries: the uniform, the partials and the index; `combine` flips
-/// which of the two buffers is written.
-pub(crate) fn layout_entries(combine: bool) -> [wgpu::BindGroupLayoutEntry; 3] {
-    use crate::gpu::kernel::binding;
-    use wgpu::BufferBindingType::{Storage, Uniform};
-    [
-        buffer_entry(binding::HYPER, Uniform, false, UNIFORM_SLOT_BYTES),
-        buffer_entry(PARTIALS, Storage { read_only: combine }, false, 8),
-        buffer_entry(INDEX, Storage { read_only: !combine }, false, 16),
-    ]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_tensors_slots_are_listed_in_ascending_order_after_the_offsets() {
-        // Moments slots 0..5 of tensors 1, 0, 1, 1, 0; apply slots of tensors 0, 1.
-        let (layout, words) = IndexLayout::build(2, &[1, 0, 1, 1, 0], &[0, 1]);
-        assert_eq!(layout, IndexLayout { tensors: 2, csr: 6, norms: 14, words: 22 });
-        assert_eq!(&words[..4], &[2, 6, 14, 5]);
-        assert_eq!(&words[4..6], &[0, 1]);
-        assert_eq!(&words[6..9], &[0, 2, 5]);
-        assert_eq!(&words[9..14], &[1, 4, 0, 2, 3]);
-        assert!(words[14..].iter().all(|&w| w == 0));
+/// The passes of LAMB group `g` over `grads` (already checked).
+fn bind_group(view: &PassView<'_>, g: usize, grads: &[Tensor]) -> Result<LambBound> {
+    let group = &view.groups[g];
+    let (algorithm, first, len) = (group.algorithm, group.first, group.len);
+    if view.math == DType::F64 {
+        return Err(Error::DTypeMismatch {
+            argument: "params".into(),
+            got: DType::F64,
+            expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+        });
     }
-
-    #[test]
-    fn the_combine_pass_validates() {
-        let source = combine_wgsl();
-        let module = naga::front::wgsl::parse_str(&source)
-            .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(&source)));
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        );
-        validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
-    }
-}
-
-#[cfg(test)]
-mod naga_tests {
-    use crate::gpu::kernel::tests::{members, resource_bindings};
-    use crate::gpu::kernel::{
-        binding, compose, BindingDesc, BindingLayout, Program, Scalars, Storage, VariantKey,
+    let items = |apply: bool| -> Result<Vec<_>> {
+        let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
+        (first..first + len)
+            .map(|i| view.optimizer.batch_item(Scalars::Lamb, program, &algorithm, i, &grads[i]))
+            .collect()
     };
-    use crate::step::{LambSwitches, LambUniform, Switches};
-    use crate::DType;
+    let uniform = (view.uniforms.buffer(), g as u64 * UNIFORM_SLOT_BYTES);
+    bind_passes(view.ctx, [items(false)?, items(true)?], first, uniform)
+}
 
-    /// Every LAMB table-pass variant (both passes, each storage, scalar and vec4 accesses,
-    /// Kahan or not) validates, binds group 0 by the named numbers, and lays out `Hyper` as
-    /// the Rust uniform.
-    #[test]
-    fn every_lamb_pass_variant_validates() {
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        );
-        let storages = [
-            Storage::Native(DType::F32),
-            Storage::Native(DType::F16),
-            Storage::Packed(DType::F16),
-            Storage::Packed(DType::BF16),
+impl GroupPasses for LambPasses {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn family(&self) -> Family {
+        Family::Lamb
+    }
+
+    /// Makes the passes of `grads` the first kept, building them unless kept.
+    fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
+        let groups: Vec<usize> = (0..view.groups.len())
+            .filter(|&g| matches!(view.groups[g].algorithm, Algorithm::Lamb(_)))
+            .collect();
+        if let Some(k) = self.bound.iter().position(|(set, g, _)| set == grads && *g == groups) {
+            let hit = self.bound.remove(k);
+            self.bound.insert(0, hit);
+            return Ok(());
+        }
+        let bound = groups.iter().map(|&g| bind_group(view, g, grads)).collect::<Result<Vec<_>>>()?;
+        self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+        self.bound.insert(0, (grads.to_vec(), groups, bound));
+        Ok(())
+    }
+
+    /// After the other groups' updates.
+    fn record_after(&self, pass: &mut wgpu::ComputePass<'_>, _: &GpuContext) {
+        if let Some((_, _, bound)) = self.bound.first() {
+            record(pass, bound);
+        }
+    }
+
+    /// The moments and apply passes bind the groups' tensors themselves.
+    fn runs_group(&self, _: usize, algorithm: &Algorithm) -> bool {
+        matches!(algorithm, Algorithm::Lamb(_))
+    }
+}
+
+/// The three passes over the tensors of `items` (the moments pass's, then the apply pass's;
+/// their plans' ordinals count from `first`), whose uniform is the slot at `uniform`'s
+/// offset of its buffer.
+pub(crate) fn bind_passes(
+    ctx: &GpuContext,
+    items: [Vec<(VariantKey, TensorPlan)>; 2],
+    first: usize,
+    uniform: (&wgpu::Buffer, u64),
+) -> Result<LambBound> {
+    let [moment_items, apply_items] = items;
+    let len = moment_items.len();
+    let moments = Batch::build(ctx, &moment_items, "LAMB moments")?;
+    let apply = Batch::build(ctx, &apply_items, "LAMB apply")?;
+    // Ordinals are the optimizer's parameter indices; the index counts from the group's.
+    let local = |owners: &[u32]| owners.iter().map(|&o| o - first as u32).collect::<Vec<_>>();
+    let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
+    let device = ctx.device();
+    let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
+    let (combine_layout, combine) = combine_pipeline(ctx)?;
+    ctx.catch("creating the LAMB passes", || {
+        use wgpu::util::DeviceExt;
+        let index = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-optim LAMB index"),
+            contents: bytemuck::cast_slice(&words),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        });
+        // Zeroed at creation: a group without elements leaves its one slot at 0.
+        let partials = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgpu-optim LAMB partial sums"),
+            size: 8 * u64::from(moments.workgroups().max(1)),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let hyper = wgpu::BindGroupEntry {
+            binding: binding::HYPER,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: uniform.0,
+                offset: uniform.1,
+                size: wgpu::BufferSize::new(UNIFORM_SLOT_BYTES),
+            }),
+        };
+        let entries = [
+            hyper,
+            wgpu::BindGroupEntry { binding: PARTIALS, resource: partials.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: INDEX, resource: index.as_entire_binding() },
         ];
-        for apply in [false, true] {
-            let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
-            for storage in storages {
-                for width in [1, 4] {
-                    for kahan in [false, true] {
-                        // Param, grad, exp_avg, exp_avg_sq (and the compensation) bound in place.
-                        let inputs = vec![Some(0), Some(1), Some(2), Some(3), kahan.then_some(4)];
-                        let outputs = vec![Some(0), Some(2), Some(3), None, kahan.then_some(4)];
-                        let n = if kahan { 5 } else { 4 };
-                        let bindings = vec![BindingDesc { storage, read_write: true }; n];
-                        let layout = BindingLayout { inputs, outputs, bindings };
-                        let key =
-                            VariantKey::new(Scalars::Lamb, program, DType::F32, layout).with_width(width);
-                        let source = compose(&key);
-                        assert!(source.contains("lamb_partials[slot] = sum;"), "{key:?}");
-                        let module = naga::front::wgsl::parse_str(&source)
-                            .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
-                        validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
-                        let group0: Vec<_> = resource_bindings(&module)
-                            .into_iter()
-                            .filter(|(_, (group, _))| *group == binding::GROUP_SCALARS)
-                            .collect();
-                        let mut expected = vec![
-                            ("hp_base".to_string(), (binding::GROUP_SCALARS, binding::HYPER)),
-                            ("lamb_index".to_string(), (binding::GROUP_SCALARS, super::INDEX)),
-                            ("lamb_partials".to_string(), (binding::GROUP_SCALARS, super::PARTIALS)),
-                        ];
-                        expected.sort();
-                        assert_eq!(group0, expected, "{key:?}");
-                        let hyper: Vec<(String, u32)> = LambUniform::FIELDS
-                            .iter()
-                            .zip(LambUniform::OFFSETS)
-                            .map(|(f, o)| (f.to_string(), *o as u32))
-                            .collect();
-                        assert_eq!(members(&module, "Hyper"), hyper, "{key:?}");
-                    }
-                }
+        let passes_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-optim LAMB passes"),
+            layout: passes_layout,
+            entries: &entries,
+        });
+        let combine_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            layout: combine_layout,
+            entries: &entries,
+        });
+        let combine = combine.clone();
+        LambBound { first, len, moments, apply, passes_group, combine_group, combine, index, layout }
+    })
+}
+
+/// The combine pass's pipeline and its group 0 layout: compiled once per context.
+fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
+    if let Some(compiled) = ctx.inner.lamb_combine.get() {
+        return Ok(compiled);
+    }
+    let device = ctx.device();
+    let source = combine_wgsl();
+    let compiled = ctx.catch("compiling the LAMB combine pass", || {
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            entries: &layout_entries(true),
+        });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("wgpu-optim LAMB combine"),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        (layout, pipeline)
+    })?;
+    // Two threads may both compile it; the first stored is kept.
+    Ok(ctx.inner.lamb_combine.get_or_init(|| compiled))
+}
+
+/// The stateless update (`ops::update`) of LAMB: the calls' tensors in one set of passes,
+/// each call one tensor with its own norms, recorded as one compute pass with a uniform of
+/// its own.
+pub(crate) fn record_stateless(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    step: &KernelStep,
+    calls: &[KernelArgs],
+) -> Result<()> {
+    ctx.check_alive()?;
+    let KernelStep::Lamb(_, uniform) = step else { return Ok(()) };
+    // The moments pass reads the new moments back, and the apply pass reads them, from the
+    // state's input slots: both must be the outputs (inputs: param, grad, exp_avg,
+    // exp_avg_sq; outputs: param, exp_avg, exp_avg_sq).
+    for args in calls {
+        for (input, output) in [(2, 1), (3, 2)] {
+            let (Some(Some(i)), Some(Some(o))) = (args.inputs.get(input), args.outputs.get(output)) else {
+                continue;
+            };
+            if i.tensor != o.tensor {
+                return Err(Error::ConflictingOptions {
+                    first: "state_out",
+                    second: "algorithm",
+                    reason: "LAMB's second pass reads the moments its first pass wrote: update its \
+                             state in place (the parameters may go out of place)",
+                });
             }
         }
+    }
+    let items = |apply: bool| -> Result<Vec<(VariantKey, TensorPlan)>> {
+        let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
+        let mut items = Vec::with_capacity(calls.len());
+        for (i, args) in calls.iter().enumerate() {
+            let mut tensor_plan = plan(ctx, program, args)?;
+            let dtype = math_dtype(args);
+            if dtype == DType::F64 {
+                return Err(Error::DTypeMismatch {
+                    argument: format!("lamb tensor {i}"),
+                    got: dtype,
+                    expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+                });
+            }
+            tensor_plan.ordinal = i as u32;
+            items.push((
+                VariantKey::new(Scalars::Lamb, program, DType::F32, tensor_plan.layout.clone()),
+                tensor_plan,
+            ));
+        }
+        Ok(items)
+    };
+    let items = [items(false)?, items(true)?];
+    let mut bytes = [0u8; UNIFORM_SLOT_BYTES as usize];
+    KernelStep::Lamb(LambSwitches { apply: false }, *uniform).write_uniform(DType::F32, &mut bytes);
+    let uniforms = Uniforms::new(ctx, &bytes, "LAMB", None, None)?;
+    let bound = bind_passes(ctx, items, 0, (uniforms.buffer(), 0))?;
+    let mut pass = encoder
+        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("LAMB"), timestamp_writes: None });
+    record(&mut pass, std::slice::from_ref(&bound));
+    Ok(())
+}
+
+/// Records every LAMB group's three passes into `pass`: each pass reads what the one before
+/// it wrote (a compute pass orders its dispatches' storage accesses).
+fn record(pass: &mut wgpu::ComputePass<'_>, bound: &[LambBound]) {
+    for b in bound {
+        b.moments.record(pass, &b.passes_group);
+        pass.set_pipeline(&b.combine);
+        pass.set_bind_group(binding::GROUP_SCALARS, &b.combine_group, &[]);
+        pass.dispatch_workgroups(b.layout.tensors.div_ceil(WORKGROUP_SIZE).max(1), 1, 1);
+        b.apply.record(pass, &b.passes_group);
     }
 }

@@ -398,6 +398,10 @@ impl GroupPasses for MuonGpu {
         self
     }
 
+    fn family(&self) -> Family {
+        Family::Muon
+    }
+
     fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
         self.bind_grads(view, grads)
     }

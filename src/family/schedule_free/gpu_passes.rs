@@ -61,6 +61,10 @@ impl GroupPasses for ScheduleFreeHost {
         self
     }
 
+    fn family(&self) -> crate::step::Family {
+        crate::step::Family::ScheduleFree
+    }
+
     /// A schedule-free group's step, from its running values; the values after it wait for
     /// the commit.
     fn kernel_step(&mut self, g: usize, algorithm: &Algorithm) -> Option<KernelStep> {

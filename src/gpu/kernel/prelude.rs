@@ -128,7 +128,7 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let _ = writeln!(s, "fn norm_term(i: u32) -> R {{\n    return {term};\n}}");
         s.push_str(include_str!("../../../shaders/entry_norm.wgsl"));
     } else if matches!(key.program, Program::Update(Switches::Lamb(_))) {
-        s.push_str(&crate::family::lamb::gpu_passes::entry_wgsl(vector, key.pairs()));
+        s.push_str(&crate::family::lamb::shader::entry_wgsl(vector, key.pairs()));
     } else if key.pairs() {
         s.push_str(include_str!("../../../shaders/entry_pair.wgsl"));
     } else {
@@ -200,7 +200,7 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
             );
         }
         Scalars::Lamb => {
-            s.push_str(&crate::family::lamb::gpu_passes::scalars_wgsl(hyper_binding));
+            s.push_str(&crate::family::lamb::shader::scalars_wgsl(hyper_binding));
             prologue.push(format!("hp = {hyper};"));
         }
         Scalars::UnscaleNorm => {

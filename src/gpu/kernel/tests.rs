@@ -94,8 +94,8 @@ fn expected_bindings(key: &VariantKey) -> Vec<(String, (u32, u32))> {
         }
         Scalars::Lamb => &[
             (hyper, binding::HYPER),
-            ("lamb_partials", crate::family::lamb::gpu_passes::PARTIALS),
-            ("lamb_index", crate::family::lamb::gpu_passes::INDEX),
+            ("lamb_partials", crate::family::lamb::shader::PARTIALS),
+            ("lamb_index", crate::family::lamb::shader::INDEX),
         ],
     };
     expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (binding::GROUP_SCALARS, *b))));
