@@ -9,6 +9,7 @@
 //! scratch (each matrix's clamped row mean, the partial sums, the step's scale) in another.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
@@ -112,7 +113,7 @@ const BOUND_SETS: usize = 4;
 /// Adafactor's passes for the Adafactor groups of one optimizer.
 pub(crate) struct AdafactorEngine {
     items: Vec<Item>,
-    pipelines: Pipelines,
+    pipelines: Arc<Pipelines>,
     state: wgpu::Buffer,
     scratch: wgpu::Buffer,
     /// Bound as the gradient where a gradient lies in its parameter's buffer.
@@ -415,7 +416,13 @@ fn source() -> String {
     )
 }
 
-fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
+/// Adafactor's pipelines, from the context's registry (compiled once per context).
+fn pipelines(ctx: &GpuContext) -> Result<Arc<Pipelines>> {
+    ctx.inner.pipelines.get_pass("adafactor", || compile_pipelines(ctx))
+}
+
+/// [`pipelines`], compiled.
+fn compile_pipelines(ctx: &GpuContext) -> Result<Pipelines> {
     let device = ctx.device();
     let source = source();
     ctx.catch("compiling Adafactor's passes", || {

@@ -5,6 +5,7 @@
 //! finds the last step's norms.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use crate::family::lamb::shader::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::dispatch::{Batch, Uniforms};
@@ -161,7 +162,8 @@ pub(crate) fn bind_passes(
     let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
     let device = ctx.device();
     let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
-    let (combine_layout, combine) = combine_pipeline(ctx)?;
+    let compiled = combine_pipeline(ctx)?;
+    let (combine_layout, combine) = (&compiled.0, &compiled.1);
     ctx.catch("creating the LAMB passes", || {
         use wgpu::util::DeviceExt;
         let index = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -205,10 +207,12 @@ pub(crate) fn bind_passes(
 }
 
 /// The combine pass's pipeline and its group 0 layout: compiled once per context.
-fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
-    if let Some(compiled) = ctx.inner.lamb_combine.get() {
-        return Ok(compiled);
-    }
+fn combine_pipeline(ctx: &GpuContext) -> Result<Arc<(wgpu::BindGroupLayout, wgpu::ComputePipeline)>> {
+    ctx.inner.pipelines.get_pass("lamb combine", || compile_combine(ctx))
+}
+
+/// [`combine_pipeline`], compiled.
+fn compile_combine(ctx: &GpuContext) -> Result<(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
     let device = ctx.device();
     let source = combine_wgsl();
     let compiled = ctx.catch("compiling the LAMB combine pass", || {
@@ -235,8 +239,7 @@ fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::C
         });
         (layout, pipeline)
     })?;
-    // Two threads may both compile it; the first stored is kept.
-    Ok(ctx.inner.lamb_combine.get_or_init(|| compiled))
+    Ok(compiled)
 }
 
 /// The stateless update (`ops::update`) of LAMB: the calls' tensors in one set of passes,
