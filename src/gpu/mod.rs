@@ -1,7 +1,9 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
 //! The passes of the algorithms that are not elementwise live in their family folders
-//! (`crate::family::<name>::gpu_passes`); [`matmul`] is a generic batched matrix product
-//! (Muon's Newton-Schulz iterations use it, but it knows no algorithm).
+//! (`crate::family::<name>::gpu_passes`). [`matmul`] stays here: a batched matrix product
+//! any caller may run ([`matmul::Matmul`]), whose kernels Muon's Newton-Schulz passes share
+//! with the normalization they start from (its WGSL is Muon's, compiled beside the product
+//! so that one bind group serves both).
 
 pub(crate) mod blockwise;
 mod context;

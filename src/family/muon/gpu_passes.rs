@@ -178,7 +178,7 @@ type MomentumPass = (usize, Switches, Batch);
 pub(crate) struct MuonGpu {
     /// The Muon groups.
     groups: Vec<usize>,
-    kernels: Option<MatrixKernels>,
+    kernels: Option<std::sync::Arc<MatrixKernels>>,
     chunks: Vec<Chunk>,
     /// Parameter i's `U` region (`None` outside Muon groups).
     updates: Vec<Option<Tensor>>,
