@@ -42,6 +42,18 @@ pub(crate) trait FamilyConfig: Copy {
     fn stateless_refusal(&self) -> Option<&'static str> {
         None
     }
+    /// The passes a CPU optimizer of this family runs beside the elementwise kernel, with
+    /// their state, over parameters of `lens` built with `options`; refuses the options they
+    /// do not run. `None` (the elementwise families): the kernel alone.
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        let _ = (options, lens);
+        Ok(None)
+    }
 }
 
 /// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
@@ -156,6 +168,20 @@ macro_rules! algorithms {
             pub(crate) fn q4_kernel_step(&self, t: u64) -> KernelStep {
                 match self {
                     $(Algorithm::$variant(c) => FamilyLowBit::q4_kernel_step(c, t),)*
+                }
+            }
+        }
+
+        #[cfg(feature = "cpu")]
+        impl Algorithm {
+            /// The CPU passes of its family, if any (`FamilyConfig::cpu_passes`).
+            pub(crate) fn cpu_passes(
+                &self,
+                options: &crate::OptimizerOptions,
+                lens: &[usize],
+            ) -> Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::cpu_passes(c, options, lens),)*
                 }
             }
         }

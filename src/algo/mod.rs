@@ -56,7 +56,7 @@ pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
 pub(crate) use muon::{check_change as check_muon_change, matrix_shapes};
 pub use muon::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub use rmsprop::RmsProp;
-pub(crate) use schedule_free::{check_eval, group_step, SWAP_ROUNDING_STEP};
+pub(crate) use schedule_free::{check_eval, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
 
 use crate::{Error, Result};

@@ -444,8 +444,16 @@ impl FusedOptimizer {
             return Ok((tensor, state));
         }
         let t = state.time as u64 + 1;
-        let scalars = ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
-        let (step, next) = crate::algo::group_step(&algorithm, t, &scalars);
+        // Schedule-Free's step comes from its running values, the others' from `t`.
+        let (step, next) = match algorithm {
+            Algorithm::ScheduleFreeAdamW(config) => {
+                let scalars =
+                    ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
+                let (step, next) = config.advance(&scalars);
+                (step, Some(next))
+            }
+            _ => (algorithm.kernel_step(t), None),
+        };
         let kinds = algorithm.state_kinds();
         let initial = algorithm.initial_state();
         let mut states = Vec::with_capacity(kinds.len());
@@ -475,8 +483,8 @@ impl FusedOptimizer {
             *state.slot(*kind) = Some(t);
         }
         state.time += 1;
-        if let Algorithm::ScheduleFreeAdamW(_) = algorithm {
-            state.schedule_free = Some(next);
+        if next.is_some() {
+            state.schedule_free = next;
         }
         Ok((tensor, state))
     }

@@ -9,8 +9,8 @@ use std::ops::Range;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-use super::schedule_free::ScheduleFreeLayout;
 use super::{bad, checksum, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
+use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
 use crate::q8::{blocks, check_absmax, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
 

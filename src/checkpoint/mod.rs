@@ -12,7 +12,6 @@ mod family;
 mod json;
 pub(crate) mod layout;
 mod parse;
-pub(crate) mod schedule_free;
 
 use std::io::Write;
 use std::path::Path;

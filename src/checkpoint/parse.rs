@@ -105,7 +105,7 @@ impl<'a> Checkpoint<'a> {
         };
         let q8_states = q8_states(&meta)?;
         let q4_states = q4_states(&meta)?;
-        let (schedule_free, mode) = super::schedule_free::parse(&saved, &groups)?;
+        let (schedule_free, mode) = crate::family::schedule_free::checkpoint_layout::parse(&saved, &groups)?;
         let checksums = checksum::parse(meta.get(checksum::CHECKSUMS))?;
         Ok(Checkpoint { step, groups, rounding, q8_states, q4_states, schedule_free, mode, file, checksums })
     }

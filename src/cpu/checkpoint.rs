@@ -8,8 +8,8 @@ use std::path::Path;
 use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{load_file, write_atomically, Checkpoint};
+use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
 use crate::q8::StoredState;
 use crate::{DType, Result};
 
@@ -89,8 +89,8 @@ impl CpuOptimizer {
         self.algorithm = checkpoint.groups[0].0;
         self.rounding = checkpoint.rounding;
         self.step = checkpoint.step;
-        self.schedule_free = checkpoint.schedule_free.first().copied().flatten().unwrap_or_default();
-        self.set_mode_unchanged(checkpoint.mode);
+        let scalars = checkpoint.schedule_free.first().copied().flatten().unwrap_or_default();
+        self.restore_schedule_free(scalars, checkpoint.mode);
         Ok(())
     }
 
@@ -114,7 +114,10 @@ impl CpuOptimizer {
                         .map(|(kind, t)| (*kind, t.dtype()))
                         .collect(),
                 };
-                tensors.extend(self.adafactor_layout_state(i));
+                if let Some(passes) = &self.passes {
+                    let shape = self.shapes.get(i).map_or(&[][..], Vec::as_slice);
+                    tensors.extend(passes.checkpoint_states(i, shape));
+                }
                 // So are 4-bit states.
                 if q4.is_some() {
                     tensors = kinds.iter().map(|kind| (*kind, DType::F32)).collect();
@@ -146,7 +149,7 @@ impl CpuOptimizer {
     /// (which the CPU backend does not keep, so its layout lists none).
     fn tensor(&self, slot: Slot) -> Option<&StateTensor> {
         let Slot::State { param, k } = slot else { return None };
-        if let Some(tensor) = self.adafactor_tensor(param, k) {
+        if let Some(tensor) = self.passes.as_ref().and_then(|p| p.checkpoint_tensor(param, k)) {
             return Some(tensor);
         }
         self.state[param].get(k).or(self.compensation.get(param))
@@ -154,8 +157,8 @@ impl CpuOptimizer {
 
     fn tensor_mut(&mut self, slot: Slot) -> Option<&mut StateTensor> {
         let Slot::State { param, k } = slot else { return None };
-        if !self.adafactor.is_empty() {
-            return self.adafactor_tensor_mut(param, k);
+        if let Some(passes) = self.passes.as_deref_mut().filter(|p| p.keeps_states()) {
+            return passes.checkpoint_tensor_mut(param, k);
         }
         match self.state[param].get_mut(k) {
             Some(tensor) => Some(tensor),

@@ -20,7 +20,7 @@ use half::{bf16, f16};
 use crate::step::rounding;
 
 /// Widens `values` into `out` (of the same length).
-pub(super) fn f16_to_f32(values: &[f16], out: &mut [f32]) {
+pub(crate) fn f16_to_f32(values: &[f16], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         let level = fearless_simd::Level::new();
@@ -35,7 +35,7 @@ pub(super) fn f16_to_f32(values: &[f16], out: &mut [f32]) {
 }
 
 /// Rounds `values` into `out` (of the same length).
-pub(super) fn f32_to_f16(values: &[f32], out: &mut [f16]) {
+pub(crate) fn f32_to_f16(values: &[f32], out: &mut [f16]) {
     #[cfg(target_arch = "x86_64")]
     {
         let level = fearless_simd::Level::new();
@@ -61,7 +61,7 @@ mod registers {
 
     /// Widens `values` into `out` (of the same length).
     #[inline(always)]
-    pub(super) fn f16_to_f32<W: Width<L>, const L: usize>(level: W, values: &[f16], out: &mut [f32]) {
+    pub(crate) fn f16_to_f32<W: Width<L>, const L: usize>(level: W, values: &[f16], out: &mut [f32]) {
         level.vectorize(
             #[inline(always)]
             || {
@@ -77,7 +77,7 @@ mod registers {
 
     /// Rounds `values` into `out` (of the same length), to nearest even.
     #[inline(always)]
-    pub(super) fn f32_to_f16<W: Width<L>, const L: usize>(level: W, values: &[f32], out: &mut [f16]) {
+    pub(crate) fn f32_to_f16<W: Width<L>, const L: usize>(level: W, values: &[f32], out: &mut [f16]) {
         level.vectorize(
             #[inline(always)]
             || {
@@ -94,7 +94,7 @@ mod registers {
 
 /// Widens `values` into `out` (of the same length).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-pub(super) fn bf16_to_f32(values: &[bf16], out: &mut [f32]) {
+pub(crate) fn bf16_to_f32(values: &[bf16], out: &mut [f32]) {
     for (o, v) in out.iter_mut().zip(values) {
         *o = f32::from_bits(u32::from(v.to_bits()) << 16);
     }
@@ -103,7 +103,7 @@ pub(super) fn bf16_to_f32(values: &[bf16], out: &mut [f32]) {
 /// Rounds `values` into `out` (of the same length) as `shaders/convert.wgsl`'s `bf16_bits`
 /// does.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-pub(super) fn f32_to_bf16(values: &[f32], out: &mut [bf16]) {
+pub(crate) fn f32_to_bf16(values: &[f32], out: &mut [bf16]) {
     for (o, v) in out.iter_mut().zip(values) {
         *o = bf16::from_bits(bf16_bits(*v));
     }
@@ -112,7 +112,7 @@ pub(super) fn f32_to_bf16(values: &[f32], out: &mut [bf16]) {
 /// The bits of `v` rounded to bfloat16 (nearest even; NaN stays a quiet NaN), in integer
 /// operations the compiler vectorizes.
 #[inline(always)]
-pub(super) fn bf16_bits(v: f32) -> u16 {
+pub(crate) fn bf16_bits(v: f32) -> u16 {
     let b = v.to_bits();
     // Chosen before the shift, so that the vectorized loop packs to 16 bits once.
     let wide = if v.is_nan() { b | 0x0040_0000 } else { b.wrapping_add(0x7fff + ((b >> 16) & 1)) };
@@ -121,14 +121,14 @@ pub(super) fn bf16_bits(v: f32) -> u16 {
 
 /// Rounds `values` into `out` stochastically as `shaders/stochastic.wgsl`'s `f16_bits_sr`,
 /// with the hash bits of `stream` for elements `first..` under `key`.
-pub(super) fn f32_to_f16_stochastic(values: &[f32], out: &mut [f16], key: u32, stream: u32, first: u64) {
+pub(crate) fn f32_to_f16_stochastic(values: &[f32], out: &mut [f16], key: u32, stream: u32, first: u64) {
     for ((o, v), e) in out.iter_mut().zip(values).zip(first..) {
         *o = f16::from_bits(rounding::f16_bits(*v, rounding::bits(key, stream, e)));
     }
 }
 
 /// Rounds `values` into `out` stochastically as `shaders/stochastic.wgsl`'s `bf16_bits_sr`.
-pub(super) fn f32_to_bf16_stochastic(values: &[f32], out: &mut [bf16], key: u32, stream: u32, first: u64) {
+pub(crate) fn f32_to_bf16_stochastic(values: &[f32], out: &mut [bf16], key: u32, stream: u32, first: u64) {
     for ((o, v), e) in out.iter_mut().zip(values).zip(first..) {
         *o = bf16::from_bits(rounding::bf16_bits(*v, rounding::bits(key, stream, e)));
     }

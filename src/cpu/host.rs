@@ -258,7 +258,7 @@ pub(crate) fn not_f64(argument: &str) -> Error {
 }
 
 /// An element type of the host slices: the slice itself, when a slice holds this type.
-pub(super) trait HostElement: Sized {
+pub(crate) trait HostElement: Sized {
     fn of<'s>(values: HostSlice<'s>) -> Option<&'s [Self]>;
     fn of_mut<'s>(values: &'s mut HostSliceMut<'_>) -> Option<&'s mut [Self]>;
 }

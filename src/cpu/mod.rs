@@ -26,24 +26,21 @@
 //! # Ok(()) }
 //! ```
 
-mod adafactor;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
-mod convert;
+pub(crate) mod convert;
 pub(crate) mod f16_lanes;
-mod host;
+pub(crate) mod host;
 pub(crate) mod kernels;
-mod lamb;
 mod magnitude_key;
-mod muon;
 mod norm;
+pub(crate) mod passes;
 mod q4;
 pub(crate) mod q8;
-mod schedule_free;
 mod state_access;
-mod state_memory;
-mod storage;
-mod work;
+pub(crate) mod state_memory;
+pub(crate) mod storage;
+pub(crate) mod work;
 
 pub use host::{HostSlice, HostSliceMut, HostTensor};
 pub use state_access::StateView;
@@ -53,8 +50,8 @@ use crate::q8::{Q8States, StoredState};
 use crate::step::clip::clip_coefficient;
 use crate::step::rounding;
 use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateStorage};
-use crate::{ScheduleFreeMode, ScheduleFreeScalars};
 use kernels::{Kernel, MAX_STATE};
+use passes::{CpuPasses, CpuStep};
 use state_memory::StateTensor;
 use storage::Stores;
 
@@ -88,18 +85,9 @@ pub struct CpuOptimizer {
     /// With 4-bit [`CpuOptimizerBuilder::state_storage`]: its settings and each parameter's state (then
     /// `state` is empty).
     q4: Option<(Q4States, Vec<Vec<Q4State>>)>,
-    /// A schedule-free group's running `k`, `weight_sum` and `lr_max` (unused otherwise).
-    schedule_free: ScheduleFreeScalars,
-    /// Which point the parameters hold (always train for other algorithms).
-    mode: ScheduleFreeMode,
-    /// LAMB: each tensor's norms at the last step (empty before it).
-    lamb_norms: Vec<crate::LambNorms>,
-    /// Adafactor's states, one per parameter (empty for other algorithms).
-    adafactor: Vec<adafactor::AdafactorTensor>,
-    /// Muon: each parameter's (rows, cols); empty for the other algorithms.
-    muon_shapes: Vec<(usize, usize)>,
-    /// Muon: the updates and Newton-Schulz operands every step reuses.
-    muon: muon::Scratch,
+    /// The passes and per-group state of an algorithm that is not elementwise (none for
+    /// the others).
+    passes: Option<Box<dyn CpuPasses>>,
 }
 
 /// How a [`CpuOptimizer`] is built: [`CpuOptimizer::builder`], the options the CPU backend
@@ -197,10 +185,8 @@ impl CpuOptimizer {
             &options.param_shapes,
             &params.iter().map(|p| p.len() as u64).collect::<Vec<_>>(),
         )?;
-        let adafactor =
-            adafactor::new_states(&algorithm, &options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
+        let passes = algorithm.cpu_passes(&options, &params.iter().map(|p| p.len()).collect::<Vec<_>>())?;
         crate::validate::check_rounding_dtypes(options.rounding, params.iter().map(|p| p.dtype()), "params")?;
-        let muon_shapes = muon::check(&algorithm, &options, params.len())?;
         // Low-bit storage keeps each parameter's states in its format, zeroed, and no dense
         // state.
         let dtypes = || params.iter().map(|p| p.dtype());
@@ -254,12 +240,7 @@ impl CpuOptimizer {
             shapes: options.param_shapes,
             q8,
             q4,
-            schedule_free: ScheduleFreeScalars::default(),
-            mode: ScheduleFreeMode::Train,
-            lamb_norms: Vec::new(),
-            adafactor,
-            muon: muon::Scratch::new(&muon_shapes),
-            muon_shapes,
+            passes,
         })
     }
 
@@ -303,6 +284,18 @@ impl CpuOptimizer {
             });
         }
         crate::algo::check_muon_change(&self.algorithm, &algorithm)?;
+        if algorithm.family() != self.algorithm.family() {
+            // Another family with the same state tensors (Adam's and LAMB's): its own passes,
+            // fresh. The families whose passes need the options refuse such changes above.
+            let options = OptimizerOptions {
+                param_shapes: self.shapes.clone(),
+                grad_clip: self.grad_clip,
+                rounding: self.rounding,
+                ..OptimizerOptions::default()
+            };
+            let lens: Vec<usize> = self.params.iter().map(|&(_, len)| len).collect();
+            self.passes = algorithm.cpu_passes(&options, &lens)?;
+        }
         self.algorithm = algorithm;
         Ok(())
     }
@@ -349,12 +342,11 @@ impl CpuOptimizer {
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
         self.check(params, grads)?;
         self.check_train_mode("step")?;
-        if let Algorithm::Adafactor(config) = self.algorithm {
-            return self.adafactor_step(&config, params, grads);
-        }
         let t = self.step + 1;
-        let (mut kernel_step, schedule_free) =
-            crate::algo::group_step(&self.algorithm, t, &self.schedule_free);
+        let mut kernel_step = match self.passes.as_mut().and_then(|p| p.kernel_step(&self.algorithm, t)) {
+            Some(step) => step,
+            None => self.algorithm.kernel_step(t),
+        };
         if self.q8.is_some() {
             // bitsandbytes' 8-bit kernels' form of the step.
             kernel_step = crate::q8::kernel_step(&self.algorithm, t);
@@ -387,11 +379,7 @@ impl CpuOptimizer {
             });
             let f32_kernel = Kernel::new(&crate::q8::f32_state_step(kernel_step)).with_grad_scale(grad_scale);
             q8::run(&kernel, &f32_kernel, self.algorithm.state_kinds(), params, grads, states);
-            self.step = t;
-            self.schedule_free = schedule_free;
-            return Ok(());
-        }
-        if let Some((config, states)) = &mut self.q4 {
+        } else if let Some((config, states)) = &mut self.q4 {
             let params = params.iter_mut().map(|p| match p {
                 HostSliceMut::F32(values) => &mut values[..],
                 // Refused by `check`; an empty slice makes the job a no-op.
@@ -402,35 +390,32 @@ impl CpuOptimizer {
                 _ => &[],
             });
             q4::run(&kernel, self.algorithm.state_kinds(), config.block_size, params, grads, states);
-            self.step = t;
-            self.schedule_free = schedule_free;
-            return Ok(());
-        }
-        let stochastic = self.rounding.stochastic();
-        let stores = Stores {
-            stochastic: self.rounding.seed().map(|seed| (seed, t)),
-            state: stochastic.state,
-            streams,
-        };
-        if let Algorithm::Lamb(config) = &self.algorithm {
+        } else {
+            let stochastic = self.rounding.stochastic();
+            let stores = Stores {
+                stochastic: self.rounding.seed().map(|seed| (seed, t)),
+                state: stochastic.state,
+                streams,
+            };
             let (state, compensation) = (&mut self.state, &mut self.compensation);
-            self.lamb_norms = lamb::step(config, t, &stores, params, grads, state, compensation);
-            self.step = t;
-            return Ok(());
+            let step = CpuStep {
+                algorithm: &self.algorithm,
+                t,
+                kernel: &kernel,
+                stores: &stores,
+                params: &mut *params,
+                grads,
+                state: &mut *state,
+                compensation: &mut *compensation,
+            };
+            if !self.passes.as_mut().is_some_and(|p| p.step(step)) {
+                work::run(&kernel, &stores, params, grads, state, compensation);
+            }
         }
-        if let Algorithm::Muon(config) = &self.algorithm {
-            // The orthogonalized updates take the gradients' place; the elementwise loop
-            // keeps no state of its own (the momentum buffers were updated here).
-            muon::updates(config, &self.muon_shapes, grads, &mut self.state, &mut self.muon);
-            let grads = self.muon.updates.iter().map(|u| HostSlice::F32(u));
-            let no_state = std::iter::repeat_with(|| &mut [][..]);
-            work::run_jobs(&kernel, &stores, work::jobs(params, grads, no_state, &mut self.compensation));
-            self.step = t;
-            return Ok(());
-        }
-        work::run(&kernel, &stores, params, grads, &mut self.state, &mut self.compensation);
         self.step = t;
-        self.schedule_free = schedule_free;
+        if let Some(passes) = &mut self.passes {
+            passes.stepped();
+        }
         Ok(())
     }
 

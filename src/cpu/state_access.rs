@@ -4,7 +4,7 @@
 use super::{CpuOptimizer, HostSlice, HostSliceMut, StateTensor};
 use crate::q4::Q4State;
 use crate::q8::StoredState;
-use crate::{Algorithm, Error, QuantizedState, Result, StateKind};
+use crate::{Error, QuantizedState, Result, StateKind};
 
 /// Parameter state of one kind as the CPU optimizer keeps it ([`CpuOptimizer::state`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,8 +63,8 @@ impl CpuOptimizer {
     /// as codes and scales (or f32 values where a tensor keeps f32 state). `None` for an
     /// index past the parameters or a kind the parameter does not keep.
     pub fn state(&self, index: usize, kind: StateKind) -> Option<StateView<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state(index, kind).map(StateView::Host);
+        if let Some(passes) = self.passes.as_deref().filter(|p| p.keeps_states()) {
+            return passes.state(index, kind).map(StateView::Host);
         }
         if kind == StateKind::KahanCompensation {
             return self.compensation.get(index).map(|c| StateView::Host(c.as_slice()));
@@ -111,8 +111,8 @@ impl CpuOptimizer {
     /// low-bit storage, only the f32 state of a tensor that keeps f32 state. Low-bit state is
     /// replaced whole with [`Self::set_state`].
     pub fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
-        if matches!(self.algorithm, Algorithm::Adafactor(_)) {
-            return self.adafactor_state_mut(index, kind);
+        if let Some(passes) = self.passes.as_deref_mut().filter(|p| p.keeps_states()) {
+            return passes.state_mut(index, kind);
         }
         if kind == StateKind::KahanCompensation {
             return self.compensation.get_mut(index).map(StateTensor::as_mut_slice);

@@ -25,7 +25,7 @@ enum Memory {
 }
 
 /// One state tensor: `len` elements of `dtype` (F32, F16 or BF16).
-pub(super) struct StateTensor {
+pub(crate) struct StateTensor {
     dtype: DType,
     len: usize,
     memory: Memory,
@@ -38,7 +38,7 @@ impl StateTensor {
     /// (Streams a few bytes apart within a page make the core take loads of one for
     /// stores of another, 4 KiB aliasing, which cost a large step much of its time:
     /// PERF.md.)
-    pub(super) fn filled(dtype: DType, len: usize, value: f64, phase: usize) -> Result<Self> {
+    pub(crate) fn filled(dtype: DType, len: usize, value: f64, phase: usize) -> Result<Self> {
         let one = HostTensor::from_f64(dtype, &[value])?;
         let pattern: &[u8] = match &one {
             HostTensor::F32(v) => bytemuck::cast_slice(v),
@@ -78,12 +78,12 @@ impl StateTensor {
 
     /// The storage type of the elements.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
-    pub(super) fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         self.dtype
     }
 
     /// The elements' bytes, in the host's byte order.
-    pub(super) fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         let all: &[u8] = match &self.memory {
             Memory::Heap(words) => bytemuck::cast_slice(words),
             #[cfg(target_os = "linux")]
@@ -93,7 +93,7 @@ impl StateTensor {
     }
 
     /// The elements' bytes, in the host's byte order, mutably borrowed.
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let end = self.len * self.dtype.size() as usize;
         let all: &mut [u8] = match &mut self.memory {
             Memory::Heap(words) => bytemuck::cast_slice_mut(words),
@@ -104,7 +104,7 @@ impl StateTensor {
     }
 
     /// The elements, shared.
-    pub(super) fn as_slice(&self) -> HostSlice<'_> {
+    pub(crate) fn as_slice(&self) -> HostSlice<'_> {
         let bytes = self.bytes();
         match self.dtype {
             DType::F16 => HostSlice::F16(bytemuck::cast_slice(bytes)),
@@ -114,7 +114,7 @@ impl StateTensor {
     }
 
     /// The elements, mutably borrowed.
-    pub(super) fn as_mut_slice(&mut self) -> HostSliceMut<'_> {
+    pub(crate) fn as_mut_slice(&mut self) -> HostSliceMut<'_> {
         let dtype = self.dtype;
         let bytes = self.bytes_mut();
         match dtype {

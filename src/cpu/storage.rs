@@ -31,35 +31,35 @@ const BLOCK: usize = 512;
 
 /// How a step's 16-bit stores round (`Rounding` as the CPU loops take it).
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Stores {
+pub(crate) struct Stores {
     /// Stochastic rounding: the seed and the step being taken.
-    pub(super) stochastic: Option<(u64, u64)>,
+    pub(crate) stochastic: Option<(u64, u64)>,
     /// Whether the state stores round stochastically too.
-    pub(super) state: bool,
+    pub(crate) state: bool,
     /// The hash stream of each state slot (`step::rounding::stream`).
-    pub(super) streams: [u32; MAX_STATE],
+    pub(crate) streams: [u32; MAX_STATE],
 }
 
 /// A run of one tensor's elements with the same run of its gradient and state.
-pub(super) struct Job<'a> {
-    pub(super) param: HostSliceMut<'a>,
-    pub(super) grad: HostSlice<'a>,
+pub(crate) struct Job<'a> {
+    pub(crate) param: HostSliceMut<'a>,
+    pub(crate) grad: HostSlice<'a>,
     /// In the kernels' slot order; slots the algorithm does not keep are empty.
-    pub(super) state: [HostSliceMut<'a>; MAX_STATE],
+    pub(crate) state: [HostSliceMut<'a>; MAX_STATE],
     /// Kahan rounding's compensation; empty without it.
-    pub(super) compensation: HostSliceMut<'a>,
+    pub(crate) compensation: HostSliceMut<'a>,
     /// The tensor's ordinal and the job's first element in it: stochastic rounding's counter.
-    pub(super) ordinal: u32,
-    pub(super) first: u64,
+    pub(crate) ordinal: u32,
+    pub(crate) first: u64,
 }
 
 impl<'a> Job<'a> {
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.param.is_empty()
     }
 
     /// The first `mid` elements of every operand, and the rest.
-    pub(super) fn split_at(self, mid: usize) -> (Self, Self) {
+    pub(crate) fn split_at(self, mid: usize) -> (Self, Self) {
         let (param, param_rest) = self.param.split_at(mid);
         let (grad, grad_rest) = self.grad.split_at(mid);
         let [(s0, r0), (s1, r1), (s2, r2), (s3, r3)] = self.state.map(|s| s.split_at(mid));
@@ -94,7 +94,7 @@ impl<'a> Job<'a> {
 }
 
 /// Updates every element of `job`.
-pub(super) fn run(kernel: &Kernel, stores: &Stores, mut job: Job<'_>) {
+pub(crate) fn run(kernel: &Kernel, stores: &Stores, mut job: Job<'_>) {
     // f32 throughout: no store rounds.
     if let Some(operands) = job.operands::<f32>() {
         return kernel.run::<f32>(operands);
@@ -311,7 +311,7 @@ mod x86 {
     fearless_simd::kernel!(
         /// Asks for every cache line of `bytes` (a prefetch never faults and changes no
         /// value; `kernel!` only supplies the SSE context the intrinsic asks for).
-        pub(super) fn prefetch(sse2: Sse2, bytes: &[u8]) {
+        pub(crate) fn prefetch(sse2: Sse2, bytes: &[u8]) {
             for line in bytes.chunks(LINE) {
                 _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>());
             }

@@ -17,7 +17,7 @@ const CHUNK: usize = 128 * 1024;
 /// tensor has its parameter's length, and `state[i]` holds tensor i's state in the kernel's
 /// slot order.
 /// `compensation` holds each tensor's Kahan compensation, or is empty.
-pub(super) fn run(
+pub(crate) fn run(
     kernel: &Kernel,
     stores: &Stores,
     params: &mut [HostSliceMut<'_>],
@@ -30,14 +30,14 @@ pub(super) fn run(
 }
 
 /// Runs `kernel` over `jobs` in one parallel iteration.
-pub(super) fn run_jobs(kernel: &Kernel, stores: &Stores, jobs: Vec<Job<'_>>) {
+pub(crate) fn run_jobs(kernel: &Kernel, stores: &Stores, jobs: Vec<Job<'_>>) {
     jobs.into_par_iter().for_each(|job| storage::run(kernel, stores, job));
 }
 
 /// Every tensor cut into chunks of [`CHUNK`] elements, each job naming its tensor by its
 /// ordinal. `grads` and `state` give one entry per parameter (iterators, so that a family
 /// whose gradients or state are made per step, as Muon's, needs no list of them).
-pub(super) fn jobs<'a>(
+pub(crate) fn jobs<'a>(
     params: &'a mut [HostSliceMut<'_>],
     grads: impl IntoIterator<Item = HostSlice<'a>>,
     state: impl IntoIterator<Item = &'a mut [StateTensor]>,

@@ -65,8 +65,6 @@ pub(crate) struct ContextInner {
     pub(crate) scalar_layouts: ScalarLayouts,
     /// Why the device was lost, once it is (headless contexts watch for it).
     pub(crate) lost: Arc<std::sync::Mutex<Option<String>>>,
-    /// LAMB's combine pass and its group 0 layout, compiled at its first use.
-    pub(crate) lamb_combine: std::sync::OnceLock<(wgpu::BindGroupLayout, wgpu::ComputePipeline)>,
 }
 
 /// A device and queue plus the crate's compiled-pipeline cache. Cheap to clone (an `Arc`).
@@ -151,7 +149,6 @@ impl GpuContext {
                 queue,
                 report,
                 pipelines: PipelineCache::default(),
-                lamb_combine: std::sync::OnceLock::new(),
             }),
             packed_f16: None,
         }

@@ -8,6 +8,8 @@
 //! The per-dispatch parameters are one uniform slot each (`MatmulParams`, `NormParams`),
 //! written once, and selected by a dynamic offset: recording a sequence creates nothing.
 
+use std::sync::Arc;
+
 use bytemuck::{Pod, Zeroable};
 
 use crate::gpu::GpuContext;
@@ -307,7 +309,13 @@ pub(crate) struct MatrixKernels {
 }
 
 impl MatrixKernels {
-    pub(crate) fn new(ctx: &GpuContext) -> Result<Self> {
+    /// The context's kernels, from its pipeline registry (compiled once per context).
+    pub(crate) fn new(ctx: &GpuContext) -> Result<Arc<Self>> {
+        ctx.inner.pipelines.get_pass("matrix kernels", || Self::compile(ctx))
+    }
+
+    /// [`Self::new`], compiled.
+    fn compile(ctx: &GpuContext) -> Result<Self> {
         let device = ctx.device();
         ctx.catch("creating the matrix-product kernels", || {
             let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -457,7 +465,7 @@ pub(crate) fn uniform_buffer(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgp
 /// # Ok(()) }
 /// ```
 pub struct Matmul {
-    kernels: MatrixKernels,
+    kernels: Arc<MatrixKernels>,
     group: wgpu::BindGroup,
     products: Vec<Product>,
 }

@@ -1,12 +1,15 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
+//! The passes of the algorithms that are not elementwise live in their family folders
+//! (`crate::family::<name>::gpu_passes`). [`matmul`] stays here: a batched matrix product
+//! any caller may run ([`matmul::Matmul`]), whose kernels Muon's Newton-Schulz passes share
+//! with the normalization they start from (its WGSL is Muon's, compiled beside the product
+//! so that one bind group serves both).
 
-pub(crate) mod adafactor;
 pub(crate) mod blockwise;
 pub(crate) mod compile;
 mod context;
 pub(crate) mod dispatch;
 pub(crate) mod kernel;
-pub(crate) mod lamb;
 pub mod matmul;
 pub(crate) mod packing;
 pub(crate) mod pipeline;

@@ -1,6 +1,8 @@
 //! Compiled pipelines, one per variant, created once and shared by every caller of a
-//! context: the registry of every kernel the crate compiles, multi-tensor and 8-bit alike.
+//! context: the registry of every kernel the crate compiles, multi-tensor and 8-bit alike,
+//! and of the fixed passes of the families that are not elementwise.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -29,7 +31,16 @@ pub(crate) enum PipelineKey {
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
+    /// The fixed passes' pipelines ([`Self::get_pass`]), by name.
+    passes: Mutex<HashMap<&'static str, Arc<FixedPass>>>,
 }
+
+/// A fixed pass's pipelines, shared across threads where wgpu's objects may be (everywhere
+/// but the browser, whose objects stay on its thread).
+#[cfg(not(target_arch = "wasm32"))]
+type FixedPass = dyn Any + Send + Sync;
+#[cfg(target_arch = "wasm32")]
+type FixedPass = dyn Any;
 
 impl PipelineCache {
     /// Pipelines compiled so far, of every kind.
@@ -40,6 +51,24 @@ impl PipelineCache {
     /// The multi-tensor kernel of `key`, compiled on first use.
     pub(crate) fn get(&self, ctx: &GpuContext, key: &VariantKey) -> Result<Arc<CachedPipeline>> {
         self.get_or_compile(PipelineKey::Table(key.clone()), || compile(ctx, key))
+    }
+
+    /// The pipelines of a pass whose WGSL is fixed, of a family that is not elementwise
+    /// (LAMB's combine pass, Adafactor's passes), named `name`: compiled by `compile` on
+    /// first use, then shared. They are not variants, so [`Self::len`] does not count them.
+    pub(crate) fn get_pass<T: Any + wgpu::WasmNotSendSync>(
+        &self,
+        name: &'static str,
+        compile: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let passes = || self.passes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(hit) = passes().get(name).and_then(|hit| hit.clone().downcast::<T>().ok()) {
+            return Ok(hit);
+        }
+        // Compiled outside the lock; two threads may both compile it, the first stored is kept.
+        let compiled = Arc::new(compile()?);
+        let stored = passes().entry(name).or_insert_with(|| compiled.clone()).clone();
+        Ok(stored.downcast::<T>().unwrap_or(compiled))
     }
 
     /// The pipeline of `key`, compiled by `compile` on first use: the low-bit formats

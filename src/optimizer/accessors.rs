@@ -91,6 +91,7 @@ impl Optimizer {
         crate::algo::check_muon_change(&group.algorithm, &algorithm)?;
         let variant_changed =
             algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();
+        let family_changed = algorithm.family() != group.algorithm.family();
         if let Some(device) = &self.device {
             if algorithm.lr() != group.algorithm.lr() {
                 device.write_lr(&self.ctx, g, algorithm.lr());
@@ -106,6 +107,9 @@ impl Optimizer {
         group.dirty = true;
         if variant_changed {
             self.bound.clear();
+        }
+        if family_changed {
+            self.add_family_passes(g)?;
         }
         Ok(())
     }
@@ -162,7 +166,7 @@ impl Optimizer {
 
     /// Parameter `index`'s dense state tensor of `kind`; `None` with low-bit storage.
     pub(crate) fn tensor_state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
-        if let Some(tensor) = self.adafactor.as_ref().and_then(|e| e.state(index, kind)) {
+        if let Some(tensor) = self.passes.iter().find_map(|p| p.state(index, kind)) {
             return Some(tensor);
         }
         let group = self.groups.iter().find(|g| (g.first..g.first + g.len).contains(&index))?;

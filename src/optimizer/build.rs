@@ -4,7 +4,6 @@
 use super::clip::ClipPass;
 use super::device::DeviceState;
 use super::record::write_rounding;
-use super::schedule_free::ScheduleFreeHost;
 use super::validate::{check_disjoint, check_params, check_rounding_options};
 use super::written::WrittenRanges;
 use super::{arena, Group, Optimizer, OptimizerOptions, ParamGroup};
@@ -55,9 +54,9 @@ impl Optimizer {
             group.algorithm.validate()?;
         }
         super::schedule_free::check_options(&groups, &options)?;
-        super::lamb::check_options(&groups, &options)?;
-        super::adafactor::check_options(&groups, &options)?;
-        super::muon::check_options(&groups, &options)?;
+        crate::family::lamb::gpu_passes::check_options(&groups, &options)?;
+        crate::family::adafactor::gpu_passes::check_options(&groups, &options)?;
+        crate::family::muon::gpu_passes::check_options(&groups, &options)?;
         if let Some(clip) = &options.grad_clip {
             clip.validate()?;
         }
@@ -209,10 +208,7 @@ impl Optimizer {
             .transpose()?;
         let uniforms =
             Uniforms::new(ctx, &uniform_bytes, "optimizer", scalars, clip.as_ref().map(ClipPass::buffer))?;
-        let adafactor = super::adafactor::engine(ctx, &kept, &params, &options.param_shapes)?;
-        let kept_len = kept.len();
-        let muon_groups: Vec<_> = kept.iter().map(|g| (g.algorithm, g.first..g.first + g.len)).collect();
-        let muon = super::muon::MuonGpu::new(ctx, &muon_groups, &options.param_shapes, params.len())?;
+        let passes = super::passes::build(ctx, &kept, &params, &options.param_shapes)?;
         let mut optimizer = Optimizer {
             ctx: ctx.clone(),
             groups: kept,
@@ -233,9 +229,7 @@ impl Optimizer {
             q4,
             written: WrittenRanges::default(),
             disjoint_grads: Vec::new(),
-            schedule_free: ScheduleFreeHost::new(kept_len),
-            adafactor,
-            muon,
+            passes,
         };
         optimizer.written = WrittenRanges::new(&optimizer);
         Ok(optimizer)

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use super::Optimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::schedule_free::ScheduleFreeLayout;
 use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint};
+use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
 use crate::q8::StoredState;
@@ -122,7 +122,9 @@ impl Optimizer {
                     Some(_) => kinds.iter().map(|kind| (*kind, DType::F32)).collect(),
                     None => kinds.iter().zip(&self.state[i]).map(|(kind, t)| (*kind, t.dtype)).collect(),
                 };
-                let state = self.adafactor_layout_state(i).unwrap_or(state);
+                let shape = self.shapes.get(i).map_or(&[][..], Vec::as_slice);
+                let kept = self.passes.iter().find_map(|p| p.checkpoint_states(i, shape));
+                let state = kept.unwrap_or(state);
                 // So do 4-bit states.
                 let state =
                     if q4.is_some() { kinds.iter().map(|kind| (*kind, DType::F32)).collect() } else { state };
@@ -156,7 +158,11 @@ impl Optimizer {
     /// The buffer behind a checkpoint tensor; `None` for 8-bit state, which the engine
     /// reads and writes whole.
     fn tensor(&self, slot: Slot) -> Option<&Tensor> {
-        if let Some(tensor) = self.adafactor_slot(slot) {
+        let kept = match slot {
+            Slot::State { param, k } => self.passes.iter().find_map(|p| p.checkpoint_tensor(param, k)),
+            _ => None,
+        };
+        if let Some(tensor) = kept {
             return Some(tensor);
         }
         match slot {

@@ -4,6 +4,8 @@
 //! by that coefficient as they load it. Two dispatches per gradient dtype, whatever the
 //! number of tensors; nothing is read back, and no gradient is rewritten.
 
+use std::sync::Arc;
+
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{binding, clip_finalize_wgsl, Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
@@ -62,7 +64,7 @@ impl ClipPass {
         let device = ctx.device();
         let header =
             ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
-        let layout = ctx.inner.scalar_layouts.finalize(device_state.is_some());
+        let finalize = finalize_pipeline(ctx, device_state.is_some(), clip.norm_type == NormType::Inf)?;
         ctx.catch("creating the gradient clipping pass", || {
             use wgpu::util::DeviceExt;
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -70,29 +72,7 @@ impl ClipPass {
                 contents: bytemuck::bytes_of(&header),
                 usage: TENSOR_USAGES,
             });
-            let source = clip_finalize_wgsl(device_state.is_some());
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("wgpu-optim clip finalize"),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
-            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("wgpu-optim clip finalize"),
-                bind_group_layouts: &[Some(layout)],
-                immediate_size: 0,
-            });
-            let inf = f64::from(u8::from(clip.norm_type == NormType::Inf));
-            let finalize = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some("wgpu-optim clip finalize"),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[("NORM_INF", inf)],
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-            ClipPass { clip, buffer, finalize, device_state: device_state.cloned() }
+            ClipPass { clip, buffer, finalize: (*finalize).clone(), device_state: device_state.cloned() }
         })
     }
 
@@ -182,4 +162,42 @@ impl ClipPass {
         pass.set_bind_group(binding::GROUP_SCALARS, &bound.finalize_group, &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }
+}
+
+/// The finalize pass's pipeline (capturable mode's reads the device state; `inf`: the norm
+/// is the largest magnitude), from the context's pipeline registry.
+fn finalize_pipeline(ctx: &GpuContext, capturable: bool, inf: bool) -> Result<Arc<wgpu::ComputePipeline>> {
+    let name = match (capturable, inf) {
+        (false, false) => "clip finalize",
+        (false, true) => "clip finalize inf",
+        (true, false) => "clip finalize capturable",
+        (true, true) => "clip finalize capturable inf",
+    };
+    ctx.inner.pipelines.get_pass(name, || {
+        let device = ctx.device();
+        let layout = ctx.inner.scalar_layouts.finalize(capturable);
+        ctx.catch("creating the gradient clipping pass", || {
+            let source = clip_finalize_wgsl(capturable);
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                bind_group_layouts: &[Some(layout)],
+                immediate_size: 0,
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("wgpu-optim clip finalize"),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[("NORM_INF", f64::from(u8::from(inf)))],
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
+        })
+    })
 }

@@ -5,6 +5,8 @@
 //! `256 * (g + 1)`, so that each can be bound on its own at any adapter's storage-offset
 //! alignment.
 
+use std::sync::Arc;
+
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{advance_wgsl, binding, Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
@@ -40,6 +42,7 @@ impl DeviceState {
             contents[at..at + 4].copy_from_slice(&(*lr as f32).to_le_bytes());
         }
         let layout = ctx.inner.scalar_layouts.state();
+        let advance = advance_pipeline(ctx)?;
         ctx.catch("creating the capturable device state", || {
             use wgpu::util::DeviceExt;
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -59,25 +62,7 @@ impl DeviceState {
                     }),
                 }],
             });
-            let source = advance_wgsl();
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some("wgpu-optim advance step"),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
-            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("wgpu-optim advance step"),
-                bind_group_layouts: &[Some(layout)],
-                immediate_size: 0,
-            });
-            let advance = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some("wgpu-optim advance step"),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-            DeviceState { buffer, state_group, advance, unscale: None, unscaled: false }
+            DeviceState { buffer, state_group, advance: (*advance).clone(), unscale: None, unscaled: false }
         })
     }
 
@@ -203,4 +188,32 @@ pub(crate) fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
     // An f32 element's offset is a multiple of 4, which the copy needs.
     crate::gpu::plan::check_range(&Arg::new("inv_scale", inv_scale))?;
     crate::gpu::transfer::check_readable(&Arg::new("inv_scale", inv_scale))
+}
+
+/// The pass that advances the device's step count, from the context's pipeline registry.
+fn advance_pipeline(ctx: &GpuContext) -> Result<Arc<wgpu::ComputePipeline>> {
+    ctx.inner.pipelines.get_pass("advance step", || {
+        let device = ctx.device();
+        let layout = ctx.inner.scalar_layouts.state();
+        ctx.catch("creating the capturable device state", || {
+            let source = advance_wgsl();
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("wgpu-optim advance step"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("wgpu-optim advance step"),
+                bind_group_layouts: &[Some(layout)],
+                immediate_size: 0,
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("wgpu-optim advance step"),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })
+    })
 }

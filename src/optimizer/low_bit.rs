@@ -46,7 +46,6 @@ impl Optimizer {
                     batches: Vec::new(),
                     norm: Some(norm),
                     unscale_norm: None,
-                    lamb: Vec::new(),
                 };
                 self.bound.insert(0, bound);
             }

@@ -12,11 +12,12 @@
 //! - `arena`, `clip`, `device`, `written`, `checkpoint`: the shared state buffers, the
 //!   gradient-norm passes, the capturable device state, the ranges a step writes, and
 //!   save/load.
-//! - `schedule_free`: Schedule-Free AdamW's per-group running values, the train/eval mode
-//!   and the `eval()`/`train()` swap pass.
+//! - `passes`: the hooks of the families that are not elementwise (their passes and state
+//!   live in their folders, `crate::family::<name>::gpu_passes`).
+//! - `schedule_free`: Schedule-Free AdamW's options, accessors and `eval()`/`train()` swap
+//!   pass over its passes' running values and mode.
 
 mod accessors;
-mod adafactor;
 mod arena;
 mod build;
 mod capturable;
@@ -24,19 +25,19 @@ mod capturable;
 mod checkpoint;
 mod clip;
 pub(crate) mod device;
-mod lamb;
 mod low_bit;
-mod muon;
 mod options;
+pub(crate) mod passes;
 mod record;
 mod schedule_free;
 mod validate;
 mod written;
 
-pub(crate) use lamb::record_stateless as record_lamb_stateless;
+pub(crate) use crate::family::lamb::gpu_passes::record_stateless as record_lamb_stateless;
 pub(crate) use options::OptimizerOptions;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
+pub(crate) use record::BOUND_GRADIENT_SETS;
 
 use crate::gpu::dispatch::Uniforms;
 use crate::gpu::q4::Q4Engine;
@@ -44,15 +45,14 @@ use crate::gpu::q8::Q8Engine;
 use crate::{Algorithm, DType, GpuContext, Rounding, Tensor};
 use clip::ClipPass;
 use device::DeviceState;
-use schedule_free::ScheduleFreeHost;
 use written::WrittenRanges;
 
 /// One parameter group as the optimizer keeps it.
-struct Group {
-    algorithm: Algorithm,
+pub(crate) struct Group {
+    pub(crate) algorithm: Algorithm,
     /// The group's parameters are `params[first..first + len]`.
-    first: usize,
-    len: usize,
+    pub(crate) first: usize,
+    pub(crate) len: usize,
     /// Capturable mode: the hyperparameters changed, so the uniform must be rewritten
     /// before the next step (host mode rewrites it every step).
     dirty: bool,
@@ -106,12 +106,9 @@ pub struct Optimizer {
     /// The last gradients `record_unscale` found pairwise disjoint, so a trainer that
     /// unscales the same set every step pays for the check once.
     disjoint_grads: Vec<Tensor>,
-    /// Schedule-Free's per-group running values, the mode and the swap pass.
-    schedule_free: ScheduleFreeHost,
-    /// Adafactor's passes and states, over its groups' parameters.
-    adafactor: Option<crate::gpu::adafactor::AdafactorEngine>,
-    /// Muon's scratch and its passes before the apply pass.
-    muon: muon::MuonGpu,
+    /// The passes and per-group state of the families that are not elementwise, one entry
+    /// per such family among the groups.
+    passes: Vec<Box<dyn passes::GroupPasses>>,
 }
 
 impl std::fmt::Debug for Optimizer {

@@ -3,17 +3,17 @@
 
 use super::clip::BoundNorm;
 use super::validate::check_disjoint;
-use super::Optimizer;
+use super::{Group, Optimizer};
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
-use crate::gpu::plan::{plan, slot_args, Arg, KernelArgs, SlotArgs, TensorPlan};
+use crate::gpu::plan::{check_like, plan, slot_args, Arg, KernelArgs, SlotArgs, TensorPlan};
 use crate::step::rounding::RoundingHeader;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, Error, Result, Rounding, Tensor};
 
 /// Gradient sets whose bind groups are kept: a trainer that alternates two (or a few)
 /// gradient buffers binds each once.
-pub(super) const BOUND_GRADIENT_SETS: usize = 4;
+pub(crate) const BOUND_GRADIENT_SETS: usize = 4;
 
 /// Bind groups for one set of gradient tensors, a batch per parameter group.
 pub(super) struct Bound {
@@ -25,8 +25,6 @@ pub(super) struct Bound {
     /// With clipping and AMP: the unscale pass that takes the norm in the same read of
     /// `grads` (f32 gradients), built at the first [`Optimizer::record_unscale`] with them.
     pub(super) unscale_norm: Option<BoundNorm>,
-    /// The passes of each LAMB group (whose entry of `batches` is empty).
-    pub(super) lamb: Vec<super::lamb::LambBound>,
 }
 
 impl Optimizer {
@@ -74,7 +72,9 @@ impl Optimizer {
         self.ctx.check_alive()?;
         self.check_train_mode("record_step")?;
         // Values of an earlier step that failed before its commit are not this step's.
-        self.schedule_free.discard();
+        for passes in &mut self.passes {
+            passes.discard();
+        }
         if self.q8.is_some() || self.q4.is_some() {
             return self.record_low_bit_step(encoder, grads);
         }
@@ -82,8 +82,7 @@ impl Optimizer {
         // reads the gradients the unscale pass left.
         let norm_taken = self.norm_taken_by_unscale && self.bound.first().is_some_and(|b| b.grads == grads);
         self.bind(grads)?;
-        self.bind_adafactor(grads)?;
-        self.bind_muon(grads)?;
+        self.bind_passes(grads)?;
         // The plain norm pass, built at the first step that needs it (with AMP and f32
         // gradients the unscale pass takes the norm instead).
         if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
@@ -96,10 +95,12 @@ impl Optimizer {
         // changes with the hyperparameters; host-mode uniforms change every step.
         let capturable = self.device.is_some();
         if !capturable || self.groups.iter().any(|g| g.dirty) {
-            let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
-            for (g, (group, bytes)) in self.groups.iter().zip(slots).enumerate() {
+            let slot = UNIFORM_SLOT_BYTES as usize;
+            for g in 0..self.groups.len() {
                 let at = if capturable { 1 } else { t };
-                self.schedule_free.kernel_step(g, &group.algorithm, at).write_uniform(self.math, bytes);
+                let step = self.group_kernel_step(g, at);
+                let bytes = &mut self.uniform_bytes[g * slot..(g + 1) * slot];
+                step.write_uniform(self.math, bytes);
                 write_rounding(self.rounding, at, bytes);
             }
             self.uniforms.record_write(encoder, &self.uniform_bytes)?;
@@ -122,12 +123,15 @@ impl Optimizer {
                 _ => {}
             }
         }
-        self.muon.record(&mut pass, &self.uniforms.bind_groups);
+        for passes in &self.passes {
+            passes.record_before(&mut pass, &self.uniforms.bind_groups);
+        }
         for (batch, scalars) in bound.batches.iter().zip(&self.uniforms.bind_groups) {
             batch.record(&mut pass, scalars);
         }
-        super::lamb::record(&mut pass, &bound.lamb);
-        self.record_adafactor(&mut pass);
+        for passes in &self.passes {
+            passes.record_after(&mut pass, &self.ctx);
+        }
         Ok(())
     }
 
@@ -139,7 +143,9 @@ impl Optimizer {
         for group in &mut self.groups {
             group.dirty = false;
         }
-        self.schedule_free.commit();
+        for passes in &mut self.passes {
+            passes.commit();
+        }
         self.norm_taken_by_unscale = false;
         if let Some(device) = &mut self.device {
             device.stepped();
@@ -149,7 +155,7 @@ impl Optimizer {
     /// Tensor `i`'s plan in a dispatch of `program` (`grad` bound as its gradient) and the
     /// kernel variant it needs; refused where the variant needs more storage bindings than
     /// the device has.
-    pub(super) fn batch_item(
+    pub(crate) fn batch_item(
         &self,
         scalars: Scalars,
         program: Program,
@@ -183,38 +189,28 @@ impl Optimizer {
         self.check_grads(grads)?;
         let scalars = if self.device.is_some() { Scalars::Device } else { Scalars::Host };
         let mut batches = Vec::with_capacity(self.groups.len());
-        for group in &self.groups {
-            if matches!(group.algorithm, Algorithm::Adafactor(_)) {
-                // Its own passes (`bind_adafactor`), its gradients checked here as a plan
-                // checks the others', before this set is kept.
+        for (g, group) in self.groups.iter().enumerate() {
+            if self.passes_check_gradients(g) {
+                // A family's passes bind these gradients (Adafactor's), or the apply pass
+                // below binds what they made of them (Muon's update): checked here against
+                // their parameters as a plan checks the others', before this set is kept.
                 self.check_grads_against_params(group, grads)?;
+            }
+            if self.passes_run_group(g) {
                 batches.push(Batch::default());
                 continue;
-            }
-            if matches!(group.algorithm, Algorithm::Muon(_)) {
-                // The apply pass below binds Muon's update, not the gradient: the gradient
-                // is checked against its parameter here, not against Muon's scratch later.
-                self.check_grads_against_params(group, grads)?;
             }
             let step = group.algorithm.kernel_step(1);
             let program = Program::Update(step.switches());
             let items = (group.first..group.first + group.len)
-                .filter(|_| !matches!(group.algorithm, Algorithm::Lamb(_)))
                 .map(|i| {
-                    self.batch_item(
-                        scalars,
-                        program,
-                        &group.algorithm,
-                        i,
-                        self.muon.update(i).unwrap_or(&grads[i]),
-                    )
+                    self.batch_item(scalars, program, &group.algorithm, i, self.update_gradient(i, &grads[i]))
                 })
                 .collect::<Result<Vec<_>>>()?;
             batches.push(Batch::build(&self.ctx, &items, "optimizer")?);
         }
-        let lamb = self.bind_lamb(grads)?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None, lamb });
+        self.bound.insert(0, Bound { grads: grads.to_vec(), batches, norm: None, unscale_norm: None });
         Ok(())
     }
 
@@ -230,6 +226,25 @@ impl Optimizer {
             });
         }
         self.written.check(grads)
+    }
+
+    /// Refuses `group`'s gradients as the elementwise families' plans do (`gpu::plan`): a
+    /// range its buffer cannot bind, a length other than its parameter's (the passes would
+    /// read past the gradient), f64, or memory shared with its parameter other than exactly
+    /// it (the passes would read elements already updated). `grads` has one per parameter.
+    /// For the groups whose passes do not bind a gradient beside its parameter: Adafactor's,
+    /// and Muon's (its momentum pass binds the gradient beside Muon's scratch).
+    pub(super) fn check_grads_against_params(&self, group: &Group, grads: &[Tensor]) -> Result<()> {
+        let members = self.params.iter().zip(grads).enumerate().skip(group.first).take(group.len);
+        for (i, (param, grad)) in members {
+            let (param, grad) =
+                (Arg::new(format!("params[{i}]"), param), Arg::new(format!("grads[{i}]"), grad));
+            check_like(&grad, &param)?;
+            if grad.tensor.overlaps(&param.tensor) && grad.tensor != param.tensor {
+                return Err(Error::PartialOverlap { output: param.name, other: grad.name });
+            }
+        }
+        Ok(())
     }
 
     /// Refuses gradients that share memory with each other ([`Error::OverlapsWritten`]

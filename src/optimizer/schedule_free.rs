@@ -1,5 +1,6 @@
-//! Schedule-Free AdamW on the GPU optimizer: each group's running values (`k`,
-//! `weight_sum`, `lr_max`), the mode, and the `eval()`/`train()` swap pass.
+//! Schedule-Free AdamW on the GPU optimizer: the options it refuses, the accessors of each
+//! group's running values (`k`, `weight_sum`, `lr_max`) and of the mode, which its passes
+//! keep (`crate::family::schedule_free::gpu_passes`), and the `eval()`/`train()` swap pass.
 //!
 //! The swap is one more dispatch of the family's kernel with its `SWAP` switch: the same
 //! tensors as a step (the parameters, z, the model copies and Kahan compensations), with
@@ -8,65 +9,13 @@
 
 use super::record::write_rounding;
 use super::{Optimizer, OptimizerOptions, ParamGroup};
-use crate::algo::{group_step, SWAP_ROUNDING_STEP};
+use crate::algo::SWAP_ROUNDING_STEP;
+use crate::family::schedule_free::gpu_passes::ScheduleFreeHost;
 use crate::family::schedule_free::scalars::check_scalars;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars};
-use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
+use crate::step::UNIFORM_SLOT_BYTES;
 use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars};
-
-/// The schedule-free part of an optimizer's host state.
-pub(super) struct ScheduleFreeHost {
-    /// Each group's running values (the initial ones for groups of other algorithms).
-    scalars: Vec<ScheduleFreeScalars>,
-    /// The values after the step being recorded, kept until it is recorded.
-    next: Vec<ScheduleFreeScalars>,
-    pending: bool,
-    mode: ScheduleFreeMode,
-    /// The swap pass of each schedule-free group, built at the first `eval()`.
-    swap: Option<Vec<(usize, Batch)>>,
-}
-
-impl ScheduleFreeHost {
-    pub(super) fn new(groups: usize) -> Self {
-        ScheduleFreeHost {
-            scalars: vec![ScheduleFreeScalars::default(); groups],
-            next: vec![ScheduleFreeScalars::default(); groups],
-            pending: false,
-            mode: ScheduleFreeMode::Train,
-            swap: None,
-        }
-    }
-
-    /// Group `g`'s kernel step at step `t`; a schedule-free group's values after it wait for
-    /// [`Self::commit`].
-    pub(super) fn kernel_step(&mut self, g: usize, algorithm: &Algorithm, t: u64) -> KernelStep {
-        let (step, next) = group_step(algorithm, t, &self.scalars[g]);
-        self.next[g] = next;
-        self.pending = true;
-        step
-    }
-
-    /// The step whose uniforms [`Self::kernel_step`] gave was recorded.
-    pub(super) fn commit(&mut self) {
-        if std::mem::take(&mut self.pending) {
-            self.scalars.copy_from_slice(&self.next);
-        }
-    }
-
-    /// Drops the values of a step that was not committed (it failed).
-    pub(super) fn discard(&mut self) {
-        self.pending = false;
-    }
-
-    /// Refuses `call` in eval mode ([`Error::EvalMode`]).
-    pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
-        match self.mode {
-            ScheduleFreeMode::Train => Ok(()),
-            ScheduleFreeMode::Eval => Err(Error::EvalMode { call }),
-        }
-    }
-}
 
 /// Capturable mode (and so AMP, which needs it) is refused for schedule-free groups: each
 /// step's averaging weight comes from the host's running `lr_max` and `weight_sum`.
@@ -87,14 +36,15 @@ impl Optimizer {
     /// Which point the parameters hold: y ([`ScheduleFreeMode::Train`], where every
     /// optimizer starts) or, after [`Self::eval`], the average x.
     pub fn mode(&self) -> ScheduleFreeMode {
-        self.schedule_free.mode
+        self.passes_of::<ScheduleFreeHost>().map_or(ScheduleFreeMode::Train, |host| host.mode)
     }
 
     /// Group `g`'s running Schedule-Free values (`k`, `weight_sum`, `lr_max`); `None` for a
     /// group past the last or one that runs another algorithm.
     pub fn schedule_free_scalars(&self, g: usize) -> Option<ScheduleFreeScalars> {
         let group = self.groups.get(g)?;
-        matches!(group.algorithm, Algorithm::ScheduleFreeAdamW(_)).then(|| self.schedule_free.scalars[g])
+        let host = self.passes_of::<ScheduleFreeHost>()?;
+        matches!(group.algorithm, Algorithm::ScheduleFreeAdamW(_)).then(|| host.scalars[g])
     }
 
     /// Replaces group `g`'s running Schedule-Free values (e.g. from a checkpoint), from the
@@ -104,7 +54,9 @@ impl Optimizer {
         let groups = self.groups.len();
         let group = self.groups.get(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
         check_scalars(&group.algorithm, &scalars)?;
-        self.schedule_free.scalars[g] = scalars;
+        if let Some(host) = self.passes_of_mut::<ScheduleFreeHost>() {
+            host.scalars[g] = scalars;
+        }
         Ok(())
     }
 
@@ -112,12 +64,19 @@ impl Optimizer {
     /// Burn's module step moving parameters in x to a new optimizer).
     #[cfg_attr(not(any(feature = "checkpoint", feature = "burn")), allow(dead_code))]
     pub(crate) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
-        self.schedule_free.mode = mode;
+        self.set_mode(mode);
+    }
+
+    /// Sets the mode Schedule-Free's passes keep (train, always, without them).
+    fn set_mode(&mut self, mode: ScheduleFreeMode) {
+        if let Some(host) = self.passes_of_mut::<ScheduleFreeHost>() {
+            host.mode = mode;
+        }
     }
 
     /// Refuses `call` in eval mode ([`Error::EvalMode`]).
     pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
-        self.schedule_free.check_train_mode(call)
+        self.passes_of::<ScheduleFreeHost>().map_or(Ok(()), |host| host.check_train_mode(call))
     }
 
     /// Records Schedule-Free's `eval()` into the caller's encoder: every parameter y of every
@@ -129,7 +88,7 @@ impl Optimizer {
     /// nothing is recorded and the mode is unchanged.
     pub fn record_eval(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         if self.record_swap(encoder, ScheduleFreeMode::Eval)? {
-            self.schedule_free.mode = ScheduleFreeMode::Eval;
+            self.set_mode(ScheduleFreeMode::Eval);
         }
         Ok(())
     }
@@ -138,7 +97,7 @@ impl Optimizer {
     /// train mode. A no-op in train mode; otherwise as [`Self::record_eval`].
     pub fn record_train(&mut self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         if self.record_swap(encoder, ScheduleFreeMode::Train)? {
-            self.schedule_free.mode = ScheduleFreeMode::Train;
+            self.set_mode(ScheduleFreeMode::Train);
         }
         Ok(())
     }
@@ -164,7 +123,7 @@ impl Optimizer {
             Ok(())
         })?;
         if changes {
-            self.schedule_free.mode = to;
+            self.set_mode(to);
         }
         Ok(())
     }
@@ -177,7 +136,7 @@ impl Optimizer {
         let schedule_free: Vec<usize> = (0..self.groups.len())
             .filter(|&g| matches!(self.groups[g].algorithm, Algorithm::ScheduleFreeAdamW(_)))
             .collect();
-        if schedule_free.is_empty() || self.schedule_free.mode == to {
+        if schedule_free.is_empty() || self.mode() == to {
             return Ok(false);
         }
         for &g in &schedule_free {
@@ -187,15 +146,23 @@ impl Optimizer {
                 crate::algo::check_eval(c)?;
             }
         }
-        if self.schedule_free.swap.is_none() {
-            self.schedule_free.swap = Some(self.bind_swap(&schedule_free)?);
+        if self.passes_of::<ScheduleFreeHost>().is_some_and(|host| host.swap.is_none()) {
+            let swap = self.bind_swap(&schedule_free)?;
+            if let Some(host) = self.passes_of_mut::<ScheduleFreeHost>() {
+                host.swap = Some(swap);
+            }
         }
+        // Its groups exist, so its passes do.
+        let Some(host) = self.passes.iter().find_map(|p| p.as_any().downcast_ref::<ScheduleFreeHost>())
+        else {
+            return Ok(false);
+        };
         let to_eval = to == ScheduleFreeMode::Eval;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
         let mut any = false;
         for (g, bytes) in slots.enumerate() {
             if let (Algorithm::ScheduleFreeAdamW(c), true) =
-                (&self.groups[g].algorithm, self.schedule_free.scalars[g].k > 0)
+                (&self.groups[g].algorithm, host.scalars[g].k > 0)
             {
                 c.swap_step(to_eval).write_uniform(self.math, bytes);
                 write_rounding(self.rounding, SWAP_ROUNDING_STEP | self.step, bytes);
@@ -208,8 +175,8 @@ impl Optimizer {
                 label: Some(if to_eval { "wgpu-optim eval" } else { "wgpu-optim train" }),
                 timestamp_writes: None,
             });
-            for (g, batch) in self.schedule_free.swap.iter().flatten() {
-                if self.schedule_free.scalars[*g].k > 0 {
+            for (g, batch) in host.swap.iter().flatten() {
+                if host.scalars[*g].k > 0 {
                     batch.record(&mut pass, &self.uniforms.bind_groups[*g]);
                 }
             }

@@ -47,8 +47,8 @@ impl WrittenRanges {
                 }
             }
         }
-        // Adafactor's states live in its engine's buffer, not in `state`.
-        for (i, kind, t) in optimizer.adafactor.iter().flat_map(|engine| engine.states()) {
+        // States the families' passes keep (Adafactor's) are not in `state`.
+        for (i, kind, t) in optimizer.passes.iter().flat_map(|p| p.states()) {
             push(format!("{}[{i}]", kind.torch_name()), t, None);
         }
         written.sort_by(|a, b| {

@@ -1,5 +1,5 @@
 // Adafactor (torch.optim.Adafactor), one tensor per dispatch, in passes recorded in order
-// into one compute pass (src/gpu/adafactor.rs), f32 math whatever the storage:
+// into one compute pass (src/family/adafactor/gpu_passes.rs), f32 math whatever the storage:
 //   rows        each row's mean of g^2 over the last dim: row_var = lerp(row_var, mean, w)
 //   cols        each column's mean of g^2 over the second-last dim: col_var likewise
 //   psum        partial sums of p^2 (before the decay), one per workgroup
@@ -14,10 +14,10 @@
 // Every sum runs in a fixed order over a fixed partition (a serial loop per row or column,
 // `info.parts` workgroups reduced as a tree, the partials added in order): no atomics, the
 // same bits on every run. The host prepends `S`, `struct Hyper` (src/family/adafactor/contract.rs),
-// `struct Info`, `WG` and the `BINDING_*` constants (src/gpu/adafactor.rs),
+// `struct Info`, `WG` and the `BINDING_*` constants (src/family/adafactor/gpu_passes.rs),
 // shaders/convert.wgsl and shaders/nan_bits.wgsl.
 
-// `struct Info` (where one tensor lives, and its shape) is generated from src/gpu/adafactor.rs.
+// `struct Info` (where one tensor lives, and its shape) is generated from src/family/adafactor/gpu_passes.rs.
 
 @group(0) @binding(BINDING_HYPER) var<uniform> hp: Hyper;
 @group(0) @binding(BINDING_INFO) var<uniform> info: Info;

@@ -5,7 +5,7 @@
 //!
 //! The step looks at whole tensors (row and column means, the parameter's and the update's
 //! RMS), so it is not an elementwise family: the GPU runs its own passes
-//! (`gpu::adafactor`), the CPU backend its own loops (`cpu::adafactor`). What every element
+//! (`family::adafactor::gpu_passes`), the CPU backend its own loops (`cpu_passes`). What every element
 //! of a step shares, the host computes here ([`Adafactor::kernel_step`]).
 
 use crate::algo::{check, check_rate};
@@ -258,5 +258,14 @@ impl crate::algo::FamilyConfig for Adafactor {
              into factored states, which a stateless elementwise update does not take: \
              step it with an Optimizer given param_shapes",
         )
+    }
+
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        Ok(Some(Box::new(super::cpu_passes::AdafactorPasses::new(options, lens)?)))
     }
 }

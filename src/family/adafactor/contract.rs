@@ -48,7 +48,7 @@ pub(crate) type Uniform64 = AdafactorUniform64;
 /// The slots the update reads, in the order its arguments are given. The Kahan compensation
 /// is last: the body never names it, the generated `store_param` reads and writes it where
 /// it is bound.
-// Its own passes bind their tensors (`gpu::adafactor`); never an elementwise kernel.
+// Its own passes bind their tensors (`family::adafactor::gpu_passes`); never an elementwise kernel.
 pub(crate) const INPUTS: &[Slot] = &[Param, Grad];
 
 /// The slots the update writes, in the order its arguments are given.
@@ -57,12 +57,12 @@ pub(crate) const OUTPUTS: &[Slot] = &[Param];
 /// Every combination of the switches, which the kernel tests validate one by one.
 #[cfg(test)]
 pub(crate) fn every_switches() -> Vec<Switches> {
-    // Not elementwise: its own passes (`gpu::adafactor`) run it, and their tests cover them.
+    // Not elementwise: its own passes (`family::adafactor::gpu_passes`) run it, and their tests cover them.
     Vec::new()
 }
 
 /// The switches whose variant binds the most state, which the pipeline test compiles within
 /// WebGPU's default limits.
-/// None: not elementwise, it runs passes of its own (`gpu::adafactor`).
+/// None: not elementwise, it runs passes of its own (`family::adafactor::gpu_passes`).
 #[cfg(test)]
 pub(crate) const WIDEST_SWITCHES: Option<Switches> = None;

@@ -1,4 +1,4 @@
-//! Adafactor's CPU update for a step: nothing elementwise. Its own passes (`cpu::adafactor`)
+//! Adafactor's CPU update for a step: nothing elementwise. Its own passes (`cpu_passes`)
 //! reduce rows, columns and whole tensors and update the parameters.
 
 use crate::cpu::kernels::{Loops, Update};

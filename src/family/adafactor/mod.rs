@@ -1,6 +1,6 @@
 //! Adafactor (PyTorch): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its passes' WGSL (its passes themselves are still `gpu::adafactor`'s and
-//! `cpu::adafactor`'s) and, with the `cpu` feature, its elementwise CPU update, which does
+//! (`contract`), its passes on the device (`gpu_passes`, with their WGSL) and, with the
+//! `cpu` feature, on the CPU (`cpu_passes`), and its elementwise CPU update, which does
 //! nothing (`cpu`).
 
 #[cfg(feature = "checkpoint")]
@@ -9,11 +9,14 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu_passes;
+pub(crate) mod gpu_passes;
 mod low_bit;
 
-/// Its passes (the factors' sums and the update), `gpu::adafactor`'s.
+/// Its passes (the factors' sums and the update), `gpu_passes`'s.
 pub(crate) const PASSES_WGSL: &str = include_str!("adafactor.wgsl");
-/// No elementwise update: its own passes run it (`gpu::adafactor`).
+/// No elementwise update: its own passes run it (`gpu_passes`).
 pub(crate) const UPDATE_WGSL: &str = "";
 /// Capturable mode's step values on the device: none. Adafactor has no elementwise update.
 pub(crate) const CAPTURABLE_WGSL: &str = "";

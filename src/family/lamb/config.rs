@@ -192,4 +192,14 @@ impl crate::algo::FamilyConfig for Lamb {
     fn state_kinds(&self) -> &'static [StateKind] {
         &[StateKind::ExpAvg, StateKind::ExpAvgSq]
     }
+
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        let _ = (options, lens);
+        Ok(Some(Box::<super::cpu_passes::LambPasses>::default()))
+    }
 }

@@ -71,12 +71,12 @@ pub(crate) const OUTPUTS: &[Slot] = &[
 /// Every combination of the switches, which the kernel tests validate one by one.
 #[cfg(test)]
 pub(crate) fn every_switches() -> Vec<Switches> {
-    // Its two passes bind scalars of their own (`gpu::lamb`), whose tests validate them.
+    // Its two passes bind scalars of their own (`family::lamb::shader`), whose tests validate them.
     Vec::new()
 }
 
 /// The switches whose variant binds the most state, which the pipeline test compiles within
 /// WebGPU's default limits.
-/// None: its passes bind scalars of their own (`gpu::lamb`).
+/// None: its passes bind scalars of their own (`family::lamb::shader`).
 #[cfg(test)]
 pub(crate) const WIDEST_SWITCHES: Option<Switches> = None;

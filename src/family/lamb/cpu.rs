@@ -22,7 +22,7 @@ pub(crate) fn lamb_direction<const WEIGHT_DECAY: bool>(hp: &LambUniform, p: f32,
 
 /// The apply pass of `src/family/lamb/lamb.wgsl` on one tensor: `p -= rate s`, with `s` from the
 /// stored moments and `rate` (the uniform's `step_size`) already multiplied by the tensor's
-/// trust ratio (`cpu::lamb`). The moments pass, which also sums, is `cpu::lamb`'s own.
+/// trust ratio (`cpu_passes`). The moments pass, which also sums, is `cpu_passes`'s own.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(crate) fn lamb_apply<E: Element, const WEIGHT_DECAY: bool>(
     hp: &LambUniform,

@@ -5,7 +5,7 @@
 //   adam_norm   = sqrt(sum s^2)
 //   trust_ratio = weight_norm / adam_norm, or 1 where either is 0
 //   applied     = 1 with `adam`, else trust_ratio        (what the apply pass multiplies)
-// The index buffer's layout: src/gpu/lamb.rs, `IndexLayout`. The prelude declares WG, the
+// The index buffer's layout: src/family/lamb/shader.rs, `IndexLayout`. The prelude declares WG, the
 // binding constants and `struct Hyper` (src/family/lamb/contract.rs).
 
 @group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> hp: Hyper;

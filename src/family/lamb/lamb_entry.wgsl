@@ -1,4 +1,4 @@
-// The entry point of LAMB's two table passes (src/family/lamb/lamb.wgsl, src/gpu/lamb.rs). The
+// The entry point of LAMB's two table passes (src/family/lamb/lamb.wgsl, src/family/lamb/shader.rs). The
 // entry's workgroups stride over its accesses, one at a time, or with PAIRS one aligned pair
 // of elements at a time (as entry_pair.wgsl, for packed 16-bit outputs). Each workgroup has
 // a slot, `table.head.first_workgroup` plus its index:
@@ -6,7 +6,7 @@
 //                 (WG / LAMB_FOLD sums of LAMB_FOLD, then their sum, as grad_norm.wgsl) and
 //                 writes them to `lamb_partials[slot]`;
 //   apply pass:   the workgroup's tensor is `lamb_index[4 + slot]`; its applied ratio is in
-//                 the norms the combine pass wrote (src/gpu/lamb.rs, `IndexLayout`).
+//                 the norms the combine pass wrote (src/family/lamb/shader.rs, `IndexLayout`).
 //
 // The generated prelude supplies WG, table, table_row, select_entry, prologue (host scalars:
 // always true), setup, update, APPLY, PAIRS, LAMB_FOLD, lamb_sums, lamb_rate, lamb_partials,

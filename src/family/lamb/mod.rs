@@ -1,5 +1,7 @@
 //! LAMB (torch-optimizer): its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! (`contract`), its WGSL, the shader pieces of its passes on the device (`shader`) and the
+//! passes themselves (`gpu_passes`) and, with the `cpu` feature, its CPU loops (`cpu`) and
+//! passes (`cpu_passes`).
 
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
@@ -7,7 +9,11 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu_passes;
+pub(crate) mod gpu_passes;
 mod low_bit;
+pub(crate) mod shader;
 
 /// The update's body (`update`), which the generated prelude precedes.
 pub(crate) const UPDATE_WGSL: &str = include_str!("lamb.wgsl");

@@ -245,4 +245,13 @@ impl crate::algo::FamilyConfig for Muon {
     fn state_kinds(&self) -> &'static [StateKind] {
         &[StateKind::MomentumBuffer]
     }
+
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        Ok(Some(Box::new(super::cpu_passes::MuonPasses::new(&(*self).into(), options, lens.len())?)))
+    }
 }

@@ -1,6 +1,7 @@
 //! Muon (`torch.optim.Muon`): the elementwise end of its step and Newton-Schulz's
 //! normalization: its configuration (`config`), its step contract with the kernels
-//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`).
+//! (`contract`), its WGSL and, with the `cpu` feature, its CPU loops (`cpu`) and its
+//! momentum and Newton-Schulz passes there (`cpu_passes`).
 
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
@@ -8,6 +9,9 @@ pub(crate) mod config;
 pub(crate) mod contract;
 #[cfg(feature = "cpu")]
 pub(crate) mod cpu;
+#[cfg(feature = "cpu")]
+pub(crate) mod cpu_passes;
+pub(crate) mod gpu_passes;
 mod low_bit;
 
 /// The update's body (`update`), which the generated prelude precedes.

@@ -1,5 +1,5 @@
 //! Schedule-Free AdamW's `param_groups` entry in checkpoints, under the `schedulefree`
-//! package's keys (its running values are the optimizer's: `crate::checkpoint::schedule_free`).
+//! package's keys (its running values are the optimizer's: `checkpoint_layout`).
 
 use super::config::ScheduleFreeAdamW;
 use crate::checkpoint::{bad_json, FamilyCheckpoint, JsonFields};

@@ -137,20 +137,6 @@ pub enum ScheduleFreeMode {
     Eval,
 }
 
-/// The kernel step of a group running `algorithm` at step `t`: for a schedule-free group,
-/// the step after its values `scalars`, with the values after it; for the others,
-/// `algorithm.kernel_step(t)` and `scalars` as they were.
-pub(crate) fn group_step(
-    algorithm: &crate::Algorithm,
-    t: u64,
-    scalars: &ScheduleFreeScalars,
-) -> (KernelStep, ScheduleFreeScalars) {
-    match algorithm {
-        crate::Algorithm::ScheduleFreeAdamW(c) => c.advance(scalars),
-        other => (other.kernel_step(t), *scalars),
-    }
-}
-
 /// Stochastic rounding's step for the swap passes, or'ed into the step count: a stream of
 /// their own, never a step's (the device keeps the low 32 bits of a step).
 pub(crate) const SWAP_ROUNDING_STEP: u64 = 1 << 31;
@@ -201,5 +187,15 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
             "Schedule-Free AdamW's step depends on its group's running k, weight_sum and \
              lr_max, which a stateless update does not keep: step it with an Optimizer",
         )
+    }
+
+    #[cfg(feature = "cpu")]
+    fn cpu_passes(
+        &self,
+        options: &crate::OptimizerOptions,
+        lens: &[usize],
+    ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
+        let _ = (options, lens);
+        Ok(Some(Box::new(super::cpu_passes::ScheduleFreePasses::new())))
     }
 }

@@ -66,7 +66,7 @@ pub(crate) enum Scalars {
     /// the partials, written.
     UnscaleNorm,
     /// LAMB's two table passes: the hyperparameter uniform, the partial sums (written) and
-    /// the index with the norms (read) (`gpu::lamb`).
+    /// the index with the norms (read) (`family::lamb::shader`).
     Lamb,
 }
 

@@ -33,7 +33,7 @@ impl Program {
     /// The WGSL body, embedded at build time.
     pub(super) fn source(self) -> &'static str {
         match self {
-            // Adafactor's is "": not elementwise, its own passes (`gpu::adafactor`) run it.
+            // Adafactor's is "": not elementwise, its own passes (`family::adafactor::gpu_passes`) run it.
             Program::Update(s) => s.family().update_wgsl(),
             Program::Unscale | Program::UnscaleNorm(_) => include_str!("../../../shaders/unscale.wgsl"),
             Program::GradNorm(_) => "",

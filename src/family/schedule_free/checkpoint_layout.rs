@@ -2,7 +2,7 @@
 //! and `train_mode` in its `param_groups` entry, under the `schedulefree` package's names
 //! (its `state_dict` keeps them per group), written by either backend and read back.
 
-use super::bad;
+use crate::checkpoint::bad;
 use crate::{Algorithm, Result, ScheduleFreeMode, ScheduleFreeScalars};
 
 /// What a checkpoint records of an optimizer's Schedule-Free groups.

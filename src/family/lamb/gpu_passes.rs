@@ -1,20 +1,24 @@
 //! LAMB on the GPU optimizer: per LAMB group, the moments pass, the combine pass and the
-//! apply pass (`gpu::lamb` has the shader side), recorded into the step's compute pass after
+//! apply pass (`family::lamb::shader` has the shader side), recorded into the step's compute pass after
 //! the other groups' updates. Nothing is read back: the trust ratios go from the combine
-//! pass to the apply pass through the group's index buffer, where [`Optimizer::lamb_norms`]
+//! pass to the apply pass through the group's index buffer, where `Optimizer::lamb_norms`
 //! finds the last step's norms.
 
-use super::{Optimizer, OptimizerOptions, ParamGroup};
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::family::lamb::shader::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
-use crate::gpu::lamb::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
 use crate::gpu::GpuContext;
-use crate::step::{KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
+use crate::optimizer::passes::{GroupPasses, PassView};
+use crate::optimizer::{Group, OptimizerOptions, ParamGroup, BOUND_GRADIENT_SETS};
+use crate::step::{Family, KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
 use crate::{Algorithm, DType, Error, Result, Tensor};
 
 /// One LAMB group's passes over one set of gradients.
-pub(super) struct LambBound {
+pub(crate) struct LambBound {
     /// The group's first parameter and its parameter count.
     first: usize,
     len: usize,
@@ -32,7 +36,7 @@ pub(super) struct LambBound {
 /// Refuses what LAMB groups do not implement: capturable mode, clipping and stochastic
 /// rounding (`algo::lamb::check_options`), and f64 parameters (the passes sum in f32 and
 /// the combine pass reads an f32 uniform).
-pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
     for group in groups {
         let clipped = options.grad_clip.is_some();
         crate::algo::check_lamb_options(&group.algorithm, options.capturable, clipped, options.rounding)?;
@@ -48,46 +52,95 @@ pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -
     Ok(())
 }
 
-impl Optimizer {
-    /// The passes of every LAMB group over `grads` (already checked).
-    pub(super) fn bind_lamb(&self, grads: &[Tensor]) -> Result<Vec<LambBound>> {
-        let mut bound = Vec::new();
-        for (g, group) in self.groups.iter().enumerate() {
-            if matches!(group.algorithm, Algorithm::Lamb(_)) {
-                bound.push(self.bind_lamb_group(g, group.first, group.len, grads)?);
-            }
-        }
-        Ok(bound)
-    }
+/// LAMB's part of the GPU optimizer: the passes of its groups for the most recent gradient
+/// sets, most recent first, each with the groups they were bound for (a group may change
+/// between Adam and LAMB, which share their states).
+#[derive(Default)]
+pub(crate) struct LambPasses {
+    bound: Vec<(Vec<Tensor>, Vec<usize>, Vec<LambBound>)>,
+}
 
-    fn bind_lamb_group(&self, g: usize, first: usize, len: usize, grads: &[Tensor]) -> Result<LambBound> {
-        let algorithm = self.groups[g].algorithm;
-        if self.math == DType::F64 {
-            return Err(Error::DTypeMismatch {
-                argument: "params".into(),
-                got: DType::F64,
-                expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
-            });
-        }
-        let items = |apply: bool| -> Result<Vec<_>> {
-            let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
-            (first..first + len)
-                .map(|i| self.batch_item(Scalars::Lamb, program, &algorithm, i, &grads[i]))
-                .collect()
-        };
-        let uniform = (self.uniforms.buffer(), g as u64 * UNIFORM_SLOT_BYTES);
-        bind_passes(&self.ctx, [items(false)?, items(true)?], first, uniform)
-    }
+/// The passes of an optimizer over `groups` with a LAMB group; `None` without one.
+pub(crate) fn build(
+    _: &GpuContext,
+    groups: &[Group],
+    _: &[Tensor],
+    _: &[Vec<usize>],
+) -> Result<Option<Box<dyn GroupPasses>>> {
+    let lamb = groups.iter().any(|g| matches!(g.algorithm, Algorithm::Lamb(_)));
+    Ok(lamb.then(|| Box::<LambPasses>::default() as Box<dyn GroupPasses>))
+}
 
-    /// Tensor `i`'s norms at the last step, on the device: three f32 (`weight_norm`,
-    /// `adam_norm`, `trust_ratio`, as torch-optimizer keeps them in its state) to read with
-    /// [`GpuContext::read`](crate::GpuContext::read); the values change with every recorded
-    /// step, and before the first they are 0. `None` where tensor `i` is not in a LAMB group, or before the
-    /// optimizer has bound a step.
-    pub fn lamb_norms(&self, i: usize) -> Option<Tensor> {
-        let bound = self.bound.first()?.lamb.iter().find(|b| (b.first..b.first + b.len).contains(&i))?;
+impl LambPasses {
+    /// Tensor `i`'s norms at the last step (`Optimizer::lamb_norms`).
+    pub(crate) fn norms(&self, i: usize) -> Option<Tensor> {
+        let (_, _, groups) = self.bound.first()?;
+        let bound = groups.iter().find(|b| (b.first..b.first + b.len).contains(&i))?;
         let offset = 4 * u64::from(bound.layout.norms + 4 * (i - bound.first) as u32);
         Some(Tensor::new(&bound.index, offset, 3, DType::F32))
+    }
+}
+
+/// The passes of LAMB group `g` over `grads` (already checked).
+fn bind_group(view: &PassView<'_>, g: usize, grads: &[Tensor]) -> Result<LambBound> {
+    let group = &view.groups[g];
+    let (algorithm, first, len) = (group.algorithm, group.first, group.len);
+    if view.math == DType::F64 {
+        return Err(Error::DTypeMismatch {
+            argument: "params".into(),
+            got: DType::F64,
+            expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+        });
+    }
+    let items = |apply: bool| -> Result<Vec<_>> {
+        let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
+        (first..first + len)
+            .map(|i| view.optimizer.batch_item(Scalars::Lamb, program, &algorithm, i, &grads[i]))
+            .collect()
+    };
+    let uniform = (view.uniforms.buffer(), g as u64 * UNIFORM_SLOT_BYTES);
+    bind_passes(view.ctx, [items(false)?, items(true)?], first, uniform)
+}
+
+impl GroupPasses for LambPasses {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn family(&self) -> Family {
+        Family::Lamb
+    }
+
+    /// Makes the passes of `grads` the first kept, building them unless kept.
+    fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
+        let groups: Vec<usize> = (0..view.groups.len())
+            .filter(|&g| matches!(view.groups[g].algorithm, Algorithm::Lamb(_)))
+            .collect();
+        if let Some(k) = self.bound.iter().position(|(set, g, _)| set == grads && *g == groups) {
+            let hit = self.bound.remove(k);
+            self.bound.insert(0, hit);
+            return Ok(());
+        }
+        let bound = groups.iter().map(|&g| bind_group(view, g, grads)).collect::<Result<Vec<_>>>()?;
+        self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+        self.bound.insert(0, (grads.to_vec(), groups, bound));
+        Ok(())
+    }
+
+    /// After the other groups' updates.
+    fn record_after(&self, pass: &mut wgpu::ComputePass<'_>, _: &GpuContext) {
+        if let Some((_, _, bound)) = self.bound.first() {
+            record(pass, bound);
+        }
+    }
+
+    /// The moments and apply passes bind the groups' tensors themselves.
+    fn runs_group(&self, _: usize, algorithm: &Algorithm) -> bool {
+        matches!(algorithm, Algorithm::Lamb(_))
     }
 }
 
@@ -109,7 +162,8 @@ pub(crate) fn bind_passes(
     let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
     let device = ctx.device();
     let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
-    let (combine_layout, combine) = combine_pipeline(ctx)?;
+    let compiled = combine_pipeline(ctx)?;
+    let (combine_layout, combine) = (&compiled.0, &compiled.1);
     ctx.catch("creating the LAMB passes", || {
         use wgpu::util::DeviceExt;
         let index = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -153,10 +207,12 @@ pub(crate) fn bind_passes(
 }
 
 /// The combine pass's pipeline and its group 0 layout: compiled once per context.
-fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
-    if let Some(compiled) = ctx.inner.lamb_combine.get() {
-        return Ok(compiled);
-    }
+fn combine_pipeline(ctx: &GpuContext) -> Result<Arc<(wgpu::BindGroupLayout, wgpu::ComputePipeline)>> {
+    ctx.inner.pipelines.get_pass("lamb combine", || compile_combine(ctx))
+}
+
+/// [`combine_pipeline`], compiled.
+fn compile_combine(ctx: &GpuContext) -> Result<(wgpu::BindGroupLayout, wgpu::ComputePipeline)> {
     let device = ctx.device();
     let source = combine_wgsl();
     let compiled = ctx.catch("compiling the LAMB combine pass", || {
@@ -183,8 +239,7 @@ fn combine_pipeline(ctx: &GpuContext) -> Result<&(wgpu::BindGroupLayout, wgpu::C
         });
         (layout, pipeline)
     })?;
-    // Two threads may both compile it; the first stored is kept.
-    Ok(ctx.inner.lamb_combine.get_or_init(|| compiled))
+    Ok(compiled)
 }
 
 /// The stateless update (`ops::update`) of LAMB: the calls' tensors in one set of passes,
@@ -250,7 +305,7 @@ pub(crate) fn record_stateless(
 
 /// Records every LAMB group's three passes into `pass`: each pass reads what the one before
 /// it wrote (a compute pass orders its dispatches' storage accesses).
-pub(super) fn record(pass: &mut wgpu::ComputePass<'_>, bound: &[LambBound]) {
+fn record(pass: &mut wgpu::ComputePass<'_>, bound: &[LambBound]) {
     for b in bound {
         b.moments.record(pass, &b.passes_group);
         pass.set_pipeline(&b.combine);

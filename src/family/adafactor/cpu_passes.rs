@@ -16,15 +16,18 @@
 //! state is sublinear; the passes' partial sums live in scratch made with the state, so a
 //! step allocates nothing.
 
+use std::any::Any;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::host::{HostSlice, HostSliceMut};
-use super::state_memory::StateTensor;
-use super::CpuOptimizer;
+use crate::cpu::host::{HostSlice, HostSliceMut};
+use crate::cpu::passes::{CpuPasses, CpuStep};
+use crate::cpu::state_memory::StateTensor;
+
 use crate::algo::factored_dims;
 use crate::step::AdafactorUniform;
-use crate::{Adafactor, Algorithm, DType, OptimizerOptions, Result, StateKind};
+use crate::{Algorithm, DType, OptimizerOptions, Result, StateKind};
 
 /// Elements per block: rayon's per-item cost vanishes next to a block's work.
 const BLOCK: usize = 64 * 1024;
@@ -37,7 +40,7 @@ const LANES: usize = 8;
 
 /// One tensor's Adafactor state, in f32.
 #[derive(Clone, Debug)]
-pub(super) struct AdafactorTensor {
+struct AdafactorTensor {
     /// `(batches, rows, cols)` of a tensor of 2 or more dimensions; `None` for a vector.
     dims: Option<(usize, usize, usize)>,
     /// `row_var` (`batches * rows`) or, for a vector, `variance`; F32.
@@ -137,22 +140,6 @@ fn values(tensor: &mut StateTensor) -> &mut [f32] {
         HostSliceMut::F32(values) => values,
         _ => &mut [],
     }
-}
-
-/// The states of an Adafactor optimizer over parameters of `lens` (empty for another
-/// algorithm); refuses what Adafactor does not run, before anything is made.
-pub(super) fn new_states(
-    algorithm: &Algorithm,
-    options: &OptimizerOptions,
-    lens: &[usize],
-) -> Result<Vec<AdafactorTensor>> {
-    if !matches!(algorithm, Algorithm::Adafactor(_)) {
-        return Ok(Vec::new());
-    }
-    crate::algo::check_adafactor_options(true, options)?;
-    crate::algo::check_adafactor_shapes(&options.param_shapes)?;
-    debug_assert_eq!(options.param_shapes.len(), lens.len());
-    options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect()
 }
 
 /// A storage type the passes read and write.
@@ -329,21 +316,47 @@ struct Scalars {
     eps1: f32,
 }
 
-impl CpuOptimizer {
-    /// One Adafactor step at step `t` over every tensor (already checked).
-    pub(super) fn adafactor_step(
-        &mut self,
-        config: &Adafactor,
-        params: &mut [HostSliceMut<'_>],
-        grads: &[HostSlice<'_>],
-    ) -> Result<()> {
-        let t = self.step + 1;
-        let crate::step::KernelStep::Adafactor(_, uniform) = config.kernel_step(t) else { return Ok(()) };
+/// Adafactor's passes on the CPU: each parameter's states, which the passes keep in place
+/// of the optimizer's.
+#[derive(Clone, Debug)]
+pub(crate) struct AdafactorPasses {
+    tensors: Vec<AdafactorTensor>,
+}
+
+impl AdafactorPasses {
+    /// The states of an Adafactor optimizer over parameters of `lens`; refuses what
+    /// Adafactor does not run, before anything is made.
+    pub(crate) fn new(options: &OptimizerOptions, lens: &[usize]) -> Result<Self> {
+        crate::algo::check_adafactor_options(true, options)?;
+        crate::algo::check_adafactor_shapes(&options.param_shapes)?;
+        debug_assert_eq!(options.param_shapes.len(), lens.len());
+        let tensors = options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect::<Result<_>>()?;
+        Ok(AdafactorPasses { tensors })
+    }
+}
+
+impl CpuPasses for AdafactorPasses {
+    fn clone_box(&self) -> Box<dyn CpuPasses> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    /// Every tensor's passes at step `t`; nothing is elementwise.
+    fn step(&mut self, s: CpuStep<'_, '_, '_>) -> bool {
+        let Algorithm::Adafactor(config) = s.algorithm else { return false };
+        let crate::step::KernelStep::Adafactor(_, uniform) = config.kernel_step(s.t) else { return true };
         let hp = uniform.to_f32();
-        let first = self.params.first().map_or(DType::F32, |p| p.0);
+        let first = s.params.first().map_or(DType::F32, |p| p.dtype());
         let eps1 = config.eps1_for(first) as f32;
         let scalars = Scalars { hp, eps1 };
-        for ((param, grad), state) in params.iter_mut().zip(grads).zip(&mut self.adafactor) {
+        for ((param, grad), state) in s.params.iter_mut().zip(s.grads).zip(&mut self.tensors) {
             use HostSlice as G;
             use HostSliceMut as P;
             match (param, grad) {
@@ -358,14 +371,16 @@ impl CpuOptimizer {
                 (P::BF16(p), G::BF16(g)) => tensor(&scalars, state, p, g),
             }
         }
-        self.step = t;
-        Ok(())
+        true
     }
 
-    /// Parameter `index`'s Adafactor state of `kind` (`None` for another algorithm, or a
-    /// kind the tensor does not keep).
-    pub(super) fn adafactor_state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
-        let state = self.adafactor.get(index)?;
+    fn keeps_states(&self) -> bool {
+        true
+    }
+
+    /// `None` for a kind the tensor does not keep.
+    fn state(&self, index: usize, kind: StateKind) -> Option<HostSlice<'_>> {
+        let state = self.tensors.get(index)?;
         match (state.dims.is_some(), kind) {
             (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(state.first.as_slice()),
             (true, StateKind::ColVar) => Some(state.second.as_slice()),
@@ -373,9 +388,8 @@ impl CpuOptimizer {
         }
     }
 
-    /// [`Self::adafactor_state`], writable.
-    pub(super) fn adafactor_state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
-        let state = self.adafactor.get_mut(index)?;
+    fn state_mut(&mut self, index: usize, kind: StateKind) -> Option<HostSliceMut<'_>> {
+        let state = self.tensors.get_mut(index)?;
         match (state.dims.is_some(), kind) {
             (true, StateKind::RowVar) | (false, StateKind::Variance) => Some(state.first.as_mut_slice()),
             (true, StateKind::ColVar) => Some(state.second.as_mut_slice()),
@@ -383,27 +397,23 @@ impl CpuOptimizer {
         }
     }
 
-    /// Checkpoints: parameter `index`'s Adafactor states' kinds and dtypes (empty for
-    /// another algorithm).
+    /// In `adafactor_state_kinds` order, all f32.
     #[cfg(feature = "checkpoint")]
-    pub(super) fn adafactor_layout_state(&self, index: usize) -> Vec<(StateKind, DType)> {
-        if self.adafactor.get(index).is_none() {
+    fn checkpoint_states(&self, index: usize, shape: &[usize]) -> Vec<(StateKind, DType)> {
+        if self.tensors.get(index).is_none() {
             return Vec::new();
         }
-        let shape = self.shapes.get(index).map_or(&[][..], Vec::as_slice);
         crate::adafactor_state_kinds(shape).iter().map(|kind| (*kind, DType::F32)).collect()
     }
 
-    /// Checkpoints: parameter `index`'s Adafactor state `k` (in `adafactor_state_kinds` order).
     #[cfg(feature = "checkpoint")]
-    pub(super) fn adafactor_tensor(&self, index: usize, k: usize) -> Option<&StateTensor> {
-        self.adafactor.get(index)?.states().get(k).copied()
+    fn checkpoint_tensor(&self, index: usize, k: usize) -> Option<&StateTensor> {
+        self.tensors.get(index)?.states().get(k).copied()
     }
 
-    /// [`Self::adafactor_tensor`], writable.
     #[cfg(feature = "checkpoint")]
-    pub(super) fn adafactor_tensor_mut(&mut self, index: usize, k: usize) -> Option<&mut StateTensor> {
-        let state = self.adafactor.get_mut(index)?;
+    fn checkpoint_tensor_mut(&mut self, index: usize, k: usize) -> Option<&mut StateTensor> {
+        let state = self.tensors.get_mut(index)?;
         match (state.dims.is_some(), k) {
             (_, 0) => Some(&mut state.first),
             (true, 1) => Some(&mut state.second),

@@ -6,14 +6,20 @@
 //! in and out with f32 accumulation. In [`NsPrecision::BF16`] every Newton-Schulz result
 //! is rounded to bfloat16, as torch's bfloat16 tensors are after each op.
 
+use std::any::Any;
+
 use faer::linalg::matmul::matmul;
 use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::{Accum, MatMut, MatRef, Par};
 use half::{bf16, f16};
 
-use super::convert::{bf16_to_f32, f16_to_f32};
-use super::host::{HostSlice, HostSliceMut};
-use super::state_memory::StateTensor;
+use crate::cpu::convert::{bf16_to_f32, f16_to_f32};
+use crate::cpu::host::{HostSlice, HostSliceMut};
+use crate::cpu::kernels::Kernel;
+use crate::cpu::passes::{CpuPasses, CpuStep};
+use crate::cpu::state_memory::StateTensor;
+use crate::cpu::storage::Stores;
+use crate::cpu::work;
 use crate::{Algorithm, Error, Muon, NsPrecision, OptimizerOptions, Result};
 
 /// Rounds every element to bfloat16 (nearest even), kept in f32.
@@ -26,9 +32,9 @@ fn round_bf16(values: &mut [f32]) {
 /// The memory of a Muon step, made at build and reused by every step: each matrix's
 /// update, and the Newton-Schulz operands sized for the largest matrix.
 #[derive(Clone, Default)]
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     /// Each parameter's update `ratio O`, in its layout: the elementwise pass's gradient.
-    pub(super) updates: Vec<Vec<f32>>,
+    updates: Vec<Vec<f32>>,
     /// X and the next X (min x max).
     x: Vec<f32>,
     next: Vec<f32>,
@@ -45,7 +51,7 @@ impl std::fmt::Debug for Scratch {
 
 impl Scratch {
     /// The scratch of matrices of `shapes` (none for another algorithm).
-    pub(super) fn new(shapes: &[(usize, usize)]) -> Self {
+    fn new(shapes: &[(usize, usize)]) -> Self {
         let (mut len, mut square) = (0, 0);
         for &(rows, cols) in shapes {
             len = len.max(rows * cols);
@@ -255,11 +261,7 @@ fn transpose(values: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
 /// given and 2-D ([`crate::algo::matrix_shapes`]), and no gradient clipping (its
 /// coefficient would scale the orthogonalized update, not the gradient). Empty for the
 /// other algorithms.
-pub(super) fn check(
-    algorithm: &Algorithm,
-    options: &OptimizerOptions,
-    count: usize,
-) -> Result<Vec<(usize, usize)>> {
+fn check(algorithm: &Algorithm, options: &OptimizerOptions, count: usize) -> Result<Vec<(usize, usize)>> {
     if !matches!(algorithm, Algorithm::Muon(_)) {
         return Ok(Vec::new());
     }
@@ -277,7 +279,7 @@ pub(super) fn check(
 
 /// Every matrix's update `ratio O` into `scratch.updates` (and its momentum buffer,
 /// `state[i][0]`, updated).
-pub(super) fn updates(
+fn updates(
     config: &Muon,
     shapes: &[(usize, usize)],
     grads: &[HostSlice<'_>],
@@ -288,4 +290,57 @@ pub(super) fn updates(
     for (((shape, grad), state), out) in shapes.iter().zip(grads).zip(state).zip(updates) {
         update(config, *shape, *grad, &mut state[0], out, (x, next, m, n));
     }
+}
+
+/// Muon's passes on the CPU: each parameter's (rows, cols), and the updates and
+/// Newton-Schulz operands every step reuses.
+#[derive(Clone, Debug)]
+pub(crate) struct MuonPasses {
+    shapes: Vec<(usize, usize)>,
+    scratch: Scratch,
+}
+
+impl MuonPasses {
+    /// The passes over `count` parameters of a Muon optimizer built with `options`; refuses
+    /// what Muon does not run.
+    pub(crate) fn new(algorithm: &Algorithm, options: &OptimizerOptions, count: usize) -> Result<Self> {
+        let shapes = check(algorithm, options, count)?;
+        Ok(MuonPasses { scratch: Scratch::new(&shapes), shapes })
+    }
+}
+
+impl CpuPasses for MuonPasses {
+    fn clone_box(&self) -> Box<dyn CpuPasses> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    /// The orthogonalized updates take the gradients' place; the elementwise loop keeps no
+    /// state of its own (the momentum buffers were updated here).
+    fn step(&mut self, s: CpuStep<'_, '_, '_>) -> bool {
+        let Algorithm::Muon(config) = s.algorithm else { return false };
+        updates(config, &self.shapes, s.grads, s.state, &mut self.scratch);
+        run_apply(s.kernel, s.stores, s.params, &self.scratch.updates, s.compensation);
+        true
+    }
+}
+
+/// The elementwise apply pass, with each update as its parameter's gradient.
+fn run_apply(
+    kernel: &Kernel,
+    stores: &Stores,
+    params: &mut [HostSliceMut<'_>],
+    updates: &[Vec<f32>],
+    compensation: &mut [StateTensor],
+) {
+    let grads = updates.iter().map(|u| HostSlice::F32(u));
+    let no_state = std::iter::repeat_with(|| &mut [][..]);
+    work::run_jobs(kernel, stores, work::jobs(params, grads, no_state, compensation));
 }

@@ -4,35 +4,54 @@
 //! the moments as stored, so the norm is that of the `s` applied); each tensor's sums give
 //! its norms and trust ratio; the apply pass recomputes `s` from the stored moments and
 //! writes `p -= step_size trust_ratio s` through the storage layer every family uses
-//! (`super::storage`: 16-bit and mixed storage, Kahan compensation), with the family's apply
+//! (`crate::cpu::storage`: 16-bit and mixed storage, Kahan compensation), with the family's apply
 //! loop (`crate::family::lamb::cpu::lamb_apply`).
 //!
 //! The sums are deterministic: each tensor is cut into the same chunks and blocks whatever
 //! the thread count; a block sums in [`LANES`] f32 lanes (which the compiler vectorizes),
 //! folded in a fixed order; blocks and chunks add up in f64, in order.
 
+use std::any::Any;
+
 use half::bf16;
 use rayon::prelude::*;
 
-use super::convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
-use super::host::{HostElement, HostSlice, HostSliceMut};
-use super::kernels::{Element, Kernel};
-use super::state_memory::StateTensor;
-use super::storage::{self, Job, Stores};
-use super::work;
-use super::CpuOptimizer;
+use crate::cpu::convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::cpu::host::{HostElement, HostSlice, HostSliceMut};
+use crate::cpu::kernels::{Element, Kernel};
+use crate::cpu::passes::{CpuPasses, CpuStep};
+use crate::cpu::state_memory::StateTensor;
+use crate::cpu::storage::{self, Job, Stores};
+use crate::cpu::work;
+
 use crate::family::lamb::cpu::lamb_direction;
 use crate::step::{KernelStep, LambSwitches, LambUniform};
 use crate::{Algorithm, Lamb, LambNorms};
 
-impl CpuOptimizer {
-    /// Tensor `i`'s norms at the last step, when the optimizer runs LAMB and has stepped
-    /// (torch-optimizer's `state['weight_norm']`, `['adam_norm']`, `['trust_ratio']`).
-    pub fn lamb_norms(&self, i: usize) -> Option<LambNorms> {
-        match self.algorithm {
-            Algorithm::Lamb(_) => self.lamb_norms.get(i).copied(),
-            _ => None,
-        }
+/// LAMB's passes on the CPU: each tensor's norms at the last step (none before it).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LambPasses {
+    pub(crate) norms: Vec<LambNorms>,
+}
+
+impl CpuPasses for LambPasses {
+    fn clone_box(&self) -> Box<dyn CpuPasses> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    /// The moments pass, the norms and the apply pass replace the elementwise loop.
+    fn step(&mut self, s: CpuStep<'_, '_, '_>) -> bool {
+        let Algorithm::Lamb(config) = s.algorithm else { return false };
+        self.norms = step(config, s.t, s.stores, s.params, s.grads, s.state, s.compensation);
+        true
     }
 }
 
@@ -46,7 +65,7 @@ const LANES: usize = 16;
 /// One LAMB step of `config` (step `t`) over every tensor: the tensors' norms at this step.
 /// `state[i]` holds tensor i's `[exp_avg, exp_avg_sq]`; `compensation` each tensor's Kahan
 /// compensation, or nothing. The slices have been checked against each other.
-pub(super) fn step(
+fn step(
     config: &Lamb,
     t: u64,
     stores: &Stores,

@@ -8,10 +8,15 @@
 //! (`row_var`, `col_var`, `variance`, f32) live in one buffer of the engine, the per-tensor
 //! scratch (each matrix's clamped row mean, the partial sums, the step's scale) in another.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::gpu::GpuContext;
+use crate::optimizer::passes::{GroupPasses, PassView};
+use crate::optimizer::{Group, OptimizerOptions, ParamGroup};
 use crate::step::fields::shader_struct;
 use crate::step::AdafactorUniform;
-use crate::{DType, Error, Result, StateKind, Tensor, TENSOR_USAGES};
+use crate::{Algorithm, DType, Error, Result, StateKind, Tensor, TENSOR_USAGES};
 
 /// The shader's workgroup size (`WG` in `src/family/adafactor/adafactor.wgsl`).
 const WG: u64 = 64;
@@ -108,7 +113,7 @@ const BOUND_SETS: usize = 4;
 /// Adafactor's passes for the Adafactor groups of one optimizer.
 pub(crate) struct AdafactorEngine {
     items: Vec<Item>,
-    pipelines: Pipelines,
+    pipelines: Arc<Pipelines>,
     state: wgpu::Buffer,
     scratch: wgpu::Buffer,
     /// Bound as the gradient where a gradient lies in its parameter's buffer.
@@ -405,13 +410,19 @@ fn source() -> String {
          {bindings}{}\n{}\n{}\n{}\n{}",
         AdafactorUniform::wgsl("Hyper"),
         Info::wgsl(),
-        include_str!("../../shaders/convert.wgsl"),
-        include_str!("../../shaders/nan_bits.wgsl"),
+        include_str!("../../../shaders/convert.wgsl"),
+        include_str!("../../../shaders/nan_bits.wgsl"),
         crate::family::adafactor::PASSES_WGSL
     )
 }
 
-fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
+/// Adafactor's pipelines, from the context's registry (compiled once per context).
+fn pipelines(ctx: &GpuContext) -> Result<Arc<Pipelines>> {
+    ctx.inner.pipelines.get_pass("adafactor", || compile_pipelines(ctx))
+}
+
+/// [`pipelines`], compiled.
+fn compile_pipelines(ctx: &GpuContext) -> Result<Pipelines> {
     let device = ctx.device();
     let source = source();
     ctx.catch("compiling Adafactor's passes", || {
@@ -465,6 +476,121 @@ fn pipelines(ctx: &GpuContext) -> Result<Pipelines> {
             layout,
         }
     })
+}
+
+/// Adafactor's part of the GPU optimizer: its groups, and the engine over their parameters
+/// (none where they have none).
+pub(crate) struct AdafactorPasses {
+    groups: Vec<usize>,
+    engine: Option<AdafactorEngine>,
+}
+
+/// Refuses, before anything is created, what Adafactor groups cannot run: the options its
+/// passes do not implement, missing shapes, f64 parameters.
+pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+    let adafactor = groups.iter().any(|g| matches!(g.algorithm, Algorithm::Adafactor(_)));
+    crate::algo::check_adafactor_options(adafactor, options)?;
+    if !adafactor {
+        return Ok(());
+    }
+    crate::algo::check_adafactor_shapes(&options.param_shapes)?;
+    let params = groups.iter().flat_map(|g| g.params.iter().map(move |p| (g, p)));
+    for (i, (group, p)) in params.enumerate() {
+        if matches!(group.algorithm, Algorithm::Adafactor(_)) && p.dtype == DType::F64 {
+            return Err(Error::DTypeMismatch {
+                argument: format!("params[{i}]"),
+                got: DType::F64,
+                expected: "F32, F16 or BF16 for Adafactor (its passes compute in f32)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The passes of the Adafactor groups among `groups`; `None` without such a group.
+pub(crate) fn build(
+    ctx: &GpuContext,
+    groups: &[Group],
+    params: &[Tensor],
+    shapes: &[Vec<usize>],
+) -> Result<Option<Box<dyn GroupPasses>>> {
+    let ours: Vec<usize> =
+        (0..groups.len()).filter(|&g| matches!(groups[g].algorithm, Algorithm::Adafactor(_))).collect();
+    if ours.is_empty() {
+        return Ok(None);
+    }
+    let mut members = Vec::new();
+    for &g in &ours {
+        let group = &groups[g];
+        if group.len == 0 {
+            continue;
+        }
+        // torch's `eps1 = None` is the dtype of the group's first parameter.
+        let first_dtype = params[group.first].dtype;
+        let range = group.first..group.first + group.len;
+        for (i, shape) in range.clone().zip(&shapes[range]) {
+            members.push((i, g, first_dtype, shape.clone()));
+        }
+    }
+    let engine = AdafactorEngine::new(ctx, &members, params)?;
+    Ok(Some(Box::new(AdafactorPasses { groups: ours, engine })))
+}
+
+impl GroupPasses for AdafactorPasses {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn family(&self) -> crate::step::Family {
+        crate::step::Family::Adafactor
+    }
+
+    fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
+        match &mut self.engine {
+            Some(engine) => engine.bind(view.ctx, view.params, grads, view.uniforms.buffer()),
+            None => Ok(()),
+        }
+    }
+
+    /// After the other groups' updates.
+    fn record_after(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &GpuContext) {
+        if let Some(engine) = &self.engine {
+            engine.record(pass, ctx.device().limits().max_compute_workgroups_per_dimension);
+        }
+    }
+
+    fn runs_group(&self, g: usize, _: &Algorithm) -> bool {
+        self.groups.contains(&g)
+    }
+
+    fn checks_gradients(&self, g: usize) -> bool {
+        self.groups.contains(&g)
+    }
+
+    fn state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+        self.engine.as_ref()?.state(index, kind)
+    }
+
+    /// The states live in the engine's buffer, not in the optimizer's `state`.
+    fn states(&self) -> Vec<(usize, StateKind, &Tensor)> {
+        self.engine.iter().flat_map(AdafactorEngine::states).collect()
+    }
+
+    /// All F32.
+    #[cfg(feature = "checkpoint")]
+    fn checkpoint_states(&self, i: usize, shape: &[usize]) -> Option<Vec<(StateKind, DType)>> {
+        self.engine.as_ref()?.state_at(i, 0)?;
+        Some(crate::adafactor_state_kinds(shape).iter().map(|kind| (*kind, DType::F32)).collect())
+    }
+
+    #[cfg(feature = "checkpoint")]
+    fn checkpoint_tensor(&self, param: usize, k: usize) -> Option<&Tensor> {
+        self.engine.as_ref()?.state_at(param, k)
+    }
 }
 
 #[cfg(test)]

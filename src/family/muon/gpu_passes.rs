@@ -12,26 +12,28 @@
 //!    (`shaders/matmul.wgsl`, the batch in the dispatch's z), the last product writing
 //!    `ratio X` back into `U` in the parameter's layout (transposing by its strides);
 //! 4. the family's apply pass, `U` bound as the gradient: `p = p decay - lr U`
-//!    (the ordinary update batch of the group, [`Optimizer::bind`]).
+//!    (the ordinary update batch of the group, `optimizer::record`).
 //!
 //! The scratch buffers and every dispatch's parameters are made at build time; in
 //! [`NsPrecision::BF16`] every Newton-Schulz result is rounded to bfloat16 and X, M and N
 //! are stored as bfloat16 (in f32 where a side of the matrix is odd, so that no word of a
 //! 16-bit region is shared by two matrices' rows).
 
-use super::record::BOUND_GRADIENT_SETS;
-use super::{Optimizer, OptimizerOptions, ParamGroup};
+use std::any::Any;
+
 use crate::algo::matrix_shapes;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::matmul::{slots, uniform_buffer, MatrixKernels, MatrixView, NormParams, Product};
 use crate::gpu::plan::{plan, slot_args, Arg, SlotArgs};
+use crate::optimizer::passes::{GroupPasses, PassView};
+use crate::optimizer::{Group, OptimizerOptions, ParamGroup, BOUND_GRADIENT_SETS};
 use crate::step::{Family, Switches};
 use crate::{Algorithm, DType, Error, GpuContext, Muon, NsPrecision, Result, StateKind, Tensor};
 
 /// Refuses, before anything is created, what the Muon groups cannot run: capturable mode
 /// (and so AMP), gradient clipping, and parameters without a 2-D shape.
-pub(super) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
+pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
     let mut first = 0;
     for group in groups {
         let len = group.params.len();
@@ -173,8 +175,10 @@ type MomentumPass = (usize, Switches, Batch);
 /// The Muon part of a GPU optimizer: the kernels, every chunk's scratch, each parameter's
 /// `U` (the apply pass's gradient), and the momentum passes of recent gradient sets.
 #[derive(Default)]
-pub(super) struct MuonGpu {
-    kernels: Option<MatrixKernels>,
+pub(crate) struct MuonGpu {
+    /// The Muon groups.
+    groups: Vec<usize>,
+    kernels: Option<std::sync::Arc<MatrixKernels>>,
     chunks: Vec<Chunk>,
     /// Parameter i's `U` region (`None` outside Muon groups).
     updates: Vec<Option<Tensor>>,
@@ -185,14 +189,15 @@ pub(super) struct MuonGpu {
 impl MuonGpu {
     /// The scratch and dispatches of the Muon groups among `groups` (parameter i's shape is
     /// `shapes[i]`, checked by [`check_options`]).
-    pub(super) fn new(
+    fn new(
         ctx: &GpuContext,
         groups: &[(Algorithm, std::ops::Range<usize>)],
         shapes: &[Vec<usize>],
         params: usize,
     ) -> Result<Self> {
         let mut muon = MuonGpu { updates: vec![None; params], ..MuonGpu::default() };
-        if !groups.iter().any(|(a, _)| matches!(a, Algorithm::Muon(_))) {
+        muon.groups = (0..groups.len()).filter(|&g| matches!(groups[g].0, Algorithm::Muon(_))).collect();
+        if muon.groups.is_empty() {
             return Ok(muon);
         }
         let kernels = MatrixKernels::new(ctx)?;
@@ -268,12 +273,12 @@ impl MuonGpu {
     }
 
     /// Parameter i's orthogonalized update, which the apply pass binds as its gradient.
-    pub(super) fn update(&self, i: usize) -> Option<&Tensor> {
+    fn update(&self, i: usize) -> Option<&Tensor> {
         self.updates.get(i).and_then(Option::as_ref)
     }
 
     /// Records the momentum passes (of `bound[0]`) and every chunk's Newton-Schulz passes.
-    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
         let Some(kernels) = &self.kernels else { return };
         if let Some((_, batches)) = self.bound.first() {
             for (g, _, batch) in batches {
@@ -289,13 +294,13 @@ impl MuonGpu {
     }
 }
 
-impl Optimizer {
+impl MuonGpu {
     /// Before recording a step with `grads`: the momentum passes for them (built on first
     /// use, kept for the last few sets), and every chunk's dispatches rewritten if its
     /// group's hyperparameters changed.
-    pub(super) fn bind_muon(&mut self, grads: &[Tensor]) -> Result<()> {
-        let Some(kernels) = &self.muon.kernels else { return Ok(()) };
-        let configs: Vec<Option<Muon>> = self
+    fn bind_grads(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
+        let Some(kernels) = &self.kernels else { return Ok(()) };
+        let configs: Vec<Option<Muon>> = view
             .groups
             .iter()
             .map(|g| match g.algorithm {
@@ -303,13 +308,13 @@ impl Optimizer {
                 _ => None,
             })
             .collect();
-        for chunk in &mut self.muon.chunks {
+        for chunk in &mut self.chunks {
             if let Some(config) = configs[chunk.group] {
                 if config != chunk.written {
                     // The slots grow only with ns_steps; a larger count needs a larger buffer.
                     let (bytes, products) = dispatches(chunk.rows, chunk.cols, chunk.batch, &config);
                     if bytes.len() as u64 > chunk.uniform.size() {
-                        let ctx = &self.ctx;
+                        let ctx = view.ctx;
                         let (uniform, bind_group) = ctx.catch("creating Muon's bind groups", || {
                             let uniform = uniform_buffer(ctx, "wgpu-optim muon params", &bytes);
                             let bind_group = kernels.bind(ctx, &chunk.scratch, &uniform);
@@ -318,7 +323,7 @@ impl Optimizer {
                         chunk.uniform = uniform;
                         chunk.bind_group = bind_group;
                     } else {
-                        self.ctx.queue().write_buffer(&chunk.uniform, 0, &bytes);
+                        view.ctx.queue().write_buffer(&chunk.uniform, 0, &bytes);
                     }
                     chunk.products = products;
                     chunk.written = config;
@@ -326,23 +331,23 @@ impl Optimizer {
             }
         }
         let switches = |g: usize| configs[g].map(|c| c.momentum_step().switches());
-        if let Some(k) = self.muon.bound.iter().position(|(set, batches)| {
+        if let Some(k) = self.bound.iter().position(|(set, batches)| {
             set == grads && batches.iter().all(|(g, s, _)| switches(*g) == Some(*s))
         }) {
-            let hit = self.muon.bound.remove(k);
-            self.muon.bound.insert(0, hit);
+            let hit = self.bound.remove(k);
+            self.bound.insert(0, hit);
             return Ok(());
         }
         let mut batches = Vec::new();
-        for (g, group) in self.groups.iter().enumerate() {
+        for (g, group) in view.groups.iter().enumerate() {
             let Algorithm::Muon(config) = &group.algorithm else { continue };
             let step = config.momentum_step();
             let program = Program::Update(step.switches());
             let mut items = Vec::with_capacity(group.len);
             for (i, grad) in grads.iter().enumerate().skip(group.first).take(group.len) {
-                let Some(u) = self.muon.update(i) else { continue };
+                let Some(u) = self.update(i) else { continue };
                 let u = Arg::new(format!("muon scratch[{i}]"), u);
-                let buffer = [Arg::new(format!("momentum_buffer[{i}]"), &self.state[i][0])];
+                let buffer = [Arg::new(format!("momentum_buffer[{i}]"), &view.state[i][0])];
                 let args = slot_args(
                     Family::Muon,
                     &[StateKind::MomentumBuffer],
@@ -355,16 +360,63 @@ impl Optimizer {
                         param_copy: None,
                     },
                 );
-                let mut tensor_plan = plan(&self.ctx, program, &args)?;
+                let mut tensor_plan = plan(view.ctx, program, &args)?;
                 tensor_plan.ordinal = i as u32;
-                let key = VariantKey::new(Scalars::Host, program, self.math, tensor_plan.layout.clone())
-                    .with_stochastic(self.rounding.stochastic());
+                let key = VariantKey::new(Scalars::Host, program, view.math, tensor_plan.layout.clone())
+                    .with_stochastic(view.rounding.stochastic());
                 items.push((key, tensor_plan));
             }
-            batches.push((g, step.switches(), Batch::build(&self.ctx, &items, "muon momentum")?));
+            batches.push((g, step.switches(), Batch::build(view.ctx, &items, "muon momentum")?));
         }
-        self.muon.bound.truncate(BOUND_GRADIENT_SETS - 1);
-        self.muon.bound.insert(0, (grads.to_vec(), batches));
+        self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+        self.bound.insert(0, (grads.to_vec(), batches));
         Ok(())
+    }
+}
+
+/// The passes of the Muon groups among `groups` (parameter i's shape is `shapes[i]`,
+/// checked by [`check_options`]); `None` without such a group.
+pub(crate) fn build(
+    ctx: &GpuContext,
+    groups: &[Group],
+    params: &[Tensor],
+    shapes: &[Vec<usize>],
+) -> Result<Option<Box<dyn GroupPasses>>> {
+    if !groups.iter().any(|g| matches!(g.algorithm, Algorithm::Muon(_))) {
+        return Ok(None);
+    }
+    let ranges: Vec<_> = groups.iter().map(|g| (g.algorithm, g.first..g.first + g.len)).collect();
+    Ok(Some(Box::new(MuonGpu::new(ctx, &ranges, shapes, params.len())?)))
+}
+
+impl GroupPasses for MuonGpu {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn family(&self) -> Family {
+        Family::Muon
+    }
+
+    fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
+        self.bind_grads(view, grads)
+    }
+
+    /// The momentum and Newton-Schulz passes, before the apply pass.
+    fn record_before(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
+        self.record(pass, scalars);
+    }
+
+    fn checks_gradients(&self, g: usize) -> bool {
+        self.groups.contains(&g)
+    }
+
+    /// The apply pass binds the orthogonalized update.
+    fn gradient(&self, i: usize) -> Option<&Tensor> {
+        self.update(i)
     }
 }

@@ -1,0 +1,99 @@
+//! Schedule-Free AdamW's passes on the CPU backend: the group's running values, which give
+//! each step's kernel step, the mode, and the `eval()`/`train()` swap.
+
+use std::any::Any;
+
+use crate::algo::SWAP_ROUNDING_STEP;
+use crate::cpu::host::{HostSlice, HostTensor};
+use crate::cpu::kernels::{Kernel, MAX_STATE};
+use crate::cpu::passes::{CpuPasses, SwapTensors};
+use crate::cpu::storage::Stores;
+use crate::cpu::work;
+use crate::step::{rounding, KernelStep};
+use crate::{Algorithm, Result, ScheduleFreeMode, ScheduleFreeScalars};
+
+/// Schedule-Free's group on the CPU: its running `k`, `weight_sum` and `lr_max`, and which
+/// point the parameters hold.
+#[derive(Clone, Debug)]
+pub(crate) struct ScheduleFreePasses {
+    pub(crate) scalars: ScheduleFreeScalars,
+    /// The values after the step being taken, kept until it is taken.
+    next: ScheduleFreeScalars,
+    pub(crate) mode: ScheduleFreeMode,
+}
+
+impl ScheduleFreePasses {
+    /// A group at step 0, in train mode.
+    pub(crate) fn new() -> Self {
+        ScheduleFreePasses {
+            scalars: ScheduleFreeScalars::default(),
+            next: ScheduleFreeScalars::default(),
+            mode: ScheduleFreeMode::Train,
+        }
+    }
+
+    /// Swaps the parameters to the point of `to` (x for eval, y for train), unless they
+    /// hold it already; the tensors have been checked.
+    pub(crate) fn swap(
+        &mut self,
+        algorithm: &Algorithm,
+        to: ScheduleFreeMode,
+        tensors: SwapTensors<'_, '_>,
+    ) -> Result<()> {
+        let Algorithm::ScheduleFreeAdamW(config) = algorithm else { return Ok(()) };
+        if self.mode == to {
+            return Ok(());
+        }
+        if to == ScheduleFreeMode::Eval {
+            crate::algo::check_eval(config)?;
+        }
+        if self.scalars.k > 0 {
+            let SwapTensors { rounding: round, step, params, state, compensation } = tensors;
+            // The swap reads no gradient, but the step's loops take one: zeros of each
+            // parameter's dtype keep them on their single-dtype paths. Made only when a swap
+            // runs (an eval or a train that changes nothing allocates nothing).
+            let zeros = params
+                .iter()
+                .map(|p| HostTensor::filled(p.dtype(), p.len(), 0.0))
+                .collect::<Result<Vec<_>>>()?;
+            let grads: Vec<HostSlice<'_>> = zeros.iter().map(HostTensor::as_slice).collect();
+            let kernel = Kernel::new(&config.swap_step(to == ScheduleFreeMode::Eval));
+            let streams = [rounding::stream(None); MAX_STATE];
+            let stores = Stores {
+                stochastic: round.seed().map(|seed| (seed, SWAP_ROUNDING_STEP | step)),
+                state: false,
+                streams,
+            };
+            work::run(&kernel, &stores, params, &grads, state, compensation);
+        }
+        self.mode = to;
+        Ok(())
+    }
+}
+
+impl CpuPasses for ScheduleFreePasses {
+    fn clone_box(&self) -> Box<dyn CpuPasses> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    /// The step of the group's `k`, not of the optimizer's count.
+    fn kernel_step(&mut self, algorithm: &Algorithm, t: u64) -> Option<KernelStep> {
+        let _ = t;
+        let Algorithm::ScheduleFreeAdamW(config) = algorithm else { return None };
+        let (step, next) = config.advance(&self.scalars);
+        self.next = next;
+        Some(step)
+    }
+
+    fn stepped(&mut self) {
+        self.scalars = self.next;
+    }
+}
