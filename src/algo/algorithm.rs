@@ -45,6 +45,10 @@ pub(crate) trait FamilyConfig: Copy {
     /// The passes a CPU optimizer of this family runs beside the elementwise kernel, with
     /// their state, over parameters of `lens` built with `options`; refuses the options they
     /// do not run. `None` (the elementwise families): the kernel alone.
+    /// The constructor of its family's passes on the GPU over an optimizer's groups
+    /// (`None`, the elementwise families: the kernel alone).
+    const GPU_PASSES: Option<crate::optimizer::passes::Build> = None;
+
     #[cfg(feature = "cpu")]
     fn cpu_passes(
         &self,
@@ -168,6 +172,21 @@ macro_rules! algorithms {
             pub(crate) fn q4_kernel_step(&self, t: u64) -> KernelStep {
                 match self {
                     $(Algorithm::$variant(c) => FamilyLowBit::q4_kernel_step(c, t),)*
+                }
+            }
+        }
+
+        impl Algorithm {
+            /// The constructors of the families' GPU passes (`FamilyConfig::GPU_PASSES`), in
+            /// the registry's order, which is the order a step binds and records them.
+            pub(crate) fn gpu_passes() -> impl Iterator<Item = crate::optimizer::passes::Build> {
+                [$(<$config as FamilyConfig>::GPU_PASSES,)*].into_iter().flatten()
+            }
+
+            /// The constructor of this algorithm's family's GPU passes, if it has them.
+            pub(crate) fn gpu_passes_of(&self) -> Option<crate::optimizer::passes::Build> {
+                match self {
+                    $(Algorithm::$variant(_) => <$config as FamilyConfig>::GPU_PASSES,)*
                 }
             }
         }

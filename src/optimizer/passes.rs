@@ -122,15 +122,8 @@ pub(crate) trait GroupPasses: Any {
 
 /// The signature of each family's constructor of its passes over the optimizer's groups
 /// (`None` where no group runs the family).
-type Build = fn(&GpuContext, &[Group], &[Tensor], &[Vec<usize>]) -> Result<Option<Box<dyn GroupPasses>>>;
-
-/// The families with passes, in the order a step binds and records them.
-const FAMILIES: [(Family, Build); 4] = [
-    (Family::ScheduleFree, crate::family::schedule_free::gpu_passes::build),
-    (Family::Lamb, crate::family::lamb::gpu_passes::build),
-    (Family::Adafactor, crate::family::adafactor::gpu_passes::build),
-    (Family::Muon, crate::family::muon::gpu_passes::build),
-];
+pub(crate) type Build =
+    fn(&GpuContext, &[Group], &[Tensor], &[Vec<usize>]) -> Result<Option<Box<dyn GroupPasses>>>;
 
 /// The passes of the families among `groups` (parameter i's shape is `shapes[i]`).
 pub(super) fn build(
@@ -140,7 +133,7 @@ pub(super) fn build(
     shapes: &[Vec<usize>],
 ) -> Result<Vec<Box<dyn GroupPasses>>> {
     let mut passes = Vec::new();
-    for (_, build) in FAMILIES {
+    for build in crate::Algorithm::gpu_passes() {
         passes.extend(build(ctx, groups, params, shapes)?);
     }
     Ok(passes)
@@ -202,11 +195,11 @@ impl Optimizer {
     /// passes of its new family, if it has passes and no group ran it before. Passes kept for
     /// a family no group runs any more are idle: they bind and record nothing.
     pub(super) fn add_family_passes(&mut self, g: usize) -> Result<()> {
-        let family = self.groups[g].algorithm.family();
-        if self.passes.iter().any(|p| p.family() == family) {
+        let algorithm = &self.groups[g].algorithm;
+        if self.passes.iter().any(|p| p.family() == algorithm.family()) {
             return Ok(());
         }
-        let Some((_, build)) = FAMILIES.iter().find(|(f, _)| *f == family) else { return Ok(()) };
+        let Some(build) = algorithm.gpu_passes_of() else { return Ok(()) };
         let built = build(&self.ctx, &self.groups, &self.params, &self.shapes)?;
         self.passes.extend(built);
         Ok(())

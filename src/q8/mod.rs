@@ -18,7 +18,7 @@
 //! on a tie, no sign rule) does not follow. A block of zeros stores the code of 0 throughout,
 //! -0.0 included: the kernel stores such a block under absmax 0, so every value reads back 0.
 
-use crate::step::{KernelStep, RmsPropSwitches, Switches};
+use crate::step::{KernelStep, Switches};
 use crate::{Error, Result, StateKind};
 
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
@@ -122,27 +122,31 @@ pub(crate) fn kernel_step(algorithm: &crate::Algorithm, t: u64) -> KernelStep {
 }
 
 /// [`kernel_step`] as bitsandbytes' 32-bit kernels run it, for the tensors below
-/// `min_8bit_size`: RMSprop's parameter steps with the decayed gradient there
-/// (`kOptimizer32bit1State`), as PyTorch's does.
+/// `min_8bit_size` ([`Q8Switches::f32_state`]).
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 pub(crate) fn f32_state_step(step: KernelStep) -> KernelStep {
-    match step {
-        KernelStep::RmsProp(switches, uniform) => KernelStep::RmsProp(f32_state_rmsprop(switches), uniform),
-        step => step,
-    }
+    step.q8_f32_state()
 }
 
 /// [`f32_state_step`]'s switches: those of `switches`' kernel for a tensor below
 /// `min_8bit_size`.
 pub(crate) fn f32_state_switches(switches: Switches) -> Switches {
-    match switches {
-        Switches::RmsProp(s) => Switches::RmsProp(f32_state_rmsprop(s)),
-        switches => switches,
-    }
+    switches.q8_f32_state()
 }
 
-fn f32_state_rmsprop(switches: RmsPropSwitches) -> RmsPropSwitches {
-    RmsPropSwitches { step_with_raw_grad: false, ..switches }
+/// What a family's switches say about bitsandbytes' 8-bit kernels beyond the family's own
+/// step (`FamilyLowBit`): implemented by each family's switches in its folder
+/// (`low_bit.rs`); the defaults hold for most.
+pub(crate) trait Q8Switches: Sized {
+    /// Whether a non-finite gradient leaves its parameter and restarts its 8-bit states
+    /// ([`restarts_non_finite`]): bitsandbytes' 2-state kernel.
+    const RESTARTS_NON_FINITE: bool = false;
+
+    /// The switches of the kernel bitsandbytes runs for a tensor below `min_8bit_size` (its
+    /// 32-bit kernel): the family's own, unless that kernel steps otherwise.
+    fn f32_state(self) -> Self {
+        self
+    }
 }
 
 /// Whether a non-finite gradient leaves its parameter as it was (no decay either) and
@@ -154,7 +158,7 @@ fn f32_state_rmsprop(switches: RmsPropSwitches) -> RmsPropSwitches {
 /// element. Neither applies to f32 state below `min_8bit_size` (bitsandbytes' 32-bit
 /// kernels have no test either).
 pub(crate) fn restarts_non_finite(switches: &Switches) -> bool {
-    matches!(switches, Switches::Adam(_) | Switches::Ademamix(_))
+    switches.q8_restarts_non_finite()
 }
 
 /// Refuses an algorithm that has no 8-bit form here, or one of whose settings 8-bit state

@@ -185,6 +185,35 @@ macro_rules! families {
             }
         }
 
+        // bitsandbytes' 8-bit kernels' rules that go by the switches (`crate::q8::Q8Switches`,
+        // which each family's switches implement in its folder).
+        impl Switches {
+            /// The switches of bitsandbytes' 32-bit kernel, for a tensor below `min_8bit_size`.
+            pub(crate) fn q8_f32_state(self) -> Switches {
+                match self {
+                    $(Switches::$variant(s) => Switches::$variant(crate::q8::Q8Switches::f32_state(s)),)*
+                }
+            }
+
+            /// Whether a non-finite gradient leaves its parameter and restarts its 8-bit states.
+            pub(crate) fn q8_restarts_non_finite(&self) -> bool {
+                match self {
+                    $(Switches::$variant(_) => <crate::family::$folder::contract::Switches as crate::q8::Q8Switches>::RESTARTS_NON_FINITE,)*
+                }
+            }
+        }
+
+        impl KernelStep {
+            /// This step as bitsandbytes' 32-bit kernel runs it, for a tensor below
+            /// `min_8bit_size`.
+            #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+            pub(crate) fn q8_f32_state(self) -> KernelStep {
+                match self {
+                    $(KernelStep::$variant(s, u) => KernelStep::$variant(crate::q8::Q8Switches::f32_state(s), u),)*
+                }
+            }
+        }
+
         // The CPU backend: each family's folder gives, in its `cpu`,
         // `loops(&Switches, &Uniform64)`, its loops for a step.
         #[cfg(feature = "cpu")]

@@ -225,6 +225,7 @@ pub(crate) fn check_change(from: &crate::Algorithm, to: &crate::Algorithm) -> Re
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
+    const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 
     fn torch_class(&self) -> &'static str {
         "Adafactor"

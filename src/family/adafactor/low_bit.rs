@@ -2,6 +2,7 @@
 
 use super::config::Adafactor;
 use crate::algo::FamilyLowBit;
+use crate::q8::Q8Switches;
 
 impl FamilyLowBit for Adafactor {
     fn q8_refusal(&self, _clipped: bool) -> Option<&'static str> {
@@ -11,3 +12,5 @@ impl FamilyLowBit for Adafactor {
         )
     }
 }
+
+impl Q8Switches for super::contract::Switches {}

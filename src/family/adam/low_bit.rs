@@ -3,6 +3,7 @@
 
 use super::config::Adam;
 use crate::algo::{FamilyConfig, FamilyLowBit};
+use crate::q8::Q8Switches;
 use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
 
 impl FamilyLowBit for Adam {
@@ -62,4 +63,9 @@ impl FamilyLowBit for Adam {
             step => step,
         }
     }
+}
+
+/// bitsandbytes' 2-state kernel tests every gradient before its update.
+impl Q8Switches for super::contract::Switches {
+    const RESTARTS_NON_FINITE: bool = true;
 }

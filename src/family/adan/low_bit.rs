@@ -3,6 +3,7 @@
 
 use super::config::Adan;
 use crate::algo::FamilyLowBit;
+use crate::q8::Q8Switches;
 
 impl FamilyLowBit for Adan {
     fn q8_refusal(&self, _clipped: bool) -> Option<&'static str> {
@@ -12,3 +13,5 @@ impl FamilyLowBit for Adan {
         )
     }
 }
+
+impl Q8Switches for super::contract::Switches {}

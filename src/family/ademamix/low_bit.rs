@@ -3,6 +3,7 @@
 
 use super::config::AdEMAMix;
 use crate::algo::{FamilyConfig, FamilyLowBit};
+use crate::q8::Q8Switches;
 use crate::step::{AdemamixSwitches, KernelStep};
 
 impl FamilyLowBit for AdEMAMix {
@@ -15,4 +16,9 @@ impl FamilyLowBit for AdEMAMix {
             step => step,
         }
     }
+}
+
+/// bitsandbytes' 2-state kernel tests every gradient before its update.
+impl Q8Switches for super::contract::Switches {
+    const RESTARTS_NON_FINITE: bool = true;
 }

@@ -3,5 +3,8 @@
 
 use super::config::Adopt;
 use crate::algo::FamilyLowBit;
+use crate::q8::Q8Switches;
 
 impl FamilyLowBit for Adopt {}
+
+impl Q8Switches for super::contract::Switches {}

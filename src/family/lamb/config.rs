@@ -168,6 +168,7 @@ pub(crate) fn check_options(
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Lamb {
     const FAMILY: crate::step::Family = crate::step::Family::Lamb;
+    const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 
     fn torch_class(&self) -> &'static str {
         "Lamb"

@@ -3,5 +3,8 @@
 
 use super::config::Lion;
 use crate::algo::FamilyLowBit;
+use crate::q8::Q8Switches;
 
 impl FamilyLowBit for Lion {}
+
+impl Q8Switches for super::contract::Switches {}

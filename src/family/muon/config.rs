@@ -219,6 +219,7 @@ pub(crate) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Muon {
     const FAMILY: crate::step::Family = crate::step::Family::Muon;
+    const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 
     fn torch_class(&self) -> &'static str {
         "Muon"

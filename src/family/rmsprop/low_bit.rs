@@ -3,6 +3,7 @@
 
 use super::config::RmsProp;
 use crate::algo::{FamilyConfig, FamilyLowBit};
+use crate::q8::Q8Switches;
 use crate::step::{KernelStep, RmsPropSwitches};
 
 impl FamilyLowBit for RmsProp {
@@ -41,5 +42,13 @@ impl FamilyLowBit for RmsProp {
             }
             step => step,
         }
+    }
+}
+
+/// bitsandbytes' 32-bit RMSprop kernel (`kOptimizer32bit1State`), which it runs below
+/// `min_8bit_size`, steps with the decayed gradient, as PyTorch's does.
+impl Q8Switches for RmsPropSwitches {
+    fn f32_state(self) -> Self {
+        RmsPropSwitches { step_with_raw_grad: false, ..self }
     }
 }

@@ -155,6 +155,7 @@ pub(crate) fn check_eval(config: &ScheduleFreeAdamW) -> Result<()> {
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
     const FAMILY: crate::step::Family = crate::step::Family::ScheduleFree;
+    const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 
     fn torch_class(&self) -> &'static str {
         "AdamWScheduleFree"
