@@ -3,8 +3,9 @@
 //! dtypes other than the parameter's, master weights, two groups, capturable mode (the bias
 //! corrections and the first step from the device's step), the optimizer's global clipping,
 //! stochastic and Kahan rounding, the first step's zero difference, NaN gradients,
-//! checkpoints, refusals (Adan's own `max_grad_norm`, 8-bit and 4-bit state). The public
-//! vectors (`adan_plain`, `adan_wd_prox`) run in `tests/conformance.rs`.
+//! checkpoints, refusals (8-bit and 4-bit state), and Adan's own clipping (`max_grad_norm`,
+//! with Adan's `eps`) against the oracle on both backends. The public vectors (`adan_plain`,
+//! `adan_wd_prox`) run in `tests/conformance.rs`.
 
 mod common;
 #[path = "family/mod.rs"]
@@ -14,6 +15,7 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use family::{host, slices, slices_mut, SIZES};
 use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
 use wgpu_optim::{Adam, Adan, Algorithm, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
+use wgpu_optim_testkit::oracle::adan::{AdanHyperparameters, AdanOracle};
 use wgpu_optim_testkit::oracle::TorchState;
 
 fn plain() -> Algorithm {
@@ -303,32 +305,12 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
         (Adan { beta2: -0.1, ..d }, "beta2"),
         (Adan { beta3: 1.0, ..d }, "beta3"),
         (Adan { weight_decay: -0.1, ..d }, "weight_decay"),
-        (Adan { max_grad_norm: 1.0, ..d }, "max_grad_norm"),
+        (Adan { max_grad_norm: -1.0, ..d }, "max_grad_norm"),
         (Adan { max_grad_norm: f64::NAN, ..d }, "max_grad_norm"),
     ];
     for (bad, name) in cases {
         family::a_bad_hyperparameter_is_refused_by_name(good, bad.into(), name);
     }
-}
-
-/// Adan's own clipping adds its `eps` to the global norm where `grad_clip` adds 1e-6: it is
-/// refused, and the refusal names the option that clips instead.
-#[test]
-fn adans_own_clipping_is_refused_in_favour_of_grad_clip() {
-    let clipped = Adan { max_grad_norm: 1.0, ..Adan::default() };
-    match Algorithm::from(clipped).validate() {
-        Err(Error::BadHyperparameter { name: "max_grad_norm", expected, .. }) => {
-            assert!(expected.contains("grad_clip") && expected.contains("1e-6"), "{expected}");
-        }
-        other => panic!("expected BadHyperparameter for max_grad_norm, got {other:?}"),
-    }
-    let ctx = ctx();
-    let param = ctx.upload("param", &[0.5; 64], DType::F32);
-    let gpu = Optimizer::builder().build(&ctx, clipped, std::slice::from_ref(&param));
-    assert!(matches!(gpu, Err(Error::BadHyperparameter { name: "max_grad_norm", .. })));
-    let cpu_param = host(&[0.5; 64], DType::F32);
-    let cpu = CpuOptimizer::builder().build(clipped, &[cpu_param.as_slice()]);
-    assert!(matches!(cpu, Err(Error::BadHyperparameter { name: "max_grad_norm", .. })));
 }
 
 #[test]
@@ -371,4 +353,282 @@ fn low_bit_state_is_refused() {
 #[test]
 fn burn_steps_follow_the_oracle() {
     family::burn::the_fused_optimizer_and_the_module_step_follow_the_oracle(proximal(), "Adan", 4);
+}
+
+// Adan's own clipping: every gradient of the optimizer scaled by
+// min(1, max_grad_norm / (global L2 norm + eps)) with Adan's eps, checked against the
+// official code's oracle, which clips all tensors together.
+
+/// Two tensors, so the norm is global.
+const CLIP_SIZES: [usize; 2] = [257, 40];
+
+/// `steps` steps of `adan` on both backends from `start` with `grads` (parameters and
+/// gradients in `dtype`, f32 state: 16-bit state would hold `(1 - beta3) g^2` of clipped
+/// gradients as subnormals, which the kernels use unrounded within the step), each
+/// step's parameters, states and norm checked against the oracle resumed from what that
+/// backend stored before it (16-bit stores round where the oracle's f64 does not, so an
+/// ulp must not compound). Returns the oracle's clip coefficient of each step.
+fn own_clipping_follows_the_oracle(
+    adan: Adan,
+    dtype: DType,
+    start: &[Vec<f64>],
+    grads: &[Vec<Vec<f64>>],
+) -> Vec<f64> {
+    let ctx = ctx();
+    let algorithm: Algorithm = adan.into();
+    let kinds = algorithm.state_kinds();
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, dtype)).collect();
+    let f32_state = StateStorage::Dtype(DType::F32);
+    let mut gpu = Optimizer::builder().state_storage(f32_state).build(&ctx, algorithm, &params).unwrap();
+    let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, dtype)).collect();
+    let mut cpu =
+        CpuOptimizer::builder().state_storage(f32_state).build(algorithm, &slices(&cpu_params)).unwrap();
+    let mut coefficients = Vec::new();
+    for (t, g) in grads.iter().enumerate() {
+        // What each backend stored before this step, in the oracle's order.
+        let gpu_before: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
+        let cpu_before: Vec<Vec<f64>> = cpu_params.iter().map(HostTensor::to_f64).collect();
+        let gpu_state = |k: StateKind, i: usize, gpu: &Optimizer| {
+            download(&ctx, gpu.state(i, k).unwrap().and_then(|s| s.dense()).unwrap())
+        };
+        let resume = |before: &[Vec<f64>], state: &dyn Fn(StateKind, usize) -> Vec<f64>| {
+            let mut oracle =
+                AdanOracle::new(AdanHyperparameters::from(&adan), before.len()).storing(dtype, DType::F32);
+            oracle.step = t as u64;
+            if t > 0 {
+                for i in 0..before.len() {
+                    oracle.exp_avg[i] = state(StateKind::ExpAvg, i);
+                    oracle.exp_avg_diff[i] = state(StateKind::ExpAvgDiff, i);
+                    oracle.exp_avg_sq[i] = state(StateKind::ExpAvgSq, i);
+                    oracle.neg_pre_grad[i] = state(StateKind::NegPreGrad, i);
+                }
+            }
+            let mut want = before.to_vec();
+            let stored: Vec<Vec<f64>> = g.iter().map(|g| host(g, dtype).to_f64()).collect();
+            oracle.step(&mut want, &stored);
+            (oracle, want, stored)
+        };
+        let (gpu_oracle, gpu_want, stored) = resume(&gpu_before, &|k, i| gpu_state(k, i, &gpu));
+        let (cpu_oracle, cpu_want, _) =
+            resume(&cpu_before, &|k, i| cpu.state(i, k).and_then(|s| s.dense()).unwrap().to_f64());
+        coefficients.push(gpu_oracle.clip_coefficient);
+
+        let grad_tensors: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, dtype)).collect();
+        gpu.step(&grad_tensors).unwrap();
+        let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, dtype)).collect();
+        cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
+
+        let want_norm = stored.iter().flatten().map(|g| g * g).sum::<f64>().sqrt();
+        for (backend, norm) in [("GPU", gpu.grad_norm().unwrap()), ("CPU", cpu.grad_norm().unwrap())] {
+            let relative = (norm - want_norm).abs() / want_norm;
+            assert!(relative < 1e-5, "{backend} step {t}: norm {norm}, oracle {want_norm}");
+        }
+        // A 16-bit gradient's ulp (see `assert_relative`) moves the update by as much.
+        let tolerance = match Tolerance::stored(dtype) {
+            Tolerance::Ulps { dtype, ulps, .. } => Tolerance::Ulps { dtype, ulps, abs: adan.lr * 1e-2 },
+            f32 => f32,
+        };
+        for i in 0..g.len() {
+            let what = format!("{adan:?} {dtype:?} step {t} param[{i}]");
+            assert_close(&format!("GPU {what}"), &download(&ctx, &params[i]), &gpu_want[i], tolerance);
+            assert_close(&format!("CPU {what}"), &cpu_params[i].to_f64(), &cpu_want[i], tolerance);
+            let tensors = |o: &AdanOracle| {
+                [
+                    o.exp_avg[i].clone(),
+                    o.exp_avg_sq[i].clone(),
+                    o.exp_avg_diff[i].clone(),
+                    o.neg_pre_grad[i].clone(),
+                ]
+            };
+            for ((kind, gpu_want), cpu_want) in
+                kinds.iter().zip(tensors(&gpu_oracle)).zip(tensors(&cpu_oracle))
+            {
+                let got = gpu_state(*kind, i, &gpu);
+                assert_relative(&format!("GPU {what} {kind:?}"), &got, &gpu_want, dtype);
+                let got = cpu.state(i, *kind).and_then(|s| s.dense()).unwrap().to_f64();
+                assert_relative(&format!("CPU {what} {kind:?}"), &got, &cpu_want, dtype);
+            }
+        }
+    }
+    coefficients
+}
+
+/// `Tolerance::F32`'s rule with its absolute part scaled to the tensor's largest value, so
+/// that tiny states are compared as closely as large ones (a fixed floor would accept a
+/// wrong clip of gradients of 1e-7). With 16-bit gradients the relative part is one of
+/// their ulps: the official code stores the clipped gradient in the gradient's dtype,
+/// where the fused clip scales it in f32 as the update loads it.
+#[track_caller]
+fn assert_relative(what: &str, got: &[f64], want: &[f64], grad_dtype: DType) {
+    let largest = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let rtol = match grad_dtype {
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        _ => 1e-5,
+    };
+    assert_close(what, got, want, Tolerance::Close { rtol, atol: rtol * largest });
+}
+
+fn clip_case(seed: u64, steps: usize, scale: f64) -> (Vec<Vec<f64>>, Vec<Vec<Vec<f64>>>) {
+    let mut rng = Rng::new(seed);
+    let start = CLIP_SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let grads = (0..steps).map(|_| CLIP_SIZES.iter().map(|&n| rng.vec(n, scale)).collect()).collect();
+    (start, grads)
+}
+
+#[test]
+fn own_clipping_that_bites_every_step_follows_the_oracle_on_both_backends() {
+    for (adan, seed) in [
+        (Adan { max_grad_norm: 1.0, ..Adan { lr: 1e-2, ..Adan::default() } }, 100),
+        (Adan { lr: 2e-3, weight_decay: 0.25, no_prox: true, max_grad_norm: 0.5, ..Adan::default() }, 101),
+    ] {
+        let (start, grads) = clip_case(seed, 5, 1.0);
+        let coefficients = own_clipping_follows_the_oracle(adan, DType::F32, &start, &grads);
+        assert!(coefficients.iter().all(|&c| c < 0.2), "the case clips every step: {coefficients:?}");
+    }
+}
+
+#[test]
+fn own_clipping_that_never_bites_follows_the_oracle_on_both_backends() {
+    let adan = Adan { lr: 1e-2, weight_decay: 0.5, max_grad_norm: 1e3, ..Adan::default() };
+    let (start, grads) = clip_case(102, 5, 1.0);
+    let coefficients = own_clipping_follows_the_oracle(adan, DType::F32, &start, &grads);
+    assert!(coefficients.iter().all(|&c| c == 1.0), "the case never clips: {coefficients:?}");
+}
+
+/// Gradients near 1e-7 make the norm comparable with eps: the coefficient with Adan's eps
+/// (1e-8) is about twice `grad_clip`'s (1e-6), so a clip that added 1e-6 would leave the
+/// states twice the oracle's.
+#[test]
+fn own_clipping_adds_adans_eps_to_the_norm_not_1e_6() {
+    let adan = Adan { lr: 1e-2, max_grad_norm: 5e-7, ..Adan::default() };
+    let (start, mut grads) = clip_case(103, 4, 1.0);
+    for g in grads.iter_mut().flatten() {
+        let norm = g.iter().map(|v| v * v).sum::<f64>().sqrt();
+        // Each tensor's norm 7e-7, the global one near 1e-6.
+        g.iter_mut().for_each(|v| *v *= 7e-7 / norm);
+    }
+    let coefficients = own_clipping_follows_the_oracle(adan, DType::F32, &start, &grads);
+    for (c, g) in coefficients.iter().zip(&grads) {
+        let norm = g.iter().flatten().map(|v| v * v).sum::<f64>().sqrt();
+        let torch = (adan.max_grad_norm / (norm + 1e-6)).min(1.0);
+        assert!((c - torch).abs() > 0.3 * c, "the eps matters: {c} against {torch}");
+    }
+}
+
+#[test]
+fn own_clipping_of_sixteen_bit_parameters_follows_the_oracle() {
+    for (dtype, seed) in [(DType::F16, 104), (DType::BF16, 105)] {
+        let adan = Adan { lr: 1e-2, weight_decay: 0.5, max_grad_norm: 1.0, ..Adan::default() };
+        let (start, grads) = clip_case(seed, 4, 1.0);
+        let coefficients = own_clipping_follows_the_oracle(adan, dtype, &start, &grads);
+        assert!(coefficients.iter().all(|&c| c < 0.2), "the case clips every step: {coefficients:?}");
+    }
+}
+
+/// A checkpoint taken between clipped steps continues the uninterrupted trajectory bit for
+/// bit on each backend (the clip is the configuration's, rebuilt with the optimizer).
+#[test]
+fn own_clipping_survives_a_checkpoint_on_both_backends() {
+    let ctx = ctx();
+    let adan = Adan { lr: 1e-2, max_grad_norm: 0.5, ..Adan::default() };
+    let (start, grads) = clip_case(106, 4, 1.0);
+    let gpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
+        let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let mut opt = Optimizer::builder().build(&ctx, adan, &params).unwrap();
+        for (k, g) in grads.iter().enumerate() {
+            if interrupt && k == 2 {
+                let bytes = opt.save_to_bytes().unwrap();
+                opt = Optimizer::builder().build(&ctx, adan, &params).unwrap();
+                opt.load_from_bytes(&bytes).unwrap();
+            }
+            let g: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+            opt.step(&g).unwrap();
+        }
+        let state = (0..start.len()).map(|i| {
+            download(&ctx, opt.state(i, StateKind::NegPreGrad).unwrap().and_then(|s| s.dense()).unwrap())
+        });
+        params.iter().map(|p| download(&ctx, p)).chain(state).collect()
+    };
+    let cpu_run = |interrupt: bool| -> Vec<Vec<f64>> {
+        let mut params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
+        let mut opt = CpuOptimizer::builder().build(adan, &slices(&params)).unwrap();
+        for (k, g) in grads.iter().enumerate() {
+            if interrupt && k == 2 {
+                let bytes = opt.save_to_bytes().unwrap();
+                opt = CpuOptimizer::builder().build(adan, &slices(&params)).unwrap();
+                opt.load_from_bytes(&bytes).unwrap();
+            }
+            let g: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+            opt.step(&mut slices_mut(&mut params), &slices(&g)).unwrap();
+        }
+        let state = (0..start.len())
+            .map(|i| opt.state(i, StateKind::NegPreGrad).and_then(|s| s.dense()).unwrap().to_f64());
+        params.iter().map(HostTensor::to_f64).chain(state).collect()
+    };
+    for (backend, resumed, whole) in
+        [("GPU", gpu_run(true), gpu_run(false)), ("CPU", cpu_run(true), cpu_run(false))]
+    {
+        for (k, (got, want)) in resumed.iter().zip(&whole).enumerate() {
+            family::assert_bits_eq(&format!("{backend} clipped, saved after 2: tensor {k}"), got, want);
+        }
+    }
+}
+
+/// Capturable mode runs the same clip pass, writing the coefficient into the device state
+/// (one tensor of 513 elements whose norm is near 13, so every step clips).
+#[test]
+fn own_clipping_runs_in_capturable_mode() {
+    let tolerance = Tolerance::Close { rtol: 1e-5, atol: 1e-6 };
+    let clipped = Adan { lr: 1e-2, weight_decay: 0.5, max_grad_norm: 1.0, ..Adan::default() };
+    family::capturable_follows_the_oracle(clipped.into(), 0, 5, |_| 1e-2, tolerance, 107);
+}
+
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(result: wgpu_optim::Result<T>, first: &str, second: &str) {
+    match result {
+        Err(Error::ConflictingOptions { first: f, second: s, .. }) if f == first && s == second => {}
+        other => panic!("expected ConflictingOptions {{ {first}, {second} }}, got {other:?}"),
+    }
+}
+
+/// Adan's own clipping beside `grad_clip`, groups whose clipping differs (the official code
+/// reads one `max_grad_norm` for all groups), and a schedule that would change the clip are
+/// refused; a negative `max_grad_norm` is a bad hyperparameter.
+#[test]
+fn conflicting_clipping_settings_are_refused() {
+    use wgpu_optim::{GradClip, ParamGroup};
+    let clipped = Adan { max_grad_norm: 1.0, ..Adan::default() };
+    let ctx = ctx();
+    let params: Vec<Tensor> = (0..2).map(|_| ctx.upload("param", &[0.5; 64], DType::F32)).collect();
+    let both = Optimizer::builder().grad_clip(GradClip::l2(1.0)).build(&ctx, clipped, &params[..1]);
+    assert_conflict(both, "max_grad_norm", "grad_clip");
+    let cpu_param = host(&[0.5; 64], DType::F32);
+    let both = CpuOptimizer::builder().grad_clip(GradClip::l2(1.0)).build(clipped, &[cpu_param.as_slice()]);
+    assert_conflict(both, "max_grad_norm", "grad_clip");
+    for other in [
+        Adan { max_grad_norm: 2.0, ..clipped },
+        Adan { max_grad_norm: 0.0, ..clipped },
+        Adan { eps: 1e-6, ..clipped },
+    ] {
+        let groups = vec![ParamGroup::new(clipped, &params[..1]), ParamGroup::new(other, &params[1..])];
+        assert_conflict(Optimizer::builder().build_groups(&ctx, groups), "max_grad_norm", "param groups");
+    }
+    let groups = vec![ParamGroup::new(clipped, &params[..1]), ParamGroup::new(Adam::default(), &params[1..])];
+    assert_conflict(Optimizer::builder().build_groups(&ctx, groups), "max_grad_norm", "param groups");
+    // The same setting in every group is the official one.
+    let groups = vec![
+        ParamGroup::new(clipped, &params[..1]),
+        ParamGroup::new(Adan { lr: 0.1, ..clipped }, &params[1..]),
+    ];
+    assert!(Optimizer::builder().build_groups(&ctx, groups).is_ok());
+    let mut cpu = CpuOptimizer::builder().build(clipped, &[cpu_param.as_slice()]).unwrap();
+    assert_conflict(
+        cpu.set_group_algorithm(0, Adan { max_grad_norm: 2.0, ..clipped }),
+        "max_grad_norm",
+        "set_group_algorithm",
+    );
+    assert!(cpu.set_group_lr(0, 0.5).is_ok());
+    let negative = Algorithm::from(Adan { max_grad_norm: -1.0, ..Adan::default() }).validate();
+    assert!(matches!(negative, Err(Error::BadHyperparameter { name: "max_grad_norm", .. })));
 }

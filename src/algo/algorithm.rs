@@ -37,6 +37,12 @@ pub(crate) trait FamilyConfig: Copy {
     fn initial_state(&self) -> f64 {
         0.0
     }
+    /// The family's own global gradient clipping, `(max_norm, eps)`: every gradient of the
+    /// optimizer multiplied by `min(1, max_norm / (L2 norm + eps))` before the step, through
+    /// the same fused passes as `grad_clip`. `None` (every family but Adan): none.
+    fn own_grad_clip(&self) -> Option<(f64, f64)> {
+        None
+    }
     /// Why a stateless update ([`crate::ops::update`]) cannot run it (a step that needs what
     /// only an optimizer keeps); `None` (most families): it can.
     fn stateless_refusal(&self) -> Option<&'static str> {
@@ -121,6 +127,14 @@ macro_rules! algorithms {
             pub fn state_kinds(&self) -> &'static [StateKind] {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::state_kinds(c),)*
+                }
+            }
+
+            /// The family's own global gradient clipping, `(max_norm, eps)`
+            /// (`FamilyConfig::own_grad_clip`): Adan's `max_grad_norm` with its `eps`.
+            pub(crate) fn own_grad_clip(&self) -> Option<(f64, f64)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::own_grad_clip(c),)*
                 }
             }
 

@@ -47,7 +47,7 @@ pub use state_access::StateView;
 
 use crate::q4::{Q4State, Q4States};
 use crate::q8::{Q8States, StoredState};
-use crate::step::clip::clip_coefficient;
+use crate::step::clip::{check_own_clip_change, fused_clip, FusedClip};
 use crate::step::rounding;
 use crate::{Algorithm, DType, Error, GradClip, OptimizerOptions, Result, Rounding, StateStorage};
 use kernels::{Kernel, MAX_STATE};
@@ -72,7 +72,8 @@ pub struct CpuOptimizer {
     compensation: Vec<StateTensor>,
     rounding: Rounding,
     step: u64,
-    grad_clip: Option<GradClip>,
+    /// `grad_clip` with PyTorch's eps, or the algorithm's own clipping (Adan's).
+    clip: Option<FusedClip>,
     /// The last step's global gradient norm, when clipping.
     grad_norm: Option<f32>,
     /// [`CpuOptimizerBuilder::param_shapes`]: empty, or each parameter's shape (only
@@ -171,10 +172,8 @@ impl CpuOptimizer {
     ) -> Result<Self> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        if let Some(clip) = &options.grad_clip {
-            clip.validate()?;
-        }
-        crate::algo::check_lamb_options(&algorithm, false, options.grad_clip.is_some(), options.rounding)?;
+        let clip = fused_clip(options.grad_clip, &[algorithm])?;
+        crate::algo::check_lamb_options(&algorithm, false, clip.is_some(), options.rounding)?;
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
@@ -235,7 +234,7 @@ impl CpuOptimizer {
             compensation,
             rounding: options.rounding,
             step: 0,
-            grad_clip: options.grad_clip,
+            clip,
             grad_norm: None,
             shapes: options.param_shapes,
             q8,
@@ -269,10 +268,11 @@ impl CpuOptimizer {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
         crate::algo::check_adafactor_change(&self.algorithm, &algorithm)?;
+        check_own_clip_change(&self.algorithm, &algorithm)?;
         if self.q8.is_some() {
-            crate::q8::check_algorithm(&algorithm, self.grad_clip.is_some())?;
+            crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
-        crate::algo::check_lamb_options(&algorithm, false, self.grad_clip.is_some(), self.rounding)?;
+        crate::algo::check_lamb_options(&algorithm, false, self.clip.is_some(), self.rounding)?;
         if self.q4.is_some() {
             crate::q4::check_algorithm(&algorithm)?;
         }
@@ -289,7 +289,7 @@ impl CpuOptimizer {
             // fresh. The families whose passes need the options refuse such changes above.
             let options = OptimizerOptions {
                 param_shapes: self.shapes.clone(),
-                grad_clip: self.grad_clip,
+                grad_clip: self.clip.filter(|_| algorithm.own_grad_clip().is_none()).map(|c| c.clip),
                 rounding: self.rounding,
                 ..OptimizerOptions::default()
             };
@@ -320,8 +320,9 @@ impl CpuOptimizer {
         self.step
     }
 
-    /// With [`CpuOptimizerBuilder::grad_clip`]: the global gradient norm of the last step
-    /// (before clipping), `None` before the first step or without clipping.
+    /// With [`CpuOptimizerBuilder::grad_clip`] or Adan's own clipping (`max_grad_norm`): the
+    /// global gradient norm of the last step (before clipping), `None` before the first step
+    /// or without clipping.
     pub fn grad_norm(&self) -> Option<f64> {
         self.grad_norm.map(f64::from)
     }
@@ -357,9 +358,9 @@ impl CpuOptimizer {
         }
         let mut kernel = Kernel::new(&kernel_step);
         let mut grad_scale = 1.0;
-        if let Some(clip) = &self.grad_clip {
-            let total_norm = norm::global_norm(grads, clip.norm_type);
-            grad_scale = clip_coefficient(total_norm, clip.max_norm as f32);
+        if let Some(clip) = &self.clip {
+            let total_norm = norm::global_norm(grads, clip.clip.norm_type);
+            grad_scale = clip.coefficient(total_norm);
             kernel = kernel.with_grad_scale(grad_scale);
             self.grad_norm = Some(total_norm);
         }

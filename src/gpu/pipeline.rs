@@ -31,8 +31,9 @@ pub(crate) enum PipelineKey {
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
-    /// The fixed passes' pipelines ([`Self::get_pass`]), by name.
-    passes: Mutex<HashMap<&'static str, Arc<FixedPass>>>,
+    /// The fixed passes' pipelines ([`Self::get_pass`]), by name and the value compiled
+    /// into them ([`Self::get_pass_with`]).
+    passes: Mutex<HashMap<(&'static str, u64), Arc<FixedPass>>>,
 }
 
 /// A fixed pass's pipelines, shared across threads where wgpu's objects may be (everywhere
@@ -61,13 +62,25 @@ impl PipelineCache {
         name: &'static str,
         compile: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
+        self.get_pass_with(name, 0, compile)
+    }
+
+    /// [`Self::get_pass`] for a pass that compiles a value in (an override constant), one
+    /// pipeline per `value` (its bits, say).
+    pub(crate) fn get_pass_with<T: Any + wgpu::WasmNotSendSync>(
+        &self,
+        name: &'static str,
+        value: u64,
+        compile: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
         let passes = || self.passes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(hit) = passes().get(name).and_then(|hit| hit.clone().downcast::<T>().ok()) {
+        let key = (name, value);
+        if let Some(hit) = passes().get(&key).and_then(|hit| hit.clone().downcast::<T>().ok()) {
             return Ok(hit);
         }
         // Compiled outside the lock; two threads may both compile it, the first stored is kept.
         let compiled = Arc::new(compile()?);
-        let stored = passes().entry(name).or_insert_with(|| compiled.clone()).clone();
+        let stored = passes().entry(key).or_insert_with(|| compiled.clone()).clone();
         Ok(stored.downcast::<T>().unwrap_or(compiled))
     }
 

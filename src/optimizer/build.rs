@@ -57,12 +57,10 @@ impl Optimizer {
         crate::family::lamb::gpu_passes::check_options(&groups, &options)?;
         crate::family::adafactor::gpu_passes::check_options(&groups, &options)?;
         crate::family::muon::gpu_passes::check_options(&groups, &options)?;
-        if let Some(clip) = &options.grad_clip {
-            clip.validate()?;
-        }
+        let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
+        let fused_clip = crate::step::clip::fused_clip(options.grad_clip, &algorithms)?;
         check_rounding_options(&options)?;
         if options.state_storage.q8().is_some() {
-            let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
             let dtypes = groups.iter().flat_map(|g| g.params.iter().map(|p| p.dtype));
             crate::q8::check_options(&algorithms, &options, dtypes)?;
         }
@@ -102,7 +100,7 @@ impl Optimizer {
                     .enumerate()
                     .flat_map(|(g, group)| group.params.iter().map(move |_| g))
                     .collect();
-                let clip = options.grad_clip.is_some();
+                let clip = fused_clip.is_some();
                 Some(Q8Engine::new(ctx, config, &params, &owners, &algorithms, clip)?)
             }
             None => None,
@@ -115,7 +113,7 @@ impl Optimizer {
                     .enumerate()
                     .flat_map(|(g, group)| group.params.iter().map(move |_| g))
                     .collect();
-                let clip = options.grad_clip.is_some();
+                let clip = fused_clip.is_some();
                 Some(Q4Engine::new(ctx, config, &params, &owners, &algorithms, clip)?)
             }
             None => None,
@@ -202,8 +200,7 @@ impl Optimizer {
             state: d.buffer(),
             lr_offsets: (0..kept.len()).map(|g| d.lr_offset(g)).collect(),
         });
-        let clip = options
-            .grad_clip
+        let clip = fused_clip
             .map(|c| ClipPass::new(ctx, c, device.as_ref().map(DeviceState::buffer)))
             .transpose()?;
         let uniforms =

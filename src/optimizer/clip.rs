@@ -10,13 +10,13 @@ use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{binding, clip_finalize_wgsl, Program, Scalars, VariantKey};
 use crate::gpu::plan::{plan, Arg, KernelArgs};
 use crate::gpu::{GpuContext, TENSOR_USAGES};
-use crate::step::clip::{ClipHeader, GradClip, NormType};
+use crate::step::clip::{ClipHeader, FusedClip, NormType};
 use crate::step::device::DeviceHeader;
 use crate::{DType, Result, Tensor};
 
 /// The clip buffer and the finalize pipeline, one per optimizer.
 pub(super) struct ClipPass {
-    clip: GradClip,
+    clip: FusedClip,
     /// [`ClipHeader`]: the last norm and coefficient, and `max_norm`.
     buffer: wgpu::Buffer,
     finalize: wgpu::ComputePipeline,
@@ -59,12 +59,21 @@ impl BoundNorm {
 impl ClipPass {
     /// The pass for `clip`; with `device_state`, capturable mode's, whose update kernels
     /// read the coefficient there.
-    pub(super) fn new(ctx: &GpuContext, clip: GradClip, device_state: Option<&wgpu::Buffer>) -> Result<Self> {
-        clip.validate()?;
+    pub(super) fn new(
+        ctx: &GpuContext,
+        clip: FusedClip,
+        device_state: Option<&wgpu::Buffer>,
+    ) -> Result<Self> {
+        clip.clip.validate()?;
         let device = ctx.device();
-        let header =
-            ClipHeader { total_norm: 0.0, coefficient: 1.0, max_norm: clip.max_norm as f32, reserved: 0 };
-        let finalize = finalize_pipeline(ctx, device_state.is_some(), clip.norm_type == NormType::Inf)?;
+        let header = ClipHeader {
+            total_norm: 0.0,
+            coefficient: 1.0,
+            max_norm: clip.clip.max_norm as f32,
+            reserved: 0,
+        };
+        let inf = clip.clip.norm_type == NormType::Inf;
+        let finalize = finalize_pipeline(ctx, device_state.is_some(), inf, clip.eps as f32)?;
         ctx.catch("creating the gradient clipping pass", || {
             use wgpu::util::DeviceExt;
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -96,8 +105,8 @@ impl ClipPass {
         unscale_into: Option<&wgpu::Buffer>,
     ) -> Result<BoundNorm> {
         let (program, scalars) = match unscale_into {
-            Some(_) => (Program::UnscaleNorm(self.clip.norm_type), Scalars::UnscaleNorm),
-            None => (Program::GradNorm(self.clip.norm_type), Scalars::Norm),
+            Some(_) => (Program::UnscaleNorm(self.clip.clip.norm_type), Scalars::UnscaleNorm),
+            None => (Program::GradNorm(self.clip.clip.norm_type), Scalars::Norm),
         };
         let mut items = Vec::with_capacity(grads.len());
         for (i, grad) in grads.iter().enumerate() {
@@ -165,15 +174,21 @@ impl ClipPass {
 }
 
 /// The finalize pass's pipeline (capturable mode's reads the device state; `inf`: the norm
-/// is the largest magnitude), from the context's pipeline registry.
-fn finalize_pipeline(ctx: &GpuContext, capturable: bool, inf: bool) -> Result<Arc<wgpu::ComputePipeline>> {
+/// is the largest magnitude; `eps`: what it adds to the norm), from the context's pipeline
+/// registry, one per eps.
+fn finalize_pipeline(
+    ctx: &GpuContext,
+    capturable: bool,
+    inf: bool,
+    eps: f32,
+) -> Result<Arc<wgpu::ComputePipeline>> {
     let name = match (capturable, inf) {
         (false, false) => "clip finalize",
         (false, true) => "clip finalize inf",
         (true, false) => "clip finalize capturable",
         (true, true) => "clip finalize capturable inf",
     };
-    ctx.inner.pipelines.get_pass(name, || {
+    ctx.inner.pipelines.get_pass_with(name, u64::from(eps.to_bits()), || {
         let device = ctx.device();
         let layout = ctx.inner.scalar_layouts.finalize(capturable);
         ctx.catch("creating the gradient clipping pass", || {
@@ -193,7 +208,8 @@ fn finalize_pipeline(ctx: &GpuContext, capturable: bool, inf: bool) -> Result<Ar
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[("NORM_INF", f64::from(u8::from(inf)))],
+                    // An f32 given exactly, so the shader adds the very f32 the CPU backend adds.
+                    constants: &[("NORM_INF", f64::from(u8::from(inf))), ("CLIP_EPS", f64::from(eps))],
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,

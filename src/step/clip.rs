@@ -7,7 +7,7 @@
 use std::mem::offset_of;
 
 use super::fields::shader_struct;
-use crate::{Error, Result};
+use crate::{Algorithm, Error, Result};
 
 /// Which norm of the gradients is clipped.
 ///
@@ -81,11 +81,82 @@ impl GradClip {
     }
 }
 
-/// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + 1e-6)` in f32, at most 1. A
-/// NaN norm gives NaN (`torch.clamp` keeps NaN).
+/// What PyTorch's `clip_grad_norm_` adds to the norm before dividing by it, and so what
+/// [`GradClip`] adds.
+pub(crate) const TORCH_CLIP_EPS: f64 = 1e-6;
+
+/// The clipping an optimizer runs: the bound and norm of a [`GradClip`] and the `eps` added
+/// to the norm, [`TORCH_CLIP_EPS`] for `grad_clip` or a family's own (Adan's `eps`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FusedClip {
+    /// The bound and the norm measured.
+    pub(crate) clip: GradClip,
+    /// Added to the norm before `max_norm` is divided by it.
+    pub(crate) eps: f64,
+}
+
+impl FusedClip {
+    /// The coefficient for a measured `total_norm` ([`clip_coefficient`] with this clip's
+    /// bound and eps, in f32).
+    #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+    pub(crate) fn coefficient(&self, total_norm: f32) -> f32 {
+        clip_coefficient(total_norm, self.clip.max_norm as f32, self.eps as f32)
+    }
+}
+
+/// The clipping an optimizer of `algorithms` (one per group) runs with the option
+/// `grad_clip`: that option with PyTorch's eps, or the groups' own clipping
+/// ([`Algorithm::own_grad_clip`], the official Adan's `max_grad_norm`), which clips every
+/// group together with one setting. [`Error::ConflictingOptions`] for both at once, or for
+/// groups whose own clipping settings differ (the official Adan reads one `max_grad_norm` for
+/// all groups; a group without clipping, or with another `eps`, would be clipped
+/// differently from what it asks).
+pub(crate) fn fused_clip(grad_clip: Option<GradClip>, algorithms: &[Algorithm]) -> Result<Option<FusedClip>> {
+    if let Some(clip) = &grad_clip {
+        clip.validate()?;
+    }
+    let own = algorithms.first().and_then(Algorithm::own_grad_clip);
+    if algorithms.iter().any(|a| a.own_grad_clip() != own) {
+        return Err(Error::ConflictingOptions {
+            first: "max_grad_norm",
+            second: "param groups",
+            reason: "the official Adan clips all groups together with one max_grad_norm and eps; give \
+                     every group the same max_grad_norm and, when clipping, the same eps",
+        });
+    }
+    match (grad_clip, own) {
+        (Some(_), Some(_)) => Err(Error::ConflictingOptions {
+            first: "max_grad_norm",
+            second: "grad_clip",
+            reason: "Adan's own clipping already clips the global gradient norm; use one of them",
+        }),
+        (Some(clip), None) => Ok(Some(FusedClip { clip, eps: TORCH_CLIP_EPS })),
+        (None, Some((max_norm, eps))) => Ok(Some(FusedClip { clip: GradClip::l2(max_norm), eps })),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Refuses changing a group's algorithm to one whose own clipping
+/// ([`Algorithm::own_grad_clip`]) differs: the clip was built with the optimizer.
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
-pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32) -> f32 {
-    let coefficient = max_norm / (total_norm + 1e-6);
+pub(crate) fn check_own_clip_change(old: &Algorithm, new: &Algorithm) -> Result<()> {
+    if old.own_grad_clip() != new.own_grad_clip() {
+        return Err(Error::ConflictingOptions {
+            first: "max_grad_norm",
+            second: "set_group_algorithm",
+            reason: "Adan's own clipping (max_grad_norm and its eps) is fixed when the optimizer is \
+                     built; keep them when changing other hyperparameters",
+        });
+    }
+    Ok(())
+}
+
+/// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + eps)` in f32, at most 1, with
+/// `eps` 1e-6 for `clip_grad_norm_` (the official Adan adds its own `eps`). A NaN norm gives
+/// NaN (`torch.clamp` keeps NaN).
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
+pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32, eps: f32) -> f32 {
+    let coefficient = max_norm / (total_norm + eps);
     if coefficient.is_nan() {
         coefficient
     } else {
@@ -122,11 +193,12 @@ mod tests {
     #[test]
     fn the_coefficient_is_torchs_clamped_ratio() {
         // max_norm / (norm + 1e-6) in f32, written out by hand.
-        assert_eq!(clip_coefficient(36.0, 1.0), 1.0f32 / (36.0f32 + 1e-6f32));
-        assert_eq!(clip_coefficient(0.25, 1.0), 1.0);
-        assert_eq!(clip_coefficient(0.0, 1.0), 1.0);
-        assert!(clip_coefficient(f32::NAN, 1.0).is_nan());
-        assert_eq!(clip_coefficient(f32::INFINITY, 1.0), 0.0);
+        let eps = TORCH_CLIP_EPS as f32;
+        assert_eq!(clip_coefficient(36.0, 1.0, eps), 1.0f32 / (36.0f32 + 1e-6f32));
+        assert_eq!(clip_coefficient(0.25, 1.0, eps), 1.0);
+        assert_eq!(clip_coefficient(0.0, 1.0, eps), 1.0);
+        assert!(clip_coefficient(f32::NAN, 1.0, eps).is_nan());
+        assert_eq!(clip_coefficient(f32::INFINITY, 1.0, eps), 0.0);
     }
 
     #[test]

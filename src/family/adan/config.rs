@@ -1,7 +1,7 @@
 //! Adan (Xie et al. 2022, "Adan: Adaptive Nesterov Momentum Algorithm for Faster Optimizing
 //! Deep Models"), as the official sail-sg/Adan `adan.Adan` runs it.
 
-use crate::algo::{bias_correction, check, check_beta, check_rate};
+use crate::algo::{bias_correction, check_beta, check_rate};
 use crate::step::{AdanSwitches, AdanUniform64, KernelStep};
 use crate::Result;
 use crate::StateKind;
@@ -41,9 +41,14 @@ pub struct Adan {
     /// Weight decay (default 0): a proximal division after the update, or with `no_prox`
     /// a decay of the parameter before it.
     pub weight_decay: f64,
-    /// The official global gradient-norm bound (default 0: no clipping). Only 0 is
-    /// accepted: clip with the optimizer's `grad_clip` instead, whose norm adds 1e-6 where
-    /// the official Adan adds its `eps`.
+    /// The official global gradient-norm bound (default 0: no clipping). When positive,
+    /// every gradient of the optimizer (all groups together) is multiplied by
+    /// `min(1, max_grad_norm / (L2 norm + eps))` before the step, with this `eps` (where
+    /// the optimizer's `grad_clip` adds 1e-6), and `neg_pre_grad` keeps the clipped
+    /// gradient. It runs through the same fused passes as `grad_clip`, and
+    /// `grad_norm()` reports the norm; every group must have the same `max_grad_norm` and,
+    /// when clipping, the same `eps`, and `grad_clip` is refused beside it
+    /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)).
     pub max_grad_norm: f64,
     /// Decay the parameter before the update (`p *= 1 - lr weight_decay`) instead of the
     /// proximal division after it (default false).
@@ -67,10 +72,8 @@ impl Default for Adan {
 
 impl Adan {
     /// Checks the hyperparameters as the official constructor does (`lr`, `eps` and
-    /// `weight_decay` `>= 0`, each beta in `[0, 1)`), every value finite, and refuses
-    /// Adan's own clipping (`max_grad_norm > 0`): the optimizer's `grad_clip` clips the
-    /// global norm instead, with 1e-6 where Adan adds `eps` to the norm.
-    /// ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
+    /// `weight_decay` `>= 0`, each beta in `[0, 1)`), and `max_grad_norm >= 0`, every value
+    /// finite. ([`Algorithm::validate`](crate::Algorithm::validate) says when a trainer calls it.)
     pub fn validate(&self) -> Result<()> {
         check_rate("lr", self.lr)?;
         check_rate("eps", self.eps)?;
@@ -78,13 +81,7 @@ impl Adan {
         check_beta("beta2", self.beta2)?;
         check_beta("beta3", self.beta3)?;
         check_rate("weight_decay", self.weight_decay)?;
-        check(
-            "max_grad_norm",
-            self.max_grad_norm,
-            self.max_grad_norm == 0.0,
-            "0: Adan's own clipping is not implemented; use the optimizer's grad_clip, whose norm adds \
-             1e-6 where Adan's adds its eps",
-        )
+        check_rate("max_grad_norm", self.max_grad_norm)
     }
 
     /// The kernel step for step `t` (counted from 1): the bias corrections, the step sizes,
@@ -142,5 +139,9 @@ impl crate::algo::FamilyConfig for Adan {
 
     fn state_kinds(&self) -> &'static [StateKind] {
         &[StateKind::ExpAvg, StateKind::ExpAvgSq, StateKind::ExpAvgDiff, StateKind::NegPreGrad]
+    }
+
+    fn own_grad_clip(&self) -> Option<(f64, f64)> {
+        (self.max_grad_norm > 0.0).then_some((self.max_grad_norm, self.eps))
     }
 }
