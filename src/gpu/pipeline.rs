@@ -33,11 +33,12 @@ pub(crate) struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
     /// The fixed passes' pipelines ([`Self::get_pass`]), by name and the value compiled
     /// into them ([`Self::get_pass_with`]).
-    passes: Mutex<HashMap<(&'static str, u64), Arc<FixedPass>>>,
+    passes: Mutex<HashMap<(&'static str, u64), Box<FixedPass>>>,
 }
 
-/// A fixed pass's pipelines, shared across threads where wgpu's objects may be (everywhere
-/// but the browser, whose objects stay on its thread).
+/// A fixed pass's pipelines (an `Arc` of the pass's own type, boxed: `Arc<dyn Any>` can only
+/// be downcast where it is `Send + Sync`), shared across threads where wgpu's objects may be
+/// (everywhere but the browser, whose objects stay on its thread).
 #[cfg(not(target_arch = "wasm32"))]
 type FixedPass = dyn Any + Send + Sync;
 #[cfg(target_arch = "wasm32")]
@@ -75,13 +76,15 @@ impl PipelineCache {
     ) -> Result<Arc<T>> {
         let passes = || self.passes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = (name, value);
-        if let Some(hit) = passes().get(&key).and_then(|hit| hit.clone().downcast::<T>().ok()) {
+        let shared = |stored: &FixedPass| stored.downcast_ref::<Arc<T>>().cloned();
+        if let Some(hit) = passes().get(&key).and_then(|hit| shared(hit.as_ref())) {
             return Ok(hit);
         }
         // Compiled outside the lock; two threads may both compile it, the first stored is kept.
         let compiled = Arc::new(compile()?);
-        let stored = passes().entry(key).or_insert_with(|| compiled.clone()).clone();
-        Ok(stored.downcast::<T>().unwrap_or(compiled))
+        let mut passes = passes();
+        let stored = passes.entry(key).or_insert_with(|| Box::new(compiled.clone()));
+        Ok(shared(stored.as_ref()).unwrap_or(compiled))
     }
 
     /// The pipeline of `key`, compiled by `compile` on first use: the low-bit formats
