@@ -575,6 +575,26 @@ fn own_clipping_survives_a_checkpoint_on_both_backends() {
     }
 }
 
+/// A checkpoint saved with other clipping settings is refused on both backends (the clip is
+/// built with the optimizer), and nothing changes.
+#[test]
+fn a_checkpoint_with_other_clipping_is_refused() {
+    let ctx = ctx();
+    let adan = Adan { max_grad_norm: 0.5, ..Adan::default() };
+    let other = Adan { max_grad_norm: 2.0, ..adan };
+    let gpu_param = [ctx.upload("param", &[0.5; 64], DType::F32)];
+    let saved = Optimizer::builder().build(&ctx, other, &gpu_param).unwrap().save_to_bytes().unwrap();
+    let mut gpu = Optimizer::builder().build(&ctx, adan, &gpu_param).unwrap();
+    assert_conflict(gpu.load_from_bytes(&saved), "max_grad_norm", "set_group_algorithm");
+    assert_eq!(gpu.group_algorithm(0), Some(&Algorithm::from(adan)));
+    let cpu_param = host(&[0.5; 64], DType::F32);
+    let saved =
+        CpuOptimizer::builder().build(other, &[cpu_param.as_slice()]).unwrap().save_to_bytes().unwrap();
+    let mut cpu = CpuOptimizer::builder().build(adan, &[cpu_param.as_slice()]).unwrap();
+    assert_conflict(cpu.load_from_bytes(&saved), "max_grad_norm", "set_group_algorithm");
+    assert_eq!(cpu.group_algorithm(0), Some(&Algorithm::from(adan)));
+}
+
 /// Capturable mode runs the same clip pass, writing the coefficient into the device state
 /// (one tensor of 513 elements whose norm is near 13, so every step clips).
 #[test]
@@ -593,8 +613,8 @@ fn assert_conflict<T: std::fmt::Debug>(result: wgpu_optim::Result<T>, first: &st
 }
 
 /// Adan's own clipping beside `grad_clip`, groups whose clipping differs (the official code
-/// reads one `max_grad_norm` for all groups), and a schedule that would change the clip are
-/// refused; a negative `max_grad_norm` is a bad hyperparameter.
+/// reads one `max_grad_norm` for all groups), and a schedule that would change the clip (on
+/// either backend) are refused; a negative `max_grad_norm` is a bad hyperparameter.
 #[test]
 fn conflicting_clipping_settings_are_refused() {
     use wgpu_optim::{GradClip, ParamGroup};
@@ -621,7 +641,13 @@ fn conflicting_clipping_settings_are_refused() {
         ParamGroup::new(clipped, &params[..1]),
         ParamGroup::new(Adan { lr: 0.1, ..clipped }, &params[1..]),
     ];
-    assert!(Optimizer::builder().build_groups(&ctx, groups).is_ok());
+    let mut gpu = Optimizer::builder().build_groups(&ctx, groups).unwrap();
+    assert_conflict(
+        gpu.set_group_algorithm(1, Adan { max_grad_norm: 2.0, ..clipped }),
+        "max_grad_norm",
+        "set_group_algorithm",
+    );
+    assert!(gpu.set_group_algorithm(1, Adan { lr: 0.2, ..clipped }).is_ok());
     let mut cpu = CpuOptimizer::builder().build(clipped, &[cpu_param.as_slice()]).unwrap();
     assert_conflict(
         cpu.set_group_algorithm(0, Adan { max_grad_norm: 2.0, ..clipped }),

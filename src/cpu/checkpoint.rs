@@ -72,6 +72,7 @@ impl CpuOptimizer {
         // when something is, and for its checksums otherwise.
         checkpoint.verify_checksums()?;
         crate::algo::check_muon_change(&self.algorithm, &checkpoint.groups[0].0)?;
+        crate::step::clip::check_own_clip_change(&self.algorithm, &checkpoint.groups[0].0)?;
         let slots: Vec<Slot> = layout.entries().iter().map(|entry| entry.slot).collect();
         // Everything matches: write.
         for (slot, data) in slots.into_iter().zip(data) {

@@ -89,6 +89,7 @@ impl Optimizer {
             });
         }
         crate::algo::check_muon_change(&group.algorithm, &algorithm)?;
+        crate::step::clip::check_own_clip_change(&group.algorithm, &algorithm)?;
         let variant_changed =
             algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();
         let family_changed = algorithm.family() != group.algorithm.family();

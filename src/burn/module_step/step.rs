@@ -138,8 +138,16 @@ impl ModuleStep {
             by_time.entry(key).or_insert_with(|| (scalars, Vec::new())).1.push(i);
         }
         let counts: std::collections::BTreeSet<u64> = by_time.keys().map(|(t, _)| *t).collect();
-        if for_step && counts.len() > 1 && (self.options.grad_clip.is_some() || self.options.capturable) {
-            let option = if self.options.capturable { "capturable (AMP)" } else { "grad_clip" };
+        // Adan's own clipping is a global norm too.
+        let clipped = self.options.grad_clip.is_some() || self.algorithm.own_grad_clip().is_some();
+        if for_step && counts.len() > 1 && (clipped || self.options.capturable) {
+            let option = if self.options.capturable {
+                "capturable (AMP)"
+            } else if self.options.grad_clip.is_some() {
+                "grad_clip"
+            } else {
+                "max_grad_norm"
+            };
             return Err(Error::Burn {
                 cause: BurnFailure::Step,
                 detail: format!(
