@@ -79,6 +79,7 @@ mod family;
 mod gpu;
 pub mod ops;
 mod optimizer;
+mod options;
 #[cfg(test)]
 mod oracle;
 pub mod q4;
@@ -106,8 +107,8 @@ pub use family::adopt::config::Adopt;
 /// Batched matrix products on the device (Muon's Newton-Schulz kernels), for a caller's own use.
 pub use gpu::matmul;
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
-pub(crate) use optimizer::OptimizerOptions;
 pub use optimizer::{Optimizer, OptimizerBuilder, ParamGroup};
+pub(crate) use options::OptimizerOptions;
 pub use state_storage::StateStorage;
 pub use state_view::{QuantizedState, StateView};
 pub use step::clip::{GradClip, NormType};

@@ -6,7 +6,7 @@ use super::device::DeviceState;
 use super::record::write_rounding;
 use super::validate::{check_disjoint, check_params, check_rounding_options};
 use super::written::WrittenRanges;
-use super::{arena, Group, Optimizer, OptimizerOptions, ParamGroup};
+use super::{arena, Group, Optimizer, ParamGroup};
 use crate::gpu::dispatch::{DeviceScalars, Uniforms};
 use crate::gpu::plan::{check_range, Arg};
 use crate::gpu::q4::Q4Engine;
@@ -14,7 +14,7 @@ use crate::gpu::q8::Q8Engine;
 use crate::gpu::transfer::check_readable;
 use crate::step::UNIFORM_SLOT_BYTES;
 use crate::validate::{check_rounding_dtypes, check_shapes};
-use crate::{Algorithm, DType, Error, GpuContext, Result, Rounding, StateStorage, Tensor};
+use crate::{Algorithm, DType, Error, GpuContext, OptimizerOptions, Result, Rounding, StateStorage, Tensor};
 
 impl Optimizer {
     /// [`OptimizerBuilder::build_groups_async`](super::OptimizerBuilder::build_groups_async):

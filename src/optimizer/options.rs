@@ -1,7 +1,7 @@
 //! What a trainer chooses when it builds an optimizer: parameter groups and options.
 
 use super::Optimizer;
-use crate::{Algorithm, GpuContext, GradClip, Result, Rounding, StateStorage, Tensor};
+use crate::{Algorithm, GpuContext, GradClip, OptimizerOptions, Result, Rounding, StateStorage, Tensor};
 
 /// Parameters that share hyperparameters, as in PyTorch's `param_groups` (e.g. no weight
 /// decay on biases and norms).
@@ -19,19 +19,6 @@ impl ParamGroup {
     pub fn new(algorithm: impl Into<Algorithm>, params: &[Tensor]) -> Self {
         ParamGroup { algorithm: algorithm.into(), params: params.to_vec() }
     }
-}
-
-/// The options an optimizer was built with, as [`OptimizerBuilder`] collects them (the
-/// builder's setters document each field).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct OptimizerOptions {
-    pub state_storage: StateStorage,
-    pub model_copies: Vec<Tensor>,
-    pub master_weights: bool,
-    pub capturable: bool,
-    pub grad_clip: Option<GradClip>,
-    pub rounding: Rounding,
-    pub param_shapes: Vec<Vec<usize>>,
 }
 
 /// How an [`Optimizer`] is built: [`Optimizer::builder`], the options chosen once (every one

@@ -8,14 +8,14 @@
 //! storage types and rounding, and in master-weight mode writes the model copies too.
 
 use super::record::write_rounding;
-use super::{Optimizer, OptimizerOptions, ParamGroup};
+use super::{Optimizer, ParamGroup};
 use crate::algo::SWAP_ROUNDING_STEP;
 use crate::family::schedule_free::gpu_passes::ScheduleFreeHost;
 use crate::family::schedule_free::scalars::check_scalars;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars};
 use crate::step::UNIFORM_SLOT_BYTES;
-use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars};
+use crate::{Algorithm, Error, OptimizerOptions, Result, ScheduleFreeMode, ScheduleFreeScalars};
 
 /// Capturable mode (and so AMP, which needs it) is refused for schedule-free groups: each
 /// step's averaging weight comes from the host's running `lr_max` and `weight_sum`.

@@ -1,9 +1,8 @@
 //! The checks made before anything is created on the device: parameters, shapes, rounding,
 //! and memory that two tensors must not share.
 
-use super::OptimizerOptions;
 use crate::gpu::plan::{check_range, Arg};
-use crate::{DType, Error, Result, Rounding, Tensor};
+use crate::{DType, Error, OptimizerOptions, Result, Rounding, Tensor};
 
 /// Stochastic and Kahan rounding keep the low-precision parameters themselves accurate; f32
 /// masters (and model copies, which are written from f32 parameters) leave nothing to do.

@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
-use crate::optimizer::{Group, OptimizerOptions, ParamGroup};
+use crate::optimizer::{Group, ParamGroup};
 use crate::step::fields::shader_struct;
 use crate::step::AdafactorUniform;
-use crate::{Algorithm, DType, Error, Result, StateKind, Tensor, TENSOR_USAGES};
+use crate::{Algorithm, DType, Error, OptimizerOptions, Result, StateKind, Tensor, TENSOR_USAGES};
 
 /// The shader's workgroup size (`WG` in `src/family/adafactor/adafactor.wgsl`).
 const WG: u64 = 64;

@@ -13,9 +13,9 @@ use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
 use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
 use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
-use crate::optimizer::{Group, OptimizerOptions, ParamGroup, BOUND_GRADIENT_SETS};
+use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
 use crate::step::{Family, KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
-use crate::{Algorithm, DType, Error, Result, Tensor};
+use crate::{Algorithm, DType, Error, OptimizerOptions, Result, Tensor};
 
 /// One LAMB group's passes over one set of gradients.
 pub(crate) struct LambBound {

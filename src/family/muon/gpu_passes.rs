@@ -27,9 +27,11 @@ use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::matmul::{slots, uniform_buffer, MatrixKernels, MatrixView, NormParams, Product};
 use crate::gpu::plan::{plan, slot_args, Arg, SlotArgs};
 use crate::optimizer::passes::{GroupPasses, PassView};
-use crate::optimizer::{Group, OptimizerOptions, ParamGroup, BOUND_GRADIENT_SETS};
+use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
 use crate::step::{Family, Switches};
-use crate::{Algorithm, DType, Error, GpuContext, Muon, NsPrecision, Result, StateKind, Tensor};
+use crate::{
+    Algorithm, DType, Error, GpuContext, Muon, NsPrecision, OptimizerOptions, Result, StateKind, Tensor,
+};
 
 /// Refuses, before anything is created, what the Muon groups cannot run: capturable mode
 /// (and so AMP), gradient clipping, and parameters without a 2-D shape.
