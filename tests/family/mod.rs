@@ -10,6 +10,7 @@
 
 #[cfg(feature = "burn")]
 pub mod burn;
+pub mod checkpoint;
 
 use crate::common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
