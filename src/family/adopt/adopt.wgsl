@@ -33,9 +33,10 @@ fn update(i: u32) {
     // torch.clamp(sqrt(v), eps) keeps a NaN root; WGSL's max need not.
     let denom = max_propagating_nan(sqrt(v_prev), R(hp.eps));
     var x = g / denom;
-    // Comparisons, not clamp: a NaN stays NaN, and an infinite bound clips nothing.
-    x = select(x, R(hp.clip_bound), x > R(hp.clip_bound));
-    x = select(x, R(-hp.clip_bound), x < R(-hp.clip_bound));
+    // torch.clamp keeps a NaN; WGSL's clamp, and a compare-and-select that a compiler may
+    // fold into min and max (Mesa's GL does), need not: the NaN is put back by its bits. An
+    // infinite bound clips nothing.
+    x = select(clamp(x, R(-hp.clip_bound), R(hp.clip_bound)), x, is_nan(x));
     // ATen's lerp takes another form for weights of 0.5 and more.
     var m: R;
     if abs(hp.one_minus_beta1) < S(0.5) {
