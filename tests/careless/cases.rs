@@ -8,9 +8,9 @@ use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut
 use wgpu_optim::q4::{Q4State, Q4States};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{
-    adafactor_state_kinds, AdEMAMix, Adafactor, Adagrad, Adam, Algorithm, DType, GpuContext, Lamb, Lion,
-    Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind, StateStorage,
-    Tensor,
+    adafactor_state_kinds, AdEMAMix, Adafactor, Adagrad, Adam, Adan, Adopt, Algorithm, DType, GpuContext,
+    Lamb, Lion, Muon, Optimizer, OptimizerBuilder, ParamGroup, RmsProp, ScheduleFreeAdamW, Sgd, StateKind,
+    StateStorage, Tensor,
 };
 use wgpu_optim_testkit::oracle::{ao4, bnb};
 
@@ -93,6 +93,8 @@ pub fn cases() -> Vec<Case> {
         Case::new("LAMB", Lamb::default(), F32),
         Case::new("Adafactor", Adafactor::default(), F32),
         Case::new("Muon", Muon::default(), F32),
+        Case::new("ADOPT", Adopt::default(), F32),
+        Case::new("Adan", Adan::default(), F32),
         Case::new("Adam", Adam::default(), Q8),
         Case::new("AdamW", Adam::adamw(), Q8),
         Case::new("SGD momentum", Sgd { momentum: 0.9, ..sgd }, Q8),
