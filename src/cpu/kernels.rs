@@ -12,7 +12,7 @@ use half::{bf16, f16};
 
 use super::convert::bf16_bits;
 use super::q8;
-use crate::step::KernelStep;
+use crate::step::{CpuUpdate, KernelStep};
 
 /// The most state tensors any family keeps (Adan's four).
 pub(crate) const MAX_STATE: usize = 4;
@@ -83,8 +83,8 @@ pub(crate) struct Loops<U> {
 
 impl<U: Send + Sync + 'static> Loops<U> {
     /// One step's update: these loops with the uniform they read.
-    pub(crate) fn with_uniform(self, uniform: U) -> Box<dyn Update> {
-        Box::new(Bound { uniform, loops: self })
+    pub(crate) fn with_uniform(self, uniform: U) -> Bound<U> {
+        Bound { uniform, loops: self }
     }
 }
 
@@ -113,8 +113,9 @@ pub(crate) trait Update: Send + Sync {
     fn run_q8(&self, scale: f32, job: q8::Job<'_>);
 }
 
-/// A family's loops and the uniform they read.
-struct Bound<U> {
+/// A family's loops and the uniform they read: one step's update, held by value in the
+/// registry's `CpuUpdate` (a step allocates nothing).
+pub(crate) struct Bound<U> {
     uniform: U,
     loops: Loops<U>,
 }
@@ -179,7 +180,7 @@ impl Leaf for Q8 {
 /// One step's update, with the coefficient every gradient is multiplied by as it is loaded
 /// (gradient clipping's; 1 otherwise, which changes no bit), as the GPU kernels load it.
 pub(crate) struct Kernel {
-    update: Box<dyn Update>,
+    update: CpuUpdate,
     grad_scale: f32,
 }
 
@@ -197,6 +198,6 @@ impl Kernel {
     /// Updates every element of `operands`, all stored as `E`. For f16 only where
     /// `f16_lanes::available()`; elsewhere the blocked path is faster.
     pub(crate) fn run<E: Leaf>(&self, operands: E::Operands<'_>) {
-        E::run(&*self.update, self.grad_scale, operands)
+        E::run(self.update.as_update(), self.grad_scale, operands)
     }
 }

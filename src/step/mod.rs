@@ -216,14 +216,30 @@ macro_rules! families {
 
         // The CPU backend: each family's folder gives, in its `cpu`,
         // `loops(&Switches, &Uniform64)`, its loops for a step.
+        /// One step's CPU update of any family, held by value (a step allocates nothing).
+        #[cfg(feature = "cpu")]
+        pub(crate) enum CpuUpdate {
+            $($variant(crate::cpu::kernels::Bound<crate::family::$folder::contract::Uniform>),)*
+        }
+
+        #[cfg(feature = "cpu")]
+        impl CpuUpdate {
+            /// The update, its family erased for the kernel that runs it.
+            pub(crate) fn as_update(&self) -> &dyn crate::cpu::kernels::Update {
+                match self {
+                    $(CpuUpdate::$variant(update) => update,)*
+                }
+            }
+        }
+
         #[cfg(feature = "cpu")]
         impl KernelStep {
             /// The CPU backend's update for this step: the family's loops for its switches,
             /// for every storage type, with its uniform in f32.
-            pub(crate) fn cpu_update(&self) -> Box<dyn crate::cpu::kernels::Update> {
+            pub(crate) fn cpu_update(&self) -> CpuUpdate {
                 match self {
                     $(KernelStep::$variant(switches, uniform) => {
-                        crate::family::$folder::cpu::loops(switches, uniform)
+                        CpuUpdate::$variant(crate::family::$folder::cpu::loops(switches, uniform))
                     })*
                 }
             }

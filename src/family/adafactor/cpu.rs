@@ -1,11 +1,11 @@
 //! Adafactor's CPU update for a step: nothing elementwise. Its own passes (`cpu_passes`)
 //! reduce rows, columns and whole tensors and update the parameters.
 
-use crate::cpu::kernels::{Loops, Update};
+use crate::cpu::kernels::{Bound, Loops};
 use crate::step::{AdafactorSwitches, AdafactorUniform64};
 
 /// The family's CPU update for a step: loops that do nothing, for every storage type.
-pub(crate) fn loops(_: &AdafactorSwitches, uniform: &AdafactorUniform64) -> Box<dyn Update> {
+pub(crate) fn loops(_: &AdafactorSwitches, uniform: &AdafactorUniform64) -> Bound<super::contract::Uniform> {
     Loops { f32: |_, _, _| {}, bf16: |_, _, _| {}, f16: |_, _, _| {}, q8: |_, _, _| {} }
         .with_uniform(uniform.to_f32())
 }

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
 use crate::step::{AdanSwitches, AdanUniform, AdanUniform64};
 
@@ -93,7 +93,7 @@ impl AdanLeaf for Q8 {
 
 /// The family's CPU update for a step: the loops its uniform selects, for every storage
 /// type, with the uniform in f32.
-pub(crate) fn loops(switches: &AdanSwitches, uniform: &AdanUniform64) -> Box<dyn Update> {
+pub(crate) fn loops(switches: &AdanSwitches, uniform: &AdanUniform64) -> Bound<super::contract::Uniform> {
     let uniform = uniform.to_f32();
     every_storage!(adan_loop(switches, &uniform)).with_uniform(uniform)
 }

@@ -117,14 +117,17 @@ impl GroupPasses for LambPasses {
 
     /// Makes the passes of `grads` the first kept, building them unless kept.
     fn bind(&mut self, view: &PassView<'_>, grads: &[Tensor]) -> Result<()> {
-        let groups: Vec<usize> = (0..view.groups.len())
-            .filter(|&g| matches!(view.groups[g].algorithm, Algorithm::Lamb(_)))
-            .collect();
-        if let Some(k) = self.bound.iter().position(|(set, g, _)| set == grads && *g == groups) {
+        // Compared without collecting: a step with kept passes allocates nothing.
+        let lamb_groups =
+            || (0..view.groups.len()).filter(|&g| matches!(view.groups[g].algorithm, Algorithm::Lamb(_)));
+        let kept =
+            |(set, g, _): &(Vec<Tensor>, Vec<usize>, _)| set == grads && g.iter().copied().eq(lamb_groups());
+        if let Some(k) = self.bound.iter().position(kept) {
             let hit = self.bound.remove(k);
             self.bound.insert(0, hit);
             return Ok(());
         }
+        let groups: Vec<usize> = lamb_groups().collect();
         let bound = groups.iter().map(|&g| bind_group(view, g, grads)).collect::<Result<Vec<_>>>()?;
         self.bound.truncate(BOUND_GRADIENT_SETS - 1);
         self.bound.insert(0, (grads.to_vec(), groups, bound));

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::cpu::kernels::{every_storage, Element, Leaf, Loop, Operands, Update, Q8};
+use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
 use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
@@ -114,7 +114,10 @@ impl ScheduleFreeLeaf for Q8 {
 
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
-pub(crate) fn loops(switches: &ScheduleFreeSwitches, uniform: &ScheduleFreeUniform64) -> Box<dyn Update> {
+pub(crate) fn loops(
+    switches: &ScheduleFreeSwitches,
+    uniform: &ScheduleFreeUniform64,
+) -> Bound<super::contract::Uniform> {
     let uniform = uniform.to_f32();
     every_storage!(schedule_free_loop(switches, &uniform)).with_uniform(uniform)
 }
