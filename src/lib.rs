@@ -90,11 +90,11 @@ mod step;
 mod tensor;
 mod validate;
 
-pub use algo::{adafactor_state_kinds, adafactor_state_shapes, machine_epsilon};
 pub use algo::LambNorms;
+pub use algo::{adafactor_state_kinds, adafactor_state_shapes, machine_epsilon};
 pub use algo::{
-    Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, ScheduleFreeMode, ScheduleFreeScalars,
-    StateKind,
+    Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, ScheduleFreeMode,
+    ScheduleFreeScalars, StateKind,
 };
 pub use algo::{MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 #[cfg(feature = "checkpoint")]

@@ -219,7 +219,7 @@ macro_rules! families {
         /// One step's CPU update of any family, held by value (a step allocates nothing).
         #[cfg(feature = "cpu")]
         pub(crate) enum CpuUpdate {
-            $($variant(crate::cpu::kernels::Bound<crate::family::$folder::contract::Uniform>),)*
+            $($variant(crate::cpu::kernels::Bound<crate::family::$folder::cpu::Hyper>),)*
         }
 
         #[cfg(feature = "cpu")]
