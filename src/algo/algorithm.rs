@@ -64,6 +64,17 @@ pub(crate) trait FamilyConfig: Copy {
         let _ = (options, lens);
         Ok(None)
     }
+
+    // The front ends' hooks: what the GPU optimizer's builder and Burn's front ends ask of
+    // a family, so that neither names one. Their dispatch is the last block of
+    // `algorithms!`.
+
+    /// Refuses the optimizer options the family cannot run under (Schedule-Free refuses
+    /// capturable mode); checked per group when an optimizer is built.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
+        let _ = options;
+        Ok(())
+    }
 }
 
 /// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
@@ -255,6 +266,16 @@ macro_rules! algorithms {
             ) -> Option<(Vec<usize>, &'static str)> {
                 match self {
                     $(Algorithm::$variant(c) => FamilyCheckpoint::state_shape(c, kind, shape),)*
+                }
+            }
+        }
+
+        // The front ends' hooks (`FamilyConfig::check_options` and after).
+        impl Algorithm {
+            /// Refuses the options its family cannot run under (`FamilyConfig::check_options`).
+            pub(crate) fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
                 }
             }
         }

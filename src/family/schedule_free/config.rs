@@ -199,4 +199,18 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
         let _ = (options, lens);
         Ok(Some(Box::new(super::cpu_passes::ScheduleFreePasses::new())))
     }
+
+    /// Capturable mode (and so AMP, which needs it) is refused: each step's averaging
+    /// weight comes from the host's running `lr_max` and `weight_sum`.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        if options.capturable {
+            return Err(crate::Error::ConflictingOptions {
+                first: "capturable",
+                second: "algorithm",
+                reason: "Schedule-Free AdamW's averaging weight needs the host's running lr_max and \
+                         weight_sum each step, which a captured step cannot take",
+            });
+        }
+        Ok(())
+    }
 }
