@@ -309,66 +309,67 @@ algorithms! {
     Adan(Adan),
 }
 
-/// A per-parameter state tensor, named as in PyTorch's `state_dict`.
-///
-/// `#[non_exhaustive]`: new algorithms bring new state kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StateKind {
+/// From one line per state kind (`Variant => "torch_name"`), the enum [`StateKind`], its
+/// names and the list of every kind ([`StateKind::ALL`]), so that a new kind is named once.
+macro_rules! state_kinds {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
+        ///
+        /// `#[non_exhaustive]`: new algorithms bring new state kinds.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StateKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl StateKind {
+            /// Every state kind, in declaration order: for the front ends that look a
+            /// parameter's states up by kind or name (Burn's records).
+            #[cfg_attr(not(feature = "burn"), allow(dead_code))]
+            pub(crate) const ALL: &'static [StateKind] = &[$(StateKind::$variant,)*];
+
+            /// PyTorch's name for it, which is also the kernel's slot name.
+            pub fn torch_name(self) -> &'static str {
+                match self {
+                    $(StateKind::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+state_kinds! {
     /// Adam's first moment (Lion's running average of the gradient too).
-    ExpAvg,
+    ExpAvg => "exp_avg",
     /// Adam's second moment.
-    ExpAvgSq,
+    ExpAvgSq => "exp_avg_sq",
     /// AMSGrad's running maximum of the second moment.
-    MaxExpAvgSq,
+    MaxExpAvgSq => "max_exp_avg_sq",
     /// SGD's momentum buffer (Muon's too).
-    MomentumBuffer,
+    MomentumBuffer => "momentum_buffer",
     /// Adagrad's sum of squared gradients.
-    Sum,
+    Sum => "sum",
     /// Schedule-Free's `z`, the sequence the base optimizer steps.
-    Z,
+    Z => "z",
     /// RMSprop's running average of the squared gradient.
-    SquareAvg,
+    SquareAvg => "square_avg",
     /// Centered RMSprop's running average of the gradient.
-    GradAvg,
+    GradAvg => "grad_avg",
     /// AdEMAMix's slow EMA of the gradient (bitsandbytes keeps it as `state1[1]`).
-    ExpAvgSlow,
+    ExpAvgSlow => "exp_avg_slow",
     /// Adafactor's row factor of the second moment (the parameter's shape, last dim 1).
-    RowVar,
+    RowVar => "row_var",
     /// Adafactor's column factor of the second moment (the parameter's shape, second-last
     /// dim 1).
-    ColVar,
+    ColVar => "col_var",
     /// Adafactor's unfactored second moment of a vector.
-    Variance,
+    Variance => "variance",
     /// Adan's moment of gradient differences.
-    ExpAvgDiff,
+    ExpAvgDiff => "exp_avg_diff",
     /// Adan's negated previous gradient, from which the next step's difference is formed.
-    NegPreGrad,
+    NegPreGrad => "neg_pre_grad",
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
-    KahanCompensation,
-}
-
-impl StateKind {
-    /// PyTorch's name for it, which is also the kernel's slot name.
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            StateKind::ExpAvg => "exp_avg",
-            StateKind::ExpAvgSq => "exp_avg_sq",
-            StateKind::MaxExpAvgSq => "max_exp_avg_sq",
-            StateKind::MomentumBuffer => "momentum_buffer",
-            StateKind::Sum => "sum",
-            StateKind::Z => "z",
-            StateKind::SquareAvg => "square_avg",
-            StateKind::GradAvg => "grad_avg",
-            StateKind::ExpAvgSlow => "exp_avg_slow",
-            StateKind::RowVar => "row_var",
-            StateKind::ColVar => "col_var",
-            StateKind::Variance => "variance",
-            StateKind::ExpAvgDiff => "exp_avg_diff",
-            StateKind::NegPreGrad => "neg_pre_grad",
-            StateKind::KahanCompensation => "kahan_comp",
-        }
-    }
+    KahanCompensation => "kahan_comp",
 }

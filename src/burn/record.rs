@@ -223,26 +223,6 @@ pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding
     }
 }
 
-/// Every state kind a parameter may keep, for the front ends that look a parameter's states
-/// up by kind (its algorithm's, Adafactor's shape-dependent ones, the Kahan compensation).
-pub(crate) const ALL_KINDS: [StateKind; 15] = [
-    StateKind::ExpAvg,
-    StateKind::ExpAvgSq,
-    StateKind::MaxExpAvgSq,
-    StateKind::MomentumBuffer,
-    StateKind::Sum,
-    StateKind::Z,
-    StateKind::SquareAvg,
-    StateKind::GradAvg,
-    StateKind::ExpAvgSlow,
-    StateKind::ExpAvgDiff,
-    StateKind::NegPreGrad,
-    StateKind::KahanCompensation,
-    StateKind::RowVar,
-    StateKind::ColVar,
-    StateKind::Variance,
-];
-
 /// The shape a state tensor of `kind` has in the record for a parameter of `shape`:
 /// Adafactor's factored states have their own ([`crate::adafactor_state_shapes`]), every other
 /// state the parameter's.
@@ -362,7 +342,7 @@ fn foreign(id: u64, leaf: &str) -> Error {
 
 /// The state kind PyTorch names `name`.
 pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
-    ALL_KINDS.into_iter().find(|k| k.torch_name() == name)
+    StateKind::ALL.iter().copied().find(|k| k.torch_name() == name)
 }
 
 #[cfg(test)]
@@ -414,6 +394,14 @@ mod tests {
             matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("`lr_decay.time`")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn every_state_kind_is_read_back_from_its_own_name() {
+        for &kind in StateKind::ALL {
+            assert_eq!(state_kind(kind.torch_name()), Some(kind), "{kind:?}");
+            assert_eq!(translate(kind.torch_name()), Some(kind.torch_name()), "{kind:?}");
+        }
     }
 
     #[test]
