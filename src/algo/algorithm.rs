@@ -75,6 +75,50 @@ pub(crate) trait FamilyConfig: Copy {
         let _ = options;
         Ok(())
     }
+
+    /// The step after a group's running values `values` and the values after it, where the
+    /// family's steps come from such values rather than the step count (Schedule-Free's `k`,
+    /// `weight_sum`, `lr_max`); `None` (every other family): [`Self::kernel_step`] gives it.
+    #[cfg(feature = "burn")]
+    fn step_after(
+        &self,
+        values: &crate::ScheduleFreeScalars,
+    ) -> Option<(KernelStep, crate::ScheduleFreeScalars)> {
+        let _ = values;
+        None
+    }
+
+    /// The step of the family's `eval()` (`to` [`ScheduleFreeMode::Eval`](crate::ScheduleFreeMode))
+    /// or `train()` swap of the parameters between the points it keeps (Schedule-Free's y
+    /// and x), or why it cannot run; `None` (every other family): the family has no modes.
+    #[cfg(feature = "burn")]
+    fn mode_swap(&self, to: crate::ScheduleFreeMode) -> Option<Result<KernelStep>> {
+        let _ = to;
+        None
+    }
+
+    /// The state kinds a parameter of `shape` keeps, where they depend on the shape
+    /// (Adafactor's factored or unfactored second moment); [`Self::state_kinds`] otherwise.
+    #[cfg(feature = "burn")]
+    fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
+        let _ = shape;
+        self.state_kinds()
+    }
+
+    /// Whether a step looks at each parameter whole, by its shape (Muon's matrices,
+    /// Adafactor's row and column means), so that it needs an optimizer given the shapes,
+    /// not the per-tensor elementwise update.
+    #[cfg(feature = "burn")]
+    fn needs_shapes(&self) -> bool {
+        false
+    }
+
+    /// Whether the family steps matrices only (Muon), leaving the other parameters to a
+    /// fallback algorithm.
+    #[cfg(feature = "burn")]
+    fn needs_matrix(&self) -> bool {
+        false
+    }
 }
 
 /// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
@@ -276,6 +320,54 @@ macro_rules! algorithms {
             pub(crate) fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
+                }
+            }
+        }
+
+        #[cfg(feature = "burn")]
+        impl Algorithm {
+            /// The step after a group's running values and the values after it, where its
+            /// steps come from them (`FamilyConfig::step_after`).
+            pub(crate) fn step_after(
+                &self,
+                values: &crate::ScheduleFreeScalars,
+            ) -> Option<(KernelStep, crate::ScheduleFreeScalars)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::step_after(c, values),)*
+                }
+            }
+
+            /// Whether its steps come from running group values (`FamilyConfig::step_after`).
+            pub(crate) fn keeps_group_values(&self) -> bool {
+                self.step_after(&crate::ScheduleFreeScalars::default()).is_some()
+            }
+
+            /// The step of its `eval()` or `train()` swap, or why it cannot run; `None`: it
+            /// has no modes (`FamilyConfig::mode_swap`).
+            pub(crate) fn mode_swap(&self, to: crate::ScheduleFreeMode) -> Option<Result<KernelStep>> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::mode_swap(c, to),)*
+                }
+            }
+
+            /// The state kinds a parameter of `shape` keeps (`FamilyConfig::param_state_kinds`).
+            pub(crate) fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::param_state_kinds(c, shape),)*
+                }
+            }
+
+            /// Whether a step needs each parameter's shape (`FamilyConfig::needs_shapes`).
+            pub(crate) fn needs_shapes(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::needs_shapes(c),)*
+                }
+            }
+
+            /// Whether it steps matrices only (`FamilyConfig::needs_matrix`).
+            pub(crate) fn needs_matrix(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::needs_matrix(c),)*
                 }
             }
         }

@@ -197,30 +197,19 @@ pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
         .map_err(|e| Error::Burn { cause: BurnFailure::Record, detail: format!("writing the record: {e}") })
 }
 
-/// The state tensors a parameter of `algorithm` keeps, by PyTorch's name. Adafactor's
-/// depend on the parameter's shape: [`param_names`] gives them.
-pub(crate) fn expected_names(algorithm: &Algorithm, rounding: Rounding) -> Vec<&'static str> {
-    let mut names: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
+/// The state tensors a parameter of rank `rank` keeps under `algorithm` (the one that steps
+/// it: [`super::fallback::algorithm_for`]), by PyTorch's name: the algorithm's for a
+/// parameter of that rank (Adafactor's factored `row_var` and `col_var` from rank 2 on, its
+/// `variance` below), and the Kahan compensation where `rounding` keeps one.
+pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding) -> Vec<&'static str> {
+    // Only the rank decides which states a shape keeps; the lengths are checked at the
+    // parameter's step.
+    let shape = vec![1; rank];
+    let mut names: Vec<&str> = algorithm.param_state_kinds(&shape).iter().map(|k| k.torch_name()).collect();
     if rounding == Rounding::Kahan {
         names.push(StateKind::KahanCompensation.torch_name());
     }
     names
-}
-
-/// The state tensors a parameter of rank `rank` keeps under `algorithm` (the one that steps
-/// it: [`super::muon::algorithm_for`]), by PyTorch's name: Adafactor's factored `row_var`
-/// and `col_var` from rank 2 on, its `variance` below; the others' as
-/// [`expected_names`].
-pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding) -> Vec<&'static str> {
-    match algorithm {
-        Algorithm::Adafactor(_) => {
-            // Only the rank decides which of the two forms; the lengths are checked at the
-            // parameter's step.
-            let shape = vec![1; rank];
-            crate::adafactor_state_kinds(&shape).iter().map(|k| k.torch_name()).collect()
-        }
-        _ => expected_names(algorithm, rounding),
-    }
 }
 
 /// The shape a state tensor of `kind` has in the record for a parameter of `shape`:
@@ -264,7 +253,7 @@ pub(crate) fn check_names<'a>(
 /// `algorithm`: a schedule-free state stepped at least once needs them (its next step's
 /// averaging weight depends on them), and no other algorithm keeps them.
 pub(crate) fn check_schedule_free(id: u64, state: &ParamRecord, algorithm: &Algorithm) -> Result<()> {
-    let schedule_free = matches!(algorithm, Algorithm::ScheduleFreeAdamW(_));
+    let schedule_free = algorithm.keeps_group_values();
     match (&state.schedule_free, schedule_free) {
         (None, true) if state.time > 0 => Err(Error::Burn {
             cause: BurnFailure::Record,
