@@ -55,6 +55,61 @@ pub(crate) trait FamilyConfig: Copy {
         let _ = (options, lens);
         Ok(None)
     }
+
+    // The front ends' hooks: what the GPU optimizer's builder and Burn's front ends ask of
+    // a family, so that neither names one. Their dispatch is the last block of
+    // `algorithms!`.
+
+    /// Refuses the optimizer options the family cannot run under (Schedule-Free refuses
+    /// capturable mode); checked per group when an optimizer is built.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
+        let _ = options;
+        Ok(())
+    }
+
+    /// The step after a group's running values `values` and the values after it, where the
+    /// family's steps come from such values rather than the step count (Schedule-Free's `k`,
+    /// `weight_sum`, `lr_max`); `None` (every other family): [`Self::kernel_step`] gives it.
+    #[cfg(feature = "burn")]
+    fn step_after(
+        &self,
+        values: &crate::ScheduleFreeScalars,
+    ) -> Option<(KernelStep, crate::ScheduleFreeScalars)> {
+        let _ = values;
+        None
+    }
+
+    /// The step of the family's `eval()` (`to` [`ScheduleFreeMode::Eval`](crate::ScheduleFreeMode))
+    /// or `train()` swap of the parameters between the points it keeps (Schedule-Free's y
+    /// and x), or why it cannot run; `None` (every other family): the family has no modes.
+    #[cfg(feature = "burn")]
+    fn mode_swap(&self, to: crate::ScheduleFreeMode) -> Option<Result<KernelStep>> {
+        let _ = to;
+        None
+    }
+
+    /// The state kinds a parameter of `shape` keeps, where they depend on the shape
+    /// (Adafactor's factored or unfactored second moment); [`Self::state_kinds`] otherwise.
+    #[cfg(feature = "burn")]
+    fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
+        let _ = shape;
+        self.state_kinds()
+    }
+
+    /// Whether a step looks at each parameter whole, by its shape (Muon's matrices,
+    /// Adafactor's row and column means), so that it needs an optimizer given the shapes,
+    /// not the per-tensor elementwise update.
+    #[cfg(feature = "burn")]
+    fn needs_shapes(&self) -> bool {
+        false
+    }
+
+    /// Whether the family steps matrices only (Muon), leaving the other parameters to a
+    /// fallback algorithm.
+    #[cfg(feature = "burn")]
+    fn needs_matrix(&self) -> bool {
+        false
+    }
 }
 
 /// From the family registry (`crate::family::registry`, one line per family:
@@ -251,71 +306,130 @@ macro_rules! algorithms {
                 }
             }
         }
+
+        // The front ends' hooks (`FamilyConfig::check_options` and after).
+        impl Algorithm {
+            /// Refuses the options its family cannot run under (`FamilyConfig::check_options`).
+            pub(crate) fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
+                }
+            }
+        }
+
+        #[cfg(feature = "burn")]
+        impl Algorithm {
+            /// The step after a group's running values and the values after it, where its
+            /// steps come from them (`FamilyConfig::step_after`).
+            pub(crate) fn step_after(
+                &self,
+                values: &crate::ScheduleFreeScalars,
+            ) -> Option<(KernelStep, crate::ScheduleFreeScalars)> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::step_after(c, values),)*
+                }
+            }
+
+            /// Whether its steps come from running group values (`FamilyConfig::step_after`).
+            pub(crate) fn keeps_group_values(&self) -> bool {
+                self.step_after(&crate::ScheduleFreeScalars::default()).is_some()
+            }
+
+            /// The step of its `eval()` or `train()` swap, or why it cannot run; `None`: it
+            /// has no modes (`FamilyConfig::mode_swap`).
+            pub(crate) fn mode_swap(&self, to: crate::ScheduleFreeMode) -> Option<Result<KernelStep>> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::mode_swap(c, to),)*
+                }
+            }
+
+            /// The state kinds a parameter of `shape` keeps (`FamilyConfig::param_state_kinds`).
+            pub(crate) fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::param_state_kinds(c, shape),)*
+                }
+            }
+
+            /// Whether a step needs each parameter's shape (`FamilyConfig::needs_shapes`).
+            pub(crate) fn needs_shapes(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::needs_shapes(c),)*
+                }
+            }
+
+            /// Whether it steps matrices only (`FamilyConfig::needs_matrix`).
+            pub(crate) fn needs_matrix(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::needs_matrix(c),)*
+                }
+            }
+        }
     };
 }
 
 crate::family::registry!(algorithms);
 
-/// A per-parameter state tensor, named as in PyTorch's `state_dict`.
-///
-/// `#[non_exhaustive]`: new algorithms bring new state kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StateKind {
+/// From one line per state kind (`Variant => "torch_name"`), the enum [`StateKind`], its
+/// names and the list of every kind ([`StateKind::ALL`]), so that a new kind is named once.
+macro_rules! state_kinds {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
+        ///
+        /// `#[non_exhaustive]`: new algorithms bring new state kinds.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StateKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl StateKind {
+            /// Every state kind, in declaration order: for the front ends that look a
+            /// parameter's states up by kind or name (Burn's records).
+            #[cfg_attr(not(feature = "burn"), allow(dead_code))]
+            pub(crate) const ALL: &'static [StateKind] = &[$(StateKind::$variant,)*];
+
+            /// PyTorch's name for it, which is also the kernel's slot name.
+            pub fn torch_name(self) -> &'static str {
+                match self {
+                    $(StateKind::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+state_kinds! {
     /// Adam's first moment (Lion's running average of the gradient too).
-    ExpAvg,
+    ExpAvg => "exp_avg",
     /// Adam's second moment.
-    ExpAvgSq,
+    ExpAvgSq => "exp_avg_sq",
     /// AMSGrad's running maximum of the second moment.
-    MaxExpAvgSq,
+    MaxExpAvgSq => "max_exp_avg_sq",
     /// SGD's momentum buffer (Muon's too).
-    MomentumBuffer,
+    MomentumBuffer => "momentum_buffer",
     /// Adagrad's sum of squared gradients.
-    Sum,
+    Sum => "sum",
     /// Schedule-Free's `z`, the sequence the base optimizer steps.
-    Z,
+    Z => "z",
     /// RMSprop's running average of the squared gradient.
-    SquareAvg,
+    SquareAvg => "square_avg",
     /// Centered RMSprop's running average of the gradient.
-    GradAvg,
+    GradAvg => "grad_avg",
     /// AdEMAMix's slow EMA of the gradient (bitsandbytes keeps it as `state1[1]`).
-    ExpAvgSlow,
+    ExpAvgSlow => "exp_avg_slow",
     /// Adafactor's row factor of the second moment (the parameter's shape, last dim 1).
-    RowVar,
+    RowVar => "row_var",
     /// Adafactor's column factor of the second moment (the parameter's shape, second-last
     /// dim 1).
-    ColVar,
+    ColVar => "col_var",
     /// Adafactor's unfactored second moment of a vector.
-    Variance,
+    Variance => "variance",
     /// Adan's moment of gradient differences.
-    ExpAvgDiff,
+    ExpAvgDiff => "exp_avg_diff",
     /// Adan's negated previous gradient, from which the next step's difference is formed.
-    NegPreGrad,
+    NegPreGrad => "neg_pre_grad",
     /// The rounding error of the last parameter store, added back at the next step
     /// ([`Rounding::Kahan`](crate::Rounding::Kahan)); kept in the parameter's dtype. Not a
     /// state of any algorithm ([`Algorithm::state_kinds`]) but of the optimizer's rounding.
-    KahanCompensation,
-}
-
-impl StateKind {
-    /// PyTorch's name for it, which is also the kernel's slot name.
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            StateKind::ExpAvg => "exp_avg",
-            StateKind::ExpAvgSq => "exp_avg_sq",
-            StateKind::MaxExpAvgSq => "max_exp_avg_sq",
-            StateKind::MomentumBuffer => "momentum_buffer",
-            StateKind::Sum => "sum",
-            StateKind::Z => "z",
-            StateKind::SquareAvg => "square_avg",
-            StateKind::GradAvg => "grad_avg",
-            StateKind::ExpAvgSlow => "exp_avg_slow",
-            StateKind::RowVar => "row_var",
-            StateKind::ColVar => "col_var",
-            StateKind::Variance => "variance",
-            StateKind::ExpAvgDiff => "exp_avg_diff",
-            StateKind::NegPreGrad => "neg_pre_grad",
-            StateKind::KahanCompensation => "kahan_comp",
-        }
-    }
+    KahanCompensation => "kahan_comp",
 }

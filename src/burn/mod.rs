@@ -43,9 +43,10 @@
 
 mod config;
 mod device;
+mod fallback;
+mod fused_state;
 mod lease;
 mod module_step;
-mod muon;
 mod optimizer;
 mod q4;
 mod record;
@@ -53,5 +54,6 @@ mod schedule_free;
 mod shaped;
 
 pub use device::SharedDevice;
+pub use fused_state::FusedState;
 pub use module_step::{ModuleStep, ModuleStepBuilder, StepError};
-pub use optimizer::{FusedOptimizer, FusedState};
+pub use optimizer::FusedOptimizer;

@@ -3,22 +3,18 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ::burn::module::Module;
-use ::burn::optim::{
-    LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer, RecordState, StateSink, StateSource,
-};
+use ::burn::optim::{LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer};
 use ::burn::tensor::{Bytes, Device, Tensor as BurnTensor};
-use burn_pack::Scalar;
 
+use super::fallback::{algorithm_for, FrontEnd};
+use super::fused_state::FusedState;
 use super::lease::{lease, Access, Leased};
-use super::muon::{algorithm_for, needs_shapes, FrontEnd};
-use super::record::{self, BURN_ADAM, BURN_ADAM_TIME, LR_MAX, TIME, WEIGHT_SUM};
+use super::record;
 use super::schedule_free::{lease_params, record_swap};
 use super::{SharedDevice, StepError};
-use crate::family::schedule_free::scalars::check_scalars as check_schedule_free_scalars;
 use crate::ops::{self, Update};
-use crate::{
-    Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars, StateKind,
-};
+use crate::step::KernelStep;
+use crate::{Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars};
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
 /// with standard or Nesterov momentum, Adagrad, RMSprop, Lion, AdEMAMix, Schedule-Free AdamW,
@@ -65,278 +61,6 @@ pub struct FusedOptimizer {
     mode: Arc<Mutex<ScheduleFreeMode>>,
 }
 
-/// One parameter's state under [`FusedOptimizer`]: the step count and the algorithm's state
-/// tensors, under PyTorch's names (the ones the algorithm does not use stay `None`). Burn's
-/// records hold them as `{param}.time` and `{param}.exp_avg`, ...
-///
-/// A record of Burn's own Adam or AdamW loads as this state: its `moment_1`, `moment_2`,
-/// `max_moment_2` and `time` are PyTorch's `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq` and
-/// `step` (the same updates, the step counted from 1), so the next step continues Burn's
-/// trajectory. Any other state in a record ([`Self::foreign`]) is refused at the
-/// parameter's next step rather than restarted from zero.
-#[derive(Clone, Debug)]
-pub struct FusedState<const D: usize> {
-    /// Steps taken, counted from 1 as PyTorch counts them.
-    pub time: usize,
-    /// Adam's first moment.
-    pub exp_avg: Option<BurnTensor<D>>,
-    /// Adam's second moment.
-    pub exp_avg_sq: Option<BurnTensor<D>>,
-    /// AMSGrad's running maximum of the second moment.
-    pub max_exp_avg_sq: Option<BurnTensor<D>>,
-    /// SGD's momentum buffer.
-    pub momentum_buffer: Option<BurnTensor<D>>,
-    /// Adagrad's sum of squared gradients.
-    pub sum: Option<BurnTensor<D>>,
-    /// Schedule-Free AdamW's z.
-    pub z: Option<BurnTensor<D>>,
-    /// RMSprop's running average of the squared gradient.
-    pub square_avg: Option<BurnTensor<D>>,
-    /// Centered RMSprop's running average of the gradient.
-    pub grad_avg: Option<BurnTensor<D>>,
-    /// AdEMAMix's slow EMA of the gradient.
-    pub exp_avg_slow: Option<BurnTensor<D>>,
-    /// Adan's moment of gradient differences.
-    pub exp_avg_diff: Option<BurnTensor<D>>,
-    /// Adan's negated previous gradient.
-    pub neg_pre_grad: Option<BurnTensor<D>>,
-    /// Adafactor's factored second moment over rows (the parameter's shape with its last
-    /// dimension 1), for parameters of 2 or more dimensions.
-    pub row_var: Option<BurnTensor<D>>,
-    /// Adafactor's factored second moment over columns (the second-last dimension 1).
-    pub col_var: Option<BurnTensor<D>>,
-    /// Adafactor's unfactored second moment, for vectors.
-    pub variance: Option<BurnTensor<D>>,
-    /// Schedule-Free AdamW's running values after the last step (`k` is [`Self::time`]):
-    /// the package keeps them per group, and every tensor a Burn optimizer steps sees the
-    /// same rate sequence, so each tensor's are its group's. Burn's records hold them as
-    /// `{param}.weight_sum` and `{param}.lr_max`.
-    pub schedule_free: Option<ScheduleFreeScalars>,
-    /// Set when a loaded record held another optimizer's state for this parameter (neither
-    /// this crate's nor Burn's Adam or AdamW's): the step on it is refused with this reason.
-    pub foreign: Option<String>,
-}
-
-/// The state tensors' names in Burn's records: PyTorch's.
-/// In the order of [`FusedState::tensors`].
-const STATE_NAMES: &[&str] = &[
-    "exp_avg",
-    "exp_avg_sq",
-    "max_exp_avg_sq",
-    "momentum_buffer",
-    "sum",
-    "z",
-    "square_avg",
-    "grad_avg",
-    "exp_avg_slow",
-    "exp_avg_diff",
-    "neg_pre_grad",
-    "row_var",
-    "col_var",
-    "variance",
-];
-
-impl<const D: usize> FusedState<D> {
-    /// Every state slot, in the order of [`STATE_NAMES`].
-    fn tensors(&self) -> Vec<&Option<BurnTensor<D>>> {
-        vec![
-            &self.exp_avg,
-            &self.exp_avg_sq,
-            &self.max_exp_avg_sq,
-            &self.momentum_buffer,
-            &self.sum,
-            &self.z,
-            &self.square_avg,
-            &self.grad_avg,
-            &self.exp_avg_slow,
-            &self.exp_avg_diff,
-            &self.neg_pre_grad,
-            &self.row_var,
-            &self.col_var,
-            &self.variance,
-        ]
-    }
-
-    pub(super) fn slot(&mut self, kind: StateKind) -> &mut Option<BurnTensor<D>> {
-        match kind {
-            StateKind::ExpAvg => &mut self.exp_avg,
-            StateKind::ExpAvgSq => &mut self.exp_avg_sq,
-            StateKind::MaxExpAvgSq => &mut self.max_exp_avg_sq,
-            StateKind::MomentumBuffer => &mut self.momentum_buffer,
-            StateKind::Z => &mut self.z,
-            StateKind::SquareAvg => &mut self.square_avg,
-            StateKind::GradAvg => &mut self.grad_avg,
-            StateKind::ExpAvgSlow => &mut self.exp_avg_slow,
-            StateKind::ExpAvgDiff => &mut self.exp_avg_diff,
-            StateKind::NegPreGrad => &mut self.neg_pre_grad,
-            StateKind::RowVar => &mut self.row_var,
-            StateKind::ColVar => &mut self.col_var,
-            StateKind::Variance => &mut self.variance,
-            // No algorithm keeps a Kahan compensation; only the rounding mode does.
-            StateKind::Sum | StateKind::KahanCompensation => &mut self.sum,
-        }
-    }
-
-    fn moved_to(self, device: &Device) -> Self {
-        let moved = |t: Option<BurnTensor<D>>| t.map(|t| t.to_device(device));
-        FusedState {
-            time: self.time,
-            exp_avg: moved(self.exp_avg),
-            exp_avg_sq: moved(self.exp_avg_sq),
-            max_exp_avg_sq: moved(self.max_exp_avg_sq),
-            momentum_buffer: moved(self.momentum_buffer),
-            sum: moved(self.sum),
-            z: moved(self.z),
-            square_avg: moved(self.square_avg),
-            grad_avg: moved(self.grad_avg),
-            exp_avg_slow: moved(self.exp_avg_slow),
-            exp_avg_diff: moved(self.exp_avg_diff),
-            neg_pre_grad: moved(self.neg_pre_grad),
-            row_var: moved(self.row_var),
-            col_var: moved(self.col_var),
-            variance: moved(self.variance),
-            schedule_free: self.schedule_free,
-            foreign: self.foreign,
-        }
-    }
-
-    fn fresh() -> Self {
-        FusedState {
-            time: 0,
-            exp_avg: None,
-            exp_avg_sq: None,
-            max_exp_avg_sq: None,
-            momentum_buffer: None,
-            sum: None,
-            z: None,
-            square_avg: None,
-            grad_avg: None,
-            exp_avg_slow: None,
-            exp_avg_diff: None,
-            neg_pre_grad: None,
-            row_var: None,
-            col_var: None,
-            variance: None,
-            schedule_free: None,
-            foreign: None,
-        }
-    }
-
-    /// Refused ([`Error::Burn`]) where this state cannot be continued by `algorithm`, which
-    /// keeps `kinds` for this parameter: a foreign record's, or one whose tensors are not
-    /// those (another algorithm's record would otherwise lose its state, or restart missing
-    /// moments from zero).
-    fn check(&self, algorithm: &Algorithm, kinds: &[StateKind]) -> Result<()> {
-        if let Some(foreign) = &self.foreign {
-            return Err(Error::Burn { cause: BurnFailure::Record, detail: foreign.clone() });
-        }
-        if self.time == 0 {
-            return Ok(());
-        }
-        let held: Vec<&str> =
-            STATE_NAMES.iter().zip(self.tensors()).filter(|(_, t)| t.is_some()).map(|(n, _)| *n).collect();
-        let expected: Vec<&str> = kinds.iter().map(|k| k.torch_name()).collect();
-        if held.iter().all(|n| expected.contains(n)) && expected.iter().all(|n| held.contains(n)) {
-            return match (algorithm, self.schedule_free) {
-                (Algorithm::ScheduleFreeAdamW(_), None) => Err(Error::Burn {
-                    cause: BurnFailure::Record,
-                    detail: "the parameter's Schedule-Free state has no weight_sum and lr_max, which \
-                             its next step's averaging weight needs"
-                        .into(),
-                }),
-                (Algorithm::ScheduleFreeAdamW(_), Some(scalars)) => check_schedule_free_scalars(
-                    algorithm,
-                    &ScheduleFreeScalars { k: self.time as u64, ..scalars },
-                ),
-                _ => Ok(()),
-            };
-        }
-        Err(Error::Burn {
-            cause: BurnFailure::Record,
-            detail: format!(
-                "the parameter's state holds {held:?}, but {} keeps {expected:?}: it is another \
-             algorithm's state",
-                algorithm.name()
-            ),
-        })
-    }
-}
-
-// By hand: Burn's `#[derive(RecordState)]` names paths inside `burn-optim` only.
-impl<const D: usize> RecordState for FusedState<D> {
-    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
-        out.push_scalar(prefix, TIME, Scalar::from(self.time));
-        if let Some(scalars) = self.schedule_free {
-            out.push_scalar(prefix, WEIGHT_SUM, Scalar::from(scalars.weight_sum));
-            out.push_scalar(prefix, LR_MAX, Scalar::from(scalars.lr_max));
-        }
-        for (name, tensor) in STATE_NAMES.iter().zip(self.tensors()) {
-            if let Some(tensor) = tensor {
-                out.push_tensor(prefix, name, tensor.clone().into_data());
-            }
-        }
-    }
-
-    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
-        if src.take_scalar(prefix, TIME).is_none() && src.take_scalar(prefix, BURN_ADAM_TIME).is_some() {
-            return Some(burn_adam_state(prefix, src, device));
-        }
-        let Some(time) = src.take_scalar(prefix, TIME).and_then(|t| usize::try_from(t).ok()) else {
-            // Burn's `load_record` would drop a `None` without a word and start afresh.
-            let foreign = format!(
-                "parameter {prefix}'s state in the loaded record is neither wgpu-optim's \
-                 (`time`, `exp_avg`, ...) nor Burn's Adam or AdamW's (`momentum.time`, \
-                 `momentum.moment_1`, ...): another optimizer's state cannot be continued; \
-                 `FusedOptimizer::load_bytes` names the entries"
-            );
-            return Some(FusedState { foreign: Some(foreign), ..FusedState::fresh() });
-        };
-        let weight_sum = src.take_scalar(prefix, WEIGHT_SUM).and_then(|v| f64::try_from(v).ok());
-        let lr_max = src.take_scalar(prefix, LR_MAX).and_then(|v| f64::try_from(v).ok());
-        let schedule_free = weight_sum.zip(lr_max).map(|(weight_sum, lr_max)| ScheduleFreeScalars {
-            k: time as u64,
-            weight_sum,
-            lr_max,
-        });
-        let mut take =
-            |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
-        Some(FusedState {
-            schedule_free,
-            time,
-            exp_avg: take("exp_avg"),
-            exp_avg_sq: take("exp_avg_sq"),
-            max_exp_avg_sq: take("max_exp_avg_sq"),
-            momentum_buffer: take("momentum_buffer"),
-            sum: take("sum"),
-            z: take("z"),
-            square_avg: take("square_avg"),
-            grad_avg: take("grad_avg"),
-            exp_avg_slow: take("exp_avg_slow"),
-            exp_avg_diff: take("exp_avg_diff"),
-            neg_pre_grad: take("neg_pre_grad"),
-            row_var: take("row_var"),
-            col_var: take("col_var"),
-            variance: take("variance"),
-            foreign: None,
-        })
-    }
-}
-
-/// Burn's Adam or AdamW state (`AdaptiveMomentumState`) as PyTorch's, which it is under
-/// other names.
-fn burn_adam_state<const D: usize>(prefix: &str, src: &mut StateSource, device: &Device) -> FusedState<D> {
-    let time = src.take_scalar(prefix, BURN_ADAM_TIME).and_then(|t| usize::try_from(t).ok());
-    let mut take = |name: &str| src.take_tensor(prefix, name).map(|data| BurnTensor::from_data(data, device));
-    let [m1, m2, max_m2] = BURN_ADAM.map(|(burn, _)| burn);
-    FusedState {
-        time: time.unwrap_or(0),
-        exp_avg: take(m1),
-        exp_avg_sq: take(m2),
-        max_exp_avg_sq: take(max_m2),
-        ..FusedState::fresh()
-    }
-}
-
 impl FusedOptimizer {
     /// `algorithm` on `shared`'s device. Refused where the algorithm's hyperparameters are
     /// invalid.
@@ -362,7 +86,7 @@ impl FusedOptimizer {
     /// ```
     pub fn fallback(mut self, algorithm: impl Into<Algorithm>) -> Result<Self> {
         let fallback = algorithm.into();
-        super::muon::check_fallback(&self.algorithm, Some(&fallback))?;
+        super::fallback::check_fallback(&self.algorithm, Some(&fallback))?;
         self.fallback = Some(fallback);
         Ok(self)
     }
@@ -436,29 +160,25 @@ impl FusedOptimizer {
         if self.mode() == ScheduleFreeMode::Eval {
             return Err(Error::EvalMode { call: "FusedOptimizer::step" });
         }
-        let mut state = state.unwrap_or_else(FusedState::fresh);
-        state.check(&algorithm, super::shaped::state_kinds(&algorithm, &shape))?;
-        if needs_shapes(&algorithm) {
+        let mut state = state.unwrap_or_default();
+        state.check(&algorithm, algorithm.param_state_kinds(&shape))?;
+        if algorithm.needs_shapes() {
             let tensor = super::shaped::step(&self.shared, algorithm, tensor, grad, &mut state)?;
             state.time += 1;
             return Ok((tensor, state));
         }
         let t = state.time as u64 + 1;
         // Schedule-Free's step comes from its running values, the others' from `t`.
-        let (step, next) = match algorithm {
-            Algorithm::ScheduleFreeAdamW(config) => {
-                let scalars =
-                    ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
-                let (step, next) = config.advance(&scalars);
-                (step, Some(next))
-            }
-            _ => (algorithm.kernel_step(t), None),
+        let values = ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
+        let (step, next) = match algorithm.step_after(&values) {
+            Some((step, next)) => (step, Some(next)),
+            None => (algorithm.kernel_step(t), None),
         };
         let kinds = algorithm.state_kinds();
         let initial = algorithm.initial_state();
         let mut states = Vec::with_capacity(kinds.len());
         for &kind in kinds {
-            let existing = state.slot(kind).take();
+            let existing = state.take_state(kind);
             states.push(existing.unwrap_or_else(|| tensor.full_like(initial)));
         }
         let (tensor, param) = lease(&self.shared, tensor, Access::Write, "the parameter")?;
@@ -480,7 +200,7 @@ impl FusedOptimizer {
         // A refused submission comes back as an error, not to Burn's device's handler.
         ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
         for (kind, t) in kinds.iter().zip(returned) {
-            *state.slot(*kind) = Some(t);
+            state.set_state(*kind, t);
         }
         state.time += 1;
         if next.is_some() {
@@ -556,8 +276,8 @@ impl FusedOptimizer {
         to: ScheduleFreeMode,
     ) -> std::result::Result<M, StepError<M>> {
         let mut mode = self.lock_mode();
-        let config = match self.check_swap(optim, to) {
-            Ok(config) => config,
+        let step = match self.check_swap(optim, to) {
+            Ok(step) => step,
             Err(error) => return Err(StepError { module, error }),
         };
         if *mode == to {
@@ -574,8 +294,11 @@ impl FusedOptimizer {
             Ok(states) => states,
             Err(error) => return Err(StepError { module, error }),
         };
+        // The states the swap binds, as a step does.
+        let kinds = self.algorithm.state_kinds();
         let stepped = |id: ::burn::module::ParamId| {
-            states.get(&id.val()).is_some_and(|s| s.time > 0 && s.tensors.contains_key("z"))
+            let held = |s: &record::ParamRecord| kinds.iter().any(|k| s.tensors.contains_key(k.torch_name()));
+            states.get(&id.val()).is_some_and(|s| s.time > 0 && held(s))
         };
         let (module, leased) = lease_params(&self.shared, module, &stepped)?;
         let ctx = self.shared.context();
@@ -585,14 +308,16 @@ impl FusedOptimizer {
         let mut recorded = || -> Result<()> {
             for (id, param) in &leased {
                 let state = &states[&id.val()];
-                let [z, exp_avg_sq] = ["z", "exp_avg_sq"].map(|name| {
-                    let data = state.tensors.get(name).ok_or_else(|| Error::Burn {
-                        cause: BurnFailure::Record,
-                        detail: format!("parameter {id}'s Schedule-Free state has no {name}"),
-                    })?;
-                    upload_like(ctx, &param.tensor, data, &format!("parameter {id}'s {name}"))
-                });
-                record_swap(ctx, &mut encoder, &config, to, &param.tensor, &z?, &exp_avg_sq?)?;
+                let tensors = (kinds.iter().map(|kind| kind.torch_name()))
+                    .map(|name| {
+                        let data = state.tensors.get(name).ok_or_else(|| Error::Burn {
+                            cause: BurnFailure::Record,
+                            detail: format!("parameter {id}'s Schedule-Free state has no {name}"),
+                        })?;
+                        upload_like(ctx, &param.tensor, data, &format!("parameter {id}'s {name}"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                record_swap(ctx, &mut encoder, &step, kinds, &param.tensor, &tensors)?;
             }
             Ok(())
         };
@@ -610,9 +335,9 @@ impl FusedOptimizer {
         Ok(module)
     }
 
-    /// The algorithm's Schedule-Free configuration, where a swap to `to` can run under `optim`.
-    fn check_swap(&self, optim: &ModuleOptimizer, to: ScheduleFreeMode) -> Result<crate::ScheduleFreeAdamW> {
-        let Algorithm::ScheduleFreeAdamW(config) = self.algorithm else {
+    /// The algorithm's swap step to `to`, where it can run under `optim`.
+    fn check_swap(&self, optim: &ModuleOptimizer, to: ScheduleFreeMode) -> Result<KernelStep> {
+        let Some(step) = self.algorithm.mode_swap(to) else {
             return Err(Error::Burn {
                 cause: BurnFailure::Config,
                 detail: format!(
@@ -622,9 +347,7 @@ impl FusedOptimizer {
                 ),
             });
         };
-        if to == ScheduleFreeMode::Eval {
-            crate::algo::check_eval(&config)?;
-        }
+        let step = step?;
         if optim.has_gradient_clipping() {
             return Err(Error::Burn {
                 cause: BurnFailure::Config,
@@ -633,7 +356,7 @@ impl FusedOptimizer {
                     .into(),
             });
         }
-        Ok(config)
+        Ok(step)
     }
 }
 

@@ -197,51 +197,20 @@ pub(crate) fn write(states: BTreeMap<u64, ParamRecord>) -> Result<Bytes> {
         .map_err(|e| Error::Burn { cause: BurnFailure::Record, detail: format!("writing the record: {e}") })
 }
 
-/// The state tensors a parameter of `algorithm` keeps, by PyTorch's name. Adafactor's
-/// depend on the parameter's shape: [`param_names`] gives them.
-pub(crate) fn expected_names(algorithm: &Algorithm, rounding: Rounding) -> Vec<&'static str> {
-    let mut names: Vec<&str> = algorithm.state_kinds().iter().map(|k| k.torch_name()).collect();
+/// The state tensors a parameter of rank `rank` keeps under `algorithm` (the one that steps
+/// it: [`super::fallback::algorithm_for`]), by PyTorch's name: the algorithm's for a
+/// parameter of that rank (Adafactor's factored `row_var` and `col_var` from rank 2 on, its
+/// `variance` below), and the Kahan compensation where `rounding` keeps one.
+pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding) -> Vec<&'static str> {
+    // Only the rank decides which states a shape keeps; the lengths are checked at the
+    // parameter's step.
+    let shape = vec![1; rank];
+    let mut names: Vec<&str> = algorithm.param_state_kinds(&shape).iter().map(|k| k.torch_name()).collect();
     if rounding == Rounding::Kahan {
         names.push(StateKind::KahanCompensation.torch_name());
     }
     names
 }
-
-/// The state tensors a parameter of rank `rank` keeps under `algorithm` (the one that steps
-/// it: [`super::muon::algorithm_for`]), by PyTorch's name: Adafactor's factored `row_var`
-/// and `col_var` from rank 2 on, its `variance` below; the others' as
-/// [`expected_names`].
-pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding) -> Vec<&'static str> {
-    match algorithm {
-        Algorithm::Adafactor(_) => {
-            // Only the rank decides which of the two forms; the lengths are checked at the
-            // parameter's step.
-            let shape = vec![1; rank];
-            crate::adafactor_state_kinds(&shape).iter().map(|k| k.torch_name()).collect()
-        }
-        _ => expected_names(algorithm, rounding),
-    }
-}
-
-/// Every state kind a parameter may keep, for the front ends that look a parameter's states
-/// up by kind (its algorithm's, Adafactor's shape-dependent ones, the Kahan compensation).
-pub(crate) const ALL_KINDS: [StateKind; 15] = [
-    StateKind::ExpAvg,
-    StateKind::ExpAvgSq,
-    StateKind::MaxExpAvgSq,
-    StateKind::MomentumBuffer,
-    StateKind::Sum,
-    StateKind::Z,
-    StateKind::SquareAvg,
-    StateKind::GradAvg,
-    StateKind::ExpAvgSlow,
-    StateKind::ExpAvgDiff,
-    StateKind::NegPreGrad,
-    StateKind::KahanCompensation,
-    StateKind::RowVar,
-    StateKind::ColVar,
-    StateKind::Variance,
-];
 
 /// The shape a state tensor of `kind` has in the record for a parameter of `shape`:
 /// Adafactor's factored states have their own ([`crate::adafactor_state_shapes`]), every other
@@ -284,7 +253,7 @@ pub(crate) fn check_names<'a>(
 /// `algorithm`: a schedule-free state stepped at least once needs them (its next step's
 /// averaging weight depends on them), and no other algorithm keeps them.
 pub(crate) fn check_schedule_free(id: u64, state: &ParamRecord, algorithm: &Algorithm) -> Result<()> {
-    let schedule_free = matches!(algorithm, Algorithm::ScheduleFreeAdamW(_));
+    let schedule_free = algorithm.keeps_group_values();
     match (&state.schedule_free, schedule_free) {
         (None, true) if state.time > 0 => Err(Error::Burn {
             cause: BurnFailure::Record,
@@ -362,7 +331,7 @@ fn foreign(id: u64, leaf: &str) -> Error {
 
 /// The state kind PyTorch names `name`.
 pub(crate) fn state_kind(name: &str) -> Option<StateKind> {
-    ALL_KINDS.into_iter().find(|k| k.torch_name() == name)
+    StateKind::ALL.iter().copied().find(|k| k.torch_name() == name)
 }
 
 #[cfg(test)]
@@ -414,6 +383,14 @@ mod tests {
             matches!(&err, Error::Burn { cause: BurnFailure::Record, detail: m } if m.contains("`lr_decay.time`")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn every_state_kind_is_read_back_from_its_own_name() {
+        for &kind in StateKind::ALL {
+            assert_eq!(state_kind(kind.torch_name()), Some(kind), "{kind:?}");
+            assert_eq!(translate(kind.torch_name()), Some(kind.torch_name()), "{kind:?}");
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@ use super::lease::{bindable, lease, Access, Leased};
 use super::module_step::{ParamContext, StepError};
 use super::SharedDevice;
 use crate::ops::{self, Update};
-use crate::{Error, GpuContext, Result, ScheduleFreeAdamW, ScheduleFreeMode, StateKind, Tensor};
+use crate::step::KernelStep;
+use crate::{Error, GpuContext, Result, StateKind, Tensor};
 
 /// Parameters leased for writing, in module order.
 pub(super) type LeasedParams = Vec<(ParamId, Leased)>;
@@ -34,22 +35,21 @@ pub(super) fn lease_params<M: Module>(
     }
 }
 
-/// Records the swap of one parameter: `param = lerp(param, z, 1 - 1/beta1)` going to
-/// `Eval` (y to the average x), `lerp(param, z, 1 - beta1)` going to `Train`. `exp_avg_sq`
-/// is bound, not changed.
+/// Records the swap of one parameter, `step` (the algorithm's `mode_swap`: Schedule-Free's
+/// `param = lerp(param, z, 1 - 1/beta1)` going to `Eval`, y to the average x,
+/// `lerp(param, z, 1 - beta1)` going to `Train`), over its `states` of `kinds`, which a step
+/// binds (those the swap does not change included).
 pub(super) fn record_swap(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
-    config: &ScheduleFreeAdamW,
-    to: ScheduleFreeMode,
+    step: &KernelStep,
+    kinds: &[StateKind],
     param: &Tensor,
-    z: &Tensor,
-    exp_avg_sq: &Tensor,
+    states: &[Tensor],
 ) -> Result<()> {
-    let step = config.swap_step(to == ScheduleFreeMode::Eval);
     // The swap reads no gradient; the parameter stands in for it, as in the optimizer's pass.
-    let update = Update::in_place(param, param, &[z.clone(), exp_avg_sq.clone()]);
-    ops::record_updates(ctx, encoder, &step, &[StateKind::Z, StateKind::ExpAvgSq], &[update])
+    let update = Update::in_place(param, param, states);
+    ops::record_updates(ctx, encoder, step, kinds, &[update])
 }
 
 /// The first pass, borrowing the module: can every wanted parameter be bound?

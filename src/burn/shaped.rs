@@ -11,20 +11,11 @@
 
 use ::burn::tensor::{Tensor as BurnTensor, TensorData};
 
+use super::fused_state::FusedState;
 use super::lease::{lease, Access, Leased};
-use super::optimizer::FusedState;
 use super::record::{burn_dtype, state_shape};
 use super::SharedDevice;
 use crate::{Algorithm, BurnFailure, Error, Optimizer, Result, StateKind, Tensor};
-
-/// The state kinds a parameter of `shape` keeps under `algorithm`: Adafactor's depend on the
-/// shape, every other algorithm's do not.
-pub(super) fn state_kinds(algorithm: &Algorithm, shape: &[usize]) -> &'static [StateKind] {
-    match algorithm {
-        Algorithm::Adafactor(_) => crate::adafactor_state_kinds(shape),
-        _ => algorithm.state_kinds(),
-    }
-}
 
 /// One step of `algorithm` (Muon or Adafactor, its learning rate set and validated) on one
 /// parameter whose `state` was checked against it. Nothing is written where it is refused;
@@ -39,7 +30,7 @@ pub(super) fn step<const D: usize>(
 ) -> Result<BurnTensor<D>> {
     let shape = tensor.shape().to_vec();
     let device = tensor.device();
-    let kinds = state_kinds(&algorithm, &shape);
+    let kinds = algorithm.param_state_kinds(&shape);
     let (tensor, param) = lease(shared, tensor, Access::Write, "the parameter")?;
     let (_, grad) = lease(shared, grad, Access::Read, "the gradient")?;
     let ctx = shared.context();
@@ -57,7 +48,7 @@ pub(super) fn step<const D: usize>(
     for &kind in kinds {
         let target = optimizer.tensor_state(0, kind).ok_or_else(|| internal(kind))?.clone();
         let name = kind.torch_name();
-        let burn = match state.slot(kind).take() {
+        let burn = match state.take_state(kind) {
             Some(t) => t,
             None => {
                 let zeros = vec![0u8; target.byte_len() as usize];
@@ -85,7 +76,7 @@ pub(super) fn step<const D: usize>(
     // A refused submission comes back as an error, not to Burn's device's handler.
     ctx.catch("submitting a Burn step", || ctx.queue().submit([encoder.finish()]))?;
     for (&kind, (burn, _, _)) in kinds.iter().zip(held) {
-        *state.slot(kind) = Some(burn);
+        state.set_state(kind, burn);
     }
     Ok(tensor)
 }

@@ -53,7 +53,9 @@ impl Optimizer {
         for group in &groups {
             group.algorithm.validate()?;
         }
-        super::schedule_free::check_options(&groups, &options)?;
+        for group in &groups {
+            group.algorithm.check_options(&options)?;
+        }
         crate::family::lamb::gpu_passes::check_options(&groups, &options)?;
         crate::family::adafactor::gpu_passes::check_options(&groups, &options)?;
         crate::family::muon::gpu_passes::check_options(&groups, &options)?;

@@ -14,8 +14,8 @@
 //!   save/load.
 //! - `passes`: the hooks of the families that are not elementwise (their passes and state
 //!   live in their folders, `crate::family::<name>::gpu_passes`).
-//! - `schedule_free`: Schedule-Free AdamW's options, accessors and `eval()`/`train()` swap
-//!   pass over its passes' running values and mode.
+//! - `mode`: the modes of the families that have them (Schedule-Free's train and eval):
+//!   the mode, and the `eval()`/`train()` swap pass their passes prepare.
 
 mod accessors;
 mod arena;
@@ -26,10 +26,10 @@ mod checkpoint;
 mod clip;
 pub(crate) mod device;
 mod low_bit;
+mod mode;
 mod options;
 pub(crate) mod passes;
 mod record;
-mod schedule_free;
 mod validate;
 mod written;
 

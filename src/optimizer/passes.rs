@@ -11,7 +11,7 @@ use super::{Group, Optimizer};
 use crate::family::lamb::gpu_passes::LambPasses;
 use crate::gpu::dispatch::Uniforms;
 use crate::step::{Family, KernelStep};
-use crate::{Algorithm, DType, GpuContext, Result, Rounding, StateKind, Tensor};
+use crate::{Algorithm, DType, GpuContext, Result, Rounding, ScheduleFreeMode, StateKind, Tensor};
 
 /// What the passes read of the optimizer when they bind a gradient set.
 pub(crate) struct PassView<'a> {
@@ -118,6 +118,44 @@ pub(crate) trait GroupPasses: Any {
         let _ = (param, k);
         None
     }
+
+    /// Refuses `call`, a step, where the family's mode refuses steps (Schedule-Free's eval
+    /// mode: [`Error::EvalMode`](crate::Error::EvalMode)).
+    fn check_step(&self, call: &'static str) -> Result<()> {
+        let _ = call;
+        Ok(())
+    }
+
+    /// Which point the parameters hold, where the family has modes (Schedule-Free: y in
+    /// train mode, the average x in eval mode); `None`: it has none.
+    fn mode(&self) -> Option<ScheduleFreeMode> {
+        None
+    }
+
+    /// Sets the mode without touching the parameters.
+    fn set_mode(&mut self, mode: ScheduleFreeMode) {
+        let _ = mode;
+    }
+
+    /// The swap of the family's parameters to mode `to` (`eval()`, `train()`): checks it,
+    /// binds its dispatches, and gives the kernel step of each group whose parameters move,
+    /// which the optimizer writes into the group's uniform before [`Self::record_swap`].
+    /// `None`: nothing changes (no modes, or in `to` already); an empty list: the mode
+    /// changes but no parameter moves (no group has stepped).
+    fn prepare_swap(
+        &mut self,
+        view: &PassView<'_>,
+        to: ScheduleFreeMode,
+    ) -> Result<Option<Vec<(usize, KernelStep)>>> {
+        let _ = (view, to);
+        Ok(None)
+    }
+
+    /// Records the swap [`Self::prepare_swap`] prepared (`scalars`: each group's uniform
+    /// bind group).
+    fn record_swap(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
+        let _ = (pass, scalars);
+    }
 }
 
 /// The signature of each family's constructor of its passes over the optimizer's groups
@@ -141,12 +179,12 @@ pub(super) fn build(
 
 impl Optimizer {
     /// The passes of family `P`, where a group runs it.
-    pub(super) fn passes_of<P: GroupPasses>(&self) -> Option<&P> {
+    pub(crate) fn passes_of<P: GroupPasses>(&self) -> Option<&P> {
         self.passes.iter().find_map(|p| p.as_any().downcast_ref())
     }
 
     /// [`Self::passes_of`], writable.
-    pub(super) fn passes_of_mut<P: GroupPasses>(&mut self) -> Option<&mut P> {
+    pub(crate) fn passes_of_mut<P: GroupPasses>(&mut self) -> Option<&mut P> {
         self.passes.iter_mut().find_map(|p| p.as_any_mut().downcast_mut())
     }
 
@@ -154,7 +192,14 @@ impl Optimizer {
     pub(super) fn bind_passes(&mut self, grads: &[Tensor]) -> Result<()> {
         // Taken out while they bind, so that they read the rest of the optimizer.
         let mut passes = std::mem::take(&mut self.passes);
-        let view = PassView {
+        let bound = passes.iter_mut().try_for_each(|p| p.bind(&self.pass_view(), grads));
+        self.passes = passes;
+        bound
+    }
+
+    /// What the passes read of the optimizer (taken out of it while they do).
+    pub(super) fn pass_view(&self) -> PassView<'_> {
+        PassView {
             optimizer: self,
             ctx: &self.ctx,
             groups: &self.groups,
@@ -163,10 +208,7 @@ impl Optimizer {
             math: self.math,
             rounding: self.rounding,
             uniforms: &self.uniforms,
-        };
-        let bound = passes.iter_mut().try_for_each(|p| p.bind(&view, grads));
-        self.passes = passes;
-        bound
+        }
     }
 
     /// Group `g`'s kernel step at step `t`: its family's passes', or its algorithm's.

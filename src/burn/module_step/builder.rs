@@ -82,7 +82,7 @@ impl ModuleStepBuilder {
     pub fn build(self, shared: &SharedDevice, algorithm: impl Into<Algorithm>) -> Result<ModuleStep> {
         let algorithm = algorithm.into();
         algorithm.validate()?;
-        crate::burn::muon::check_fallback(&algorithm, self.fallback.as_ref())?;
+        crate::burn::fallback::check_fallback(&algorithm, self.fallback.as_ref())?;
         if let Some(clip) = &self.options.grad_clip {
             clip.validate()?;
         }

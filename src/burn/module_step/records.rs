@@ -9,7 +9,7 @@ use ::burn::tensor::{Bytes, TensorData};
 use super::ModuleStepBuilder;
 use super::{lost, Entry, Home, ModuleStep};
 use crate::burn::record::{self, ParamRecord, ScheduleFreeRecord};
-use crate::{BurnFailure, Error, Result, ScheduleFreeMode};
+use crate::{BurnFailure, Error, Result, ScheduleFreeMode, StateKind};
 
 impl ModuleStep {
     /// Every parameter's state and step count as a Burn optimizer record (burnpack bytes,
@@ -109,7 +109,7 @@ impl ModuleStep {
             return crate::burn::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
         }
         let mut tensors = BTreeMap::new();
-        for kind in record::ALL_KINDS {
+        for &kind in StateKind::ALL {
             let Some(tensor) = bound.optimizer.tensor_state(i, kind) else { continue };
             let bytes = self.shared.context().read_bytes(tensor)?;
             let shape = record::state_shape(kind, shape);

@@ -8,7 +8,7 @@ use ::burn::tensor::TensorData;
 
 use super::{lost, Home, ModuleStep};
 use crate::burn::record;
-use crate::{Algorithm, Error, Optimizer, Result, StateView};
+use crate::{Algorithm, Error, Optimizer, Result, StateKind, StateView};
 
 impl ModuleStep {
     /// Brings each of `ids`' state into `target` (whose parameter `i` is `ids[i]`; `key`
@@ -88,7 +88,7 @@ fn copy_state(
 ) -> Result<()> {
     // 8-bit state is its algorithm's (never Adafactor's nor the Kahan compensation).
     let q8_kinds = if q8 { param_algorithm(from, j).map_or(&[][..], |a| a.state_kinds()) } else { &[] };
-    for kind in record::ALL_KINDS {
+    for &kind in StateKind::ALL {
         match (from.tensor_state(j, kind), to.tensor_state(i, kind)) {
             (Some(src), Some(dst)) => encoder.copy_buffer_to_buffer(
                 &src.buffer,

@@ -10,8 +10,8 @@ use ::burn::tensor::Tensor as BurnTensor;
 use super::visit::{Check, Take};
 use super::StepError;
 use super::{Bound, Checked, Cohort, Entry, Home, ModuleStep, Prepared, StepTensors};
+use crate::burn::fallback::{algorithm_for, in_main_group, FrontEnd};
 use crate::burn::lease::{lease, Access, Leased};
-use crate::burn::muon::{algorithm_for, in_main_group, needs_shapes, FrontEnd};
 use crate::optimizer::device::check_inv_scale;
 use crate::ParamGroup;
 use crate::{
@@ -279,7 +279,7 @@ impl ModuleStep {
             groups.push(ParamGroup::new(*fallback, &params[main..]));
         }
         let mut options = self.options.clone();
-        if needs_shapes(&self.algorithm) || fallback.is_some_and(needs_shapes) {
+        if self.algorithm.needs_shapes() || fallback.is_some_and(Algorithm::needs_shapes) {
             options.param_shapes = shapes;
         }
         OptimizerBuilder { options }.build_groups(self.shared.context(), groups)

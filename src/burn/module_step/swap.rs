@@ -6,7 +6,7 @@ use super::StepError;
 use super::{Checked, ModuleStep, Prepared};
 use crate::burn::lease::Leased;
 use crate::burn::schedule_free::lease_params;
-use crate::{Algorithm, BurnFailure, Error, Result, ScheduleFreeMode, Tensor};
+use crate::{BurnFailure, Error, Result, ScheduleFreeMode, Tensor};
 
 impl ModuleStep {
     /// Schedule-Free's `eval()`: every parameter of `module` with a stepped state becomes
@@ -39,17 +39,15 @@ impl ModuleStep {
     }
 
     fn swap<M: Module>(&mut self, module: M, to: ScheduleFreeMode) -> Result<M, StepError<M>> {
-        let checked = match self.algorithm {
-            Algorithm::ScheduleFreeAdamW(config) if to == ScheduleFreeMode::Eval => {
-                crate::algo::check_eval(&config)
-            }
-            Algorithm::ScheduleFreeAdamW(_) => Ok(()),
-            other => Err(Error::Burn {
+        // The optimizers record the swap; the algorithm says whether it can run.
+        let checked = match self.algorithm.mode_swap(to) {
+            Some(swap) => swap.map(drop),
+            None => Err(Error::Burn {
                 cause: BurnFailure::Config,
                 detail: format!(
                     "eval() and train() switch Schedule-Free AdamW's parameters between y and x; this \
                      module step runs {}",
-                    other.name()
+                    self.algorithm.name()
                 ),
             }),
         };

@@ -255,4 +255,16 @@ impl crate::algo::FamilyConfig for Muon {
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         Ok(Some(Box::new(super::cpu_passes::MuonPasses::new(&(*self).into(), options, lens.len())?)))
     }
+
+    /// Newton-Schulz orthogonalizes each parameter as a matrix.
+    #[cfg(feature = "burn")]
+    fn needs_shapes(&self) -> bool {
+        true
+    }
+
+    /// 2-D parameters only: the others go to a fallback algorithm.
+    #[cfg(feature = "burn")]
+    fn needs_matrix(&self) -> bool {
+        true
+    }
 }

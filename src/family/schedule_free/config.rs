@@ -199,4 +199,30 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
         let _ = (options, lens);
         Ok(Some(Box::new(super::cpu_passes::ScheduleFreePasses::new())))
     }
+
+    /// Capturable mode (and so AMP, which needs it) is refused: each step's averaging
+    /// weight comes from the host's running `lr_max` and `weight_sum`.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        if options.capturable {
+            return Err(crate::Error::ConflictingOptions {
+                first: "capturable",
+                second: "algorithm",
+                reason: "Schedule-Free AdamW's averaging weight needs the host's running lr_max and \
+                         weight_sum each step, which a captured step cannot take",
+            });
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "burn")]
+    fn step_after(&self, values: &ScheduleFreeScalars) -> Option<(KernelStep, ScheduleFreeScalars)> {
+        Some(self.advance(values))
+    }
+
+    #[cfg(feature = "burn")]
+    fn mode_swap(&self, to: ScheduleFreeMode) -> Option<crate::Result<KernelStep>> {
+        let to_eval = to == ScheduleFreeMode::Eval;
+        let checked = if to_eval { check_eval(self) } else { Ok(()) };
+        Some(checked.map(|()| self.swap_step(to_eval)))
+    }
 }

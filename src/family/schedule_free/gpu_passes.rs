@@ -1,15 +1,18 @@
 //! Schedule-Free AdamW's part of the GPU optimizer: each group's running values (`k`,
-//! `weight_sum`, `lr_max`), which give its steps' uniforms, the mode, and the swap pass of
-//! `eval()`/`train()` once built (the optimizer records it: `optimizer::schedule_free`).
+//! `weight_sum`, `lr_max`), which give its steps' uniforms, the mode, the swap pass of
+//! `eval()`/`train()` once built (the optimizer writes its uniforms and records it:
+//! `optimizer::mode`), and the optimizer's accessors of the running values.
 
 use std::any::Any;
 
+use super::scalars::check_scalars;
 use crate::gpu::dispatch::Batch;
+use crate::gpu::kernel::{Program, Scalars};
 use crate::gpu::GpuContext;
-use crate::optimizer::passes::GroupPasses;
+use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::Group;
 use crate::step::KernelStep;
-use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars, Tensor};
+use crate::{Algorithm, Error, Optimizer, Result, ScheduleFreeMode, ScheduleFreeScalars, Tensor};
 
 /// The schedule-free part of an optimizer's host state.
 pub(crate) struct ScheduleFreeHost {
@@ -40,16 +43,6 @@ pub(crate) fn build(
         mode: ScheduleFreeMode::Train,
         swap: None,
     })))
-}
-
-impl ScheduleFreeHost {
-    /// Refuses `call` in eval mode ([`Error::EvalMode`]).
-    pub(crate) fn check_train_mode(&self, call: &'static str) -> Result<()> {
-        match self.mode {
-            ScheduleFreeMode::Train => Ok(()),
-            ScheduleFreeMode::Eval => Err(Error::EvalMode { call }),
-        }
-    }
 }
 
 impl GroupPasses for ScheduleFreeHost {
@@ -84,5 +77,99 @@ impl GroupPasses for ScheduleFreeHost {
     /// Drops the values of a step that was not committed.
     fn discard(&mut self) {
         self.pending = false;
+    }
+
+    /// Steps are refused in eval mode ([`Error::EvalMode`]).
+    fn check_step(&self, call: &'static str) -> Result<()> {
+        match self.mode {
+            ScheduleFreeMode::Train => Ok(()),
+            ScheduleFreeMode::Eval => Err(Error::EvalMode { call }),
+        }
+    }
+
+    fn mode(&self) -> Option<ScheduleFreeMode> {
+        Some(self.mode)
+    }
+
+    fn set_mode(&mut self, mode: ScheduleFreeMode) {
+        self.mode = mode;
+    }
+
+    /// Nothing in `to` already; `eval()` refused for `beta1 = 0`; the swap passes bound at
+    /// the first swap; the swap step of each group that has stepped (z is y before).
+    fn prepare_swap(
+        &mut self,
+        view: &PassView<'_>,
+        to: ScheduleFreeMode,
+    ) -> Result<Option<Vec<(usize, KernelStep)>>> {
+        let to_eval = to == ScheduleFreeMode::Eval;
+        let configs: Vec<(usize, crate::ScheduleFreeAdamW)> = (view.groups.iter().enumerate())
+            .filter_map(|(g, group)| match group.algorithm {
+                Algorithm::ScheduleFreeAdamW(c) => Some((g, c)),
+                _ => None,
+            })
+            .collect();
+        if configs.is_empty() || self.mode == to {
+            return Ok(None);
+        }
+        if to_eval {
+            for (_, c) in &configs {
+                crate::algo::check_eval(c)?;
+            }
+        }
+        if self.swap.is_none() {
+            self.swap = Some(bind_swap(view, &configs)?);
+        }
+        let moved = configs.iter().filter(|(g, _)| self.scalars[*g].k > 0);
+        Ok(Some(moved.map(|(g, c)| (*g, c.swap_step(to_eval))).collect()))
+    }
+
+    fn record_swap(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
+        for (g, batch) in self.swap.iter().flatten() {
+            if self.scalars[*g].k > 0 {
+                batch.record(pass, &scalars[*g]);
+            }
+        }
+    }
+}
+
+/// The swap pass of each schedule-free group: its tensors as a step binds them, each
+/// parameter standing in for its own gradient.
+fn bind_swap(
+    view: &PassView<'_>,
+    configs: &[(usize, crate::ScheduleFreeAdamW)],
+) -> Result<Vec<(usize, Batch)>> {
+    let mut batches = Vec::with_capacity(configs.len());
+    for (g, c) in configs {
+        let group = &view.groups[*g];
+        let program = Program::Update(c.swap_step(true).switches());
+        let items = (group.first..group.first + group.len)
+            .map(|i| view.optimizer.batch_item(Scalars::Host, program, &group.algorithm, i, &view.params[i]))
+            .collect::<Result<Vec<_>>>()?;
+        batches.push((*g, Batch::build(view.ctx, &items, "schedule-free swap")?));
+    }
+    Ok(batches)
+}
+
+impl Optimizer {
+    /// Group `g`'s running Schedule-Free values (`k`, `weight_sum`, `lr_max`); `None` for a
+    /// group past the last or one that runs another algorithm.
+    pub fn schedule_free_scalars(&self, g: usize) -> Option<ScheduleFreeScalars> {
+        let algorithm = self.group_algorithm(g)?;
+        let host = self.passes_of::<ScheduleFreeHost>()?;
+        matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)).then(|| host.scalars[g])
+    }
+
+    /// Replaces group `g`'s running Schedule-Free values (e.g. from a checkpoint), from the
+    /// next step on. Refused for a `g` past the groups ([`Error::NoSuchGroup`]), a group that
+    /// runs another algorithm, or values that cannot be a group's ([`Error::BadValue`]).
+    pub fn set_schedule_free_scalars(&mut self, g: usize, scalars: ScheduleFreeScalars) -> Result<()> {
+        let groups = self.group_count();
+        let algorithm = self.group_algorithm(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
+        check_scalars(algorithm, &scalars)?;
+        if let Some(host) = self.passes_of_mut::<ScheduleFreeHost>() {
+            host.scalars[g] = scalars;
+        }
+        Ok(())
     }
 }

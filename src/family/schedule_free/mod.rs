@@ -21,7 +21,8 @@ pub(crate) mod scalars;
 /// The update's body (`update`), which the generated prelude precedes.
 pub(crate) const UPDATE_WGSL: &str = include_str!("schedule_free.wgsl");
 /// Capturable mode's step values on the device: none. Refused in capturable mode
-/// (`optimizer::validate`): its weights need the host's running `lr_max` and `weight_sum`.
+/// (`FamilyConfig::check_options` in `config`): its weights need the host's running
+/// `lr_max` and `weight_sum`.
 pub(crate) const CAPTURABLE_WGSL: &str = "";
 /// The family's name in labels and pipeline keys.
 pub(crate) const NAME: &str = "schedule_free";

@@ -1,14 +1,15 @@
-//! Muon behind Burn's front ends: which algorithm steps each parameter.
+//! Which algorithm steps each parameter behind Burn's front ends, where the algorithm takes
+//! matrices only (Muon: `FamilyConfig::needs_matrix`).
 //!
 //! Muon orthogonalizes matrices, so it takes 2-D parameters only; a trainer puts the others
 //! (biases, norms, embeddings if it likes) in a group of another algorithm, AdamW typically,
 //! as torch users do. Both front ends take that algorithm as their *fallback*: a 2-D
-//! parameter gets Muon, any other the fallback, and without one a parameter that is not 2-D
-//! is refused by name and shape ([`Error::BadShape`]).
+//! parameter gets the main algorithm, any other the fallback, and without one a parameter
+//! that is not 2-D is refused by name and shape ([`Error::BadShape`]).
 
 use crate::{Algorithm, Error, Result};
 
-/// What [`Error::BadShape`] says Muon expects, for `front_end`'s setter.
+/// What [`Error::BadShape`] says a matrix-only algorithm expects, for `front_end`'s setter.
 const EXPECTED_MODULE_STEP: &str =
     "a 2-D parameter (ModuleStepBuilder::fallback names the algorithm of the others, AdamW typically)";
 const EXPECTED_DROP_IN: &str =
@@ -21,11 +22,12 @@ pub(super) enum FrontEnd {
     ModuleStep,
 }
 
-/// Refuses a fallback that cannot be one: only Muon leaves parameters to another algorithm,
-/// and the fallback takes the parameters Muon does not, so it is not Muon itself.
+/// Refuses a fallback that cannot be one: only a matrix-only algorithm (Muon) leaves
+/// parameters to another algorithm, and the fallback takes the parameters it does not, so
+/// it is not matrix-only itself.
 pub(super) fn check_fallback(algorithm: &Algorithm, fallback: Option<&Algorithm>) -> Result<()> {
     let Some(fallback) = fallback else { return Ok(()) };
-    if !matches!(algorithm, Algorithm::Muon(_)) {
+    if !algorithm.needs_matrix() {
         return Err(Error::ConflictingOptions {
             first: "fallback",
             second: "algorithm",
@@ -33,7 +35,7 @@ pub(super) fn check_fallback(algorithm: &Algorithm, fallback: Option<&Algorithm>
                      every other algorithm steps every parameter",
         });
     }
-    if matches!(fallback, Algorithm::Muon(_)) {
+    if fallback.needs_matrix() {
         return Err(Error::ConflictingOptions {
             first: "fallback",
             second: "algorithm",
@@ -46,12 +48,12 @@ pub(super) fn check_fallback(algorithm: &Algorithm, fallback: Option<&Algorithm>
 
 /// Whether a parameter of `shape` is stepped by the main algorithm (`true`) or the fallback.
 pub(super) fn in_main_group(algorithm: &Algorithm, fallback: Option<&Algorithm>, shape: &[usize]) -> bool {
-    !(matches!(algorithm, Algorithm::Muon(_)) && fallback.is_some() && shape.len() != 2)
+    !(algorithm.needs_matrix() && fallback.is_some() && shape.len() != 2)
 }
 
-/// The algorithm that steps a parameter of `shape`, the `param`-th of its step: Muon's
-/// 2-D ones Muon, the others the fallback. Refused ([`Error::BadShape`]) for a parameter
-/// Muon cannot take where there is no fallback.
+/// The algorithm that steps a parameter of `shape`, the `param`-th of its step: a
+/// matrix-only algorithm's 2-D ones the algorithm, the others the fallback. Refused
+/// ([`Error::BadShape`]) for a parameter it cannot take where there is no fallback.
 pub(super) fn algorithm_for(
     algorithm: &Algorithm,
     fallback: Option<&Algorithm>,
@@ -59,24 +61,16 @@ pub(super) fn algorithm_for(
     param: usize,
     front_end: FrontEnd,
 ) -> Result<Algorithm> {
-    match (algorithm, fallback) {
-        (Algorithm::Muon(_), _) if shape.len() == 2 => Ok(*algorithm),
-        (Algorithm::Muon(_), Some(fallback)) => Ok(*fallback),
-        (Algorithm::Muon(_), None) => Err(Error::BadShape {
-            param,
-            shape: shape.to_vec(),
-            algorithm: "Muon",
-            expected: match front_end {
-                FrontEnd::DropIn => EXPECTED_DROP_IN,
-                FrontEnd::ModuleStep => EXPECTED_MODULE_STEP,
-            },
-        }),
-        _ => Ok(*algorithm),
+    if !algorithm.needs_matrix() || shape.len() == 2 {
+        return Ok(*algorithm);
     }
-}
-
-/// Whether `algorithm` needs each parameter's shape (and so an optimizer of its own, not the
-/// elementwise update): Muon's matrices and Adafactor's factored states.
-pub(super) fn needs_shapes(algorithm: &Algorithm) -> bool {
-    matches!(algorithm, Algorithm::Muon(_) | Algorithm::Adafactor(_))
+    fallback.copied().ok_or_else(|| Error::BadShape {
+        param,
+        shape: shape.to_vec(),
+        algorithm: algorithm.name(),
+        expected: match front_end {
+            FrontEnd::DropIn => EXPECTED_DROP_IN,
+            FrontEnd::ModuleStep => EXPECTED_MODULE_STEP,
+        },
+    })
 }
