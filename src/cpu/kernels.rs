@@ -70,6 +70,35 @@ pub(crate) struct Operands<'a, E = f32> {
     pub(crate) state: [&'a mut [E]; MAX_STATE],
 }
 
+/// A family's uniform with `maximize` as a run-time flag: the loops negate each gradient by
+/// flipping its sign bit ([`Self::signed`], the shader's `-g` exactly, NaN included) rather
+/// than compiling a loop for each sign; the bench measured no cost (PERF.md, "Run-time
+/// switches"). Reads as the uniform itself otherwise.
+pub(crate) struct Signed<U> {
+    uniform: U,
+    /// XORed into each gradient's bits: the sign bit with `maximize`, else 0.
+    gradient_sign: u32,
+}
+
+impl<U> Signed<U> {
+    pub(crate) fn new(uniform: U, maximize: bool) -> Self {
+        Signed { uniform, gradient_sign: if maximize { 1 << 31 } else { 0 } }
+    }
+
+    /// `g`, negated where the step maximizes.
+    #[inline(always)]
+    pub(crate) fn signed(&self, g: f32) -> f32 {
+        f32::from_bits(g.to_bits() ^ self.gradient_sign)
+    }
+}
+
+impl<U> std::ops::Deref for Signed<U> {
+    type Target = U;
+    fn deref(&self) -> &U {
+        &self.uniform
+    }
+}
+
 /// A family's loop: the uniform, the gradient clipping coefficient, the operands.
 pub(crate) type Loop<U, E = f32> = for<'a> fn(&U, f32, <E as Leaf>::Operands<'a>);
 

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
+use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
 use crate::step::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 
@@ -21,28 +21,21 @@ const LINEAR: u32 = FirstMoment::Linear.code();
 const LERP_FROM_MOMENT: u32 = FirstMoment::LerpFromMoment.code();
 const LERP_FROM_GRAD: u32 = FirstMoment::LerpFromGrad.code();
 
-/// What Adam's CPU loops read of a step: the kernel's uniform in f32, and `maximize`, which
-/// the shader compiles (`MAXIMIZE`) and these loops apply at run time, a sign flip per
-/// element costing less than the bench's noise (one loop fewer per other switch).
-pub(crate) struct Hyper {
-    uniform: AdamUniform,
-    /// XORed into each gradient's bits: the sign bit with `maximize`, else 0. It is the
-    /// shader's `-g` exactly, NaN included.
-    gradient_sign: u32,
-}
+/// What Adam's CPU loops read of a step: the kernel's uniform in f32, with `maximize`
+/// applied at run time (the shader compiles it: `MAXIMIZE`).
+pub(crate) type Hyper = Signed<AdamUniform>;
 
 /// One element of `src/family/adam/adam.wgsl`: returns `(p_new, m, v, v_hat)`.
 #[inline(always)]
 pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool, const DECAY: u8, const MOMENT: u32>(
-    hyper: &Hyper,
+    hp: &Hyper,
     mut p: f32,
     g: f32,
     m_prev: f32,
     v_prev: f32,
     v_max_prev: f32,
 ) -> (f32, f32, f32, f32) {
-    let hp = &hyper.uniform;
-    let mut g = f32::from_bits(g.to_bits() ^ hyper.gradient_sign);
+    let mut g = hp.signed(g);
     if DECAY == L2 {
         g += hp.weight_decay * p;
     } else if DECAY == DECOUPLED {
@@ -248,9 +241,5 @@ pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Bound<H
         // change nothing.
         uniform.decay = 1.0;
     }
-    let gradient_sign = if switches.maximize { SIGN_BIT } else { 0 };
-    every_storage!(adam_loop(switches, &uniform)).with_uniform(Hyper { uniform, gradient_sign })
+    every_storage!(adam_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
 }
-
-/// An f32's sign bit.
-const SIGN_BIT: u32 = 1 << 31;

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
+use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
 use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
@@ -19,13 +19,12 @@ const CENTERED_LERP_FROM_GRAD: u8 = 2;
 /// decayed one (`RmsPropSwitches::step_with_raw_grad`).
 #[inline(always)]
 pub(crate) fn rmsprop_element<
-    const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
     const RAW: bool,
 >(
-    hp: &RmsPropUniform,
+    hp: &Hyper,
     p: f32,
     mut g: f32,
     s_prev: f32,
@@ -33,9 +32,7 @@ pub(crate) fn rmsprop_element<
     a_prev: f32,
 ) -> (f32, f32, f32, f32) {
     let loaded = g;
-    if MAXIMIZE {
-        g = -g;
-    }
+    g = hp.signed(g);
     if WEIGHT_DECAY {
         g += hp.weight_decay * p;
     }
@@ -64,17 +61,16 @@ pub(crate) fn rmsprop_element<
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(crate) fn rmsprop<
     E: Element,
-    const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
     const RAW: bool,
 >(
-    hp: &RmsPropUniform,
+    hp: &Hyper,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
     // is kept, then grad_avg where it is kept.
     let [square_avg, second, third, _] = o.state;
@@ -109,17 +105,16 @@ pub(crate) fn rmsprop<
 
 /// [`rmsprop`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn rmsprop_f16<
-    const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
     const RAW: bool,
 >(
-    hp: &RmsPropUniform,
+    hp: &Hyper,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     let [square_avg, second, third, _] = o.state;
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => f16_lanes::each(
@@ -164,22 +159,21 @@ pub(crate) fn rmsprop_f16<
 /// [`rmsprop`] over 8-bit state: bitsandbytes' one 8-bit form (one state, uncentered,
 /// without momentum) in one pass per block, the others block by block.
 pub(crate) fn rmsprop_q8<
-    const MAXIMIZE: bool,
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
     const RAW: bool,
 >(
-    hp: &RmsPropUniform,
+    hp: &Hyper,
     scale: f32,
     job: q8::Job<'_>,
 ) {
     let blocked =
-        |o: Operands<'_, f32>| rmsprop::<f32, MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>(hp, scale, o);
+        |o: Operands<'_, f32>| rmsprop::<f32, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>(hp, scale, o);
     if MOMENTUM || CENTER != UNCENTERED {
         return q8::blocked(job, q8::NonFinite::Update, blocked);
     }
-    let update = rmsprop_element::<MAXIMIZE, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     q8::each::<_, false>(
         job,
         #[inline(always)]
@@ -194,72 +188,72 @@ pub(crate) fn rmsprop_q8<
 pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(
     s: &RmsPropSwitches,
     u: &RmsPropUniform,
-) -> Loop<RmsPropUniform, E> {
+) -> Loop<Hyper, E> {
     // The shader's run-time test of a zero L2 coefficient is the same for every element:
     // here it picks the loop.
-    fn momentum<E: RmsPropLeaf, const M: bool, const W: bool, const C: u8>(
+    fn momentum<E: RmsPropLeaf, const W: bool, const C: u8>(
         s: &RmsPropSwitches,
-    ) -> Loop<RmsPropUniform, E> {
+    ) -> Loop<Hyper, E> {
         if s.momentum {
-            E::rmsprop::<M, W, C, true, false>()
+            E::rmsprop::<W, C, true, false>()
         } else {
-            E::rmsprop::<M, W, C, false, false>()
+            E::rmsprop::<W, C, false, false>()
         }
     }
-    fn center<E: RmsPropLeaf, const M: bool, const W: bool>(s: &RmsPropSwitches) -> Loop<RmsPropUniform, E> {
+    fn center<E: RmsPropLeaf, const W: bool>(s: &RmsPropSwitches) -> Loop<Hyper, E> {
         match (s.centered, s.lerp_from_grad) {
-            (false, _) => momentum::<E, M, W, UNCENTERED>(s),
-            (true, false) => momentum::<E, M, W, CENTERED_LERP_FROM_AVG>(s),
-            (true, true) => momentum::<E, M, W, CENTERED_LERP_FROM_GRAD>(s),
+            (false, _) => momentum::<E, W, UNCENTERED>(s),
+            (true, false) => momentum::<E, W, CENTERED_LERP_FROM_AVG>(s),
+            (true, true) => momentum::<E, W, CENTERED_LERP_FROM_GRAD>(s),
         }
     }
     // bitsandbytes' 8-bit form (`q8::kernel_step`) is plain RMSprop: its loops alone.
     if s.step_with_raw_grad {
         debug_assert!(!s.maximize && !s.centered && !s.momentum, "{s:?}");
         return if u.weight_decay != 0.0 {
-            E::rmsprop::<false, true, UNCENTERED, false, true>()
+            E::rmsprop::<true, UNCENTERED, false, true>()
         } else {
-            E::rmsprop::<false, false, UNCENTERED, false, true>()
+            E::rmsprop::<false, UNCENTERED, false, true>()
         };
     }
-    match (s.maximize, u.weight_decay != 0.0) {
-        (false, false) => center::<E, false, false>(s),
-        (false, true) => center::<E, false, true>(s),
-        (true, false) => center::<E, true, false>(s),
-        (true, true) => center::<E, true, true>(s),
+    if u.weight_decay != 0.0 {
+        center::<E, true>(s)
+    } else {
+        center::<E, false>(s)
     }
 }
 
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`rmsprop_loop`]) serves every storage type.
 pub(crate) trait RmsPropLeaf: Leaf {
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self>;
+    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> RmsPropLeaf for T {
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop::<T, M, W, C, B, R>
+    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<Hyper, Self> {
+        rmsprop::<T, W, C, B, R>
     }
 }
 
 impl RmsPropLeaf for f16 {
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop_f16::<M, W, C, B, R>
+    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<Hyper, Self> {
+        rmsprop_f16::<W, C, B, R>
     }
 }
 
 impl RmsPropLeaf for Q8 {
-    fn rmsprop<const M: bool, const W: bool, const C: u8, const B: bool, const R: bool>(
-    ) -> Loop<RmsPropUniform, Self> {
-        rmsprop_q8::<M, W, C, B, R>
+    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    ) -> Loop<Hyper, Self> {
+        rmsprop_q8::<W, C, B, R>
     }
 }
 
-/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
-pub(crate) type Hyper = super::contract::Uniform;
+/// What the family's CPU loops read of a step: the kernel's uniform in f32, with
+/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`).
+pub(crate) type Hyper = Signed<RmsPropUniform>;
 
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
@@ -268,5 +262,5 @@ pub(crate) fn loops(
     uniform: &RmsPropUniform64,
 ) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
-    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(uniform)
+    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
 }
