@@ -7,18 +7,18 @@
 
 use crate::step::fields::shader_struct;
 
-/// The most states a segment has (AdEMAMix's two EMAs and its second moment; a 4-bit step
-/// uses two of them, Adam's moments).
-pub(crate) const MAX_STATES: usize = 3;
+/// The most states a segment has: the CPU's bound ([`crate::step::MAX_STATE`], Adan's four),
+/// one lane of a `vec4<u32>` row each (a 4-bit step uses two of them, Adam's moments).
+pub(crate) const MAX_STATES: usize = crate::step::MAX_STATE;
 
 /// Lanes of a segment's per-state words: a `vec4<u32>` row, the lanes past
 /// [`MAX_STATES`] unused.
 pub(crate) const STATE_LANES: usize = 4;
 
 // `Segment` holds the states' words as `vec4<u32>`, and shaders/q8_codes.wgsl, q8_serial.wgsl
-// and q8_f32.wgsl keep per-state values as `vec4` lanes (`.x`, `.y`, `.z`): a fourth state
-// changes those too.
-const _: () = assert!(MAX_STATES == 3 && MAX_STATES <= STATE_LANES);
+// and q8_f32.wgsl keep per-state values as `vec4` lanes (`.x` to `.w`, a line per state): a
+// fifth state changes those too.
+const _: () = assert!(MAX_STATES == 4 && MAX_STATES <= STATE_LANES);
 
 shader_struct! {
     /// One segment (a tensor, or a chunk of one) in a dispatch's table. Bases are relative
