@@ -393,6 +393,58 @@ fn eight_bit_state_follows_the_oracle_step_by_step_and_the_gpu_matches_the_cpu()
     }
 }
 
+/// A GPU checkpoint of 8-bit Adan (four states' codes and absmax under their official names)
+/// loads into the CPU backend with every state as the GPU kept it, saves back the same
+/// file, and both backends take the next step to the same parameters and codes.
+#[test]
+fn an_eight_bit_checkpoint_moves_between_the_backends() {
+    use wgpu_optim::q8::Q8States;
+    let ctx = ctx();
+    let adan = proximal();
+    let storage = StateStorage::Q8(Q8States::default());
+    let lens = [4096usize + 100, 300];
+    let mut rng = Rng::new(72);
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().state_storage(storage).build(&ctx, adan, &params).unwrap();
+    for _ in 0..3 {
+        let g: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
+        gpu.step(&g).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
+    let mut cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
+    let mut cpu = CpuOptimizer::builder().state_storage(storage).build(adan, &slices(&cpu_params)).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let states = |gpu: &Optimizer, cpu: &CpuOptimizer, when: &str| {
+        for i in 0..lens.len() {
+            for kind in adan.state_kinds() {
+                let gpu_state = gpu.state(i, *kind).unwrap().and_then(|v| v.q8());
+                assert_eq!(
+                    gpu_state.as_ref(),
+                    cpu.state(i, *kind).and_then(|v| v.q8()),
+                    "{when}: {kind:?}[{i}]"
+                );
+            }
+        }
+    };
+    states(&gpu, &cpu, "loaded");
+    assert_eq!(
+        wgpu_optim_testkit::checkpoint::canonical(&cpu.save_to_bytes().unwrap()),
+        wgpu_optim_testkit::checkpoint::canonical(&bytes),
+        "the CPU saves what it loaded"
+    );
+    let g: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    gpu.step(&g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect::<Vec<_>>()).unwrap();
+    let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+    cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
+    states(&gpu, &cpu, "stepped");
+    for (i, p) in params.iter().enumerate() {
+        let what = format!("param[{i}] after the load");
+        assert_close(&what, &download(&ctx, p), &cpu_params[i].to_f64(), Tolerance::F32);
+    }
+}
+
 /// `got` (read back) against the oracle's state as the vectors' format compares 8-bit
 /// state: codes by `compare_codes`, absmax within 1e-4 relative; f32 state as f32 results.
 fn assert_state_follows(what: &str, got: &wgpu_optim::q8::StoredState, want: &wgpu_optim::q8::StoredState) {
