@@ -90,20 +90,17 @@ mod step;
 mod tensor;
 mod validate;
 
-pub use algo::Adafactor;
+pub use algo::LambNorms;
 pub use algo::{adafactor_state_kinds, adafactor_state_shapes, machine_epsilon};
 pub use algo::{
-    AdEMAMix, Adagrad, Adam, Algorithm, DmlAdam, Lion, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum,
-    RmsProp, ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars, Sgd, StateKind,
+    Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum, ScheduleFreeMode,
+    ScheduleFreeScalars, StateKind,
 };
-pub use algo::{Lamb, LambNorms};
-pub use algo::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
+pub use algo::{MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 #[cfg(feature = "checkpoint")]
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT};
 pub use dtype::DType;
 pub use error::{BurnFailure, Error, ReadbackFailure, Result, StepProblem};
-pub use family::adan::config::Adan;
-pub use family::adopt::config::Adopt;
 /// Batched matrix products on the device (Muon's Newton-Schulz kernels), for a caller's own use.
 pub use gpu::matmul;
 pub use gpu::{ContextReport, GpuContext, TENSOR_USAGES};
@@ -114,6 +111,14 @@ pub use state_view::{QuantizedState, StateView};
 pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;
 pub use tensor::Tensor;
+
+/// Every family's public configuration at the crate's root, from the family registry.
+macro_rules! export_configs {
+    ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {
+        $(pub use family::$folder::config::$config;)*
+    };
+}
+family::registry!(export_configs);
 
 /// README's examples, compiled as doctests.
 #[doc = include_str!("../README.md")]

@@ -4,20 +4,11 @@ use super::FamilyLowBit;
 #[cfg(feature = "checkpoint")]
 use crate::checkpoint::{FamilyCheckpoint, JsonFields};
 use crate::step::{Family, KernelStep};
-use crate::AdEMAMix;
-use crate::Adafactor;
-use crate::Adan;
-use crate::Adopt;
-use crate::Lamb;
-use crate::Lion;
-use crate::Muon;
-use crate::RmsProp;
-use crate::ScheduleFreeAdamW;
-use crate::{Adagrad, Adam, Result, Sgd};
+use crate::Result;
 
 /// What [`Algorithm`] reads of a family's configuration, implemented in the family's folder
 /// (`crate::family::<name>::config`), so that no method of `Algorithm` matches on families
-/// by hand: the `algorithms!` line of each generates its arm.
+/// by hand: the registry's line of each generates its arm.
 pub(crate) trait FamilyConfig: Copy {
     /// The family of kernels that runs it.
     const FAMILY: Family;
@@ -70,10 +61,12 @@ pub(crate) trait FamilyConfig: Copy {
     }
 }
 
-/// From one line per algorithm (`Variant(Config)`), the enum [`Algorithm`], its `From`
-/// conversions and every method that dispatches to the configuration ([`FamilyConfig`]).
+/// From the family registry (`crate::family::registry`, one line per family:
+/// `.. : Variant(Config)`), the enum [`Algorithm`], its `From` conversions and every method that dispatches to the configuration ([`FamilyConfig`]).
 macro_rules! algorithms {
-    ($($(#[$doc:meta])* $variant:ident($config:ident),)*) => {
+    ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {
+        $(use crate::family::$folder::config::$config;)*
+
         /// The algorithms the stateful optimizer runs, in PyTorch's conventions.
         ///
         /// `#[non_exhaustive]`: new algorithms add variants, so a `match` needs a `_` arm.
@@ -278,32 +271,7 @@ macro_rules! algorithms {
     };
 }
 
-algorithms! {
-    /// Adam, AdamW or AMSGrad.
-    Adam(Adam),
-    /// SGD, with standard or Nesterov momentum or none.
-    Sgd(Sgd),
-    /// Adagrad.
-    Adagrad(Adagrad),
-    /// Lion (lion-pytorch).
-    Lion(Lion),
-    /// Schedule-Free AdamW.
-    ScheduleFreeAdamW(ScheduleFreeAdamW),
-    /// Adafactor (PyTorch's).
-    Adafactor(Adafactor),
-    /// Muon (2-D parameters only).
-    Muon(Muon),
-    /// RMSprop, plain or centered, with or without momentum.
-    RmsProp(RmsProp),
-    /// AdEMAMix (bitsandbytes).
-    AdEMAMix(AdEMAMix),
-    /// LAMB (torch-optimizer's `Lamb`).
-    Lamb(Lamb),
-    /// ADOPT (the official `adopt.ADOPT`).
-    Adopt(Adopt),
-    /// Adan (the official `adan.Adan`).
-    Adan(Adan),
-}
+crate::family::registry!(algorithms);
 
 /// A per-parameter state tensor, named as in PyTorch's `state_dict`.
 ///

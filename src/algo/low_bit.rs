@@ -1,7 +1,7 @@
 //! What the 8-bit ([`crate::q8`]) and 4-bit ([`crate::q4`]) states read of a family: whether
 //! they can keep its state, and its step as the reference implementations' low-bit kernels
 //! run it. Each family implements [`FamilyLowBit`] in its folder
-//! (`crate::family::<name>::low_bit`); the `algorithms!` line of each generates the dispatch.
+//! (`crate::family::<name>::low_bit`); the family registry (`crate::family::registry`) generates the dispatch.
 
 use super::FamilyConfig;
 use crate::step::KernelStep;

@@ -25,17 +25,13 @@
 use crate::family::adafactor::config as adafactor;
 use crate::family::adagrad::config as adagrad;
 use crate::family::adam::config as adam;
-use crate::family::ademamix::config as ademamix;
 mod algorithm;
 mod low_bit;
 use crate::family::lamb::config as lamb;
-use crate::family::lion::config as lion;
 use crate::family::momentum::config as momentum;
 use crate::family::muon::config as muon;
-use crate::family::rmsprop::config as rmsprop;
 use crate::family::schedule_free::config as schedule_free;
 
-pub use adafactor::Adafactor;
 pub(crate) use adafactor::{check_change as check_adafactor_change, factored_dims};
 pub(crate) use adafactor::{
     check_options as check_adafactor_options, check_shapes_given as check_adafactor_shapes,
@@ -43,21 +39,18 @@ pub(crate) use adafactor::{
 pub use adafactor::{
     machine_epsilon, state_kinds_for as adafactor_state_kinds, state_shapes as adafactor_state_shapes,
 };
-pub use adagrad::{Adagrad, OnnxAdagrad};
-pub use adam::{Adam, DmlAdam, OnnxAdam};
-pub use ademamix::AdEMAMix;
+pub use adagrad::OnnxAdagrad;
+pub use adam::{DmlAdam, OnnxAdam};
 pub(crate) use algorithm::FamilyConfig;
 pub use algorithm::{Algorithm, StateKind};
 pub(crate) use lamb::check_options as check_lamb_options;
-pub use lamb::{Lamb, LambNorms};
-pub use lion::Lion;
+pub use lamb::LambNorms;
 pub(crate) use low_bit::FamilyLowBit;
-pub use momentum::{MomentumMode, OnnxMomentum, Sgd};
+pub use momentum::{MomentumMode, OnnxMomentum};
 pub(crate) use muon::{check_change as check_muon_change, matrix_shapes};
-pub use muon::{Muon, MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
-pub use rmsprop::RmsProp;
+pub use muon::{MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub(crate) use schedule_free::{check_eval, SWAP_ROUNDING_STEP};
-pub use schedule_free::{ScheduleFreeAdamW, ScheduleFreeMode, ScheduleFreeScalars};
+pub use schedule_free::{ScheduleFreeMode, ScheduleFreeScalars};
 
 use crate::{Error, Result};
 

@@ -1,6 +1,6 @@
 //! What a checkpoint reads of a family: its `param_groups` entry in JSON and the names its
 //! states take in files. Each family implements [`FamilyCheckpoint`] in its folder
-//! (`crate::family::<name>::checkpoint`); the `algorithms!` line of each generates the
+//! (`crate::family::<name>::checkpoint`); the family registry (`crate::family::registry`) generates the
 //! dispatch, so that no checkpoint code matches on families by hand.
 
 use crate::{Error, Result, StateKind};

@@ -59,14 +59,14 @@ use crate::{DType, StateKind};
 /// adapter's `min_uniform_buffer_offset_alignment` (WebGPU caps it at 256).
 pub(crate) const UNIFORM_SLOT_BYTES: u64 = 256;
 
-/// The registry of the families that have a fused update: from one line per family
-/// (`Variant => folder`, the folder under `crate::family`), the enums [`Family`],
+/// From the family registry (`crate::family::registry`, one line per family:
+/// `Variant => folder: ..`, the folder under `crate::family`), the enums [`Family`],
 /// [`Switches`] and [`KernelStep`] and every match over them. A family's folder provides
 /// what the generated code reads: `NAME`, `UPDATE_WGSL` and `CAPTURABLE_WGSL` (`""` where it
 /// has none), and in its `contract` the aliases `Switches`, `Uniform` and `Uniform64`
 /// (the `uniform!` pair) and the slots `INPUTS` and `OUTPUTS`.
 macro_rules! families {
-    ($($(#[$doc:meta])* $variant:ident => $folder:ident,)*) => {
+    ($($(#[$doc:meta])* $variant:ident => $folder:ident: $algorithm:ident($config:ident),)*) => {
         /// The algorithm families that have a fused update.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub(crate) enum Family {
@@ -219,7 +219,7 @@ macro_rules! families {
         /// One step's CPU update of any family, held by value (a step allocates nothing).
         #[cfg(feature = "cpu")]
         pub(crate) enum CpuUpdate {
-            $($variant(crate::cpu::kernels::Bound<crate::family::$folder::contract::Uniform>),)*
+            $($variant(crate::cpu::kernels::Bound<crate::family::$folder::cpu::Hyper>),)*
         }
 
         #[cfg(feature = "cpu")]
@@ -303,32 +303,7 @@ macro_rules! families {
     };
 }
 
-families! {
-    /// Adam, AdamW and AMSGrad in the PyTorch, ONNX and DirectML conventions.
-    Adam => adam,
-    /// SGD with standard or Nesterov momentum, or none (PyTorch SGD, ONNX Momentum).
-    Momentum => momentum,
-    /// Adagrad (ONNX and PyTorch).
-    Adagrad => adagrad,
-    /// Lion (lion-pytorch).
-    Lion => lion,
-    /// Schedule-Free AdamW (the `schedulefree` package).
-    ScheduleFree => schedule_free,
-    /// Adafactor (PyTorch): not elementwise, it runs passes of its own.
-    Adafactor => adafactor,
-    /// Muon's elementwise end (`torch.optim.Muon`): decay and the orthogonalized update.
-    Muon => muon,
-    /// RMSprop (PyTorch), plain or centered, with or without momentum.
-    RmsProp => rmsprop,
-    /// AdEMAMix (bitsandbytes).
-    Ademamix => ademamix,
-    /// LAMB (torch-optimizer): two passes around each tensor's norms.
-    Lamb => lamb,
-    /// ADOPT (the official `adopt.ADOPT`).
-    Adopt => adopt,
-    /// Adan (the official `adan.Adan`).
-    Adan => adan,
-}
+crate::family::registry!(families);
 
 /// A tensor role in a kernel: what `load_<slot>`/`store_<slot>` read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,8 +9,8 @@ use crate::cpu::{f16_lanes, q8};
 use crate::step::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 
 // How weight decay enters an Adam update (a const generic cannot be an enum). The shader
-// tests the L2 coefficient against 0 at run time; here that test picks the loop.
-const NO_DECAY: u8 = 0;
+// tests the L2 coefficient against 0 at run time; here that test picks the loop. No decay at
+// all runs the decoupled loop with `decay` 1 (`p * 1` is `p`, NaN and -0 included).
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
 /// Decoupled decay after the update (bitsandbytes' kernels: `AdamSwitches::decay_after_update`).
@@ -21,25 +21,28 @@ const LINEAR: u32 = FirstMoment::Linear.code();
 const LERP_FROM_MOMENT: u32 = FirstMoment::LerpFromMoment.code();
 const LERP_FROM_GRAD: u32 = FirstMoment::LerpFromGrad.code();
 
+/// What Adam's CPU loops read of a step: the kernel's uniform in f32, and `maximize`, which
+/// the shader compiles (`MAXIMIZE`) and these loops apply at run time, a sign flip per
+/// element costing less than the bench's noise (one loop fewer per other switch).
+pub(crate) struct Hyper {
+    uniform: AdamUniform,
+    /// XORed into each gradient's bits: the sign bit with `maximize`, else 0. It is the
+    /// shader's `-g` exactly, NaN included.
+    gradient_sign: u32,
+}
+
 /// One element of `src/family/adam/adam.wgsl`: returns `(p_new, m, v, v_hat)`.
 #[inline(always)]
-pub(crate) fn adam_element<
-    const AMSGRAD: bool,
-    const EPS_AFTER_CORRECTION: bool,
-    const MAXIMIZE: bool,
-    const DECAY: u8,
-    const MOMENT: u32,
->(
-    hp: &AdamUniform,
+pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool, const DECAY: u8, const MOMENT: u32>(
+    hyper: &Hyper,
     mut p: f32,
-    mut g: f32,
+    g: f32,
     m_prev: f32,
     v_prev: f32,
     v_max_prev: f32,
 ) -> (f32, f32, f32, f32) {
-    if MAXIMIZE {
-        g = -g;
-    }
+    let hp = &hyper.uniform;
+    let mut g = f32::from_bits(g.to_bits() ^ hyper.gradient_sign);
     if DECAY == L2 {
         g += hp.weight_decay * p;
     } else if DECAY == DECOUPLED {
@@ -74,15 +77,14 @@ pub(crate) fn adam<
     E: Element,
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
-    const MAXIMIZE: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
-    hp: &AdamUniform,
+    hp: &Hyper,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
@@ -103,15 +105,14 @@ pub(crate) fn adam<
 pub(crate) fn adam_f16<
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
-    const MAXIMIZE: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
-    hp: &AdamUniform,
+    hp: &Hyper,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     if AMSGRAD {
         f16_lanes::each(
@@ -140,17 +141,16 @@ pub(crate) fn adam_f16<
 pub(crate) fn adam_q8<
     const AMSGRAD: bool,
     const EPS_AFTER_CORRECTION: bool,
-    const MAXIMIZE: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
-    hp: &AdamUniform,
+    hp: &Hyper,
     scale: f32,
     job: q8::Job<'_>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
     let blocked = |o: Operands<'_, f32>| {
-        adam::<f32, AMSGRAD, EPS_AFTER_CORRECTION, MAXIMIZE, DECAY, MOMENT>(hp, scale, o)
+        adam::<f32, AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>(hp, scale, o)
     };
     if AMSGRAD {
         q8::each::<_, true>(
@@ -175,55 +175,35 @@ pub(crate) fn adam_q8<
     }
 }
 
-pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
-    fn moment<T: AdamLeaf, const A: bool, const E: bool, const M: bool, const D: u8>(
-        s: &AdamSwitches,
-    ) -> Loop<AdamUniform, T> {
+pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
+    fn moment<T: AdamLeaf, const A: bool, const E: bool, const D: u8>(s: &AdamSwitches) -> Loop<Hyper, T> {
         match s.first_moment {
-            FirstMoment::Linear => T::adam::<A, E, M, D, LINEAR>(),
-            FirstMoment::LerpFromMoment => T::adam::<A, E, M, D, LERP_FROM_MOMENT>(),
-            FirstMoment::LerpFromGrad => T::adam::<A, E, M, D, LERP_FROM_GRAD>(),
+            FirstMoment::Linear => T::adam::<A, E, D, LINEAR>(),
+            FirstMoment::LerpFromMoment => T::adam::<A, E, D, LERP_FROM_MOMENT>(),
+            FirstMoment::LerpFromGrad => T::adam::<A, E, D, LERP_FROM_GRAD>(),
         }
     }
-    fn decay<T: AdamLeaf, const A: bool, const E: bool, const M: bool>(
-        s: &AdamSwitches,
-        u: &AdamUniform,
-    ) -> Loop<AdamUniform, T> {
-        if s.decoupled_weight_decay {
-            moment::<T, A, E, M, DECOUPLED>(s)
-        } else if u.weight_decay != 0.0 || s.l2_at_zero {
-            moment::<T, A, E, M, L2>(s)
+    fn decay<T: AdamLeaf, const A: bool, const E: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
+        if !s.decoupled_weight_decay && (u.weight_decay != 0.0 || s.l2_at_zero) {
+            moment::<T, A, E, L2>(s)
         } else {
-            moment::<T, A, E, M, NO_DECAY>(s)
+            // Decoupled decay, or none (`loops` sets `decay` to 1 then).
+            moment::<T, A, E, DECOUPLED>(s)
         }
     }
-    fn maximize<T: AdamLeaf, const A: bool, const E: bool>(
-        s: &AdamSwitches,
-        u: &AdamUniform,
-    ) -> Loop<AdamUniform, T> {
-        if s.maximize {
-            decay::<T, A, E, true>(s, u)
-        } else {
-            decay::<T, A, E, false>(s, u)
-        }
-    }
-    fn eps<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<AdamUniform, T> {
+    fn eps<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
         match s.eps {
-            EpsPlacement::AfterCorrection => maximize::<T, A, true>(s, u),
-            EpsPlacement::OnRoot => maximize::<T, A, false>(s, u),
+            EpsPlacement::AfterCorrection => decay::<T, A, true>(s, u),
+            EpsPlacement::OnRoot => decay::<T, A, false>(s, u),
         }
     }
-    // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its few
+    // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its two
     // loops alone, rather than every other switch's loops once more.
-    fn bitsandbytes<T: AdamLeaf>(s: &AdamSwitches) -> Loop<AdamUniform, T> {
+    fn bitsandbytes<T: AdamLeaf>(s: &AdamSwitches) -> Loop<Hyper, T> {
         debug_assert!(!s.amsgrad && s.first_moment == FirstMoment::Linear, "{s:?}");
-        match (s.eps, s.maximize) {
-            (EpsPlacement::AfterCorrection, false) => {
-                T::adam::<false, true, false, DECOUPLED_AFTER, LINEAR>()
-            }
-            (EpsPlacement::AfterCorrection, true) => T::adam::<false, true, true, DECOUPLED_AFTER, LINEAR>(),
-            (EpsPlacement::OnRoot, false) => T::adam::<false, false, false, DECOUPLED_AFTER, LINEAR>(),
-            (EpsPlacement::OnRoot, true) => T::adam::<false, false, true, DECOUPLED_AFTER, LINEAR>(),
+        match s.eps {
+            EpsPlacement::AfterCorrection => T::adam::<false, true, DECOUPLED_AFTER, LINEAR>(),
+            EpsPlacement::OnRoot => T::adam::<false, false, DECOUPLED_AFTER, LINEAR>(),
         }
     }
     if s.decoupled_weight_decay && s.decay_after_update {
@@ -238,34 +218,39 @@ pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`adam_loop`]) serves every storage type.
 pub(crate) trait AdamLeaf: Leaf {
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self>;
+    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> AdamLeaf for T {
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam::<T, A, E, M, D, F>
+    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam::<T, A, E, D, F>
     }
 }
 
 impl AdamLeaf for f16 {
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam_f16::<A, E, M, D, F>
+    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam_f16::<A, E, D, F>
     }
 }
 
 impl AdamLeaf for Q8 {
-    fn adam<const A: bool, const E: bool, const M: bool, const D: u8, const F: u32>(
-    ) -> Loop<AdamUniform, Self> {
-        adam_q8::<A, E, M, D, F>
+    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam_q8::<A, E, D, F>
     }
 }
 
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
-pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Bound<super::contract::Uniform> {
-    let uniform = uniform.to_f32();
-    every_storage!(adam_loop(switches, &uniform)).with_uniform(uniform)
+pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Bound<Hyper> {
+    let mut uniform = uniform.to_f32();
+    if !switches.decoupled_weight_decay {
+        // The loop without L2 is the decoupled one (`adam_loop`): its `p *= decay` must
+        // change nothing.
+        uniform.decay = 1.0;
+    }
+    let gradient_sign = if switches.maximize { SIGN_BIT } else { 0 };
+    every_storage!(adam_loop(switches, &uniform)).with_uniform(Hyper { uniform, gradient_sign })
 }
+
+/// An f32's sign bit.
+const SIGN_BIT: u32 = 1 << 31;

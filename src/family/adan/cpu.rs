@@ -89,6 +89,9 @@ impl AdanLeaf for Q8 {
     }
 }
 
+/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
+pub(crate) type Hyper = super::contract::Uniform;
+
 /// [`adan`] over 8-bit state, one pass per block. A non-finite gradient runs the update as
 /// any other ([`q8::NonFinite::Update`]): bitsandbytes has no Adan whose kernel to follow.
 pub(crate) fn adan_q8<const FIRST: bool>(hp: &AdanUniform, scale: f32, job: q8::Job<'_>) {
@@ -105,7 +108,7 @@ pub(crate) fn adan_q8<const FIRST: bool>(hp: &AdanUniform, scale: f32, job: q8::
 
 /// The family's CPU update for a step: the loops its uniform selects, for every storage
 /// type, with the uniform in f32.
-pub(crate) fn loops(switches: &AdanSwitches, uniform: &AdanUniform64) -> Bound<super::contract::Uniform> {
+pub(crate) fn loops(switches: &AdanSwitches, uniform: &AdanUniform64) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     every_storage!(adan_loop(switches, &uniform)).with_uniform(uniform)
 }

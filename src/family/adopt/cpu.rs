@@ -136,9 +136,12 @@ impl AdoptLeaf for Q8 {
     }
 }
 
+/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
+pub(crate) type Hyper = super::contract::Uniform;
+
 /// The family's CPU update for a step: the loops its uniform selects, for every storage
 /// type, with the uniform in f32.
-pub(crate) fn loops(switches: &AdoptSwitches, uniform: &AdoptUniform64) -> Bound<super::contract::Uniform> {
+pub(crate) fn loops(switches: &AdoptSwitches, uniform: &AdoptUniform64) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     every_storage!(adopt_loop(switches, &uniform)).with_uniform(uniform)
 }

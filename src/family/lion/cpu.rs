@@ -90,9 +90,12 @@ impl LionLeaf for Q8 {
     }
 }
 
+/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
+pub(crate) type Hyper = super::contract::Uniform;
+
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
-pub(crate) fn loops(switches: &LionSwitches, uniform: &LionUniform64) -> Bound<super::contract::Uniform> {
+pub(crate) fn loops(switches: &LionSwitches, uniform: &LionUniform64) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     every_storage!(lion_loop(switches, &uniform)).with_uniform(uniform)
 }

@@ -60,9 +60,12 @@ impl MuonLeaf for Q8 {
     }
 }
 
+/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
+pub(crate) type Hyper = super::contract::Uniform;
+
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
-pub(crate) fn loops(switches: &MuonSwitches, uniform: &MuonUniform64) -> Bound<super::contract::Uniform> {
+pub(crate) fn loops(switches: &MuonSwitches, uniform: &MuonUniform64) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     every_storage!(muon_loop(switches, &uniform)).with_uniform(uniform)
 }

@@ -258,12 +258,15 @@ impl RmsPropLeaf for Q8 {
     }
 }
 
+/// What the family's CPU loops read of a step: the kernel's uniform, in f32.
+pub(crate) type Hyper = super::contract::Uniform;
+
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
 pub(crate) fn loops(
     switches: &RmsPropSwitches,
     uniform: &RmsPropUniform64,
-) -> Bound<super::contract::Uniform> {
+) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(uniform)
 }
