@@ -8,7 +8,7 @@
 //   BLOCK_WORDS           words of codes per block: BLOCK_SIZE / CODES_PER_WORD.
 //   WORKGROUP             invocations per workgroup (BLOCK_WORDS: one word each).
 //   FAN_IN                the workgroup reduction's fan-in, FAN_IN * FAN_IN = WORKGROUP.
-//   STATES, MAX_STATES    the variant's state count (0 to 3) and the most any has.
+//   STATES, MAX_STATES    the variant's state count (0 to 4) and the most any has.
 //   table                 the dispatch's table (src/gpu/kernel/table_layout.rs's table_head_wgsl, as
 //                         for the multi-tensor kernels): a TableHead, then vec4<u32> rows.
 //   entry_row(w)          the first row of the entry of workgroup w (a multiple of

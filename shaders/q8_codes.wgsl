@@ -97,13 +97,14 @@ fn store_state_exact(k: u32, b: u32, w: u32, absmax: f32) {
     }
 }
 
-// Each state's part of a step. A variant has STATES of the MAX_STATES (3) states; the
+// Each state's part of a step. A variant has STATES of the MAX_STATES (4) states; the
 // conditions are constants, so each call below has a constant `k` once inlined, and the
 // states a variant lacks compile to nothing.
 fn load_states(b: u32, w: u32) {
     if STATES > 0u { load_state(0u, b, w); }
     if STATES > 1u { load_state(1u, b, w); }
     if STATES > 2u { load_state(2u, b, w); }
+    if STATES > 3u { load_state(3u, b, w); }
 }
 
 // Per state, the largest finite magnitude of its new values (as bits; 0 where absent).
@@ -112,6 +113,7 @@ fn largest_of_states() -> vec4<u32> {
     if STATES > 0u { own.x = largest(new_states[0]); }
     if STATES > 1u { own.y = largest(new_states[1]); }
     if STATES > 2u { own.z = largest(new_states[2]); }
+    if STATES > 3u { own.w = largest(new_states[3]); }
     return own;
 }
 
@@ -119,12 +121,14 @@ fn store_states(b: u32, w: u32, absmax: vec4<f32>) {
     if STATES > 0u { store_state(0u, b, w, absmax.x); }
     if STATES > 1u { store_state(1u, b, w, absmax.y); }
     if STATES > 2u { store_state(2u, b, w, absmax.z); }
+    if STATES > 3u { store_state(3u, b, w, absmax.w); }
 }
 
 fn store_states_exact(b: u32, w: u32, absmax: vec4<f32>) {
     if STATES > 0u { store_state_exact(0u, b, w, absmax.x); }
     if STATES > 1u { store_state_exact(1u, b, w, absmax.y); }
     if STATES > 2u { store_state_exact(2u, b, w, absmax.z); }
+    if STATES > 3u { store_state_exact(3u, b, w, absmax.w); }
 }
 
 // Each state's new absmax of block `b`.
@@ -132,4 +136,5 @@ fn store_absmax(b: u32, absmax: vec4<f32>) {
     if STATES > 0u { state[seg.scale[0] + b] = bitcast<u32>(absmax.x); }
     if STATES > 1u { state[seg.scale[1] + b] = bitcast<u32>(absmax.y); }
     if STATES > 2u { state[seg.scale[2] + b] = bitcast<u32>(absmax.z); }
+    if STATES > 3u { state[seg.scale[3] + b] = bitcast<u32>(absmax.w); }
 }

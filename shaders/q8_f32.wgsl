@@ -25,13 +25,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     seg = segment_at(entry_row(wid.x));
     for (var b = wid.x - seg.first_group; b < seg.blocks; b += seg.groups) {
         set_first(b * BLOCK_SIZE + lid * CODES_PER_WORD);
-        // A variant has STATES of the MAX_STATES (3) states; the conditions are constants.
+        // A variant has STATES of the MAX_STATES (4) states; the conditions are constants.
         if STATES > 0u { load_f32_state(0u); }
         if STATES > 1u { load_f32_state(1u); }
         if STATES > 2u { load_f32_state(2u); }
+        if STATES > 3u { load_f32_state(3u); }
         update(0u);
         if STATES > 0u { store_f32_state(0u); }
         if STATES > 1u { store_f32_state(1u); }
         if STATES > 2u { store_f32_state(2u); }
+        if STATES > 3u { store_f32_state(3u); }
     }
 }

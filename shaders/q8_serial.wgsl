@@ -11,6 +11,7 @@
 var<private> kept0: array<R, BLOCK_WORDS>;
 var<private> kept1: array<R, BLOCK_WORDS>;
 var<private> kept2: array<R, BLOCK_WORDS>;
+var<private> kept3: array<R, BLOCK_WORDS>;
 
 // Word `w` of block `b`'s new states, back from the kept copies.
 fn restore(b: u32, w: u32) {
@@ -18,6 +19,7 @@ fn restore(b: u32, w: u32) {
     if STATES > 0u { new_states[0] = kept0[w]; }
     if STATES > 1u { new_states[1] = kept1[w]; }
     if STATES > 2u { new_states[2] = kept2[w]; }
+    if STATES > 3u { new_states[3] = kept3[w]; }
 }
 
 @compute @workgroup_size(WORKGROUP)
@@ -38,6 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if STATES > 0u { kept0[w] = new_states[0]; }
             if STATES > 1u { kept1[w] = new_states[1]; }
             if STATES > 2u { kept2[w] = new_states[2]; }
+            if STATES > 3u { kept3[w] = new_states[3]; }
             words = w + 1u;
         }
         let absmax = absmax_of(block_max);

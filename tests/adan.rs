@@ -3,7 +3,8 @@
 //! dtypes other than the parameter's, master weights, two groups, capturable mode (the bias
 //! corrections and the first step from the device's step), the optimizer's global clipping,
 //! stochastic and Kahan rounding, the first step's zero difference, NaN gradients,
-//! checkpoints, refusals (8-bit and 4-bit state), and Adan's own clipping (`max_grad_norm`,
+//! checkpoints, refusals, low-bit state (8-bit against the oracle on both backends, 4-bit
+//! refused), and Adan's own clipping (`max_grad_norm`,
 //! with Adan's `eps`) against the oracle on both backends. The public vectors (`adan_plain`,
 //! `adan_wd_prox`) run in `tests/conformance.rs`.
 
@@ -257,38 +258,232 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
     }
 }
 
+/// bitsandbytes has no Adan, but 8-bit state is the shared machinery's: Adan's update on the
+/// dequantized blocks, `exp_avg_sq` with the unsigned map and the other three states with the
+/// signed one. Each step of each backend against the oracle resumed from what that backend
+/// stored before it: the official step on the dequantized states, its new states (rounded
+/// to f32) quantized by the testkit's blockwise quantizer; codes as the vectors' format
+/// compares them (each within one code, at most 1 % differing: a value near the midpoint of
+/// two codes takes either), absmax within 1e-4 relative, parameters as f32 results. A
+/// tensor below `min_8bit_size` keeps f32 state, and the GPU and the CPU store the same
+/// codes.
 #[test]
-fn low_bit_state_is_refused() {
-    use wgpu_optim::q4::Q4States;
+fn eight_bit_state_follows_the_oracle_step_by_step_and_the_gpu_matches_the_cpu() {
+    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim_testkit::oracle::bnb;
+    let ctx = ctx();
+    let config = Q8States::default();
+    // Whole blocks and a partial last one; and a tensor of f32 state.
+    let lens = [4096usize + 100, 300];
+    for (seed, adan) in [(70, proximal()), (71, no_prox())] {
+        let Algorithm::Adan(hyper) = adan else { unreachable!() };
+        let kinds = adan.state_kinds();
+        let mut rng = Rng::new(seed);
+        let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+        let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+        let storage = StateStorage::Q8(config);
+        let mut gpu = Optimizer::builder().state_storage(storage).build(&ctx, adan, &params).unwrap();
+        let mut cpu_params: Vec<HostTensor> = start.iter().map(|p| host(p, DType::F32)).collect();
+        let mut cpu =
+            CpuOptimizer::builder().state_storage(storage).build(adan, &slices(&cpu_params)).unwrap();
+        for t in 0..6u64 {
+            let g: Vec<Vec<f64>> = lens
+                .iter()
+                .map(|&n| rng.vec(n, 1.0).iter().map(|g| f64::from(*g as f32)).collect())
+                .collect();
+            // What each backend stored before this step.
+            let gpu_before: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
+            let cpu_before: Vec<Vec<f64>> = cpu_params.iter().map(HostTensor::to_f64).collect();
+            let gpu_states = |gpu: &Optimizer| -> Vec<Vec<StoredState>> {
+                (0..lens.len())
+                    .map(|i| {
+                        kinds
+                            .iter()
+                            .map(|k| gpu.state(i, *k).unwrap().and_then(|v| v.q8()).unwrap())
+                            .collect()
+                    })
+                    .collect()
+            };
+            let cpu_states = |cpu: &CpuOptimizer| -> Vec<Vec<StoredState>> {
+                (0..lens.len())
+                    .map(|i| {
+                        kinds.iter().map(|k| cpu.state(i, *k).and_then(|v| v.q8()).unwrap().clone()).collect()
+                    })
+                    .collect()
+            };
+            // The oracle resumed from a backend's parameters and states: the parameters it
+            // wants, and the states it wants in the form that backend keeps.
+            let resume = |before: &[Vec<f64>], states: &[Vec<StoredState>]| {
+                let mut oracle = AdanOracle::new(AdanHyperparameters::from(&hyper), lens.len())
+                    .storing(DType::F32, DType::F32);
+                oracle.step = t;
+                if t > 0 {
+                    for (i, states) in states.iter().enumerate() {
+                        let load = |k: usize| -> Vec<f64> {
+                            match &states[k] {
+                                StoredState::Q8 { codes, absmax } => {
+                                    bnb::dequantize(codes, absmax, &bnb::map_for(kinds[k]))
+                                }
+                                StoredState::F32(values) => values.clone(),
+                            }
+                            .into_iter()
+                            .map(f64::from)
+                            .collect()
+                        };
+                        oracle.exp_avg[i] = load(0);
+                        oracle.exp_avg_sq[i] = load(1);
+                        oracle.exp_avg_diff[i] = load(2);
+                        oracle.neg_pre_grad[i] = load(3);
+                    }
+                }
+                let mut want = before.to_vec();
+                oracle.step(&mut want, &g);
+                let want_states: Vec<Vec<StoredState>> = (0..lens.len())
+                    .map(|i| {
+                        let values = [
+                            &oracle.exp_avg[i],
+                            &oracle.exp_avg_sq[i],
+                            &oracle.exp_avg_diff[i],
+                            &oracle.neg_pre_grad[i],
+                        ];
+                        values
+                            .iter()
+                            .zip(kinds)
+                            .map(|(values, kind)| {
+                                let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+                                if lens[i] < config.min_8bit_size as usize {
+                                    return StoredState::F32(narrowed);
+                                }
+                                let mut codes = vec![0u8; narrowed.len()];
+                                let mut absmax = vec![0f32; narrowed.len().div_ceil(bnb::BLOCK_SIZE)];
+                                bnb::quantize(&narrowed, &bnb::map_for(*kind), &mut codes, &mut absmax);
+                                StoredState::Q8 { codes, absmax }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                (want, want_states)
+            };
+            let (gpu_want, gpu_want_states) = resume(&gpu_before, &gpu_states(&gpu));
+            let (cpu_want, cpu_want_states) = resume(&cpu_before, &cpu_states(&cpu));
+
+            let tensors: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
+            gpu.step(&tensors).unwrap();
+            let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+            cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
+
+            let (gpu_after, cpu_after) = (gpu_states(&gpu), cpu_states(&cpu));
+            for i in 0..lens.len() {
+                let what = format!("{adan:?} step {t} param[{i}]");
+                let gpu_p = download(&ctx, &params[i]);
+                let cpu_p = cpu_params[i].to_f64();
+                assert_close(&format!("GPU {what}"), &gpu_p, &gpu_want[i], Tolerance::F32);
+                assert_close(&format!("CPU {what}"), &cpu_p, &cpu_want[i], Tolerance::F32);
+                assert_close(&format!("GPU against CPU {what}"), &gpu_p, &cpu_p, Tolerance::F32);
+                for (k, kind) in kinds.iter().enumerate() {
+                    let what = format!("{what} {kind:?}");
+                    assert_state_follows(&format!("GPU {what}"), &gpu_after[i][k], &gpu_want_states[i][k]);
+                    assert_state_follows(&format!("CPU {what}"), &cpu_after[i][k], &cpu_want_states[i][k]);
+                    if let StoredState::Q8 { .. } = &gpu_after[i][k] {
+                        assert_eq!(gpu_after[i][k], cpu_after[i][k], "GPU against CPU {what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A GPU checkpoint of 8-bit Adan (four states' codes and absmax under their official names)
+/// loads into the CPU backend with every state as the GPU kept it, saves back the same
+/// file, and both backends take the next step to the same parameters and codes.
+#[test]
+fn an_eight_bit_checkpoint_moves_between_the_backends() {
     use wgpu_optim::q8::Q8States;
+    let ctx = ctx();
+    let adan = proximal();
+    let storage = StateStorage::Q8(Q8States::default());
+    let lens = [4096usize + 100, 300];
+    let mut rng = Rng::new(72);
+    let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
+    let mut gpu = Optimizer::builder().state_storage(storage).build(&ctx, adan, &params).unwrap();
+    for _ in 0..3 {
+        let g: Vec<Tensor> = lens.iter().map(|&n| ctx.upload("grad", &rng.vec(n, 1.0), DType::F32)).collect();
+        gpu.step(&g).unwrap();
+    }
+    let bytes = gpu.save_to_bytes().unwrap();
+    let now: Vec<Vec<f64>> = params.iter().map(|p| download(&ctx, p)).collect();
+    let mut cpu_params: Vec<HostTensor> = now.iter().map(|p| host(p, DType::F32)).collect();
+    let mut cpu = CpuOptimizer::builder().state_storage(storage).build(adan, &slices(&cpu_params)).unwrap();
+    cpu.load_from_bytes(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let states = |gpu: &Optimizer, cpu: &CpuOptimizer, when: &str| {
+        for i in 0..lens.len() {
+            for kind in adan.state_kinds() {
+                let gpu_state = gpu.state(i, *kind).unwrap().and_then(|v| v.q8());
+                assert_eq!(
+                    gpu_state.as_ref(),
+                    cpu.state(i, *kind).and_then(|v| v.q8()),
+                    "{when}: {kind:?}[{i}]"
+                );
+            }
+        }
+    };
+    states(&gpu, &cpu, "loaded");
+    assert_eq!(
+        wgpu_optim_testkit::checkpoint::canonical(&cpu.save_to_bytes().unwrap()),
+        wgpu_optim_testkit::checkpoint::canonical(&bytes),
+        "the CPU saves what it loaded"
+    );
+    let g: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    gpu.step(&g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect::<Vec<_>>()).unwrap();
+    let host_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
+    cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
+    states(&gpu, &cpu, "stepped");
+    for (i, p) in params.iter().enumerate() {
+        let what = format!("param[{i}] after the load");
+        assert_close(&what, &download(&ctx, p), &cpu_params[i].to_f64(), Tolerance::F32);
+    }
+}
+
+/// `got` (read back) against the oracle's state as the vectors' format compares 8-bit
+/// state: codes by `compare_codes`, absmax within 1e-4 relative; f32 state as f32 results.
+fn assert_state_follows(what: &str, got: &wgpu_optim::q8::StoredState, want: &wgpu_optim::q8::StoredState) {
+    use wgpu_optim::q8::StoredState;
+    match (got, want) {
+        (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want_codes, absmax: want_absmax }) => {
+            let widen = |c: &[u8]| c.iter().map(|&c| f64::from(c)).collect::<Vec<_>>();
+            let codes_match = wgpu_optim_testkit::compare_codes(&widen(codes), &widen(want_codes));
+            assert!(codes_match.passed(), "{what}: codes {codes_match}");
+            let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+            let tolerance = Tolerance::Close { rtol: 1e-4, atol: 0.0 };
+            assert_close(&format!("{what}: absmax"), &widen(absmax), &widen(want_absmax), tolerance);
+        }
+        (StoredState::F32(values), StoredState::F32(want_values)) => {
+            let widen = |a: &[f32]| a.iter().map(|&a| f64::from(a)).collect::<Vec<_>>();
+            assert_close(what, &widen(values), &widen(want_values), Tolerance::F32);
+        }
+        _ => panic!("{what}: stored as {got:?}, not as the oracle's"),
+    }
+}
+
+/// torchao has no 4-bit Adan: both backends refuse it, naming the Adam it has.
+#[test]
+fn four_bit_state_is_refused_as_torchaos_adam_only() {
+    use wgpu_optim::q4::Q4States;
     let ctx = ctx();
     let values = vec![0.5; 4096];
     let param = ctx.upload("param", &values, DType::F32);
     let cpu_param = host(&values, DType::F32);
-    let refused = |err: Error, option: &str, backend: &str, reason_names: &str| match err {
-        Error::ConflictingOptions { first, second: "algorithm", reason } if first == option => {
-            assert!(reason.contains(reason_names), "{backend} {option}: {reason}");
+    let refused = |err: Error, backend: &str| match err {
+        Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason } => {
+            assert!(reason.contains("Adam"), "{backend}: {reason}");
         }
-        other => panic!("{backend} {option}: expected ConflictingOptions, got {other:?}"),
+        other => panic!("{backend}: expected ConflictingOptions, got {other:?}"),
     };
-    let gpu = Optimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
-    refused(
-        gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
-        "state_storage",
-        "GPU",
-        "Adan",
-    );
-    let cpu = CpuOptimizer::builder().state_storage(StateStorage::Q8(Q8States::default()));
-    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "state_storage", "CPU", "Adan");
     let gpu = Optimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
-    refused(
-        gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"),
-        "state_storage",
-        "GPU",
-        "Adam",
-    );
+    refused(gpu.build(&ctx, plain(), std::slice::from_ref(&param)).expect_err("GPU"), "GPU");
     let cpu = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
-    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "state_storage", "CPU", "Adam");
+    refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "CPU");
 }
 
 /// Burn's drop-in optimizers run Adan through the generic path (its two new states travel in

@@ -45,6 +45,10 @@ pub(crate) trait FamilyConfig: Copy {
     /// The constructor of its family's passes on the GPU over an optimizer's groups
     /// (`None`, the elementwise families: the kernel alone).
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = None;
+    /// How its family records a stateless update ([`crate::ops::update`]) whose step is
+    /// more than the elementwise kernel (passes around each tensor's norms); `None` (the
+    /// elementwise families): the kernel alone.
+    const STATELESS_PASSES: Option<crate::ops::RecordStateless> = None;
 
     #[cfg(feature = "cpu")]
     fn cpu_passes(
@@ -362,6 +366,19 @@ macro_rules! algorithms {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::needs_matrix(c),)*
                 }
+            }
+        }
+
+        // What a kernel step's family records for a stateless update, read from the
+        // configurations of the family's algorithms (`FamilyConfig::FAMILY`), so that the
+        // stateless front ends, which hold only a step, name no family.
+        impl Family {
+            /// The recording of this family's stateless update where it is not the
+            /// elementwise kernel alone (`FamilyConfig::STATELESS_PASSES`).
+            pub(crate) fn stateless_passes(self) -> Option<crate::ops::RecordStateless> {
+                [$((<$config as FamilyConfig>::FAMILY, <$config as FamilyConfig>::STATELESS_PASSES),)*]
+                    .into_iter()
+                    .find_map(|(family, passes)| if family == self { passes } else { None })
             }
         }
     };

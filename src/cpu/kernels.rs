@@ -14,8 +14,7 @@ use super::convert::bf16_bits;
 use super::q8;
 use crate::step::{CpuUpdate, KernelStep};
 
-/// The most state tensors any family keeps (Adan's four).
-pub(crate) const MAX_STATE: usize = 4;
+pub(crate) use crate::step::MAX_STATE;
 
 /// A storage type the loops read and write directly: f32, or bf16, whose conversions are
 /// integer operations the compiler vectorizes with the update, so a bf16 step is one pass

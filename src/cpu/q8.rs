@@ -2,9 +2,9 @@
 //! block of 256 elements is dequantized, updated by the same f32 element function as f32
 //! state, and requantized under its new absmax, so every state byte is read once and written
 //! once and the update formula is the one every other storage type runs. Where the CPU has
-//! AVX-512, the steps of every family with an 8-bit form (Adam, momentum, Lion, RMSprop,
-//! AdEMAMix) do all three in one pass per block ([`each`], `fused`); elsewhere, and for
-//! the rest, each block's state goes through f32 scratch and the family's f32 loop
+//! AVX-512, the steps of the families whose leaf says so (Adam, momentum, Lion, RMSprop,
+//! AdEMAMix, ADOPT, Adan) do all three in one pass per block ([`each`], `fused`); elsewhere,
+//! and for the rest, each block's state goes through f32 scratch and the family's f32 loop
 //! ([`blocked`]).
 
 use rayon::prelude::*;
@@ -22,9 +22,6 @@ use crate::StateKind;
 
 /// Blocks per work item: 128 Ki elements, as the f32 path's chunks.
 const CHUNK_BLOCKS: usize = 512;
-
-/// The most states an 8-bit optimizer keeps (AdEMAMix's two EMAs and its second moment).
-const MAX_STATES: usize = 3;
 
 /// One state tensor's share of a work item.
 #[derive(Default)]
@@ -86,7 +83,7 @@ pub(crate) enum NonFinite {
 pub(crate) struct Job<'a> {
     param: &'a mut [f32],
     grad: &'a [f32],
-    slots: [Slot<'a>; MAX_STATES],
+    slots: [Slot<'a>; MAX_STATE],
 }
 
 /// Runs `kernel` over every tensor with 8-bit state and `f32_kernel` over those below
@@ -143,8 +140,8 @@ pub(crate) fn each<const S: usize, const RESTART: bool>(
     let non_finite = if RESTART { NonFinite::Restart } else { NonFinite::Update };
     #[cfg(target_arch = "x86_64")]
     if let Some(level) = lanes::level() {
-        let (kept, absent) = job.slots.split_at(S.min(MAX_STATES));
-        if S <= MAX_STATES
+        let (kept, absent) = job.slots.split_at(S.min(MAX_STATE));
+        if S <= MAX_STATE
             && kept.iter().all(|slot| matches!(slot, Slot::Q8 { .. }))
             && absent.iter().all(|slot| matches!(slot, Slot::Absent))
         {
@@ -167,7 +164,7 @@ pub(crate) fn each<const S: usize, const RESTART: bool>(
 pub(crate) fn blocked(job: Job<'_>, non_finite: NonFinite, f32_loop: impl Fn(Operands<'_, f32>)) {
     let Job { param, grad, mut slots } = job;
     let restart = non_finite == NonFinite::Restart && matches!(slots[0], Slot::Q8 { .. });
-    let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATES];
+    let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATE];
     let mut kept = [0.0f32; BLOCK_SIZE];
     let lanes = Lanes::new();
     for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
@@ -247,7 +244,7 @@ fn update_block(
     f32_loop: &impl Fn(Operands<'_, f32>),
     lanes: Lanes,
     slots: &mut [Slot<'_>],
-    scratch: &mut [[f32; BLOCK_SIZE]; MAX_STATES],
+    scratch: &mut [[f32; BLOCK_SIZE]; MAX_STATE],
     param: &mut [f32],
     grad: &[f32],
     b: usize,
@@ -296,7 +293,7 @@ mod tests {
     use super::*;
 
     /// Where the CPU has AVX-512, the one-pass loops ([`each`]) of Adam, momentum, Lion,
-    /// RMSprop and AdEMAMix leave the parameters, codes and absmax of the blocked path bit
+    /// RMSprop, AdEMAMix and Adan (four states) leave the parameters, codes and absmax of the blocked path bit
     /// for bit, for every switch each family has and bitsandbytes' forms: whole blocks, a
     /// partial last block, a block whose new absmax is subnormal (which only the exact rule
     /// requantizes), one of zeros, one of zeros and -0.0, one with NaN and infinite
@@ -379,6 +376,18 @@ mod tests {
                 steps.push((format!("{ademamix:?} t {t}"), ademamix.kernel_step(t), kinds.clone()));
                 let bnb = crate::q8::kernel_step(&ademamix.into(), t);
                 steps.push((format!("bitsandbytes' {ademamix:?} t {t}"), bnb, kinds));
+            }
+        }
+        for (no_prox, weight_decay) in [(false, 0.0), (false, 0.5), (true, 0.25)] {
+            let adan = crate::Adan { lr: 0.01, weight_decay, no_prox, ..crate::Adan::default() };
+            for t in [1, 3] {
+                let kinds = vec![
+                    StateKind::ExpAvg,
+                    StateKind::ExpAvgSq,
+                    StateKind::ExpAvgDiff,
+                    StateKind::NegPreGrad,
+                ];
+                steps.push((format!("{adan:?} t {t}"), adan.kernel_step(t), kinds));
             }
         }
 

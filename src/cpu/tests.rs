@@ -67,9 +67,9 @@ fn onnx_adam_adds_eps_before_the_correction_and_scales_after_the_update() {
 #[test]
 fn directml_adam_has_no_weight_decay_at_all() {
     let d = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
+    // The step's switches and uniform are the family's own (src/family/adam/config.rs's
+    // tests); here its loops against DirectML's documented formula, which has no decay.
     let step = d.kernel_step(4);
-    let KernelStep::Adam(switches, uniform) = step else { panic!("{step:?} is not an Adam step") };
-    assert!(!switches.decoupled_weight_decay && uniform.weight_decay == 0.0, "{step:?}");
     let (p, g, m, v) = (values(5, 1.0), values(6, 1.0), values(7, 0.1), values(8, 0.01));
     let v: Vec<f64> = v.iter().map(|x| x.abs()).collect();
     let (p_new, state) = run(&step, &p, &g, &[m.clone(), v.clone()]);

@@ -115,13 +115,19 @@ pub(crate) fn record_updates(
         let args = SlotArgs { param, grad, state: &state, param_out, state_out: &state_out, param_copy };
         calls.push(slot_args(step.family(), kinds, args));
     }
-    if step.family() == crate::step::Family::Lamb {
-        // Each tensor's norms: three passes, not the elementwise kernel.
+    if let Some(record) = step.family().stateless_passes() {
+        // Passes of the family's own (each tensor's norms, say), not the elementwise
+        // kernel: they read one call's tensors after another's are written.
         check_across(&calls)?;
-        return crate::optimizer::record_lamb_stateless(ctx, encoder, step, &calls);
+        return record(ctx, encoder, step, &calls);
     }
     record_stateless(ctx, encoder, step, &calls, step.family().name())
 }
+
+/// A family's recording of a stateless update whose step is more than the elementwise
+/// kernel (`FamilyConfig::STATELESS_PASSES`): the calls' tensors, checked and planned.
+pub(crate) type RecordStateless =
+    fn(&GpuContext, &mut wgpu::CommandEncoder, &KernelStep, &[KernelArgs]) -> Result<()>;
 
 /// Plans every call, then records them as one compute pass with a uniform of its own.
 /// Nothing is recorded unless every call is valid.

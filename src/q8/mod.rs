@@ -31,6 +31,11 @@ pub const BLOCK_SIZE: usize = 256;
 /// bitsandbytes' default `min_8bit_size`: smaller tensors keep f32 state.
 pub const MIN_8BIT_SIZE: u64 = 4096;
 
+/// The most states an 8-bit step keeps per parameter: the GPU kernels hold each state's
+/// values in one lane of a `vec4` (`gpu::blockwise::layout`). A family that keeps more is
+/// refused by both backends ([`check_algorithm`]), whatever its own rules.
+pub(crate) const MAX_STATES: usize = 4;
+
 /// Blockwise 8-bit state for an optimizer ([`StateStorage::Q8`](crate::StateStorage::Q8)): Adam's
 /// (and AdamW's) two moments, or SGD's momentum buffer, kept as one code per element and one
 /// absmax per block of [`BLOCK_SIZE`], as bitsandbytes' `Adam8bit`, `AdamW8bit` and
@@ -171,8 +176,21 @@ pub(crate) fn check_algorithm(algorithm: &crate::Algorithm, clipped: bool) -> Re
         Some(reason) => {
             Err(Error::ConflictingOptions { first: "state_storage", second: "algorithm", reason })
         }
-        None => Ok(()),
+        None => check_state_count(algorithm.state_kinds().len()),
     }
+}
+
+/// Refuses a family of more than [`MAX_STATES`] states.
+fn check_state_count(states: usize) -> Result<()> {
+    if states > MAX_STATES {
+        return Err(Error::ConflictingOptions {
+            first: "state_storage",
+            second: "algorithm",
+            reason: "8-bit state keeps at most four states per parameter (a lane each of the GPU \
+                     kernels' vectors); keep f32, f16 or bf16 state for it",
+        });
+    }
+    Ok(())
 }
 
 /// Refuses what [`Q8States`] cannot run: an algorithm without blockwise 8-bit state

@@ -179,3 +179,15 @@ fn a_state_reads_back_through_the_map_of_its_kind() {
         assert_eq!(values, map_for(kind), "{kind:?}");
     }
 }
+
+/// A family of more states than the 8-bit kernels hold is refused by name of the option,
+/// up to the bound it runs.
+#[test]
+fn more_states_than_the_kernels_hold_are_refused() {
+    assert!(check_state_count(MAX_STATES).is_ok());
+    let err = check_state_count(MAX_STATES + 1).unwrap_err();
+    assert!(
+        matches!(err, Error::ConflictingOptions { first: "state_storage", second: "algorithm", .. }),
+        "{err:?}"
+    );
+}

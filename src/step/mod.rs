@@ -284,6 +284,22 @@ macro_rules! families {
                 }
             }
         }
+
+        // The bound of the fixed-size state arrays the CPU loops and the blockwise engines
+        // keep, from the families' slots, so that no shared file names a state count.
+        /// The most state tensors any family's update keeps (its `INPUTS`' states, Kahan's
+        /// compensation aside: the optimizer keeps that one).
+        pub(crate) const MAX_STATE: usize = {
+            let counts = [$(state_count(crate::family::$folder::contract::INPUTS),)*];
+            let (mut most, mut i) = (0, 0);
+            while i < counts.len() {
+                if counts[i] > most {
+                    most = counts[i];
+                }
+                i += 1;
+            }
+            most
+        };
     };
 }
 
@@ -300,6 +316,21 @@ pub(crate) enum Slot {
     State(StateKind),
     /// Master-weight mode: the model's low-precision copy of the new parameters.
     ParamCopy,
+}
+
+/// The state tensors among `slots` that a family's update keeps: every [`Slot::State`] but
+/// Kahan's compensation, which the optimizer keeps.
+const fn state_count(slots: &[Slot]) -> usize {
+    let (mut count, mut i) = (0, 0);
+    while i < slots.len() {
+        if let Slot::State(kind) = slots[i] {
+            if !matches!(kind, StateKind::KahanCompensation) {
+                count += 1;
+            }
+        }
+        i += 1;
+    }
+    count
 }
 
 impl Slot {

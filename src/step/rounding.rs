@@ -188,28 +188,46 @@ pub(crate) fn bits(key: u32, stream: u32, element: u64) -> u32 {
     mix(mix(mix(key ^ stream) ^ element as u32) ^ (element >> 32) as u32)
 }
 
-/// The stream of a store: 0 for the parameter, 1 + the kind's number for a state tensor,
+/// The kinds whose stores have been rounded stochastically since streams were numbered:
+/// kind `ROUNDED_STREAMS[i]` draws stream `1 + i`. Stored bits depend on these numbers, so
+/// the list only grows at its end (a kind not listed draws [`stream`]'s own number).
+const ROUNDED_STREAMS: [StateKind; 12] = [
+    StateKind::ExpAvg,
+    StateKind::ExpAvgSq,
+    StateKind::MaxExpAvgSq,
+    StateKind::MomentumBuffer,
+    StateKind::Sum,
+    StateKind::KahanCompensation,
+    StateKind::Z,
+    StateKind::SquareAvg,
+    StateKind::GradAvg,
+    StateKind::ExpAvgSlow,
+    StateKind::ExpAvgDiff,
+    StateKind::NegPreGrad,
+];
+
+/// Adafactor's states, kept in f32 (never rounded): numbered apart all the same, from
+/// [`F32_STREAM_BASE`].
+const F32_STREAMS: [StateKind; 3] = [StateKind::RowVar, StateKind::ColVar, StateKind::Variance];
+const F32_STREAM_BASE: u32 = 20;
+
+/// The first stream of the kinds neither list names, numbered by their declaration: past
+/// every listed stream, so a new kind draws bits of its own without an edit here.
+const NEW_STREAM_BASE: u32 = 64;
+const _: () = assert!(
+    ROUNDED_STREAMS.len() < F32_STREAM_BASE as usize
+        && F32_STREAM_BASE as usize + F32_STREAMS.len() <= NEW_STREAM_BASE as usize
+);
+
+/// The stream of a store: 0 for the parameter, a number of its kind's for a state tensor,
 /// so that no two tensors of a parameter draw the same bits.
 pub(crate) fn stream(kind: Option<StateKind>) -> u32 {
-    match kind {
-        None => 0,
-        Some(StateKind::ExpAvg) => 1,
-        Some(StateKind::ExpAvgSq) => 2,
-        Some(StateKind::MaxExpAvgSq) => 3,
-        Some(StateKind::MomentumBuffer) => 4,
-        Some(StateKind::Sum) => 5,
-        Some(StateKind::KahanCompensation) => 6,
-        Some(StateKind::Z) => 7,
-        Some(StateKind::SquareAvg) => 8,
-        Some(StateKind::GradAvg) => 9,
-        Some(StateKind::ExpAvgSlow) => 10,
-        Some(StateKind::ExpAvgDiff) => 11,
-        Some(StateKind::NegPreGrad) => 12,
-        // Adafactor's states are kept in f32 (never rounded); numbered apart all the same.
-        Some(StateKind::RowVar) => 20,
-        Some(StateKind::ColVar) => 21,
-        Some(StateKind::Variance) => 22,
-    }
+    let Some(kind) = kind else { return 0 };
+    let at = |list: &[StateKind]| list.iter().position(|k| *k == kind).map(|i| i as u32);
+    at(&ROUNDED_STREAMS)
+        .map(|i| 1 + i)
+        .or_else(|| at(&F32_STREAMS).map(|i| F32_STREAM_BASE + i))
+        .unwrap_or(NEW_STREAM_BASE + kind as u32)
 }
 
 /// bfloat16 bits of `x` rounded stochastically with the random bits `r`: the top 16 bits
@@ -262,6 +280,36 @@ pub(crate) fn f16_bits(x: f32, r: u32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The streams of the kinds already stored keep their numbers (stored bits and the
+    /// oracle's draws depend on them), and no two kinds share one.
+    #[test]
+    fn each_kind_keeps_its_stream_and_draws_its_own() {
+        use StateKind::*;
+        let numbered = [
+            (ExpAvg, 1),
+            (ExpAvgSq, 2),
+            (MaxExpAvgSq, 3),
+            (MomentumBuffer, 4),
+            (Sum, 5),
+            (KahanCompensation, 6),
+            (Z, 7),
+            (SquareAvg, 8),
+            (GradAvg, 9),
+            (ExpAvgSlow, 10),
+            (ExpAvgDiff, 11),
+            (NegPreGrad, 12),
+            (RowVar, 20),
+            (ColVar, 21),
+            (Variance, 22),
+        ];
+        assert_eq!(stream(None), 0);
+        let mut seen = std::collections::HashSet::from([0]);
+        for (kind, want) in numbered {
+            assert_eq!(stream(Some(kind)), want, "{kind:?}");
+            assert!(seen.insert(stream(Some(kind))), "{kind:?} shares a stream");
+        }
+    }
 
     #[test]
     fn the_wgsl_header_sits_at_the_end_of_the_uniform_slot() {

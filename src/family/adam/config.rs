@@ -266,3 +266,17 @@ impl crate::algo::FamilyConfig for Adam {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DirectML's Adam has no weight decay at all: neither switch nor coefficient.
+    #[test]
+    fn directml_adam_has_no_weight_decay_at_all() {
+        let d = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
+        let step = d.kernel_step(4);
+        let KernelStep::Adam(switches, uniform) = step else { panic!("{step:?} is not an Adam step") };
+        assert!(!switches.decoupled_weight_decay && uniform.weight_decay == 0.0, "{step:?}");
+    }
+}

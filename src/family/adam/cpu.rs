@@ -78,7 +78,7 @@ pub(crate) fn adam<
     o: Operands<'_, E>,
 ) {
     let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
-    let [exp_avg, exp_avg_sq, max_exp_avg_sq, _] = o.state;
+    let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
         for ((((p, g), m), v), v_max) in rows.zip(max_exp_avg_sq.iter_mut()) {
@@ -106,7 +106,7 @@ pub(crate) fn adam_f16<
     o: Operands<'_, f16>,
 ) {
     let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
-    let [exp_avg, exp_avg_sq, max_exp_avg_sq, _] = o.state;
+    let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     if AMSGRAD {
         f16_lanes::each(
             [o.param, exp_avg, exp_avg_sq, max_exp_avg_sq],

@@ -34,7 +34,7 @@ pub(crate) fn adan_element<const FIRST: bool>(
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(crate) fn adan<E: Element, const FIRST: bool>(hp: &AdanUniform, scale: f32, o: Operands<'_, E>) {
-    let [exp_avg, exp_avg_sq, exp_avg_diff, neg_pre_grad] = o.state;
+    let [exp_avg, exp_avg_sq, exp_avg_diff, neg_pre_grad, ..] = o.state;
     let states = exp_avg.iter_mut().zip(exp_avg_sq.iter_mut()).zip(exp_avg_diff.iter_mut()).zip(neg_pre_grad);
     for ((p, g), (((m, n), v), q)) in o.param.iter_mut().zip(o.grad).zip(states) {
         let old = [m.widen(), n.widen(), v.widen(), q.widen()];
@@ -46,7 +46,7 @@ pub(crate) fn adan<E: Element, const FIRST: bool>(hp: &AdanUniform, scale: f32, 
 
 /// [`adan`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn adan_f16<const FIRST: bool>(hp: &AdanUniform, scale: f32, o: Operands<'_, f16>) {
-    let [exp_avg, exp_avg_sq, exp_avg_diff, neg_pre_grad] = o.state;
+    let [exp_avg, exp_avg_sq, exp_avg_diff, neg_pre_grad, ..] = o.state;
     f16_lanes::each(
         [o.param, exp_avg, exp_avg_sq, exp_avg_diff, neg_pre_grad],
         o.grad,
@@ -83,16 +83,28 @@ impl AdanLeaf for f16 {
     }
 }
 
-/// 8-bit state is refused for Adan (`super::low_bit`); the leaf exists because every family
-/// provides one for each storage type, and runs the f32 loop block by block.
 impl AdanLeaf for Q8 {
     fn adan<const F: bool>() -> Loop<AdanUniform, Self> {
-        |hp, scale, job| q8::blocked(job, q8::NonFinite::Update, |o| adan::<f32, F>(hp, scale, o))
+        adan_q8::<F>
     }
 }
 
 /// What the family's CPU loops read of a step: the kernel's uniform, in f32.
 pub(crate) type Hyper = super::contract::Uniform;
+
+/// [`adan`] over 8-bit state, one pass per block. A non-finite gradient runs the update as
+/// any other ([`q8::NonFinite::Update`]): bitsandbytes has no Adan whose kernel to follow.
+pub(crate) fn adan_q8<const FIRST: bool>(hp: &AdanUniform, scale: f32, job: q8::Job<'_>) {
+    q8::each::<_, false>(
+        job,
+        #[inline(always)]
+        |g, p, states| {
+            let [p, m, n, v, q] = adan_element::<FIRST>(hp, p, g * scale, states);
+            (p, [m, n, v, q])
+        },
+        |o| adan::<f32, FIRST>(hp, scale, o),
+    );
+}
 
 /// The family's CPU update for a step: the loops its uniform selects, for every storage
 /// type, with the uniform in f32.

@@ -1,17 +1,10 @@
-//! Adan with low-bit state: neither bitsandbytes nor torchao has an Adan, and the shared 8-bit
-//! machinery keeps at most three states where Adan keeps four.
+//! Adan with low-bit state: 8-bit state runs Adan's own step on the dequantized blocks
+//! (bitsandbytes has no Adan8bit to follow); torchao has no 4-bit Adan.
 
 use super::config::Adan;
 use crate::algo::FamilyLowBit;
 use crate::q8::Q8Switches;
 
-impl FamilyLowBit for Adan {
-    fn q8_refusal(&self, _clipped: bool) -> Option<&'static str> {
-        Some(
-            "Adan has no 8-bit form (bitsandbytes has no Adan, and its four states exceed the 8-bit \
-             path's three); keep f32, f16 or bf16 state for it",
-        )
-    }
-}
+impl FamilyLowBit for Adan {}
 
 impl Q8Switches for super::contract::Switches {}

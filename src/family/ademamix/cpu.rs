@@ -34,7 +34,7 @@ pub(crate) fn ademamix<E: Element, const DECAY_AFTER: bool>(
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let [exp_avg, exp_avg_slow, exp_avg_sq, _] = o.state;
+    let [exp_avg, exp_avg_slow, exp_avg_sq, ..] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_slow.iter_mut());
     for ((((p, g), m1), m2), nu) in rows.zip(exp_avg_sq.iter_mut()) {
         let new = ademamix_element::<DECAY_AFTER>(
@@ -51,7 +51,7 @@ pub(crate) fn ademamix<E: Element, const DECAY_AFTER: bool>(
 
 /// [`ademamix`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn ademamix_f16<const DECAY_AFTER: bool>(hp: &AdemamixUniform, scale: f32, o: Operands<'_, f16>) {
-    let [exp_avg, exp_avg_slow, exp_avg_sq, _] = o.state;
+    let [exp_avg, exp_avg_slow, exp_avg_sq, ..] = o.state;
     f16_lanes::each(
         [o.param, exp_avg, exp_avg_slow, exp_avg_sq],
         o.grad,

@@ -7,7 +7,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::family::lamb::shader::{combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
+use crate::family::lamb::shader::{self, combine_wgsl, layout_entries, IndexLayout, INDEX, PARTIALS};
 use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{binding, Program, Scalars, VariantKey, WORKGROUP_SIZE};
 use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
@@ -95,7 +95,9 @@ fn bind_group(view: &PassView<'_>, g: usize, grads: &[Tensor]) -> Result<LambBou
     let items = |apply: bool| -> Result<Vec<_>> {
         let program = Program::Update(Switches::Lamb(LambSwitches { apply }));
         (first..first + len)
-            .map(|i| view.optimizer.batch_item(Scalars::Lamb, program, &algorithm, i, &grads[i]))
+            .map(|i| {
+                view.optimizer.batch_item(Scalars::Passes(&shader::PASSES), program, &algorithm, i, &grads[i])
+            })
             .collect()
     };
     let uniform = (view.uniforms.buffer(), g as u64 * UNIFORM_SLOT_BYTES);
@@ -164,7 +166,7 @@ pub(crate) fn bind_passes(
     let local = |owners: &[u32]| owners.iter().map(|&o| o - first as u32).collect::<Vec<_>>();
     let (layout, words) = IndexLayout::build(len as u32, &local(moments.owners()), &local(apply.owners()));
     let device = ctx.device();
-    let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Lamb, false);
+    let passes_layout = ctx.inner.scalar_layouts.get(Scalars::Passes(&shader::PASSES), false);
     let compiled = combine_pipeline(ctx)?;
     let (combine_layout, combine) = (&compiled.0, &compiled.1);
     ctx.catch("creating the LAMB passes", || {
@@ -289,7 +291,12 @@ pub(crate) fn record_stateless(
             }
             tensor_plan.ordinal = i as u32;
             items.push((
-                VariantKey::new(Scalars::Lamb, program, DType::F32, tensor_plan.layout.clone()),
+                VariantKey::new(
+                    Scalars::Passes(&shader::PASSES),
+                    program,
+                    DType::F32,
+                    tensor_plan.layout.clone(),
+                ),
                 tensor_plan,
             ));
         }

@@ -9,28 +9,28 @@
 // binding constants and `struct Hyper` (src/family/lamb/contract.rs).
 
 @group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> hp: Hyper;
-@group(GROUP_SCALARS) @binding(BINDING_LAMB_PARTIALS) var<storage, read> lamb_partials: array<vec2<f32>>;
-@group(GROUP_SCALARS) @binding(BINDING_LAMB_INDEX) var<storage, read_write> lamb_index: array<u32>;
+@group(GROUP_SCALARS) @binding(BINDING_PASS_PARTIALS) var<storage, read> pass_partials: array<vec2<f32>>;
+@group(GROUP_SCALARS) @binding(BINDING_PASS_INDEX) var<storage, read_write> pass_index: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let tensors = lamb_index[0];
+    let tensors = pass_index[0];
     let t = gid.x;
     if t >= tensors {
         return;
     }
-    let offsets = lamb_index[1];
+    let offsets = pass_index[1];
     let slots = offsets + tensors + 1u;
     var sums = vec2(0.0);
-    for (var k = lamb_index[offsets + t]; k < lamb_index[offsets + t + 1u]; k++) {
-        sums += lamb_partials[lamb_index[slots + k]];
+    for (var k = pass_index[offsets + t]; k < pass_index[offsets + t + 1u]; k++) {
+        sums += pass_partials[pass_index[slots + k]];
     }
     let weight_norm = min(sqrt(sums.x), hp.clamp_value);
     let adam_norm = sqrt(sums.y);
     let trust_ratio = select(weight_norm / adam_norm, 1.0, weight_norm == 0.0 || adam_norm == 0.0);
-    let at = lamb_index[2] + 4u * t;
-    lamb_index[at] = bitcast<u32>(weight_norm);
-    lamb_index[at + 1u] = bitcast<u32>(adam_norm);
-    lamb_index[at + 2u] = bitcast<u32>(trust_ratio);
-    lamb_index[at + 3u] = bitcast<u32>(select(trust_ratio, 1.0, hp.adam != 0u));
+    let at = pass_index[2] + 4u * t;
+    pass_index[at] = bitcast<u32>(weight_norm);
+    pass_index[at + 1u] = bitcast<u32>(adam_norm);
+    pass_index[at + 2u] = bitcast<u32>(trust_ratio);
+    pass_index[at + 3u] = bitcast<u32>(select(trust_ratio, 1.0, hp.adam != 0u));
 }

@@ -4,13 +4,13 @@
 // a slot, `table.head.first_workgroup` plus its index:
 //   moments pass: the workgroup folds its invocations' `lamb_sums` in a fixed order
 //                 (WG / LAMB_FOLD sums of LAMB_FOLD, then their sum, as grad_norm.wgsl) and
-//                 writes them to `lamb_partials[slot]`;
-//   apply pass:   the workgroup's tensor is `lamb_index[4 + slot]`; its applied ratio is in
+//                 writes them to `pass_partials[slot]`;
+//   apply pass:   the workgroup's tensor is `pass_index[4 + slot]`; its applied ratio is in
 //                 the norms the combine pass wrote (src/family/lamb/shader.rs, `IndexLayout`).
 //
 // The generated prelude supplies WG, table, table_row, select_entry, prologue (host scalars:
-// always true), setup, update, APPLY, PAIRS, LAMB_FOLD, lamb_sums, lamb_rate, lamb_partials,
-// lamb_index and hp.
+// always true), setup, update, APPLY, PAIRS, LAMB_FOLD, lamb_sums, lamb_rate, pass_partials,
+// pass_index and hp.
 
 var<workgroup> lamb_lanes: array<vec2<f32>, WG>;
 
@@ -24,8 +24,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row = table_row(e);
     let slot = table.head.first_workgroup + wid.x;
     if APPLY {
-        let t = lamb_index[4u + slot];
-        lamb_rate = f32(hp.step_size) * bitcast<f32>(lamb_index[lamb_index[2] + 4u * t + 3u]);
+        let t = pass_index[4u + slot];
+        lamb_rate = f32(hp.step_size) * bitcast<f32>(pass_index[pass_index[2] + 4u * t + 3u]);
     }
     if PAIRS {
         let stride = row.groups * WG * seg.pair_step;
@@ -64,6 +64,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var k = 1u; k < WG / LAMB_FOLD; k++) {
             sum += lamb_lanes[LAMB_FOLD * k];
         }
-        lamb_partials[slot] = sum;
+        pass_partials[slot] = sum;
     }
 }

@@ -1,6 +1,7 @@
-//! LAMB's passes on the GPU: the combine pass (`src/family/lamb/lamb_combine.wgsl`) and the
-//! layout of the index buffer the passes share ([`IndexLayout`]); the group-0 declarations
-//! and the entry point of its two table passes are the kernel prelude's (`gpu::kernel::lamb`).
+//! LAMB's passes on the GPU: its two table passes ([`PASSES`]: their partials and entry
+//! point, which the kernel prelude declares and appends), the combine pass
+//! (`src/family/lamb/lamb_combine.wgsl`) and the layout of the index buffer the passes share
+//! ([`IndexLayout`]).
 //!
 //! The passes run in the multi-tensor machinery of every update (`gpu::table`,
 //! `gpu::dispatch`), as the gradient norm does: the moments pass writes one partial pair
@@ -9,13 +10,35 @@
 //! listed in ascending order, in that order (no float atomics: the same inputs give the same
 //! bits); the apply pass finds its workgroup's tensor from its slot.
 
-use crate::gpu::kernel::lamb::binding_constants;
-use crate::gpu::kernel::{binding_wgsl, WORKGROUP_SIZE};
+use std::fmt::Write;
+
+use crate::gpu::kernel::{binding_wgsl, TablePasses, WORKGROUP_SIZE};
 use crate::step::LambUniform;
 
-// The passes' recording (`optimizer::lamb`) finds every GPU piece of LAMB's here.
-pub(crate) use crate::gpu::kernel::lamb::{INDEX, PARTIALS};
-pub(crate) use crate::gpu::pipeline::lamb_layout_entries as layout_entries;
+// The passes' recording (`gpu_passes`) finds every GPU piece of LAMB's here.
+pub(crate) use crate::gpu::kernel::binding::{PASS_INDEX as INDEX, PASS_PARTIALS as PARTIALS};
+pub(crate) use crate::gpu::pipeline::pass_layout_entries as layout_entries;
+
+/// LAMB's two table passes (the moments pass, then the apply pass): each workgroup's
+/// partial is its sums of `p^2` and `s^2`, and the entry point is `lamb_entry.wgsl`.
+pub(crate) static PASSES: TablePasses = TablePasses { name: super::NAME, partial: "vec2<f32>", entry_wgsl };
+
+/// `LAMB_FOLD` of `lamb_entry.wgsl`: the workgroup's values folded in groups of this many,
+/// then the groups' sums (short loops after each barrier on a CPU adapter).
+const FOLD: u32 = 16;
+const _: () = assert!(WORKGROUP_SIZE.is_multiple_of(FOLD));
+
+/// The entry point of the two table passes: `sum_squares` for `vector` (vec4) or scalar
+/// accesses, `PAIRS` (packed outputs one aligned pair at a time, as `entry_pair.wgsl`),
+/// `LAMB_FOLD`, and `src/family/lamb/lamb_entry.wgsl`.
+fn entry_wgsl(vector: bool, pairs: bool) -> String {
+    let mut s = String::new();
+    let sum = if vector { "dot(x, x)" } else { "x * x" };
+    let _ = writeln!(s, "fn sum_squares(x: R) -> f32 {{ return f32({sum}); }}");
+    let _ = writeln!(s, "const PAIRS: bool = {pairs};");
+    let _ = writeln!(s, "const LAMB_FOLD: u32 = {FOLD}u;");
+    s + super::ENTRY_WGSL
+}
 
 /// Words (`u32`) of the index buffer of a group of `tensors` tensors whose moments pass has
 /// `moment_slots` workgroups and whose apply pass has `apply_slots`:
@@ -69,7 +92,6 @@ impl IndexLayout {
 pub(crate) fn combine_wgsl() -> String {
     let mut s = format!("const WG: u32 = {WORKGROUP_SIZE}u;\nalias S = f32;\n");
     s += &binding_wgsl();
-    s += &binding_constants();
     s += &LambUniform::wgsl("Hyper");
     s + crate::family::lamb::COMBINE_WGSL
 }
@@ -139,9 +161,10 @@ mod naga_tests {
                         let bindings = vec![BindingDesc { storage, read_write: true }; n];
                         let layout = BindingLayout { inputs, outputs, bindings };
                         let key =
-                            VariantKey::new(Scalars::Lamb, program, DType::F32, layout).with_width(width);
+                            VariantKey::new(Scalars::Passes(&super::PASSES), program, DType::F32, layout)
+                                .with_width(width);
                         let source = compose(&key);
-                        assert!(source.contains("lamb_partials[slot] = sum;"), "{key:?}");
+                        assert!(source.contains("pass_partials[slot] = sum;"), "{key:?}");
                         let module = naga::front::wgsl::parse_str(&source)
                             .unwrap_or_else(|e| panic!("{key:?}: {}\n{source}", e.emit_to_string(&source)));
                         validator.validate(&module).unwrap_or_else(|e| panic!("{key:?}: {e:?}\n{source}"));
@@ -151,8 +174,8 @@ mod naga_tests {
                             .collect();
                         let mut expected = vec![
                             ("hp_base".to_string(), (binding::GROUP_SCALARS, binding::HYPER)),
-                            ("lamb_index".to_string(), (binding::GROUP_SCALARS, super::INDEX)),
-                            ("lamb_partials".to_string(), (binding::GROUP_SCALARS, super::PARTIALS)),
+                            ("pass_index".to_string(), (binding::GROUP_SCALARS, super::INDEX)),
+                            ("pass_partials".to_string(), (binding::GROUP_SCALARS, super::PARTIALS)),
                         ];
                         expected.sort();
                         assert_eq!(group0, expected, "{key:?}");

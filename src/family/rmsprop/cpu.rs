@@ -73,7 +73,7 @@ pub(crate) fn rmsprop<
     let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
     // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
     // is kept, then grad_avg where it is kept.
-    let [square_avg, second, third, _] = o.state;
+    let [square_avg, second, third, ..] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(square_avg.iter_mut());
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => {
@@ -115,7 +115,7 @@ pub(crate) fn rmsprop_f16<
     o: Operands<'_, f16>,
 ) {
     let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
-    let [square_avg, second, third, _] = o.state;
+    let [square_avg, second, third, ..] = o.state;
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => f16_lanes::each(
             [o.param, square_avg, second, third],

@@ -7,18 +7,18 @@
 
 use crate::step::fields::shader_struct;
 
-/// The most states a segment has (AdEMAMix's two EMAs and its second moment; a 4-bit step
-/// uses two of them, Adam's moments).
-pub(crate) const MAX_STATES: usize = 3;
+/// The most states a segment has ([`crate::q8::MAX_STATES`], which both backends enforce),
+/// one lane of a `vec4<u32>` row each (a 4-bit step uses two of them, Adam's moments).
+pub(crate) const MAX_STATES: usize = crate::q8::MAX_STATES;
 
 /// Lanes of a segment's per-state words: a `vec4<u32>` row, the lanes past
 /// [`MAX_STATES`] unused.
 pub(crate) const STATE_LANES: usize = 4;
 
 // `Segment` holds the states' words as `vec4<u32>`, and shaders/q8_codes.wgsl, q8_serial.wgsl
-// and q8_f32.wgsl keep per-state values as `vec4` lanes (`.x`, `.y`, `.z`): a fourth state
-// changes those too.
-const _: () = assert!(MAX_STATES == 3 && MAX_STATES <= STATE_LANES);
+// and q8_f32.wgsl keep per-state values as `vec4` lanes (`.x` to `.w`, a line per state): that
+// is the bound, and a family of more states is refused 8-bit state rather than compiled.
+const _: () = assert!(MAX_STATES == 4 && MAX_STATES <= STATE_LANES);
 
 shader_struct! {
     /// One segment (a tensor, or a chunk of one) in a dispatch's table. Bases are relative

@@ -31,6 +31,12 @@ pub(crate) const FINALIZE_CLIP: u32 = 1;
 /// Group 0 of the clip finalize pass in capturable mode: the device state, written
 /// (the coefficient, for capturable update kernels).
 pub(crate) const FINALIZE_DEVICE_STATE: u32 = 2;
+/// Group 0 of a family's table passes (`Scalars::Passes`): one partial per workgroup,
+/// written by the pass that folds them (read by the family's pass that combines them).
+pub(crate) const PASS_PARTIALS: u32 = 4;
+/// Group 0 of a family's table passes: the index buffer the family lays out, read by the
+/// table passes (written by the family's pass that combines the partials).
+pub(crate) const PASS_INDEX: u32 = 5;
 /// Group 1: the dispatch's table (a uniform), multi-tensor and 8-bit alike.
 pub(crate) const TABLE: u32 = 0;
 /// Group 1: the first tensor binding; storage binding `b` of a layout is `TENSORS + b`.
@@ -50,7 +56,7 @@ pub(crate) const Q8_CODE_TABLES: u32 = 4;
 const _: () = assert!(GROUP_SCALARS == 0 && GROUP_TABLE == 1);
 
 /// Every constant with its WGSL name.
-const ALL: [(&str, u32); 18] = [
+const ALL: [(&str, u32); 20] = [
     ("GROUP_SCALARS", GROUP_SCALARS),
     ("GROUP_TABLE", GROUP_TABLE),
     ("BINDING_HYPER", HYPER),
@@ -63,6 +69,8 @@ const ALL: [(&str, u32); 18] = [
     ("BINDING_FINALIZE_PARTIALS", FINALIZE_PARTIALS),
     ("BINDING_FINALIZE_CLIP", FINALIZE_CLIP),
     ("BINDING_FINALIZE_DEVICE_STATE", FINALIZE_DEVICE_STATE),
+    ("BINDING_PASS_PARTIALS", PASS_PARTIALS),
+    ("BINDING_PASS_INDEX", PASS_INDEX),
     ("BINDING_TABLE", TABLE),
     ("BINDING_TENSORS", TENSORS),
     ("BINDING_Q8_PARAMS", Q8_PARAMS),

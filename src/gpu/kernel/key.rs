@@ -65,9 +65,41 @@ pub(crate) enum Scalars {
     /// The unscale pass that also takes partial norms: the device state, read-write, and
     /// the partials, written.
     UnscaleNorm,
-    /// LAMB's two table passes: the hyperparameter uniform, the partial sums (written) and
-    /// the index with the norms (read) (`family::lamb::shader`).
-    Lamb,
+    /// A family's table passes ([`TablePasses`]): the hyperparameter uniform, one partial
+    /// per workgroup (written) and the family's index buffer (read).
+    Passes(&'static TablePasses),
+}
+
+/// Passes of a family's update that are not elementwise but run in the multi-tensor
+/// table's machinery all the same (LAMB's moments and apply passes, around each tensor's
+/// norms): group 0 holds the uniform, `pass_partials` (one `PassPartial` per workgroup,
+/// written) and `pass_index` (`u32` words the family lays out, read), and the family writes
+/// the entry point. The prelude knows no family: it declares these from this description.
+#[derive(Debug)]
+pub(crate) struct TablePasses {
+    /// The family's name: one family's passes from another's in a pipeline key.
+    pub(crate) name: &'static str,
+    /// The WGSL type of one workgroup's partial (`alias PassPartial`).
+    pub(crate) partial: &'static str,
+    /// The entry point, given whether accesses are `vec4` (`vector`) and whether packed
+    /// outputs take an aligned pair of elements at a time (`pairs`).
+    pub(crate) entry_wgsl: fn(vector: bool, pairs: bool) -> String,
+}
+
+// A key tells passes apart by their family's name (function pointers have no stable
+// identity to compare).
+impl PartialEq for TablePasses {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for TablePasses {}
+
+impl std::hash::Hash for TablePasses {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
 }
 
 impl Scalars {
@@ -81,7 +113,7 @@ impl Scalars {
             Scalars::Device => 2,
             Scalars::Norm | Scalars::Unscale => 1,
             Scalars::UnscaleNorm => 2,
-            Scalars::Lamb => 2,
+            Scalars::Passes(_) => 2,
         }
     }
 }

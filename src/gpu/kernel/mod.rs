@@ -62,7 +62,6 @@
 /// clip_state`. The naga tests check every resource's number against these constants.
 pub(crate) mod binding;
 mod key;
-pub(crate) mod lamb;
 mod passes;
 mod prelude;
 mod program;
@@ -71,7 +70,7 @@ mod table_layout;
 pub(crate) mod tests;
 
 pub(crate) use binding::binding_wgsl;
-pub(crate) use key::{BindingDesc, BindingLayout, Scalars, Storage, VariantKey};
+pub(crate) use key::{BindingDesc, BindingLayout, Scalars, Storage, TablePasses, VariantKey};
 pub(crate) use passes::{advance_wgsl, clip_finalize_wgsl};
 pub(crate) use prelude::{compose, nan_helpers};
 pub(crate) use program::Program;

@@ -8,7 +8,7 @@ use super::{binding_wgsl, Program, Scalars, Storage, VariantKey, NORM_FOLD, WORK
 use crate::step::clip::ClipHeader;
 use crate::step::device::DeviceHeader;
 use crate::step::rounding::{self, RoundingHeader};
-use crate::step::{Slot, Switches};
+use crate::step::Slot;
 use crate::{DType, StateKind};
 
 /// The fields of `CurrentSegment` (the private `seg`, which `select_entry` fills from the
@@ -127,8 +127,8 @@ pub(crate) fn compose(key: &VariantKey) -> String {
         let term = if matches!(key.program, Program::UnscaleNorm(_)) { "unscale(i)" } else { "load_grad(i)" };
         let _ = writeln!(s, "fn norm_term(i: u32) -> R {{\n    return {term};\n}}");
         s.push_str(include_str!("../../../shaders/entry_norm.wgsl"));
-    } else if matches!(key.program, Program::Update(Switches::Lamb(_))) {
-        s.push_str(&super::lamb::entry_wgsl(vector, key.pairs()));
+    } else if let Scalars::Passes(passes) = key.scalars {
+        s.push_str(&(passes.entry_wgsl)(vector, key.pairs()));
     } else if key.pairs() {
         s.push_str(include_str!("../../../shaders/entry_pair.wgsl"));
     } else {
@@ -199,8 +199,16 @@ fn scalars_wgsl(key: &VariantKey, rng: bool) -> String {
                 "@group(GROUP_SCALARS) @binding(BINDING_NORM_PARTIALS) var<storage, read_write> partials: array<f32>;\n",
             );
         }
-        Scalars::Lamb => {
-            s.push_str(&super::lamb::scalars_wgsl(hyper_binding));
+        Scalars::Passes(passes) => {
+            let _ = write!(
+                s,
+                "\n@group(GROUP_SCALARS) @binding(BINDING_HYPER) var<uniform> {hyper_binding};\n\
+                 var<private> hp: Hyper;\n\
+                 alias PassPartial = {};\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_PASS_PARTIALS) var<storage, read_write> pass_partials: array<PassPartial>;\n\
+                 @group(GROUP_SCALARS) @binding(BINDING_PASS_INDEX) var<storage, read> pass_index: array<u32>;\n",
+                passes.partial
+            );
             prologue.push(format!("hp = {hyper};"));
         }
         Scalars::UnscaleNorm => {

@@ -91,10 +91,10 @@ fn expected_bindings(key: &VariantKey) -> Vec<(String, (u32, u32))> {
         Scalars::UnscaleNorm => {
             &[("device_state", binding::DEVICE_STATE_RW), ("partials", binding::UNSCALE_NORM_PARTIALS)]
         }
-        Scalars::Lamb => &[
+        Scalars::Passes(_) => &[
             (hyper, binding::HYPER),
-            ("lamb_partials", super::lamb::PARTIALS),
-            ("lamb_index", super::lamb::INDEX),
+            ("pass_partials", binding::PASS_PARTIALS),
+            ("pass_index", binding::PASS_INDEX),
         ],
     };
     expected.extend(group0.iter().map(|(name, b)| (name.to_string(), (binding::GROUP_SCALARS, *b))));

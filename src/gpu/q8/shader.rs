@@ -34,7 +34,7 @@
 //! for measuring both on any adapter (the bench included:
 //! `WGPU_OPTIM_Q8_REQUANTIZE=table bench --states q8`).
 //!
-//! The files name states 0, 1 and 2 (`MAX_STATES`) under conditions on the constant
+//! The files name states 0 to 3 (`MAX_STATES`) under conditions on the constant
 //! `STATES` rather than looping over them: once inlined, every state index is a constant,
 //! so a CPU adapter's compiler keeps each state's values in registers.
 //!

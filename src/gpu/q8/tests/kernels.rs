@@ -22,10 +22,11 @@ fn every_8bit_kernel_variant_compiles_within_webgpus_default_limits() {
         pollster::block_on(adapter.request_device(&descriptor)).unwrap_or_else(|e| panic!("{e}"));
     let ctx = GpuContext::from_device(device, queue);
     assert_eq!(ctx.device().limits().max_storage_buffers_per_shader_stage, 8);
-    let algorithms: [Algorithm; 3] = [
+    let algorithms: [Algorithm; 4] = [
         Adam::adamw().into(),
         Sgd { momentum: 0.9, nesterov: true, ..Sgd::default() }.into(),
         crate::AdEMAMix::default().into(),
+        crate::Adan::default().into(),
     ];
     for algorithm in algorithms {
         for (quantized, serial, requantize) in STORED {
@@ -58,10 +59,11 @@ const STORED: [(bool, bool, Requantize); 5] = [
     (false, false, Requantize::Table),
 ];
 
-/// Every variant's `(switches, kinds)` the options allow: AdEMAMix (three states), Adam and AdamW (two), SGD
-/// with momentum, Nesterov or not (one), plain SGD (none).
-fn algorithms_of_every_state_count() -> [Algorithm; 6] {
+/// Every variant's `(switches, kinds)` the options allow: Adan (four states), AdEMAMix
+/// (three), Adam and AdamW (two), SGD with momentum, Nesterov or not (one), plain SGD (none).
+fn algorithms_of_every_state_count() -> [Algorithm; 7] {
     [
+        crate::Adan::default().into(),
         crate::AdEMAMix::default().into(),
         Adam::default().into(),
         Adam::adamw().into(),
@@ -144,7 +146,7 @@ fn every_8bit_variant_validates_and_its_segment_lays_out_as_the_rust_one() {
             }
         }
     }
-    assert_eq!(checked, 5 * 5 * 4 + 4, "variants checked");
+    assert_eq!(checked, 6 * 5 * 4 + 4, "variants checked");
 }
 
 /// The WGSL reader of a segment takes each field from the lanes where `#[repr(C)]` puts it

@@ -339,6 +339,47 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
     }
 }
 
+/// A family of four states (Adan, the most any keeps: every lane of a segment's words) on
+/// both owners of a block, each finding codes by a table and by arithmetic, over a tensor
+/// that ends in a partial block and a word of fewer than four codes: every way stores the
+/// CPU backend's codes and absmax bit for bit (`tests/adan.rs` holds the CPU and the
+/// default way against the oracle), and its parameters.
+#[cfg(feature = "cpu")]
+#[test]
+fn a_four_state_family_stores_the_cpus_state_in_every_way() {
+    use crate::cpu::{CpuOptimizer, HostTensor};
+    let ctx = GpuContext::headless_blocking().unwrap_or_else(|e| panic!("{e}"));
+    let n = 5000 + 3;
+    let param: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3 - 0.5).collect();
+    let grads: Vec<Vec<f64>> = (0..3)
+        .map(|k| (0..n).map(|i| ((i * 104_729 + k * 31) % 997) as f64 * 1e-4 - 0.05).collect())
+        .collect();
+    let adan: Algorithm = crate::Adan { lr: 1e-2, weight_decay: 0.1, ..crate::Adan::default() }.into();
+    let host = |values: &[f64]| HostTensor::from_f64(DType::F32, values).unwrap_or_else(|e| panic!("{e}"));
+    let mut cpu_param = host(&param);
+    let storage = StateStorage::Q8(Q8States::default());
+    let mut cpu = CpuOptimizer::builder()
+        .state_storage(storage)
+        .build(adan, &[cpu_param.as_slice()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    for g in &grads {
+        let g = host(g);
+        cpu.step(&mut [cpu_param.as_mut_slice()], &[g.as_slice()]).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let want = cpu_param.to_f64();
+    let ways = [Requantize::Table, Requantize::Arithmetic];
+    for (serial, requantize) in [false, true].into_iter().flat_map(|s| ways.map(|r| (s, r))) {
+        let what = format!("serial {serial} {requantize:?}");
+        let opt = run_adam_8bit(&ctx, adan, &param, &grads, (serial, requantize), &want);
+        for kind in adan.state_kinds() {
+            let got = opt.state(0, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
+            let want = cpu.state(0, *kind).and_then(|s| s.q8());
+            assert!(matches!(got, Some(StoredState::Q8 { .. })), "{what}: {kind:?} is not 8-bit");
+            assert!(got.as_ref() == want, "{what} {kind:?}: not the CPU's state");
+        }
+    }
+}
+
 /// The code of 0 in the map of `kind` (the signed map's is not its first code).
 fn zero_code(kind: StateKind) -> u8 {
     let map = crate::q8::map_for(kind);
