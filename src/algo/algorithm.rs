@@ -67,6 +67,15 @@ pub(crate) trait FamilyConfig: Copy {
         Ok(())
     }
 
+    /// Why a group cannot change to or from this family in an optimizer already built
+    /// (Adafactor's and Muon's per-group states and passes are made for the groups the
+    /// optimizer was built with); `None` (every other family): a change is refused only
+    /// where the state tensors differ. A family that shares its states with another and
+    /// whose passes the optimizer adds on a change (LAMB and Adam) returns `None`.
+    fn change_refusal(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The step after a group's running values `values` and the values after it, where the
     /// family's steps come from such values rather than the step count (Schedule-Free's `k`,
     /// `weight_sum`, `lr_max`); `None` (every other family): [`Self::kernel_step`] gives it.
@@ -315,6 +324,13 @@ macro_rules! algorithms {
                     $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
                 }
             }
+
+            /// Why a group cannot change to or from its family (`FamilyConfig::change_refusal`).
+            fn change_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::change_refusal(c),)*
+                }
+            }
         }
 
         #[cfg(feature = "burn")]
@@ -368,6 +384,26 @@ macro_rules! algorithms {
 }
 
 crate::family::registry!(algorithms);
+
+impl Algorithm {
+    /// Refuses changing a group from this algorithm to `to` in an optimizer already built,
+    /// by `set_group_algorithm` or a checkpoint's load, on both backends, where either
+    /// family refuses such a change ([`FamilyConfig::change_refusal`]; the group's own
+    /// family's reason first).
+    pub(crate) fn check_change(&self, to: &Algorithm) -> Result<()> {
+        if self.family() == to.family() {
+            return Ok(());
+        }
+        match self.change_refusal().or_else(|| to.change_refusal()) {
+            Some(reason) => Err(crate::Error::ConflictingOptions {
+                first: "algorithm",
+                second: "set_group_algorithm",
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+}
 
 /// From one line per state kind (`Variant => "torch_name"`), the enum [`StateKind`], its
 /// names and the list of every kind ([`StateKind::ALL`]), so that a new kind is named once.

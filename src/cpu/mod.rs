@@ -267,7 +267,7 @@ impl CpuOptimizer {
         if g != 0 {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
-        crate::algo::check_adafactor_change(&self.algorithm, &algorithm)?;
+        self.algorithm.check_change(&algorithm)?;
         check_own_clip_change(&self.algorithm, &algorithm)?;
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
@@ -283,7 +283,6 @@ impl CpuOptimizer {
                 expected: self.algorithm.state_kinds().to_vec(),
             });
         }
-        crate::algo::check_muon_change(&self.algorithm, &algorithm)?;
         if algorithm.family() != self.algorithm.family() {
             // Another family with the same state tensors (Adam's and LAMB's): its own passes,
             // fresh. The families whose passes need the options refuse such changes above.

@@ -80,7 +80,7 @@ impl Optimizer {
             crate::q4::check_algorithm(&algorithm)?;
         }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
-        crate::algo::check_adafactor_change(&group.algorithm, &algorithm)?;
+        group.algorithm.check_change(&algorithm)?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: format!("algorithm (for group {g})"),
@@ -88,7 +88,6 @@ impl Optimizer {
                 expected: group.algorithm.state_kinds().to_vec(),
             });
         }
-        crate::algo::check_muon_change(&group.algorithm, &algorithm)?;
         crate::step::clip::check_own_clip_change(&group.algorithm, &algorithm)?;
         let variant_changed =
             algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();

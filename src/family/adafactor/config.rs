@@ -206,22 +206,6 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a change of a group's algorithm to or from Adafactor: its states are not the
-/// elementwise ones (an SGD group without momentum has none either).
-pub(crate) fn check_change(from: &crate::Algorithm, to: &crate::Algorithm) -> Result<()> {
-    use crate::Algorithm;
-    let (was, is) = (matches!(from, Algorithm::Adafactor(_)), matches!(to, Algorithm::Adafactor(_)));
-    if was != is {
-        return Err(crate::Error::ConflictingOptions {
-            first: "algorithm",
-            second: "set_group_algorithm",
-            reason: "a group cannot change to or from Adafactor: its factored states are not \
-                     another algorithm's; build a new optimizer",
-        });
-    }
-    Ok(())
-}
-
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
@@ -268,6 +252,15 @@ impl crate::algo::FamilyConfig for Adafactor {
         lens: &[usize],
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         Ok(Some(Box::new(super::cpu_passes::AdafactorPasses::new(options, lens)?)))
+    }
+
+    /// Its states are not the elementwise ones (an SGD group without momentum has none
+    /// either, so the state check would let such a change through).
+    fn change_refusal(&self) -> Option<&'static str> {
+        Some(
+            "a group cannot change to or from Adafactor: its factored states are not another \
+             algorithm's; build a new optimizer",
+        )
     }
 
     /// `row_var` and `col_var` from 2 dimensions on, `variance` below.
