@@ -60,10 +60,27 @@ pub(crate) trait FamilyConfig: Copy {
     // a family, so that neither names one. Their dispatch is the last block of
     // `algorithms!`.
 
-    /// Refuses the optimizer options the family cannot run under (Schedule-Free refuses
-    /// capturable mode); checked per group when an optimizer is built.
+    /// Refuses the optimizer options the family cannot run under on either backend
+    /// (Schedule-Free and Muon refuse capturable mode; LAMB clipping and stochastic rounding
+    /// too; Adafactor what its passes do not implement). Both builders check it per group;
+    /// a change of a group's algorithm checks the new one against the options the optimizer
+    /// keeps ([`OptimizerOptions::kept`](crate::OptimizerOptions::kept)).
     fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
         let _ = options;
+        Ok(())
+    }
+
+    /// Refuses a group of the GPU optimizer that the family's passes cannot run (its
+    /// parameters' dtypes or shapes), after every group's options passed
+    /// [`Self::check_options`]; `first` is the index of the group's first parameter across
+    /// the groups (the index of `options.param_shapes` and of refusals naming a parameter).
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> Result<()> {
+        let _ = (group, first, options);
         Ok(())
     }
 
@@ -322,6 +339,19 @@ macro_rules! algorithms {
             pub(crate) fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
+                }
+            }
+
+            /// Refuses a GPU group its family's passes cannot run
+            /// (`FamilyConfig::check_gpu_group`).
+            pub(crate) fn check_gpu_group(
+                &self,
+                group: &crate::ParamGroup,
+                first: usize,
+                options: &crate::OptimizerOptions,
+            ) -> Result<()> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::check_gpu_group(c, group, first, options),)*
                 }
             }
 

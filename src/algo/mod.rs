@@ -33,9 +33,6 @@ use crate::family::muon::config as muon;
 use crate::family::schedule_free::config as schedule_free;
 
 pub(crate) use adafactor::factored_dims;
-pub(crate) use adafactor::{
-    check_options as check_adafactor_options, check_shapes_given as check_adafactor_shapes,
-};
 pub use adafactor::{
     machine_epsilon, state_kinds_for as adafactor_state_kinds, state_shapes as adafactor_state_shapes,
 };
@@ -43,7 +40,6 @@ pub use adagrad::OnnxAdagrad;
 pub use adam::{DmlAdam, OnnxAdam};
 pub(crate) use algorithm::FamilyConfig;
 pub use algorithm::{Algorithm, StateKind};
-pub(crate) use lamb::check_options as check_lamb_options;
 pub use lamb::LambNorms;
 pub(crate) use low_bit::FamilyLowBit;
 pub use momentum::{MomentumMode, OnnxMomentum};

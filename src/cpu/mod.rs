@@ -173,7 +173,7 @@ impl CpuOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         let clip = fused_clip(options.grad_clip, &[algorithm])?;
-        crate::algo::check_lamb_options(&algorithm, false, clip.is_some(), options.rounding)?;
+        algorithm.check_options(&options)?;
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
@@ -272,7 +272,7 @@ impl CpuOptimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
-        crate::algo::check_lamb_options(&algorithm, false, self.clip.is_some(), self.rounding)?;
+        algorithm.check_options(&OptimizerOptions::kept(false, self.clip, self.rounding, &algorithm))?;
         if self.q4.is_some() {
             crate::q4::check_algorithm(&algorithm)?;
         }
@@ -288,9 +288,7 @@ impl CpuOptimizer {
             // fresh. The families whose passes need the options refuse such changes above.
             let options = OptimizerOptions {
                 param_shapes: self.shapes.clone(),
-                grad_clip: self.clip.filter(|_| algorithm.own_grad_clip().is_none()).map(|c| c.clip),
-                rounding: self.rounding,
-                ..OptimizerOptions::default()
+                ..OptimizerOptions::kept(false, self.clip, self.rounding, &algorithm)
             };
             let lens: Vec<usize> = self.params.iter().map(|&(_, len)| len).collect();
             self.passes = algorithm.cpu_passes(&options, &lens)?;

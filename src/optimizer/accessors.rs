@@ -4,7 +4,9 @@
 use super::Optimizer;
 #[cfg(doc)]
 use super::OptimizerBuilder;
-use crate::{Algorithm, Error, QuantizedState, Result, Rounding, StateKind, StateView, Tensor};
+use crate::{
+    Algorithm, Error, OptimizerOptions, QuantizedState, Result, Rounding, StateKind, StateView, Tensor,
+};
 
 impl Optimizer {
     /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`]).
@@ -70,12 +72,13 @@ impl Optimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
-        crate::algo::check_lamb_options(
-            &algorithm,
+        let clip = self.clip.as_ref().map(|c| c.clip());
+        algorithm.check_options(&OptimizerOptions::kept(
             self.device.is_some(),
-            self.clip.is_some(),
+            clip,
             self.rounding,
-        )?;
+            &algorithm,
+        ))?;
         if self.q4.is_some() {
             crate::q4::check_algorithm(&algorithm)?;
         }

@@ -155,12 +155,9 @@ pub fn state_kinds_for(shape: &[usize]) -> &'static [crate::StateKind] {
 }
 
 /// Refuses the optimizer options Adafactor's passes do not implement, by name, with the
-/// reason; `adafactor` says whether any group runs it.
-pub(crate) fn check_options(adafactor: bool, options: &crate::OptimizerOptions) -> Result<()> {
+/// reason (its `FamilyConfig::check_options`).
+fn check_options(options: &crate::OptimizerOptions) -> Result<()> {
     use crate::{Error, Rounding};
-    if !adafactor {
-        return Ok(());
-    }
     let conflicts: [(&'static str, bool, &'static str); 6] = [
         (
             "capturable",
@@ -252,6 +249,19 @@ impl crate::algo::FamilyConfig for Adafactor {
         lens: &[usize],
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         Ok(Some(Box::new(super::cpu_passes::AdafactorPasses::new(options, lens)?)))
+    }
+
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        check_options(options)
+    }
+
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> crate::Result<()> {
+        super::gpu_passes::check_group(group, first, options)
     }
 
     /// Its states are not the elementwise ones (an SGD group without momentum has none

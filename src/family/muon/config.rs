@@ -261,6 +261,29 @@ impl crate::algo::FamilyConfig for Muon {
         Ok(Some(Box::new(super::cpu_passes::MuonPasses::new(&(*self).into(), options, lens.len())?)))
     }
 
+    /// Capturable mode (and so AMP): the Newton-Schulz coefficients come from the host.
+    /// Global gradient clipping is refused by each backend's passes, with its own account.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        if options.capturable {
+            return Err(Error::ConflictingOptions {
+                first: "capturable",
+                second: "algorithm",
+                reason: "Muon's Newton-Schulz passes take their coefficients from the host; a \
+                         captured Muon step is not implemented",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> crate::Result<()> {
+        super::gpu_passes::check_group(group, first, options)
+    }
+
     fn change_refusal(&self) -> Option<&'static str> {
         Some(CHANGE_REFUSAL)
     }
