@@ -1,6 +1,7 @@
 //! The options both backends' builders collect, apart from either front end.
 
-use crate::{GradClip, Rounding, StateStorage, Tensor};
+use crate::step::clip::FusedClip;
+use crate::{Algorithm, GradClip, Rounding, StateStorage, Tensor};
 
 /// The options an optimizer was built with, as the builders collect them
 /// ([`OptimizerBuilder`](crate::OptimizerBuilder), whose setters document each field, and
@@ -15,4 +16,25 @@ pub(crate) struct OptimizerOptions {
     pub grad_clip: Option<GradClip>,
     pub rounding: Rounding,
     pub param_shapes: Vec<Vec<usize>>,
+}
+
+impl OptimizerOptions {
+    /// The options an optimizer already built runs `algorithm` under, where a group changes
+    /// to it: capturable mode, the optimizer's clipping (`clip`, as the builder's
+    /// `grad_clip` unless it is the algorithm's own, Adan's) and rounding. The others stay at
+    /// their defaults: only Adafactor refuses them, and no group changes to or from it
+    /// (`Algorithm::check_change`); a caller that needs the parameters' shapes sets them.
+    pub(crate) fn kept(
+        capturable: bool,
+        clip: Option<FusedClip>,
+        rounding: Rounding,
+        algorithm: &Algorithm,
+    ) -> Self {
+        OptimizerOptions {
+            capturable,
+            grad_clip: clip.filter(|_| algorithm.own_grad_clip().is_none()).map(|c| c.clip),
+            rounding,
+            ..OptimizerOptions::default()
+        }
+    }
 }

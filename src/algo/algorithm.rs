@@ -64,11 +64,37 @@ pub(crate) trait FamilyConfig: Copy {
     // a family, so that neither names one. Their dispatch is the last block of
     // `algorithms!`.
 
-    /// Refuses the optimizer options the family cannot run under (Schedule-Free refuses
-    /// capturable mode); checked per group when an optimizer is built.
+    /// Refuses the optimizer options the family cannot run under on either backend
+    /// (Schedule-Free and Muon refuse capturable mode; LAMB clipping and stochastic rounding
+    /// too; Adafactor what its passes do not implement). Both builders check it per group;
+    /// a change of a group's algorithm checks the new one against the options the optimizer
+    /// keeps ([`OptimizerOptions::kept`](crate::OptimizerOptions::kept)).
     fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
         let _ = options;
         Ok(())
+    }
+
+    /// Refuses a group of the GPU optimizer that the family's passes cannot run (its
+    /// parameters' dtypes or shapes), after every group's options passed
+    /// [`Self::check_options`]; `first` is the index of the group's first parameter across
+    /// the groups (the index of `options.param_shapes` and of refusals naming a parameter).
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> Result<()> {
+        let _ = (group, first, options);
+        Ok(())
+    }
+
+    /// Why a group cannot change to or from this family in an optimizer already built
+    /// (Adafactor's and Muon's per-group states and passes are made for the groups the
+    /// optimizer was built with); `None` (every other family): a change is refused only
+    /// where the state tensors differ. A family that shares its states with another and
+    /// whose passes the optimizer adds on a change (LAMB and Adam) returns `None`.
+    fn change_refusal(&self) -> Option<&'static str> {
+        None
     }
 
     /// The step after a group's running values `values` and the values after it, where the
@@ -319,6 +345,26 @@ macro_rules! algorithms {
                     $(Algorithm::$variant(c) => FamilyConfig::check_options(c, options),)*
                 }
             }
+
+            /// Refuses a GPU group its family's passes cannot run
+            /// (`FamilyConfig::check_gpu_group`).
+            pub(crate) fn check_gpu_group(
+                &self,
+                group: &crate::ParamGroup,
+                first: usize,
+                options: &crate::OptimizerOptions,
+            ) -> Result<()> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::check_gpu_group(c, group, first, options),)*
+                }
+            }
+
+            /// Why a group cannot change to or from its family (`FamilyConfig::change_refusal`).
+            fn change_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::change_refusal(c),)*
+                }
+            }
         }
 
         #[cfg(feature = "burn")]
@@ -385,6 +431,26 @@ macro_rules! algorithms {
 }
 
 crate::family::registry!(algorithms);
+
+impl Algorithm {
+    /// Refuses changing a group from this algorithm to `to` in an optimizer already built,
+    /// by `set_group_algorithm` or a checkpoint's load, on both backends, where either
+    /// family refuses such a change ([`FamilyConfig::change_refusal`]; the group's own
+    /// family's reason first).
+    pub(crate) fn check_change(&self, to: &Algorithm) -> Result<()> {
+        if self.family() == to.family() {
+            return Ok(());
+        }
+        match self.change_refusal().or_else(|| to.change_refusal()) {
+            Some(reason) => Err(crate::Error::ConflictingOptions {
+                first: "algorithm",
+                second: "set_group_algorithm",
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+}
 
 /// From one line per state kind (`Variant => "torch_name"`), the enum [`StateKind`], its
 /// names and the list of every kind ([`StateKind::ALL`]), so that a new kind is named once.

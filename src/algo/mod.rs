@@ -32,10 +32,7 @@ use crate::family::momentum::config as momentum;
 use crate::family::muon::config as muon;
 use crate::family::schedule_free::config as schedule_free;
 
-pub(crate) use adafactor::{check_change as check_adafactor_change, factored_dims};
-pub(crate) use adafactor::{
-    check_options as check_adafactor_options, check_shapes_given as check_adafactor_shapes,
-};
+pub(crate) use adafactor::factored_dims;
 pub use adafactor::{
     machine_epsilon, state_kinds_for as adafactor_state_kinds, state_shapes as adafactor_state_shapes,
 };
@@ -43,11 +40,14 @@ pub use adagrad::OnnxAdagrad;
 pub use adam::{DmlAdam, OnnxAdam};
 pub(crate) use algorithm::FamilyConfig;
 pub use algorithm::{Algorithm, StateKind};
-pub(crate) use lamb::check_options as check_lamb_options;
 pub use lamb::LambNorms;
 pub(crate) use low_bit::FamilyLowBit;
 pub use momentum::{MomentumMode, OnnxMomentum};
-pub(crate) use muon::{check_change as check_muon_change, matrix_shapes};
+// The CPU optimizer's checkpoint load still names Muon's change check; everything else
+// asks `Algorithm::check_change`.
+#[cfg(feature = "cpu")]
+pub(crate) use muon::check_change as check_muon_change;
+pub(crate) use muon::matrix_shapes;
 pub use muon::{MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub(crate) use schedule_free::{check_eval, SWAP_ROUNDING_STEP};
 pub use schedule_free::{ScheduleFreeMode, ScheduleFreeScalars};
@@ -85,6 +85,34 @@ pub(crate) fn check_beta(name: &'static str, value: f64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::bias_correction;
+    use crate::{Adafactor, Adam, Algorithm, Error, Lamb, Muon, Sgd};
+
+    /// The families whose passes are made with the optimizer (Adafactor, Muon) refuse a change
+    /// to or from them with their own reason, the group's family's first; LAMB and Adam,
+    /// which share their states, change into each other.
+    #[test]
+    fn a_change_of_family_is_refused_with_the_family_s_reason() {
+        let reason = |from: Algorithm, to: Algorithm| match from.check_change(&to) {
+            Err(Error::ConflictingOptions { first: "algorithm", second: "set_group_algorithm", reason }) => {
+                Some(reason)
+            }
+            Err(other) => panic!("{from:?} -> {to:?}: {other:?}"),
+            Ok(()) => None,
+        };
+        let (adafactor, muon) = (Algorithm::from(Adafactor::default()), Algorithm::from(Muon::default()));
+        let sgd = Algorithm::from(Sgd { momentum: 0.9, ..Sgd::default() });
+        let (adam, lamb) = (Algorithm::from(Adam::default()), Algorithm::from(Lamb::default()));
+        assert!(reason(adafactor, sgd).unwrap().contains("to or from Adafactor"));
+        assert!(reason(sgd, adafactor).unwrap().contains("to or from Adafactor"));
+        assert!(reason(muon, sgd).unwrap().contains("between Muon and another"));
+        assert!(reason(adam, muon).unwrap().contains("between Muon and another"));
+        assert!(reason(adafactor, muon).unwrap().contains("to or from Adafactor"));
+        assert!(reason(muon, adafactor).unwrap().contains("between Muon and another"));
+        assert_eq!(reason(adam, lamb), None);
+        assert_eq!(reason(lamb, adam), None);
+        assert_eq!(reason(muon, muon.with_lr(0.5)), None);
+        assert_eq!(reason(adafactor, adafactor.with_lr(0.5)), None);
+    }
 
     #[test]
     fn bias_correction_is_exact_at_small_steps_and_saturates() {

@@ -173,7 +173,7 @@ impl CpuOptimizer {
         let algorithm = algorithm.into();
         algorithm.validate()?;
         let clip = fused_clip(options.grad_clip, &[algorithm])?;
-        crate::algo::check_lamb_options(&algorithm, false, clip.is_some(), options.rounding)?;
+        algorithm.check_options(&options)?;
         if params.is_empty() {
             return Err(Error::NoParameters { argument: "params".into() });
         }
@@ -267,12 +267,12 @@ impl CpuOptimizer {
         if g != 0 {
             return Err(Error::NoSuchGroup { index: g, groups: 1 });
         }
-        crate::algo::check_adafactor_change(&self.algorithm, &algorithm)?;
+        self.algorithm.check_change(&algorithm)?;
         check_own_clip_change(&self.algorithm, &algorithm)?;
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
-        crate::algo::check_lamb_options(&algorithm, false, self.clip.is_some(), self.rounding)?;
+        algorithm.check_options(&OptimizerOptions::kept(false, self.clip, self.rounding, &algorithm))?;
         if self.q4.is_some() {
             crate::q4::check_algorithm(&algorithm)?;
         }
@@ -283,15 +283,12 @@ impl CpuOptimizer {
                 expected: self.algorithm.state_kinds().to_vec(),
             });
         }
-        crate::algo::check_muon_change(&self.algorithm, &algorithm)?;
         if algorithm.family() != self.algorithm.family() {
             // Another family with the same state tensors (Adam's and LAMB's): its own passes,
             // fresh. The families whose passes need the options refuse such changes above.
             let options = OptimizerOptions {
                 param_shapes: self.shapes.clone(),
-                grad_clip: self.clip.filter(|_| algorithm.own_grad_clip().is_none()).map(|c| c.clip),
-                rounding: self.rounding,
-                ..OptimizerOptions::default()
+                ..OptimizerOptions::kept(false, self.clip, self.rounding, &algorithm)
             };
             let lens: Vec<usize> = self.params.iter().map(|&(_, len)| len).collect();
             self.passes = algorithm.cpu_passes(&options, &lens)?;

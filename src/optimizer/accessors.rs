@@ -4,7 +4,9 @@
 use super::Optimizer;
 #[cfg(doc)]
 use super::OptimizerBuilder;
-use crate::{Algorithm, Error, QuantizedState, Result, Rounding, StateKind, StateView, Tensor};
+use crate::{
+    Algorithm, Error, OptimizerOptions, QuantizedState, Result, Rounding, StateKind, StateView, Tensor,
+};
 
 impl Optimizer {
     /// How the optimizer's 16-bit stores round ([`OptimizerBuilder::rounding`]).
@@ -70,17 +72,18 @@ impl Optimizer {
         if self.q8.is_some() {
             crate::q8::check_algorithm(&algorithm, self.clip.is_some())?;
         }
-        crate::algo::check_lamb_options(
-            &algorithm,
+        let clip = self.clip.as_ref().map(|c| c.clip());
+        algorithm.check_options(&OptimizerOptions::kept(
             self.device.is_some(),
-            self.clip.is_some(),
+            clip,
             self.rounding,
-        )?;
+            &algorithm,
+        ))?;
         if self.q4.is_some() {
             crate::q4::check_algorithm(&algorithm)?;
         }
         let group = self.groups.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })?;
-        crate::algo::check_adafactor_change(&group.algorithm, &algorithm)?;
+        group.algorithm.check_change(&algorithm)?;
         if algorithm.state_kinds() != group.algorithm.state_kinds() {
             return Err(Error::StateMismatch {
                 argument: format!("algorithm (for group {g})"),
@@ -88,7 +91,6 @@ impl Optimizer {
                 expected: group.algorithm.state_kinds().to_vec(),
             });
         }
-        crate::algo::check_muon_change(&group.algorithm, &algorithm)?;
         crate::step::clip::check_own_clip_change(&group.algorithm, &algorithm)?;
         let variant_changed =
             algorithm.kernel_step(1).switches() != group.algorithm.kernel_step(1).switches();

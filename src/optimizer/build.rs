@@ -56,9 +56,11 @@ impl Optimizer {
         for group in &groups {
             group.algorithm.check_options(&options)?;
         }
-        crate::family::lamb::gpu_passes::check_options(&groups, &options)?;
-        crate::family::adafactor::gpu_passes::check_options(&groups, &options)?;
-        crate::family::muon::gpu_passes::check_options(&groups, &options)?;
+        let mut first = 0;
+        for group in &groups {
+            group.algorithm.check_gpu_group(group, first, &options)?;
+            first += group.params.len();
+        }
         let algorithms: Vec<Algorithm> = groups.iter().map(|g| g.algorithm).collect();
         let fused_clip = crate::step::clip::fused_clip(options.grad_clip, &algorithms)?;
         check_rounding_options(&options)?;

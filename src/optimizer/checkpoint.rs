@@ -281,9 +281,9 @@ impl Optimizer {
                 });
             }
         }
-        // A group moves between Muon and another algorithm only in a new optimizer.
+        // A group changes to or from some families (Muon, Adafactor) only in a new optimizer.
         for (group, (algorithm, _)) in self.groups.iter().zip(&checkpoint.groups) {
-            crate::algo::check_muon_change(&group.algorithm, algorithm)?;
+            group.algorithm.check_change(algorithm)?;
         }
         // Everything matches: write.
         for (_, tensor, data) in writes {

@@ -85,6 +85,11 @@ impl ClipPass {
         })
     }
 
+    /// The clipping it runs.
+    pub(super) fn clip(&self) -> FusedClip {
+        self.clip
+    }
+
     /// The clip buffer, which the update kernels' group 0 binds.
     pub(super) fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer

@@ -155,12 +155,9 @@ pub fn state_kinds_for(shape: &[usize]) -> &'static [crate::StateKind] {
 }
 
 /// Refuses the optimizer options Adafactor's passes do not implement, by name, with the
-/// reason; `adafactor` says whether any group runs it.
-pub(crate) fn check_options(adafactor: bool, options: &crate::OptimizerOptions) -> Result<()> {
+/// reason (its `FamilyConfig::check_options`).
+fn check_options(options: &crate::OptimizerOptions) -> Result<()> {
     use crate::{Error, Rounding};
-    if !adafactor {
-        return Ok(());
-    }
     let conflicts: [(&'static str, bool, &'static str); 6] = [
         (
             "capturable",
@@ -202,22 +199,6 @@ pub(crate) fn check_options(adafactor: bool, options: &crate::OptimizerOptions) 
 pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
     if shapes.is_empty() {
         return Err(crate::Error::NeedsOption { what: "Adafactor".into(), option: "param_shapes" });
-    }
-    Ok(())
-}
-
-/// Refuses a change of a group's algorithm to or from Adafactor: its states are not the
-/// elementwise ones (an SGD group without momentum has none either).
-pub(crate) fn check_change(from: &crate::Algorithm, to: &crate::Algorithm) -> Result<()> {
-    use crate::Algorithm;
-    let (was, is) = (matches!(from, Algorithm::Adafactor(_)), matches!(to, Algorithm::Adafactor(_)));
-    if was != is {
-        return Err(crate::Error::ConflictingOptions {
-            first: "algorithm",
-            second: "set_group_algorithm",
-            reason: "a group cannot change to or from Adafactor: its factored states are not \
-                     another algorithm's; build a new optimizer",
-        });
     }
     Ok(())
 }
@@ -268,6 +249,28 @@ impl crate::algo::FamilyConfig for Adafactor {
         lens: &[usize],
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         Ok(Some(Box::new(super::cpu_passes::AdafactorPasses::new(options, lens)?)))
+    }
+
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        check_options(options)
+    }
+
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> crate::Result<()> {
+        super::gpu_passes::check_group(group, first, options)
+    }
+
+    /// Its states are not the elementwise ones (an SGD group without momentum has none
+    /// either, so the state check would let such a change through).
+    fn change_refusal(&self) -> Option<&'static str> {
+        Some(
+            "a group cannot change to or from Adafactor: its factored states are not another \
+             algorithm's; build a new optimizer",
+        )
     }
 
     /// `row_var` and `col_var` from 2 dimensions on, `variance` below.

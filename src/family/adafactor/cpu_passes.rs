@@ -324,11 +324,11 @@ pub(crate) struct AdafactorPasses {
 }
 
 impl AdafactorPasses {
-    /// The states of an Adafactor optimizer over parameters of `lens`; refuses what
-    /// Adafactor does not run, before anything is made.
+    /// The states of an Adafactor optimizer over parameters of `lens`; refuses missing
+    /// shapes before anything is made (the builder refused the options Adafactor does not
+    /// run: its `FamilyConfig::check_options`).
     pub(crate) fn new(options: &OptimizerOptions, lens: &[usize]) -> Result<Self> {
-        crate::algo::check_adafactor_options(true, options)?;
-        crate::algo::check_adafactor_shapes(&options.param_shapes)?;
+        super::config::check_shapes_given(&options.param_shapes)?;
         debug_assert_eq!(options.param_shapes.len(), lens.len());
         let tensors = options.param_shapes.iter().map(|s| AdafactorTensor::new(s)).collect::<Result<_>>()?;
         Ok(AdafactorPasses { tensors })

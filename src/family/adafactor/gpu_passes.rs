@@ -485,24 +485,17 @@ pub(crate) struct AdafactorPasses {
     engine: Option<AdafactorEngine>,
 }
 
-/// Refuses, before anything is created, what Adafactor groups cannot run: the options its
-/// passes do not implement, missing shapes, f64 parameters.
-pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
-    let adafactor = groups.iter().any(|g| matches!(g.algorithm, Algorithm::Adafactor(_)));
-    crate::algo::check_adafactor_options(adafactor, options)?;
-    if !adafactor {
-        return Ok(());
-    }
-    crate::algo::check_adafactor_shapes(&options.param_shapes)?;
-    let params = groups.iter().flat_map(|g| g.params.iter().map(move |p| (g, p)));
-    for (i, (group, p)) in params.enumerate() {
-        if matches!(group.algorithm, Algorithm::Adafactor(_)) && p.dtype == DType::F64 {
-            return Err(Error::DTypeMismatch {
-                argument: format!("params[{i}]"),
-                got: DType::F64,
-                expected: "F32, F16 or BF16 for Adafactor (its passes compute in f32)".into(),
-            });
-        }
+/// Refuses, before anything is created, what an Adafactor group cannot run: missing
+/// shapes, f64 parameters (`first`: the index of its first parameter). The options its
+/// passes do not implement are its `FamilyConfig::check_options`.
+pub(crate) fn check_group(group: &ParamGroup, first: usize, options: &OptimizerOptions) -> Result<()> {
+    super::config::check_shapes_given(&options.param_shapes)?;
+    if let Some(j) = group.params.iter().position(|p| p.dtype == DType::F64) {
+        return Err(Error::DTypeMismatch {
+            argument: format!("params[{}]", first + j),
+            got: DType::F64,
+            expected: "F32, F16 or BF16 for Adafactor (its passes compute in f32)".into(),
+        });
     }
     Ok(())
 }

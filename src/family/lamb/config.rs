@@ -131,40 +131,6 @@ impl LambNorms {
     }
 }
 
-/// Refuses the options LAMB does not implement, for `algorithm` when it is LAMB:
-/// capturable mode (and so AMP), global gradient clipping and stochastic rounding.
-pub(crate) fn check_options(
-    algorithm: &crate::Algorithm,
-    capturable: bool,
-    clipped: bool,
-    rounding: crate::Rounding,
-) -> Result<()> {
-    if !matches!(algorithm, crate::Algorithm::Lamb(_)) {
-        return Ok(());
-    }
-    let refuse = |first, reason| Err(crate::Error::ConflictingOptions { first, second: "algorithm", reason });
-    if capturable {
-        return refuse(
-            "capturable",
-            "LAMB's two passes take their scalars from the host; a captured LAMB step is not implemented",
-        );
-    }
-    if clipped {
-        return refuse(
-            "grad_clip",
-            "global gradient clipping before a LAMB step is not implemented (LAMB's trust ratio \
-             already bounds each tensor's step)",
-        );
-    }
-    if rounding.seed().is_some() {
-        return refuse(
-            "rounding",
-            "stochastic rounding of LAMB's stores is not implemented; use nearest-even or Kahan rounding",
-        );
-    }
-    Ok(())
-}
-
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Lamb {
     const FAMILY: crate::step::Family = crate::step::Family::Lamb;
@@ -204,5 +170,41 @@ impl crate::algo::FamilyConfig for Lamb {
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         let _ = (options, lens);
         Ok(Some(Box::<super::cpu_passes::LambPasses>::default()))
+    }
+
+    /// Capturable mode (and so AMP), global gradient clipping and stochastic rounding are
+    /// not implemented for LAMB's passes, on either backend.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> Result<()> {
+        let refuse = |first, reason| Err(crate::Error::ConflictingOptions { first, second: "algorithm", reason });
+        if options.capturable {
+            return refuse(
+                "capturable",
+                "LAMB's two passes take their scalars from the host; a captured LAMB step is not implemented",
+            );
+        }
+        if options.grad_clip.is_some() {
+            return refuse(
+                "grad_clip",
+                "global gradient clipping before a LAMB step is not implemented (LAMB's trust ratio \
+                 already bounds each tensor's step)",
+            );
+        }
+        if options.rounding.seed().is_some() {
+            return refuse(
+                "rounding",
+                "stochastic rounding of LAMB's stores is not implemented; use nearest-even or Kahan rounding",
+            );
+        }
+        Ok(())
+    }
+
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> Result<()> {
+        let _ = (first, options);
+        super::gpu_passes::check_group(group)
     }
 }

@@ -15,7 +15,7 @@ use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
 use crate::step::{Family, KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
-use crate::{Algorithm, DType, Error, OptimizerOptions, Result, Tensor};
+use crate::{Algorithm, DType, Error, Result, Tensor};
 
 /// One LAMB group's passes over one set of gradients.
 pub(crate) struct LambBound {
@@ -33,21 +33,16 @@ pub(crate) struct LambBound {
     layout: IndexLayout,
 }
 
-/// Refuses what LAMB groups do not implement: capturable mode, clipping and stochastic
-/// rounding (`algo::lamb::check_options`), and f64 parameters (the passes sum in f32 and
-/// the combine pass reads an f32 uniform).
-pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
-    for group in groups {
-        let clipped = options.grad_clip.is_some();
-        crate::algo::check_lamb_options(&group.algorithm, options.capturable, clipped, options.rounding)?;
-        let lamb = matches!(group.algorithm, Algorithm::Lamb(_));
-        if let Some(p) = group.params.iter().find(|p| lamb && p.dtype == DType::F64) {
-            return Err(Error::DTypeMismatch {
-                argument: "params".into(),
-                got: p.dtype,
-                expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
-            });
-        }
+/// Refuses what a LAMB group's passes do not run: f64 parameters (the passes sum in f32 and
+/// the combine pass reads an f32 uniform). The options LAMB refuses are its
+/// `FamilyConfig::check_options` (`family::lamb::config`).
+pub(crate) fn check_group(group: &ParamGroup) -> Result<()> {
+    if let Some(p) = group.params.iter().find(|p| p.dtype == DType::F64) {
+        return Err(Error::DTypeMismatch {
+            argument: "params".into(),
+            got: p.dtype,
+            expected: "F32, F16 or BF16 for LAMB (its norms are summed in f32)".into(),
+        });
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ pub(crate) const COMBINE_WGSL: &str = include_str!("lamb_combine.wgsl");
 /// The entry points of LAMB's passes.
 pub(crate) const ENTRY_WGSL: &str = include_str!("lamb_entry.wgsl");
 /// Capturable mode's step values on the device: none. Refused in capturable mode
-/// (`optimizer::lamb::check_options`): its passes take their scalars from the host.
+/// (`FamilyConfig::check_options` in `config`): its passes take their scalars from the host.
 pub(crate) const CAPTURABLE_WGSL: &str = "";
 /// The family's name in labels and pipeline keys.
 pub(crate) const NAME: &str = "lamb";

@@ -200,17 +200,22 @@ pub(crate) fn matrix_shapes(
         .collect()
 }
 
-/// Refuses a change of a group between Muon and another algorithm (the scratch and shapes
-/// are made at build time for the Muon groups only), by `set_group_algorithm` or a
-/// checkpoint's load, on both backends.
+/// Why a group changes between Muon and another algorithm only in a new optimizer: the
+/// scratch and shapes are made at build time for the Muon groups only.
+const CHANGE_REFUSAL: &str = "a group changes between Muon and another algorithm only in a new optimizer \
+                              (Muon's scratch and shapes are made at build time)";
+
+/// Refuses a change of a group between Muon and another algorithm ([`CHANGE_REFUSAL`]), by
+/// a CPU optimizer's checkpoint load (every other change goes through
+/// `Algorithm::check_change`, which takes the reason from `FamilyConfig::change_refusal`).
+#[cfg(feature = "cpu")]
 pub(crate) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
     let muon = |a: &Algorithm| matches!(a, Algorithm::Muon(_));
     if muon(from) != muon(to) {
         return Err(Error::ConflictingOptions {
             first: "algorithm",
             second: "set_group_algorithm",
-            reason: "a group changes between Muon and another algorithm only in a new optimizer (Muon's \
-                     scratch and shapes are made at build time)",
+            reason: CHANGE_REFUSAL,
         });
     }
     Ok(())
@@ -254,6 +259,33 @@ impl crate::algo::FamilyConfig for Muon {
         lens: &[usize],
     ) -> crate::Result<Option<Box<dyn crate::cpu::passes::CpuPasses>>> {
         Ok(Some(Box::new(super::cpu_passes::MuonPasses::new(&(*self).into(), options, lens.len())?)))
+    }
+
+    /// Capturable mode (and so AMP): the Newton-Schulz coefficients come from the host.
+    /// Global gradient clipping is refused by each backend's passes, with its own account.
+    fn check_options(&self, options: &crate::OptimizerOptions) -> crate::Result<()> {
+        if options.capturable {
+            return Err(Error::ConflictingOptions {
+                first: "capturable",
+                second: "algorithm",
+                reason: "Muon's Newton-Schulz passes take their coefficients from the host; a \
+                         captured Muon step is not implemented",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_gpu_group(
+        &self,
+        group: &crate::ParamGroup,
+        first: usize,
+        options: &crate::OptimizerOptions,
+    ) -> crate::Result<()> {
+        super::gpu_passes::check_group(group, first, options)
+    }
+
+    fn change_refusal(&self) -> Option<&'static str> {
+        Some(CHANGE_REFUSAL)
     }
 
     /// Newton-Schulz orthogonalizes each parameter as a matrix.

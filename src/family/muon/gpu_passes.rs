@@ -33,33 +33,19 @@ use crate::{
     Algorithm, DType, Error, GpuContext, Muon, NsPrecision, OptimizerOptions, Result, StateKind, Tensor,
 };
 
-/// Refuses, before anything is created, what the Muon groups cannot run: capturable mode
-/// (and so AMP), gradient clipping, and parameters without a 2-D shape.
-pub(crate) fn check_options(groups: &[ParamGroup], options: &OptimizerOptions) -> Result<()> {
-    let mut first = 0;
-    for group in groups {
-        let len = group.params.len();
-        if matches!(group.algorithm, Algorithm::Muon(_)) {
-            if options.capturable {
-                return Err(Error::ConflictingOptions {
-                    first: "capturable",
-                    second: "algorithm",
-                    reason: "Muon's Newton-Schulz passes take their coefficients from the host; a \
-                             captured Muon step is not implemented",
-                });
-            }
-            if options.grad_clip.is_some() {
-                return Err(Error::ConflictingOptions {
-                    first: "grad_clip",
-                    second: "algorithm",
-                    reason: "Muon normalizes each momentum matrix before Newton-Schulz, so a global \
-                             clipping coefficient is not implemented for Muon",
-                });
-            }
-            matrix_shapes(&options.param_shapes, first..first + len)?;
-        }
-        first += len;
+/// Refuses, before anything is created, what a Muon group cannot run on the GPU: gradient
+/// clipping and parameters without a 2-D shape (`first`: the index of its first parameter).
+/// Capturable mode is its `FamilyConfig::check_options`.
+pub(crate) fn check_group(group: &ParamGroup, first: usize, options: &OptimizerOptions) -> Result<()> {
+    if options.grad_clip.is_some() {
+        return Err(Error::ConflictingOptions {
+            first: "grad_clip",
+            second: "algorithm",
+            reason: "Muon normalizes each momentum matrix before Newton-Schulz, so a global \
+                     clipping coefficient is not implemented for Muon",
+        });
     }
+    matrix_shapes(&options.param_shapes, first..first + group.params.len())?;
     Ok(())
 }
 
@@ -190,7 +176,7 @@ pub(crate) struct MuonGpu {
 
 impl MuonGpu {
     /// The scratch and dispatches of the Muon groups among `groups` (parameter i's shape is
-    /// `shapes[i]`, checked by [`check_options`]).
+    /// `shapes[i]`, checked by [`check_group`]).
     fn new(
         ctx: &GpuContext,
         groups: &[(Algorithm, std::ops::Range<usize>)],
@@ -377,7 +363,7 @@ impl MuonGpu {
 }
 
 /// The passes of the Muon groups among `groups` (parameter i's shape is `shapes[i]`,
-/// checked by [`check_options`]); `None` without such a group.
+/// checked by [`check_group`]); `None` without such a group.
 pub(crate) fn build(
     ctx: &GpuContext,
     groups: &[Group],
