@@ -43,10 +43,6 @@ pub use algorithm::{Algorithm, StateKind};
 pub use lamb::LambNorms;
 pub(crate) use low_bit::FamilyLowBit;
 pub use momentum::{MomentumMode, OnnxMomentum};
-// The CPU optimizer's checkpoint load still names Muon's change check; everything else
-// asks `Algorithm::check_change`.
-#[cfg(feature = "cpu")]
-pub(crate) use muon::check_change as check_muon_change;
 pub(crate) use muon::matrix_shapes;
 pub use muon::{MuonLrAdjust, NsPrecision, MAX_NS_STEPS};
 pub(crate) use schedule_free::{check_eval, SWAP_ROUNDING_STEP};

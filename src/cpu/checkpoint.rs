@@ -71,7 +71,7 @@ impl CpuOptimizer {
         // Last, so that a file altered by hand is refused for what is wrong with its contents
         // when something is, and for its checksums otherwise.
         checkpoint.verify_checksums()?;
-        crate::algo::check_muon_change(&self.algorithm, &checkpoint.groups[0].0)?;
+        self.algorithm.check_change(&checkpoint.groups[0].0)?;
         crate::step::clip::check_own_clip_change(&self.algorithm, &checkpoint.groups[0].0)?;
         let slots: Vec<Slot> = layout.entries().iter().map(|entry| entry.slot).collect();
         // Everything matches: write.

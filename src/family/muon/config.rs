@@ -21,7 +21,7 @@
 use crate::algo::{check, check_beta, check_finite, check_rate};
 use crate::step::{KernelStep, MuonSwitches, MuonUniform64};
 use crate::StateKind;
-use crate::{Algorithm, Error, Result};
+use crate::{Error, Result};
 
 /// How the learning rate is scaled by the matrix's shape (torch's `adjust_lr_fn`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -204,22 +204,6 @@ pub(crate) fn matrix_shapes(
 /// scratch and shapes are made at build time for the Muon groups only.
 const CHANGE_REFUSAL: &str = "a group changes between Muon and another algorithm only in a new optimizer \
                               (Muon's scratch and shapes are made at build time)";
-
-/// Refuses a change of a group between Muon and another algorithm ([`CHANGE_REFUSAL`]), by
-/// a CPU optimizer's checkpoint load (every other change goes through
-/// `Algorithm::check_change`, which takes the reason from `FamilyConfig::change_refusal`).
-#[cfg(feature = "cpu")]
-pub(crate) fn check_change(from: &Algorithm, to: &Algorithm) -> Result<()> {
-    let muon = |a: &Algorithm| matches!(a, Algorithm::Muon(_));
-    if muon(from) != muon(to) {
-        return Err(Error::ConflictingOptions {
-            first: "algorithm",
-            second: "set_group_algorithm",
-            reason: CHANGE_REFUSAL,
-        });
-    }
-    Ok(())
-}
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Muon {
