@@ -7,9 +7,9 @@
 //! of both are generated from the Rust definitions, so a field cannot move on one side only.
 //!
 //! Each family's own contract lives in its folder (`crate::family::<name>::contract`); this
-//! module gathers them. Path of a hyperparameter: `Adam::kernel_step` fills
-//! [`AdamUniform64`] in f64 → [`KernelStep::write_uniform`] (GPU) or
-//! [`AdamUniform64::to_f32`] (CPU) → `hp.<field>` in `src/family/adam/adam.wgsl` and
+//! module generates the enums over them from the family registry. Path of a hyperparameter:
+//! `Adam::kernel_step` fills `AdamUniform64` in f64 → [`KernelStep::write_uniform`] (GPU) or
+//! `AdamUniform64::to_f32` (CPU) → `hp.<field>` in `src/family/adam/adam.wgsl` and
 //! `src/family/adam/cpu.rs`.
 
 pub(crate) mod clip;
@@ -17,41 +17,7 @@ pub(crate) mod device;
 pub(crate) mod fields;
 pub(crate) mod rounding;
 
-use crate::family::adafactor::contract as adafactor;
-use crate::family::adagrad::contract as adagrad;
-use crate::family::adam::contract as adam;
-use crate::family::adan::contract as adan;
-use crate::family::ademamix::contract as ademamix;
-use crate::family::adopt::contract as adopt;
-use crate::family::lamb::contract as lamb;
-use crate::family::lion::contract as lion;
-use crate::family::momentum::contract as momentum;
-use crate::family::muon::contract as muon;
-use crate::family::rmsprop::contract as rmsprop;
-use crate::family::schedule_free::contract as schedule_free;
-
-pub(crate) use adafactor::{AdafactorSwitches, AdafactorUniform64};
-pub(crate) use adagrad::{AdagradSwitches, AdagradUniform64};
-pub(crate) use adam::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
-pub(crate) use adan::{AdanSwitches, AdanUniform64};
-pub(crate) use ademamix::{AdemamixSwitches, AdemamixUniform64};
-pub(crate) use adopt::{AdoptSwitches, AdoptUniform64};
 pub(crate) use fields::Override;
-pub(crate) use lamb::{LambSwitches, LambUniform64};
-pub(crate) use lion::{LionSwitches, LionUniform64};
-pub(crate) use momentum::{MomentumSwitches, MomentumUniform64};
-pub(crate) use muon::{MuonSwitches, MuonUniform64};
-pub(crate) use rmsprop::{RmsPropSwitches, RmsPropUniform64};
-pub(crate) use schedule_free::{ScheduleFreeSwitches, ScheduleFreeUniform64};
-// The f32 uniforms by name, for the CPU loops and the layout tests (the GPU uploads the
-// bytes `KernelStep::write_uniform` makes).
-#[cfg_attr(not(any(feature = "cpu", test)), allow(unused_imports))]
-pub(crate) use {
-    adafactor::AdafactorUniform, adagrad::AdagradUniform, adam::AdamUniform, adan::AdanUniform,
-    ademamix::AdemamixUniform, adopt::AdoptUniform, lamb::LambUniform, lion::LionUniform,
-    momentum::MomentumUniform, muon::MuonUniform, rmsprop::RmsPropUniform,
-    schedule_free::ScheduleFreeUniform,
-};
 
 use crate::{DType, StateKind};
 
@@ -155,8 +121,10 @@ macro_rules! families {
             $($variant(crate::family::$folder::contract::Switches, crate::family::$folder::contract::Uniform64),)*
         }
 
+        // Every uniform fits its slot, in f64, before the rounding header that follows it.
         $(const _: () = assert!(
-            std::mem::size_of::<crate::family::$folder::contract::Uniform64>() as u64 <= UNIFORM_SLOT_BYTES
+            std::mem::size_of::<crate::family::$folder::contract::Uniform64>() as u64
+                <= rounding::RoundingHeader::OFFSET
         );)*
 
         impl KernelStep {

@@ -149,13 +149,6 @@ impl RoundingHeader {
 }
 
 const _: () = assert!(offset_of!(RoundingHeader, step) == 8);
-const _: () = assert!(std::mem::size_of::<super::AdamUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::MomentumUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::AdagradUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::LionUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::ScheduleFreeUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::RmsPropUniform64>() as u64 <= RoundingHeader::OFFSET);
-const _: () = assert!(std::mem::size_of::<super::AdemamixUniform64>() as u64 <= RoundingHeader::OFFSET);
 
 /// The hash's round: Chris Wellons' `lowbias32`, a bijection of `u32` with good avalanche.
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]

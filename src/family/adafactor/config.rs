@@ -9,7 +9,8 @@
 //! of a step shares, the host computes here ([`Adafactor::kernel_step`]).
 
 use crate::algo::{check, check_rate};
-use crate::step::{AdafactorSwitches, AdafactorUniform64, KernelStep};
+use super::contract::{AdafactorSwitches, AdafactorUniform64};
+use crate::step::KernelStep;
 use crate::{DType, Result, StateKind};
 
 /// `torch.optim.Adafactor`. `Adafactor::default()` is its defaults.

@@ -2,7 +2,7 @@
 //! reduce rows, columns and whole tensors and update the parameters.
 
 use crate::cpu::kernels::{Bound, Loops};
-use crate::step::{AdafactorSwitches, AdafactorUniform64};
+use super::contract::{AdafactorSwitches, AdafactorUniform64};
 
 /// What the family's CPU loops read of a step: the kernel's uniform, in f32.
 pub(crate) type Hyper = super::contract::Uniform;

@@ -26,7 +26,7 @@ use crate::cpu::passes::{CpuPasses, CpuStep};
 use crate::cpu::state_memory::StateTensor;
 
 use crate::algo::factored_dims;
-use crate::step::AdafactorUniform;
+use super::contract::AdafactorUniform;
 use crate::{Algorithm, DType, OptimizerOptions, Result, StateKind};
 
 /// Elements per block: rayon's per-item cost vanishes next to a block's work.

@@ -15,7 +15,7 @@ use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::{Group, ParamGroup};
 use crate::step::fields::shader_struct;
-use crate::step::AdafactorUniform;
+use super::contract::AdafactorUniform;
 use crate::{Algorithm, DType, Error, OptimizerOptions, Result, StateKind, Tensor, TENSOR_USAGES};
 
 /// The shader's workgroup size (`WG` in `src/family/adafactor/adafactor.wgsl`).

@@ -1,7 +1,8 @@
 //! Adagrad: PyTorch's `torch.optim.Adagrad` and ONNX Adagrad.
 
 use crate::algo::{check, check_finite, check_rate};
-use crate::step::{AdagradSwitches, AdagradUniform64, KernelStep};
+use super::contract::{AdagradSwitches, AdagradUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdagradSwitches, AdagradUniform, AdagradUniform64};
+use super::contract::{AdagradSwitches, AdagradUniform, AdagradUniform64};
 
 /// One element of `src/family/adagrad/adagrad.wgsl`: returns `(p_new, h)`.
 #[inline(always)]

@@ -1,7 +1,8 @@
 //! The Adam family: PyTorch's Adam/AdamW/AMSGrad, ONNX Adam and DirectML Adam.
 
 use crate::algo::{bias_correction, check, check_beta, check_finite, check_rate};
-use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
+use super::contract::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
+use crate::step::KernelStep;
 use crate::StateKind;
 use crate::{Error, Result, StepProblem};
 

@@ -6,11 +6,13 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
+use super::contract::{AdamSwitches, AdamUniform, AdamUniform64, EpsPlacement, FirstMoment};
 
 // How weight decay enters an Adam update (a const generic cannot be an enum). The shader
 // tests the L2 coefficient against 0 at run time; here that test picks the loop. No decay at
-// all runs the decoupled loop with `decay` 1 (`p * 1` is `p`, NaN and -0 included).
+// all keeps its own loop: running the decoupled one with `decay` 1 (the same bits) made
+// PyTorch's default Adam 1.2-1.7x slower on f32 (PERF.md, "Run-time switches").
+const NO_DECAY: u8 = 0;
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
 /// Decoupled decay after the update (bitsandbytes' kernels: `AdamSwitches::decay_after_update`).
@@ -177,11 +179,12 @@ pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<
         }
     }
     fn decay<T: AdamLeaf, const A: bool, const E: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
-        if !s.decoupled_weight_decay && (u.weight_decay != 0.0 || s.l2_at_zero) {
+        if s.decoupled_weight_decay {
+            moment::<T, A, E, DECOUPLED>(s)
+        } else if u.weight_decay != 0.0 || s.l2_at_zero {
             moment::<T, A, E, L2>(s)
         } else {
-            // Decoupled decay, or none (`loops` sets `decay` to 1 then).
-            moment::<T, A, E, DECOUPLED>(s)
+            moment::<T, A, E, NO_DECAY>(s)
         }
     }
     fn eps<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
@@ -235,11 +238,6 @@ impl AdamLeaf for Q8 {
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
 pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Bound<Hyper> {
-    let mut uniform = uniform.to_f32();
-    if !switches.decoupled_weight_decay {
-        // The loop without L2 is the decoupled one (`adam_loop`): its `p *= decay` must
-        // change nothing.
-        uniform.decay = 1.0;
-    }
+    let uniform = uniform.to_f32();
     every_storage!(adam_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
 }

@@ -4,7 +4,8 @@
 use super::config::Adam;
 use crate::algo::{FamilyConfig, FamilyLowBit};
 use crate::q8::Q8Switches;
-use crate::step::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment, KernelStep};
+use super::contract::{AdamSwitches, AdamUniform64, EpsPlacement, FirstMoment};
+use crate::step::KernelStep;
 
 impl FamilyLowBit for Adam {
     fn q8_refusal(&self, _clipped: bool) -> Option<&'static str> {

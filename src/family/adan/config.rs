@@ -2,7 +2,8 @@
 //! Deep Models"), as the official sail-sg/Adan `adan.Adan` runs it.
 
 use crate::algo::{bias_correction, check_beta, check_rate};
-use crate::step::{AdanSwitches, AdanUniform64, KernelStep};
+use super::contract::{AdanSwitches, AdanUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

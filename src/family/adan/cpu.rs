@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdanSwitches, AdanUniform, AdanUniform64};
+use super::contract::{AdanSwitches, AdanUniform, AdanUniform64};
 
 /// One element of `src/family/adan/adan.wgsl`: returns `[p_new, m, n, v, neg_pre_grad]`
 /// (the states in the kernels' slot order). `FIRST`, the shader's run-time test of the first

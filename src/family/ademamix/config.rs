@@ -2,7 +2,8 @@
 //! bitsandbytes' `AdEMAMix` runs it.
 
 use crate::algo::{bias_correction, check, check_beta, check_rate};
-use crate::step::{AdemamixSwitches, AdemamixUniform64, KernelStep};
+use super::contract::{AdemamixSwitches, AdemamixUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

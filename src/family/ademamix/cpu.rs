@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
+use super::contract::{AdemamixSwitches, AdemamixUniform, AdemamixUniform64};
 
 /// One element of `src/family/ademamix/ademamix.wgsl`: returns `[p_new, m1, m2, nu]`. `DECAY_AFTER`:
 /// the decay after the update (`AdemamixSwitches::decay_after_update`).

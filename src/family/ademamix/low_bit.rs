@@ -4,7 +4,8 @@
 use super::config::AdEMAMix;
 use crate::algo::{FamilyConfig, FamilyLowBit};
 use crate::q8::Q8Switches;
-use crate::step::{AdemamixSwitches, KernelStep};
+use super::contract::AdemamixSwitches;
+use crate::step::KernelStep;
 
 impl FamilyLowBit for AdEMAMix {
     /// bitsandbytes' 2-state 8-bit kernel: decoupled decay after the update.

@@ -3,7 +3,8 @@
 //! it.
 
 use crate::algo::{check, check_beta, check_rate};
-use crate::step::{AdoptSwitches, AdoptUniform64, KernelStep};
+use super::contract::{AdoptSwitches, AdoptUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{AdoptSwitches, AdoptUniform, AdoptUniform64};
+use super::contract::{AdoptSwitches, AdoptUniform, AdoptUniform64};
 
 /// One element of `src/family/adopt/adopt.wgsl`: returns `[p_new, m, v]`. The shader's
 /// run-time tests of the uniform are const generics here: `FIRST`, the first step (only

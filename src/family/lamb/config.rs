@@ -9,7 +9,8 @@
 //! tensor's two norms before it can change any element: two passes over each tensor.
 
 use crate::algo::{bias_correction, check, check_beta, check_rate};
-use crate::step::{KernelStep, LambSwitches, LambUniform64};
+use super::contract::{LambSwitches, LambUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

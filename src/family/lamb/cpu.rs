@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{LambSwitches, LambUniform, LambUniform64};
+use super::contract::{LambSwitches, LambUniform, LambUniform64};
 
 /// `lamb_direction` of `src/family/lamb/lamb.wgsl`: `m / (sqrt(v) + eps)`, plus `weight_decay p`
 /// with `WEIGHT_DECAY`.

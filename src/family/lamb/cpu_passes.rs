@@ -25,7 +25,8 @@ use crate::cpu::storage::{self, Job, Stores};
 use crate::cpu::work;
 
 use crate::family::lamb::cpu::lamb_direction;
-use crate::step::{KernelStep, LambSwitches, LambUniform};
+use super::contract::{LambSwitches, LambUniform};
+use crate::step::KernelStep;
 use crate::{Algorithm, Lamb, LambNorms};
 
 /// LAMB's passes on the CPU: each tensor's norms at the last step (none before it).

@@ -14,7 +14,8 @@ use crate::gpu::plan::{math_dtype, plan, KernelArgs, TensorPlan};
 use crate::gpu::GpuContext;
 use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
-use crate::step::{Family, KernelStep, LambSwitches, Switches, UNIFORM_SLOT_BYTES};
+use super::contract::LambSwitches;
+use crate::step::{Family, KernelStep, Switches, UNIFORM_SLOT_BYTES};
 use crate::{Algorithm, DType, Error, Result, Tensor};
 
 /// One LAMB group's passes over one set of gradients.

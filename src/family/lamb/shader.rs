@@ -13,7 +13,7 @@
 use std::fmt::Write;
 
 use crate::gpu::kernel::{binding_wgsl, TablePasses, WORKGROUP_SIZE};
-use crate::step::LambUniform;
+use super::contract::LambUniform;
 
 // The passes' recording (`gpu_passes`) finds every GPU piece of LAMB's here.
 pub(crate) use crate::gpu::kernel::binding::{PASS_INDEX as INDEX, PASS_PARTIALS as PARTIALS};
@@ -131,7 +131,8 @@ mod naga_tests {
     use crate::gpu::kernel::{
         binding, compose, BindingDesc, BindingLayout, Program, Scalars, Storage, VariantKey,
     };
-    use crate::step::{LambSwitches, LambUniform, Switches};
+    use crate::family::lamb::contract::{LambSwitches, LambUniform};
+    use crate::step::Switches;
     use crate::DType;
 
     /// Every LAMB table-pass variant (both passes, each storage, scalar and vec4 accesses,

@@ -2,7 +2,8 @@
 //! lion-pytorch's `Lion` runs it.
 
 use crate::algo::{check_beta, check_rate};
-use crate::step::{KernelStep, LionSwitches, LionUniform64};
+use super::contract::{LionSwitches, LionUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

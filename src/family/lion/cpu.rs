@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{LionSwitches, LionUniform, LionUniform64};
+use super::contract::{LionSwitches, LionUniform, LionUniform64};
 
 /// One element of `src/family/lion/lion.wgsl`: returns `(p_new, m)`.
 #[inline(always)]

@@ -1,7 +1,8 @@
 //! The momentum family: PyTorch's SGD (plain, momentum, Nesterov) and ONNX Momentum.
 
 use crate::algo::{check, check_finite, check_rate};
-use crate::step::{KernelStep, MomentumSwitches, MomentumUniform64};
+use super::contract::{MomentumSwitches, MomentumUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

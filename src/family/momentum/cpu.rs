@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{MomentumSwitches, MomentumUniform, MomentumUniform64};
+use super::contract::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 
 /// One element of `src/family/momentum/momentum.wgsl`: returns `(p_new, v)`.
 #[inline(always)]

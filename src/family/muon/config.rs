@@ -19,7 +19,8 @@
 //! other families.
 
 use crate::algo::{check, check_beta, check_finite, check_rate};
-use crate::step::{KernelStep, MuonSwitches, MuonUniform64};
+use super::contract::{MuonSwitches, MuonUniform64};
+use crate::step::KernelStep;
 use crate::StateKind;
 use crate::{Error, Result};
 

@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{MuonSwitches, MuonUniform, MuonUniform64};
+use super::contract::{MuonSwitches, MuonUniform, MuonUniform64};
 
 /// One element of `src/family/muon/muon.wgsl`: the new parameter from `o`, the orthogonalized
 /// update (already scaled by the shape's ratio) that Muon's pass put in the gradient slot.

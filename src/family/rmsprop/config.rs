@@ -1,7 +1,8 @@
 //! RMSprop: PyTorch's `torch.optim.RMSprop`.
 
 use crate::algo::check_rate;
-use crate::step::{KernelStep, RmsPropSwitches, RmsPropUniform64};
+use super::contract::{RmsPropSwitches, RmsPropUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

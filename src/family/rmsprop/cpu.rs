@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Signed, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
+use super::contract::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
 // How RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or updated in
 // one of the two forms of ATen's lerp (`RmsPropSwitches::lerp_from_grad`).

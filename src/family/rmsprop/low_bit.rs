@@ -4,7 +4,8 @@
 use super::config::RmsProp;
 use crate::algo::{FamilyConfig, FamilyLowBit};
 use crate::q8::Q8Switches;
-use crate::step::{KernelStep, RmsPropSwitches};
+use super::contract::RmsPropSwitches;
+use crate::step::KernelStep;
 
 impl FamilyLowBit for RmsProp {
     /// What bitsandbytes' `RMSprop8bit` does not run as [`RmsProp`] does, by name:

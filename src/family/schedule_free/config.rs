@@ -7,7 +7,8 @@
 //! group, as the package does, and hands the kernel in its uniform.
 
 use crate::algo::{bias_correction, check, check_beta, check_rate};
-use crate::step::{KernelStep, ScheduleFreeSwitches, ScheduleFreeUniform64};
+use super::contract::{ScheduleFreeSwitches, ScheduleFreeUniform64};
+use crate::step::KernelStep;
 use crate::Result;
 use crate::StateKind;
 

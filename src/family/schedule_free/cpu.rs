@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, Q8};
 use crate::cpu::{f16_lanes, q8};
-use crate::step::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
+use super::contract::{ScheduleFreeSwitches, ScheduleFreeUniform, ScheduleFreeUniform64};
 
 /// One element of `src/family/schedule_free/schedule_free.wgsl`: returns `(y_new, z_new, v)`. The swap pass
 /// (`SWAP`) returns `lerp(y, z, swap_weight)` and the state as it was.
