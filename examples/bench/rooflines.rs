@@ -2,20 +2,20 @@
 //! bandwidth (a plain copy shader with the update's reads and writes) and the host's
 //! bandwidth for a comparable in-place loop.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use rayon::prelude::*;
 use wgpu_optim::{GpuContext, Result};
 use wgpu_optim_testkit::CopyRoofline;
 
-/// The roofline kernels, built once per shape and timed between the repetitions of each
-/// measurement: this machine's bandwidth drifts, so a roofline timed at another moment
-/// would not be comparable.
+/// The roofline kernels, timed between the repetitions of each measurement: this machine's
+/// bandwidth drifts, so a roofline timed at another moment would not be comparable. Only
+/// the latest shape's is kept (consecutive cases of one shape reuse it): one per shape for
+/// the whole run held every case's arrays to the end, 24 GiB for `--full` on the CPU alone.
 #[derive(Default)]
 pub struct Rooflines {
-    gpu: HashMap<(u32, u32, u64), CopyRoofline>,
-    host: HashMap<(u32, u32, usize), HostLoop>,
+    gpu: Option<((u32, u32, u64), CopyRoofline)>,
+    host: Option<((u32, u32, usize), HostLoop)>,
 }
 
 /// Enough f32 elements per array to move `bytes` with `reads + writes` arrays.
@@ -30,18 +30,31 @@ impl Rooflines {
     pub fn gpu(&mut self, ctx: &GpuContext, bytes: u64, reads: u32, writes: u32) -> Result<&CopyRoofline> {
         let cap = ctx.report().max_storage_buffer_binding_size / 4 / 16 * 16;
         let elements = elements_for(bytes, reads, writes).min(cap);
-        match self.gpu.entry((reads, writes, elements)) {
-            std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                Ok(entry.insert(CopyRoofline::new(ctx, elements, reads, writes)?))
+        let key = (reads, writes, elements);
+        let entry = match self.gpu.take() {
+            Some(entry) if entry.0 == key => entry,
+            previous => {
+                // The previous shape's buffers go before the new ones are allocated.
+                drop(previous);
+                (key, CopyRoofline::new(ctx, elements, reads, writes)?)
             }
-        }
+        };
+        Ok(&self.gpu.insert(entry).1)
     }
 
     /// The host's in-place loop over f32 arrays moving `bytes` per pass.
     pub fn host(&mut self, bytes: u64, reads: u32, writes: u32) -> &mut HostLoop {
         let elements = elements_for(bytes, reads, writes) as usize;
-        self.host.entry((reads, writes, elements)).or_insert_with(|| HostLoop::new(elements, reads, writes))
+        let key = (reads, writes, elements);
+        let entry = match self.host.take() {
+            Some(entry) if entry.0 == key => entry,
+            previous => {
+                // The previous shape's arrays go before the new ones are allocated.
+                drop(previous);
+                (key, HostLoop::new(elements, reads, writes))
+            }
+        };
+        &mut self.host.insert(entry).1
     }
 }
 
