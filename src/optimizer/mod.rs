@@ -33,7 +33,6 @@ mod record;
 mod validate;
 mod written;
 
-pub(crate) use crate::family::lamb::gpu_passes::record_stateless as record_lamb_stateless;
 pub use options::{OptimizerBuilder, ParamGroup};
 use record::Bound;
 pub(crate) use record::BOUND_GRADIENT_SETS;

@@ -8,7 +8,6 @@
 use std::any::Any;
 
 use super::{Group, Optimizer};
-use crate::family::lamb::gpu_passes::LambPasses;
 use crate::gpu::dispatch::Uniforms;
 use crate::step::{Family, KernelStep};
 use crate::{Algorithm, DType, GpuContext, Result, Rounding, ScheduleFreeMode, StateKind, Tensor};
@@ -245,14 +244,5 @@ impl Optimizer {
         let built = build(&self.ctx, &self.groups, &self.params, &self.shapes)?;
         self.passes.extend(built);
         Ok(())
-    }
-
-    /// Tensor `i`'s norms at the last step, on the device: three f32 (`weight_norm`,
-    /// `adam_norm`, `trust_ratio`, as torch-optimizer keeps them in its state) to read with
-    /// [`GpuContext::read`](crate::GpuContext::read); the values change with every recorded
-    /// step, and before the first they are 0. `None` where tensor `i` is not in a LAMB group,
-    /// or before the optimizer has bound a step.
-    pub fn lamb_norms(&self, i: usize) -> Option<Tensor> {
-        self.passes_of::<LambPasses>()?.norms(i)
     }
 }

@@ -137,7 +137,7 @@ impl crate::algo::FamilyConfig for Lamb {
     const FAMILY: crate::step::Family = crate::step::Family::Lamb;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
     const STATELESS_PASSES: Option<crate::ops::RecordStateless> =
-        Some(crate::optimizer::record_lamb_stateless);
+        Some(super::gpu_passes::record_stateless);
 
     fn torch_class(&self) -> &'static str {
         "Lamb"

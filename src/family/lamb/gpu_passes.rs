@@ -16,7 +16,7 @@ use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
 use super::contract::LambSwitches;
 use crate::step::{Family, KernelStep, Switches, UNIFORM_SLOT_BYTES};
-use crate::{Algorithm, DType, Error, Result, Tensor};
+use crate::{Algorithm, DType, Error, Optimizer, Result, Tensor};
 
 /// One LAMB group's passes over one set of gradients.
 pub(crate) struct LambBound {
@@ -318,5 +318,16 @@ fn record(pass: &mut wgpu::ComputePass<'_>, bound: &[LambBound]) {
         pass.set_bind_group(binding::GROUP_SCALARS, &b.combine_group, &[]);
         pass.dispatch_workgroups(b.layout.tensors.div_ceil(WORKGROUP_SIZE).max(1), 1, 1);
         b.apply.record(pass, &b.passes_group);
+    }
+}
+
+impl Optimizer {
+    /// Tensor `i`'s norms at the last step, on the device: three f32 (`weight_norm`,
+    /// `adam_norm`, `trust_ratio`, as torch-optimizer keeps them in its state) to read with
+    /// [`GpuContext::read`](crate::GpuContext::read); the values change with every recorded
+    /// step, and before the first they are 0. `None` where tensor `i` is not in a LAMB group,
+    /// or before the optimizer has bound a step.
+    pub fn lamb_norms(&self, i: usize) -> Option<Tensor> {
+        self.passes_of::<LambPasses>()?.norms(i)
     }
 }
