@@ -33,6 +33,7 @@ pub(crate) mod f16_lanes;
 pub(crate) mod host;
 pub(crate) mod kernels;
 mod magnitude_key;
+mod mode;
 mod norm;
 pub(crate) mod passes;
 mod q4;
@@ -63,7 +64,7 @@ use storage::Stores;
 /// when the optimizer was built; each step's gradients may be any of F32, F16 and BF16.
 #[derive(Clone, Debug)]
 pub struct CpuOptimizer {
-    algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     /// Each parameter's dtype and length, fixed at construction.
     params: Vec<(DType, usize)>,
     /// `state[i][k]` is parameter i's `algorithm.state_kinds()[k]`.

@@ -2,8 +2,9 @@
 //! Adafactor, Muon) on the CPU backend: one trait, [`CpuPasses`], implemented in each such
 //! family's folder (`crate::family::<name>::cpu_passes`) with the algorithm's own state,
 //! so that [`CpuOptimizer`] keeps no per-algorithm field and its elementwise step runs no
-//! family's code but the kernel's. The optimizer's accessors of that state are here too,
-//! each asking the passes.
+//! family's code but the kernel's. The accessors of one family's values are in its folder,
+//! each finding its passes through [`CpuOptimizer::passes_of`]; the mode and its swap are
+//! in `super::mode`, through [`CpuPasses::mode`] and [`CpuPasses::swap`].
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -13,10 +14,8 @@ use super::kernels::Kernel;
 use super::state_memory::StateTensor;
 use super::storage::Stores;
 use super::CpuOptimizer;
-use crate::family::lamb::cpu_passes::LambPasses;
-use crate::family::schedule_free::cpu_passes::ScheduleFreePasses;
 use crate::step::KernelStep;
-use crate::{Algorithm, DType, Error, LambNorms, Result, ScheduleFreeMode, ScheduleFreeScalars, StateKind};
+use crate::{Algorithm, DType, Result, ScheduleFreeMode, StateKind};
 
 /// What a step hands the passes: the checked tensors, and the elementwise kernel and stores
 /// the optimizer prepared for the step.
@@ -90,6 +89,24 @@ pub(crate) trait CpuPasses: Any + Debug + Send + Sync {
         None
     }
 
+    /// The mode the passes keep (Schedule-Free's train or eval); `None` for a family
+    /// without modes, whose optimizer stays in train mode and whose swap is a no-op.
+    fn mode(&self) -> Option<ScheduleFreeMode> {
+        None
+    }
+
+    /// Swaps the parameters to the point of `to` and enters that mode, unless they hold it
+    /// already; the tensors have been checked.
+    fn swap(
+        &mut self,
+        algorithm: &Algorithm,
+        to: ScheduleFreeMode,
+        tensors: SwapTensors<'_, '_>,
+    ) -> Result<()> {
+        let _ = (algorithm, to, tensors);
+        Ok(())
+    }
+
     /// Checkpoints: parameter `index` (of `shape`)'s states the passes keep, as kinds and
     /// dtypes in the order [`Self::checkpoint_tensor`] numbers them.
     #[cfg(feature = "checkpoint")]
@@ -121,95 +138,12 @@ impl Clone for Box<dyn CpuPasses> {
 
 impl CpuOptimizer {
     /// The passes as family `P`'s, where the optimizer runs that family.
-    fn passes_of<P: CpuPasses>(&self) -> Option<&P> {
+    pub(crate) fn passes_of<P: CpuPasses>(&self) -> Option<&P> {
         self.passes.as_deref()?.as_any().downcast_ref()
     }
 
     /// [`Self::passes_of`], writable.
-    fn passes_of_mut<P: CpuPasses>(&mut self) -> Option<&mut P> {
+    pub(crate) fn passes_of_mut<P: CpuPasses>(&mut self) -> Option<&mut P> {
         self.passes.as_deref_mut()?.as_any_mut().downcast_mut()
-    }
-
-    /// Which point the parameters hold: y ([`ScheduleFreeMode::Train`], where every
-    /// optimizer starts) or, after [`Self::eval`], x.
-    pub fn mode(&self) -> ScheduleFreeMode {
-        self.passes_of::<ScheduleFreePasses>().map_or(ScheduleFreeMode::Train, |p| p.mode)
-    }
-
-    /// A schedule-free group's running values (`k`, `weight_sum`, `lr_max`); `None` for a
-    /// group past the last or one that runs another algorithm.
-    pub fn schedule_free_scalars(&self, g: usize) -> Option<ScheduleFreeScalars> {
-        (g == 0).then(|| self.passes_of::<ScheduleFreePasses>().map(|p| p.scalars)).flatten()
-    }
-
-    /// Replaces a schedule-free group's running values (e.g. from a checkpoint). Refused for
-    /// a group that runs another algorithm ([`Error::NoSuchGroup`] past the last), or a `k`
-    /// of 0 with other values than the initial ones ([`Error::BadValue`]).
-    pub fn set_schedule_free_scalars(&mut self, g: usize, scalars: ScheduleFreeScalars) -> Result<()> {
-        if g != 0 {
-            return Err(Error::NoSuchGroup { index: g, groups: 1 });
-        }
-        crate::family::schedule_free::scalars::check_scalars(&self.algorithm, &scalars)?;
-        if let Some(passes) = self.passes_of_mut::<ScheduleFreePasses>() {
-            passes.scalars = scalars;
-        }
-        Ok(())
-    }
-
-    /// Sets what a checkpoint keeps of Schedule-Free's group: its running values and the
-    /// mode the parameters are in, without touching the parameters (saved in that mode).
-    #[cfg(feature = "checkpoint")]
-    pub(super) fn restore_schedule_free(&mut self, scalars: ScheduleFreeScalars, mode: ScheduleFreeMode) {
-        if let Some(passes) = self.passes_of_mut::<ScheduleFreePasses>() {
-            passes.scalars = scalars;
-            passes.mode = mode;
-        }
-    }
-
-    /// Schedule-Free's `eval()`: replaces each parameter y by the average
-    /// `x = lerp(y, z, 1 - 1/beta1)`, in place, and enters eval mode, where steps are
-    /// refused. A no-op in eval mode already (as the package's), before the first step (z
-    /// is y then), and for optimizers that run another algorithm (they stay in train mode).
-    /// `params` are checked as [`Self::step`] checks them; nothing is written when refused.
-    pub fn eval(&mut self, params: &mut [HostSliceMut<'_>]) -> Result<()> {
-        self.swap(params, ScheduleFreeMode::Eval)
-    }
-
-    /// Schedule-Free's `train()`: back from x to `y = lerp(x, z, 1 - beta1)` and train mode.
-    /// A no-op in train mode (as the package's); otherwise as [`Self::eval`].
-    pub fn train(&mut self, params: &mut [HostSliceMut<'_>]) -> Result<()> {
-        self.swap(params, ScheduleFreeMode::Train)
-    }
-
-    /// Refuses `call` in eval mode ([`Error::EvalMode`]).
-    pub(super) fn check_train_mode(&self, call: &'static str) -> Result<()> {
-        match self.mode() {
-            ScheduleFreeMode::Train => Ok(()),
-            ScheduleFreeMode::Eval => Err(Error::EvalMode { call }),
-        }
-    }
-
-    fn swap(&mut self, params: &mut [HostSliceMut<'_>], to: ScheduleFreeMode) -> Result<()> {
-        if self.passes_of::<ScheduleFreePasses>().is_none() {
-            return Ok(());
-        }
-        self.check_params(params)?;
-        let passes =
-            self.passes.as_deref_mut().and_then(|p| p.as_any_mut().downcast_mut::<ScheduleFreePasses>());
-        let Some(passes) = passes else { return Ok(()) };
-        let tensors = SwapTensors {
-            rounding: self.rounding,
-            step: self.step,
-            params,
-            state: &mut self.state,
-            compensation: &mut self.compensation,
-        };
-        passes.swap(&self.algorithm, to, tensors)
-    }
-
-    /// Tensor `i`'s norms at the last step, when the optimizer runs LAMB and has stepped
-    /// (torch-optimizer's `state['weight_norm']`, `['adam_norm']`, `['trust_ratio']`).
-    pub fn lamb_norms(&self, i: usize) -> Option<LambNorms> {
-        self.passes_of::<LambPasses>()?.norms.get(i).copied()
     }
 }

@@ -23,6 +23,7 @@ use crate::cpu::passes::{CpuPasses, CpuStep};
 use crate::cpu::state_memory::StateTensor;
 use crate::cpu::storage::{self, Job, Stores};
 use crate::cpu::work;
+use crate::cpu::CpuOptimizer;
 
 use crate::family::lamb::cpu::lamb_direction;
 use super::contract::{LambSwitches, LambUniform};
@@ -244,5 +245,13 @@ fn narrow(values: &[f32], out: &mut HostSliceMut<'_>) {
         HostSliceMut::F32(o) => o.copy_from_slice(values),
         HostSliceMut::F16(o) => f32_to_f16(values, o),
         HostSliceMut::BF16(o) => f32_to_bf16(values, o),
+    }
+}
+
+impl CpuOptimizer {
+    /// Tensor `i`'s norms at the last step, when the optimizer runs LAMB and has stepped
+    /// (torch-optimizer's `state['weight_norm']`, `['adam_norm']`, `['trust_ratio']`).
+    pub fn lamb_norms(&self, i: usize) -> Option<LambNorms> {
+        self.passes_of::<LambPasses>()?.norms.get(i).copied()
     }
 }

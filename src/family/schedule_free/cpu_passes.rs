@@ -10,7 +10,9 @@ use crate::cpu::passes::{CpuPasses, SwapTensors};
 use crate::cpu::storage::Stores;
 use crate::cpu::work;
 use crate::step::{rounding, KernelStep};
-use crate::{Algorithm, Result, ScheduleFreeMode, ScheduleFreeScalars};
+use super::scalars::check_scalars;
+use crate::cpu::CpuOptimizer;
+use crate::{Algorithm, Error, Result, ScheduleFreeMode, ScheduleFreeScalars};
 
 /// Schedule-Free's group on the CPU: its running `k`, `weight_sum` and `lr_max`, and which
 /// point the parameters hold.
@@ -31,10 +33,41 @@ impl ScheduleFreePasses {
             mode: ScheduleFreeMode::Train,
         }
     }
+}
+
+impl CpuPasses for ScheduleFreePasses {
+    fn clone_box(&self) -> Box<dyn CpuPasses> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    /// The step of the group's `k`, not of the optimizer's count.
+    fn kernel_step(&mut self, algorithm: &Algorithm, t: u64) -> Option<KernelStep> {
+        let _ = t;
+        let Algorithm::ScheduleFreeAdamW(config) = algorithm else { return None };
+        let (step, next) = config.advance(&self.scalars);
+        self.next = next;
+        Some(step)
+    }
+
+    fn stepped(&mut self) {
+        self.scalars = self.next;
+    }
+
+    fn mode(&self) -> Option<ScheduleFreeMode> {
+        Some(self.mode)
+    }
 
     /// Swaps the parameters to the point of `to` (x for eval, y for train), unless they
     /// hold it already; the tensors have been checked.
-    pub(crate) fn swap(
+    fn swap(
         &mut self,
         algorithm: &Algorithm,
         to: ScheduleFreeMode,
@@ -71,29 +104,34 @@ impl ScheduleFreePasses {
     }
 }
 
-impl CpuPasses for ScheduleFreePasses {
-    fn clone_box(&self) -> Box<dyn CpuPasses> {
-        Box::new(self.clone())
+impl CpuOptimizer {
+    /// A schedule-free group's running values (`k`, `weight_sum`, `lr_max`); `None` for a
+    /// group past the last or one that runs another algorithm.
+    pub fn schedule_free_scalars(&self, g: usize) -> Option<ScheduleFreeScalars> {
+        (g == 0).then(|| self.passes_of::<ScheduleFreePasses>().map(|p| p.scalars)).flatten()
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    /// Replaces a schedule-free group's running values (e.g. from a checkpoint). Refused for
+    /// a group that runs another algorithm ([`Error::NoSuchGroup`] past the last), or a `k`
+    /// of 0 with other values than the initial ones ([`Error::BadValue`]).
+    pub fn set_schedule_free_scalars(&mut self, g: usize, scalars: ScheduleFreeScalars) -> Result<()> {
+        if g != 0 {
+            return Err(Error::NoSuchGroup { index: g, groups: 1 });
+        }
+        check_scalars(&self.algorithm, &scalars)?;
+        if let Some(passes) = self.passes_of_mut::<ScheduleFreePasses>() {
+            passes.scalars = scalars;
+        }
+        Ok(())
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    /// The step of the group's `k`, not of the optimizer's count.
-    fn kernel_step(&mut self, algorithm: &Algorithm, t: u64) -> Option<KernelStep> {
-        let _ = t;
-        let Algorithm::ScheduleFreeAdamW(config) = algorithm else { return None };
-        let (step, next) = config.advance(&self.scalars);
-        self.next = next;
-        Some(step)
-    }
-
-    fn stepped(&mut self) {
-        self.scalars = self.next;
+    /// Sets what a checkpoint keeps of Schedule-Free's group: its running values and the
+    /// mode the parameters are in, without touching the parameters (saved in that mode).
+    #[cfg(feature = "checkpoint")]
+    pub(crate) fn restore_schedule_free(&mut self, scalars: ScheduleFreeScalars, mode: ScheduleFreeMode) {
+        if let Some(passes) = self.passes_of_mut::<ScheduleFreePasses>() {
+            passes.scalars = scalars;
+            passes.mode = mode;
+        }
     }
 }
