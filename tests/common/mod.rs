@@ -208,7 +208,7 @@ impl OnnxCall<'_> {
 }
 
 /// Every combination of amsgrad, maximize and weight-decay mode (none, L2, decoupled,
-/// decoupled with a zero coefficient).
+/// decoupled with a zero coefficient), and two with beta1 below 0.5 (ATen's other lerp).
 ///
 /// Weight decays in these lists are powers of two: then `g + wd * p` is exact in f32 before
 /// its one rounding, so where it cancels (|g + wd p| ~ 1e-8 happens among millions of random
@@ -234,6 +234,9 @@ pub fn adam_switch_combinations() -> Vec<wgpu_optim::Algorithm> {
             }
         }
     }
+    // beta1 below 0.5: ATen's lerp from the gradient (`FirstMoment::LerpFromGrad`).
+    configs.push(Adam { lr: 1e-2, beta1: 0.3, ..Adam::default() }.into());
+    configs.push(Adam { lr: 1e-2, beta1: 0.3, amsgrad: true, weight_decay: 0.0625, ..Adam::adamw() }.into());
     configs
 }
 

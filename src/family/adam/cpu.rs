@@ -18,18 +18,54 @@ const DECOUPLED: u8 = 2;
 /// Decoupled decay after the update (bitsandbytes' kernels: `AdamSwitches::decay_after_update`).
 const DECOUPLED_AFTER: u8 = 3;
 
-// The forms of the first moment, `FirstMoment` as a const generic (the shader's values).
-const LINEAR: u32 = FirstMoment::Linear.code();
-const LERP_FROM_MOMENT: u32 = FirstMoment::LerpFromMoment.code();
-const LERP_FROM_GRAD: u32 = FirstMoment::LerpFromGrad.code();
+// The forms of the first moment as a const generic: `beta1 m + (1 - beta1) g`, or ATen's
+// lerp in either of its forms (`Hyper::lerp_from_grad` picks which at run time).
+const LINEAR: u32 = 0;
+const LERP: u32 = 1;
 
 /// What Adam's CPU loops read of a step: the kernel's uniform in f32, with `maximize`
-/// applied at run time (the shader compiles it: `MAXIMIZE`).
-pub(crate) type Hyper = Signed<AdamUniform>;
+/// applied at run time (the shader compiles it: `MAXIMIZE`), and the two switches whose
+/// forms differ by an operand, not by an operation: eps's placement and the lerp's form.
+pub(crate) struct Hyper {
+    uniform: Signed<AdamUniform>,
+    /// What the root is divided by before eps is added: `sqrt(1 - beta2^t)` where eps comes
+    /// after the correction (PyTorch), 1 where it is added to the root itself.
+    root_divisor: f32,
+    /// ATen's lerp from the gradient (`w >= 0.5`) rather than from the moment.
+    lerp_from_grad: bool,
+    /// The lerp's multiplier of `g - m`: `w`, or `w - 1` from the gradient.
+    lerp_weight: f32,
+}
+
+impl Hyper {
+    fn new(switches: &AdamSwitches, uniform: AdamUniform) -> Self {
+        let lerp_from_grad = switches.first_moment == FirstMoment::LerpFromGrad;
+        Hyper {
+            root_divisor: match switches.eps {
+                EpsPlacement::AfterCorrection => uniform.sqrt_bias_correction2,
+                EpsPlacement::OnRoot => 1.0,
+            },
+            lerp_from_grad,
+            lerp_weight: if lerp_from_grad {
+                -(1.0 - uniform.one_minus_beta1)
+            } else {
+                uniform.one_minus_beta1
+            },
+            uniform: Signed::new(uniform, switches.maximize),
+        }
+    }
+}
+
+impl std::ops::Deref for Hyper {
+    type Target = Signed<AdamUniform>;
+    fn deref(&self) -> &Self::Target {
+        &self.uniform
+    }
+}
 
 /// One element of `src/family/adam/adam.wgsl`: returns `(p_new, m, v, v_hat)`.
 #[inline(always)]
-pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool, const DECAY: u8, const MOMENT: u32>(
+pub(crate) fn adam_element<const AMSGRAD: bool, const DECAY: u8, const MOMENT: u32>(
     hp: &Hyper,
     mut p: f32,
     g: f32,
@@ -43,10 +79,14 @@ pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool
     } else if DECAY == DECOUPLED {
         p *= hp.decay;
     }
-    let m = match MOMENT {
-        LERP_FROM_MOMENT => m_prev + hp.one_minus_beta1 * (g - m_prev),
-        LERP_FROM_GRAD => g - (g - m_prev) * (1.0 - hp.one_minus_beta1),
-        _ => hp.beta1 * m_prev + hp.one_minus_beta1 * g,
+    let m = if MOMENT == LERP {
+        // ATen's lerp in the form its weight picks, at run time: `m + w (g - m)` from the
+        // moment, or `g - (g - m) (1 - w)` from the gradient, written `g + (g - m) (w - 1)`
+        // (the same bits: negating a product or an addend is exact).
+        let base = if hp.lerp_from_grad { g } else { m_prev };
+        base + (g - m_prev) * hp.lerp_weight
+    } else {
+        hp.beta1 * m_prev + hp.one_minus_beta1 * g
     };
     let v = hp.beta2 * v_prev + hp.one_minus_beta2 * g * g;
     // torch.maximum propagates NaN; f32::max would drop it.
@@ -57,11 +97,9 @@ pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool
     } else {
         v_max_prev.max(v)
     };
-    let denom = if EPS_AFTER_CORRECTION {
-        v_hat.sqrt() / hp.sqrt_bias_correction2 + hp.eps
-    } else {
-        v_hat.sqrt() + hp.eps
-    };
+    // Where eps is added to the root itself the divisor is 1, and `x / 1` is `x`, NaN and
+    // infinities included.
+    let denom = v_hat.sqrt() / hp.root_divisor + hp.eps;
     let p_new = (p - hp.step_size * (m / denom)) * hp.post_scale;
     let p_new = if DECAY == DECOUPLED_AFTER { p_new * hp.decay } else { p_new };
     (p_new, m, v, v_hat)
@@ -71,7 +109,6 @@ pub(crate) fn adam_element<const AMSGRAD: bool, const EPS_AFTER_CORRECTION: bool
 pub(crate) fn adam<
     E: Element,
     const AMSGRAD: bool,
-    const EPS_AFTER_CORRECTION: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
@@ -79,7 +116,7 @@ pub(crate) fn adam<
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     let rows = o.param.iter_mut().zip(o.grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
     if AMSGRAD {
@@ -99,7 +136,6 @@ pub(crate) fn adam<
 /// [`adam`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn adam_f16<
     const AMSGRAD: bool,
-    const EPS_AFTER_CORRECTION: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
@@ -107,7 +143,7 @@ pub(crate) fn adam_f16<
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, DECAY, MOMENT>;
     let [exp_avg, exp_avg_sq, max_exp_avg_sq, ..] = o.state;
     if AMSGRAD {
         f16_lanes::each(
@@ -135,7 +171,6 @@ pub(crate) fn adam_f16<
 /// [`adam`] over 8-bit state, one pass per block.
 pub(crate) fn adam_q8<
     const AMSGRAD: bool,
-    const EPS_AFTER_CORRECTION: bool,
     const DECAY: u8,
     const MOMENT: u32,
 >(
@@ -143,9 +178,9 @@ pub(crate) fn adam_q8<
     scale: f32,
     job: q8::Job<'_>,
 ) {
-    let update = adam_element::<AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>;
+    let update = adam_element::<AMSGRAD, DECAY, MOMENT>;
     let blocked = |o: Operands<'_, f32>| {
-        adam::<f32, AMSGRAD, EPS_AFTER_CORRECTION, DECAY, MOMENT>(hp, scale, o)
+        adam::<f32, AMSGRAD, DECAY, MOMENT>(hp, scale, o)
     };
     if AMSGRAD {
         q8::each::<_, true>(
@@ -171,67 +206,54 @@ pub(crate) fn adam_q8<
 }
 
 pub(crate) fn adam_loop<T: AdamLeaf>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
-    fn moment<T: AdamLeaf, const A: bool, const E: bool, const D: u8>(s: &AdamSwitches) -> Loop<Hyper, T> {
+    fn moment<T: AdamLeaf, const A: bool, const D: u8>(s: &AdamSwitches) -> Loop<Hyper, T> {
         match s.first_moment {
-            FirstMoment::Linear => T::adam::<A, E, D, LINEAR>(),
-            FirstMoment::LerpFromMoment => T::adam::<A, E, D, LERP_FROM_MOMENT>(),
-            FirstMoment::LerpFromGrad => T::adam::<A, E, D, LERP_FROM_GRAD>(),
+            FirstMoment::Linear => T::adam::<A, D, LINEAR>(),
+            FirstMoment::LerpFromMoment | FirstMoment::LerpFromGrad => T::adam::<A, D, LERP>(),
         }
     }
-    fn decay<T: AdamLeaf, const A: bool, const E: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
+    fn decay<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
         if s.decoupled_weight_decay {
-            moment::<T, A, E, DECOUPLED>(s)
+            moment::<T, A, DECOUPLED>(s)
         } else if u.weight_decay != 0.0 || s.l2_at_zero {
-            moment::<T, A, E, L2>(s)
+            moment::<T, A, L2>(s)
         } else {
-            moment::<T, A, E, NO_DECAY>(s)
-        }
-    }
-    fn eps<T: AdamLeaf, const A: bool>(s: &AdamSwitches, u: &AdamUniform) -> Loop<Hyper, T> {
-        match s.eps {
-            EpsPlacement::AfterCorrection => decay::<T, A, true>(s, u),
-            EpsPlacement::OnRoot => decay::<T, A, false>(s, u),
-        }
-    }
-    // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its two
-    // loops alone, rather than every other switch's loops once more.
-    fn bitsandbytes<T: AdamLeaf>(s: &AdamSwitches) -> Loop<Hyper, T> {
-        debug_assert!(!s.amsgrad && s.first_moment == FirstMoment::Linear, "{s:?}");
-        match s.eps {
-            EpsPlacement::AfterCorrection => T::adam::<false, true, DECOUPLED_AFTER, LINEAR>(),
-            EpsPlacement::OnRoot => T::adam::<false, false, DECOUPLED_AFTER, LINEAR>(),
+            moment::<T, A, NO_DECAY>(s)
         }
     }
     if s.decoupled_weight_decay && s.decay_after_update {
-        bitsandbytes::<T>(s)
+        // bitsandbytes' form (`q8::kernel_step`), which has neither AMSGrad nor a lerp: its
+        // loop alone, rather than every other switch's loops once more.
+        debug_assert!(!s.amsgrad && s.first_moment == FirstMoment::Linear, "{s:?}");
+        T::adam::<false, DECOUPLED_AFTER, LINEAR>()
     } else if s.amsgrad {
-        eps::<T, true>(s, u)
+        decay::<T, true>(s, u)
     } else {
-        eps::<T, false>(s, u)
+        decay::<T, false>(s, u)
     }
 }
 
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`adam_loop`]) serves every storage type.
 pub(crate) trait AdamLeaf: Leaf {
-    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self>;
+    fn adam<const A: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> AdamLeaf for T {
-    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
-        adam::<T, A, E, D, F>
+    fn adam<const A: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam::<T, A, D, F>
     }
 }
 
 impl AdamLeaf for f16 {
-    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
-        adam_f16::<A, E, D, F>
+    fn adam<const A: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam_f16::<A, D, F>
     }
 }
 
 impl AdamLeaf for Q8 {
-    fn adam<const A: bool, const E: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
-        adam_q8::<A, E, D, F>
+    fn adam<const A: bool, const D: u8, const F: u32>() -> Loop<Hyper, Self> {
+        adam_q8::<A, D, F>
     }
 }
 
@@ -239,5 +261,5 @@ impl AdamLeaf for Q8 {
 /// storage type, with the uniform in f32.
 pub(crate) fn loops(switches: &AdamSwitches, uniform: &AdamUniform64) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
-    every_storage!(adam_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
+    every_storage!(adam_loop(switches, &uniform)).with_uniform(Hyper::new(switches, uniform))
 }
