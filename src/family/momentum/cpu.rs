@@ -13,8 +13,6 @@ use super::contract::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 pub(crate) fn momentum_element<
     const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
-    const NESTEROV: bool,
-    const RESTART: bool,
 >(
     hp: &Hyper,
     p: f32,
@@ -28,8 +26,12 @@ pub(crate) fn momentum_element<
     let mut direction = g;
     let mut v = v_prev;
     if VELOCITY {
-        v = if RESTART { g } else { hp.velocity_decay * v_prev + hp.grad_scale * g };
-        direction = if NESTEROV { g + hp.nesterov_scale * v } else { v };
+        // Both tests are the same for every element (the first step restarts the buffer at
+        // `g`); each picks between two values the element has anyway.
+        let decayed = hp.velocity_decay * v_prev + hp.grad_scale * g;
+        v = if hp.restart { g } else { decayed };
+        let nesterov = g + hp.nesterov_scale * v;
+        direction = if hp.nesterov { nesterov } else { v };
     }
     (p - hp.lr * direction, v)
 }
@@ -39,14 +41,12 @@ pub(crate) fn momentum<
     E: Element,
     const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
-    const NESTEROV: bool,
-    const RESTART: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = momentum_element::<WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         for ((p, g), v) in o.param.iter_mut().zip(o.grad).zip(buffer.iter_mut()) {
@@ -65,14 +65,12 @@ pub(crate) fn momentum<
 pub(crate) fn momentum_q8<
     const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
-    const NESTEROV: bool,
-    const RESTART: bool,
 >(
     hp: &Hyper,
     scale: f32,
     job: q8::Job<'_>,
 ) {
-    let update = momentum_element::<WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     q8::each::<_, false>(
         job,
         #[inline(always)]
@@ -80,7 +78,7 @@ pub(crate) fn momentum_q8<
             let (p, v) = update(hp, p, g * scale, v);
             (p, [v])
         },
-        |o| momentum::<f32, WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>(hp, scale, o),
+        |o| momentum::<f32, WEIGHT_DECAY, VELOCITY>(hp, scale, o),
     );
 }
 
@@ -88,14 +86,12 @@ pub(crate) fn momentum_q8<
 pub(crate) fn momentum_f16<
     const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
-    const NESTEROV: bool,
-    const RESTART: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = momentum_element::<WEIGHT_DECAY, VELOCITY, NESTEROV, RESTART>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         f16_lanes::each(
@@ -121,66 +117,68 @@ pub(crate) fn momentum_loop<E: MomentumLeaf>(
     s: &MomentumSwitches,
     u: &MomentumUniform,
 ) -> Loop<Hyper, E> {
-    // The shader's run-time tests of the uniform (`restart`, a zero L2 coefficient) are the
-    // same for every element: here they pick the loop.
-    fn restart<E: MomentumLeaf, const W: bool, const N: bool>(
-        restart: bool,
-    ) -> Loop<Hyper, E> {
-        if restart {
-            E::momentum::<W, true, N, true>()
+    // Without a buffer neither Nesterov nor the restart has any effect.
+    fn velocity<E: MomentumLeaf, const W: bool>(s: &MomentumSwitches) -> Loop<Hyper, E> {
+        if s.velocity {
+            E::momentum::<W, true>()
         } else {
-            E::momentum::<W, true, N, false>()
+            E::momentum::<W, false>()
         }
     }
-    fn velocity<E: MomentumLeaf, const W: bool>(
-        s: &MomentumSwitches,
-        u: &MomentumUniform,
-    ) -> Loop<Hyper, E> {
-        match (s.velocity, s.nesterov) {
-            (true, true) => restart::<E, W, true>(u.restart != 0),
-            (true, false) => restart::<E, W, false>(u.restart != 0),
-            // Without a buffer neither Nesterov nor the restart has any effect.
-            (false, _) => E::momentum::<W, false, false, false>(),
-        }
-    }
+    // The shader's run-time test of a zero L2 coefficient is the same for every element:
+    // here it picks the loop.
     if u.weight_decay != 0.0 {
-        velocity::<E, true>(s, u)
+        velocity::<E, true>(s)
     } else {
-        velocity::<E, false>(s, u)
+        velocity::<E, false>(s)
     }
 }
 
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`momentum_loop`]) serves every storage type.
 pub(crate) trait MomentumLeaf: Leaf {
-    fn momentum<const W: bool, const V: bool, const N: bool, const R: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> MomentumLeaf for T {
-    fn momentum<const W: bool, const V: bool, const N: bool, const R: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum::<T, W, V, N, R>
+        momentum::<T, W, V>
     }
 }
 
 impl MomentumLeaf for f16 {
-    fn momentum<const W: bool, const V: bool, const N: bool, const R: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum_f16::<W, V, N, R>
+        momentum_f16::<W, V>
     }
 }
 
 impl MomentumLeaf for Q8 {
-    fn momentum<const W: bool, const V: bool, const N: bool, const R: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum_q8::<W, V, N, R>
+        momentum_q8::<W, V>
     }
 }
 
 /// What the family's CPU loops read of a step: the kernel's uniform in f32, with
-/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`).
-pub(crate) type Hyper = Signed<MomentumUniform>;
+/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), and the two tests
+/// the shader makes of every element alike: the buffer's restart and Nesterov's direction.
+pub(crate) struct Hyper {
+    uniform: Signed<MomentumUniform>,
+    /// The first step: the buffer starts at the gradient (`MomentumUniform::restart`).
+    restart: bool,
+    /// Nesterov's direction, `g + nesterov_scale v`, rather than `v`.
+    nesterov: bool,
+}
+
+impl std::ops::Deref for Hyper {
+    type Target = Signed<MomentumUniform>;
+    fn deref(&self) -> &Self::Target {
+        &self.uniform
+    }
+}
 
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
@@ -189,5 +187,10 @@ pub(crate) fn loops(
     uniform: &MomentumUniform64,
 ) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
-    every_storage!(momentum_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
+    let hyper = Hyper {
+        restart: uniform.restart != 0,
+        nesterov: switches.nesterov,
+        uniform: Signed::new(uniform, switches.maximize),
+    };
+    every_storage!(momentum_loop(switches, &uniform)).with_uniform(hyper)
 }

@@ -8,21 +8,18 @@ use crate::cpu::kernels::{every_storage, Bound, Element, Leaf, Loop, Operands, S
 use crate::cpu::{f16_lanes, q8};
 use super::contract::{RmsPropSwitches, RmsPropUniform, RmsPropUniform64};
 
-// How RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or updated in
-// one of the two forms of ATen's lerp (`RmsPropSwitches::lerp_from_grad`).
+// Whether RMSprop keeps `grad_avg` (a const generic cannot be an enum): not at all, or
+// updated by ATen's lerp, in the form `Hyper::lerp_from_grad` picks at run time.
 const UNCENTERED: u8 = 0;
-const CENTERED_LERP_FROM_AVG: u8 = 1;
-const CENTERED_LERP_FROM_GRAD: u8 = 2;
+const CENTERED: u8 = 1;
 
 /// One element of `src/family/rmsprop/rmsprop.wgsl`: returns `(p_new, square_avg, momentum_buffer,
-/// grad_avg)`. `RAW`: the parameter steps with the gradient as given, the state with the
-/// decayed one (`RmsPropSwitches::step_with_raw_grad`).
+/// grad_avg)`.
 #[inline(always)]
 pub(crate) fn rmsprop_element<
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
-    const RAW: bool,
 >(
     hp: &Hyper,
     p: f32,
@@ -37,23 +34,23 @@ pub(crate) fn rmsprop_element<
         g += hp.weight_decay * p;
     }
     let s = s_prev * hp.alpha + hp.one_minus_alpha * g * g;
-    let (a, root) = match CENTER {
-        CENTERED_LERP_FROM_AVG => {
-            let a = a_prev + hp.one_minus_alpha * (g - a_prev);
-            (a, (s - a * a).sqrt())
-        }
-        CENTERED_LERP_FROM_GRAD => {
-            let a = g - (g - a_prev) * (1.0 - hp.one_minus_alpha);
-            (a, (s - a * a).sqrt())
-        }
-        _ => (a_prev, s.sqrt()),
+    let (a, root) = if CENTER == CENTERED {
+        // ATen's lerp: `a + w (g - a)` from the average, or `g - (g - a) (1 - w)` from the
+        // gradient, written `g + (g - a) (w - 1)` (the same bits).
+        let base = if hp.lerp_from_grad { g } else { a_prev };
+        let a = base + (g - a_prev) * hp.lerp_weight;
+        (a, (s - a * a).sqrt())
+    } else {
+        (a_prev, s.sqrt())
     };
     let avg = root + hp.eps;
     if MOMENTUM {
         let b = b_prev * hp.momentum + g / avg;
         (p - hp.lr * b, s, b, a)
     } else {
-        let step_grad = if RAW { loaded } else { g };
+        // bitsandbytes' form steps with the gradient as given, the state with the decayed
+        // one (`RmsPropSwitches::step_with_raw_grad`).
+        let step_grad = if hp.step_with_raw_grad { loaded } else { g };
         (p - hp.lr * (step_grad / avg), s, b_prev, a)
     }
 }
@@ -64,13 +61,12 @@ pub(crate) fn rmsprop<
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
-    const RAW: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
     // is kept, then grad_avg where it is kept.
     let [square_avg, second, third, ..] = o.state;
@@ -108,13 +104,12 @@ pub(crate) fn rmsprop_f16<
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
-    const RAW: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     let [square_avg, second, third, ..] = o.state;
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => f16_lanes::each(
@@ -162,18 +157,17 @@ pub(crate) fn rmsprop_q8<
     const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
-    const RAW: bool,
 >(
     hp: &Hyper,
     scale: f32,
     job: q8::Job<'_>,
 ) {
     let blocked =
-        |o: Operands<'_, f32>| rmsprop::<f32, WEIGHT_DECAY, CENTER, MOMENTUM, RAW>(hp, scale, o);
+        |o: Operands<'_, f32>| rmsprop::<f32, WEIGHT_DECAY, CENTER, MOMENTUM>(hp, scale, o);
     if MOMENTUM || CENTER != UNCENTERED {
         return q8::blocked(job, q8::NonFinite::Update, blocked);
     }
-    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM, RAW>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     q8::each::<_, false>(
         job,
         #[inline(always)]
@@ -195,27 +189,19 @@ pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(
         s: &RmsPropSwitches,
     ) -> Loop<Hyper, E> {
         if s.momentum {
-            E::rmsprop::<W, C, true, false>()
+            E::rmsprop::<W, C, true>()
         } else {
-            E::rmsprop::<W, C, false, false>()
+            E::rmsprop::<W, C, false>()
         }
     }
     fn center<E: RmsPropLeaf, const W: bool>(s: &RmsPropSwitches) -> Loop<Hyper, E> {
-        match (s.centered, s.lerp_from_grad) {
-            (false, _) => momentum::<E, W, UNCENTERED>(s),
-            (true, false) => momentum::<E, W, CENTERED_LERP_FROM_AVG>(s),
-            (true, true) => momentum::<E, W, CENTERED_LERP_FROM_GRAD>(s),
+        if s.centered {
+            momentum::<E, W, CENTERED>(s)
+        } else {
+            momentum::<E, W, UNCENTERED>(s)
         }
     }
-    // bitsandbytes' 8-bit form (`q8::kernel_step`) is plain RMSprop: its loops alone.
-    if s.step_with_raw_grad {
-        debug_assert!(!s.maximize && !s.centered && !s.momentum, "{s:?}");
-        return if u.weight_decay != 0.0 {
-            E::rmsprop::<true, UNCENTERED, false, true>()
-        } else {
-            E::rmsprop::<false, UNCENTERED, false, true>()
-        };
-    }
+    debug_assert!(!s.step_with_raw_grad || !(s.maximize || s.centered || s.momentum), "{s:?}");
     if u.weight_decay != 0.0 {
         center::<E, true>(s)
     } else {
@@ -226,34 +212,66 @@ pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`rmsprop_loop`]) serves every storage type.
 pub(crate) trait RmsPropLeaf: Leaf {
-    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> RmsPropLeaf for T {
-    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop::<T, W, C, B, R>
+        rmsprop::<T, W, C, B>
     }
 }
 
 impl RmsPropLeaf for f16 {
-    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop_f16::<W, C, B, R>
+        rmsprop_f16::<W, C, B>
     }
 }
 
 impl RmsPropLeaf for Q8 {
-    fn rmsprop<const W: bool, const C: u8, const B: bool, const R: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop_q8::<W, C, B, R>
+        rmsprop_q8::<W, C, B>
     }
 }
 
 /// What the family's CPU loops read of a step: the kernel's uniform in f32, with
-/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`).
-pub(crate) type Hyper = Signed<RmsPropUniform>;
+/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), and the switches
+/// whose forms differ by an operand, not by an operation: the lerp's form and which gradient
+/// the parameter steps with.
+pub(crate) struct Hyper {
+    uniform: Signed<RmsPropUniform>,
+    /// ATen's lerp of `grad_avg` from the gradient (`w >= 0.5`) rather than from the average.
+    lerp_from_grad: bool,
+    /// The lerp's multiplier of `g - a`: `w`, or `w - 1` from the gradient.
+    lerp_weight: f32,
+    /// The parameter steps with the gradient as given (bitsandbytes' 8-bit RMSprop).
+    step_with_raw_grad: bool,
+}
+
+impl Hyper {
+    fn new(switches: &RmsPropSwitches, uniform: RmsPropUniform) -> Self {
+        Hyper {
+            lerp_from_grad: switches.lerp_from_grad,
+            lerp_weight: if switches.lerp_from_grad {
+                -(1.0 - uniform.one_minus_alpha)
+            } else {
+                uniform.one_minus_alpha
+            },
+            step_with_raw_grad: switches.step_with_raw_grad,
+            uniform: Signed::new(uniform, switches.maximize),
+        }
+    }
+}
+
+impl std::ops::Deref for Hyper {
+    type Target = Signed<RmsPropUniform>;
+    fn deref(&self) -> &Self::Target {
+        &self.uniform
+    }
+}
 
 /// The family's CPU update for a step: the loops its switches and uniform select, for every
 /// storage type, with the uniform in f32.
@@ -262,5 +280,5 @@ pub(crate) fn loops(
     uniform: &RmsPropUniform64,
 ) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
-    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(Signed::new(uniform, switches.maximize))
+    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(Hyper::new(switches, uniform))
 }
