@@ -1,6 +1,6 @@
-// What the product and the normalize kernels share: bfloat16 rounding of a value kept in
-// f32 (torch's bfloat16 tensors), and the bits of a 16-bit store. Needs shaders/convert.wgsl
-// and the prelude's `STORAGE_*`.
+// What the product kernel and the kernels compiled over its layout share: bfloat16 rounding
+// of a value kept in f32 (torch's bfloat16 tensors), and the bits of a 16-bit store. Needs
+// shaders/convert.wgsl and the prelude's `STORAGE_*`.
 
 fn round_bf16(v: f32) -> f32 {
     let bits = bitcast<u32>(v);

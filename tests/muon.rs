@@ -589,3 +589,58 @@ fn a_refused_gpu_muon_step_changes_nothing_and_is_not_counted() {
     }
     common::assert_no_uncaptured(&seen);
 }
+
+/// After the first steps, a recorded Muon step (momentum, normalize, Newton-Schulz products,
+/// apply) creates no GPU object: every pipeline, scratch buffer and bind group is made when
+/// the optimizer is built or a gradient set is first bound. The parameters still follow the
+/// oracle.
+#[test]
+fn a_recorded_muon_step_creates_no_gpu_objects() {
+    let _turn = common::gpu_turn();
+    // A device of its own: the live counts are per device, and other tests run in parallel.
+    let ctx = common::fresh_ctx();
+    let shapes = vec![vec![12, 20], vec![30, 8], vec![20]];
+    let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let mut rng = common::Rng::new(43);
+    let p0: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
+    let g: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 0.1)).collect();
+    let muon = Muon { lr: 0.02, ns_precision: NsPrecision::F32, ..Muon::default() };
+    let adamw = Adam { lr: 0.01, ..Adam::adamw() };
+    let params: Vec<_> = p0.iter().map(|v| ctx.upload("p", v, DType::F32)).collect();
+    let grads: Vec<_> = g.iter().map(|v| ctx.upload("g", v, DType::F32)).collect();
+    let mut opt = Optimizer::builder()
+        .param_shapes(shapes.clone())
+        .build_groups(&ctx, vec![ParamGroup::new(muon, &params[..2]), ParamGroup::new(adamw, &params[2..])])
+        .unwrap();
+    let mut record = |steps: usize| {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        for _ in 0..steps {
+            opt.record_step(&mut encoder, &grads).unwrap();
+        }
+        encoder
+    };
+    ctx.queue().submit([record(2).finish()]);
+    ctx.device().poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let live = || {
+        let c = ctx.device().get_internal_counters().hal;
+        [c.buffers.read(), c.bind_groups.read(), c.compute_pipelines.read(), c.shader_modules.read()]
+    };
+    let before = live();
+    // An encoder keeps alive whatever its passes use, so anything a step created would show.
+    let encoder = record(2);
+    assert_eq!(live(), before, "[buffers, bind groups, pipelines, shader modules] changed");
+    ctx.queue().submit([encoder.finish()]);
+    let mut want = p0.clone();
+    let mut buffers: Vec<Vec<f64>> = lens.iter().map(|&n| vec![0.0; n]).collect();
+    let mut adam_state =
+        TorchAdamState { exp_avg: vec![0.0; lens[2]], exp_avg_sq: vec![0.0; lens[2]], ..Default::default() };
+    for _ in 0..4 {
+        for i in 0..2 {
+            muon_step(&muon, &mut want[i], &g[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
+        }
+        torch_adam_step(&adamw, &mut want[2], &g[2], &mut adam_state);
+    }
+    for (i, p) in params.iter().enumerate() {
+        close(&ctx.read(p).unwrap(), &want[i], 1e-4, 1e-5, &format!("param {i}"));
+    }
+}

@@ -657,7 +657,7 @@ fn checkpoints_carry_the_state_group_values_and_mode_from_gpu_to_cpu() {
         let bytes = gpu.optimizer.save_to_bytes().unwrap();
         let checkpoint = wgpu_optim::Checkpoint::parse(&bytes).unwrap();
         assert_eq!(checkpoint.groups[0].0, Algorithm::from(config), "the hyperparameters in param_groups");
-        assert_eq!(checkpoint.schedule_free, vec![Some(gpu.scalars(0))]);
+        assert_eq!(checkpoint.schedule_free(), vec![Some(gpu.scalars(0))]);
         assert_eq!(checkpoint.mode, mode);
         // The CPU backend over the parameters the GPU holds (y, or x in eval mode).
         let mut cpu = Cpu::new(config, &gpu.params(), DType::F32, DType::F32);
@@ -779,5 +779,67 @@ fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() 
                 }
             }
         }
+    }
+}
+
+/// `bytes` with its `param_groups` metadata rewritten by `edit` (the tensors, and so their
+/// checksums, unchanged).
+fn with_param_groups(bytes: &[u8], edit: impl Fn(&mut [serde_json::Value])) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let meta = header["__metadata__"].as_object_mut().unwrap();
+    let mut groups: Vec<serde_json::Value> =
+        serde_json::from_str(meta["param_groups"].as_str().unwrap()).unwrap();
+    edit(&mut groups);
+    meta.insert("param_groups".into(), serde_json::to_string(&groups).unwrap().into());
+    let mut header = serde_json::to_vec(&header).unwrap();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    out.extend(&bytes[8 + n..]);
+    out
+}
+
+#[test]
+fn a_checkpoints_group_values_and_modes_are_checked_by_name() {
+    let mut rng = Rng::new(13);
+    let ctx = ctx();
+    let groups: Vec<(ScheduleFreeAdamW, Vec<Vec<f64>>)> =
+        (0..2).map(|_| (warmup_decay(), initial(&mut rng, &LENGTHS[..2]))).collect();
+    let mut gpu = Gpu::new(&ctx, &groups, DType::F32, DType::F32);
+    gpu.step(&initial(&mut rng, &[1, 255, 1, 255])).unwrap();
+    gpu.eval().unwrap();
+    let bytes = gpu.optimizer.save_to_bytes().unwrap();
+    // The schedulefree package's keys, per group.
+    let checkpoint = wgpu_optim::Checkpoint::parse(&bytes).unwrap();
+    assert_eq!(checkpoint.mode, ScheduleFreeMode::Eval);
+    assert_eq!(checkpoint.schedule_free(), vec![Some(gpu.scalars(0)), Some(gpu.scalars(1))]);
+    let same = with_param_groups(&bytes, |g| {
+        assert_eq!(g[1]["k"], 1);
+        assert_eq!(g[1]["train_mode"], false);
+        assert_eq!(g[1]["lr_max"].as_f64(), Some(gpu.scalars(1).lr_max));
+        assert_eq!(g[1]["weight_sum"].as_f64(), Some(gpu.scalars(1).weight_sum));
+    });
+    assert_eq!(same, bytes, "the metadata rewritten unchanged");
+    type Edit = fn(&mut [serde_json::Value]);
+    let cases: [(Edit, &str); 5] = [
+        (|g| drop(g[1].as_object_mut().unwrap().remove("k")), "param_groups[1] has no `k`"),
+        (|g| g[0]["k"] = (-1).into(), "param_groups[0].k is not a whole number >= 0"),
+        (|g| g[0]["weight_sum"] = "x".into(), "param_groups[0].weight_sum is not a number"),
+        (|g| g[0]["train_mode"] = 1.into(), "param_groups[0].train_mode is not true or false"),
+        (|g| g[1]["train_mode"] = true.into(), "param_groups[1].train_mode differs from an earlier group's"),
+    ];
+    let before = (gpu.scalars(1), gpu.state(1, StateKind::Z));
+    for (edit, want) in cases {
+        let edited = with_param_groups(&bytes, edit);
+        for refused in
+            [wgpu_optim::Checkpoint::parse(&edited).err(), gpu.optimizer.load_from_bytes(&edited).err()]
+        {
+            match refused {
+                Some(Error::BadFile { problem, .. }) => assert_eq!(problem, want),
+                other => panic!("expected `{want}`, got {other:?}"),
+            }
+        }
+        assert_eq!(before, (gpu.scalars(1), gpu.state(1, StateKind::Z)), "a refused load changed the group");
     }
 }

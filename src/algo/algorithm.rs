@@ -335,6 +335,19 @@ macro_rules! algorithms {
                     $(Algorithm::$variant(c) => FamilyCheckpoint::state_shape(c, kind, shape),)*
                 }
             }
+
+            /// Checks the entries its family's passes add to group `g`'s `param_groups`
+            /// entry, and gives the mode it was saved in (`FamilyCheckpoint::check_saved_group`).
+            pub(crate) fn check_saved_group(
+                &self,
+                g: usize,
+                entry: &crate::checkpoint::JsonMap,
+                earlier: Option<crate::ScheduleFreeMode>,
+            ) -> Result<Option<crate::ScheduleFreeMode>> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyCheckpoint::check_saved_group(c, g, entry, earlier),)*
+                }
+            }
         }
 
         // The front ends' hooks (`FamilyConfig::check_options` and after).

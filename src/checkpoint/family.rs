@@ -3,7 +3,10 @@
 //! (`crate::family::<name>::checkpoint`); the family registry (`crate::family::registry`) generates the
 //! dispatch, so that no checkpoint code matches on families by hand.
 
-use crate::{Error, Result, StateKind};
+use crate::{Error, Result, ScheduleFreeMode, StateKind};
+
+/// A `param_groups` entry as JSON.
+pub(crate) type JsonMap = serde_json::Map<String, serde_json::Value>;
 
 /// A family's configuration in checkpoints, implemented in the family's folder.
 pub(crate) trait FamilyCheckpoint: Sized {
@@ -32,6 +35,21 @@ pub(crate) trait FamilyCheckpoint: Sized {
     /// parameter's shape.
     fn state_shape(&self, _kind: StateKind, _shape: &[usize]) -> Option<(Vec<usize>, &'static str)> {
         None
+    }
+
+    /// Checks what the family's passes add to group `g`'s `param_groups` entry when saving
+    /// (their per-group values: `GroupPasses::save_group`, `CpuPasses::save_group`), when a
+    /// file is parsed, so that loading reads it back unrefused; [`Error::BadFile`] names the
+    /// entry that is missing, malformed or impossible. Returns the mode the group was saved
+    /// in, for a family with modes, which must agree with `earlier` (an earlier group's).
+    /// `None` (most families): nothing added, no mode.
+    fn check_saved_group(
+        &self,
+        _g: usize,
+        _entry: &JsonMap,
+        _earlier: Option<ScheduleFreeMode>,
+    ) -> Result<Option<ScheduleFreeMode>> {
+        Ok(None)
     }
 }
 

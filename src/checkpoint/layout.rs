@@ -9,8 +9,7 @@ use std::ops::Range;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
-use super::{bad, checksum, safetensors_dtype, Checkpoint, CHECKPOINT_FORMAT};
-use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
+use super::{bad, checksum, safetensors_dtype, Checkpoint, JsonMap, CHECKPOINT_FORMAT};
 use crate::q8::{blocks, check_absmax, check_replacement, map_for, Q8States, StoredState, BLOCK_SIZE};
 use crate::{Algorithm, DType, Result, Rounding, StateKind};
 
@@ -124,8 +123,9 @@ pub(crate) struct Layout<'a> {
     /// 4-bit [`OptimizerBuilder::state_storage`](crate::OptimizerBuilder::state_storage): states are saved
     /// under torchao's names (`exp_avg.codes`, `exp_avg.scale`, `exp_avg.qmap`).
     pub(crate) q4: Option<crate::q4::Q4States>,
-    /// Schedule-Free groups' running values and the mode, saved in their `param_groups`.
-    pub(crate) schedule_free: ScheduleFreeLayout,
+    /// What each group's family's passes add to its `param_groups` entry (their per-group
+    /// values; `GroupPasses::save_group`, `CpuPasses::save_group`), empty for most.
+    pub(crate) group_entries: Vec<JsonMap>,
 }
 
 /// A named view of `data`, or [`Error::BadFile`](crate::Error::BadFile) naming it.
@@ -347,13 +347,16 @@ impl Layout<'_> {
         let groups: Vec<serde_json::Value> = self
             .groups
             .iter()
-            .map(|(algorithm, range)| {
+            .enumerate()
+            .map(|(g, (algorithm, range))| {
                 let mut map = algorithm.to_json();
                 map.insert("params".into(), range.clone().collect::<Vec<_>>().into());
+                map.extend(
+                    self.group_entries.get(g).into_iter().flatten().map(|(k, v)| (k.clone(), v.clone())),
+                );
                 serde_json::Value::Object(map)
             })
             .collect();
-        let groups = self.schedule_free.annotate(self.groups.iter().map(|(a, _)| *a), groups);
         let mut metadata = BTreeMap::from([
             ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
             ("param_groups".to_string(), serde_json::Value::Array(groups).to_string()),

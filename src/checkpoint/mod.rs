@@ -18,7 +18,7 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-pub(crate) use family::{bad_json, FamilyCheckpoint, JsonFields};
+pub(crate) use family::{bad_json, FamilyCheckpoint, JsonFields, JsonMap};
 pub use parse::Checkpoint;
 
 use crate::{DType, Error, Result};

@@ -6,10 +6,9 @@ use safetensors::SafeTensors;
 
 use super::layout::{Q4_BLOCK_SIZE, Q4_MIN_SIZE};
 use super::layout::{Q8_BLOCK_SIZE, Q8_MIN_8BIT_SIZE};
-use super::{bad, checksum, READABLE_FORMATS};
+use super::{bad, checksum, JsonMap, READABLE_FORMATS};
 use crate::q8::{Q8States, BLOCK_SIZE};
-use crate::{Algorithm, Result, Rounding};
-use crate::{ScheduleFreeMode, ScheduleFreeScalars};
+use crate::{Algorithm, Result, Rounding, ScheduleFreeMode};
 
 /// A parsed checkpoint file of either backend, checked for internal consistency but not
 /// yet against an optimizer. Parsing reads the header and tensor table defensively and
@@ -45,12 +44,12 @@ pub struct Checkpoint<'a> {
     ///
     /// [`StateStorage::Q4`]: crate::StateStorage::Q4
     pub q4_states: Option<crate::q4::Q4States>,
-    /// Each group's Schedule-Free running values (`k`, `weight_sum`, `lr_max`), `None` for
-    /// groups of other algorithms.
-    pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
-    /// The mode a schedule-free optimizer's parameters were in (the groups' `train_mode`);
-    /// train for other algorithms.
+    /// The mode the parameters were in, where a group's family has modes (read by the
+    /// family from its groups' entries, which must agree); train otherwise.
     pub mode: ScheduleFreeMode,
+    /// Each group's `param_groups` entry, with what its family's passes added to it (their
+    /// per-group values, which the families read: `FamilyCheckpoint::check_saved_group`).
+    pub(crate) entries: Vec<JsonMap>,
     pub(super) file: SafeTensors<'a>,
     /// Each tensor's CRC-32 from the `crc32` metadata; `None` in files without (format 1,
     /// and files converted from PyTorch).
@@ -75,9 +74,12 @@ impl<'a> Checkpoint<'a> {
         let saved: Vec<serde_json::Value> = serde_json::from_str(field("param_groups")?)
             .map_err(|e| bad(format!("`param_groups` is not JSON: {e}")))?;
         let mut groups = Vec::with_capacity(saved.len().min(1024));
-        for (g, saved) in saved.iter().enumerate() {
-            let map = saved.as_object().ok_or_else(|| bad(format!("param_groups[{g}] is not an object")))?;
-            let algorithm = Algorithm::from_json(map).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+        let mut entries = Vec::with_capacity(saved.len().min(1024));
+        for (g, saved) in saved.into_iter().enumerate() {
+            let serde_json::Value::Object(map) = saved else {
+                return Err(bad(format!("param_groups[{g}] is not an object")));
+            };
+            let algorithm = Algorithm::from_json(&map).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
             algorithm.validate().map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
             let params = map
                 .get("params")
@@ -89,6 +91,7 @@ impl<'a> Checkpoint<'a> {
                 })
                 .ok_or_else(|| bad(format!("param_groups[{g}].params is not a list of indices")))?;
             groups.push((algorithm, params));
+            entries.push(map);
         }
         let rounding = match meta.get("rounding").map(String::as_str) {
             None | Some("nearest_even") => Rounding::NearestEven,
@@ -105,9 +108,14 @@ impl<'a> Checkpoint<'a> {
         };
         let q8_states = q8_states(&meta)?;
         let q4_states = q4_states(&meta)?;
-        let (schedule_free, mode) = crate::family::schedule_free::checkpoint_layout::parse(&saved, &groups)?;
+        // Each family checks what its passes added to its groups' entries.
+        let mut mode = None;
+        for (g, (entry, (algorithm, _))) in entries.iter().zip(&groups).enumerate() {
+            mode = algorithm.check_saved_group(g, entry, mode)?.or(mode);
+        }
+        let mode = mode.unwrap_or_default();
         let checksums = checksum::parse(meta.get(checksum::CHECKSUMS))?;
-        Ok(Checkpoint { step, groups, rounding, q8_states, q4_states, schedule_free, mode, file, checksums })
+        Ok(Checkpoint { step, groups, rounding, q8_states, q4_states, mode, entries, file, checksums })
     }
 
     /// Refuses a file whose tensor data does not match its checksums (a flipped bit, a

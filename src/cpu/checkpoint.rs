@@ -8,8 +8,7 @@ use std::path::Path;
 use super::state_memory::StateTensor;
 use super::CpuOptimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::{load_file, write_atomically, Checkpoint};
-use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
+use crate::checkpoint::{load_file, write_atomically, Checkpoint, JsonMap};
 use crate::q8::StoredState;
 use crate::{DType, Result};
 
@@ -90,9 +89,20 @@ impl CpuOptimizer {
         self.algorithm = checkpoint.groups[0].0;
         self.rounding = checkpoint.rounding;
         self.step = checkpoint.step;
-        let scalars = checkpoint.schedule_free.first().copied().flatten().unwrap_or_default();
-        self.restore_schedule_free(scalars, checkpoint.mode);
+        // The family's group values and mode, from the group's entry.
+        if let (Some(passes), Some(entry)) = (&mut self.passes, checkpoint.entries.first()) {
+            passes.load_group(&self.algorithm, entry)?;
+        }
         Ok(())
+    }
+
+    /// What the family's passes add to the group's `param_groups` entry (empty without).
+    fn group_entry(&self) -> JsonMap {
+        let mut entry = JsonMap::new();
+        if let Some(passes) = &self.passes {
+            passes.save_group(&self.algorithm, &mut entry);
+        }
+        entry
     }
 
     /// The optimizer as checkpoints see it: one group.
@@ -138,10 +148,7 @@ impl CpuOptimizer {
             rounding: self.rounding,
             q8,
             q4,
-            schedule_free: ScheduleFreeLayout {
-                scalars: vec![self.schedule_free_scalars(0).unwrap_or_default()],
-                mode: self.mode(),
-            },
+            group_entries: vec![self.group_entry()],
         }
     }
 

@@ -107,6 +107,21 @@ pub(crate) trait CpuPasses: Any + Debug + Send + Sync {
         Ok(())
     }
 
+    /// Checkpoints: adds what the passes keep of the group (running `algorithm`) to its
+    /// `param_groups` entry, under the keys its peer's `state_dict` uses.
+    #[cfg(feature = "checkpoint")]
+    fn save_group(&self, algorithm: &Algorithm, entry: &mut crate::checkpoint::JsonMap) {
+        let _ = (algorithm, entry);
+    }
+
+    /// Checkpoints: restores what [`Self::save_group`] wrote from the group's entry (checked
+    /// when the file was parsed: `FamilyCheckpoint::check_saved_group`).
+    #[cfg(feature = "checkpoint")]
+    fn load_group(&mut self, algorithm: &Algorithm, entry: &crate::checkpoint::JsonMap) -> Result<()> {
+        let _ = (algorithm, entry);
+        Ok(())
+    }
+
     /// Checkpoints: parameter `index` (of `shape`)'s states the passes keep, as kinds and
     /// dtypes in the order [`Self::checkpoint_tensor`] numbers them.
     #[cfg(feature = "checkpoint")]

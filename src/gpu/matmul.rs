@@ -2,11 +2,13 @@
 //! memory, f32 accumulation, every operand addressed by an offset and three strides in one
 //! buffer and stored as f32, bfloat16 or f16 ([`MatrixView::dtype`]), so a transposed
 //! operand or output is indexing, never a copy, and 16-bit operands move half the bytes; the
-//! batch index is the dispatch's z. Muon's Newton-Schulz iterations are sequences of these
-//! ([`crate::Muon`]); [`Matmul`] runs any sequence for a caller (and the tests and the bench).
+//! batch index is the dispatch's z. [`Matmul`] runs any sequence for a caller (and the tests
+//! and the bench); a family's passes record products between kernels of their own compiled
+//! over the same layout (`MatrixKernels::compile_kernel`), so that one bind group serves both.
 //!
-//! The per-dispatch parameters are one uniform slot each (`MatmulParams`, `NormParams`),
-//! written once, and selected by a dynamic offset: recording a sequence creates nothing.
+//! The per-dispatch parameters are one uniform slot each (`MatmulParams`, or a kernel's own
+//! struct), written once, and selected by a dynamic offset: recording a sequence creates
+//! nothing.
 
 use std::sync::Arc;
 
@@ -21,19 +23,17 @@ const TILE_N: u32 = 64;
 const TILE_K: u32 = 16;
 /// Invocations per side of a product's workgroup (each computes a 4 x 4 block).
 const MM_WG: u32 = 16;
-/// Invocations of a normalize workgroup (a power of two: its tree halves them).
-const NORM_WG: u32 = 256;
 /// The storage binding (all operands) and the uniform slot's binding.
 const BINDING_DATA: u32 = 0;
 const BINDING_PARAMS: u32 = 1;
 const _: () = assert!(TILE_M == 4 * MM_WG && TILE_N == 4 * MM_WG);
 const _: () = assert!((TILE_M * TILE_K).is_multiple_of(MM_WG * MM_WG) && TILE_M * TILE_K == TILE_K * TILE_N);
-const _: () = assert!(NORM_WG.is_power_of_two());
 /// `D` is added (`beta D`).
 const FLAG_ADD: u32 = 1;
-/// The result is rounded to bfloat16 before `scale`.
-const FLAG_ROUND_BF16: u32 = 2;
-/// An operand's storage type in `MatmulParams::dtypes` (and `NormParams::x_storage`).
+/// The result is rounded to bfloat16 before `scale` (the prelude's `FLAG_ROUND_BF16`, which
+/// other kernels over the layout may read from their own flags).
+pub(crate) const FLAG_ROUND_BF16: u32 = 2;
+/// An operand's storage type in `MatmulParams::dtypes` (the prelude's `STORAGE_*`).
 const STORAGE_F32: u32 = 0;
 const STORAGE_BF16: u32 = 1;
 const STORAGE_F16: u32 = 2;
@@ -42,7 +42,8 @@ const SHIFT_A: u32 = 0;
 const SHIFT_B: u32 = 2;
 const SHIFT_D: u32 = 4;
 const SHIFT_C: u32 = 6;
-/// Bytes per uniform slot: WebGPU's largest `min_uniform_buffer_offset_alignment`.
+/// Bytes per uniform slot: WebGPU's largest `min_uniform_buffer_offset_alignment`, and the
+/// most a kernel's parameter struct may take.
 const SLOT: u64 = 256;
 
 /// Where a matrix lies in the data buffer and how it is stored: element `(z, r, c)` is
@@ -95,11 +96,7 @@ impl MatrixView {
 
     /// The kernels' storage code of this view's dtype.
     fn storage(&self) -> u32 {
-        match self.dtype {
-            DType::BF16 => STORAGE_BF16,
-            DType::F16 => STORAGE_F16,
-            _ => STORAGE_F32,
-        }
+        storage_code(self.dtype)
     }
 }
 
@@ -236,34 +233,20 @@ pub(crate) struct MatmulParams {
     dtypes: u32,
 }
 
-/// `src/family/muon/muon_normalize.wgsl`'s `Norm`: one batch of `rows` x `cols` f32 matrices at
-/// `u_offset`, normalized (transposed when tall) into `x_offset`, counted in elements of
-/// `x_storage` (a 16-bit X needs an even offset and an even element count).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-pub(crate) struct NormParams {
-    pub(crate) rows: u32,
-    pub(crate) cols: u32,
-    pub(crate) u_offset: u32,
-    pub(crate) x_offset: u32,
-    pub(crate) flags: u32,
-    pub(crate) eps: f32,
-    pub(crate) x_storage: u32,
-    pub(crate) reserved: u32,
-}
-
-impl NormParams {
-    pub(crate) const ROUND_BF16: u32 = FLAG_ROUND_BF16;
-
-    /// The storage code of an X stored as `dtype`.
-    pub(crate) fn storage(dtype: DType) -> u32 {
-        MatrixView::row_major(0, 0, 0).stored_as(dtype).storage()
+/// The kernels' storage code (the prelude's `STORAGE_*`) of a matrix stored as `dtype`: F32,
+/// BF16 or F16 (any other is refused before it reaches a kernel).
+pub(crate) fn storage_code(dtype: DType) -> u32 {
+    match dtype {
+        DType::BF16 => STORAGE_BF16,
+        DType::F16 => STORAGE_F16,
+        _ => STORAGE_F32,
     }
 }
 
-/// The WGSL declarations both shaders start with: the parameter structs (their fields as
-/// the Rust structs lay them out), the tile sizes and flags, `round_bf16`.
-fn prelude() -> String {
+/// The WGSL declarations every kernel over the layout starts with: the product's parameter
+/// struct (its fields as `MatmulParams` lays them out), the tile sizes, bindings, flags and
+/// storage codes, the conversions, `round_bf16` and `half_bits`.
+pub(crate) fn prelude() -> String {
     let mut s = String::new();
     s.push_str("struct Mm {\n    m: u32,\n    n: u32,\n    k: u32,\n    flags: u32,\n");
     for op in ["a", "b", "d", "c"] {
@@ -272,13 +255,9 @@ fn prelude() -> String {
         }
     }
     s.push_str("    alpha: f32,\n    beta: f32,\n    scale: f32,\n    dtypes: u32,\n}\n");
-    s.push_str(
-        "struct Norm {\n    rows: u32,\n    cols: u32,\n    u_offset: u32,\n    x_offset: u32,\n    \
-         flags: u32,\n    eps: f32,\n    x_storage: u32,\n    reserved: u32,\n}\n",
-    );
     s.push_str(&format!(
         "const TILE_M: u32 = {TILE_M}u;\nconst TILE_N: u32 = {TILE_N}u;\nconst TILE_K: u32 = {TILE_K}u;\n\
-         const MM_WG: u32 = {MM_WG}u;\nconst NORM_WG: u32 = {NORM_WG}u;\n\
+         const MM_WG: u32 = {MM_WG}u;\n\
          const BINDING_DATA: u32 = {BINDING_DATA}u;\nconst BINDING_PARAMS: u32 = {BINDING_PARAMS}u;\n\
          const FLAG_ADD: u32 = {FLAG_ADD}u;\nconst FLAG_ROUND_BF16: u32 = {FLAG_ROUND_BF16}u;\n\
          const STORAGE_F32: u32 = {STORAGE_F32}u;\nconst STORAGE_BF16: u32 = {STORAGE_BF16}u;\n\
@@ -295,17 +274,12 @@ pub(crate) fn matmul_wgsl() -> String {
     prelude() + include_str!("../../shaders/matmul.wgsl")
 }
 
-/// The full WGSL of Muon's normalize kernel.
-pub(crate) fn normalize_wgsl() -> String {
-    prelude() + crate::family::muon::NORMALIZE_WGSL
-}
-
-/// The two pipelines and their layout: one f32 storage binding and one uniform slot
-/// selected by a dynamic offset.
+/// The product's pipeline and the layout every kernel over the matrices shares: one storage
+/// binding (all operands) and one uniform slot selected by a dynamic offset.
 pub(crate) struct MatrixKernels {
     layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
     matmul: wgpu::ComputePipeline,
-    normalize: wgpu::ComputePipeline,
 }
 
 impl MatrixKernels {
@@ -337,10 +311,8 @@ impl MatrixKernels {
                         ty: wgpu::BindingType::Buffer {
                             ty: wgpu::BufferBindingType::Uniform,
                             has_dynamic_offset: true,
-                            min_binding_size: wgpu::BufferSize::new(
-                                std::mem::size_of::<MatmulParams>().max(std::mem::size_of::<NormParams>())
-                                    as u64,
-                            ),
+                            // A whole slot: every kernel's struct fits one (`slots`).
+                            min_binding_size: wgpu::BufferSize::new(SLOT),
                         },
                         count: None,
                     },
@@ -351,25 +323,23 @@ impl MatrixKernels {
                 bind_group_layouts: &[Some(&layout)],
                 immediate_size: 0,
             });
-            let pipeline = |label: &str, source: String| {
-                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(label),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                });
-                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(label),
-                    layout: Some(&pipeline_layout),
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
-            };
-            MatrixKernels {
-                matmul: pipeline("wgpu-optim matmul", matmul_wgsl()),
-                normalize: pipeline("wgpu-optim muon normalize", normalize_wgsl()),
-                layout,
-            }
+            let matmul = pipeline(device, &pipeline_layout, "wgpu-optim matmul", matmul_wgsl());
+            MatrixKernels { layout, pipeline_layout, matmul }
+        })
+    }
+
+    /// Compiles another kernel over the same layout, so that the bind groups of
+    /// [`Self::bind`] serve it too: [`prelude`] followed by `body`, whose entry point is
+    /// `main` and whose parameter struct (at most a slot) is `BINDING_PARAMS`. The caller
+    /// keeps the pipeline (a family's passes, through the context's pipeline registry).
+    pub(crate) fn compile_kernel(
+        &self,
+        ctx: &GpuContext,
+        label: &'static str,
+        body: &str,
+    ) -> Result<wgpu::ComputePipeline> {
+        ctx.catch("compiling a matrix kernel", || {
+            pipeline(ctx.device(), &self.pipeline_layout, label, prelude() + body)
         })
     }
 
@@ -405,28 +375,48 @@ impl MatrixKernels {
         slot: u32,
         product: &Product,
     ) {
-        let (x, y, z) = product.workgroups();
-        pass.set_pipeline(&self.matmul);
-        pass.set_bind_group(0, group, &[slot * SLOT as u32]);
-        pass.dispatch_workgroups(x, y, z);
+        record(pass, &self.matmul, group, slot, product.workgroups());
     }
+}
 
-    /// Records the normalize pass of `batch` matrices, whose parameters are slot `slot`.
-    pub(crate) fn record_normalize(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        group: &wgpu::BindGroup,
-        slot: u32,
-        batch: u32,
-    ) {
-        pass.set_pipeline(&self.normalize);
-        pass.set_bind_group(0, group, &[slot * SLOT as u32]);
-        pass.dispatch_workgroups(batch, 1, 1);
-    }
+/// Records `pipeline` (the product's, or one of [`MatrixKernels::compile_kernel`]) over
+/// `group` with its parameters in uniform slot `slot`, `workgroups` of it.
+pub(crate) fn record(
+    pass: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    group: &wgpu::BindGroup,
+    slot: u32,
+    (x, y, z): (u32, u32, u32),
+) {
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, group, &[slot * SLOT as u32]);
+    pass.dispatch_workgroups(x, y, z);
+}
+
+/// A compute pipeline of `source` over `layout`, entry point `main`.
+fn pipeline(
+    device: &wgpu::Device,
+    layout: &wgpu::PipelineLayout,
+    label: &str,
+    source: String,
+) -> wgpu::ComputePipeline {
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: Some(layout),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    })
 }
 
 /// Uniform slots of 256 bytes, each holding one `T` (zero-padded).
 pub(crate) fn slots<T: Pod>(params: &[T]) -> Vec<u8> {
+    const { assert!(std::mem::size_of::<T>() <= SLOT as usize, "a parameter struct fits a slot") };
     let mut bytes = vec![0u8; params.len().max(1) * SLOT as usize];
     for (chunk, p) in bytes.chunks_exact_mut(SLOT as usize).zip(params) {
         chunk[..std::mem::size_of::<T>()].copy_from_slice(bytemuck::bytes_of(p));
@@ -514,11 +504,11 @@ impl Matmul {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The span of struct `name` in `module`.
-    fn span(module: &naga::Module, name: &str) -> u32 {
+    pub(crate) fn span(module: &naga::Module, name: &str) -> u32 {
         module
             .types
             .iter()
@@ -530,19 +520,24 @@ mod tests {
             .unwrap_or_else(|| panic!("no struct {name}"))
     }
 
+    /// `source` parsed and validated by naga, every check on.
+    pub(crate) fn validated(source: &str) -> naga::Module {
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(source)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{e:?}\n{source}"));
+        module
+    }
+
+    /// The span of the prelude's `Mm` in a kernel's `module`, as the Rust struct lays it out.
+    pub(crate) fn assert_matmul_struct(module: &naga::Module) {
+        assert_eq!(span(module, "Mm") as usize, std::mem::size_of::<MatmulParams>());
+    }
+
     #[test]
-    fn both_kernels_validate_and_their_structs_are_the_rust_ones() {
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        );
-        for source in [matmul_wgsl(), normalize_wgsl()] {
-            let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(&source)));
-            validator.validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{source}"));
-            assert_eq!(span(&module, "Mm") as usize, std::mem::size_of::<MatmulParams>());
-            assert_eq!(span(&module, "Norm") as usize, std::mem::size_of::<NormParams>());
-        }
+    fn the_product_kernel_validates_and_its_struct_is_the_rust_one() {
+        assert_matmul_struct(&validated(&matmul_wgsl()));
     }
 
     #[test]

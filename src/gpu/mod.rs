@@ -1,9 +1,9 @@
 //! The GPU layer: it knows buffers, bindings and shaders, and nothing of any convention.
 //! The passes of the algorithms that are not elementwise live in their family folders
 //! (`crate::family::<name>::gpu_passes`). [`matmul`] stays here: a batched matrix product
-//! any caller may run ([`matmul::Matmul`]), whose kernels Muon's Newton-Schulz passes share
-//! with the normalization they start from (its WGSL is Muon's, compiled beside the product
-//! so that one bind group serves both).
+//! any caller may run ([`matmul::Matmul`]), whose layout a family's passes compile their own
+//! kernels over (`MatrixKernels::compile_kernel`) so that one bind group serves the products
+//! and those kernels.
 
 pub(crate) mod blockwise;
 pub(crate) mod compile;

@@ -55,9 +55,10 @@ impl PipelineCache {
         self.get_or_compile(PipelineKey::Table(key.clone()), || compile(ctx, key))
     }
 
-    /// The pipelines of a pass whose WGSL is fixed, of a family that is not elementwise
-    /// (LAMB's combine pass, Adafactor's passes), named `name`: compiled by `compile` on
-    /// first use, then shared. They are not variants, so [`Self::len`] does not count them.
+    /// The pipelines of a pass whose WGSL is fixed (the passes of a family that is not
+    /// elementwise, compiled in its folder; the matrix products), named `name`: compiled by
+    /// `compile` on first use, then shared. They are not variants, so [`Self::len`] does not
+    /// count them.
     pub(crate) fn get_pass<T: Any + wgpu::WasmNotSendSync>(
         &self,
         name: &'static str,

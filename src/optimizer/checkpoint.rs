@@ -8,8 +8,7 @@ use std::path::Path;
 
 use super::Optimizer;
 use crate::checkpoint::layout::{Layout, ParamLayout, Slot};
-use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint};
-use crate::family::schedule_free::checkpoint_layout::ScheduleFreeLayout;
+use crate::checkpoint::{bad, load_file, write_atomically, Checkpoint, JsonMap};
 use crate::gpu::plan::Arg;
 use crate::gpu::transfer::check_writable;
 use crate::q8::StoredState;
@@ -146,12 +145,15 @@ impl Optimizer {
             rounding: self.rounding,
             q8,
             q4,
-            schedule_free: ScheduleFreeLayout {
-                scalars: (0..self.groups.len())
-                    .map(|g| self.schedule_free_scalars(g).unwrap_or_default())
-                    .collect(),
-                mode: self.mode(),
-            },
+            group_entries: (self.groups.iter().enumerate())
+                .map(|(g, group)| {
+                    let mut entry = JsonMap::new();
+                    for passes in &self.passes {
+                        passes.save_group(g, &group.algorithm, &mut entry);
+                    }
+                    entry
+                })
+                .collect(),
         }
     }
 
@@ -300,9 +302,10 @@ impl Optimizer {
         }
         // The seed travels in the uniforms, which the next step rewrites (every group is dirty).
         self.rounding = checkpoint.rounding;
-        for (g, scalars) in checkpoint.schedule_free.iter().enumerate() {
-            if let Some(scalars) = scalars {
-                self.set_schedule_free_scalars(g, *scalars)?;
+        // The families' per-group values, from their groups' entries, and the mode.
+        for (g, ((algorithm, _), entry)) in checkpoint.groups.iter().zip(&checkpoint.entries).enumerate() {
+            for passes in &mut self.passes {
+                passes.load_group(g, algorithm, entry)?;
             }
         }
         self.set_mode_unchanged(checkpoint.mode);

@@ -118,6 +118,26 @@ pub(crate) trait GroupPasses: Any {
         None
     }
 
+    /// Checkpoints: adds what the passes keep of group `g` (running `algorithm`) to its
+    /// `param_groups` entry, under the keys its peer's `state_dict` uses.
+    #[cfg(feature = "checkpoint")]
+    fn save_group(&self, g: usize, algorithm: &Algorithm, entry: &mut crate::checkpoint::JsonMap) {
+        let _ = (g, algorithm, entry);
+    }
+
+    /// Checkpoints: restores what [`Self::save_group`] wrote from group `g`'s entry (checked
+    /// when the file was parsed: `FamilyCheckpoint::check_saved_group`).
+    #[cfg(feature = "checkpoint")]
+    fn load_group(
+        &mut self,
+        g: usize,
+        algorithm: &Algorithm,
+        entry: &crate::checkpoint::JsonMap,
+    ) -> Result<()> {
+        let _ = (g, algorithm, entry);
+        Ok(())
+    }
+
     /// Refuses `call`, a step, where the family's mode refuses steps (Schedule-Free's eval
     /// mode: [`Error::EvalMode`](crate::Error::EvalMode)).
     fn check_step(&self, call: &'static str) -> Result<()> {

@@ -24,8 +24,9 @@ use std::any::Any;
 use crate::algo::matrix_shapes;
 use crate::gpu::dispatch::Batch;
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
-use crate::gpu::matmul::{slots, uniform_buffer, MatrixKernels, MatrixView, NormParams, Product};
+use crate::gpu::matmul::{slots, uniform_buffer, MatrixKernels, MatrixView, Product};
 use crate::gpu::plan::{plan, slot_args, Arg, SlotArgs};
+use super::normalize::{NormParams, Normalize};
 use crate::optimizer::passes::{GroupPasses, PassView};
 use crate::optimizer::{Group, ParamGroup, BOUND_GRADIENT_SETS};
 use crate::step::{Family, Switches};
@@ -167,6 +168,8 @@ pub(crate) struct MuonGpu {
     /// The Muon groups.
     groups: Vec<usize>,
     kernels: Option<std::sync::Arc<MatrixKernels>>,
+    /// The normalize pass, over `kernels`' layout.
+    normalize: Option<std::sync::Arc<Normalize>>,
     chunks: Vec<Chunk>,
     /// Parameter i's `U` region (`None` outside Muon groups).
     updates: Vec<Option<Tensor>>,
@@ -189,6 +192,7 @@ impl MuonGpu {
             return Ok(muon);
         }
         let kernels = MatrixKernels::new(ctx)?;
+        muon.normalize = Some(Normalize::new(ctx, &kernels)?);
         let limits = ctx.device().limits();
         let max_elements = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4;
         for (g, (algorithm, range)) in groups.iter().enumerate() {
@@ -267,14 +271,14 @@ impl MuonGpu {
 
     /// Records the momentum passes (of `bound[0]`) and every chunk's Newton-Schulz passes.
     fn record(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
-        let Some(kernels) = &self.kernels else { return };
+        let (Some(kernels), Some(normalize)) = (&self.kernels, &self.normalize) else { return };
         if let Some((_, batches)) = self.bound.first() {
             for (g, _, batch) in batches {
                 batch.record(pass, &scalars[*g]);
             }
         }
         for chunk in &self.chunks {
-            kernels.record_normalize(pass, &chunk.bind_group, 0, chunk.batch);
+            normalize.record(pass, &chunk.bind_group, 0, chunk.batch);
             for (slot, product) in chunk.products.iter().enumerate() {
                 kernels.record_product(pass, &chunk.bind_group, slot as u32 + 1, product);
             }

@@ -13,11 +13,12 @@ pub(crate) mod cpu;
 pub(crate) mod cpu_passes;
 pub(crate) mod gpu_passes;
 mod low_bit;
+mod normalize;
 
 /// The update's body (`update`), which the generated prelude precedes.
 pub(crate) const UPDATE_WGSL: &str = include_str!("muon.wgsl");
-/// Newton-Schulz's first normalization (the Frobenius norm's pass).
-pub(crate) const NORMALIZE_WGSL: &str = include_str!("muon_normalize.wgsl");
+/// Newton-Schulz's first normalization (the Frobenius norm's pass, `normalize`).
+const NORMALIZE_WGSL: &str = include_str!("muon_normalize.wgsl");
 /// Capturable mode's step values on the device: none. Refused in capturable mode
 /// (`optimizer::muon`): the orthogonalization runs on the host-mode uniforms.
 pub(crate) const CAPTURABLE_WGSL: &str = "";

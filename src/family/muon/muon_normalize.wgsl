@@ -6,10 +6,10 @@
 // With ROUND_BF16 every value is rounded to bfloat16 as torch's bfloat16 tensors are: U
 // as it is cast, the norm, eps, and the quotient. U is f32; X is f32, or bfloat16 or f16
 // (`nm.x_storage`, element e in half e % 2 of word e / 2), then written a word at a time by
-// the invocation that owns both of its elements (`count` is even). The prelude
-// (src/gpu/matmul.rs) declares `struct Norm`, `NORM_WG` (a power of two), `BINDING_DATA`,
-// `BINDING_PARAMS`, `FLAG_ROUND_BF16`, `STORAGE_*`, `round_bf16`, `half_bits` and
-// shaders/convert.wgsl's conversions.
+// the invocation that owns both of its elements (`count` is even). The products' prelude
+// (src/gpu/matmul.rs) declares `BINDING_DATA`, `BINDING_PARAMS`, `FLAG_ROUND_BF16`,
+// `STORAGE_*`, `round_bf16`, `half_bits` and shaders/convert.wgsl's conversions;
+// normalize.rs adds `struct Norm` and `NORM_WG` (a power of two).
 
 @group(0) @binding(BINDING_DATA) var<storage, read_write> data: array<u32>; // bits, as in shaders/matmul.wgsl
 @group(0) @binding(BINDING_PARAMS) var<uniform> nm: Norm;

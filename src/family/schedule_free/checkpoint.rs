@@ -1,9 +1,10 @@
 //! Schedule-Free AdamW's `param_groups` entry in checkpoints, under the `schedulefree`
 //! package's keys (its running values are the optimizer's: `checkpoint_layout`).
 
+use super::checkpoint_layout;
 use super::config::ScheduleFreeAdamW;
-use crate::checkpoint::{bad_json, FamilyCheckpoint, JsonFields};
-use crate::Result;
+use crate::checkpoint::{bad_json, FamilyCheckpoint, JsonFields, JsonMap};
+use crate::{Algorithm, Result, ScheduleFreeMode};
 
 impl FamilyCheckpoint for ScheduleFreeAdamW {
     const CLASSES: &'static [&'static str] = &["AdamWScheduleFree"];
@@ -33,5 +34,16 @@ impl FamilyCheckpoint for ScheduleFreeAdamW {
             r: fields.number("r")?,
             weight_lr_power: fields.number("weight_lr_power")?,
         })
+    }
+
+    /// The running values and mode the passes add to the entry, checked; every group in one
+    /// mode.
+    fn check_saved_group(
+        &self,
+        g: usize,
+        entry: &JsonMap,
+        earlier: Option<ScheduleFreeMode>,
+    ) -> Result<Option<ScheduleFreeMode>> {
+        checkpoint_layout::saved_mode(g, &Algorithm::from(*self), entry, earlier)
     }
 }

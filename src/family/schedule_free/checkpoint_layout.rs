@@ -1,73 +1,68 @@
 //! Schedule-Free groups in checkpoints: the group's running `k`, `weight_sum`, `lr_max`
 //! and `train_mode` in its `param_groups` entry, under the `schedulefree` package's names
-//! (its `state_dict` keeps them per group), written by either backend and read back.
+//! (its `state_dict` keeps them per group), written by either backend's passes
+//! (`save_group`), checked when a file is parsed (`FamilyCheckpoint::check_saved_group`) and
+//! read back by the passes (`load_group`).
 
-use crate::checkpoint::bad;
+use crate::checkpoint::{bad, Checkpoint, JsonMap};
 use crate::{Algorithm, Result, ScheduleFreeMode, ScheduleFreeScalars};
 
-/// What a checkpoint records of an optimizer's Schedule-Free groups.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct ScheduleFreeLayout {
-    /// Each group's running values (read only for schedule-free groups).
-    pub(crate) scalars: Vec<ScheduleFreeScalars>,
-    /// The mode the parameters were in.
-    pub(crate) mode: ScheduleFreeMode,
+/// Adds `k`, `weight_sum`, `lr_max` and `train_mode` to a schedule-free group's entry.
+pub(crate) fn write(scalars: &ScheduleFreeScalars, mode: ScheduleFreeMode, entry: &mut JsonMap) {
+    entry.insert("k".into(), scalars.k.into());
+    entry.insert("weight_sum".into(), scalars.weight_sum.into());
+    entry.insert("lr_max".into(), scalars.lr_max.into());
+    entry.insert("train_mode".into(), (mode == ScheduleFreeMode::Train).into());
 }
 
-impl ScheduleFreeLayout {
-    /// Adds `k`, `weight_sum`, `lr_max` and `train_mode` to each schedule-free group's entry.
-    pub(crate) fn annotate(
-        &self,
-        algorithms: impl Iterator<Item = Algorithm>,
-        mut groups: Vec<serde_json::Value>,
-    ) -> Vec<serde_json::Value> {
-        for ((algorithm, entry), scalars) in algorithms.zip(&mut groups).zip(&self.scalars) {
-            let (Algorithm::ScheduleFreeAdamW(_), Some(map)) = (algorithm, entry.as_object_mut()) else {
-                continue;
-            };
-            map.insert("k".into(), scalars.k.into());
-            map.insert("weight_sum".into(), scalars.weight_sum.into());
-            map.insert("lr_max".into(), scalars.lr_max.into());
-            map.insert("train_mode".into(), (self.mode == ScheduleFreeMode::Train).into());
-        }
+/// Group `g`'s saved values and mode, from its entry (`algorithm`: the group's, a
+/// schedule-free one); [`Error::BadFile`](crate::Error::BadFile) names a value that is
+/// missing, malformed or impossible.
+pub(crate) fn read(
+    g: usize,
+    algorithm: &Algorithm,
+    entry: &JsonMap,
+) -> Result<(ScheduleFreeScalars, ScheduleFreeMode)> {
+    let field = |key: &str| entry.get(key).ok_or_else(|| bad(format!("param_groups[{g}] has no `{key}`")));
+    let number =
+        |key: &str| field(key)?.as_f64().ok_or_else(|| bad(format!("param_groups[{g}].{key} is not a number")));
+    let k = field("k")?
+        .as_u64()
+        .ok_or_else(|| bad(format!("param_groups[{g}].k is not a whole number >= 0")))?;
+    let saved = ScheduleFreeScalars { k, weight_sum: number("weight_sum")?, lr_max: number("lr_max")? };
+    super::scalars::check_scalars(algorithm, &saved).map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
+    let train = field("train_mode")?
+        .as_bool()
+        .ok_or_else(|| bad(format!("param_groups[{g}].train_mode is not true or false")))?;
+    Ok((saved, if train { ScheduleFreeMode::Train } else { ScheduleFreeMode::Eval }))
+}
+
+/// The mode group `g` was saved in, its entry checked ([`read`]); refused where an earlier
+/// group was saved in the other mode (`earlier`).
+pub(crate) fn saved_mode(
+    g: usize,
+    algorithm: &Algorithm,
+    entry: &JsonMap,
+    earlier: Option<ScheduleFreeMode>,
+) -> Result<Option<ScheduleFreeMode>> {
+    let (_, mode) = read(g, algorithm, entry)?;
+    if earlier.is_some_and(|m| m != mode) {
+        return Err(bad(format!("param_groups[{g}].train_mode differs from an earlier group's")));
+    }
+    Ok(Some(mode))
+}
+
+impl Checkpoint<'_> {
+    /// Each group's Schedule-Free running values (`k`, `weight_sum`, `lr_max`), `None` for
+    /// groups of other algorithms.
+    pub fn schedule_free(&self) -> Vec<Option<ScheduleFreeScalars>> {
+        let groups = self.groups.iter().zip(&self.entries).enumerate();
         groups
+            .map(|(g, ((algorithm, _), entry))| match algorithm {
+                // Checked when the file was parsed.
+                Algorithm::ScheduleFreeAdamW(_) => read(g, algorithm, entry).ok().map(|(scalars, _)| scalars),
+                _ => None,
+            })
+            .collect()
     }
-}
-
-/// Each group's saved Schedule-Free values (`None` for other algorithms) and the mode, from
-/// the `param_groups` entries; [`Error::BadFile`](crate::Error::BadFile) names a value that
-/// is missing, malformed or impossible, or groups saved in different modes.
-pub(crate) fn parse(
-    entries: &[serde_json::Value],
-    groups: &[(Algorithm, Vec<usize>)],
-) -> Result<(Vec<Option<ScheduleFreeScalars>>, ScheduleFreeMode)> {
-    let mut mode = None;
-    let mut scalars = Vec::with_capacity(groups.len());
-    for (g, (entry, (algorithm, _))) in entries.iter().zip(groups).enumerate() {
-        if !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
-            scalars.push(None);
-            continue;
-        }
-        let field =
-            |key: &str| entry.get(key).ok_or_else(|| bad(format!("param_groups[{g}] has no `{key}`")));
-        let number = |key: &str| {
-            field(key)?.as_f64().ok_or_else(|| bad(format!("param_groups[{g}].{key} is not a number")))
-        };
-        let k = field("k")?
-            .as_u64()
-            .ok_or_else(|| bad(format!("param_groups[{g}].k is not a whole number >= 0")))?;
-        let saved = ScheduleFreeScalars { k, weight_sum: number("weight_sum")?, lr_max: number("lr_max")? };
-        crate::family::schedule_free::scalars::check_scalars(algorithm, &saved)
-            .map_err(|e| bad(format!("param_groups[{g}]: {e}")))?;
-        let train = field("train_mode")?
-            .as_bool()
-            .ok_or_else(|| bad(format!("param_groups[{g}].train_mode is not true or false")))?;
-        let group_mode = if train { ScheduleFreeMode::Train } else { ScheduleFreeMode::Eval };
-        if mode.is_some_and(|m| m != group_mode) {
-            return Err(bad(format!("param_groups[{g}].train_mode differs from an earlier group's")));
-        }
-        mode = Some(group_mode);
-        scalars.push(Some(saved));
-    }
-    Ok((scalars, mode.unwrap_or_default()))
 }

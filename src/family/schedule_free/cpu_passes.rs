@@ -65,6 +65,24 @@ impl CpuPasses for ScheduleFreePasses {
         Some(self.mode)
     }
 
+    /// The group's running values and the mode.
+    #[cfg(feature = "checkpoint")]
+    fn save_group(&self, algorithm: &Algorithm, entry: &mut crate::checkpoint::JsonMap) {
+        if matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
+            super::checkpoint_layout::write(&self.scalars, self.mode, entry);
+        }
+    }
+
+    /// The group's running values and the mode the parameters are in, without touching the
+    /// parameters (saved in that mode).
+    #[cfg(feature = "checkpoint")]
+    fn load_group(&mut self, algorithm: &Algorithm, entry: &crate::checkpoint::JsonMap) -> Result<()> {
+        if matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
+            (self.scalars, self.mode) = super::checkpoint_layout::read(0, algorithm, entry)?;
+        }
+        Ok(())
+    }
+
     /// Swaps the parameters to the point of `to` (x for eval, y for train), unless they
     /// hold it already; the tensors have been checked.
     fn swap(
@@ -123,15 +141,5 @@ impl CpuOptimizer {
             passes.scalars = scalars;
         }
         Ok(())
-    }
-
-    /// Sets what a checkpoint keeps of Schedule-Free's group: its running values and the
-    /// mode the parameters are in, without touching the parameters (saved in that mode).
-    #[cfg(feature = "checkpoint")]
-    pub(crate) fn restore_schedule_free(&mut self, scalars: ScheduleFreeScalars, mode: ScheduleFreeMode) {
-        if let Some(passes) = self.passes_of_mut::<ScheduleFreePasses>() {
-            passes.scalars = scalars;
-            passes.mode = mode;
-        }
     }
 }

@@ -124,6 +124,26 @@ impl GroupPasses for ScheduleFreeHost {
         Ok(Some(moved.map(|(g, c)| (*g, c.swap_step(to_eval))).collect()))
     }
 
+    /// A schedule-free group's running values and the mode.
+    #[cfg(feature = "checkpoint")]
+    fn save_group(&self, g: usize, algorithm: &Algorithm, entry: &mut crate::checkpoint::JsonMap) {
+        if let (Algorithm::ScheduleFreeAdamW(_), Some(scalars)) = (algorithm, self.scalars.get(g)) {
+            super::checkpoint_layout::write(scalars, self.mode, entry);
+        }
+    }
+
+    /// A schedule-free group's running values (the optimizer sets the mode).
+    #[cfg(feature = "checkpoint")]
+    fn load_group(&mut self, g: usize, algorithm: &Algorithm, entry: &crate::checkpoint::JsonMap) -> Result<()> {
+        if !matches!(algorithm, Algorithm::ScheduleFreeAdamW(_)) {
+            return Ok(());
+        }
+        let (scalars, _) = super::checkpoint_layout::read(g, algorithm, entry)?;
+        let groups = self.scalars.len();
+        *self.scalars.get_mut(g).ok_or(Error::NoSuchGroup { index: g, groups })? = scalars;
+        Ok(())
+    }
+
     fn record_swap(&self, pass: &mut wgpu::ComputePass<'_>, scalars: &[wgpu::BindGroup]) {
         for (g, batch) in self.swap.iter().flatten() {
             if self.scalars[*g].k > 0 {
