@@ -182,16 +182,20 @@ pub(crate) fn blocked<C: Codec>(
     let (block, group) = (codec.block_size(), C::GROUP);
     debug_assert!(group.is_multiple_of(block), "a group of {group} is not whole blocks of {block}");
     let mut scratch = [[0.0f32; SCRATCH]; MAX_STATE];
-    let mut kept = [0.0f32; SCRATCH];
+    // Zeroed only where a gradient may restart its element.
+    let mut kept = restart.then_some([0.0f32; SCRATCH]);
     for (g, (param, grad)) in param.chunks_mut(group).zip(grad.chunks(group)).enumerate() {
         // A job is whole blocks, so a group is too, but for a tensor's last partial block.
         let (n, at) = (param.len(), g * group);
         let (first_block, bytes) = (at / block, C::code_bytes(at)..C::code_bytes(at + n));
         // The parameters a non-finite gradient leaves as they were (rare: kept only then).
-        let restarts = restart && grad.iter().any(|g| !g.is_finite());
-        if restarts {
-            kept[..n].copy_from_slice(param);
-        }
+        let restarts = match &mut kept {
+            Some(kept) if grad.iter().any(|g| !g.is_finite()) => {
+                kept[..n].copy_from_slice(param);
+                Some(&*kept)
+            }
+            _ => None,
+        };
         let mut state: [&mut [f32]; MAX_STATE] = Default::default();
         for (((slot, lanes), out), scratch) in
             slots.iter_mut().zip(&lanes).zip(state.iter_mut()).zip(scratch.iter_mut())
@@ -211,7 +215,7 @@ pub(crate) fn blocked<C: Codec>(
             }
         }
         f32_loop(Operands { param, grad, state });
-        if restarts {
+        if let Some(kept) = restarts {
             for (j, _) in grad.iter().enumerate().filter(|(_, g)| !g.is_finite()) {
                 param[j] = kept[j];
                 for state in scratch.iter_mut() {
