@@ -234,3 +234,80 @@ pub(crate) fn blocked<C: Codec>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::q4::Q4State;
+    use crate::q8::StoredState;
+
+    /// An elementwise update of two states, as a family's f32 loop is.
+    fn f32_loop(o: Operands<'_, f32>) {
+        let Operands { param, grad, state: [m, v, ..] } = o;
+        for (((p, g), m), v) in param.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *m = 0.9 * *m + 0.1 * g;
+            *v = 0.99 * *v + 0.01 * g * g;
+            *p -= 0.01 * *m / (v.sqrt() + 1e-8);
+        }
+    }
+
+    /// Runs `codec` over one tensor of `n` elements: cut into work items on rayon by [`run`],
+    /// or as one job, with two states made by `state(seed)`; the parameters and states after.
+    fn step<C: Codec>(
+        codec: C,
+        n: usize,
+        state: impl Fn(u32) -> C::State,
+        cut: bool,
+    ) -> (Vec<u32>, Vec<C::State>) {
+        let mut seed = 0x9e37_79b9u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        let mut param: Vec<f32> = (0..n).map(|_| next()).collect();
+        let grad: Vec<f32> = (0..n).map(|_| next() * 0.1).collect();
+        let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
+        let mut states = vec![vec![state(1), state(2)]];
+        if cut {
+            let params = std::iter::once(&mut param[..]);
+            let grads = std::iter::once(&grad[..]);
+            run(codec, &kinds, params, grads, &mut states, |job| blocked(job, NonFinite::Update, f32_loop));
+        } else {
+            let mut slots = states[0].iter_mut().zip(&kinds).map(|(s, kind)| C::slot(s, *kind));
+            let slots = std::array::from_fn(|_| slots.next().unwrap_or_default());
+            blocked(Job { param: &mut param, grad: &grad, slots, codec }, NonFinite::Update, f32_loop);
+        }
+        (param.iter().map(|p| p.to_bits()).collect(), states.remove(0))
+    }
+
+    /// Cutting a tensor of several work items (and, for 8-bit state, a last partial block)
+    /// into jobs on rayon leaves the parameters, codes and scales of one job over it all, for
+    /// both codecs and every 4-bit block size's extreme.
+    #[test]
+    fn work_items_give_the_one_jobs_results() {
+        let codes = |seed: u32, len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[3])
+                .collect()
+        };
+        let scales = |seed: u32, len: usize| -> Vec<f32> {
+            (0..len).map(|i| 0.01 + ((i as u32 ^ seed) % 97) as f32 / 97.0).collect()
+        };
+        let n = 2 * CHUNK + 5 * crate::q8::BLOCK_SIZE + 77;
+        let q8 = |seed| StoredState::Q8 {
+            codes: codes(seed, n),
+            absmax: scales(seed, n.div_ceil(crate::q8::BLOCK_SIZE)),
+        };
+        let codec = super::super::q8::Q8Codec;
+        assert!(step(codec, n, q8, true) == step(codec, n, q8, false), "8-bit state");
+        for block_size in [8, crate::q4::MAX_BLOCK_SIZE] {
+            let n = 2 * CHUNK + 3 * crate::q4::MAX_BLOCK_SIZE;
+            let q4 = |seed| Q4State::Q4 { codes: codes(seed, n / 2), scale: scales(seed, n / block_size) };
+            let codec = super::super::q4::Q4Codec { block_size };
+            assert!(
+                step(codec, n, q4, true) == step(codec, n, q4, false),
+                "4-bit state, blocks of {block_size}"
+            );
+        }
+    }
+}

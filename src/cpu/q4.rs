@@ -22,7 +22,7 @@ use crate::StateKind;
 /// torchao's blockwise 4-bit format as the engine runs it, with the optimizer's block size.
 #[derive(Clone, Copy)]
 pub(super) struct Q4Codec {
-    block_size: usize,
+    pub(super) block_size: usize,
 }
 
 impl Codec for Q4Codec {
