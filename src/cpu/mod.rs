@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod blockwise;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 pub(crate) mod convert;

@@ -1,96 +1,82 @@
-//! Steps over blockwise 8-bit state ([`crate::q8`]), a run of whole blocks at a time: each
-//! block of 256 elements is dequantized, updated by the same f32 element function as f32
-//! state, and requantized under its new absmax, so every state byte is read once and written
-//! once and the update formula is the one every other storage type runs. Where the CPU has
-//! AVX-512, the steps of the families whose leaf says so (Adam, momentum, Lion, RMSprop,
-//! AdEMAMix, ADOPT, Adan) do all three in one pass per block ([`each`], `fused`); elsewhere,
-//! and for the rest, each block's state goes through f32 scratch and the family's f32 loop
-//! ([`blocked`]).
-
-use rayon::prelude::*;
+//! Blockwise 8-bit state ([`crate::q8`], bitsandbytes') on the CPU: the 8-bit codec of the
+//! shared engine ([`super::blockwise`]), and the 8-bit fast path. Each block of 256 elements
+//! is dequantized, updated by the same f32 element function as f32 state, and requantized
+//! under its new absmax. Where the CPU has AVX-512, the steps of the families whose leaf says
+//! so (Adam, momentum, Lion, RMSprop, AdEMAMix, ADOPT, Adan) do all three in one pass per
+//! block ([`each`], `fused`); elsewhere, and for the rest, each block's state goes through
+//! the engine's f32 scratch and the family's f32 loop ([`blocked`]).
+//!
+//! What the format brings to the engine ([`Q8Codec`]): blocks of 256, a code byte per
+//! element, the map of each state's kind ([`CodeTable`]), the absmax rule (a block's largest
+//! finite magnitude; 1 and every code the code of 0 where it has none), one block per call of
+//! the f32 loop. Besides: bitsandbytes' restart on a non-finite gradient
+//! ([`NonFinite::Restart`], asked for by the families' 8-bit loops), and tensors below
+//! `min_8bit_size` on a kernel of their own ([`run`]).
 
 #[cfg(target_arch = "x86_64")]
 mod fused;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 
+use super::blockwise::{self, Codec, Slot};
 use super::kernels::{Kernel, Operands, MAX_STATE, Q8};
 use super::magnitude_key::{key as absmax_key, largest_finite, NO_KEY};
 use crate::q8::lut::CodeTable;
 use crate::q8::{StoredState, BLOCK_SIZE};
 use crate::StateKind;
 
-/// Blocks per work item: 128 Ki elements, as the f32 path's chunks.
-const CHUNK_BLOCKS: usize = 512;
+pub(crate) use super::blockwise::{blocked, NonFinite};
 
-/// One state tensor's share of a work item.
-#[derive(Default)]
-enum Slot<'a> {
-    Q8 {
-        codes: &'a mut [u8],
-        absmax: &'a mut [f32],
-        table: &'static CodeTable,
-    },
-    F32(&'a mut [f32]),
-    /// A state the algorithm does not keep.
-    #[default]
-    Absent,
-}
+/// bitsandbytes' blockwise 8-bit format as the engine runs it.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Codec;
 
-impl<'a> Slot<'a> {
-    /// The slot of `state`, quantized with the map of `kind`.
-    fn of(state: &'a mut StoredState, kind: StateKind) -> Self {
+impl Codec for Q8Codec {
+    type State = StoredState;
+    type Map = &'static CodeTable;
+    type Lanes = (Lanes, &'static CodeTable);
+    /// One block: the fused path leaves the blocked one for the families without it and for
+    /// CPUs without AVX-512, where grouping has not been measured.
+    const GROUP: usize = BLOCK_SIZE;
+
+    fn block_size(self) -> usize {
+        BLOCK_SIZE
+    }
+
+    fn code_bytes(elements: usize) -> usize {
+        elements
+    }
+
+    fn slot(state: &mut StoredState, kind: StateKind) -> Slot<'_, Self> {
         match state {
-            StoredState::Q8 { codes, absmax } => Slot::Q8 { codes, absmax, table: CodeTable::for_kind(kind) },
+            StoredState::Q8 { codes, absmax } => {
+                Slot::Quantized { codes, scales: absmax, map: CodeTable::for_kind(kind) }
+            }
             StoredState::F32(values) => Slot::F32(values),
         }
     }
 
-    /// This slot's first `elements` (a whole number of blocks) and the rest.
-    fn split_at(self, elements: usize) -> (Self, Self) {
-        match self {
-            Slot::Q8 { codes, absmax, table } => {
-                let (codes, codes_rest) = codes.split_at_mut(elements);
-                let (absmax, absmax_rest) = absmax.split_at_mut(elements / BLOCK_SIZE);
-                (
-                    Slot::Q8 { codes, absmax, table },
-                    Slot::Q8 { codes: codes_rest, absmax: absmax_rest, table },
-                )
-            }
-            Slot::F32(values) => {
-                let (head, tail) = values.split_at_mut(elements);
-                (Slot::F32(head), Slot::F32(tail))
-            }
-            Slot::Absent => (Slot::Absent, Slot::Absent),
-        }
+    fn lanes(table: &&'static CodeTable) -> Self::Lanes {
+        (Lanes::new(), *table)
     }
-}
 
-/// What a non-finite gradient does to its element on 8-bit state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NonFinite {
-    /// The update runs on it as on any gradient (a NaN or infinite state it makes is stored
-    /// as the code of 0: `crate::q8::nearest_code`).
-    Update,
-    /// The element's parameter is left as it was and its states restart from 0, as
-    /// bitsandbytes' 2-state kernel (Adam, AdEMAMix) does. Where the state is f32 (a tensor
-    /// below `min_8bit_size`: bitsandbytes' 32-bit kernel) the update runs as `Update`.
-    Restart,
+    fn dequantize((lanes, table): &Self::Lanes, codes: &[u8], absmax: f32, values: &mut [f32]) {
+        lanes.dequantize(codes, absmax, table, values)
+    }
+
+    fn requantize((lanes, table): &Self::Lanes, values: &[f32], codes: &mut [u8]) -> f32 {
+        requantize(*lanes, values, table, codes)
+    }
 }
 
 /// A run of whole blocks of one tensor (the last may be partial): what a family's 8-bit
 /// loop updates.
-pub(crate) struct Job<'a> {
-    param: &'a mut [f32],
-    grad: &'a [f32],
-    slots: [Slot<'a>; MAX_STATE],
-}
+pub(crate) type Job<'a> = blockwise::Job<'a, Q8Codec>;
 
 /// Runs `kernel` over every tensor with 8-bit state and `f32_kernel` over those below
 /// `min_8bit_size` (bitsandbytes' 32-bit kernel, which differs in places:
 /// `crate::q8::f32_state_step`): `states[i]` holds tensor i's state in the kernels' slot
-/// order (`kinds`). The lengths have been checked. The one allocation is the list of work
-/// items, as the f32 path's.
+/// order (`kinds`). The lengths have been checked.
 pub(super) fn run<'a>(
     kernel: &Kernel,
     f32_kernel: &Kernel,
@@ -99,25 +85,7 @@ pub(super) fn run<'a>(
     grads: impl Iterator<Item = &'a [f32]>,
     states: &'a mut [Vec<StoredState>],
 ) {
-    let chunk = CHUNK_BLOCKS * BLOCK_SIZE;
-    let mut jobs = Vec::new();
-    for ((param, grad), state) in params.zip(grads).zip(states.iter_mut()) {
-        let mut states = state.iter_mut().zip(kinds);
-        let slots =
-            std::array::from_fn(|_| states.next().map_or(Slot::Absent, |(s, kind)| Slot::of(s, *kind)));
-        let mut rest = Job { param, grad, slots };
-        while rest.param.len() > chunk {
-            let (param, param_rest) = rest.param.split_at_mut(chunk);
-            let (grad, grad_rest) = rest.grad.split_at(chunk);
-            let mut split = rest.slots.map(|s| <[Slot; 2]>::from(s.split_at(chunk)));
-            let slots = std::array::from_fn(|k| std::mem::take(&mut split[k][0]));
-            let slots_rest = std::array::from_fn(|k| std::mem::take(&mut split[k][1]));
-            jobs.push(Job { param, grad, slots });
-            rest = Job { param: param_rest, grad: grad_rest, slots: slots_rest };
-        }
-        jobs.push(rest);
-    }
-    jobs.into_par_iter().for_each(|job| {
+    blockwise::run(Q8Codec, kinds, params, grads, states, |job| {
         if matches!(job.slots[0], Slot::F32(_)) {
             f32_kernel.run::<Q8>(job)
         } else {
@@ -142,12 +110,14 @@ pub(crate) fn each<const S: usize, const RESTART: bool>(
     if let Some(level) = lanes::level() {
         let (kept, absent) = job.slots.split_at(S.min(MAX_STATE));
         if S <= MAX_STATE
-            && kept.iter().all(|slot| matches!(slot, Slot::Q8 { .. }))
+            && kept.iter().all(|slot| matches!(slot, Slot::Quantized { .. }))
             && absent.iter().all(|slot| matches!(slot, Slot::Absent))
         {
-            let Job { param, grad, slots } = job;
+            let blockwise::Job { param, grad, slots, .. } = job;
             let mut slots = slots.into_iter().filter_map(|slot| match slot {
-                Slot::Q8 { codes, absmax, table } => Some(fused::Slot { codes, absmax, table }),
+                Slot::Quantized { codes, scales, map } => {
+                    Some(fused::Slot { codes, absmax: scales, table: map })
+                }
                 _ => None,
             });
             let slots = std::array::from_fn(|_| slots.next().unwrap_or_default());
@@ -156,41 +126,6 @@ pub(crate) fn each<const S: usize, const RESTART: bool>(
     }
     let _ = update;
     blocked(job, non_finite, f32_loop)
-}
-
-/// Updates `job` block by block: each block's 8-bit states dequantized into f32 scratch,
-/// `f32_loop` on the block, the new states requantized. `non_finite` says what a non-finite
-/// gradient does on 8-bit state.
-pub(crate) fn blocked(job: Job<'_>, non_finite: NonFinite, f32_loop: impl Fn(Operands<'_, f32>)) {
-    let Job { param, grad, mut slots } = job;
-    let restart = non_finite == NonFinite::Restart && matches!(slots[0], Slot::Q8 { .. });
-    let mut scratch = [[0.0f32; BLOCK_SIZE]; MAX_STATE];
-    let mut kept = [0.0f32; BLOCK_SIZE];
-    let lanes = Lanes::new();
-    for (b, (param, grad)) in param.chunks_mut(BLOCK_SIZE).zip(grad.chunks(BLOCK_SIZE)).enumerate() {
-        let (n, at) = (param.len(), b * BLOCK_SIZE);
-        // The parameters a non-finite gradient leaves as they were (rare: kept only then).
-        let restarts = restart && grad.iter().any(|g| !g.is_finite());
-        if restarts {
-            kept[..n].copy_from_slice(param);
-        }
-        update_block(&f32_loop, lanes, &mut slots, &mut scratch, param, grad, b);
-        if restarts {
-            for (j, _) in grad.iter().enumerate().filter(|(_, g)| !g.is_finite()) {
-                param[j] = kept[j];
-                for state in scratch.iter_mut() {
-                    state[j] = 0.0;
-                }
-            }
-        }
-        let mut updated = scratch.iter();
-        for slot in slots.iter_mut() {
-            if let Slot::Q8 { codes, absmax, table } = slot {
-                let values = &updated.next().map(|s| &s[..n]).unwrap_or_default();
-                absmax[b] = requantize(lanes, values, table, &mut codes[at..at + n]);
-            }
-        }
-    }
 }
 
 /// `values`' codes under their block's absmax, which it returns: the largest finite
@@ -209,7 +144,7 @@ fn requantize(lanes: Lanes, values: &[f32], table: &'static CodeTable, codes: &m
 /// The vector loops this CPU runs, found once per job: AVX-512's, which need no gathers
 /// (`lanes`), or the portable ones.
 #[derive(Clone, Copy)]
-struct Lanes {
+pub(crate) struct Lanes {
     #[cfg(target_arch = "x86_64")]
     avx512: Option<fearless_simd::Avx512>,
 }
@@ -237,33 +172,6 @@ impl Lanes {
         }
         quantize(values, absmax, table, codes)
     }
-}
-
-/// Block `b`'s update: its 8-bit slots dequantized into `scratch`, then the f32 loop.
-fn update_block(
-    f32_loop: &impl Fn(Operands<'_, f32>),
-    lanes: Lanes,
-    slots: &mut [Slot<'_>],
-    scratch: &mut [[f32; BLOCK_SIZE]; MAX_STATE],
-    param: &mut [f32],
-    grad: &[f32],
-    b: usize,
-) {
-    let (n, at) = (param.len(), b * BLOCK_SIZE);
-    let mut scratch_slices = scratch.iter_mut().map(|s| &mut s[..n]);
-    let mut state: [&mut [f32]; MAX_STATE] = Default::default();
-    for (slot, out) in slots.iter_mut().zip(state.iter_mut()) {
-        match slot {
-            Slot::Q8 { codes, absmax, table } => {
-                let values = scratch_slices.next().unwrap_or_default();
-                lanes.dequantize(&codes[at..at + n], absmax[b], table, values);
-                *out = values;
-            }
-            Slot::F32(values) => *out = &mut values[at..at + n],
-            Slot::Absent => {}
-        }
-    }
-    f32_loop(Operands { param, grad, state });
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
@@ -434,13 +342,13 @@ mod tests {
                 let mut param = param.clone();
                 let mut state: Vec<(Vec<u8>, Vec<f32>)> =
                     kinds.iter().map(|_| (codes.clone(), absmax.clone())).collect();
-                let mut slots = state.iter_mut().zip(kinds).map(|((codes, absmax), kind)| Slot::Q8 {
+                let mut slots = state.iter_mut().zip(kinds).map(|((codes, absmax), kind)| Slot::Quantized {
                     codes,
-                    absmax,
-                    table: CodeTable::for_kind(*kind),
+                    scales: absmax,
+                    map: CodeTable::for_kind(*kind),
                 });
                 let slots = std::array::from_fn(|_| slots.next().unwrap_or_default());
-                let job = Job { param: &mut param, grad: &grad, slots };
+                let job = Job { param: &mut param, grad: &grad, slots, codec: Q8Codec };
                 if one_pass {
                     kernel.run::<Q8>(job);
                 } else {
