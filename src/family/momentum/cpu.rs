@@ -11,6 +11,7 @@ use super::contract::{MomentumSwitches, MomentumUniform, MomentumUniform64};
 /// One element of `src/family/momentum/momentum.wgsl`: returns `(p_new, v)`.
 #[inline(always)]
 pub(crate) fn momentum_element<
+    const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
 >(
     hp: &Hyper,
@@ -19,8 +20,7 @@ pub(crate) fn momentum_element<
     v_prev: f32,
 ) -> (f32, f32) {
     g = hp.signed(g);
-    // The shader tests the L2 coefficient against 0 for every element alike.
-    if hp.l2 {
+    if WEIGHT_DECAY {
         g += hp.weight_decay * p;
     }
     let mut direction = g;
@@ -39,13 +39,14 @@ pub(crate) fn momentum_element<
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(crate) fn momentum<
     E: Element,
+    const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = momentum_element::<VELOCITY>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         for ((p, g), v) in o.param.iter_mut().zip(o.grad).zip(buffer.iter_mut()) {
@@ -62,13 +63,14 @@ pub(crate) fn momentum<
 
 /// [`momentum`] over 8-bit state, one pass per block.
 pub(crate) fn momentum_q8<
+    const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
 >(
     hp: &Hyper,
     scale: f32,
     job: q8::Job<'_>,
 ) {
-    let update = momentum_element::<VELOCITY>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     q8::each::<_, false>(
         job,
         #[inline(always)]
@@ -76,19 +78,20 @@ pub(crate) fn momentum_q8<
             let (p, v) = update(hp, p, g * scale, v);
             (p, [v])
         },
-        |o| momentum::<f32, VELOCITY>(hp, scale, o),
+        |o| momentum::<f32, WEIGHT_DECAY, VELOCITY>(hp, scale, o),
     );
 }
 
 /// [`momentum`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn momentum_f16<
+    const WEIGHT_DECAY: bool,
     const VELOCITY: bool,
 >(
     hp: &Hyper,
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = momentum_element::<VELOCITY>;
+    let update = momentum_element::<WEIGHT_DECAY, VELOCITY>;
     let [buffer, ..] = o.state;
     if VELOCITY {
         f16_lanes::each(
@@ -110,51 +113,60 @@ pub(crate) fn momentum_f16<
     }
 }
 
-pub(crate) fn momentum_loop<E: MomentumLeaf>(s: &MomentumSwitches) -> Loop<Hyper, E> {
+pub(crate) fn momentum_loop<E: MomentumLeaf>(
+    s: &MomentumSwitches,
+    u: &MomentumUniform,
+) -> Loop<Hyper, E> {
     // Without a buffer neither Nesterov nor the restart has any effect.
-    if s.velocity {
-        E::momentum::<true>()
+    fn velocity<E: MomentumLeaf, const W: bool>(s: &MomentumSwitches) -> Loop<Hyper, E> {
+        if s.velocity {
+            E::momentum::<W, true>()
+        } else {
+            E::momentum::<W, false>()
+        }
+    }
+    // The shader's run-time test of a zero L2 coefficient is the same for every element:
+    // here it picks the loop.
+    if u.weight_decay != 0.0 {
+        velocity::<E, true>(s)
     } else {
-        E::momentum::<false>()
+        velocity::<E, false>(s)
     }
 }
 
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`momentum_loop`]) serves every storage type.
 pub(crate) trait MomentumLeaf: Leaf {
-    fn momentum<const V: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> MomentumLeaf for T {
-    fn momentum<const V: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum::<T, V>
+        momentum::<T, W, V>
     }
 }
 
 impl MomentumLeaf for f16 {
-    fn momentum<const V: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum_f16::<V>
+        momentum_f16::<W, V>
     }
 }
 
 impl MomentumLeaf for Q8 {
-    fn momentum<const V: bool>(
+    fn momentum<const W: bool, const V: bool>(
     ) -> Loop<Hyper, Self> {
-        momentum_q8::<V>
+        momentum_q8::<W, V>
     }
 }
 
 /// What the family's CPU loops read of a step: the kernel's uniform in f32, with
-/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), and the tests the
-/// shader makes of every element alike: L2 decay, the buffer's restart and Nesterov's
-/// direction.
+/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), and the two tests
+/// the shader makes of every element alike: the buffer's restart and Nesterov's direction.
 pub(crate) struct Hyper {
     uniform: Signed<MomentumUniform>,
-    /// L2 decay: the shader's test of its coefficient against 0, the same for every element.
-    l2: bool,
     /// The first step: the buffer starts at the gradient (`MomentumUniform::restart`).
     restart: bool,
     /// Nesterov's direction, `g + nesterov_scale v`, rather than `v`.
@@ -176,10 +188,9 @@ pub(crate) fn loops(
 ) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
     let hyper = Hyper {
-        l2: uniform.weight_decay != 0.0,
         restart: uniform.restart != 0,
         nesterov: switches.nesterov,
         uniform: Signed::new(uniform, switches.maximize),
     };
-    every_storage!(momentum_loop(switches)).with_uniform(hyper)
+    every_storage!(momentum_loop(switches, &uniform)).with_uniform(hyper)
 }

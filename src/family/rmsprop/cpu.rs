@@ -17,6 +17,7 @@ const CENTERED: u8 = 1;
 /// grad_avg)`.
 #[inline(always)]
 pub(crate) fn rmsprop_element<
+    const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
 >(
@@ -29,8 +30,7 @@ pub(crate) fn rmsprop_element<
 ) -> (f32, f32, f32, f32) {
     let loaded = g;
     g = hp.signed(g);
-    // The shader tests the L2 coefficient against 0 for every element alike.
-    if hp.l2 {
+    if WEIGHT_DECAY {
         g += hp.weight_decay * p;
     }
     let s = s_prev * hp.alpha + hp.one_minus_alpha * g * g;
@@ -58,6 +58,7 @@ pub(crate) fn rmsprop_element<
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 pub(crate) fn rmsprop<
     E: Element,
+    const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
 >(
@@ -65,7 +66,7 @@ pub(crate) fn rmsprop<
     scale: f32,
     o: Operands<'_, E>,
 ) {
-    let update = rmsprop_element::<CENTER, MOMENTUM>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     // The slots follow `Algorithm::state_kinds`: square_avg, then momentum_buffer where it
     // is kept, then grad_avg where it is kept.
     let [square_avg, second, third, ..] = o.state;
@@ -100,6 +101,7 @@ pub(crate) fn rmsprop<
 
 /// [`rmsprop`] on f16 operands, a register (sixteen or eight elements) at a time.
 pub(crate) fn rmsprop_f16<
+    const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
 >(
@@ -107,7 +109,7 @@ pub(crate) fn rmsprop_f16<
     scale: f32,
     o: Operands<'_, f16>,
 ) {
-    let update = rmsprop_element::<CENTER, MOMENTUM>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     let [square_avg, second, third, ..] = o.state;
     match (MOMENTUM, CENTER != UNCENTERED) {
         (true, true) => f16_lanes::each(
@@ -152,6 +154,7 @@ pub(crate) fn rmsprop_f16<
 /// [`rmsprop`] over 8-bit state: bitsandbytes' one 8-bit form (one state, uncentered,
 /// without momentum) in one pass per block, the others block by block.
 pub(crate) fn rmsprop_q8<
+    const WEIGHT_DECAY: bool,
     const CENTER: u8,
     const MOMENTUM: bool,
 >(
@@ -160,11 +163,11 @@ pub(crate) fn rmsprop_q8<
     job: q8::Job<'_>,
 ) {
     let blocked =
-        |o: Operands<'_, f32>| rmsprop::<f32, CENTER, MOMENTUM>(hp, scale, o);
+        |o: Operands<'_, f32>| rmsprop::<f32, WEIGHT_DECAY, CENTER, MOMENTUM>(hp, scale, o);
     if MOMENTUM || CENTER != UNCENTERED {
         return q8::blocked(job, q8::NonFinite::Update, blocked);
     }
-    let update = rmsprop_element::<CENTER, MOMENTUM>;
+    let update = rmsprop_element::<WEIGHT_DECAY, CENTER, MOMENTUM>;
     q8::each::<_, false>(
         job,
         #[inline(always)]
@@ -176,58 +179,70 @@ pub(crate) fn rmsprop_q8<
     );
 }
 
-pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(s: &RmsPropSwitches) -> Loop<Hyper, E> {
-    fn momentum<E: RmsPropLeaf, const C: u8>(s: &RmsPropSwitches) -> Loop<Hyper, E> {
+pub(crate) fn rmsprop_loop<E: RmsPropLeaf>(
+    s: &RmsPropSwitches,
+    u: &RmsPropUniform,
+) -> Loop<Hyper, E> {
+    // The shader's run-time test of a zero L2 coefficient is the same for every element:
+    // here it picks the loop.
+    fn momentum<E: RmsPropLeaf, const W: bool, const C: u8>(
+        s: &RmsPropSwitches,
+    ) -> Loop<Hyper, E> {
         if s.momentum {
-            E::rmsprop::<C, true>()
+            E::rmsprop::<W, C, true>()
         } else {
-            E::rmsprop::<C, false>()
+            E::rmsprop::<W, C, false>()
+        }
+    }
+    fn center<E: RmsPropLeaf, const W: bool>(s: &RmsPropSwitches) -> Loop<Hyper, E> {
+        if s.centered {
+            momentum::<E, W, CENTERED>(s)
+        } else {
+            momentum::<E, W, UNCENTERED>(s)
         }
     }
     debug_assert!(!s.step_with_raw_grad || !(s.maximize || s.centered || s.momentum), "{s:?}");
-    if s.centered {
-        momentum::<E, CENTERED>(s)
+    if u.weight_decay != 0.0 {
+        center::<E, true>(s)
     } else {
-        momentum::<E, UNCENTERED>(s)
+        center::<E, false>(s)
     }
 }
 
 /// The loop of one storage leaf for each of the family's switches, so that one selection
 /// tree ([`rmsprop_loop`]) serves every storage type.
 pub(crate) trait RmsPropLeaf: Leaf {
-    fn rmsprop<const C: u8, const B: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self>;
 }
 
 impl<T: Element> RmsPropLeaf for T {
-    fn rmsprop<const C: u8, const B: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop::<T, C, B>
+        rmsprop::<T, W, C, B>
     }
 }
 
 impl RmsPropLeaf for f16 {
-    fn rmsprop<const C: u8, const B: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop_f16::<C, B>
+        rmsprop_f16::<W, C, B>
     }
 }
 
 impl RmsPropLeaf for Q8 {
-    fn rmsprop<const C: u8, const B: bool>(
+    fn rmsprop<const W: bool, const C: u8, const B: bool>(
     ) -> Loop<Hyper, Self> {
-        rmsprop_q8::<C, B>
+        rmsprop_q8::<W, C, B>
     }
 }
 
 /// What the family's CPU loops read of a step: the kernel's uniform in f32, with
-/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), the test of the L2
-/// coefficient, and the switches whose forms differ by an operand, not by an operation: the
-/// lerp's form and which gradient the parameter steps with.
+/// `maximize` applied at run time (the shader compiles it: `MAXIMIZE`), and the switches
+/// whose forms differ by an operand, not by an operation: the lerp's form and which gradient
+/// the parameter steps with.
 pub(crate) struct Hyper {
     uniform: Signed<RmsPropUniform>,
-    /// L2 decay: the shader's test of its coefficient against 0, the same for every element.
-    l2: bool,
     /// ATen's lerp of `grad_avg` from the gradient (`w >= 0.5`) rather than from the average.
     lerp_from_grad: bool,
     /// The lerp's multiplier of `g - a`: `w`, or `w - 1` from the gradient.
@@ -239,7 +254,6 @@ pub(crate) struct Hyper {
 impl Hyper {
     fn new(switches: &RmsPropSwitches, uniform: RmsPropUniform) -> Self {
         Hyper {
-            l2: uniform.weight_decay != 0.0,
             lerp_from_grad: switches.lerp_from_grad,
             lerp_weight: if switches.lerp_from_grad {
                 -(1.0 - uniform.one_minus_alpha)
@@ -266,5 +280,5 @@ pub(crate) fn loops(
     uniform: &RmsPropUniform64,
 ) -> Bound<Hyper> {
     let uniform = uniform.to_f32();
-    every_storage!(rmsprop_loop(switches)).with_uniform(Hyper::new(switches, uniform))
+    every_storage!(rmsprop_loop(switches, &uniform)).with_uniform(Hyper::new(switches, uniform))
 }
