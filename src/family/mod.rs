@@ -59,3 +59,6 @@ macro_rules! declare_folders {
 }
 
 registry!(declare_folders);
+
+#[cfg(test)]
+mod layout_tests;
