@@ -5,10 +5,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{adafactor_state_kinds, Adafactor, Error, GpuContext, Optimizer, Result};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::{AdafactorOracle, Storage};
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "torch.Adafactor", kind: Kind::Trajectory, attributes: &["lr", "beta2_decay", "eps", "d", "weight_decay", "maximize"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

@@ -5,10 +5,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adan, Error, GpuContext, Optimizer, Result, StateKind};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::{AdanHyperparameters, AdanOracle};
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "adan.Adan", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "no_prox", "max_grad_norm"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

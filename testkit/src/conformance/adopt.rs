@@ -5,10 +5,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adopt, Error, GpuContext, Optimizer, Result, StateKind};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::AdoptOracle;
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "adopt.ADOPT", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "decouple", "clip_lambda", "maximize"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

@@ -9,10 +9,13 @@ use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
 use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage, StateView};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::ao4;
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "torchao.AdamW4bit", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

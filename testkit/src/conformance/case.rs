@@ -75,10 +75,19 @@ pub struct Case {
     pub tensors: BTreeMap<String, CaseTensor>,
 }
 
-/// The ops this reader implements, each with its kind and every attribute it understands.
+/// An op with a runner of its own module (`super::own_runners`): its name, kind and every
+/// attribute it understands.
+pub(super) struct Op {
+    pub(super) name: &'static str,
+    pub(super) kind: Kind,
+    pub(super) attributes: &'static [&'static str],
+}
+
 /// bitsandbytes' 8-bit Adam and AdamW attributes.
 const BNB_ADAM: [&str; 6] = ["lr", "betas", "eps", "weight_decay", "min_8bit_size", "block_size"];
 
+/// The ops that `run.rs` runs, each with its kind and every attribute it understands; the
+/// ops with a module of their own bring theirs ([`Op`], [`supported`]).
 const SUPPORTED: &[(&str, Kind, &[&str])] = &[
     ("bnb.Adam8bit", Kind::Trajectory, &BNB_ADAM),
     ("bnb.AdamW8bit", Kind::Trajectory, &BNB_ADAM),
@@ -122,31 +131,6 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
     ),
     ("lion.Lion", Kind::Trajectory, &["lr", "betas", "weight_decay", "max_norm", "norm_type"]),
     (
-        "schedulefree.AdamWScheduleFree",
-        Kind::Trajectory,
-        &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"],
-    ),
-    (
-        "torch_optimizer.Lamb",
-        Kind::Trajectory,
-        &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"],
-    ),
-    (
-        "torch.Muon",
-        Kind::Trajectory,
-        &[
-            "lr",
-            "weight_decay",
-            "momentum",
-            "nesterov",
-            "ns_coefficients",
-            "eps",
-            "ns_steps",
-            "adjust_lr_fn",
-            "ns_dtype",
-        ],
-    ),
-    (
         "torch.RMSprop",
         Kind::Trajectory,
         &["lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize", "max_norm", "norm_type"],
@@ -167,17 +151,14 @@ const SUPPORTED: &[(&str, Kind, &[&str])] = &[
         Kind::Trajectory,
         &["lr", "betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay", "min_8bit_size", "block_size"],
     ),
-    ("torch.Adafactor", Kind::Trajectory, &["lr", "beta2_decay", "eps", "d", "weight_decay", "maximize"]),
-    ("torchao.AdamW4bit", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"]),
-    ("adan.Adan", Kind::Trajectory, &["lr", "betas", "eps", "weight_decay", "no_prox", "max_grad_norm"]),
-    (
-        "adopt.ADOPT",
-        Kind::Trajectory,
-        &["lr", "betas", "eps", "weight_decay", "decouple", "clip_lambda", "maximize"],
-    ),
 ];
 
-/// The ops of [`SUPPORTED`] that the crate does not implement yet: their cases run on the
+/// Every op this reader implements, with its kind and every attribute it understands.
+fn supported() -> impl Iterator<Item = (&'static str, Kind, &'static [&'static str])> {
+    SUPPORTED.iter().copied().chain(super::OWN_OPS.iter().map(|op| (op.name, op.kind, op.attributes)))
+}
+
+/// The ops of [`supported`] that the crate does not implement yet: their cases run on the
 /// oracle only, which checks the oracle against the independent source until the crate
 /// has them, and the runners say so on every case.
 const ORACLE_ONLY: &[&str] = &[];
@@ -219,15 +200,15 @@ impl Case {
     /// `Ok` when this reader implements the case's op for its kind and knows each of its
     /// attributes; otherwise an [`Error::BadFile`] naming the op or every unknown attribute.
     pub fn check_supported(&self) -> Result<()> {
-        let Some((_, kind, known)) = SUPPORTED.iter().find(|(op, _, _)| *op == self.op) else {
-            let implemented: Vec<&str> = SUPPORTED.iter().map(|(op, _, _)| *op).collect();
+        let Some((_, kind, known)) = supported().find(|(op, _, _)| *op == self.op) else {
+            let implemented: Vec<&str> = supported().map(|(op, _, _)| op).collect();
             return Err(self.bad(format!(
                 "refused: op `{}` is not implemented by this reader (it implements {})",
                 self.op,
                 implemented.join(", ")
             )));
         };
-        if *kind != self.kind {
+        if kind != self.kind {
             return Err(self.bad(format!(
                 "refused: this reader implements `{}` as {} cases, not as {} cases",
                 self.op,

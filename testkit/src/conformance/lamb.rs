@@ -5,10 +5,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Lamb, Optimizer, Result, StateKind};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::LambOracle;
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "torch_optimizer.Lamb", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

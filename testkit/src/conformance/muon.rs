@@ -5,10 +5,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, Result, StateKind};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::{muon_step, Storage};
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "torch.Muon", kind: Kind::Trajectory, attributes: &["lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 

@@ -62,18 +62,11 @@ impl Backend {
         if case.tensors.values().any(|t| t.dtype == ValueType::Float(DType::F16)) {
             backends.extend([Backend::GpuPackedF16InPlace, Backend::GpuPackedF16OutOfPlace]);
         }
-        let cpu_trajectory =
-            ["torch.", "bnb.", "lion.", "adopt.", "adan."].iter().any(|source| case.op.starts_with(source));
+        // Every trajectory of PyTorch, bitsandbytes and lion-pytorch, and every op of a
+        // module of its own, also runs on the CPU backend.
+        let cpu_trajectory = ["torch.", "bnb.", "lion."].iter().any(|source| case.op.starts_with(source))
+            || super::OWN_OPS.iter().any(|op| op.name == case.op);
         if case.kind == Kind::Trajectory && cpu_trajectory {
-            backends.push(Backend::Cpu);
-        }
-        if case.kind == Kind::Trajectory && case.op.starts_with("schedulefree.") {
-            backends.push(Backend::Cpu);
-        }
-        if case.kind == Kind::Trajectory && case.op.starts_with("torch_optimizer.") {
-            backends.push(Backend::Cpu);
-        }
-        if case.kind == Kind::Trajectory && case.op.starts_with("torchao.") {
             backends.push(Backend::Cpu);
         }
         backends
@@ -145,36 +138,32 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
         }
         (_, None) => return Err(Error::MissingArgument { argument: "ctx", why: "by the GPU backends" }),
     };
-    let outputs = match (case.op.as_str(), case.kind) {
-        ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx).await?,
-        ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx).await?,
-        ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
-            torch_trajectory(case, backend, ctx).await?
-        }
-        ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
-        ("torch.RMSprop", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
-        ("bnb.AdEMAMix", Kind::Trajectory) => ademamix_names(torch_trajectory(case, backend, ctx).await?),
-        ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
-            bnb_trajectory(case, backend, ctx).await?
-        }
-        ("schedulefree.AdamWScheduleFree", Kind::Trajectory) => {
-            super::schedule_free::trajectory(case, backend, ctx).await?
-        }
-        ("torch.Adafactor", Kind::Trajectory) => super::adafactor::trajectory(case, backend, ctx).await?,
-        ("torch.Muon", Kind::Trajectory) => super::muon::trajectory(case, backend, ctx).await?,
-        ("bnb.Lion8bit" | "bnb.RMSprop8bit", Kind::Trajectory) => bnb_trajectory(case, backend, ctx).await?,
-        ("torch_optimizer.Lamb", Kind::Trajectory) => super::lamb::trajectory(case, backend, ctx).await?,
-        ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
-            ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
-        }
-        ("torchao.AdamW4bit", Kind::Trajectory) => super::ao4::trajectory(case, backend, ctx).await?,
-        ("adan.Adan", Kind::Trajectory) => super::adan::trajectory(case, backend, ctx).await?,
-        ("adopt.ADOPT", Kind::Trajectory) => super::adopt::trajectory(case, backend, ctx).await?,
-        (op, kind) => {
-            return Err(
-                case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
-            )
-        }
+    let outputs = match super::run_own(case, backend, ctx).await {
+        Some(outputs) => outputs?,
+        None => match (case.op.as_str(), case.kind) {
+            ("onnx.Adam" | "onnx.Momentum" | "onnx.Adagrad", Kind::Op) => onnx_op(case, backend, ctx).await?,
+            ("dml.Adam", Kind::Op) => dml_adam(case, backend, ctx).await?,
+            ("torch.Adam" | "torch.AdamW" | "torch.SGD" | "torch.Adagrad", Kind::Trajectory) => {
+                torch_trajectory(case, backend, ctx).await?
+            }
+            ("lion.Lion", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
+            ("torch.RMSprop", Kind::Trajectory) => torch_trajectory(case, backend, ctx).await?,
+            ("bnb.AdEMAMix", Kind::Trajectory) => ademamix_names(torch_trajectory(case, backend, ctx).await?),
+            ("bnb.Adam8bit" | "bnb.AdamW8bit" | "bnb.SGD8bit", Kind::Trajectory) => {
+                bnb_trajectory(case, backend, ctx).await?
+            }
+            ("bnb.Lion8bit" | "bnb.RMSprop8bit", Kind::Trajectory) => {
+                bnb_trajectory(case, backend, ctx).await?
+            }
+            ("bnb.AdEMAMix8bit", Kind::Trajectory) => {
+                ademamix8bit_names(bnb_trajectory(case, backend, ctx).await?)
+            }
+            (op, kind) => {
+                return Err(
+                    case.bad(format!("{op} ({}) passed the reader's check but has no runner", kind.name()))
+                )
+            }
+        },
     };
     let tolerance = Tolerance::Close { rtol: case.rtol, atol: case.atol };
     let mut worst: f64 = 0.0;

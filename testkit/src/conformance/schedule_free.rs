@@ -6,10 +6,13 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind};
 
-use super::case::Case;
+use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
 use crate::oracle::{ScheduleFreeOracle, Storage};
+
+/// The op this module runs: its name, kind and every attribute it reads.
+pub(super) const OP: Op = Op { name: "schedulefree.AdamWScheduleFree", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"] };
 
 type Outputs = Vec<(String, Vec<f64>)>;
 
