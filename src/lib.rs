@@ -79,6 +79,8 @@ pub mod burn;
 mod checkpoint;
 #[cfg(feature = "cpu")]
 pub mod cpu;
+#[cfg(test)]
+mod docs_tests;
 mod dtype;
 mod error;
 mod family;
