@@ -10,6 +10,34 @@ use crate::{DType, StateKind};
 /// `#[non_exhaustive]`: new refusals come with new features, so a `match` needs a `_` arm.
 /// Every variant has the same shape in every build (the `burn` feature adds none), so
 /// enabling a feature in one crate never breaks another crate's match.
+///
+/// # What is checked
+///
+/// - Every public entry validates before recording: lengths, counts, dtypes, buffer ranges and
+///   usages (a tensor's last 4-byte word must exist in its buffer), element alignment,
+///   DirectML's aliasing rule (also across the tensors of one step: a gradient may be its own
+///   parameter exactly, and share no byte with anything else the step writes), parameters
+///   that share memory, hyperparameter ranges, step rules
+///   and adapter features; an optimizer checks its tensors when it is built, not at its first
+///   step. Each refusal is a typed `Error` naming the argument, what it was and
+///   what was expected, and changes nothing (tests checksum every buffer and the optimizer's
+///   state around every refused call).
+/// - GPU validation and out-of-memory errors come back as `Error::Gpu` with wgpu's message;
+///   a lost device as `Error::DeviceLost`.
+/// - NaN and infinity: without AMP a non-finite gradient propagates exactly as in PyTorch
+///   (including AMSGrad's running maximum, which keeps a NaN as `torch.maximum` does); with
+///   AMP (`record_unscale`) the step is skipped. With 8-bit state Adam, AdamW and AdEMAMix
+///   leave that element's parameter as it was and restart its states (bitsandbytes' 2-state
+///   kernel); the other families' parameter goes NaN or infinite in the same way, but the
+///   element's state is stored as the code of 0 (it restarts from zero) and its block's absmax
+///   leaves it out, so one bad element never spoils the other 255 of its block. Lion's sign
+///   of NaN is 0, as `torch.sign`'s and bitsandbytes' `sgn`: a NaN gradient only decays its
+///   parameter. With 4-bit state (torchao's) the parameter goes NaN and the element's states
+///   are stored as the code of 0 (of the smallest entry for `exp_avg_sq`), out of their
+///   block's scale. LAMB, Adafactor and Muon take the whole tensor into each element's step,
+///   so one bad element makes its whole parameter NaN (an infinite one after Adafactor's
+///   second step: its row and column). the repository's `docs/non-finite.md`
+///   tabulates what NaN, +inf and -inf in one element do, per family and storage, as
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -1,14 +1,18 @@
-//! Fused optimizer updates as WGSL compute shaders on wgpu.
+//! Fused optimizer updates as WGSL compute shaders on wgpu, and the same updates on a CPU
+//! backend ([`cpu`]).
 //!
 //! One dispatch reads each parameter, gradient and state element once and writes the
-//! parameter and state once. The reproduced sources: PyTorch's `torch.optim` ([`Adam`],
-//! AdamW, AMSGrad, [`Sgd`], [`Adagrad`], [`RmsProp`]), lion-pytorch ([`Lion`]),
-//! bitsandbytes ([`AdEMAMix`] and the 8-bit states of [`q8`]), the `schedulefree` package
-//! ([`ScheduleFreeAdamW`]), the official ADOPT ([`Adopt`]), the official Adan ([`Adan`]),
-//! `torch.optim.Muon` ([`Muon`], its Newton-Schulz products in [`matmul`]), ONNX's
+//! parameter and state once. Twelve families, each reproducing its source: PyTorch's
+//! `torch.optim` ([`Adam`] with AdamW and AMSGrad, [`Sgd`], [`Adagrad`], [`RmsProp`],
+//! [`Adafactor`], [`Muon`], its Newton-Schulz products in [`matmul`]), lion-pytorch
+//! ([`Lion`]), bitsandbytes ([`AdEMAMix`] and the 8-bit states of [`q8`]), torchao (the
+//! 4-bit states of [`q4`]), the `schedulefree` package ([`ScheduleFreeAdamW`]),
+//! torch-optimizer ([`Lamb`]), the official ADOPT ([`Adopt`]) and Adan ([`Adan`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
 //! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
-//! `wgpu_optim_testkit::oracle`).
+//! `wgpu_optim_testkit::oracle`). With the `burn` feature, Burn 0.22's wgpu tensors are
+//! stepped by the same kernels (`wgpu_optim::burn`); without default features the crate
+//! builds for browsers (wasm32, WebGPU).
 //!
 //! # Where to start
 //!
@@ -18,7 +22,8 @@
 //!    from host data ([`GpuContext::upload_f32`], [`GpuContext::upload`]).
 //! 3. [`Optimizer::builder`]: the options, then [`OptimizerBuilder::build`] over the
 //!    parameters with an algorithm ([`Adam`], [`Sgd`], [`Adagrad`], [`RmsProp`], [`Lion`],
-//!    [`AdEMAMix`], [`ScheduleFreeAdamW`]).
+//!    [`AdEMAMix`], [`ScheduleFreeAdamW`], [`Lamb`], [`Adafactor`], [`Muon`], [`Adopt`],
+//!    [`Adan`]) and its storage ([`StateStorage`]: a dtype, [`q8`] or [`q4`]).
 //! 4. [`Optimizer::step`], or [`Optimizer::record_step`] into the trainer's own encoder.
 //!
 //! ```no_run
@@ -53,7 +58,8 @@
 //!   contents, read without an optimizer.
 //! - [`cpu`] (feature `cpu`): [`cpu::CpuOptimizer`], the same algorithms on all cores.
 //! - [`q8`]: bitsandbytes' blockwise 8-bit state ([`q8::Q8States`] to ask for it,
-//!   [`q8::StoredState`] to read, write and check it).
+//!   [`q8::StoredState`] to read, write and check it); [`q4`]: torchao's 4-bit state
+//!   ([`q4::Q4States`], [`q4::Q4State`]).
 //! - `burn` (feature `burn`): Burn 0.22's wgpu tensors stepped by these kernels.
 //! - [`Error`], [`Result`], [`StepProblem`], [`ReadbackFailure`], [`BurnFailure`]: every
 //!   refusal, typed. [`ContextReport`], [`TENSOR_USAGES`]: what a context runs on, and the
@@ -73,6 +79,8 @@ pub mod burn;
 mod checkpoint;
 #[cfg(feature = "cpu")]
 pub mod cpu;
+#[cfg(test)]
+mod docs_tests;
 mod dtype;
 mod error;
 mod family;

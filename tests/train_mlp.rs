@@ -158,7 +158,7 @@ fn q8_state_training_reaches_the_accuracy_of_f32_state_within_one_point() {
 /// matrix's moments in 4 bits, the other tensors' in f32; the example's `Q4_LR`, twice Adam's
 /// rate) reaches the accuracy of f32 state at Adam's own rate within 1 point in the
 /// example's 300 steps (99.5 % against 99.2 % for seed 0). At Adam's rate 4-bit state learns
-/// slower (97.7 %), and at the same 2e-3 f32 state reaches 99.7 % (README, "4-bit blockwise
+/// slower (97.7 %), and at the same 2e-3 f32 state reaches 99.7 % (PERF.md, "8-bit and 4-bit
 /// state").
 #[test]
 fn q4_state_training_at_its_rate_reaches_the_accuracy_of_f32_state_within_one_point() {

@@ -79,7 +79,7 @@ pub const Q4_STATES: Q4States = Q4States { block_size: BLOCK_SIZE, min_size: MIN
 /// sixteenth, so the elements with small moments take smaller steps than with f32 state; at
 /// Adam's own 1e-3 this model reaches 97.7 % in 300 steps (seeds 0 to 4: 96.7 to 98.3 %)
 /// against f32 state's 99.1 %. At 2e-3 it reaches 99.4 % (99.2 to 99.5 %), and f32 state at
-/// the same rate 99.7 % (README, "4-bit blockwise state").
+/// the same rate 99.7 % (PERF.md, "8-bit and 4-bit state").
 pub const Q4_LR: f64 = 2e-3;
 
 /// Lion's rate for this model. Lion's update is a sign, every element moving by the full

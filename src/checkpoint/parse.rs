@@ -25,6 +25,69 @@ use crate::{Algorithm, Result, Rounding, ScheduleFreeMode};
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// # Saving and loading
+///
+/// - **Checkpoints** (`save`, `load`): safetensors under PyTorch's `state_dict` names
+///   (`state.{i}.exp_avg`, `.exp_avg_sq`, `.max_exp_avg_sq`, `.momentum_buffer`, `.sum`,
+///   `.step`), each tensor in its dtype, `param_groups` (every group's hyperparameters) in the
+///   metadata, and in master-weight mode the f32 masters (`master.{i}`); not the model's
+///   parameters, which the trainer saves. `load` replaces the state, the step count and every
+///   group's hyperparameters (learning rate included). Written atomically (temporary file,
+///   then rename); a mismatched, truncated or corrupt file, or a target buffer that cannot be
+///   written, is refused with a typed error and leaves the optimizer as it was. Every tensor's
+///   CRC-32 is in the metadata (`crc32`, format `wgpu-optim-checkpoint/2`) and checked on
+///   load, so a flipped bit in the data is refused naming the tensor; files without checksums
+///   (format 1, and files converted from PyTorch) still load. Save, load, continue is
+///   bit-identical to an uninterrupted run. `Optimizer::save_to_bytes` documents the contents.
+///   The CPU backend's `CpuOptimizer::save`/`load` write and read the same format: a checkpoint
+///   saved on the GPU loads on the CPU and the other way round, and the bytes are a function
+///   of the state (sorted metadata), so the same state saves to the same bytes on either
+///   backend, every time.
+/// - **Shapes** (`OptimizerBuilder::param_shapes`, for both backends): give each parameter's
+///   shape (numbered across groups) and every state, master and Kahan compensation is saved in
+///   it, as PyTorch's `state_dict` holds it; without it they are saved flat, `[len]`. `load`
+///   takes a tensor flat or in the parameter's shape (any shape of its length when no shapes
+///   were given); another shape is `Error::BadFile` naming the tensor, and a shape whose
+///   elements do not multiply to its parameter's length is refused when the optimizer is built
+///   (`Error::LengthMismatch` naming `param_shapes[i]`).
+///
+///   ```rust,no_run
+///   use wgpu_optim::{Adam, GpuContext, Optimizer};
+///
+///   fn save_linear(ctx: &GpuContext) -> wgpu_optim::Result<()> {
+///       // torch.nn.Linear(5, 8): weight [8, 5], bias [8]
+///       let params = [ctx.upload_f32("fc1.weight", &[0.1; 40]), ctx.upload_f32("fc1.bias", &[0.0; 8])];
+///       let options = Optimizer::builder().param_shapes(vec![vec![8, 5], vec![8]]);
+///       let optimizer = options.build(ctx, Adam::adamw(), &params)?;
+///       optimizer.save("optimizer.safetensors") // state.0.exp_avg is [8, 5]
+///   }
+///   ```
+/// - **PyTorch resumes ours, and we resume PyTorch's** (`tools/torch_checkpoint.py`, needs
+///   only `torch` and `safetensors`; `--help` says more):
+///
+///   ```sh
+///   # ours -> a torch.optim state_dict that optimizer.load_state_dict accepts
+///   python3 tools/torch_checkpoint.py to-torch optimizer.safetensors optimizer.pt
+///   # torch.save(optimizer.state_dict(), "state.pt") -> a checkpoint Optimizer::load and
+///   # CpuOptimizer::load read (SGD keeps no step count in PyTorch: add --step N)
+///   python3 tools/torch_checkpoint.py from-torch state.pt optimizer.safetensors
+///   ```
+///
+///   Adam, AdamW, AMSGrad, SGD (with momentum, Nesterov or neither), Adagrad, RMSprop and
+///   Adafactor (its factored `row_var`/`col_var` or a vector's `variance`, in torch's shapes);
+///   other classes, master weights and stochastic or Kahan rounding are refused by name. The
+///   parameters go to PyTorch in the checkpoint's order, and PyTorch needs the states in the
+///   parameters' shapes: build the optimizer with `param_shapes` (`train_mlp --save` does, so
+///   an f32 run's checkpoint converts as is). `tests/torch_checkpoint.rs` loads PyTorch's
+///   state after 5 steps (fixtures in `tests/fixtures/torch/`, made by
+///   `tools/make_torch_fixture.py`) and continues 5 steps on the GPU and the CPU backend
+///   within the trajectory tolerance of the conformance vectors (`rtol` 1e-5, `atol` 1e-6)
+///   of PyTorch's own continuation (Adafactor too, with `eps1` set, `d` 2 and `maximize` in
+///   one of its two cases). The other way, measured once for the six optimizers of
+///   the fixtures (random parameters and gradients; our 5 steps on lavapipe, saved,
+///   converted, 5 more in PyTorch 2.15 against 5 more of ours): at most 2.4e-7 apart on either backend (Adam 6.0e-8), one or two f32
+///   ulps of parameters near 1.
 pub struct Checkpoint<'a> {
     /// Steps taken when it was saved.
     pub step: u64,

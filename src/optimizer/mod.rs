@@ -68,6 +68,58 @@ pub(crate) struct Group {
 /// opt.step(&grads)?; // or opt.record_step(&mut encoder, &grads) inside a trainer's encoder
 /// # Ok(()) }
 /// ```
+///
+/// # In a trainer
+///
+/// `record_step` advances the step count when the step is recorded, not when it is submitted,
+/// and any number of steps may be recorded before one submit: each step's hyperparameters are
+/// copied into place by a command recorded with the step, so they land in order. `step`
+/// records and submits one step and counts it once wgpu accepts the submission: a step it
+/// refuses is an error that leaves the step count, the parameters and the state as they were.
+///
+/// - **Any size.** Tensors larger than the adapter's `max_storage_buffer_binding_size` are
+///   updated in bound chunks; element counts and offsets are `u64` on the host; a grid-stride
+///   loop covers more than 65,535 workgroups.
+/// - **Many tensors, one dispatch.** A step over every tensor of every group is one compute
+///   pass, and tensors that run the same kernel variant over the same buffers are one
+///   dispatch: each is a row of the dispatch's table (up to a few hundred rows), the way
+///   `multi_tensor_apply` walks many tensors in one launch, and a workgroup finds its row in
+///   one load from the table's workgroup map. The optimizer packs its own state
+///   into a few shared buffers; a trainer that keeps its parameters and its gradients in one
+///   buffer each (tensors as `Tensor { buffer: flat.clone(), offset: offset_bytes, len, dtype }`) gets one dispatch
+///   per variant for the whole model, and one with a buffer per tensor gets one per tensor.
+///   On CPU adapters (lavapipe, SwiftShader, WARP) each invocation updates four accesses'
+///   worth of elements rather than one, which amortizes the per-invocation table lookup that
+///   such an adapter runs as code: Adam on 200 tensors of 4096 took 0.74x the time on lavapipe.
+///   Bind groups are built once per gradient set (the last four sets are kept, so a trainer
+///   may alternate gradient buffers) and a step creates no GPU objects beyond 256 bytes of
+///   staging per group for each step in flight, which is reused. Recording one step of GPT-2
+///   small's 148 tensors takes about 9 µs of host time on Zen 4
+///   (`cargo bench --bench step -- record_step`).
+/// - **Parameter groups** (`ParamGroup`, `OptimizerBuilder::build_groups`) with their own learning
+///   rate, betas and weight decay, changed every step with `set_group_algorithm`: these are
+///   uniforms, so a schedule compiles nothing.
+/// - **Capturable mode** (`OptimizerBuilder::capturable`): the step counter and each group's
+///   learning rate live in a device buffer (`lr_tensor`); bias corrections are computed on the
+///   device from `ln(beta)` (accurate at small t); nothing is uploaded per step.
+/// - **AMP** (`record_unscale`, capturable mode): gradients are unscaled by a device
+///   `inv_scale`, and a NaN or infinity sets `found_inf`, which makes the following step leave
+///   parameters, state and the step counter untouched, with no host round trip.
+/// - **Gradient clipping** (`OptimizerBuilder::grad_clip`, `GradClip { max_norm, norm_type }`,
+///   on `Optimizer` and `CpuOptimizer`): PyTorch's `clip_grad_norm_` over every gradient of
+///   every group as one vector (L2 or infinity norm), each gradient scaled by
+///   `min(1, max_norm / (total_norm + 1e-6))`. On the GPU one multi-tensor dispatch per
+///   gradient dtype writes a partial norm per workgroup and one workgroup combines them in a
+///   fixed order (no float atomics: the same gradients give the same bits every run); the
+///   coefficient stays on the device and the update kernels apply it as they load each
+///   gradient, so no pass rewrites the gradients and nothing is read back
+///   (`grad_norm` reads the last norm when you want it; `record_grad_norm_copy` copies
+///   each step's norm into a buffer of yours, so a log of N steps takes one readback). A NaN norm propagates as in
+///   PyTorch; with AMP the norm is taken after unscaling and a skipped step stays skipped.
+///   With AMP and f32 gradients, unscaling, the non-finite check and the partial norms share
+///   one pass and one read of the gradients; the step then only combines the partials.
+///
+/// The measurements are in the repository's `PERF.md`.
 pub struct Optimizer {
     ctx: GpuContext,
     groups: Vec<Group>,

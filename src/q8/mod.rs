@@ -17,6 +17,94 @@
 //! (`optimizer_update_8bit_blockwise_pytorch`: the nearest code by f32 distance, the lower one
 //! on a tie, no sign rule) does not follow. A block of zeros stores the code of 0 throughout,
 //! -0.0 included: the kernel stores such a block under absmax 0, so every value reads back 0.
+//!
+//! # In an optimizer
+//!
+//! 8-bit blockwise state (bitsandbytes' format, Dettmers et al. 2022):
+//! `OptimizerBuilder::state_storage(StateStorage::Q8(q8::Q8States { min_8bit_size }))` keeps Adam's and AdamW's
+//! moments, SGD's momentum, or RMSprop's, Lion's, AdEMAMix's, ADOPT's and Adan's states
+//! (bitsandbytes has no ADOPT or Adan: theirs run through the same blockwise path), as one
+//! code per element and one f32 absmax per block of 256, on the GPU and the CPU backend. The codes index bitsandbytes' signed (first moment,
+//! momentum) and unsigned (second moment) dynamic maps, which `wgpu_optim::q8` builds equal
+//! to its `qmap1` and `qmap2` bit for bit. Each step dequantizes, runs the algorithm's own
+//! f32 update (the same shader body and CPU loop as f32 state), takes each block's new absmax
+//! and requantizes to the nearest code, in one pass: one dispatch per kernel variant, group
+//! and set of buffers (the 8-bit states of all tensors share a few state arenas, so a model
+//! whose parameters and gradients lie in one buffer each takes one dispatch per group, plus
+//! one for its tensors below `min_8bit_size`), one workgroup per block on GPUs (the absmax a workgroup reduction, each invocation owning a `u32` of four
+//! codes) and one invocation per block on CPU adapters, whose barriers are expensive. The
+//! nearest code is bit-identical to a search over the map, found two ways: on GPUs from a
+//! 23 KiB table (one load and one comparison); on CPU adapters and in the CPU backend by
+//! arithmetic on the value (`q8::arith`: bitsandbytes' maps are a sign, a decade and a linear
+//! fraction, so a value's code is the floor of an affine position, with the table or the
+//! search only for the rare values within 1/4096 of a switch). The CPU backend does that a
+//! register of 16 lanes at a time with AVX-512 permutes and dequantizes the same way, with no
+//! gathers; `WGPU_OPTIM_Q8_REQUANTIZE=table|arithmetic` overrides the GPU kernels' choice
+//! (for measuring on a new adapter). Tensors below `min_8bit_size` (default 4096, as bitsandbytes) keep
+//! f32 state. Global clipping (`grad_clip`, bitsandbytes' `gnorm_scale`) runs as with f32
+//! state: the norm pass takes every gradient of every group, those of tensors below
+//! `min_8bit_size` included, and the 8-bit kernels scale each gradient by the coefficient as
+//! they read it. A tensor whose 8-bit states outgrow a storage binding is cut into chunks of
+//! whole blocks, each chunk's states in one arena, as f32 state is chunked. A NaN or infinite
+//! gradient element never spoils its block: with Adam, AdamW and AdEMAMix (bitsandbytes'
+//! 2-state kernel) its parameter is left as it was and its states restart from 0; with SGD,
+//! Lion and RMSprop the update runs on it (the parameter goes non-finite as with f32 state,
+//! but Lion's, whose sign of NaN is 0), the block's absmax is its largest finite magnitude (1
+//! where there is none) and a non-finite state value is stored as the code of 0, so that
+//! element's state restarts from zero and the block's other 255 elements and later steps
+//! are unaffected (bitsandbytes' 1-state kernel lets such a value spoil its block for good:
+//! a deliberate difference). Parameters and
+//! gradients must be F32; AMSGrad, Adagrad, Schedule-Free AdamW, LAMB, Adafactor and Muon,
+//! `capturable`, master weights, model copies and 16-bit rounding are refused by name.
+//! `state` and `set_state` of either backend (and checkpoints) see a chunked tensor's state
+//! whole; they hand the codes and absmax over as `q8::StoredState` (`StateView::Q8`,
+//! `QuantizedState::Q8`). Checkpoints (either backend, loadable by the other) keep 8-bit
+//! states under bitsandbytes' names: `state.{i}.state1`/`state2` (U8 codes in the parameter's shape, or F32 below
+//! `min_8bit_size`), `state.{i}.absmax1`/`absmax2` (F32) and `qmap1`/`qmap2`, with
+//! `q8_min_8bit_size` and `q8_block_size` in the metadata; a file of other settings, maps,
+//! block size or lengths, or with an absmax that is NaN, infinite or negative (which
+//! `set_state` refuses too), is refused with nothing changed, and
+//! save, load, continue is
+//! bit-identical. bitsandbytes' `Adam8bit` decays weights decoupled, so its vectors run as
+//! AdamW here.
+//!
+//! The format and the updates follow bitsandbytes' CUDA kernels, the ones its users' states
+//! come from (`kOptimizerStatic8bit2StateBlockwise`, `kOptimizerStatic8bit1StateBlockwise`,
+//! `quantize_2D`; `q8::kernel_step`), not its pure-PyTorch reference, where they differ:
+//! a value takes the nearer code by the codes' f32 midpoints, an exact midpoint the even
+//! code (where `quantize_2D`'s search ends); a negative signed state whose nearest code is
+//! the code of 0, and -0.0, is stored as the code below (the kernels' sign fix: a tiny
+//! negative first moment over a second moment of 0 would otherwise lose its sign, and the
+//! parameter's step with it); Adam's first moment is `beta1 m + (1 - beta1) g` and its
+//! step `lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + sqrt(1 - beta2^t) eps)`; AdamW
+//! and AdEMAMix decay after the update (`p += step; p *= 1 - lr wd`, tensors below
+//! `min_8bit_size` too, as the 32-bit kernels do); and the non-finite rules above. The
+//! deliberate differences: the non-finite rule of the 1-state families; a block of zeros
+//! stores absmax 1 and the code of 0 (the kernel's absmax 0 reads back the same zeros);
+//! scalars such as `1 - beta` are formed in f64 and narrowed (the kernels form them in
+//! f32), and a value is divided by its absmax exactly (the kernels' `__fdividef` is within
+//! two ulps); AdEMAMix's absmax of a tensor whose length is not a multiple of 256 has a
+//! slot per block of each EMA (the kernel's indexing of the slow EMA's absmax collides
+//! there, a bitsandbytes bug). bitsandbytes 0.50.2's CPU backend does not find codes as its
+//! CUDA kernels do for values
+//! below about 1e-5 of their block's absmax: its `quantize_blockwise` stores the unsigned
+//! map's code 7 (1.56e-5) for 1e-9, 7.5e-8 and 2e-7 alike, whose nearest codes are 0, 0
+//! and 1. A second moment so raised shrinks that element's step, so where a block's gradients
+//! span several decades the two differ: 20 AdamW steps on 5000 elements of
+//! `0.1 cos(0.11 i)` left parameters up to 0.058 apart (mean 5e-5), on elements whose
+//! gradients were below 1e-4.
+//!
+//! With 8-bit state AdEMAMix keeps three 8-bit states per tensor, as bitsandbytes' `AdEMAMix8bit` does: the
+//! fast and the slow EMA each quantized on its own with the signed map (`state1` U8
+//! `[2, *shape]` with `absmax1` `[2, blocks]`), the second moment with the unsigned one
+//! (`state2`, `absmax2`). bitsandbytes' `RMSprop8bit` kernel decays the state's gradient only
+//! and steps the parameter with the raw gradient, which 8-bit RMSprop here reproduces (tensors
+//! below `min_8bit_size` take bitsandbytes' 32-bit kernel's step, PyTorch's); it would clip
+//! the state's gradient only too, so clipping is refused with 8-bit RMSprop, as centered
+//! RMSprop, momentum and `alpha = 0` are (bitsandbytes refuses or ignores them).
+//!
+//! The measurements (both backends, against f32 state and bitsandbytes' own CPU step) are in the
+//! repository's `PERF.md`, "8-bit and 4-bit state".
 
 use crate::step::{KernelStep, Switches};
 use crate::{Error, Result, StateKind};

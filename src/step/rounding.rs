@@ -2,6 +2,23 @@
 //! counter-based hash, or with a Kahan compensation buffer. The hash and the stochastic
 //! conversions here are the CPU backend's; `shaders/stochastic.wgsl` is the same integer
 //! arithmetic line for line, so both backends store the same bits for the same seed.
+//!
+//! # In an optimizer
+//!
+//! Rounding (`OptimizerBuilder::rounding`, honoured by the CPU backend too): with f16 or
+//! bf16 parameters and no f32 masters, an update smaller than half a unit in the last place
+//! is rounded away and training stalls. `Rounding::Stochastic { seed, state }` rounds each
+//! parameter store (and with `state` each 16-bit state store) up with probability equal to
+//! the discarded fraction, from a counter-based integer hash of (seed, step, parameter index,
+//! element index): unbiased, reproducible for a seed, independent of how the work is
+//! dispatched, and bit-identical on the GPU (native or packed f16, bf16, `vec4`, pair and
+//! scalar paths, capturable or not) and the CPU backend. `Rounding::Kahan` keeps a
+//! compensation tensor per parameter in its dtype (2 bytes per element, against master
+//! weights' 4; `state.{i}.kahan_comp` in checkpoints): `target = p_new + c; p = round(target);
+//! c = round(target - p)`. Both refuse f32 parameters, master weights and model copies with
+//! typed errors; NaN and infinity store as with nearest rounding; checkpoints keep the seed
+//! and the compensations, and a resumed run is bit-identical. The repository's `PERF.md` ("Pure bf16 training")
+//! shows what each does to a training run.
 
 use std::mem::offset_of;
 

@@ -34,6 +34,25 @@ use crate::{DType, Result, StateKind};
 ///
 /// Tensors need their shapes ([`OptimizerBuilder::param_shapes`](crate::OptimizerBuilder::param_shapes)).
 /// The states are kept in f32 whatever the parameters' dtype (the factored ones are small).
+///
+/// # On this crate's backends
+///
+/// **Adafactor** (Shazeer & Stern 2018, as `torch.optim.Adafactor`): factored second
+/// moments over the last two dimensions (batched over the leading ones), an unfactored one
+/// for vectors, the relative step `min(lr, 1/sqrt(t))` times `max(eps2, rms(p))`, and the
+/// update clipped by its RMS (`d`). Its tensors need their shapes
+/// (`OptimizerBuilder::param_shapes`, refused by name without: `Error::NeedsOption`);
+/// `eps1: None` is the machine epsilon of the group's first parameter's dtype, as torch's
+/// (`2^-23`, f16 `2^-10`, bf16 `2^-7`). Its states are f32 and sublinear for matrices. The
+/// step looks at whole tensors, so it runs passes of its own (`src/family/adafactor/adafactor.wgsl`):
+/// each row's and column's sum of `g^2`, the sums of `p^2` and of the update's squares over
+/// a fixed partition added in a fixed order (no atomics: the same bits every run), then the
+/// update; nothing is read back. Capturable mode, AMP, global clipping, 8-bit state,
+/// stochastic or Kahan rounding, master weights and a `StateStorage::Dtype` other than F32 are
+/// refused by name, as is the stateless `ops::update` (Burn's front ends run it, with the
+/// shapes of Burn's tensors: the `burn` module); a group cannot switch to or from it. With
+/// groups, only the Adafactor groups' tensors need real shapes (an AdamW group's biases
+/// beside it, see `tests/adafactor.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adafactor {
     /// The largest relative step size, and the weight decay's rate (`lr`, default 1e-2).

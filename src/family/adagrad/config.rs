@@ -55,6 +55,8 @@ impl Adagrad {
 }
 
 /// Attributes of ONNX `ai.onnx.preview.training.Adagrad` (opset 1), with the schema defaults.
+///
+/// How it differs from PyTorch's Adagrad: the table of [`OnnxMomentum`](crate::OnnxMomentum).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnnxAdagrad {
     /// The rate at step T is `R / (1 + T * decay_factor)` (default 0).

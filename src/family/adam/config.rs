@@ -9,6 +9,10 @@ use crate::{Error, Result, StepProblem};
 /// PyTorch's `torch.optim.Adam` and `torch.optim.AdamW` (and AMSGrad through `amsgrad`).
 ///
 /// `Adam::default()` is `torch.optim.Adam()`'s defaults; [`Adam::adamw`] is `AdamW()`'s.
+///
+/// Bias corrections are computed on the host in f64 as `-expm1(t ln beta)`, which keeps
+/// `1 - beta^t` accurate for small `t`. The arithmetic on the GPU is f32 (f64 for ONNX
+/// double tensors, where the adapter has `SHADER_F64`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adam {
     /// Learning rate (`lr`, default 1e-3).
@@ -102,6 +106,17 @@ impl Adam {
 }
 
 /// Attributes of ONNX `ai.onnx.preview.training.Adam` (opset 1), with the schema defaults.
+///
+/// # Against PyTorch's and DirectML's Adam
+///
+/// | | PyTorch `Adam`/`AdamW` | ONNX `Adam` | DirectML Adam |
+/// |---|---|---|---|
+/// | eps default | 1e-8 | 1e-6 | (required) |
+/// | eps added to | `sqrt(v) / sqrt(1 - beta2^t)` | `sqrt(H)`; the rate carries the correction | `sqrt(V)`; the rate carries the correction |
+/// | update | `p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)` | `X -= R * sqrt(1 - beta^T) / (1 - alpha^T) * V / (sqrt(H) + epsilon)` | `X -= LearningRate * Alpha * M / (sqrt(V) + Epsilon)`, `Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)` (as documented) |
+/// | step | counted by the optimizer from 1 | input `T`; `T = 0`: no bias correction | input tensor; `T = 0` refused (0/0) |
+/// | weight decay | L2 (`Adam`) or decoupled (`AdamW`) | `norm_coefficient` (L2), `norm_coefficient_post` | none |
+/// | extra | `amsgrad`, `maximize` | | |
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnnxAdam {
     /// First-moment coefficient (default 0.9).
@@ -154,6 +169,8 @@ impl OnnxAdam {
 }
 
 /// The scalar members of DirectML's `DML_ADAM_OPTIMIZER_OPERATOR_DESC`.
+///
+/// How it differs from PyTorch's and ONNX's Adam: the table of [`OnnxAdam`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DmlAdam {
     /// `LearningRate`.

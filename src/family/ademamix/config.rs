@@ -16,6 +16,8 @@ use crate::StateKind;
 /// `p -= lr (m1 / (1 - beta1^t) + alpha_t m2) / (sqrt(nu) / sqrt(1 - beta2^t) + eps)`.
 /// The warmups (`t_alpha`, `t_beta3`) raise `alpha_t` linearly and `beta3_t` along the
 /// paper's half-life schedule to `alpha` and `beta3`, where they hold.
+///
+/// Both warmups are computed from the step (on the device in capturable mode).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[allow(clippy::upper_case_acronyms)]
 pub struct AdEMAMix {

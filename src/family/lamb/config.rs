@@ -15,6 +15,21 @@ use crate::Result;
 use crate::StateKind;
 
 /// `torch_optimizer.Lamb`. `Lamb::default()` is its defaults.
+///
+/// # On this crate's backends
+///
+/// **LAMB** (You et al. 2019, as torch-optimizer 0.3.0's `Lamb`): Adam's moments, never
+/// bias-corrected; `s = exp_avg / (sqrt(exp_avg_sq) + eps) + weight_decay p`; each tensor
+/// steps by `step_size * trust_ratio * s` with `trust_ratio = min(norm(p), clamp_value) /
+/// norm(s)` (1 where either norm is 0, and the step uses 1 with `adam`; `debias` corrects
+/// the step size). No element can change before its tensor's two norms are known, so a step
+/// reads each tensor twice: a moments pass (the moments, and per workgroup the partial sums
+/// of `p^2` and `s^2`), a combine pass (each tensor's partials summed in a fixed order:
+/// deterministic, no float atomics), and an apply pass that recomputes `s` from the stored
+/// moments; the trust ratios stay on the device (`Optimizer::lamb_norms(i)` is a 3-element
+/// device tensor of the last step's `weight_norm`, `adam_norm`, `trust_ratio`;
+/// `CpuOptimizer::lamb_norms(i)` on the CPU backend). Capturable mode, global clipping,
+/// stochastic rounding, 8-bit state and f64 parameters are refused for it by name.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Lamb {
     /// Learning rate (`lr`, default 1e-3).

@@ -14,6 +14,8 @@ use crate::StateKind;
 /// bitsandbytes' `sgn`): 0 for 0 and for NaN, so a NaN gradient only decays its parameter
 /// (its `m` goes NaN, and with 8-bit state restarts from 0). The update has the same
 /// magnitude everywhere, so Lion's rate is usually 3 to 10 times smaller than AdamW's.
+///
+/// One state, half of Adam's memory; lion-pytorch's default rate is 1e-4.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Lion {
     /// Learning rate (`lr`, default 1e-4).

@@ -77,6 +77,15 @@ pub enum MomentumMode {
 }
 
 /// Attributes of ONNX `ai.onnx.preview.training.Momentum` (opset 1; all are required).
+///
+/// # Against PyTorch's SGD, and the two Adagrads
+///
+/// | | PyTorch `SGD` | ONNX `Momentum` | PyTorch `Adagrad` | ONNX `Adagrad` |
+/// |---|---|---|---|---|
+/// | velocity | `buf = momentum * buf + (1 - dampening) * g`; step 1: `buf = g` | `V = alpha * V + beta * G`; `T = 0`: beta is 1 | | |
+/// | Nesterov | `g + momentum * buf` | `G + alpha * V` | | |
+/// | rate | `lr` | `R` | `lr / (1 + (step - 1) lr_decay)` | `R / (1 + T decay_factor)` |
+/// | state | none when `momentum = 0` | `V` | `sum` (`initial_accumulator_value`) | `H` |
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnnxMomentum {
     /// Coefficient of the previous velocity.

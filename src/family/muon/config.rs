@@ -88,6 +88,30 @@ impl NsPrecision {
 
 /// `torch.optim.Muon`. `Muon::default()` is its defaults, with Newton-Schulz in bfloat16
 /// as torch runs it.
+///
+/// # On this crate's backends
+///
+/// **Muon** (Keller Jordan's, as `torch.optim.Muon`): `momentum_buffer = lerp(buffer, g,
+/// 1 - momentum)`; `u = lerp(g, buffer, momentum)` (Nesterov) or the buffer; `O =
+/// NewtonSchulz(u)` (`ns_steps` iterations of `X = a X + (b X Xᵀ + c (X Xᵀ)²) X` on the
+/// normalized, transposed-if-tall matrix, `ns_coefficients`, `eps`); `p *= 1 - lr wd;
+/// p -= lr ratio O` with `adjust_lr` `Original`, `MatchRmsAdamW` or `SpectralUnclamped`.
+/// `ns_precision` is `NsPrecision::BF16` (every Newton-Schulz result rounded to bfloat16,
+/// as torch runs it; the default) or `F32`. Only 2-D parameters: give the builder
+/// `param_shapes`, and put biases and other tensors in an AdamW group of the same optimizer
+/// (`ParamGroup`s of different algorithms; a 1-D or 3-D tensor in a Muon group is refused
+/// with `Error::BadShape`, no shapes with `Error::NeedsOption`). On the GPU the products are
+/// this crate's WGSL kernel (`wgpu_optim::matmul`: 64x64 tiles in workgroup memory, f32
+/// accumulation, transposes by strides, the matrices of one shape batched in one dispatch's
+/// z, each operand stored as f32, bfloat16 or f16 by its `MatrixView::dtype`), with scratch
+/// made at build time (per matrix `3 A B + 2 min(A, B)²` f32). In the bfloat16 mode the
+/// Newton-Schulz matrices X, M and N are stored as bfloat16, as torch keeps them, so each
+/// product reads and writes half the bytes (a matrix with an odd side keeps them as
+/// bfloat16-rounded f32, since a 16-bit word would straddle two rows); the update `U` that
+/// the apply pass reads stays f32. On the CPU backend the products are faer's (`gemm`'s
+/// kernels), a small matrix's on one thread. Refused with Muon: gradient clipping, capturable mode (so AMP), 8-bit
+/// state, and moving a group between Muon and another algorithm. Burn's front ends run it
+/// with a fallback algorithm for the parameters that are not 2-D (the `burn` module).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Muon {
     /// Learning rate (default 1e-3).

@@ -14,6 +14,9 @@ use crate::StateKind;
 /// else `avg = sqrt(square_avg) + eps`; with momentum
 /// `momentum_buffer = momentum * momentum_buffer + g / avg`, `p -= lr * momentum_buffer`,
 /// else `p -= lr * g / avg`.
+///
+/// PyTorch's, op for op; its checkpoints round-trip through the repository's
+/// `tools/torch_checkpoint.py`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsProp {
     /// Learning rate (default 1e-2).

@@ -14,6 +14,18 @@ use crate::StateKind;
 
 /// The `schedulefree` package's `AdamWScheduleFree`. `ScheduleFreeAdamW::default()` is its
 /// defaults.
+///
+/// # On this crate's backends
+///
+/// **Schedule-Free AdamW** (Defazio et al. 2024): the parameter buffer holds y while
+/// training; `Optimizer::record_eval(&mut encoder)` (or `eval()`) swaps in the average
+/// `x = lerp(y, z, 1 - 1/beta1)` in one fused pass over every schedule-free group, and
+/// `record_train`/`train()` swaps y back; `mode()` says which the parameters hold, a step in
+/// eval mode is refused (`Error::EvalMode`), and a checkpoint records the mode it was
+/// saved in. The averaging weight needs the host's running `lr_max` and `weight_sum` each
+/// step, so capturable mode (and AMP) is refused for it.
+/// `CpuOptimizer::eval(&mut params)`/`train` do the same on the CPU backend, and Burn's
+/// front ends have `eval(module)`/`train(module)` (the `burn` module).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScheduleFreeAdamW {
     /// Learning rate (default 0.0025).

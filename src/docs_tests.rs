@@ -1,0 +1,49 @@
+//! The front pages agree with the family registry: every family's configuration type is
+//! named in README.md's algorithm table and in the crate-level rustdoc, so a new family
+//! cannot be registered without them.
+
+/// Every family's configuration type, from the registry (`crate::family::registry`).
+macro_rules! config_names {
+    ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {
+        &[$((stringify!($config), stringify!($folder)),)*]
+    };
+}
+const FAMILIES: &[(&str, &str)] = crate::family::registry!(config_names);
+
+fn read(file: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The rows of README.md's "## Algorithms" table.
+fn readme_algorithm_rows(readme: &str) -> Vec<&str> {
+    let start = readme.find("\n## Algorithms\n").expect("README.md has an \"## Algorithms\" section");
+    let section = &readme[start + 1..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
+    section[..end].lines().filter(|l| l.starts_with("| ") && !l.starts_with("|---")).skip(1).collect()
+}
+
+#[test]
+fn every_family_has_a_row_in_readme_s_algorithm_table() {
+    let readme = read("README.md");
+    let rows = readme_algorithm_rows(&readme);
+    assert_eq!(rows.len(), FAMILIES.len(), "one row per family: {rows:#?}");
+    for (config, folder) in FAMILIES {
+        let name = format!("`{config}`");
+        let link = format!("(src/family/{folder}/)");
+        assert!(
+            rows.iter().any(|row| row.contains(&name) && row.contains(&link)),
+            "README.md's algorithm table has no row naming {name} with a link to {link}"
+        );
+    }
+}
+
+#[test]
+fn every_family_is_on_the_crate_s_front_page() {
+    let lib = read("src/lib.rs");
+    let front: String = lib.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+    for (config, _) in FAMILIES {
+        let link = format!("[`{config}`]");
+        assert!(front.contains(&link), "src/lib.rs's crate docs do not link {link}");
+    }
+}
