@@ -134,5 +134,7 @@ fn the_check_finds_what_it_looks_for() {
     assert!(!matches_on("let algorithm = Algorithm::Sgd(Sgd::default());", "Momentum", "Sgd"));
     assert!(!matches_on("Family::Adamax(x) => 1,", "Adam", "Adam"));
     assert_eq!(code("let x = 1; // Algorithm::Adam(c) => c"), "let x = 1; ");
-    assert!(LISTED.iter().any(|(family, folder, variant)| (*family, *folder, *variant) == ("Momentum", "momentum", "Sgd")));
+    assert!(LISTED
+        .iter()
+        .any(|(family, folder, variant)| (*family, *folder, *variant) == ("Momentum", "momentum", "Sgd")));
 }
