@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the PyTorch resume fixtures of tests/torch_checkpoint.rs.
+"""Writes the PyTorch resume fixtures of tests/integration/torch_checkpoint.rs.
 
     python3 tools/make_torch_fixture.py tests/fixtures/torch [CASE...]
 
