@@ -3,24 +3,8 @@
 //! its folder (`crate::family::<name>::config`); this module gathers them, with
 //! [`Algorithm`] and the checks they share.
 //!
-//! | convention | eps default | where eps goes | step counting |
-//! |---|---|---|---|
-//! | PyTorch `Adam`/`AdamW` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^t)` | from 1, kept by the optimizer |
-//! | ONNX `Adam` | 1e-6 | added to `sqrt(H)`, the rate is corrected instead | input `T`; `T = 0`: no correction |
-//! | DirectML Adam | none | added to `sqrt(V)`, the rate is corrected instead | input tensor; `T = 0` is refused |
-//! | PyTorch `SGD` | | | the first step sets the buffer to the gradient |
-//! | ONNX `Momentum` | | | `T = 0`: the gradient's coefficient `beta` is replaced by 1 |
-//! | PyTorch `Adagrad` | 1e-10 | added to `sqrt(sum)` | `lr / (1 + (step - 1) lr_decay)` |
-//! | ONNX `Adagrad` | 1e-6 | added to `sqrt(H)` | `R / (1 + T decay_factor)` |
-//! | lion-pytorch `Lion` | | no epsilon: the update is a sign | the step does not enter |
-//! | schedulefree `AdamWScheduleFree` | 1e-8 | after dividing `sqrt(v)` by `sqrt(1 - beta2^(k+1))` | group's `k` from 0, kept by the optimizer |
-//! | PyTorch `RMSprop` | 1e-8 | added to `sqrt(square_avg)` (centered: of the variance) | no step dependence |
-//! | bitsandbytes `AdEMAMix` | 1e-8 | as PyTorch Adam | from 1; warmups of `alpha` and `beta3` |
-//! | torch-optimizer `Lamb` | 1e-6 | added to `sqrt(exp_avg_sq)`, moments never corrected | from 1; `debias` corrects the step size |
-//! | PyTorch `Adafactor` | (dtype eps, 1e-3) | eps1 floors `V` and the row mean, eps2 the param RMS | from 1, per tensor |
-//! | PyTorch `Muon` | 1e-7 | floor of the Frobenius norm before Newton-Schulz | no step dependence |
-//! | official `ADOPT` | 1e-6 | a floor: `g / max(sqrt(v), eps)` | step 1 only sets `v`; the clip bound is `(t - 1)^q` |
-//! | official `Adan` | 1e-8 | after dividing `sqrt(n)` by `sqrt(1 - beta3^t)` | from 1; step 1's difference is 0 |
+//! Each convention's eps and step counting are tabled on the crate's front page
+//! (`src/lib.rs`, "Conventions").
 
 use crate::family::adafactor::config as adafactor;
 use crate::family::adagrad::config as adagrad;

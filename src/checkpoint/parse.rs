@@ -79,7 +79,7 @@ use crate::{Algorithm, Result, Rounding, ScheduleFreeMode};
 ///   other classes, master weights and stochastic or Kahan rounding are refused by name. The
 ///   parameters go to PyTorch in the checkpoint's order, and PyTorch needs the states in the
 ///   parameters' shapes: build the optimizer with `param_shapes` (`train_mlp --save` does, so
-///   an f32 run's checkpoint converts as is). `tests/torch_checkpoint.rs` loads PyTorch's
+///   an f32 run's checkpoint converts as is). `tests/integration/torch_checkpoint.rs` loads PyTorch's
 ///   state after 5 steps (fixtures in `tests/fixtures/torch/`, made by
 ///   `tools/make_torch_fixture.py`) and continues 5 steps on the GPU and the CPU backend
 ///   within the trajectory tolerance of the conformance vectors (`rtol` 1e-5, `atol` 1e-6)

@@ -1,7 +1,7 @@
 //! The CPU loops under the kernel steps of the ONNX and DirectML conventions, which
 //! `CpuOptimizer` never produces but `KernelStep` carries: eps before the bias correction,
 //! no weight decay at all, a post-update scale, ONNX's momentum coefficients. (The PyTorch
-//! conventions are tested through the public API in tests/cpu.rs.)
+//! conventions are tested through the public API in tests/integration/cpu.rs.)
 
 use super::host::{HostSlice, HostSliceMut};
 use super::kernels::Kernel;

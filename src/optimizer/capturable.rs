@@ -181,7 +181,7 @@ pub(super) fn not_capturable() -> Error {
 mod tests {
     use crate::{Adam, DType, GpuContext, GradClip, Optimizer, Tensor};
 
-    /// `tests/clip.rs`'s AMP case (capturable, clipping, f32 gradients whose lengths are
+    /// `tests/integration/clip.rs`'s AMP case (capturable, clipping, f32 gradients whose lengths are
     /// whole vec4s): one pass unscales and takes the norm, one updates, and no separate
     /// unscale or norm pipeline is ever compiled.
     #[test]

@@ -52,7 +52,7 @@ use crate::{DType, Result, StateKind};
 /// refused by name, as is the stateless `ops::update` (Burn's front ends run it, with the
 /// shapes of Burn's tensors: the `burn` module); a group cannot switch to or from it. With
 /// groups, only the Adafactor groups' tensors need real shapes (an AdamW group's biases
-/// beside it, see `tests/adafactor.rs`).
+/// beside it, see `tests/integration/adafactor.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adafactor {
     /// The largest relative step size, and the weight decay's rate (`lr`, default 1e-2).

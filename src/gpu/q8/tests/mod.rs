@@ -342,7 +342,7 @@ fn a_workgroup_and_a_single_invocation_per_block_both_follow_the_oracle() {
 /// A family of four states (Adan, the most any keeps: every lane of a segment's words) on
 /// both owners of a block, each finding codes by a table and by arithmetic, over a tensor
 /// that ends in a partial block and a word of fewer than four codes: every way stores the
-/// CPU backend's codes and absmax bit for bit (`tests/adan.rs` holds the CPU and the
+/// CPU backend's codes and absmax bit for bit (`tests/integration/adan.rs` holds the CPU and the
 /// default way against the oracle), and its parameters.
 #[cfg(feature = "cpu")]
 #[test]
