@@ -2,13 +2,7 @@
 //! named in README.md's algorithm table and in the crate-level rustdoc, so a new family
 //! cannot be registered without them.
 
-/// Every family's configuration type, from the registry (`crate::family::registry`).
-macro_rules! config_names {
-    ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {
-        &[$((stringify!($config), stringify!($folder)),)*]
-    };
-}
-const FAMILIES: &[(&str, &str)] = crate::family::registry!(config_names);
+use crate::family::LISTED as FAMILIES;
 
 fn read(file: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
@@ -28,7 +22,7 @@ fn every_family_has_a_row_in_readme_s_algorithm_table() {
     let readme = read("README.md");
     let rows = readme_algorithm_rows(&readme);
     assert_eq!(rows.len(), FAMILIES.len(), "one row per family: {rows:#?}");
-    for (config, folder) in FAMILIES {
+    for crate::family::Listed { config, folder, .. } in FAMILIES {
         let name = format!("`{config}`");
         let link = format!("(src/family/{folder}/)");
         assert!(
@@ -42,7 +36,7 @@ fn every_family_has_a_row_in_readme_s_algorithm_table() {
 fn every_family_is_on_the_crate_s_front_page() {
     let lib = read("src/lib.rs");
     let front: String = lib.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
-    for (config, _) in FAMILIES {
+    for crate::family::Listed { config, .. } in FAMILIES {
         let link = format!("[`{config}`]");
         assert!(front.contains(&link), "src/lib.rs's crate docs do not link {link}");
     }

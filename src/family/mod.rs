@@ -60,5 +60,35 @@ macro_rules! declare_folders {
 
 registry!(declare_folders);
 
+/// Each family's names as the registry spells them, for the tests that check the source tree
+/// and the front pages against it.
+#[cfg(test)]
+pub(crate) struct Listed {
+    /// Its variant of `Family` (and of `Switches`, `KernelStep`, `CpuUpdate`).
+    pub(crate) family: &'static str,
+    /// Its folder under `src/family/`.
+    pub(crate) folder: &'static str,
+    /// Its variant of `Algorithm`.
+    pub(crate) variant: &'static str,
+    /// Its configuration type.
+    pub(crate) config: &'static str,
+}
+
+#[cfg(test)]
+macro_rules! listed {
+    ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {
+        /// Every family, from the registry.
+        pub(crate) const LISTED: &[Listed] = &[$(Listed {
+            family: stringify!($family),
+            folder: stringify!($folder),
+            variant: stringify!($variant),
+            config: stringify!($config),
+        },)*];
+    };
+}
+
+#[cfg(test)]
+registry!(listed);
+
 #[cfg(test)]
 mod layout_tests;
