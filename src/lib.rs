@@ -10,9 +10,9 @@
 //! torch-optimizer ([`Lamb`]), the official ADOPT ([`Adopt`]) and Adan ([`Adan`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
 //! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
-//! `wgpu_optim_testkit::oracle`). With the `burn` feature, Burn 0.22's wgpu tensors are
-//! stepped by the same kernels (`wgpu_optim::burn`); without default features the crate
-//! builds for browsers (wasm32, WebGPU).
+//! `wgpu_optim_testkit::oracle`). The `wgpu-optim-burn` crate steps Burn 0.22's wgpu
+//! tensors with the same kernels; without default features the crate builds for browsers
+//! (wasm32, WebGPU).
 //!
 //! # Where to start
 //!
@@ -84,21 +84,23 @@
 //! - [`q8`]: bitsandbytes' blockwise 8-bit state ([`q8::Q8States`] to ask for it,
 //!   [`q8::StoredState`] to read, write and check it); [`q4`]: torchao's 4-bit state
 //!   ([`q4::Q4States`], [`q4::Q4State`]).
-//! - `burn` (feature `burn`): Burn 0.22's wgpu tensors stepped by these kernels.
+//! - For a framework's front end (the `wgpu-optim-burn` crate is one):
+//!   [`ops::StepScalars`] and [`ops::record_updates`] (a step whose scalars the front end
+//!   keeps), [`ops::check_inv_scale`], [`GpuContext::choose_adapter`] and
+//!   [`GpuContext::catch`], [`Algorithm::param_state_kinds`] and
+//!   [`Optimizer::tensor_state`].
 //! - [`Error`], [`Result`], [`StepProblem`], [`ReadbackFailure`], [`BurnFailure`]: every
 //!   refusal, typed. [`ContextReport`], [`TENSOR_USAGES`]: what a context runs on, and the
 //!   usages of the buffers the crate creates.
 //!
 //! Cargo features: `cpu` and `checkpoint` are on by default (rayon and multiversion;
-//! safetensors and serde_json); the GPU optimizer and operators need neither. `burn` (off
-//! by default) adds `wgpu_optim::burn`; `gles` adds wgpu's OpenGL ES backend.
+//! safetensors and serde_json); the GPU optimizer and operators need neither. `gles` adds
+//! wgpu's OpenGL ES backend.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algo;
-#[cfg(feature = "burn")]
-pub mod burn;
 #[cfg(feature = "checkpoint")]
 mod checkpoint;
 #[cfg(feature = "cpu")]

@@ -86,7 +86,7 @@ impl StateStorage {
     }
 
     /// The 8-bit state's settings, with 8-bit storage.
-    pub(crate) fn q8(&self) -> Option<Q8States> {
+    pub fn q8(&self) -> Option<Q8States> {
         match self {
             StateStorage::Q8(config) => Some(*config),
             _ => None,
@@ -94,7 +94,7 @@ impl StateStorage {
     }
 
     /// The 4-bit state's settings, with 4-bit storage.
-    pub(crate) fn q4(&self) -> Option<Q4States> {
+    pub fn q4(&self) -> Option<Q4States> {
         match self {
             StateStorage::Q4(config) => Some(*config),
             _ => None,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the library for wasm32-unknown-unknown (without and with `checkpoint`) and runs
-# the browser tests (web/tests/browser.rs) in headless Chromium on its WebGPU adapter,
+# Checks the featureless library for wasm32-unknown-unknown (the browser build a trainer
+# gets with `default-features = false`; `check`, as nothing runs it), then builds the
+# library with `checkpoint` and the testkit as the browser tests use them and runs the
+# browser tests (web/tests/browser.rs) in headless Chromium on its WebGPU adapter,
 # through wasm-bindgen-test-runner and chromedriver (Chrome's flags: web/webdriver.json).
 # Install the tools first with tools/web-setup.sh.
 set -euo pipefail
@@ -8,8 +10,7 @@ cd "$(dirname "$0")/.."
 source tools/web-env.sh
 
 start=$(date +%s)
-web_cargo build -p wgpu-optim --no-default-features
-web_cargo build -p wgpu-optim --no-default-features --features checkpoint
+web_cargo check -p wgpu-optim --no-default-features
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
 export CHROMEDRIVER=/usr/bin/chromedriver
 # The whole suite runs in one page; SwiftShader is a CPU adapter.

@@ -100,7 +100,6 @@ pub(crate) trait FamilyConfig: Copy {
     /// The step after a group's running values `values` and the values after it, where the
     /// family's steps come from such values rather than the step count (Schedule-Free's `k`,
     /// `weight_sum`, `lr_max`); `None` (every other family): [`Self::kernel_step`] gives it.
-    #[cfg(feature = "burn")]
     fn step_after(
         &self,
         values: &crate::ScheduleFreeScalars,
@@ -112,7 +111,6 @@ pub(crate) trait FamilyConfig: Copy {
     /// The step of the family's `eval()` (`to` [`ScheduleFreeMode::Eval`](crate::ScheduleFreeMode))
     /// or `train()` swap of the parameters between the points it keeps (Schedule-Free's y
     /// and x), or why it cannot run; `None` (every other family): the family has no modes.
-    #[cfg(feature = "burn")]
     fn mode_swap(&self, to: crate::ScheduleFreeMode) -> Option<Result<KernelStep>> {
         let _ = to;
         None
@@ -120,7 +118,6 @@ pub(crate) trait FamilyConfig: Copy {
 
     /// The state kinds a parameter of `shape` keeps, where they depend on the shape
     /// (Adafactor's factored or unfactored second moment); [`Self::state_kinds`] otherwise.
-    #[cfg(feature = "burn")]
     fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
         let _ = shape;
         self.state_kinds()
@@ -129,14 +126,12 @@ pub(crate) trait FamilyConfig: Copy {
     /// Whether a step looks at each parameter whole, by its shape (Muon's matrices,
     /// Adafactor's row and column means), so that it needs an optimizer given the shapes,
     /// not the per-tensor elementwise update.
-    #[cfg(feature = "burn")]
     fn needs_shapes(&self) -> bool {
         false
     }
 
     /// Whether the family steps matrices only (Muon), leaving the other parameters to a
     /// fallback algorithm.
-    #[cfg(feature = "burn")]
     fn needs_matrix(&self) -> bool {
         false
     }
@@ -208,16 +203,18 @@ macro_rules! algorithms {
                 }
             }
 
-            /// The family's own global gradient clipping, `(max_norm, eps)`
-            /// (`FamilyConfig::own_grad_clip`): Adan's `max_grad_norm` with its `eps`.
-            pub(crate) fn own_grad_clip(&self) -> Option<(f64, f64)> {
+            /// The algorithm's own global gradient clipping, `(max_norm, eps)`: Adan's
+            /// `max_grad_norm` with its `eps`; `None` for the others (which clip with
+            /// [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip)).
+            pub fn own_grad_clip(&self) -> Option<(f64, f64)> {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::own_grad_clip(c),)*
                 }
             }
 
-            /// The value a state tensor starts from.
-            pub(crate) fn initial_state(&self) -> f64 {
+            /// The value every element of a new state tensor starts from (0 for most;
+            /// Adagrad's `initial_accumulator_value`).
+            pub fn initial_state(&self) -> f64 {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::initial_state(c),)*
                 }
@@ -380,7 +377,6 @@ macro_rules! algorithms {
             }
         }
 
-        #[cfg(feature = "burn")]
         impl Algorithm {
             /// The step after a group's running values and the values after it, where its
             /// steps come from them (`FamilyConfig::step_after`).
@@ -393,8 +389,10 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Whether its steps come from running group values (`FamilyConfig::step_after`).
-            pub(crate) fn keeps_group_values(&self) -> bool {
+            /// Whether its steps come from running group values (Schedule-Free's
+            /// [`ScheduleFreeScalars`](crate::ScheduleFreeScalars)) rather than the step count:
+            /// [`ops::StepScalars::after`](crate::ops::StepScalars::after) gives such a step.
+            pub fn keeps_group_values(&self) -> bool {
                 self.step_after(&crate::ScheduleFreeScalars::default()).is_some()
             }
 
@@ -406,22 +404,28 @@ macro_rules! algorithms {
                 }
             }
 
-            /// The state kinds a parameter of `shape` keeps (`FamilyConfig::param_state_kinds`).
-            pub(crate) fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
+            /// The state kinds a parameter of `shape` keeps: [`Self::state_kinds`], but for
+            /// Adafactor, whose second moment is factored (row and column) for a matrix.
+            pub fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::param_state_kinds(c, shape),)*
                 }
             }
 
-            /// Whether a step needs each parameter's shape (`FamilyConfig::needs_shapes`).
-            pub(crate) fn needs_shapes(&self) -> bool {
+            /// Whether a step looks at each parameter whole, by its shape (Muon's matrices,
+            /// Adafactor's row and column means): such an algorithm runs in an
+            /// [`Optimizer`](crate::Optimizer) built with
+            /// [`param_shapes`](crate::OptimizerBuilder::param_shapes), not in
+            /// [`ops::update`](crate::ops::update).
+            pub fn needs_shapes(&self) -> bool {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::needs_shapes(c),)*
                 }
             }
 
-            /// Whether it steps matrices only (`FamilyConfig::needs_matrix`).
-            pub(crate) fn needs_matrix(&self) -> bool {
+            /// Whether it steps 2-D parameters only (Muon), leaving the others to another
+            /// algorithm.
+            pub fn needs_matrix(&self) -> bool {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::needs_matrix(c),)*
                 }
@@ -479,10 +483,9 @@ macro_rules! state_kinds {
         }
 
         impl StateKind {
-            /// Every state kind, in declaration order: for the front ends that look a
-            /// parameter's states up by kind or name (Burn's records).
-            #[cfg_attr(not(feature = "burn"), allow(dead_code))]
-            pub(crate) const ALL: &'static [StateKind] = &[$(StateKind::$variant,)*];
+            /// Every state kind, in declaration order: for a front end that looks a
+            /// parameter's states up by kind or name (the Burn crate's records).
+            pub const ALL: &'static [StateKind] = &[$(StateKind::$variant,)*];
 
             /// PyTorch's name for it, which is also the kernel's slot name.
             pub fn torch_name(self) -> &'static str {

@@ -83,6 +83,15 @@ impl std::fmt::Debug for GpuContext {
 }
 
 impl GpuContext {
+    /// The adapter [`Self::headless`] opens its device on, from `instance`: the one
+    /// `WGPU_ADAPTER_NAME` names (a case-insensitive substring; a name that matches nothing
+    /// is [`Error::NoAdapter`] listing the adapters there are), otherwise wgpu's default for
+    /// `WGPU_POWER_PREF`. For a caller that opens the device itself (another framework's
+    /// runtime sharing it) and should pick the adapter the tests and examples pick.
+    pub async fn choose_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+        choose_adapter(instance).await
+    }
+
     /// Opens a device without a window, choosing the adapter the way wgpu applications do:
     /// `WGPU_BACKEND` restricts the backends, `WGPU_ADAPTER_NAME` picks an adapter by name
     /// substring, `WGPU_POWER_PREF` sets the preference; otherwise wgpu's default adapter.
@@ -239,7 +248,7 @@ impl GpuContext {
     /// Popping a scope waits for the device, which a browser's main thread cannot do: in
     /// wasm32 builds no scope is pushed, and wgpu's errors reach the device's
     /// uncaptured-error handler instead.
-    pub(crate) fn catch<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+    pub fn catch<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
         self.check_alive()?;
         if cfg!(target_arch = "wasm32") {
             let value = f();

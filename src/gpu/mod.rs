@@ -19,7 +19,5 @@ pub(crate) mod q8;
 pub(crate) mod table;
 pub(crate) mod transfer;
 
-#[cfg(feature = "burn")]
-pub(crate) use context::choose_adapter;
 pub use context::{ContextReport, GpuContext};
 pub use transfer::TENSOR_USAGES;

@@ -7,11 +7,16 @@
 pub mod directml;
 pub mod onnx;
 
+pub use crate::optimizer::device::check_inv_scale;
+
 use crate::gpu::dispatch::{Batch, Uniforms};
 use crate::gpu::kernel::{Program, Scalars, VariantKey};
 use crate::gpu::plan::{math_dtype, plan, slot_args, Arg, KernelArgs, SlotArgs};
 use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
-use crate::{Algorithm, DType, Error, GpuContext, Result, StepProblem, Tensor};
+use crate::{
+    Algorithm, DType, Error, GpuContext, Result, ScheduleFreeMode, ScheduleFreeScalars, StateKind,
+    StepProblem, Tensor,
+};
 
 /// The tensors of one stateless update of any algorithm: `state` holds the algorithm's
 /// [`state_kinds`](Algorithm::state_kinds) in order. An output left `None` is written in
@@ -64,16 +69,63 @@ pub fn update(
     if let Some(reason) = algorithm.stateless_refusal() {
         return Err(Error::ConflictingOptions { first: "ops::update", second: "algorithm", reason });
     }
-    record_updates(ctx, encoder, &algorithm.kernel_step(t), algorithm.state_kinds(), updates)
+    record_kernel_updates(ctx, encoder, &algorithm.kernel_step(t), algorithm.state_kinds(), updates)
 }
 
-/// The updates of [`update`] with a kernel step given (Schedule-Free's, computed from values
-/// the caller keeps, or its swap), `kinds` being the state tensors' kinds in order.
-pub(crate) fn record_updates(
+/// One step's scalars for one algorithm, computed on the host in f64: what a kernel's
+/// uniform holds. [`update`] makes them from the step count; a front end that keeps an
+/// algorithm's running values itself (Schedule-Free's, in a framework's per-parameter state)
+/// makes them with [`Self::after`] or [`Self::mode_swap`] and records them with
+/// [`record_updates`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepScalars(KernelStep);
+
+impl StepScalars {
+    /// The scalars of step `t` (counted from 1) of `algorithm`, checked as [`update`] checks
+    /// them.
+    pub fn at(algorithm: &Algorithm, t: u64) -> Result<Self> {
+        algorithm.validate()?;
+        if t == 0 {
+            return Err(Error::BadStep { argument: "step", step: 0.0, problem: StepProblem::Zero });
+        }
+        Ok(StepScalars(algorithm.kernel_step(t)))
+    }
+
+    /// Where `algorithm`'s steps come from running group values (Schedule-Free's `k`,
+    /// `weight_sum`, `lr_max`): the step after `values` and the values after it; `None`
+    /// for every other algorithm, whose steps come from the step count ([`Self::at`]).
+    pub fn after(algorithm: &Algorithm, values: &ScheduleFreeScalars) -> Option<(Self, ScheduleFreeScalars)> {
+        algorithm.step_after(values).map(|(step, next)| (StepScalars(step), next))
+    }
+
+    /// The swap of the parameters between the points `algorithm` keeps, going to `to`
+    /// (Schedule-Free's `eval()` and `train()`), or why it cannot run; `None`: the algorithm
+    /// has no modes. The swap is recorded as an update whose gradient is the parameter.
+    pub fn mode_swap(algorithm: &Algorithm, to: ScheduleFreeMode) -> Option<Result<Self>> {
+        algorithm.mode_swap(to).map(|swap| swap.map(StepScalars))
+    }
+}
+
+/// The updates of [`update`] with the step's scalars given, `kinds` being the state
+/// tensors' kinds in order (the algorithm's [`state_kinds`](Algorithm::state_kinds), or
+/// [`param_state_kinds`](Algorithm::param_state_kinds) for a shape). Checked as [`update`]
+/// checks its tensors.
+pub fn record_updates(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    step: &StepScalars,
+    kinds: &[StateKind],
+    updates: &[Update],
+) -> Result<()> {
+    record_kernel_updates(ctx, encoder, &step.0, kinds, updates)
+}
+
+/// [`record_updates`] with the crate's own step.
+pub(crate) fn record_kernel_updates(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
     step: &KernelStep,
-    kinds: &[crate::StateKind],
+    kinds: &[StateKind],
     updates: &[Update],
 ) -> Result<()> {
     let mut calls = Vec::with_capacity(updates.len());

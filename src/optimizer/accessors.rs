@@ -168,7 +168,7 @@ impl Optimizer {
     }
 
     /// Parameter `index`'s dense state tensor of `kind`; `None` with low-bit storage.
-    pub(crate) fn tensor_state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
+    pub fn tensor_state(&self, index: usize, kind: StateKind) -> Option<&Tensor> {
         if let Some(tensor) = self.passes.iter().find_map(|p| p.state(index, kind)) {
             return Some(tensor);
         }

@@ -175,9 +175,11 @@ impl DeviceState {
     }
 }
 
-/// AMP's `inv_scale` must be an f32 tensor of one element, 4-byte aligned (the copy into
-/// the device state needs it), whose buffer can be copied from.
-pub(crate) fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
+/// Checks a tensor [`Optimizer::record_unscale`](crate::Optimizer::record_unscale)
+/// would take as AMP's `inv_scale`: an f32 tensor of one element, 4-byte aligned (the copy
+/// into the device state needs it), whose buffer can be copied from. For a front end that
+/// checks a caller's tensor before anything is recorded.
+pub fn check_inv_scale(inv_scale: &Tensor) -> Result<()> {
     if inv_scale.dtype != DType::F32 || inv_scale.len != 1 {
         return Err(Error::DTypeMismatch {
             argument: "inv_scale".into(),

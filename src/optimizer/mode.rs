@@ -22,10 +22,11 @@ impl Optimizer {
         self.passes.iter().find_map(|p| p.mode()).unwrap_or(ScheduleFreeMode::Train)
     }
 
-    /// Sets the mode without touching the parameters (a checkpoint saved in that mode, or
-    /// Burn's module step moving parameters in x to a new optimizer).
-    #[cfg_attr(not(any(feature = "checkpoint", feature = "burn")), allow(dead_code))]
-    pub(crate) fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
+    /// Sets the mode without touching the parameters: for parameters that are in that mode's
+    /// point already (a checkpoint saved in it, or a front end moving parameters in x to a
+    /// new optimizer, as the Burn crate's module step does). [`Self::eval`] and
+    /// [`Self::train`] swap the parameters as well.
+    pub fn set_mode_unchanged(&mut self, mode: ScheduleFreeMode) {
         self.set_mode(mode);
     }
 

@@ -127,8 +127,9 @@ impl Q4States {
     }
 
     /// Refuses a block size the kernels cannot take: not a power of two from 8 (one `u32`
-    /// word of codes) to [`MAX_BLOCK_SIZE`].
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// word of codes) to [`MAX_BLOCK_SIZE`]. Building an optimizer checks it; a front end
+    /// that builds its optimizer later checks it when it is given.
+    pub fn validate(&self) -> Result<()> {
         let b = self.block_size;
         if !b.is_power_of_two() || !(8..=MAX_BLOCK_SIZE).contains(&b) {
             return Err(Error::BadValue {

@@ -257,6 +257,7 @@ macro_rules! families {
         // keep, from the families' slots, so that no shared file names a state count.
         /// The most state tensors any family's update keeps (its `INPUTS`' states, Kahan's
         /// compensation aside: the optimizer keeps that one).
+        #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
         pub(crate) const MAX_STATE: usize = {
             let counts = [$(state_count(crate::family::$folder::contract::INPUTS),)*];
             let (mut most, mut i) = (0, 0);
@@ -288,6 +289,7 @@ pub(crate) enum Slot {
 
 /// The state tensors among `slots` that a family's update keeps: every [`Slot::State`] but
 /// Kahan's compensation, which the optimizer keeps.
+#[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 const fn state_count(slots: &[Slot]) -> usize {
     let (mut count, mut i) = (0, 0);
     while i < slots.len() {

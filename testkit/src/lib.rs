@@ -1,6 +1,8 @@
 //! The tools of wgpu-optim's tests, examples and benchmarks, kept out of the library a
 //! trainer embeds:
 //!
+//! - [`cases`]: deterministic test data ([`cases::Rng`]) and the algorithm variants the
+//!   tests sweep.
 //! - [`oracle`]: the f64 reference every result is checked against (PyTorch, ONNX, DirectML
 //!   and bitsandbytes conventions).
 //! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
@@ -15,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cases;
 pub mod checkpoint;
 pub mod compare;
 pub mod conformance;

@@ -485,14 +485,6 @@ fn four_bit_state_is_refused_as_torchaos_adam_only() {
     refused(cpu.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "CPU");
 }
 
-/// Burn's drop-in optimizers run Adan through the generic path (its two new states travel in
-/// the fused state under their official names).
-#[cfg(feature = "burn")]
-#[test]
-fn burn_steps_follow_the_oracle() {
-    family::burn::the_fused_optimizer_and_the_module_step_follow_the_oracle(proximal(), "Adan", 4);
-}
-
 // Adan's own clipping: every gradient of the optimizer scaled by
 // min(1, max_grad_norm / (global L2 norm + eps)) with Adan's eps, checked against the
 // official code's oracle, which clips all tensors together.

@@ -366,10 +366,3 @@ fn four_bit_state_is_refused_as_torchaos_adam_only() {
     let options = CpuOptimizer::builder().state_storage(StateStorage::Q4(Q4States::default()));
     refused(options.build(plain(), &[cpu_param.as_slice()]).expect_err("CPU"), "CPU");
 }
-
-/// Burn's drop-in optimizers run ADOPT through the generic path (no Burn code names it).
-#[cfg(feature = "burn")]
-#[test]
-fn burn_steps_follow_the_oracle() {
-    family::burn::the_fused_optimizer_and_the_module_step_follow_the_oracle(decoupled(), "ADOPT", 4);
-}

@@ -231,13 +231,6 @@ fn bad_hyperparameters_are_refused_by_name_and_change_nothing() {
     }
 }
 
-/// Burn's drop-in optimizer and the whole-module step run Lion too.
-#[cfg(feature = "burn")]
-#[test]
-fn burn_steps_follow_the_oracle() {
-    family::burn::the_fused_optimizer_and_the_module_step_follow_the_oracle(decayed(), "Lion", 3);
-}
-
 /// bitsandbytes' `Lion8bit`: `exp_avg` in blockwise 8-bit codes under its names in
 /// checkpoints (`state1`, `absmax1`, `qmap1`), on the GPU and on the CPU backend, which load
 /// each other's files. (The `lion8bit_n700` vector checks the values on both.)

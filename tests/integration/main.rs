@@ -41,12 +41,6 @@ mod ademamix;
 mod adopt;
 mod aliasing;
 mod amsgrad;
-#[cfg(feature = "burn")]
-mod burn;
-#[cfg(feature = "burn")]
-mod burn_muon_adafactor;
-#[cfg(feature = "burn")]
-mod burn_q4;
 mod capturable;
 mod careless;
 #[cfg(feature = "checkpoint")]
@@ -64,8 +58,6 @@ mod failed_steps;
 mod fuzz_loaders;
 #[cfg(all(feature = "cpu", feature = "checkpoint"))]
 mod lamb;
-#[cfg(feature = "burn")]
-mod lamb_burn;
 #[cfg(feature = "checkpoint")]
 mod lamb_mlp;
 mod limits;

@@ -294,13 +294,11 @@ impl crate::algo::FamilyConfig for Adafactor {
     }
 
     /// `row_var` and `col_var` from 2 dimensions on, `variance` below.
-    #[cfg(feature = "burn")]
     fn param_state_kinds(&self, shape: &[usize]) -> &'static [StateKind] {
         state_kinds_for(shape)
     }
 
     /// Its factored states are row and column means of each parameter by its shape.
-    #[cfg(feature = "burn")]
     fn needs_shapes(&self) -> bool {
         true
     }

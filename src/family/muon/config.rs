@@ -298,13 +298,11 @@ impl crate::algo::FamilyConfig for Muon {
     }
 
     /// Newton-Schulz orthogonalizes each parameter as a matrix.
-    #[cfg(feature = "burn")]
     fn needs_shapes(&self) -> bool {
         true
     }
 
     /// 2-D parameters only: the others go to a fallback algorithm.
-    #[cfg(feature = "burn")]
     fn needs_matrix(&self) -> bool {
         true
     }

@@ -227,12 +227,10 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
         Ok(())
     }
 
-    #[cfg(feature = "burn")]
     fn step_after(&self, values: &ScheduleFreeScalars) -> Option<(KernelStep, ScheduleFreeScalars)> {
         Some(self.advance(values))
     }
 
-    #[cfg(feature = "burn")]
     fn mode_swap(&self, to: ScheduleFreeMode) -> Option<crate::Result<KernelStep>> {
         let to_eval = to == ScheduleFreeMode::Eval;
         let checked = if to_eval { check_eval(self) } else { Ok(()) };

@@ -23,3 +23,12 @@ pub(crate) fn check_scalars(algorithm: &Algorithm, scalars: &ScheduleFreeScalars
     }
     Ok(())
 }
+
+impl ScheduleFreeScalars {
+    /// Checks that these values can be `algorithm`'s running group values (restored from a
+    /// framework's record, say): a Schedule-Free algorithm, finite sums, and the initial
+    /// values at `k = 0`. Optimizers and checkpoints check theirs with the same rule.
+    pub fn check_fits(&self, algorithm: &Algorithm) -> Result<()> {
+        check_scalars(algorithm, self)
+    }
+}

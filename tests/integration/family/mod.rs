@@ -7,8 +7,6 @@
 //! Used by the `adan`, `ademamix`, `adopt`, `lamb` and `lion` areas; each passes its own
 //! configurations.
 
-#[cfg(feature = "burn")]
-pub mod burn;
 pub mod checkpoint;
 
 use crate::common::{assert_close, ctx, download, Rng, Tolerance};

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use ::burn::module::ParamId;
-use ::burn::tensor::TensorData;
+use burn::module::ParamId;
+use burn::tensor::TensorData;
 
 use super::{lost, Home, ModuleStep};
-use crate::burn::record;
-use crate::{Algorithm, Error, Optimizer, Result, StateKind, StateView};
+use crate::record;
+use wgpu_optim::{Algorithm, Error, Optimizer, Result, StateKind, StateView};
 
 impl ModuleStep {
     /// Brings each of `ids`' state into `target` (whose parameter `i` is `ids[i]`; `key`
@@ -32,7 +32,7 @@ impl ModuleStep {
                     let q8 = self.options.state_storage.q8().is_some();
                     copy_state(&source.optimizer, j, target, i, encoder, q8)?;
                     if self.options.state_storage.q4().is_some() {
-                        crate::burn::q4::copy(&self.algorithm, &source.optimizer, j, target, i)?;
+                        crate::q4::copy(&self.algorithm, &source.optimizer, j, target, i)?;
                     }
                 }
                 Some(Home::Loaded(state)) => self.write_loaded(target, i, *id, &state.tensors)?,
@@ -51,7 +51,7 @@ impl ModuleStep {
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<()> {
         if self.options.state_storage.q4().is_some() {
-            return crate::burn::q4::write_loaded(&self.algorithm, target, i, id.val(), tensors);
+            return crate::q4::write_loaded(&self.algorithm, target, i, id.val(), tensors);
         }
         let ctx = self.shared.context();
         for (name, data) in tensors {
@@ -69,7 +69,7 @@ impl ModuleStep {
             if dtype == tensor.dtype {
                 ctx.write_bytes(tensor, data.as_bytes())?;
             } else {
-                ctx.write(tensor, &dtype.decode(data.as_bytes()))?;
+                ctx.write(tensor, &data.iter::<f64>().collect::<Vec<f64>>())?;
             }
         }
         Ok(())

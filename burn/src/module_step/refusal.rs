@@ -2,7 +2,7 @@
 
 #[cfg(doc)]
 use super::ModuleStep;
-use crate::Error;
+use wgpu_optim::Error;
 
 /// A refused [`ModuleStep`] step: the reason, and the module handed back with its
 /// parameters' values as they were (a parameter may sit in a new buffer, never with new
@@ -12,7 +12,7 @@ use crate::Error;
 /// match on it:
 ///
 /// ```no_run
-/// # fn train<M: burn::module::Module>(step: &mut wgpu_optim::burn::ModuleStep, model: M, grads: burn::optim::GradientsParams) -> M {
+/// # fn train<M: burn::module::Module>(step: &mut wgpu_optim_burn::ModuleStep, model: M, grads: burn::optim::GradientsParams) -> M {
 /// let model = match step.step(1e-3, model, grads) {
 ///     Ok(model) => model,
 ///     Err(refused) => {

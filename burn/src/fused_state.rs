@@ -1,13 +1,12 @@
 //! One parameter's state under [`FusedOptimizer`](super::FusedOptimizer), and its form in
 //! Burn's records.
 
-use ::burn::optim::{RecordState, StateSink, StateSource};
-use ::burn::tensor::{Device, Tensor as BurnTensor};
+use burn::optim::{RecordState, StateSink, StateSource};
+use burn::tensor::{Device, Tensor as BurnTensor};
 use burn_pack::Scalar;
 
 use super::record::{state_kind, BURN_ADAM, BURN_ADAM_TIME, LR_MAX, TIME, WEIGHT_SUM};
-use crate::family::schedule_free::scalars::check_scalars as check_schedule_free_scalars;
-use crate::{Algorithm, BurnFailure, Error, Result, ScheduleFreeScalars, StateKind};
+use wgpu_optim::{Algorithm, BurnFailure, Error, Result, ScheduleFreeScalars, StateKind};
 
 /// One parameter's state under [`FusedOptimizer`](super::FusedOptimizer): the step count and
 /// the algorithm's state tensors by [`StateKind`] ([`Self::state`]), under PyTorch's names
@@ -103,10 +102,7 @@ impl<const D: usize> FusedState<D> {
                              its next step's averaging weight needs"
                         .into(),
                 }),
-                Some(scalars) => check_schedule_free_scalars(
-                    algorithm,
-                    &ScheduleFreeScalars { k: self.time as u64, ..scalars },
-                ),
+                Some(scalars) => ScheduleFreeScalars { k: self.time as u64, ..scalars }.check_fits(algorithm),
             };
         }
         Err(Error::Burn {

@@ -2,14 +2,14 @@
 
 use std::any::Any;
 
-use ::burn::backend::wgpu::CubeTensor;
-use ::burn::backend::{BackendTypes, Cube};
-use ::burn::cubecl::wgpu::{AutoCompiler, WgpuServer};
-use ::burn::tensor::{DType as BurnDType, Tensor as BurnTensor};
+use burn::backend::wgpu::CubeTensor;
+use burn::backend::{BackendTypes, Cube};
+use burn::cubecl::wgpu::{AutoCompiler, WgpuServer};
+use burn::tensor::{DType as BurnDType, Tensor as BurnTensor};
 use burn_cubecl::kernel::into_contiguous;
 
 use super::SharedDevice;
-use crate::{BurnFailure, DType, Error, Result, Tensor};
+use wgpu_optim::{BurnFailure, DType, Error, Result, Tensor};
 
 /// Burn's float primitive, which is a [`CubeTensor`] unless Burn's `fusion` feature wraps it.
 type FloatPrimitive = <Cube as BackendTypes>::FloatTensorPrimitive;
@@ -86,7 +86,7 @@ pub(crate) fn lease<const D: usize>(
             }
         })?;
     let range = resource.resource();
-    let leased = Tensor::new(&range.buffer, range.offset, len, dtype);
+    let leased = Tensor { buffer: range.buffer.clone(), offset: range.offset, len, dtype };
     if leased.byte_len() > range.size {
         return Err(Error::Burn {
             cause: BurnFailure::Tensor,

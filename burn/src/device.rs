@@ -1,14 +1,13 @@
 //! One wgpu device and queue for Burn and this crate, made from either side.
 
-use ::burn::tensor::wgpu::WgpuSetup;
-use ::burn::tensor::Device;
+use burn::tensor::wgpu::WgpuSetup;
+use burn::tensor::Device;
 
-use crate::gpu::choose_adapter;
-use crate::{BurnFailure, Error, GpuContext, Result};
+use wgpu_optim::{BurnFailure, Error, GpuContext, Result};
 
 /// A Burn device and a [`GpuContext`] on the same wgpu device and queue.
 ///
-/// Everything in [`crate::burn`] takes one: a tensor is accepted only on [`Self::device`],
+/// Everything in [`crate`] takes one: a tensor is accepted only on [`Self::device`],
 /// whose buffers this crate can bind. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SharedDevice {
@@ -36,7 +35,7 @@ impl SharedDevice {
     /// describes the device from the adapter, so it must have what the adapter has.
     pub async fn headless() -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = choose_adapter(&instance).await?;
+        let adapter = GpuContext::choose_adapter(&instance).await?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgpu-optim + Burn"),

@@ -9,8 +9,8 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use common::{assert_close, Rng, Tolerance};
-use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::{Adafactor, Adam, Algorithm, DType, Error, Muon, NsPrecision, StateKind};
+use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::{muon_step, AdafactorOracle, TorchState};
 
 fn shared() -> SharedDevice {

@@ -3,20 +3,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ::burn::module::{Module, ParamId};
-use ::burn::optim::GradientsParams;
-use ::burn::tensor::Tensor as BurnTensor;
+use burn::module::{Module, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor as BurnTensor;
 
 use super::visit::{Check, Take};
 use super::StepError;
 use super::{Bound, Checked, Cohort, Entry, Home, ModuleStep, Prepared, StepTensors};
-use crate::burn::fallback::{algorithm_for, in_main_group, FrontEnd};
-use crate::burn::lease::{lease, Access, Leased};
-use crate::optimizer::device::check_inv_scale;
-use crate::ParamGroup;
-use crate::{
-    Algorithm, BurnFailure, Error, Optimizer, OptimizerBuilder, Result, ScheduleFreeMode,
-    ScheduleFreeScalars, Tensor,
+use crate::fallback::{algorithm_for, in_main_group, FrontEnd};
+use crate::lease::{lease, Access, Leased};
+use wgpu_optim::ops::check_inv_scale;
+use wgpu_optim::ParamGroup;
+use wgpu_optim::{
+    Algorithm, BurnFailure, Error, Optimizer, Result, ScheduleFreeMode, ScheduleFreeScalars, Tensor,
 };
 
 impl ModuleStep {
@@ -278,11 +277,11 @@ impl ModuleStep {
         if let Some(fallback) = fallback {
             groups.push(ParamGroup::new(*fallback, &params[main..]));
         }
-        let mut options = self.options.clone();
+        let mut builder = self.options.builder();
         if self.algorithm.needs_shapes() || fallback.is_some_and(Algorithm::needs_shapes) {
-            options.param_shapes = shapes;
+            builder = builder.param_shapes(shapes);
         }
-        OptimizerBuilder { options }.build_groups(self.shared.context(), groups)
+        builder.build_groups(self.shared.context(), groups)
     }
 
     /// The algorithm that steps a parameter of rank `rank` (of a record, whose shape it does

@@ -10,16 +10,15 @@ mod visit;
 
 use std::collections::HashMap;
 
-use ::burn::module::ParamId;
+use burn::module::ParamId;
 
 use super::lease::Leased;
 use super::record::ParamRecord;
 use super::SharedDevice;
 #[cfg(doc)]
-use crate::OptimizerBuilder;
-use crate::{
-    Algorithm, BurnFailure, Error, Optimizer, OptimizerOptions, Result, ScheduleFreeMode,
-    ScheduleFreeScalars, Tensor,
+use wgpu_optim::OptimizerBuilder;
+use wgpu_optim::{
+    Algorithm, BurnFailure, Error, Optimizer, Result, ScheduleFreeMode, ScheduleFreeScalars, Tensor,
 };
 
 pub use builder::ModuleStepBuilder;
@@ -33,7 +32,7 @@ pub(super) use visit::ParamContext;
 /// ([`Self::step_unscaled`], with [`OptimizerBuilder::capturable`]), 16-bit, 8-bit or 4-bit state.
 ///
 /// Parameters are updated in their own buffers; one whose storage is shared with another
-/// tensor is copied first (see [`crate::burn`]).
+/// tensor is copied first (see [`crate`]).
 ///
 /// # Parameters without a gradient
 ///
@@ -73,7 +72,7 @@ pub(super) use visit::ParamContext;
 ///
 /// ```no_run
 /// # fn train<M: burn::module::Module>(model: M, grads: burn::optim::GradientsParams) -> wgpu_optim::Result<M> {
-/// use wgpu_optim::burn::{ModuleStep, SharedDevice};
+/// use wgpu_optim_burn::{ModuleStep, SharedDevice};
 /// use wgpu_optim::Adam;
 ///
 /// let shared = SharedDevice::headless_blocking()?;
@@ -86,7 +85,7 @@ pub struct ModuleStep {
     algorithm: Algorithm,
     /// Under Muon, the algorithm of the parameters that are not 2-D.
     fallback: Option<Algorithm>,
-    options: OptimizerOptions,
+    options: builder::Options,
     /// Every parameter stepped or loaded so far.
     params: HashMap<ParamId, Entry>,
     /// The optimizers holding the state; the last step's come first.

@@ -1,21 +1,20 @@
 //! Burn's optimizer configurations as this crate's algorithms.
 
-use ::burn::optim::AdamWConfig;
+use burn::optim::AdamWConfig;
 
-use crate::{Adam, BurnFailure, Error, Result};
+use wgpu_optim::{Adam, BurnFailure, Error, Result};
 
-/// Burn's AdamW configuration as this crate's AdamW: betas, eps, weight decay and AMSGrad,
+/// Burn's AdamW configuration as the library's AdamW (`Adam::try_from(&config)` before
+/// the Burn integration became its own crate): betas, eps, weight decay and AMSGrad,
 /// in Burn's f32 values widened (so that `1 - beta2` is Burn's), lr 1e-3 (Burn takes the
-/// learning rate at each step, as [`FusedOptimizer`](super::FusedOptimizer) and
-/// [`ModuleStep`](super::ModuleStep) do). `AdamWConfig::new()` gives [`Adam::burn_adamw`].
+/// learning rate at each step, as [`FusedOptimizer`](crate::FusedOptimizer) and
+/// [`ModuleStep`](crate::ModuleStep) do). `AdamWConfig::new()` gives [`Adam::burn_adamw`].
 ///
 /// Refused ([`Error::Burn`]) for what this crate's AdamW does not do: cautious weight decay,
 /// and Burn's per-parameter gradient clipping (this crate clips the global norm, with
-/// [`OptimizerBuilder::grad_clip`](crate::OptimizerBuilder::grad_clip)).
-impl TryFrom<&AdamWConfig> for Adam {
-    type Error = Error;
-
-    fn try_from(config: &AdamWConfig) -> Result<Self> {
+/// [`OptimizerBuilder::grad_clip`](wgpu_optim::OptimizerBuilder::grad_clip)).
+pub fn adam_from_config(config: &AdamWConfig) -> Result<Adam> {
+    {
         // Burn keeps the fields private; its `Config` serializes them by name.
         let json = serde_json::to_value(config).map_err(|e| Error::Burn {
             cause: BurnFailure::Config,

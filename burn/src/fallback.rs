@@ -7,7 +7,7 @@
 //! parameter gets the main algorithm, any other the fallback, and without one a parameter
 //! that is not 2-D is refused by name and shape ([`Error::BadShape`]).
 
-use crate::{Algorithm, Error, Result};
+use wgpu_optim::{Algorithm, Error, Result};
 
 /// What [`Error::BadShape`] says a matrix-only algorithm expects, for `front_end`'s setter.
 const EXPECTED_MODULE_STEP: &str =

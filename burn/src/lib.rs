@@ -1,13 +1,13 @@
-//! Burn integration (the `burn` cargo feature): Burn 0.22's wgpu runtime and this crate on
+//! wgpu-optim's Burn integration: Burn 0.22's wgpu runtime and wgpu-optim's kernels on
 //! one device and one queue, drop-in optimizers for Burn's training loops, and a fused step
 //! over a whole module.
 //!
-//! - [`SharedDevice`] pairs a Burn [`Device`](::burn::tensor::Device) with a
-//!   [`GpuContext`](crate::GpuContext) on the same wgpu device and queue, made from either
+//! - [`SharedDevice`] pairs a Burn [`Device`](burn::tensor::Device) with a
+//!   [`GpuContext`](wgpu_optim::GpuContext) on the same wgpu device and queue, made from either
 //!   side: [`SharedDevice::init`] lets Burn acquire the device and wraps its handles;
 //!   [`SharedDevice::headless`] and [`SharedDevice::from_context`] hand this crate's device
 //!   to Burn.
-//! - [`FusedOptimizer`] implements Burn's per-tensor [`Optimizer`](::burn::optim::Optimizer)
+//! - [`FusedOptimizer`] implements Burn's per-tensor [`Optimizer`](burn::optim::Optimizer)
 //!   trait with this crate's fused kernels, so `ModuleOptimizer` training loops
 //!   (`optim.step(lr, model, grads)`) work unchanged, states included in Burn's records
 //!   (and Burn's own Adam and AdamW records loaded as its state).
@@ -22,12 +22,12 @@
 //!
 //! # Use
 //!
-//! The `burn` feature (off by default; Burn is large) runs this crate's kernels on the tensors
-//! of [Burn](https://burn.dev) 0.22's wgpu backend, on one device and one queue:
+//! This crate runs wgpu-optim's kernels on the tensors of [Burn](https://burn.dev) 0.22's
+//! wgpu backend (Burn's version is this crate's concern, not the library's), on one device and one queue:
 //!
 //! ```rust,ignore
 //! use burn::optim::GradientsParams;
-//! use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
+//! use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
 //! use wgpu_optim::Adam;
 //!
 //! let shared = SharedDevice::init()?;              // Burn acquires the device; we share it
@@ -48,7 +48,7 @@
 //!
 //! `Adam::adamw()` is PyTorch's AdamW (eps 1e-8, weight decay 0.01). Burn's
 //! `AdamWConfig::new()` is another one (eps 1e-5, weight decay 1e-4, in f32): use
-//! `Adam::burn_adamw()` for Burn's defaults, or `Adam::try_from(&adamw_config)?` to port a
+//! `Adam::burn_adamw()` for Burn's defaults, or `adam_from_config(&adamw_config)?` to port a
 //! config (its betas, eps, weight decay and AMSGrad; cautious weight decay and Burn's
 //! per-parameter gradient clipping are refused).
 //!
@@ -123,7 +123,7 @@
 //! `burn` with `default-features = false` and name the features you use, e.g.
 //! `features = ["std", "wgpu", "autodiff", "autotune"]`.
 //!
-//! `cargo run --release --features burn --example burn_mlp` trains one model from one
+//! `cargo run --release -p wgpu-optim-burn --example burn_mlp` trains one model from one
 //! initialization with Burn's AdamW, the drop-in and the module step, prints the three loss
 //! curves and times one optimizer step of each; the repository's `PERF.md` ("Burn") has what
 //! it measured: each step within a few f32 ulp of Burn's AdamW, and the module step 5.4 to
@@ -145,10 +145,10 @@
 //! # Burn's `fusion` feature
 //!
 //! With `fusion` on, Burn's tensors are lazy handles with no buffer behind them yet. Every
-//! constructor here refuses that build with [`Error::Burn`](crate::Error::Burn); keep
+//! constructor here refuses that build with [`Error::Burn`](wgpu_optim::Error::Burn); keep
 //! `fusion` off (`default-features = false` on `burn`, or `burn-wgpu` without `fusion`).
 //!
-//! [`Optimizer`]: crate::Optimizer
+//! [`Optimizer`]: wgpu_optim::Optimizer
 
 mod config;
 mod device;
@@ -162,6 +162,7 @@ mod record;
 mod schedule_free;
 mod shaped;
 
+pub use config::adam_from_config;
 pub use device::SharedDevice;
 pub use fused_state::FusedState;
 pub use module_step::{ModuleStep, ModuleStepBuilder, StepError};

@@ -10,7 +10,7 @@
 //! it) must land within 1e-4 of a step (`lr`) of Burn's.
 //!
 //! ```text
-//! cargo run --release --features burn --example burn_mlp [-- --steps 100 --reps 5 --no-timing]
+//! cargo run --release -p wgpu-optim-burn --example burn_mlp [-- --steps 100 --reps 5 --no-timing]
 //! ```
 
 use std::time::Instant;
@@ -19,8 +19,8 @@ use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Distribution, Tensor};
-use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::Adam;
+use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
 
 const LR: f64 = 3e-3;
 

@@ -7,9 +7,9 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_pack::Reader;
-use wgpu_optim::burn::{ModuleStep, SharedDevice};
 use wgpu_optim::q4::{map_for, Q4State, Q4States};
 use wgpu_optim::{Adam, BurnFailure, Error, StateKind, StateStorage};
+use wgpu_optim_burn::{ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::ao4;
 
 fn shared() -> SharedDevice {

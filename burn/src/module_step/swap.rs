@@ -1,12 +1,13 @@
 //! Schedule-Free's `eval()` and `train()`: the swap of the parameters between y and x.
 
-use ::burn::module::{Module, ParamId};
+use burn::module::{Module, ParamId};
 
 use super::StepError;
 use super::{Checked, ModuleStep, Prepared};
-use crate::burn::lease::Leased;
-use crate::burn::schedule_free::lease_params;
-use crate::{BurnFailure, Error, Result, ScheduleFreeMode, Tensor};
+use crate::lease::Leased;
+use crate::schedule_free::lease_params;
+use wgpu_optim::ops::StepScalars;
+use wgpu_optim::{BurnFailure, Error, Result, ScheduleFreeMode, Tensor};
 
 impl ModuleStep {
     /// Schedule-Free's `eval()`: every parameter of `module` with a stepped state becomes
@@ -18,7 +19,7 @@ impl ModuleStep {
     ///
     /// ```no_run
     /// # fn run<M: burn::module::Module>(model: M, grads: burn::optim::GradientsParams) -> wgpu_optim::Result<M> {
-    /// use wgpu_optim::burn::{ModuleStep, SharedDevice};
+    /// use wgpu_optim_burn::{ModuleStep, SharedDevice};
     /// use wgpu_optim::ScheduleFreeAdamW;
     ///
     /// let shared = SharedDevice::headless_blocking()?;
@@ -40,7 +41,7 @@ impl ModuleStep {
 
     fn swap<M: Module>(&mut self, module: M, to: ScheduleFreeMode) -> Result<M, StepError<M>> {
         // The optimizers record the swap; the algorithm says whether it can run.
-        let checked = match self.algorithm.mode_swap(to) {
+        let checked = match StepScalars::mode_swap(&self.algorithm, to) {
             Some(swap) => swap.map(drop),
             None => Err(Error::Burn {
                 cause: BurnFailure::Config,

@@ -1,11 +1,12 @@
-//! Burn's drop-in optimizers (`FusedOptimizer`, `ModuleStep`) running a family through the
-//! front end's generic path, against the oracle.
+//! Burn's drop-in optimizers (`FusedOptimizer`, `ModuleStep`) running the families added
+//! after Adam, SGD and Adagrad through the front end's generic path (no Burn code names
+//! them), against the oracle.
 
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim::Algorithm;
+use wgpu_optim::{Adan, Adopt, Algorithm, Lion};
+use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::TorchState;
 
 use crate::common::{assert_close, Rng, Tolerance};
@@ -83,4 +84,42 @@ pub fn the_fused_optimizer_and_the_module_step_follow_the_oracle(
     for (i, (got, want)) in model.values().iter().zip(&want).enumerate() {
         assert_close(&format!("ModuleStep {name}, parameter {i}"), got, want, Tolerance::F32);
     }
+}
+
+/// Adan: its two new states travel in the fused state under their official names.
+#[test]
+fn adan_follows_the_oracle() {
+    let adan = Adan {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.7,
+        beta3: 0.999,
+        eps: 1e-6,
+        weight_decay: 0.5,
+        ..Adan::default()
+    };
+    the_fused_optimizer_and_the_module_step_follow_the_oracle(adan.into(), "Adan", 4);
+}
+
+/// ADOPT, decoupled decay and its clipping of the first steps.
+#[test]
+fn adopt_follows_the_oracle() {
+    let adopt = Adopt {
+        lr: 3e-3,
+        beta1: 0.4,
+        beta2: 0.99,
+        eps: 1e-5,
+        weight_decay: 0.5,
+        decouple: true,
+        clip_exponent: Some(0.5),
+        maximize: false,
+    };
+    the_fused_optimizer_and_the_module_step_follow_the_oracle(adopt.into(), "ADOPT", 4);
+}
+
+/// Lion with decoupled decay.
+#[test]
+fn lion_follows_the_oracle() {
+    let lion = Lion { lr: 3e-3, beta1: 0.8, beta2: 0.95, weight_decay: 0.5 };
+    the_fused_optimizer_and_the_module_step_follow_the_oracle(lion.into(), "Lion", 3);
 }

@@ -1,15 +1,14 @@
 //! Schedule-Free AdamW's `eval()`/`train()` behind Burn's front ends: the parameters of a
 //! module that have state, leased for writing, and the swap pass over one of them.
 
-use ::burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use ::burn::tensor::Tensor as BurnTensor;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::Tensor as BurnTensor;
 
 use super::lease::{bindable, lease, Access, Leased};
 use super::module_step::{ParamContext, StepError};
 use super::SharedDevice;
-use crate::ops::{self, Update};
-use crate::step::KernelStep;
-use crate::{Error, GpuContext, Result, StateKind, Tensor};
+use wgpu_optim::ops::{self, StepScalars, Update};
+use wgpu_optim::{Error, GpuContext, Result, StateKind, Tensor};
 
 /// Parameters leased for writing, in module order.
 pub(super) type LeasedParams = Vec<(ParamId, Leased)>;
@@ -42,7 +41,7 @@ pub(super) fn lease_params<M: Module>(
 pub(super) fn record_swap(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
-    step: &KernelStep,
+    step: &StepScalars,
     kinds: &[StateKind],
     param: &Tensor,
     states: &[Tensor],

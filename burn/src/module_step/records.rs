@@ -2,14 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use ::burn::module::ParamId;
-use ::burn::tensor::{Bytes, TensorData};
+use burn::module::ParamId;
+use burn::tensor::{Bytes, TensorData};
 
 #[cfg(doc)]
 use super::ModuleStepBuilder;
 use super::{lost, Entry, Home, ModuleStep};
-use crate::burn::record::{self, ParamRecord, ScheduleFreeRecord};
-use crate::{BurnFailure, Error, Result, ScheduleFreeMode, StateKind};
+use crate::record::{self, ParamRecord, ScheduleFreeRecord};
+use wgpu_optim::{BurnFailure, Error, Result, ScheduleFreeMode, StateKind};
 
 impl ModuleStep {
     /// Every parameter's state and step count as a Burn optimizer record (burnpack bytes,
@@ -45,7 +45,7 @@ impl ModuleStep {
     }
 
     /// Replaces every parameter's state and step count with a record's: one from
-    /// [`Self::to_bytes`], from [`FusedOptimizer`](crate::burn::FusedOptimizer)'s
+    /// [`Self::to_bytes`], from [`FusedOptimizer`](crate::FusedOptimizer)'s
     /// `ModuleOptimizer::into_bytes`, or from Burn's own Adam or AdamW (whose moments and
     /// step count are PyTorch's, under other names). Before or after the first step; each
     /// parameter's state is written into the optimizer at its next step, so the next step
@@ -61,7 +61,7 @@ impl ModuleStep {
         let states = record::read(bytes)?;
         for (id, state) in &states {
             if self.options.state_storage.q4().is_some() {
-                crate::burn::q4::check_names(*id, state.tensors.keys().map(String::as_str), &self.algorithm)?;
+                crate::q4::check_names(*id, state.tensors.keys().map(String::as_str), &self.algorithm)?;
                 record::check_schedule_free(*id, state, &self.algorithm)?;
                 continue;
             }
@@ -106,14 +106,14 @@ impl ModuleStep {
         let bound = self.bound(key)?;
         let i = bound.ids.iter().position(|p| *p == id).ok_or_else(|| lost(id))?;
         if self.options.state_storage.q4().is_some() {
-            return crate::burn::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
+            return crate::q4::read_state(&self.algorithm, &bound.optimizer, i, shape, || lost(id));
         }
         let mut tensors = BTreeMap::new();
         for &kind in StateKind::ALL {
             let Some(tensor) = bound.optimizer.tensor_state(i, kind) else { continue };
             let bytes = self.shared.context().read_bytes(tensor)?;
             let shape = record::state_shape(kind, shape);
-            let data = TensorData::from_bytes_vec(bytes, shape, record::burn_dtype(tensor.dtype));
+            let data = TensorData::from_bytes_vec(bytes, shape, record::burn_dtype(tensor.dtype)?);
             tensors.insert(kind.torch_name().to_string(), data);
         }
         Ok(tensors)

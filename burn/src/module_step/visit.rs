@@ -1,13 +1,13 @@
 //! The two passes over a Burn module: the check, borrowing it, and the lease of each
 //! parameter with a gradient, owning it.
 
-use ::burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
-use ::burn::optim::GradientsParams;
-use ::burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
+use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{GradientCheckpointingStrategy, Tensor as BurnTensor};
 
-use crate::burn::lease::{bindable, lease, Access, Leased};
-use crate::burn::SharedDevice;
-use crate::{BurnFailure, Error, Result};
+use crate::lease::{bindable, lease, Access, Leased};
+use crate::SharedDevice;
+use wgpu_optim::{BurnFailure, Error, Result};
 
 /// The first pass, borrowing the module: which parameters have gradients, their shapes,
 /// and whether every one of them (and its gradient) can be stepped.

@@ -9,13 +9,13 @@
 //! submission. The optimizer is dropped after the step; [`ModuleStep`](super::ModuleStep)
 //! keeps one over the whole module instead.
 
-use ::burn::tensor::{Tensor as BurnTensor, TensorData};
+use burn::tensor::{Tensor as BurnTensor, TensorData};
 
 use super::fused_state::FusedState;
 use super::lease::{lease, Access, Leased};
 use super::record::{burn_dtype, state_shape};
 use super::SharedDevice;
-use crate::{Algorithm, BurnFailure, Error, Optimizer, Result, StateKind, Tensor};
+use wgpu_optim::{Algorithm, BurnFailure, Error, Optimizer, Result, StateKind, Tensor};
 
 /// One step of `algorithm` (Muon or Adafactor, its learning rate set and validated) on one
 /// parameter whose `state` was checked against it. Nothing is written where it is refused;
@@ -53,7 +53,7 @@ pub(super) fn step<const D: usize>(
             None => {
                 let zeros = vec![0u8; target.byte_len() as usize];
                 let data =
-                    TensorData::from_bytes_vec(zeros, state_shape(kind, &shape), burn_dtype(target.dtype));
+                    TensorData::from_bytes_vec(zeros, state_shape(kind, &shape), burn_dtype(target.dtype)?);
                 BurnTensor::from_data(data, &device)
             }
         };

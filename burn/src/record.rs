@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use ::burn::tensor::{Bytes, DType as BurnDType, TensorData};
+use burn::tensor::{Bytes, DType as BurnDType, TensorData};
 use burn_pack::{Reader, Scalar, Writer};
 
-use crate::{Algorithm, BurnFailure, DType, Error, Result, Rounding, ScheduleFreeScalars, StateKind};
+use wgpu_optim::{Algorithm, BurnFailure, DType, Error, Result, Rounding, ScheduleFreeScalars, StateKind};
 
 /// Burn's name for the scalar that holds a parameter's rank.
 const RANK: &str = "__rank";
@@ -213,10 +213,10 @@ pub(crate) fn param_names(algorithm: &Algorithm, rank: usize, rounding: Rounding
 }
 
 /// The shape a state tensor of `kind` has in the record for a parameter of `shape`:
-/// Adafactor's factored states have their own ([`crate::adafactor_state_shapes`]), every other
+/// Adafactor's factored states have their own ([`wgpu_optim::adafactor_state_shapes`]), every other
 /// state the parameter's.
 pub(crate) fn state_shape(kind: StateKind, shape: &[usize]) -> Vec<usize> {
-    let shapes = crate::adafactor_state_shapes(shape);
+    let shapes = wgpu_optim::adafactor_state_shapes(shape);
     match kind {
         StateKind::RowVar if shapes.len() == 2 => shapes[0].clone(),
         StateKind::ColVar if shapes.len() == 2 => shapes[1].clone(),
@@ -264,15 +264,11 @@ pub(crate) fn check_schedule_free(id: u64, state: &ParamRecord, algorithm: &Algo
         (Some(_), false) => Err(Error::Burn {
             cause: BurnFailure::Record,
             detail: format!(
-                "parameter {id}'s state has Schedule-Free's weight_sum and lr_max, but the optimizer                  runs {}",
+                "parameter {id}'s state has Schedule-Free's weight_sum and lr_max, but the optimizer runs {}",
                 algorithm.name()
             ),
         }),
-        (Some(sf), true) => crate::family::schedule_free::scalars::check_scalars(algorithm, &ScheduleFreeScalars {
-            k: state.time,
-            weight_sum: sf.weight_sum,
-            lr_max: sf.lr_max,
-        }),
+        (Some(sf), true) => ScheduleFreeScalars { k: state.time, weight_sum: sf.weight_sum, lr_max: sf.lr_max }.check_fits(algorithm),
         _ => Ok(()),
     }
 }
@@ -291,14 +287,20 @@ pub(crate) fn dtype_of(data: &TensorData) -> Result<DType> {
     }
 }
 
-/// Burn's dtype of one of this crate's.
-pub(crate) fn burn_dtype(dtype: DType) -> BurnDType {
-    match dtype {
+/// Burn's dtype of one of the library's; a dtype Burn has no float for is refused.
+pub(crate) fn burn_dtype(dtype: DType) -> Result<BurnDType> {
+    Ok(match dtype {
         DType::F64 => BurnDType::F64,
         DType::F32 => BurnDType::F32,
         DType::F16 => BurnDType::F16,
         DType::BF16 => BurnDType::BF16,
-    }
+        other => {
+            return Err(Error::Burn {
+                cause: BurnFailure::Record,
+                detail: format!("a state tensor of {other:?}, which Burn's records do not hold"),
+            })
+        }
+    })
 }
 
 /// `{id}.{leaf}` split at its first dot.

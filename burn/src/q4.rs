@@ -6,14 +6,14 @@
 //! load); a tensor that keeps f32 state as PyTorch names it (`exp_avg`, in its parameter's
 //! shape).
 //!
-//! [`Q4States`]: crate::q4::Q4States
+//! [`Q4States`]: wgpu_optim::q4::Q4States
 
 use std::collections::BTreeMap;
 
-use ::burn::tensor::{DType as BurnDType, TensorData};
+use burn::tensor::{DType as BurnDType, TensorData};
 
-use crate::q4::{map_for, Q4State};
-use crate::{Algorithm, BurnFailure, Error, Optimizer, QuantizedState, Result, StateKind, StateView};
+use wgpu_optim::q4::{map_for, Q4State};
+use wgpu_optim::{Algorithm, BurnFailure, Error, Optimizer, QuantizedState, Result, StateKind, StateView};
 
 /// The record names of the parts of a 4-bit state: `{state}.{part}`.
 const PARTS: [&str; 3] = ["codes", "scale", "qmap"];

@@ -9,11 +9,11 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{DType as BurnDType, Device, Distribution, Tensor, TensorData};
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
-use wgpu_optim::burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{
     Adam, Algorithm, BurnFailure, Error, GradClip, ScheduleFreeAdamW, ScheduleFreeMode, Sgd, StateStorage,
 };
+use wgpu_optim_burn::{adam_from_config, FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, TorchState};
 
 fn shared() -> SharedDevice {
@@ -703,7 +703,7 @@ fn burns_adamw_record_continues_burns_trajectory_in_the_fused_optimizers() {
     let grads = gradient_steps(&mut rng, &[600, 24], 5);
     let lr = 1e-2;
     let config = AdamWConfig::new().with_amsgrad(true);
-    let adamw = Adam::try_from(&config).unwrap();
+    let adamw = adam_from_config(&config).unwrap();
     let mut burn = config.init();
     let mut model = two_layer_params(&device);
     for g in &grads[..3] {
@@ -811,11 +811,11 @@ fn burns_adamw_defaults_by_name_are_burns() {
         [burn("beta_1"), burn("beta_2"), burn("epsilon"), burn("weight_decay")]
     );
     assert!(ours.decoupled_weight_decay && !ours.amsgrad && json["amsgrad"] == false);
-    assert_eq!(Adam::try_from(&config).unwrap(), ours);
+    assert_eq!(adam_from_config(&config).unwrap(), ours);
     let tuned = AdamWConfig::new().with_epsilon(1e-7).with_weight_decay(0.05).with_amsgrad(true);
     let want = Adam { eps: f64::from(1e-7f32), weight_decay: f64::from(0.05f32), amsgrad: true, ..ours };
-    assert_eq!(Adam::try_from(&tuned).unwrap(), want);
-    let err = Adam::try_from(&AdamWConfig::new().with_cautious_weight_decay(true)).unwrap_err();
+    assert_eq!(adam_from_config(&tuned).unwrap(), want);
+    let err = adam_from_config(&AdamWConfig::new().with_cautious_weight_decay(true)).unwrap_err();
     assert!(
         matches!(&err, Error::Burn { cause: BurnFailure::Config, detail: m } if m.contains("cautious")),
         "{err}"

@@ -2,9 +2,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ::burn::module::Module;
-use ::burn::optim::{LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer};
-use ::burn::tensor::{Bytes, Device, Tensor as BurnTensor};
+use burn::module::Module;
+use burn::optim::{LearningRate, ModuleOptimizer, Optimizer as BurnOptimizer};
+use burn::tensor::{Bytes, Device, Tensor as BurnTensor};
 
 use super::fallback::{algorithm_for, FrontEnd};
 use super::fused_state::FusedState;
@@ -12,19 +12,18 @@ use super::lease::{lease, Access, Leased};
 use super::record;
 use super::schedule_free::{lease_params, record_swap};
 use super::{SharedDevice, StepError};
-use crate::ops::{self, Update};
-use crate::step::KernelStep;
-use crate::{Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars};
+use wgpu_optim::ops::{self, StepScalars, Update};
+use wgpu_optim::{Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, ScheduleFreeScalars};
 
 /// A drop-in optimizer for Burn: any of this crate's algorithms (Adam, AdamW, AMSGrad, SGD
 /// with standard or Nesterov momentum, Adagrad, RMSprop, Lion, AdEMAMix, Schedule-Free AdamW,
 /// LAMB, Adafactor, Muon, all in PyTorch's convention) behind Burn's per-tensor
-/// [`Optimizer`](::burn::optim::Optimizer) trait. Each parameter's step of an elementwise
+/// [`Optimizer`](burn::optim::Optimizer) trait. Each parameter's step of an elementwise
 /// algorithm is one fused kernel (Burn's own AdamW runs about fifteen elementwise kernels
 /// per parameter).
 ///
 /// Muon and Adafactor look at each tensor by its shape (Burn's tensors carry it): their step
-/// builds a one-parameter [`Optimizer`](crate::Optimizer) over the tensor, with the state
+/// builds a one-parameter [`Optimizer`](wgpu_optim::Optimizer) over the tensor, with the state
 /// copied in and out of the Burn tensors that keep it, so it allocates per step;
 /// [`ModuleStep`](super::ModuleStep) keeps its optimizers. Muon takes 2-D parameters only:
 /// [`Self::fallback`] names the algorithm of the others (AdamW typically, as torch users
@@ -41,7 +40,7 @@ use crate::{Algorithm, BurnFailure, Error, Result, Rounding, ScheduleFreeMode, S
 ///
 /// ```no_run
 /// use burn::optim::GradientsParams;
-/// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+/// use wgpu_optim_burn::{FusedOptimizer, SharedDevice};
 /// use wgpu_optim::Adam;
 ///
 /// let shared = SharedDevice::headless_blocking()?;
@@ -72,12 +71,12 @@ impl FusedOptimizer {
 
     /// Under Muon, `algorithm` steps the parameters that are not 2-D (biases, norms), as a
     /// torch trainer puts them in an AdamW group beside the Muon group; both take Burn's
-    /// learning rate (with [`MuonLrAdjust::MatchRmsAdamW`](crate::MuonLrAdjust) one rate fits
+    /// learning rate (with [`MuonLrAdjust::MatchRmsAdamW`](wgpu_optim::MuonLrAdjust) one rate fits
     /// both). Refused ([`Error::ConflictingOptions`]) for another algorithm than Muon, or a
     /// Muon fallback, and where `algorithm`'s hyperparameters are invalid.
     ///
     /// ```no_run
-    /// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+    /// use wgpu_optim_burn::{FusedOptimizer, SharedDevice};
     /// use wgpu_optim::{Adam, Muon};
     ///
     /// let shared = SharedDevice::headless_blocking()?;
@@ -170,9 +169,9 @@ impl FusedOptimizer {
         let t = state.time as u64 + 1;
         // Schedule-Free's step comes from its running values, the others' from `t`.
         let values = ScheduleFreeScalars { k: state.time as u64, ..state.schedule_free.unwrap_or_default() };
-        let (step, next) = match algorithm.step_after(&values) {
+        let (step, next) = match StepScalars::after(&algorithm, &values) {
             Some((step, next)) => (step, Some(next)),
-            None => (algorithm.kernel_step(t), None),
+            None => (StepScalars::at(&algorithm, t)?, None),
         };
         let kinds = algorithm.state_kinds();
         let initial = algorithm.initial_state();
@@ -190,7 +189,7 @@ impl FusedOptimizer {
             returned.push(t);
             leased.push(l);
         }
-        let state_tensors: Vec<crate::Tensor> = leased.iter().map(|l| l.tensor.clone()).collect();
+        let state_tensors: Vec<wgpu_optim::Tensor> = leased.iter().map(|l| l.tensor.clone()).collect();
         let update = Update::in_place(&param.tensor, &grad.tensor, &state_tensors);
         let ctx = self.shared.context();
         let mut encoder = ctx
@@ -230,7 +229,7 @@ impl FusedOptimizer {
     ///
     /// ```no_run
     /// # fn run<M: burn::module::Module>(model: M) -> wgpu_optim::Result<M> {
-    /// use wgpu_optim::burn::{FusedOptimizer, SharedDevice};
+    /// use wgpu_optim_burn::{FusedOptimizer, SharedDevice};
     /// use wgpu_optim::ScheduleFreeAdamW;
     ///
     /// let shared = SharedDevice::headless_blocking()?;
@@ -296,7 +295,7 @@ impl FusedOptimizer {
         };
         // The states the swap binds, as a step does.
         let kinds = self.algorithm.state_kinds();
-        let stepped = |id: ::burn::module::ParamId| {
+        let stepped = |id: burn::module::ParamId| {
             let held = |s: &record::ParamRecord| kinds.iter().any(|k| s.tensors.contains_key(k.torch_name()));
             states.get(&id.val()).is_some_and(|s| s.time > 0 && held(s))
         };
@@ -336,8 +335,8 @@ impl FusedOptimizer {
     }
 
     /// The algorithm's swap step to `to`, where it can run under `optim`.
-    fn check_swap(&self, optim: &ModuleOptimizer, to: ScheduleFreeMode) -> Result<KernelStep> {
-        let Some(step) = self.algorithm.mode_swap(to) else {
+    fn check_swap(&self, optim: &ModuleOptimizer, to: ScheduleFreeMode) -> Result<StepScalars> {
+        let Some(step) = StepScalars::mode_swap(&self.algorithm, to) else {
             return Err(Error::Burn {
                 cause: BurnFailure::Config,
                 detail: format!(
@@ -363,11 +362,11 @@ impl FusedOptimizer {
 /// A new tensor of `like`'s length and dtype holding a record tensor's values (converted
 /// where the record holds another float dtype).
 fn upload_like(
-    ctx: &crate::GpuContext,
-    like: &crate::Tensor,
-    data: &::burn::tensor::TensorData,
+    ctx: &wgpu_optim::GpuContext,
+    like: &wgpu_optim::Tensor,
+    data: &burn::tensor::TensorData,
     what: &str,
-) -> Result<crate::Tensor> {
+) -> Result<wgpu_optim::Tensor> {
     if data.num_elements() as u64 != like.len {
         return Err(Error::LengthMismatch {
             argument: what.to_string(),
@@ -381,7 +380,7 @@ fn upload_like(
     if dtype == like.dtype {
         ctx.write_bytes(&tensor, data.as_bytes())?;
     } else {
-        ctx.write(&tensor, &dtype.decode(data.as_bytes()))?;
+        ctx.write(&tensor, &data.iter::<f64>().collect::<Vec<f64>>())?;
     }
     Ok(tensor)
 }
