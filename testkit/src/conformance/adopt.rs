@@ -8,7 +8,7 @@ use wgpu_optim::{Adopt, Error, GpuContext, Optimizer, Result, StateKind};
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::AdoptOracle;
+use crate::oracle::{AdoptOracle, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "adopt.ADOPT", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "decouple", "clip_lambda", "maximize"] };
@@ -55,7 +55,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
     let finals: Vec<(Vec<f64>, [Vec<f64>; 2])> = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = AdoptOracle::new((&config).into(), n).storing(dtype, dtype);
+            let mut oracle = AdoptOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut params = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut params, &inputs.grads_at(k));

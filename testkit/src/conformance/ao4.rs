@@ -12,7 +12,7 @@ use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateSto
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::ao4;
+use crate::oracle::{ao4, ToLibrary, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torchao.AdamW4bit", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"] };
@@ -56,16 +56,17 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 let (mut m, mut v) = (zeros(), zeros());
                 for k in 0..steps {
                     ao4::ao4_adam_step(
-                        &adam,
+                        &adam.to_oracle(),
                         k as u64 + 1,
                         config.block_size,
                         &mut values,
                         inputs.grad(i, k),
                         &mut m,
                         &mut v,
-                    )?;
+                    )
+                    .map_err(|e| e.to_library())?;
                 }
-                finals.push((values, vec![m, v]));
+                finals.push((values, vec![m.to_library(), v.to_library()]));
             }
         }
         (Backend::Cpu, _) => {

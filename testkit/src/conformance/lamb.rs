@@ -8,7 +8,7 @@ use wgpu_optim::{Error, GpuContext, Lamb, Optimizer, Result, StateKind};
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::LambOracle;
+use crate::oracle::{LambOracle, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torch_optimizer.Lamb", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"] };
@@ -45,7 +45,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let dtype = inputs.dtype;
     let finals: Finals = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = LambOracle::new(config, n).storing(dtype, dtype);
+            let mut oracle = LambOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut values = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut values, &inputs.grads_at(k));

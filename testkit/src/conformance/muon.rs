@@ -8,7 +8,7 @@ use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{muon_step, Storage};
+use crate::oracle::{muon_step, Storage, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torch.Muon", kind: Kind::Trajectory, attributes: &["lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype"] };
@@ -73,9 +73,9 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                         &[rows, cols] => (rows, cols),
                         other => return Err(case.bad(format!("param.{i} has shape {other:?}, expected 2-D"))),
                     };
-                    muon_step(&config, &mut values[i], g, &mut buffers[i], rows, cols);
+                    muon_step(&config.to_oracle(), &mut values[i], g, &mut buffers[i], rows, cols);
                     for v in values[i].iter_mut().chain(buffers[i].iter_mut()) {
-                        *v = dtype.round(*v);
+                        *v = dtype.to_oracle().round(*v);
                     }
                 }
             }

@@ -18,7 +18,7 @@ use wgpu_optim::StateView;
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, Kind, ValueType};
 use crate::conformance::inputs::Inputs;
-use crate::oracle::{self, clip_grad_norm, Storage, TorchState};
+use crate::oracle::{self, clip_grad_norm, Storage, ToLibrary, ToOracle, TorchState};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,15 +279,15 @@ impl OnnxOp {
         let i = inputs;
         match self {
             OnnxOp::Adam(a) => {
-                let (x, v, h) = oracle::onnx_adam(a, r, t, &i[0], &i[1], &i[2], &i[3]);
+                let (x, v, h) = oracle::onnx_adam(&a.to_oracle(), r, t, &i[0], &i[1], &i[2], &i[3]);
                 vec![x, v, h]
             }
             OnnxOp::Momentum(a) => {
-                let (x, v) = oracle::onnx_momentum(a, r, t, &i[0], &i[1], &i[2]);
+                let (x, v) = oracle::onnx_momentum(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
                 vec![x, v]
             }
             OnnxOp::Adagrad(a) => {
-                let (x, h) = oracle::onnx_adagrad(a, r, t, &i[0], &i[1], &i[2]);
+                let (x, h) = oracle::onnx_adagrad(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
                 vec![x, h]
             }
         }
@@ -375,7 +375,7 @@ async fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
         scalars.validate(t)?;
         let get = |name: &str| case.tensor(name).map(|t| t.values.clone());
         let out = oracle::dml_adam(
-            &scalars,
+            &scalars.to_oracle(),
             t,
             &get(input_names[0])?,
             &get(input_names[1])?,
@@ -510,12 +510,17 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
     match (backend, ctx) {
         (Backend::Oracle, _) => {
             let mut values = inputs.initial();
-            let mut states: Vec<TorchState> =
-                values.iter().map(|p| TorchState::new(algorithm, p.len()).storing(dtype, dtype)).collect();
+            let mut states: Vec<TorchState> = values
+                .iter()
+                .map(|p| {
+                    TorchState::new(algorithm.to_oracle(), p.len())
+                        .storing(dtype.to_oracle(), dtype.to_oracle())
+                })
+                .collect();
             for k in 0..steps {
                 let mut g = inputs.grads_at(k);
                 if let Some(clip) = &clip {
-                    norms.push(clip_grad_norm(&mut g, clip));
+                    norms.push(clip_grad_norm(&mut g, &clip.to_oracle()));
                 }
                 for ((param, state), g) in values.iter_mut().zip(&mut states).zip(&g) {
                     state.step(param, g);
@@ -657,7 +662,7 @@ async fn stateless_trajectory(
 }
 
 fn round_all(values: Vec<f64>, dtype: DType) -> Vec<f64> {
-    values.into_iter().map(|v| dtype.round(v)).collect()
+    values.into_iter().map(|v| dtype.to_oracle().round(v)).collect()
 }
 
 /// A bitsandbytes 8-bit trajectory's algorithm in this crate's terms (Adam8bit and AdamW8bit
@@ -729,8 +734,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (Backend::Oracle, _) => {
             for (i, mut values) in inputs.initial().into_iter().enumerate() {
                 let quantized = config.quantizes(values.len() as u64);
-                let mut states: Vec<StoredState> =
-                    kinds.iter().map(|_| StoredState::zeros(values.len(), quantized)).collect();
+                let mut states: Vec<oracle::State8bit> =
+                    kinds.iter().map(|_| oracle::State8bit::zeros(values.len(), quantized)).collect();
                 for k in 0..steps {
                     let g = inputs.grad(i, k);
                     match (algorithm, &mut states[..]) {
@@ -742,7 +747,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 eps: a.eps,
                                 weight_decay: a.weight_decay,
                             };
-                            oracle::bnb_adam8bit_step(&config, k as u64 + 1, &mut values, g, m, v)?
+                            oracle::bnb_adam8bit_step(&config, k as u64 + 1, &mut values, g, m, v)
+                                .map_err(|e| e.to_library())?
                         }
                         (Algorithm::Sgd(s), [b]) => {
                             let config = oracle::BnbSgd {
@@ -750,9 +756,13 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 momentum: s.momentum,
                                 weight_decay: s.weight_decay,
                             };
-                            oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
+                            oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)
+                                .map_err(|e| e.to_library())?
                         }
-                        (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
+                        (Algorithm::Lion(l), [m]) => {
+                            oracle::bnb_lion8bit_step(&l.to_oracle(), &mut values, g, m)
+                                .map_err(|e| e.to_library())?
+                        }
                         (Algorithm::RmsProp(r), [s]) => {
                             let config = oracle::BnbRmsProp {
                                 lr: r.lr,
@@ -760,15 +770,23 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 eps: r.eps,
                                 weight_decay: r.weight_decay,
                             };
-                            oracle::bnb_rmsprop8bit_step(&config, &mut values, g, s)?
+                            oracle::bnb_rmsprop8bit_step(&config, &mut values, g, s)
+                                .map_err(|e| e.to_library())?
                         }
-                        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => {
-                            oracle::bnb_ademamix8bit_step(&a, k as u64 + 1, &mut values, g, m1, m2, nu)?
-                        }
+                        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => oracle::bnb_ademamix8bit_step(
+                            &a.to_oracle(),
+                            k as u64 + 1,
+                            &mut values,
+                            g,
+                            m1,
+                            m2,
+                            nu,
+                        )
+                        .map_err(|e| e.to_library())?,
                         _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
                     }
                 }
-                finals.push((values, states));
+                finals.push((values, states.iter().map(ToLibrary::to_library).collect()));
             }
         }
         (Backend::Cpu, _) => {
@@ -833,7 +851,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
     // crate's as its dequantization shows them (every code under absmax 1).
     for (k, kind) in kinds.iter().enumerate() {
         let map = match backend {
-            Backend::Oracle => oracle::bnb::map_for(*kind).to_vec(),
+            Backend::Oracle => oracle::bnb::map_for(kind.torch_name()).to_vec(),
             _ => StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] }.values(*kind)?,
         };
         outputs.push((format!("qmap{}", k + 1), map.into_iter().map(f64::from).collect()));

@@ -9,7 +9,7 @@ use wgpu_optim::{Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, Schedu
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{ScheduleFreeOracle, Storage};
+use crate::oracle::{ScheduleFreeOracle, Storage, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "schedulefree.AdamWScheduleFree", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"] };
@@ -52,7 +52,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     // y after the steps, x after eval(), each tensor's [z, exp_avg_sq], the group's values.
     let (y, x, states, scalars): Finals = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
+            let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut values = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut values, &inputs.grads_at(k));
@@ -63,7 +63,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             let scalars =
                 ScheduleFreeScalars { k: oracle.k, weight_sum: oracle.weight_sum, lr_max: oracle.lr_max };
             let round = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-                v.into_iter().map(|t| t.into_iter().map(|e| dtype.round(e)).collect()).collect()
+                v.into_iter().map(|t| t.into_iter().map(|e| dtype.to_oracle().round(e)).collect()).collect()
             };
             (round(values), round(x), states, scalars)
         }
