@@ -2,6 +2,7 @@
 //! parameters, each tensor given its shape; the outputs are `param_out`, `step` and the
 //! states under torch's names (`row_var` and `col_var` in torch's shapes, or `variance`).
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{adafactor_state_kinds, Adafactor, Error, GpuContext, Optimizer, Result};
 
@@ -66,6 +67,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 finals.push((value, states));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -2,6 +2,7 @@
 //! on the oracle, the CPU backend or the GPU; the outputs are the parameters and each
 //! tensor's `exp_avg`, `exp_avg_diff`, `exp_avg_sq` and `neg_pre_grad`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adan, Error, GpuContext, Optimizer, Result, StateKind};
 
@@ -85,6 +86,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             }
             finals
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

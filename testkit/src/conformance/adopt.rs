@@ -2,6 +2,7 @@
 //! parameters, on the oracle, the CPU backend or the GPU; the outputs are the parameters and
 //! each tensor's `exp_avg` and `exp_avg_sq`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adopt, Error, GpuContext, Optimizer, Result, StateKind};
 
@@ -63,6 +64,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             let states = oracle.exp_avg.into_iter().zip(oracle.exp_avg_sq);
             params.into_iter().zip(states).map(|(p, (m, v))| (p, [m, v])).collect()
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

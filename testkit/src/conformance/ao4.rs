@@ -5,6 +5,7 @@
 //! oracle, the CPU backend or the GPU (each tensor in a buffer of its own, or all packed at
 //! odd offsets: 4-bit state has no stateless operator).
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
 use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage, StateView};
@@ -69,6 +70,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 finals.push((values, vec![m.to_library(), v.to_library()]));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

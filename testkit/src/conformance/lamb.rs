@@ -2,6 +2,7 @@
 //! parameters; the outputs are the parameters, each tensor's `exp_avg` and `exp_avg_sq`,
 //! and each tensor's `weight_norm`, `adam_norm` and `trust_ratio` at the last step.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Lamb, Optimizer, Result, StateKind};
 
@@ -60,6 +61,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 })
                 .collect()
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -2,6 +2,7 @@
 //! parameters (2-D, their shapes from the file); the outputs are `param_out` and
 //! `momentum_buffer` of each tensor.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, Result, StateKind};
 
@@ -81,6 +82,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             }
             (values, buffers)
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -1,5 +1,6 @@
 //! Running a case on a backend and comparing every expected output.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
@@ -33,7 +34,9 @@ pub enum Backend {
     GpuPackedF16InPlace,
     /// As `GpuOutOfPlace`, with f16 stored as pairs in `u32`.
     GpuPackedF16OutOfPlace,
-    /// The CPU backend ([`CpuOptimizer`]), for PyTorch trajectories.
+    /// The CPU backend (`wgpu_optim::cpu::CpuOptimizer`), for PyTorch trajectories. Runs
+    /// with the testkit's `cpu` feature (the library's CPU backend, native builds); without
+    /// it a case on this backend is refused.
     Cpu,
 }
 
@@ -52,7 +55,7 @@ impl Backend {
 
     /// The backends that tell something about `case`: the packed-f16 ones only where the
     /// case has f16 tensors, the CPU backend for trajectories (it has no stateless
-    /// operators), the oracle alone for an op the crate does not implement yet
+    /// operators; with the `cpu` feature), the oracle alone for an op the crate does not implement yet
     /// ([`Case::oracle_only`]).
     pub fn all_for(case: &Case) -> Vec<Backend> {
         if case.oracle_only() {
@@ -66,7 +69,7 @@ impl Backend {
         // module of its own, also runs on the CPU backend.
         let cpu_trajectory = ["torch.", "bnb.", "lion."].iter().any(|source| case.op.starts_with(source))
             || super::OWN_OPS.iter().any(|op| op.name == case.op);
-        if case.kind == Kind::Trajectory && cpu_trajectory {
+        if cfg!(feature = "cpu") && case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
         backends
@@ -119,6 +122,10 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
     if let Err(refusal) = case.check_supported() {
         return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
+    }
+    if !cfg!(feature = "cpu") && backend == Backend::Cpu {
+        let reason = "the CPU backend: the testkit was built without its `cpu` feature".to_string();
+        return Ok(report(Outcome::Refused(reason), 0.0));
     }
     if case.oracle_only() && backend != Backend::Oracle {
         let reason = format!("oracle-checked only: no crate implementation of `{}` yet", case.op);
@@ -532,6 +539,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
                 }
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut param_tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = param_tensors.iter().map(HostTensor::as_slice).collect();
@@ -789,6 +797,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                 finals.push((values, states.iter().map(ToLibrary::to_library).collect()));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -3,6 +3,7 @@
 //! (`param_eval`), each tensor's `z` and `exp_avg_sq`, and the group's `k`, `weight_sum` and
 //! `lr_max`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind};
 
@@ -67,6 +68,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             };
             (round(values), round(x), states, scalars)
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
