@@ -8,7 +8,7 @@ mod shapes;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wgpu_optim::{Adam, DType, GpuContext, Optimizer, Tensor};
-use wgpu_optim_testkit::oracle::{torch_adam_step, TorchAdamState};
+use wgpu_optim_testkit::oracle::{torch_adam_step, ToOracle, TorchAdamState};
 
 /// `sizes` tensors of `dtype` with every element `value`.
 fn gpu_tensors(ctx: &GpuContext, label: &str, sizes: &[usize], dtype: DType, value: f64) -> Vec<Tensor> {
@@ -65,7 +65,7 @@ fn gpu_adam(c: &mut Criterion) {
 fn oracle_adam(c: &mut Criterion) {
     let mut group = c.benchmark_group("oracle_step");
     let n = 1usize << 12;
-    let config = Adam::default();
+    let config = Adam::default().to_oracle();
     let mut param = vec![0.5; n];
     let grad = vec![0.01; n];
     let mut state = TorchAdamState::zeros(n, false);

@@ -9,10 +9,10 @@
 //! 4-bit states of [`q4`]), the `schedulefree` package ([`ScheduleFreeAdamW`]),
 //! torch-optimizer ([`Lamb`]), the official ADOPT ([`Adopt`]) and Adan ([`Adan`]), ONNX's
 //! `ai.onnx.preview.training` operators ([`OnnxAdam`], [`ops::onnx`]) and DirectML's Adam
-//! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the test kit's,
-//! `wgpu_optim_testkit::oracle`). The `wgpu-optim-burn` crate steps Burn 0.22's wgpu
-//! tensors with the same kernels; without default features the crate builds for browsers
-//! (wasm32, WebGPU).
+//! operator ([`ops::directml`]), each tested against a CPU oracle in f64 (the repository's
+//! `wgpu-optim-oracle`, which depends on nothing of this crate). The `wgpu-optim-burn`
+//! crate steps Burn 0.22's wgpu tensors with the same kernels; without default features
+//! the crate builds for browsers (wasm32, WebGPU).
 //!
 //! # Where to start
 //!

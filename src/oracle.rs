@@ -1,53 +1,54 @@
-//! The testkit's f64 oracle (`wgpu_optim_testkit::oracle`, a dev-dependency) for the unit
-//! tests that check internals against it: the CPU kernels under the ONNX and DirectML
-//! conventions (`cpu/tests.rs`) and the GPU's 8-bit and 4-bit kernels (`gpu/q8`, `gpu/q4`).
+//! The f64 oracle (the `wgpu-optim-oracle` crate, a dev-dependency that depends on nothing
+//! of this crate) for the unit tests that check internals against it: the CPU kernels under
+//! the ONNX and DirectML conventions (`cpu/tests.rs`) and the GPU's 8-bit and 4-bit kernels
+//! (`gpu/q8`, `gpu/q4`).
 //!
-//! The testkit links wgpu-optim as a crate of its own (`wgpu_optim_testkit::library`): the
-//! same definitions, other types. The functions here take this crate's values and hand the
-//! oracle its own: configurations field by field, or through their checkpoint JSON with a
-//! check that nothing was lost; stored states by their public fields.
+//! The oracle has types of its own, under its sources' names. The functions here take this
+//! crate's values and hand the oracle its own: configurations through [`ToOracle`] (each
+//! family's, in its folder), stored states by their public fields.
 
-use wgpu_optim_testkit::library as theirs;
-use wgpu_optim_testkit::oracle as reference;
+use wgpu_optim_oracle as reference;
 
 use crate::q4::Q4State;
 use crate::q8::StoredState;
-use crate::{Algorithm, DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum};
+use crate::{Algorithm, DmlAdam, OnnxAdagrad, OnnxAdam, OnnxMomentum};
 
 pub(crate) use reference::{BnbAdam, BnbSgd};
 
-/// What the oracle's steps return: its own crate's result (its errors print the same).
-type Outcome = theirs::Result<()>;
+/// What the oracle's steps return.
+type Outcome = reference::Result<()>;
 
-/// `algorithm` as the oracle's crate spells it: through the checkpoint JSON both read, and
-/// checked field for field by the two `Debug` forms.
-fn algorithm(algorithm: &Algorithm) -> theirs::Algorithm {
-    let copy = theirs::Algorithm::from_json(&algorithm.to_json())
-        .unwrap_or_else(|e| panic!("{algorithm:?} did not cross to the oracle: {e}"));
-    assert_eq!(format!("{copy:?}"), format!("{algorithm:?}"), "the JSON lost a field");
-    copy
+/// A configuration of this crate as the oracle's own type. Each family implements it for
+/// its configurations in its folder (`config.rs`, field by field), and the registry's
+/// generated `Algorithm` dispatches to them, so that no file outside a family's folder takes
+/// the family apart.
+pub(crate) trait ToOracle {
+    /// The oracle's type.
+    type Oracle;
+    /// The same configuration under the oracle's (its sources') names.
+    fn to_oracle(&self) -> Self::Oracle;
 }
 
-fn stored_to_oracle(state: &StoredState) -> theirs::q8::StoredState {
+fn stored_to_oracle(state: &StoredState) -> reference::State8bit {
     match state {
         StoredState::Q8 { codes, absmax } => {
-            theirs::q8::StoredState::Q8 { codes: codes.clone(), absmax: absmax.clone() }
+            reference::State8bit::Q8 { codes: codes.clone(), absmax: absmax.clone() }
         }
-        StoredState::F32(values) => theirs::q8::StoredState::F32(values.clone()),
+        StoredState::F32(values) => reference::State8bit::F32(values.clone()),
     }
 }
 
-fn stored_from_oracle(state: theirs::q8::StoredState) -> StoredState {
+fn stored_from_oracle(state: reference::State8bit) -> StoredState {
     match state {
-        theirs::q8::StoredState::Q8 { codes, absmax } => StoredState::Q8 { codes, absmax },
-        theirs::q8::StoredState::F32(values) => StoredState::F32(values),
+        reference::State8bit::Q8 { codes, absmax } => StoredState::Q8 { codes, absmax },
+        reference::State8bit::F32(values) => StoredState::F32(values),
     }
 }
 
 /// Runs `step` on the oracle's copies of `states` and writes them back.
 fn with_oracle_states<const N: usize>(
     states: [&mut StoredState; N],
-    step: impl FnOnce(&mut [theirs::q8::StoredState]) -> Outcome,
+    step: impl FnOnce(&mut [reference::State8bit]) -> Outcome,
 ) -> Outcome {
     let mut copies: Vec<_> = states.iter().map(|s| stored_to_oracle(s)).collect();
     let outcome = step(&mut copies);
@@ -94,7 +95,7 @@ pub(crate) fn bnb_8bit_step(
     grad: &[f64],
     states: &mut [StoredState],
 ) -> Outcome {
-    let config = algorithm(config);
+    let config = config.to_oracle();
     let mut copies: Vec<_> = states.iter().map(stored_to_oracle).collect();
     let outcome = reference::bnb_8bit_step(&config, step, param, grad, &mut copies);
     for (state, copy) in states.iter_mut().zip(copies) {
@@ -105,23 +106,23 @@ pub(crate) fn bnb_8bit_step(
 
 /// torchao's 4-bit Adam ([`reference::ao4`]) on this crate's configuration and states.
 pub(crate) mod ao4 {
-    use super::{reference, theirs, Outcome, Q4State};
+    use super::{reference, Outcome, Q4State, ToOracle};
 
     pub(crate) use reference::ao4::unpack;
 
-    fn to_oracle(state: &Q4State) -> theirs::q4::Q4State {
+    fn to_oracle(state: &Q4State) -> reference::State4bit {
         match state {
             Q4State::Q4 { codes, scale } => {
-                theirs::q4::Q4State::Q4 { codes: codes.clone(), scale: scale.clone() }
+                reference::State4bit::Q4 { codes: codes.clone(), scale: scale.clone() }
             }
-            Q4State::F32(values) => theirs::q4::Q4State::F32(values.clone()),
+            Q4State::F32(values) => reference::State4bit::F32(values.clone()),
         }
     }
 
-    fn from_oracle(state: theirs::q4::Q4State) -> Q4State {
+    fn from_oracle(state: reference::State4bit) -> Q4State {
         match state {
-            theirs::q4::Q4State::Q4 { codes, scale } => Q4State::Q4 { codes, scale },
-            theirs::q4::Q4State::F32(values) => Q4State::F32(values),
+            reference::State4bit::Q4 { codes, scale } => Q4State::Q4 { codes, scale },
+            reference::State4bit::F32(values) => Q4State::F32(values),
         }
     }
 
@@ -140,10 +141,7 @@ pub(crate) mod ao4 {
         exp_avg: &mut Q4State,
         exp_avg_sq: &mut Q4State,
     ) -> Outcome {
-        let config = match super::algorithm(&(*config).into()) {
-            theirs::Algorithm::Adam(adam) => adam,
-            other => panic!("Adam crossed as {other:?}"),
-        };
+        let config = config.to_oracle();
         let (mut m, mut v) = (to_oracle(exp_avg), to_oracle(exp_avg_sq));
         let outcome = reference::ao4_adam_step(&config, step, block_size, param, grad, &mut m, &mut v);
         (*exp_avg, *exp_avg_sq) = (from_oracle(m), from_oracle(v));
@@ -161,9 +159,7 @@ pub(crate) fn onnx_adam(
     v: &[f64],
     h: &[f64],
 ) -> reference::OnnxAdamOutputs {
-    let OnnxAdam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } = *a;
-    let a = theirs::OnnxAdam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post };
-    reference::onnx_adam(&a, r, t, x, g, v, h)
+    reference::onnx_adam(&a.to_oracle(), r, t, x, g, v, h)
 }
 
 /// [`reference::dml_adam`] for this crate's configuration.
@@ -175,9 +171,7 @@ pub(crate) fn dml_adam(
     second_moment: &[f64],
     gradient: &[f64],
 ) -> reference::OnnxAdamOutputs {
-    let DmlAdam { learning_rate, beta1, beta2, epsilon } = *d;
-    let d = theirs::DmlAdam { learning_rate, beta1, beta2, epsilon };
-    reference::dml_adam(&d, t, parameters, first_moment, second_moment, gradient)
+    reference::dml_adam(&d.to_oracle(), t, parameters, first_moment, second_moment, gradient)
 }
 
 /// [`reference::onnx_momentum`] for this crate's configuration.
@@ -189,12 +183,7 @@ pub(crate) fn onnx_momentum(
     g: &[f64],
     v: &[f64],
 ) -> reference::OnnxOutputs2 {
-    let OnnxMomentum { alpha, beta, mode, norm_coefficient } = *a;
-    let mode = match mode {
-        MomentumMode::Standard => theirs::MomentumMode::Standard,
-        MomentumMode::Nesterov => theirs::MomentumMode::Nesterov,
-    };
-    reference::onnx_momentum(&theirs::OnnxMomentum { alpha, beta, mode, norm_coefficient }, r, t, x, g, v)
+    reference::onnx_momentum(&a.to_oracle(), r, t, x, g, v)
 }
 
 /// [`reference::onnx_adagrad`] for this crate's configuration.
@@ -206,6 +195,5 @@ pub(crate) fn onnx_adagrad(
     g: &[f64],
     h: &[f64],
 ) -> reference::OnnxOutputs2 {
-    let OnnxAdagrad { decay_factor, epsilon, norm_coefficient } = *a;
-    reference::onnx_adagrad(&theirs::OnnxAdagrad { decay_factor, epsilon, norm_coefficient }, r, t, x, g, h)
+    reference::onnx_adagrad(&a.to_oracle(), r, t, x, g, h)
 }

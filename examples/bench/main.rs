@@ -32,7 +32,7 @@ use wgpu_optim::{
     AdEMAMix, Adam, Algorithm, DType, GpuContext, GradClip, Lion, Optimizer, RmsProp, ScheduleFreeAdamW, Sgd,
     StateStorage, Tensor,
 };
-use wgpu_optim_testkit::oracle::{clip_grad_norm, TorchState};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, ToOracle, TorchState};
 use wgpu_optim_testkit::{CopyRoofline, GpuTimer};
 
 fn algorithm(name: &str) -> Algorithm {
@@ -438,11 +438,11 @@ fn oracle_step(job: &Job<'_>) -> Times {
     let mut params: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![0.5; n as usize]).collect();
     let mut grads: Vec<Vec<f64>> = case.sizes.iter().map(|&n| vec![1e-3; n as usize]).collect();
     let mut states: Vec<TorchState> =
-        case.sizes.iter().map(|&n| TorchState::new(algorithm, n as usize)).collect();
+        case.sizes.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n as usize)).collect();
     repeat(reps.min(5), budget, || {
         let start = Instant::now();
         if let Some(clip) = &clip {
-            clip_grad_norm(&mut grads, clip);
+            clip_grad_norm(&mut grads, &clip.to_oracle());
         }
         for ((p, g), s) in params.iter_mut().zip(&grads).zip(&mut states) {
             s.step(p, g);

@@ -158,6 +158,19 @@ macro_rules! algorithms {
             }
         })*
 
+        /// The oracle's copy, for the unit tests: each family's configuration converts
+        /// itself (its folder's `config.rs`), and this picks the family.
+        #[cfg(test)]
+        impl crate::oracle::ToOracle for Algorithm {
+            type Oracle = wgpu_optim_oracle::Algorithm;
+
+            fn to_oracle(&self) -> Self::Oracle {
+                match self {
+                    $(Algorithm::$variant(c) => crate::oracle::ToOracle::to_oracle(c).into(),)*
+                }
+            }
+        }
+
         impl Algorithm {
             /// Checks the hyperparameters. Building an optimizer and changing a group's
             /// algorithm check them anyway; a trainer calls this to check a configuration

@@ -11,10 +11,7 @@ use super::LISTED;
 const MAX_LINES: usize = 700;
 
 /// Files allowed to name a family in a match, and why.
-const ALLOWED: &[(&str, &str)] = &[
-    // The test bridge to the testkit's oracle for torchao's 4-bit AdamW, which only Adam has.
-    ("src/oracle.rs", "Adam"),
-];
+const ALLOWED: &[(&str, &str)] = &[];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {

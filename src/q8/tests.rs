@@ -150,7 +150,7 @@ fn a_non_finite_value_is_left_out_of_its_blocks_absmax_and_stored_as_zero() {
 /// reference too.
 #[test]
 fn the_maps_and_nearest_codes_equal_the_oracles() {
-    use wgpu_optim_testkit::oracle::bnb;
+    use wgpu_optim_oracle::bnb;
     assert_eq!(signed_map(), bnb::signed_map());
     assert_eq!(unsigned_map(), bnb::unsigned_map());
     for map in [signed_map(), unsigned_map()] {

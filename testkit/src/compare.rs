@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::oracle::Storage;
+use crate::oracle::{Storage, ToOracle};
 use wgpu_optim::DType;
 
 /// How many mismatches a [`Comparison`] describes.
@@ -115,12 +115,12 @@ fn ratio(value: f64, bound: f64) -> f64 {
 /// The position of `x` on a line on which neighbouring values of `dtype` differ by one
 /// (`-0` and `+0` share 0), or `None` when `x` is not a finite value of `dtype`.
 fn ulp_index(x: f64, dtype: DType) -> Option<i128> {
-    if !x.is_finite() || dtype.round(x) != x {
+    if !x.is_finite() || dtype.to_oracle().round(x) != x {
         return None;
     }
     let (bits, sign_bit): (u64, u64) = match dtype {
         DType::F16 | DType::BF16 => {
-            let bytes = dtype.encode(&[x]);
+            let bytes = dtype.to_oracle().encode(&[x]);
             (u64::from(u16::from_le_bytes([bytes[0], bytes[1]])), 1 << 15)
         }
         DType::F32 => (u64::from((x as f32).to_bits()), 1 << 31),

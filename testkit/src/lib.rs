@@ -4,7 +4,8 @@
 //! - [`cases`]: deterministic test data ([`cases::Rng`]) and the algorithm variants the
 //!   tests sweep.
 //! - [`oracle`]: the f64 reference every result is checked against (PyTorch, ONNX, DirectML
-//!   and bitsandbytes conventions).
+//!   and bitsandbytes conventions): the `wgpu-optim-oracle` crate, which depends on nothing of
+//!   the library, and the conversions of the library's values into its types.
 //! - [`conformance`]: reading `optim-vectors/1` cases (`tests/vectors/FORMAT.md`) and
 //!   running them on the oracle and the GPU.
 //! - [`compare`](mod@compare): the one comparator every test uses, and the tolerance of 16-bit stores.
@@ -28,7 +29,3 @@ mod timer;
 pub use compare::{assert_close, compare, compare_codes, Comparison, Tolerance};
 pub use roofline::CopyRoofline;
 pub use timer::{GpuTimer, Timing};
-/// The library as the testkit links it: a build of its own, whose types wgpu-optim's unit
-/// tests (the crate built for testing, other types) convert their values into before they
-/// hand them to the [`oracle`].
-pub use wgpu_optim as library;

@@ -64,7 +64,7 @@ use wgpu_optim::{
     adafactor_state_kinds, Adafactor, Adam, Algorithm, DType, Error, GradClip, Optimizer, ParamGroup,
     Rounding, StateKind, StateStorage, Tensor,
 };
-use wgpu_optim_testkit::oracle::{AdafactorOracle, Storage, TorchState};
+use wgpu_optim_testkit::oracle::{AdafactorOracle, Storage, ToOracle, TorchState};
 
 /// Shapes with tails around the workgroup size, last dimensions of 1, odd sizes, a 3-D batch
 /// and a vector.
@@ -89,14 +89,14 @@ fn oracle_states(oracle: &AdafactorOracle, i: usize) -> Vec<Vec<f64>> {
 fn backends_follow_the_oracle(config: Adafactor, shapes: &[&[usize]], dtype: DType, steps: usize, seed: u64) {
     let ctx = ctx();
     let mut rng = Rng::new(seed);
-    let round = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| dtype.round(x)).collect() };
+    let round = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| dtype.to_oracle().round(x)).collect() };
     let shapes: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
     let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
     let start: Vec<Vec<f64>> = lens.iter().map(|&n| round(rng.vec(n, 1.0))).collect();
     let grads: Vec<Vec<Vec<f64>>> =
         (0..steps).map(|_| lens.iter().map(|&n| round(rng.vec(n, 1.0))).collect()).collect();
 
-    let mut oracle = AdafactorOracle::new(config, shapes.clone(), dtype);
+    let mut oracle = AdafactorOracle::new(config.to_oracle(), shapes.clone(), dtype.to_oracle());
     let mut want = start.clone();
     for g in &grads {
         oracle.step(&mut want, g);
@@ -182,7 +182,7 @@ fn tiny_gradients_meet_the_eps1_floors() {
     let config = Adafactor::default();
     let start = [vec![0.5; 24], vec![-0.25; 5]];
     let grad = [vec![1e-9; 24], vec![-2e-9; 5]];
-    let mut oracle = AdafactorOracle::new(config, shapes.clone(), DType::F32);
+    let mut oracle = AdafactorOracle::new(config.to_oracle(), shapes.clone(), DType::F32.to_oracle());
     let mut want = start.to_vec();
     oracle.step(&mut want, &grad);
     let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
@@ -236,8 +236,12 @@ fn adafactor_beside_adamw_in_one_optimizer_follows_each_oracle() {
     let grad_tensors: Vec<Tensor> =
         order.iter().map(|&i| ctx.zeros("grad", lens[i] as u64, DType::F32)).collect();
 
-    let mut oracle = AdafactorOracle::new(adafactor, vec![shapes[0].clone(), shapes[2].clone()], DType::F32);
-    let mut adam = TorchState::new(adamw.into(), lens[1]);
+    let mut oracle = AdafactorOracle::new(
+        adafactor.to_oracle(),
+        vec![shapes[0].clone(), shapes[2].clone()],
+        DType::F32.to_oracle(),
+    );
+    let mut adam = TorchState::new(adamw.to_oracle().into(), lens[1]);
     let mut want = start.clone();
     for g in &grads {
         for (t, &i) in grad_tensors.iter().zip(&order) {
@@ -365,7 +369,7 @@ fn checkpoints_hold_torchs_names_and_shapes_and_load_into_the_other_backend() {
     let start: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let grads: Vec<Vec<Vec<f64>>> = (0..5).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
     let config = Adafactor { weight_decay: 0.02, ..Adafactor::default() };
-    let mut oracle = AdafactorOracle::new(config, shapes.clone(), DType::F32);
+    let mut oracle = AdafactorOracle::new(config.to_oracle(), shapes.clone(), DType::F32.to_oracle());
     let mut want = start.clone();
     for g in &grads {
         oracle.step(&mut want, g);
@@ -500,7 +504,8 @@ fn the_reductions_give_the_same_bits_on_every_run_and_any_thread_count() {
     assert!(one == cpu_run(&pool(3), &shapes, &start, &grads), "1 and 3 threads differ");
     assert!(one == cpu_run(&pool(2), &shapes, &start, &grads), "1 and 2 threads differ");
     // And both follow the oracle.
-    let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), DType::F32);
+    let mut oracle =
+        AdafactorOracle::new(Adafactor::default().to_oracle(), shapes.clone(), DType::F32.to_oracle());
     let mut want = start.clone();
     for g in &grads {
         oracle.step(&mut want, g);
@@ -520,8 +525,10 @@ fn f32_gradients_of_16_bit_parameters_at_odd_offsets_follow_the_oracle() {
     let shapes = vec![vec![5, 7], vec![3], vec![2, 3, 5]];
     let lens: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
     for dtype in [DType::F16, DType::BF16] {
-        let start: Vec<Vec<f64>> =
-            lens.iter().map(|&n| rng.vec(n, 1.0).into_iter().map(|v| dtype.round(v)).collect()).collect();
+        let start: Vec<Vec<f64>> = lens
+            .iter()
+            .map(|&n| rng.vec(n, 1.0).into_iter().map(|v| dtype.to_oracle().round(v)).collect())
+            .collect();
         let grads: Vec<Vec<Vec<f64>>> =
             (0..2).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
         let total: usize = lens.iter().map(|n| n + 1).sum::<usize>() + 2;
@@ -540,7 +547,8 @@ fn f32_gradients_of_16_bit_parameters_at_odd_offsets_follow_the_oracle() {
             .param_shapes(shapes.clone())
             .build(&ctx, Adafactor::default(), &params)
             .unwrap();
-        let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), dtype);
+        let mut oracle =
+            AdafactorOracle::new(Adafactor::default().to_oracle(), shapes.clone(), dtype.to_oracle());
         let mut want = start.clone();
         for g in &grads {
             for (t, g) in grad_tensors.iter().zip(g) {
@@ -584,7 +592,8 @@ fn a_zero_row_sends_only_its_matrix_down_the_element_wise_path_on_every_block() 
     let pool = |n: usize| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
     let one = cpu_run(&pool(1), &shapes, &start, &grads);
     assert!(one == cpu_run(&pool(3), &shapes, &start, &grads), "1 and 3 threads differ");
-    let mut oracle = AdafactorOracle::new(Adafactor::default(), shapes.clone(), DType::F32);
+    let mut oracle =
+        AdafactorOracle::new(Adafactor::default().to_oracle(), shapes.clone(), DType::F32.to_oracle());
     let mut want = start.clone();
     for g in &grads {
         oracle.step(&mut want, g);

@@ -13,7 +13,7 @@ use crate::common;
 use common::{ctx, OnnxCall, Tolerance};
 use wgpu_optim::ops::onnx;
 use wgpu_optim::{DType, Error, OnnxAdam};
-use wgpu_optim_testkit::oracle;
+use wgpu_optim_testkit::oracle::{self, ToOracle};
 
 const LENGTHS: [usize; 5] = [1, 255, 256, 257, 100_003];
 
@@ -29,7 +29,7 @@ fn check(attributes: OnnxAdam, r: f64, t: u64, seed: u64, in_place: &dyn Fn(usiz
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adam(ctx, encoder, &attributes, r, t, inputs, outputs),
         |i| {
-            let (x, v, h) = oracle::onnx_adam(&attributes, r, t, &i[0], &i[1], &i[2], &i[3]);
+            let (x, v, h) = oracle::onnx_adam(&attributes.to_oracle(), r, t, &i[0], &i[1], &i[2], &i[3]);
             vec![x, v, h]
         },
     );
@@ -86,7 +86,7 @@ fn f64_tensors_run_in_f64_where_the_adapter_has_shader_f64() {
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adam(ctx, encoder, &a, 0.01, 7, inputs, outputs),
         |i| {
-            let (x, v, h) = oracle::onnx_adam(&a, 0.01, 7, &i[0], &i[1], &i[2], &i[3]);
+            let (x, v, h) = oracle::onnx_adam(&a.to_oracle(), 0.01, 7, &i[0], &i[1], &i[2], &i[3]);
             vec![x, v, h]
         },
     );

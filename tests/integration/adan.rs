@@ -15,8 +15,8 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use family::{host, slices, slices_mut};
 use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
 use wgpu_optim::{Adam, Adan, Algorithm, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
-use wgpu_optim_testkit::oracle::adan::{AdanHyperparameters, AdanOracle};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::adan::AdanOracle;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 fn plain() -> Algorithm {
     Adan { lr: 1e-2, ..Adan::default() }.into()
@@ -137,7 +137,7 @@ fn the_first_difference_is_zero_and_neg_pre_grad_is_minus_the_gradient_on_both_b
     let second: Vec<f64> = rng.vec(257, 1.0).iter().map(|g| f64::from(*g as f32)).collect();
     for config in [proximal(), no_prox()] {
         let mut want = start.clone();
-        let mut oracle = TorchState::new(config, start.len());
+        let mut oracle = TorchState::new(config.to_oracle(), start.len());
         oracle.step(&mut want, &g);
         let minus_g: Vec<f64> = g.iter().map(|g| -g).collect();
         let [gpu, cpu] = run_both(config, &start, std::slice::from_ref(&g));
@@ -149,7 +149,7 @@ fn the_first_difference_is_zero_and_neg_pre_grad_is_minus_the_gradient_on_both_b
         }
         // The second step's difference is the gradients' difference.
         let mut want = start.clone();
-        let mut oracle = TorchState::new(config, start.len());
+        let mut oracle = TorchState::new(config.to_oracle(), start.len());
         oracle.step(&mut want, &g);
         oracle.step(&mut want, &second);
         let [gpu, cpu] = run_both(config, &start, &[g.clone(), second.clone()]);
@@ -185,7 +185,7 @@ fn a_nan_gradient_spoils_its_element_as_in_the_official_code() {
         .collect();
     for config in [plain(), proximal()] {
         let mut want = start.clone();
-        let mut oracle = TorchState::new(config, n);
+        let mut oracle = TorchState::new(config.to_oracle(), n);
         for g in &grads {
             oracle.step(&mut want, g);
         }
@@ -313,15 +313,15 @@ fn eight_bit_state_follows_the_oracle_step_by_step_and_the_gpu_matches_the_cpu()
             // The oracle resumed from a backend's parameters and states: the parameters it
             // wants, and the states it wants in the form that backend keeps.
             let resume = |before: &[Vec<f64>], states: &[Vec<StoredState>]| {
-                let mut oracle = AdanOracle::new(AdanHyperparameters::from(&hyper), lens.len())
-                    .storing(DType::F32, DType::F32);
+                let mut oracle = AdanOracle::new(hyper.to_oracle(), lens.len())
+                    .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
                 oracle.step = t;
                 if t > 0 {
                     for (i, states) in states.iter().enumerate() {
                         let load = |k: usize| -> Vec<f64> {
                             match &states[k] {
                                 StoredState::Q8 { codes, absmax } => {
-                                    bnb::dequantize(codes, absmax, &bnb::map_for(kinds[k]))
+                                    bnb::dequantize(codes, absmax, &bnb::map_for(kinds[k].torch_name()))
                                 }
                                 StoredState::F32(values) => values.clone(),
                             }
@@ -355,7 +355,12 @@ fn eight_bit_state_follows_the_oracle_step_by_step_and_the_gpu_matches_the_cpu()
                                 }
                                 let mut codes = vec![0u8; narrowed.len()];
                                 let mut absmax = vec![0f32; narrowed.len().div_ceil(bnb::BLOCK_SIZE)];
-                                bnb::quantize(&narrowed, &bnb::map_for(*kind), &mut codes, &mut absmax);
+                                bnb::quantize(
+                                    &narrowed,
+                                    &bnb::map_for(kind.torch_name()),
+                                    &mut codes,
+                                    &mut absmax,
+                                );
                                 StoredState::Q8 { codes, absmax }
                             })
                             .collect()
@@ -522,8 +527,8 @@ fn own_clipping_follows_the_oracle(
             download(&ctx, gpu.state(i, k).unwrap().and_then(|s| s.dense()).unwrap())
         };
         let resume = |before: &[Vec<f64>], state: &dyn Fn(StateKind, usize) -> Vec<f64>| {
-            let mut oracle =
-                AdanOracle::new(AdanHyperparameters::from(&adan), before.len()).storing(dtype, DType::F32);
+            let mut oracle = AdanOracle::new(adan.to_oracle(), before.len())
+                .storing(dtype.to_oracle(), DType::F32.to_oracle());
             oracle.step = t as u64;
             if t > 0 {
                 for i in 0..before.len() {

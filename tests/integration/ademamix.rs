@@ -10,7 +10,7 @@ use crate::family;
 
 use common::{ctx, Tolerance};
 use wgpu_optim::{AdEMAMix, Adam, Algorithm, StateKind, StateStorage};
-use wgpu_optim_testkit::oracle::{ademamix_alpha, ademamix_beta3};
+use wgpu_optim_testkit::oracle::{ademamix_alpha, ademamix_beta3, ToOracle};
 
 fn plain() -> Algorithm {
     AdEMAMix { lr: 1e-2, ..AdEMAMix::default() }.into()
@@ -46,14 +46,14 @@ fn defaults_and_state_are_bitsandbytes() {
 #[test]
 fn the_oracles_schedules_ramp_then_hold() {
     let Algorithm::AdEMAMix(c) = scheduled() else { unreachable!() };
-    assert_eq!(ademamix_alpha(&c, 1), 0.8);
-    assert_eq!(ademamix_alpha(&c, 5), 4.0);
-    assert_eq!(ademamix_alpha(&c, 9), 4.0);
+    assert_eq!(ademamix_alpha(&c.to_oracle(), 1), 0.8);
+    assert_eq!(ademamix_alpha(&c.to_oracle(), 5), 4.0);
+    assert_eq!(ademamix_alpha(&c.to_oracle(), 9), 4.0);
     // At s = t / t_beta3 = 0 the half-life is beta1's, at s = 1 beta3's, then it holds.
-    assert!((ademamix_beta3(&c, 0) - 0.8).abs() < 1e-15);
-    assert!(ademamix_beta3(&c, 2) > 0.8 && ademamix_beta3(&c, 2) < 0.999);
-    assert!((ademamix_beta3(&c, 4) - 0.999).abs() < 1e-15);
-    assert_eq!(ademamix_beta3(&c, 7), 0.999);
+    assert!((ademamix_beta3(&c.to_oracle(), 0) - 0.8).abs() < 1e-15);
+    assert!(ademamix_beta3(&c.to_oracle(), 2) > 0.8 && ademamix_beta3(&c.to_oracle(), 2) < 0.999);
+    assert!((ademamix_beta3(&c.to_oracle(), 4) - 0.999).abs() < 1e-15);
+    assert_eq!(ademamix_beta3(&c.to_oracle(), 7), 0.999);
 }
 
 #[test]
@@ -185,7 +185,8 @@ fn checkpoints_stack_m1_and_m2_as_bitsandbytes_state1_and_keep_nu_as_state2() {
     let params: Vec<wgpu_optim::Tensor> = p.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
     let options = Optimizer::builder().param_shapes(shapes.clone());
     let mut gpu = options.build(&ctx, algorithm, &params).unwrap();
-    let mut oracles: Vec<TorchState> = p.iter().map(|v| TorchState::new(algorithm, v.len())).collect();
+    let mut oracles: Vec<TorchState> =
+        p.iter().map(|v| TorchState::new(algorithm.to_oracle(), v.len())).collect();
     for _ in 0..3 {
         let g: Vec<Vec<f64>> = p.iter().map(|v| rng.vec(v.len(), 1.0)).collect();
         let tensors: Vec<wgpu_optim::Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
@@ -287,9 +288,10 @@ fn assert_params_follow(what: &str, got: &[f64], want: &[f64], lr: f64, steps: u
 #[test]
 fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
     use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
-    use wgpu_optim::q8::{Q8States, StoredState};
+    use wgpu_optim::q8::Q8States;
     use wgpu_optim::{DType, Optimizer};
-    use wgpu_optim_testkit::oracle::bnb::bnb_8bit_step;
+    use wgpu_optim_testkit::oracle::bnb::{bnb_8bit_step, State8bit};
+    use wgpu_optim_testkit::oracle::ToLibrary;
 
     let algorithm = scheduled();
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq];
@@ -303,13 +305,13 @@ fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
     let grads = q8_gradients(&mut rng);
 
     let mut want = initial.clone();
-    let mut want_states: Vec<Vec<StoredState>> = Q8_LENGTHS
+    let mut want_states: Vec<Vec<State8bit>> = Q8_LENGTHS
         .iter()
-        .map(|&n| kinds.iter().map(|_| StoredState::zeros(n, config.quantizes(n as u64))).collect())
+        .map(|&n| kinds.iter().map(|_| State8bit::zeros(n, config.quantizes(n as u64))).collect())
         .collect();
     for (k, step) in grads.iter().enumerate() {
         for ((p, g), states) in want.iter_mut().zip(step).zip(&mut want_states) {
-            bnb_8bit_step(&algorithm, k as u64 + 1, p, g, states).unwrap();
+            bnb_8bit_step(&algorithm.to_oracle(), k as u64 + 1, p, g, states).unwrap();
         }
     }
 
@@ -338,9 +340,9 @@ fn eight_bit_trajectories_follow_bitsandbytes_oracle_on_the_gpu_and_the_cpu() {
         assert_params_follow(&format!("CPU param {i}"), &cpu_param, &want[i], lr, grads.len());
         for (k, kind) in kinds.iter().enumerate() {
             let gpu_state = gpu.state(i, *kind).map(|s| s.and_then(|v| v.q8())).unwrap().unwrap();
-            assert_state_follows(&format!("GPU {kind:?} {i}"), &gpu_state, &want_states[i][k]);
+            assert_state_follows(&format!("GPU {kind:?} {i}"), &gpu_state, &want_states[i][k].to_library());
             let cpu_state = cpu.state(i, *kind).and_then(|s| s.q8()).unwrap();
-            assert_state_follows(&format!("CPU {kind:?} {i}"), cpu_state, &want_states[i][k]);
+            assert_state_follows(&format!("CPU {kind:?} {i}"), cpu_state, &want_states[i][k].to_library());
         }
     }
 }

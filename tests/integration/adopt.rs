@@ -14,7 +14,7 @@ use family::{host, slices, slices_mut};
 use wgpu_optim::cpu::{CpuOptimizer, HostTensor};
 use wgpu_optim::q8::StoredState;
 use wgpu_optim::{Adam, Adopt, Algorithm, DType, Error, Optimizer, StateKind, StateStorage, Tensor};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 fn plain() -> Algorithm {
     Adopt { lr: 1e-2, ..Adopt::default() }.into()
@@ -165,7 +165,7 @@ fn the_first_step_only_sets_the_second_moment_on_both_backends() {
     let coupled_decay = Adopt { weight_decay: 0.5, maximize: true, ..Adopt::default() };
     for config in [decoupled_decay, coupled_decay] {
         let mut want = start.clone();
-        let mut oracle = TorchState::new(config.into(), start.len());
+        let mut oracle = TorchState::new(config.to_oracle().into(), start.len());
         oracle.step(&mut want, &g);
         assert_eq!(want, start, "the oracle's first step moves nothing");
         for (backend, (param, state)) in
@@ -206,7 +206,7 @@ fn a_nan_gradient_spoils_its_element_as_in_the_official_code() {
         .collect();
     for config in [plain(), decoupled()] {
         let mut want = start.clone();
-        let mut oracle = TorchState::new(config, n);
+        let mut oracle = TorchState::new(config.to_oracle(), n);
         for g in &grads {
             oracle.step(&mut want, g);
         }
@@ -306,7 +306,8 @@ fn eight_bit_state_follows_f32_adopt_loosely_and_the_gpu_matches_the_cpu() {
         .build(algorithm, &slices(&cpu_params))
         .unwrap();
     let mut want = start.clone();
-    let mut oracles: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut oracles: Vec<TorchState> =
+        lens.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for g in &grads {
         let tensors: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
         gpu.step(&tensors).unwrap();

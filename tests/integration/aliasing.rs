@@ -9,7 +9,7 @@ use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::q8::Q8States;
 use wgpu_optim::{Adam, DType, DmlAdam, Error, GpuContext, Optimizer, StateKind, StateStorage, Tensor};
-use wgpu_optim_testkit::oracle::{self, torch_adam_step, TorchAdamState};
+use wgpu_optim_testkit::oracle::{self, torch_adam_step, ToOracle, TorchAdamState};
 
 const DML: DmlAdam = DmlAdam { learning_rate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
 
@@ -65,7 +65,7 @@ fn directml_every_output_in_place_or_not_in_every_combination() {
         });
         let desc = case.desc(&inputs, outputs.clone(), 3);
         ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc)).unwrap();
-        let want = oracle::dml_adam(&DML, 3, &case.p, &case.m, &case.v, &case.g);
+        let want = oracle::dml_adam(&DML.to_oracle(), 3, &case.p, &case.m, &case.v, &case.g);
         assert_tensor(&ctx, &format!("OutputParametersTensor (mask {mask:03b})"), &outputs[0], &want.0);
         assert_tensor(&ctx, &format!("OutputFirstMomentTensor (mask {mask:03b})"), &outputs[1], &want.1);
         assert_tensor(&ctx, &format!("OutputSecondMomentTensor (mask {mask:03b})"), &outputs[2], &want.2);
@@ -82,7 +82,7 @@ fn directml_an_output_may_alias_a_different_input_of_the_same_size() {
     let outputs = [inputs[3].clone(), inputs[1].clone(), inputs[2].clone()];
     let desc = case.desc(&inputs, outputs, 2);
     ctx.submit("dml", |encoder| directml::adam(&ctx, encoder, &desc)).unwrap();
-    let want = oracle::dml_adam(&DML, 2, &case.p, &case.m, &case.v, &case.g);
+    let want = oracle::dml_adam(&DML.to_oracle(), 2, &case.p, &case.m, &case.v, &case.g);
     assert_tensor(&ctx, "parameters written over the gradient", &inputs[3], &want.0);
     assert_tensor(&ctx, "parameters input left alone", &inputs[0], &case.p);
 }
@@ -190,7 +190,7 @@ fn params_and_grads_in_one_buffer_at_unaligned_offsets_train_correctly() {
         let g = rng.vec(n, 1.0);
         ctx.write_bytes(&grad, bytemuck::cast_slice(&to_f32(&g))).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
-        torch_adam_step(&config, &mut p, &g, &mut state);
+        torch_adam_step(&config.to_oracle(), &mut p, &g, &mut state);
     }
     assert_tensor(&ctx, "packed param", &param, &p);
     assert_tensor(
@@ -294,7 +294,7 @@ fn a_gradient_inside_another_parameter_is_refused_and_changes_nothing() {
         let range = half * n..(half + 1) * n;
         let mut state = TorchAdamState::zeros(n, false);
         let grad = initial[range.clone()].to_vec();
-        torch_adam_step(&config, &mut want[range], &grad, &mut state);
+        torch_adam_step(&config.to_oracle(), &mut want[range], &grad, &mut state);
     }
     assert_tensor(&ctx, "params after a step on their own values", &flat, &want);
 }

@@ -11,7 +11,7 @@ mod counterexample;
 use common::{assert_close, Tolerance};
 use counterexample::{average_regret, gradient, run, Problem};
 use wgpu_optim::{Adam, Algorithm};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 #[test]
 fn adam_drifts_to_the_worst_point_and_amsgrad_to_the_optimum() {
@@ -43,7 +43,7 @@ fn the_unprojected_run_follows_the_f64_oracle() {
             run(&ctx, &Problem { adam, steps, first_t: 0, projected: false, decaying_lr: false }).unwrap();
         let algorithm: Algorithm = adam.into();
         let mut x = [0.0];
-        let mut state = TorchState::new(algorithm, 1);
+        let mut state = TorchState::new(algorithm.to_oracle(), 1);
         let want: Vec<f64> = (0..xs.len())
             .map(|i| {
                 state.step(&mut x, &[gradient(i as u64)]);

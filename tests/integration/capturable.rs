@@ -7,7 +7,7 @@ use crate::common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, Tensor};
-use wgpu_optim_testkit::oracle::{Storage, TorchState};
+use wgpu_optim_testkit::oracle::{Storage, ToOracle, TorchState};
 
 fn capturable(ctx: &GpuContext, algorithm: Algorithm, params: &[Tensor]) -> Optimizer {
     let options = Optimizer::builder().capturable(true);
@@ -25,9 +25,10 @@ fn check_from_step(algorithm: Algorithm, start: u64, steps: u64, seed: u64) {
     let mut optimizer = capturable(&ctx, algorithm, std::slice::from_ref(&param));
     optimizer.set_step_count(start).unwrap();
     let zeros = vec![vec![0.0; n]; algorithm.state_kinds().len()];
-    let mut oracle = TorchState::resume(algorithm, start, &zeros).storing(DType::F32, DType::F32);
+    let mut oracle = TorchState::resume(algorithm.to_oracle(), start, &zeros)
+        .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
     if let Algorithm::Adagrad(c) = algorithm {
-        oracle = TorchState::resume(algorithm, start, &[vec![c.initial_accumulator_value; n]]);
+        oracle = TorchState::resume(algorithm.to_oracle(), start, &[vec![c.initial_accumulator_value; n]]);
     }
     for _ in 0..steps {
         let g = rng.vec(n, 1.0);
@@ -95,12 +96,12 @@ fn a_schedule_writes_the_device_learning_rate() {
     let mut adam = Adam { lr: 1e-2, ..Adam::default() };
     let mut optimizer = capturable(&ctx, adam.into(), std::slice::from_ref(&param));
     let lr = optimizer.lr_tensor(0).expect("a device learning rate");
-    let mut oracle = TorchState::new(adam.into(), n);
+    let mut oracle = TorchState::new(adam.to_oracle().into(), n);
     for t in 0..12 {
         // A trainer's scheduler writes the rate on the device (here through the queue).
         adam.lr = 1e-2 / (1.0 + t as f64);
         ctx.write(&lr, &[adam.lr]).unwrap();
-        oracle.set_algorithm(adam.into());
+        oracle.set_algorithm(adam.to_oracle().into());
         let g = rng.vec(n, 1.0);
         ctx.write(&grad, &g).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
@@ -124,7 +125,7 @@ fn amp_unscales_the_gradients_on_the_device() {
     let param = ctx.upload("param", &p, DType::F32);
     let algorithm: Algorithm = Adam { lr: 1e-2, ..Adam::adamw() }.into();
     let mut optimizer = capturable(&ctx, algorithm, std::slice::from_ref(&param));
-    let mut oracle = TorchState::new(algorithm, n);
+    let mut oracle = TorchState::new(algorithm.to_oracle(), n);
     let scale = 1024.0;
     let inv_scale = ctx.upload("inv_scale", &[1.0 / scale], DType::F32);
     for _ in 0..3 {
@@ -195,10 +196,11 @@ fn amp_skips_a_step_with_a_non_finite_gradient_and_changes_nothing() {
             .iter()
             .map(|k| download(&ctx, optimizer.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()))
             .collect();
-        let mut oracle = TorchState::resume(algorithm, 1, &state).storing(dtype, dtype);
-        let g = dtype.decode(&dtype.encode(&rng.vec(n, 1.0)));
+        let mut oracle = TorchState::resume(algorithm.to_oracle(), 1, &state)
+            .storing(dtype.to_oracle(), dtype.to_oracle());
+        let g = dtype.to_oracle().decode(&dtype.to_oracle().encode(&rng.vec(n, 1.0)));
         step(&mut optimizer, &g);
-        oracle.step(&mut p, &g.iter().map(|x| dtype.round(x * 0.5)).collect::<Vec<_>>());
+        oracle.step(&mut p, &g.iter().map(|x| dtype.to_oracle().round(x * 0.5)).collect::<Vec<_>>());
         assert!(!optimizer.read_found_inf().unwrap());
         assert_eq!(optimizer.read_device_step().unwrap(), 2, "{dtype:?}");
         let got = download(&ctx, &param);

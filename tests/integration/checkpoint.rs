@@ -10,7 +10,7 @@ use wgpu_optim::{
     StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
-use wgpu_optim_testkit::oracle::Storage;
+use wgpu_optim_testkit::oracle::{Storage, ToOracle};
 
 const SIZES: [usize; 3] = [33, 1, 258];
 
@@ -270,7 +270,7 @@ fn buffer_with(ctx: &GpuContext, values: &[f64], dtype: DType, usage: wgpu::Buff
     use wgpu::util::DeviceExt;
     let buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("model"),
-        contents: &dtype.encode(values),
+        contents: &dtype.to_oracle().encode(values),
         usage,
     });
     Tensor { buffer: buffer.clone(), offset: 0, len: values.len() as u64, dtype }

@@ -8,7 +8,9 @@ use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::{
     Adam, DType, Error, GradClip, NormType, Optimizer, OptimizerBuilder, ParamGroup, Sgd, Tensor,
 };
-use wgpu_optim_testkit::oracle::{clip_grad_norm, torch_adam_step, torch_sgd_step, Storage, TorchAdamState};
+use wgpu_optim_testkit::oracle::{
+    clip_grad_norm, torch_adam_step, torch_sgd_step, Storage, ToOracle, TorchAdamState,
+};
 
 fn clipped(clip: GradClip) -> OptimizerBuilder {
     Optimizer::builder().grad_clip(clip)
@@ -41,10 +43,10 @@ fn adamw_clipped_to_a_global_l2_norm_matches_the_oracle_over_tensors_and_groups(
             v.iter_mut().for_each(|x| *x = f64::from(*x as f32));
         }
         let unclipped = g[0].clone();
-        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0));
+        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0).to_oracle());
         assert!(want_norm > 10.0, "the case clips (norm {want_norm})");
         for (i, config) in [adamw, adamw, second, second].iter().enumerate() {
-            torch_adam_step(config, &mut p[i], &g[i], &mut state[i]);
+            torch_adam_step(&config.to_oracle(), &mut p[i], &g[i], &mut state[i]);
         }
         let norm = optimizer.grad_norm().unwrap();
         assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
@@ -74,9 +76,9 @@ fn the_inf_norm_clips_nesterov_sgd_and_leaves_the_gradients_alone() {
         let grads: Vec<Tensor> = g32.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect();
         optimizer.step(&grads).unwrap();
         let mut g = g32.clone();
-        let want_norm = clip_grad_norm(&mut g, &clip);
+        let want_norm = clip_grad_norm(&mut g, &clip.to_oracle());
         for i in 0..2 {
-            torch_sgd_step(&sgd, &mut p[i], &g[i], &mut buffers[i]);
+            torch_sgd_step(&sgd.to_oracle(), &mut p[i], &g[i], &mut buffers[i]);
             assert_close(
                 &format!("step {step}: param {i}"),
                 &download(&ctx, &params[i]),
@@ -220,7 +222,7 @@ fn the_widest_clipped_step_fits_webgpus_eight_storage_bindings_and_matches_the_o
     // Master weights (masters, model copy), gradient and three states: six tensor bindings;
     // capturable mode binds two more, and clipping reads its coefficient from one of them.
     let mut rng = Rng::new(5);
-    let start: Vec<f64> = rng.vec(40, 1.0).into_iter().map(|x| DType::BF16.round(x)).collect();
+    let start: Vec<f64> = rng.vec(40, 1.0).into_iter().map(|x| DType::BF16.to_oracle().round(x)).collect();
     let model = ctx.upload("model", &start, DType::BF16);
     let options = Optimizer::builder().master_weights(true).capturable(true).grad_clip(GradClip::l2(0.5));
     let mut optimizer = options.build(&ctx, amsgrad, std::slice::from_ref(&model)).unwrap();
@@ -229,14 +231,14 @@ fn the_widest_clipped_step_fits_webgpus_eight_storage_bindings_and_matches_the_o
         let g = rng.vec(40, 2.0);
         optimizer.step(&[ctx.upload("grad", &g, DType::F32)]).unwrap();
         let mut g = vec![g.iter().map(|x| f64::from(*x as f32)).collect::<Vec<_>>()];
-        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(0.5));
+        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(0.5).to_oracle());
         assert!(want_norm > 1.0, "the case clips (norm {want_norm})");
-        torch_adam_step(&amsgrad, &mut want, &g[0], &mut state);
+        torch_adam_step(&amsgrad.to_oracle(), &mut want, &g[0], &mut state);
         let norm = optimizer.grad_norm().unwrap();
         assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
         let master = download(&ctx, &optimizer.params()[0]);
         assert_close(&format!("step {step}: master"), &master, &want, Tolerance::F32);
-        let rounded: Vec<f64> = master.iter().map(|x| DType::BF16.round(*x)).collect();
+        let rounded: Vec<f64> = master.iter().map(|x| DType::BF16.to_oracle().round(*x)).collect();
         assert_eq!(download(&ctx, &model), rounded, "step {step}: the model copy is the master rounded once");
     }
 }
@@ -272,10 +274,10 @@ fn amp_unscale_takes_the_norm_of_the_unscaled_gradients_in_the_same_pass() {
         .unwrap();
         // The gradients are unscaled in place, as PyTorch's unscale_ leaves them.
         assert_eq!(download(&ctx, &scaled[1]), g[1], "step {step}: gradient not unscaled");
-        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0));
+        let want_norm = clip_grad_norm(&mut g, &GradClip::l2(1.0).to_oracle());
         assert!(want_norm > 10.0, "the case clips (norm {want_norm})");
         for i in 0..lengths.len() {
-            torch_adam_step(&adam, &mut p[i], &g[i], &mut state[i]);
+            torch_adam_step(&adam.to_oracle(), &mut p[i], &g[i], &mut state[i]);
         }
         let norm = optimizer.grad_norm().unwrap();
         assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
@@ -298,7 +300,7 @@ fn amp_with_bf16_gradients_unscales_then_takes_the_norm_in_its_own_pass() {
     let inv_scale = ctx.upload("inv_scale", &[0.25], DType::F32);
     let (mut want, mut velocity) = (start.clone(), None);
     for step in 0..3 {
-        let g: Vec<f64> = rng.vec(50, 2.0).into_iter().map(|x| DType::BF16.round(x)).collect();
+        let g: Vec<f64> = rng.vec(50, 2.0).into_iter().map(|x| DType::BF16.to_oracle().round(x)).collect();
         let scaled = ctx.upload("grad", &g.iter().map(|x| x * 4.0).collect::<Vec<_>>(), DType::BF16);
         ctx.submit("amp step", |e| {
             optimizer.record_unscale(e, std::slice::from_ref(&scaled), &inv_scale)?;
@@ -306,8 +308,8 @@ fn amp_with_bf16_gradients_unscales_then_takes_the_norm_in_its_own_pass() {
         })
         .unwrap();
         let mut clipped = vec![g];
-        let want_norm = clip_grad_norm(&mut clipped, &GradClip::l2(0.5));
-        torch_sgd_step(&sgd, &mut want, &clipped[0], &mut velocity);
+        let want_norm = clip_grad_norm(&mut clipped, &GradClip::l2(0.5).to_oracle());
+        torch_sgd_step(&sgd.to_oracle(), &mut want, &clipped[0], &mut velocity);
         let norm = optimizer.grad_norm().unwrap();
         assert!(relative(norm, want_norm) < 1e-5, "step {step}: norm {norm}, oracle {want_norm}");
         assert_close(&format!("step {step}"), &download(&ctx, &param), &want, Tolerance::F32);
@@ -332,7 +334,7 @@ fn each_steps_norm_is_kept_on_the_device_and_read_back_once() {
     for step in 0..3 {
         let mut g: Vec<Vec<f64>> = lengths.iter().map(|&n| rng.vec(n, 1.0 + step as f64)).collect();
         gradients.push(g.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect::<Vec<_>>());
-        want.push(clip_grad_norm(&mut g, &clip));
+        want.push(clip_grad_norm(&mut g, &clip.to_oracle()));
     }
     ctx.submit("three steps", |encoder| {
         for (step, grads) in gradients.iter().enumerate() {

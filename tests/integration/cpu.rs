@@ -8,7 +8,7 @@ use crate::common;
 use common::{adagrad_variants, adam_switch_combinations, assert_close, sgd_variants, Rng, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, Sgd, StateKind, StateStorage};
-use wgpu_optim_testkit::oracle::{Storage, TorchState};
+use wgpu_optim_testkit::oracle::{Storage, ToOracle, TorchState};
 
 /// Around the GPU's workgroup size, with vector-loop tails.
 const SIZES: [usize; 4] = [1, 255, 256, 257];
@@ -36,7 +36,8 @@ fn check_trajectory(algorithm: Algorithm, sizes: &[usize], seed: u64) {
     let mut want: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
     let mut params: Vec<HostTensor> = want.iter().map(|p| host(p, DType::F32)).collect();
     let mut optimizer = CpuOptimizer::builder().build(algorithm, &slices(&params)).expect("optimizer");
-    let mut oracles: Vec<TorchState> = sizes.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut oracles: Vec<TorchState> =
+        sizes.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for _ in 0..STEPS {
         let g: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
@@ -123,7 +124,8 @@ fn check_steps(algorithm: Algorithm, specs: &[Spec], state_dtype: Option<DType>,
         optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).expect("step");
         for (i, ((mut p, state), spec)) in before.into_iter().zip(specs).enumerate() {
             let stored_state = state_dtype.unwrap_or(spec.param);
-            let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(spec.param, stored_state);
+            let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                .storing(spec.param.to_oracle(), stored_state.to_oracle());
             oracle.step(&mut p, &grads[i].to_f64());
             let what = format!("{algorithm:?} {spec:?} state {stored_state:?} step {t} param[{i}]");
             assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(spec.param));
@@ -213,7 +215,7 @@ fn adagrad_starts_from_its_initial_accumulator_rounded_to_the_state_dtype() {
             .unwrap();
         let sum = optimizer.state(0, StateKind::Sum).and_then(|s| s.dense()).unwrap();
         assert_eq!(sum.dtype(), dtype);
-        assert_eq!(sum.to_f64(), vec![dtype.round(0.1); 5], "{dtype:?}");
+        assert_eq!(sum.to_f64(), vec![dtype.to_oracle().round(0.1); 5], "{dtype:?}");
     }
 }
 
@@ -238,11 +240,11 @@ fn a_learning_rate_schedule_takes_effect_at_the_next_step() {
     let mut params = vec![host(&want, DType::F32)];
     let mut config = Adam::adamw();
     let mut optimizer = CpuOptimizer::builder().build(config, &slices(&params)).unwrap();
-    let mut oracle = TorchState::new(config.into(), 513);
+    let mut oracle = TorchState::new(config.to_oracle().into(), 513);
     for k in 0..10 {
         config.lr = 1e-3 * (1.0 + k as f64);
         optimizer.set_lr(config.lr).unwrap();
-        oracle.set_algorithm(config.into());
+        oracle.set_algorithm(config.to_oracle().into());
         let g = rng.vec(513, 1.0);
         optimizer.step(&mut slices_mut(&mut params), &slices(&[host(&g, DType::F32)])).unwrap();
         oracle.step(&mut want, &g);
@@ -294,7 +296,7 @@ fn nan_and_infinite_gradients_propagate_through_16_bit_storage() {
         optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).unwrap();
         let got = params[0].to_f64();
         assert!(got[0].is_nan(), "{dtype:?}: a NaN gradient gives a NaN parameter, got {}", got[0]);
-        assert_eq!(got[1], dtype.round(f64::from(0.5f32 - 0.1f32)), "{dtype:?}");
+        assert_eq!(got[1], dtype.to_oracle().round(f64::from(0.5f32 - 0.1f32)), "{dtype:?}");
         assert_eq!(got[2], f64::NEG_INFINITY, "{dtype:?}");
     }
 }
@@ -370,7 +372,11 @@ fn mismatched_inputs_are_typed_errors_that_change_nothing() {
                 .map(|k| optimizer.state(i, *k).and_then(|s| s.dense()).unwrap().to_f64())
                 .collect();
             let dtype = params[i].dtype();
-            (params[i].to_f64(), TorchState::resume(algorithm, 1, &state).storing(dtype, dtype))
+            (
+                params[i].to_f64(),
+                TorchState::resume(algorithm.to_oracle(), 1, &state)
+                    .storing(dtype.to_oracle(), dtype.to_oracle()),
+            )
         })
         .collect();
     optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).unwrap();
@@ -478,7 +484,8 @@ fn clipping_follows_the_oracles_clip_grad_norm_over_every_tensor() {
         let options = CpuOptimizer::builder().grad_clip(clip);
         let mut optimizer = options.build(algorithm, &slices(&params)).expect("optimizer");
         assert_eq!(optimizer.grad_norm(), None);
-        let mut oracles: Vec<TorchState> = sizes.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            sizes.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         for step in 0..5 {
             let g: Vec<Vec<f64>> = sizes
                 .iter()
@@ -487,7 +494,7 @@ fn clipping_follows_the_oracles_clip_grad_norm_over_every_tensor() {
             let grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
             optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).expect("step");
             let mut clipped = g.clone();
-            let norm = clip_grad_norm(&mut clipped, &clip);
+            let norm = clip_grad_norm(&mut clipped, &clip.to_oracle());
             assert!(norm > 2.0 * clip.max_norm, "the case clips");
             let got = optimizer.grad_norm().expect("a norm");
             assert!(

@@ -17,7 +17,7 @@ use crate::common;
 use common::{assert_close, ctx, download, Tolerance};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::{DType, DmlAdam, GpuContext, Tensor};
-use wgpu_optim_testkit::oracle;
+use wgpu_optim_testkit::oracle::{self, ToOracle};
 
 /// One DirectML Adam call on f32 tensors, written out of place: the new (X, M, V).
 fn run(
@@ -73,7 +73,7 @@ fn m_is_beta1_m_plus_one_minus_beta1_g() {
     let (x, m, v, g) =
         (f32s(&[1.0, -2.0, 0.5]), f32s(&[0.3, -0.1, 0.0]), f32s(&[0.2, 0.1, 0.0]), f32s(&[0.7, 1.5, -4.0]));
     let [_, m_gpu, _] = run(&ctx(), SCALARS, 2, &x, &m, &v, &g);
-    let (_, m_oracle, _) = oracle::dml_adam(&SCALARS, 2, &x, &m, &v, &g);
+    let (_, m_oracle, _) = oracle::dml_adam(&SCALARS.to_oracle(), 2, &x, &m, &v, &g);
     let want: Vec<f64> = m.iter().zip(&g).map(|(m, g)| 0.9 * m + (1.0 - 0.9) * g).collect();
     check("M", &m_gpu, &m_oracle, &want);
 }
@@ -83,7 +83,7 @@ fn v_is_beta2_v_plus_one_minus_beta2_g_squared() {
     let (x, m, v, g) =
         (f32s(&[1.0, -2.0, 0.5]), f32s(&[0.3, -0.1, 0.0]), f32s(&[0.2, 0.1, 0.0]), f32s(&[0.7, 1.5, -4.0]));
     let [_, _, v_gpu] = run(&ctx(), SCALARS, 2, &x, &m, &v, &g);
-    let (_, _, v_oracle) = oracle::dml_adam(&SCALARS, 2, &x, &m, &v, &g);
+    let (_, _, v_oracle) = oracle::dml_adam(&SCALARS.to_oracle(), 2, &x, &m, &v, &g);
     let want: Vec<f64> = v.iter().zip(&g).map(|(v, g)| 0.999 * v + (1.0 - 0.999) * g * g).collect();
     check("V", &v_gpu, &v_oracle, &want);
 }
@@ -96,7 +96,7 @@ fn x_decreases_by_learning_rate_alpha_m_over_sqrt_v_plus_epsilon() {
     let g = f32s(&[3e-7, -6e-7, 1e-7, 1e-6]);
     let (m, v) = (vec![0.0; 4], vec![0.0; 4]);
     let [x_gpu, ..] = run(&ctx(), SCALARS, 1, &x, &m, &v, &g);
-    let (x_oracle, ..) = oracle::dml_adam(&SCALARS, 1, &x, &m, &v, &g);
+    let (x_oracle, ..) = oracle::dml_adam(&SCALARS.to_oracle(), 1, &x, &m, &v, &g);
     let (m_new, v_new) = moments(0.9, 0.999, &m, &v, &g);
     let alpha = (1.0 - 0.999f64).sqrt() / (1.0 - 0.9);
     let want: Vec<f64> = (0..4).map(|i| x[i] - 0.01 * alpha * m_new[i] / (v_new[i].sqrt() + 1e-8)).collect();
@@ -112,7 +112,7 @@ fn alpha_is_sqrt_one_minus_beta2_pow_t_over_one_minus_beta1_pow_t() {
     let x = f32s(&[0.5, -0.75]);
     let (m, v, g) = (f32s(&[0.02, -0.01]), f32s(&[0.04, 0.01]), f32s(&[0.3, -0.2]));
     let [x_gpu, ..] = run(&ctx(), scalars, 3, &x, &m, &v, &g);
-    let (x_oracle, ..) = oracle::dml_adam(&scalars, 3, &x, &m, &v, &g);
+    let (x_oracle, ..) = oracle::dml_adam(&scalars.to_oracle(), 3, &x, &m, &v, &g);
     let (m_new, v_new) = moments(0.9, 0.999, &m, &v, &g);
     let alpha = (1.0 - 0.999f64.powi(3)).sqrt() / (1.0 - 0.9f64.powi(3));
     let want: Vec<f64> = (0..2).map(|i| x[i] - 0.01 * alpha * m_new[i] / (v_new[i].sqrt() + 0.1)).collect();

@@ -12,7 +12,7 @@ use wgpu_optim::{
     StateStorage, Tensor,
 };
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
-use wgpu_optim_testkit::oracle::{torch_adam_step, LambOracle, Storage, TorchAdamState};
+use wgpu_optim_testkit::oracle::{torch_adam_step, LambOracle, Storage, ToOracle, TorchAdamState};
 
 /// Every tensor's values after a run: the parameter, `exp_avg`, `exp_avg_sq`, and the
 /// last step's `[weight_norm, adam_norm, trust_ratio]`.
@@ -28,11 +28,13 @@ struct Finals {
 type Grads = Vec<Vec<Vec<f64>>>;
 
 fn oracle(config: Lamb, dtype: DType, init: &[Vec<f64>], grads: &Grads) -> Finals {
-    let mut oracle = LambOracle::new(config, init.len()).storing(dtype, dtype);
+    let mut oracle =
+        LambOracle::new(config.to_oracle(), init.len()).storing(dtype.to_oracle(), dtype.to_oracle());
     let mut params: Vec<Vec<f64>> =
-        init.iter().map(|p| p.iter().map(|&x| dtype.round(x)).collect()).collect();
+        init.iter().map(|p| p.iter().map(|&x| dtype.to_oracle().round(x)).collect()).collect();
     for g in grads {
-        let g: Vec<Vec<f64>> = g.iter().map(|g| g.iter().map(|&x| dtype.round(x)).collect()).collect();
+        let g: Vec<Vec<f64>> =
+            g.iter().map(|g| g.iter().map(|&x| dtype.to_oracle().round(x)).collect()).collect();
         oracle.step(&mut params, &g);
     }
     let norms = oracle.norms.iter().map(|n| [n.weight_norm, n.adam_norm, n.trust_ratio]).collect();
@@ -296,7 +298,7 @@ fn a_lamb_group_beside_an_adamw_group_in_one_optimizer() {
         let mut p = init[i].clone();
         let mut state = TorchAdamState::zeros(p.len(), false);
         for g in &grads {
-            torch_adam_step(&adamw, &mut p, &g[i], &mut state);
+            torch_adam_step(&adamw.to_oracle(), &mut p, &g[i], &mut state);
         }
         let got = ctx.read(&optimizer.params()[i]).unwrap();
         assert_close(&format!("adamw param {i}"), &got, &p, DType::F32, 64.0, 1e-7);
@@ -448,7 +450,8 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
         cpu.load_from_bytes(&bytes).unwrap();
         assert_eq!(cpu.step_count(), 3);
         let stored = state_dtype.unwrap_or(DType::F32);
-        let mut oracle = LambOracle::new(config, init.len()).storing(DType::F32, stored);
+        let mut oracle = LambOracle::new(config.to_oracle(), init.len())
+            .storing(DType::F32.to_oracle(), stored.to_oracle());
         oracle.step = 3;
         for i in 0..init.len() {
             for kind in [StateKind::ExpAvg, StateKind::ExpAvgSq] {
@@ -503,7 +506,8 @@ fn checkpoints_load_on_the_other_backend_and_the_next_step_follows_the_oracle() 
 fn master_weights_step_f32_masters_and_write_the_16_bit_copies() {
     let ctx = ctx();
     let (init, grads) = data(8, &[300, 7], 3, 0.5);
-    let init: Vec<Vec<f64>> = init.iter().map(|p| p.iter().map(|&x| DType::F16.round(x)).collect()).collect();
+    let init: Vec<Vec<f64>> =
+        init.iter().map(|p| p.iter().map(|&x| DType::F16.to_oracle().round(x)).collect()).collect();
     let model: Vec<Tensor> = init.iter().map(|p| ctx.upload("model", p, DType::F16)).collect();
     let mut optimizer = Optimizer::builder().master_weights(true).build(&ctx, decayed(), &model).unwrap();
     let grad_tensors: Vec<Tensor> = model.iter().map(|p| ctx.zeros("grad", p.len, DType::F32)).collect();
@@ -517,7 +521,7 @@ fn master_weights_step_f32_masters_and_write_the_16_bit_copies() {
     assert_finals("masters", &gpu_finals(&ctx, &optimizer, 0..2), &want, DType::F32, 64.0);
     for (i, copy) in model.iter().enumerate() {
         let master = ctx.read(&optimizer.params()[i]).unwrap();
-        let rounded: Vec<f64> = master.iter().map(|&x| DType::F16.round(x)).collect();
+        let rounded: Vec<f64> = master.iter().map(|&x| DType::F16.to_oracle().round(x)).collect();
         assert_eq!(ctx.read(copy).unwrap(), rounded, "model copy {i}");
     }
 }

@@ -7,7 +7,7 @@ use crate::common;
 
 use common::{assert_close, ctx_with_limits, download, Rng, Tolerance};
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Error, GpuContext, Optimizer, OptimizerBuilder, Sgd};
-use wgpu_optim_testkit::oracle::{Storage, TorchState};
+use wgpu_optim_testkit::oracle::{Storage, ToOracle, TorchState};
 
 /// What an algorithm's step needs on a device of 4 storage bindings per stage.
 enum Outcome {
@@ -25,7 +25,7 @@ fn check(ctx: &GpuContext, what: &str, algorithm: Algorithm, options: OptimizerB
     let mut rng = Rng::new(11);
     // With master weights (the case named so) the optimizer's parameter is the bf16 model copy.
     let dtype = if what.ends_with("with master weights") { DType::BF16 } else { DType::F32 };
-    let start: Vec<f64> = rng.vec(LEN, 1.0).into_iter().map(|x| dtype.round(x)).collect();
+    let start: Vec<f64> = rng.vec(LEN, 1.0).into_iter().map(|x| dtype.to_oracle().round(x)).collect();
     let grads: Vec<Vec<f64>> = (0..STEPS).map(|_| rng.vec(LEN, 0.1)).collect();
     let param = ctx.upload("param", &start, dtype);
     let before = download(ctx, &param);
@@ -41,11 +41,12 @@ fn check(ctx: &GpuContext, what: &str, algorithm: Algorithm, options: OptimizerB
                 result.unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             let mut want = start.clone();
-            let mut oracle = TorchState::new(algorithm, LEN).storing(DType::F32, DType::F32);
+            let mut oracle = TorchState::new(algorithm.to_oracle(), LEN)
+                .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
             for grad in &grads {
                 oracle.step(&mut want, grad);
             }
-            let want: Vec<f64> = want.iter().map(|x| dtype.round(*x)).collect();
+            let want: Vec<f64> = want.iter().map(|x| dtype.to_oracle().round(*x)).collect();
             assert_close(what, &download(ctx, &param), &want, Tolerance::stored(dtype));
             assert_eq!(optimizer.step_count(), STEPS as u64, "{what}");
         }

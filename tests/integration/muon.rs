@@ -209,7 +209,7 @@ fn sixteen_bit_operands_give_the_products_of_f32_operands_bit_for_bit() {
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adam, DType, Error, Muon, NsPrecision, Optimizer, ParamGroup, StateKind, StateStorage};
-use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, TorchAdamState};
+use wgpu_optim_testkit::oracle::{muon_step, torch_adam_step, Storage, ToOracle, TorchAdamState};
 
 /// A GPU build with `shapes` refused as `check` expects, the parameter unchanged.
 fn gpu_refuses(algorithm: Muon, len: usize, shapes: Vec<Vec<usize>>, check: impl Fn(&Error)) {
@@ -303,11 +303,11 @@ fn oracle_trajectory(
     shape: (usize, usize),
     dtype: DType,
 ) -> Vec<f64> {
-    let round = |v: &mut [f64]| v.iter_mut().for_each(|x| *x = dtype.round(*x));
+    let round = |v: &mut [f64]| v.iter_mut().for_each(|x| *x = dtype.to_oracle().round(*x));
     let mut p = p0.to_vec();
     let mut buf = vec![0.0; p.len()];
     for g in grads {
-        muon_step(config, &mut p, g, &mut buf, shape.0, shape.1);
+        muon_step(&config.to_oracle(), &mut p, g, &mut buf, shape.0, shape.1);
         round(&mut p);
         round(&mut buf);
     }
@@ -332,9 +332,10 @@ fn muon_on_f16_and_bf16_parameters_follows_the_oracle_on_both_backends() {
         let len = shape.0 * shape.1;
         for precision in [NsPrecision::BF16, NsPrecision::F32] {
             let config = Muon { lr: 0.02, ns_precision: precision, ..Muon::default() };
-            let p0: Vec<f64> = rng.vec(len, 1.0).into_iter().map(|v| dtype.round(v)).collect();
-            let grads: Vec<Vec<f64>> =
-                (0..3).map(|_| rng.vec(len, 0.1).into_iter().map(|v| dtype.round(v)).collect()).collect();
+            let p0: Vec<f64> = rng.vec(len, 1.0).into_iter().map(|v| dtype.to_oracle().round(v)).collect();
+            let grads: Vec<Vec<f64>> = (0..3)
+                .map(|_| rng.vec(len, 0.1).into_iter().map(|v| dtype.to_oracle().round(v)).collect())
+                .collect();
             let want = oracle_trajectory(&config, &p0, &grads, shape, dtype);
             // One storage ulp of the parameter (a value near a rounding tie may land on
             // either side) plus bfloat16 Newton-Schulz's tolerance of the vectors.
@@ -393,9 +394,9 @@ fn a_muon_group_beside_an_adamw_group_follows_the_oracle() {
         }
         opt.step(&grad_tensors).unwrap();
         for i in 0..3 {
-            muon_step(&muon, &mut want[i], &step[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
+            muon_step(&muon.to_oracle(), &mut want[i], &step[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
         }
-        torch_adam_step(&adamw, &mut want[3], &step[3], &mut adam_state);
+        torch_adam_step(&adamw.to_oracle(), &mut want[3], &step[3], &mut adam_state);
     }
     for (i, p) in params.iter().enumerate() {
         close(&ctx.read(p).unwrap(), &want[i], 1e-4, 1e-5, &format!("param {i}"));
@@ -636,9 +637,9 @@ fn a_recorded_muon_step_creates_no_gpu_objects() {
         TorchAdamState { exp_avg: vec![0.0; lens[2]], exp_avg_sq: vec![0.0; lens[2]], ..Default::default() };
     for _ in 0..4 {
         for i in 0..2 {
-            muon_step(&muon, &mut want[i], &g[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
+            muon_step(&muon.to_oracle(), &mut want[i], &g[i], &mut buffers[i], shapes[i][0], shapes[i][1]);
         }
-        torch_adam_step(&adamw, &mut want[2], &g[2], &mut adam_state);
+        torch_adam_step(&adamw.to_oracle(), &mut want[2], &g[2], &mut adam_state);
     }
     for (i, p) in params.iter().enumerate() {
         close(&ctx.read(p).unwrap(), &want[i], 1e-4, 1e-5, &format!("param {i}"));

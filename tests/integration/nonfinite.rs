@@ -6,7 +6,7 @@ use crate::common;
 
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 fn algorithms() -> Vec<Algorithm> {
     vec![
@@ -32,7 +32,8 @@ fn non_finite_gradients_propagate_as_in_pytorch() {
             let grad = ctx.zeros("grad", n as u64, DType::F32);
             let mut optimizer =
                 Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
-            let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
+            let mut oracle = TorchState::new(algorithm.to_oracle(), n)
+                .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
             for step in 0..3 {
                 let mut g = rng.vec(n, 1.0);
                 g[3] = f64::NAN;

@@ -14,6 +14,7 @@ use common::{OnnxCall, Tolerance};
 use wgpu_optim::ops::onnx;
 use wgpu_optim::{DType, Error, MomentumMode, OnnxAdagrad, OnnxMomentum};
 use wgpu_optim_testkit::oracle;
+use wgpu_optim_testkit::oracle::ToOracle;
 
 const MIXED: [usize; 3] = [1, 257, 100_003];
 
@@ -23,7 +24,7 @@ fn momentum(a: OnnxMomentum, r: f64, t: u64, dtype: DType, in_place: &dyn Fn(usi
     call.check(
         |ctx, encoder, inputs, outputs| onnx::momentum(ctx, encoder, &a, r, t, inputs, outputs),
         |i| {
-            let (x, v) = oracle::onnx_momentum(&a, r, t, &i[0], &i[1], &i[2]);
+            let (x, v) = oracle::onnx_momentum(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
             vec![x, v]
         },
     );
@@ -35,7 +36,7 @@ fn adagrad(a: OnnxAdagrad, r: f64, t: u64, dtype: DType, in_place: &dyn Fn(usize
     call.check(
         |ctx, encoder, inputs, outputs| onnx::adagrad(ctx, encoder, &a, r, t, inputs, outputs),
         |i| {
-            let (x, h) = oracle::onnx_adagrad(&a, r, t, &i[0], &i[1], &i[2]);
+            let (x, h) = oracle::onnx_adagrad(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
             vec![x, h]
         },
     );
@@ -113,6 +114,6 @@ fn f64_tensors_are_refused_naming_shader_f64_without_it() {
         [ctx.upload_f32("x", &[1.0; 8]), ctx.upload_f32("g", &[0.5; 8]), ctx.upload_f32("v", &[0.0; 8])];
     ctx.submit("f32", |encoder| onnx::momentum(&ctx, encoder, &STANDARD, 0.1, 1, &inputs, &[None, None]))
         .unwrap();
-    let (x, _) = oracle::onnx_momentum(&STANDARD, 0.1, 1, &[1.0; 8], &[0.5; 8], &[0.0; 8]);
+    let (x, _) = oracle::onnx_momentum(&STANDARD.to_oracle(), 0.1, 1, &[1.0; 8], &[0.5; 8], &[0.0; 8]);
     common::assert_tensor(&ctx, "X_new on a device without SHADER_F64", &inputs[0], &x);
 }

@@ -16,7 +16,7 @@ use wgpu_optim::ops::{self, Update};
 use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, GpuContext, Optimizer, ParamGroup, Sgd, StateKind, StateStorage, Tensor,
 };
-use wgpu_optim_testkit::oracle::{Storage, TorchState};
+use wgpu_optim_testkit::oracle::{Storage, ToOracle, TorchState};
 
 /// One ulp of `dtype` without [`Tolerance::stored`]'s cancellation slack, for updates whose
 /// values do not cancel to nearly zero.
@@ -99,7 +99,8 @@ fn check_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, see
             .collect();
         optimizer.step(&grads).unwrap();
         for (i, (mut p, state, g)) in before.into_iter().enumerate() {
-            let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
+            let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                .storing(mix.param.to_oracle(), mix.state.to_oracle());
             oracle.step(&mut p, &g);
             let what = format!("{algorithm:?} {mix:?} step {t} param[{i}] (n = {})", LENGTHS[i]);
             assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
@@ -205,7 +206,7 @@ fn stores_round_to_nearest_even_on_every_path() {
             let mut optimizer = options.build(&ctx, Sgd { lr: 0.0, ..Sgd::default() }, &[master]).unwrap();
             optimizer.step(&[ctx.zeros("grad", n as u64, DType::F32)]).unwrap();
             let got = download(&ctx, &copy);
-            let want: Vec<f64> = probes.iter().map(|p| dtype.round(*p)).collect();
+            let want: Vec<f64> = probes.iter().map(|p| dtype.to_oracle().round(*p)).collect();
             let what = format!("{dtype:?} rounding (native f16: {})", ctx.native_f16());
             assert_close(&what, &got, &want, Tolerance::exact(dtype));
             assert_eq!(
@@ -238,18 +239,23 @@ fn packed_tensors_sharing_words_are_updated_without_clobbering_each_other() {
         .collect();
     let algorithm: Algorithm = Adam { lr: 0.05, ..Adam::default() }.into();
     let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
-    let stored = DType::F16.decode(&DType::F16.encode(&values));
+    let stored = DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&values));
     let mut oracles: Vec<(Vec<f64>, TorchState)> = bounds
         .iter()
         .map(|&(a, b)| {
-            (stored[a..b].to_vec(), TorchState::new(algorithm, b - a).storing(DType::F16, DType::F16))
+            (
+                stored[a..b].to_vec(),
+                TorchState::new(algorithm.to_oracle(), b - a)
+                    .storing(DType::F16.to_oracle(), DType::F16.to_oracle()),
+            )
         })
         .collect();
     let grads: Vec<Tensor> =
         bounds.iter().map(|&(a, b)| ctx.zeros("grad", (b - a) as u64, DType::F16)).collect();
     for _ in 0..5 {
         for (g, (p, oracle)) in grads.iter().zip(&mut oracles) {
-            let values = DType::F16.decode(&DType::F16.encode(&rng.vec(p.len(), 1.0)));
+            let values =
+                DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&rng.vec(p.len(), 1.0)));
             ctx.write(g, &values).unwrap();
             oracle.step(p, &values);
         }
@@ -288,9 +294,10 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
                 ..Update::in_place(&param, &grad, std::slice::from_ref(&buf))
             };
             ctx.submit("sgd", |e| ops::update(&ctx, e, &algorithm, 1, &[update])).unwrap();
-            let mut want = DType::F16.decode(&DType::F16.encode(&p));
-            let stored_g = DType::F16.decode(&DType::F16.encode(&g));
-            let mut oracle = TorchState::new(algorithm, n).storing(DType::F16, DType::F16);
+            let mut want = DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&p));
+            let stored_g = DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&g));
+            let mut oracle = TorchState::new(algorithm.to_oracle(), n)
+                .storing(DType::F16.to_oracle(), DType::F16.to_oracle());
             oracle.step(&mut want, &stored_g);
             let what = format!("n = {n}, native f16: {}", ctx.native_f16());
             assert_close(&what, &download(&ctx, &param_out), &want, one_ulp(DType::F16));
@@ -310,7 +317,7 @@ fn packed_outputs_of_different_parity_run_in_two_phases() {
             );
             assert_eq!(
                 download(&ctx, &param),
-                DType::F16.decode(&DType::F16.encode(&p)),
+                DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&p)),
                 "{what}: input kept"
             );
         }
@@ -336,7 +343,8 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
                 DType::F32
             );
             let mut p = download(&ctx, &model);
-            let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
+            let mut oracle = TorchState::new(algorithm.to_oracle(), n)
+                .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
             let grad = ctx.zeros("grad", n as u64, DType::F32);
             for _ in 0..10 {
                 let g = rng.vec(n, 1e-3);
@@ -348,7 +356,7 @@ fn master_weights_update_f32_and_write_the_model_copy_in_the_same_dispatch() {
             assert_close(&format!("{dtype:?} masters"), &masters, &p, Tolerance::F32);
             // The copy is the master rounded once, so small updates below the copy's ulp
             // still accumulate in the master.
-            let rounded: Vec<f64> = masters.iter().map(|m| dtype.round(*m)).collect();
+            let rounded: Vec<f64> = masters.iter().map(|m| dtype.to_oracle().round(*m)).collect();
             assert_close(
                 &format!("{dtype:?} model copy"),
                 &download(&ctx, &model),
@@ -364,8 +372,10 @@ fn master_weights_compose_with_groups_and_capturable_mode() {
     let ctx = ctx();
     let mut rng = Rng::new(11);
     let sizes = [33, 17, 8];
-    let initial: Vec<Vec<f64>> =
-        sizes.iter().map(|&n| rng.vec(n, 1.0).into_iter().map(|x| DType::BF16.round(x)).collect()).collect();
+    let initial: Vec<Vec<f64>> = sizes
+        .iter()
+        .map(|&n| rng.vec(n, 1.0).into_iter().map(|x| DType::BF16.to_oracle().round(x)).collect())
+        .collect();
     let algorithms: [Algorithm; 2] =
         [Adam { lr: 1e-2, ..Adam::adamw() }.into(), Sgd { lr: 0.1, momentum: 0.9, ..Sgd::default() }.into()];
     let groups = |params: &[Tensor]| {
@@ -398,7 +408,7 @@ fn master_weights_compose_with_groups_and_capturable_mode() {
         let tolerance = Tolerance::Close { rtol: 1e-6, atol: 1e-7 };
         assert_close(&format!("masters[{i}]"), &masters, &download(&ctx, want), tolerance);
         assert_ne!(masters, initial[i], "masters[{i}] did not move");
-        let rounded: Vec<f64> = masters.iter().map(|m| DType::BF16.round(*m)).collect();
+        let rounded: Vec<f64> = masters.iter().map(|m| DType::BF16.to_oracle().round(*m)).collect();
         assert_close(
             &format!("model[{i}]"),
             &download(&ctx, &model[i]),
@@ -421,7 +431,8 @@ fn epsilon_is_applied_in_f32_so_1e_8_survives_f16_storage() {
     let mut optimizer = Optimizer::builder().build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
     let mut p = download(&ctx, &param);
     let g = download(&ctx, &grad);
-    let mut oracle = TorchState::new(algorithm, n).storing(DType::F16, DType::F16);
+    let mut oracle =
+        TorchState::new(algorithm.to_oracle(), n).storing(DType::F16.to_oracle(), DType::F16.to_oracle());
     for _ in 0..3 {
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
         oracle.step(&mut p, &g);
@@ -456,7 +467,7 @@ fn nan_gradients_stay_nan_in_16_bit_storage() {
             optimizer.step(std::slice::from_ref(&grad)).unwrap();
             let got = download(&ctx, &param);
             assert!(got[0].is_nan(), "{dtype:?}: NaN gradient gives a NaN parameter, got {}", got[0]);
-            assert_eq!(got[1], dtype.round(0.5 - 0.1), "{dtype:?}");
+            assert_eq!(got[1], dtype.to_oracle().round(0.5 - 0.1), "{dtype:?}");
             assert_eq!(got[2], f64::NEG_INFINITY, "{dtype:?}");
         }
     }
@@ -469,7 +480,7 @@ fn directml_adam_takes_float16_tensors() {
     let mut rng = Rng::new(12);
     for ctx in [ctx().with_packed_f16(false), ctx().with_packed_f16(true)] {
         let n = 999;
-        let stored = |v: Vec<f64>| DType::F16.decode(&DType::F16.encode(&v));
+        let stored = |v: Vec<f64>| DType::F16.to_oracle().decode(&DType::F16.to_oracle().encode(&v));
         let (p, m, v, g) = (
             stored(rng.vec(n, 1.0)),
             stored(rng.vec(n, 0.1)),
@@ -489,9 +500,9 @@ fn directml_adam_takes_float16_tensors() {
             scalars,
         };
         ctx.submit("dml", |e| directml::adam(&ctx, e, &desc)).unwrap();
-        let want = wgpu_optim_testkit::oracle::dml_adam(&scalars, 4, &p, &m, &v, &g);
+        let want = wgpu_optim_testkit::oracle::dml_adam(&scalars.to_oracle(), 4, &p, &m, &v, &g);
         for (k, w) in [want.0, want.1, want.2].iter().enumerate() {
-            let rounded: Vec<f64> = w.iter().map(|x| DType::F16.round(*x)).collect();
+            let rounded: Vec<f64> = w.iter().map(|x| DType::F16.to_oracle().round(*x)).collect();
             let what = format!("FLOAT16 output {k} (native f16: {})", ctx.native_f16());
             assert_close(&what, &download(&ctx, &inputs[k]), &rounded, Tolerance::stored(DType::F16));
         }

@@ -7,7 +7,7 @@ use crate::common;
 use common::{assert_close, ctx, download, Rng, Tolerance};
 use proptest::prelude::*;
 use wgpu_optim::{Adagrad, Adam, Algorithm, DType, Optimizer, Sgd, StateStorage, Tensor};
-use wgpu_optim_testkit::oracle::{Storage, TorchState};
+use wgpu_optim_testkit::oracle::{Storage, ToOracle, TorchState};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24)
@@ -132,7 +132,7 @@ proptest! {
                 .collect();
             optimizer.step(&grads).unwrap();
             for (i, (mut p, state, g)) in before.into_iter().enumerate() {
-                let mut oracle = TorchState::resume(setup.algorithm, t - 1, &state).storing(setup.param, setup.state);
+                let mut oracle = TorchState::resume(setup.algorithm.to_oracle(), t - 1, &state).storing(setup.param.to_oracle(), setup.state.to_oracle());
                 oracle.step(&mut p, &g);
                 let got = download(&ctx, &params[i]);
                 assert_close(&format!("step {t} param[{i}]"), &got, &p, Tolerance::stored(setup.param));
@@ -161,9 +161,9 @@ proptest! {
         let ctx = ctx();
         let mut rng = Rng::new(seed);
         let kinds = algorithm.state_kinds();
-        let p = dtype.decode(&dtype.encode(&rng.vec(len, 1.0)));
-        let g = dtype.decode(&dtype.encode(&rng.vec(len, 1.0)));
-        let state: Vec<Vec<f64>> = kinds.iter().map(|_| dtype.decode(&dtype.encode(&rng.positive(len, 0.1)))).collect();
+        let p = dtype.to_oracle().decode(&dtype.to_oracle().encode(&rng.vec(len, 1.0)));
+        let g = dtype.to_oracle().decode(&dtype.to_oracle().encode(&rng.vec(len, 1.0)));
+        let state: Vec<Vec<f64>> = kinds.iter().map(|_| dtype.to_oracle().decode(&dtype.to_oracle().encode(&rng.positive(len, 0.1)))).collect();
         let param = ctx.upload("p", &p, dtype);
         let grad = ctx.upload("g", &g, dtype);
         let state_tensors: Vec<Tensor> = state.iter().map(|s| ctx.upload("s", s, dtype)).collect();
@@ -178,7 +178,7 @@ proptest! {
         };
         ctx.submit("update", |e| wgpu_optim::ops::update(&ctx, e, &algorithm, t, std::slice::from_ref(&update))).unwrap();
         let mut want = p.clone();
-        let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(dtype, dtype);
+        let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state).storing(dtype.to_oracle(), dtype.to_oracle());
         oracle.step(&mut want, &g);
         let got = download(&ctx, update.param_out.as_ref().unwrap_or(&param));
         assert_close("param", &got, &want, Tolerance::stored(dtype));

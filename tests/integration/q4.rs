@@ -12,7 +12,7 @@ use wgpu_optim::{
     Adam, DType, Error, GpuContext, GradClip, Optimizer, QuantizedState, Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::conformance::{run_case, Backend, Case, Outcome};
-use wgpu_optim_testkit::oracle::{ao4, clip_grad_norm};
+use wgpu_optim_testkit::oracle::{ao4, clip_grad_norm, State4bit, ToLibrary, ToOracle};
 
 /// Deterministic values in `-scale..scale` (an LCG), `seed` apart.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -85,7 +85,7 @@ fn oracle_run_clipped(
     params: &[Vec<f32>],
     grads: &[Vec<Vec<f32>>],
 ) -> Vec<(Vec<f64>, [Q4State; 2])> {
-    let mut runs: Vec<(Vec<f64>, [Q4State; 2])> = params
+    let mut runs: Vec<(Vec<f64>, [State4bit; 2])> = params
         .iter()
         .map(|p| {
             let zeros = || ao4::zeros(p.len(), config.block_size, config.min_size as usize);
@@ -95,14 +95,14 @@ fn oracle_run_clipped(
     for (t, step_grads) in grads.iter().enumerate() {
         let mut g: Vec<Vec<f64>> = step_grads.iter().map(|g| f64s(g)).collect();
         if let Some(clip) = &clip {
-            clip_grad_norm(&mut g, clip);
+            clip_grad_norm(&mut g, &clip.to_oracle());
         }
         for ((values, [m, v]), g) in runs.iter_mut().zip(&g) {
-            ao4::ao4_adam_step(adam, t as u64 + 1, config.block_size, values, g, m, v)
+            ao4::ao4_adam_step(&adam.to_oracle(), t as u64 + 1, config.block_size, values, g, m, v)
                 .unwrap_or_else(|e| panic!("{e}"));
         }
     }
-    runs
+    runs.into_iter().map(|(p, [m, v])| (p, [m.to_library(), v.to_library()])).collect()
 }
 
 /// With global clipping, both backends scale every gradient by the coefficient of the norm

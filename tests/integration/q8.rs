@@ -14,7 +14,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use wgpu_optim::q8::{self, StoredState};
 use wgpu_optim_testkit::oracle::bnb::{
-    self, bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd,
+    self, bnb_8bit_step, bnb_adam8bit_step, bnb_sgd8bit_step, BnbAdam, BnbSgd, State8bit,
 };
 use wgpu_optim_testkit::{assert_close, Tolerance};
 
@@ -26,6 +26,7 @@ use wgpu_optim::{
     Adagrad, Adam, Algorithm, DType, Error, GradClip, Optimizer, OptimizerBuilder, QuantizedState, StateKind,
     StateStorage,
 };
+use wgpu_optim_testkit::oracle::{ToLibrary, ToOracle};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors").join(name)
@@ -171,8 +172,8 @@ fn bitsandbytes_8bit_adam_and_adamw_trajectories_match_the_oracle() {
         for i in 0..vector.count() {
             let mut param = vector.f64s(&format!("param.{i}"));
             let len = param.len();
-            let mut m = StoredState::zeros(len, len >= vector.min_8bit_size());
-            let mut v = StoredState::zeros(len, len >= vector.min_8bit_size());
+            let mut m = State8bit::zeros(len, len >= vector.min_8bit_size());
+            let mut v = State8bit::zeros(len, len >= vector.min_8bit_size());
             for (step, grad) in vector.grads(i).iter().enumerate() {
                 bnb_adam8bit_step(&config, step as u64 + 1, &mut param, grad, &mut m, &mut v)
                     .unwrap_or_else(|e| panic!("{e}"));
@@ -183,8 +184,8 @@ fn bitsandbytes_8bit_adam_and_adamw_trajectories_match_the_oracle() {
                 &vector.f64s(&format!("param_out.{i}")),
                 vector.tolerance(),
             );
-            assert_state(&vector, 1, i, &m);
-            assert_state(&vector, 2, i, &v);
+            assert_state(&vector, 1, i, &m.to_library());
+            assert_state(&vector, 2, i, &v.to_library());
         }
     }
 }
@@ -199,31 +200,31 @@ fn bitsandbytes_8bit_sgd_with_momentum_trajectory_matches_the_oracle() {
         weight_decay: vector.number("weight_decay"),
     };
     let mut param = vector.f64s("param.0");
-    let mut buffer = StoredState::zeros(param.len(), param.len() >= vector.min_8bit_size());
+    let mut buffer = State8bit::zeros(param.len(), param.len() >= vector.min_8bit_size());
     for (step, grad) in vector.grads(0).iter().enumerate() {
         bnb_sgd8bit_step(&config, step as u64 + 1, &mut param, grad, &mut buffer)
             .unwrap_or_else(|e| panic!("{e}"));
     }
     assert_close("param_out.0", &param, &vector.f64s("param_out.0"), vector.tolerance());
-    assert_state(&vector, 1, 0, &buffer);
+    assert_state(&vector, 1, 0, &buffer.to_library());
 }
 
 #[test]
 fn a_state_or_gradient_of_another_length_is_refused_and_nothing_changes() {
     let config = BnbAdam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 };
     let mut param = vec![0.5; 300];
-    let mut m = StoredState::zeros(300, true);
-    let mut short = StoredState::Q8 { codes: vec![0; 300], absmax: vec![0.0; 1] };
+    let mut m = State8bit::zeros(300, true);
+    let mut short = State8bit::Q8 { codes: vec![0; 300], absmax: vec![0.0; 1] };
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 300], &mut m, &mut short).unwrap_err();
     assert!(err.to_string().contains("absmax"), "{err}");
-    let mut v = StoredState::zeros(300, true);
+    let mut v = State8bit::zeros(300, true);
     let err = bnb_adam8bit_step(&config, 1, &mut param, &[0.1; 299], &mut m, &mut v).unwrap_err();
     assert!(err.to_string().contains("grad"), "{err}");
-    assert_eq!((param, m, v), (vec![0.5; 300], StoredState::zeros(300, true), StoredState::zeros(300, true)));
+    assert_eq!((param, m, v), (vec![0.5; 300], State8bit::zeros(300, true), State8bit::zeros(300, true)));
 
     let sgd = BnbSgd { lr: 0.01, momentum: 0.9, weight_decay: 0.0 };
     let mut param = vec![0.5; 10];
-    let mut buffer = StoredState::F32(vec![0.0; 9]);
+    let mut buffer = State8bit::F32(vec![0.0; 9]);
     let err = bnb_sgd8bit_step(&sgd, 1, &mut param, &[0.1; 10], &mut buffer).unwrap_err();
     assert!(err.to_string().contains("momentum_buffer"), "{err}");
     assert_eq!(param, vec![0.5; 10]);
@@ -390,7 +391,7 @@ fn clipped_initial() -> Vec<Vec<f64>> {
 /// `algorithms[t]`) stepped with the clipped gradients.
 struct ClippedOracle {
     params: Vec<Vec<f64>>,
-    states: Vec<Vec<StoredState>>,
+    states: Vec<Vec<State8bit>>,
 }
 
 impl ClippedOracle {
@@ -398,7 +399,7 @@ impl ClippedOracle {
         let states = CLIPPED_LENGTHS
             .iter()
             .zip(algorithms)
-            .map(|(&n, a)| a.state_kinds().iter().map(|_| StoredState::zeros(n, n >= 4096)).collect())
+            .map(|(&n, a)| a.state_kinds().iter().map(|_| State8bit::zeros(n, n >= 4096)).collect())
             .collect();
         ClippedOracle { params: clipped_initial(), states }
     }
@@ -406,9 +407,9 @@ impl ClippedOracle {
     /// Step `step` with `grads` clipped to `clip`; returns the norm before clipping.
     fn step(&mut self, algorithms: &[Algorithm], step: u64, grads: &[Vec<f64>], clip: &GradClip) -> f64 {
         let mut clipped = grads.to_vec();
-        let norm = wgpu_optim_testkit::oracle::clip_grad_norm(&mut clipped, clip);
+        let norm = wgpu_optim_testkit::oracle::clip_grad_norm(&mut clipped, &clip.to_oracle());
         for (t, g) in clipped.iter().enumerate() {
-            bnb_8bit_step(&algorithms[t], step, &mut self.params[t], g, &mut self.states[t])
+            bnb_8bit_step(&algorithms[t].to_oracle(), step, &mut self.params[t], g, &mut self.states[t])
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         norm
@@ -452,7 +453,7 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
                 let got =
                     opt.state(t, *kind).map(|s| s.and_then(|v| v.q8())).unwrap_or_else(|e| panic!("{e}"));
                 let got = got.unwrap_or_else(|| panic!("{what}: no {kind:?}"));
-                assert_state_follows(&format!("{what} {kind:?}"), &got, want);
+                assert_state_follows(&format!("{what} {kind:?}"), &got, &want.to_library());
             }
         }
     }
@@ -496,7 +497,7 @@ fn global_clipping_with_8bit_state_follows_the_oracles_clipped_trajectory_on_the
                         .state(t, *kind)
                         .and_then(|s| s.q8())
                         .unwrap_or_else(|| panic!("{what}: no {kind:?}"));
-                    assert_state_follows(&format!("{what} {kind:?}"), got, want);
+                    assert_state_follows(&format!("{what} {kind:?}"), got, &want.to_library());
                 }
             }
         }

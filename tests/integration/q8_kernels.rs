@@ -10,10 +10,11 @@
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::q8::{Q8States, StoredState};
 use wgpu_optim::{AdEMAMix, Adam, Algorithm, Lion, Optimizer, RmsProp, Sgd, StateKind, StateStorage};
-use wgpu_optim_testkit::oracle::bnb::{self, bnb_8bit_step};
+use wgpu_optim_testkit::oracle::bnb::{self, bnb_8bit_step, State8bit};
 use wgpu_optim_testkit::{assert_close, compare_codes, Tolerance};
 
 use crate::common;
+use wgpu_optim_testkit::oracle::{ToLibrary, ToOracle};
 
 /// Asserts that `state` is 8-bit with every absmax finite, and follows the oracle's `want`
 /// as the vectors' format compares 8-bit state.
@@ -117,19 +118,21 @@ fn cpu_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: 
 fn oracle_run(algorithm: Algorithm, config: Q8States, initial: &[Vec<f32>], steps: &Steps) -> Run {
     let mut params: Vec<Vec<f64>> =
         initial.iter().map(|p| p.iter().map(|&x| f64::from(x)).collect()).collect();
-    let mut states: Vec<Vec<StoredState>> = params
+    let mut states: Vec<Vec<State8bit>> = params
         .iter()
         .map(|p| {
             let quantized = config.quantizes(p.len() as u64);
-            algorithm.state_kinds().iter().map(|_| StoredState::zeros(p.len(), quantized)).collect()
+            algorithm.state_kinds().iter().map(|_| State8bit::zeros(p.len(), quantized)).collect()
         })
         .collect();
     for (k, grads) in steps.iter().enumerate() {
         for ((param, state), grad) in params.iter_mut().zip(&mut states).zip(grads) {
             let grad: Vec<f64> = grad.iter().map(|&g| f64::from(g)).collect();
-            bnb_8bit_step(&algorithm, k as u64 + 1, param, &grad, state).unwrap_or_else(|e| panic!("{e}"));
+            bnb_8bit_step(&algorithm.to_oracle(), k as u64 + 1, param, &grad, state)
+                .unwrap_or_else(|e| panic!("{e}"));
         }
     }
+    let states = states.iter().map(|s| s.iter().map(ToLibrary::to_library).collect()).collect();
     Run { params, states }
 }
 

@@ -14,7 +14,7 @@ use wgpu_optim::{
     StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::checkpoint::canonical;
-use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, ToOracle, TorchState};
 
 /// Around the GPU's workgroup size, with vector-loop tails, and one CPU conversion block
 /// and one element.
@@ -93,7 +93,8 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_gpu() {
         let params: Vec<Tensor> = want.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
         let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
         let mut optimizer = Optimizer::builder().build(&ctx, algorithm, &params).unwrap();
-        let mut oracles: Vec<TorchState> = SIZES.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            SIZES.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         for _ in 0..STEPS {
             for ((g, grad), (p, oracle)) in grads.iter().zip(&SIZES).zip(want.iter_mut().zip(&mut oracles)) {
                 let values = rng.vec(*grad, 1.0);
@@ -120,7 +121,8 @@ fn every_variant_follows_the_oracle_for_30_steps_on_the_cpu() {
         let mut want: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
         let mut params: Vec<HostTensor> = want.iter().map(|p| host(p, DType::F32)).collect();
         let mut optimizer = CpuOptimizer::builder().build(algorithm, &slices(&params)).unwrap();
-        let mut oracles: Vec<TorchState> = SIZES.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            SIZES.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         for _ in 0..STEPS {
             let g: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
@@ -206,7 +208,8 @@ fn gpu_steps(ctx: &GpuContext, algorithm: Algorithm, mix: Mix, steps: u64, seed:
                     "{k:?}"
                 );
             }
-            let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
+            let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                .storing(mix.param.to_oracle(), mix.state.to_oracle());
             oracle.step(&mut p, &g);
             let what = format!("GPU {algorithm:?} {mix:?} step {t} param[{i}]");
             assert_close(&what, &download(ctx, &params[i]), &p, Tolerance::stored(mix.param));
@@ -259,8 +262,8 @@ fn f16_and_bf16_storage_with_state_in_another_dtype_match_the_oracle_on_the_cpu(
                     .collect();
                 optimizer.step(&mut slices_mut(&mut params), &slices(&grads)).unwrap();
                 for (i, (mut p, state)) in before.into_iter().enumerate() {
-                    let mut oracle =
-                        TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
+                    let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                        .storing(mix.param.to_oracle(), mix.state.to_oracle());
                     oracle.step(&mut p, &grads[i].to_f64());
                     let what = format!("CPU {algorithm:?} {mix:?} step {t} param[{i}]");
                     assert_close(&what, &params[i].to_f64(), &p, Tolerance::stored(mix.param));
@@ -300,7 +303,8 @@ fn master_weights_update_f32_masters_and_write_the_model_copy() {
             DType::F32
         );
         let mut p = download(&ctx, &model);
-        let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
+        let mut oracle =
+            TorchState::new(algorithm.to_oracle(), n).storing(DType::F32.to_oracle(), DType::F32.to_oracle());
         let grad = ctx.zeros("grad", n as u64, DType::F32);
         for _ in 0..10 {
             let g = rng.vec(n, 1e-3);
@@ -310,7 +314,7 @@ fn master_weights_update_f32_masters_and_write_the_model_copy() {
         }
         let masters = download(&ctx, &master);
         assert_close(&format!("{dtype:?} masters"), &masters, &p, Tolerance::F32);
-        let rounded: Vec<f64> = masters.iter().map(|m| dtype.round(*m)).collect();
+        let rounded: Vec<f64> = masters.iter().map(|m| dtype.to_oracle().round(*m)).collect();
         assert_close(
             &format!("{dtype:?} model copy"),
             &download(&ctx, &model),
@@ -336,7 +340,7 @@ fn two_groups_with_different_hyperparameters_each_follow_their_own_oracle() {
         vec![ParamGroup::new(algorithms[0], &params[..2]), ParamGroup::new(algorithms[1], &params[2..])];
     let mut optimizer = Optimizer::builder().build_groups(&ctx, groups).unwrap();
     let mut oracles: Vec<TorchState> =
-        sizes.iter().zip(group_of).map(|(&n, g)| TorchState::new(algorithms[g], n)).collect();
+        sizes.iter().zip(group_of).map(|(&n, g)| TorchState::new(algorithms[g].to_oracle(), n)).collect();
     let grads: Vec<Tensor> = sizes.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
     for _ in 0..10 {
         for ((g, p), oracle) in grads.iter().zip(&mut want).zip(&mut oracles) {
@@ -382,12 +386,13 @@ fn capturable_mode_reads_the_learning_rate_from_the_device() {
         let grad = ctx.zeros("grad", n as u64, DType::F32);
         let options = Optimizer::builder().capturable(true);
         let mut optimizer = options.build(&ctx, algorithm, std::slice::from_ref(&param)).unwrap();
-        let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
+        let mut oracle =
+            TorchState::new(algorithm.to_oracle(), n).storing(DType::F32.to_oracle(), DType::F32.to_oracle());
         for step in 0..8u32 {
             // A schedule: the rate halves every other step, written to the device.
             let lr = 1e-2 / f64::from(1 << (step / 2));
             optimizer.set_lr(lr).unwrap();
-            oracle.set_algorithm(algorithm.with_lr(lr));
+            oracle.set_algorithm(algorithm.with_lr(lr).to_oracle());
             let g = rng.vec(n, 1.0);
             ctx.write(&grad, &g).unwrap();
             optimizer.step(std::slice::from_ref(&grad)).unwrap();
@@ -420,7 +425,8 @@ fn global_clipping_scales_every_gradient_as_clip_grad_norm_does_on_both_backends
         let mut cpu_params: Vec<HostTensor> = want.iter().map(|p| host(p, DType::F32)).collect();
         let mut gpu = Optimizer::builder().grad_clip(clip).build(&ctx, algorithm, &gpu_params).unwrap();
         let mut cpu = CpuOptimizer::builder().grad_clip(clip).build(algorithm, &slices(&cpu_params)).unwrap();
-        let mut oracles: Vec<TorchState> = sizes.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            sizes.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         for _ in 0..5 {
             let g: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, 2.0)).collect();
             let gpu_grads: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
@@ -428,7 +434,7 @@ fn global_clipping_scales_every_gradient_as_clip_grad_norm_does_on_both_backends
             let cpu_grads: Vec<HostTensor> = g.iter().map(|g| host(g, DType::F32)).collect();
             cpu.step(&mut slices_mut(&mut cpu_params), &slices(&cpu_grads)).unwrap();
             let mut clipped = g.clone();
-            let norm = clip_grad_norm(&mut clipped, &clip);
+            let norm = clip_grad_norm(&mut clipped, &clip.to_oracle());
             assert!(norm > 2.0 * clip.max_norm, "the case clips");
             for ((p, oracle), g) in want.iter_mut().zip(&mut oracles).zip(&clipped) {
                 oracle.step(p, g);
@@ -452,11 +458,12 @@ fn kahan_compensation_follows_the_oracle_where_nearest_rounding_stalls() {
     let algorithm: Algorithm = RmsProp { lr: 1e-4, momentum: 0.5, ..RmsProp::default() }.into();
     let mut rng = Rng::new(34);
     // In [1, 2): a bf16 ulp is 2^-7; each step moves a parameter by about 1e-4 to 2e-4.
-    let start: Vec<f64> = (0..n).map(|_| DType::BF16.round(1.5 + 0.25 * rng.uniform())).collect();
+    let start: Vec<f64> = (0..n).map(|_| DType::BF16.to_oracle().round(1.5 + 0.25 * rng.uniform())).collect();
     let grads: Vec<Vec<f64>> =
         (0..steps).map(|_| rng.vec(n, 1.0).iter().map(|g| 0.5 + g.abs()).collect()).collect();
     let mut exact = start.clone();
-    let mut oracle = TorchState::new(algorithm, n).storing(DType::F32, DType::F32);
+    let mut oracle =
+        TorchState::new(algorithm.to_oracle(), n).storing(DType::F32.to_oracle(), DType::F32.to_oracle());
     for g in &grads {
         oracle.step(&mut exact, g);
     }
@@ -501,7 +508,7 @@ fn kahan_compensation_follows_the_oracle_where_nearest_rounding_stalls() {
 fn assert_neighbours(what: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(DType::BF16.round(*g), *g, "{what}[{i}] is not a bf16 value");
+        assert_eq!(DType::BF16.to_oracle().round(*g), *g, "{what}[{i}] is not a bf16 value");
         let spacing = 2f64.powi(w.abs().max(1e-30).log2().floor() as i32 - 7);
         assert!(
             (g - w).abs() <= spacing * (1.0 + 1e-4) + 1e-6 * w.abs() + 1e-12,
@@ -539,7 +546,8 @@ fn stochastic_rounding_stores_a_neighbour_of_the_oracles_value_and_the_same_bits
         ctx.write(&grad, &g).unwrap();
         gpu.step(std::slice::from_ref(&grad)).unwrap();
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&[host(&g, DType::F32)])).unwrap();
-        let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(DType::F64, DType::F64);
+        let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+            .storing(DType::F64.to_oracle(), DType::F64.to_oracle());
         oracle.step(&mut p, &g);
         let what = format!("step {t}");
         let got = download(&ctx, &param);
@@ -571,7 +579,8 @@ fn a_gpu_checkpoint_continues_on_the_cpu_and_a_cpu_checkpoint_on_the_gpu() {
         let params: Vec<Tensor> = want.iter().map(|v| ctx.upload("param", v, DType::F32)).collect();
         let options = Optimizer::builder().param_shapes(shapes.clone());
         let mut gpu = options.build(&ctx, algorithm, &params).unwrap();
-        let mut oracles: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            lens.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         let step = |gpu: &mut Optimizer, rng: &mut Rng| {
             let g: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
             let grads: Vec<Tensor> = g.iter().map(|g| ctx.upload("grad", g, DType::F32)).collect();
@@ -734,7 +743,7 @@ fn pytorchs_constructor_refusals_are_typed_errors_that_change_nothing() {
 mod q8 {
     use super::*;
     use wgpu_optim::q8::{Q8States, StoredState};
-    use wgpu_optim_testkit::oracle::bnb_8bit_step;
+    use wgpu_optim_testkit::oracle::{bnb_8bit_step, State8bit, ToLibrary};
 
     /// Two 8-bit tensors (one of whole blocks, one with a partial last block) and one below
     /// `min_8bit_size`.
@@ -783,18 +792,18 @@ mod q8 {
     /// The oracle's run: bitsandbytes' kernels on fresh state (all-zero codes, absmax 0).
     struct Oracle {
         params: Vec<Vec<f64>>,
-        states: Vec<StoredState>,
+        states: Vec<State8bit>,
     }
 
     impl Oracle {
         fn new(params: &[Vec<f64>]) -> Self {
-            let states = LENGTHS.iter().map(|&n| StoredState::zeros(n, n >= 4096)).collect();
+            let states = LENGTHS.iter().map(|&n| State8bit::zeros(n, n >= 4096)).collect();
             Oracle { params: params.to_vec(), states }
         }
 
         fn step(&mut self, algorithm: &Algorithm, step: u64, grads: &[Vec<f64>]) {
             for ((p, g), s) in self.params.iter_mut().zip(grads).zip(&mut self.states) {
-                bnb_8bit_step(algorithm, step, p, g, std::slice::from_mut(s))
+                bnb_8bit_step(&algorithm.to_oracle(), step, p, g, std::slice::from_mut(s))
                     .unwrap_or_else(|e| panic!("{e}"));
             }
         }
@@ -823,7 +832,7 @@ mod q8 {
                         .map(|s| s.and_then(|v| v.q8()))
                         .unwrap()
                         .expect("square_avg");
-                    assert_state_follows(&format!("{what} square_avg"), &got, &oracle.states[i]);
+                    assert_state_follows(&format!("{what} square_avg"), &got, &oracle.states[i].to_library());
                 }
             }
         }
@@ -848,7 +857,7 @@ mod q8 {
                     assert_params_follow(&what, &param.to_f64(), &oracle.params[i], &algorithm, k + 1);
                     let got =
                         optimizer.state(i, StateKind::SquareAvg).and_then(|s| s.q8()).expect("square_avg");
-                    assert_state_follows(&format!("{what} square_avg"), got, &oracle.states[i]);
+                    assert_state_follows(&format!("{what} square_avg"), got, &oracle.states[i].to_library());
                 }
             }
         }

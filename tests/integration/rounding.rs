@@ -8,7 +8,7 @@ use crate::common;
 use common::{ctx, Rng};
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{DType, Error, GpuContext, Optimizer, OptimizerBuilder, Rounding, Sgd, StateKind, Tensor};
-use wgpu_optim_testkit::oracle::Storage;
+use wgpu_optim_testkit::oracle::{Storage, ToOracle};
 
 fn options(rounding: Rounding) -> OptimizerBuilder {
     Optimizer::builder().rounding(rounding)
@@ -70,7 +70,7 @@ fn stochastic_rounding_is_unbiased_on_the_gpu_and_the_cpu() {
     let sgd = Sgd { lr: 1.0, ..Sgd::default() };
     for (dtype, start, gradient) in UNBIASED_CASES {
         let exact = f64::from((start - gradient) as f32);
-        let nearest = dtype.round(exact);
+        let nearest = dtype.to_oracle().round(exact);
         let rounding = Rounding::Stochastic { seed: 42, state: false };
 
         let param = ctx.upload("p", &vec![start; n], dtype);
@@ -365,8 +365,11 @@ struct Data {
 fn data(dtype: DType, steps: usize) -> Data {
     let layout = Layout::new();
     let mut rng = Rng::new(11);
-    let params =
-        layout.lens.iter().map(|n| rng.vec(*n, 1.0).iter().map(|v| dtype.round(*v)).collect()).collect();
+    let params = layout
+        .lens
+        .iter()
+        .map(|n| rng.vec(*n, 1.0).iter().map(|v| dtype.to_oracle().round(*v)).collect())
+        .collect();
     let grads = (0..steps).map(|_| layout.lens.iter().map(|n| rng.vec(*n, 1.0)).collect()).collect();
     Data { layout, params, grads }
 }
@@ -420,7 +423,7 @@ fn kahan_compensation_tracks_the_f32_run_where_nearest_rounding_stalls() {
     let steps = 2000;
     let sgd = Sgd { lr: 1.0 / 1024.0, ..Sgd::default() };
     let mut rng = Rng::new(5);
-    let start: Vec<f64> = (0..n).map(|_| DType::BF16.round(1.0 + rng.uniform().abs())).collect();
+    let start: Vec<f64> = (0..n).map(|_| DType::BF16.to_oracle().round(1.0 + rng.uniform().abs())).collect();
     let gradient: Vec<f64> = rng.vec(n, 0.5);
     let g = host(&gradient, DType::F32);
     let run = |dtype: DType, rounding: Rounding| {

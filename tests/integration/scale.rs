@@ -8,7 +8,7 @@ mod shapes;
 
 use common::{assert_close, ctx, download, to_f32, Rng, Tolerance};
 use wgpu_optim::{Adam, Algorithm, DType, Optimizer, ParamGroup, Sgd, StateKind, Tensor};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 #[test]
 fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
@@ -52,7 +52,7 @@ fn a_tensor_larger_than_a_storage_binding_is_updated_in_chunks() {
     let p0: Vec<f64> = sample.iter().map(|&i| f64::from(param_values[i])).collect();
     let g: Vec<f64> = sample.iter().map(|&i| f64::from(grad_values[i])).collect();
     let mut p = p0.clone();
-    let mut state = TorchState::new(algorithm, p.len());
+    let mut state = TorchState::new(algorithm.to_oracle(), p.len());
     state.step(&mut p, &g);
     state.step(&mut p, &g);
     let got_p: Vec<f64> = sample.iter().map(|&i| f64::from(got[i])).collect();
@@ -106,7 +106,7 @@ fn a_148_tensor_model_steps_in_one_pass_and_creates_nothing_per_step() {
     ctx.queue().submit([encoder.finish()]);
 
     let mut reference: Vec<(Vec<f64>, TorchState)> =
-        initial.into_iter().map(|p| (p.clone(), TorchState::new(algorithm, p.len()))).collect();
+        initial.into_iter().map(|p| (p.clone(), TorchState::new(algorithm.to_oracle(), p.len()))).collect();
     for _ in 0..10 {
         for ((p, s), g) in reference.iter_mut().zip(&grads_values) {
             s.step(p, g);
@@ -151,7 +151,7 @@ fn more_tensors_than_one_table_holds_each_find_their_workgroups() {
     let got = download(&ctx, &flat);
     for (t, (&start, &n)) in starts.iter().zip(&sizes).enumerate() {
         let mut want = initial[start..start + n].to_vec();
-        let mut state = TorchState::new(algorithm, n);
+        let mut state = TorchState::new(algorithm.to_oracle(), n);
         for _ in 0..2 {
             state.step(&mut want, &grad_values[start..start + n]);
         }
@@ -176,9 +176,9 @@ fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
     assert_eq!(optimizer.group_count(), 2);
     assert_eq!(optimizer.group_params(1).unwrap().len(), 2);
     let mut reference: Vec<(Vec<f64>, TorchState)> =
-        initial.iter().map(|p| (p.clone(), TorchState::new(decayed.into(), p.len()))).collect();
+        initial.iter().map(|p| (p.clone(), TorchState::new(decayed.to_oracle().into(), p.len()))).collect();
     for (p, s) in reference.iter_mut().skip(1) {
-        *s = TorchState::new(undecayed.into(), p.len());
+        *s = TorchState::new(undecayed.to_oracle().into(), p.len());
     }
     let mut compiled = None;
     for t in 0..20 {
@@ -193,7 +193,7 @@ fn parameter_groups_follow_their_own_schedules_without_new_pipelines() {
         optimizer.set_group_algorithm(0, first).unwrap();
         optimizer.set_group_algorithm(1, second).unwrap();
         for (k, (p, s)) in reference.iter_mut().enumerate() {
-            s.set_algorithm(if k == 0 { first } else { second }.into());
+            s.set_algorithm(if k == 0 { first } else { second }.to_oracle().into());
             let g = rng.vec(p.len(), 1.0);
             ctx.write(&grads[k], &g).unwrap();
             s.step(p, &g);

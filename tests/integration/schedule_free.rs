@@ -10,7 +10,7 @@ use wgpu_optim::{
     Adam, Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, ScheduleFreeAdamW,
     ScheduleFreeMode, ScheduleFreeScalars, StateKind, StateStorage, Tensor,
 };
-use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, Storage};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, Storage, ToOracle};
 
 const KINDS: [StateKind; 2] = [StateKind::Z, StateKind::ExpAvgSq];
 
@@ -176,7 +176,7 @@ fn resume(
     g: usize,
 ) -> ScheduleFreeOracle {
     let scalars = backend.scalars(g);
-    let mut oracle = ScheduleFreeOracle::new(config, count);
+    let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), count);
     oracle.k = scalars.k;
     oracle.weight_sum = scalars.weight_sum;
     oracle.lr_max = scalars.lr_max;
@@ -245,7 +245,7 @@ fn check_step_by_step(what: &str, backend: &mut dyn Backend, plan: &Plan<'_>) {
             .iter()
             .enumerate()
             .map(|(g, (c, count))| {
-                let o = resume(backend, *c, first, *count, g).storing(param, state);
+                let o = resume(backend, *c, first, *count, g).storing(param.to_oracle(), state.to_oracle());
                 first += count;
                 o
             })
@@ -257,7 +257,7 @@ fn check_step_by_step(what: &str, backend: &mut dyn Backend, plan: &Plan<'_>) {
         let mut params = backend.params();
         let mut clipped = grads.clone();
         if let Some(clip) = &clip {
-            clip_grad_norm(&mut clipped, clip);
+            clip_grad_norm(&mut clipped, &clip.to_oracle());
         }
         backend.step(&grads).unwrap();
         let mut first = 0;
@@ -303,7 +303,7 @@ fn f32_trajectory_eval_and_train_match_the_oracle_on_gpu_and_cpu() {
     let start = initial(&mut rng, &LENGTHS);
     let grads: Vec<Vec<Vec<f64>>> = (0..8).map(|_| initial(&mut rng, &LENGTHS)).collect();
     // The oracle from the start, never resumed: the whole trajectory within f32's tolerance.
-    let mut oracle = ScheduleFreeOracle::new(config, LENGTHS.len());
+    let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), LENGTHS.len());
     let mut y = start.clone();
     for g in &grads {
         oracle.step(&mut y, g);
@@ -479,15 +479,15 @@ fn master_weights_step_and_swap_the_f32_masters_and_write_the_model_copies() {
         let ctx = ctx();
         let start: Vec<Vec<f64>> = initial(&mut rng, &LENGTHS)
             .into_iter()
-            .map(|v| v.into_iter().map(|x| dtype.round(x)).collect())
+            .map(|v| v.into_iter().map(|x| dtype.to_oracle().round(x)).collect())
             .collect();
         let options = Optimizer::builder().master_weights(true);
         let mut gpu = Gpu::with(&ctx, &[(config, start.clone())], dtype, options);
         let models = gpu.optimizer.model_copies().to_vec();
         let rounded = |values: &[Vec<f64>]| -> Vec<Vec<f64>> {
-            values.iter().map(|v| v.iter().map(|x| dtype.round(*x)).collect()).collect()
+            values.iter().map(|v| v.iter().map(|x| dtype.to_oracle().round(*x)).collect()).collect()
         };
-        let mut oracle = ScheduleFreeOracle::new(config, LENGTHS.len());
+        let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), LENGTHS.len());
         let mut y = start.clone();
         for _ in 0..4 {
             let g = initial(&mut rng, &LENGTHS);
@@ -742,10 +742,11 @@ fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() 
         let mut rng = Rng::new(13);
         let start: Vec<Vec<f64>> = initial(&mut rng, &LENGTHS)
             .into_iter()
-            .map(|v| v.into_iter().map(|x| DType::BF16.round(x)).collect())
+            .map(|v| v.into_iter().map(|x| DType::BF16.to_oracle().round(x)).collect())
             .collect();
         let grads: Vec<Vec<Vec<f64>>> = (0..4).map(|_| initial(&mut rng, &LENGTHS)).collect();
-        let mut oracle = ScheduleFreeOracle::new(config, LENGTHS.len()).storing(DType::F32, DType::F32);
+        let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), LENGTHS.len())
+            .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
         let mut y = start.clone();
         for g in &grads {
             oracle.step(&mut y, g);
@@ -766,7 +767,8 @@ fn kahan_and_stochastic_rounding_keep_bf16_parameters_near_the_f32_trajectory() 
             for g in &grads {
                 backend.step(g).unwrap();
             }
-            let rounded = |v: &[f64]| -> Vec<f64> { v.iter().map(|e| DType::BF16.round(*e)).collect() };
+            let rounded =
+                |v: &[f64]| -> Vec<f64> { v.iter().map(|e| DType::BF16.to_oracle().round(*e)).collect() };
             for (phase, want) in [("step", &y), ("eval", &x), ("train", &y)] {
                 match phase {
                     "eval" => backend.eval().unwrap(),

@@ -8,7 +8,7 @@ use crate::common;
 use common::{assert_close, assert_tensor, ctx, to_f32, Rng, Tolerance};
 use wgpu_optim::ops::{self, Update};
 use wgpu_optim::{Adam, Algorithm, DType, Error, GpuContext, Optimizer, Sgd, StateKind, Tensor};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 const SIZES: [usize; 5] = [1, 255, 256, 257, 100_003];
 const STEPS: usize = 30;
@@ -27,7 +27,7 @@ impl Reference {
     fn new(algorithm: Algorithm, params: &[Vec<f64>]) -> Self {
         Reference {
             params: params.to_vec(),
-            states: params.iter().map(|p| TorchState::new(algorithm, p.len())).collect(),
+            states: params.iter().map(|p| TorchState::new(algorithm.to_oracle(), p.len())).collect(),
         }
     }
 
@@ -235,7 +235,7 @@ fn a_thousand_steps_recorded_into_one_encoder_match_the_oracle() {
         if step == 500 {
             config.lr = 2e-3;
             optimizer.set_lr(config.lr).unwrap();
-            reference.states[0].set_algorithm(config.into());
+            reference.states[0].set_algorithm(config.to_oracle().into());
         }
         optimizer.record_step(&mut encoder, &grads).unwrap();
         reference.step(&g);
@@ -267,7 +267,7 @@ fn a_learning_rate_schedule_changes_no_pipeline() {
         write(&ctx, &grads[0], &g[0]);
         config.lr = 1e-3 * (1.0 + k as f64);
         optimizer.set_lr(config.lr).unwrap();
-        reference.states[0].set_algorithm(config.into());
+        reference.states[0].set_algorithm(config.to_oracle().into());
         optimizer.step(&grads).unwrap();
         reference.step(&g);
     }

@@ -16,7 +16,7 @@ use wgpu_optim::{
     QuantizedState, Rounding, Sgd, StateKind, StateStorage, Tensor,
 };
 use wgpu_optim_testkit::compare::{assert_close, Tolerance};
-use wgpu_optim_testkit::oracle::{self, clip_grad_norm, Storage, TorchState};
+use wgpu_optim_testkit::oracle::{self, clip_grad_norm, Storage, ToLibrary, ToOracle, TorchState};
 
 wasm_bindgen_test_configure!(run_in_browser);
 
@@ -125,7 +125,8 @@ async fn check_in_place(
         }
         optimizer.step(&grads).unwrap();
         for (i, (mut p, state, g)) in before.into_iter().enumerate() {
-            let mut oracle = TorchState::resume(algorithm, t - 1, &state).storing(pd, sd);
+            let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                .storing(pd.to_oracle(), sd.to_oracle());
             oracle.step(&mut p, &g);
             let what = format!("{algorithm:?} {pd:?}/{gd:?}/{sd:?} step {t} param[{i}]");
             assert_close(&what, &download(ctx, &params[i]).await, &p, Tolerance::stored(pd));
@@ -214,10 +215,11 @@ async fn every_algorithm_and_dtype_matches_the_oracle_out_of_place() {
                     param_copy: None,
                 };
                 ctx.submit("update", |e| ops::update(&ctx, e, &algorithm, 1, &[update])).unwrap();
-                let mut want = dtype.decode(&dtype.encode(&p));
+                let mut want = dtype.to_oracle().decode(&dtype.to_oracle().encode(&p));
                 let states: Vec<Vec<f64>> = kinds.iter().map(|_| vec![init; n]).collect();
-                let mut oracle = TorchState::resume(algorithm, 0, &states).storing(dtype, dtype);
-                oracle.step(&mut want, &dtype.decode(&dtype.encode(&g)));
+                let mut oracle = TorchState::resume(algorithm.to_oracle(), 0, &states)
+                    .storing(dtype.to_oracle(), dtype.to_oracle());
+                oracle.step(&mut want, &dtype.to_oracle().decode(&dtype.to_oracle().encode(&g)));
                 let what = format!("{algorithm:?} {dtype:?} packed {packed} out of place");
                 assert_close(&what, &download(&ctx, &param_out).await, &want, Tolerance::stored(dtype));
                 for (k, want) in oracle.tensors().iter().enumerate() {
@@ -281,7 +283,8 @@ async fn aliasing_exact_is_allowed_partial_is_refused_and_changes_nothing() {
     let io = Update::in_place(&param, &grad, &state);
     ctx.submit("in place", |e| ops::update(&ctx, e, &adam, 1, &[io])).unwrap();
     let mut want = p.clone();
-    let mut oracle = TorchState::new(adam, n).storing(DType::F32, DType::F32);
+    let mut oracle =
+        TorchState::new(adam.to_oracle(), n).storing(DType::F32.to_oracle(), DType::F32.to_oracle());
     oracle.step(&mut want, &g);
     assert_close("in place", &download(&ctx, &param).await, &want, Tolerance::F32);
 }
@@ -299,7 +302,7 @@ async fn groups_step_with_their_own_algorithms() {
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
     let groups = vec![ParamGroup::new(a, &params[..1]), ParamGroup::new(b, &params[1..])];
     let mut optimizer = Optimizer::builder().build_groups(&ctx, groups).unwrap();
-    let mut oracles = [TorchState::new(a, lens[0]), TorchState::new(b, lens[1])];
+    let mut oracles = [TorchState::new(a.to_oracle(), lens[0]), TorchState::new(b.to_oracle(), lens[1])];
     let mut want = values.clone();
     for _ in 0..4 {
         for i in 0..2 {
@@ -366,10 +369,11 @@ async fn capturable_amp_skips_a_non_finite_step_and_changes_nothing() {
             state
                 .push(download(&ctx, optimizer.state(0, *k).unwrap().and_then(|s| s.dense()).unwrap()).await);
         }
-        let mut oracle = TorchState::resume(algorithm, 1, &state).storing(dtype, dtype);
-        let g = dtype.decode(&dtype.encode(&rng.vec(n, 1.0)));
+        let mut oracle = TorchState::resume(algorithm.to_oracle(), 1, &state)
+            .storing(dtype.to_oracle(), dtype.to_oracle());
+        let g = dtype.to_oracle().decode(&dtype.to_oracle().encode(&rng.vec(n, 1.0)));
         step(&mut optimizer, &g);
-        oracle.step(&mut p, &g.iter().map(|x| dtype.round(x * 0.5)).collect::<Vec<_>>());
+        oracle.step(&mut p, &g.iter().map(|x| dtype.to_oracle().round(x * 0.5)).collect::<Vec<_>>());
         assert!(!optimizer.read_found_inf_async().await.unwrap());
         assert_eq!(optimizer.read_device_step_async().await.unwrap(), 2, "{dtype:?}");
         assert_close(
@@ -396,14 +400,15 @@ async fn clipping_matches_the_oracle_and_reports_the_norm() {
         let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
         let options = Optimizer::builder().grad_clip(clip);
         let mut optimizer = options.build(&ctx, algorithm, &params).unwrap();
-        let mut oracles: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+        let mut oracles: Vec<TorchState> =
+            lens.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
         for _ in 0..3 {
             let mut g: Vec<Vec<f64>> = lens.iter().map(|&n| rng.vec(n, 1.0)).collect();
             for (t, g) in grads.iter().zip(&g) {
                 ctx.write_async(t, g).await.unwrap();
             }
             optimizer.step(&grads).unwrap();
-            let want_norm = clip_grad_norm(&mut g, &clip);
+            let want_norm = clip_grad_norm(&mut g, &clip.to_oracle());
             let norm = optimizer.grad_norm_async().await.unwrap();
             assert!(
                 (norm - want_norm).abs() <= 1e-5 * want_norm,
@@ -433,7 +438,7 @@ async fn stochastic_rounding_is_unbiased_and_reproducible() {
     let sgd = Sgd { lr: 1.0, ..Sgd::default() };
     for (dtype, start, gradient) in [(DType::BF16, 1.0, -0.001), (DType::F16, 1.0, -0.0003)] {
         let exact = f64::from((start - gradient) as f32);
-        let nearest = dtype.round(exact);
+        let nearest = dtype.to_oracle().round(exact);
         let run = |seed: u64| {
             let ctx = ctx.clone();
             async move {
@@ -468,10 +473,10 @@ async fn kahan_compensation_tracks_the_exact_run_where_nearest_stalls() {
     let (n, steps) = (256, 2000);
     let sgd = Sgd { lr: 1.0 / 1024.0, ..Sgd::default() };
     let mut rng = Rng(5);
-    let start: Vec<f64> = (0..n).map(|_| DType::BF16.round(1.0 + rng.uniform().abs())).collect();
+    let start: Vec<f64> = (0..n).map(|_| DType::BF16.to_oracle().round(1.0 + rng.uniform().abs())).collect();
     let gradient = rng.vec(n, 0.5);
     let mut exact = start.clone();
-    let mut oracle = TorchState::new(sgd.into(), n);
+    let mut oracle = TorchState::new(sgd.to_oracle().into(), n);
     for _ in 0..steps {
         oracle.step(&mut exact, &gradient);
     }
@@ -507,11 +512,11 @@ async fn q8_adam_matches_the_bitsandbytes_oracle() {
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
     let options = Optimizer::builder().state_storage(StateStorage::Q8(config));
     let mut optimizer = options.build(&ctx, adam, &params).unwrap();
-    let mut states: Vec<[StoredState; 2]> = lens
+    let mut states: Vec<[oracle::State8bit; 2]> = lens
         .iter()
         .map(|&n| {
             let q = config.quantizes(n as u64);
-            [StoredState::zeros(n, q), StoredState::zeros(n, q)]
+            [oracle::State8bit::zeros(n, q), oracle::State8bit::zeros(n, q)]
         })
         .collect();
     let bnb = oracle::BnbAdam {
@@ -544,7 +549,7 @@ async fn q8_adam_matches_the_bitsandbytes_oracle() {
                 .map(|s| s.and_then(|v| v.q8()))
                 .unwrap()
                 .expect("a state");
-            match (&got, &states[i][k]) {
+            match (&got, &states[i][k].to_library()) {
                 (StoredState::Q8 { codes, absmax }, StoredState::Q8 { codes: want, absmax: want_absmax }) => {
                     let far = codes.iter().zip(want).filter(|(a, b)| a.abs_diff(**b) > 1).count();
                     let off = codes.iter().zip(want).filter(|(a, b)| a != b).count();
@@ -719,7 +724,8 @@ async fn master_weights_over_an_f16_model_match_the_oracle() {
     let mut optimizer =
         Optimizer::builder().master_weights(true).build_async(&ctx, algorithm, &model).await.unwrap();
     let grads: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("g", n as u64, DType::F32)).collect();
-    let mut oracles: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut oracles: Vec<TorchState> =
+        lens.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for _ in 0..3 {
         for i in 0..lens.len() {
             let g = rng.vec(lens[i], 1.0);
@@ -733,7 +739,7 @@ async fn master_weights_over_an_f16_model_match_the_oracle() {
         assert_close(&format!("master {i}"), &master, &want[i], Tolerance::F32);
         // Within an ulp of the master rounded once (Tint's f32-to-f16 conversion may round
         // a value next to a halfway point the other way, as the native tests allow).
-        let rounded: Vec<f64> = master.iter().map(|v| DType::F16.round(*v)).collect();
+        let rounded: Vec<f64> = master.iter().map(|v| DType::F16.to_oracle().round(*v)).collect();
         let copy = download(&ctx, &model[i]).await;
         assert_close(&format!("model copy {i}"), &copy, &rounded, Tolerance::stored(DType::F16));
     }

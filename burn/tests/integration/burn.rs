@@ -14,7 +14,7 @@ use wgpu_optim::{
     Adam, Algorithm, BurnFailure, Error, GradClip, ScheduleFreeAdamW, ScheduleFreeMode, Sgd, StateStorage,
 };
 use wgpu_optim_burn::{adam_from_config, FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, TorchState};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, ToOracle, TorchState};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -72,11 +72,12 @@ fn oracle(
     clip: Option<&GradClip>,
 ) -> Vec<Vec<f64>> {
     let mut params = initial.to_vec();
-    let mut states: Vec<TorchState> = params.iter().map(|p| TorchState::new(algorithm, p.len())).collect();
+    let mut states: Vec<TorchState> =
+        params.iter().map(|p| TorchState::new(algorithm.to_oracle(), p.len())).collect();
     for step in grads {
         let mut step = step.clone();
         if let Some(clip) = clip {
-            clip_grad_norm(&mut step, clip);
+            clip_grad_norm(&mut step, &clip.to_oracle());
         }
         for ((p, g), s) in params.iter_mut().zip(&step).zip(&mut states) {
             s.step(p, g);
@@ -837,7 +838,7 @@ fn schedule_free() -> Algorithm {
 
 fn schedule_free_oracle(count: usize) -> ScheduleFreeOracle {
     match schedule_free() {
-        Algorithm::ScheduleFreeAdamW(config) => ScheduleFreeOracle::new(config, count),
+        Algorithm::ScheduleFreeAdamW(config) => ScheduleFreeOracle::new(config.to_oracle(), count),
         other => unreachable!("{other:?}"),
     }
 }

@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use common::{assert_close, Rng, Tolerance};
 use wgpu_optim::{Adafactor, Adam, Algorithm, DType, Error, Muon, NsPrecision, StateKind};
 use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim_testkit::oracle::{muon_step, AdafactorOracle, TorchState};
+use wgpu_optim_testkit::oracle::{muon_step, AdafactorOracle, ToOracle, TorchState};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -99,11 +99,12 @@ fn adafactor() -> Adafactor {
 fn muon_oracle(initial: &[Vec<f64>], grads: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
     let mut params = initial.to_vec();
     let mut buffers: Vec<Vec<f64>> = lens().iter().map(|&n| vec![0.0; n]).collect();
-    let mut adam: Vec<TorchState> = lens().iter().map(|&n| TorchState::new(adamw().into(), n)).collect();
+    let mut adam: Vec<TorchState> =
+        lens().iter().map(|&n| TorchState::new(adamw().to_oracle().into(), n)).collect();
     for step in grads {
         for (i, shape) in SHAPES.iter().enumerate() {
             if let [rows, cols] = shape {
-                muon_step(&muon(), &mut params[i], &step[i], &mut buffers[i], *rows, *cols);
+                muon_step(&muon().to_oracle(), &mut params[i], &step[i], &mut buffers[i], *rows, *cols);
             } else {
                 adam[i].step(&mut params[i], &step[i]);
             }
@@ -114,7 +115,7 @@ fn muon_oracle(initial: &[Vec<f64>], grads: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
 
 fn adafactor_oracle(initial: &[Vec<f64>], grads: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
     let shapes = SHAPES.iter().map(|s| s.to_vec()).collect();
-    let mut oracle = AdafactorOracle::new(adafactor(), shapes, DType::F32);
+    let mut oracle = AdafactorOracle::new(adafactor().to_oracle(), shapes, DType::F32.to_oracle());
     let mut params = initial.to_vec();
     for step in grads {
         oracle.step(&mut params, step);

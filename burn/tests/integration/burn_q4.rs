@@ -10,7 +10,7 @@ use burn_pack::Reader;
 use wgpu_optim::q4::{map_for, Q4State, Q4States};
 use wgpu_optim::{Adam, BurnFailure, Error, StateKind, StateStorage};
 use wgpu_optim_burn::{ModuleStep, SharedDevice};
-use wgpu_optim_testkit::oracle::ao4;
+use wgpu_optim_testkit::oracle::{ao4, State4bit, ToLibrary, ToOracle};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -82,7 +82,7 @@ fn grads(steps: usize) -> Vec<Vec<Vec<f32>>> {
 /// where `with[t]` names it, each counting its own steps.
 fn oracle(initial: &[Vec<f32>], grads: &[Vec<Vec<f32>>], with: &[&[usize]]) -> Vec<(Vec<f64>, [Q4State; 2])> {
     let config = Q4States::default();
-    let mut runs: Vec<(Vec<f64>, [Q4State; 2], u64)> = initial
+    let mut runs: Vec<(Vec<f64>, [State4bit; 2], u64)> = initial
         .iter()
         .map(|p| {
             let zeros = || ao4::zeros(p.len(), config.block_size, config.min_size as usize);
@@ -94,11 +94,11 @@ fn oracle(initial: &[Vec<f32>], grads: &[Vec<Vec<f32>>], with: &[&[usize]]) -> V
             let (param, [m, v], t) = &mut runs[i];
             *t += 1;
             let g: Vec<f64> = step[i].iter().map(|&v| f64::from(v)).collect();
-            ao4::ao4_adam_step(&adamw(), *t, config.block_size, param, &g, m, v)
+            ao4::ao4_adam_step(&adamw().to_oracle(), *t, config.block_size, param, &g, m, v)
                 .unwrap_or_else(|e| panic!("{e}"));
         }
     }
-    runs.into_iter().map(|(p, s, _)| (p, s)).collect()
+    runs.into_iter().map(|(p, [m, v], _)| (p, [m.to_library(), v.to_library()])).collect()
 }
 
 /// `got` within 1e-5 relative (+1e-6) of `want`.

@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use wgpu_optim::{Adan, Adopt, Algorithm, Lion};
 use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim_testkit::oracle::TorchState;
+use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
 use crate::common::{assert_close, Rng, Tolerance};
 
@@ -58,7 +58,8 @@ pub fn the_fused_optimizer_and_the_module_step_follow_the_oracle(
     let grads: Vec<Vec<Vec<f64>>> =
         (0..steps).map(|_| lens.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
     let mut want = initial.clone();
-    let mut states: Vec<TorchState> = lens.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut states: Vec<TorchState> =
+        lens.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for step in &grads {
         for ((p, g), s) in want.iter_mut().zip(step).zip(&mut states) {
             s.step(p, g);

@@ -10,7 +10,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use common::{assert_close, Rng, Tolerance};
 use wgpu_optim::{Algorithm, DType, Lamb};
 use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
-use wgpu_optim_testkit::oracle::LambOracle;
+use wgpu_optim_testkit::oracle::{LambOracle, ToOracle};
 
 fn shared() -> SharedDevice {
     SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
@@ -67,7 +67,8 @@ fn data() -> (Vec<Vec<f64>>, Vec<Vec<Vec<f64>>>) {
 }
 
 fn oracle(initial: &[Vec<f64>], grads: &[Vec<Vec<f64>>]) -> Vec<Vec<f64>> {
-    let mut oracle = LambOracle::new(config(), initial.len()).storing(DType::F32, DType::F32);
+    let mut oracle = LambOracle::new(config().to_oracle(), initial.len())
+        .storing(DType::F32.to_oracle(), DType::F32.to_oracle());
     let mut params = initial.to_vec();
     for g in grads {
         oracle.step(&mut params, g);

@@ -303,3 +303,15 @@ impl crate::algo::FamilyConfig for Adafactor {
         true
     }
 }
+
+/// The oracle's copy (`Adafactor` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Adafactor {
+    type Oracle = wgpu_optim_oracle::Adafactor;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Adafactor { lr, beta2_decay, eps1, eps2, d, weight_decay, maximize } = *self;
+        wgpu_optim_oracle::Adafactor { lr, beta2_decay, eps1, eps2, d, weight_decay, maximize }
+    }
+}

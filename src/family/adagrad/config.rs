@@ -128,3 +128,27 @@ impl crate::algo::FamilyConfig for Adagrad {
         self.initial_accumulator_value
     }
 }
+
+/// The oracle's copy (`Adagrad` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Adagrad {
+    type Oracle = wgpu_optim_oracle::Adagrad;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Adagrad { lr, lr_decay, weight_decay, initial_accumulator_value, eps, maximize } = *self;
+        wgpu_optim_oracle::Adagrad { lr, lr_decay, weight_decay, initial_accumulator_value, eps, maximize }
+    }
+}
+
+/// The oracle's copy (`OnnxAdagrad` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for OnnxAdagrad {
+    type Oracle = wgpu_optim_oracle::OnnxAdagrad;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let OnnxAdagrad { decay_factor, epsilon, norm_coefficient } = *self;
+        wgpu_optim_oracle::OnnxAdagrad { decay_factor, epsilon, norm_coefficient }
+    }
+}

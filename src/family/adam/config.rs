@@ -285,6 +285,42 @@ impl crate::algo::FamilyConfig for Adam {
     }
 }
 
+/// The oracle's copy (`Adam` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Adam {
+    type Oracle = wgpu_optim_oracle::Adam;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize } = *self;
+        wgpu_optim_oracle::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize }
+    }
+}
+
+/// The oracle's copy (`OnnxAdam` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for OnnxAdam {
+    type Oracle = wgpu_optim_oracle::OnnxAdam;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let OnnxAdam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post } = *self;
+        wgpu_optim_oracle::OnnxAdam { alpha, beta, epsilon, norm_coefficient, norm_coefficient_post }
+    }
+}
+
+/// The oracle's copy (`DmlAdam` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for DmlAdam {
+    type Oracle = wgpu_optim_oracle::DmlAdam;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let DmlAdam { learning_rate, beta1, beta2, epsilon } = *self;
+        wgpu_optim_oracle::DmlAdam { learning_rate, beta1, beta2, epsilon }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

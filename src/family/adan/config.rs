@@ -146,3 +146,15 @@ impl crate::algo::FamilyConfig for Adan {
         (self.max_grad_norm > 0.0).then_some((self.max_grad_norm, self.eps))
     }
 }
+
+/// The oracle's copy (`AdanHyperparameters` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Adan {
+    type Oracle = wgpu_optim_oracle::AdanHyperparameters;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Adan { lr, beta1, beta2, beta3, eps, weight_decay, max_grad_norm, no_prox } = *self;
+        wgpu_optim_oracle::AdanHyperparameters { lr, beta1, beta2, beta3, eps, weight_decay, max_grad_norm, no_prox }
+    }
+}

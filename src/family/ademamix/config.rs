@@ -160,3 +160,15 @@ impl crate::algo::FamilyConfig for AdEMAMix {
         &[StateKind::ExpAvg, StateKind::ExpAvgSlow, StateKind::ExpAvgSq]
     }
 }
+
+/// The oracle's copy (`AdEMAMix` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for AdEMAMix {
+    type Oracle = wgpu_optim_oracle::AdEMAMix;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let AdEMAMix { lr, beta1, beta2, beta3, alpha, t_alpha, t_beta3, eps, weight_decay } = *self;
+        wgpu_optim_oracle::AdEMAMix { lr, beta1, beta2, beta3, alpha, t_alpha, t_beta3, eps, weight_decay }
+    }
+}

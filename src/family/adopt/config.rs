@@ -126,3 +126,25 @@ impl crate::algo::FamilyConfig for Adopt {
         &[StateKind::ExpAvg, StateKind::ExpAvgSq]
     }
 }
+
+/// The oracle's copy (`AdoptHyperparameters` of `wgpu-optim-oracle`, where the official
+/// code's `clip_lambda` is `step ** q` and holds `q`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Adopt {
+    type Oracle = wgpu_optim_oracle::AdoptHyperparameters;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Adopt { lr, beta1, beta2, eps, weight_decay, decouple, clip_exponent, maximize } = *self;
+        wgpu_optim_oracle::AdoptHyperparameters {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            clip_lambda: clip_exponent,
+            weight_decay,
+            decouple,
+            maximize,
+        }
+    }
+}

@@ -224,3 +224,15 @@ impl crate::algo::FamilyConfig for Lamb {
         super::gpu_passes::check_group(group)
     }
 }
+
+/// The oracle's copy (`Lamb` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Lamb {
+    type Oracle = wgpu_optim_oracle::Lamb;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Lamb { lr, beta1, beta2, eps, weight_decay, clamp_value, adam, debias } = *self;
+        wgpu_optim_oracle::Lamb { lr, beta1, beta2, eps, weight_decay, clamp_value, adam, debias }
+    }
+}

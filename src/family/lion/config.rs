@@ -87,3 +87,15 @@ impl crate::algo::FamilyConfig for Lion {
         &[StateKind::ExpAvg]
     }
 }
+
+/// The oracle's copy (`Lion` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Lion {
+    type Oracle = wgpu_optim_oracle::Lion;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Lion { lr, beta1, beta2, weight_decay } = *self;
+        wgpu_optim_oracle::Lion { lr, beta1, beta2, weight_decay }
+    }
+}

@@ -161,3 +161,31 @@ impl crate::algo::FamilyConfig for Sgd {
         }
     }
 }
+
+/// The oracle's copy (`Sgd` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Sgd {
+    type Oracle = wgpu_optim_oracle::Sgd;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let Sgd { lr, momentum, dampening, weight_decay, nesterov, maximize } = *self;
+        wgpu_optim_oracle::Sgd { lr, momentum, dampening, weight_decay, nesterov, maximize }
+    }
+}
+
+/// The oracle's copy (`OnnxMomentum` of `wgpu-optim-oracle`), field by field: a field added
+/// here fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for OnnxMomentum {
+    type Oracle = wgpu_optim_oracle::OnnxMomentum;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let OnnxMomentum { alpha, beta, mode, norm_coefficient } = *self;
+        let mode = match mode {
+            MomentumMode::Standard => wgpu_optim_oracle::MomentumMode::Standard,
+            MomentumMode::Nesterov => wgpu_optim_oracle::MomentumMode::Nesterov,
+        };
+        wgpu_optim_oracle::OnnxMomentum { alpha, beta, mode, norm_coefficient }
+    }
+}

@@ -307,3 +307,34 @@ impl crate::algo::FamilyConfig for Muon {
         true
     }
 }
+
+/// The oracle's copy (`Muon` of `wgpu-optim-oracle`, with torch's `adjust_lr_fn`), field by
+/// field: a field added here fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for Muon {
+    type Oracle = wgpu_optim_oracle::Muon;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        use wgpu_optim_oracle::{AdjustLrFn, NsPrecision as Precision};
+        let Muon { lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr, ns_precision } =
+            *self;
+        wgpu_optim_oracle::Muon {
+            lr,
+            weight_decay,
+            momentum,
+            nesterov,
+            ns_coefficients,
+            eps,
+            ns_steps,
+            adjust_lr_fn: match adjust_lr {
+                MuonLrAdjust::Original => AdjustLrFn::Original,
+                MuonLrAdjust::MatchRmsAdamW => AdjustLrFn::MatchRmsAdamW,
+                MuonLrAdjust::SpectralUnclamped => AdjustLrFn::SpectralUnclamped,
+            },
+            ns_precision: match ns_precision {
+                NsPrecision::BF16 => Precision::BF16,
+                NsPrecision::F32 => Precision::F32,
+            },
+        }
+    }
+}

@@ -124,3 +124,15 @@ impl crate::algo::FamilyConfig for RmsProp {
         }
     }
 }
+
+/// The oracle's copy (`RmsProp` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for RmsProp {
+    type Oracle = wgpu_optim_oracle::RmsProp;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let RmsProp { lr, alpha, eps, weight_decay, momentum, centered, maximize } = *self;
+        wgpu_optim_oracle::RmsProp { lr, alpha, eps, weight_decay, momentum, centered, maximize }
+    }
+}

@@ -237,3 +237,15 @@ impl crate::algo::FamilyConfig for ScheduleFreeAdamW {
         Some(checked.map(|()| self.swap_step(to_eval)))
     }
 }
+
+/// The oracle's copy (`AdamWScheduleFree` of `wgpu-optim-oracle`), field by field: a field added here
+/// fails to compile until the oracle has it.
+#[cfg(test)]
+impl crate::oracle::ToOracle for ScheduleFreeAdamW {
+    type Oracle = wgpu_optim_oracle::AdamWScheduleFree;
+
+    fn to_oracle(&self) -> Self::Oracle {
+        let ScheduleFreeAdamW { lr, beta1, beta2, eps, weight_decay, warmup_steps, r, weight_lr_power } = *self;
+        wgpu_optim_oracle::AdamWScheduleFree { lr, beta1, beta2, eps, weight_decay, warmup_steps, r, weight_lr_power }
+    }
+}

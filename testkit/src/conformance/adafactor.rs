@@ -2,13 +2,14 @@
 //! parameters, each tensor given its shape; the outputs are `param_out`, `step` and the
 //! states under torch's names (`row_var` and `col_var` in torch's shapes, or `variance`).
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{adafactor_state_kinds, Adafactor, Error, GpuContext, Optimizer, Result};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{AdafactorOracle, Storage};
+use crate::oracle::{AdafactorOracle, Storage, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torch.Adafactor", kind: Kind::Trajectory, attributes: &["lr", "beta2_decay", "eps", "d", "weight_decay", "maximize"] };
@@ -52,7 +53,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let mut finals: Vec<(Vec<f64>, Vec<Vec<f64>>)> = Vec::with_capacity(n);
     match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = AdafactorOracle::new(config, shapes.clone(), dtype);
+            let mut oracle = AdafactorOracle::new(config.to_oracle(), shapes.clone(), dtype.to_oracle());
             let mut values = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut values, &inputs.grads_at(k));
@@ -66,6 +67,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 finals.push((value, states));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
@@ -112,7 +114,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     }
     let mut outputs: Outputs = Vec::new();
     for (i, (value, states)) in finals.into_iter().enumerate() {
-        outputs.push((format!("param_out.{i}"), value.into_iter().map(|v| dtype.round(v)).collect()));
+        outputs.push((format!("param_out.{i}"), value.into_iter().map(|v| dtype.to_oracle().round(v)).collect()));
         for (kind, state) in adafactor_state_kinds(&shapes[i]).iter().zip(states) {
             outputs.push((format!("{}.{i}", kind.torch_name()), state));
         }

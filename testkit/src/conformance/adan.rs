@@ -2,13 +2,14 @@
 //! on the oracle, the CPU backend or the GPU; the outputs are the parameters and each
 //! tensor's `exp_avg`, `exp_avg_diff`, `exp_avg_sq` and `neg_pre_grad`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adan, Error, GpuContext, Optimizer, Result, StateKind};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{AdanHyperparameters, AdanOracle};
+use crate::oracle::{AdanHyperparameters, AdanOracle, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "adan.Adan", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "no_prox", "max_grad_norm"] };
@@ -72,7 +73,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let inputs = Inputs::read(case)?;
     let finals: Vec<(Vec<f64>, [Vec<f64>; 4])> = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = AdanOracle::new(hyperparameters, n).storing(inputs.dtype, inputs.dtype);
+            let mut oracle = AdanOracle::new(hyperparameters, n).storing(inputs.dtype.to_oracle(), inputs.dtype.to_oracle());
             let mut params = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut params, &inputs.grads_at(k));
@@ -85,6 +86,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             }
             finals
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

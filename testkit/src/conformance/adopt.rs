@@ -2,13 +2,14 @@
 //! parameters, on the oracle, the CPU backend or the GPU; the outputs are the parameters and
 //! each tensor's `exp_avg` and `exp_avg_sq`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Adopt, Error, GpuContext, Optimizer, Result, StateKind};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::AdoptOracle;
+use crate::oracle::{AdoptOracle, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "adopt.ADOPT", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "decouple", "clip_lambda", "maximize"] };
@@ -55,7 +56,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let kinds = [StateKind::ExpAvg, StateKind::ExpAvgSq];
     let finals: Vec<(Vec<f64>, [Vec<f64>; 2])> = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = AdoptOracle::new((&config).into(), n).storing(dtype, dtype);
+            let mut oracle = AdoptOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut params = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut params, &inputs.grads_at(k));
@@ -63,6 +64,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             let states = oracle.exp_avg.into_iter().zip(oracle.exp_avg_sq);
             params.into_iter().zip(states).map(|(p, (m, v))| (p, [m, v])).collect()
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

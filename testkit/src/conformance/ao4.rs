@@ -5,6 +5,7 @@
 //! oracle, the CPU backend or the GPU (each tensor in a buffer of its own, or all packed at
 //! odd offsets: 4-bit state has no stateless operator).
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::q4::{self, Q4State, Q4States};
 use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateStorage, StateView};
@@ -12,7 +13,7 @@ use wgpu_optim::{Adam, Error, GpuContext, Optimizer, Result, StateKind, StateSto
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::ao4;
+use crate::oracle::{ao4, ToLibrary, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torchao.AdamW4bit", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "amsgrad", "block_size"] };
@@ -56,18 +57,20 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 let (mut m, mut v) = (zeros(), zeros());
                 for k in 0..steps {
                     ao4::ao4_adam_step(
-                        &adam,
+                        &adam.to_oracle(),
                         k as u64 + 1,
                         config.block_size,
                         &mut values,
                         inputs.grad(i, k),
                         &mut m,
                         &mut v,
-                    )?;
+                    )
+                    .map_err(|e| e.to_library())?;
                 }
-                finals.push((values, vec![m, v]));
+                finals.push((values, vec![m.to_library(), v.to_library()]));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -9,7 +9,7 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 use wgpu_optim::{DType, Error, Result};
 
-use crate::oracle::Storage;
+use crate::oracle::{Storage, ToOracle};
 
 /// Whether a case is one operator call or a multi-step optimizer run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -375,10 +375,10 @@ fn widen(name: &str, dtype: Dtype, shape: &[usize], data: &[u8]) -> std::result:
         data.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
     }
     let (value_type, values) = match dtype {
-        Dtype::F64 => (ValueType::Float(DType::F64), DType::F64.decode(data)),
-        Dtype::F32 => (ValueType::Float(DType::F32), DType::F32.decode(data)),
-        Dtype::F16 => (ValueType::Float(DType::F16), DType::F16.decode(data)),
-        Dtype::BF16 => (ValueType::Float(DType::BF16), DType::BF16.decode(data)),
+        Dtype::F64 => (ValueType::Float(DType::F64), DType::F64.to_oracle().decode(data)),
+        Dtype::F32 => (ValueType::Float(DType::F32), DType::F32.to_oracle().decode(data)),
+        Dtype::F16 => (ValueType::Float(DType::F16), DType::F16.to_oracle().decode(data)),
+        Dtype::BF16 => (ValueType::Float(DType::BF16), DType::BF16.to_oracle().decode(data)),
         Dtype::I64 => (ValueType::Integer, read(data, |b| i64::from_le_bytes(b) as f64)),
         Dtype::I32 => (ValueType::Integer, read(data, |b| f64::from(i32::from_le_bytes(b)))),
         Dtype::U32 => (ValueType::Integer, read(data, |b| f64::from(u32::from_le_bytes(b)))),

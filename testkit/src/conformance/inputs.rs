@@ -3,6 +3,7 @@
 //! the GPU's buffers (a buffer per tensor in place, tensors packed at odd offsets out of
 //! place).
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{DType, GpuContext, Result, Tensor};
 
@@ -66,11 +67,13 @@ impl<'a> Inputs<'a> {
     }
 
     /// The initial parameters as the CPU backend's host tensors.
+    #[cfg(feature = "cpu")]
     pub fn host_params(&self) -> Result<Vec<HostTensor>> {
         self.params.iter().map(|p| HostTensor::from_f64(self.dtype, &p.values)).collect()
     }
 
     /// One step of `optimizer` over `params` with step `k`'s gradients.
+    #[cfg(feature = "cpu")]
     pub fn cpu_step(&self, optimizer: &mut CpuOptimizer, params: &mut [HostTensor], k: usize) -> Result<()> {
         let grads: Vec<HostTensor> =
             self.grads_at(k).iter().map(|g| HostTensor::from_f64(self.dtype, g)).collect::<Result<_>>()?;

@@ -2,13 +2,14 @@
 //! parameters; the outputs are the parameters, each tensor's `exp_avg` and `exp_avg_sq`,
 //! and each tensor's `weight_norm`, `adam_norm` and `trust_ratio` at the last step.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Lamb, Optimizer, Result, StateKind};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::LambOracle;
+use crate::oracle::{LambOracle, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torch_optimizer.Lamb", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "clamp_value", "adam", "debias"] };
@@ -45,7 +46,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     let dtype = inputs.dtype;
     let finals: Finals = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = LambOracle::new(config, n).storing(dtype, dtype);
+            let mut oracle = LambOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut values = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut values, &inputs.grads_at(k));
@@ -60,6 +61,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                 })
                 .collect()
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

@@ -2,13 +2,14 @@
 //! parameters (2-D, their shapes from the file); the outputs are `param_out` and
 //! `momentum_buffer` of each tensor.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::{Error, GpuContext, Muon, MuonLrAdjust, NsPrecision, Optimizer, Result, StateKind};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{muon_step, Storage};
+use crate::oracle::{muon_step, Storage, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "torch.Muon", kind: Kind::Trajectory, attributes: &["lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype"] };
@@ -73,14 +74,15 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
                         &[rows, cols] => (rows, cols),
                         other => return Err(case.bad(format!("param.{i} has shape {other:?}, expected 2-D"))),
                     };
-                    muon_step(&config, &mut values[i], g, &mut buffers[i], rows, cols);
+                    muon_step(&config.to_oracle(), &mut values[i], g, &mut buffers[i], rows, cols);
                     for v in values[i].iter_mut().chain(buffers[i].iter_mut()) {
-                        *v = dtype.round(*v);
+                        *v = dtype.to_oracle().round(*v);
                     }
                 }
             }
             (values, buffers)
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

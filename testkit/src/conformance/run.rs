@@ -1,5 +1,6 @@
 //! Running a case on a backend and comparing every expected output.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostTensor};
 use wgpu_optim::ops::directml::{self, AdamOptimizerDesc, TrainingStep};
 use wgpu_optim::ops::{self, onnx, Update};
@@ -18,7 +19,7 @@ use wgpu_optim::StateView;
 use crate::compare::{compare, compare_codes, Tolerance};
 use crate::conformance::case::{Case, Kind, ValueType};
 use crate::conformance::inputs::Inputs;
-use crate::oracle::{self, clip_grad_norm, Storage, TorchState};
+use crate::oracle::{self, clip_grad_norm, Storage, ToLibrary, ToOracle, TorchState};
 
 /// Where a case runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,9 @@ pub enum Backend {
     GpuPackedF16InPlace,
     /// As `GpuOutOfPlace`, with f16 stored as pairs in `u32`.
     GpuPackedF16OutOfPlace,
-    /// The CPU backend ([`CpuOptimizer`]), for PyTorch trajectories.
+    /// The CPU backend (`wgpu_optim::cpu::CpuOptimizer`), for PyTorch trajectories. Runs
+    /// with the testkit's `cpu` feature (the library's CPU backend, native builds); without
+    /// it a case on this backend is refused.
     Cpu,
 }
 
@@ -52,7 +55,7 @@ impl Backend {
 
     /// The backends that tell something about `case`: the packed-f16 ones only where the
     /// case has f16 tensors, the CPU backend for trajectories (it has no stateless
-    /// operators), the oracle alone for an op the crate does not implement yet
+    /// operators; with the `cpu` feature), the oracle alone for an op the crate does not implement yet
     /// ([`Case::oracle_only`]).
     pub fn all_for(case: &Case) -> Vec<Backend> {
         if case.oracle_only() {
@@ -66,7 +69,7 @@ impl Backend {
         // module of its own, also runs on the CPU backend.
         let cpu_trajectory = ["torch.", "bnb.", "lion."].iter().any(|source| case.op.starts_with(source))
             || super::OWN_OPS.iter().any(|op| op.name == case.op);
-        if case.kind == Kind::Trajectory && cpu_trajectory {
+        if cfg!(feature = "cpu") && case.kind == Kind::Trajectory && cpu_trajectory {
             backends.push(Backend::Cpu);
         }
         backends
@@ -119,6 +122,10 @@ pub async fn run_case_async(case: &Case, backend: Backend, ctx: Option<&GpuConte
     let report = |outcome, worst| CaseReport { case: case.name.clone(), backend, outcome, worst };
     if let Err(refusal) = case.check_supported() {
         return Ok(report(Outcome::Refused(refusal.to_string()), 0.0));
+    }
+    if !cfg!(feature = "cpu") && backend == Backend::Cpu {
+        let reason = "the CPU backend: the testkit was built without its `cpu` feature".to_string();
+        return Ok(report(Outcome::Refused(reason), 0.0));
     }
     if case.oracle_only() && backend != Backend::Oracle {
         let reason = format!("oracle-checked only: no crate implementation of `{}` yet", case.op);
@@ -279,15 +286,15 @@ impl OnnxOp {
         let i = inputs;
         match self {
             OnnxOp::Adam(a) => {
-                let (x, v, h) = oracle::onnx_adam(a, r, t, &i[0], &i[1], &i[2], &i[3]);
+                let (x, v, h) = oracle::onnx_adam(&a.to_oracle(), r, t, &i[0], &i[1], &i[2], &i[3]);
                 vec![x, v, h]
             }
             OnnxOp::Momentum(a) => {
-                let (x, v) = oracle::onnx_momentum(a, r, t, &i[0], &i[1], &i[2]);
+                let (x, v) = oracle::onnx_momentum(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
                 vec![x, v]
             }
             OnnxOp::Adagrad(a) => {
-                let (x, h) = oracle::onnx_adagrad(a, r, t, &i[0], &i[1], &i[2]);
+                let (x, h) = oracle::onnx_adagrad(&a.to_oracle(), r, t, &i[0], &i[1], &i[2]);
                 vec![x, h]
             }
         }
@@ -375,7 +382,7 @@ async fn dml_adam(case: &Case, backend: Backend, ctx: Option<&GpuContext>) -> Re
         scalars.validate(t)?;
         let get = |name: &str| case.tensor(name).map(|t| t.values.clone());
         let out = oracle::dml_adam(
-            &scalars,
+            &scalars.to_oracle(),
             t,
             &get(input_names[0])?,
             &get(input_names[1])?,
@@ -510,12 +517,17 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
     match (backend, ctx) {
         (Backend::Oracle, _) => {
             let mut values = inputs.initial();
-            let mut states: Vec<TorchState> =
-                values.iter().map(|p| TorchState::new(algorithm, p.len()).storing(dtype, dtype)).collect();
+            let mut states: Vec<TorchState> = values
+                .iter()
+                .map(|p| {
+                    TorchState::new(algorithm.to_oracle(), p.len())
+                        .storing(dtype.to_oracle(), dtype.to_oracle())
+                })
+                .collect();
             for k in 0..steps {
                 let mut g = inputs.grads_at(k);
                 if let Some(clip) = &clip {
-                    norms.push(clip_grad_norm(&mut g, clip));
+                    norms.push(clip_grad_norm(&mut g, &clip.to_oracle()));
                 }
                 for ((param, state), g) in values.iter_mut().zip(&mut states).zip(&g) {
                     state.step(param, g);
@@ -527,6 +539,7 @@ async fn torch_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext
                 }
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut param_tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = param_tensors.iter().map(HostTensor::as_slice).collect();
@@ -657,7 +670,7 @@ async fn stateless_trajectory(
 }
 
 fn round_all(values: Vec<f64>, dtype: DType) -> Vec<f64> {
-    values.into_iter().map(|v| dtype.round(v)).collect()
+    values.into_iter().map(|v| dtype.to_oracle().round(v)).collect()
 }
 
 /// A bitsandbytes 8-bit trajectory's algorithm in this crate's terms (Adam8bit and AdamW8bit
@@ -729,8 +742,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
         (Backend::Oracle, _) => {
             for (i, mut values) in inputs.initial().into_iter().enumerate() {
                 let quantized = config.quantizes(values.len() as u64);
-                let mut states: Vec<StoredState> =
-                    kinds.iter().map(|_| StoredState::zeros(values.len(), quantized)).collect();
+                let mut states: Vec<oracle::State8bit> =
+                    kinds.iter().map(|_| oracle::State8bit::zeros(values.len(), quantized)).collect();
                 for k in 0..steps {
                     let g = inputs.grad(i, k);
                     match (algorithm, &mut states[..]) {
@@ -742,7 +755,8 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 eps: a.eps,
                                 weight_decay: a.weight_decay,
                             };
-                            oracle::bnb_adam8bit_step(&config, k as u64 + 1, &mut values, g, m, v)?
+                            oracle::bnb_adam8bit_step(&config, k as u64 + 1, &mut values, g, m, v)
+                                .map_err(|e| e.to_library())?
                         }
                         (Algorithm::Sgd(s), [b]) => {
                             let config = oracle::BnbSgd {
@@ -750,9 +764,13 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 momentum: s.momentum,
                                 weight_decay: s.weight_decay,
                             };
-                            oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)?
+                            oracle::bnb_sgd8bit_step(&config, k as u64 + 1, &mut values, g, b)
+                                .map_err(|e| e.to_library())?
                         }
-                        (Algorithm::Lion(l), [m]) => oracle::bnb_lion8bit_step(&l, &mut values, g, m)?,
+                        (Algorithm::Lion(l), [m]) => {
+                            oracle::bnb_lion8bit_step(&l.to_oracle(), &mut values, g, m)
+                                .map_err(|e| e.to_library())?
+                        }
                         (Algorithm::RmsProp(r), [s]) => {
                             let config = oracle::BnbRmsProp {
                                 lr: r.lr,
@@ -760,17 +778,26 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
                                 eps: r.eps,
                                 weight_decay: r.weight_decay,
                             };
-                            oracle::bnb_rmsprop8bit_step(&config, &mut values, g, s)?
+                            oracle::bnb_rmsprop8bit_step(&config, &mut values, g, s)
+                                .map_err(|e| e.to_library())?
                         }
-                        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => {
-                            oracle::bnb_ademamix8bit_step(&a, k as u64 + 1, &mut values, g, m1, m2, nu)?
-                        }
+                        (Algorithm::AdEMAMix(a), [m1, m2, nu]) => oracle::bnb_ademamix8bit_step(
+                            &a.to_oracle(),
+                            k as u64 + 1,
+                            &mut values,
+                            g,
+                            m1,
+                            m2,
+                            nu,
+                        )
+                        .map_err(|e| e.to_library())?,
                         _ => return Err(case.bad("an 8-bit trajectory without 8-bit state".into())),
                     }
                 }
-                finals.push((values, states));
+                finals.push((values, states.iter().map(ToLibrary::to_library).collect()));
             }
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();
@@ -833,7 +860,7 @@ async fn bnb_trajectory(case: &Case, backend: Backend, ctx: Option<&GpuContext>)
     // crate's as its dequantization shows them (every code under absmax 1).
     for (k, kind) in kinds.iter().enumerate() {
         let map = match backend {
-            Backend::Oracle => oracle::bnb::map_for(*kind).to_vec(),
+            Backend::Oracle => oracle::bnb::map_for(kind.torch_name()).to_vec(),
             _ => StoredState::Q8 { codes: (0..=255).collect(), absmax: vec![1.0] }.values(*kind)?,
         };
         outputs.push((format!("qmap{}", k + 1), map.into_iter().map(f64::from).collect()));

@@ -3,13 +3,14 @@
 //! (`param_eval`), each tensor's `z` and `exp_avg_sq`, and the group's `k`, `weight_sum` and
 //! `lr_max`.
 
+#[cfg(feature = "cpu")]
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{Error, GpuContext, Optimizer, Result, ScheduleFreeAdamW, ScheduleFreeScalars, StateKind};
 
 use super::case::{Case, Kind, Op};
 use super::inputs::Inputs;
 use super::run::Backend;
-use crate::oracle::{ScheduleFreeOracle, Storage};
+use crate::oracle::{ScheduleFreeOracle, Storage, ToOracle};
 
 /// The op this module runs: its name, kind and every attribute it reads.
 pub(super) const OP: Op = Op { name: "schedulefree.AdamWScheduleFree", kind: Kind::Trajectory, attributes: &["lr", "betas", "eps", "weight_decay", "warmup_steps", "r", "weight_lr_power"] };
@@ -52,7 +53,7 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
     // y after the steps, x after eval(), each tensor's [z, exp_avg_sq], the group's values.
     let (y, x, states, scalars): Finals = match (backend, ctx) {
         (Backend::Oracle, _) => {
-            let mut oracle = ScheduleFreeOracle::new(config, n).storing(dtype, dtype);
+            let mut oracle = ScheduleFreeOracle::new(config.to_oracle(), n).storing(dtype.to_oracle(), dtype.to_oracle());
             let mut values = inputs.initial();
             for k in 0..steps {
                 oracle.step(&mut values, &inputs.grads_at(k));
@@ -63,10 +64,11 @@ pub(super) async fn trajectory(case: &Case, backend: Backend, ctx: Option<&GpuCo
             let scalars =
                 ScheduleFreeScalars { k: oracle.k, weight_sum: oracle.weight_sum, lr_max: oracle.lr_max };
             let round = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-                v.into_iter().map(|t| t.into_iter().map(|e| dtype.round(e)).collect()).collect()
+                v.into_iter().map(|t| t.into_iter().map(|e| dtype.to_oracle().round(e)).collect()).collect()
             };
             (round(values), round(x), states, scalars)
         }
+        #[cfg(feature = "cpu")]
         (Backend::Cpu, _) => {
             let mut tensors = inputs.host_params()?;
             let views: Vec<HostSlice<'_>> = tensors.iter().map(HostTensor::as_slice).collect();

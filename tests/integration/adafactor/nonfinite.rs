@@ -9,7 +9,7 @@
 
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{adafactor_state_kinds, Adafactor, DType, Optimizer, Tensor};
-use wgpu_optim_testkit::oracle::AdafactorOracle;
+use wgpu_optim_testkit::oracle::{AdafactorOracle, ToOracle};
 
 use super::{host, oracle_states};
 use crate::common::{ctx, download, Rng};
@@ -50,7 +50,7 @@ fn run(bad: f64, at: usize, steps: usize, seed: u64) -> [Trajectory; 3] {
         })
         .collect();
 
-    let mut oracle = AdafactorOracle::new(config, shapes.clone(), DType::F32);
+    let mut oracle = AdafactorOracle::new(config.to_oracle(), shapes.clone(), DType::F32.to_oracle());
     let mut want = start.clone();
     let params: Vec<Tensor> = start.iter().map(|p| ctx.upload("param", p, DType::F32)).collect();
     let grad_tensors: Vec<Tensor> = lens.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();

@@ -170,7 +170,7 @@ pub fn q8_array(name: String, kind: StateKind, state: &StoredState) -> Array {
     match state {
         StoredState::F32(values) => f32_array(name, values.clone()),
         StoredState::Q8 { codes, absmax } => {
-            let values = bnb::dequantize(codes, absmax, &bnb::map_for(kind));
+            let values = bnb::dequantize(codes, absmax, &bnb::map_for(kind.torch_name()));
             let bits =
                 codes.iter().map(|&c| u32::from(c)).chain(absmax.iter().map(|a| a.to_bits())).collect();
             Array { name, values, bits }

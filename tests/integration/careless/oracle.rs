@@ -1,10 +1,9 @@
 //! The f64 oracle's run of a case, held as the backends' are (values only).
 
-use wgpu_optim::q4::Q4State;
-use wgpu_optim::q8::StoredState;
 use wgpu_optim::{Algorithm, DType};
 use wgpu_optim_testkit::oracle::{
-    ao4, ao4_adam_step, bnb_8bit_step, muon_step, AdafactorOracle, LambOracle, ScheduleFreeOracle, TorchState,
+    ao4, ao4_adam_step, bnb_8bit_step, muon_step, AdafactorOracle, LambOracle, ScheduleFreeOracle, State4bit,
+    State8bit, ToLibrary, ToOracle, TorchState,
 };
 
 use super::cases::{lens, q4_array, q8_array, state_name, Array, Case, Held, Storage, Q4, Q8};
@@ -16,8 +15,8 @@ pub enum Oracle {
     Lamb(LambOracle),
     Adafactor(AdafactorOracle),
     Muon(Vec<Vec<f64>>),
-    Q8(Vec<Vec<StoredState>>),
-    Q4(Vec<[Q4State; 2]>),
+    Q8(Vec<Vec<State8bit>>),
+    Q4(Vec<[State4bit; 2]>),
 }
 
 /// The oracle's run: parameters in f64 (rounded to f32 where the backends store), states.
@@ -38,7 +37,7 @@ impl OracleRun {
                 lens.iter()
                     .map(|&n| {
                         let quantized = Q8.quantizes(n as u64);
-                        algorithm.state_kinds().iter().map(|_| StoredState::zeros(n, quantized)).collect()
+                        algorithm.state_kinds().iter().map(|_| State8bit::zeros(n, quantized)).collect()
                     })
                     .collect(),
             ),
@@ -50,18 +49,27 @@ impl OracleRun {
                     })
                     .collect(),
             ),
-            (_, Algorithm::ScheduleFreeAdamW(c)) => {
-                Oracle::ScheduleFree(ScheduleFreeOracle::new(c, lens.len()).storing(DType::F32, DType::F32))
-            }
-            (_, Algorithm::Lamb(c)) => {
-                Oracle::Lamb(LambOracle::new(c, lens.len()).storing(DType::F32, DType::F32))
-            }
-            (_, Algorithm::Adafactor(c)) => {
-                Oracle::Adafactor(AdafactorOracle::new(c, shapes.to_vec(), DType::F32))
-            }
+            (_, Algorithm::ScheduleFreeAdamW(c)) => Oracle::ScheduleFree(
+                ScheduleFreeOracle::new(c.to_oracle(), lens.len())
+                    .storing(DType::F32.to_oracle(), DType::F32.to_oracle()),
+            ),
+            (_, Algorithm::Lamb(c)) => Oracle::Lamb(
+                LambOracle::new(c.to_oracle(), lens.len())
+                    .storing(DType::F32.to_oracle(), DType::F32.to_oracle()),
+            ),
+            (_, Algorithm::Adafactor(c)) => Oracle::Adafactor(AdafactorOracle::new(
+                c.to_oracle(),
+                shapes.to_vec(),
+                DType::F32.to_oracle(),
+            )),
             (_, Algorithm::Muon(_)) => Oracle::Muon(lens.iter().map(|&n| vec![0.0; n]).collect()),
             (_, algorithm) => Oracle::Torch(
-                lens.iter().map(|&n| TorchState::new(algorithm, n).storing(DType::F32, DType::F32)).collect(),
+                lens.iter()
+                    .map(|&n| {
+                        TorchState::new(algorithm.to_oracle(), n)
+                            .storing(DType::F32.to_oracle(), DType::F32.to_oracle())
+                    })
+                    .collect(),
             ),
         };
         OracleRun { case: *case, shapes: shapes.to_vec(), params, oracle, step: 0 }
@@ -84,20 +92,21 @@ impl OracleRun {
             Oracle::Muon(buffers) => {
                 let Algorithm::Muon(config) = algorithm else { unreachable!() };
                 for (((p, g), b), shape) in params.iter_mut().zip(&grads).zip(buffers).zip(&self.shapes) {
-                    muon_step(&config, p, g, b, shape[0], shape[1]);
+                    muon_step(&config.to_oracle(), p, g, b, shape[0], shape[1]);
                     p.iter_mut().for_each(|x| *x = f64::from(*x as f32));
                     b.iter_mut().for_each(|x| *x = f64::from(*x as f32));
                 }
             }
             Oracle::Q8(states) => {
                 for ((p, g), s) in params.iter_mut().zip(&grads).zip(states) {
-                    bnb_8bit_step(&algorithm, self.step, p, g, s).unwrap_or_else(|e| panic!("{e}"));
+                    bnb_8bit_step(&algorithm.to_oracle(), self.step, p, g, s)
+                        .unwrap_or_else(|e| panic!("{e}"));
                 }
             }
             Oracle::Q4(states) => {
                 let Algorithm::Adam(config) = algorithm else { unreachable!() };
                 for ((p, g), [m, v]) in params.iter_mut().zip(&grads).zip(states) {
-                    ao4_adam_step(&config, self.step, Q4.block_size, p, g, m, v)
+                    ao4_adam_step(&config.to_oracle(), self.step, Q4.block_size, p, g, m, v)
                         .unwrap_or_else(|e| panic!("{e}"));
                 }
             }
@@ -140,10 +149,20 @@ impl OracleRun {
                     }
                     Oracle::Muon(buffers) => arrays.extend(names.map(|n| f64s(n, &buffers[i]))),
                     Oracle::Q8(states) => {
-                        arrays.extend(names.zip(kinds).zip(&states[i]).map(|((n, &k), s)| q8_array(n, k, s)));
+                        arrays.extend(
+                            names
+                                .zip(kinds)
+                                .zip(&states[i])
+                                .map(|((n, &k), s)| q8_array(n, k, &s.to_library())),
+                        );
                     }
                     Oracle::Q4(states) => {
-                        arrays.extend(names.zip(kinds).zip(&states[i]).map(|((n, &k), s)| q4_array(n, k, s)));
+                        arrays.extend(
+                            names
+                                .zip(kinds)
+                                .zip(&states[i])
+                                .map(|((n, &k), s)| q4_array(n, k, &s.to_library())),
+                        );
                     }
                 }
                 arrays

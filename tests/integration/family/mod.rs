@@ -14,7 +14,7 @@ use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::{
     Algorithm, DType, Error, GpuContext, GradClip, Optimizer, ParamGroup, Rounding, StateStorage, Tensor,
 };
-use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, TorchState};
+use wgpu_optim_testkit::oracle::{clip_grad_norm, Storage, ToOracle, TorchState};
 
 /// Around the GPU's workgroup size and its four-wide loads, with tails.
 pub const SIZES: [usize; 5] = [1, 3, 255, 257, 1001];
@@ -40,7 +40,8 @@ pub fn f32_trajectories_follow_the_oracle(algorithm: Algorithm, steps: usize, se
     let grads: Vec<Vec<Vec<f64>>> =
         (0..steps).map(|_| SIZES.iter().map(|&n| rng.vec(n, 1.0)).collect()).collect();
     let mut want = start.clone();
-    let mut oracles: Vec<TorchState> = SIZES.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut oracles: Vec<TorchState> =
+        SIZES.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for g in &grads {
         for ((p, oracle), g) in want.iter_mut().zip(&mut oracles).zip(g) {
             oracle.step(p, g);
@@ -167,8 +168,8 @@ pub fn mixes_match_the_oracle_step_by_step(
             cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
             for (backend, before) in [("GPU", gpu_before), ("CPU", cpu_before)] {
                 for (i, (mut p, state)) in before.into_iter().enumerate() {
-                    let mut oracle =
-                        TorchState::resume(algorithm, t - 1, &state).storing(mix.param, mix.state);
+                    let mut oracle = TorchState::resume(algorithm.to_oracle(), t - 1, &state)
+                        .storing(mix.param.to_oracle(), mix.state.to_oracle());
                     oracle.step(&mut p, &stored_grads[i]);
                     let what = format!("{backend} {algorithm:?} {mix:?} step {t} param[{i}]");
                     let got = match backend {
@@ -206,7 +207,7 @@ pub fn master_weights_follow_the_oracle(algorithm: Algorithm, seed: u64) {
             let master = optimizer.params()[0].clone();
             assert_eq!(master.dtype, DType::F32);
             let mut p = download(&ctx, &model);
-            let mut oracle = TorchState::new(algorithm, n);
+            let mut oracle = TorchState::new(algorithm.to_oracle(), n);
             let grad = ctx.zeros("grad", n as u64, DType::F32);
             for _ in 0..8 {
                 let g = rng.vec(n, 1.0);
@@ -221,7 +222,7 @@ pub fn master_weights_follow_the_oracle(algorithm: Algorithm, seed: u64) {
                 assert_eq!(state.dtype, DType::F32, "{kind:?}");
                 assert_close(&format!("{dtype:?} {kind:?}"), &download(&ctx, state), &want, Tolerance::F32);
             }
-            let rounded: Vec<f64> = masters.iter().map(|m| dtype.round(*m)).collect();
+            let rounded: Vec<f64> = masters.iter().map(|m| dtype.to_oracle().round(*m)).collect();
             let what = format!("{algorithm:?} {dtype:?} model copy");
             assert_close(&what, &download(&ctx, &model), &rounded, Tolerance::exact(dtype));
         }
@@ -239,7 +240,7 @@ pub fn two_groups_follow_their_own_oracles(first: Algorithm, second: Algorithm, 
     let mut optimizer = Optimizer::builder().build_groups(&ctx, groups).unwrap();
     let configs: Vec<Algorithm> = (0..SIZES.len()).map(|i| if i < 2 { first } else { second }).collect();
     let mut oracles: Vec<TorchState> =
-        configs.iter().zip(SIZES).map(|(a, n)| TorchState::new(*a, n)).collect();
+        configs.iter().zip(SIZES).map(|(a, n)| TorchState::new((*a).to_oracle(), n)).collect();
     let grads: Vec<Tensor> = SIZES.iter().map(|&n| ctx.zeros("grad", n as u64, DType::F32)).collect();
     for _ in 0..6 {
         for (i, g) in grads.iter().enumerate() {
@@ -281,12 +282,12 @@ pub fn capturable_follows_the_oracle(
     optimizer.set_step_count(start).unwrap();
     let lr = optimizer.lr_tensor(0).expect("a device learning rate");
     let zeros = vec![vec![0.0; n]; algorithm.state_kinds().len()];
-    let mut oracle = TorchState::resume(algorithm, start, &zeros);
+    let mut oracle = TorchState::resume(algorithm.to_oracle(), start, &zeros);
     for t in start + 1..=start + steps {
         // A scheduler writes the rate on the device; the optimizer's own value is stale.
         let rate = lr_at(t);
         ctx.write(&lr, &[rate]).unwrap();
-        oracle.set_algorithm(algorithm.with_lr(f64::from(rate as f32)));
+        oracle.set_algorithm((algorithm.with_lr(f64::from(rate as f32))).to_oracle());
         let g = rng.vec(n, 1.0);
         ctx.write(&grad, &g).unwrap();
         optimizer.step(std::slice::from_ref(&grad)).unwrap();
@@ -312,14 +313,15 @@ pub fn clipped_steps_follow_the_oracle(algorithm: Algorithm, seed: u64) {
     let mut gpu = Optimizer::builder().grad_clip(clip).build(&ctx, algorithm, &params).unwrap();
     let mut cpu_params: Vec<HostTensor> = p.iter().map(|v| host(v, DType::F32)).collect();
     let mut cpu = CpuOptimizer::builder().grad_clip(clip).build(algorithm, &slices(&cpu_params)).unwrap();
-    let mut oracles: Vec<TorchState> = SIZES.iter().map(|&n| TorchState::new(algorithm, n)).collect();
+    let mut oracles: Vec<TorchState> =
+        SIZES.iter().map(|&n| TorchState::new(algorithm.to_oracle(), n)).collect();
     for step in 0..4 {
         let mut g: Vec<Vec<f64>> = SIZES.iter().map(|&n| rng.vec(n, 2.0)).collect();
         let grads: Vec<Tensor> = g.iter().map(|v| ctx.upload("grad", v, DType::F32)).collect();
         gpu.step(&grads).unwrap();
         let host_grads: Vec<HostTensor> = g.iter().map(|v| host(v, DType::F32)).collect();
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
-        let want_norm = clip_grad_norm(&mut g, &clip);
+        let want_norm = clip_grad_norm(&mut g, &clip.to_oracle());
         assert!(want_norm > 10.0, "the case clips (norm {want_norm})");
         for ((p, oracle), g) in p.iter_mut().zip(&mut oracles).zip(&g) {
             oracle.step(p, g);
@@ -464,7 +466,8 @@ pub fn a_gpu_checkpoint_continues_on_the_cpu(algorithm: Algorithm, seed: u64) {
         cpu.step(&mut slices_mut(&mut cpu_params), &slices(&host_grads)).unwrap();
         for i in 0..SIZES.len() {
             let mut p = now[i].clone();
-            let mut oracle = TorchState::resume(algorithm, 3, &before[i]).storing(DType::F32, stored);
+            let mut oracle = TorchState::resume(algorithm.to_oracle(), 3, &before[i])
+                .storing(DType::F32.to_oracle(), stored.to_oracle());
             oracle.step(&mut p, &g[i]);
             let what = format!("{algorithm:?} state {stored:?} param[{i}] after the load");
             assert_close(&what, &cpu_params[i].to_f64(), &p, Tolerance::F32);

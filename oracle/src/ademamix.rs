@@ -2,7 +2,28 @@
 //! rule of `bnb.AdEMAMix`, transcribed from the paper and bitsandbytes' reference update,
 //! not from the kernels.
 
-use super::api::AdEMAMix;
+/// bitsandbytes' `AdEMAMix` hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdEMAMix {
+    /// `lr`.
+    pub lr: f64,
+    /// `betas[0]`: the fast EMA's old weight.
+    pub beta1: f64,
+    /// `betas[1]`: the second moment's old weight.
+    pub beta2: f64,
+    /// `betas[2]`: the slow EMA's old weight (after its warmup).
+    pub beta3: f64,
+    /// `alpha`: the slow EMA's weight in the update (after its warmup).
+    pub alpha: f64,
+    /// `t_alpha`: `alpha`'s warmup steps (`None`: none).
+    pub t_alpha: Option<u64>,
+    /// `t_beta3`: `beta3`'s warmup steps (`None`: none).
+    pub t_beta3: Option<u64>,
+    /// `eps`.
+    pub eps: f64,
+    /// `weight_decay`: decoupled.
+    pub weight_decay: f64,
+}
 
 /// `alpha_t = min(t alpha / t_alpha, alpha)`, or `alpha` without a warmup.
 pub fn ademamix_alpha(config: &AdEMAMix, t: u64) -> f64 {

@@ -5,8 +5,27 @@
 //! Non-finite values go through IEEE arithmetic as in torch: its `clamp` keeps a NaN, while
 //! the host's Python `max` (of `alpha` and of the clipping denominator) drops one.
 
-use super::api::{Adafactor, DType};
-use super::dtype::round;
+use super::dtype::{round, DType};
+
+/// `torch.optim.Adafactor`'s hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adafactor {
+    /// `lr`: the relative step size's bound.
+    pub lr: f64,
+    /// `beta2_decay`: the exponent of `t` in the second moment's weight.
+    pub beta2_decay: f64,
+    /// `eps[0]`: the variance estimate's floor (`None`: the parameter dtype's machine
+    /// epsilon).
+    pub eps1: Option<f64>,
+    /// `eps[1]`: the parameter scale's floor.
+    pub eps2: f64,
+    /// `d`: the update's clipping threshold.
+    pub d: f64,
+    /// `weight_decay`: decoupled.
+    pub weight_decay: f64,
+    /// `maximize`: ascend the gradient.
+    pub maximize: bool,
+}
 
 /// One tensor's Adafactor state: `step`, and `row_var`/`col_var` (2 or more dimensions,
 /// flat, in torch's shapes `[.., rows, 1]` and `[.., 1, cols]`) or `variance` (a vector).

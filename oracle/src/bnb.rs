@@ -23,9 +23,40 @@
 //! code of 0 and left out of its block's absmax (the 1-state kernel lets it spoil its block),
 //! and an all-zero block stores absmax 1 (the kernel's absmax 0 reads back the same zeros).
 
-use super::api::q8::StoredState;
-use super::api::{Algorithm, Error, Result, StateKind};
+use super::ademamix::AdEMAMix;
+use super::algorithm::Algorithm;
+use super::error::{Error, Result};
+use super::lion::Lion;
 use super::onnx::one_minus_pow;
+
+/// One tensor's optimizer state as bitsandbytes keeps it: 8-bit codes (`state1` or
+/// `state2`) with one absmax per block (`absmax1` or `absmax2`), or, for a tensor below
+/// `min_8bit_size`, f32 values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum State8bit {
+    /// One code per element, one absmax per block of [`BLOCK_SIZE`].
+    Q8 {
+        /// The codes: indices into a 256-entry map.
+        codes: Vec<u8>,
+        /// Each block's largest finite magnitude.
+        absmax: Vec<f32>,
+    },
+    /// A tensor below `min_8bit_size`.
+    F32(Vec<f32>),
+}
+
+impl State8bit {
+    /// The zero state of `len` elements as bitsandbytes creates it: codes 0 and absmax 0
+    /// where `quantized` (the tensor has at least `min_8bit_size` elements), f32 zeros
+    /// otherwise.
+    pub fn zeros(len: usize, quantized: bool) -> Self {
+        if quantized {
+            State8bit::Q8 { codes: vec![0; len], absmax: vec![0.0; len.div_ceil(BLOCK_SIZE)] }
+        } else {
+            State8bit::F32(vec![0.0; len])
+        }
+    }
+}
 
 /// Elements per block, each block with one f32 absmax (bitsandbytes' `blocksize=256` for
 /// optimizer states).
@@ -42,10 +73,11 @@ pub fn unsigned_map() -> [f32; 256] {
     create_dynamic_map(false)
 }
 
-/// The map bitsandbytes quantizes a state of `kind` with: [`unsigned_map`] for Adam's second
-/// moment (`state2`), [`signed_map`] for the first moment and the momentum buffer (`state1`).
-pub fn map_for(kind: StateKind) -> [f32; 256] {
-    if kind == StateKind::ExpAvgSq {
+/// The map bitsandbytes quantizes the state PyTorch names `state` with: [`unsigned_map`] for
+/// the second moment `exp_avg_sq` (`state2`), [`signed_map`] for the others (`state1`: the
+/// first moments, the momentum buffer, RMSprop's `square_avg`).
+pub fn map_for(state: &str) -> [f32; 256] {
+    if state == "exp_avg_sq" {
         unsigned_map()
     } else {
         signed_map()
@@ -201,20 +233,15 @@ pub fn dequantize(codes: &[u8], absmax: &[f32], map: &[f32; 256]) -> Vec<f32> {
 
 /// Refuses a state of another length than the parameter's, or 8-bit codes without one
 /// absmax per block, naming the state `argument`.
-fn check_state(state: &StoredState, argument: &str, len: usize) -> Result<()> {
+fn check_state(state: &State8bit, argument: &str, len: usize) -> Result<()> {
     let held = match state {
-        StoredState::Q8 { codes, .. } => codes.len(),
-        StoredState::F32(values) => values.len(),
+        State8bit::Q8 { codes, .. } => codes.len(),
+        State8bit::F32(values) => values.len(),
     };
     if held != len {
-        return Err(Error::LengthMismatch {
-            argument: argument.into(),
-            got: held as u64,
-            expected: len as u64,
-            reference: "param".into(),
-        });
+        return Err(Error::LengthMismatch { argument: argument.into(), got: held, expected: len });
     }
-    if let StoredState::Q8 { codes, absmax } = state {
+    if let State8bit::Q8 { codes, absmax } = state {
         let blocks = codes.len().div_ceil(BLOCK_SIZE);
         if absmax.len() != blocks {
             return Err(Error::CountMismatch {
@@ -228,20 +255,20 @@ fn check_state(state: &StoredState, argument: &str, len: usize) -> Result<()> {
 }
 
 /// Dequantized, widened.
-fn load(state: &StoredState, map: &[f32; 256]) -> Vec<f64> {
+fn load(state: &State8bit, map: &[f32; 256]) -> Vec<f64> {
     let values = match state {
-        StoredState::Q8 { codes, absmax } => dequantize(codes, absmax, map),
-        StoredState::F32(values) => values.clone(),
+        State8bit::Q8 { codes, absmax } => dequantize(codes, absmax, map),
+        State8bit::F32(values) => values.clone(),
     };
     values.into_iter().map(f64::from).collect()
 }
 
 /// Rounded to f32, then requantized block by block where 8-bit.
-fn store(state: &mut StoredState, values: &[f64], map: &[f32; 256]) {
+fn store(state: &mut State8bit, values: &[f64], map: &[f32; 256]) {
     let narrowed: Vec<f32> = values.iter().map(|&v| v as f32).collect();
     match state {
-        StoredState::Q8 { codes, absmax } => quantize(&narrowed, map, codes, absmax),
-        StoredState::F32(stored) => stored.copy_from_slice(&narrowed),
+        State8bit::Q8 { codes, absmax } => quantize(&narrowed, map, codes, absmax),
+        State8bit::F32(stored) => stored.copy_from_slice(&narrowed),
     }
 }
 
@@ -250,9 +277,8 @@ fn check_grad(param: &[f64], grad: &[f64]) -> Result<()> {
     if grad.len() != param.len() {
         return Err(Error::LengthMismatch {
             argument: "grad".into(),
-            got: grad.len() as u64,
-            expected: param.len() as u64,
-            reference: "param".into(),
+            got: grad.len(),
+            expected: param.len(),
         });
     }
     Ok(())
@@ -289,13 +315,13 @@ pub fn bnb_adam8bit_step(
     step: u64,
     param: &mut [f64],
     grad: &[f64],
-    exp_avg: &mut StoredState,
-    exp_avg_sq: &mut StoredState,
+    exp_avg: &mut State8bit,
+    exp_avg_sq: &mut State8bit,
 ) -> Result<()> {
     check_grad(param, grad)?;
     check_state(exp_avg, "exp_avg", param.len())?;
     check_state(exp_avg_sq, "exp_avg_sq", param.len())?;
-    let restarts = matches!(exp_avg, StoredState::Q8 { .. });
+    let restarts = matches!(exp_avg, State8bit::Q8 { .. });
     let (signed, unsigned) = (signed_map(), unsigned_map());
     let (mut m, mut v) = (load(exp_avg, &signed), load(exp_avg_sq, &unsigned));
     // correction1 = 1 - beta1^step; correction2 = sqrt(1 - beta2^step);
@@ -325,7 +351,7 @@ pub fn bnb_adam8bit_step(
 }
 
 /// Step `step` of `algorithm` as bitsandbytes' 8-bit optimizers run it, over `states` in
-/// the algorithm's state order ([`Algorithm::state_kinds`]): Adam and AdamW as
+/// PyTorch's state order (as [`TorchState::tensors`](crate::TorchState::tensors) lists them): Adam and AdamW as
 /// [`bnb_adam8bit_step`] (decoupled decay), SGD with momentum as [`bnb_sgd8bit_step`],
 /// RMSprop, Lion and AdEMAMix as their own steps below; then the parameters rounded to f32,
 /// as an optimizer with 8-bit state stores them. An algorithm or a setting bitsandbytes has
@@ -336,9 +362,16 @@ pub fn bnb_8bit_step(
     step: u64,
     param: &mut [f64],
     grad: &[f64],
-    states: &mut [StoredState],
+    states: &mut [State8bit],
 ) -> Result<()> {
-    let kept = algorithm.state_kinds().len();
+    let kept = match algorithm {
+        Algorithm::Adam(a) => 2 + usize::from(a.amsgrad),
+        Algorithm::Sgd(s) => usize::from(s.momentum != 0.0),
+        Algorithm::RmsProp(r) => 1 + usize::from(r.momentum > 0.0) + usize::from(r.centered),
+        Algorithm::Lion(_) => 1,
+        Algorithm::AdEMAMix(_) => 3,
+        _ => states.len(),
+    };
     if states.len() != kept {
         return Err(Error::CountMismatch { argument: "states".into(), got: states.len(), expected: kept });
     }
@@ -370,13 +403,10 @@ pub fn bnb_8bit_step(
             bnb_ademamix8bit_step(a, step, param, grad, m1, m2, nu)?;
         }
         _ => {
-            return Err(Error::ConflictingOptions {
-                first: "state_storage",
-                second: "algorithm",
-                reason:
-                    "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and \
-                         AdEMAMix, without AMSGrad, maximize, L2 decay in Adam, Nesterov or dampening",
-            })
+            return Err(Error::Unsupported(
+                "bitsandbytes' 8-bit optimizers are Adam, AdamW, SGD with momentum, RMSprop, Lion and \
+                 AdEMAMix, without AMSGrad, maximize, L2 decay in Adam, Nesterov or dampening",
+            ))
         }
     }
     for p in param.iter_mut() {
@@ -406,7 +436,7 @@ pub fn bnb_sgd8bit_step(
     step: u64,
     param: &mut [f64],
     grad: &[f64],
-    buffer: &mut StoredState,
+    buffer: &mut State8bit,
 ) -> Result<()> {
     check_grad(param, grad)?;
     check_state(buffer, "momentum_buffer", param.len())?;
@@ -449,11 +479,11 @@ pub fn bnb_rmsprop8bit_step(
     config: &BnbRmsProp,
     param: &mut [f64],
     grad: &[f64],
-    square_avg: &mut StoredState,
+    square_avg: &mut State8bit,
 ) -> Result<()> {
     check_grad(param, grad)?;
     check_state(square_avg, "square_avg", param.len())?;
-    let raw_grad_step = matches!(square_avg, StoredState::Q8 { .. });
+    let raw_grad_step = matches!(square_avg, State8bit::Q8 { .. });
     let signed = signed_map();
     let mut s = load(square_avg, &signed);
     for ((p, g), s) in param.iter_mut().zip(grad).zip(&mut s) {
@@ -475,10 +505,10 @@ pub fn bnb_rmsprop8bit_step(
 /// its parameter. A gradient or state of another length than `param` is refused and nothing
 /// changes.
 pub fn bnb_lion8bit_step(
-    config: &super::api::Lion,
+    config: &Lion,
     param: &mut [f64],
     grad: &[f64],
-    exp_avg: &mut StoredState,
+    exp_avg: &mut State8bit,
 ) -> Result<()> {
     check_grad(param, grad)?;
     check_state(exp_avg, "exp_avg", param.len())?;
@@ -508,20 +538,20 @@ pub fn bnb_lion8bit_step(
 /// all three states from 0. A gradient or state of another length than `param` is refused and
 /// nothing changes.
 pub fn bnb_ademamix8bit_step(
-    config: &super::api::AdEMAMix,
+    config: &AdEMAMix,
     step: u64,
     param: &mut [f64],
     grad: &[f64],
-    m1: &mut StoredState,
-    m2: &mut StoredState,
-    nu: &mut StoredState,
+    m1: &mut State8bit,
+    m2: &mut State8bit,
+    nu: &mut State8bit,
 ) -> Result<()> {
     use super::ademamix::{ademamix_alpha, ademamix_beta3};
     check_grad(param, grad)?;
     check_state(m1, "exp_avg", param.len())?;
     check_state(m2, "exp_avg_slow", param.len())?;
     check_state(nu, "exp_avg_sq", param.len())?;
-    let restarts = matches!(m1, StoredState::Q8 { .. });
+    let restarts = matches!(m1, State8bit::Q8 { .. });
     let (signed, unsigned) = (signed_map(), unsigned_map());
     let (mut fast, mut slow, mut second) = (load(m1, &signed), load(m2, &signed), load(nu, &unsigned));
     let (beta1, beta2) = (config.beta1, config.beta2);

@@ -1,7 +1,66 @@
 //! The ONNX training operators (`Adam`, `Momentum`, `Adagrad` of `ai.onnx.preview.training`)
 //! as their documentation's pseudo code, and DirectML's Adam formula, in f64.
 
-use super::api::{DmlAdam, MomentumMode, OnnxAdagrad, OnnxAdam, OnnxMomentum};
+/// The attributes of ONNX's `Adam` (`ai.onnx.preview.training`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OnnxAdam {
+    /// `alpha`: the old momentum's weight.
+    pub alpha: f64,
+    /// `beta`: the old second-order momentum's weight.
+    pub beta: f64,
+    /// `epsilon`.
+    pub epsilon: f64,
+    /// `norm_coefficient`: L2, added to the gradient.
+    pub norm_coefficient: f64,
+    /// `norm_coefficient_post`: the decay applied after the update.
+    pub norm_coefficient_post: f64,
+}
+
+/// ONNX `Momentum`'s `mode` attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MomentumMode {
+    /// `"standard"`.
+    Standard,
+    /// `"nesterov"`.
+    Nesterov,
+}
+
+/// The attributes of ONNX's `Momentum`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OnnxMomentum {
+    /// `alpha`: the old momentum's weight.
+    pub alpha: f64,
+    /// `beta`: the gradient's weight (1 on the first step).
+    pub beta: f64,
+    /// `mode`.
+    pub mode: MomentumMode,
+    /// `norm_coefficient`: L2, added to the gradient.
+    pub norm_coefficient: f64,
+}
+
+/// The attributes of ONNX's `Adagrad`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OnnxAdagrad {
+    /// `decay_factor`: the learning rate's decay per step.
+    pub decay_factor: f64,
+    /// `epsilon`.
+    pub epsilon: f64,
+    /// `norm_coefficient`: L2, added to the gradient.
+    pub norm_coefficient: f64,
+}
+
+/// DirectML's `DML_ADAM_OPTIMIZER_OPERATOR_DESC`: its scalar inputs and attributes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DmlAdam {
+    /// `LearningRate`.
+    pub learning_rate: f64,
+    /// `Beta1`.
+    pub beta1: f64,
+    /// `Beta2`.
+    pub beta2: f64,
+    /// `Epsilon`.
+    pub epsilon: f64,
+}
 
 /// The outputs of one ONNX Adam call for one tensor: `(X_new, V_new, H_new)`.
 pub type OnnxAdamOutputs = (Vec<f64>, Vec<f64>, Vec<f64>);

@@ -12,9 +12,24 @@
 //! rounded to f32 (torchao's are f32 tensors) before they are quantized, while the
 //! parameter takes the unrounded ones.
 
-use super::api::q4::Q4State;
-use super::api::{Adam, Error, Result};
+use super::error::{Error, Result};
 use super::onnx::one_minus_pow;
+use super::torch::Adam;
+
+/// One tensor's 4-bit state as torchao keeps it: an `OptimState4bit` (packed `codes`, one
+/// `scale` per block), or a plain f32 tensor below `min_size`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum State4bit {
+    /// `OptimState4bit`: two codes per byte, one scale per block.
+    Q4 {
+        /// `codes`, packed: byte j holds element 2j in its high nibble, 2j + 1 in its low one.
+        codes: Vec<u8>,
+        /// `scale`: each block's largest finite magnitude (0 before the first step).
+        scale: Vec<f32>,
+    },
+    /// A tensor that keeps f32 state.
+    F32(Vec<f32>),
+}
 
 /// torchao's default `block_size`.
 pub const BLOCK_SIZE: usize = 128;
@@ -116,31 +131,31 @@ pub fn unpack(packed: &[u8]) -> Vec<u8> {
 
 /// The zero state torchao starts from: `OptimState4bit.zeros` (codes 0, scale 0) for a
 /// tensor of at least `min_size` elements in whole blocks, f32 zeros otherwise.
-pub fn zeros(len: usize, block_size: usize, min_size: usize) -> Q4State {
+pub fn zeros(len: usize, block_size: usize, min_size: usize) -> State4bit {
     if len >= min_size && len.is_multiple_of(block_size) {
-        Q4State::Q4 { codes: vec![0; len / 2], scale: vec![0.0; len / block_size] }
+        State4bit::Q4 { codes: vec![0; len / 2], scale: vec![0.0; len / block_size] }
     } else {
-        Q4State::F32(vec![0.0; len])
+        State4bit::F32(vec![0.0; len])
     }
 }
 
-fn load(state: &Q4State, map: &[f32; 16], block_size: usize) -> Vec<f64> {
+fn load(state: &State4bit, map: &[f32; 16], block_size: usize) -> Vec<f64> {
     match state {
-        Q4State::Q4 { codes, scale } => {
+        State4bit::Q4 { codes, scale } => {
             dequantize(&unpack(codes), scale, map, block_size).into_iter().map(f64::from).collect()
         }
-        Q4State::F32(values) => values.iter().map(|&v| f64::from(v)).collect(),
+        State4bit::F32(values) => values.iter().map(|&v| f64::from(v)).collect(),
     }
 }
 
-fn store(state: &mut Q4State, values: &[f64], map: &[f32; 16], block_size: usize) {
+fn store(state: &mut State4bit, values: &[f64], map: &[f32; 16], block_size: usize) {
     let rounded: Vec<f32> = values.iter().map(|&v| v as f32).collect();
     *state = match state {
-        Q4State::Q4 { .. } => {
+        State4bit::Q4 { .. } => {
             let (codes, scale) = quantize(&rounded, map, block_size);
-            Q4State::Q4 { codes: pack(&codes), scale }
+            State4bit::Q4 { codes: pack(&codes), scale }
         }
-        Q4State::F32(_) => Q4State::F32(rounded),
+        State4bit::F32(_) => State4bit::F32(rounded),
     };
 }
 
@@ -157,24 +172,19 @@ pub fn ao4_adam_step(
     block_size: usize,
     param: &mut [f64],
     grad: &[f64],
-    exp_avg: &mut Q4State,
-    exp_avg_sq: &mut Q4State,
+    exp_avg: &mut State4bit,
+    exp_avg_sq: &mut State4bit,
 ) -> Result<()> {
     if config.amsgrad || config.maximize {
-        return Err(Error::ConflictingOptions {
-            first: "state_storage",
-            second: "algorithm",
-            reason: "the oracle runs torchao's 4-bit Adam without AMSGrad or maximize",
-        });
+        return Err(Error::Unsupported("the oracle runs torchao's 4-bit Adam without AMSGrad or maximize"));
     }
     let (signed, unsigned) = (signed_map(), unsigned_map());
     let (mut m, mut v) = (load(exp_avg, &signed, block_size), load(exp_avg_sq, &unsigned, block_size));
     if grad.len() != param.len() || m.len() != param.len() || v.len() != param.len() {
         return Err(Error::LengthMismatch {
             argument: "grad or state".into(),
-            got: grad.len().min(m.len()).min(v.len()) as u64,
-            expected: param.len() as u64,
-            reference: "param".into(),
+            got: grad.len().min(m.len()).min(v.len()),
+            expected: param.len(),
         });
     }
     let bias_correction1 = one_minus_pow(config.beta1, step);

@@ -1,7 +1,18 @@
 //! lion-pytorch's `Lion` (Chen et al. 2023, Algorithm 2), in f64: the rule of its
 //! `update_fn`, transcribed from the paper and the source, not from the kernels.
 
-use super::api::Lion;
+/// lion-pytorch's `Lion` hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lion {
+    /// `lr`.
+    pub lr: f64,
+    /// `betas[0]`: the old average's weight in the update's direction.
+    pub beta1: f64,
+    /// `betas[1]`: the old average's weight in the new average.
+    pub beta2: f64,
+    /// `weight_decay`: `p *= 1 - lr * weight_decay`.
+    pub weight_decay: f64,
+}
 
 /// `torch.sign`: -1, 0 or 1, and 0 for NaN (ATen computes `(0 < x) - (x < 0)`, as
 /// bitsandbytes' `sgn` does), so a NaN direction leaves the parameter to its decay.

@@ -7,8 +7,7 @@
 //! The first step only initializes `exp_avg_sq = g^2`; from the second on, the gradient is
 //! normalized by the previous second moment (never by its own square), clipped, and averaged.
 
-use super::api::DType;
-use super::dtype::round;
+use super::dtype::{round, DType};
 
 /// The hyperparameters of `adopt.ADOPT`, under the official names, with its defaults
 /// (`adopt.py` lines 33-47 of `ADOPT.__init__`).
@@ -124,22 +123,6 @@ impl AdoptOracle {
         }
         // step_t += 1 (lines 303, 321)
         self.step += 1;
-    }
-}
-
-impl From<&super::api::Adopt> for AdoptHyperparameters {
-    /// The crate's configuration under the official names.
-    fn from(c: &super::api::Adopt) -> Self {
-        AdoptHyperparameters {
-            lr: c.lr,
-            beta1: c.beta1,
-            beta2: c.beta2,
-            eps: c.eps,
-            clip_lambda: c.clip_exponent,
-            weight_decay: c.weight_decay,
-            decouple: c.decouple,
-            maximize: c.maximize,
-        }
     }
 }
 

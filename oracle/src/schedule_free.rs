@@ -1,15 +1,35 @@
 //! Schedule-Free AdamW (Defazio et al. 2024), the `schedulefree` package's
 //! `AdamWScheduleFree.step()`, `eval()` and `train()`, in f64, for one parameter group.
 
-use super::api::{DType, ScheduleFreeAdamW};
-use super::dtype::round;
+use super::dtype::{round, DType};
+
+/// schedulefree's `AdamWScheduleFree` hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWScheduleFree {
+    /// `lr`.
+    pub lr: f64,
+    /// `betas[0]`: the interpolation between `z` and the average.
+    pub beta1: f64,
+    /// `betas[1]`: the second moment's old weight.
+    pub beta2: f64,
+    /// `eps`.
+    pub eps: f64,
+    /// `weight_decay`: added to the normalized gradient, at `y`.
+    pub weight_decay: f64,
+    /// `warmup_steps`: the learning rate's linear warmup.
+    pub warmup_steps: u64,
+    /// `r`: the power of the step in the average's weight.
+    pub r: f64,
+    /// `weight_lr_power`: the power of `lr_max` in the average's weight.
+    pub weight_lr_power: f64,
+}
 
 /// One parameter group of `AdamWScheduleFree`: the group's `k`, `weight_sum`, `lr_max` and
 /// `train_mode`, and each tensor's `z` and `exp_avg_sq`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScheduleFreeOracle {
     /// The hyperparameters (may change between steps, as a schedule would).
-    pub config: ScheduleFreeAdamW,
+    pub config: AdamWScheduleFree,
     /// `group['k']`: steps taken.
     pub k: u64,
     /// `group['weight_sum']`.
@@ -28,7 +48,7 @@ pub struct ScheduleFreeOracle {
 
 impl ScheduleFreeOracle {
     /// A fresh group of `count` tensors (`k = 0`, `lr_max = -1`, `weight_sum = 0`, train mode).
-    pub fn new(config: ScheduleFreeAdamW, count: usize) -> Self {
+    pub fn new(config: AdamWScheduleFree, count: usize) -> Self {
         ScheduleFreeOracle {
             config,
             k: 0,

@@ -3,8 +3,62 @@
 //! with the bfloat16 variant rounding every Newton-Schulz tensor op's result to bfloat16 as
 //! torch's bfloat16 tensors do.
 
-use super::api::{DType, Muon, NsPrecision};
-use super::dtype::round;
+use super::dtype::{round, DType};
+
+/// `torch.optim.Muon`'s `adjust_lr_fn`: how the learning rate scales with the matrix's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdjustLrFn {
+    /// `None` or `"original"`: `sqrt(max(1, rows / cols))` (Keller Jordan's).
+    Original,
+    /// `"match_rms_adamw"`: `0.2 sqrt(max(rows, cols))` (Moonlight's).
+    MatchRmsAdamW,
+    /// `"spectral_unclamped"`: `sqrt(rows / cols)`.
+    SpectralUnclamped,
+}
+
+impl AdjustLrFn {
+    /// The learning rate's factor for a `rows` x `cols` matrix (`_adjust_lr`).
+    pub fn ratio(self, rows: usize, cols: usize) -> f64 {
+        let (a, b) = (rows as f64, cols as f64);
+        match self {
+            AdjustLrFn::Original => (a / b).max(1.0).sqrt(),
+            AdjustLrFn::MatchRmsAdamW => 0.2 * a.max(b).sqrt(),
+            AdjustLrFn::SpectralUnclamped => (a / b).sqrt(),
+        }
+    }
+}
+
+/// The dtype the Newton-Schulz iterations run in: torch's is bfloat16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NsPrecision {
+    /// torch's `ortho_grad = grad.bfloat16()`: every op's result rounded to bfloat16.
+    BF16,
+    /// The same iterations with every op's result rounded to f32.
+    F32,
+}
+
+/// `torch.optim.Muon`'s hyperparameters, and the Newton-Schulz dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Muon {
+    /// `lr`.
+    pub lr: f64,
+    /// `weight_decay`: decoupled.
+    pub weight_decay: f64,
+    /// `momentum`.
+    pub momentum: f64,
+    /// `nesterov`.
+    pub nesterov: bool,
+    /// `ns_coefficients`: `(a, b, c)`.
+    pub ns_coefficients: (f64, f64, f64),
+    /// `eps`: the Frobenius norm's floor.
+    pub eps: f64,
+    /// `ns_steps`.
+    pub ns_steps: u32,
+    /// `adjust_lr_fn`.
+    pub adjust_lr_fn: AdjustLrFn,
+    /// The Newton-Schulz iterations' dtype.
+    pub ns_precision: NsPrecision,
+}
 
 /// torch's `lerp(start, end, weight)`: `start + weight (end - start)` for `weight < 0.5`,
 /// else `end - (end - start) (1 - weight)`.
@@ -46,7 +100,7 @@ fn transpose(x: &[f64], n: usize, m: usize) -> Vec<f64> {
 pub fn newton_schulz(config: &Muon, u: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     let r = |v: f64| match config.ns_precision {
         NsPrecision::BF16 => round(DType::BF16, v),
-        _ => round(DType::F32, v),
+        NsPrecision::F32 => round(DType::F32, v),
     };
     let all = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(r).collect() };
     let (a, b, c) = config.ns_coefficients;
@@ -99,7 +153,7 @@ pub fn muon_step(
         momentum_buffer.to_vec()
     };
     let o = newton_schulz(config, &u, rows, cols);
-    let adjusted_lr = config.lr * config.adjust_lr.ratio(rows, cols);
+    let adjusted_lr = config.lr * config.adjust_lr_fn.ratio(rows, cols);
     // param.mul_(1 - lr * weight_decay); param.add_(update, alpha=-adjusted_lr)
     for (p, o) in param.iter_mut().zip(&o) {
         *p *= 1.0 - config.lr * config.weight_decay;

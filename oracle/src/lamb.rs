@@ -2,8 +2,28 @@
 //! group: transcribed from the package's source (and the format page's rule), not from the
 //! kernels.
 
-use super::api::{DType, Lamb};
-use super::dtype::round;
+use super::dtype::{round, DType};
+
+/// torch-optimizer's `Lamb` hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lamb {
+    /// `lr`.
+    pub lr: f64,
+    /// `betas[0]`.
+    pub beta1: f64,
+    /// `betas[1]`.
+    pub beta2: f64,
+    /// `eps`: added to the root of `exp_avg_sq`.
+    pub eps: f64,
+    /// `weight_decay`: added to the Adam step.
+    pub weight_decay: f64,
+    /// `clamp_value`: the weight norm's upper bound.
+    pub clamp_value: f64,
+    /// `adam`: a trust ratio of 1 (plain Adam's step).
+    pub adam: bool,
+    /// `debias`: bias-correct the step size.
+    pub debias: bool,
+}
 
 /// The norms `Lamb.step()` keeps in a tensor's state at its last step.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

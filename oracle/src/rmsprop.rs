@@ -1,6 +1,23 @@
 //! PyTorch's `torch.optim.RMSprop` (`_single_tensor_rmsprop`), in f64.
 
-use super::api::RmsProp;
+/// `torch.optim.RMSprop`'s hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsProp {
+    /// `lr`.
+    pub lr: f64,
+    /// `alpha`: the old `square_avg`'s weight.
+    pub alpha: f64,
+    /// `eps`: added to the root.
+    pub eps: f64,
+    /// `weight_decay`: L2, added to the gradient.
+    pub weight_decay: f64,
+    /// `momentum` (0: no `momentum_buffer`).
+    pub momentum: f64,
+    /// `centered`: subtract the squared `grad_avg` under the root.
+    pub centered: bool,
+    /// `maximize`: ascend the gradient.
+    pub maximize: bool,
+}
 
 /// PyTorch's RMSprop state for one parameter. PyTorch creates every tensor as zeros on the
 /// first step; `momentum_buffer` only when `momentum > 0`, `grad_avg` only when `centered`.

@@ -7,8 +7,7 @@
 //! the paper's Algorithm 1 writes `1 -` them, has no bias correction and puts `eps` inside
 //! the root: the code, which the conformance vectors follow, is what this file transcribes.
 
-use super::api::DType;
-use super::dtype::round;
+use super::dtype::{round, DType};
 
 /// The hyperparameters of `adan.Adan`, under the official names, with its defaults
 /// (`adan.py` lines 47-55 of `Adan.__init__`).
@@ -172,22 +171,6 @@ impl AdanOracle {
                 // neg_grad_or_diff.zero_().add_(grad, alpha=-1.0) (line 293)
                 neg_pre_grad[e] = round(sd, -g);
             }
-        }
-    }
-}
-
-impl From<&super::api::Adan> for AdanHyperparameters {
-    /// The crate's configuration under the official names.
-    fn from(c: &super::api::Adan) -> Self {
-        AdanHyperparameters {
-            lr: c.lr,
-            beta1: c.beta1,
-            beta2: c.beta2,
-            beta3: c.beta3,
-            eps: c.eps,
-            weight_decay: c.weight_decay,
-            max_grad_norm: c.max_grad_norm,
-            no_prox: c.no_prox,
         }
     }
 }
