@@ -1,5 +1,5 @@
 //! RMSprop (PyTorch's `torch.optim.RMSprop`) on the GPU and on the CPU backend against the
-//! f64 oracle (`testkit/src/oracle/rmsprop.rs`): plain, centered, momentum, maximize and
+//! f64 oracle (`oracle/src/rmsprop.rs`): plain, centered, momentum, maximize and
 //! weight decay; f32, f16 and bf16 storage with the state in another dtype than the
 //! parameter's; master weights; two groups with different hyperparameters; capturable mode
 //! (the device's learning rate); global clipping; Kahan and stochastic rounding; checkpoints
