@@ -82,11 +82,15 @@ pub struct StepScalars(KernelStep);
 
 impl StepScalars {
     /// The scalars of step `t` (counted from 1) of `algorithm`, checked as [`update`] checks
-    /// them.
+    /// them: an algorithm whose step needs what only an optimizer keeps is refused here as
+    /// there (Adafactor; Schedule-Free AdamW, whose steps come from [`Self::after`]).
     pub fn at(algorithm: &Algorithm, t: u64) -> Result<Self> {
         algorithm.validate()?;
         if t == 0 {
             return Err(Error::BadStep { argument: "step", step: 0.0, problem: StepProblem::Zero });
+        }
+        if let Some(reason) = algorithm.stateless_refusal() {
+            return Err(Error::ConflictingOptions { first: "ops::StepScalars", second: "algorithm", reason });
         }
         Ok(StepScalars(algorithm.kernel_step(t)))
     }

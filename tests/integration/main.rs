@@ -54,6 +54,7 @@ mod cpu;
 mod cpu_checkpoint;
 mod directml;
 mod failed_steps;
+mod front_end;
 #[cfg(feature = "checkpoint")]
 mod fuzz_loaders;
 #[cfg(all(feature = "cpu", feature = "checkpoint"))]
