@@ -16,47 +16,7 @@ use wgpu_optim::{
 use wgpu_optim_burn::{adam_from_config, FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::{clip_grad_norm, ScheduleFreeOracle, ToOracle, TorchState};
 
-fn shared() -> SharedDevice {
-    SharedDevice::headless_blocking().unwrap_or_else(|e| panic!("Burn tests need an adapter: {e}"))
-}
-
-fn tensor(values: &[f64], device: &Device) -> Tensor<1> {
-    let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
-    Tensor::from_data(TensorData::new(data, [values.len()]), device)
-}
-
-fn values<const D: usize>(t: Tensor<D>) -> Vec<f64> {
-    t.into_data()
-        .try_to_vec::<f32>()
-        .unwrap_or_else(|e| panic!("reading a Burn tensor: {e:?}"))
-        .into_iter()
-        .map(f64::from)
-        .collect()
-}
-
-/// A module of 1-D parameters, so that tests choose every value.
-#[derive(Module, Debug)]
-struct Params {
-    params: Vec<Param<Tensor<1>>>,
-}
-
-impl Params {
-    fn new(values: &[Vec<f64>], device: &Device) -> Self {
-        Params { params: values.iter().map(|v| Param::from_tensor(tensor(v, device))).collect() }
-    }
-
-    fn grads(&self, grads: &[Vec<f64>], device: &Device) -> GradientsParams {
-        let mut out = GradientsParams::new();
-        for (p, g) in self.params.iter().zip(grads) {
-            out.register(p.id, tensor(g, device));
-        }
-        out
-    }
-
-    fn values(&self) -> Vec<Vec<f64>> {
-        self.params.iter().map(|p| values(p.val())).collect()
-    }
-}
+use crate::common::{shared, tensor, values, Params};
 
 /// `steps` gradients for parameters of the given lengths.
 fn gradient_steps(rng: &mut Rng, lens: &[usize], steps: usize) -> Vec<Vec<Vec<f64>>> {

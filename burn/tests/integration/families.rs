@@ -2,45 +2,11 @@
 //! after Adam, SGD and Adagrad through the front end's generic path (no Burn code names
 //! them), against the oracle.
 
-use burn::module::{Module, Param};
-use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor, TensorData};
 use wgpu_optim::{Adan, Adopt, Algorithm, Lion};
 use wgpu_optim_burn::{FusedOptimizer, ModuleStep, SharedDevice};
 use wgpu_optim_testkit::oracle::{ToOracle, TorchState};
 
-use crate::common::{assert_close, Rng, Tolerance};
-
-#[derive(Module, Debug)]
-struct Params {
-    params: Vec<Param<Tensor<1>>>,
-}
-
-fn tensor(values: &[f64], device: &Device) -> Tensor<1> {
-    let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
-    Tensor::from_data(TensorData::new(data, [values.len()]), device)
-}
-
-impl Params {
-    fn new(values: &[Vec<f64>], device: &Device) -> Self {
-        Params { params: values.iter().map(|v| Param::from_tensor(tensor(v, device))).collect() }
-    }
-
-    fn grads(&self, grads: &[Vec<f64>], device: &Device) -> GradientsParams {
-        let mut out = GradientsParams::new();
-        for (p, g) in self.params.iter().zip(grads) {
-            out.register(p.id, tensor(g, device));
-        }
-        out
-    }
-
-    fn values(&self) -> Vec<Vec<f64>> {
-        self.params
-            .iter()
-            .map(|p| p.val().into_data().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect())
-            .collect()
-    }
-}
+use crate::common::{assert_close, Params, Rng, Tolerance};
 
 /// `algorithm` over `steps` steps through Burn's `FusedOptimizer` and `ModuleStep`, each
 /// against the oracle; `name` in the messages.
