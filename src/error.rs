@@ -292,9 +292,9 @@ pub enum Error {
         /// What is missing or wrong, naming the field.
         problem: String,
     },
-    /// Burn's side of the `burn` feature refused: a tensor not on Burn's wgpu runtime or not
-    /// on the shared device, a device that cannot be shared, a record or config this crate
-    /// cannot convert. Present in every build (never constructed without the feature).
+    /// Burn's side refused (the `wgpu-optim-burn` crate constructs it): a tensor not on
+    /// Burn's wgpu runtime or not on the shared device, a device that cannot be shared, a
+    /// record or config that cannot be converted.
     #[error("Burn ({cause}): {detail}")]
     Burn {
         /// The kind of refusal.
@@ -329,6 +329,21 @@ pub enum Error {
         algorithm: &'static str,
         /// The shapes it takes, and where the others go.
         expected: &'static str,
+    },
+    /// A collective across ranks ([`shard::Communicator`](crate::shard::Communicator)) did
+    /// not complete: another rank left the group (it panicked or ended), none answered within
+    /// the transport's timeout, or the ranks passed what cannot go together (lengths,
+    /// configurations). Every rank that takes part gets it, so none waits forever.
+    #[error("{operation} on rank {rank} of {size}: {problem}")]
+    Collective {
+        /// The collective (`all_gather`, `all_reduce`, `check_same` with what it checked).
+        operation: String,
+        /// This rank.
+        rank: usize,
+        /// The number of ranks.
+        size: usize,
+        /// What went wrong, naming the rank or the values concerned.
+        problem: String,
     },
 }
 

@@ -81,6 +81,9 @@
 //! - [`Checkpoint`], [`CHECKPOINT_FORMAT`] (feature `checkpoint`): a saved optimizer's
 //!   contents, read without an optimizer.
 //! - [`cpu`] (feature `cpu`): [`cpu::CpuOptimizer`], the same algorithms on all cores.
+//! - [`shard`] (not in wasm32): the collectives of a step sharded across ranks (ZeRO-1),
+//!   [`shard::Communicator`], with ranks on threads ([`shard::InProcess`]); every reduction
+//!   gives every rank the same bits.
 //! - [`q8`]: bitsandbytes' blockwise 8-bit state ([`q8::Q8States`] to ask for it,
 //!   [`q8::StoredState`] to read, write and check it); [`q4`]: torchao's 4-bit state
 //!   ([`q4::Q4States`], [`q4::Q4State`]).
@@ -118,6 +121,8 @@ mod options;
 mod oracle;
 pub mod q4;
 pub mod q8;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod shard;
 mod state_storage;
 mod state_view;
 mod step;

@@ -1,0 +1,98 @@
+//! Optimizer state sharded across ranks (ZeRO-1): the collectives a sharded step needs
+//! ([`Communicator`]) and their transports.
+//!
+//! A sharded trainer holds the whole model on every rank, reduces the gradients across
+//! ranks, updates only its slice of the parameters with only its slice of the state, and
+//! gathers the updated slices back (DeepSpeed's ZeRO-1, Megatron's distributed optimizer).
+//! What crosses ranks is small and fixed: a few scalars (partial norms, found-inf), byte
+//! ranges (parameter shards), and a check that every rank was configured alike.
+//!
+//! Every reduction here gives every rank the same bits: the ranks' contributions are
+//! gathered and combined in rank order on each rank ([`Communicator::all_reduce_f64`]),
+//! never in whatever order a transport's tree happens to add them. A sharded global norm
+//! is then one value everywhere, and so is the clip coefficient made from it.
+//!
+//! Transports: [`InProcess`] (ranks on threads of one process, for tests and for a trainer
+//! that drives several devices from one process). A rank that leaves the group (panics or
+//! ends) or stops answering makes the others' collectives fail with
+//! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
+
+mod in_process;
+
+pub use in_process::InProcess;
+
+use crate::{Error, Result};
+
+/// How the ranks' values combine in [`Communicator::all_reduce_f64`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// The sum, added in rank order (rank 0's value first).
+    Sum,
+    /// The largest (NaN if any rank's is NaN, as a norm over NaN gradients is).
+    Max,
+}
+
+/// The collectives of a sharded step, over a group of ranks that each hold one value of
+/// this type and call the same collectives in the same order.
+///
+/// A transport implements [`Self::all_gather_bytes`]; the rest are built on it, so every
+/// transport combines values alike (in rank order, the same bits on every rank).
+pub trait Communicator {
+    /// This rank, from 0.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks in the group.
+    fn size(&self) -> usize;
+
+    /// Every rank's `mine`, concatenated in rank order. Every rank passes the same number of
+    /// bytes; different lengths are [`Error::Collective`] on every rank, naming them.
+    fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()> {
+        self.all_gather_bytes(&[]).map(drop)
+    }
+
+    /// `values` combined elementwise across ranks with `op`, in place: gathered, then
+    /// combined in rank order on every rank, so that every rank holds the same bits.
+    fn all_reduce_f64(&self, values: &mut [f64], op: ReduceOp) -> Result<()> {
+        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.all_gather_bytes(&mine)?;
+        let per_rank = mine.len();
+        for (i, value) in values.iter_mut().enumerate() {
+            let at = |rank: usize| {
+                let start = rank * per_rank + i * 8;
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(&all[start..start + 8]);
+                f64::from_le_bytes(bytes)
+            };
+            *value = (1..self.size()).fold(at(0), |acc, rank| match op {
+                ReduceOp::Sum => acc + at(rank),
+                ReduceOp::Max if acc.is_nan() || at(rank).is_nan() => f64::NAN,
+                ReduceOp::Max => acc.max(at(rank)),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank passes the same `mine` (an encoding of its configuration:
+    /// world size, layout, algorithm), so that ranks set up differently are refused before
+    /// any step. `what` names it in the error, with the first rank that differs from rank 0.
+    fn check_same(&self, what: &str, mine: &[u8]) -> Result<()> {
+        let lengths = self.all_gather_bytes(&(mine.len() as u64).to_le_bytes())?;
+        let differs = |rank: usize| Error::Collective {
+            operation: format!("check_same({what})"),
+            rank: self.rank(),
+            size: self.size(),
+            problem: format!("rank {rank}'s {what} differs from rank 0's"),
+        };
+        if let Some(rank) = (1..self.size()).find(|r| lengths[r * 8..r * 8 + 8] != lengths[..8]) {
+            return Err(differs(rank));
+        }
+        let all = self.all_gather_bytes(mine)?;
+        match (1..self.size()).find(|r| all[r * mine.len()..(r + 1) * mine.len()] != all[..mine.len()]) {
+            Some(rank) => Err(differs(rank)),
+            None => Ok(()),
+        }
+    }
+}
