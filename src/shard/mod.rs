@@ -13,13 +13,18 @@
 //! is then one value everywhere, and so is the clip coefficient made from it.
 //!
 //! Transports: [`InProcess`] (ranks on threads of one process, for tests and for a trainer
-//! that drives several devices from one process). A rank that leaves the group (panics or
+//! that drives several devices from one process) and, with the `mpi` feature, `Mpi` (a rank
+//! per process under `mpirun`; `examples/shard_mpi.rs` checks it). A rank that leaves the group (panics or
 //! ends) or stops answering makes the others' collectives fail with
 //! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
 
 mod in_process;
+#[cfg(feature = "mpi")]
+mod mpi;
 
 pub use in_process::InProcess;
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
 
 use crate::{Error, Result};
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The sharding collectives over MPI (feature `mpi`): installs OpenMPI and libclang where
+# they are missing (Debian or Ubuntu; as root, or with sudo), lints and builds
+# examples/shard_mpi.rs, runs it on 1, 2 and 3 ranks (3 on two cores: --oversubscribe),
+# and checks that a rank that panics mid-step ends the job with an error within seconds.
+# `.ci/run` runs it. Usage: tools/mpi-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=()
+command -v mpirun >/dev/null 2>&1 || packages+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || packages+=(libopenmpi-dev)
+# bindgen (mpi-sys) loads libclang.
+ldconfig -p | grep -q 'libclang[-.0-9]*\.so' || packages+=(libclang-dev)
+if [ ${#packages[@]} -gt 0 ]; then
+    as_root=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "mpi-check: need ${packages[*]} (run as root)" >&2; exit 1; }
+        as_root=(sudo)
+    fi
+    echo "mpi-check: installing ${packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${as_root[@]}" apt-get update -qq
+    "${as_root[@]}" apt-get install -y -qq "${packages[@]}" >/dev/null
+fi
+
+# The native feature set of .ci/run and tools/test.sh, plus `mpi`: only the library is
+# compiled again.
+FEATURES=(--features wgpu-optim/gles,wgpu-optim/mpi)
+cargo clippy "${FEATURES[@]}" --lib --example shard_mpi -- -D warnings
+cargo build "${FEATURES[@]}" --example shard_mpi
+example=target/debug/examples/shard_mpi
+# mpirun as root (CI) needs the flag; OpenMPI in some containers needs the vader setting.
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+run() { timeout 120 mpirun --allow-run-as-root --oversubscribe "$@"; }
+
+for ranks in 1 2 3; do
+    run -np "$ranks" "$example"
+done
+
+start=$SECONDS
+if run -np 2 "$example" --panic-rank 1 >/tmp/mpi-check-panic.log 2>&1; then
+    echo "mpi-check: a rank panicked, yet the job succeeded" >&2
+    exit 1
+fi
+took=$((SECONDS - start))
+grep -q "rank 1 fails mid-step" /tmp/mpi-check-panic.log
+if [ "$took" -gt 30 ]; then
+    echo "mpi-check: the job with a panicking rank took $took s to end" >&2
+    exit 1
+fi
+echo "mpi-check: a panicking rank ended the job with an error in $took s"
