@@ -1,5 +1,5 @@
 //! The sharding collectives over MPI, checked on every rank: the all-gather in rank order,
-//! sums and maxima with the same bits on every rank as the rank-order fold, and the
+//! the reduce-scatter (over MPI's all-to-all), sums and maxima with the same bits on every rank as the rank-order fold, and the
 //! refusal of ranks configured apart. Run with the `mpi` feature under `mpirun`:
 //!
 //! ```sh
@@ -38,6 +38,16 @@ fn check(comm: &dyn Communicator, panic_rank: Option<usize>) -> Result<(), Strin
     if sums.iter().map(|v| v.to_bits()).ne(in_order.iter().map(|v| v.to_bits())) {
         return Err(format!("sums {sums:?}, expected the rank-order fold {in_order:?}"));
     }
+    // The gradient reduce-scatter: two elements per shard, summed in rank order.
+    let input = |r: usize| -> Vec<f32> {
+        (0..2 * size).map(|i| [1e8f32, 1.0, -1e8, 0.1][(r + i) % 4] * (1 + i % 3) as f32).collect()
+    };
+    let shard = comm.reduce_scatter_f32(&input(rank)).map_err(|e| e.to_string())?;
+    let want: Vec<f32> =
+        (2 * rank..2 * rank + 2).map(|i| (1..size).fold(input(0)[i], |acc, r| acc + input(r)[i])).collect();
+    if shard.iter().map(|v| v.to_bits()).ne(want.iter().map(|v| v.to_bits())) {
+        return Err(format!("reduce-scatter shard {shard:?}, expected {want:?}"));
+    }
     let mut largest = [rank as f64, -(rank as f64)];
     comm.all_reduce_f64(&mut largest, ReduceOp::Max).map_err(|e| e.to_string())?;
     if largest != [(size - 1) as f64, 0.0] {
@@ -50,7 +60,7 @@ fn check(comm: &dyn Communicator, panic_rank: Option<usize>) -> Result<(), Strin
         Ok(()) if size == 1 => {}
         other => return Err(format!("a rank configured apart gave {other:?}")),
     }
-    println!("rank {rank} of {size}: all_gather, sum, max and check_same as expected; sums {sums:?}");
+    println!("rank {rank} of {size}: all_gather, sum, reduce-scatter, max and check_same as expected; sums {sums:?}");
     Ok(())
 }
 

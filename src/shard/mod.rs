@@ -53,6 +53,33 @@ pub trait Communicator {
     /// bytes; different lengths are [`Error::Collective`] on every rank, naming them.
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>>;
 
+    /// Chunk `r` of every rank's `mine` (cut into [`Self::size`] equal chunks), concatenated
+    /// in rank order, on rank `r`: the exchange under a reduce-scatter, where each rank
+    /// receives only the `(size - 1) / size` of the data it reduces. Built on
+    /// [`Self::all_gather_bytes`] (every rank receives everything); a transport with its
+    /// own all-to-all overrides it.
+    fn all_to_all_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        let chunk = check_chunks(self, "all_to_all", mine.len())?;
+        let all = self.all_gather_bytes(mine)?;
+        let rank = self.rank();
+        Ok((0..self.size()).flat_map(|r| &all[r * mine.len() + rank * chunk..][..chunk]).copied().collect())
+    }
+
+    /// Rank `r`'s shard of the elementwise sum of every rank's `values` (their length a
+    /// multiple of [`Self::size`], shard `r` the `r`-th equal part), added in rank order:
+    /// the gradient reduce-scatter of a sharded step.
+    fn reduce_scatter_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
+        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        check_chunks(self, "reduce_scatter", mine.len())?;
+        let parts = self.all_to_all_bytes(&mine)?;
+        let shard = values.len() / self.size();
+        let at = |rank: usize, i: usize| {
+            let start = (rank * shard + i) * 4;
+            f32::from_le_bytes([parts[start], parts[start + 1], parts[start + 2], parts[start + 3]])
+        };
+        Ok((0..shard).map(|i| (1..self.size()).fold(at(0, i), |acc, rank| acc + at(rank, i))).collect())
+    }
+
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()> {
         self.all_gather_bytes(&[]).map(drop)
@@ -100,4 +127,17 @@ pub trait Communicator {
             None => Ok(()),
         }
     }
+}
+
+/// The chunk length of `len` bytes cut into one equal chunk per rank, or why it cannot be.
+fn check_chunks<C: Communicator + ?Sized>(comm: &C, operation: &str, len: usize) -> Result<usize> {
+    if !len.is_multiple_of(comm.size()) {
+        return Err(Error::Collective {
+            operation: operation.into(),
+            rank: comm.rank(),
+            size: comm.size(),
+            problem: format!("{len} bytes do not split into {} equal chunks", comm.size()),
+        });
+    }
+    Ok(len / comm.size())
 }

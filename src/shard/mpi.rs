@@ -71,6 +71,30 @@ impl Communicator for Mpi {
         Ok(all)
     }
 
+    fn all_to_all_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        // The same length on every rank, and one that splits into a chunk per rank.
+        let all_lengths = self.all_gather_bytes(&(mine.len() as u64).to_le_bytes())?;
+        if all_lengths.chunks(8).any(|l| l != (mine.len() as u64).to_le_bytes())
+            || !mine.len().is_multiple_of(self.size())
+        {
+            return Err(Error::Collective {
+                operation: "all_to_all".into(),
+                rank: self.rank(),
+                size: self.size(),
+                problem: format!(
+                    "every rank passes one length that splits into {} equal chunks; this rank passed {} bytes",
+                    self.size(),
+                    mine.len()
+                ),
+            });
+        }
+        let mut out = vec![0u8; mine.len()];
+        if !mine.is_empty() {
+            self.world.all_to_all_into(mine, &mut out[..]);
+        }
+        Ok(out)
+    }
+
     fn barrier(&self) -> Result<()> {
         self.world.barrier();
         Ok(())

@@ -82,6 +82,36 @@ fn all_gather_concatenates_in_rank_order() {
 }
 
 #[test]
+fn reduce_scatter_gives_each_rank_its_shard_of_the_rank_order_sum() {
+    for size in 1..=4 {
+        // Two elements per shard; element i of rank r is one of the order-sensitive values.
+        let input = |rank: usize| -> Vec<f32> {
+            (0..2 * size).map(|i| [1e8f32, 1.0, -1e8, 0.1][(rank + i) % 4] * (1 + i % 3) as f32).collect()
+        };
+        let sum: Vec<f32> =
+            (0..2 * size).map(|i| (1..size).fold(input(0)[i], |acc, r| acc + input(r)[i])).collect();
+        let got = on_ranks(size, LONG, |c| c.reduce_scatter_f32(&input(c.rank())).unwrap());
+        for (rank, shard) in got.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(shard), bits(&sum[2 * rank..2 * rank + 2]), "{size} ranks, rank {rank}");
+        }
+    }
+    let got = on_ranks(3, LONG, |c| c.reduce_scatter_f32(&[1.0; 4]));
+    for result in got {
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("16 bytes do not split into 3 equal chunks"), "{err}");
+    }
+}
+
+#[test]
+fn all_to_all_hands_rank_r_every_ranks_chunk_r() {
+    let got = on_ranks(3, LONG, |c| {
+        c.all_to_all_bytes(&[10 * c.rank() as u8, 10 * c.rank() as u8 + 1, 10 * c.rank() as u8 + 2]).unwrap()
+    });
+    assert_eq!(got, [vec![0, 10, 20], vec![1, 11, 21], vec![2, 12, 22]]);
+}
+
+#[test]
 fn different_lengths_are_refused_on_every_rank() {
     let got = on_ranks(3, LONG, |c| c.all_gather_bytes(&vec![0u8; 4 + 4 * (c.rank() == 2) as usize]));
     for (rank, result) in got.into_iter().enumerate() {
