@@ -5,7 +5,9 @@
 //! ranks, updates only its slice of the parameters with only its slice of the state, and
 //! gathers the updated slices back (DeepSpeed's ZeRO-1, Megatron's distributed optimizer).
 //! What crosses ranks is small and fixed: a few scalars (partial norms, found-inf), byte
-//! ranges (parameter shards), and a check that every rank was configured alike.
+//! ranges (parameter shards), and a check that every rank was configured alike. Which
+//! elements each rank owns is the [`FlatLayout`]: a group's tensors in one flat range cut
+//! into equal shards.
 //!
 //! Every reduction here gives every rank the same bits: the ranks' contributions are
 //! gathered and combined in rank order on each rank ([`Communicator::all_reduce_f64`]),
@@ -19,10 +21,12 @@
 //! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
 
 mod in_process;
+mod layout;
 #[cfg(feature = "mpi")]
 mod mpi;
 
 pub use in_process::InProcess;
+pub use layout::{FlatLayout, Piece};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
 
