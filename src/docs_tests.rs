@@ -41,3 +41,23 @@ fn every_family_is_on_the_crate_s_front_page() {
         assert!(front.contains(&link), "src/lib.rs's crate docs do not link {link}");
     }
 }
+
+/// README.md tells a user one way to run the tests, and CI runs exactly that: `.ci/run`
+/// calls `tools/test.sh`, and README names no other test command (the other forms are
+/// CONTRIBUTING.md's).
+#[test]
+fn readme_s_one_test_command_is_the_one_ci_runs() {
+    let readme = read("README.md");
+    let ci = read(".ci/run");
+    assert!(
+        readme.contains("```sh\ntools/test.sh\n```"),
+        "README.md shows `tools/test.sh` as its test command"
+    );
+    assert!(
+        ci.lines().any(|l| !l.trim_start().starts_with('#') && l.contains("tools/test.sh")),
+        ".ci/run runs tools/test.sh"
+    );
+    for other in ["cargo test", "cargo nextest"] {
+        assert!(!readme.contains(other), "README.md names `{other}`, which CI does not run as given");
+    }
+}
