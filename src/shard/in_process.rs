@@ -44,7 +44,7 @@ impl InProcess {
         if size == 0 {
             return Err(Error::BadValue {
                 argument: "size".into(),
-                problem: "a group has at least one rank".into(),
+                problem: "is 0, but a group has at least one rank".into(),
             });
         }
         let shared = Arc::new(Shared {

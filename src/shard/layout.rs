@@ -39,7 +39,8 @@ impl FlatLayout {
         if ranks == 0 || align == 0 {
             return Err(Error::BadValue {
                 argument: if ranks == 0 { "ranks" } else { "align" }.into(),
-                problem: "a flat layout needs at least one rank and an alignment of at least 1".into(),
+                problem: "is 0, but a flat layout needs at least one rank and an alignment of at least 1"
+                    .into(),
             });
         }
         let mut starts = Vec::with_capacity(lens.len());

@@ -64,7 +64,7 @@ pub trait Communicator {
     /// own all-to-all overrides it.
     fn all_to_all_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
         let chunk = check_chunks(self, "all_to_all", mine.len())?;
-        let all = self.all_gather_bytes(mine)?;
+        let all = self.all_gather_bytes(mine).map_err(|e| called_as("all_to_all", e))?;
         let rank = self.rank();
         Ok((0..self.size()).flat_map(|r| &all[r * mine.len() + rank * chunk..][..chunk]).copied().collect())
     }
@@ -75,7 +75,7 @@ pub trait Communicator {
     fn reduce_scatter_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
         let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         check_chunks(self, "reduce_scatter", mine.len())?;
-        let parts = self.all_to_all_bytes(&mine)?;
+        let parts = self.all_to_all_bytes(&mine).map_err(|e| called_as("reduce_scatter", e))?;
         let shard = values.len() / self.size();
         let at = |rank: usize, i: usize| {
             let start = (rank * shard + i) * 4;
@@ -93,7 +93,7 @@ pub trait Communicator {
     /// combined in rank order on every rank, so that every rank holds the same bits.
     fn all_reduce_f64(&self, values: &mut [f64], op: ReduceOp) -> Result<()> {
         let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.all_gather_bytes(&mine)?;
+        let all = self.all_gather_bytes(&mine).map_err(|e| called_as("all_reduce", e))?;
         let per_rank = mine.len();
         for (i, value) in values.iter_mut().enumerate() {
             let at = |rank: usize| {
@@ -115,7 +115,8 @@ pub trait Communicator {
     /// world size, layout, algorithm), so that ranks set up differently are refused before
     /// any step. `what` names it in the error, with the first rank that differs from rank 0.
     fn check_same(&self, what: &str, mine: &[u8]) -> Result<()> {
-        let lengths = self.all_gather_bytes(&(mine.len() as u64).to_le_bytes())?;
+        let check = |e| called_as(&format!("check_same({what})"), e);
+        let lengths = self.all_gather_bytes(&(mine.len() as u64).to_le_bytes()).map_err(check)?;
         let differs = |rank: usize| Error::Collective {
             operation: format!("check_same({what})"),
             rank: self.rank(),
@@ -125,7 +126,7 @@ pub trait Communicator {
         if let Some(rank) = (1..self.size()).find(|r| lengths[r * 8..r * 8 + 8] != lengths[..8]) {
             return Err(differs(rank));
         }
-        let all = self.all_gather_bytes(mine)?;
+        let all = self.all_gather_bytes(mine).map_err(check)?;
         match (1..self.size()).find(|r| all[r * mine.len()..(r + 1) * mine.len()] != all[..mine.len()]) {
             Some(rank) => Err(differs(rank)),
             None => Ok(()),
@@ -144,4 +145,15 @@ fn check_chunks<C: Communicator + ?Sized>(comm: &C, operation: &str, len: usize)
         });
     }
     Ok(len / comm.size())
+}
+
+/// `error` from the collective under `operation`, named as the caller's: "reduce_scatter
+/// (all_to_all (all_gather))" rather than the transport's primitive alone.
+fn called_as(operation: &str, error: Error) -> Error {
+    match error {
+        Error::Collective { operation: inner, rank, size, problem } => {
+            Error::Collective { operation: format!("{operation} ({inner})"), rank, size, problem }
+        }
+        other => other,
+    }
 }

@@ -101,6 +101,16 @@ fn reduce_scatter_gives_each_rank_its_shard_of_the_rank_order_sum() {
         let err = result.unwrap_err();
         assert!(err.to_string().contains("16 bytes do not split into 3 equal chunks"), "{err}");
     }
+    // Ranks that pass different lengths: the error names the collective the caller made.
+    let got = on_ranks(2, LONG, |c| c.reduce_scatter_f32(&vec![1.0; 2 + 2 * c.rank()]));
+    for result in got {
+        let err = result.unwrap_err();
+        assert!(
+            err.to_string().starts_with("reduce_scatter (all_to_all (all_gather)) on rank")
+                && err.to_string().contains("[8, 16]"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
