@@ -135,6 +135,13 @@ pub(crate) trait FamilyConfig: Copy {
     fn needs_matrix(&self) -> bool {
         false
     }
+
+    /// Why a sharded optimizer ([`crate::shard`]) cannot run it yet, where its step looks at
+    /// whole tensors that a shard may cut (LAMB's norms, Adafactor's row and column sums,
+    /// Muon's matrices); `None` (the elementwise families): a shard's pieces step alone.
+    fn shard_refusal(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// From the family registry (`crate::family::registry`, one line per family:
@@ -441,6 +448,14 @@ macro_rules! algorithms {
             pub fn needs_matrix(&self) -> bool {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::needs_matrix(c),)*
+                }
+            }
+
+            /// Why a sharded optimizer cannot run it yet (`None`: it can).
+            #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+            pub(crate) fn shard_refusal(&self) -> Option<&'static str> {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::shard_refusal(c),)*
                 }
             }
         }

@@ -52,7 +52,7 @@ pub(crate) mod host;
 pub(crate) mod kernels;
 mod magnitude_key;
 mod mode;
-mod norm;
+pub(crate) mod norm;
 pub(crate) mod passes;
 mod q4;
 pub(crate) mod q8;
@@ -130,7 +130,7 @@ pub struct CpuOptimizer {
 #[derive(Clone, Debug)]
 #[must_use = "an optimizer builder does nothing until `build`"]
 pub struct CpuOptimizerBuilder {
-    options: OptimizerOptions,
+    pub(crate) options: OptimizerOptions,
 }
 
 impl CpuOptimizerBuilder {
@@ -357,6 +357,17 @@ impl CpuOptimizer {
     /// ([`Error::DTypeMismatch`]) or length ([`Error::LengthMismatch`]) differs from the
     /// one it was built for, or when a gradient's length differs from its parameter's.
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        self.step_with_norm(params, grads, None)
+    }
+
+    /// [`Self::step`], clipping (when the optimizer clips) by `total_norm` where it is
+    /// given, the norm of every rank's gradients, instead of the norm of `grads` alone.
+    pub(crate) fn step_with_norm(
+        &mut self,
+        params: &mut [HostSliceMut<'_>],
+        grads: &[HostSlice<'_>],
+        total_norm: Option<f32>,
+    ) -> Result<()> {
         self.check(params, grads)?;
         self.check_train_mode("step")?;
         let t = self.step + 1;
@@ -375,7 +386,7 @@ impl CpuOptimizer {
         let mut kernel = Kernel::new(&kernel_step);
         let mut grad_scale = 1.0;
         if let Some(clip) = &self.clip {
-            let total_norm = norm::global_norm(grads, clip.clip.norm_type);
+            let total_norm = total_norm.unwrap_or_else(|| norm::global_norm(grads, clip.clip.norm_type));
             grad_scale = clip.coefficient(total_norm);
             kernel = kernel.with_grad_scale(grad_scale);
             self.grad_norm = Some(total_norm);

@@ -12,11 +12,12 @@ use crate::{Algorithm, Result, Tensor};
 impl Optimizer {
     /// With 8-bit or 4-bit state: the step, one dispatch per variant, group and set of
     /// buffers, after the norm pass when clipping. Nothing is read back. Without low-bit
-    /// state it records nothing.
+    /// state it records nothing. `norm_given`: as in `record_uncommitted`, no norm pass.
     pub(super) fn record_low_bit_step(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         grads: &[Tensor],
+        norm_given: bool,
     ) -> Result<()> {
         self.check_grads(grads)?;
         // Each format's kernels take the step in their library's form (bitsandbytes',
@@ -58,7 +59,8 @@ impl Optimizer {
         self.uniforms.record_write(encoder, &self.uniform_bytes)?;
         let mut pass = encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
-        if let (Some(clip), Some(norm)) = (&self.clip, self.bound.first().and_then(|b| b.norm.as_ref())) {
+        let norm = self.bound.first().and_then(|b| b.norm.as_ref()).filter(|_| !norm_given);
+        if let (Some(clip), Some(norm)) = (&self.clip, norm) {
             clip.record(&mut pass, norm);
         }
         if let Some(engine) = &self.q8 {

@@ -30,6 +30,8 @@ mod mode;
 mod options;
 pub(crate) mod passes;
 mod record;
+#[cfg(not(target_arch = "wasm32"))]
+mod sharded;
 mod validate;
 mod written;
 

@@ -45,7 +45,7 @@ impl Optimizer {
     /// ([`Error::OverlapsWritten`], naming both): the step updates every tensor in one pass,
     /// so it would read values already updated.
     pub fn record_step(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
-        self.record_uncommitted(encoder, grads)?;
+        self.record_uncommitted(encoder, grads, false)?;
         self.commit_step();
         Ok(())
     }
@@ -58,7 +58,7 @@ impl Optimizer {
         // Named as the user called it, before `record_step` would name itself.
         self.check_train_mode("step")?;
         let ctx = self.ctx.clone();
-        ctx.submit("wgpu-optim step", |encoder| self.record_uncommitted(encoder, grads))?;
+        ctx.submit("wgpu-optim step", |encoder| self.record_uncommitted(encoder, grads, false))?;
         self.commit_step();
         Ok(())
     }
@@ -68,7 +68,14 @@ impl Optimizer {
     /// in [`Self::commit_step`], once the step is recorded ([`Self::record_step`]) or
     /// submitted ([`Self::step`]), so that a step that fails at either leaves them as they
     /// were. What it caches (bind groups, rewritten Muon slots) is right whatever happens.
-    fn record_uncommitted(&mut self, encoder: &mut wgpu::CommandEncoder, grads: &[Tensor]) -> Result<()> {
+    /// `norm_given`: the clip buffer already holds this step's norm and coefficient (a
+    /// sharded step's, combined across ranks), so no norm pass is recorded.
+    pub(super) fn record_uncommitted(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        grads: &[Tensor],
+        norm_given: bool,
+    ) -> Result<()> {
         self.ctx.check_alive()?;
         self.check_train_mode("record_step")?;
         // Values of an earlier step that failed before its commit are not this step's.
@@ -76,7 +83,7 @@ impl Optimizer {
             passes.discard();
         }
         if self.q8.is_some() || self.q4.is_some() {
-            return self.record_low_bit_step(encoder, grads);
+            return self.record_low_bit_step(encoder, grads, norm_given);
         }
         // Taken for these gradients only; the plain norm pass is right in any case, since it
         // reads the gradients the unscale pass left.
@@ -86,7 +93,7 @@ impl Optimizer {
         // The plain norm pass, built at the first step that needs it (with AMP and f32
         // gradients the unscale pass takes the norm instead).
         if let (Some(clip), Some(bound)) = (&self.clip, self.bound.first_mut()) {
-            if !norm_taken && bound.norm.is_none() {
+            if !norm_taken && !norm_given && bound.norm.is_none() {
                 bound.norm = Some(clip.bind(&self.ctx, grads, None)?);
             }
         }
@@ -116,7 +123,7 @@ impl Optimizer {
         if let Some(device) = &self.device {
             device.record_advance(&mut pass);
         }
-        if let Some(clip) = &self.clip {
+        if let Some(clip) = self.clip.as_ref().filter(|_| !norm_given) {
             match (&bound.unscale_norm, &bound.norm) {
                 (Some(taken), _) if norm_taken => clip.record_finalize(&mut pass, taken),
                 (_, Some(norm)) => clip.record(&mut pass, norm),
@@ -138,7 +145,7 @@ impl Optimizer {
     /// The host's part of a step recorded by [`Self::record_uncommitted`]: the count
     /// advances, every group's uniform is current (it was written in the step), Schedule-Free
     /// takes its values after the step, and the AMP flags of the step's unscale are spent.
-    fn commit_step(&mut self) {
+    pub(super) fn commit_step(&mut self) {
         self.step += 1;
         for group in &mut self.groups {
             group.dirty = false;

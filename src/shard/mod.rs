@@ -20,15 +20,23 @@
 //! ends) or stops answering makes the others' collectives fail with
 //! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
 
+#[cfg(feature = "cpu")]
+mod cpu;
+mod gpu;
 mod in_process;
 mod layout;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod plan;
 
+#[cfg(feature = "cpu")]
+pub use cpu::ShardedCpuOptimizer;
+pub use gpu::ShardedOptimizer;
 pub use in_process::InProcess;
 pub use layout::{FlatLayout, Piece};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
+pub use plan::{GradReduction, StepSplit};
 
 use crate::{Error, Result};
 

@@ -83,6 +83,7 @@ mod rmsprop;
 mod rounding;
 mod scale;
 mod schedule_free;
+mod shard;
 #[cfg(all(feature = "cpu", feature = "checkpoint"))]
 mod torch_checkpoint;
 mod torch_trajectories;

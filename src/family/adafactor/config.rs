@@ -225,6 +225,10 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
+    fn shard_refusal(&self) -> Option<&'static str> {
+        Some("Adafactor's factored second moment needs each matrix's whole row and column sums, which a shard may cut; the sharded optimizer does not all-reduce them yet")
+    }
+
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 

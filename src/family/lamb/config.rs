@@ -149,6 +149,10 @@ impl LambNorms {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Lamb {
+    fn shard_refusal(&self) -> Option<&'static str> {
+        Some("LAMB's trust ratio needs each tensor's whole parameter and update norms, which a shard may cut; the sharded optimizer does not all-reduce them yet")
+    }
+
     const FAMILY: crate::step::Family = crate::step::Family::Lamb;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
     const STATELESS_PASSES: Option<crate::ops::RecordStateless> =

@@ -1,0 +1,250 @@
+//! The sharded optimizer on the CPU backend: a [`CpuOptimizer`] over this rank's pieces of
+//! the parameters.
+
+use std::time::Instant;
+
+use super::plan::{GradReduction, ShardPlan, StepSplit};
+use super::Communicator;
+use crate::cpu::{norm, CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
+use crate::{Algorithm, DType, Result, StateKind};
+
+/// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
+/// gradients for all of them; each rank keeps the state of its shard only (its pieces of
+/// the flat layout, [`super::FlatLayout`]), updates that shard, and the updated shards are
+/// gathered so that every rank ends the step with every parameter.
+///
+/// Every rank builds it alike (the same parameters' dtypes and lengths, algorithm and
+/// options), with its own [`Communicator`] of one group, and calls [`Self::step`] at
+/// every step; a rank built differently is refused at build time on every rank
+/// ([`Error::Collective`](crate::Error::Collective)). An elementwise family's step is the
+/// unsharded optimizer's, bit for bit, over the reduced gradients; with clipping, the
+/// global norm is combined from the ranks' partial sums in rank order, so every rank
+/// clips by the same bits.
+///
+/// ```
+/// # fn main() -> wgpu_optim::Result<()> {
+/// use std::time::Duration;
+/// use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+/// use wgpu_optim::shard::{GradReduction, InProcess, ShardedCpuOptimizer};
+/// use wgpu_optim::Adam;
+///
+/// let ranks = InProcess::group(2, Duration::from_secs(10))?;
+/// let handles: Vec<_> = ranks.into_iter().map(|comm| std::thread::spawn(move || {
+///     let mut weights = vec![0.5f32; 1000];
+///     let builder = CpuOptimizer::builder();
+///     let mut opt = ShardedCpuOptimizer::build(
+///         comm, builder, GradReduction::Mean, Adam::default(), &[HostSlice::from(&weights[..])])?;
+///     let grads = vec![0.01f32; 1000]; // this rank's gradients
+///     opt.step(&mut [HostSliceMut::from(&mut weights[..])], &[HostSlice::from(&grads[..])])?;
+///     Ok::<_, wgpu_optim::Error>(weights)
+/// })).collect();
+/// let results: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()?;
+/// assert_eq!(results[0], results[1]);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ShardedCpuOptimizer<C> {
+    comm: C,
+    plan: ShardPlan,
+    /// The optimizer of this rank's pieces (`None` when its shard holds only padding).
+    inner: Option<CpuOptimizer>,
+    last: StepSplit,
+}
+
+impl<C: Communicator> ShardedCpuOptimizer<C> {
+    /// Builds this rank's part over `params` (every parameter, as every rank holds them)
+    /// with `builder`'s options; the ranks' gradients combine as `reduction` says.
+    ///
+    /// Refused on every rank when the ranks' configurations differ, and
+    /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
+    /// sharded step does not run yet: LAMB, Adafactor and Muon, low-bit state, stochastic
+    /// rounding.
+    pub fn build(
+        comm: C,
+        builder: CpuOptimizerBuilder,
+        reduction: GradReduction,
+        algorithm: impl Into<Algorithm>,
+        params: &[HostSlice<'_>],
+    ) -> Result<Self> {
+        let algorithm = algorithm.into();
+        let lens: Vec<u64> = params.iter().map(|p| p.len() as u64).collect();
+        let dtypes: Vec<DType> = params.iter().map(|p| p.dtype()).collect();
+        let algorithms = vec![algorithm; params.len()];
+        let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
+        let pieces: Vec<HostSlice<'_>> = plan
+            .mine()
+            .iter()
+            .map(|piece| {
+                sub(params[piece.tensor], piece.elements.start as usize, piece.elements.end as usize)
+            })
+            .collect();
+        let inner = match pieces.is_empty() {
+            true => None,
+            // Pieces are flat: the parameters' shapes are not theirs.
+            false => Some(builder.param_shapes(Vec::new()).build(algorithm, &pieces)?),
+        };
+        Ok(ShardedCpuOptimizer { comm, plan, inner, last: StepSplit::default() })
+    }
+
+    /// One step: `grads` are this rank's gradients of every parameter; they are reduced
+    /// across ranks, this rank's shard of `params` is updated, and every rank's updated
+    /// shard is gathered into `params`, so that `params` ends the step equal on every rank.
+    ///
+    /// Refused before any collective when the counts, dtypes or lengths differ from the
+    /// parameters'. A rank that fails or leaves mid-step makes the others' step
+    /// [`Error::Collective`](crate::Error::Collective); `params` may then hold this rank's
+    /// shard updated and the others' not.
+    pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        self.check(params, grads)?;
+        let started = Instant::now();
+        let shard = self.plan.reduce_gradients(&self.comm, |i, out| {
+            widen(grads[i], out);
+            Ok(())
+        })?;
+        let pieces = self.plan.mine();
+        let piece_grads: Vec<HostSlice<'_>> = pieces
+            .iter()
+            .map(|p| {
+                HostSlice::F32(&shard[p.at as usize..(p.at + p.elements.end - p.elements.start) as usize])
+            })
+            .collect();
+        let partial = self.plan.clip.map_or(0.0, |norm_type| norm::partial(&piece_grads, norm_type));
+        let total_norm = self.plan.global_norm(&self.comm, partial)?;
+        let communicated = started.elapsed();
+
+        let updating = Instant::now();
+        let mut by_tensor: Vec<Option<&super::Piece>> = vec![None; params.len()];
+        for piece in pieces {
+            by_tensor[piece.tensor] = Some(piece);
+        }
+        let mut piece_params: Vec<HostSliceMut<'_>> = params
+            .iter_mut()
+            .zip(&by_tensor)
+            .filter_map(|(param, piece)| {
+                piece.map(|p| sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize))
+            })
+            .collect();
+        if let Some(inner) = &mut self.inner {
+            inner.step_with_norm(&mut piece_params, &piece_grads, total_norm)?;
+        }
+        let mine: Vec<u8> = piece_params.iter().flat_map(|p| bytes(p.as_slice())).collect();
+        let update = updating.elapsed();
+
+        let gathering = Instant::now();
+        self.plan.gather_params(&self.comm, mine, |piece, data| {
+            let param = sub_mut(
+                params[piece.tensor].reborrow(),
+                piece.elements.start as usize,
+                piece.elements.end as usize,
+            );
+            write_bytes(param, data);
+            Ok(())
+        })?;
+        self.last = StepSplit {
+            communication: communicated + gathering.elapsed(),
+            update,
+            sent_bytes: self.plan.sent_bytes(),
+        };
+        Ok(())
+    }
+
+    fn check(&self, params: &[HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        self.plan.check_counts("params", params.len())?;
+        self.plan.check_counts("grads", grads.len())?;
+        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
+            if param.dtype() != self.plan.dtypes[i] {
+                return Err(crate::Error::DTypeMismatch {
+                    argument: format!("params[{i}]"),
+                    got: param.dtype(),
+                    expected: format!("{:?}, the dtype it was built with", self.plan.dtypes[i]),
+                });
+            }
+            self.plan.check_len("params", i, param.len() as u64)?;
+            self.plan.check_len("grads", i, grad.len() as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Steps taken so far.
+    pub fn step_count(&self) -> u64 {
+        self.inner.as_ref().map_or(0, CpuOptimizer::step_count)
+    }
+
+    /// With clipping: the last step's global gradient norm, the same bits on every rank.
+    pub fn grad_norm(&self) -> Option<f64> {
+        self.inner.as_ref().and_then(CpuOptimizer::grad_norm)
+    }
+
+    /// Sets the learning rate (every rank sets the same, or their steps differ).
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.inner.as_mut().map_or(Ok(()), |inner| inner.set_lr(lr))
+    }
+
+    /// The last step's communication and update time and the bytes this rank sent.
+    pub fn last_step(&self) -> StepSplit {
+        self.last
+    }
+
+    /// The communicator it steps with.
+    pub fn communicator(&self) -> &C {
+        &self.comm
+    }
+
+    /// The bytes of optimizer state this rank holds, counted from the state tensors it
+    /// keeps: `1 / N` of the unsharded optimizer's, give or take a shard's padding.
+    pub fn state_bytes(&self) -> u64 {
+        let Some(inner) = &self.inner else { return 0 };
+        let mut total = 0;
+        for i in 0..inner.param_count() {
+            for kind in StateKind::ALL {
+                if let Some(StateView::Host(slice)) = inner.state(i, *kind) {
+                    total += slice.len() as u64 * slice.dtype().size();
+                }
+            }
+        }
+        total
+    }
+
+    /// The elements of each parameter this rank's shard holds, in order: `(tensor,
+    /// elements)`.
+    pub fn shard_pieces(&self) -> Vec<(usize, std::ops::Range<u64>)> {
+        self.plan.mine().iter().map(|p| (p.tensor, p.elements.clone())).collect()
+    }
+}
+
+/// Elements `start..end` of `slice`.
+fn sub(slice: HostSlice<'_>, start: usize, end: usize) -> HostSlice<'_> {
+    slice.split_at(end).0.split_at(start).1
+}
+
+/// Elements `start..end` of `slice`.
+fn sub_mut(slice: HostSliceMut<'_>, start: usize, end: usize) -> HostSliceMut<'_> {
+    slice.split_at(end).0.split_at(start).1
+}
+
+/// `slice`'s values in f32 (exact for every dtype it holds).
+fn widen(slice: HostSlice<'_>, out: &mut [f32]) {
+    match slice {
+        HostSlice::F32(v) => out.copy_from_slice(v),
+        HostSlice::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+        HostSlice::BF16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+    }
+}
+
+/// A slice's elements as bytes (the targets this crate builds for are little-endian).
+fn bytes(slice: HostSlice<'_>) -> Vec<u8> {
+    match slice {
+        HostSlice::F32(v) => bytemuck::cast_slice(v).to_vec(),
+        HostSlice::F16(v) => bytemuck::cast_slice(v).to_vec(),
+        HostSlice::BF16(v) => bytemuck::cast_slice(v).to_vec(),
+    }
+}
+
+/// Overwrites a slice's elements from [`bytes`]' form.
+fn write_bytes(slice: HostSliceMut<'_>, data: &[u8]) {
+    match slice {
+        HostSliceMut::F32(v) => bytemuck::cast_slice_mut(v).copy_from_slice(data),
+        HostSliceMut::F16(v) => bytemuck::cast_slice_mut(v).copy_from_slice(data),
+        HostSliceMut::BF16(v) => bytemuck::cast_slice_mut(v).copy_from_slice(data),
+    }
+}

@@ -1,0 +1,239 @@
+//! What both sharded optimizers share: the checks made when one is built, the flat layout
+//! of its parameters, and the host side of a step's collectives (the gradients flattened
+//! and reduce-scattered, the updated pieces packed and all-gathered).
+
+use std::time::Duration;
+
+use super::{Communicator, FlatLayout, Piece, ReduceOp};
+use crate::step::clip::{fused_clip, norm_from_partial};
+use crate::{Algorithm, DType, Error, NormType, OptimizerOptions, Result, StateStorage};
+
+/// How the ranks' gradients combine before the step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GradReduction {
+    /// Their sum, added in rank order.
+    Sum,
+    /// Their sum, added in rank order, divided by the number of ranks (in f32): the mean of
+    /// data-parallel training, where each rank's gradient is the mean over its part of the
+    /// batch (PyTorch's `DistributedDataParallel`).
+    #[default]
+    Mean,
+}
+
+/// The last step's time and traffic on this rank ([`super::ShardedOptimizer::last_step`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepSplit {
+    /// Time in collectives: the gradient reduce-scatter, the norm's all-reduce and the
+    /// parameter all-gather, with the host copies in and out of their buffers.
+    pub communication: Duration,
+    /// Time in the update of this rank's shard (on the GPU backend, the norm and update
+    /// passes and the readback of the updated pieces).
+    pub update: Duration,
+    /// Bytes this rank sent to the others: `(N - 1)` gradient chunks of the reduce-scatter
+    /// (f32, one shard each), `(N - 1)` copies of its parameter shard in the all-gather, and
+    /// the norm's 8 bytes to each when clipping. ZeRO-1's `2 (N - 1) / N` of the parameters'
+    /// bytes, plus padding, with f32 gradients.
+    pub sent_bytes: u64,
+}
+
+/// One rank's part of a sharded optimizer, fixed when it is built.
+#[derive(Clone, Debug)]
+pub(crate) struct ShardPlan {
+    pub layout: FlatLayout,
+    pub rank: usize,
+    pub size: usize,
+    /// Every rank's pieces, `pieces[rank]`.
+    pub pieces: Vec<Vec<Piece>>,
+    pub lens: Vec<u64>,
+    pub dtypes: Vec<DType>,
+    pub reduction: GradReduction,
+    /// The norm clipped across every rank's gradients, if any.
+    pub clip: Option<NormType>,
+    /// Bytes of the largest rank's parameter shard: every rank's part of the all-gather.
+    pub gather_chunk: usize,
+}
+
+impl ShardPlan {
+    /// The plan of tensors of `lens` and `dtypes` under `algorithms` (one per tensor) and
+    /// `options`, after refusing what a sharded step cannot run and checking that every rank
+    /// was built alike (Error::Collective on every rank otherwise).
+    pub(crate) fn new<C: Communicator + ?Sized>(
+        comm: &C,
+        lens: &[u64],
+        dtypes: &[DType],
+        algorithms: &[Algorithm],
+        options: &OptimizerOptions,
+        reduction: GradReduction,
+    ) -> Result<Self> {
+        for algorithm in algorithms {
+            if let Some(reason) = algorithm.shard_refusal() {
+                return Err(Error::ConflictingOptions {
+                    first: "sharding",
+                    second: algorithm.name(),
+                    reason,
+                });
+            }
+        }
+        refuse_options(options)?;
+        let mut distinct: Vec<Algorithm> = Vec::new();
+        for algorithm in algorithms {
+            if !distinct.contains(algorithm) {
+                distinct.push(*algorithm);
+            }
+        }
+        let clip = fused_clip(options.grad_clip, &distinct)?.map(|c| c.clip.norm_type);
+        let configuration = format!(
+            "ranks {} lens {lens:?} dtypes {dtypes:?} algorithms {algorithms:?} storage {:?} masters {} \
+             clip {:?} rounding {:?} reduction {reduction:?}",
+            comm.size(),
+            options.state_storage,
+            options.master_weights,
+            options.grad_clip,
+            options.rounding,
+        );
+        comm.check_same(
+            "configuration (world size, tensors, algorithms, options)",
+            configuration.as_bytes(),
+        )?;
+        let layout = FlatLayout::new(lens, comm.size(), 1)?;
+        let pieces: Vec<Vec<Piece>> = (0..comm.size()).map(|r| layout.pieces(r)).collect();
+        let bytes = |pieces: &[Piece]| {
+            pieces.iter().map(|p| (p.elements.end - p.elements.start) * dtypes[p.tensor].size()).sum::<u64>()
+        };
+        let gather_chunk = pieces.iter().map(|p| bytes(p)).max().unwrap_or(0) as usize;
+        Ok(ShardPlan {
+            layout,
+            rank: comm.rank(),
+            size: comm.size(),
+            pieces,
+            lens: lens.to_vec(),
+            dtypes: dtypes.to_vec(),
+            reduction,
+            clip,
+            gather_chunk,
+        })
+    }
+
+    /// This rank's pieces.
+    pub(crate) fn mine(&self) -> &[Piece] {
+        &self.pieces[self.rank]
+    }
+
+    /// This rank's shard of the reduced gradients: `grad(i, out)` writes tensor `i`'s
+    /// gradient into `out` (its length) as f32; every rank's flat gradients are
+    /// reduce-scattered in rank order, then divided by the number of ranks for the mean.
+    pub(crate) fn reduce_gradients<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        mut grad: impl FnMut(usize, &mut [f32]) -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        let mut flat = vec![0f32; self.layout.padded_len() as usize];
+        for (i, &len) in self.lens.iter().enumerate() {
+            let start = self.layout.start(i) as usize;
+            grad(i, &mut flat[start..start + len as usize])?;
+        }
+        let mut shard = comm.reduce_scatter_f32(&flat)?;
+        if self.reduction == GradReduction::Mean {
+            let ranks = self.size as f32;
+            shard.iter_mut().for_each(|g| *g /= ranks);
+        }
+        Ok(shard)
+    }
+
+    /// The global norm from this rank's `partial` (its shard's gradients' sum of squares, or
+    /// their largest magnitude), combined in rank order: the same bits on every rank.
+    pub(crate) fn global_norm<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        partial: f64,
+    ) -> Result<Option<f32>> {
+        let Some(norm_type) = self.clip else { return Ok(None) };
+        let op = match norm_type {
+            NormType::L2 => ReduceOp::Sum,
+            NormType::Inf => ReduceOp::Max,
+        };
+        let mut value = [partial];
+        comm.all_reduce_f64(&mut value, op)?;
+        Ok(Some(norm_from_partial(value[0], norm_type)))
+    }
+
+    /// Gathers every rank's updated pieces: `mine` is this rank's pieces' bytes in order;
+    /// `write(piece, bytes)` is called for every other rank's piece with its bytes.
+    pub(crate) fn gather_params<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        mut mine: Vec<u8>,
+        mut write: impl FnMut(&Piece, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        mine.resize(self.gather_chunk, 0);
+        let all = comm.all_gather_bytes(&mine)?;
+        for (rank, pieces) in self.pieces.iter().enumerate().filter(|(r, _)| *r != self.rank) {
+            let mut at = rank * self.gather_chunk;
+            for piece in pieces {
+                let len =
+                    ((piece.elements.end - piece.elements.start) * self.dtypes[piece.tensor].size()) as usize;
+                write(piece, &all[at..at + len])?;
+                at += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes a step sends to the other ranks (see [`StepSplit::sent_bytes`]).
+    pub(crate) fn sent_bytes(&self) -> u64 {
+        let others = self.size as u64 - 1;
+        let norm = if self.clip.is_some() { 8 } else { 0 };
+        others * (self.layout.shard_len() * 4 + self.gather_chunk as u64 + norm)
+    }
+
+    /// Checks that `argument` has one entry per parameter.
+    pub(crate) fn check_counts(&self, argument: &str, count: usize) -> Result<()> {
+        if count != self.lens.len() {
+            return Err(Error::CountMismatch {
+                argument: argument.into(),
+                got: count,
+                expected: self.lens.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks tensor `i` of `argument` has its parameter's length.
+    pub(crate) fn check_len(&self, argument: &str, i: usize, len: u64) -> Result<()> {
+        if len != self.lens[i] {
+            return Err(Error::LengthMismatch {
+                argument: format!("{argument}[{i}]"),
+                got: len,
+                expected: self.lens[i],
+                reference: format!("params[{i}]"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Refuses the options a sharded step does not run yet.
+fn refuse_options(options: &OptimizerOptions) -> Result<()> {
+    let refuse = |second, reason| Err(Error::ConflictingOptions { first: "sharding", second, reason });
+    if !matches!(options.state_storage, StateStorage::ParamDtype | StateStorage::Dtype(_)) {
+        return refuse(
+            "state_storage",
+            "8-bit and 4-bit state is not sharded yet (its blocks must align to shard boundaries and \
+             whether a tensor is low-bit must follow the whole tensor's size)",
+        );
+    }
+    if options.rounding.seed().is_some() {
+        return refuse(
+            "rounding",
+            "stochastic rounding hashes each element's index in its tensor, which a shard's pieces \
+             do not keep yet",
+        );
+    }
+    if options.capturable {
+        return refuse("capturable", "capturable mode (AMP's found-inf across ranks) is not sharded yet");
+    }
+    if !options.model_copies.is_empty() {
+        return refuse("model_copies", "model copies are not gathered across ranks yet");
+    }
+    Ok(())
+}

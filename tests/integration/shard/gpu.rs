@@ -1,0 +1,156 @@
+//! The sharded optimizer on the GPU: every rank a thread with parameters of its own on the
+//! shared device.
+
+use super::*;
+use crate::common::{assert_close, ctx, gpu_turn, Tolerance};
+use wgpu_optim::shard::{GradReduction, ShardedOptimizer};
+use wgpu_optim::{Adam, GpuContext, GradClip, NormType, Optimizer, OptimizerBuilder, ParamGroup, Tensor};
+
+fn upload_params(ctx: &GpuContext) -> Vec<Tensor> {
+    initial_params().iter().zip(DTYPES).map(|(v, dtype)| ctx.upload("param", v, dtype)).collect()
+}
+
+fn upload_grads(ctx: &GpuContext, grads: &[Vec<f64>]) -> Vec<Tensor> {
+    grads.iter().zip(DTYPES).map(|(g, dtype)| ctx.upload("grad", g, dtype)).collect()
+}
+
+/// Every rank's parameters (bytes) and last norm after `STEPS` sharded steps, with the
+/// first two tensors in one group and the rest in another at half the learning rate.
+fn sharded_run(
+    size: usize,
+    builder: &OptimizerBuilder,
+    algorithm: Algorithm,
+) -> Vec<(Vec<Vec<u8>>, Option<f64>, u64)> {
+    let ctx = ctx();
+    on_ranks(size, |comm| {
+        let rank = comm.rank();
+        let params = upload_params(&ctx);
+        let mut opt = ShardedOptimizer::build(
+            &ctx,
+            comm,
+            builder.clone(),
+            GradReduction::Mean,
+            groups(algorithm, &params),
+        )
+        .unwrap();
+        for t in 1..=STEPS {
+            let grads = upload_grads(&ctx, &rank_grads(rank, t));
+            opt.step(&grads).unwrap();
+        }
+        assert_eq!(opt.step_count(), if opt.shard_pieces().is_empty() { 0 } else { STEPS });
+        let bytes = params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect();
+        (bytes, opt.grad_norm().unwrap(), opt.state_bytes())
+    })
+}
+
+fn groups(algorithm: Algorithm, params: &[Tensor]) -> Vec<ParamGroup> {
+    let second = algorithm.with_lr(algorithm.lr() / 2.0);
+    vec![ParamGroup::new(algorithm, &params[..2]), ParamGroup::new(second, &params[2..])]
+}
+
+/// The unsharded optimizer's parameters (bytes) and last norm on the reduced gradients.
+fn unsharded_run(
+    size: usize,
+    builder: &OptimizerBuilder,
+    algorithm: Algorithm,
+) -> (Vec<Vec<u8>>, Option<f64>) {
+    let ctx = ctx();
+    let params = upload_params(&ctx);
+    let mut opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
+    for t in 1..=STEPS {
+        let grads: Vec<Tensor> = reduced_grads(size, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
+        opt.step(&grads).unwrap();
+    }
+    let norm = opt.grad_norm().ok();
+    (params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect(), norm)
+}
+
+#[test]
+fn each_elementwise_family_on_1_to_4_ranks_is_the_unsharded_step_bit_for_bit() {
+    let _turn = gpu_turn();
+    let builder = Optimizer::builder();
+    for algorithm in one_of_each_family() {
+        for size in 1..=4 {
+            let (want, _) = unsharded_run(size, &builder, algorithm);
+            for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm).into_iter().enumerate() {
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(g == w, "{algorithm:?} on {size} ranks: rank {rank}'s params[{i}] differ");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clipping_on_the_gpu_gives_every_rank_the_same_norm_bits_close_to_the_unsharded_norm() {
+    let _turn = gpu_turn();
+    let clips = [GradClip::l2(0.5), GradClip { max_norm: 0.25, norm_type: NormType::Inf }];
+    for clip in clips {
+        let builder = Optimizer::builder().grad_clip(clip);
+        let algorithm: Algorithm = Adam::adamw().into();
+        for size in [1, 3] {
+            let (want, want_norm) = unsharded_run(size, &builder, algorithm);
+            let want_norm = want_norm.expect("the unsharded optimizer clips");
+            let ranks = sharded_run(size, &builder, algorithm);
+            let norm = ranks[0].1.expect("a rank with a shard reports the norm");
+            for (rank, (got, got_norm, _)) in ranks.iter().enumerate() {
+                assert_eq!(got_norm.map(f64::to_bits), Some(norm.to_bits()), "{clip:?}: rank {rank}'s norm");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let (g, w) = (decode(g, DTYPES[i]), decode(w, DTYPES[i]));
+                    assert_close(
+                        &format!("{clip:?}, {size} ranks, rank {rank}, params[{i}]"),
+                        &g,
+                        &w,
+                        Tolerance::stored(DTYPES[i]),
+                    );
+                }
+            }
+            assert_close(
+                &format!("{clip:?}: the norm on {size} ranks"),
+                &[norm],
+                &[want_norm],
+                Tolerance::F32,
+            );
+        }
+    }
+}
+
+#[test]
+fn each_rank_keeps_its_share_of_the_state_on_its_device() {
+    let _turn = gpu_turn();
+    let builder = Optimizer::builder();
+    let algorithm: Algorithm = Adam::default().into();
+    let elements: u64 = LENS.iter().map(|&l| l as u64).sum();
+    let unsharded = {
+        let ctx = ctx();
+        let params = upload_params(&ctx);
+        let opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
+        (0..params.len())
+            .flat_map(|i| wgpu_optim::StateKind::ALL.iter().map(move |k| (i, *k)))
+            .filter_map(|(i, k)| opt.tensor_state(i, k).map(Tensor::byte_len))
+            .sum::<u64>()
+    };
+    for size in 2..=4 {
+        let per_rank: Vec<u64> =
+            sharded_run(size, &builder, algorithm).into_iter().map(|(_, _, s)| s).collect();
+        assert_eq!(per_rank.iter().sum::<u64>(), unsharded, "{size} ranks hold the state once between them");
+        // Two moments of at most 4 bytes per element, over ceil(elements / N) elements.
+        let most = 2 * 4 * elements.div_ceil(size as u64);
+        assert!(per_rank.iter().all(|&b| b <= most), "{size} ranks: {per_rank:?}, each at most {most}");
+    }
+}
+
+fn decode(bytes: &[u8], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::F32 => {
+            bytes.chunks_exact(4).map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect()
+        }
+        DType::F16 => {
+            bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64()).collect()
+        }
+        DType::BF16 => {
+            bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64()).collect()
+        }
+        _ => unreachable!("the tests' dtypes"),
+    }
+}
