@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The sharding collectives over MPI (feature `mpi`): installs OpenMPI and libclang where
-# they are missing (Debian or Ubuntu; as root, or with sudo), lints and builds
-# examples/shard_mpi.rs, runs it on 1, 2 and 3 ranks (3 on two cores: --oversubscribe),
-# and checks that a rank that panics mid-step ends the job with an error within seconds.
+# Sharding over MPI (feature `mpi`): installs OpenMPI and libclang where they are missing
+# (Debian or Ubuntu; as root, or with sudo), lints and builds examples/shard_mpi.rs and
+# examples/train_mlp_sharded, runs the collectives' checks on 1, 2 and 3 ranks (3 on two
+# cores: --oversubscribe), trains the MLP data-parallel on 2 and 3 MPI ranks and on 3
+# in-process ranks against the single-process run, and checks that a rank that panics or
+# dies mid-step ends the job with an error within seconds.
 # `.ci/run` runs it. Usage: tools/mpi-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +29,8 @@ fi
 # The native feature set of .ci/run and tools/test.sh, plus `mpi`: only the library is
 # compiled again.
 FEATURES=(--features wgpu-optim/gles,wgpu-optim/mpi)
-cargo clippy "${FEATURES[@]}" --lib --example shard_mpi -- -D warnings
-cargo build "${FEATURES[@]}" --example shard_mpi
+cargo clippy "${FEATURES[@]}" --lib --example shard_mpi --example train_mlp_sharded -- -D warnings
+cargo build "${FEATURES[@]}" --example shard_mpi --example train_mlp_sharded
 example=target/debug/examples/shard_mpi
 # mpirun as root (CI) needs the flag; OpenMPI in some containers needs the vader setting.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -50,3 +52,36 @@ if [ "$took" -gt 30 ]; then
     exit 1
 fi
 echo "mpi-check: a panicking rank ended the job with an error in $took s"
+
+# Data-parallel training: N ranks end within f32 trajectory tolerance of one.
+trainer=target/debug/examples/train_mlp_sharded
+reference=$(mktemp)
+"$trainer" --save "$reference"
+run -np 2 "$trainer" --compare "$reference"
+run -np 3 "$trainer" --compare "$reference"
+"$trainer" --in-process 3 --compare "$reference"
+
+# A rank that panics, or whose process dies, ends the run with an error within seconds.
+fails_quickly() {
+    local what=$1 expect=$2
+    shift 2
+    local start=$SECONDS log
+    log=$(mktemp)
+    if "$@" >"$log" 2>&1; then
+        echo "mpi-check: $what, yet the run succeeded" >&2
+        exit 1
+    fi
+    local took=$((SECONDS - start))
+    grep -q "$expect" "$log" || { echo "mpi-check: $what: no \"$expect\" in:" >&2; cat "$log" >&2; exit 1; }
+    if [ "$took" -gt 30 ]; then
+        echo "mpi-check: $what: the run took $took s to end" >&2
+        exit 1
+    fi
+    echo "mpi-check: $what: the run ended with an error in $took s"
+}
+fails_quickly "an MPI rank panicked mid-training" "rank 1 fails at step 5" \
+    run -np 3 "$trainer" --panic-rank 1 --at-step 5
+fails_quickly "an MPI rank died mid-training" "rank 2 dies at step 5" \
+    run -np 3 "$trainer" --die-rank 2 --at-step 5
+fails_quickly "an in-process rank panicked mid-training" "left the group" \
+    "$trainer" --in-process 3 --panic-rank 1 --at-step 5
