@@ -7,7 +7,7 @@
 //! names, dtypes and shapes, and checks a parsed file against it; each backend only reads
 //! and writes its own memory.
 
-mod checksum;
+pub(crate) mod checksum;
 mod family;
 mod json;
 pub(crate) mod layout;

@@ -48,6 +48,8 @@ pub struct ShardedCpuOptimizer<C> {
     plan: ShardPlan,
     /// The optimizer of this rank's pieces (`None` when its shard holds only padding).
     inner: Option<CpuOptimizer>,
+    /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
+    steps: u64,
     last: StepSplit,
 }
 
@@ -83,7 +85,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             // Pieces are flat: the parameters' shapes are not theirs.
             false => Some(builder.param_shapes(Vec::new()).build(algorithm, &pieces)?),
         };
-        Ok(ShardedCpuOptimizer { comm, plan, inner, last: StepSplit::default() })
+        Ok(ShardedCpuOptimizer { comm, plan, inner, steps: 0, last: StepSplit::default() })
     }
 
     /// One step: `grads` are this rank's gradients of every parameter; they are reduced
@@ -145,6 +147,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             update,
             sent_bytes: self.plan.sent_bytes(),
         };
+        self.steps += 1;
         Ok(())
     }
 
@@ -167,7 +170,56 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
 
     /// Steps taken so far.
     pub fn step_count(&self) -> u64 {
-        self.inner.as_ref().map_or(0, CpuOptimizer::step_count)
+        self.steps
+    }
+
+    /// Writes this rank's checkpoint file into `dir`, as
+    /// [`ShardedOptimizer::save`](super::ShardedOptimizer::save) does (the same format: a
+    /// checkpoint of either backend loads into the other).
+    #[cfg(feature = "checkpoint")]
+    pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let schedule_free = vec![self.inner.as_ref().and_then(|i| i.schedule_free_scalars(0))];
+        let written = super::checkpoint::collect(&self.plan, self.steps, schedule_free, |j, kind| {
+            Ok(match self.inner.as_ref().and_then(|i| i.state(j, kind)) {
+                Some(StateView::Host(slice)) => Some(slice.to_f64().into_iter().map(|v| v as f32).collect()),
+                _ => None,
+            })
+        })
+        .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
+        super::plan::agree(&self.comm, "save", written)
+    }
+
+    /// Loads a checkpoint saved on any number of ranks, as
+    /// [`ShardedOptimizer::load`](super::ShardedOptimizer::load) does.
+    #[cfg(feature = "checkpoint")]
+    pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let shard = self.plan.layout.shard(self.plan.rank);
+        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
+        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
+        if let Some(inner) = &mut self.inner {
+            let kinds: Vec<Vec<StateKind>> = (0..inner.param_count())
+                .map(|j| StateKind::ALL.iter().copied().filter(|&k| inner.state(j, k).is_some()).collect())
+                .collect();
+            super::checkpoint::apply(
+                &self.plan,
+                &loaded,
+                dir,
+                |j, k| kinds[j].contains(&k),
+                |j, kind, values| {
+                    if let Some(state) = inner.state_mut(j, kind) {
+                        narrow(values, state);
+                    }
+                    Ok(())
+                },
+            )?;
+            inner.set_step_count(loaded.step)?;
+            if let Some(Some(scalars)) = loaded.schedule_free.first() {
+                inner.set_schedule_free_scalars(0, *scalars)?;
+            }
+        }
+        self.steps = loaded.step;
+        Ok(())
     }
 
     /// With clipping: the last step's global gradient norm, the same bits on every rank.
@@ -228,6 +280,16 @@ fn widen(slice: HostSlice<'_>, out: &mut [f32]) {
         HostSlice::F32(v) => out.copy_from_slice(v),
         HostSlice::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
         HostSlice::BF16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
+    }
+}
+
+/// Writes f32 `values` into `slice` in its dtype (exact for values read from it).
+#[cfg(feature = "checkpoint")]
+fn narrow(values: &[f32], slice: HostSliceMut<'_>) {
+    match slice {
+        HostSliceMut::F32(v) => v.copy_from_slice(values),
+        HostSliceMut::F16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::f16::from_f32(*x)),
+        HostSliceMut::BF16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::bf16::from_f32(*x)),
     }
 }
 

@@ -32,6 +32,8 @@ pub struct ShardedOptimizer<C> {
     inner: Option<Inner>,
     /// Group g's index among the inner optimizer's groups (`None`: no piece of it here).
     inner_groups: Vec<Option<usize>>,
+    /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
+    steps: u64,
     last: StepSplit,
 }
 
@@ -108,6 +110,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             params,
             inner,
             inner_groups,
+            steps: 0,
             last: StepSplit::default(),
         })
     }
@@ -172,12 +175,76 @@ impl<C: Communicator> ShardedOptimizer<C> {
         ctx.queue().submit([]);
         communication += gathering.elapsed();
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
+        self.steps += 1;
         Ok(())
     }
 
     /// Steps taken so far.
     pub fn step_count(&self) -> u64 {
-        self.inner.as_ref().map_or(0, |i| i.optimizer.step_count())
+        self.steps
+    }
+
+    /// Each group's Schedule-Free running values, where this rank holds pieces of it.
+    #[cfg(feature = "checkpoint")]
+    fn schedule_free_values(&self) -> Vec<Option<crate::ScheduleFreeScalars>> {
+        let inner = self.inner.as_ref();
+        let values =
+            |g: &Option<usize>| inner.zip(*g).and_then(|(i, g)| i.optimizer.schedule_free_scalars(g));
+        self.inner_groups.iter().map(values).collect()
+    }
+
+    /// Writes this rank's checkpoint file into `dir` (shared by the ranks, created if
+    /// missing): its shard's state, the flat range it covers, the step count and the groups'
+    /// Schedule-Free values (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls
+    /// it; when one rank's write fails, every rank returns an error.
+    #[cfg(feature = "checkpoint")]
+    pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let written = (|| {
+            let file = super::checkpoint::collect(
+                &self.plan,
+                self.steps,
+                self.schedule_free_values(),
+                |j, kind| match self.inner.as_ref().and_then(|i| i.optimizer.tensor_state(j, kind)) {
+                    Some(state) => Ok(Some(self.ctx.read(state)?.into_iter().map(|v| v as f32).collect())),
+                    None => Ok(None),
+                },
+            )?;
+            super::checkpoint::write(dir.as_ref(), self.plan.rank, &file)
+        })();
+        super::plan::agree(&self.comm, "save", written)
+    }
+
+    /// Loads a checkpoint that [`Self::save`] wrote on any number of ranks (of the same
+    /// parameters' lengths and dtypes): this rank reads its range of the flat state from
+    /// the files that hold it, and takes their step count and Schedule-Free values. Refused
+    /// ([`Error::BadFile`]) before anything is written when the files are not one save of
+    /// these tensors, lack a state this rank keeps, or are corrupt; when one rank's load is
+    /// refused, every rank returns an error.
+    #[cfg(feature = "checkpoint")]
+    pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let shard = self.plan.layout.shard(self.plan.rank);
+        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
+        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
+        if let Some(inner) = &mut self.inner {
+            let (ctx, optimizer) = (&self.ctx, &inner.optimizer);
+            let keeps = |j, kind| optimizer.tensor_state(j, kind).is_some();
+            super::checkpoint::apply(&self.plan, &loaded, dir, keeps, |j, kind, values| {
+                let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+                match optimizer.tensor_state(j, kind) {
+                    Some(state) => ctx.write(state, &values),
+                    None => Ok(()),
+                }
+            })?;
+            inner.optimizer.set_step_count(loaded.step)?;
+            for (g, scalars) in self.inner_groups.iter().zip(&loaded.schedule_free) {
+                if let (Some(g), Some(scalars)) = (g, scalars) {
+                    inner.optimizer.set_schedule_free_scalars(*g, *scalars)?;
+                }
+            }
+        }
+        self.steps = loaded.step;
+        Ok(())
     }
 
     /// With clipping: the last step's global gradient norm, the same bits on every rank

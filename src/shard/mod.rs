@@ -20,6 +20,8 @@
 //! ends) or stops answering makes the others' collectives fail with
 //! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
 
+#[cfg(feature = "checkpoint")]
+mod checkpoint;
 #[cfg(feature = "cpu")]
 mod cpu;
 mod gpu;
@@ -29,6 +31,8 @@ mod layout;
 mod mpi;
 mod plan;
 
+#[cfg(feature = "checkpoint")]
+pub use checkpoint::SHARD_FORMAT;
 #[cfg(feature = "cpu")]
 pub use cpu::ShardedCpuOptimizer;
 pub use gpu::ShardedOptimizer;

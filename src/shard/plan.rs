@@ -114,6 +114,13 @@ impl ShardPlan {
         })
     }
 
+    /// The tensors' lengths and dtypes, which a checkpoint of this plan's state records
+    /// and a loader must have.
+    #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+    pub(crate) fn structure(&self) -> String {
+        format!("lens {:?} dtypes {:?}", self.lens, self.dtypes)
+    }
+
     /// This rank's pieces.
     pub(crate) fn mine(&self) -> &[Piece] {
         &self.pieces[self.rank]
@@ -222,6 +229,12 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
              whether a tensor is low-bit must follow the whole tensor's size)",
         );
     }
+    if options.state_storage == StateStorage::Dtype(crate::DType::F64) {
+        return refuse(
+            "state_storage",
+            "a sharded step keeps no f64 state: its gradients are reduced in f32",
+        );
+    }
     if options.rounding.seed().is_some() {
         return refuse(
             "rounding",
@@ -236,4 +249,23 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
         return refuse("model_copies", "model copies are not gathered across ranks yet");
     }
     Ok(())
+}
+
+/// `outcome` on this rank, once every rank has said whether its part succeeded: this rank's
+/// error if it failed, [`Error::Collective`] naming `what` if another rank's failed, so
+/// that every rank returns an error when one does.
+#[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
+pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, what: &str, outcome: Result<T>) -> Result<T> {
+    let mut failed = [f64::from(u8::from(outcome.is_err()))];
+    comm.all_reduce_f64(&mut failed, ReduceOp::Max)?;
+    match outcome {
+        Err(e) => Err(e),
+        Ok(_) if failed[0] > 0.0 => Err(Error::Collective {
+            operation: what.into(),
+            rank: comm.rank(),
+            size: comm.size(),
+            problem: format!("another rank's {what} failed (its own error says why)"),
+        }),
+        Ok(value) => Ok(value),
+    }
 }
