@@ -145,7 +145,7 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     println!(
         "rank {rank} of {size}: state {} bytes (unsharded AdamW: {}); per step: communication {:.2} ms, \
          update {:.2} ms, sent {} bytes (ZeRO-1's 2 (N - 1) / N of the parameters: {})",
-        optimizer.state_bytes(),
+        optimizer.state_bytes()?,
         2 * param_bytes,
         (total.communication / steps).as_secs_f64() * 1e3,
         (total.update / steps).as_secs_f64() * 1e3,

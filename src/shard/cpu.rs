@@ -6,6 +6,8 @@ use std::time::Instant;
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::Communicator;
 use crate::cpu::{norm, CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
+use crate::q4::Q4State;
+use crate::q8::StoredState;
 use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
@@ -46,11 +48,21 @@ use crate::{Algorithm, DType, Result, StateKind};
 pub struct ShardedCpuOptimizer<C> {
     comm: C,
     plan: ShardPlan,
-    /// The optimizer of this rank's pieces (`None` when its shard holds only padding).
-    inner: Option<CpuOptimizer>,
+    /// The optimizers of this rank's pieces: one, or with low-bit storage one for the
+    /// pieces of quantized tensors and one for the others (none when its shard holds only
+    /// padding).
+    parts: Vec<Part>,
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
+}
+
+/// One optimizer over some of this rank's pieces.
+#[derive(Debug)]
+struct Part {
+    optimizer: CpuOptimizer,
+    /// Its parameters' indices among the plan's pieces of this rank (`ShardPlan::mine`).
+    indices: Vec<usize>,
 }
 
 impl<C: Communicator> ShardedCpuOptimizer<C> {
@@ -59,8 +71,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
-    /// sharded step does not run yet: LAMB, Adafactor and Muon, low-bit state, stochastic
-    /// rounding.
+    /// sharded step does not run yet: LAMB, Adafactor and Muon, and stochastic rounding.
+    /// With 8-bit or 4-bit storage, blocks start at shard boundaries and whether a
+    /// tensor's state is low-bit follows the whole tensor's size, as unsharded.
     pub fn build(
         comm: C,
         builder: CpuOptimizerBuilder,
@@ -73,19 +86,24 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         let dtypes: Vec<DType> = params.iter().map(|p| p.dtype()).collect();
         let algorithms = vec![algorithm; params.len()];
         let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
-        let pieces: Vec<HostSlice<'_>> = plan
-            .mine()
-            .iter()
-            .map(|piece| {
-                sub(params[piece.tensor], piece.elements.start as usize, piece.elements.end as usize)
-            })
-            .collect();
-        let inner = match pieces.is_empty() {
-            true => None,
+        let mine = plan.mine();
+        let mut parts = Vec::new();
+        for (storage, indices) in plan.parts() {
+            let pieces: Vec<HostSlice<'_>> = indices
+                .iter()
+                .map(|&j| {
+                    sub(
+                        params[mine[j].tensor],
+                        mine[j].elements.start as usize,
+                        mine[j].elements.end as usize,
+                    )
+                })
+                .collect();
             // Pieces are flat: the parameters' shapes are not theirs.
-            false => Some(builder.param_shapes(Vec::new()).build(algorithm, &pieces)?),
-        };
-        Ok(ShardedCpuOptimizer { comm, plan, inner, steps: 0, last: StepSplit::default() })
+            let builder = builder.clone().state_storage(storage).param_shapes(Vec::new());
+            parts.push(Part { optimizer: builder.build(algorithm, &pieces)?, indices });
+        }
+        Ok(ShardedCpuOptimizer { comm, plan, parts, steps: 0, last: StepSplit::default() })
     }
 
     /// One step: `grads` are this rank's gradients of every parameter; they are reduced
@@ -119,17 +137,26 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         for piece in pieces {
             by_tensor[piece.tensor] = Some(piece);
         }
-        let mut piece_params: Vec<HostSliceMut<'_>> = params
+        let mut piece_params: Vec<Option<HostSliceMut<'_>>> = params
             .iter_mut()
             .zip(&by_tensor)
             .filter_map(|(param, piece)| {
-                piece.map(|p| sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize))
+                piece.map(|p| {
+                    Some(sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize))
+                })
             })
             .collect();
-        if let Some(inner) = &mut self.inner {
-            inner.step_with_norm(&mut piece_params, &piece_grads, total_norm)?;
+        for part in &mut self.parts {
+            let mut params_here: Vec<HostSliceMut<'_>> =
+                part.indices.iter().filter_map(|&j| piece_params[j].take()).collect();
+            let grads_here: Vec<HostSlice<'_>> = part.indices.iter().map(|&j| piece_grads[j]).collect();
+            let stepped = part.optimizer.step_with_norm(&mut params_here, &grads_here, total_norm);
+            for (&j, param) in part.indices.iter().zip(params_here) {
+                piece_params[j] = Some(param);
+            }
+            stepped?;
         }
-        let mine: Vec<u8> = piece_params.iter().flat_map(|p| bytes(p.as_slice())).collect();
+        let mine: Vec<u8> = piece_params.iter().flatten().flat_map(|p| bytes(p.as_slice())).collect();
         let update = updating.elapsed();
 
         let gathering = Instant::now();
@@ -173,14 +200,25 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         self.steps
     }
 
+    /// Where piece `j` of this rank (`ShardPlan::mine`) lives: its part and its index there.
+    #[cfg(feature = "checkpoint")]
+    fn locate(&self, j: usize) -> Option<(usize, usize)> {
+        self.parts
+            .iter()
+            .enumerate()
+            .find_map(|(p, part)| part.indices.iter().position(|&i| i == j).map(|k| (p, k)))
+    }
+
     /// Writes this rank's checkpoint file into `dir`, as
     /// [`ShardedOptimizer::save`](super::ShardedOptimizer::save) does (the same format: a
     /// checkpoint of either backend loads into the other).
     #[cfg(feature = "checkpoint")]
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let schedule_free = vec![self.inner.as_ref().and_then(|i| i.schedule_free_scalars(0))];
+        super::checkpoint::check_storage(&self.plan, "save")?;
+        let schedule_free = vec![self.parts.first().and_then(|p| p.optimizer.schedule_free_scalars(0))];
         let written = super::checkpoint::collect(&self.plan, self.steps, schedule_free, |j, kind| {
-            Ok(match self.inner.as_ref().and_then(|i| i.state(j, kind)) {
+            let state = self.locate(j).and_then(|(p, k)| self.parts[p].optimizer.state(k, kind));
+            Ok(match state {
                 Some(StateView::Host(slice)) => Some(slice.to_f64().into_iter().map(|v| v as f32).collect()),
                 _ => None,
             })
@@ -193,29 +231,35 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// [`ShardedOptimizer::load`](super::ShardedOptimizer::load) does.
     #[cfg(feature = "checkpoint")]
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        super::checkpoint::check_storage(&self.plan, "load")?;
         let dir = dir.as_ref();
         let shard = self.plan.layout.shard(self.plan.rank);
         let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
         let loaded = super::plan::agree(&self.comm, "load", loaded)?;
-        if let Some(inner) = &mut self.inner {
-            let kinds: Vec<Vec<StateKind>> = (0..inner.param_count())
-                .map(|j| StateKind::ALL.iter().copied().filter(|&k| inner.state(j, k).is_some()).collect())
-                .collect();
-            super::checkpoint::apply(
-                &self.plan,
-                &loaded,
-                dir,
-                |j, k| kinds[j].contains(&k),
-                |j, kind, values| {
-                    if let Some(state) = inner.state_mut(j, kind) {
-                        narrow(values, state);
-                    }
-                    Ok(())
-                },
-            )?;
-            inner.set_step_count(loaded.step)?;
+        let located: Vec<Option<(usize, usize)>> =
+            (0..self.plan.mine().len()).map(|j| self.locate(j)).collect();
+        let parts = &mut self.parts;
+        let keeps =
+            |j: usize, kind| located[j].is_some_and(|(p, k)| parts[p].optimizer.state(k, kind).is_some());
+        let kinds: Vec<Vec<StateKind>> = (0..located.len())
+            .map(|j| StateKind::ALL.iter().copied().filter(|&kind| keeps(j, kind)).collect())
+            .collect();
+        super::checkpoint::apply(
+            &self.plan,
+            &loaded,
+            dir,
+            |j, kind| kinds[j].contains(&kind),
+            |j, kind, values| {
+                if let Some(state) = located[j].and_then(|(p, k)| parts[p].optimizer.state_mut(k, kind)) {
+                    narrow(values, state);
+                }
+                Ok(())
+            },
+        )?;
+        for part in parts.iter_mut() {
+            part.optimizer.set_step_count(loaded.step)?;
             if let Some(Some(scalars)) = loaded.schedule_free.first() {
-                inner.set_schedule_free_scalars(0, *scalars)?;
+                part.optimizer.set_schedule_free_scalars(0, *scalars)?;
             }
         }
         self.steps = loaded.step;
@@ -224,12 +268,12 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
 
     /// With clipping: the last step's global gradient norm, the same bits on every rank.
     pub fn grad_norm(&self) -> Option<f64> {
-        self.inner.as_ref().and_then(CpuOptimizer::grad_norm)
+        self.parts.first().and_then(|p| p.optimizer.grad_norm())
     }
 
     /// Sets the learning rate (every rank sets the same, or their steps differ).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.inner.as_mut().map_or(Ok(()), |inner| inner.set_lr(lr))
+        self.parts.iter_mut().try_for_each(|p| p.optimizer.set_lr(lr))
     }
 
     /// The last step's communication and update time and the bytes this rank sent.
@@ -242,15 +286,26 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         &self.comm
     }
 
-    /// The bytes of optimizer state this rank holds, counted from the state tensors it
-    /// keeps: `1 / N` of the unsharded optimizer's, give or take a shard's padding.
+    /// The bytes of optimizer state this rank holds, counted from the states it keeps
+    /// (codes and scales of low-bit state): `1 / N` of the unsharded optimizer's, give or
+    /// take a shard's padding.
     pub fn state_bytes(&self) -> u64 {
-        let Some(inner) = &self.inner else { return 0 };
         let mut total = 0;
-        for i in 0..inner.param_count() {
-            for kind in StateKind::ALL {
-                if let Some(StateView::Host(slice)) = inner.state(i, *kind) {
-                    total += slice.len() as u64 * slice.dtype().size();
+        for part in &self.parts {
+            for i in 0..part.optimizer.param_count() {
+                for &kind in StateKind::ALL {
+                    total += match part.optimizer.state(i, kind) {
+                        Some(StateView::Host(slice)) => slice.len() as u64 * slice.dtype().size(),
+                        Some(StateView::Q8(StoredState::Q8 { codes, absmax })) => {
+                            (codes.len() + 4 * absmax.len()) as u64
+                        }
+                        Some(StateView::Q8(StoredState::F32(values))) => 4 * values.len() as u64,
+                        Some(StateView::Q4(Q4State::Q4 { codes, scale })) => {
+                            (codes.len() + 4 * scale.len()) as u64
+                        }
+                        Some(StateView::Q4(Q4State::F32(values))) => 4 * values.len() as u64,
+                        None => 0,
+                    };
                 }
             }
         }

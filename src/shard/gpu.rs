@@ -5,7 +5,11 @@ use std::time::Instant;
 
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::{Communicator, Piece};
-use crate::{DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Result, StateKind, Tensor};
+use crate::q4::Q4State;
+use crate::q8::StoredState;
+use crate::{
+    DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Result, StateKind, StateView, Tensor,
+};
 
 /// A ZeRO-1 optimizer on the GPU: every rank holds every parameter on its device and
 /// computes gradients for all of them; each rank keeps the state of its shard only (its
@@ -27,23 +31,31 @@ pub struct ShardedOptimizer<C> {
     comm: C,
     plan: ShardPlan,
     params: Vec<Tensor>,
-    /// The optimizer of this rank's pieces, and their gradients' views into `grad_shard`
-    /// (`None` when its shard holds only padding).
-    inner: Option<Inner>,
-    /// Group g's index among the inner optimizer's groups (`None`: no piece of it here).
-    inner_groups: Vec<Option<usize>>,
+    /// The optimizers of this rank's pieces: one, or with low-bit storage one for the
+    /// pieces of quantized tensors and one for the others (`ShardPlan::parts`).
+    parts: Vec<Part>,
+    /// This rank's shard of the reduced gradients (f32), into which the parts' gradients
+    /// are views; `None` when its shard holds only padding.
+    grad_shard: Option<Tensor>,
+    /// The number of groups it was built with.
+    group_count: usize,
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
 }
 
+/// One optimizer over some of this rank's pieces.
 #[derive(Debug)]
-struct Inner {
+struct Part {
     optimizer: Optimizer,
+    /// Its parameters' indices among the plan's pieces of this rank (`ShardPlan::mine`).
+    indices: Vec<usize>,
+    /// Its parameters: views of the pieces.
     pieces: Vec<Tensor>,
+    /// Their gradients: views of the gradient shard.
     grads: Vec<Tensor>,
-    /// This rank's shard of the reduced gradients (f32).
-    grad_shard: Tensor,
+    /// Group g's index among its optimizer's groups (`None`: no piece of it here).
+    groups: Vec<Option<usize>>,
 }
 
 impl<C: Communicator> ShardedOptimizer<C> {
@@ -52,7 +64,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`]) for what a sharded step does not run yet: LAMB,
-    /// Adafactor and Muon, low-bit state, stochastic rounding, capturable mode, model copies.
+    /// Adafactor and Muon, stochastic rounding, capturable mode, model copies. With 8-bit or
+    /// 4-bit storage, blocks start at shard boundaries and whether a tensor's state is
+    /// low-bit follows the whole tensor's size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
     pub fn build(
         ctx: &GpuContext,
@@ -74,42 +88,43 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let algorithms: Vec<_> = groups.iter().flat_map(|g| vec![g.algorithm; g.params.len()]).collect();
         let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
         let mine = plan.mine();
-        let mut inner_groups = Vec::with_capacity(groups.len());
-        let mut pieces_by_group = Vec::new();
-        let mut first = 0;
-        for group in &groups {
-            let range = first..first + group.params.len();
-            first = range.end;
-            let pieces: Vec<Tensor> = mine
+        let grad_shard = (!mine.is_empty())
+            .then(|| ctx.zeros("wgpu-optim shard gradients", plan.layout.shard_len(), DType::F32));
+        let mut parts = Vec::new();
+        for (storage, indices) in plan.parts() {
+            let Some(grad_shard) = &grad_shard else { break };
+            let (mut groups_here, mut param_groups, mut ordered) = (Vec::new(), Vec::new(), Vec::new());
+            let mut first = 0;
+            for group in &groups {
+                let range = first..first + group.params.len();
+                first = range.end;
+                let members: Vec<usize> =
+                    indices.iter().copied().filter(|&j| range.contains(&mine[j].tensor)).collect();
+                groups_here.push((!members.is_empty()).then_some(param_groups.len()));
+                if !members.is_empty() {
+                    let views = members.iter().map(|&j| view(&params[mine[j].tensor], &mine[j])).collect();
+                    param_groups.push(ParamGroup { algorithm: group.algorithm, params: views });
+                    ordered.extend(members);
+                }
+            }
+            let pieces = ordered.iter().map(|&j| view(&params[mine[j].tensor], &mine[j])).collect();
+            let grads = ordered
                 .iter()
-                .filter(|p| range.contains(&p.tensor))
-                .map(|p| view(&params[p.tensor], p))
+                .map(|&j| grad_shard.slice(mine[j].at, mine[j].elements.end - mine[j].elements.start))
                 .collect();
-            inner_groups.push((!pieces.is_empty()).then_some(pieces_by_group.len()));
-            if !pieces.is_empty() {
-                pieces_by_group.push(ParamGroup { algorithm: group.algorithm, params: pieces });
-            }
+            // Pieces are flat: the parameters' shapes are not theirs.
+            let builder = builder.clone().state_storage(storage).param_shapes(Vec::new());
+            let optimizer = builder.build_groups(ctx, param_groups)?;
+            parts.push(Part { optimizer, indices: ordered, pieces, grads, groups: groups_here });
         }
-        let inner = match pieces_by_group.is_empty() {
-            true => None,
-            false => {
-                let pieces: Vec<Tensor> =
-                    pieces_by_group.iter().flat_map(|g| g.params.iter().cloned()).collect();
-                let grad_shard = ctx.zeros("wgpu-optim shard gradients", plan.layout.shard_len(), DType::F32);
-                let grads =
-                    mine.iter().map(|p| grad_shard.slice(p.at, p.elements.end - p.elements.start)).collect();
-                // Pieces are flat: the parameters' shapes are not theirs.
-                let optimizer = builder.param_shapes(Vec::new()).build_groups(ctx, pieces_by_group)?;
-                Some(Inner { optimizer, pieces, grads, grad_shard })
-            }
-        };
         Ok(ShardedOptimizer {
             ctx: ctx.clone(),
             comm,
             plan,
             params,
-            inner,
-            inner_groups,
+            parts,
+            grad_shard,
+            group_count: groups.len(),
             steps: 0,
             last: StepSplit::default(),
         })
@@ -136,33 +151,35 @@ impl<C: Communicator> ShardedOptimizer<C> {
             out.iter_mut().zip(values).for_each(|(o, v)| *o = v as f32);
             Ok(())
         })?;
-        if let Some(inner) = &self.inner {
-            ctx.write_bytes(&inner.grad_shard, bytemuck::cast_slice(&shard))?;
+        if let Some(grad_shard) = &self.grad_shard {
+            ctx.write_bytes(grad_shard, bytemuck::cast_slice(&shard))?;
         }
         let mut communication = started.elapsed();
 
         let updating = Instant::now();
-        let local = match &mut self.inner {
-            Some(inner) => inner.optimizer.local_grad_norm(&inner.grads)?,
-            None => None,
-        };
-        let partial = local.map_or(0.0, |(norm, norm_type)| match norm_type {
-            crate::NormType::L2 => f64::from(norm) * f64::from(norm),
-            crate::NormType::Inf => f64::from(norm),
-        });
+        let mut partial = 0.0;
+        for part in &mut self.parts {
+            partial = match part.optimizer.local_grad_norm(&part.grads)? {
+                Some((norm, crate::NormType::L2)) => partial + f64::from(norm) * f64::from(norm),
+                Some((norm, crate::NormType::Inf)) if norm.is_nan() => f64::NAN,
+                Some((norm, crate::NormType::Inf)) => f64::max(partial, f64::from(norm)),
+                None => partial,
+            };
+        }
         let mut update = updating.elapsed();
         let reducing = Instant::now();
         let total_norm = self.plan.global_norm(&self.comm, partial)?;
         communication += reducing.elapsed();
 
         let updating = Instant::now();
-        let mut mine = Vec::with_capacity(self.plan.gather_chunk);
-        if let Some(inner) = &mut self.inner {
-            inner.optimizer.step_with_norm(&inner.grads, total_norm)?;
-            for piece in &inner.pieces {
-                mine.extend(ctx.read_bytes(piece)?);
+        let mut updated: Vec<Vec<u8>> = vec![Vec::new(); self.plan.mine().len()];
+        for part in &mut self.parts {
+            part.optimizer.step_with_norm(&part.grads, total_norm)?;
+            for (&j, piece) in part.indices.iter().zip(&part.pieces) {
+                updated[j] = ctx.read_bytes(piece)?;
             }
         }
+        let mine = updated.concat();
         update += updating.elapsed();
 
         let gathering = Instant::now();
@@ -184,94 +201,32 @@ impl<C: Communicator> ShardedOptimizer<C> {
         self.steps
     }
 
-    /// Each group's Schedule-Free running values, where this rank holds pieces of it.
-    #[cfg(feature = "checkpoint")]
-    fn schedule_free_values(&self) -> Vec<Option<crate::ScheduleFreeScalars>> {
-        let inner = self.inner.as_ref();
-        let values =
-            |g: &Option<usize>| inner.zip(*g).and_then(|(i, g)| i.optimizer.schedule_free_scalars(g));
-        self.inner_groups.iter().map(values).collect()
-    }
-
-    /// Writes this rank's checkpoint file into `dir` (shared by the ranks, created if
-    /// missing): its shard's state, the flat range it covers, the step count and the groups'
-    /// Schedule-Free values (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls
-    /// it; when one rank's write fails, every rank returns an error.
-    #[cfg(feature = "checkpoint")]
-    pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let written = (|| {
-            let file = super::checkpoint::collect(
-                &self.plan,
-                self.steps,
-                self.schedule_free_values(),
-                |j, kind| match self.inner.as_ref().and_then(|i| i.optimizer.tensor_state(j, kind)) {
-                    Some(state) => Ok(Some(self.ctx.read(state)?.into_iter().map(|v| v as f32).collect())),
-                    None => Ok(None),
-                },
-            )?;
-            super::checkpoint::write(dir.as_ref(), self.plan.rank, &file)
-        })();
-        super::plan::agree(&self.comm, "save", written)
-    }
-
-    /// Loads a checkpoint that [`Self::save`] wrote on any number of ranks (of the same
-    /// parameters' lengths and dtypes): this rank reads its range of the flat state from
-    /// the files that hold it, and takes their step count and Schedule-Free values. Refused
-    /// ([`Error::BadFile`]) before anything is written when the files are not one save of
-    /// these tensors, lack a state this rank keeps, or are corrupt; when one rank's load is
-    /// refused, every rank returns an error.
-    #[cfg(feature = "checkpoint")]
-    pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let dir = dir.as_ref();
-        let shard = self.plan.layout.shard(self.plan.rank);
-        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
-        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
-        if let Some(inner) = &mut self.inner {
-            let (ctx, optimizer) = (&self.ctx, &inner.optimizer);
-            let keeps = |j, kind| optimizer.tensor_state(j, kind).is_some();
-            super::checkpoint::apply(&self.plan, &loaded, dir, keeps, |j, kind, values| {
-                let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
-                match optimizer.tensor_state(j, kind) {
-                    Some(state) => ctx.write(state, &values),
-                    None => Ok(()),
-                }
-            })?;
-            inner.optimizer.set_step_count(loaded.step)?;
-            for (g, scalars) in self.inner_groups.iter().zip(&loaded.schedule_free) {
-                if let (Some(g), Some(scalars)) = (g, scalars) {
-                    inner.optimizer.set_schedule_free_scalars(*g, *scalars)?;
-                }
-            }
-        }
-        self.steps = loaded.step;
-        Ok(())
-    }
-
     /// With clipping: the last step's global gradient norm, the same bits on every rank
-    /// (read back from the device). `None` on a rank whose shard holds only padding.
-    /// `None` without clipping.
+    /// (read back from the device); `None` without clipping, and on a rank whose shard
+    /// holds only padding.
     pub fn grad_norm(&self) -> Result<Option<f64>> {
         if self.plan.clip.is_none() {
             return Ok(None);
         }
-        self.inner.as_ref().map(|i| i.optimizer.grad_norm()).transpose()
+        self.parts.first().map(|p| p.optimizer.grad_norm()).transpose()
     }
 
     /// Sets every group's learning rate (every rank sets the same, or their steps differ).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.inner.as_mut().map_or(Ok(()), |i| i.optimizer.set_lr(lr))
+        self.parts.iter_mut().try_for_each(|p| p.optimizer.set_lr(lr))
     }
 
     /// Sets group `g`'s learning rate.
     pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
-        match self.inner_groups.get(g) {
-            None => Err(Error::NoSuchGroup { index: g, groups: self.inner_groups.len() }),
-            Some(None) => Ok(()),
-            Some(Some(inner_g)) => match &mut self.inner {
-                Some(inner) => inner.optimizer.set_group_lr(*inner_g, lr),
-                None => Ok(()),
-            },
+        if g >= self.group_count {
+            return Err(Error::NoSuchGroup { index: g, groups: self.group_count });
         }
+        for part in &mut self.parts {
+            if let Some(here) = part.groups[g] {
+                part.optimizer.set_group_lr(here, lr)?;
+            }
+        }
+        Ok(())
     }
 
     /// Every parameter, in the order of the groups' parameters.
@@ -289,16 +244,30 @@ impl<C: Communicator> ShardedOptimizer<C> {
         &self.comm
     }
 
-    /// The bytes of optimizer state this rank holds on its device, counted from the state
-    /// tensors it keeps: `1 / N` of the unsharded optimizer's, give or take a shard's
-    /// padding.
-    pub fn state_bytes(&self) -> u64 {
-        let Some(inner) = &self.inner else { return 0 };
-        let kinds = StateKind::ALL.iter();
-        (0..inner.pieces.len())
-            .flat_map(|i| kinds.clone().filter_map(move |kind| inner.optimizer.tensor_state(i, *kind)))
-            .map(Tensor::byte_len)
-            .sum()
+    /// The bytes of optimizer state this rank holds on its device, counted from the states
+    /// its optimizers keep (codes and scales of low-bit state, read back): `1 / N` of the
+    /// unsharded optimizer's, give or take a shard's padding.
+    pub fn state_bytes(&self) -> Result<u64> {
+        let mut total = 0;
+        for part in &self.parts {
+            for i in 0..part.pieces.len() {
+                for &kind in StateKind::ALL {
+                    total += match part.optimizer.state(i, kind)? {
+                        Some(StateView::Tensor(tensor)) => tensor.byte_len(),
+                        Some(StateView::Q8(StoredState::Q8 { codes, absmax })) => {
+                            (codes.len() + 4 * absmax.len()) as u64
+                        }
+                        Some(StateView::Q8(StoredState::F32(values))) => 4 * values.len() as u64,
+                        Some(StateView::Q4(Q4State::Q4 { codes, scale })) => {
+                            (codes.len() + 4 * scale.len()) as u64
+                        }
+                        Some(StateView::Q4(Q4State::F32(values))) => 4 * values.len() as u64,
+                        None => 0,
+                    };
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// The elements of each parameter this rank's shard holds, in order: `(tensor,
@@ -311,4 +280,72 @@ impl<C: Communicator> ShardedOptimizer<C> {
 /// The view of `param`'s elements in `piece`.
 fn view(param: &Tensor, piece: &Piece) -> Tensor {
     param.slice(piece.elements.start, piece.elements.end - piece.elements.start)
+}
+
+#[cfg(feature = "checkpoint")]
+impl<C: Communicator> ShardedOptimizer<C> {
+    /// Where piece `j` of this rank (`ShardPlan::mine`) lives: its part and its index there.
+    fn locate(&self, j: usize) -> Option<(&Part, usize)> {
+        self.parts.iter().find_map(|part| part.indices.iter().position(|&i| i == j).map(|k| (part, k)))
+    }
+
+    /// Each group's Schedule-Free running values, where this rank holds pieces of it.
+    fn schedule_free_values(&self) -> Vec<Option<crate::ScheduleFreeScalars>> {
+        (0..self.group_count)
+            .map(|g| {
+                self.parts.iter().find_map(|p| p.groups[g].and_then(|h| p.optimizer.schedule_free_scalars(h)))
+            })
+            .collect()
+    }
+
+    /// Writes this rank's checkpoint file into `dir` (shared by the ranks, created if
+    /// missing): its shard's state, the flat range it covers, the step count and the groups'
+    /// Schedule-Free values (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls
+    /// it; when one rank's write fails, every rank returns an error. Low-bit state is
+    /// refused ([`Error::ConflictingOptions`]): the format holds f32 state only.
+    pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        super::checkpoint::check_storage(&self.plan, "save")?;
+        let written =
+            super::checkpoint::collect(&self.plan, self.steps, self.schedule_free_values(), |j, kind| {
+                match self.locate(j).and_then(|(part, k)| part.optimizer.tensor_state(k, kind)) {
+                    Some(state) => Ok(Some(self.ctx.read(state)?.into_iter().map(|v| v as f32).collect())),
+                    None => Ok(None),
+                }
+            })
+            .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
+        super::plan::agree(&self.comm, "save", written)
+    }
+
+    /// Loads a checkpoint that [`Self::save`] wrote on any number of ranks (of the same
+    /// parameters' lengths and dtypes): this rank reads its range of the flat state from
+    /// the files that hold it, and takes their step count and Schedule-Free values. Refused
+    /// ([`Error::BadFile`]) before anything is written when the files are not one save of
+    /// these tensors, lack a state this rank keeps, or are corrupt; when one rank's load is
+    /// refused, every rank returns an error.
+    pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        super::checkpoint::check_storage(&self.plan, "load")?;
+        let dir = dir.as_ref();
+        let shard = self.plan.layout.shard(self.plan.rank);
+        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
+        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
+        let keeps =
+            |j, kind| self.locate(j).is_some_and(|(part, k)| part.optimizer.tensor_state(k, kind).is_some());
+        super::checkpoint::apply(&self.plan, &loaded, dir, keeps, |j, kind, values| {
+            let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+            match self.locate(j).and_then(|(part, k)| part.optimizer.tensor_state(k, kind)) {
+                Some(state) => self.ctx.write(state, &values),
+                None => Ok(()),
+            }
+        })?;
+        for part in &mut self.parts {
+            part.optimizer.set_step_count(loaded.step)?;
+            for (here, scalars) in part.groups.iter().zip(&loaded.schedule_free) {
+                if let (Some(here), Some(scalars)) = (here, scalars) {
+                    part.optimizer.set_schedule_free_scalars(*here, *scalars)?;
+                }
+            }
+        }
+        self.steps = loaded.step;
+        Ok(())
+    }
 }

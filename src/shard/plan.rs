@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use super::{Communicator, FlatLayout, Piece, ReduceOp};
+use crate::q4::Q4States;
+use crate::q8::Q8States;
 use crate::step::clip::{fused_clip, norm_from_partial};
 use crate::{Algorithm, DType, Error, NormType, OptimizerOptions, Result, StateStorage};
 
@@ -51,6 +53,8 @@ pub(crate) struct ShardPlan {
     pub clip: Option<NormType>,
     /// Bytes of the largest rank's parameter shard: every rank's part of the all-gather.
     pub gather_chunk: usize,
+    /// The state storage the optimizer was built with.
+    pub storage: StateStorage,
 }
 
 impl ShardPlan {
@@ -95,7 +99,14 @@ impl ShardPlan {
             "configuration (world size, tensors, algorithms, options)",
             configuration.as_bytes(),
         )?;
-        let layout = FlatLayout::new(lens, comm.size(), 1)?;
+        // Low-bit blocks start at shard boundaries: every tensor and every shard a whole
+        // number of blocks, so that a piece's blocks are the whole tensor's.
+        let align = match options.state_storage {
+            StateStorage::Q8(_) => crate::q8::BLOCK_SIZE as u64,
+            StateStorage::Q4(q4) => q4.block_size as u64,
+            _ => 1,
+        };
+        let layout = FlatLayout::new(lens, comm.size(), align)?;
         let pieces: Vec<Vec<Piece>> = (0..comm.size()).map(|r| layout.pieces(r)).collect();
         let bytes = |pieces: &[Piece]| {
             pieces.iter().map(|p| (p.elements.end - p.elements.start) * dtypes[p.tensor].size()).sum::<u64>()
@@ -111,7 +122,40 @@ impl ShardPlan {
             reduction,
             clip,
             gather_chunk,
+            storage: options.state_storage,
         })
+    }
+
+    /// This rank's pieces grouped by the storage of their state, each with the storage the
+    /// optimizer of that part is built with: with low-bit storage, whether a piece's state
+    /// is low-bit follows its whole tensor's size, never the piece's (a shard must not flip
+    /// it: bitsandbytes#2080, torchao#4912), so the pieces of quantized tensors go to an
+    /// optimizer that quantizes every tensor and the others to one that quantizes none.
+    /// Indices are into [`Self::mine`]; parts without pieces are left out.
+    pub(crate) fn parts(&self) -> Vec<(StateStorage, Vec<usize>)> {
+        let mine = self.mine();
+        let all = (0..mine.len()).collect::<Vec<_>>();
+        let (quantized, full): (StateStorage, StateStorage) = match self.storage {
+            StateStorage::Q8(_) => (
+                StateStorage::Q8(Q8States { min_8bit_size: 0 }),
+                StateStorage::Q8(Q8States { min_8bit_size: u64::MAX }),
+            ),
+            StateStorage::Q4(c) => (
+                StateStorage::Q4(Q4States { min_size: 0, ..c }),
+                StateStorage::Q4(Q4States { min_size: u64::MAX, ..c }),
+            ),
+            other => return if all.is_empty() { Vec::new() } else { vec![(other, all)] },
+        };
+        let whole = |j: &usize| {
+            let len = self.lens[mine[*j].tensor];
+            match self.storage {
+                StateStorage::Q8(c) => c.quantizes(len),
+                StateStorage::Q4(c) => c.quantizes(len),
+                _ => false,
+            }
+        };
+        let (low_bit, rest): (Vec<usize>, Vec<usize>) = all.into_iter().partition(whole);
+        [(quantized, low_bit), (full, rest)].into_iter().filter(|(_, pieces)| !pieces.is_empty()).collect()
     }
 
     /// The tensors' lengths and dtypes, which a checkpoint of this plan's state records
@@ -222,13 +266,6 @@ impl ShardPlan {
 /// Refuses the options a sharded step does not run yet.
 fn refuse_options(options: &OptimizerOptions) -> Result<()> {
     let refuse = |second, reason| Err(Error::ConflictingOptions { first: "sharding", second, reason });
-    if !matches!(options.state_storage, StateStorage::ParamDtype | StateStorage::Dtype(_)) {
-        return refuse(
-            "state_storage",
-            "8-bit and 4-bit state is not sharded yet (its blocks must align to shard boundaries and \
-             whether a tensor is low-bit must follow the whole tensor's size)",
-        );
-    }
     if options.state_storage == StateStorage::Dtype(crate::DType::F64) {
         return refuse(
             "state_storage",

@@ -39,7 +39,7 @@ fn sharded_run(
         }
         assert_eq!(opt.step_count(), if opt.shard_pieces().is_empty() { 0 } else { STEPS });
         let bytes = params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect();
-        (bytes, opt.grad_norm().unwrap(), opt.state_bytes())
+        (bytes, opt.grad_norm().unwrap(), opt.state_bytes().unwrap())
     })
 }
 

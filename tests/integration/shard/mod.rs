@@ -10,6 +10,8 @@ mod cpu;
 #[cfg(feature = "cpu")]
 mod faults;
 mod gpu;
+#[cfg(feature = "cpu")]
+mod low_bit;
 
 use std::time::Duration;
 
