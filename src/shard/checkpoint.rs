@@ -1,20 +1,20 @@
 //! Per-rank checkpoints of a sharded optimizer, which another number of ranks loads.
 //!
 //! Rank `r` of `N` writes `rank-{r}-of-{N}.safetensors` into a directory the ranks share:
-//! every state kind its pieces keep as one f32 tensor over its shard of the flat range
-//! (`state.{kind}`, in flat coordinates; f32 holds f32, f16 and bf16 state exactly), and in
-//! its metadata the flat range it holds (`flat_start`, `flat_end`), the tensors' lengths
-//! and dtypes, the step count and the groups' Schedule-Free values. Tensors start at the
-//! same flat offsets whatever the number of ranks (only the padding at the end differs),
-//! so a loader on any number of ranks reads its own range from the files that overlap it.
+//! every state kind its pieces keep as one f32 tensor over its shard (`state.{kind}`; f32
+//! holds f32, f16 and bf16 state exactly), and in its metadata which elements of which
+//! tensors the shard holds and where (`pieces`: `tensor:start-end@at`, `;`-separated), the
+//! tensors' lengths and dtypes, the step count and the groups' Schedule-Free values. A
+//! loader on any number of ranks takes each of its pieces' elements from the files whose
+//! pieces hold them.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::Path;
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
+use super::Piece;
 use crate::checkpoint::checksum;
 use crate::{Error, Result, ScheduleFreeScalars, StateKind};
 
@@ -24,13 +24,16 @@ pub const SHARD_FORMAT: &str = "wgpu-optim-shard-1";
 /// One rank's file.
 pub(crate) struct ShardFile {
     pub ranks: usize,
-    pub flat: Range<u64>,
+    /// The rank's pieces, with their places in its shard.
+    pub pieces: Vec<Piece>,
+    /// The shard's length: each state tensor's.
+    pub shard_len: u64,
     pub step: u64,
     /// The tensors' lengths and dtypes, as `ShardPlan::structure` writes them.
     pub structure: String,
     /// Each group's Schedule-Free values (`None`: not Schedule-Free).
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
-    /// Each state kind the rank's pieces keep, over `flat` (0 where a tensor keeps none).
+    /// Each state kind the rank's pieces keep, over its shard (0 where a piece keeps none).
     pub kinds: Vec<(StateKind, Vec<f32>)>,
 }
 
@@ -57,8 +60,13 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
     metadata.insert("format".to_string(), SHARD_FORMAT.to_string());
     metadata.insert("rank".to_string(), rank.to_string());
     metadata.insert("ranks".to_string(), file.ranks.to_string());
-    metadata.insert("flat_start".to_string(), file.flat.start.to_string());
-    metadata.insert("flat_end".to_string(), file.flat.end.to_string());
+    let pieces: Vec<String> = file
+        .pieces
+        .iter()
+        .map(|p| format!("{}:{}-{}@{}", p.tensor, p.elements.start, p.elements.end, p.at))
+        .collect();
+    metadata.insert("pieces".to_string(), pieces.join(";"));
+    metadata.insert("shard_len".to_string(), file.shard_len.to_string());
     metadata.insert("step".to_string(), file.step.to_string());
     metadata.insert("structure".to_string(), file.structure.clone());
     let schedule_free: Vec<String> = file
@@ -82,9 +90,10 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
     std::fs::write(&path, serialized).map_err(|e| bad(&path, format!("cannot write it: {e}")))
 }
 
-/// Reads the checkpoint in `dir` (every rank's file of one save) and assembles the flat
-/// range `want` of each state kind; refuses files of other tensors than `structure`.
-pub(crate) fn read(dir: &Path, structure: &str, want: Range<u64>) -> Result<Loaded> {
+/// Reads the checkpoint in `dir` (every rank's file of one save) and assembles each state
+/// kind over a shard of `shard_len` elements holding the pieces `want`; refuses files of
+/// other tensors than `structure`.
+pub(crate) fn read(dir: &Path, structure: &str, want: &[Piece], shard_len: u64) -> Result<Loaded> {
     let ranks = saved_ranks(dir)?;
     let mut loaded = Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new() };
     for rank in 0..ranks {
@@ -138,28 +147,38 @@ pub(crate) fn read(dir: &Path, structure: &str, want: Range<u64>) -> Result<Load
                 }
             }
         }
-        let flat = number("flat_start")?..number("flat_end")?;
-        let (from, to) = (flat.start.max(want.start), flat.end.min(want.end));
+        let file_len = number("shard_len")?;
+        let pieces = parse_pieces(&path, field("pieces")?, file_len)?;
         for (name, view) in file.iter() {
             let Some(kind) = name.strip_prefix("state.").and_then(kind_named) else {
                 return Err(bad(&path, format!("unknown tensor `{name}`")));
             };
-            if view.dtype() != Dtype::F32 || view.data().len() as u64 != 4 * (flat.end - flat.start) {
-                return Err(bad(&path, format!("`{name}` is not F32 over the file's flat range")));
+            if view.dtype() != Dtype::F32 || view.data().len() as u64 != 4 * file_len {
+                return Err(bad(&path, format!("`{name}` is not F32 over the file's shard_len")));
             }
             let values: &[u8] = view.data();
             let slot = match loaded.kinds.iter().position(|(k, _)| *k == kind) {
                 Some(k) => k,
                 None => {
-                    loaded.kinds.push((kind, vec![0.0; (want.end - want.start) as usize]));
+                    loaded.kinds.push((kind, vec![0.0; shard_len as usize]));
                     loaded.kinds.len() - 1
                 }
             };
-            for at in from..to {
-                let byte = (4 * (at - flat.start)) as usize;
-                let value =
-                    f32::from_le_bytes([values[byte], values[byte + 1], values[byte + 2], values[byte + 3]]);
-                loaded.kinds[slot].1[(at - want.start) as usize] = value;
+            for saved in &pieces {
+                for piece in want.iter().filter(|p| p.tensor == saved.tensor) {
+                    let from = saved.elements.start.max(piece.elements.start);
+                    let to = saved.elements.end.min(piece.elements.end);
+                    for element in from..to {
+                        let byte = (4 * (saved.at + element - saved.elements.start)) as usize;
+                        let value = f32::from_le_bytes([
+                            values[byte],
+                            values[byte + 1],
+                            values[byte + 2],
+                            values[byte + 3],
+                        ]);
+                        loaded.kinds[slot].1[(piece.at + element - piece.elements.start) as usize] = value;
+                    }
+                }
             }
         }
     }
@@ -188,6 +207,29 @@ fn saved_ranks(dir: &Path) -> Result<usize> {
         [] => Err(bad(dir, "it holds no `rank-R-of-N.safetensors` file")),
         _ => Err(bad(dir, format!("it holds the files of several saves (of {counts:?} ranks)"))),
     }
+}
+
+/// The `pieces` metadata of a file whose shard holds `shard_len` elements.
+fn parse_pieces(path: &Path, text: &str, shard_len: u64) -> Result<Vec<Piece>> {
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(';')
+        .map(|entry| {
+            let malformed = || {
+                bad(path, format!("`pieces` entry `{entry}` is not `tensor:start-end@at` within the shard"))
+            };
+            let (tensor, rest) = entry.split_once(':').ok_or_else(malformed)?;
+            let (range, at) = rest.split_once('@').ok_or_else(malformed)?;
+            let (start, end) = range.split_once('-').ok_or_else(malformed)?;
+            let number = |s: &str| s.parse::<u64>().map_err(|_| malformed());
+            let (start, end, at) = (number(start)?, number(end)?, number(at)?);
+            if start > end || at + (end - start) > shard_len {
+                return Err(malformed());
+            }
+            Ok(Piece { tensor: number(tensor)? as usize, elements: start..end, at })
+        })
+        .collect()
 }
 
 fn kind_named(name: &str) -> Option<StateKind> {
@@ -226,7 +268,7 @@ pub(crate) fn collect(
     schedule_free: Vec<Option<ScheduleFreeScalars>>,
     mut state: impl FnMut(usize, StateKind) -> Result<Option<Vec<f32>>>,
 ) -> Result<ShardFile> {
-    let shard = plan.layout.shard(plan.rank);
+    let shard_len = plan.shard_len as usize;
     let mut kinds: Vec<(StateKind, Vec<f32>)> = Vec::new();
     for (j, piece) in plan.mine().iter().enumerate() {
         for &kind in StateKind::ALL {
@@ -234,14 +276,23 @@ pub(crate) fn collect(
             let slot = match kinds.iter().position(|(k, _)| *k == kind) {
                 Some(slot) => slot,
                 None => {
-                    kinds.push((kind, vec![0.0; (shard.end - shard.start) as usize]));
+                    kinds.push((kind, vec![0.0; shard_len]));
                     kinds.len() - 1
                 }
             };
             kinds[slot].1[piece.at as usize..piece.at as usize + values.len()].copy_from_slice(&values);
         }
     }
-    Ok(ShardFile { ranks: plan.size, flat: shard, step, structure: plan.structure(), schedule_free, kinds })
+    let pieces = plan.mine().to_vec();
+    Ok(ShardFile {
+        ranks: plan.size,
+        pieces,
+        shard_len: plan.shard_len,
+        step,
+        structure: plan.structure(),
+        schedule_free,
+        kinds,
+    })
 }
 
 /// Checks that `loaded` has every state kind this rank's pieces keep (`keeps(j, kind)`),

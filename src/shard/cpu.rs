@@ -71,7 +71,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
-    /// sharded step does not run yet: LAMB, Adafactor and Muon, and stochastic rounding.
+    /// sharded step does not run yet: LAMB and Adafactor, and stochastic rounding. Muon's matrices
+    /// are each stepped whole by one owner rank.
     /// With 8-bit or 4-bit storage, blocks start at shard boundaries and whether a
     /// tensor's state is low-bit follows the whole tensor's size, as unsharded.
     pub fn build(
@@ -99,8 +100,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                     )
                 })
                 .collect();
-            // Pieces are flat: the parameters' shapes are not theirs.
-            let builder = builder.clone().state_storage(storage).param_shapes(Vec::new());
+            // Pieces are flat, tensors stepped whole keep their shapes.
+            let builder = builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&indices));
             parts.push(Part { optimizer: builder.build(algorithm, &pieces)?, indices });
         }
         Ok(ShardedCpuOptimizer { comm, plan, parts, steps: 0, last: StepSplit::default() })
@@ -233,8 +234,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         super::checkpoint::check_storage(&self.plan, "load")?;
         let dir = dir.as_ref();
-        let shard = self.plan.layout.shard(self.plan.rank);
-        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
+        let loaded =
+            super::checkpoint::read(dir, &self.plan.structure(), self.plan.mine(), self.plan.shard_len);
         let loaded = super::plan::agree(&self.comm, "load", loaded)?;
         let located: Vec<Option<(usize, usize)>> =
             (0..self.plan.mine().len()).map(|j| self.locate(j)).collect();

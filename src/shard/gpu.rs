@@ -64,7 +64,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`]) for what a sharded step does not run yet: LAMB,
-    /// Adafactor and Muon, stochastic rounding, capturable mode, model copies. With 8-bit or
+    /// Adafactor, stochastic rounding, capturable mode, model copies (Muon's matrices are each
+    /// stepped whole by one owner rank). With 8-bit or
     /// 4-bit storage, blocks start at shard boundaries and whether a tensor's state is
     /// low-bit follows the whole tensor's size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
@@ -88,8 +89,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let algorithms: Vec<_> = groups.iter().flat_map(|g| vec![g.algorithm; g.params.len()]).collect();
         let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
         let mine = plan.mine();
-        let grad_shard = (!mine.is_empty())
-            .then(|| ctx.zeros("wgpu-optim shard gradients", plan.layout.shard_len(), DType::F32));
+        let grad_shard =
+            (!mine.is_empty()).then(|| ctx.zeros("wgpu-optim shard gradients", plan.shard_len, DType::F32));
         let mut parts = Vec::new();
         for (storage, indices) in plan.parts() {
             let Some(grad_shard) = &grad_shard else { break };
@@ -112,8 +113,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
                 .iter()
                 .map(|&j| grad_shard.slice(mine[j].at, mine[j].elements.end - mine[j].elements.start))
                 .collect();
-            // Pieces are flat: the parameters' shapes are not theirs.
-            let builder = builder.clone().state_storage(storage).param_shapes(Vec::new());
+            // Pieces are flat, tensors stepped whole keep their shapes.
+            let builder = builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&ordered));
             let optimizer = builder.build_groups(ctx, param_groups)?;
             parts.push(Part { optimizer, indices: ordered, pieces, grads, groups: groups_here });
         }
@@ -325,8 +326,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         super::checkpoint::check_storage(&self.plan, "load")?;
         let dir = dir.as_ref();
-        let shard = self.plan.layout.shard(self.plan.rank);
-        let loaded = super::checkpoint::read(dir, &self.plan.structure(), shard);
+        let loaded =
+            super::checkpoint::read(dir, &self.plan.structure(), self.plan.mine(), self.plan.shard_len);
         let loaded = super::plan::agree(&self.comm, "load", loaded)?;
         let keeps =
             |j, kind| self.locate(j).is_some_and(|(part, k)| part.optimizer.tensor_state(k, kind).is_some());

@@ -39,15 +39,30 @@ pub struct StepSplit {
 }
 
 /// One rank's part of a sharded optimizer, fixed when it is built.
+///
+/// Tensors of the elementwise families lie in ZeRO-1's flat layout ([`FlatLayout`]), cut
+/// into equal shards; tensors that a family steps whole (Muon's matrices) are each given
+/// to one rank, longest first to the least loaded (Megatron's layer-wise distributed
+/// optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
+/// owns, `shard_len` elements in all (every rank's alike, padded): the gradients'
+/// reduce-scatter hands each rank its shard, whole tensors included.
 #[derive(Clone, Debug)]
 pub(crate) struct ShardPlan {
-    pub layout: FlatLayout,
     pub rank: usize,
     pub size: usize,
-    /// Every rank's pieces, `pieces[rank]`.
+    /// Elements of every rank's shard, padding included.
+    pub shard_len: u64,
+    /// Every rank's pieces, `pieces[rank]`, in tensor order; a piece's `at` is where it
+    /// lies in its rank's shard.
     pub pieces: Vec<Vec<Piece>>,
+    /// Each tensor's pieces as `(rank, index in pieces[rank])`.
+    placements: Vec<Vec<(usize, usize)>>,
     pub lens: Vec<u64>,
     pub dtypes: Vec<DType>,
+    /// The shapes the optimizer was given (empty, or one per tensor).
+    shapes: Vec<Vec<usize>>,
+    /// Whether tensor `i` is stepped whole by its owner rank.
+    pub whole: Vec<bool>,
     pub reduction: GradReduction,
     /// The norm clipped across every rank's gradients, if any.
     pub clip: Option<NormType>,
@@ -87,9 +102,10 @@ impl ShardPlan {
         }
         let clip = fused_clip(options.grad_clip, &distinct)?.map(|c| c.clip.norm_type);
         let configuration = format!(
-            "ranks {} lens {lens:?} dtypes {dtypes:?} algorithms {algorithms:?} storage {:?} masters {} \
-             clip {:?} rounding {:?} reduction {reduction:?}",
+            "ranks {} lens {lens:?} dtypes {dtypes:?} shapes {:?} algorithms {algorithms:?} storage {:?} \
+             masters {} clip {:?} rounding {:?} reduction {reduction:?}",
             comm.size(),
+            options.param_shapes,
             options.state_storage,
             options.master_weights,
             options.grad_clip,
@@ -99,6 +115,7 @@ impl ShardPlan {
             "configuration (world size, tensors, algorithms, options)",
             configuration.as_bytes(),
         )?;
+        let size = comm.size();
         // Low-bit blocks start at shard boundaries: every tensor and every shard a whole
         // number of blocks, so that a piece's blocks are the whole tensor's.
         let align = match options.state_storage {
@@ -106,24 +123,65 @@ impl ShardPlan {
             StateStorage::Q4(q4) => q4.block_size as u64,
             _ => 1,
         };
-        let layout = FlatLayout::new(lens, comm.size(), align)?;
-        let pieces: Vec<Vec<Piece>> = (0..comm.size()).map(|r| layout.pieces(r)).collect();
+        let whole: Vec<bool> = algorithms.iter().map(Algorithm::needs_matrix).collect();
+        let flat_tensors: Vec<usize> = (0..lens.len()).filter(|&i| !whole[i]).collect();
+        let flat_lens: Vec<u64> = flat_tensors.iter().map(|&i| lens[i]).collect();
+        let flat = FlatLayout::new(&flat_lens, size, align)?;
+        let mut pieces: Vec<Vec<Piece>> = (0..size)
+            .map(|r| {
+                flat.pieces(r).into_iter().map(|p| Piece { tensor: flat_tensors[p.tensor], ..p }).collect()
+            })
+            .collect();
+        let mut owned = vec![0u64; size];
+        for (tensor, rank) in owners(lens, &whole, size) {
+            let at = flat.shard_len() + owned[rank].next_multiple_of(align);
+            pieces[rank].push(Piece { tensor, elements: 0..lens[tensor], at });
+            owned[rank] = at - flat.shard_len() + lens[tensor];
+        }
+        let most_owned = owned.iter().max().copied().unwrap_or(0).next_multiple_of(align);
+        let mut placements = vec![Vec::new(); lens.len()];
+        for (rank, mine) in pieces.iter_mut().enumerate() {
+            mine.sort_by_key(|p| p.tensor);
+            for (k, piece) in mine.iter().enumerate() {
+                placements[piece.tensor].push((rank, k));
+            }
+        }
         let bytes = |pieces: &[Piece]| {
             pieces.iter().map(|p| (p.elements.end - p.elements.start) * dtypes[p.tensor].size()).sum::<u64>()
         };
         let gather_chunk = pieces.iter().map(|p| bytes(p)).max().unwrap_or(0) as usize;
         Ok(ShardPlan {
-            layout,
             rank: comm.rank(),
-            size: comm.size(),
+            size,
+            shard_len: flat.shard_len() + most_owned,
             pieces,
+            placements,
             lens: lens.to_vec(),
             dtypes: dtypes.to_vec(),
+            shapes: options.param_shapes.clone(),
+            whole,
             reduction,
             clip,
             gather_chunk,
             storage: options.state_storage,
         })
+    }
+
+    /// The shapes an inner optimizer over this rank's pieces `indices` is given: none where
+    /// the optimizer was given none; else a whole tensor's shape where its owner steps it
+    /// whole, and a piece's length where the piece lies in the flat layout.
+    pub(crate) fn piece_shapes(&self, indices: &[usize]) -> Vec<Vec<usize>> {
+        if self.shapes.is_empty() {
+            return Vec::new();
+        }
+        let mine = self.mine();
+        indices
+            .iter()
+            .map(|&j| match self.shapes.get(mine[j].tensor) {
+                Some(shape) if self.whole[mine[j].tensor] => shape.clone(),
+                _ => vec![(mine[j].elements.end - mine[j].elements.start) as usize],
+            })
+            .collect()
     }
 
     /// This rank's pieces grouped by the storage of their state, each with the storage the
@@ -178,10 +236,18 @@ impl ShardPlan {
         comm: &C,
         mut grad: impl FnMut(usize, &mut [f32]) -> Result<()>,
     ) -> Result<Vec<f32>> {
-        let mut flat = vec![0f32; self.layout.padded_len() as usize];
+        let shard_len = self.shard_len as usize;
+        let mut flat = vec![0f32; shard_len * self.size];
+        let mut whole = Vec::new();
         for (i, &len) in self.lens.iter().enumerate() {
-            let start = self.layout.start(i) as usize;
-            grad(i, &mut flat[start..start + len as usize])?;
+            whole.resize(len as usize, 0.0);
+            grad(i, &mut whole)?;
+            for &(rank, k) in &self.placements[i] {
+                let piece = &self.pieces[rank][k];
+                let (from, to) = (piece.elements.start as usize, piece.elements.end as usize);
+                let at = rank * shard_len + piece.at as usize;
+                flat[at..at + to - from].copy_from_slice(&whole[from..to]);
+            }
         }
         let mut shard = comm.reduce_scatter_f32(&flat)?;
         if self.reduction == GradReduction::Mean {
@@ -234,7 +300,7 @@ impl ShardPlan {
     pub(crate) fn sent_bytes(&self) -> u64 {
         let others = self.size as u64 - 1;
         let norm = if self.clip.is_some() { 8 } else { 0 };
-        others * (self.layout.shard_len() * 4 + self.gather_chunk as u64 + norm)
+        others * (self.shard_len * 4 + self.gather_chunk as u64 + norm)
     }
 
     /// Checks that `argument` has one entry per parameter.
@@ -305,4 +371,23 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, what: &str, outcome: 
         }),
         Ok(value) => Ok(value),
     }
+}
+
+/// The owner rank of each tensor stepped whole (`whole[i]`): longest first, each to the
+/// rank with the fewest elements so far (the lowest rank on a tie), as Megatron's layer-wise
+/// optimizer packs them; returned in tensor order.
+fn owners(lens: &[u64], whole: &[bool], ranks: usize) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..lens.len()).filter(|&i| whole[i] && lens[i] > 0).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    let mut load = vec![0u64; ranks];
+    let mut owners: Vec<(usize, usize)> = order
+        .into_iter()
+        .map(|i| {
+            let rank = (0..ranks).min_by_key(|&r| load[r]).unwrap_or(0);
+            load[rank] += lens[i];
+            (i, rank)
+        })
+        .collect();
+    owners.sort_unstable();
+    owners
 }

@@ -232,10 +232,6 @@ const CHANGE_REFUSAL: &str = "a group changes between Muon and another algorithm
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Muon {
-    fn shard_refusal(&self) -> Option<&'static str> {
-        Some("Muon's Newton-Schulz iteration needs each matrix whole; the sharded optimizer does not assign matrices to owner ranks yet")
-    }
-
     const FAMILY: crate::step::Family = crate::step::Family::Muon;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 

@@ -12,6 +12,8 @@ mod faults;
 mod gpu;
 #[cfg(feature = "cpu")]
 mod low_bit;
+#[cfg(feature = "cpu")]
+mod muon;
 
 use std::time::Duration;
 

@@ -1,0 +1,143 @@
+//! Muon sharded as Megatron's layer-wise optimizer does it: each matrix whole on one owner
+//! rank (longest first to the least loaded), which runs Newton-Schulz on it; the others'
+//! tensors (an AdamW group here) in the flat layout.
+
+use super::*;
+use crate::common::{ctx, gpu_turn};
+use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
+use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer, ShardedOptimizer};
+use wgpu_optim::{Adam, Muon, Optimizer, ParamGroup, Tensor};
+
+/// Matrices of several shapes (the largest first in no order), then two vectors.
+const SHAPES: [[usize; 2]; 5] = [[32, 64], [64, 32], [16, 48], [100, 20], [8, 8]];
+const VECTORS: [usize; 2] = [37, 300];
+
+fn values(seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = Rng::new(seed);
+    let lens = SHAPES.iter().map(|s| s[0] * s[1]).chain(VECTORS);
+    lens.map(|n| rng.vec(n, 1.0).iter().map(|&v| v as f32).collect()).collect()
+}
+
+fn grads(rank: usize, t: u64) -> Vec<Vec<f32>> {
+    values(900 + 13 * t + rank as u64)
+}
+
+fn reduced(size: usize, t: u64) -> Vec<Vec<f32>> {
+    let per_rank: Vec<_> = (0..size).map(|r| grads(r, t)).collect();
+    (0..per_rank[0].len())
+        .map(|i| {
+            (0..per_rank[0][i].len())
+                .map(|e| (1..size).fold(per_rank[0][i][e], |acc, r| acc + per_rank[r][i][e]) / size as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn shapes() -> Vec<Vec<usize>> {
+    SHAPES.iter().map(|s| s.to_vec()).chain(VECTORS.iter().map(|&n| vec![n])).collect()
+}
+
+fn groups(params: &[Tensor]) -> Vec<ParamGroup> {
+    let muon = Muon { lr: 0.02, ..Muon::default() };
+    vec![
+        ParamGroup::new(muon, &params[..SHAPES.len()]),
+        ParamGroup::new(Adam::adamw(), &params[SHAPES.len()..]),
+    ]
+}
+
+#[test]
+fn muon_matrices_stepped_whole_by_their_owners_are_the_unsharded_step_bit_for_bit() {
+    let _turn = gpu_turn();
+    let ctx = ctx();
+    for size in 1..=4 {
+        let want: Vec<Vec<u8>> = {
+            let params: Vec<Tensor> = values(1).iter().map(|p| ctx.upload_f32("param", p)).collect();
+            let builder = Optimizer::builder().param_shapes(shapes());
+            let mut opt = builder.build_groups(&ctx, groups(&params)).unwrap();
+            for t in 1..=STEPS {
+                let grads: Vec<Tensor> = reduced(size, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
+                opt.step(&grads).unwrap();
+            }
+            params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect()
+        };
+        let ranks = on_ranks(size, |comm| {
+            let rank = comm.rank();
+            let params: Vec<Tensor> = values(1).iter().map(|p| ctx.upload_f32("param", p)).collect();
+            let builder = Optimizer::builder().param_shapes(shapes());
+            let mut opt =
+                ShardedOptimizer::build(&ctx, comm, builder, GradReduction::Mean, groups(&params)).unwrap();
+            for t in 1..=STEPS {
+                let grads: Vec<Tensor> = grads(rank, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
+                opt.step(&grads).unwrap();
+            }
+            let owned: Vec<usize> = opt
+                .shard_pieces()
+                .into_iter()
+                .filter(|(tensor, elements)| *tensor < SHAPES.len() && elements.end - elements.start > 0)
+                .map(|(tensor, elements)| {
+                    let len = (SHAPES[tensor][0] * SHAPES[tensor][1]) as u64;
+                    assert_eq!(
+                        elements,
+                        0..len,
+                        "rank {rank} holds a piece of matrix {tensor}, not all of it"
+                    );
+                    tensor
+                })
+                .collect();
+            (params.iter().map(|p| ctx.read_bytes(p).unwrap()).collect::<Vec<_>>(), owned)
+        });
+        let mut owners: Vec<usize> = ranks.iter().flat_map(|(_, owned)| owned.clone()).collect();
+        owners.sort_unstable();
+        assert_eq!(owners, (0..SHAPES.len()).collect::<Vec<_>>(), "{size} ranks: each matrix has one owner");
+        for (rank, (got, _)) in ranks.iter().enumerate() {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(g == w, "{size} ranks: rank {rank}'s params[{i}] differ from the unsharded step");
+            }
+        }
+    }
+}
+
+#[test]
+fn muon_on_cpu_ranks_is_the_unsharded_step_bit_for_bit() {
+    let muon: Algorithm = Muon { lr: 0.02, ..Muon::default() }.into();
+    let matrices = || values(1)[..SHAPES.len()].to_vec();
+    let matrix_shapes = || shapes()[..SHAPES.len()].to_vec();
+    for size in [2, 3] {
+        let mut want = matrices();
+        {
+            let slices: Vec<HostSlice<'_>> = want.iter().map(|p| HostSlice::from(&p[..])).collect();
+            let mut opt = CpuOptimizer::builder().param_shapes(matrix_shapes()).build(muon, &slices).unwrap();
+            for t in 1..=STEPS {
+                let grads = reduced(size, t);
+                let grads: Vec<HostSlice<'_>> =
+                    grads[..SHAPES.len()].iter().map(|g| HostSlice::from(&g[..])).collect();
+                let mut slices: Vec<HostSliceMut<'_>> =
+                    want.iter_mut().map(|p| HostSliceMut::from(&mut p[..])).collect();
+                opt.step(&mut slices, &grads).unwrap();
+            }
+        }
+        let ranks = on_ranks(size, |comm| {
+            let rank = comm.rank();
+            let mut params = matrices();
+            let slices: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::from(&p[..])).collect();
+            let builder = CpuOptimizer::builder().param_shapes(matrix_shapes());
+            let mut opt =
+                ShardedCpuOptimizer::build(comm, builder, GradReduction::Mean, muon, &slices).unwrap();
+            for t in 1..=STEPS {
+                let grads = grads(rank, t);
+                let grads: Vec<HostSlice<'_>> =
+                    grads[..SHAPES.len()].iter().map(|g| HostSlice::from(&g[..])).collect();
+                let mut slices: Vec<HostSliceMut<'_>> =
+                    params.iter_mut().map(|p| HostSliceMut::from(&mut p[..])).collect();
+                opt.step(&mut slices, &grads).unwrap();
+            }
+            params
+        });
+        for (rank, got) in ranks.iter().enumerate() {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{size} CPU ranks: rank {rank}'s matrix {i} differs from the unsharded step");
+            }
+        }
+    }
+}
