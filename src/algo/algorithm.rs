@@ -136,11 +136,12 @@ pub(crate) trait FamilyConfig: Copy {
         false
     }
 
-    /// Why a sharded optimizer ([`crate::shard`]) cannot run it yet, where its step looks at
-    /// whole tensors that a shard may cut (LAMB's norms, Adafactor's row and column sums,
-    /// Muon's matrices); `None` (the elementwise families): a shard's pieces step alone.
-    fn shard_refusal(&self) -> Option<&'static str> {
-        None
+    /// Whether a sharded optimizer ([`crate::shard`]) steps each of its tensors whole on one
+    /// owner rank, as its step looks at whole tensors that a shard of the flat layout would
+    /// cut (LAMB's norms, Adafactor's row and column sums, Muon's matrices); `false` (the
+    /// elementwise families): a shard's pieces step alone.
+    fn shard_whole(&self) -> bool {
+        false
     }
 }
 
@@ -451,11 +452,11 @@ macro_rules! algorithms {
                 }
             }
 
-            /// Why a sharded optimizer cannot run it yet (`None`: it can).
+            /// Whether a sharded optimizer steps each of its tensors whole on one owner rank.
             #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
-            pub(crate) fn shard_refusal(&self) -> Option<&'static str> {
+            pub(crate) fn shard_whole(&self) -> bool {
                 match self {
-                    $(Algorithm::$variant(c) => FamilyConfig::shard_refusal(c),)*
+                    $(Algorithm::$variant(c) => FamilyConfig::shard_whole(c),)*
                 }
             }
         }

@@ -71,10 +71,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
-    /// sharded step does not run yet: LAMB and Adafactor, and stochastic rounding. Muon's matrices
-    /// are each stepped whole by one owner rank.
-    /// With 8-bit or 4-bit storage, blocks start at shard boundaries and whether a
-    /// tensor's state is low-bit follows the whole tensor's size, as unsharded.
+    /// sharded step does not run yet: stochastic rounding. LAMB's, Adafactor's and Muon's
+    /// tensors are each stepped whole by one owner rank. With 8-bit or 4-bit storage,
+    /// blocks start at shard boundaries and whether a tensor's state is low-bit follows the
+    /// whole tensor's size, as unsharded.
     pub fn build(
         comm: C,
         builder: CpuOptimizerBuilder,

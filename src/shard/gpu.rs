@@ -63,11 +63,11 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// with `builder`'s options; the ranks' gradients combine as `reduction` says.
     ///
     /// Refused on every rank when the ranks' configurations differ, and
-    /// ([`Error::ConflictingOptions`]) for what a sharded step does not run yet: LAMB,
-    /// Adafactor, stochastic rounding, capturable mode, model copies (Muon's matrices are each
-    /// stepped whole by one owner rank). With 8-bit or
-    /// 4-bit storage, blocks start at shard boundaries and whether a tensor's state is
-    /// low-bit follows the whole tensor's size, as unsharded.
+    /// ([`Error::ConflictingOptions`]) for what a sharded step does not run yet: stochastic
+    /// rounding, capturable mode, model copies. LAMB's, Adafactor's and Muon's tensors are
+    /// each stepped whole by one owner rank. With 8-bit or 4-bit storage, blocks start at
+    /// shard boundaries and whether a tensor's state is low-bit follows the whole tensor's
+    /// size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
     pub fn build(
         ctx: &GpuContext,

@@ -41,9 +41,9 @@ pub struct StepSplit {
 /// One rank's part of a sharded optimizer, fixed when it is built.
 ///
 /// Tensors of the elementwise families lie in ZeRO-1's flat layout ([`FlatLayout`]), cut
-/// into equal shards; tensors that a family steps whole (Muon's matrices) are each given
-/// to one rank, longest first to the least loaded (Megatron's layer-wise distributed
-/// optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
+/// into equal shards; tensors that a family steps whole (LAMB's, Adafactor's, Muon's:
+/// `Algorithm::shard_whole`) are each given to one rank, longest first to the least loaded
+/// (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
 /// owns, `shard_len` elements in all (every rank's alike, padded): the gradients'
 /// reduce-scatter hands each rank its shard, whole tensors included.
 #[derive(Clone, Debug)]
@@ -84,15 +84,6 @@ impl ShardPlan {
         options: &OptimizerOptions,
         reduction: GradReduction,
     ) -> Result<Self> {
-        for algorithm in algorithms {
-            if let Some(reason) = algorithm.shard_refusal() {
-                return Err(Error::ConflictingOptions {
-                    first: "sharding",
-                    second: algorithm.name(),
-                    reason,
-                });
-            }
-        }
         refuse_options(options)?;
         let mut distinct: Vec<Algorithm> = Vec::new();
         for algorithm in algorithms {
@@ -123,7 +114,7 @@ impl ShardPlan {
             StateStorage::Q4(q4) => q4.block_size as u64,
             _ => 1,
         };
-        let whole: Vec<bool> = algorithms.iter().map(Algorithm::needs_matrix).collect();
+        let whole: Vec<bool> = algorithms.iter().map(Algorithm::shard_whole).collect();
         let flat_tensors: Vec<usize> = (0..lens.len()).filter(|&i| !whole[i]).collect();
         let flat_lens: Vec<u64> = flat_tensors.iter().map(|&i| lens[i]).collect();
         let flat = FlatLayout::new(&flat_lens, size, align)?;

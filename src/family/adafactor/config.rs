@@ -225,8 +225,10 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
-    fn shard_refusal(&self) -> Option<&'static str> {
-        Some("Adafactor's factored second moment needs each matrix's whole row and column sums, which a shard may cut; the sharded optimizer does not all-reduce them yet")
+    /// Its norms (LAMB) or row and column sums (Adafactor) are each tensor's: a sharded
+    /// optimizer steps each tensor whole on one owner rank.
+    fn shard_whole(&self) -> bool {
+        true
     }
 
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;

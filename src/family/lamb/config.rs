@@ -149,8 +149,10 @@ impl LambNorms {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Lamb {
-    fn shard_refusal(&self) -> Option<&'static str> {
-        Some("LAMB's trust ratio needs each tensor's whole parameter and update norms, which a shard may cut; the sharded optimizer does not all-reduce them yet")
+    /// Its norms (LAMB) or row and column sums (Adafactor) are each tensor's: a sharded
+    /// optimizer steps each tensor whole on one owner rank.
+    fn shard_whole(&self) -> bool {
+        true
     }
 
     const FAMILY: crate::step::Family = crate::step::Family::Lamb;

@@ -306,6 +306,12 @@ impl crate::algo::FamilyConfig for Muon {
     fn needs_matrix(&self) -> bool {
         true
     }
+
+    /// Newton-Schulz needs each matrix whole: a sharded optimizer steps each on one owner
+    /// rank.
+    fn shard_whole(&self) -> bool {
+        true
+    }
 }
 
 /// The oracle's copy (`Muon` of `wgpu-optim-oracle`, with torch's `adjust_lr_fn`), field by

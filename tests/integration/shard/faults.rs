@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::*;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer};
-use wgpu_optim::{Adam, Error, Lamb, Rounding};
+use wgpu_optim::{Adam, DType, Error, Rounding, StateStorage};
 
 #[test]
 fn ranks_built_with_different_configurations_are_refused_on_every_rank_before_any_step() {
@@ -50,7 +50,11 @@ fn what_a_sharded_step_does_not_run_yet_is_refused_with_the_reason() {
             other => panic!("{second}: expected a refusal, got {other:?}"),
         }
     };
-    refused(CpuOptimizer::builder(), Lamb::default().into(), "Lamb");
+    refused(
+        CpuOptimizer::builder().state_storage(StateStorage::Dtype(DType::F64)),
+        Adam::default().into(),
+        "state_storage",
+    );
     refused(
         CpuOptimizer::builder().rounding(Rounding::Stochastic { seed: 1, state: false }),
         Adam::default().into(),

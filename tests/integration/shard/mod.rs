@@ -13,7 +13,7 @@ mod gpu;
 #[cfg(feature = "cpu")]
 mod low_bit;
 #[cfg(feature = "cpu")]
-mod muon;
+mod whole;
 
 use std::time::Duration;
 
