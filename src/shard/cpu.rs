@@ -116,12 +116,41 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// [`Error::Collective`](crate::Error::Collective); `params` may then hold this rank's
     /// shard updated and the others' not.
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
+        self.step_with(params, grads, None).map(drop)
+    }
+
+    /// AMP's step (PyTorch's `GradScaler.step`): `grads` are this rank's gradients of the
+    /// loss multiplied by the loss scale; after the reduction each is unscaled
+    /// (`* inv_scale`) and checked, and when any rank's held a NaN or an infinity every
+    /// rank skips the step, leaving parameters, state and step count as they were. Returns
+    /// whether it stepped (the trainer then lowers or raises its scale as `GradScaler`
+    /// does). With clipping the norm is the unscaled gradients'.
+    pub fn step_scaled(
+        &mut self,
+        params: &mut [HostSliceMut<'_>],
+        grads: &[HostSlice<'_>],
+        inv_scale: f32,
+    ) -> Result<bool> {
+        ShardPlan::check_inv_scale(inv_scale)?;
+        self.step_with(params, grads, Some(inv_scale))
+    }
+
+    fn step_with(
+        &mut self,
+        params: &mut [HostSliceMut<'_>],
+        grads: &[HostSlice<'_>],
+        inv_scale: Option<f32>,
+    ) -> Result<bool> {
         self.check(params, grads)?;
         let started = Instant::now();
-        let shard = self.plan.reduce_gradients(&self.comm, |i, out| {
+        let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
             widen(grads[i], out);
             Ok(())
         })?;
+        if self.plan.unscale(&self.comm, &mut shard, inv_scale)? {
+            self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
+            return Ok(false);
+        }
         let pieces = self.plan.mine();
         let piece_grads: Vec<HostSlice<'_>> = pieces
             .iter()
@@ -176,7 +205,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             sent_bytes: self.plan.sent_bytes(),
         };
         self.steps += 1;
-        Ok(())
+        Ok(true)
     }
 
     fn check(&self, params: &[HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {

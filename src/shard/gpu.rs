@@ -141,17 +141,36 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// [`Error::Collective`]; the parameters may then hold this rank's shard updated and the
     /// others' not.
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        self.step_with(grads, None).map(drop)
+    }
+
+    /// AMP's step (PyTorch's `GradScaler.step`): `grads` are this rank's gradients of the
+    /// loss multiplied by the loss scale; after the reduction each is unscaled
+    /// (`* inv_scale`) and checked, and when any rank's held a NaN or an infinity every
+    /// rank skips the step, leaving parameters, state and step count as they were. Returns
+    /// whether it stepped (the trainer then lowers or raises its scale as `GradScaler`
+    /// does). With clipping the norm is the unscaled gradients'.
+    pub fn step_scaled(&mut self, grads: &[Tensor], inv_scale: f32) -> Result<bool> {
+        ShardPlan::check_inv_scale(inv_scale)?;
+        self.step_with(grads, Some(inv_scale))
+    }
+
+    fn step_with(&mut self, grads: &[Tensor], inv_scale: Option<f32>) -> Result<bool> {
         self.plan.check_counts("grads", grads.len())?;
         for (i, grad) in grads.iter().enumerate() {
             self.plan.check_len("grads", i, grad.len)?;
         }
         let started = Instant::now();
         let ctx = &self.ctx;
-        let shard = self.plan.reduce_gradients(&self.comm, |i, out| {
+        let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
             let values = ctx.read(&grads[i])?;
             out.iter_mut().zip(values).for_each(|(o, v)| *o = v as f32);
             Ok(())
         })?;
+        if self.plan.unscale(&self.comm, &mut shard, inv_scale)? {
+            self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
+            return Ok(false);
+        }
         if let Some(grad_shard) = &self.grad_shard {
             ctx.write_bytes(grad_shard, bytemuck::cast_slice(&shard))?;
         }
@@ -194,7 +213,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
         communication += gathering.elapsed();
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
         self.steps += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Steps taken so far.

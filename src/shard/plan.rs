@@ -248,6 +248,38 @@ impl ShardPlan {
         Ok(shard)
     }
 
+    /// AMP's unscale of this rank's gradient shard, as PyTorch's
+    /// `_amp_foreach_non_finite_check_and_unscale_` does it (a gradient that is NaN or
+    /// infinite is flagged, every one is multiplied by `inv_scale` unless it is 1), then the
+    /// flags of every rank combined: whether any rank's shard held a non-finite gradient,
+    /// the same answer on every rank. `None`: no loss scale, nothing to do.
+    pub(crate) fn unscale<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        shard: &mut [f32],
+        inv_scale: Option<f32>,
+    ) -> Result<bool> {
+        let Some(inv_scale) = inv_scale else { return Ok(false) };
+        let found = shard.iter().any(|g| !g.is_finite());
+        if inv_scale != 1.0 {
+            shard.iter_mut().for_each(|g| *g *= inv_scale);
+        }
+        let mut any = [f64::from(u8::from(found))];
+        comm.all_reduce_f64(&mut any, ReduceOp::Max)?;
+        Ok(any[0] > 0.0)
+    }
+
+    /// Refuses a loss scale whose inverse is not a positive finite f32.
+    pub(crate) fn check_inv_scale(inv_scale: f32) -> Result<()> {
+        if !(inv_scale.is_finite() && inv_scale > 0.0) {
+            return Err(Error::BadValue {
+                argument: "inv_scale".into(),
+                problem: format!("is {inv_scale}; expected the inverse of a loss scale, positive and finite"),
+            });
+        }
+        Ok(())
+    }
+
     /// The global norm from this rank's `partial` (its shard's gradients' sum of squares, or
     /// their largest magnitude), combined in rank order: the same bits on every rank.
     pub(crate) fn global_norm<C: Communicator + ?Sized>(
@@ -337,7 +369,11 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
         );
     }
     if options.capturable {
-        return refuse("capturable", "capturable mode (AMP's found-inf across ranks) is not sharded yet");
+        return refuse(
+            "capturable",
+            "a sharded step reads its gradients on the host, so capturable mode gains nothing: AMP's \
+             sharded step is `step_scaled`",
+        );
     }
     if !options.model_copies.is_empty() {
         return refuse("model_copies", "model copies are not gathered across ranks yet");
