@@ -81,9 +81,10 @@
 //! - [`Checkpoint`], [`CHECKPOINT_FORMAT`] (feature `checkpoint`): a saved optimizer's
 //!   contents, read without an optimizer.
 //! - [`cpu`] (feature `cpu`): [`cpu::CpuOptimizer`], the same algorithms on all cores.
-//! - [`shard`] (not in wasm32): the collectives of a step sharded across ranks (ZeRO-1),
-//!   [`shard::Communicator`], with ranks on threads ([`shard::InProcess`]); every reduction
-//!   gives every rank the same bits.
+//! - [`shard`] (not in wasm32): optimizer state sharded across ranks (ZeRO-1):
+//!   [`shard::ShardedOptimizer`] and, with `cpu`, `shard::ShardedCpuOptimizer`, over
+//!   [`shard::Communicator`]'s collectives, with ranks on threads ([`shard::InProcess`]) or,
+//!   with `mpi`, MPI processes; every reduction gives every rank the same bits.
 //! - [`q8`]: bitsandbytes' blockwise 8-bit state ([`q8::Q8States`] to ask for it,
 //!   [`q8::StoredState`] to read, write and check it); [`q4`]: torchao's 4-bit state
 //!   ([`q4::Q4States`], [`q4::Q4State`]).

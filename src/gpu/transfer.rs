@@ -159,7 +159,7 @@ impl GpuContext {
             .poll(wgpu::PollType::Wait { submission_index: Some(readback.submission.clone()), timeout: None })
             .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         let mapped = pollster::block_on(readback.mapped.receive());
-        readback.finish(mapped)
+        readback.finish(mapped).map(|all| all.into_iter().next().unwrap_or_default())
     }
 
     /// [`Self::read_bytes`] as a future, for callers that must not block (a browser's event
@@ -175,29 +175,75 @@ impl GpuContext {
                 .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
         }
         let mapped = readback.mapped.receive().await;
+        readback.finish(mapped).map(|all| all.into_iter().next().unwrap_or_default())
+    }
+
+    /// Copies several tensors' bytes back to the host in one submission and one map (one
+    /// wait where [`Self::read_bytes`] per tensor waits once each), waiting for all
+    /// submitted work first. Refused before any GPU work, naming the tensor, if one cannot
+    /// be read back (as [`Self::read_bytes`]). Blocks as `read_bytes` does; in wasm32 builds
+    /// it returns [`Error::Readback`].
+    pub fn read_bytes_many(&self, tensors: &[Tensor]) -> Result<Vec<Vec<u8>>> {
+        let Some(readback) = self.begin_readback_many(tensors)? else {
+            return Ok(vec![Vec::new(); tensors.len()]);
+        };
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Readback {
+                cause: ReadbackFailure::WouldBlock {
+                    call: "read_bytes_many".into(),
+                    instead: "read_bytes_async",
+                },
+            });
+        }
+        self.device()
+            .poll(wgpu::PollType::Wait { submission_index: Some(readback.submission.clone()), timeout: None })
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Poll { message: e.to_string() } })?;
+        let mapped = pollster::block_on(readback.mapped.receive());
         readback.finish(mapped)
     }
 
     /// Checks `tensor`, then submits its copy into a mappable buffer and asks for the map;
     /// `None` for an empty tensor.
     fn begin_readback(&self, tensor: &Tensor) -> Result<Option<Readback>> {
-        check_readable(&Arg::new("tensor", tensor))?;
-        if tensor.len == 0 {
+        self.begin_readback_many(std::slice::from_ref(tensor))
+    }
+
+    /// Checks every tensor, then submits their copies into one mappable buffer (each from
+    /// the 4-byte word holding its first byte) and asks for the map; `None` when every
+    /// tensor is empty.
+    fn begin_readback_many(&self, tensors: &[Tensor]) -> Result<Option<Readback>> {
+        for (i, tensor) in tensors.iter().enumerate() {
+            let name = if tensors.len() == 1 { "tensor".to_string() } else { format!("tensors[{i}]") };
+            check_readable(&Arg::new(name, tensor))?;
+        }
+        let mut copies = Vec::with_capacity(tensors.len());
+        let mut spans = Vec::with_capacity(tensors.len());
+        let mut size = 0;
+        for tensor in tensors {
+            let range = tensor.byte_range();
+            let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
+            let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+            spans.push(((size + range.start - start) as usize, tensor.byte_len() as usize));
+            if tensor.len > 0 {
+                copies.push((tensor, start, size, end - start));
+                size += end - start;
+            }
+        }
+        if size == 0 {
             return Ok(None);
         }
-        let range = tensor.byte_range();
-        let start = range.start - range.start % wgpu::COPY_BUFFER_ALIGNMENT;
-        let end = range.end.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
         let device = self.device();
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-optim readback"),
-            size: end - start,
+            size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let submission = self.catch("copying a tensor for readback", || {
             let mut encoder = device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(&tensor.buffer, start, &staging, 0, end - start);
+            for (tensor, start, at, len) in &copies {
+                encoder.copy_buffer_to_buffer(&tensor.buffer, *start, &staging, *at, *len);
+            }
             self.queue().submit([encoder.finish()])
         })?;
         let (sender, mapped) = futures_intrusive::channel::shared::oneshot_channel();
@@ -206,8 +252,7 @@ impl GpuContext {
             // cannot be lost.
             let _ = sender.send(result);
         });
-        let skip = (range.start - start) as usize;
-        Ok(Some(Readback { staging, submission, mapped, skip, len: tensor.byte_len() as usize }))
+        Ok(Some(Readback { staging, submission, mapped, spans }))
     }
 
     /// Reads an f32 tensor back to the host as f32, without [`Self::read`]'s widening.
@@ -265,14 +310,13 @@ struct Readback {
     /// The map's outcome, once the device has finished the copy.
     mapped:
         futures_intrusive::channel::shared::OneshotReceiver<std::result::Result<(), wgpu::BufferAsyncError>>,
-    /// The tensor's first byte in `staging`, and its length.
-    skip: usize,
-    len: usize,
+    /// Each tensor's first byte in `staging`, and its length.
+    spans: Vec<(usize, usize)>,
 }
 
 impl Readback {
-    /// The tensor's bytes, given the map's outcome.
-    fn finish(self, mapped: Option<std::result::Result<(), wgpu::BufferAsyncError>>) -> Result<Vec<u8>> {
+    /// Each tensor's bytes, given the map's outcome.
+    fn finish(self, mapped: Option<std::result::Result<(), wgpu::BufferAsyncError>>) -> Result<Vec<Vec<u8>>> {
         match mapped {
             Some(Ok(())) => {}
             Some(Err(e)) => {
@@ -280,12 +324,12 @@ impl Readback {
             }
             None => return Err(Error::Readback { cause: ReadbackFailure::CallbackNeverRan }),
         }
-        let bytes = self
+        let view = self
             .staging
             .get_mapped_range(..)
-            .map_err(|e| Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })?
-            [self.skip..self.skip + self.len]
-            .to_vec();
+            .map_err(|e| Error::Readback { cause: ReadbackFailure::Map { message: e.to_string() } })?;
+        let bytes = self.spans.iter().map(|&(skip, len)| view[skip..skip + len].to_vec()).collect();
+        drop(view);
         self.staging.unmap();
         Ok(bytes)
     }

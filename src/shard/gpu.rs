@@ -160,11 +160,20 @@ impl<C: Communicator> ShardedOptimizer<C> {
         for (i, grad) in grads.iter().enumerate() {
             self.plan.check_len("grads", i, grad.len)?;
         }
-        let started = Instant::now();
         let ctx = &self.ctx;
+        // The trainer's work that makes the gradients is not this step's: wait for it
+        // before the clock starts (the gradients' readback would wait for it anyway).
+        ctx.device().poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| {
+            Error::Readback { cause: crate::ReadbackFailure::Poll { message: e.to_string() } }
+        })?;
+        let started = Instant::now();
+        // Every gradient in one copy and one wait.
+        let read = ctx.read_bytes_many(grads)?;
         let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
-            let values = ctx.read(&grads[i])?;
-            out.iter_mut().zip(values).for_each(|(o, v)| *o = v as f32);
+            match grads[i].dtype {
+                DType::F32 => out.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(&read[i])),
+                dtype => out.iter_mut().zip(dtype.decode(&read[i])).for_each(|(o, v)| *o = v as f32),
+            }
             Ok(())
         })?;
         if self.plan.unscale(&self.comm, &mut shard, inv_scale)? {
@@ -192,14 +201,15 @@ impl<C: Communicator> ShardedOptimizer<C> {
         communication += reducing.elapsed();
 
         let updating = Instant::now();
-        let mut updated: Vec<Vec<u8>> = vec![Vec::new(); self.plan.mine().len()];
         for part in &mut self.parts {
             part.optimizer.step_with_norm(&part.grads, total_norm)?;
-            for (&j, piece) in part.indices.iter().zip(&part.pieces) {
-                updated[j] = ctx.read_bytes(piece)?;
-            }
         }
-        let mine = updated.concat();
+        // The updated pieces in one copy and one wait, in the plan's order.
+        let mut order: Vec<(usize, &Tensor)> =
+            self.parts.iter().flat_map(|p| p.indices.iter().copied().zip(&p.pieces)).collect();
+        order.sort_by_key(|(j, _)| *j);
+        let pieces: Vec<Tensor> = order.into_iter().map(|(_, piece)| piece.clone()).collect();
+        let mine = ctx.read_bytes_many(&pieces)?.concat();
         update += updating.elapsed();
 
         let gathering = Instant::now();

@@ -1,13 +1,16 @@
-//! Optimizer state sharded across ranks (ZeRO-1): the collectives a sharded step needs
+//! Optimizer state sharded across ranks (ZeRO-1): [`ShardedOptimizer`] (and, with the
+//! `cpu` feature, `ShardedCpuOptimizer`), the collectives a sharded step needs
 //! ([`Communicator`]) and their transports.
 //!
 //! A sharded trainer holds the whole model on every rank, reduces the gradients across
 //! ranks, updates only its slice of the parameters with only its slice of the state, and
 //! gathers the updated slices back (DeepSpeed's ZeRO-1, Megatron's distributed optimizer).
-//! What crosses ranks is small and fixed: a few scalars (partial norms, found-inf), byte
-//! ranges (parameter shards), and a check that every rank was configured alike. Which
-//! elements each rank owns is the [`FlatLayout`]: a group's tensors in one flat range cut
-//! into equal shards.
+//! What crosses ranks is the gradients (reduce-scattered), the parameter shards
+//! (all-gathered), a few scalars (partial norms, found-inf), and a check that every rank
+//! was configured alike. Which elements each rank owns: the elementwise families' tensors
+//! lie in the [`FlatLayout`], one flat range cut into equal shards; the tensors of families
+//! that look at whole tensors (LAMB, Adafactor, Muon) are each given whole to one rank.
+//! Checkpoints are one file per rank ([`SHARD_FORMAT`]), loadable on any number of ranks.
 //!
 //! Every reduction here gives every rank the same bits: the ranks' contributions are
 //! gathered and combined in rank order on each rank ([`Communicator::all_reduce_f64`]),
@@ -18,7 +21,7 @@
 //! that drives several devices from one process) and, with the `mpi` feature, `Mpi` (a rank
 //! per process under `mpirun`; `examples/shard_mpi.rs` checks it). A rank that leaves the group (panics or
 //! ends) or stops answering makes the others' collectives fail with
-//! [`Error::Collective`](crate::Error::Collective) instead of waiting forever.
+//! [`Error::Collective`] instead of waiting forever.
 
 #[cfg(feature = "checkpoint")]
 mod checkpoint;

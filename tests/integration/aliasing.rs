@@ -373,3 +373,37 @@ fn an_input_of_one_update_inside_another_updates_output_is_refused() {
     );
     assert_eq!(ctx.read_bytes(&flat).unwrap(), before, "a refused call changed memory");
 }
+
+#[test]
+fn read_bytes_many_reads_every_view_as_read_bytes_does_in_one_copy() {
+    let ctx = ctx();
+    // f16 views starting and ending inside 4-byte words, an empty one, and an f32 tensor of
+    // another buffer.
+    let halves: Vec<f64> = (0..37).map(|i| f64::from(i) * 0.5 - 3.0).collect();
+    let flat = ctx.upload("halves", &halves, DType::F16);
+    let other = ctx.upload_f32("other", &[1.5, -2.25, 3.0]);
+    let tensors =
+        vec![flat.slice(1, 5), flat.slice(6, 0), flat.slice(7, 30), other.clone(), flat.slice(0, 2)];
+    let many = ctx.read_bytes_many(&tensors).unwrap();
+    assert_eq!(many.len(), tensors.len());
+    for (i, (bytes, tensor)) in many.iter().zip(&tensors).enumerate() {
+        assert_eq!(*bytes, ctx.read_bytes(tensor).unwrap(), "tensors[{i}]");
+        assert_eq!(bytes.len() as u64, tensor.byte_len(), "tensors[{i}]");
+    }
+    let decoded: Vec<f64> =
+        many[0].chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64()).collect();
+    assert_eq!(decoded, halves[1..6].to_vec());
+    let unreadable = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let refused = ctx.read_bytes_many(&[other, Tensor::whole(&unreadable, DType::F32).unwrap()]);
+    match refused {
+        Err(Error::MissingUsage { argument, needed, .. }) => {
+            assert_eq!((argument.as_str(), needed), ("tensors[1]", "COPY_SRC"));
+        }
+        other => panic!("expected the tensor without COPY_SRC refused, got {other:?}"),
+    }
+}

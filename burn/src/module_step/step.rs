@@ -31,7 +31,7 @@ impl ModuleStep {
 
     /// AMP: the step of [`Self::step`] after unscaling the gradients by the device scalar
     /// `inv_scale` (one f32 element), skipped on the device when any gradient is NaN or
-    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerBuilder::capturable`].
+    /// infinite ([`Optimizer::record_unscale`]). Needs [`OptimizerBuilder::capturable`](wgpu_optim::OptimizerBuilder::capturable).
     pub fn step_unscaled<M: Module>(
         &mut self,
         lr: f64,
