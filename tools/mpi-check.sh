@@ -3,8 +3,9 @@
 # (Debian or Ubuntu; as root, or with sudo), lints and builds examples/shard_mpi.rs and
 # examples/train_mlp_sharded, runs the collectives' checks on 1, 2 and 3 ranks (3 on two
 # cores: --oversubscribe), trains the MLP data-parallel on 2 and 3 MPI ranks and on 3
-# in-process ranks against the single-process run, and checks that a rank that panics or
-# dies mid-step ends the job with an error within seconds.
+# in-process ranks against the single-process run, resumes the 3 ranks' checkpoint on 2
+# ranks and on 1, and checks that a rank that panics or dies mid-step ends the job with an
+# error within seconds.
 # `.ci/run` runs it. Usage: tools/mpi-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,8 +59,14 @@ trainer=target/debug/examples/train_mlp_sharded
 reference=$(mktemp)
 "$trainer" --save "$reference"
 run -np 2 "$trainer" --compare "$reference"
-run -np 3 "$trainer" --compare "$reference"
+checkpoint=$(mktemp -d)
+trap 'rm -rf "$reference" "$checkpoint"' EXIT
+run -np 3 "$trainer" --compare "$reference" --checkpoint-at 100 --checkpoint-dir "$checkpoint"
 "$trainer" --in-process 3 --compare "$reference"
+
+# A checkpoint saved on 3 ranks continues on 2 MPI ranks and on 1, to the same end.
+run -np 2 "$trainer" --resume "$checkpoint" --compare "$reference"
+"$trainer" --resume "$checkpoint" --compare "$reference"
 
 # A rank that panics, or whose process dies, ends the run with an error within seconds.
 fails_quickly() {

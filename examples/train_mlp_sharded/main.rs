@@ -19,7 +19,9 @@
 //! parameter): a run on N ranks against the run on one. `--panic-rank R --at-step S`
 //! makes rank R panic at step S, which ends the run with an error (under MPI the job
 //! aborts; on threads the others' steps fail); `--die-rank R --at-step S` makes its process
-//! die by a signal (under MPI, `mpirun` ends the others).
+//! die by a signal (under MPI, `mpirun` ends the others). `--checkpoint-at S
+//! --checkpoint-dir DIR` saves a checkpoint after step S (one optimizer file per rank and
+//! the parameters) and `--resume DIR` continues from one, on any number of ranks.
 
 #[allow(dead_code)]
 #[path = "../train_mlp/gpu.rs"]
@@ -48,6 +50,10 @@ struct Options {
     tolerance: f64,
     panic_at: Option<(usize, u64)>,
     die_at: Option<(usize, u64)>,
+    /// Save a checkpoint (the optimizer's files and the parameters) after this step.
+    checkpoint: Option<(u64, String)>,
+    /// Resume from a checkpoint directory.
+    resume: Option<String>,
 }
 
 fn options() -> Result<Options, String> {
@@ -59,7 +65,10 @@ fn options() -> Result<Options, String> {
         tolerance: 1e-3,
         panic_at: None,
         die_at: None,
+        checkpoint: None,
+        resume: None,
     };
+    let mut checkpoint_at = None;
     let (mut panic_rank, mut die_rank, mut at_step) = (None, None, 1);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -73,10 +82,18 @@ fn options() -> Result<Options, String> {
             "--tolerance" => options.tolerance = value()?.parse().map_err(|e| format!("--tolerance: {e}"))?,
             "--panic-rank" => panic_rank = Some(number(value()?)? as usize),
             "--die-rank" => die_rank = Some(number(value()?)? as usize),
+            "--checkpoint-at" => checkpoint_at = Some(number(value()?)?),
+            "--checkpoint-dir" => options.checkpoint = Some((0, value()?)),
+            "--resume" => options.resume = Some(value()?),
             "--at-step" => at_step = number(value()?)?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
+    options.checkpoint = match (checkpoint_at, options.checkpoint.take()) {
+        (Some(step), Some((_, dir))) => Some((step, dir)),
+        (None, None) => None,
+        _ => return Err("--checkpoint-at and --checkpoint-dir go together".into()),
+    };
     options.panic_at = panic_rank.map(|rank| (rank, at_step));
     options.die_at = die_rank.map(|rank| (rank, at_step));
     Ok(options)
@@ -116,8 +133,15 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let groups = vec![ParamGroup::new(adamw, &params)];
     let mut optimizer = ShardedOptimizer::build(&ctx, comm, builder, GradReduction::Mean, groups)?;
     let grads = model.grad_tensors();
+    let mut first = 1;
+    if let Some(dir) = &options.resume {
+        // The optimizer's files of any number of ranks, and the parameters rank 0 saved.
+        optimizer.load(dir)?;
+        model.write_params(&std::fs::read(std::path::Path::new(dir).join("params.bin"))?)?;
+        first = optimizer.step_count() + 1;
+    }
     let mut total = StepSplit::default();
-    for step in 1..=options.steps {
+    for step in first..=options.steps {
         if options.panic_at == Some((rank, step)) {
             panic!("rank {rank} fails at step {step} (--panic-rank)");
         }
@@ -135,13 +159,23 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
         total.communication += last.communication;
         total.update += last.update;
         total.sent_bytes += last.sent_bytes;
+        if let Some((_, dir)) = options.checkpoint.as_ref().filter(|(at, _)| *at == step) {
+            optimizer.save(dir)?;
+            if rank == 0 {
+                let mut bytes = Vec::new();
+                for tensor in &params {
+                    bytes.extend(ctx.read_bytes(tensor)?);
+                }
+                std::fs::write(std::path::Path::new(dir).join("params.bin"), bytes)?;
+            }
+        }
     }
     let metrics = model.evaluate()?;
     // The loss and accuracy over every rank's part (equal parts: the mean of the means).
     let mut sums = [metrics.loss, metrics.correct as f64];
     optimizer.communicator().all_reduce_f64(&mut sums, ReduceOp::Sum)?;
     let param_bytes: u64 = params.iter().map(|p| p.byte_len()).sum();
-    let steps = options.steps.max(1) as u32;
+    let steps = (options.steps + 1).saturating_sub(first).max(1) as u32;
     println!(
         "rank {rank} of {size}: state {} bytes (unsharded AdamW: {}); per step: communication {:.2} ms, \
          update {:.2} ms, sent {} bytes (ZeRO-1's 2 (N - 1) / N of the parameters: {})",
