@@ -244,13 +244,17 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// checkpoint of either backend loads into the other).
     #[cfg(feature = "checkpoint")]
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        super::checkpoint::check_storage(&self.plan, "save")?;
+        use super::checkpoint::PieceState;
         let schedule_free = vec![self.parts.first().and_then(|p| p.optimizer.schedule_free_scalars(0))];
         let written = super::checkpoint::collect(&self.plan, self.steps, schedule_free, |j, kind| {
             let state = self.locate(j).and_then(|(p, k)| self.parts[p].optimizer.state(k, kind));
             Ok(match state {
-                Some(StateView::Host(slice)) => Some(slice.to_f64().into_iter().map(|v| v as f32).collect()),
-                _ => None,
+                Some(StateView::Host(slice)) => {
+                    Some(PieceState::Dense(slice.to_f64().into_iter().map(|v| v as f32).collect()))
+                }
+                Some(StateView::Q8(state)) => Some(PieceState::Q8(state.clone())),
+                Some(StateView::Q4(state)) => Some(PieceState::Q4(state.clone())),
+                None => None,
             })
         })
         .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
@@ -261,29 +265,40 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// [`ShardedOptimizer::load`](super::ShardedOptimizer::load) does.
     #[cfg(feature = "checkpoint")]
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        super::checkpoint::check_storage(&self.plan, "load")?;
+        use super::checkpoint::PieceState;
         let dir = dir.as_ref();
-        let loaded =
-            super::checkpoint::read(dir, &self.plan.structure(), self.plan.mine(), self.plan.shard_len);
+        let codes = super::checkpoint::Codes::of(self.plan.storage);
+        let (structure, shard_len) = (self.plan.structure(), self.plan.shard_len);
+        let loaded = super::checkpoint::read(dir, &structure, codes, self.plan.mine(), shard_len);
         let loaded = super::plan::agree(&self.comm, "load", loaded)?;
         let located: Vec<Option<(usize, usize)>> =
             (0..self.plan.mine().len()).map(|j| self.locate(j)).collect();
         let parts = &mut self.parts;
-        let keeps =
-            |j: usize, kind| located[j].is_some_and(|(p, k)| parts[p].optimizer.state(k, kind).is_some());
-        let kinds: Vec<Vec<StateKind>> = (0..located.len())
-            .map(|j| StateKind::ALL.iter().copied().filter(|&kind| keeps(j, kind)).collect())
+        let kinds: Vec<Vec<StateKind>> = located
+            .iter()
+            .map(|at| {
+                let keeps = |kind| at.is_some_and(|(p, k)| parts[p].optimizer.state(k, kind).is_some());
+                StateKind::ALL.iter().copied().filter(|&kind| keeps(kind)).collect()
+            })
             .collect();
         super::checkpoint::apply(
             &self.plan,
             &loaded,
             dir,
             |j, kind| kinds[j].contains(&kind),
-            |j, kind, values| {
-                if let Some(state) = located[j].and_then(|(p, k)| parts[p].optimizer.state_mut(k, kind)) {
-                    narrow(values, state);
+            |j, kind, state| {
+                let Some((p, k)) = located[j] else { return Ok(()) };
+                let optimizer = &mut parts[p].optimizer;
+                match state {
+                    PieceState::Dense(values) => {
+                        if let Some(slice) = optimizer.state_mut(k, kind) {
+                            narrow(&values, slice);
+                        }
+                        Ok(())
+                    }
+                    PieceState::Q8(state) => optimizer.set_state(k, kind, crate::QuantizedState::Q8(state)),
+                    PieceState::Q4(state) => optimizer.set_state(k, kind, crate::QuantizedState::Q4(state)),
                 }
-                Ok(())
             },
         )?;
         for part in parts.iter_mut() {

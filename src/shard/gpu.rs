@@ -3,10 +3,14 @@
 
 use std::time::Instant;
 
+#[cfg(feature = "checkpoint")]
+use super::checkpoint::PieceState;
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::{Communicator, Piece};
 use crate::q4::Q4State;
 use crate::q8::StoredState;
+#[cfg(feature = "checkpoint")]
+use crate::QuantizedState;
 use crate::{
     DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Result, StateKind, StateView, Tensor,
 };
@@ -329,44 +333,70 @@ impl<C: Communicator> ShardedOptimizer<C> {
     }
 
     /// Writes this rank's checkpoint file into `dir` (shared by the ranks, created if
-    /// missing): its shard's state, the flat range it covers, the step count and the groups'
-    /// Schedule-Free values (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls
-    /// it; when one rank's write fails, every rank returns an error. Low-bit state is
-    /// refused ([`Error::ConflictingOptions`]): the format holds f32 state only.
+    /// missing): its shard's state (low-bit state as its codes and scales), which elements
+    /// of which tensors it holds, the step count and the groups' Schedule-Free values
+    /// (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls it; when one rank's
+    /// write fails, every rank returns an error.
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        super::checkpoint::check_storage(&self.plan, "save")?;
         let written =
             super::checkpoint::collect(&self.plan, self.steps, self.schedule_free_values(), |j, kind| {
-                match self.locate(j).and_then(|(part, k)| part.optimizer.tensor_state(k, kind)) {
-                    Some(state) => Ok(Some(self.ctx.read(state)?.into_iter().map(|v| v as f32).collect())),
-                    None => Ok(None),
-                }
+                let Some((part, k)) = self.locate(j) else { return Ok(None) };
+                Ok(match part.optimizer.state(k, kind)? {
+                    Some(StateView::Tensor(state)) => {
+                        Some(PieceState::Dense(self.ctx.read(state)?.into_iter().map(|v| v as f32).collect()))
+                    }
+                    Some(StateView::Q8(state)) => Some(PieceState::Q8(state)),
+                    Some(StateView::Q4(state)) => Some(PieceState::Q4(state)),
+                    None => None,
+                })
             })
             .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
         super::plan::agree(&self.comm, "save", written)
     }
 
     /// Loads a checkpoint that [`Self::save`] wrote on any number of ranks (of the same
-    /// parameters' lengths and dtypes): this rank reads its range of the flat state from
-    /// the files that hold it, and takes their step count and Schedule-Free values. Refused
-    /// ([`Error::BadFile`]) before anything is written when the files are not one save of
-    /// these tensors, lack a state this rank keeps, or are corrupt; when one rank's load is
-    /// refused, every rank returns an error.
+    /// parameters' lengths and dtypes and the same state storage): this rank takes its
+    /// pieces' state from the files that hold it, and their step count and Schedule-Free
+    /// values. Refused ([`Error::BadFile`]) before anything is written when the files are
+    /// not one save of these tensors, lack a state this rank keeps, or are corrupt; when one
+    /// rank's load is refused, every rank returns an error.
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        super::checkpoint::check_storage(&self.plan, "load")?;
         let dir = dir.as_ref();
-        let loaded =
-            super::checkpoint::read(dir, &self.plan.structure(), self.plan.mine(), self.plan.shard_len);
+        let codes = super::checkpoint::Codes::of(self.plan.storage);
+        let (structure, shard_len) = (self.plan.structure(), self.plan.shard_len);
+        let loaded = super::checkpoint::read(dir, &structure, codes, self.plan.mine(), shard_len);
         let loaded = super::plan::agree(&self.comm, "load", loaded)?;
-        let keeps =
-            |j, kind| self.locate(j).is_some_and(|(part, k)| part.optimizer.tensor_state(k, kind).is_some());
-        super::checkpoint::apply(&self.plan, &loaded, dir, keeps, |j, kind, values| {
-            let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
-            match self.locate(j).and_then(|(part, k)| part.optimizer.tensor_state(k, kind)) {
-                Some(state) => self.ctx.write(state, &values),
-                None => Ok(()),
+        let mut keeps = Vec::new();
+        for j in 0..self.plan.mine().len() {
+            let mut kinds = Vec::new();
+            if let Some((part, k)) = self.locate(j) {
+                for &kind in StateKind::ALL {
+                    if part.optimizer.state(k, kind)?.is_some() {
+                        kinds.push(kind);
+                    }
+                }
             }
-        })?;
+            keeps.push(kinds);
+        }
+        super::checkpoint::apply(
+            &self.plan,
+            &loaded,
+            dir,
+            |j, kind| keeps[j].contains(&kind),
+            |j, kind, state| {
+                let Some((part, k)) = self.locate(j) else { return Ok(()) };
+                match state {
+                    PieceState::Dense(values) => match part.optimizer.tensor_state(k, kind) {
+                        Some(tensor) => {
+                            self.ctx.write(tensor, &values.iter().map(|&v| f64::from(v)).collect::<Vec<_>>())
+                        }
+                        None => Ok(()),
+                    },
+                    PieceState::Q8(state) => part.optimizer.set_state(k, kind, &QuantizedState::Q8(state)),
+                    PieceState::Q4(state) => part.optimizer.set_state(k, kind, &QuantizedState::Q4(state)),
+                }
+            },
+        )?;
         for part in &mut self.parts {
             part.optimizer.set_step_count(loaded.step)?;
             for (here, scalars) in part.groups.iter().zip(&loaded.schedule_free) {

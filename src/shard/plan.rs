@@ -175,6 +175,15 @@ impl ShardPlan {
             .collect()
     }
 
+    /// Whether tensor `i`'s state is low-bit: its whole length decides, as unsharded.
+    pub(crate) fn low_bit(&self, i: usize) -> bool {
+        match self.storage {
+            StateStorage::Q8(c) => c.quantizes(self.lens[i]),
+            StateStorage::Q4(c) => c.quantizes(self.lens[i]),
+            _ => false,
+        }
+    }
+
     /// This rank's pieces grouped by the storage of their state, each with the storage the
     /// optimizer of that part is built with: with low-bit storage, whether a piece's state
     /// is low-bit follows its whole tensor's size, never the piece's (a shard must not flip
@@ -195,23 +204,16 @@ impl ShardPlan {
             ),
             other => return if all.is_empty() { Vec::new() } else { vec![(other, all)] },
         };
-        let whole = |j: &usize| {
-            let len = self.lens[mine[*j].tensor];
-            match self.storage {
-                StateStorage::Q8(c) => c.quantizes(len),
-                StateStorage::Q4(c) => c.quantizes(len),
-                _ => false,
-            }
-        };
+        let whole = |j: &usize| self.low_bit(mine[*j].tensor);
         let (low_bit, rest): (Vec<usize>, Vec<usize>) = all.into_iter().partition(whole);
         [(quantized, low_bit), (full, rest)].into_iter().filter(|(_, pieces)| !pieces.is_empty()).collect()
     }
 
-    /// The tensors' lengths and dtypes, which a checkpoint of this plan's state records
-    /// and a loader must have.
+    /// The tensors' lengths and dtypes and the state's storage, which a checkpoint of this
+    /// plan's state records and a loader must have.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn structure(&self) -> String {
-        format!("lens {:?} dtypes {:?}", self.lens, self.dtypes)
+        format!("lens {:?} dtypes {:?} storage {:?}", self.lens, self.dtypes, self.storage)
     }
 
     /// This rank's pieces.

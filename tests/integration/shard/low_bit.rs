@@ -150,3 +150,117 @@ fn low_bit_state_on_the_gpu_is_the_unsharded_step_bit_for_bit() {
         }
     }
 }
+
+/// `size` CPU ranks from `start_params`, loading `load` first if given, stepping `steps`
+/// and saving into `save` if given; rank 0's parameters after.
+#[cfg(feature = "checkpoint")]
+fn cpu_run(
+    storage: StateStorage,
+    size: usize,
+    start_params: &[Vec<f32>],
+    load: Option<&std::path::Path>,
+    steps: std::ops::RangeInclusive<u64>,
+    save: Option<&std::path::Path>,
+) -> Vec<Vec<f32>> {
+    on_ranks(size, |comm| {
+        let rank = comm.rank();
+        let mut params = start_params.to_vec();
+        let slices: Vec<HostSlice<'_>> = params.iter().map(|p| HostSlice::from(&p[..])).collect();
+        let builder = CpuOptimizer::builder().state_storage(storage);
+        let mut opt =
+            ShardedCpuOptimizer::build(comm, builder, GradReduction::Mean, Adam::adamw(), &slices).unwrap();
+        if let Some(dir) = load {
+            opt.load(dir).unwrap();
+        }
+        for t in steps.clone() {
+            let grads = grads(rank, t);
+            let grads: Vec<HostSlice<'_>> = grads.iter().map(|g| HostSlice::from(&g[..])).collect();
+            let mut slices: Vec<HostSliceMut<'_>> =
+                params.iter_mut().map(|p| HostSliceMut::from(&mut p[..])).collect();
+            opt.step(&mut slices, &grads).unwrap();
+        }
+        if let Some(dir) = save {
+            opt.save(dir).unwrap();
+        }
+        params
+    })
+    .remove(0)
+}
+
+#[cfg(feature = "checkpoint")]
+#[test]
+fn low_bit_checkpoints_saved_on_some_ranks_continue_on_others_as_the_unsharded_run() {
+    for storage in storages() {
+        for (before, after) in [(3, 2), (3, 1), (1, 4), (4, 3)] {
+            let dir = std::env::temp_dir()
+                .join(format!("wgpu-optim-shard-low-bit-{}-{before}-{after}", std::process::id()));
+            std::fs::remove_dir_all(&dir).ok();
+            let saved = cpu_run(storage, before, &start(), None, 1..=2, Some(&dir));
+            let got = cpu_run(storage, after, &saved, Some(&dir), 3..=4, None);
+            std::fs::remove_dir_all(&dir).ok();
+            // The unsharded run on the same reduced gradients.
+            let mut want = start();
+            let slices: Vec<HostSlice<'_>> = want.iter().map(|p| HostSlice::from(&p[..])).collect();
+            let mut opt =
+                CpuOptimizer::builder().state_storage(storage).build(Adam::adamw(), &slices).unwrap();
+            for t in 1..=4 {
+                let grads = reduced(if t <= 2 { before } else { after }, t);
+                let grads: Vec<HostSlice<'_>> = grads.iter().map(|g| HostSlice::from(&g[..])).collect();
+                let mut slices: Vec<HostSliceMut<'_>> =
+                    want.iter_mut().map(|p| HostSliceMut::from(&mut p[..])).collect();
+                opt.step(&mut slices, &grads).unwrap();
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{storage:?}, saved on {before} ranks, continued on {after}: params[{i}] differ"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(feature = "checkpoint")]
+#[test]
+fn a_low_bit_gpu_checkpoint_continues_on_cpu_ranks() {
+    let _turn = gpu_turn();
+    let ctx = ctx();
+    for storage in storages() {
+        let dir = std::env::temp_dir().join(format!("wgpu-optim-shard-low-bit-gpu-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let saved: Vec<Vec<f32>> = on_ranks(3, |comm| {
+            let rank = comm.rank();
+            let params: Vec<Tensor> = start().iter().map(|p| ctx.upload_f32("param", p)).collect();
+            let groups = vec![ParamGroup::new(Adam::adamw(), &params)];
+            let builder = Optimizer::builder().state_storage(storage);
+            let mut opt = ShardedOptimizer::build(&ctx, comm, builder, GradReduction::Mean, groups).unwrap();
+            for t in 1..=2 {
+                let grads: Vec<Tensor> = grads(rank, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
+                opt.step(&grads).unwrap();
+            }
+            opt.save(&dir).unwrap();
+            params.iter().map(|p| ctx.read_f32(p).unwrap()).collect::<Vec<_>>()
+        })
+        .remove(0);
+        let on_cpu = cpu_run(storage, 2, &saved, Some(&dir), 3..=4, None);
+        let from_cpu_save = {
+            let dir2 = dir.with_extension("cpu");
+            std::fs::remove_dir_all(&dir2).ok();
+            let saved_cpu = cpu_run(storage, 3, &start(), None, 1..=2, Some(&dir2));
+            let got = cpu_run(storage, 2, &saved_cpu, Some(&dir2), 3..=4, None);
+            std::fs::remove_dir_all(&dir2).ok();
+            got
+        };
+        std::fs::remove_dir_all(&dir).ok();
+        // The GPU's 8-bit and 4-bit steps are the CPU backend's, bit for bit, so the two
+        // saves continue alike.
+        for (i, (g, w)) in on_cpu.iter().zip(&from_cpu_save).enumerate() {
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{storage:?}: a GPU save continued on the CPU differs from a CPU save at params[{i}]"
+            );
+        }
+    }
+}

@@ -1,12 +1,19 @@
 //! Per-rank checkpoints of a sharded optimizer, which another number of ranks loads.
 //!
 //! Rank `r` of `N` writes `rank-{r}-of-{N}.safetensors` into a directory the ranks share:
-//! every state kind its pieces keep as one f32 tensor over its shard (`state.{kind}`; f32
-//! holds f32, f16 and bf16 state exactly), and in its metadata which elements of which
-//! tensors the shard holds and where (`pieces`: `tensor:start-end@at`, `;`-separated), the
-//! tensors' lengths and dtypes, the step count and the groups' Schedule-Free values. A
-//! loader on any number of ranks takes each of its pieces' elements from the files whose
-//! pieces hold them.
+//! every state kind its pieces keep over its shard, in the shard's coordinates: dense
+//! values as f32 (`state.{kind}`; f32 holds f32, f16 and bf16 state exactly), and with
+//! low-bit storage the codes (`state.{kind}.codes`, U8: one per element for 8-bit, two
+//! per byte for 4-bit) and their blocks' scales (`state.{kind}.scales`, F32). Its metadata
+//! says which elements of which tensors the shard holds and where (`pieces`:
+//! `tensor:start-end@at`, `;`-separated), the tensors' lengths, dtypes and state storage,
+//! the step count and the groups' Schedule-Free values. A loader on any number of ranks
+//! takes each of its pieces' elements from the files whose pieces hold them; low-bit
+//! blocks start at piece boundaries in every layout, so blocks are copied whole.
+
+mod state;
+
+pub(crate) use state::{apply, collect, Codes, KindData, PieceState};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,14 +41,14 @@ pub(crate) struct ShardFile {
     /// Each group's Schedule-Free values (`None`: not Schedule-Free).
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
     /// Each state kind the rank's pieces keep, over its shard (0 where a piece keeps none).
-    pub kinds: Vec<(StateKind, Vec<f32>)>,
+    pub kinds: Vec<(StateKind, KindData)>,
 }
 
 /// What a rank loads: its range of every state kind, and the values every file shares.
 pub(crate) struct Loaded {
     pub step: u64,
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
-    pub kinds: Vec<(StateKind, Vec<f32>)>,
+    pub kinds: Vec<(StateKind, KindData)>,
 }
 
 fn file_name(rank: usize, ranks: usize) -> String {
@@ -75,14 +82,21 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
         .map(|s| s.map_or("-".to_string(), |s| format!("{} {:?} {:?}", s.k, s.weight_sum, s.lr_max)))
         .collect();
     metadata.insert("schedule_free".to_string(), schedule_free.join(";"));
-    let bytes: Vec<(String, Vec<u8>)> = file
-        .kinds
-        .iter()
-        .map(|(kind, values)| (format!("state.{}", kind.torch_name()), bytemuck::cast_slice(values).to_vec()))
-        .collect();
-    let mut views = Vec::with_capacity(bytes.len());
-    for (name, data) in &bytes {
-        let view = TensorView::new(Dtype::F32, vec![data.len() / 4], data)
+    let mut tensors: Vec<(String, Dtype, Vec<u8>)> = Vec::new();
+    for (kind, data) in &file.kinds {
+        let name = format!("state.{}", kind.torch_name());
+        if !data.dense.is_empty() {
+            tensors.push((name.clone(), Dtype::F32, bytemuck::cast_slice(&data.dense).to_vec()));
+        }
+        if !data.codes.is_empty() {
+            tensors.push((format!("{name}.codes"), Dtype::U8, data.codes.clone()));
+            tensors.push((format!("{name}.scales"), Dtype::F32, bytemuck::cast_slice(&data.scales).to_vec()));
+        }
+    }
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, dtype, data) in &tensors {
+        let elements = data.len() / if *dtype == Dtype::U8 { 1 } else { 4 };
+        let view = TensorView::new(*dtype, vec![elements], data)
             .map_err(|e| bad(&path, format!("`{name}`: {e}")))?;
         views.push((name.clone(), view));
     }
@@ -91,9 +105,15 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
 }
 
 /// Reads the checkpoint in `dir` (every rank's file of one save) and assembles each state
-/// kind over a shard of `shard_len` elements holding the pieces `want`; refuses files of
-/// other tensors than `structure`.
-pub(crate) fn read(dir: &Path, structure: &str, want: &[Piece], shard_len: u64) -> Result<Loaded> {
+/// kind over a shard of `shard_len` elements holding the pieces `want`, its codes packed as
+/// `codes` says; refuses files of other tensors or storage than `structure`.
+pub(crate) fn read(
+    dir: &Path,
+    structure: &str,
+    codes: state::Codes,
+    want: &[Piece],
+    shard_len: u64,
+) -> Result<Loaded> {
     let ranks = saved_ranks(dir)?;
     let mut loaded = Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new() };
     for rank in 0..ranks {
@@ -150,34 +170,33 @@ pub(crate) fn read(dir: &Path, structure: &str, want: &[Piece], shard_len: u64) 
         let file_len = number("shard_len")?;
         let pieces = parse_pieces(&path, field("pieces")?, file_len)?;
         for (name, view) in file.iter() {
-            let Some(kind) = name.strip_prefix("state.").and_then(kind_named) else {
-                return Err(bad(&path, format!("unknown tensor `{name}`")));
+            let (kind, part) = match name.strip_prefix("state.").map(|n| n.split_once('.').unwrap_or((n, "")))
+            {
+                Some((kind, part)) if matches!(part, "" | "codes" | "scales") => match kind_named(kind) {
+                    Some(kind) => (kind, part),
+                    None => return Err(bad(&path, format!("unknown tensor `{name}`"))),
+                },
+                _ => return Err(bad(&path, format!("unknown tensor `{name}`"))),
             };
-            if view.dtype() != Dtype::F32 || view.data().len() as u64 != 4 * file_len {
-                return Err(bad(&path, format!("`{name}` is not F32 over the file's shard_len")));
+            let (dtype, bytes) = match part {
+                "" => (Dtype::F32, 4 * file_len),
+                "codes" => (Dtype::U8, codes.bytes(file_len)),
+                _ => (Dtype::F32, 4 * codes.blocks(file_len)),
+            };
+            if view.dtype() != dtype || view.data().len() as u64 != bytes {
+                return Err(bad(&path, format!("`{name}` is not {dtype:?} over the file's shard_len")));
             }
-            let values: &[u8] = view.data();
             let slot = match loaded.kinds.iter().position(|(k, _)| *k == kind) {
                 Some(k) => k,
                 None => {
-                    loaded.kinds.push((kind, vec![0.0; shard_len as usize]));
+                    loaded.kinds.push((kind, KindData::default()));
                     loaded.kinds.len() - 1
                 }
             };
+            let data = &mut loaded.kinds[slot].1;
             for saved in &pieces {
                 for piece in want.iter().filter(|p| p.tensor == saved.tensor) {
-                    let from = saved.elements.start.max(piece.elements.start);
-                    let to = saved.elements.end.min(piece.elements.end);
-                    for element in from..to {
-                        let byte = (4 * (saved.at + element - saved.elements.start)) as usize;
-                        let value = f32::from_le_bytes([
-                            values[byte],
-                            values[byte + 1],
-                            values[byte + 2],
-                            values[byte + 3],
-                        ]);
-                        loaded.kinds[slot].1[(piece.at + element - piece.elements.start) as usize] = value;
-                    }
+                    data.copy_overlap(part, codes, shard_len, view.data(), saved, piece);
                 }
             }
         }
@@ -258,79 +277,4 @@ fn parse_schedule_free(path: &Path, text: &str) -> Result<Vec<Option<ScheduleFre
             }
         })
         .collect()
-}
-
-/// This rank's file over `plan`'s shard: `state(j, kind)` reads its piece `j`'s state of
-/// `kind` as f32, `None` where the piece keeps none.
-pub(crate) fn collect(
-    plan: &super::plan::ShardPlan,
-    step: u64,
-    schedule_free: Vec<Option<ScheduleFreeScalars>>,
-    mut state: impl FnMut(usize, StateKind) -> Result<Option<Vec<f32>>>,
-) -> Result<ShardFile> {
-    let shard_len = plan.shard_len as usize;
-    let mut kinds: Vec<(StateKind, Vec<f32>)> = Vec::new();
-    for (j, piece) in plan.mine().iter().enumerate() {
-        for &kind in StateKind::ALL {
-            let Some(values) = state(j, kind)? else { continue };
-            let slot = match kinds.iter().position(|(k, _)| *k == kind) {
-                Some(slot) => slot,
-                None => {
-                    kinds.push((kind, vec![0.0; shard_len]));
-                    kinds.len() - 1
-                }
-            };
-            kinds[slot].1[piece.at as usize..piece.at as usize + values.len()].copy_from_slice(&values);
-        }
-    }
-    let pieces = plan.mine().to_vec();
-    Ok(ShardFile {
-        ranks: plan.size,
-        pieces,
-        shard_len: plan.shard_len,
-        step,
-        structure: plan.structure(),
-        schedule_free,
-        kinds,
-    })
-}
-
-/// Checks that `loaded` has every state kind this rank's pieces keep (`keeps(j, kind)`),
-/// then hands each piece its values: `write(j, kind, values)`. Nothing is written when a
-/// kind is missing.
-pub(crate) fn apply(
-    plan: &super::plan::ShardPlan,
-    loaded: &Loaded,
-    dir: &Path,
-    keeps: impl Fn(usize, StateKind) -> bool,
-    mut write: impl FnMut(usize, StateKind, &[f32]) -> Result<()>,
-) -> Result<()> {
-    let pieces = plan.mine();
-    let mut writes = Vec::new();
-    for (j, piece) in pieces.iter().enumerate() {
-        for &kind in StateKind::ALL.iter().filter(|&&k| keeps(j, k)) {
-            let Some((_, values)) = loaded.kinds.iter().find(|(k, _)| *k == kind) else {
-                return Err(bad(dir, format!("the checkpoint holds no `{}` state", kind.torch_name())));
-            };
-            let at = piece.at as usize;
-            writes.push((j, kind, &values[at..at + (piece.elements.end - piece.elements.start) as usize]));
-        }
-    }
-    for (j, kind, values) in writes {
-        write(j, kind, values)?;
-    }
-    Ok(())
-}
-
-/// Refuses a sharded checkpoint of low-bit state (`call`: "save" or "load"), which the
-/// format does not hold yet.
-pub(crate) fn check_storage(plan: &super::plan::ShardPlan, call: &'static str) -> Result<()> {
-    match plan.storage {
-        crate::StateStorage::Q8(_) | crate::StateStorage::Q4(_) => Err(Error::ConflictingOptions {
-            first: call,
-            second: "state_storage",
-            reason: "a sharded checkpoint holds f32, f16 and bf16 state; 8-bit and 4-bit state is not in its format yet",
-        }),
-        _ => Ok(()),
-    }
 }
