@@ -333,7 +333,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
     }
 
     /// Writes this rank's checkpoint file into `dir` (shared by the ranks, created if
-    /// missing): its shard's state (low-bit state as its codes and scales), which elements
+    /// missing): its shard's state (low-bit state as its codes and scales; in master-weight
+    /// mode the f32 masters too), which elements
     /// of which tensors it holds, the step count and the groups' Schedule-Free values
     /// (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls it; when one rank's
     /// write fails, every rank returns an error.
@@ -350,7 +351,16 @@ impl<C: Communicator> ShardedOptimizer<C> {
                     None => None,
                 })
             })
-            .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
+            .and_then(|mut file| {
+                if self.plan.masters {
+                    for (j, piece) in self.plan.mine().iter().enumerate() {
+                        if let Some((part, k)) = self.locate(j) {
+                            file.place_masters(piece, &self.ctx.read_f32(&part.optimizer.params()[k])?);
+                        }
+                    }
+                }
+                super::checkpoint::write(dir.as_ref(), self.plan.rank, &file)
+            });
         super::plan::agree(&self.comm, "save", written)
     }
 
@@ -378,6 +388,15 @@ impl<C: Communicator> ShardedOptimizer<C> {
             }
             keeps.push(kinds);
         }
+        let masters = match self.plan.masters {
+            true => self
+                .plan
+                .mine()
+                .iter()
+                .map(|piece| loaded.masters_of(dir, piece))
+                .collect::<Result<Vec<_>>>()?,
+            false => Vec::new(),
+        };
         super::checkpoint::apply(
             &self.plan,
             &loaded,
@@ -397,6 +416,12 @@ impl<C: Communicator> ShardedOptimizer<C> {
                 }
             },
         )?;
+        for (j, values) in masters.iter().enumerate() {
+            if let Some((part, k)) = self.locate(j) {
+                let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();
+                self.ctx.write(&part.optimizer.params()[k], &values)?;
+            }
+        }
         for part in &mut self.parts {
             part.optimizer.set_step_count(loaded.step)?;
             for (here, scalars) in part.groups.iter().zip(&loaded.schedule_free) {

@@ -70,6 +70,8 @@ pub(crate) struct ShardPlan {
     pub gather_chunk: usize,
     /// The state storage the optimizer was built with.
     pub storage: StateStorage,
+    /// Master-weight mode: the inner optimizers keep f32 masters of the pieces.
+    pub masters: bool,
 }
 
 impl ShardPlan {
@@ -155,6 +157,7 @@ impl ShardPlan {
             clip,
             gather_chunk,
             storage: options.state_storage,
+            masters: options.master_weights,
         })
     }
 
@@ -213,7 +216,8 @@ impl ShardPlan {
     /// plan's state records and a loader must have.
     #[cfg_attr(not(feature = "checkpoint"), allow(dead_code))]
     pub(crate) fn structure(&self) -> String {
-        format!("lens {:?} dtypes {:?} storage {:?}", self.lens, self.dtypes, self.storage)
+        let (lens, dtypes, storage, masters) = (&self.lens, &self.dtypes, self.storage, self.masters);
+        format!("lens {lens:?} dtypes {dtypes:?} storage {storage:?} masters {masters}")
     }
 
     /// This rank's pieces.

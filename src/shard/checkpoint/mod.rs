@@ -5,6 +5,7 @@
 //! values as f32 (`state.{kind}`; f32 holds f32, f16 and bf16 state exactly), and with
 //! low-bit storage the codes (`state.{kind}.codes`, U8: one per element for 8-bit, two
 //! per byte for 4-bit) and their blocks' scales (`state.{kind}.scales`, F32). Its metadata
+//! In master-weight mode the f32 masters of its pieces are `master`. Its metadata
 //! says which elements of which tensors the shard holds and where (`pieces`:
 //! `tensor:start-end@at`, `;`-separated), the tensors' lengths, dtypes and state storage,
 //! the step count and the groups' Schedule-Free values. A loader on any number of ranks
@@ -42,6 +43,9 @@ pub(crate) struct ShardFile {
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
     /// Each state kind the rank's pieces keep, over its shard (0 where a piece keeps none).
     pub kinds: Vec<(StateKind, KindData)>,
+    /// In master-weight mode, the f32 masters of its pieces over its shard (`master`);
+    /// empty otherwise.
+    pub masters: Vec<f32>,
 }
 
 /// What a rank loads: its range of every state kind, and the values every file shares.
@@ -49,6 +53,8 @@ pub(crate) struct Loaded {
     pub step: u64,
     pub schedule_free: Vec<Option<ScheduleFreeScalars>>,
     pub kinds: Vec<(StateKind, KindData)>,
+    /// The masters of its pieces, where the files hold them.
+    pub masters: KindData,
 }
 
 fn file_name(rank: usize, ranks: usize) -> String {
@@ -93,6 +99,9 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
             tensors.push((format!("{name}.scales"), Dtype::F32, bytemuck::cast_slice(&data.scales).to_vec()));
         }
     }
+    if !file.masters.is_empty() {
+        tensors.push(("master".to_string(), Dtype::F32, bytemuck::cast_slice(&file.masters).to_vec()));
+    }
     let mut views = Vec::with_capacity(tensors.len());
     for (name, dtype, data) in &tensors {
         let elements = data.len() / if *dtype == Dtype::U8 { 1 } else { 4 };
@@ -115,7 +124,8 @@ pub(crate) fn read(
     shard_len: u64,
 ) -> Result<Loaded> {
     let ranks = saved_ranks(dir)?;
-    let mut loaded = Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new() };
+    let mut loaded =
+        Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new(), masters: KindData::default() };
     for rank in 0..ranks {
         let path = dir.join(file_name(rank, ranks));
         let bytes = std::fs::read(&path).map_err(|e| bad(&path, format!("cannot read it: {e}")))?;
@@ -170,6 +180,17 @@ pub(crate) fn read(
         let file_len = number("shard_len")?;
         let pieces = parse_pieces(&path, field("pieces")?, file_len)?;
         for (name, view) in file.iter() {
+            if name == "master" {
+                if view.dtype() != Dtype::F32 || view.data().len() as u64 != 4 * file_len {
+                    return Err(bad(&path, "`master` is not F32 over the file's shard_len"));
+                }
+                for saved in &pieces {
+                    for piece in want.iter().filter(|p| p.tensor == saved.tensor) {
+                        loaded.masters.copy_overlap("", codes, shard_len, view.data(), saved, piece);
+                    }
+                }
+                continue;
+            }
             let (kind, part) = match name.strip_prefix("state.").map(|n| n.split_once('.').unwrap_or((n, "")))
             {
                 Some((kind, part)) if matches!(part, "" | "codes" | "scales") => match kind_named(kind) {

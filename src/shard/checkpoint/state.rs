@@ -204,6 +204,7 @@ pub(crate) fn collect(
         structure: plan.structure(),
         schedule_free,
         kinds,
+        masters: Vec::new(),
     })
 }
 
@@ -240,4 +241,23 @@ pub(crate) fn apply(
         write(j, kind, state)?;
     }
     Ok(())
+}
+
+impl ShardFile {
+    /// Places the masters of this rank's piece `piece` (master-weight mode).
+    pub(crate) fn place_masters(&mut self, piece: &Piece, values: &[f32]) {
+        self.masters.resize(self.shard_len as usize, 0.0);
+        self.masters[piece.at as usize..piece.at as usize + values.len()].copy_from_slice(values);
+    }
+}
+
+impl Loaded {
+    /// The loaded masters of a piece, or why they are missing.
+    pub(crate) fn masters_of(&self, dir: &Path, piece: &Piece) -> Result<Vec<f32>> {
+        let range = piece.at as usize..(piece.at + piece.elements.end - piece.elements.start) as usize;
+        match self.masters.dense.get(range) {
+            Some(values) => Ok(values.to_vec()),
+            None => Err(bad(dir, "the checkpoint holds no f32 masters, which master-weight mode keeps")),
+        }
+    }
 }

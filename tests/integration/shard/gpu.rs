@@ -154,3 +154,68 @@ fn decode(bytes: &[u8], dtype: DType) -> Vec<f64> {
         _ => unreachable!("the tests' dtypes"),
     }
 }
+
+#[test]
+fn master_weights_on_1_to_4_ranks_are_the_unsharded_step_bit_for_bit() {
+    let _turn = gpu_turn();
+    let builder = Optimizer::builder().master_weights(true);
+    let algorithm: Algorithm = Adam::adamw().into();
+    for size in 1..=4 {
+        let (want, _) = unsharded_run(size, &builder, algorithm);
+        for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm).into_iter().enumerate() {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(g == w, "master weights on {size} ranks: rank {rank}'s params[{i}] differ");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "checkpoint")]
+#[test]
+fn a_master_weight_checkpoint_continues_on_other_ranks_with_its_masters() {
+    let _turn = gpu_turn();
+    let ctx = ctx();
+    let builder = Optimizer::builder().master_weights(true);
+    let algorithm: Algorithm = Adam::adamw().into();
+    let dir = std::env::temp_dir().join(format!("wgpu-optim-shard-masters-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let run =
+        |size: usize, start: &[Vec<f64>], load: bool, steps: std::ops::RangeInclusive<u64>, save: bool| {
+            on_ranks(size, |comm| {
+                let rank = comm.rank();
+                let params: Vec<Tensor> =
+                    start.iter().zip(DTYPES).map(|(v, dtype)| ctx.upload("param", v, dtype)).collect();
+                let groups = groups(algorithm, &params);
+                let mut opt =
+                    ShardedOptimizer::build(&ctx, comm, builder.clone(), GradReduction::Mean, groups)
+                        .unwrap();
+                if load {
+                    opt.load(&dir).unwrap();
+                }
+                for t in steps.clone() {
+                    opt.step(&upload_grads(&ctx, &rank_grads(rank, t))).unwrap();
+                }
+                if save {
+                    opt.save(&dir).unwrap();
+                }
+                params.iter().map(|p| ctx.read(p).unwrap()).collect::<Vec<_>>()
+            })
+            .remove(0)
+        };
+    let saved = run(3, &initial_params(), false, 1..=2, true);
+    let got = run(2, &saved, true, 3..=4, false);
+    std::fs::remove_dir_all(&dir).ok();
+    // The unsharded run, whose masters never left the device.
+    let params = upload_params(&ctx);
+    let mut opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
+    for t in 1..=4 {
+        let grads: Vec<Tensor> =
+            reduced_grads(if t <= 2 { 3 } else { 2 }, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
+        opt.step(&grads).unwrap();
+    }
+    for (i, (g, p)) in got.iter().zip(&params).enumerate() {
+        let want = ctx.read(p).unwrap();
+        let same = g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "saved on 3 ranks with masters, continued on 2: params[{i}] differ");
+    }
+}
