@@ -6,8 +6,6 @@ use std::time::Instant;
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::Communicator;
 use crate::cpu::{norm, CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
-use crate::q4::Q4State;
-use crate::q8::StoredState;
 use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
@@ -341,14 +339,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 for &kind in StateKind::ALL {
                     total += match part.optimizer.state(i, kind) {
                         Some(StateView::Host(slice)) => slice.len() as u64 * slice.dtype().size(),
-                        Some(StateView::Q8(StoredState::Q8 { codes, absmax })) => {
-                            (codes.len() + 4 * absmax.len()) as u64
-                        }
-                        Some(StateView::Q8(StoredState::F32(values))) => 4 * values.len() as u64,
-                        Some(StateView::Q4(Q4State::Q4 { codes, scale })) => {
-                            (codes.len() + 4 * scale.len()) as u64
-                        }
-                        Some(StateView::Q4(Q4State::F32(values))) => 4 * values.len() as u64,
+                        Some(StateView::Q8(state)) => super::plan::q8_bytes(&state),
+                        Some(StateView::Q4(state)) => super::plan::q4_bytes(&state),
                         None => 0,
                     };
                 }

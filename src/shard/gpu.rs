@@ -7,8 +7,6 @@ use std::time::Instant;
 use super::checkpoint::PieceState;
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::{Communicator, Piece};
-use crate::q4::Q4State;
-use crate::q8::StoredState;
 #[cfg(feature = "checkpoint")]
 use crate::QuantizedState;
 use crate::{
@@ -288,14 +286,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
                 for &kind in StateKind::ALL {
                     total += match part.optimizer.state(i, kind)? {
                         Some(StateView::Tensor(tensor)) => tensor.byte_len(),
-                        Some(StateView::Q8(StoredState::Q8 { codes, absmax })) => {
-                            (codes.len() + 4 * absmax.len()) as u64
-                        }
-                        Some(StateView::Q8(StoredState::F32(values))) => 4 * values.len() as u64,
-                        Some(StateView::Q4(Q4State::Q4 { codes, scale })) => {
-                            (codes.len() + 4 * scale.len()) as u64
-                        }
-                        Some(StateView::Q4(Q4State::F32(values))) => 4 * values.len() as u64,
+                        Some(StateView::Q8(state)) => super::plan::q8_bytes(&state),
+                        Some(StateView::Q4(state)) => super::plan::q4_bytes(&state),
                         None => 0,
                     };
                 }

@@ -424,3 +424,19 @@ fn owners(lens: &[u64], whole: &[bool], ranks: usize) -> Vec<(usize, usize)> {
     owners.sort_unstable();
     owners
 }
+
+/// The bytes an 8-bit state holds: its codes and block scales, or its f32 values.
+pub(crate) fn q8_bytes(state: &crate::q8::StoredState) -> u64 {
+    match state {
+        crate::q8::StoredState::Q8 { codes, absmax } => (codes.len() + 4 * absmax.len()) as u64,
+        crate::q8::StoredState::F32(values) => 4 * values.len() as u64,
+    }
+}
+
+/// The bytes a 4-bit state holds: its packed codes and block scales, or its f32 values.
+pub(crate) fn q4_bytes(state: &crate::q4::Q4State) -> u64 {
+    match state {
+        crate::q4::Q4State::Q4 { codes, scale } => (codes.len() + 4 * scale.len()) as u64,
+        crate::q4::Q4State::F32(values) => 4 * values.len() as u64,
+    }
+}
