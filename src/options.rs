@@ -16,6 +16,11 @@ pub(crate) struct OptimizerOptions {
     pub grad_clip: Option<GradClip>,
     pub rounding: Rounding,
     pub param_shapes: Vec<Vec<usize>>,
+    /// Where each parameter's elements come from, for stochastic rounding's hash: the
+    /// ordinal and first element of the tensor a sharded optimizer's piece is part of
+    /// (`crate::shard`), so that a piece rounds as its whole tensor would. Empty: each
+    /// parameter is itself (its index, from element 0). No builder sets it.
+    pub origins: Vec<(u32, u64)>,
 }
 
 impl OptimizerOptions {

@@ -90,6 +90,9 @@ pub struct CpuOptimizer {
     /// Kahan rounding: each parameter's compensation, in its dtype; empty otherwise.
     compensation: Vec<StateTensor>,
     rounding: Rounding,
+    /// [`crate::OptimizerOptions::origins`]: empty, or each parameter's ordinal and first
+    /// element for stochastic rounding.
+    origins: Vec<(u32, u64)>,
     step: u64,
     /// `grad_clip` with PyTorch's eps, or the algorithm's own clipping (Adan's).
     clip: Option<FusedClip>,
@@ -252,6 +255,7 @@ impl CpuOptimizer {
             state,
             compensation,
             rounding: options.rounding,
+            origins: options.origins,
             step: 0,
             clip,
             grad_norm: None,
@@ -424,6 +428,7 @@ impl CpuOptimizer {
                 stochastic: self.rounding.seed().map(|seed| (seed, t)),
                 state: stochastic.state,
                 streams,
+                origins: self.origins.clone(),
             };
             let (state, compensation) = (&mut self.state, &mut self.compensation);
             let step = CpuStep {

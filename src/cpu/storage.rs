@@ -30,7 +30,7 @@ use crate::step::rounding;
 const BLOCK: usize = 512;
 
 /// How a step's 16-bit stores round (`Rounding` as the CPU loops take it).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Stores {
     /// Stochastic rounding: the seed and the step being taken.
     pub(crate) stochastic: Option<(u64, u64)>,
@@ -38,6 +38,9 @@ pub(crate) struct Stores {
     pub(crate) state: bool,
     /// The hash stream of each state slot (`step::rounding::stream`).
     pub(crate) streams: [u32; MAX_STATE],
+    /// [`crate::OptimizerOptions::origins`]: empty, or each parameter's ordinal and first
+    /// element for the hash.
+    pub(crate) origins: Vec<(u32, u64)>,
 }
 
 /// A run of one tensor's elements with the same run of its gradient and state.
@@ -148,7 +151,8 @@ impl Scratch {
 
     fn run(&mut self, kernel: &Kernel, stores: &Stores, job: Job<'_>) {
         // The hash state after (seed, step, tensor ordinal), once per job.
-        let key = stores.stochastic.map(|(seed, step)| rounding::key(seed, step, job.ordinal));
+        let (ordinal, base) = stores.origins.get(job.ordinal as usize).copied().unwrap_or((job.ordinal, 0));
+        let key = stores.stochastic.map(|(seed, step)| rounding::key(seed, step, ordinal));
         let mut rest = job;
         while !rest.is_empty() {
             let (mut block, tail) = rest.split_at(BLOCK);
@@ -174,13 +178,21 @@ impl Scratch {
                     &mut self.compensation,
                 );
             } else if let Some(key) = key {
-                store_stochastic(&mut block.param, &self.param, key, rounding::stream(None), block.first);
+                store_stochastic(
+                    &mut block.param,
+                    &self.param,
+                    key,
+                    rounding::stream(None),
+                    base + block.first,
+                );
             } else {
                 store(&mut block.param, &self.param);
             }
             for ((slot, scratch), stream) in block.state.iter_mut().zip(&self.state).zip(stores.streams) {
                 match key {
-                    Some(key) if stores.state => store_stochastic(slot, scratch, key, stream, block.first),
+                    Some(key) if stores.state => {
+                        store_stochastic(slot, scratch, key, stream, base + block.first)
+                    }
                     _ => store(slot, scratch),
                 }
             }

@@ -226,6 +226,7 @@ impl Optimizer {
             clip,
             norm_taken_by_unscale: false,
             rounding: options.rounding,
+            origins: options.origins,
             q8,
             q4,
             written: WrittenRanges::default(),

@@ -148,6 +148,9 @@ pub struct Optimizer {
     /// step after it only finalizes the norm.
     norm_taken_by_unscale: bool,
     rounding: Rounding,
+    /// [`crate::OptimizerOptions::origins`]: empty, or each parameter's ordinal and first
+    /// element for stochastic rounding.
+    origins: Vec<(u32, u64)>,
     /// With 8-bit [`OptimizerBuilder::state_storage`]: the state and its dispatches (then
     /// `state` holds only the f32 states of tensors below `min_8bit_size`).
     q8: Option<Q8Engine>,

@@ -172,7 +172,12 @@ impl Optimizer {
     ) -> Result<(VariantKey, TensorPlan)> {
         let args = self.kernel_args(algorithm, i, grad);
         let mut tensor_plan = plan(&self.ctx, program, &args)?;
-        tensor_plan.ordinal = i as u32;
+        // A sharded optimizer's piece hashes as the elements of its whole tensor.
+        let (ordinal, first) = self.origins.get(i).copied().unwrap_or((i as u32, 0));
+        tensor_plan.ordinal = ordinal;
+        for segment in &mut tensor_plan.segments {
+            segment.first += first;
+        }
         let needed = tensor_plan.layout.bindings.len() as u32 + scalars.storage_bindings(self.clip.is_some());
         let limit = self.ctx.device().limits().max_storage_buffers_per_shader_stage;
         if needed > limit {

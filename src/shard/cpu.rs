@@ -69,8 +69,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
-    /// sharded step does not run yet: stochastic rounding. LAMB's, Adafactor's and Muon's
-    /// tensors are each stepped whole by one owner rank. With 8-bit or 4-bit storage,
+    /// sharded step does not run: F64 state, and stochastic rounding with a family stepped
+    /// whole (LAMB's, Adafactor's and Muon's tensors are each stepped whole by one owner
+    /// rank). Stochastic rounding hashes a piece's elements as its whole tensor's. With 8-bit or 4-bit storage,
     /// blocks start at shard boundaries and whether a tensor's state is low-bit follows the
     /// whole tensor's size, as unsharded.
     pub fn build(
@@ -99,7 +100,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 })
                 .collect();
             // Pieces are flat, tensors stepped whole keep their shapes.
-            let builder = builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&indices));
+            let mut builder =
+                builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&indices));
+            builder.options.origins = plan.origins(&indices);
             parts.push(Part { optimizer: builder.build(algorithm, &pieces)?, indices });
         }
         Ok(ShardedCpuOptimizer { comm, plan, parts, steps: 0, last: StepSplit::default() })

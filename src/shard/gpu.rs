@@ -65,9 +65,10 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// with `builder`'s options; the ranks' gradients combine as `reduction` says.
     ///
     /// Refused on every rank when the ranks' configurations differ, and
-    /// ([`Error::ConflictingOptions`]) for what a sharded step does not run yet: stochastic
-    /// rounding, capturable mode, model copies. LAMB's, Adafactor's and Muon's tensors are
-    /// each stepped whole by one owner rank. With 8-bit or 4-bit storage, blocks start at
+    /// ([`Error::ConflictingOptions`]) for what a sharded step does not run: capturable mode,
+    /// model copies, F64 state, and stochastic rounding with a family stepped whole (LAMB's,
+    /// Adafactor's and Muon's tensors are each stepped whole by one owner rank). Stochastic
+    /// rounding hashes a piece's elements as its whole tensor's. With 8-bit or 4-bit storage, blocks start at
     /// shard boundaries and whether a tensor's state is low-bit follows the whole tensor's
     /// size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
@@ -116,7 +117,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
                 .map(|&j| grad_shard.slice(mine[j].at, mine[j].elements.end - mine[j].elements.start))
                 .collect();
             // Pieces are flat, tensors stepped whole keep their shapes.
-            let builder = builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&ordered));
+            let mut builder =
+                builder.clone().state_storage(storage).param_shapes(plan.piece_shapes(&ordered));
+            builder.options.origins = plan.origins(&ordered);
             let optimizer = builder.build_groups(ctx, param_groups)?;
             parts.push(Part { optimizer, indices: ordered, pieces, grads, groups: groups_here });
         }

@@ -72,6 +72,8 @@ pub(crate) struct ShardPlan {
     pub storage: StateStorage,
     /// Master-weight mode: the inner optimizers keep f32 masters of the pieces.
     pub masters: bool,
+    /// Stochastic rounding, whose hash must see a piece's elements as its tensor's.
+    stochastic: bool,
 }
 
 impl ShardPlan {
@@ -87,6 +89,14 @@ impl ShardPlan {
         reduction: GradReduction,
     ) -> Result<Self> {
         refuse_options(options)?;
+        if options.rounding.seed().is_some() && algorithms.iter().any(Algorithm::shard_whole) {
+            return Err(Error::ConflictingOptions {
+                first: "sharding",
+                second: "rounding",
+                reason: "stochastic rounding of a tensor stepped whole by its owner rank (LAMB, Adafactor, \
+                         Muon) would hash under another ordinal than unsharded",
+            });
+        }
         let mut distinct: Vec<Algorithm> = Vec::new();
         for algorithm in algorithms {
             if !distinct.contains(algorithm) {
@@ -158,6 +168,7 @@ impl ShardPlan {
             gather_chunk,
             storage: options.state_storage,
             masters: options.master_weights,
+            stochastic: options.rounding.seed().is_some(),
         })
     }
 
@@ -176,6 +187,19 @@ impl ShardPlan {
                 _ => vec![(mine[j].elements.end - mine[j].elements.start) as usize],
             })
             .collect()
+    }
+
+    /// Where the elements of this rank's pieces `indices` come from: each piece's tensor and
+    /// first element, so that stochastic rounding hashes a piece's elements as its whole
+    /// tensor's (`OptimizerOptions::origins`).
+    /// Empty without stochastic rounding, its only reader (a row's ordinal also places
+    /// LAMB's workgroups, whose tensors are whole and keep their own).
+    pub(crate) fn origins(&self, indices: &[usize]) -> Vec<(u32, u64)> {
+        if !self.stochastic {
+            return Vec::new();
+        }
+        let mine = self.mine();
+        indices.iter().map(|&j| (mine[j].tensor as u32, mine[j].elements.start)).collect()
     }
 
     /// Whether tensor `i`'s state is low-bit: its whole length decides, as unsharded.
@@ -365,13 +389,6 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
         return refuse(
             "state_storage",
             "a sharded step keeps no f64 state: its gradients are reduced in f32",
-        );
-    }
-    if options.rounding.seed().is_some() {
-        return refuse(
-            "rounding",
-            "stochastic rounding hashes each element's index in its tensor, which a shard's pieces \
-             do not keep yet",
         );
     }
     if options.capturable {

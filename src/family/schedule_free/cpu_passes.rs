@@ -114,6 +114,8 @@ impl CpuPasses for ScheduleFreePasses {
                 stochastic: round.seed().map(|seed| (seed, SWAP_ROUNDING_STEP | step)),
                 state: false,
                 streams,
+                // The swap of a whole optimizer's parameters: each is itself.
+                origins: Vec::new(),
             };
             work::run(&kernel, &stores, params, &grads, state, compensation);
         }

@@ -4,11 +4,11 @@ use super::*;
 use crate::common::{assert_close, Tolerance};
 use wgpu_optim::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, HostTensor};
 use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer};
-use wgpu_optim::{Adam, GradClip, NormType, StateKind};
+use wgpu_optim::{Adam, GradClip, NormType, Rounding, StateKind};
 
 /// The parameters as host tensors of their dtypes.
-fn host_params() -> Vec<HostTensor> {
-    initial_params().iter().zip(DTYPES).map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap()).collect()
+fn host_params(dtypes: &[DType; 5]) -> Vec<HostTensor> {
+    initial_params().iter().zip(*dtypes).map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap()).collect()
 }
 
 /// Every rank's parameters and last global norm after `STEPS` sharded steps of `algorithm`.
@@ -16,10 +16,11 @@ fn sharded_run(
     size: usize,
     builder: &CpuOptimizerBuilder,
     algorithm: Algorithm,
+    dtypes: &[DType; 5],
 ) -> Vec<(Vec<HostTensor>, Option<f64>)> {
     on_ranks(size, |comm| {
         let rank = comm.rank();
-        let mut params = host_params();
+        let mut params = host_params(dtypes);
         let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
         let mut opt =
             ShardedCpuOptimizer::build(comm, builder.clone(), GradReduction::Mean, algorithm, &slices)
@@ -45,8 +46,9 @@ fn unsharded_run(
     size: usize,
     builder: &CpuOptimizerBuilder,
     algorithm: Algorithm,
+    dtypes: &[DType; 5],
 ) -> (Vec<HostTensor>, Option<f64>) {
-    let mut params = host_params();
+    let mut params = host_params(dtypes);
     let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
     let mut opt = builder.clone().build(algorithm, &slices).unwrap();
     for t in 1..=STEPS {
@@ -63,8 +65,8 @@ fn every_elementwise_family_on_1_to_4_ranks_is_the_unsharded_step_bit_for_bit() 
     let builder = CpuOptimizer::builder();
     for algorithm in elementwise_families() {
         for size in 1..=4 {
-            let (want, _) = unsharded_run(size, &builder, algorithm);
-            for (rank, (got, _)) in sharded_run(size, &builder, algorithm).into_iter().enumerate() {
+            let (want, _) = unsharded_run(size, &builder, algorithm, &DTYPES);
+            for (rank, (got, _)) in sharded_run(size, &builder, algorithm, &DTYPES).into_iter().enumerate() {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(g, w, "{algorithm:?} on {size} ranks: rank {rank}'s params[{i}]");
                 }
@@ -87,9 +89,9 @@ fn clipping_gives_every_rank_the_same_norm_bits_close_to_the_unsharded_norm() {
     ];
     for (builder, algorithm, max_norm) in cases {
         for size in 1..=4 {
-            let (want, want_norm) = unsharded_run(size, &builder, algorithm);
+            let (want, want_norm) = unsharded_run(size, &builder, algorithm, &DTYPES);
             let want_norm = want_norm.expect("the unsharded optimizer clips");
-            let ranks = sharded_run(size, &builder, algorithm);
+            let ranks = sharded_run(size, &builder, algorithm, &DTYPES);
             let norm = ranks[0].1.expect("a sharded optimizer that clips reports the norm");
             assert!(
                 want_norm > max_norm,
@@ -157,6 +159,33 @@ fn each_rank_holds_its_shard_of_the_state_counted_from_its_tensors() {
                 *bytes <= share + 8,
                 "rank {rank} of {size} holds {bytes} bytes, over 1/{size} ({share})"
             );
+        }
+    }
+}
+
+#[test]
+fn stochastic_and_kahan_rounding_on_1_to_4_ranks_are_the_unsharded_step_bit_for_bit() {
+    // A piece's stochastic rounding hashes its elements under its whole tensor's ordinal
+    // and element indices, so the random bits are the unsharded step's.
+    let roundings = [Rounding::Stochastic { seed: 7, state: true }, Rounding::Kahan];
+    let algorithms: [Algorithm; 2] =
+        [Adam::adamw().into(), wgpu_optim::Sgd { momentum: 0.9, ..Default::default() }.into()];
+    for rounding in roundings {
+        let builder = CpuOptimizer::builder().rounding(rounding);
+        for algorithm in algorithms {
+            for size in 1..=4 {
+                let (want, _) = unsharded_run(size, &builder, algorithm, &PARAMS_16);
+                for (rank, (got, _)) in
+                    sharded_run(size, &builder, algorithm, &PARAMS_16).into_iter().enumerate()
+                {
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g, w,
+                            "{rounding:?} {algorithm:?} on {size} ranks: rank {rank}'s params[{i}]"
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -57,7 +57,7 @@ fn what_a_sharded_step_does_not_run_yet_is_refused_with_the_reason() {
     );
     refused(
         CpuOptimizer::builder().rounding(Rounding::Stochastic { seed: 1, state: false }),
-        Adam::default().into(),
+        wgpu_optim::Muon::default().into(),
         "rounding",
     );
 }

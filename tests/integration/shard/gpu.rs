@@ -6,8 +6,8 @@ use crate::common::{assert_close, ctx, gpu_turn, Tolerance};
 use wgpu_optim::shard::{GradReduction, ShardedOptimizer};
 use wgpu_optim::{Adam, GpuContext, GradClip, NormType, Optimizer, OptimizerBuilder, ParamGroup, Tensor};
 
-fn upload_params(ctx: &GpuContext) -> Vec<Tensor> {
-    initial_params().iter().zip(DTYPES).map(|(v, dtype)| ctx.upload("param", v, dtype)).collect()
+fn upload_params(ctx: &GpuContext, dtypes: &[DType; 5]) -> Vec<Tensor> {
+    initial_params().iter().zip(*dtypes).map(|(v, dtype)| ctx.upload("param", v, dtype)).collect()
 }
 
 fn upload_grads(ctx: &GpuContext, grads: &[Vec<f64>]) -> Vec<Tensor> {
@@ -20,11 +20,12 @@ fn sharded_run(
     size: usize,
     builder: &OptimizerBuilder,
     algorithm: Algorithm,
+    dtypes: &[DType; 5],
 ) -> Vec<(Vec<Vec<u8>>, Option<f64>, u64)> {
     let ctx = ctx();
     on_ranks(size, |comm| {
         let rank = comm.rank();
-        let params = upload_params(&ctx);
+        let params = upload_params(&ctx, dtypes);
         let mut opt = ShardedOptimizer::build(
             &ctx,
             comm,
@@ -53,9 +54,10 @@ fn unsharded_run(
     size: usize,
     builder: &OptimizerBuilder,
     algorithm: Algorithm,
+    dtypes: &[DType; 5],
 ) -> (Vec<Vec<u8>>, Option<f64>) {
     let ctx = ctx();
-    let params = upload_params(&ctx);
+    let params = upload_params(&ctx, dtypes);
     let mut opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
     for t in 1..=STEPS {
         let grads: Vec<Tensor> = reduced_grads(size, t).iter().map(|g| ctx.upload_f32("grad", g)).collect();
@@ -71,8 +73,9 @@ fn each_elementwise_family_on_1_to_4_ranks_is_the_unsharded_step_bit_for_bit() {
     let builder = Optimizer::builder();
     for algorithm in one_of_each_family() {
         for size in 1..=4 {
-            let (want, _) = unsharded_run(size, &builder, algorithm);
-            for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm).into_iter().enumerate() {
+            let (want, _) = unsharded_run(size, &builder, algorithm, &DTYPES);
+            for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm, &DTYPES).into_iter().enumerate()
+            {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(g == w, "{algorithm:?} on {size} ranks: rank {rank}'s params[{i}] differ");
                 }
@@ -89,9 +92,9 @@ fn clipping_on_the_gpu_gives_every_rank_the_same_norm_bits_close_to_the_unsharde
         let builder = Optimizer::builder().grad_clip(clip);
         let algorithm: Algorithm = Adam::adamw().into();
         for size in [1, 3] {
-            let (want, want_norm) = unsharded_run(size, &builder, algorithm);
+            let (want, want_norm) = unsharded_run(size, &builder, algorithm, &DTYPES);
             let want_norm = want_norm.expect("the unsharded optimizer clips");
-            let ranks = sharded_run(size, &builder, algorithm);
+            let ranks = sharded_run(size, &builder, algorithm, &DTYPES);
             let norm = ranks[0].1.expect("a rank with a shard reports the norm");
             for (rank, (got, got_norm, _)) in ranks.iter().enumerate() {
                 assert_eq!(got_norm.map(f64::to_bits), Some(norm.to_bits()), "{clip:?}: rank {rank}'s norm");
@@ -123,7 +126,7 @@ fn each_rank_keeps_its_share_of_the_state_on_its_device() {
     let elements: u64 = LENS.iter().map(|&l| l as u64).sum();
     let unsharded = {
         let ctx = ctx();
-        let params = upload_params(&ctx);
+        let params = upload_params(&ctx, &DTYPES);
         let opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
         (0..params.len())
             .flat_map(|i| wgpu_optim::StateKind::ALL.iter().map(move |k| (i, *k)))
@@ -132,7 +135,7 @@ fn each_rank_keeps_its_share_of_the_state_on_its_device() {
     };
     for size in 2..=4 {
         let per_rank: Vec<u64> =
-            sharded_run(size, &builder, algorithm).into_iter().map(|(_, _, s)| s).collect();
+            sharded_run(size, &builder, algorithm, &DTYPES).into_iter().map(|(_, _, s)| s).collect();
         assert_eq!(per_rank.iter().sum::<u64>(), unsharded, "{size} ranks hold the state once between them");
         // Two moments of at most 4 bytes per element, over ceil(elements / N) elements.
         let most = 2 * 4 * elements.div_ceil(size as u64);
@@ -161,8 +164,8 @@ fn master_weights_on_1_to_4_ranks_are_the_unsharded_step_bit_for_bit() {
     let builder = Optimizer::builder().master_weights(true);
     let algorithm: Algorithm = Adam::adamw().into();
     for size in 1..=4 {
-        let (want, _) = unsharded_run(size, &builder, algorithm);
-        for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm).into_iter().enumerate() {
+        let (want, _) = unsharded_run(size, &builder, algorithm, &DTYPES);
+        for (rank, (got, _, _)) in sharded_run(size, &builder, algorithm, &DTYPES).into_iter().enumerate() {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(g == w, "master weights on {size} ranks: rank {rank}'s params[{i}] differ");
             }
@@ -206,7 +209,7 @@ fn a_master_weight_checkpoint_continues_on_other_ranks_with_its_masters() {
     let got = run(2, &saved, true, 3..=4, false);
     std::fs::remove_dir_all(&dir).ok();
     // The unsharded run, whose masters never left the device.
-    let params = upload_params(&ctx);
+    let params = upload_params(&ctx, &DTYPES);
     let mut opt = builder.clone().build_groups(&ctx, groups(algorithm, &params)).unwrap();
     for t in 1..=4 {
         let grads: Vec<Tensor> =
@@ -217,5 +220,24 @@ fn a_master_weight_checkpoint_continues_on_other_ranks_with_its_masters() {
         let want = ctx.read(p).unwrap();
         let same = g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "saved on 3 ranks with masters, continued on 2: params[{i}] differ");
+    }
+}
+
+#[test]
+fn stochastic_and_kahan_rounding_on_the_gpu_are_the_unsharded_step_bit_for_bit() {
+    let _turn = gpu_turn();
+    for rounding in [wgpu_optim::Rounding::Stochastic { seed: 7, state: true }, wgpu_optim::Rounding::Kahan] {
+        let builder = Optimizer::builder().rounding(rounding);
+        let algorithm: Algorithm = Adam::adamw().into();
+        for size in [1, 3] {
+            let (want, _) = unsharded_run(size, &builder, algorithm, &PARAMS_16);
+            for (rank, (got, _, _)) in
+                sharded_run(size, &builder, algorithm, &PARAMS_16).into_iter().enumerate()
+            {
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(g == w, "{rounding:?} on {size} ranks: rank {rank}'s params[{i}] differ");
+                }
+            }
+        }
     }
 }

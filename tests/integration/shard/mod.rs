@@ -30,6 +30,8 @@ use wgpu_optim_testkit::cases::{
 pub const LENS: [usize; 5] = [37, 300, 1, 129, 64];
 /// Their dtypes: the shards' pieces keep each tensor's.
 pub const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F32, DType::F16, DType::F32];
+/// 16-bit parameters of the same lengths, for stochastic rounding (which f32 ones refuse).
+pub const PARAMS_16: [DType; 5] = [DType::BF16, DType::BF16, DType::F16, DType::F16, DType::BF16];
 /// Steps per case.
 pub const STEPS: u64 = 3;
 
