@@ -342,8 +342,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 for &kind in StateKind::ALL {
                     total += match part.optimizer.state(i, kind) {
                         Some(StateView::Host(slice)) => slice.len() as u64 * slice.dtype().size(),
-                        Some(StateView::Q8(state)) => super::plan::q8_bytes(&state),
-                        Some(StateView::Q4(state)) => super::plan::q4_bytes(&state),
+                        Some(StateView::Q8(state)) => super::plan::q8_bytes(state),
+                        Some(StateView::Q4(state)) => super::plan::q4_bytes(state),
                         None => 0,
                     };
                 }
