@@ -53,6 +53,7 @@ impl CpuOptimizer {
             params,
             state: &mut self.state,
             compensation: &mut self.compensation,
+            origins: &self.origins,
         };
         passes.swap(&self.algorithm, to, tensors)
     }

@@ -41,6 +41,8 @@ pub(crate) struct SwapTensors<'s, 'p> {
     pub(crate) params: &'s mut [HostSliceMut<'p>],
     pub(crate) state: &'s mut [Vec<StateTensor>],
     pub(crate) compensation: &'s mut [StateTensor],
+    /// `OptimizerOptions::origins`: stochastic rounding's ordinal and first element of each.
+    pub(crate) origins: &'s [(u32, u64)],
 }
 
 /// One family's passes and per-group state beside the elementwise kernel. Every hook has a

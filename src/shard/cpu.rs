@@ -164,8 +164,32 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         let communicated = started.elapsed();
 
         let updating = Instant::now();
+        let mine = self.each_part(params, |optimizer, params_here, indices| {
+            let grads_here: Vec<HostSlice<'_>> = indices.iter().map(|&j| piece_grads[j]).collect();
+            optimizer.step_with_norm(params_here, &grads_here, total_norm)
+        })?;
+        let update = updating.elapsed();
+
+        let gathering = Instant::now();
+        self.gather(params, mine)?;
+        self.last = StepSplit {
+            communication: communicated + gathering.elapsed(),
+            update,
+            sent_bytes: self.plan.sent_bytes(),
+        };
+        self.steps += 1;
+        Ok(true)
+    }
+
+    /// Runs `run` on every part's optimizer with the part's pieces of `params` (and their
+    /// indices among this rank's pieces), then returns this rank's pieces' bytes in order.
+    fn each_part(
+        &mut self,
+        params: &mut [HostSliceMut<'_>],
+        mut run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
+    ) -> Result<Vec<u8>> {
         let mut by_tensor: Vec<Option<&super::Piece>> = vec![None; params.len()];
-        for piece in pieces {
+        for piece in self.plan.mine() {
             by_tensor[piece.tensor] = Some(piece);
         }
         let mut piece_params: Vec<Option<HostSliceMut<'_>>> = params
@@ -180,39 +204,61 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         for part in &mut self.parts {
             let mut params_here: Vec<HostSliceMut<'_>> =
                 part.indices.iter().filter_map(|&j| piece_params[j].take()).collect();
-            let grads_here: Vec<HostSlice<'_>> = part.indices.iter().map(|&j| piece_grads[j]).collect();
-            let stepped = part.optimizer.step_with_norm(&mut params_here, &grads_here, total_norm);
+            let ran = run(&mut part.optimizer, &mut params_here, &part.indices);
             for (&j, param) in part.indices.iter().zip(params_here) {
                 piece_params[j] = Some(param);
             }
-            stepped?;
+            ran?;
         }
-        let mine: Vec<u8> = piece_params.iter().flatten().flat_map(|p| bytes(p.as_slice())).collect();
-        let update = updating.elapsed();
+        Ok(piece_params.iter().flatten().flat_map(|p| bytes(p.as_slice())).collect())
+    }
 
-        let gathering = Instant::now();
+    /// All-gathers every rank's pieces (`mine`: this rank's bytes) and writes the others'
+    /// into `params`.
+    fn gather(&self, params: &mut [HostSliceMut<'_>], mine: Vec<u8>) -> Result<()> {
         self.plan.gather_params(&self.comm, mine, |piece, data| {
-            let param = sub_mut(
-                params[piece.tensor].reborrow(),
-                piece.elements.start as usize,
-                piece.elements.end as usize,
-            );
-            write_bytes(param, data);
+            let (start, end) = (piece.elements.start as usize, piece.elements.end as usize);
+            write_bytes(sub_mut(params[piece.tensor].reborrow(), start, end), data);
             Ok(())
-        })?;
-        self.last = StepSplit {
-            communication: communicated + gathering.elapsed(),
-            update,
-            sent_bytes: self.plan.sent_bytes(),
-        };
-        self.steps += 1;
-        Ok(true)
+        })
+    }
+
+    /// Schedule-Free's `eval()`: every rank swaps its pieces of `params` to the point the
+    /// family evaluates at (`x`), and the pieces are gathered, so that `params` is that point
+    /// on every rank. Every rank calls it; steps are refused until [`Self::train`]. A no-op
+    /// for the other families, as on [`CpuOptimizer::eval`].
+    pub fn eval(&mut self, params: &mut [HostSliceMut<'_>]) -> Result<()> {
+        self.swap(params, true)
+    }
+
+    /// Schedule-Free's `train()`: the swap back to the point the steps update (`y`),
+    /// gathered alike.
+    pub fn train(&mut self, params: &mut [HostSliceMut<'_>]) -> Result<()> {
+        self.swap(params, false)
+    }
+
+    fn swap(&mut self, params: &mut [HostSliceMut<'_>], eval: bool) -> Result<()> {
+        self.check_params(params)?;
+        let swapped = self.each_part(params, |optimizer, params_here, _| match eval {
+            true => optimizer.eval(params_here),
+            false => optimizer.train(params_here),
+        });
+        let mine = super::plan::agree(&self.comm, if eval { "eval" } else { "train" }, swapped)?;
+        self.gather(params, mine)
     }
 
     fn check(&self, params: &[HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
-        self.plan.check_counts("params", params.len())?;
+        self.check_params(params)?;
         self.plan.check_counts("grads", grads.len())?;
-        for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
+        for (i, grad) in grads.iter().enumerate() {
+            self.plan.check_len("grads", i, grad.len() as u64)?;
+        }
+        Ok(())
+    }
+
+    fn check_params(&self, params: &[HostSliceMut<'_>]) -> Result<()> {
+        self.plan.check_counts("params", params.len())?;
+        for (i, param) in params.iter().enumerate() {
             if param.dtype() != self.plan.dtypes[i] {
                 return Err(crate::Error::DTypeMismatch {
                     argument: format!("params[{i}]"),
@@ -221,7 +267,6 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 });
             }
             self.plan.check_len("params", i, param.len() as u64)?;
-            self.plan.check_len("grads", i, grad.len() as u64)?;
         }
         Ok(())
     }

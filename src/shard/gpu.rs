@@ -209,26 +209,61 @@ impl<C: Communicator> ShardedOptimizer<C> {
         for part in &mut self.parts {
             part.optimizer.step_with_norm(&part.grads, total_norm)?;
         }
-        // The updated pieces in one copy and one wait, in the plan's order.
-        let mut order: Vec<(usize, &Tensor)> =
-            self.parts.iter().flat_map(|p| p.indices.iter().copied().zip(&p.pieces)).collect();
-        order.sort_by_key(|(j, _)| *j);
-        let pieces: Vec<Tensor> = order.into_iter().map(|(_, piece)| piece.clone()).collect();
-        let mine = ctx.read_bytes_many(&pieces)?.concat();
+        let mine = self.read_pieces()?;
         update += updating.elapsed();
 
         let gathering = Instant::now();
-        let params = &self.params;
-        self.plan.gather_params(&self.comm, mine, |piece, data| {
-            ctx.write_bytes(&view(&params[piece.tensor], piece), data)
-        })?;
-        // The writes land with the next submission: make it now, so that they are in
-        // place for whatever the trainer records next.
-        ctx.queue().submit([]);
+        self.gather(mine)?;
         communication += gathering.elapsed();
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
         self.steps += 1;
         Ok(true)
+    }
+
+    /// This rank's pieces of the parameters, in the plan's order, read in one copy and one
+    /// wait.
+    fn read_pieces(&self) -> Result<Vec<u8>> {
+        let mut order: Vec<(usize, &Tensor)> =
+            self.parts.iter().flat_map(|p| p.indices.iter().copied().zip(&p.pieces)).collect();
+        order.sort_by_key(|(j, _)| *j);
+        let pieces: Vec<Tensor> = order.into_iter().map(|(_, piece)| piece.clone()).collect();
+        Ok(self.ctx.read_bytes_many(&pieces)?.concat())
+    }
+
+    /// All-gathers every rank's pieces (`mine`: this rank's, from [`Self::read_pieces`]) and
+    /// writes the others' into the parameters, submitted so that they are in place for
+    /// whatever the trainer records next.
+    fn gather(&self, mine: Vec<u8>) -> Result<()> {
+        let (ctx, params) = (&self.ctx, &self.params);
+        self.plan.gather_params(&self.comm, mine, |piece, data| {
+            ctx.write_bytes(&view(&params[piece.tensor], piece), data)
+        })?;
+        ctx.queue().submit([]);
+        Ok(())
+    }
+
+    /// Schedule-Free's `eval()`: every rank swaps its pieces to the point the family
+    /// evaluates at (`x`), and the pieces are gathered, so that every rank's parameters are
+    /// that point. Every rank calls it; steps are refused until [`Self::train`]. A no-op for
+    /// the other families, as on [`Optimizer::eval`].
+    pub fn eval(&mut self) -> Result<()> {
+        self.swap(true)
+    }
+
+    /// Schedule-Free's `train()`: the swap back to the point the steps update (`y`),
+    /// gathered alike.
+    pub fn train(&mut self) -> Result<()> {
+        self.swap(false)
+    }
+
+    fn swap(&mut self, eval: bool) -> Result<()> {
+        let swapped = self.parts.iter_mut().try_for_each(|p| match eval {
+            true => p.optimizer.eval(),
+            false => p.optimizer.train(),
+        });
+        super::plan::agree(&self.comm, if eval { "eval" } else { "train" }, swapped)?;
+        let mine = self.read_pieces()?;
+        self.gather(mine)
     }
 
     /// Steps taken so far.

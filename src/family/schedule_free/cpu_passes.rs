@@ -99,7 +99,7 @@ impl CpuPasses for ScheduleFreePasses {
             crate::algo::check_eval(config)?;
         }
         if self.scalars.k > 0 {
-            let SwapTensors { rounding: round, step, params, state, compensation } = tensors;
+            let SwapTensors { rounding: round, step, params, state, compensation, origins } = tensors;
             // The swap reads no gradient, but the step's loops take one: zeros of each
             // parameter's dtype keep them on their single-dtype paths. Made only when a swap
             // runs (an eval or a train that changes nothing allocates nothing).
@@ -114,8 +114,7 @@ impl CpuPasses for ScheduleFreePasses {
                 stochastic: round.seed().map(|seed| (seed, SWAP_ROUNDING_STEP | step)),
                 state: false,
                 streams,
-                // The swap of a whole optimizer's parameters: each is itself.
-                origins: Vec::new(),
+                origins: origins.to_vec(),
             };
             work::run(&kernel, &stores, params, &grads, state, compensation);
         }

@@ -15,6 +15,8 @@ mod gpu;
 #[cfg(feature = "cpu")]
 mod low_bit;
 #[cfg(feature = "cpu")]
+mod schedule_free;
+#[cfg(feature = "cpu")]
 mod whole;
 
 use std::time::Duration;
