@@ -30,8 +30,9 @@ fi
 # The native feature set of .ci/run and tools/test.sh, plus `mpi`: only the library is
 # compiled again.
 FEATURES=(--features wgpu-optim/gles,wgpu-optim/mpi)
-cargo clippy "${FEATURES[@]}" --lib --example shard_mpi --example train_mlp_sharded -- -D warnings
-cargo build "${FEATURES[@]}" --example shard_mpi --example train_mlp_sharded
+examples=(--example shard_mpi --example train_mlp_sharded --example shard_bench)
+cargo clippy "${FEATURES[@]}" --lib "${examples[@]}" -- -D warnings
+cargo build "${FEATURES[@]}" "${examples[@]}"
 example=target/debug/examples/shard_mpi
 # mpirun as root (CI) needs the flag; OpenMPI in some containers needs the vader setting.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -53,6 +54,10 @@ if [ "$took" -gt 30 ]; then
     exit 1
 fi
 echo "mpi-check: a panicking rank ended the job with an error in $took s"
+
+# The sharded step's split on the CPU backend (a small run: the example's numbers are a
+# release build's, PERF.md).
+run -np 2 target/debug/examples/shard_bench --params 65536 --steps 2
 
 # Data-parallel training: N ranks end within f32 trajectory tolerance of one.
 trainer=target/debug/examples/train_mlp_sharded

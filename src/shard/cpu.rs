@@ -10,8 +10,9 @@ use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
 /// gradients for all of them; each rank keeps the state of its shard only (its pieces of
-/// the flat layout, [`super::FlatLayout`]), updates that shard, and the updated shards are
-/// gathered so that every rank ends the step with every parameter.
+/// the flat layout, [`super::FlatLayout`], or for LAMB, Adafactor and Muon the tensors it
+/// owns whole), updates that shard, and the updated shards are gathered so that every rank
+/// ends the step with every parameter.
 ///
 /// Every rank builds it alike (the same parameters' dtypes and lengths, algorithm and
 /// options), with its own [`Communicator`] of one group, and calls [`Self::step`] at
@@ -210,7 +211,11 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             }
             ran?;
         }
-        Ok(piece_params.iter().flatten().flat_map(|p| bytes(p.as_slice())).collect())
+        let mut mine = Vec::with_capacity(self.plan.gather_chunk);
+        for piece in piece_params.iter().flatten() {
+            append_bytes(piece.as_slice(), &mut mine);
+        }
+        Ok(mine)
     }
 
     /// All-gathers every rank's pieces (`mine`: this rank's bytes) and writes the others'
@@ -433,12 +438,13 @@ fn narrow(values: &[f32], slice: HostSliceMut<'_>) {
     }
 }
 
-/// A slice's elements as bytes (the targets this crate builds for are little-endian).
-fn bytes(slice: HostSlice<'_>) -> Vec<u8> {
+/// Appends a slice's elements as bytes to `out` (the targets this crate builds for are
+/// little-endian).
+fn append_bytes(slice: HostSlice<'_>, out: &mut Vec<u8>) {
     match slice {
-        HostSlice::F32(v) => bytemuck::cast_slice(v).to_vec(),
-        HostSlice::F16(v) => bytemuck::cast_slice(v).to_vec(),
-        HostSlice::BF16(v) => bytemuck::cast_slice(v).to_vec(),
+        HostSlice::F32(v) => out.extend_from_slice(bytemuck::cast_slice(v)),
+        HostSlice::F16(v) => out.extend_from_slice(bytemuck::cast_slice(v)),
+        HostSlice::BF16(v) => out.extend_from_slice(bytemuck::cast_slice(v)),
     }
 }
 

@@ -15,9 +15,9 @@ use crate::{
 
 /// A ZeRO-1 optimizer on the GPU: every rank holds every parameter on its device and
 /// computes gradients for all of them; each rank keeps the state of its shard only (its
-/// pieces of the flat layout, [`super::FlatLayout`]), updates that shard in one fused
-/// step, and the updated shards are gathered so that every rank's parameters are equal
-/// after the step.
+/// pieces of the flat layout, [`super::FlatLayout`], and the tensors it owns whole of the
+/// families that look at whole tensors), updates that shard in one fused step, and the
+/// updated shards are gathered so that every rank's parameters are equal after the step.
 ///
 /// What crosses ranks goes through the host: each step reads this rank's gradients back,
 /// reduce-scatters them (in f32, added in rank order), uploads its shard, steps, reads its

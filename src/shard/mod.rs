@@ -81,22 +81,41 @@ pub trait Communicator {
         let chunk = check_chunks(self, "all_to_all", mine.len())?;
         let all = self.all_gather_bytes(mine).map_err(|e| called_as("all_to_all", e))?;
         let rank = self.rank();
-        Ok((0..self.size()).flat_map(|r| &all[r * mine.len() + rank * chunk..][..chunk]).copied().collect())
+        let mut mine_of_each = Vec::with_capacity(mine.len());
+        for r in 0..self.size() {
+            mine_of_each.extend_from_slice(&all[r * mine.len() + rank * chunk..][..chunk]);
+        }
+        Ok(mine_of_each)
     }
 
     /// Rank `r`'s shard of the elementwise sum of every rank's `values` (their length a
     /// multiple of [`Self::size`], shard `r` the `r`-th equal part), added in rank order:
     /// the gradient reduce-scatter of a sharded step.
     fn reduce_scatter_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
-        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // The crate's targets are little-endian: an f32's bytes are its `to_le_bytes`.
+        let mine: &[u8] = bytemuck::cast_slice(values);
         check_chunks(self, "reduce_scatter", mine.len())?;
-        let parts = self.all_to_all_bytes(&mine).map_err(|e| called_as("reduce_scatter", e))?;
-        let shard = values.len() / self.size();
-        let at = |rank: usize, i: usize| {
-            let start = (rank * shard + i) * 4;
-            f32::from_le_bytes([parts[start], parts[start + 1], parts[start + 2], parts[start + 3]])
+        if self.size() == 1 {
+            return Ok(values.to_vec());
+        }
+        let bytes = self.all_to_all_bytes(mine).map_err(|e| called_as("reduce_scatter", e))?;
+        // In place where the allocation is 4-byte aligned (as allocators give), else copied.
+        let copied: Vec<f32>;
+        let parts: &[f32] = match bytemuck::try_cast_slice(&bytes) {
+            Ok(parts) => parts,
+            Err(_) => {
+                copied = bytemuck::pod_collect_to_vec(&bytes);
+                &copied
+            }
         };
-        Ok((0..shard).map(|i| (1..self.size()).fold(at(0, i), |acc, rank| acc + at(rank, i))).collect())
+        let shard = values.len() / self.size();
+        let mut sum = parts[..shard].to_vec();
+        for rank in 1..self.size() {
+            for (acc, value) in sum.iter_mut().zip(&parts[rank * shard..(rank + 1) * shard]) {
+                *acc += value;
+            }
+        }
+        Ok(sum)
     }
 
     /// Returns once every rank has called it.

@@ -335,6 +335,9 @@ impl ShardPlan {
         mut mine: Vec<u8>,
         mut write: impl FnMut(&Piece, &[u8]) -> Result<()>,
     ) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
         mine.resize(self.gather_chunk, 0);
         let all = comm.all_gather_bytes(&mine)?;
         for (rank, pieces) in self.pieces.iter().enumerate().filter(|(r, _)| *r != self.rank) {
