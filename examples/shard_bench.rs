@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let Some(universe) = mpi::initialize() else {
+    let Some(universe) = wgpu_optim::mpi::initialize() else {
         eprintln!("shard_bench: MPI could not be initialized (run under mpirun)");
         return ExitCode::from(2);
     };

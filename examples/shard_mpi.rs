@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             std::process::exit(2)
         })
     });
-    let Some(universe) = mpi::initialize() else {
+    let Some(universe) = wgpu_optim::mpi::initialize() else {
         eprintln!("MPI could not be initialized (run under mpirun)");
         return ExitCode::from(2);
     };

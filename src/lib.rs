@@ -152,6 +152,12 @@ pub use step::clip::{GradClip, NormType};
 pub use step::rounding::Rounding;
 pub use tensor::Tensor;
 
+/// The `mpi` crate (rsmpi 0.8) that the `mpi` feature's [`shard::Mpi`] runs on,
+/// re-exported so that a trainer starts MPI with the very version the transport links:
+/// `let universe = wgpu_optim::mpi::initialize()`, then `shard::Mpi::new(universe.world())`.
+#[cfg(feature = "mpi")]
+pub use mpi;
+
 /// Every family's public configuration at the crate's root, from the family registry.
 macro_rules! export_configs {
     ($($(#[$doc:meta])* $family:ident => $folder:ident: $variant:ident($config:ident),)*) => {

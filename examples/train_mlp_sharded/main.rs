@@ -232,7 +232,7 @@ fn finish(report: &Report, size: usize, options: &Options) -> Result<(), BoxErro
 fn run(options: &Options) -> Result<(), BoxError> {
     #[cfg(feature = "mpi")]
     if options.in_process.is_none() && std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
-        let universe = mpi::initialize().ok_or("MPI could not be initialized")?;
+        let universe = wgpu_optim::mpi::initialize().ok_or("MPI could not be initialized")?;
         wgpu_optim::shard::Mpi::abort_on_panic(101);
         let comm = wgpu_optim::shard::Mpi::new(universe.world());
         let (rank, size) = (comm.rank(), comm.size());
