@@ -21,7 +21,8 @@
 //! aborts; on threads the others' steps fail); `--die-rank R --at-step S` makes its process
 //! die by a signal (under MPI, `mpirun` ends the others). `--checkpoint-at S
 //! --checkpoint-dir DIR` saves a checkpoint after step S (one optimizer file per rank and
-//! the parameters) and `--resume DIR` continues from one, on any number of ranks.
+//! the parameters) and `--resume DIR` continues from one, on any number of ranks. `--lamb`
+//! trains with LAMB, whose tensors are each stepped whole by one owner rank.
 
 #[allow(dead_code)]
 #[path = "../train_mlp/gpu.rs"]
@@ -40,7 +41,7 @@ use gpu::Gpu;
 use model::{BoxError, Mlp};
 use spirals::{Spirals, FEATURES};
 use wgpu_optim::shard::{Communicator, GradReduction, InProcess, ReduceOp, ShardedOptimizer, StepSplit};
-use wgpu_optim::{Adam, DType, GpuContext, GradClip, Optimizer, ParamGroup};
+use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Lamb, Optimizer, ParamGroup};
 
 struct Options {
     steps: u64,
@@ -54,6 +55,8 @@ struct Options {
     checkpoint: Option<(u64, String)>,
     /// Resume from a checkpoint directory.
     resume: Option<String>,
+    /// LAMB instead of AdamW.
+    lamb: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -67,6 +70,7 @@ fn options() -> Result<Options, String> {
         die_at: None,
         checkpoint: None,
         resume: None,
+        lamb: false,
     };
     let mut checkpoint_at = None;
     let (mut panic_rank, mut die_rank, mut at_step) = (None, None, 1);
@@ -85,6 +89,7 @@ fn options() -> Result<Options, String> {
             "--checkpoint-at" => checkpoint_at = Some(number(value()?)?),
             "--checkpoint-dir" => options.checkpoint = Some((0, value()?)),
             "--resume" => options.resume = Some(value()?),
+            "--lamb" => options.lamb = true,
             "--at-step" => at_step = number(value()?)?,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -128,9 +133,15 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let model = Mlp::new(&gpu.device, &gpu.queue, &part(&data, rank, size), DType::F32, 2)?;
     let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
     let params = model.param_tensors();
-    let adamw = Adam { lr: 1e-2, ..Adam::adamw() };
-    let builder = Optimizer::builder().grad_clip(GradClip::l2(1.0));
-    let groups = vec![ParamGroup::new(adamw, &params)];
+    // AdamW with global clipping in the flat layout, or LAMB (which clips nothing) with
+    // each tensor whole on one owner rank.
+    let (algorithm, builder): (Algorithm, _) = match options.lamb {
+        false => {
+            (Adam { lr: 1e-2, ..Adam::adamw() }.into(), Optimizer::builder().grad_clip(GradClip::l2(1.0)))
+        }
+        true => (Lamb { lr: 1e-2, weight_decay: 1e-2, ..Lamb::default() }.into(), Optimizer::builder()),
+    };
+    let groups = vec![ParamGroup::new(algorithm, &params)];
     let mut optimizer = ShardedOptimizer::build(&ctx, comm, builder, GradReduction::Mean, groups)?;
     let grads = model.grad_tensors();
     let mut first = 1;
@@ -177,7 +188,7 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let param_bytes: u64 = params.iter().map(|p| p.byte_len()).sum();
     let steps = (options.steps + 1).saturating_sub(first).max(1) as u32;
     println!(
-        "rank {rank} of {size}: state {} bytes (unsharded AdamW: {}); per step: communication {:.2} ms, \
+        "rank {rank} of {size}: state {} bytes (unsharded: {}); per step: communication {:.2} ms, \
          update {:.2} ms, sent {} bytes (ZeRO-1's 2 (N - 1) / N of the parameters: {})",
         optimizer.state_bytes()?,
         2 * param_bytes,
