@@ -318,10 +318,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         use super::checkpoint::PieceState;
         let dir = dir.as_ref();
-        let codes = super::checkpoint::Codes::of(self.plan.storage);
-        let (structure, shard_len) = (self.plan.structure(), self.plan.shard_len);
-        let loaded = super::checkpoint::read(dir, &structure, codes, self.plan.mine(), shard_len);
-        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
+        let loaded = super::checkpoint::read_for(&self.plan, &self.comm, dir)?;
         let located: Vec<Option<(usize, usize)>> =
             (0..self.plan.mine().len()).map(|j| self.locate(j)).collect();
         let parts = &mut self.parts;

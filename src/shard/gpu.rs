@@ -402,10 +402,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// rank's load is refused, every rank returns an error.
     pub fn load(&mut self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         let dir = dir.as_ref();
-        let codes = super::checkpoint::Codes::of(self.plan.storage);
-        let (structure, shard_len) = (self.plan.structure(), self.plan.shard_len);
-        let loaded = super::checkpoint::read(dir, &structure, codes, self.plan.mine(), shard_len);
-        let loaded = super::plan::agree(&self.comm, "load", loaded)?;
+        let loaded = super::checkpoint::read_for(&self.plan, &self.comm, dir)?;
         let mut keeps = Vec::new();
         for j in 0..self.plan.mine().len() {
             let mut kinds = Vec::new();

@@ -14,7 +14,7 @@
 
 mod state;
 
-pub(crate) use state::{apply, collect, Codes, KindData, PieceState};
+pub(crate) use state::{apply, collect, KindData, PieceState};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -116,13 +116,7 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
 /// Reads the checkpoint in `dir` (every rank's file of one save) and assembles each state
 /// kind over a shard of `shard_len` elements holding the pieces `want`, its codes packed as
 /// `codes` says; refuses files of other tensors or storage than `structure`.
-pub(crate) fn read(
-    dir: &Path,
-    structure: &str,
-    codes: state::Codes,
-    want: &[Piece],
-    shard_len: u64,
-) -> Result<Loaded> {
+fn read(dir: &Path, structure: &str, codes: state::Codes, want: &[Piece], shard_len: u64) -> Result<Loaded> {
     let ranks = saved_ranks(dir)?;
     let mut loaded =
         Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new(), masters: KindData::default() };
@@ -223,6 +217,18 @@ pub(crate) fn read(
         }
     }
     Ok(loaded)
+}
+
+/// What this rank of `plan` loads from the checkpoint in `dir`, once every rank has read
+/// its part: an error on every rank if one rank's read failed.
+pub(crate) fn read_for<C: crate::shard::Communicator + ?Sized>(
+    plan: &crate::shard::plan::ShardPlan,
+    comm: &C,
+    dir: &Path,
+) -> Result<Loaded> {
+    let codes = state::Codes::of(plan.storage);
+    let loaded = read(dir, &plan.structure(), codes, plan.mine(), plan.shard_len);
+    crate::shard::plan::agree(comm, "load", loaded)
 }
 
 /// The number of ranks whose files `dir` holds: one save's, every rank's file present.

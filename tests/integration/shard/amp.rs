@@ -25,11 +25,7 @@ fn scaled_grads(rank: usize, t: u64) -> Vec<Vec<f64>> {
 /// The unsharded run: the steps other than [`OVERFLOW`], on the reduced gradients unscaled
 /// as the sharded step unscales them (`(sum / ranks) * inv_scale` in f32).
 fn unsharded(size: usize) -> Vec<Vec<f64>> {
-    let mut params: Vec<HostTensor> = initial_params()
-        .iter()
-        .zip(DTYPES)
-        .map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap())
-        .collect();
+    let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
     let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
     let mut opt = CpuOptimizer::builder().build(Adam::adamw(), &slices).unwrap();
     for t in (1..=STEPS).filter(|&t| t != OVERFLOW) {
@@ -61,11 +57,7 @@ fn an_infinity_on_one_rank_makes_every_rank_skip_the_step_on_the_cpu() {
     let size = 3;
     let results = on_ranks(size, |comm| {
         let rank = comm.rank();
-        let mut params: Vec<HostTensor> = initial_params()
-            .iter()
-            .zip(DTYPES)
-            .map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap())
-            .collect();
+        let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
         let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
         let mut opt = ShardedCpuOptimizer::build(
             comm,
@@ -77,11 +69,7 @@ fn an_infinity_on_one_rank_makes_every_rank_skip_the_step_on_the_cpu() {
         .unwrap();
         let mut stepped = Vec::new();
         for t in 1..=STEPS {
-            let grads: Vec<HostTensor> = scaled_grads(rank, t)
-                .iter()
-                .zip(DTYPES)
-                .map(|(g, dtype)| HostTensor::from_f64(dtype, g).unwrap())
-                .collect();
+            let grads: Vec<HostTensor> = host_tensors(&scaled_grads(rank, t), &DTYPES);
             let grads: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
             let mut slices: Vec<HostSliceMut<'_>> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
             stepped.push(opt.step_scaled(&mut slices, &grads, (1.0 / SCALE) as f32).unwrap());

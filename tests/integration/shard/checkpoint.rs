@@ -37,7 +37,7 @@ impl Drop for Scratch {
 }
 
 fn host(values: &[Vec<f64>]) -> Vec<HostTensor> {
-    values.iter().zip(DTYPES).map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap()).collect()
+    host_tensors(values, &DTYPES)
 }
 
 /// `size` CPU ranks from `start` (every rank's parameters), loading `load` first if given,

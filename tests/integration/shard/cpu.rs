@@ -8,7 +8,7 @@ use wgpu_optim::{Adam, GradClip, NormType, Rounding, StateKind};
 
 /// The parameters as host tensors of their dtypes.
 fn host_params(dtypes: &[DType; 5]) -> Vec<HostTensor> {
-    initial_params().iter().zip(*dtypes).map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap()).collect()
+    host_tensors(&initial_params(), dtypes)
 }
 
 /// Every rank's parameters and last global norm after `STEPS` sharded steps of `algorithm`.
@@ -26,11 +26,7 @@ fn sharded_run(
             ShardedCpuOptimizer::build(comm, builder.clone(), GradReduction::Mean, algorithm, &slices)
                 .unwrap();
         for t in 1..=STEPS {
-            let grads: Vec<HostTensor> = rank_grads(rank, t)
-                .iter()
-                .zip(DTYPES)
-                .map(|(g, dtype)| HostTensor::from_f64(dtype, g).unwrap())
-                .collect();
+            let grads: Vec<HostTensor> = host_tensors(&rank_grads(rank, t), &DTYPES);
             let grads: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
             let mut slices: Vec<HostSliceMut<'_>> = params.iter_mut().map(HostTensor::as_mut_slice).collect();
             opt.step(&mut slices, &grads).unwrap();

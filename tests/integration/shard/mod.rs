@@ -87,6 +87,16 @@ pub fn rounded(values: &[f64], dtype: DType) -> Vec<f64> {
     }
 }
 
+/// `values` as host tensors of `dtypes` (rounded to each).
+#[cfg(feature = "cpu")]
+pub fn host_tensors(values: &[Vec<f64>], dtypes: &[DType]) -> Vec<wgpu_optim::cpu::HostTensor> {
+    values
+        .iter()
+        .zip(dtypes)
+        .map(|(v, &dtype)| wgpu_optim::cpu::HostTensor::from_f64(dtype, v).unwrap())
+        .collect()
+}
+
 /// Every elementwise family, with the swept variants of the families that have them.
 pub fn elementwise_families() -> Vec<Algorithm> {
     let mut all = adam_switch_combinations();

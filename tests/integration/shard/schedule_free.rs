@@ -15,11 +15,7 @@ fn bits(values: &[Vec<f64>]) -> Vec<Vec<u64>> {
 /// The unsharded CPU optimizer's parameters after `STEPS` steps, after `eval()`, and after
 /// `train()` and one more step, on the gradients `size` ranks reduce to.
 fn unsharded(size: usize) -> [Vec<Vec<f64>>; 3] {
-    let mut params: Vec<HostTensor> = initial_params()
-        .iter()
-        .zip(DTYPES)
-        .map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap())
-        .collect();
+    let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
     let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
     let mut opt = CpuOptimizer::builder().build(ScheduleFreeAdamW::default(), &slices).unwrap();
     let read = |params: &[HostTensor]| params.iter().map(HostTensor::to_f64).collect::<Vec<_>>();
@@ -48,11 +44,7 @@ fn eval_and_train_on_cpu_ranks_swap_as_the_unsharded_optimizer() {
         let want = unsharded(size);
         let ranks = on_ranks(size, |comm| {
             let rank = comm.rank();
-            let mut params: Vec<HostTensor> = initial_params()
-                .iter()
-                .zip(DTYPES)
-                .map(|(v, dtype)| HostTensor::from_f64(dtype, v).unwrap())
-                .collect();
+            let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
             let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
             let algorithm = ScheduleFreeAdamW::default();
             let mut opt = ShardedCpuOptimizer::build(
@@ -65,11 +57,7 @@ fn eval_and_train_on_cpu_ranks_swap_as_the_unsharded_optimizer() {
             .unwrap();
             let read = |params: &[HostTensor]| params.iter().map(HostTensor::to_f64).collect::<Vec<_>>();
             let step = |opt: &mut ShardedCpuOptimizer<_>, params: &mut Vec<HostTensor>, t: u64| {
-                let grads: Vec<HostTensor> = rank_grads(rank, t)
-                    .iter()
-                    .zip(DTYPES)
-                    .map(|(g, dtype)| HostTensor::from_f64(dtype, g).unwrap())
-                    .collect();
+                let grads: Vec<HostTensor> = host_tensors(&rank_grads(rank, t), &DTYPES);
                 let grads: Vec<HostSlice<'_>> = grads.iter().map(HostTensor::as_slice).collect();
                 let mut slices: Vec<HostSliceMut<'_>> =
                     params.iter_mut().map(HostTensor::as_mut_slice).collect();
