@@ -22,7 +22,7 @@
 //! die by a signal (under MPI, `mpirun` ends the others). `--checkpoint-at S
 //! --checkpoint-dir DIR` saves a checkpoint after step S (one optimizer file per rank and
 //! the parameters) and `--resume DIR` continues from one, on any number of ranks. `--lamb`
-//! trains with LAMB, whose tensors are each stepped whole by one owner rank.
+//! trains with LAMB, each tensor's sums combined across the ranks' pieces of it.
 
 #[allow(dead_code)]
 #[path = "../train_mlp/gpu.rs"]
@@ -133,8 +133,8 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let model = Mlp::new(&gpu.device, &gpu.queue, &part(&data, rank, size), DType::F32, 2)?;
     let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
     let params = model.param_tensors();
-    // AdamW with global clipping in the flat layout, or LAMB (which clips nothing) with
-    // each tensor whole on one owner rank.
+    // AdamW with global clipping, or LAMB (which clips nothing) with each tensor's sums
+    // combined across the ranks' pieces of it.
     let (algorithm, builder): (Algorithm, _) = match options.lamb {
         false => {
             (Adam { lr: 1e-2, ..Adam::adamw() }.into(), Optimizer::builder().grad_clip(GradClip::l2(1.0)))

@@ -143,6 +143,13 @@ pub(crate) trait FamilyConfig: Copy {
     fn shard_whole(&self) -> bool {
         false
     }
+
+    /// Whether its step takes sums over each whole tensor (LAMB's norms), which a sharded
+    /// optimizer combines across the ranks' pieces of the tensor (`CpuStep::sums` and the
+    /// GPU passes' split); `false` for the others.
+    fn shard_sums(&self) -> bool {
+        false
+    }
 }
 
 /// From the family registry (`crate::family::registry`, one line per family:
@@ -457,6 +464,15 @@ macro_rules! algorithms {
             pub(crate) fn shard_whole(&self) -> bool {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::shard_whole(c),)*
+                }
+            }
+
+            /// Whether its step takes sums over each whole tensor, which a sharded
+            /// optimizer combines across ranks.
+            #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+            pub(crate) fn shard_sums(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::shard_sums(c),)*
                 }
             }
         }

@@ -361,16 +361,18 @@ impl CpuOptimizer {
     /// ([`Error::DTypeMismatch`]) or length ([`Error::LengthMismatch`]) differs from the
     /// one it was built for, or when a gradient's length differs from its parameter's.
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
-        self.step_with_norm(params, grads, None)
+        self.step_with_norm(params, grads, None, None)
     }
 
     /// [`Self::step`], clipping (when the optimizer clips) by `total_norm` where it is
     /// given, the norm of every rank's gradients, instead of the norm of `grads` alone.
+    /// `sums`: a sharded step's [`passes::CpuStep::sums`].
     pub(crate) fn step_with_norm(
         &mut self,
         params: &mut [HostSliceMut<'_>],
         grads: &[HostSlice<'_>],
         total_norm: Option<f32>,
+        sums: Option<&mut passes::TensorSums<'_>>,
     ) -> Result<()> {
         self.check(params, grads)?;
         self.check_train_mode("step")?;
@@ -440,6 +442,8 @@ impl CpuOptimizer {
                 grads,
                 state: &mut *state,
                 compensation: &mut *compensation,
+                // A shorter-lived view of the caller's closure, as the step's borrows are.
+                sums: sums.map(|s| s as &mut passes::TensorSums<'_>),
             };
             if !self.passes.as_mut().is_some_and(|p| p.step(step)) {
                 work::run(&kernel, &stores, params, grads, state, compensation);

@@ -31,7 +31,15 @@ pub(crate) struct CpuStep<'s, 'p, 'g> {
     pub(crate) state: &'s mut [Vec<StateTensor>],
     /// Each parameter's Kahan compensation, or nothing.
     pub(crate) compensation: &'s mut [StateTensor],
+    /// A sharded step's: the per-tensor sums a family takes over its tensors (LAMB's `p^2`
+    /// and `s^2`), handed over to be replaced by the sums over every rank's pieces of the
+    /// same tensors before they are used.
+    pub(crate) sums: Option<&'s mut TensorSums<'s>>,
 }
+
+/// [`CpuStep::sums`]: given the sums of this optimizer's tensors, leaves the sums over
+/// every rank's pieces of their tensors in their place.
+pub(crate) type TensorSums<'s> = dyn FnMut(&mut [[f64; 2]]) + 's;
 
 /// What Schedule-Free's `eval()`/`train()` swap rewrites, and the stores' rounding.
 pub(crate) struct SwapTensors<'s, 'p> {

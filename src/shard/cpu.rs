@@ -10,7 +10,7 @@ use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
 /// gradients for all of them; each rank keeps the state of its shard only (its pieces of
-/// the flat layout, [`super::FlatLayout`], or for LAMB, Adafactor and Muon the tensors it
+/// the flat layout, [`super::FlatLayout`], or for Adafactor and Muon the tensors it
 /// owns whole), updates that shard, and the updated shards are gathered so that every rank
 /// ends the step with every parameter.
 ///
@@ -71,10 +71,11 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
     /// sharded step does not run: F64 state, and stochastic rounding with a family stepped
-    /// whole (LAMB's, Adafactor's and Muon's tensors are each stepped whole by one owner
-    /// rank). Stochastic rounding hashes a piece's elements as its whole tensor's. With 8-bit or 4-bit storage,
-    /// blocks start at shard boundaries and whether a tensor's state is low-bit follows the
-    /// whole tensor's size, as unsharded.
+    /// whole. Adafactor's and Muon's tensors are each stepped whole by one owner rank;
+    /// LAMB's lie in the flat layout, each tensor's sums combined across the ranks (whole on
+    /// owner ranks with low-bit state). Stochastic rounding hashes a piece's elements as its
+    /// whole tensor's. With 8-bit or 4-bit storage, blocks start at shard boundaries and
+    /// whether a tensor's state is low-bit follows the whole tensor's size, as unsharded.
     pub fn build(
         comm: C,
         builder: CpuOptimizerBuilder,
@@ -165,10 +166,27 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         let communicated = started.elapsed();
 
         let updating = Instant::now();
-        let mine = self.each_part(params, |optimizer, params_here, indices| {
+        // LAMB's sums over each tensor's pieces on every rank, combined in the step: once
+        // per rank, by the part whose passes take them, or below with nothing of its own.
+        let (plan, comm) = (&self.plan, &self.comm);
+        let (mut combined, mut failed) = (false, None);
+        let mine = each_part(plan, &mut self.parts, params, |optimizer, params_here, indices| {
             let grads_here: Vec<HostSlice<'_>> = indices.iter().map(|&j| piece_grads[j]).collect();
-            optimizer.step_with_norm(params_here, &grads_here, total_norm)
+            let mut combine = |sums: &mut [[f64; 2]]| {
+                combined = true;
+                if let Err(e) = plan.combine_sums(comm, indices, sums) {
+                    failed = Some(e);
+                }
+            };
+            let sums = plan.sums.then_some(&mut combine as &mut crate::cpu::passes::TensorSums<'_>);
+            optimizer.step_with_norm(params_here, &grads_here, total_norm, sums)
         })?;
+        if plan.sums && !combined {
+            plan.combine_sums(comm, &[], &mut [])?;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         let update = updating.elapsed();
 
         let gathering = Instant::now();
@@ -187,37 +205,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     fn each_part(
         &mut self,
         params: &mut [HostSliceMut<'_>],
-        mut run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
+        run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
     ) -> Result<Vec<u8>> {
-        let mut by_tensor: Vec<Option<&super::Piece>> = vec![None; params.len()];
-        for piece in self.plan.mine() {
-            by_tensor[piece.tensor] = Some(piece);
-        }
-        let mut piece_params: Vec<Option<HostSliceMut<'_>>> = params
-            .iter_mut()
-            .zip(&by_tensor)
-            .filter_map(|(param, piece)| {
-                piece.map(|p| {
-                    Some(sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize))
-                })
-            })
-            .collect();
-        for part in &mut self.parts {
-            let mut params_here: Vec<HostSliceMut<'_>> =
-                part.indices.iter().filter_map(|&j| piece_params[j].take()).collect();
-            let ran = run(&mut part.optimizer, &mut params_here, &part.indices);
-            for (&j, param) in part.indices.iter().zip(params_here) {
-                piece_params[j] = Some(param);
-            }
-            ran?;
-        }
-        let mut mine = Vec::with_capacity(self.plan.gather_chunk);
-        for piece in piece_params.iter().flatten() {
-            append_bytes(piece.as_slice(), &mut mine);
-        }
-        Ok(mine)
+        each_part(&self.plan, &mut self.parts, params, run)
     }
-
     /// All-gathers every rank's pieces (`mine`: this rank's bytes) and writes the others'
     /// into `params`.
     fn gather(&self, params: &mut [HostSliceMut<'_>], mine: Vec<u8>) -> Result<()> {
@@ -404,6 +395,40 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     pub fn shard_pieces(&self) -> Vec<(usize, std::ops::Range<u64>)> {
         self.plan.mine().iter().map(|p| (p.tensor, p.elements.clone())).collect()
     }
+}
+
+/// [`ShardedCpuOptimizer::each_part`] over `plan` and its `parts`.
+fn each_part(
+    plan: &ShardPlan,
+    parts: &mut [Part],
+    params: &mut [HostSliceMut<'_>],
+    mut run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
+) -> Result<Vec<u8>> {
+    let mut by_tensor: Vec<Option<&super::Piece>> = vec![None; params.len()];
+    for piece in plan.mine() {
+        by_tensor[piece.tensor] = Some(piece);
+    }
+    let mut piece_params: Vec<Option<HostSliceMut<'_>>> = params
+        .iter_mut()
+        .zip(&by_tensor)
+        .filter_map(|(param, piece)| {
+            piece.map(|p| Some(sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize)))
+        })
+        .collect();
+    for part in parts.iter_mut() {
+        let mut params_here: Vec<HostSliceMut<'_>> =
+            part.indices.iter().filter_map(|&j| piece_params[j].take()).collect();
+        let ran = run(&mut part.optimizer, &mut params_here, &part.indices);
+        for (&j, param) in part.indices.iter().zip(params_here) {
+            piece_params[j] = Some(param);
+        }
+        ran?;
+    }
+    let mut mine = Vec::with_capacity(plan.gather_chunk);
+    for piece in piece_params.iter().flatten() {
+        append_bytes(piece.as_slice(), &mut mine);
+    }
+    Ok(mine)
 }
 
 /// Elements `start..end` of `slice`.

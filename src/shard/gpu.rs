@@ -15,8 +15,8 @@ use crate::{
 
 /// A ZeRO-1 optimizer on the GPU: every rank holds every parameter on its device and
 /// computes gradients for all of them; each rank keeps the state of its shard only (its
-/// pieces of the flat layout, [`super::FlatLayout`], and the tensors it owns whole of the
-/// families that look at whole tensors), updates that shard in one fused step, and the
+/// pieces of the flat layout, [`super::FlatLayout`], and the tensors it owns whole of
+/// Adafactor and Muon), updates that shard in one fused step, and the
 /// updated shards are gathered so that every rank's parameters are equal after the step.
 ///
 /// What crosses ranks goes through the host: each step reads this rank's gradients back,
@@ -66,11 +66,12 @@ impl<C: Communicator> ShardedOptimizer<C> {
     ///
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`]) for what a sharded step does not run: capturable mode,
-    /// model copies, F64 state, and stochastic rounding with a family stepped whole (LAMB's,
-    /// Adafactor's and Muon's tensors are each stepped whole by one owner rank). Stochastic
-    /// rounding hashes a piece's elements as its whole tensor's. With 8-bit or 4-bit storage, blocks start at
-    /// shard boundaries and whether a tensor's state is low-bit follows the whole tensor's
-    /// size, as unsharded.
+    /// model copies, F64 state, and stochastic rounding with a family stepped whole.
+    /// Adafactor's and Muon's tensors are each stepped whole by one owner rank; LAMB's lie in
+    /// the flat layout, each tensor's sums combined across the ranks (whole on owner ranks
+    /// with low-bit state). Stochastic rounding hashes a piece's elements as its whole
+    /// tensor's. With 8-bit or 4-bit storage, blocks start at shard boundaries and whether a
+    /// tensor's state is low-bit follows the whole tensor's size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
     pub fn build(
         ctx: &GpuContext,
@@ -206,8 +207,23 @@ impl<C: Communicator> ShardedOptimizer<C> {
         communication += reducing.elapsed();
 
         let updating = Instant::now();
+        // LAMB's sums over each tensor's pieces on every rank, combined in the step: once
+        // per rank, by the part with LAMB's passes, or below with nothing of its own.
+        let mut combined = false;
         for part in &mut self.parts {
-            part.optimizer.step_with_norm(&part.grads, total_norm)?;
+            if !self.plan.sums {
+                part.optimizer.step_with_norm(&part.grads, total_norm)?;
+                continue;
+            }
+            let (plan, comm, indices) = (&self.plan, &self.comm, &part.indices);
+            let mut combine = |params: &[usize], sums: &mut [[f64; 2]]| {
+                let pieces: Vec<usize> = params.iter().map(|&k| indices[k]).collect();
+                plan.combine_sums(comm, &pieces, sums)
+            };
+            combined |= part.optimizer.step_with_sums(&part.grads, total_norm, &mut combine)?;
+        }
+        if self.plan.sums && !combined {
+            self.plan.combine_sums(&self.comm, &[], &mut [])?;
         }
         let mine = self.read_pieces()?;
         update += updating.elapsed();

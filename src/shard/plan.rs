@@ -32,18 +32,19 @@ pub struct StepSplit {
     /// passes and the readback of the updated pieces).
     pub update: Duration,
     /// Bytes this rank sent to the others: `(N - 1)` gradient chunks of the reduce-scatter
-    /// (f32, one shard each), `(N - 1)` copies of its parameter shard in the all-gather, and
-    /// the norm's 8 bytes to each when clipping. ZeRO-1's `2 (N - 1) / N` of the parameters'
-    /// bytes, plus padding, with f32 gradients.
+    /// (f32, one shard each), `(N - 1)` copies of its parameter shard in the all-gather, the
+    /// norm's 8 bytes to each when clipping, and with LAMB two f64 sums per tensor to each.
+    /// ZeRO-1's `2 (N - 1) / N` of the parameters' bytes, plus padding, with f32 gradients.
     pub sent_bytes: u64,
 }
 
 /// One rank's part of a sharded optimizer, fixed when it is built.
 ///
 /// Tensors of the elementwise families lie in ZeRO-1's flat layout ([`FlatLayout`]), cut
-/// into equal shards; tensors that a family steps whole (LAMB's, Adafactor's, Muon's:
-/// `Algorithm::shard_whole`) are each given to one rank, longest first to the least loaded
-/// (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
+/// into equal shards, LAMB's too (each tensor's sums combined across ranks,
+/// [`Self::combine_sums`]); tensors that a family steps whole (Adafactor's, Muon's, and LAMB's
+/// with low-bit state: `Algorithm::shard_whole`) are each given to one rank, longest first
+/// to the least loaded (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
 /// owns, `shard_len` elements in all (every rank's alike, padded): the gradients'
 /// reduce-scatter hands each rank its shard, whole tensors included.
 #[derive(Clone, Debug)]
@@ -74,6 +75,9 @@ pub(crate) struct ShardPlan {
     pub masters: bool,
     /// Stochastic rounding, whose hash must see a piece's elements as its tensor's.
     stochastic: bool,
+    /// Some tensor's family takes per-tensor sums in its step (LAMB's norms) from pieces in
+    /// the flat layout: every rank combines them once per step ([`Self::combine_sums`]).
+    pub sums: bool,
 }
 
 impl ShardPlan {
@@ -93,7 +97,7 @@ impl ShardPlan {
             return Err(Error::ConflictingOptions {
                 first: "sharding",
                 second: "rounding",
-                reason: "stochastic rounding of a tensor stepped whole by its owner rank (LAMB, Adafactor, \
+                reason: "stochastic rounding of a tensor stepped whole by its owner rank (Adafactor, \
                          Muon) would hash under another ordinal than unsharded",
             });
         }
@@ -126,7 +130,12 @@ impl ShardPlan {
             StateStorage::Q4(q4) => q4.block_size as u64,
             _ => 1,
         };
-        let whole: Vec<bool> = algorithms.iter().map(Algorithm::shard_whole).collect();
+        // A family that sums over each tensor (LAMB) has them combined across ranks by its
+        // dense passes; with low-bit state its tensors step whole on owner ranks instead.
+        let low_bit = matches!(options.state_storage, StateStorage::Q8(_) | StateStorage::Q4(_));
+        let whole: Vec<bool> =
+            algorithms.iter().map(|a| a.shard_whole() || (a.shard_sums() && low_bit)).collect();
+        let sums = algorithms.iter().zip(&whole).any(|(a, &whole)| a.shard_sums() && !whole);
         let flat_tensors: Vec<usize> = (0..lens.len()).filter(|&i| !whole[i]).collect();
         let flat_lens: Vec<u64> = flat_tensors.iter().map(|&i| lens[i]).collect();
         let flat = FlatLayout::new(&flat_lens, size, align)?;
@@ -169,6 +178,7 @@ impl ShardPlan {
             storage: options.state_storage,
             masters: options.master_weights,
             stochastic: options.rounding.seed().is_some(),
+            sums,
         })
     }
 
@@ -192,8 +202,8 @@ impl ShardPlan {
     /// Where the elements of this rank's pieces `indices` come from: each piece's tensor and
     /// first element, so that stochastic rounding hashes a piece's elements as its whole
     /// tensor's (`OptimizerOptions::origins`).
-    /// Empty without stochastic rounding, its only reader (a row's ordinal also places
-    /// LAMB's workgroups, whose tensors are whole and keep their own).
+    /// Empty without stochastic rounding, its only reader: a row's ordinal also places
+    /// LAMB's workgroups by parameter, and LAMB refuses stochastic rounding.
     pub(crate) fn origins(&self, indices: &[usize]) -> Vec<(u32, u64)> {
         if !self.stochastic {
             return Vec::new();
@@ -278,6 +288,31 @@ impl ShardPlan {
         Ok(shard)
     }
 
+    /// The sums of each tensor over every rank's pieces of it (LAMB's `p^2` and `s^2`): `sums[k]`
+    /// are this rank's piece `indices[k]`'s (indices into [`Self::mine`]), replaced by its
+    /// tensor's totals, added in rank order. Every rank calls it once per step when
+    /// [`Self::sums`], with nothing of its own where it has no such piece.
+    pub(crate) fn combine_sums<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        indices: &[usize],
+        sums: &mut [[f64; 2]],
+    ) -> Result<()> {
+        let mine = self.mine();
+        let mut all = vec![0f64; 2 * self.lens.len()];
+        for (&j, pair) in indices.iter().zip(sums.iter()) {
+            let t = mine[j].tensor;
+            all[2 * t] += pair[0];
+            all[2 * t + 1] += pair[1];
+        }
+        comm.all_reduce_f64(&mut all, ReduceOp::Sum)?;
+        for (&j, pair) in indices.iter().zip(sums.iter_mut()) {
+            let t = mine[j].tensor;
+            *pair = [all[2 * t], all[2 * t + 1]];
+        }
+        Ok(())
+    }
+
     /// AMP's unscale of this rank's gradient shard, as PyTorch's
     /// `_amp_foreach_non_finite_check_and_unscale_` does it (a gradient that is NaN or
     /// infinite is flagged, every one is multiplied by `inv_scale` unless it is 1), then the
@@ -356,7 +391,8 @@ impl ShardPlan {
     pub(crate) fn sent_bytes(&self) -> u64 {
         let others = self.size as u64 - 1;
         let norm = if self.clip.is_some() { 8 } else { 0 };
-        others * (self.shard_len * 4 + self.gather_chunk as u64 + norm)
+        let sums = if self.sums { 16 * self.lens.len() as u64 } else { 0 };
+        others * (self.shard_len * 4 + self.gather_chunk as u64 + norm + sums)
     }
 
     /// Checks that `argument` has one entry per parameter.

@@ -149,9 +149,9 @@ impl LambNorms {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Lamb {
-    /// Its norms (LAMB) or row and column sums (Adafactor) are each tensor's: a sharded
-    /// optimizer steps each tensor whole on one owner rank.
-    fn shard_whole(&self) -> bool {
+    /// Its norms are each tensor's: a sharded optimizer combines each tensor's sums of
+    /// `p^2` and `s^2` over the ranks' pieces of it.
+    fn shard_sums(&self) -> bool {
         true
     }
 

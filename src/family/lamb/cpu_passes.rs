@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::cpu::convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::cpu::host::{HostElement, HostSlice, HostSliceMut};
 use crate::cpu::kernels::{Element, Kernel};
-use crate::cpu::passes::{CpuPasses, CpuStep};
+use crate::cpu::passes::{CpuPasses, CpuStep, TensorSums};
 use crate::cpu::state_memory::StateTensor;
 use crate::cpu::storage::{self, Job, Stores};
 use crate::cpu::work;
@@ -52,9 +52,18 @@ impl CpuPasses for LambPasses {
     /// The moments pass, the norms and the apply pass replace the elementwise loop.
     fn step(&mut self, s: CpuStep<'_, '_, '_>) -> bool {
         let Algorithm::Lamb(config) = s.algorithm else { return false };
-        self.norms = step(config, s.t, s.stores, s.params, s.grads, s.state, s.compensation);
+        let tensors = Tensors { params: s.params, grads: s.grads, state: s.state, compensation: s.compensation };
+        self.norms = step(config, s.t, s.stores, tensors, s.sums);
         true
     }
+}
+
+/// The tensors a step reads and writes.
+struct Tensors<'s, 'p, 'g> {
+    params: &'s mut [HostSliceMut<'p>],
+    grads: &'s [HostSlice<'g>],
+    state: &'s mut [Vec<StateTensor>],
+    compensation: &'s mut [StateTensor],
 }
 
 /// Elements per block of the moments pass: the f32 scratch of the blocked path stays in L1.
@@ -67,26 +76,29 @@ const LANES: usize = 16;
 /// One LAMB step of `config` (step `t`) over every tensor: the tensors' norms at this step.
 /// `state[i]` holds tensor i's `[exp_avg, exp_avg_sq]`; `compensation` each tensor's Kahan
 /// compensation, or nothing. The slices have been checked against each other.
+/// `sums`: a sharded step's, which replaces the tensors' sums by those of every rank's pieces.
 fn step(
     config: &Lamb,
     t: u64,
     stores: &Stores,
-    params: &mut [HostSliceMut<'_>],
-    grads: &[HostSlice<'_>],
-    state: &mut [Vec<StateTensor>],
-    compensation: &mut [StateTensor],
+    tensors: Tensors<'_, '_, '_>,
+    sums: Option<&mut TensorSums<'_>>,
 ) -> Vec<LambNorms> {
+    let Tensors { params, grads, state, compensation } = tensors;
     let mut uniform = config.uniform(t).to_f32();
     // The moments pass: per chunk, its two sums, in chunk order.
     // Chunked as every family's pass (`work::jobs`), so each tensor's partition is the same.
-    let sums: Vec<(usize, [f64; 2])> = work::jobs(params, grads.iter().copied(), slices(state), &mut [])
+    let chunk_sums: Vec<(usize, [f64; 2])> = work::jobs(params, grads.iter().copied(), slices(state), &mut [])
         .into_par_iter()
         .map(|job| (job.ordinal as usize, moments(&uniform, job)))
         .collect();
     let mut totals = vec![[0f64; 2]; params.len()];
-    for (i, [p, s]) in sums {
+    for (i, [p, s]) in chunk_sums {
         totals[i][0] += p;
         totals[i][1] += s;
+    }
+    if let Some(combine) = sums {
+        combine(&mut totals);
     }
     let norms: Vec<LambNorms> =
         totals.iter().map(|[p, s]| LambNorms::from_sums(config, *p as f32, *s as f32)).collect();

@@ -32,6 +32,10 @@ pub(crate) struct LambBound {
     /// [`IndexLayout`]: the apply pass's owners, the slot lists, the norms.
     index: wgpu::Buffer,
     layout: IndexLayout,
+    /// One `vec2<f32>` per moments workgroup: its sums of `p^2` and `s^2`.
+    partials: wgpu::Buffer,
+    /// The parameter (optimizer index) of each moments workgroup, in slot order.
+    slot_owners: Vec<u32>,
 }
 
 /// Refuses what a LAMB group's passes do not run: f64 parameters (the passes sum in f32 and
@@ -54,6 +58,9 @@ pub(crate) fn check_group(group: &ParamGroup) -> Result<()> {
 #[derive(Default)]
 pub(crate) struct LambPasses {
     bound: Vec<(Vec<Tensor>, Vec<usize>, Vec<LambBound>)>,
+    /// A sharded step's first half: `record_after` records the moments pass alone, and
+    /// the tensors' sums are combined across ranks before [`Self::record_finish`].
+    pub(crate) split: bool,
 }
 
 /// The passes of an optimizer over `groups` with a LAMB group; `None` without one.
@@ -135,7 +142,10 @@ impl GroupPasses for LambPasses {
     /// After the other groups' updates.
     fn record_after(&self, pass: &mut wgpu::ComputePass<'_>, _: &GpuContext) {
         if let Some((_, _, bound)) = self.bound.first() {
-            record(pass, bound);
+            match self.split {
+                true => bound.iter().for_each(|b| b.moments.record(pass, &b.passes_group)),
+                false => record(pass, bound),
+            }
         }
     }
 
@@ -176,7 +186,8 @@ pub(crate) fn bind_passes(
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgpu-optim LAMB partial sums"),
             size: 8 * u64::from(moments.workgroups().max(1)),
-            usage: wgpu::BufferUsages::STORAGE,
+            // Copies both ways: a sharded step reads the sums and writes every rank's.
+            usage: crate::gpu::TENSOR_USAGES,
             mapped_at_creation: false,
         });
         let hyper = wgpu::BindGroupEntry {
@@ -203,7 +214,20 @@ pub(crate) fn bind_passes(
             entries: &entries,
         });
         let combine = combine.clone();
-        LambBound { first, len, moments, apply, passes_group, combine_group, combine, index, layout }
+        let slot_owners = moments.owners().to_vec();
+        LambBound {
+            first,
+            len,
+            moments,
+            apply,
+            passes_group,
+            combine_group,
+            combine,
+            index,
+            layout,
+            partials,
+            slot_owners,
+        }
     })
 }
 
@@ -307,6 +331,67 @@ pub(crate) fn record_stateless(
         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("LAMB"), timestamp_writes: None });
     record(&mut pass, std::slice::from_ref(&bound));
     Ok(())
+}
+
+impl LambPasses {
+    /// After a split step's first half: each LAMB parameter's sums of `p^2` and `s^2`
+    /// (summed over its moments slots in slot order, in f64), read back from the device.
+    pub(crate) fn sums(&self, ctx: &GpuContext) -> Result<Vec<(usize, [f64; 2])>> {
+        let Some((_, _, bound)) = self.bound.first() else { return Ok(Vec::new()) };
+        let views: Vec<Tensor> =
+            bound.iter().map(|b| Tensor::new(&b.partials, 0, 2 * b.slot_owners.len() as u64, DType::F32)).collect();
+        let read = ctx.read_bytes_many(&views)?;
+        let mut sums: Vec<(usize, [f64; 2])> = Vec::new();
+        for (b, bytes) in bound.iter().zip(read) {
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            for (slot, &owner) in b.slot_owners.iter().enumerate() {
+                let owner = owner as usize;
+                let at = match sums.iter().position(|(i, _)| *i == owner) {
+                    Some(at) => at,
+                    None => {
+                        sums.push((owner, [0.0; 2]));
+                        sums.len() - 1
+                    }
+                };
+                sums[at].1[0] += f64::from(values[2 * slot]);
+                sums[at].1[1] += f64::from(values[2 * slot + 1]);
+            }
+        }
+        Ok(sums)
+    }
+
+    /// Writes `totals` (each parameter's sums over every rank's pieces of its tensor) into
+    /// the partials, each in its parameter's first slot and 0 in the others, so that the
+    /// combine pass, which adds a parameter's slots, finds them; lands at the next submit.
+    pub(crate) fn write_totals(&self, ctx: &GpuContext, totals: &[(usize, [f64; 2])]) {
+        let Some((_, _, bound)) = self.bound.first() else { return };
+        for b in bound {
+            let mut values = vec![0f32; 2 * b.slot_owners.len()];
+            let mut written = Vec::new();
+            for (slot, &owner) in b.slot_owners.iter().enumerate() {
+                let owner = owner as usize;
+                if written.contains(&owner) {
+                    continue;
+                }
+                if let Some((_, [p, s])) = totals.iter().find(|(i, _)| *i == owner) {
+                    (values[2 * slot], values[2 * slot + 1]) = (*p as f32, *s as f32);
+                }
+                written.push(owner);
+            }
+            ctx.queue().write_buffer(&b.partials, 0, bytemuck::cast_slice(&values));
+        }
+    }
+
+    /// After the totals: every LAMB group's combine and apply passes.
+    pub(crate) fn record_finish(&self, pass: &mut wgpu::ComputePass<'_>) {
+        let Some((_, _, bound)) = self.bound.first() else { return };
+        for b in bound {
+            pass.set_pipeline(&b.combine);
+            pass.set_bind_group(binding::GROUP_SCALARS, &b.combine_group, &[]);
+            pass.dispatch_workgroups(b.layout.tensors.div_ceil(WORKGROUP_SIZE).max(1), 1, 1);
+            b.apply.record(pass, &b.passes_group);
+        }
+    }
 }
 
 /// Records every LAMB group's three passes into `pass`: each pass reads what the one before
