@@ -114,8 +114,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// across ranks, this rank's shard of `params` is updated, and every rank's updated
     /// shard is gathered into `params`, so that `params` ends the step equal on every rank.
     ///
-    /// Refused before any collective when the counts, dtypes or lengths differ from the
-    /// parameters'. A rank that fails or leaves mid-step makes the others' step
+    /// Refused, with nothing changed, when the counts, dtypes or lengths differ from the
+    /// parameters' on any rank: that rank gets its error, the others
+    /// [`Error::Collective`](crate::Error::Collective), and the next step meets again. A
+    /// rank that fails or leaves mid-step makes the others' step
     /// [`Error::Collective`](crate::Error::Collective); `params` may then hold this rank's
     /// shard updated and the others' not.
     pub fn step(&mut self, params: &mut [HostSliceMut<'_>], grads: &[HostSlice<'_>]) -> Result<()> {
@@ -134,7 +136,6 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         grads: &[HostSlice<'_>],
         inv_scale: f32,
     ) -> Result<bool> {
-        ShardPlan::check_inv_scale(inv_scale)?;
         self.step_with(params, grads, Some(inv_scale))
     }
 
@@ -144,7 +145,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         grads: &[HostSlice<'_>],
         inv_scale: Option<f32>,
     ) -> Result<bool> {
-        self.check(params, grads)?;
+        // Every rank refuses together, so that none waits in a collective for a refused one.
+        let checked =
+            inv_scale.map_or(Ok(()), ShardPlan::check_inv_scale).and_then(|()| self.check(params, grads));
+        super::plan::agree(&self.comm, "step", checked)?;
         let started = Instant::now();
         let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
             widen(grads[i], out);

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::checkpoint::PieceState;
 use super::plan::{GradReduction, ShardPlan, StepSplit};
 use super::{Communicator, Piece};
+use crate::gpu::plan::Arg;
 #[cfg(feature = "checkpoint")]
 use crate::QuantizedState;
 use crate::{
@@ -92,6 +93,18 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let dtypes: Vec<DType> = params.iter().map(|p| p.dtype).collect();
         let algorithms: Vec<_> = groups.iter().flat_map(|g| vec![g.algorithm; g.params.len()]).collect();
         let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
+        // A step reads this rank's pieces back and writes the others': refused here, on every
+        // rank, rather than mid-step.
+        let usable = (0..plan.size).try_for_each(|rank| {
+            plan.pieces[rank].iter().try_for_each(|piece| {
+                let arg = Arg::new(format!("params[{}]", piece.tensor), &view(&params[piece.tensor], piece));
+                match rank == plan.rank {
+                    true => crate::gpu::transfer::check_readable(&arg),
+                    false => crate::gpu::transfer::check_writable(&arg),
+                }
+            })
+        });
+        super::plan::agree(&comm, "build", usable)?;
         let mine = plan.mine();
         let grad_shard =
             (!mine.is_empty()).then(|| ctx.zeros("wgpu-optim shard gradients", plan.shard_len, DType::F32));
@@ -142,8 +155,11 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// its device, and every rank's updated shard is written into the parameters. Every
     /// write has been submitted when it returns.
     ///
-    /// Refused before any collective when the count or a length differs from the
-    /// parameters'. A rank that fails or leaves mid-step makes the others' step
+    /// Refused, with nothing changed, when the count or a length differs from the
+    /// parameters' or a gradient cannot be read back (`COPY_SRC`) on any rank: that rank gets
+    /// its error, the others [`Error::Collective`], and the next step meets again. Parameters
+    /// that a step could not copy are refused when it is built. A rank that fails or leaves
+    /// mid-step makes the others' step
     /// [`Error::Collective`]; the parameters may then hold this rank's shard updated and the
     /// others' not.
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
@@ -157,15 +173,14 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// whether it stepped (the trainer then lowers or raises its scale as `GradScaler`
     /// does). With clipping the norm is the unscaled gradients'.
     pub fn step_scaled(&mut self, grads: &[Tensor], inv_scale: f32) -> Result<bool> {
-        ShardPlan::check_inv_scale(inv_scale)?;
         self.step_with(grads, Some(inv_scale))
     }
 
     fn step_with(&mut self, grads: &[Tensor], inv_scale: Option<f32>) -> Result<bool> {
-        self.plan.check_counts("grads", grads.len())?;
-        for (i, grad) in grads.iter().enumerate() {
-            self.plan.check_len("grads", i, grad.len)?;
-        }
+        // Every rank refuses together, so that none waits in a collective for a refused one.
+        let checked =
+            inv_scale.map_or(Ok(()), ShardPlan::check_inv_scale).and_then(|()| self.check_grads(grads));
+        super::plan::agree(&self.comm, "step", checked)?;
         let ctx = &self.ctx;
         // The trainer's work that makes the gradients is not this step's: wait for it
         // before the clock starts (the gradients' readback would wait for it anyway).
@@ -234,6 +249,17 @@ impl<C: Communicator> ShardedOptimizer<C> {
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
         self.steps += 1;
         Ok(true)
+    }
+
+    /// Refuses gradients of another count or length than the parameters, or that cannot be
+    /// read back.
+    fn check_grads(&self, grads: &[Tensor]) -> Result<()> {
+        self.plan.check_counts("grads", grads.len())?;
+        for (i, grad) in grads.iter().enumerate() {
+            self.plan.check_len("grads", i, grad.len)?;
+            crate::gpu::transfer::check_readable(&Arg::new(format!("grads[{i}]"), grad))?;
+        }
+        Ok(())
     }
 
     /// This rank's pieces of the parameters, in the plan's order, read in one copy and one

@@ -125,3 +125,37 @@ fn a_rank_that_panics_mid_run_ends_the_others_steps_with_an_error_within_seconds
         }
     }
 }
+
+#[test]
+fn a_step_refused_on_one_rank_is_an_error_on_every_rank_and_the_next_step_meets() {
+    let results = on_ranks(3, |comm| {
+        let rank = comm.rank();
+        let mut params = vec![0.5f32; 100];
+        let mut opt = ShardedCpuOptimizer::build(
+            comm,
+            CpuOptimizer::builder(),
+            GradReduction::Mean,
+            Adam::default(),
+            &[HostSlice::from(&params[..])],
+        )
+        .unwrap();
+        let grads = vec![0.1f32; if rank == 1 { 99 } else { 100 }];
+        let refused = opt.step(&mut [HostSliceMut::from(&mut params[..])], &[HostSlice::from(&grads[..])]);
+        let unchanged = params.iter().all(|&p| p == 0.5);
+        let grads = vec![0.1f32; 100];
+        opt.step(&mut [HostSliceMut::from(&mut params[..])], &[HostSlice::from(&grads[..])]).unwrap();
+        (refused, unchanged, params)
+    });
+    for (rank, (refused, unchanged, _)) in results.iter().enumerate() {
+        match (rank, refused) {
+            (1, Err(Error::LengthMismatch { .. })) => {}
+            (_, Err(Error::Collective { operation, problem, .. })) if rank != 1 => {
+                assert_eq!(operation, "step", "rank {rank}");
+                assert!(problem.contains("another rank's step failed"), "rank {rank}: {problem}");
+            }
+            (rank, other) => panic!("rank {rank}: expected the refusal on every rank, got {other:?}"),
+        }
+        assert!(unchanged, "rank {rank}: a refused step changed the parameters");
+    }
+    assert!(results.iter().all(|(_, _, p)| *p == results[0].2), "the next step left the ranks apart");
+}

@@ -241,3 +241,55 @@ fn stochastic_and_kahan_rounding_on_the_gpu_are_the_unsharded_step_bit_for_bit()
         }
     }
 }
+
+#[test]
+fn buffers_a_sharded_step_cannot_copy_are_refused_before_any_step_on_every_rank() {
+    let _turn = gpu_turn();
+    let ctx = ctx();
+    let storage_only = |len: u64| {
+        let buffer = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: 4 * len,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Tensor::whole(&buffer, DType::F32).unwrap()
+    };
+    // Parameters without COPY_SRC: the build, on every rank.
+    let built = on_ranks(2, |comm| {
+        let params = vec![storage_only(64)];
+        let groups = vec![ParamGroup::new(Adam::adamw(), &params)];
+        ShardedOptimizer::build(&ctx, comm, Optimizer::builder(), GradReduction::Mean, groups).map(drop)
+    });
+    for (rank, result) in built.iter().enumerate() {
+        assert!(
+            matches!(
+                result,
+                Err(wgpu_optim::Error::MissingUsage { .. } | wgpu_optim::Error::Collective { .. })
+            ),
+            "rank {rank}: {result:?}"
+        );
+    }
+    // Gradients without COPY_SRC on rank 0 only: the step, on every rank.
+    let stepped = on_ranks(2, |comm| {
+        let rank = comm.rank();
+        let params = vec![ctx.upload_f32("param", &[0.5; 64])];
+        let groups = vec![ParamGroup::new(Adam::adamw(), &params)];
+        let mut opt =
+            ShardedOptimizer::build(&ctx, comm, Optimizer::builder(), GradReduction::Mean, groups).unwrap();
+        let grads = if rank == 0 { vec![storage_only(64)] } else { vec![ctx.upload_f32("grad", &[0.1; 64])] };
+        let refused = opt.step(&grads);
+        (refused, ctx.read_f32(&params[0]).unwrap())
+    });
+    match &stepped[0].0 {
+        Err(wgpu_optim::Error::MissingUsage { argument, needed, .. }) => {
+            assert_eq!((argument.as_str(), *needed), ("grads[0]", "COPY_SRC"));
+        }
+        other => panic!("rank 0: expected its gradients refused, got {other:?}"),
+    }
+    assert!(matches!(stepped[1].0, Err(wgpu_optim::Error::Collective { .. })), "rank 1: {:?}", stepped[1].0);
+    assert!(
+        stepped.iter().all(|(_, p)| p.iter().all(|&v| v == 0.5)),
+        "a refused step changed the parameters"
+    );
+}
