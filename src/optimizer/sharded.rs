@@ -2,8 +2,7 @@
 //! the gradient norm of its own tensors alone, and a step clipped by a norm taken over
 //! every rank's.
 
-use super::record::Bound;
-use super::{Optimizer, BOUND_GRADIENT_SETS};
+use super::Optimizer;
 use crate::family::lamb::gpu_passes::LambPasses;
 use crate::step::clip::ClipHeader;
 use crate::{NormType, Result, Tensor};
@@ -24,20 +23,8 @@ impl Optimizer {
         if self.q8.is_none() && self.q4.is_none() {
             self.bind(grads)?;
         } else {
-            // The low-bit engines hold their own dispatches: `bound` holds only norm passes.
             self.check_grads(grads)?;
-            match self.bound.iter().position(|b| b.grads == grads) {
-                Some(k) => {
-                    let hit = self.bound.remove(k);
-                    self.bound.insert(0, hit);
-                }
-                None => {
-                    self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-                    let bound =
-                        Bound { grads: grads.to_vec(), batches: Vec::new(), norm: None, unscale_norm: None };
-                    self.bound.insert(0, bound);
-                }
-            }
+            self.bind_low_bit_norm(grads)?;
         }
         let Some(clip) = &self.clip else { return Ok(None) };
         let bound = &mut self.bound[0];

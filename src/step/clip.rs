@@ -151,9 +151,6 @@ pub(crate) fn check_own_clip_change(old: &Algorithm, new: &Algorithm) -> Result<
     Ok(())
 }
 
-/// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + eps)` in f32, at most 1, with
-/// `eps` 1e-6 for `clip_grad_norm_` (the official Adan adds its own `eps`). A NaN norm gives
-/// NaN (`torch.clamp` keeps NaN).
 /// The norm from its partial: the square root of a sum of squares (L2), or the largest
 /// magnitude itself (infinity), in f32 as PyTorch returns it for f32 gradients.
 #[cfg_attr(all(not(feature = "cpu"), target_arch = "wasm32"), allow(dead_code))]
@@ -164,6 +161,9 @@ pub(crate) fn norm_from_partial(partial: f64, norm: NormType) -> f32 {
     }
 }
 
+/// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + eps)` in f32, at most 1, with
+/// `eps` 1e-6 for `clip_grad_norm_` (the official Adan adds its own `eps`). A NaN norm gives
+/// NaN (`torch.clamp` keeps NaN).
 #[cfg_attr(not(feature = "cpu"), allow(dead_code))]
 pub(crate) fn clip_coefficient(total_norm: f32, max_norm: f32, eps: f32) -> f32 {
     let coefficient = max_norm / (total_norm + eps);

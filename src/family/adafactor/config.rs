@@ -225,8 +225,8 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
-    /// Its norms (LAMB) or row and column sums (Adafactor) are each tensor's: a sharded
-    /// optimizer steps each tensor whole on one owner rank.
+    /// Its row and column sums are each matrix's: a sharded optimizer steps each tensor
+    /// whole on one owner rank.
     fn shard_whole(&self) -> bool {
         true
     }

@@ -341,42 +341,36 @@ impl LambPasses {
         let views: Vec<Tensor> =
             bound.iter().map(|b| Tensor::new(&b.partials, 0, 2 * b.slot_owners.len() as u64, DType::F32)).collect();
         let read = ctx.read_bytes_many(&views)?;
-        let mut sums: Vec<(usize, [f64; 2])> = Vec::new();
+        let mut sums = Vec::with_capacity(bound.iter().map(|b| b.len).sum());
         for (b, bytes) in bound.iter().zip(read) {
             let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            let mut group = vec![[0f64; 2]; b.len];
             for (slot, &owner) in b.slot_owners.iter().enumerate() {
-                let owner = owner as usize;
-                let at = match sums.iter().position(|(i, _)| *i == owner) {
-                    Some(at) => at,
-                    None => {
-                        sums.push((owner, [0.0; 2]));
-                        sums.len() - 1
-                    }
-                };
-                sums[at].1[0] += f64::from(values[2 * slot]);
-                sums[at].1[1] += f64::from(values[2 * slot + 1]);
+                let pair = &mut group[owner as usize - b.first];
+                pair[0] += f64::from(values[2 * slot]);
+                pair[1] += f64::from(values[2 * slot + 1]);
             }
+            sums.extend(group.into_iter().enumerate().map(|(i, pair)| (b.first + i, pair)));
         }
         Ok(sums)
     }
 
-    /// Writes `totals` (each parameter's sums over every rank's pieces of its tensor) into
-    /// the partials, each in its parameter's first slot and 0 in the others, so that the
-    /// combine pass, which adds a parameter's slots, finds them; lands at the next submit.
+    /// Writes `totals` (each parameter's sums over every rank's pieces of its tensor, in
+    /// the order [`Self::sums`] gave them) into the partials, each in its parameter's first
+    /// slot and 0 in the others, so that the combine pass, which adds a parameter's slots,
+    /// finds them; lands at the next submit.
     pub(crate) fn write_totals(&self, ctx: &GpuContext, totals: &[(usize, [f64; 2])]) {
         let Some((_, _, bound)) = self.bound.first() else { return };
+        let mut totals = totals.iter();
         for b in bound {
+            let group: Vec<[f64; 2]> = totals.by_ref().take(b.len).map(|(_, pair)| *pair).collect();
+            let mut first_slot = vec![true; b.len];
             let mut values = vec![0f32; 2 * b.slot_owners.len()];
-            let mut written = Vec::new();
             for (slot, &owner) in b.slot_owners.iter().enumerate() {
-                let owner = owner as usize;
-                if written.contains(&owner) {
-                    continue;
-                }
-                if let Some((_, [p, s])) = totals.iter().find(|(i, _)| *i == owner) {
+                let i = owner as usize - b.first;
+                if let (true, Some([p, s])) = (std::mem::take(&mut first_slot[i]), group.get(i)) {
                     (values[2 * slot], values[2 * slot + 1]) = (*p as f32, *s as f32);
                 }
-                written.push(owner);
             }
             ctx.queue().write_buffer(&b.partials, 0, bytemuck::cast_slice(&values));
         }
