@@ -92,7 +92,7 @@ pub struct CpuOptimizer {
     rounding: Rounding,
     /// [`crate::OptimizerOptions::origins`]: empty, or each parameter's ordinal and first
     /// element for stochastic rounding.
-    origins: Vec<(u32, u64)>,
+    origins: std::sync::Arc<[(u32, u64)]>,
     step: u64,
     /// `grad_clip` with PyTorch's eps, or the algorithm's own clipping (Adan's).
     clip: Option<FusedClip>,
@@ -255,7 +255,7 @@ impl CpuOptimizer {
             state,
             compensation,
             rounding: options.rounding,
-            origins: options.origins,
+            origins: options.origins.into(),
             step: 0,
             clip,
             grad_norm: None,

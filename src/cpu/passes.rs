@@ -50,7 +50,7 @@ pub(crate) struct SwapTensors<'s, 'p> {
     pub(crate) state: &'s mut [Vec<StateTensor>],
     pub(crate) compensation: &'s mut [StateTensor],
     /// `OptimizerOptions::origins`: stochastic rounding's ordinal and first element of each.
-    pub(crate) origins: &'s [(u32, u64)],
+    pub(crate) origins: &'s std::sync::Arc<[(u32, u64)]>,
 }
 
 /// One family's passes and per-group state beside the elementwise kernel. Every hook has a

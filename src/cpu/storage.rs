@@ -39,8 +39,8 @@ pub(crate) struct Stores {
     /// The hash stream of each state slot (`step::rounding::stream`).
     pub(crate) streams: [u32; MAX_STATE],
     /// [`crate::OptimizerOptions::origins`]: empty, or each parameter's ordinal and first
-    /// element for the hash.
-    pub(crate) origins: Vec<(u32, u64)>,
+    /// element for the hash (shared, so that a step's stores copy no list).
+    pub(crate) origins: std::sync::Arc<[(u32, u64)]>,
 }
 
 /// A run of one tensor's elements with the same run of its gradient and state.

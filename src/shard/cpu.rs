@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::plan::{GradReduction, ShardPlan, StepSplit};
+use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
 use super::Communicator;
 use crate::cpu::{norm, CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
 use crate::{Algorithm, DType, Result, StateKind};
@@ -54,6 +54,8 @@ pub struct ShardedCpuOptimizer<C> {
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
+    /// The host buffers each step reuses.
+    buffers: StepBuffers,
 }
 
 /// One optimizer over some of this rank's pieces.
@@ -107,7 +109,14 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             builder.options.origins = plan.origins(&indices);
             parts.push(Part { optimizer: builder.build(algorithm, &pieces)?, indices });
         }
-        Ok(ShardedCpuOptimizer { comm, plan, parts, steps: 0, last: StepSplit::default() })
+        Ok(ShardedCpuOptimizer {
+            comm,
+            plan,
+            parts,
+            steps: 0,
+            last: StepSplit::default(),
+            buffers: StepBuffers::default(),
+        })
     }
 
     /// One step: `grads` are this rank's gradients of every parameter; they are reduced
@@ -150,11 +159,12 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             inv_scale.map_or(Ok(()), ShardPlan::check_inv_scale).and_then(|()| self.check(params, grads));
         super::plan::agree(&self.comm, "step", checked)?;
         let started = Instant::now();
-        let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
-            widen(grads[i], out);
+        self.plan.reduce_gradients(&self.comm, &mut self.buffers, |i, elements, out| {
+            widen(sub(grads[i], elements.start, elements.end), out);
             Ok(())
         })?;
-        if self.plan.unscale(&self.comm, &mut shard, inv_scale)? {
+        let shard = &mut self.buffers.shard;
+        if self.plan.unscale(&self.comm, shard, inv_scale)? {
             self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
             return Ok(false);
         }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 #[cfg(feature = "checkpoint")]
 use super::checkpoint::PieceState;
-use super::plan::{GradReduction, ShardPlan, StepSplit};
+use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
 use super::{Communicator, Piece};
 use crate::gpu::plan::Arg;
 #[cfg(feature = "checkpoint")]
@@ -45,6 +45,8 @@ pub struct ShardedOptimizer<C> {
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
+    /// The host buffers each step reuses.
+    buffers: StepBuffers,
 }
 
 /// One optimizer over some of this rank's pieces.
@@ -147,6 +149,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             group_count: groups.len(),
             steps: 0,
             last: StepSplit::default(),
+            buffers: StepBuffers::default(),
         })
     }
 
@@ -190,19 +193,17 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let started = Instant::now();
         // Every gradient in one copy and one wait.
         let read = ctx.read_bytes_many(grads)?;
-        let mut shard = self.plan.reduce_gradients(&self.comm, |i, out| {
-            match grads[i].dtype {
-                DType::F32 => out.copy_from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(&read[i])),
-                dtype => out.iter_mut().zip(dtype.decode(&read[i])).for_each(|(o, v)| *o = v as f32),
-            }
+        self.plan.reduce_gradients(&self.comm, &mut self.buffers, |i, elements, out| {
+            widen_bytes(grads[i].dtype, &read[i], elements, out);
             Ok(())
         })?;
-        if self.plan.unscale(&self.comm, &mut shard, inv_scale)? {
+        let shard = &mut self.buffers.shard;
+        if self.plan.unscale(&self.comm, shard, inv_scale)? {
             self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
             return Ok(false);
         }
         if let Some(grad_shard) = &self.grad_shard {
-            ctx.write_bytes(grad_shard, bytemuck::cast_slice(&shard))?;
+            ctx.write_bytes(grad_shard, bytemuck::cast_slice(shard))?;
         }
         let mut communication = started.elapsed();
 
@@ -380,6 +381,21 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// elements)`.
     pub fn shard_pieces(&self) -> Vec<(usize, std::ops::Range<u64>)> {
         self.plan.mine().iter().map(|p| (p.tensor, p.elements.clone())).collect()
+    }
+}
+
+/// Elements `elements` of a gradient read back as `dtype`'s `bytes`, widened to f32 into
+/// `out` (exact for f32, f16 and bf16; an f64 gradient rounds once).
+fn widen_bytes(dtype: DType, bytes: &[u8], elements: std::ops::Range<usize>, out: &mut [f32]) {
+    let size = dtype.size() as usize;
+    let chunks = bytes[elements.start * size..elements.end * size].chunks_exact(size);
+    for (o, b) in out.iter_mut().zip(chunks) {
+        *o = match dtype {
+            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            DType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32,
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        };
     }
 }
 

@@ -93,11 +93,21 @@ pub trait Communicator {
     /// multiple of [`Self::size`], shard `r` the `r`-th equal part), added in rank order:
     /// the gradient reduce-scatter of a sharded step.
     fn reduce_scatter_f32(&self, values: &[f32]) -> Result<Vec<f32>> {
+        let mut shard = Vec::new();
+        self.reduce_scatter_f32_into(values, &mut shard)?;
+        Ok(shard)
+    }
+
+    /// [`Self::reduce_scatter_f32`] into `shard` (replacing what it held), so that a caller
+    /// that reduces every step reuses one buffer.
+    fn reduce_scatter_f32_into(&self, values: &[f32], shard: &mut Vec<f32>) -> Result<()> {
         // The crate's targets are little-endian: an f32's bytes are its `to_le_bytes`.
         let mine: &[u8] = bytemuck::cast_slice(values);
         check_chunks(self, "reduce_scatter", mine.len())?;
+        shard.clear();
         if self.size() == 1 {
-            return Ok(values.to_vec());
+            shard.extend_from_slice(values);
+            return Ok(());
         }
         let bytes = self.all_to_all_bytes(mine).map_err(|e| called_as("reduce_scatter", e))?;
         // In place where the allocation is 4-byte aligned (as allocators give), else copied.
@@ -109,14 +119,14 @@ pub trait Communicator {
                 &copied
             }
         };
-        let shard = values.len() / self.size();
-        let mut sum = parts[..shard].to_vec();
+        let len = values.len() / self.size();
+        shard.extend_from_slice(&parts[..len]);
         for rank in 1..self.size() {
-            for (acc, value) in sum.iter_mut().zip(&parts[rank * shard..(rank + 1) * shard]) {
+            for (acc, value) in shard.iter_mut().zip(&parts[rank * len..(rank + 1) * len]) {
                 *acc += value;
             }
         }
-        Ok(sum)
+        Ok(())
     }
 
     /// Returns once every rank has called it.

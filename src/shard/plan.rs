@@ -2,6 +2,7 @@
 //! of its parameters, and the host side of a step's collectives (the gradients flattened
 //! and reduce-scattered, the updated pieces packed and all-gathered).
 
+use std::ops::Range;
 use std::time::Duration;
 
 use super::{Communicator, FlatLayout, Piece, ReduceOp};
@@ -38,15 +39,24 @@ pub struct StepSplit {
     pub sent_bytes: u64,
 }
 
+/// The host buffers a sharded step reuses from step to step: the flat gradients every rank
+/// contributes to the reduce-scatter, and this rank's reduced shard of them.
+#[derive(Debug, Default)]
+pub(crate) struct StepBuffers {
+    flat: Vec<f32>,
+    pub shard: Vec<f32>,
+}
+
 /// One rank's part of a sharded optimizer, fixed when it is built.
 ///
 /// Tensors of the elementwise families lie in ZeRO-1's flat layout ([`FlatLayout`]), cut
 /// into equal shards, LAMB's too (each tensor's sums combined across ranks,
 /// [`Self::combine_sums`]); tensors that a family steps whole (Adafactor's, Muon's, and LAMB's
 /// with low-bit state: `Algorithm::shard_whole`) are each given to one rank, longest first
-/// to the least loaded (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is its slice of the flat layout followed by the tensors it
-/// owns, `shard_len` elements in all (every rank's alike, padded): the gradients'
-/// reduce-scatter hands each rank its shard, whole tensors included.
+/// to the least loaded (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is
+/// its slice of the flat layout followed by the tensors it owns, `shard_len` elements in all
+/// (every rank's alike, padded): the gradients' reduce-scatter hands each rank its shard,
+/// whole tensors included.
 #[derive(Clone, Debug)]
 pub(crate) struct ShardPlan {
     pub rank: usize,
@@ -56,8 +66,6 @@ pub(crate) struct ShardPlan {
     /// Every rank's pieces, `pieces[rank]`, in tensor order; a piece's `at` is where it
     /// lies in its rank's shard.
     pub pieces: Vec<Vec<Piece>>,
-    /// Each tensor's pieces as `(rank, index in pieces[rank])`.
-    placements: Vec<Vec<(usize, usize)>>,
     pub lens: Vec<u64>,
     pub dtypes: Vec<DType>,
     /// The shapes the optimizer was given (empty, or one per tensor).
@@ -151,12 +159,8 @@ impl ShardPlan {
             owned[rank] = at - flat.shard_len() + lens[tensor];
         }
         let most_owned = owned.iter().max().copied().unwrap_or(0).next_multiple_of(align);
-        let mut placements = vec![Vec::new(); lens.len()];
-        for (rank, mine) in pieces.iter_mut().enumerate() {
+        for mine in &mut pieces {
             mine.sort_by_key(|p| p.tensor);
-            for (k, piece) in mine.iter().enumerate() {
-                placements[piece.tensor].push((rank, k));
-            }
         }
         let bytes = |pieces: &[Piece]| {
             pieces.iter().map(|p| (p.elements.end - p.elements.start) * dtypes[p.tensor].size()).sum::<u64>()
@@ -167,7 +171,6 @@ impl ShardPlan {
             size,
             shard_len: flat.shard_len() + most_owned,
             pieces,
-            placements,
             lens: lens.to_vec(),
             dtypes: dtypes.to_vec(),
             shapes: options.param_shapes.clone(),
@@ -259,33 +262,36 @@ impl ShardPlan {
         &self.pieces[self.rank]
     }
 
-    /// This rank's shard of the reduced gradients: `grad(i, out)` writes tensor `i`'s
-    /// gradient into `out` (its length) as f32; every rank's flat gradients are
-    /// reduce-scattered in rank order, then divided by the number of ranks for the mean.
+    /// This rank's shard of the reduced gradients, into `buffers.shard`: `grad(i, elements,
+    /// out)` writes `elements` of tensor `i`'s gradient into `out` as f32, each piece straight
+    /// into its place in the flat buffer; every rank's flat gradients are reduce-scattered
+    /// in rank order, then divided by the number of ranks for the mean. The buffers are
+    /// reused from step to step (padding, never written, stays 0).
     pub(crate) fn reduce_gradients<C: Communicator + ?Sized>(
         &self,
         comm: &C,
-        mut grad: impl FnMut(usize, &mut [f32]) -> Result<()>,
-    ) -> Result<Vec<f32>> {
+        buffers: &mut StepBuffers,
+        mut grad: impl FnMut(usize, Range<usize>, &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
         let shard_len = self.shard_len as usize;
-        let mut flat = vec![0f32; shard_len * self.size];
-        let mut whole = Vec::new();
-        for (i, &len) in self.lens.iter().enumerate() {
-            whole.resize(len as usize, 0.0);
-            grad(i, &mut whole)?;
-            for &(rank, k) in &self.placements[i] {
-                let piece = &self.pieces[rank][k];
+        buffers.flat.resize(shard_len * self.size, 0.0);
+        for (rank, pieces) in self.pieces.iter().enumerate() {
+            for piece in pieces {
                 let (from, to) = (piece.elements.start as usize, piece.elements.end as usize);
                 let at = rank * shard_len + piece.at as usize;
-                flat[at..at + to - from].copy_from_slice(&whole[from..to]);
+                grad(piece.tensor, from..to, &mut buffers.flat[at..at + to - from])?;
             }
         }
-        let mut shard = comm.reduce_scatter_f32(&flat)?;
-        if self.reduction == GradReduction::Mean {
-            let ranks = self.size as f32;
-            shard.iter_mut().for_each(|g| *g /= ranks);
+        match self.size {
+            // One rank's flat gradients are its shard.
+            1 => std::mem::swap(&mut buffers.flat, &mut buffers.shard),
+            _ => comm.reduce_scatter_f32_into(&buffers.flat, &mut buffers.shard)?,
         }
-        Ok(shard)
+        if self.reduction == GradReduction::Mean && self.size > 1 {
+            let ranks = self.size as f32;
+            buffers.shard.iter_mut().for_each(|g| *g /= ranks);
+        }
+        Ok(())
     }
 
     /// The sums of each tensor over every rank's pieces of it (LAMB's `p^2` and `s^2`): `sums[k]`

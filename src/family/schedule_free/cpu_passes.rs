@@ -114,7 +114,7 @@ impl CpuPasses for ScheduleFreePasses {
                 stochastic: round.seed().map(|seed| (seed, SWAP_ROUNDING_STEP | step)),
                 state: false,
                 streams,
-                origins: origins.to_vec(),
+                origins: origins.clone(),
             };
             work::run(&kernel, &stores, params, &grads, state, compensation);
         }
