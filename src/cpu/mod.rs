@@ -52,7 +52,7 @@ pub(crate) mod host;
 pub(crate) mod kernels;
 mod magnitude_key;
 mod mode;
-pub(crate) mod norm;
+mod norm;
 pub(crate) mod passes;
 mod q4;
 pub(crate) mod q8;

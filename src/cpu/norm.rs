@@ -14,13 +14,6 @@ const CHUNK: usize = 128 * 1024;
 /// The norm of all of `grads` taken as one vector, in f32 as PyTorch returns it for f32
 /// gradients. NaN if any element is NaN.
 pub(super) fn global_norm(grads: &[HostSlice<'_>], norm: NormType) -> f32 {
-    crate::step::clip::norm_from_partial(partial(grads, norm), norm)
-}
-
-/// What the norm of `grads` is made from, in f64: their sum of squares, or their largest
-/// magnitude. Sums of several ranks' partials add (max: the largest) into the partial of
-/// all their gradients, which `norm_from_partial` makes the norm.
-pub(crate) fn partial(grads: &[HostSlice<'_>], norm: NormType) -> f64 {
     let mut chunks = Vec::new();
     for grad in grads {
         let mut rest = *grad;
@@ -32,8 +25,8 @@ pub(crate) fn partial(grads: &[HostSlice<'_>], norm: NormType) -> f64 {
     }
     let partials: Vec<f64> = chunks.into_par_iter().map(|chunk| fold(chunk, norm)).collect();
     match norm {
-        NormType::L2 => partials.iter().sum::<f64>(),
-        NormType::Inf => partials.into_iter().fold(0.0, max_propagating_nan),
+        NormType::L2 => partials.iter().sum::<f64>().sqrt() as f32,
+        NormType::Inf => partials.into_iter().fold(0.0, max_propagating_nan) as f32,
     }
 }
 

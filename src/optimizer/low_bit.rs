@@ -10,24 +10,6 @@ use crate::step::{KernelStep, UNIFORM_SLOT_BYTES};
 use crate::{Algorithm, Result, Tensor};
 
 impl Optimizer {
-    /// With low-bit state and clipping: makes the norm pass of `grads` (checked already) the
-    /// first kept set, building it unless kept. `bound` holds only norm passes here: the
-    /// engines hold the update's dispatches.
-    pub(super) fn bind_low_bit_norm(&mut self, grads: &[Tensor]) -> Result<()> {
-        let Some(clip) = &self.clip else { return Ok(()) };
-        if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
-            let hit = self.bound.remove(k);
-            self.bound.insert(0, hit);
-        } else {
-            let norm = clip.bind(&self.ctx, grads, None)?;
-            self.bound.truncate(BOUND_GRADIENT_SETS - 1);
-            let bound =
-                Bound { grads: grads.to_vec(), batches: Vec::new(), norm: Some(norm), unscale_norm: None };
-            self.bound.insert(0, bound);
-        }
-        Ok(())
-    }
-
     /// With 8-bit or 4-bit state: the step, one dispatch per variant, group and set of
     /// buffers, after the norm pass when clipping. Nothing is read back. Without low-bit
     /// state it records nothing. `norm_given`: as in `record_uncommitted`, no norm pass.
@@ -52,7 +34,23 @@ impl Optimizer {
                 }
                 (None, None) => return Ok(()),
             };
-        self.bind_low_bit_norm(grads)?;
+        // `bound` holds only the norm passes: the engine holds the update's dispatches.
+        if let Some(clip) = &self.clip {
+            if let Some(k) = self.bound.iter().position(|b| b.grads == grads) {
+                let hit = self.bound.remove(k);
+                self.bound.insert(0, hit);
+            } else {
+                let norm = clip.bind(&self.ctx, grads, None)?;
+                self.bound.truncate(BOUND_GRADIENT_SETS - 1);
+                let bound = Bound {
+                    grads: grads.to_vec(),
+                    batches: Vec::new(),
+                    norm: Some(norm),
+                    unscale_norm: None,
+                };
+                self.bound.insert(0, bound);
+            }
+        }
         let t = self.step + 1;
         let slots = self.uniform_bytes.chunks_exact_mut(UNIFORM_SLOT_BYTES as usize);
         for (group, bytes) in self.groups.iter().zip(slots) {

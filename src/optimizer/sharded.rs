@@ -1,53 +1,21 @@
 //! What the sharded optimizer (`crate::shard`) needs of an optimizer over one rank's shard:
-//! the gradient norm of its own tensors alone, and a step clipped by a norm taken over
-//! every rank's.
+//! a step clipped by a norm taken over every rank's gradients, and LAMB's step in two
+//! halves around the sums combined across ranks.
 
 use super::Optimizer;
 use crate::family::lamb::gpu_passes::LambPasses;
 use crate::step::clip::ClipHeader;
-use crate::{NormType, Result, Tensor};
+use crate::{Result, Tensor};
 
 /// [`Optimizer::step_with_sums`]'s `combine`: given parameters' indices and their sums,
 /// leaves the sums over every rank's pieces of their tensors in their place.
 pub(crate) type CombineSums<'a> = dyn FnMut(&[usize], &mut [[f64; 2]]) -> Result<()> + 'a;
 
 impl Optimizer {
-    /// With clipping: the norm of `grads` over this optimizer's tensors alone (a shard's
-    /// part of the global norm) and which norm it is, computed by the clipping passes now
-    /// and read back. `None` without clipping. The step that follows is
-    /// [`Self::step_with_norm`], given the norm combined over every rank.
-    pub(crate) fn local_grad_norm(&mut self, grads: &[Tensor]) -> Result<Option<(f32, NormType)>> {
-        if self.clip.is_none() {
-            return Ok(None);
-        }
-        if self.q8.is_none() && self.q4.is_none() {
-            self.bind(grads)?;
-        } else {
-            self.check_grads(grads)?;
-            self.bind_low_bit_norm(grads)?;
-        }
-        let Some(clip) = &self.clip else { return Ok(None) };
-        let bound = &mut self.bound[0];
-        if bound.norm.is_none() {
-            bound.norm = Some(clip.bind(&self.ctx, grads, None)?);
-        }
-        if let Some(norm) = &bound.norm {
-            self.ctx.submit("wgpu-optim shard norm", |encoder| {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("wgpu-optim shard norm"),
-                    timestamp_writes: None,
-                });
-                clip.record(&mut pass, norm);
-                Ok(())
-            })?;
-        }
-        let norm = self.ctx.read_f32(&clip.total_norm())?;
-        Ok(Some((norm.first().copied().unwrap_or(0.0), clip.clip().clip.norm_type)))
-    }
-
     /// One step, as [`Self::step`], whose clipping (when the optimizer clips) uses
-    /// `total_norm`, the norm of every rank's gradients, instead of a norm pass over its
-    /// own: every rank multiplies its gradients by the same coefficient.
+    /// `total_norm`, the norm of every rank's gradients (`ShardPlan::global_norm`), instead
+    /// of a norm pass over its own: every rank multiplies its gradients by the same
+    /// coefficient.
     pub(crate) fn step_with_norm(&mut self, grads: &[Tensor], total_norm: Option<f32>) -> Result<()> {
         self.check_train_mode("step")?;
         let given = self.give_norm(total_norm);

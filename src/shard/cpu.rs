@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
 use super::Communicator;
-use crate::cpu::{norm, CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
+use crate::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
 use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
@@ -175,8 +175,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 HostSlice::F32(&shard[p.at as usize..(p.at + p.elements.end - p.elements.start) as usize])
             })
             .collect();
-        let partial = self.plan.clip.map_or(0.0, |norm_type| norm::partial(&piece_grads, norm_type));
-        let total_norm = self.plan.global_norm(&self.comm, partial)?;
+        let total_norm = self.plan.global_norm(&self.comm, shard)?;
         let communicated = started.elapsed();
 
         let updating = Instant::now();

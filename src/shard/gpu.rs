@@ -23,8 +23,9 @@ use crate::{
 /// What crosses ranks goes through the host: each step reads this rank's gradients back,
 /// reduce-scatters them (in f32, added in rank order), uploads its shard, steps, reads its
 /// updated pieces back and all-gathers them, writing the others' pieces into its
-/// parameters. With clipping, the norm of each rank's shard is taken on its device and the
-/// ranks' partials are combined in rank order, so every rank clips by the same bits. An
+/// parameters. With clipping, each rank's partial norm is taken over its reduced shard on
+/// the host, where the shard already is, and the ranks' partials are combined in rank
+/// order, so every rank clips by the same bits. An
 /// elementwise family's step is the unsharded optimizer's, bit for bit, over the reduced
 /// gradients. [`ShardedCpuOptimizer`](super::ShardedCpuOptimizer) shows a group of ranks
 /// on threads; `examples/train_mlp_sharded.rs` one under `mpirun`.
@@ -42,6 +43,9 @@ pub struct ShardedOptimizer<C> {
     grad_shard: Option<Tensor>,
     /// The number of groups it was built with.
     group_count: usize,
+    /// This rank's pieces of the parameters in the plan's order (across the parts), as the
+    /// all-gather sends them.
+    pieces: Vec<Tensor>,
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
@@ -139,8 +143,10 @@ impl<C: Communicator> ShardedOptimizer<C> {
             let optimizer = builder.build_groups(ctx, param_groups)?;
             parts.push(Part { optimizer, indices: ordered, pieces, grads, groups: groups_here });
         }
+        let pieces = mine.iter().map(|piece| view(&params[piece.tensor], piece)).collect();
         Ok(ShardedOptimizer {
             ctx: ctx.clone(),
+            pieces,
             comm,
             plan,
             params,
@@ -205,22 +211,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
         if let Some(grad_shard) = &self.grad_shard {
             ctx.write_bytes(grad_shard, bytemuck::cast_slice(shard))?;
         }
-        let mut communication = started.elapsed();
 
-        let updating = Instant::now();
-        let mut partial = 0.0;
-        for part in &mut self.parts {
-            partial = match part.optimizer.local_grad_norm(&part.grads)? {
-                Some((norm, crate::NormType::L2)) => partial + f64::from(norm) * f64::from(norm),
-                Some((norm, crate::NormType::Inf)) if norm.is_nan() => f64::NAN,
-                Some((norm, crate::NormType::Inf)) => f64::max(partial, f64::from(norm)),
-                None => partial,
-            };
-        }
-        let mut update = updating.elapsed();
-        let reducing = Instant::now();
-        let total_norm = self.plan.global_norm(&self.comm, partial)?;
-        communication += reducing.elapsed();
+        let total_norm = self.plan.global_norm(&self.comm, shard)?;
+        let mut communication = started.elapsed();
 
         let updating = Instant::now();
         // LAMB's sums over each tensor's pieces on every rank, combined in the step: once
@@ -242,7 +235,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             self.plan.combine_sums(&self.comm, &[], &mut [])?;
         }
         let mine = self.read_pieces()?;
-        update += updating.elapsed();
+        let update = updating.elapsed();
 
         let gathering = Instant::now();
         self.gather(mine)?;
@@ -266,11 +259,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// This rank's pieces of the parameters, in the plan's order, read in one copy and one
     /// wait.
     fn read_pieces(&self) -> Result<Vec<u8>> {
-        let mut order: Vec<(usize, &Tensor)> =
-            self.parts.iter().flat_map(|p| p.indices.iter().copied().zip(&p.pieces)).collect();
-        order.sort_by_key(|(j, _)| *j);
-        let pieces: Vec<Tensor> = order.into_iter().map(|(_, piece)| piece.clone()).collect();
-        Ok(self.ctx.read_bytes_many(&pieces)?.concat())
+        Ok(self.ctx.read_bytes_many(&self.pieces)?.concat())
     }
 
     /// All-gathers every rank's pieces (`mine`: this rank's, from [`Self::read_pieces`]) and

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Communicator, FlatLayout, Piece, ReduceOp};
 use crate::q4::Q4States;
 use crate::q8::Q8States;
-use crate::step::clip::{fused_clip, norm_from_partial};
+use crate::step::clip::fused_clip;
 use crate::{Algorithm, DType, Error, NormType, OptimizerOptions, Result, StateStorage};
 
 /// How the ranks' gradients combine before the step.
@@ -26,11 +26,12 @@ pub enum GradReduction {
 /// The last step's time and traffic on this rank ([`super::ShardedOptimizer::last_step`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepSplit {
-    /// Time in collectives: the gradient reduce-scatter, the norm's all-reduce and the
-    /// parameter all-gather, with the host copies in and out of their buffers.
+    /// Time in collectives: the gradient reduce-scatter, the norm (its partial taken over
+    /// the shard) and its all-reduce, and the parameter all-gather, with the host copies in
+    /// and out of their buffers.
     pub communication: Duration,
-    /// Time in the update of this rank's shard (on the GPU backend, the norm and update
-    /// passes and the readback of the updated pieces).
+    /// Time in the update of this rank's shard (on the GPU backend, the update passes and
+    /// the readback of the updated pieces).
     pub update: Duration,
     /// Bytes this rank sent to the others: `(N - 1)` gradient chunks of the reduce-scatter
     /// (f32, one shard each), `(N - 1)` copies of its parameter shard in the all-gather, the
@@ -351,21 +352,43 @@ impl ShardPlan {
         Ok(())
     }
 
-    /// The global norm from this rank's `partial` (its shard's gradients' sum of squares, or
-    /// their largest magnitude), combined in rank order: the same bits on every rank.
+    /// With clipping, the norm of every rank's gradients: this rank's partial over its
+    /// reduced `shard` (padding adds 0), taken on the host where the shard already is,
+    /// combined in rank order: the same bits on every rank.
     pub(crate) fn global_norm<C: Communicator + ?Sized>(
         &self,
         comm: &C,
-        partial: f64,
+        shard: &[f32],
     ) -> Result<Option<f32>> {
         let Some(norm_type) = self.clip else { return Ok(None) };
-        let op = match norm_type {
-            NormType::L2 => ReduceOp::Sum,
-            NormType::Inf => ReduceOp::Max,
+        let (partial, op) = match norm_type {
+            NormType::L2 => {
+                // Eight lanes added in order: vectorized, and the same sum on any machine.
+                let mut lanes = [0f64; 8];
+                let mut eights = shard.chunks_exact(8);
+                for eight in &mut eights {
+                    for (lane, &g) in lanes.iter_mut().zip(eight) {
+                        *lane += f64::from(g) * f64::from(g);
+                    }
+                }
+                let tail: f64 = eights.remainder().iter().map(|&g| f64::from(g) * f64::from(g)).sum();
+                (lanes.iter().sum::<f64>() + tail, ReduceOp::Sum)
+            }
+            NormType::Inf => {
+                let largest = shard.iter().fold(0f64, |m, &g| match m.is_nan() || g.is_nan() {
+                    true => f64::NAN,
+                    false => m.max(f64::from(g.abs())),
+                });
+                (largest, ReduceOp::Max)
+            }
         };
         let mut value = [partial];
         comm.all_reduce_f64(&mut value, op)?;
-        Ok(Some(norm_from_partial(value[0], norm_type)))
+        // In f32, as PyTorch returns the norm of f32 gradients.
+        Ok(Some(match norm_type {
+            NormType::L2 => value[0].sqrt() as f32,
+            NormType::Inf => value[0] as f32,
+        }))
     }
 
     /// Gathers every rank's updated pieces: `mine` is this rank's pieces' bytes in order;

@@ -151,16 +151,6 @@ pub(crate) fn check_own_clip_change(old: &Algorithm, new: &Algorithm) -> Result<
     Ok(())
 }
 
-/// The norm from its partial: the square root of a sum of squares (L2), or the largest
-/// magnitude itself (infinity), in f32 as PyTorch returns it for f32 gradients.
-#[cfg_attr(all(not(feature = "cpu"), target_arch = "wasm32"), allow(dead_code))]
-pub(crate) fn norm_from_partial(partial: f64, norm: NormType) -> f32 {
-    match norm {
-        NormType::L2 => partial.sqrt() as f32,
-        NormType::Inf => partial as f32,
-    }
-}
-
 /// PyTorch's `clip_coef_clamped`: `max_norm / (total_norm + eps)` in f32, at most 1, with
 /// `eps` 1e-6 for `clip_grad_norm_` (the official Adan adds its own `eps`). A NaN norm gives
 /// NaN (`torch.clamp` keeps NaN).
