@@ -213,18 +213,12 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         Ok(true)
     }
 
-    /// Runs `run` on every part's optimizer with the part's pieces of `params` (and their
-    /// indices among this rank's pieces), then returns this rank's pieces' bytes in order.
-    fn each_part(
-        &mut self,
-        params: &mut [HostSliceMut<'_>],
-        run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
-    ) -> Result<Vec<u8>> {
-        each_part(&self.plan, &mut self.parts, params, run)
-    }
     /// All-gathers every rank's pieces (`mine`: this rank's bytes) and writes the others'
     /// into `params`.
     fn gather(&self, params: &mut [HostSliceMut<'_>], mine: Vec<u8>) -> Result<()> {
+        if self.plan.size == 1 {
+            return Ok(());
+        }
         self.plan.gather_params(&self.comm, mine, |piece, data| {
             let (start, end) = (piece.elements.start as usize, piece.elements.end as usize);
             write_bytes(sub_mut(params[piece.tensor].reborrow(), start, end), data);
@@ -247,10 +241,12 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     }
 
     fn swap(&mut self, params: &mut [HostSliceMut<'_>], eval: bool) -> Result<()> {
-        self.check_params(params)?;
-        let swapped = self.each_part(params, |optimizer, params_here, _| match eval {
-            true => optimizer.eval(params_here),
-            false => optimizer.train(params_here),
+        // Refused on every rank together, as a step is.
+        let swapped = self.check_params(params).and_then(|()| {
+            each_part(&self.plan, &mut self.parts, params, |optimizer, params_here, _| match eval {
+                true => optimizer.eval(params_here),
+                false => optimizer.train(params_here),
+            })
         });
         let mine = super::plan::agree(&self.comm, if eval { "eval" } else { "train" }, swapped)?;
         self.gather(params, mine)
@@ -410,7 +406,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     }
 }
 
-/// [`ShardedCpuOptimizer::each_part`] over `plan` and its `parts`.
+/// Runs `run` on every part's optimizer with the part's pieces of `params` (and their
+/// indices among this rank's pieces of `plan`), then returns this rank's pieces' bytes in
+/// order.
 fn each_part(
     plan: &ShardPlan,
     parts: &mut [Part],
@@ -437,8 +435,9 @@ fn each_part(
         }
         ran?;
     }
-    let mut mine = Vec::with_capacity(plan.gather_chunk);
-    for piece in piece_params.iter().flatten() {
+    // One rank has nothing to gather.
+    let mut mine = Vec::with_capacity(if plan.size > 1 { plan.gather_chunk } else { 0 });
+    for piece in piece_params.iter().flatten().filter(|_| plan.size > 1) {
         append_bytes(piece.as_slice(), &mut mine);
     }
     Ok(mine)

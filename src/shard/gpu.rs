@@ -234,11 +234,10 @@ impl<C: Communicator> ShardedOptimizer<C> {
         if self.plan.sums && !combined {
             self.plan.combine_sums(&self.comm, &[], &mut [])?;
         }
-        let mine = self.read_pieces()?;
         let update = updating.elapsed();
 
         let gathering = Instant::now();
-        self.gather(mine)?;
+        self.gather()?;
         communication += gathering.elapsed();
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
         self.steps += 1;
@@ -256,16 +255,14 @@ impl<C: Communicator> ShardedOptimizer<C> {
         Ok(())
     }
 
-    /// This rank's pieces of the parameters, in the plan's order, read in one copy and one
-    /// wait.
-    fn read_pieces(&self) -> Result<Vec<u8>> {
-        Ok(self.ctx.read_bytes_many(&self.pieces)?.concat())
-    }
-
-    /// All-gathers every rank's pieces (`mine`: this rank's, from [`Self::read_pieces`]) and
+    /// All-gathers every rank's pieces (this rank's read back in one copy and one wait) and
     /// writes the others' into the parameters, submitted so that they are in place for
-    /// whatever the trainer records next.
-    fn gather(&self, mine: Vec<u8>) -> Result<()> {
+    /// whatever the trainer records next. Nothing to do for one rank.
+    fn gather(&self) -> Result<()> {
+        if self.plan.size == 1 {
+            return Ok(());
+        }
+        let mine = self.ctx.read_bytes_many(&self.pieces)?.concat();
         let (ctx, params) = (&self.ctx, &self.params);
         self.plan.gather_params(&self.comm, mine, |piece, data| {
             ctx.write_bytes(&view(&params[piece.tensor], piece), data)
@@ -294,8 +291,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             false => p.optimizer.train(),
         });
         super::plan::agree(&self.comm, if eval { "eval" } else { "train" }, swapped)?;
-        let mine = self.read_pieces()?;
-        self.gather(mine)
+        self.gather()
     }
 
     /// Steps taken so far.

@@ -28,10 +28,9 @@ pub enum GradReduction {
 pub struct StepSplit {
     /// Time in collectives: the gradient reduce-scatter, the norm (its partial taken over
     /// the shard) and its all-reduce, and the parameter all-gather, with the host copies in
-    /// and out of their buffers.
+    /// and out of their buffers (on the GPU, the readbacks and writes of the device's).
     pub communication: Duration,
-    /// Time in the update of this rank's shard (on the GPU backend, the update passes and
-    /// the readback of the updated pieces).
+    /// Time in the update of this rank's shard (on the GPU, its update passes).
     pub update: Duration,
     /// Bytes this rank sent to the others: `(N - 1)` gradient chunks of the reduce-scatter
     /// (f32, one shard each), `(N - 1)` copies of its parameter shard in the all-gather, the
@@ -392,16 +391,14 @@ impl ShardPlan {
     }
 
     /// Gathers every rank's updated pieces: `mine` is this rank's pieces' bytes in order;
-    /// `write(piece, bytes)` is called for every other rank's piece with its bytes.
+    /// `write(piece, bytes)` is called for every other rank's piece with its bytes. The
+    /// callers skip it for one rank, which has nothing to gather.
     pub(crate) fn gather_params<C: Communicator + ?Sized>(
         &self,
         comm: &C,
         mut mine: Vec<u8>,
         mut write: impl FnMut(&Piece, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        if self.size == 1 {
-            return Ok(());
-        }
         mine.resize(self.gather_chunk, 0);
         let all = comm.all_gather_bytes(&mine)?;
         for (rank, pieces) in self.pieces.iter().enumerate().filter(|(r, _)| *r != self.rank) {
