@@ -7,6 +7,16 @@ use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut};
 use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer};
 use wgpu_optim::{Adam, DType, Error, Rounding, StateStorage};
 
+/// This rank's Adam over one parameter, `params`.
+fn adam_on(
+    comm: wgpu_optim::shard::InProcess,
+    params: &[f32],
+) -> ShardedCpuOptimizer<wgpu_optim::shard::InProcess> {
+    let slices = [HostSlice::from(params)];
+    ShardedCpuOptimizer::build(comm, CpuOptimizer::builder(), GradReduction::Mean, Adam::default(), &slices)
+        .unwrap()
+}
+
 #[test]
 fn ranks_built_with_different_configurations_are_refused_on_every_rank_before_any_step() {
     let params = vec![0.5f32; 100];
@@ -63,17 +73,10 @@ fn what_a_sharded_step_does_not_run_yet_is_refused_with_the_reason() {
 }
 
 #[test]
-fn a_step_with_the_wrong_gradients_is_refused_before_any_collective() {
+fn a_step_with_the_wrong_gradients_on_every_rank_is_refused_and_the_next_step_meets() {
     let results = on_ranks(2, |comm| {
         let mut params = vec![0.5f32; 100];
-        let mut opt = ShardedCpuOptimizer::build(
-            comm,
-            CpuOptimizer::builder(),
-            GradReduction::Mean,
-            Adam::default(),
-            &[HostSlice::from(&params[..])],
-        )
-        .unwrap();
+        let mut opt = adam_on(comm, &params);
         let short = vec![0.1f32; 99];
         let refused = opt.step(&mut [HostSliceMut::from(&mut params[..])], &[HostSlice::from(&short[..])]);
         // Both ranks were refused alike, so the next step still meets in its collectives.
@@ -95,14 +98,7 @@ fn a_rank_that_panics_mid_run_ends_the_others_steps_with_an_error_within_seconds
         let rank = comm.rank();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut mine = params.clone();
-            let mut opt = ShardedCpuOptimizer::build(
-                comm,
-                CpuOptimizer::builder(),
-                GradReduction::Mean,
-                Adam::default(),
-                &[HostSlice::from(&mine[..])],
-            )
-            .unwrap();
+            let mut opt = adam_on(comm, &mine);
             let grads = vec![0.1f32; 1000];
             for t in 0..5 {
                 if rank == 1 && t == 2 {
@@ -131,14 +127,7 @@ fn a_step_refused_on_one_rank_is_an_error_on_every_rank_and_the_next_step_meets(
     let results = on_ranks(3, |comm| {
         let rank = comm.rank();
         let mut params = vec![0.5f32; 100];
-        let mut opt = ShardedCpuOptimizer::build(
-            comm,
-            CpuOptimizer::builder(),
-            GradReduction::Mean,
-            Adam::default(),
-            &[HostSlice::from(&params[..])],
-        )
-        .unwrap();
+        let mut opt = adam_on(comm, &params);
         let grads = vec![0.1f32; if rank == 1 { 99 } else { 100 }];
         let refused = opt.step(&mut [HostSliceMut::from(&mut params[..])], &[HostSlice::from(&grads[..])]);
         let unchanged = params.iter().all(|&p| p == 0.5);
