@@ -138,9 +138,9 @@ pub(crate) trait FamilyConfig: Copy {
 
     /// Whether a sharded optimizer ([`crate::shard`]) steps each of its tensors whole on one
     /// owner rank, as its step looks at whole tensors that a shard of the flat layout would
-    /// cut (Adafactor's row and column sums, Muon's matrices); `false` (the elementwise
-    /// families, and LAMB, whose sums [`Self::shard_sums`] combines): a shard's pieces step
-    /// alone.
+    /// cut (Muon's Newton-Schulz); `false` (the elementwise families; LAMB, whose sums
+    /// [`Self::shard_sums`] combines; Adafactor, whose pieces its own sharded step takes,
+    /// `family::adafactor::shard`): a shard's pieces step alone.
     fn shard_whole(&self) -> bool {
         false
     }

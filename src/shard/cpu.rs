@@ -6,12 +6,12 @@ use std::time::Instant;
 use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
 use super::Communicator;
 use crate::cpu::{CpuOptimizer, CpuOptimizerBuilder, HostSlice, HostSliceMut, StateView};
+use crate::family::adafactor::shard::{PieceStep, ShardedAdafactor};
 use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
 /// gradients for all of them; each rank keeps the state of its shard only (its pieces of
-/// the flat layout, [`super::FlatLayout`], or for Adafactor and Muon the tensors it
-/// owns whole), updates that shard, and the updated shards are gathered so that every rank
+/// the flat layout, [`super::FlatLayout`], and for Muon the tensors it owns whole), updates that shard, and the updated shards are gathered so that every rank
 /// ends the step with every parameter.
 ///
 /// Every rank builds it alike (the same parameters' dtypes and lengths, algorithm and
@@ -56,6 +56,8 @@ pub struct ShardedCpuOptimizer<C> {
     last: StepSplit,
     /// The host buffers each step reuses.
     buffers: StepBuffers,
+    /// Adafactor's sharded step over its tensors' pieces (`None` without Adafactor).
+    adafactor: Option<ShardedAdafactor>,
 }
 
 /// One optimizer over some of this rank's pieces.
@@ -73,9 +75,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`](crate::Error::ConflictingOptions)) for what a
     /// sharded step does not run: F64 state, and stochastic rounding with a family stepped
-    /// whole. Adafactor's and Muon's tensors are each stepped whole by one owner rank;
-    /// LAMB's lie in the flat layout, each tensor's sums combined across the ranks (whole on
-    /// owner ranks with low-bit state). Stochastic rounding hashes a piece's elements as its
+    /// whole. Muon's tensors are each stepped whole by one owner rank; LAMB's and
+    /// Adafactor's lie in the flat layout, each tensor's sums combined across the ranks
+    /// (LAMB's whole on owner ranks with low-bit state), Adafactor's refused as its
+    /// unsharded builder refuses them (without `param_shapes`, with clipping, ...). Stochastic rounding hashes a piece's elements as its
     /// whole tensor's. With 8-bit or 4-bit storage, blocks start at shard boundaries and
     /// whether a tensor's state is low-bit follows the whole tensor's size, as unsharded.
     pub fn build(
@@ -91,6 +94,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         let algorithms = vec![algorithm; params.len()];
         let plan = ShardPlan::new(&comm, &lens, &dtypes, &algorithms, &builder.options, reduction)?;
         let mine = plan.mine();
+        // torch's `eps1 = None` is the first parameter's dtype (one group here).
+        let adafactor =
+            plan.sharded_adafactor(&vec![dtypes.first().copied().unwrap_or(DType::F32); lens.len()]);
         let mut parts = Vec::new();
         for (storage, indices) in plan.parts() {
             let pieces: Vec<HostSlice<'_>> = indices
@@ -116,6 +122,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             steps: 0,
             last: StepSplit::default(),
             buffers: StepBuffers::default(),
+            adafactor,
         })
     }
 
@@ -183,17 +190,23 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         // per rank, by the part whose passes take them, or below with nothing of its own.
         let (plan, comm) = (&self.plan, &self.comm);
         let (mut combined, mut failed) = (false, None);
-        let mine = each_part(plan, &mut self.parts, params, |optimizer, params_here, indices| {
-            let grads_here: Vec<HostSlice<'_>> = indices.iter().map(|&j| piece_grads[j]).collect();
-            let mut combine = |sums: &mut [[f64; 2]]| {
-                combined = true;
-                if let Err(e) = plan.combine_sums(comm, indices, sums) {
-                    failed = Some(e);
-                }
-            };
-            let sums = plan.sums.then_some(&mut combine as &mut crate::cpu::passes::TensorSums<'_>);
-            optimizer.step_with_norm(params_here, &grads_here, total_norm, sums)
-        })?;
+        let (adafactor, t) = (&mut self.adafactor, self.steps + 1);
+        let adafactor_step = |pieces: &mut [Option<HostSliceMut<'_>>]| match adafactor {
+            Some(adafactor) => step_adafactor(plan, comm, adafactor, t, pieces, &piece_grads),
+            None => Ok(()),
+        };
+        let mine =
+            each_part(plan, &mut self.parts, params, adafactor_step, |optimizer, params_here, indices| {
+                let grads_here: Vec<HostSlice<'_>> = indices.iter().map(|&j| piece_grads[j]).collect();
+                let mut combine = |sums: &mut [[f64; 2]]| {
+                    combined = true;
+                    if let Err(e) = plan.combine_sums(comm, indices, sums) {
+                        failed = Some(e);
+                    }
+                };
+                let sums = plan.sums.then_some(&mut combine as &mut crate::cpu::passes::TensorSums<'_>);
+                optimizer.step_with_norm(params_here, &grads_here, total_norm, sums)
+            })?;
         if plan.sums && !combined {
             plan.combine_sums(comm, &[], &mut [])?;
         }
@@ -243,7 +256,8 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     fn swap(&mut self, params: &mut [HostSliceMut<'_>], eval: bool) -> Result<()> {
         // Refused on every rank together, as a step is.
         let swapped = self.check_params(params).and_then(|()| {
-            each_part(&self.plan, &mut self.parts, params, |optimizer, params_here, _| match eval {
+            let nothing = |_: &mut [Option<HostSliceMut<'_>>]| Ok(());
+            each_part(&self.plan, &mut self.parts, params, nothing, |optimizer, params_here, _| match eval {
                 true => optimizer.eval(params_here),
                 false => optimizer.train(params_here),
             })
@@ -297,18 +311,20 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         use super::checkpoint::PieceState;
         let schedule_free = vec![self.parts.first().and_then(|p| p.optimizer.schedule_free_scalars(0))];
-        let written = super::checkpoint::collect(&self.plan, self.steps, schedule_free, |j, kind| {
-            let state = self.locate(j).and_then(|(p, k)| self.parts[p].optimizer.state(k, kind));
-            Ok(match state {
-                Some(StateView::Host(slice)) => {
-                    Some(PieceState::Dense(slice.to_f64().into_iter().map(|v| v as f32).collect()))
-                }
-                Some(StateView::Q8(state)) => Some(PieceState::Q8(state.clone())),
-                Some(StateView::Q4(state)) => Some(PieceState::Q4(state.clone())),
-                None => None,
+        let adafactor = self.adafactor.as_ref();
+        let written =
+            super::checkpoint::collect(&self.plan, self.steps, schedule_free, adafactor, |j, kind| {
+                let state = self.locate(j).and_then(|(p, k)| self.parts[p].optimizer.state(k, kind));
+                Ok(match state {
+                    Some(StateView::Host(slice)) => {
+                        Some(PieceState::Dense(slice.to_f64().into_iter().map(|v| v as f32).collect()))
+                    }
+                    Some(StateView::Q8(state)) => Some(PieceState::Q8(state.clone())),
+                    Some(StateView::Q4(state)) => Some(PieceState::Q4(state.clone())),
+                    None => None,
+                })
             })
-        })
-        .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
+            .and_then(|file| super::checkpoint::write(dir.as_ref(), self.plan.rank, &file));
         super::plan::agree(&self.comm, "save", written)
     }
 
@@ -333,6 +349,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             &self.plan,
             &loaded,
             dir,
+            self.adafactor.as_mut(),
             |j, kind| kinds[j].contains(&kind),
             |j, kind, state| {
                 let Some((p, k)) = located[j] else { return Ok(()) };
@@ -340,7 +357,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
                 match state {
                     PieceState::Dense(values) => {
                         if let Some(slice) = optimizer.state_mut(k, kind) {
-                            narrow(&values, slice);
+                            narrow_into(&values, slice);
                         }
                         Ok(())
                     }
@@ -366,6 +383,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
 
     /// Sets the learning rate (every rank sets the same, or their steps differ).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        if let Some(adafactor) = &mut self.adafactor {
+            adafactor.set_lr(0..self.plan.lens.len(), lr)?;
+        }
         self.parts.iter_mut().try_for_each(|p| p.optimizer.set_lr(lr))
     }
 
@@ -383,7 +403,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// (codes and scales of low-bit state): `1 / N` of the unsharded optimizer's, give or
     /// take a shard's padding.
     pub fn state_bytes(&self) -> u64 {
-        let mut total = 0;
+        let mut total = self.adafactor.as_ref().map_or(0, ShardedAdafactor::state_bytes);
         for part in &self.parts {
             for i in 0..part.optimizer.param_count() {
                 for &kind in StateKind::ALL {
@@ -407,12 +427,14 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
 }
 
 /// Runs `run` on every part's optimizer with the part's pieces of `params` (and their
-/// indices among this rank's pieces of `plan`), then returns this rank's pieces' bytes in
-/// order.
+/// indices among this rank's pieces of `plan`), then `rest` with every piece of this rank
+/// (the pieces no part holds are Adafactor's), then returns this rank's pieces' bytes in
+/// order. `rest` runs even when a part fails, so that every rank makes its collectives.
 fn each_part(
     plan: &ShardPlan,
     parts: &mut [Part],
     params: &mut [HostSliceMut<'_>],
+    rest: impl FnOnce(&mut [Option<HostSliceMut<'_>>]) -> Result<()>,
     mut run: impl FnMut(&mut CpuOptimizer, &mut [HostSliceMut<'_>], &[usize]) -> Result<()>,
 ) -> Result<Vec<u8>> {
     let mut by_tensor: Vec<Option<&super::Piece>> = vec![None; params.len()];
@@ -426,21 +448,74 @@ fn each_part(
             piece.map(|p| Some(sub_mut(param.reborrow(), p.elements.start as usize, p.elements.end as usize)))
         })
         .collect();
+    let mut ran = Ok(());
     for part in parts.iter_mut() {
         let mut params_here: Vec<HostSliceMut<'_>> =
             part.indices.iter().filter_map(|&j| piece_params[j].take()).collect();
-        let ran = run(&mut part.optimizer, &mut params_here, &part.indices);
+        let outcome = run(&mut part.optimizer, &mut params_here, &part.indices);
         for (&j, param) in part.indices.iter().zip(params_here) {
             piece_params[j] = Some(param);
         }
-        ran?;
+        ran = ran.and(outcome);
     }
+    let rested = rest(&mut piece_params);
+    ran.and(rested)?;
     // One rank has nothing to gather.
     let mut mine = Vec::with_capacity(if plan.size > 1 { plan.gather_chunk } else { 0 });
     for piece in piece_params.iter().flatten().filter(|_| plan.size > 1) {
         append_bytes(piece.as_slice(), &mut mine);
     }
     Ok(mine)
+}
+
+/// Adafactor's sharded step (`t`) over this rank's pieces of its tensors (`pieces`: every
+/// piece of this rank, by its index in `plan.mine()`; `grads`: theirs), the parameters
+/// widened to f32 for it and rounded back after; every rank calls it.
+fn step_adafactor<C: Communicator>(
+    plan: &ShardPlan,
+    comm: &C,
+    adafactor: &mut ShardedAdafactor,
+    t: u64,
+    pieces: &mut [Option<HostSliceMut<'_>>],
+    grads: &[HostSlice<'_>],
+) -> Result<()> {
+    let mine = plan.mine();
+    let mut wide: Vec<Option<(usize, Vec<f32>)>> = adafactor
+        .indices()
+        .map(|i| {
+            let j = mine.iter().position(|p| p.tensor == i)?;
+            let param = pieces[j].as_ref()?;
+            let mut values = vec![0f32; param.len()];
+            widen(param.as_slice(), &mut values);
+            Some((j, values))
+        })
+        .collect();
+    let mut steps: Vec<PieceStep<'_>> = wide
+        .iter_mut()
+        .map(|w| {
+            w.as_mut().and_then(|(j, values)| match grads[*j] {
+                HostSlice::F32(g) => Some((&mut values[..], g)),
+                _ => None,
+            })
+        })
+        .collect();
+    let mut all_reduce = |values: &mut [f64]| comm.all_reduce_f64(values, super::ReduceOp::Sum);
+    adafactor.step(t, &mut steps, &mut all_reduce)?;
+    for (j, values) in wide.into_iter().flatten() {
+        if let Some(param) = pieces[j].as_mut() {
+            narrow_into(&values, param.reborrow());
+        }
+    }
+    Ok(())
+}
+
+/// Writes f32 `values` into `slice`, rounded to its dtype.
+fn narrow_into(values: &[f32], slice: HostSliceMut<'_>) {
+    match slice {
+        HostSliceMut::F32(v) => v.copy_from_slice(values),
+        HostSliceMut::F16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::f16::from_f32(*x)),
+        HostSliceMut::BF16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::bf16::from_f32(*x)),
+    }
 }
 
 /// Elements `start..end` of `slice`.
@@ -459,16 +534,6 @@ fn widen(slice: HostSlice<'_>, out: &mut [f32]) {
         HostSlice::F32(v) => out.copy_from_slice(v),
         HostSlice::F16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
         HostSlice::BF16(v) => out.iter_mut().zip(v).for_each(|(o, x)| *o = x.to_f32()),
-    }
-}
-
-/// Writes f32 `values` into `slice` in its dtype (exact for values read from it).
-#[cfg(feature = "checkpoint")]
-fn narrow(values: &[f32], slice: HostSliceMut<'_>) {
-    match slice {
-        HostSliceMut::F32(v) => v.copy_from_slice(values),
-        HostSliceMut::F16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::f16::from_f32(*x)),
-        HostSliceMut::BF16(v) => v.iter_mut().zip(values).for_each(|(o, x)| *o = half::bf16::from_f32(*x)),
     }
 }
 

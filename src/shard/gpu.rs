@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::checkpoint::PieceState;
 use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
 use super::{Communicator, Piece};
+use crate::family::adafactor::shard::{PieceStep, ShardedAdafactor};
 use crate::gpu::plan::Arg;
 #[cfg(feature = "checkpoint")]
 use crate::QuantizedState;
@@ -16,8 +17,9 @@ use crate::{
 
 /// A ZeRO-1 optimizer on the GPU: every rank holds every parameter on its device and
 /// computes gradients for all of them; each rank keeps the state of its shard only (its
-/// pieces of the flat layout, [`super::FlatLayout`], and the tensors it owns whole of
-/// Adafactor and Muon), updates that shard in one fused step, and the
+/// pieces of the flat layout, [`super::FlatLayout`], and the tensors of Muon it owns
+/// whole), updates that shard in one fused step (Adafactor's pieces on the host, their
+/// sums added across the ranks), and the
 /// updated shards are gathered so that every rank's parameters are equal after the step.
 ///
 /// What crosses ranks goes through the host: each step reads this rank's gradients back,
@@ -41,8 +43,8 @@ pub struct ShardedOptimizer<C> {
     /// This rank's shard of the reduced gradients (f32), into which the parts' gradients
     /// are views; `None` when its shard holds only padding.
     grad_shard: Option<Tensor>,
-    /// The number of groups it was built with.
-    group_count: usize,
+    /// The parameters' indices of each group it was built with.
+    group_ranges: Vec<std::ops::Range<usize>>,
     /// This rank's pieces of the parameters in the plan's order (across the parts), as the
     /// all-gather sends them.
     pieces: Vec<Tensor>,
@@ -51,7 +53,14 @@ pub struct ShardedOptimizer<C> {
     last: StepSplit,
     /// The host buffers each step reuses.
     buffers: StepBuffers,
+    /// Adafactor's sharded step over its tensors' pieces (`None` without Adafactor), and
+    /// this rank's piece of each of its tensors: its index in `ShardPlan::mine` and its view.
+    adafactor: Option<(ShardedAdafactor, PieceViews)>,
 }
+
+/// Each of some tensors' piece on this rank, if any: its index in `ShardPlan::mine` and its
+/// view.
+type PieceViews = Vec<Option<(usize, Tensor)>>;
 
 /// One optimizer over some of this rank's pieces.
 #[derive(Debug)]
@@ -74,9 +83,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// Refused on every rank when the ranks' configurations differ, and
     /// ([`Error::ConflictingOptions`]) for what a sharded step does not run: capturable mode,
     /// model copies, F64 state, and stochastic rounding with a family stepped whole.
-    /// Adafactor's and Muon's tensors are each stepped whole by one owner rank; LAMB's lie in
-    /// the flat layout, each tensor's sums combined across the ranks (whole on owner ranks
-    /// with low-bit state). Stochastic rounding hashes a piece's elements as its whole
+    /// Muon's tensors are each stepped whole by one owner rank; LAMB's and Adafactor's lie in
+    /// the flat layout, each tensor's sums combined across the ranks (LAMB's whole on owner
+    /// ranks with low-bit state). Stochastic rounding hashes a piece's elements as its whole
     /// tensor's. With 8-bit or 4-bit storage, blocks start at shard boundaries and whether a
     /// tensor's state is low-bit follows the whole tensor's size, as unsharded.
     /// F64 parameters are refused: the gradients are reduced in f32.
@@ -144,6 +153,25 @@ impl<C: Communicator> ShardedOptimizer<C> {
             parts.push(Part { optimizer, indices: ordered, pieces, grads, groups: groups_here });
         }
         let pieces = mine.iter().map(|piece| view(&params[piece.tensor], piece)).collect();
+        let mut group_ranges = Vec::new();
+        let mut first_dtypes = Vec::new();
+        for group in &groups {
+            let start = group_ranges.last().map_or(0, |r: &std::ops::Range<usize>| r.end);
+            group_ranges.push(start..start + group.params.len());
+            let first = group.params.first().map_or(DType::F32, |p| p.dtype);
+            first_dtypes.extend(std::iter::repeat_n(first, group.params.len()));
+        }
+        // torch's `eps1 = None` is the dtype of the group's first parameter.
+        let adafactor = plan.sharded_adafactor(&first_dtypes).map(|adafactor| {
+            let views = adafactor
+                .indices()
+                .map(|i| {
+                    let j = mine.iter().position(|p| p.tensor == i)?;
+                    Some((j, view(&params[i], &mine[j])))
+                })
+                .collect();
+            (adafactor, views)
+        });
         Ok(ShardedOptimizer {
             ctx: ctx.clone(),
             pieces,
@@ -152,10 +180,11 @@ impl<C: Communicator> ShardedOptimizer<C> {
             params,
             parts,
             grad_shard,
-            group_count: groups.len(),
+            group_ranges,
             steps: 0,
             last: StepSplit::default(),
             buffers: StepBuffers::default(),
+            adafactor,
         })
     }
 
@@ -234,6 +263,10 @@ impl<C: Communicator> ShardedOptimizer<C> {
         if self.plan.sums && !combined {
             self.plan.combine_sums(&self.comm, &[], &mut [])?;
         }
+        if let Some((adafactor, views)) = &mut self.adafactor {
+            let shard = &self.buffers.shard;
+            step_adafactor(ctx, &self.plan, &self.comm, adafactor, self.steps + 1, views, shard)?;
+        }
         let update = updating.elapsed();
 
         let gathering = Instant::now();
@@ -311,13 +344,19 @@ impl<C: Communicator> ShardedOptimizer<C> {
 
     /// Sets every group's learning rate (every rank sets the same, or their steps differ).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        if let Some((adafactor, _)) = &mut self.adafactor {
+            adafactor.set_lr(0..self.params.len(), lr)?;
+        }
         self.parts.iter_mut().try_for_each(|p| p.optimizer.set_lr(lr))
     }
 
     /// Sets group `g`'s learning rate.
     pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<()> {
-        if g >= self.group_count {
-            return Err(Error::NoSuchGroup { index: g, groups: self.group_count });
+        let Some(range) = self.group_ranges.get(g) else {
+            return Err(Error::NoSuchGroup { index: g, groups: self.group_ranges.len() });
+        };
+        if let Some((adafactor, _)) = &mut self.adafactor {
+            adafactor.set_lr(range.clone(), lr)?;
         }
         for part in &mut self.parts {
             if let Some(here) = part.groups[g] {
@@ -346,7 +385,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// its optimizers keep (codes and scales of low-bit state, read back): `1 / N` of the
     /// unsharded optimizer's, give or take a shard's padding.
     pub fn state_bytes(&self) -> Result<u64> {
-        let mut total = 0;
+        let mut total = self.adafactor.as_ref().map_or(0, |(adafactor, _)| adafactor.state_bytes());
         for part in &self.parts {
             for i in 0..part.pieces.len() {
                 for &kind in StateKind::ALL {
@@ -384,6 +423,62 @@ fn widen_bytes(dtype: DType, bytes: &[u8], elements: std::ops::Range<usize>, out
     }
 }
 
+/// Adafactor's sharded step (`t`) over this rank's pieces of its tensors (`views`: each
+/// tensor's piece here, its index in `plan.mine()` and its view), on the host: the pieces
+/// are read back in one copy, widened to f32, stepped with their gradients from the reduced
+/// `shard`, and written back rounded to their dtype. Every rank calls it.
+fn step_adafactor<C: Communicator>(
+    ctx: &GpuContext,
+    plan: &ShardPlan,
+    comm: &C,
+    adafactor: &mut ShardedAdafactor,
+    t: u64,
+    views: &[Option<(usize, Tensor)>],
+    shard: &[f32],
+) -> Result<()> {
+    let here: Vec<Tensor> = views.iter().flatten().map(|(_, v)| v.clone()).collect();
+    let mut read = match here.is_empty() {
+        true => Vec::new(),
+        false => ctx.read_bytes_many(&here)?,
+    }
+    .into_iter();
+    let mut wide: Vec<Option<Vec<f32>>> = views
+        .iter()
+        .map(|v| {
+            let (_, view) = v.as_ref()?;
+            let bytes = read.next()?;
+            let mut values = vec![0f32; view.len as usize];
+            widen_bytes(view.dtype, &bytes, 0..view.len as usize, &mut values);
+            Some(values)
+        })
+        .collect();
+    let mine = plan.mine();
+    let mut steps: Vec<PieceStep<'_>> = wide
+        .iter_mut()
+        .zip(views)
+        .map(|(values, v)| {
+            let (values, (j, _)) = (values.as_mut()?, v.as_ref()?);
+            let (at, len) = (mine[*j].at as usize, values.len());
+            Some((&mut values[..], &shard[at..at + len]))
+        })
+        .collect();
+    let mut all_reduce = |values: &mut [f64]| comm.all_reduce_f64(values, super::ReduceOp::Sum);
+    adafactor.step(t, &mut steps, &mut all_reduce)?;
+    for (values, (_, view)) in wide.iter().zip(views).filter_map(|(w, v)| Some((w.as_ref()?, v.as_ref()?))) {
+        ctx.write_bytes(view, &narrow_bytes(view.dtype, values))?;
+    }
+    Ok(())
+}
+
+/// f32 `values` rounded to `dtype`, as its bytes.
+fn narrow_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        DType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        _ => bytemuck::cast_slice(values).to_vec(),
+    }
+}
+
 /// The view of `param`'s elements in `piece`.
 fn view(param: &Tensor, piece: &Piece) -> Tensor {
     param.slice(piece.elements.start, piece.elements.end - piece.elements.start)
@@ -398,7 +493,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
 
     /// Each group's Schedule-Free running values, where this rank holds pieces of it.
     fn schedule_free_values(&self) -> Vec<Option<crate::ScheduleFreeScalars>> {
-        (0..self.group_count)
+        (0..self.group_ranges.len())
             .map(|g| {
                 self.parts.iter().find_map(|p| p.groups[g].and_then(|h| p.optimizer.schedule_free_scalars(h)))
             })
@@ -412,8 +507,13 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls it; when one rank's
     /// write fails, every rank returns an error.
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let written =
-            super::checkpoint::collect(&self.plan, self.steps, self.schedule_free_values(), |j, kind| {
+        let adafactor = self.adafactor.as_ref().map(|(adafactor, _)| adafactor);
+        let written = super::checkpoint::collect(
+            &self.plan,
+            self.steps,
+            self.schedule_free_values(),
+            adafactor,
+            |j, kind| {
                 let Some((part, k)) = self.locate(j) else { return Ok(None) };
                 Ok(match part.optimizer.state(k, kind)? {
                     Some(StateView::Tensor(state)) => {
@@ -423,17 +523,18 @@ impl<C: Communicator> ShardedOptimizer<C> {
                     Some(StateView::Q4(state)) => Some(PieceState::Q4(state)),
                     None => None,
                 })
-            })
-            .and_then(|mut file| {
-                if self.plan.masters {
-                    for (j, piece) in self.plan.mine().iter().enumerate() {
-                        if let Some((part, k)) = self.locate(j) {
-                            file.place_masters(piece, &self.ctx.read_f32(&part.optimizer.params()[k])?);
-                        }
+            },
+        )
+        .and_then(|mut file| {
+            if self.plan.masters {
+                for (j, piece) in self.plan.mine().iter().enumerate() {
+                    if let Some((part, k)) = self.locate(j) {
+                        file.place_masters(piece, &self.ctx.read_f32(&part.optimizer.params()[k])?);
                     }
                 }
-                super::checkpoint::write(dir.as_ref(), self.plan.rank, &file)
-            });
+            }
+            super::checkpoint::write(dir.as_ref(), self.plan.rank, &file)
+        });
         super::plan::agree(&self.comm, "save", written)
     }
 
@@ -467,10 +568,13 @@ impl<C: Communicator> ShardedOptimizer<C> {
                 .collect::<Result<Vec<_>>>()?,
             false => Vec::new(),
         };
-        super::checkpoint::apply(
+        // Out of `self` while `write` reads the parts.
+        let mut adafactor = self.adafactor.take();
+        let applied = super::checkpoint::apply(
             &self.plan,
             &loaded,
             dir,
+            adafactor.as_mut().map(|(adafactor, _)| adafactor),
             |j, kind| keeps[j].contains(&kind),
             |j, kind, state| {
                 let Some((part, k)) = self.locate(j) else { return Ok(()) };
@@ -485,7 +589,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
                     PieceState::Q4(state) => part.optimizer.set_state(k, kind, &QuantizedState::Q4(state)),
                 }
             },
-        )?;
+        );
+        self.adafactor = adafactor;
+        applied?;
         for (j, values) in masters.iter().enumerate() {
             if let Some((part, k)) = self.locate(j) {
                 let values: Vec<f64> = values.iter().map(|&v| f64::from(v)).collect();

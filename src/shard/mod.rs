@@ -7,10 +7,10 @@
 //! gathers the updated slices back (DeepSpeed's ZeRO-1, Megatron's distributed optimizer).
 //! What crosses ranks is the gradients (reduce-scattered), the parameter shards
 //! (all-gathered), a few scalars (partial norms, found-inf), and a check that every rank
-//! was configured alike. Which elements each rank owns: the elementwise families' tensors
-//! and LAMB's lie in the [`FlatLayout`], one flat range cut into equal shards (LAMB's
-//! per-tensor sums added across the ranks); Adafactor's and Muon's are each given whole to
-//! one rank.
+//! was configured alike. Which elements each rank owns: the elementwise families' tensors,
+//! LAMB's and Adafactor's lie in the [`FlatLayout`], one flat range cut into equal shards
+//! (LAMB's per-tensor sums and Adafactor's row and column sums added across the ranks);
+//! Muon's are each given whole to one rank.
 //! Checkpoints are one file per rank ([`SHARD_FORMAT`]), loadable on any number of ranks.
 //!
 //! Every reduction here gives every rank the same bits: the ranks' contributions are

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::{Communicator, FlatLayout, Piece, ReduceOp};
+use crate::family::adafactor::shard::{ShardTensorSpec, ShardedAdafactor};
 use crate::q4::Q4States;
 use crate::q8::Q8States;
 use crate::step::clip::fused_clip;
@@ -51,9 +52,10 @@ pub(crate) struct StepBuffers {
 ///
 /// Tensors of the elementwise families lie in ZeRO-1's flat layout ([`FlatLayout`]), cut
 /// into equal shards, LAMB's too (each tensor's sums combined across ranks,
-/// [`Self::combine_sums`]); tensors that a family steps whole (Adafactor's, Muon's, and LAMB's
-/// with low-bit state: `Algorithm::shard_whole`) are each given to one rank, longest first
-/// to the least loaded (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is
+/// [`Self::combine_sums`]), and Adafactor's (stepped by [`ShardedAdafactor`], which adds
+/// their row and column sums across the ranks); tensors that a family steps whole (Muon's,
+/// and LAMB's with low-bit state: `Algorithm::shard_whole`) are each given to one rank,
+/// longest first to the least loaded (Megatron's layer-wise distributed optimizer). Rank `r`'s shard is
 /// its slice of the flat layout followed by the tensors it owns, `shard_len` elements in all
 /// (every rank's alike, padded): the gradients' reduce-scatter hands each rank its shard,
 /// whole tensors included.
@@ -86,6 +88,8 @@ pub(crate) struct ShardPlan {
     /// Some tensor's family takes per-tensor sums in its step (LAMB's norms) from pieces in
     /// the flat layout: every rank combines them once per step ([`Self::combine_sums`]).
     pub sums: bool,
+    /// Each tensor's algorithm.
+    algorithms: Vec<Algorithm>,
 }
 
 impl ShardPlan {
@@ -105,8 +109,8 @@ impl ShardPlan {
             return Err(Error::ConflictingOptions {
                 first: "sharding",
                 second: "rounding",
-                reason: "stochastic rounding of a tensor stepped whole by its owner rank (Adafactor, \
-                         Muon) would hash under another ordinal than unsharded",
+                reason: "stochastic rounding of a tensor stepped whole by its owner rank (Muon) would \
+                         hash under another ordinal than unsharded",
             });
         }
         let mut distinct: Vec<Algorithm> = Vec::new();
@@ -130,6 +134,7 @@ impl ShardPlan {
             "configuration (world size, tensors, algorithms, options)",
             configuration.as_bytes(),
         )?;
+        check_adafactor(&distinct, lens, dtypes, options)?;
         let size = comm.size();
         // Low-bit blocks start at shard boundaries: every tensor and every shard a whole
         // number of blocks, so that a piece's blocks are the whole tensor's.
@@ -182,7 +187,44 @@ impl ShardPlan {
             masters: options.master_weights,
             stochastic: options.rounding.seed().is_some(),
             sums,
+            algorithms: algorithms.to_vec(),
         })
+    }
+
+    /// Whether tensor `i` is Adafactor's, whose pieces [`ShardedAdafactor`] steps (its
+    /// rows' and columns' sums added across the ranks) rather than an inner optimizer.
+    pub(crate) fn adafactor(&self, i: usize) -> bool {
+        matches!(self.algorithms[i], Algorithm::Adafactor(_))
+    }
+
+    /// Adafactor's sharded step over every Adafactor tensor, with this rank's pieces of them;
+    /// `None` without Adafactor. `first_dtypes[i]`: the dtype of the first parameter of
+    /// tensor `i`'s group (torch's `eps1 = None`).
+    pub(crate) fn sharded_adafactor(&self, first_dtypes: &[DType]) -> Option<ShardedAdafactor> {
+        let specs: Vec<ShardTensorSpec> = (0..self.lens.len())
+            .filter_map(|i| match self.algorithms[i] {
+                Algorithm::Adafactor(config) => Some(ShardTensorSpec {
+                    index: i,
+                    shape: self.shapes[i].clone(),
+                    config,
+                    first_dtype: first_dtypes[i],
+                    elements: self.mine().iter().find(|p| p.tensor == i).map_or(0..0, |p| p.elements.clone()),
+                }),
+                _ => None,
+            })
+            .collect();
+        (!specs.is_empty()).then(|| ShardedAdafactor::new(specs))
+    }
+
+    /// Values of Adafactor's all-reduces per step (see [`ShardedAdafactor::step`]).
+    fn adafactor_values(&self) -> u64 {
+        let adafactor = self.shapes.iter().enumerate().filter(|(i, _)| self.adafactor(*i));
+        // A tensor's two sums, and a matrix's row and column sums and its update's sum.
+        adafactor
+            .map(|(_, shape)| {
+                2 + crate::algo::factored_dims(shape).map_or(0, |(b, r, c)| 1 + b * (r + c)) as u64
+            })
+            .sum()
     }
 
     /// The shapes an inner optimizer over this rank's pieces `indices` is given: none where
@@ -232,7 +274,7 @@ impl ShardPlan {
     /// Indices are into [`Self::mine`]; parts without pieces are left out.
     pub(crate) fn parts(&self) -> Vec<(StateStorage, Vec<usize>)> {
         let mine = self.mine();
-        let all = (0..mine.len()).collect::<Vec<_>>();
+        let all = (0..mine.len()).filter(|&j| !self.adafactor(mine[j].tensor)).collect::<Vec<_>>();
         let (quantized, full): (StateStorage, StateStorage) = match self.storage {
             StateStorage::Q8(_) => (
                 StateStorage::Q8(Q8States { min_8bit_size: 0 }),
@@ -418,7 +460,8 @@ impl ShardPlan {
         let others = self.size as u64 - 1;
         let norm = if self.clip.is_some() { 8 } else { 0 };
         let sums = if self.sums { 16 * self.lens.len() as u64 } else { 0 };
-        others * (self.shard_len * 4 + self.gather_chunk as u64 + norm + sums)
+        let adafactor = 8 * self.adafactor_values();
+        others * (self.shard_len * 4 + self.gather_chunk as u64 + norm + sums + adafactor)
     }
 
     /// Checks that `argument` has one entry per parameter.
@@ -465,6 +508,35 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
     }
     if !options.model_copies.is_empty() {
         return refuse("model_copies", "model copies are not gathered across ranks yet");
+    }
+    Ok(())
+}
+
+/// Refuses what Adafactor's builders would (its pieces are stepped by [`ShardedAdafactor`],
+/// not an inner optimizer): its hyperparameters, the options its passes do not run, and
+/// missing or wrong shapes.
+fn check_adafactor(
+    distinct: &[Algorithm],
+    lens: &[u64],
+    dtypes: &[DType],
+    options: &OptimizerOptions,
+) -> Result<()> {
+    let adafactor: Vec<Algorithm> =
+        distinct.iter().copied().filter(|a| matches!(a, Algorithm::Adafactor(_))).collect();
+    if adafactor.is_empty() {
+        return Ok(());
+    }
+    crate::family::adafactor::config::check_shapes_given(&options.param_shapes)?;
+    crate::validate::check_shapes(&options.param_shapes, lens)?;
+    for algorithm in &adafactor {
+        algorithm.validate()?;
+        algorithm.check_options(options)?;
+    }
+    if options.state_storage.q8().is_some() {
+        crate::q8::check_options(&adafactor, options, dtypes.iter().copied())?;
+    }
+    if let Some(config) = options.state_storage.q4() {
+        crate::q4::check_options(&config, &adafactor, options, dtypes.iter().copied())?;
     }
     Ok(())
 }

@@ -111,8 +111,13 @@ impl Adafactor {
     /// the kernels take the first parameter's machine epsilon ([`Self::eps1_for`]), which
     /// the uniform flags.
     pub(crate) fn kernel_step(&self, t: u64) -> KernelStep {
+        KernelStep::Adafactor(AdafactorSwitches, self.uniform(t))
+    }
+
+    /// The values every element of step `t` shares, in f64 ([`Self::kernel_step`]'s).
+    pub(crate) fn uniform(&self, t: u64) -> AdafactorUniform64 {
         let t = t.max(1) as f64;
-        let uniform = AdafactorUniform64 {
+        AdafactorUniform64 {
             weight: t.powf(self.beta2_decay),
             rho: self.lr.min(1.0 / t.sqrt()),
             eps1: self.eps1.unwrap_or(0.0),
@@ -121,8 +126,7 @@ impl Adafactor {
             decay: 1.0 - self.lr * self.weight_decay,
             sign: if self.maximize { -1.0 } else { 1.0 },
             eps1_from_dtype: if self.eps1.is_none() { 1.0 } else { 0.0 },
-        };
-        KernelStep::Adafactor(AdafactorSwitches, uniform)
+        }
     }
 }
 
@@ -225,12 +229,6 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
-    /// Its row and column sums are each matrix's: a sharded optimizer steps each tensor
-    /// whole on one owner rank.
-    fn shard_whole(&self) -> bool {
-        true
-    }
-
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 

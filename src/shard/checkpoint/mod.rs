@@ -46,6 +46,10 @@ pub(crate) struct ShardFile {
     /// In master-weight mode, the f32 masters of its pieces over its shard (`master`);
     /// empty otherwise.
     pub masters: Vec<f32>,
+    /// Adafactor's whole factors (`row_var`, `col_var`) of each matrix the rank holds a
+    /// piece of, by tensor (`factored.{tensor}.{kind}`): every rank holding a piece keeps
+    /// the same.
+    pub factored: Vec<(usize, StateKind, Vec<f32>)>,
 }
 
 /// What a rank loads: its range of every state kind, and the values every file shares.
@@ -55,6 +59,9 @@ pub(crate) struct Loaded {
     pub kinds: Vec<(StateKind, KindData)>,
     /// The masters of its pieces, where the files hold them.
     pub masters: KindData,
+    /// Adafactor's factors of every matrix some file holds them of, from the first file
+    /// that does.
+    pub factored: Vec<(usize, StateKind, Vec<f32>)>,
 }
 
 fn file_name(rank: usize, ranks: usize) -> String {
@@ -102,6 +109,10 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
     if !file.masters.is_empty() {
         tensors.push(("master".to_string(), Dtype::F32, bytemuck::cast_slice(&file.masters).to_vec()));
     }
+    for (tensor, kind, values) in &file.factored {
+        let name = format!("factored.{tensor}.{}", kind.torch_name());
+        tensors.push((name, Dtype::F32, bytemuck::cast_slice(values).to_vec()));
+    }
     let mut views = Vec::with_capacity(tensors.len());
     for (name, dtype, data) in &tensors {
         let elements = data.len() / if *dtype == Dtype::U8 { 1 } else { 4 };
@@ -118,8 +129,13 @@ pub(crate) fn write(dir: &Path, rank: usize, file: &ShardFile) -> Result<()> {
 /// `codes` says; refuses files of other tensors or storage than `structure`.
 fn read(dir: &Path, structure: &str, codes: state::Codes, want: &[Piece], shard_len: u64) -> Result<Loaded> {
     let ranks = saved_ranks(dir)?;
-    let mut loaded =
-        Loaded { step: 0, schedule_free: Vec::new(), kinds: Vec::new(), masters: KindData::default() };
+    let mut loaded = Loaded {
+        step: 0,
+        schedule_free: Vec::new(),
+        kinds: Vec::new(),
+        masters: KindData::default(),
+        factored: Vec::new(),
+    };
     for rank in 0..ranks {
         let path = dir.join(file_name(rank, ranks));
         let bytes = std::fs::read(&path).map_err(|e| bad(&path, format!("cannot read it: {e}")))?;
@@ -182,6 +198,20 @@ fn read(dir: &Path, structure: &str, codes: state::Codes, want: &[Piece], shard_
                     for piece in want.iter().filter(|p| p.tensor == saved.tensor) {
                         loaded.masters.copy_overlap("", codes, shard_len, view.data(), saved, piece);
                     }
+                }
+                continue;
+            }
+            if let Some(factored) = name.strip_prefix("factored.") {
+                let parsed = factored
+                    .split_once('.')
+                    .and_then(|(t, k)| Some((t.parse::<usize>().ok()?, kind_named(k)?)));
+                let Some((tensor, kind)) = parsed.filter(|_| view.dtype() == Dtype::F32) else {
+                    return Err(bad(&path, format!("`{name}` is not F32 `factored.{{tensor}}.{{kind}}`")));
+                };
+                if !loaded.factored.iter().any(|(t, k, _)| (*t, *k) == (tensor, kind)) {
+                    let values =
+                        view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    loaded.factored.push((tensor, kind, values.collect()));
                 }
                 continue;
             }

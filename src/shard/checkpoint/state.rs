@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::{bad, Loaded, ShardFile};
+use crate::family::adafactor::shard::ShardedAdafactor;
 use crate::q4::Q4State;
 use crate::q8::StoredState;
 use crate::shard::plan::ShardPlan;
@@ -174,18 +175,24 @@ impl KindData {
 }
 
 /// This rank's file over `plan`'s shard: `state(j, kind)` reads its piece `j`'s state of
-/// `kind`, `None` where the piece keeps none.
+/// `kind`, `None` where the piece keeps none; Adafactor's pieces' state is `adafactor`'s (a
+/// vector's `variance` over the shard, a matrix's whole factors by tensor).
 pub(crate) fn collect(
     plan: &ShardPlan,
     step: u64,
     schedule_free: Vec<Option<ScheduleFreeScalars>>,
+    adafactor: Option<&ShardedAdafactor>,
     mut state: impl FnMut(usize, StateKind) -> Result<Option<PieceState>>,
 ) -> Result<ShardFile> {
     let codes = Codes::of(plan.storage);
     let mut kinds: Vec<(StateKind, KindData)> = Vec::new();
     for (j, piece) in plan.mine().iter().enumerate() {
         for &kind in StateKind::ALL {
-            let Some(piece_state) = state(j, kind)? else { continue };
+            let piece_state = match adafactor.filter(|a| a.is_vector(piece.tensor)) {
+                Some(adafactor) => adafactor.state(piece.tensor, kind).map(|v| PieceState::Dense(v.to_vec())),
+                None => state(j, kind)?,
+            };
+            let Some(piece_state) = piece_state else { continue };
             let slot = match kinds.iter().position(|(k, _)| *k == kind) {
                 Some(slot) => slot,
                 None => {
@@ -205,24 +212,37 @@ pub(crate) fn collect(
         schedule_free,
         kinds,
         masters: Vec::new(),
+        factored: adafactor.map(ShardedAdafactor::factored).unwrap_or_default(),
     })
 }
 
-/// Checks that `loaded` has every state kind this rank's pieces keep (`keeps(j, kind)`) in
-/// the form each keeps it, then hands each piece its state: `write(j, kind, state)`.
-/// Nothing is written when one is missing.
+/// Checks that `loaded` has every state kind this rank's pieces keep (`keeps(j, kind)`, and
+/// for Adafactor's pieces what `adafactor` keeps) in the form each keeps it, then hands each
+/// piece its state: `write(j, kind, state)`, Adafactor's to `adafactor`. Nothing is written
+/// when one is missing.
 pub(crate) fn apply(
     plan: &ShardPlan,
     loaded: &Loaded,
     dir: &Path,
+    adafactor: Option<&mut ShardedAdafactor>,
     keeps: impl Fn(usize, StateKind) -> bool,
     mut write: impl FnMut(usize, StateKind, PieceState) -> Result<()>,
 ) -> Result<()> {
     let codes = Codes::of(plan.storage);
+    let factored = match adafactor.as_deref() {
+        Some(adafactor) => adafactor.factored_from(&loaded.factored).map_err(|problem| bad(dir, problem))?,
+        None => Vec::new(),
+    };
     let mut writes = Vec::new();
+    let mut vectors = Vec::new();
     for (j, piece) in plan.mine().iter().enumerate() {
         let low_bit = plan.low_bit(piece.tensor);
-        for &kind in StateKind::ALL.iter().filter(|&&k| keeps(j, k)) {
+        let vector = adafactor.as_deref().is_some_and(|a| a.is_vector(piece.tensor));
+        let keeps = |kind| match vector {
+            true => kind == StateKind::Variance,
+            false => keeps(j, kind),
+        };
+        for &kind in StateKind::ALL.iter().filter(|&&k| keeps(k)) {
             let data = loaded.kinds.iter().find(|(k, _)| *k == kind).map(|(_, data)| data);
             let Some(data) = data.filter(|d| d.has(codes, low_bit)) else {
                 return Err(bad(
@@ -230,11 +250,19 @@ pub(crate) fn apply(
                     format!("the checkpoint holds no `{}` state of these pieces", kind.torch_name()),
                 ));
             };
-            writes.push((
-                j,
-                kind,
-                data.piece(codes, piece.at, piece.elements.end - piece.elements.start, low_bit),
-            ));
+            let state = data.piece(codes, piece.at, piece.elements.end - piece.elements.start, low_bit);
+            match (vector, state) {
+                (true, PieceState::Dense(values)) => vectors.push((piece.tensor, values)),
+                (_, state) => writes.push((j, kind, state)),
+            }
+        }
+    }
+    if let Some(adafactor) = adafactor {
+        for (tensor, values) in vectors {
+            adafactor.set_state(tensor, StateKind::Variance, &values);
+        }
+        for (tensor, kind, values) in factored {
+            adafactor.set_state(tensor, kind, values);
         }
     }
     for (j, kind, state) in writes {

@@ -3,6 +3,8 @@
 //! every rank's parameters with an unsharded optimizer stepped on the ranks' gradients
 //! reduced as the sharded step reduces them (an f32 sum in rank order, then the mean).
 
+#[cfg(all(feature = "cpu", feature = "checkpoint"))]
+mod adafactor;
 #[cfg(feature = "cpu")]
 mod amp;
 #[cfg(all(feature = "cpu", feature = "checkpoint"))]
