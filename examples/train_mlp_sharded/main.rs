@@ -22,7 +22,8 @@
 //! die by a signal (under MPI, `mpirun` ends the others). `--checkpoint-at S
 //! --checkpoint-dir DIR` saves a checkpoint after step S (one optimizer file per rank and
 //! the parameters) and `--resume DIR` continues from one, on any number of ranks. `--lamb`
-//! trains with LAMB, each tensor's sums combined across the ranks' pieces of it.
+//! trains with LAMB, each tensor's sums combined across the ranks' pieces of it;
+//! `--adafactor` with Adafactor, each matrix's row and column sums combined alike.
 
 #[allow(dead_code)]
 #[path = "../train_mlp/gpu.rs"]
@@ -41,7 +42,7 @@ use gpu::Gpu;
 use model::{BoxError, Mlp};
 use spirals::{Spirals, FEATURES};
 use wgpu_optim::shard::{Communicator, GradReduction, InProcess, ReduceOp, ShardedOptimizer, StepSplit};
-use wgpu_optim::{Adam, Algorithm, DType, GpuContext, GradClip, Lamb, Optimizer, ParamGroup};
+use wgpu_optim::{Adafactor, Adam, Algorithm, DType, GpuContext, GradClip, Lamb, Optimizer, ParamGroup};
 
 struct Options {
     steps: u64,
@@ -55,8 +56,19 @@ struct Options {
     checkpoint: Option<(u64, String)>,
     /// Resume from a checkpoint directory.
     resume: Option<String>,
-    /// LAMB instead of AdamW.
-    lamb: bool,
+    /// The optimizer.
+    family: Family,
+}
+
+/// The optimizer a run trains with.
+#[derive(Clone, Copy, PartialEq)]
+enum Family {
+    /// AdamW with global clipping.
+    AdamW,
+    /// LAMB, whose norms are each tensor's.
+    Lamb,
+    /// Adafactor, whose factors are each matrix's rows and columns.
+    Adafactor,
 }
 
 fn options() -> Result<Options, String> {
@@ -70,7 +82,7 @@ fn options() -> Result<Options, String> {
         die_at: None,
         checkpoint: None,
         resume: None,
-        lamb: false,
+        family: Family::AdamW,
     };
     let mut checkpoint_at = None;
     let (mut panic_rank, mut die_rank, mut at_step) = (None, None, 1);
@@ -89,7 +101,8 @@ fn options() -> Result<Options, String> {
             "--checkpoint-at" => checkpoint_at = Some(number(value()?)?),
             "--checkpoint-dir" => options.checkpoint = Some((0, value()?)),
             "--resume" => options.resume = Some(value()?),
-            "--lamb" => options.lamb = true,
+            "--lamb" => options.family = Family::Lamb,
+            "--adafactor" => options.family = Family::Adafactor,
             "--at-step" => at_step = number(value()?)?,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -133,13 +146,20 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let model = Mlp::new(&gpu.device, &gpu.queue, &part(&data, rank, size), DType::F32, 2)?;
     let ctx = GpuContext::from_device(gpu.device.clone(), gpu.queue.clone());
     let params = model.param_tensors();
-    // AdamW with global clipping, or LAMB (which clips nothing) with each tensor's sums
-    // combined across the ranks' pieces of it.
-    let (algorithm, builder): (Algorithm, _) = match options.lamb {
-        false => {
+    // AdamW with global clipping, or LAMB or Adafactor (which clip nothing) with each
+    // tensor's sums combined across the ranks' pieces of it.
+    let shapes: Vec<Vec<usize>> = model.layout().iter().map(|p| p.shape.clone()).collect();
+    let (algorithm, builder): (Algorithm, _) = match options.family {
+        Family::AdamW => {
             (Adam { lr: 1e-2, ..Adam::adamw() }.into(), Optimizer::builder().grad_clip(GradClip::l2(1.0)))
         }
-        true => (Lamb { lr: 1e-2, weight_decay: 1e-2, ..Lamb::default() }.into(), Optimizer::builder()),
+        Family::Lamb => {
+            (Lamb { lr: 1e-2, weight_decay: 1e-2, ..Lamb::default() }.into(), Optimizer::builder())
+        }
+        Family::Adafactor => (
+            Adafactor { lr: 0.05, ..Adafactor::default() }.into(),
+            Optimizer::builder().param_shapes(shapes.clone()),
+        ),
     };
     let groups = vec![ParamGroup::new(algorithm, &params)];
     let mut optimizer = ShardedOptimizer::build(&ctx, comm, builder, GradReduction::Mean, groups)?;
@@ -186,12 +206,20 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
     let mut sums = [metrics.loss, metrics.correct as f64];
     optimizer.communicator().all_reduce_f64(&mut sums, ReduceOp::Sum)?;
     let param_bytes: u64 = params.iter().map(|p| p.byte_len()).sum();
+    // AdamW's and LAMB's two moments per parameter; Adafactor's factors of each matrix
+    // (rows and columns) and variance of each vector.
+    let unsharded: u64 = match options.family {
+        Family::Adafactor => {
+            shapes.iter().map(|s| 4 * if s.len() >= 2 { s[0] + s[1] } else { s[0] } as u64).sum()
+        }
+        _ => 2 * param_bytes,
+    };
     let steps = (options.steps + 1).saturating_sub(first).max(1) as u32;
     println!(
         "rank {rank} of {size}: state {} bytes (unsharded: {}); per step: communication {:.2} ms, \
          update {:.2} ms, sent {} bytes (ZeRO-1's 2 (N - 1) / N of the parameters: {})",
         optimizer.state_bytes()?,
-        2 * param_bytes,
+        unsharded,
         (total.communication / steps).as_secs_f64() * 1e3,
         (total.update / steps).as_secs_f64() * 1e3,
         total.sent_bytes / u64::from(steps),
