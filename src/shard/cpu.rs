@@ -469,8 +469,8 @@ fn each_part(
 }
 
 /// Adafactor's sharded step (`t`) over this rank's pieces of its tensors (`pieces`: every
-/// piece of this rank, by its index in `plan.mine()`; `grads`: theirs), the parameters
-/// widened to f32 for it and rounded back after; every rank calls it.
+/// piece of this rank, by its index in `plan.mine()`; `grads`: theirs): f32 parameters in
+/// place, 16-bit ones widened to f32 for it and rounded back after. Every rank calls it.
 fn step_adafactor<C: Communicator>(
     plan: &ShardPlan,
     comm: &C,
@@ -479,31 +479,48 @@ fn step_adafactor<C: Communicator>(
     pieces: &mut [Option<HostSliceMut<'_>>],
     grads: &[HostSlice<'_>],
 ) -> Result<()> {
+    /// A piece's parameters as the step takes them.
+    enum Values<'a, 'b> {
+        InPlace(&'a mut [f32]),
+        Widened(Vec<f32>, &'a mut HostSliceMut<'b>),
+    }
     let mine = plan.mine();
-    let mut wide: Vec<Option<(usize, Vec<f32>)>> = adafactor
+    let mut by_piece: Vec<Option<&mut HostSliceMut<'_>>> = pieces.iter_mut().map(Option::as_mut).collect();
+    let mut values: Vec<Option<(usize, Values<'_, '_>)>> = adafactor
         .indices()
         .map(|i| {
             let j = mine.iter().position(|p| p.tensor == i)?;
-            let param = pieces[j].as_ref()?;
-            let mut values = vec![0f32; param.len()];
-            widen(param.as_slice(), &mut values);
-            Some((j, values))
+            let param = by_piece[j].take()?;
+            Some((
+                j,
+                match param {
+                    HostSliceMut::F32(v) => Values::InPlace(v),
+                    other => {
+                        let mut wide = vec![0f32; other.len()];
+                        widen(other.as_slice(), &mut wide);
+                        Values::Widened(wide, other)
+                    }
+                },
+            ))
         })
         .collect();
-    let mut steps: Vec<PieceStep<'_>> = wide
+    let mut steps: Vec<PieceStep<'_>> = values
         .iter_mut()
-        .map(|w| {
-            w.as_mut().and_then(|(j, values)| match grads[*j] {
-                HostSlice::F32(g) => Some((&mut values[..], g)),
-                _ => None,
-            })
+        .map(|v| {
+            let (j, values) = v.as_mut()?;
+            let HostSlice::F32(g) = grads[*j] else { return None };
+            match values {
+                Values::InPlace(p) => Some((&mut **p, g)),
+                Values::Widened(wide, _) => Some((&mut wide[..], g)),
+            }
         })
         .collect();
     let mut all_reduce = |values: &mut [f64]| comm.all_reduce_f64(values, super::ReduceOp::Sum);
     adafactor.step(t, &mut steps, &mut all_reduce)?;
-    for (j, values) in wide.into_iter().flatten() {
-        if let Some(param) = pieces[j].as_mut() {
-            narrow_into(&values, param.reborrow());
+    drop(steps);
+    for (_, v) in values.into_iter().flatten() {
+        if let Values::Widened(wide, param) = v {
+            narrow_into(&wide, param.reborrow());
         }
     }
     Ok(())

@@ -66,8 +66,8 @@ struct ShardTensor {
     first: Vec<f32>,
     /// A matrix: the whole `col_var` (`batches * cols`); a vector: empty.
     second: Vec<f32>,
-    /// A matrix: each batch's clamped mean of `row_var`, between phases 2 and 3.
-    denoms: Vec<f32>,
+    /// A matrix's working values between the phases.
+    scratch: Scratch,
     /// Where its totals lie in the first all-reduce: `[sum p^2, a vector's sum U^2]`, then
     /// a matrix's row sums and column sums of `g^2`.
     sums_at: usize,
@@ -80,6 +80,26 @@ impl ShardTensor {
         self.elements.end > self.elements.start
     }
 }
+
+/// A matrix's working values between the phases of a step, made with its state.
+#[derive(Clone, Debug, Default)]
+struct Scratch {
+    /// Each batch's clamped mean of `row_var`.
+    denoms: Vec<f32>,
+    /// Each batch: whether no element's `eps1^2` floor can bind and its factors are finite,
+    /// so that `U = g sqrt(denom / R_r) / sqrt(C_c)`, a row's factor times a column's.
+    exact: Vec<bool>,
+    /// `1 / sqrt(col_var)` of each column (`batches * cols`).
+    col_inv: Vec<f32>,
+    /// The columns' partial sums of `g^2` in f32 over a run of rows (`batches * cols`),
+    /// added into the f64 sums every [`FLUSH`] rows.
+    col_acc: Vec<f32>,
+}
+
+/// Rows whose squares a column adds in f32 before they go into its f64 sum.
+const FLUSH: usize = 64;
+/// Independent partial sums of a row: the loops vectorize over them.
+const LANES: usize = 8;
 
 /// What [`ShardedAdafactor::new`] takes of one tensor.
 #[derive(Clone, Debug)]
@@ -121,10 +141,18 @@ impl ShardedAdafactor {
                 let len = spec.shape.iter().product::<usize>() as u64;
                 let here = spec.elements.end > spec.elements.start;
                 let piece = (spec.elements.end - spec.elements.start) as usize;
-                let (first, second, denoms) = match (dims, here) {
-                    (_, false) => (Vec::new(), Vec::new(), Vec::new()),
-                    (Some((b, r, c)), true) => (vec![0.0; b * r], vec![0.0; b * c], vec![0.0; b]),
-                    (None, true) => (vec![0.0; piece], Vec::new(), Vec::new()),
+                let (first, second, scratch) = match (dims, here) {
+                    (_, false) => (Vec::new(), Vec::new(), Scratch::default()),
+                    (Some((b, r, c)), true) => {
+                        let scratch = Scratch {
+                            denoms: vec![0.0; b],
+                            exact: vec![false; b],
+                            col_inv: vec![0.0; b * c],
+                            col_acc: vec![0.0; b * c],
+                        };
+                        (vec![0.0; b * r], vec![0.0; b * c], scratch)
+                    }
+                    (None, true) => (vec![0.0; piece], Vec::new(), Scratch::default()),
                 };
                 let tensor = ShardTensor {
                     index: spec.index,
@@ -135,7 +163,7 @@ impl ShardedAdafactor {
                     elements: spec.elements,
                     first,
                     second,
-                    denoms,
+                    scratch,
                     sums_at: sums,
                     norm_at: norms,
                 };
@@ -292,37 +320,87 @@ fn hyper(tensor: &ShardTensor, t: u64) -> super::contract::AdafactorUniform64 {
     tensor.config.uniform(t)
 }
 
+/// `(sum a^2, sum b^2)` of two slices of one length, each in [`LANES`] f32 lanes added in
+/// order.
+fn squares(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let (mut a2, mut b2) = ([0f32; LANES], [0f32; LANES]);
+    let (ac, bc) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (a_tail, b_tail) = (ac.remainder(), bc.remainder());
+    for (a, b) in ac.zip(bc) {
+        for k in 0..LANES {
+            a2[k] += a[k] * a[k];
+            b2[k] += b[k] * b[k];
+        }
+    }
+    for (k, (a, b)) in a_tail.iter().zip(b_tail).enumerate() {
+        a2[k] += a * a;
+        b2[k] += b * b;
+    }
+    (a2.iter().sum(), b2.iter().sum())
+}
+
+/// `sum (g inv)^2` of a row's gradients and its columns' `1 / sqrt(col_var)`, in [`LANES`]
+/// f32 lanes added in order.
+fn scaled_squares(g: &[f32], inv: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let (gc, ic) = (g.chunks_exact(LANES), inv[..g.len()].chunks_exact(LANES));
+    let (g_tail, i_tail) = (gc.remainder(), ic.remainder());
+    for (g, inv) in gc.zip(ic) {
+        for k in 0..LANES {
+            let u = g[k] * inv[k];
+            lanes[k] += u * u;
+        }
+    }
+    for (k, (g, inv)) in g_tail.iter().zip(i_tail).enumerate() {
+        let u = g * inv;
+        lanes[k] += u * u;
+    }
+    lanes.iter().sum()
+}
+
 /// Phase 1 over a piece `p`, `g`: `sum p^2` and, for a matrix, the rows' and columns'
 /// partial sums of `g^2`; for a vector, its `variance` and partial `sum U^2`.
 fn first_sums(tensor: &mut ShardTensor, t: u64, p: &[f32], g: &[f32], sums: &mut [f64]) {
     let hp = hyper(tensor, t);
     let at = tensor.sums_at;
-    sums[at] = p.iter().map(|&p| f64::from(p) * f64::from(p)).sum();
     let Some((batches, rows, cols)) = tensor.dims else {
         let (weight, sign, floor) = (hp.weight as f32, hp.sign as f32, tensor.eps1 * tensor.eps1);
-        let mut sum_u2 = 0f64;
-        for (v, &g) in tensor.first.iter_mut().zip(g) {
+        let (mut sum_p2, mut sum_u2) = (0f64, 0f64);
+        for ((v, &g), &p) in tensor.first.iter_mut().zip(g).zip(p) {
             let g = g * sign;
             *v = lerp(*v, g * g, weight);
             let u = g / clamp_min(*v, floor).sqrt();
             sum_u2 += f64::from(u) * f64::from(u);
+            sum_p2 += f64::from(p) * f64::from(p);
         }
-        sums[at + 1] = sum_u2;
+        (sums[at], sums[at + 1]) = (sum_p2, sum_u2);
         return;
     };
     let (row_sums, col_sums) = sums[at + 2..at + 2 + batches * (rows + cols)].split_at_mut(batches * rows);
-    let start = tensor.elements.start as usize;
-    for (row, segment) in segments(start, g.len(), cols) {
-        let (first_col, batch) = ((start + segment.start) % cols, row / rows);
-        let columns = &mut col_sums[batch * cols + first_col..];
-        let mut sum = 0f64;
-        for (col, &g) in columns.iter_mut().zip(&g[segment]) {
-            let g2 = f64::from(g) * f64::from(g);
-            sum += g2;
-            *col += g2;
+    let acc = &mut tensor.scratch.col_acc;
+    let flush = |acc: &mut [f32], col_sums: &mut [f64]| {
+        for (sum, a) in col_sums.iter_mut().zip(acc.iter_mut()) {
+            *sum += f64::from(*a);
+            *a = 0.0;
         }
-        row_sums[row] += sum;
+    };
+    let start = tensor.elements.start as usize;
+    let mut sum_p2 = 0f64;
+    for (n, (row, segment)) in segments(start, g.len(), cols).enumerate() {
+        let (first_col, batch) = ((start + segment.start) % cols, row / rows);
+        let (g, p) = (&g[segment.clone()], &p[segment]);
+        let (row_g2, row_p2) = squares(g, p);
+        row_sums[row] += f64::from(row_g2);
+        sum_p2 += f64::from(row_p2);
+        for (a, &g) in acc[batch * cols + first_col..].iter_mut().zip(g) {
+            *a += g * g;
+        }
+        if (n + 1) % FLUSH == 0 {
+            flush(acc, col_sums);
+        }
     }
+    flush(acc, col_sums);
+    sums[at] = sum_p2;
 }
 
 /// The rows a piece of `len` elements starting at element `start` of a matrix of `cols`
@@ -343,7 +421,8 @@ fn segments(start: usize, len: usize, cols: usize) -> impl Iterator<Item = (usiz
 }
 
 /// Phase 2 of a matrix: its `row_var` and `col_var` from the totals, each batch's clamped
-/// mean of `row_var`, and the partial sum of `U^2` over the piece.
+/// mean of `row_var` and whether its floor can bind, and the partial sum of `U^2` over the
+/// piece.
 fn factors(tensor: &mut ShardTensor, t: u64, g: &[f32], sums: &[f64]) -> f64 {
     let Some((batches, rows, cols)) = tensor.dims else { return 0.0 };
     let hp = hyper(tensor, t);
@@ -356,36 +435,46 @@ fn factors(tensor: &mut ShardTensor, t: u64, g: &[f32], sums: &[f64]) -> f64 {
     for (v, sum) in tensor.second.iter_mut().zip(col_sums) {
         *v = lerp(*v, (sum / rows as f64) as f32, weight);
     }
-    for (b, denom) in tensor.denoms.iter_mut().enumerate() {
-        let mean = tensor.first[b * rows..(b + 1) * rows].iter().map(|&v| f64::from(v)).sum::<f64>() / rows as f64;
-        *denom = clamp_min(mean as f32, tensor.eps1);
-    }
-    let mut sum_u2 = 0f64;
-    each_update(tensor, hp.sign as f32, g, |_, u| sum_u2 += f64::from(u) * f64::from(u));
-    sum_u2
-}
-
-/// Calls `f(k, u)` with the update `u` of each element `k` of a matrix's piece whose
-/// gradients are `g`: `g / sqrt(max(row_var / denom col_var, eps1^2))`, the factors' product
-/// taken in the passes' order.
-fn each_update(tensor: &ShardTensor, sign: f32, g: &[f32], mut f: impl FnMut(usize, f32)) {
-    let Some((_, rows, cols)) = tensor.dims else { return };
     let floor = tensor.eps1 * tensor.eps1;
-    let start = tensor.elements.start as usize;
-    for (row, segment) in segments(start, g.len(), cols) {
-        let (first_col, batch) = ((start + segment.start) % cols, row / rows);
-        let (row_var, denom) = (tensor.first[row], tensor.denoms[batch]);
-        let columns = &tensor.second[batch * cols + first_col..];
-        for ((k, &g), &col_var) in segment.clone().zip(&g[segment]).zip(columns) {
-            let v = row_var / denom * col_var;
-            f(k, g * sign / clamp_min(v, floor).sqrt());
+    let scratch = &mut tensor.scratch;
+    for b in 0..batches {
+        let (rv, cv) = (&tensor.first[b * rows..(b + 1) * rows], &tensor.second[b * cols..(b + 1) * cols]);
+        let mean = rv.iter().map(|&v| f64::from(v)).sum::<f64>() / rows as f64;
+        let denom = clamp_min(mean as f32, tensor.eps1);
+        scratch.denoms[b] = denom;
+        // A finite mean means every `row_var` is finite; the smallest `V` is the smallest
+        // row's over the denominator times the smallest column's.
+        let (min_r, min_c) = (rv.iter().fold(f32::INFINITY, |a, v| a.min(*v)), cv.iter().fold(f32::INFINITY, |a, v| a.min(*v)));
+        let finite = denom.is_finite() && cv.iter().all(|c| c.is_finite());
+        scratch.exact[b] = finite && min_r > 0.0 && min_c > 0.0 && min_r / denom * min_c >= floor;
+        for (inv, c) in scratch.col_inv[b * cols..(b + 1) * cols].iter_mut().zip(cv) {
+            *inv = 1.0 / c.sqrt();
         }
     }
+    let start = tensor.elements.start as usize;
+    let mut sum_u2 = 0f64;
+    for (row, segment) in segments(start, g.len(), cols) {
+        let (first_col, batch) = ((start + segment.start) % cols, row / rows);
+        let g = &g[segment];
+        if scratch.exact[batch] {
+            let inv = &scratch.col_inv[batch * cols + first_col..];
+            let row_factor2 = scratch.denoms[batch] / tensor.first[row];
+            sum_u2 += f64::from(scaled_squares(g, inv)) * f64::from(row_factor2);
+        } else {
+            for (&g, &c) in g.iter().zip(&tensor.second[batch * cols + first_col..]) {
+                let u = g / clamp_min(tensor.first[row] / scratch.denoms[batch] * c, floor).sqrt();
+                sum_u2 += f64::from(u) * f64::from(u);
+            }
+        }
+    }
+    sum_u2
 }
 
 /// Phase 3: `p = p decay - scale U` over a piece, with `scale = alpha / max(1, rms(U) / d)`
 /// and `alpha = max(eps2, rms(p)) rho` from the totals. torch takes both maxima with Python's
-/// `max` on the host, which drops a NaN second operand, as `f64::max` does.
+/// `max` on the host, which drops a NaN second operand, as `f64::max` does. A matrix's `U`
+/// is `g / sqrt(max(row_var / denom col_var, eps1^2))` (the factors' product in the passes'
+/// order), or where no floor binds its row's factor times its column's.
 fn update(tensor: &ShardTensor, t: u64, p: &mut [f32], g: &[f32], sums: &[f64], norms: &[f64]) {
     let hp = hyper(tensor, t);
     let root_n = (tensor.len as f64).sqrt();
@@ -396,13 +485,27 @@ fn update(tensor: &ShardTensor, t: u64, p: &mut [f32], g: &[f32], sums: &[f64], 
     };
     let alpha = hp.eps2.max(sum_p2.sqrt() / root_n) * hp.rho;
     let scale = (alpha / 1f64.max(sum_u2.sqrt() / (root_n * hp.d))) as f32;
-    let (decay, sign) = (hp.decay as f32, hp.sign as f32);
-    match tensor.dims {
-        Some(_) => each_update(tensor, sign, g, |k, u| p[k] = p[k] * decay - scale * u),
-        None => {
-            let floor = tensor.eps1 * tensor.eps1;
-            for ((p, &g), &v) in p.iter_mut().zip(g).zip(&tensor.first) {
-                let u = g * sign / clamp_min(v, floor).sqrt();
+    let (decay, sign, floor) = (hp.decay as f32, hp.sign as f32, tensor.eps1 * tensor.eps1);
+    let Some((_, rows, cols)) = tensor.dims else {
+        for ((p, &g), &v) in p.iter_mut().zip(g).zip(&tensor.first) {
+            let u = g * sign / clamp_min(v, floor).sqrt();
+            *p = *p * decay - scale * u;
+        }
+        return;
+    };
+    let (scratch, start) = (&tensor.scratch, tensor.elements.start as usize);
+    for (row, segment) in segments(start, g.len(), cols) {
+        let (first_col, batch) = ((start + segment.start) % cols, row / rows);
+        let (p, g) = (&mut p[segment.clone()], &g[segment]);
+        let (row_var, denom) = (tensor.first[row], scratch.denoms[batch]);
+        if scratch.exact[batch] {
+            let factor = sign * (denom / row_var).sqrt();
+            for ((p, &g), &inv) in p.iter_mut().zip(g).zip(&scratch.col_inv[batch * cols + first_col..]) {
+                *p = *p * decay - scale * (g * factor * inv);
+            }
+        } else {
+            for ((p, &g), &c) in p.iter_mut().zip(g).zip(&tensor.second[batch * cols + first_col..]) {
+                let u = g * sign / clamp_min(row_var / denom * c, floor).sqrt();
                 *p = *p * decay - scale * u;
             }
         }
