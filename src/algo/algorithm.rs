@@ -151,6 +151,14 @@ pub(crate) trait FamilyConfig: Copy {
     fn shard_sums(&self) -> bool {
         false
     }
+
+    /// Whether a sharded optimizer's pieces of its tensors take a step of the family's own
+    /// on the host, which adds its whole-tensor sums across the ranks (Adafactor's rows and
+    /// columns: `family::adafactor::shard`), rather than an inner optimizer's; `false` for
+    /// the others.
+    fn shard_own_step(&self) -> bool {
+        false
+    }
 }
 
 /// From the family registry (`crate::family::registry`, one line per family:
@@ -474,6 +482,14 @@ macro_rules! algorithms {
             pub(crate) fn shard_sums(&self) -> bool {
                 match self {
                     $(Algorithm::$variant(c) => FamilyConfig::shard_sums(c),)*
+                }
+            }
+
+            /// Whether a sharded optimizer steps its pieces with the family's own step.
+            #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+            pub(crate) fn shard_own_step(&self) -> bool {
+                match self {
+                    $(Algorithm::$variant(c) => FamilyConfig::shard_own_step(c),)*
                 }
             }
         }

@@ -11,8 +11,9 @@ use crate::{Algorithm, DType, Result, StateKind};
 
 /// A ZeRO-1 optimizer on the CPU backend: every rank holds every parameter and computes
 /// gradients for all of them; each rank keeps the state of its shard only (its pieces of
-/// the flat layout, [`super::FlatLayout`], and for Muon the tensors it owns whole), updates that shard, and the updated shards are gathered so that every rank
-/// ends the step with every parameter.
+/// the flat layout, [`super::FlatLayout`], and for Muon the tensors it owns whole),
+/// updates that shard, and the updated shards are gathered so that every rank ends the
+/// step with every parameter.
 ///
 /// Every rank builds it alike (the same parameters' dtypes and lengths, algorithm and
 /// options), with its own [`Communicator`] of one group, and calls [`Self::step`] at
@@ -78,9 +79,10 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
     /// whole. Muon's tensors are each stepped whole by one owner rank; LAMB's and
     /// Adafactor's lie in the flat layout, each tensor's sums combined across the ranks
     /// (LAMB's whole on owner ranks with low-bit state), Adafactor's refused as its
-    /// unsharded builder refuses them (without `param_shapes`, with clipping, ...). Stochastic rounding hashes a piece's elements as its
-    /// whole tensor's. With 8-bit or 4-bit storage, blocks start at shard boundaries and
-    /// whether a tensor's state is low-bit follows the whole tensor's size, as unsharded.
+    /// unsharded builder refuses them (without `param_shapes`, with clipping, ...).
+    /// Stochastic rounding hashes a piece's elements as its whole tensor's. With 8-bit or
+    /// 4-bit storage, blocks start at shard boundaries and whether a tensor's state is
+    /// low-bit follows the whole tensor's size, as unsharded.
     pub fn build(
         comm: C,
         builder: CpuOptimizerBuilder,

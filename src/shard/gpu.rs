@@ -121,8 +121,9 @@ impl<C: Communicator> ShardedOptimizer<C> {
         });
         super::plan::agree(&comm, "build", usable)?;
         let mine = plan.mine();
-        let grad_shard =
-            (!mine.is_empty()).then(|| ctx.zeros("wgpu-optim shard gradients", plan.shard_len, DType::F32));
+        // The inner optimizers' gradients (Adafactor's pieces step on the host).
+        let grad_shard = (!plan.parts().is_empty())
+            .then(|| ctx.zeros("wgpu-optim shard gradients", plan.shard_len, DType::F32));
         let mut parts = Vec::new();
         for (storage, indices) in plan.parts() {
             let Some(grad_shard) = &grad_shard else { break };

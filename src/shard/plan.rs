@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::{Communicator, FlatLayout, Piece, ReduceOp};
-use crate::family::adafactor::shard::{ShardTensorSpec, ShardedAdafactor};
+use crate::family::adafactor::shard::ShardedAdafactor;
 use crate::q4::Q4States;
 use crate::q8::Q8States;
 use crate::step::clip::fused_clip;
@@ -134,7 +134,7 @@ impl ShardPlan {
             "configuration (world size, tensors, algorithms, options)",
             configuration.as_bytes(),
         )?;
-        check_adafactor(&distinct, lens, dtypes, options)?;
+        ShardedAdafactor::check(&distinct, lens, dtypes, options)?;
         let size = comm.size();
         // Low-bit blocks start at shard boundaries: every tensor and every shard a whole
         // number of blocks, so that a piece's blocks are the whole tensor's.
@@ -191,40 +191,20 @@ impl ShardPlan {
         })
     }
 
-    /// Whether tensor `i` is Adafactor's, whose pieces [`ShardedAdafactor`] steps (its
-    /// rows' and columns' sums added across the ranks) rather than an inner optimizer.
-    pub(crate) fn adafactor(&self, i: usize) -> bool {
-        matches!(self.algorithms[i], Algorithm::Adafactor(_))
+    /// Whether tensor `i`'s pieces take its family's own sharded step (Adafactor's,
+    /// [`ShardedAdafactor`], its rows' and columns' sums added across the ranks) rather
+    /// than an inner optimizer's.
+    pub(crate) fn own_step(&self, i: usize) -> bool {
+        self.algorithms[i].shard_own_step()
     }
 
     /// Adafactor's sharded step over every Adafactor tensor, with this rank's pieces of them;
     /// `None` without Adafactor. `first_dtypes[i]`: the dtype of the first parameter of
     /// tensor `i`'s group (torch's `eps1 = None`).
     pub(crate) fn sharded_adafactor(&self, first_dtypes: &[DType]) -> Option<ShardedAdafactor> {
-        let specs: Vec<ShardTensorSpec> = (0..self.lens.len())
-            .filter_map(|i| match self.algorithms[i] {
-                Algorithm::Adafactor(config) => Some(ShardTensorSpec {
-                    index: i,
-                    shape: self.shapes[i].clone(),
-                    config,
-                    first_dtype: first_dtypes[i],
-                    elements: self.mine().iter().find(|p| p.tensor == i).map_or(0..0, |p| p.elements.clone()),
-                }),
-                _ => None,
-            })
-            .collect();
-        (!specs.is_empty()).then(|| ShardedAdafactor::new(specs))
-    }
-
-    /// Values of Adafactor's all-reduces per step (see [`ShardedAdafactor::step`]).
-    fn adafactor_values(&self) -> u64 {
-        let adafactor = self.shapes.iter().enumerate().filter(|(i, _)| self.adafactor(*i));
-        // A tensor's two sums, and a matrix's row and column sums and its update's sum.
-        adafactor
-            .map(|(_, shape)| {
-                2 + crate::algo::factored_dims(shape).map_or(0, |(b, r, c)| 1 + b * (r + c)) as u64
-            })
-            .sum()
+        let mine = self.mine();
+        let elements = |i: usize| mine.iter().find(|p| p.tensor == i).map_or(0..0, |p| p.elements.clone());
+        ShardedAdafactor::for_tensors(&self.algorithms, &self.shapes, first_dtypes, elements)
     }
 
     /// The shapes an inner optimizer over this rank's pieces `indices` is given: none where
@@ -274,7 +254,7 @@ impl ShardPlan {
     /// Indices are into [`Self::mine`]; parts without pieces are left out.
     pub(crate) fn parts(&self) -> Vec<(StateStorage, Vec<usize>)> {
         let mine = self.mine();
-        let all = (0..mine.len()).filter(|&j| !self.adafactor(mine[j].tensor)).collect::<Vec<_>>();
+        let all = (0..mine.len()).filter(|&j| !self.own_step(mine[j].tensor)).collect::<Vec<_>>();
         let (quantized, full): (StateStorage, StateStorage) = match self.storage {
             StateStorage::Q8(_) => (
                 StateStorage::Q8(Q8States { min_8bit_size: 0 }),
@@ -460,7 +440,7 @@ impl ShardPlan {
         let others = self.size as u64 - 1;
         let norm = if self.clip.is_some() { 8 } else { 0 };
         let sums = if self.sums { 16 * self.lens.len() as u64 } else { 0 };
-        let adafactor = 8 * self.adafactor_values();
+        let adafactor = 8 * ShardedAdafactor::values_per_step(&self.algorithms, &self.shapes);
         others * (self.shard_len * 4 + self.gather_chunk as u64 + norm + sums + adafactor)
     }
 
@@ -508,35 +488,6 @@ fn refuse_options(options: &OptimizerOptions) -> Result<()> {
     }
     if !options.model_copies.is_empty() {
         return refuse("model_copies", "model copies are not gathered across ranks yet");
-    }
-    Ok(())
-}
-
-/// Refuses what Adafactor's builders would (its pieces are stepped by [`ShardedAdafactor`],
-/// not an inner optimizer): its hyperparameters, the options its passes do not run, and
-/// missing or wrong shapes.
-fn check_adafactor(
-    distinct: &[Algorithm],
-    lens: &[u64],
-    dtypes: &[DType],
-    options: &OptimizerOptions,
-) -> Result<()> {
-    let adafactor: Vec<Algorithm> =
-        distinct.iter().copied().filter(|a| matches!(a, Algorithm::Adafactor(_))).collect();
-    if adafactor.is_empty() {
-        return Ok(());
-    }
-    crate::family::adafactor::config::check_shapes_given(&options.param_shapes)?;
-    crate::validate::check_shapes(&options.param_shapes, lens)?;
-    for algorithm in &adafactor {
-        algorithm.validate()?;
-        algorithm.check_options(options)?;
-    }
-    if options.state_storage.q8().is_some() {
-        crate::q8::check_options(&adafactor, options, dtypes.iter().copied())?;
-    }
-    if let Some(config) = options.state_storage.q4() {
-        crate::q4::check_options(&config, &adafactor, options, dtypes.iter().copied())?;
     }
     Ok(())
 }

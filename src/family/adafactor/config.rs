@@ -229,6 +229,12 @@ pub(crate) fn check_shapes_given(shapes: &[Vec<usize>]) -> Result<()> {
 
 /// The registry's view of the configuration (`crate::algo::FamilyConfig`).
 impl crate::algo::FamilyConfig for Adafactor {
+    /// Its row and column sums are each matrix's: a sharded optimizer's pieces of its
+    /// tensors take `family::adafactor::shard`'s step, which adds them across the ranks.
+    fn shard_own_step(&self) -> bool {
+        true
+    }
+
     const FAMILY: crate::step::Family = crate::step::Family::Adafactor;
     const GPU_PASSES: Option<crate::optimizer::passes::Build> = Some(super::gpu_passes::build);
 

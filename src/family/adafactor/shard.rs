@@ -25,7 +25,7 @@
 use std::ops::Range;
 
 use super::config::{factored_dims, Adafactor};
-use crate::{DType, Result, StateKind};
+use crate::{Algorithm, DType, OptimizerOptions, Result, StateKind};
 
 /// torch's `lerp` (two forms, below and above a weight of one half), in f32 as the passes
 /// take it.
@@ -103,15 +103,15 @@ const LANES: usize = 8;
 
 /// What [`ShardedAdafactor::new`] takes of one tensor.
 #[derive(Clone, Debug)]
-pub(crate) struct ShardTensorSpec {
+struct ShardTensorSpec {
     /// Its index among the optimizer's parameters.
-    pub index: usize,
-    pub shape: Vec<usize>,
-    pub config: Adafactor,
+    index: usize,
+    shape: Vec<usize>,
+    config: Adafactor,
     /// The dtype of its group's first parameter (torch's `eps1 = None`).
-    pub first_dtype: DType,
+    first_dtype: DType,
     /// This rank's elements of it (empty: none).
-    pub elements: Range<u64>,
+    elements: Range<u64>,
 }
 
 /// One tensor's piece for a step: its parameters (f32, widened by the caller for 16-bit
@@ -130,9 +130,74 @@ pub(crate) struct ShardedAdafactor {
 }
 
 impl ShardedAdafactor {
+    /// The step over the Adafactor tensors among parameters of `algorithms` and `shapes`
+    /// (one each), with this rank's `elements(i)` of parameter `i` (empty: none here) and
+    /// `first_dtypes[i]` the dtype of the first parameter of its group; `None` without
+    /// Adafactor. Every rank makes one over every Adafactor tensor.
+    pub(crate) fn for_tensors(
+        algorithms: &[Algorithm],
+        shapes: &[Vec<usize>],
+        first_dtypes: &[DType],
+        elements: impl Fn(usize) -> Range<u64>,
+    ) -> Option<Self> {
+        let specs: Vec<ShardTensorSpec> = algorithms
+            .iter()
+            .enumerate()
+            .filter_map(|(index, algorithm)| match algorithm {
+                Algorithm::Adafactor(config) => Some(ShardTensorSpec {
+                    index,
+                    shape: shapes.get(index)?.clone(),
+                    config: *config,
+                    first_dtype: first_dtypes[index],
+                    elements: elements(index),
+                }),
+                _ => None,
+            })
+            .collect();
+        (!specs.is_empty()).then(|| Self::new(specs))
+    }
+
+    /// The values its step's all-reduces carry for parameters of `algorithms` and `shapes`:
+    /// per tensor its sum of `p^2` and a vector's sum of `U^2`, and per matrix its rows' and
+    /// columns' sums of `g^2` and its sum of `U^2`.
+    pub(crate) fn values_per_step(algorithms: &[Algorithm], shapes: &[Vec<usize>]) -> u64 {
+        let ours = algorithms.iter().zip(shapes).filter(|(a, _)| matches!(a, Algorithm::Adafactor(_)));
+        ours.map(|(_, shape)| 2 + factored_dims(shape).map_or(0, |(b, r, c)| 1 + b * (r + c)) as u64).sum()
+    }
+
+    /// Refuses what Adafactor's builders would refuse among `distinct` algorithms over
+    /// parameters of `lens` and `dtypes` (its pieces take this step, not an inner
+    /// optimizer's): its hyperparameters, the options its passes do not run, and missing or
+    /// wrong shapes.
+    pub(crate) fn check(
+        distinct: &[Algorithm],
+        lens: &[u64],
+        dtypes: &[DType],
+        options: &OptimizerOptions,
+    ) -> Result<()> {
+        let ours: Vec<Algorithm> =
+            distinct.iter().copied().filter(|a| matches!(a, Algorithm::Adafactor(_))).collect();
+        if ours.is_empty() {
+            return Ok(());
+        }
+        super::config::check_shapes_given(&options.param_shapes)?;
+        crate::validate::check_shapes(&options.param_shapes, lens)?;
+        for algorithm in &ours {
+            algorithm.validate()?;
+            algorithm.check_options(options)?;
+        }
+        if options.state_storage.q8().is_some() {
+            crate::q8::check_options(&ours, options, dtypes.iter().copied())?;
+        }
+        if let Some(config) = options.state_storage.q4() {
+            crate::q4::check_options(&config, &ours, options, dtypes.iter().copied())?;
+        }
+        Ok(())
+    }
+
     /// The step over `tensors` (every rank passes every Adafactor tensor, in order, with its
     /// own elements of each): zero state for the pieces it holds.
-    pub(crate) fn new(tensors: Vec<ShardTensorSpec>) -> Self {
+    fn new(tensors: Vec<ShardTensorSpec>) -> Self {
         let (mut sums, mut norms) = (0, 0);
         let tensors = tensors
             .into_iter()
@@ -246,7 +311,8 @@ impl ShardedAdafactor {
         let matrices = self.tensors.iter().filter(|t| t.here() && t.dims.is_some());
         matrices
             .flat_map(|t| {
-                [(t.index, StateKind::RowVar, t.first.clone()), (t.index, StateKind::ColVar, t.second.clone())]
+                let (rows, cols) = (t.first.clone(), t.second.clone());
+                [(t.index, StateKind::RowVar, rows), (t.index, StateKind::ColVar, cols)]
             })
             .collect()
     }
@@ -260,9 +326,12 @@ impl ShardedAdafactor {
     ) -> std::result::Result<Vec<(usize, StateKind, Vec<f32>)>, String> {
         let mut found = Vec::new();
         for tensor in self.tensors.iter().filter(|t| t.here() && t.dims.is_some()) {
-            for (kind, len) in [(StateKind::RowVar, tensor.first.len()), (StateKind::ColVar, tensor.second.len())] {
+            let kinds = [(StateKind::RowVar, tensor.first.len()), (StateKind::ColVar, tensor.second.len())];
+            for (kind, len) in kinds {
                 match saved.iter().find(|(i, k, _)| (*i, *k) == (tensor.index, kind)) {
-                    Some((_, _, values)) if values.len() == len => found.push((tensor.index, kind, values.clone())),
+                    Some((_, _, values)) if values.len() == len => {
+                        found.push((tensor.index, kind, values.clone()))
+                    }
                     Some((_, _, values)) => {
                         return Err(format!(
                             "`factored.{}.{}` holds {} values; the matrix's factor has {len}",
@@ -444,7 +513,8 @@ fn factors(tensor: &mut ShardTensor, t: u64, g: &[f32], sums: &[f64]) -> f64 {
         scratch.denoms[b] = denom;
         // A finite mean means every `row_var` is finite; the smallest `V` is the smallest
         // row's over the denominator times the smallest column's.
-        let (min_r, min_c) = (rv.iter().fold(f32::INFINITY, |a, v| a.min(*v)), cv.iter().fold(f32::INFINITY, |a, v| a.min(*v)));
+        let smallest = |values: &[f32]| values.iter().fold(f32::INFINITY, |a, v| a.min(*v));
+        let (min_r, min_c) = (smallest(rv), smallest(cv));
         let finite = denom.is_finite() && cv.iter().all(|c| c.is_finite());
         scratch.exact[b] = finite && min_r > 0.0 && min_c > 0.0 && min_r / denom * min_c >= floor;
         for (inv, c) in scratch.col_inv[b * cols..(b + 1) * cols].iter_mut().zip(cv) {

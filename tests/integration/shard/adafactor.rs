@@ -180,30 +180,13 @@ fn pieces_that_cut_rows_step_as_the_unsharded_optimizer_on_cpu_ranks() {
     }
 }
 
-/// A directory of its own under the system's temporary directory, removed when dropped.
-struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Scratch(std::env::temp_dir().join(format!("wgpu-optim-adafactor-shard-{}-{n}", std::process::id())))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
-
 #[test]
 fn a_checkpoint_of_pieces_continues_on_other_ranks_as_the_unsharded_run() {
     let config = configs()[0];
     for (before, after) in [(3, 2), (1, 3), (4, 1)] {
         let dir = Scratch::new();
-        let saved = cpu_ranks(config, before, &start(), None, 1..=3, Some(&dir.0)).remove(0).params;
-        let ranks = cpu_ranks(config, after, &saved, Some(&dir.0), 4..=5, None);
+        let saved = cpu_ranks(config, before, &start(), None, 1..=3, Some(dir.path())).remove(0).params;
+        let ranks = cpu_ranks(config, after, &saved, Some(dir.path()), 4..=5, None);
         // The unsharded run on the same reduced gradients: `before` ranks', then `after`'s.
         let mut params = host(&start());
         let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();

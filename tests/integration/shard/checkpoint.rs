@@ -13,29 +13,6 @@ use wgpu_optim::{Adam, Error, Optimizer, ParamGroup, Sgd, Tensor};
 const BEFORE: std::ops::RangeInclusive<u64> = 1..=3;
 const AFTER: std::ops::RangeInclusive<u64> = 4..=5;
 
-/// A directory of its own under the system's temporary directory, removed when dropped.
-struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("wgpu-optim-shard-{}-{n}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        Scratch(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
-
 fn host(values: &[Vec<f64>]) -> Vec<HostTensor> {
     host_tensors(values, &DTYPES)
 }

@@ -39,6 +39,32 @@ pub const PARAMS_16: [DType; 5] = [DType::BF16, DType::BF16, DType::F16, DType::
 /// Steps per case.
 pub const STEPS: u64 = 3;
 
+/// A directory of its own under the system's temporary directory, removed when dropped.
+#[cfg(feature = "checkpoint")]
+pub struct Scratch(std::path::PathBuf);
+
+#[cfg(feature = "checkpoint")]
+impl Scratch {
+    pub fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("wgpu-optim-shard-{}-{n}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        Scratch(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+#[cfg(feature = "checkpoint")]
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 /// Runs `rank` on `size` in-process ranks, one thread each, and returns their results in
 /// rank order.
 pub fn on_ranks<T: Send>(size: usize, rank: impl Fn(InProcess) -> T + Sync) -> Vec<T> {

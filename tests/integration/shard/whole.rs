@@ -177,7 +177,8 @@ fn tensors_stepped_whole_or_summed_on_cpu_ranks_are_the_unsharded_step() {
                         continue;
                     }
                     let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{muon:?} on {size} CPU ranks: rank {rank}'s matrix {i} differs from the unsharded step");
+                    let what = format!("{muon:?} on {size} CPU ranks: rank {rank}'s matrix {i}");
+                    assert!(same, "{what} differs from the unsharded step");
                 }
             }
         }
