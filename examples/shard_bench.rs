@@ -33,7 +33,7 @@ fn run(comm: Mpi, params: usize, steps: u32, adafactor: bool) -> wgpu_optim::Res
     let slices: Vec<HostSlice<'_>> = values.iter().map(|v| HostSlice::from(&v[..])).collect();
     let (algorithm, builder): (Algorithm, _) = match adafactor {
         true => {
-            let shape = if len % COLS == 0 { vec![len / COLS, COLS] } else { vec![len] };
+            let shape = if len.is_multiple_of(COLS) { vec![len / COLS, COLS] } else { vec![len] };
             (Adafactor::default().into(), CpuOptimizer::builder().param_shapes(vec![shape; TENSORS]))
         }
         false => (Adam::adamw().into(), CpuOptimizer::builder()),

@@ -156,8 +156,11 @@ fn train<C: Communicator>(comm: C, options: &Options) -> Result<Report, BoxError
         Family::Lamb => {
             (Lamb { lr: 1e-2, weight_decay: 1e-2, ..Lamb::default() }.into(), Optimizer::builder())
         }
+        // `eps1` 1e-2 floors the second moment at 1e-4, so that the vanishing gradients of
+        // rarely active units are not scaled up to whole steps: with the default floor
+        // (f32's epsilon squared) the trajectory turns chaotic within a few dozen steps.
         Family::Adafactor => (
-            Adafactor { lr: 0.05, ..Adafactor::default() }.into(),
+            Adafactor { lr: 0.1, eps1: Some(1e-2), ..Adafactor::default() }.into(),
             Optimizer::builder().param_shapes(shapes.clone()),
         ),
     };
