@@ -16,11 +16,13 @@
 //!    update's squares over its piece;
 //! 3. *all-reduce*; the update of the pieces, `p = p decay - scale U`.
 //!
-//! The sums are taken in f64 over f32 values (the unsharded passes add in f32 by blocks),
-//! so a sharded step matches the unsharded one within the f32 tolerance of the vectors,
-//! not bit for bit. The values are the host's: the CPU backend's pieces are host memory,
-//! and the GPU sharded step reads its pieces back (it has the reduced gradients on the host
-//! already) and writes them after the update.
+//! A row's sums are taken in f32 lanes and the sums over rows, chunks and ranks in f64
+//! (the unsharded passes add in f32 by blocks), so a sharded step matches the unsharded one
+//! within the f32 tolerance of the vectors, not bit for bit; `passes` has the arithmetic,
+//! a piece's chunks on the CPU backend's threads. The values are the host's: the CPU
+//! backend's pieces are host memory, and the GPU sharded step reads its pieces back (it has
+//! the reduced gradients on the host already) and writes them after the update, so both
+//! backends' sharded steps give the same bits.
 
 use std::ops::Range;
 
