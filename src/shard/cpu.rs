@@ -59,6 +59,9 @@ pub struct ShardedCpuOptimizer<C> {
     buffers: StepBuffers,
     /// Adafactor's sharded step over its tensors' pieces (`None` without Adafactor).
     adafactor: Option<ShardedAdafactor>,
+    /// Its 16-bit pieces' values in f32, one buffer per Adafactor tensor, reused by every
+    /// step.
+    wide: Vec<Vec<f32>>,
 }
 
 /// One optimizer over some of this rank's pieces.
@@ -124,6 +127,7 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             steps: 0,
             last: StepSplit::default(),
             buffers: StepBuffers::default(),
+            wide: vec![Vec::new(); adafactor.as_ref().map_or(0, |a| a.indices().count())],
             adafactor,
         })
     }
@@ -168,15 +172,15 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
             inv_scale.map_or(Ok(()), ShardPlan::check_inv_scale).and_then(|()| self.check(params, grads));
         super::plan::agree(&self.comm, "step", checked)?;
         let started = Instant::now();
-        self.plan.reduce_gradients(&self.comm, &mut self.buffers, |i, elements, out| {
+        let grad = |i: usize, elements: std::ops::Range<usize>, out: &mut [f32]| {
             widen(sub(grads[i], elements.start, elements.end), out);
             Ok(())
-        })?;
-        let shard = &mut self.buffers.shard;
-        if self.plan.unscale(&self.comm, shard, inv_scale)? {
+        };
+        if self.plan.reduce_and_unscale(&self.comm, &mut self.buffers, inv_scale, grad)? {
             self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
             return Ok(false);
         }
+        let shard = &self.buffers.shard;
         let pieces = self.plan.mine();
         let piece_grads: Vec<HostSlice<'_>> = pieces
             .iter()
@@ -192,9 +196,9 @@ impl<C: Communicator> ShardedCpuOptimizer<C> {
         // per rank, by the part whose passes take them, or below with nothing of its own.
         let (plan, comm) = (&self.plan, &self.comm);
         let (mut combined, mut failed) = (false, None);
-        let (adafactor, t) = (&mut self.adafactor, self.steps + 1);
+        let (adafactor, wide, t) = (&mut self.adafactor, &mut self.wide, self.steps + 1);
         let adafactor_step = |pieces: &mut [Option<HostSliceMut<'_>>]| match adafactor {
-            Some(adafactor) => step_adafactor(plan, comm, adafactor, t, pieces, &piece_grads),
+            Some(adafactor) => step_adafactor(plan, comm, adafactor, t, pieces, &piece_grads, wide),
             None => Ok(()),
         };
         let mine =
@@ -472,7 +476,8 @@ fn each_part(
 
 /// Adafactor's sharded step (`t`) over this rank's pieces of its tensors (`pieces`: every
 /// piece of this rank, by its index in `plan.mine()`; `grads`: theirs): f32 parameters in
-/// place, 16-bit ones widened to f32 for it and rounded back after. Every rank calls it.
+/// place, 16-bit ones widened to f32 for it (into `wide`, one buffer per Adafactor tensor)
+/// and rounded back after. Every rank calls it.
 fn step_adafactor<C: Communicator>(
     plan: &ShardPlan,
     comm: &C,
@@ -480,17 +485,19 @@ fn step_adafactor<C: Communicator>(
     t: u64,
     pieces: &mut [Option<HostSliceMut<'_>>],
     grads: &[HostSlice<'_>],
+    wide: &mut [Vec<f32>],
 ) -> Result<()> {
     /// A piece's parameters as the step takes them.
     enum Values<'a, 'b> {
         InPlace(&'a mut [f32]),
-        Widened(Vec<f32>, &'a mut HostSliceMut<'b>),
+        Widened(&'a mut Vec<f32>, &'a mut HostSliceMut<'b>),
     }
     let mine = plan.mine();
     let mut by_piece: Vec<Option<&mut HostSliceMut<'_>>> = pieces.iter_mut().map(Option::as_mut).collect();
     let mut values: Vec<Option<(usize, Values<'_, '_>)>> = adafactor
         .indices()
-        .map(|i| {
+        .zip(wide.iter_mut())
+        .map(|(i, wide)| {
             let j = mine.iter().position(|p| p.tensor == i)?;
             let param = by_piece[j].take()?;
             Some((
@@ -498,8 +505,8 @@ fn step_adafactor<C: Communicator>(
                 match param {
                     HostSliceMut::F32(v) => Values::InPlace(v),
                     other => {
-                        let mut wide = vec![0f32; other.len()];
-                        widen(other.as_slice(), &mut wide);
+                        wide.resize(other.len(), 0.0);
+                        widen(other.as_slice(), wide);
                         Values::Widened(wide, other)
                     }
                 },
@@ -522,7 +529,7 @@ fn step_adafactor<C: Communicator>(
     drop(steps);
     for (_, v) in values.into_iter().flatten() {
         if let Values::Widened(wide, param) = v {
-            narrow_into(&wide, param.reborrow());
+            narrow_into(wide, param.reborrow());
         }
     }
     Ok(())

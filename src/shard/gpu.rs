@@ -6,14 +6,16 @@ use std::time::Instant;
 #[cfg(feature = "checkpoint")]
 use super::checkpoint::PieceState;
 use super::plan::{GradReduction, ShardPlan, StepBuffers, StepSplit};
+mod adafactor;
+
 use super::{Communicator, Piece};
-use crate::family::adafactor::shard::{PieceStep, ShardedAdafactor};
 use crate::gpu::plan::Arg;
 #[cfg(feature = "checkpoint")]
 use crate::QuantizedState;
 use crate::{
     DType, Error, GpuContext, Optimizer, OptimizerBuilder, ParamGroup, Result, StateKind, StateView, Tensor,
 };
+use adafactor::AdafactorPieces;
 
 /// A ZeRO-1 optimizer on the GPU: every rank holds every parameter on its device and
 /// computes gradients for all of them; each rank keeps the state of its shard only (its
@@ -48,19 +50,20 @@ pub struct ShardedOptimizer<C> {
     /// This rank's pieces of the parameters in the plan's order (across the parts), as the
     /// all-gather sends them.
     pieces: Vec<Tensor>,
+    /// Those the parts' optimizers update, which a step's all-gather reads back (the
+    /// others are Adafactor's, whose bytes the host wrote).
+    device_pieces: Vec<Tensor>,
     /// Steps taken (kept here too: a rank with no pieces has no inner optimizer to count).
     steps: u64,
     last: StepSplit,
     /// The host buffers each step reuses.
     buffers: StepBuffers,
-    /// Adafactor's sharded step over its tensors' pieces (`None` without Adafactor), and
-    /// this rank's piece of each of its tensors: its index in `ShardPlan::mine` and its view.
-    adafactor: Option<(ShardedAdafactor, PieceViews)>,
+    /// Adafactor's pieces, stepped on the host (`None` without Adafactor).
+    adafactor: Option<AdafactorPieces>,
+    /// The ranges of the gradient shard the parts' optimizers read (Adafactor's pieces'
+    /// gradients stay on the host), merged where they touch.
+    uploads: Vec<std::ops::Range<usize>>,
 }
-
-/// Each of some tensors' piece on this rank, if any: its index in `ShardPlan::mine` and its
-/// view.
-type PieceViews = Vec<Option<(usize, Tensor)>>;
 
 /// One optimizer over some of this rank's pieces.
 #[derive(Debug)]
@@ -163,16 +166,23 @@ impl<C: Communicator> ShardedOptimizer<C> {
             first_dtypes.extend(std::iter::repeat_n(first, group.params.len()));
         }
         // torch's `eps1 = None` is the dtype of the group's first parameter.
-        let adafactor = plan.sharded_adafactor(&first_dtypes).map(|adafactor| {
-            let views = adafactor
-                .indices()
-                .map(|i| {
-                    let j = mine.iter().position(|p| p.tensor == i)?;
-                    Some((j, view(&params[i], &mine[j])))
-                })
-                .collect();
-            (adafactor, views)
-        });
+        let adafactor =
+            plan.sharded_adafactor(&first_dtypes).map(|a| AdafactorPieces::new(a, &plan, &params));
+        let on_device = |j: &usize| !plan.own_step(mine[*j].tensor);
+        let device_pieces =
+            (0..mine.len()).filter(on_device).map(|j| view(&params[mine[j].tensor], &mine[j])).collect();
+        // Without Adafactor, the whole shard in one write.
+        let mut uploads: Vec<std::ops::Range<usize>> = Vec::new();
+        if adafactor.is_none() {
+            uploads.push(0..plan.shard_len as usize);
+        }
+        for piece in (0..mine.len()).filter(on_device).map(|j| &mine[j]).filter(|_| adafactor.is_some()) {
+            let range = piece.at as usize..(piece.at + piece.elements.end - piece.elements.start) as usize;
+            match uploads.last_mut() {
+                Some(last) if last.end == range.start => last.end = range.end,
+                _ => uploads.push(range),
+            }
+        }
         Ok(ShardedOptimizer {
             ctx: ctx.clone(),
             pieces,
@@ -186,6 +196,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
             last: StepSplit::default(),
             buffers: StepBuffers::default(),
             adafactor,
+            uploads,
+            device_pieces,
         })
     }
 
@@ -229,17 +241,20 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let started = Instant::now();
         // Every gradient in one copy and one wait.
         let read = ctx.read_bytes_many(grads)?;
-        self.plan.reduce_gradients(&self.comm, &mut self.buffers, |i, elements, out| {
+        let grad = |i: usize, elements: std::ops::Range<usize>, out: &mut [f32]| {
             widen_bytes(grads[i].dtype, &read[i], elements, out);
             Ok(())
-        })?;
-        let shard = &mut self.buffers.shard;
-        if self.plan.unscale(&self.comm, shard, inv_scale)? {
+        };
+        if self.plan.reduce_and_unscale(&self.comm, &mut self.buffers, inv_scale, grad)? {
             self.last = StepSplit { communication: started.elapsed(), ..StepSplit::default() };
             return Ok(false);
         }
+        let shard = &self.buffers.shard;
         if let Some(grad_shard) = &self.grad_shard {
-            ctx.write_bytes(grad_shard, bytemuck::cast_slice(shard))?;
+            for range in &self.uploads {
+                let slice = grad_shard.slice(range.start as u64, range.len() as u64);
+                ctx.write_bytes(&slice, bytemuck::cast_slice(&shard[range.clone()]))?;
+            }
         }
 
         let total_norm = self.plan.global_norm(&self.comm, shard)?;
@@ -264,14 +279,13 @@ impl<C: Communicator> ShardedOptimizer<C> {
         if self.plan.sums && !combined {
             self.plan.combine_sums(&self.comm, &[], &mut [])?;
         }
-        if let Some((adafactor, views)) = &mut self.adafactor {
-            let shard = &self.buffers.shard;
-            step_adafactor(ctx, &self.plan, &self.comm, adafactor, self.steps + 1, views, shard)?;
+        if let Some(adafactor) = &mut self.adafactor {
+            adafactor.run(ctx, &self.plan, &self.comm, self.steps + 1, &self.buffers.shard)?;
         }
         let update = updating.elapsed();
 
         let gathering = Instant::now();
-        self.gather()?;
+        self.gather(true)?;
         communication += gathering.elapsed();
         self.last = StepSplit { communication, update, sent_bytes: self.plan.sent_bytes() };
         self.steps += 1;
@@ -292,11 +306,23 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// All-gathers every rank's pieces (this rank's read back in one copy and one wait) and
     /// writes the others' into the parameters, submitted so that they are in place for
     /// whatever the trainer records next. Nothing to do for one rank.
-    fn gather(&self) -> Result<()> {
+    fn gather(&self, after_step: bool) -> Result<()> {
         if self.plan.size == 1 {
             return Ok(());
         }
-        let mine = self.ctx.read_bytes_many(&self.pieces)?.concat();
+        // After a step, Adafactor's pieces are the bytes the host wrote.
+        let written = |j: usize| self.adafactor.as_ref().and_then(|a| a.written(j)).filter(|_| after_step);
+        let read = match after_step && self.adafactor.is_some() {
+            true => self.ctx.read_bytes_many(&self.device_pieces)?,
+            false => self.ctx.read_bytes_many(&self.pieces)?,
+        };
+        let (mut read, mut mine) = (read.into_iter(), Vec::with_capacity(self.plan.gather_chunk));
+        for j in 0..self.pieces.len() {
+            match written(j) {
+                Some(bytes) => mine.extend_from_slice(bytes),
+                None => mine.extend(read.next().unwrap_or_default()),
+            }
+        }
         let (ctx, params) = (&self.ctx, &self.params);
         self.plan.gather_params(&self.comm, mine, |piece, data| {
             ctx.write_bytes(&view(&params[piece.tensor], piece), data)
@@ -325,7 +351,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             false => p.optimizer.train(),
         });
         super::plan::agree(&self.comm, if eval { "eval" } else { "train" }, swapped)?;
-        self.gather()
+        self.gather(false)
     }
 
     /// Steps taken so far.
@@ -345,8 +371,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
 
     /// Sets every group's learning rate (every rank sets the same, or their steps differ).
     pub fn set_lr(&mut self, lr: f64) -> Result<()> {
-        if let Some((adafactor, _)) = &mut self.adafactor {
-            adafactor.set_lr(0..self.params.len(), lr)?;
+        if let Some(adafactor) = &mut self.adafactor {
+            adafactor.step.set_lr(0..self.params.len(), lr)?;
         }
         self.parts.iter_mut().try_for_each(|p| p.optimizer.set_lr(lr))
     }
@@ -356,8 +382,8 @@ impl<C: Communicator> ShardedOptimizer<C> {
         let Some(range) = self.group_ranges.get(g) else {
             return Err(Error::NoSuchGroup { index: g, groups: self.group_ranges.len() });
         };
-        if let Some((adafactor, _)) = &mut self.adafactor {
-            adafactor.set_lr(range.clone(), lr)?;
+        if let Some(adafactor) = &mut self.adafactor {
+            adafactor.step.set_lr(range.clone(), lr)?;
         }
         for part in &mut self.parts {
             if let Some(here) = part.groups[g] {
@@ -386,7 +412,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// its optimizers keep (codes and scales of low-bit state, read back): `1 / N` of the
     /// unsharded optimizer's, give or take a shard's padding.
     pub fn state_bytes(&self) -> Result<u64> {
-        let mut total = self.adafactor.as_ref().map_or(0, |(adafactor, _)| adafactor.state_bytes());
+        let mut total = self.adafactor.as_ref().map_or(0, |a| a.step.state_bytes());
         for part in &self.parts {
             for i in 0..part.pieces.len() {
                 for &kind in StateKind::ALL {
@@ -424,62 +450,6 @@ fn widen_bytes(dtype: DType, bytes: &[u8], elements: std::ops::Range<usize>, out
     }
 }
 
-/// Adafactor's sharded step (`t`) over this rank's pieces of its tensors (`views`: each
-/// tensor's piece here, its index in `plan.mine()` and its view), on the host: the pieces
-/// are read back in one copy, widened to f32, stepped with their gradients from the reduced
-/// `shard`, and written back rounded to their dtype. Every rank calls it.
-fn step_adafactor<C: Communicator>(
-    ctx: &GpuContext,
-    plan: &ShardPlan,
-    comm: &C,
-    adafactor: &mut ShardedAdafactor,
-    t: u64,
-    views: &[Option<(usize, Tensor)>],
-    shard: &[f32],
-) -> Result<()> {
-    let here: Vec<Tensor> = views.iter().flatten().map(|(_, v)| v.clone()).collect();
-    let mut read = match here.is_empty() {
-        true => Vec::new(),
-        false => ctx.read_bytes_many(&here)?,
-    }
-    .into_iter();
-    let mut wide: Vec<Option<Vec<f32>>> = views
-        .iter()
-        .map(|v| {
-            let (_, view) = v.as_ref()?;
-            let bytes = read.next()?;
-            let mut values = vec![0f32; view.len as usize];
-            widen_bytes(view.dtype, &bytes, 0..view.len as usize, &mut values);
-            Some(values)
-        })
-        .collect();
-    let mine = plan.mine();
-    let mut steps: Vec<PieceStep<'_>> = wide
-        .iter_mut()
-        .zip(views)
-        .map(|(values, v)| {
-            let (values, (j, _)) = (values.as_mut()?, v.as_ref()?);
-            let (at, len) = (mine[*j].at as usize, values.len());
-            Some((&mut values[..], &shard[at..at + len]))
-        })
-        .collect();
-    let mut all_reduce = |values: &mut [f64]| comm.all_reduce_f64(values, super::ReduceOp::Sum);
-    adafactor.step(t, &mut steps, &mut all_reduce)?;
-    for (values, (_, view)) in wide.iter().zip(views).filter_map(|(w, v)| Some((w.as_ref()?, v.as_ref()?))) {
-        ctx.write_bytes(view, &narrow_bytes(view.dtype, values))?;
-    }
-    Ok(())
-}
-
-/// f32 `values` rounded to `dtype`, as its bytes.
-fn narrow_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
-        DType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
-        _ => bytemuck::cast_slice(values).to_vec(),
-    }
-}
-
 /// The view of `param`'s elements in `piece`.
 fn view(param: &Tensor, piece: &Piece) -> Tensor {
     param.slice(piece.elements.start, piece.elements.end - piece.elements.start)
@@ -508,7 +478,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
     /// (format [`SHARD_FORMAT`](super::SHARD_FORMAT)). Every rank calls it; when one rank's
     /// write fails, every rank returns an error.
     pub fn save(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let adafactor = self.adafactor.as_ref().map(|(adafactor, _)| adafactor);
+        let adafactor = self.adafactor.as_ref().map(|a| &a.step);
         let written = super::checkpoint::collect(
             &self.plan,
             self.steps,
@@ -575,7 +545,7 @@ impl<C: Communicator> ShardedOptimizer<C> {
             &self.plan,
             &loaded,
             dir,
-            adafactor.as_mut().map(|(adafactor, _)| adafactor),
+            adafactor.as_mut().map(|a| &mut a.step),
             |j, kind| keeps[j].contains(&kind),
             |j, kind, state| {
                 let Some((part, k)) = self.locate(j) else { return Ok(()) };

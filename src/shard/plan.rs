@@ -316,6 +316,19 @@ impl ShardPlan {
         Ok(())
     }
 
+    /// [`Self::reduce_gradients`], then [`Self::unscale`] with AMP's `inv_scale`: whether any
+    /// rank's shard held a NaN or an infinity, when every rank skips the step.
+    pub(crate) fn reduce_and_unscale<C: Communicator + ?Sized>(
+        &self,
+        comm: &C,
+        buffers: &mut StepBuffers,
+        inv_scale: Option<f32>,
+        grad: impl FnMut(usize, Range<usize>, &mut [f32]) -> Result<()>,
+    ) -> Result<bool> {
+        self.reduce_gradients(comm, buffers, grad)?;
+        self.unscale(comm, &mut buffers.shard, inv_scale)
+    }
+
     /// The sums of each tensor over every rank's pieces of it (LAMB's `p^2` and `s^2`): `sums[k]`
     /// are this rank's piece `indices[k]`'s (indices into [`Self::mine`]), replaced by its
     /// tensor's totals, added in rank order. Every rank calls it once per step when
