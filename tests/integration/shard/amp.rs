@@ -4,7 +4,7 @@
 use super::*;
 use crate::common::{ctx, gpu_turn};
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer, ShardedOptimizer};
+use wgpu_optim::shard::{GradReduction, ShardedOptimizer};
 use wgpu_optim::{Adam, Error, Optimizer, ParamGroup, Tensor};
 
 const SCALE: f64 = 1024.0;
@@ -59,14 +59,7 @@ fn an_infinity_on_one_rank_makes_every_rank_skip_the_step_on_the_cpu() {
         let rank = comm.rank();
         let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
         let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-        let mut opt = ShardedCpuOptimizer::build(
-            comm,
-            CpuOptimizer::builder(),
-            GradReduction::Mean,
-            Adam::adamw(),
-            &slices,
-        )
-        .unwrap();
+        let mut opt = sharded_cpu(comm, Adam::adamw(), &slices);
         let mut stepped = Vec::new();
         for t in 1..=STEPS {
             let grads: Vec<HostTensor> = host_tensors(&scaled_grads(rank, t), &DTYPES);

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::*;
 use crate::common::ctx;
 use wgpu_optim::cpu::{CpuOptimizer, HostSlice, HostSliceMut, HostTensor};
-use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer, ShardedOptimizer};
+use wgpu_optim::shard::{GradReduction, ShardedOptimizer};
 use wgpu_optim::{Adam, Error, Optimizer, ParamGroup, Sgd, Tensor};
 
 /// Steps before the save and after the load.
@@ -31,14 +31,7 @@ fn cpu_ranks(
         let rank = comm.rank();
         let mut params = host(start);
         let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
-        let mut opt = ShardedCpuOptimizer::build(
-            comm,
-            CpuOptimizer::builder(),
-            GradReduction::Mean,
-            algorithm,
-            &slices,
-        )
-        .unwrap();
+        let mut opt = sharded_cpu(comm, algorithm, &slices);
         if let Some(dir) = load {
             opt.load(dir).unwrap();
         }
@@ -160,14 +153,7 @@ fn a_checkpoint_of_other_tensors_or_a_corrupt_one_is_refused_on_every_rank() {
     cpu_ranks(2, algorithm, &initial_params(), None, BEFORE, Some(dir.path()));
     let load = |params: Vec<f32>| {
         on_ranks(2, |comm| {
-            let mut opt = ShardedCpuOptimizer::build(
-                comm,
-                CpuOptimizer::builder(),
-                GradReduction::Mean,
-                algorithm,
-                &[HostSlice::from(&params[..])],
-            )
-            .unwrap();
+            let mut opt = sharded_cpu(comm, algorithm, &[HostSlice::from(&params[..])]);
             opt.load(dir.path())
         })
     };
@@ -187,14 +173,7 @@ fn a_checkpoint_of_other_tensors_or_a_corrupt_one_is_refused_on_every_rank() {
     let results = on_ranks(2, |comm| {
         let mut params = host(&initial_params());
         let slices: Vec<HostSlice<'_>> = params.iter_mut().map(|p| p.as_slice()).collect();
-        let mut opt = ShardedCpuOptimizer::build(
-            comm,
-            CpuOptimizer::builder(),
-            GradReduction::Mean,
-            algorithm,
-            &slices,
-        )
-        .unwrap();
+        let mut opt = sharded_cpu(comm, algorithm, &slices);
         opt.load(dir.path())
     });
     for (rank, result) in results.into_iter().enumerate() {

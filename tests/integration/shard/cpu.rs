@@ -133,14 +133,7 @@ fn each_rank_holds_its_shard_of_the_state_counted_from_its_tensors() {
     assert_eq!(unsharded_bytes, 2 * 4 * lens.iter().sum::<usize>() as u64, "Adam keeps two f32 moments");
     for size in 1..=4 {
         let per_rank = on_ranks(size, |comm| {
-            let opt = ShardedCpuOptimizer::build(
-                comm,
-                CpuOptimizer::builder(),
-                GradReduction::Mean,
-                Adam::default(),
-                &slices,
-            )
-            .unwrap();
+            let opt = sharded_cpu(comm, Adam::default(), &slices);
             opt.state_bytes()
         });
         assert_eq!(

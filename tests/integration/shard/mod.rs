@@ -65,6 +65,19 @@ impl Drop for Scratch {
     }
 }
 
+/// The sharded CPU optimizer of `algorithm` over `params` with the default options and the
+/// mean of the ranks' gradients.
+#[cfg(feature = "cpu")]
+pub fn sharded_cpu(
+    comm: InProcess,
+    algorithm: impl Into<Algorithm>,
+    params: &[wgpu_optim::cpu::HostSlice<'_>],
+) -> wgpu_optim::shard::ShardedCpuOptimizer<InProcess> {
+    use wgpu_optim::shard::{GradReduction, ShardedCpuOptimizer};
+    let builder = wgpu_optim::cpu::CpuOptimizer::builder();
+    ShardedCpuOptimizer::build(comm, builder, GradReduction::Mean, algorithm, params).unwrap()
+}
+
 /// Runs `rank` on `size` in-process ranks, one thread each, and returns their results in
 /// rank order.
 pub fn on_ranks<T: Send>(size: usize, rank: impl Fn(InProcess) -> T + Sync) -> Vec<T> {

@@ -47,14 +47,7 @@ fn eval_and_train_on_cpu_ranks_swap_as_the_unsharded_optimizer() {
             let mut params: Vec<HostTensor> = host_tensors(&initial_params(), &DTYPES);
             let slices: Vec<HostSlice<'_>> = params.iter().map(HostTensor::as_slice).collect();
             let algorithm = ScheduleFreeAdamW::default();
-            let mut opt = ShardedCpuOptimizer::build(
-                comm,
-                CpuOptimizer::builder(),
-                GradReduction::Mean,
-                algorithm,
-                &slices,
-            )
-            .unwrap();
+            let mut opt = sharded_cpu(comm, algorithm, &slices);
             let read = |params: &[HostTensor]| params.iter().map(HostTensor::to_f64).collect::<Vec<_>>();
             let step = |opt: &mut ShardedCpuOptimizer<_>, params: &mut Vec<HostTensor>, t: u64| {
                 let grads: Vec<HostTensor> = host_tensors(&rank_grads(rank, t), &DTYPES);
